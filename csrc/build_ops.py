@@ -7,9 +7,14 @@
 The library goes to `csrc/build/ppo_rollout_ops/ppo_rollout_ops.so` (git-ignored) and is
 loaded from there by `ppo.rollout.ops` (so nothing is installed into site-packages; any
 process that imports `ppo` from this checkout finds it). The C++ CPU kernels in `cpu/` are
-always built; the CUDA kernels in `cuda/` are added (and `PPO_WITH_CUDA` defined) only when
-`paddle.is_compiled_with_cuda()`. Without the library the engine runs the same algorithm in
-pure Paddle and logs one notice.
+always built; only when `paddle.is_compiled_with_cuda()` are the plain-CUDA kernels
+`cuda/*.cu` (API `cuda/ppo_cuda.h`, no Paddle headers) and their thin Paddle bindings
+`cuda/*_binding.cc` added, and `PPO_WITH_CUDA` defined so the CPU dispatchers call the bindings
+for GPU tensors. `python csrc/check_cuda.py` compiles all of them without a GPU. Without the
+library the engine runs the same algorithm in pure Paddle and logs one notice.
+
+The build stamp (`build_stamp.json`) hashes the sources' contents and their names relative to
+csrc/, never absolute paths, so a moved or re-cloned checkout keeps its build up to date.
 
 Ops (each with its pure-Paddle twin in `ppo/rollout/fallback.py` and a test in
 `tests/test_ops_*.py`): rollout_rms_norm, rollout_add_rms_norm, rollout_attention (RoPE +
@@ -48,22 +53,40 @@ def _cpu_flags():
 
 
 def _sources(with_cuda):
+    """Files compiled into the library: CPU kernels, plus CUDA kernels and bindings with CUDA."""
     srcs = sorted(glob.glob(os.path.join(CSRC, "cpu", "*.cc")))
     if with_cuda:
         srcs += sorted(glob.glob(os.path.join(CSRC, "cuda", "*.cu")))
+        srcs += sorted(glob.glob(os.path.join(CSRC, "cuda", "*_binding.cc")))
     return srcs
+
+
+def _headers(with_cuda):
+    hdrs = sorted(glob.glob(os.path.join(CSRC, "*.h")))
+    if with_cuda:
+        hdrs += sorted(glob.glob(os.path.join(CSRC, "cuda", "*.h")) + glob.glob(os.path.join(CSRC, "cuda", "*.cuh")))
+    return hdrs
+
+
+def sources_digest(with_cuda):
+    """sha256 over (name relative to csrc/, content) of every source and header, in name order.
+    Independent of where the checkout lives: moving or re-cloning it keeps the digest."""
+    h = hashlib.sha256()
+    files = _sources(with_cuda) + _headers(with_cuda)
+    for rel in sorted(os.path.relpath(p, CSRC).replace(os.sep, "/") for p in files):
+        h.update(rel.encode() + b"\0")
+        with open(os.path.join(CSRC, rel), "rb") as f:
+            data = f.read()
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
 
 
 def _stamp(with_cuda, cxx_flags):
     import paddle
 
-    h = hashlib.sha256()
-    for path in _sources(with_cuda) + sorted(glob.glob(os.path.join(CSRC, "*.h"))):
-        h.update(path.encode())
-        with open(path, "rb") as f:
-            h.update(f.read())
     return {
-        "sources_sha256": h.hexdigest(),
+        "sources_sha256": sources_digest(with_cuda),
         "paddle": paddle.__version__,
         "paddle_commit": getattr(paddle.version, "commit", ""),
         "python": sys.version.split()[0],
@@ -72,15 +95,25 @@ def _stamp(with_cuda, cxx_flags):
     }
 
 
-def is_up_to_date():
+def current_stamp():
+    """What a build from this checkout, with this Paddle and Python, would record."""
     import paddle
 
-    with_cuda = paddle.is_compiled_with_cuda()
+    return _stamp(paddle.is_compiled_with_cuda(), _cpu_flags())
+
+
+def write_stamp(stamp):
+    """Record `stamp` (taken before compiling) as what the library at LIB_PATH was built from."""
+    with open(STAMP_PATH, "w") as f:
+        json.dump(stamp, f, indent=1)
+
+
+def is_up_to_date():
     if not (os.path.exists(LIB_PATH) and os.path.exists(STAMP_PATH)):
         return False
     with open(STAMP_PATH) as f:
         old = json.load(f)
-    return old == _stamp(with_cuda, _cpu_flags())
+    return old == current_stamp()
 
 
 def build(force=False, verbose=False):
@@ -109,8 +142,7 @@ def build(force=False, verbose=False):
     )
     if not os.path.exists(LIB_PATH):
         raise RuntimeError(f"build finished but {LIB_PATH} is missing")
-    with open(STAMP_PATH, "w") as f:
-        json.dump(stamp, f, indent=1)
+    write_stamp(stamp)
     print(f"[build_ops] built {LIB_PATH} (cuda={with_cuda})")
     return LIB_PATH
 

@@ -1,8 +1,8 @@
-// CUDA twin of csrc/cpu/attention.cc (same contract: RoPE, in-place K^T/V cache write, masked
-// attention over the cache, optional q/k/v bias, rows or cols layout, finished rows skipped).
-// Two launches on the op's stream: (1) write the fed tokens' K/V into the cache; (2) one block
-// per (row, head, query) computes attention with an online softmax over chunks of keys, so any
-// cache length works without large shared memory.
+// Plain-CUDA twin of csrc/cpu/attention.cc (same contract: RoPE, in-place K^T/V cache write,
+// masked attention over the cache, optional q/k/v bias, rows or cols layout, finished rows
+// skipped; API in ppo_cuda.h). Two launches on the caller's stream: (1) write the fed tokens' K/V
+// into the cache; (2) one block per (row, head, query) computes attention with an online softmax
+// over chunks of keys, so any cache length works without large shared memory.
 #include "common.cuh"
 
 namespace {
@@ -59,7 +59,7 @@ __global__ void write_kv_kernel(const T* __restrict__ qkv, const T* __restrict__
 }
 
 constexpr int ATT_THREADS = 128;
-constexpr int MAX_HD = 256;
+constexpr int MAX_HD = PPO_CUDA_MAX_HEAD_DIM;
 
 template <typename T>
 __global__ void attend_kernel(const T* __restrict__ qkv, const T* __restrict__ bias, const T* __restrict__ kc,
@@ -123,71 +123,46 @@ __global__ void attend_kernel(const T* __restrict__ qkv, const T* __restrict__ b
 
 }  // namespace
 
-std::vector<paddle::Tensor> AttentionCUDA(const paddle::Tensor& qkv_in, paddle::Tensor& k_cache, paddle::Tensor& v_cache,
-                                          const paddle::Tensor& cos_in, const paddle::Tensor& sin_in,
-                                          const paddle::Tensor& pos_in, const paddle::Tensor& key_mask_in,
-                                          const paddle::Tensor& finished_in, const paddle::optional<paddle::Tensor>& bias_in,
-                                          int64_t layer, int64_t t0, int64_t num_heads, int64_t num_kv_heads,
-                                          int64_t head_dim, int64_t layout, float scale, bool cols) {
-  const auto qkv = ppo_cuda::contig(qkv_in);
-  const auto cos = ppo_cuda::contig(cos_in);
-  const auto sin = ppo_cuda::contig(sin_in);
-  const auto pos = ppo_cuda::contig(pos_in);
-  const auto key_mask = ppo_cuda::contig(key_mask_in);
-  const auto finished = ppo_cuda::contig(finished_in);
-  paddle::Tensor bias;
-  if (bias_in) bias = ppo_cuda::contig(*bias_in);
-  PD_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "rollout_attention: caches must be contiguous");
-  PD_CHECK(k_cache.dtype() == qkv.dtype() && v_cache.dtype() == qkv.dtype() && cos.dtype() == qkv.dtype() &&
-               sin.dtype() == qkv.dtype() && (!bias_in || bias.dtype() == qkv.dtype()),
-           "rollout_attention: qkv, caches, cos/sin and bias must share one dtype");
-  PD_CHECK(pos.dtype() == paddle::DataType::INT64 && key_mask.dtype() == paddle::DataType::INT32 &&
-               finished.dtype() == paddle::DataType::INT32,
-           "rollout_attention: pos int64, key_mask and finished int32");
-  const auto qs = qkv.shape();
-  PD_CHECK(!cols || qs.size() == 2, "rollout_attention: cols=True needs [W, B]");
+extern "C" int ppo_cuda_attention(int dtype, const void* qkv, const void* bias, void* k_cache, void* v_cache,
+                                  const void* cos, const void* sin, const int64_t* pos, const int32_t* key_mask,
+                                  const int32_t* finished, void* out, int64_t B, int64_t Tq, int64_t num_heads,
+                                  int64_t num_kv_heads, int64_t head_dim, int64_t S, int64_t Tp, int64_t P,
+                                  int64_t layer, int64_t t0, int64_t layout, float scale, int cols,
+                                  cudaStream_t stream) {
+  if (B < 0 || Tq <= 0 || num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || head_dim <= 0 ||
+      head_dim > MAX_HD || head_dim % 2 != 0 || P <= 0 || layer < 0 || t0 < 0 || t0 + Tq > S || Tp < 0 ||
+      (cols && Tq != 1) || layout < 0 || layout > 1 || B > 0x7fffffff || Tq > 65535 || num_heads > 65535 ||
+      num_kv_heads > 65535)
+    return ppo_cuda::invalid();
+  if (B == 0) return 0;
   Geom g;
-  g.B = cols ? qs[1] : qs[0];
-  g.Tq = qs.size() == 3 ? qs[1] : 1;
-  g.W = cols ? qs[0] : qs.back();
+  g.B = B;
+  g.Tq = Tq;
   g.nh = num_heads;
   g.nkv = num_kv_heads;
   g.hd = head_dim;
-  PD_CHECK(g.nkv > 0 && g.nh % g.nkv == 0, "rollout_attention: num_heads must be a multiple of num_kv_heads");
-  PD_CHECK(g.W == (g.nh + 2 * g.nkv) * g.hd, "rollout_attention: qkv width must be (nh + 2*nkv) * head_dim");
-  PD_CHECK(g.hd <= MAX_HD && g.hd % 2 == 0, "rollout_attention (CUDA): head_dim must be even and <= 256");
-  const auto ks = k_cache.shape();
-  PD_CHECK(ks.size() == 5 && ks[1] == g.B && ks[2] == g.nkv && ks[3] == g.hd, "rollout_attention: k_cache [L, B, nkv, hd, S]");
-  g.S = ks[4];
-  PD_CHECK(v_cache.numel() == k_cache.numel(), "rollout_attention: v_cache [L, B, nkv, S, hd]");
-  PD_CHECK(layer >= 0 && layer < ks[0] && t0 >= 0 && t0 + g.Tq <= g.S, "rollout_attention: layer / slots out of range");
-  PD_CHECK(pos.numel() == g.B * g.Tq && finished.numel() == g.B, "rollout_attention: pos / finished sizes");
-  PD_CHECK(key_mask.shape().size() == 2 && key_mask.shape()[0] == g.B, "rollout_attention: key_mask [B, Tp]");
-  PD_CHECK(!bias_in || bias.numel() == g.W, "rollout_attention: bias must have W entries");
-  g.Tp = key_mask.shape()[1];
-  g.P = cos.shape()[0];
-  g.grp = g.nh / g.nkv;
+  g.W = (num_heads + 2 * num_kv_heads) * head_dim;
+  g.S = S;
+  g.Tp = Tp;
+  g.P = P;
+  g.grp = num_heads / num_kv_heads;
   g.layer = layer;
   g.t0 = t0;
   g.layout = layout;
-  g.cols = cols;
+  g.cols = cols != 0;
   g.scale = scale;
-  const int64_t D = g.nh * g.hd;
-  std::vector<int64_t> out_shape = cols ? std::vector<int64_t>{D, g.B}
-                                        : (qs.size() == 3 ? std::vector<int64_t>{g.B, g.Tq, D} : std::vector<int64_t>{g.B, D});
-  auto out = paddle::empty(out_shape, qkv.dtype(), qkv.place());
-  if (g.B == 0) return {out};
-  auto stream = qkv.stream();
-  PPO_DISPATCH_FLOAT(qkv.dtype(), "rollout_attention", [&] {
-    const scalar_t* pb = bias_in ? bias.data<scalar_t>() : nullptr;
-    write_kv_kernel<scalar_t><<<dim3(g.B, g.Tq, g.nkv), 64, 0, stream>>>(
-        qkv.data<scalar_t>(), pb, k_cache.data<scalar_t>(), v_cache.data<scalar_t>(), cos.data<scalar_t>(),
-        sin.data<scalar_t>(), pos.data<int64_t>(), finished.data<int32_t>(), g);
-    attend_kernel<scalar_t><<<dim3(g.B, g.nh, g.Tq), ATT_THREADS, 0, stream>>>(
-        qkv.data<scalar_t>(), pb, k_cache.data<scalar_t>(), v_cache.data<scalar_t>(), cos.data<scalar_t>(),
-        sin.data<scalar_t>(), pos.data<int64_t>(), key_mask.data<int32_t>(), finished.data<int32_t>(),
-        out.data<scalar_t>(), g);
+  const unsigned ub = static_cast<unsigned>(B), uq = static_cast<unsigned>(Tq);
+  PPO_CUDA_DISPATCH(dtype, [&] {
+    const scalar_t* pq = static_cast<const scalar_t*>(qkv);
+    const scalar_t* pb = static_cast<const scalar_t*>(bias);
+    const scalar_t* pc = static_cast<const scalar_t*>(cos);
+    const scalar_t* ps = static_cast<const scalar_t*>(sin);
+    scalar_t* kc = static_cast<scalar_t*>(k_cache);
+    scalar_t* vc = static_cast<scalar_t*>(v_cache);
+    write_kv_kernel<scalar_t><<<dim3(ub, uq, static_cast<unsigned>(num_kv_heads)), 64, 0, stream>>>(
+        pq, pb, kc, vc, pc, ps, pos, finished, g);
+    attend_kernel<scalar_t><<<dim3(ub, static_cast<unsigned>(num_heads), uq), ATT_THREADS, 0, stream>>>(
+        pq, pb, kc, vc, pc, ps, pos, key_mask, finished, static_cast<scalar_t*>(out), g);
   });
-  PPO_CUDA_LAUNCH_CHECK();
-  return {out};
+  return ppo_cuda::status(cudaGetLastError());
 }

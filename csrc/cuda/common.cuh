@@ -1,59 +1,65 @@
-// Shared helpers for the rollout ops' CUDA kernels (compiled only when Paddle has CUDA; see
-// ../build_ops.py). Kernels accept float32, float16 and bfloat16 tensors and accumulate in float.
+// Shared device helpers of the rollout ops' plain-CUDA kernels (no Paddle headers; the API is
+// ppo_cuda.h). Kernels read float32, float16 (__half) and bfloat16 (__nv_bfloat16) and accumulate
+// in float; __half / __nv_bfloat16 have the bit layout of phi::dtype::float16 / bfloat16.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cfloat>
 #include <cstdint>
-#include <vector>
 
-#include "paddle/extension.h"
+#include "ppo_cuda.h"
 
-#define PPO_CUDA_CHECK(expr)                                                              \
-  do {                                                                                    \
-    cudaError_t err__ = (expr);                                                           \
-    PD_CHECK(err__ == cudaSuccess, "CUDA error: ", cudaGetErrorString(err__));            \
-  } while (0)
-
-#define PPO_CUDA_LAUNCH_CHECK() PPO_CUDA_CHECK(cudaGetLastError())
-
-// Runs the lambda with `scalar_t` bound to the C++ type of `dtype`.
-#define PPO_DISPATCH_FLOAT(DTYPE_, NAME, ...)                                     \
-  do {                                                                           \
-    switch (DTYPE_) {                                                            \
-      case paddle::DataType::FLOAT32: {                                          \
-        using scalar_t = float;                                                  \
-        __VA_ARGS__();                                                           \
-        break;                                                                   \
-      }                                                                          \
-      case paddle::DataType::FLOAT16: {                                          \
-        using scalar_t = phi::dtype::float16;                                    \
-        __VA_ARGS__();                                                           \
-        break;                                                                   \
-      }                                                                          \
-      case paddle::DataType::BFLOAT16: {                                         \
-        using scalar_t = phi::dtype::bfloat16;                                   \
-        __VA_ARGS__();                                                           \
-        break;                                                                   \
-      }                                                                          \
-      default:                                                                   \
-        PD_THROW(NAME ": unsupported dtype (float32, float16, bfloat16 only)");  \
-    }                                                                            \
+// Runs the lambda with `scalar_t` bound to the element type of the dtype code; an unknown code
+// makes the enclosing launcher return cudaErrorInvalidValue.
+#define PPO_CUDA_DISPATCH(DTYPE_, ...)          \
+  do {                                          \
+    switch (DTYPE_) {                           \
+      case PPO_CUDA_FLOAT32: {                  \
+        using scalar_t = float;                 \
+        __VA_ARGS__();                          \
+        break;                                  \
+      }                                         \
+      case PPO_CUDA_FLOAT16: {                  \
+        using scalar_t = __half;                \
+        __VA_ARGS__();                          \
+        break;                                  \
+      }                                         \
+      case PPO_CUDA_BFLOAT16: {                 \
+        using scalar_t = __nv_bfloat16;         \
+        __VA_ARGS__();                          \
+        break;                                  \
+      }                                         \
+      default:                                  \
+        return ppo_cuda::invalid();             \
+    }                                           \
   } while (0)
 
 namespace ppo_cuda {
 
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+
 template <typename T>
-__device__ __forceinline__ float to_f(T v) {
-  return static_cast<float>(v);
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) {
+  return v;
 }
-template <typename T>
-__device__ __forceinline__ T from_f(float v) {
-  return static_cast<T>(v);
+template <>
+__device__ __forceinline__ __half from_f<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
 }
 
-inline paddle::Tensor contig(const paddle::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+inline int status(cudaError_t e) { return static_cast<int>(e); }
+inline int invalid() { return status(cudaErrorInvalidValue); }
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

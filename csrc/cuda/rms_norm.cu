@@ -1,5 +1,5 @@
-// CUDA twins of csrc/cpu/rms_norm.cc (same contract): rows layout = one block per token;
-// cols layout ([H, B]) = one block per column.
+// Plain-CUDA twin of csrc/cpu/rms_norm.cc (same contract; API in ppo_cuda.h): rows layout = one
+// block per token; cols layout ([H, B]) = one block per column.
 #include "common.cuh"
 
 namespace {
@@ -27,39 +27,17 @@ __global__ void rms_kernel(const T* __restrict__ x, T* __restrict__ res, const T
     out[at(d)] = ppo_cuda::from_f<T>((ppo_cuda::to_f(src[at(d)]) * inv) * ppo_cuda::to_f(w[d]));
 }
 
-std::vector<paddle::Tensor> launch(const paddle::Tensor& x_in, paddle::Tensor* residual, const paddle::Tensor& w_in,
-                                   float eps, bool cols) {
-  const auto x = ppo_cuda::contig(x_in);
-  const auto w = ppo_cuda::contig(w_in);
-  PD_CHECK(w.dtype() == x.dtype(), "rollout_rms_norm: weight dtype must match x");
-  const auto shape = x.shape();
-  PD_CHECK(!cols || shape.size() == 2, "rollout_rms_norm: cols=True needs [H, B]");
-  const int64_t H = cols ? shape[0] : shape.back();
-  const int64_t T = x.numel() / H;
-  PD_CHECK(w.numel() == H, "rollout_rms_norm: weight size must equal the hidden size");
-  if (residual) {
-    PD_CHECK(residual->is_contiguous() && residual->numel() == x.numel() && residual->dtype() == x.dtype(),
-             "rollout_add_rms_norm: residual must be contiguous, same size and dtype as x");
-  }
-  auto out = paddle::empty(shape, x.dtype(), x.place());
-  if (T == 0) return {out};
-  const int threads = H >= 1024 ? 1024 : (H >= 256 ? 256 : 128);
-  PPO_DISPATCH_FLOAT(x.dtype(), "rollout_rms_norm", [&] {
-    rms_kernel<scalar_t><<<T, threads, 0, x.stream()>>>(
-        x.data<scalar_t>(), residual ? residual->data<scalar_t>() : nullptr, w.data<scalar_t>(),
-        out.data<scalar_t>(), H, cols ? shape[1] : 0, eps, cols, residual != nullptr);
-  });
-  PPO_CUDA_LAUNCH_CHECK();
-  return {out};
-}
-
 }  // namespace
 
-std::vector<paddle::Tensor> RmsNormCUDA(const paddle::Tensor& x, const paddle::Tensor& w, float eps, bool cols) {
-  return launch(x, nullptr, w, eps, cols);
-}
-
-std::vector<paddle::Tensor> AddRmsNormCUDA(const paddle::Tensor& x, paddle::Tensor& residual, const paddle::Tensor& w,
-                                           float eps, bool cols) {
-  return launch(x, &residual, w, eps, cols);
+extern "C" int ppo_cuda_rms_norm(int dtype, const void* x, void* residual, const void* w, void* out, int64_t tokens,
+                                 int64_t H, float eps, int cols, cudaStream_t stream) {
+  if (tokens < 0 || H <= 0 || tokens > 0x7fffffff) return ppo_cuda::invalid();
+  if (tokens == 0) return 0;
+  const int threads = H >= 1024 ? 1024 : (H >= 256 ? 256 : 128);
+  PPO_CUDA_DISPATCH(dtype, [&] {
+    rms_kernel<scalar_t><<<static_cast<unsigned>(tokens), threads, 0, stream>>>(
+        static_cast<const scalar_t*>(x), static_cast<scalar_t*>(residual), static_cast<const scalar_t*>(w),
+        static_cast<scalar_t*>(out), H, tokens, eps, cols != 0, residual != nullptr);
+  });
+  return ppo_cuda::status(cudaGetLastError());
 }

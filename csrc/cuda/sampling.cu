@@ -1,5 +1,5 @@
-// CUDA twin of csrc/cpu/sampling.cc (same contract). One block per row. Greedy: block argmax.
-// Unfiltered sampling: a chunked block scan walks the vocabulary in id order. top-k / top-p:
+// Plain-CUDA twin of csrc/cpu/sampling.cc (same contract; API in ppo_cuda.h). One block per row.
+// Greedy: block argmax. Unfiltered sampling: a chunked block scan walks the vocabulary in id order. top-k / top-p:
 // the kept tokens are found in rank order by repeated block arg-max (at most MAX_KEEP = 1024
 // tokens: top_k is capped there, and a top-p nucleus that would need more is cut at 1024).
 #include "common.cuh"
@@ -7,8 +7,8 @@
 namespace {
 
 constexpr int THREADS = 256;
-constexpr int MAX_KEEP = 1024;
-constexpr int MAX_SUPPRESS = 64;
+constexpr int MAX_KEEP = PPO_CUDA_MAX_KEEP;
+constexpr int MAX_SUPPRESS = PPO_CUDA_MAX_SUPPRESS;
 
 struct Params {
   int64_t V, B0, step, top_k, pad_id, n_suppress;
@@ -195,51 +195,35 @@ __global__ void sample_kernel(const T* __restrict__ logits, const uint8_t* __res
 
 }  // namespace
 
-std::vector<paddle::Tensor> SampleCUDA(const paddle::Tensor& logits_in, const paddle::Tensor& presence_in,
-                                       const paddle::Tensor& rows_in, const paddle::Tensor& uniforms_in,
-                                       const paddle::Tensor& finished_in, int64_t step, float temperature, int64_t top_k,
-                                       float top_p, float penalty, bool do_sample, int64_t pad_id,
-                                       const std::vector<int64_t>& suppress, bool cols) {
-  const auto logits = ppo_cuda::contig(logits_in);
-  const auto presence = ppo_cuda::contig(presence_in);
-  const auto rows = ppo_cuda::contig(rows_in);
-  const auto uniforms = ppo_cuda::contig(uniforms_in);
-  const auto finished = ppo_cuda::contig(finished_in);
-  PD_CHECK(temperature > 0.f, "rollout_sample: temperature must be > 0");
-  PD_CHECK(logits.shape().size() == 2, "rollout_sample: logits must be 2-D");
-  PD_CHECK(static_cast<int64_t>(suppress.size()) <= MAX_SUPPRESS, "rollout_sample (CUDA): at most 64 suppressed ids");
-  PD_CHECK(rows.dtype() == paddle::DataType::INT64 && uniforms.dtype() == paddle::DataType::FLOAT32 &&
-               finished.dtype() == paddle::DataType::INT32,
-           "rollout_sample: rows int64, uniforms float32, finished int32");
-  const int64_t B = cols ? logits.shape()[1] : logits.shape()[0];
+extern "C" int ppo_cuda_sample(int dtype, const void* logits, const uint8_t* presence, const int64_t* rows,
+                               const float* uniforms, const int32_t* finished, int64_t* tokens, float* logprobs,
+                               int64_t B, int64_t V, int64_t B0, int64_t step, float temperature, int64_t top_k,
+                               float top_p, float penalty, int do_sample, int64_t pad_id, const int64_t* suppress,
+                               int64_t n_suppress, int cols, cudaStream_t stream) {
+  if (B < 0 || V <= 0 || B0 <= 0 || step < 0 || !(temperature > 0.f) || n_suppress < 0 ||
+      n_suppress > MAX_SUPPRESS || (n_suppress > 0 && suppress == nullptr) || B > 0x7fffffff)
+    return ppo_cuda::invalid();
   Params P;
-  P.V = cols ? logits.shape()[0] : logits.shape()[1];
-  P.B0 = uniforms.shape()[1];
+  P.V = V;
+  P.B0 = B0;
   P.step = step;
-  PD_CHECK(step >= 0 && step < uniforms.shape()[0], "rollout_sample: step out of range of uniforms");
-  PD_CHECK(rows.numel() == B && finished.numel() == B, "rollout_sample: rows/finished must have B entries");
   P.top_k = top_k;
   P.pad_id = pad_id;
   P.temperature = temperature;
   P.top_p = top_p;
   P.penalty = penalty;
-  P.do_sample = do_sample;
+  P.do_sample = do_sample != 0;
   P.use_penalty = penalty != 1.0f;
-  P.cols = cols;
+  P.cols = cols != 0;
   P.n_suppress = 0;
-  for (int64_t s : suppress)
-    if (s >= 0 && s < P.V) P.suppress[P.n_suppress++] = s;
-  if (P.use_penalty)
-    PD_CHECK(presence.dtype() == paddle::DataType::UINT8 && presence.shape()[0] == P.B0 && presence.shape()[1] == P.V,
-             "rollout_sample: presence must be uint8 [B0, V]");
-  auto tokens = paddle::empty({B}, paddle::DataType::INT64, logits.place());
-  auto logprobs = paddle::empty({B}, paddle::DataType::FLOAT32, logits.place());
-  if (B == 0) return {tokens, logprobs};
-  PPO_DISPATCH_FLOAT(logits.dtype(), "rollout_sample", [&] {
-    sample_kernel<scalar_t><<<B, THREADS, 0, logits.stream()>>>(
-        logits.data<scalar_t>(), P.use_penalty ? presence.data<uint8_t>() : nullptr, rows.data<int64_t>(),
-        uniforms.data<float>(), finished.data<int32_t>(), tokens.data<int64_t>(), logprobs.data<float>(), B, P);
+  for (int64_t s = 0; s < n_suppress; ++s)
+    if (suppress[s] >= 0 && suppress[s] < V) P.suppress[P.n_suppress++] = suppress[s];
+  if (P.use_penalty && presence == nullptr) return ppo_cuda::invalid();
+  if (B == 0) return 0;
+  PPO_CUDA_DISPATCH(dtype, [&] {
+    sample_kernel<scalar_t><<<static_cast<unsigned>(B), THREADS, 0, stream>>>(
+        static_cast<const scalar_t*>(logits), P.use_penalty ? presence : nullptr, rows, uniforms, finished, tokens,
+        logprobs, B, P);
   });
-  PPO_CUDA_LAUNCH_CHECK();
-  return {tokens, logprobs};
+  return ppo_cuda::status(cudaGetLastError());
 }

@@ -1,12 +1,12 @@
-// CUDA twin of csrc/cpu/step_update.cc (same contract): one thread per row; NumActive is
-// counted on the device and returned as a [1] int64 tensor on the same GPU.
+// Plain-CUDA twin of csrc/cpu/step_update.cc (same contract; API in ppo_cuda.h): one thread per
+// row; the number of rows still live is counted on the device into `active` ([1] int64).
 #include "common.cuh"
 
 namespace {
 
-constexpr int MAX_STOP_IDS = 64;
-constexpr int MAX_STOP_TOKENS = 256;
-constexpr int MAX_STOP_SEQS = 32;
+constexpr int MAX_STOP_IDS = PPO_CUDA_MAX_STOP_IDS;
+constexpr int MAX_STOP_TOKENS = PPO_CUDA_MAX_STOP_TOKENS;
+constexpr int MAX_STOP_SEQS = PPO_CUDA_MAX_STOP_SEQS;
 
 struct Stops {
   int64_t n_ids, n_seqs;
@@ -54,50 +54,36 @@ __global__ void update_kernel(const int64_t* __restrict__ tokens, const float* _
 
 }  // namespace
 
-std::vector<paddle::Tensor> UpdateCUDA(const paddle::Tensor& tokens, const paddle::Tensor& logprobs,
-                                       const paddle::Tensor& rows, paddle::Tensor& finished, paddle::Tensor& pos,
-                                       paddle::Tensor& out_tokens, paddle::Tensor& out_logprobs,
-                                       paddle::Tensor& lengths, paddle::Tensor& presence, int64_t step,
-                                       int64_t min_new_tokens, const std::vector<int64_t>& stop_ids,
-                                       const std::vector<int64_t>& stop_seqs,
-                                       const std::vector<int64_t>& stop_seq_lens, bool update_presence) {
-  const std::initializer_list<const paddle::Tensor*> all = {&tokens, &logprobs, &rows, &finished, &pos, &out_tokens, &out_logprobs, &lengths, &presence};
-  for (const paddle::Tensor* t : all)
-    PD_CHECK(t->is_contiguous(), "rollout_update: all tensors must be contiguous");
-  PD_CHECK(tokens.dtype() == paddle::DataType::INT64 && rows.dtype() == paddle::DataType::INT64 &&
-               pos.dtype() == paddle::DataType::INT64 && out_tokens.dtype() == paddle::DataType::INT64 &&
-               lengths.dtype() == paddle::DataType::INT64 && logprobs.dtype() == paddle::DataType::FLOAT32 &&
-               out_logprobs.dtype() == paddle::DataType::FLOAT32 && finished.dtype() == paddle::DataType::INT32,
-           "rollout_update: dtypes (see csrc/cpu/step_update.cc)");
-  PD_CHECK(static_cast<int64_t>(stop_ids.size()) <= MAX_STOP_IDS &&
-               static_cast<int64_t>(stop_seqs.size()) <= MAX_STOP_TOKENS &&
-               static_cast<int64_t>(stop_seq_lens.size()) <= MAX_STOP_SEQS,
-           "rollout_update (CUDA): at most 64 stop ids, 32 stop sequences, 256 stop-sequence tokens");
-  const int64_t B = tokens.numel();
-  const int64_t N = out_tokens.shape()[1];
-  PD_CHECK(step >= 0 && step < N, "rollout_update: step out of range");
-  int64_t V = 0;
-  if (update_presence) {
-    PD_CHECK(presence.dtype() == paddle::DataType::UINT8, "rollout_update: presence must be uint8");
-    V = presence.shape()[1];
-  }
+extern "C" int ppo_cuda_update(const int64_t* tokens, const float* logprobs, const int64_t* rows, int32_t* finished,
+                               int64_t* pos, int64_t* out_tokens, float* out_logprobs, int64_t* lengths,
+                               uint8_t* presence, int64_t* active, int64_t B, int64_t N, int64_t V, int64_t step,
+                               int64_t min_new_tokens, const int64_t* stop_ids, int64_t n_stop_ids,
+                               const int64_t* stop_seqs, int64_t n_stop_tokens, const int64_t* stop_seq_lens,
+                               int64_t n_stop_seqs, cudaStream_t stream) {
+  if (B < 0 || N <= 0 || step < 0 || step >= N || (presence != nullptr && V <= 0) || n_stop_ids < 0 ||
+      n_stop_ids > MAX_STOP_IDS || n_stop_tokens < 0 || n_stop_tokens > MAX_STOP_TOKENS || n_stop_seqs < 0 ||
+      n_stop_seqs > MAX_STOP_SEQS || active == nullptr)
+    return ppo_cuda::invalid();
   Stops st;
-  st.n_ids = static_cast<int64_t>(stop_ids.size());
-  st.n_seqs = static_cast<int64_t>(stop_seq_lens.size());
-  for (size_t i = 0; i < stop_ids.size(); ++i) st.ids[i] = stop_ids[i];
-  for (size_t i = 0; i < stop_seqs.size(); ++i) st.seq_tokens[i] = stop_seqs[i];
-  for (size_t i = 0; i < stop_seq_lens.size(); ++i) st.seq_lens[i] = stop_seq_lens[i];
-  auto active = paddle::empty({1}, paddle::DataType::INT64, tokens.place());
-  PPO_CUDA_CHECK(cudaMemsetAsync(active.data<int64_t>(), 0, sizeof(int64_t), tokens.stream()));
+  st.n_ids = n_stop_ids;
+  st.n_seqs = n_stop_seqs;
+  int64_t seq_total = 0;
+  for (int64_t i = 0; i < n_stop_ids; ++i) st.ids[i] = stop_ids[i];
+  for (int64_t i = 0; i < n_stop_seqs; ++i) {
+    st.seq_lens[i] = stop_seq_lens[i];
+    seq_total += stop_seq_lens[i] > 0 ? stop_seq_lens[i] : 0;
+  }
+  if (seq_total > n_stop_tokens) return ppo_cuda::invalid();  // lengths must fit the given tokens
+  for (int64_t i = 0; i < n_stop_tokens; ++i) st.seq_tokens[i] = stop_seqs[i];
+  cudaError_t err = cudaMemsetAsync(active, 0, sizeof(int64_t), stream);
+  if (err != cudaSuccess) return ppo_cuda::status(err);
   if (B > 0) {
     const int threads = 128;
-    const int blocks = static_cast<int>(std::min<int64_t>((B + threads - 1) / threads, 1024));
-    update_kernel<<<blocks, threads, 0, tokens.stream()>>>(
-        tokens.data<int64_t>(), logprobs.data<float>(), rows.data<int64_t>(), finished.data<int32_t>(),
-        pos.data<int64_t>(), out_tokens.data<int64_t>(), out_logprobs.data<float>(), lengths.data<int64_t>(),
-        update_presence ? presence.data<uint8_t>() : nullptr,
-        reinterpret_cast<unsigned long long*>(active.data<int64_t>()), B, N, V, step, min_new_tokens, st);
-    PPO_CUDA_LAUNCH_CHECK();
+    const int64_t want = (B + threads - 1) / threads;
+    const unsigned blocks = static_cast<unsigned>(want < 1024 ? want : 1024);
+    update_kernel<<<blocks, threads, 0, stream>>>(tokens, logprobs, rows, finished, pos, out_tokens, out_logprobs,
+                                                  lengths, presence, reinterpret_cast<unsigned long long*>(active),
+                                                  B, N, V, step, min_new_tokens, st);
   }
-  return {active};
+  return ppo_cuda::status(cudaGetLastError());
 }

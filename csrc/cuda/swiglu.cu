@@ -1,4 +1,4 @@
-// CUDA twin of csrc/cpu/swiglu.cc (same contract).
+// Plain-CUDA twin of csrc/cpu/swiglu.cc (same contract; API in ppo_cuda.h).
 #include "common.cuh"
 
 namespace {
@@ -28,34 +28,18 @@ __global__ void swiglu_kernel(const T* __restrict__ x, const T* __restrict__ y, 
 
 }  // namespace
 
-std::vector<paddle::Tensor> SwigluCUDA(const paddle::Tensor& x_in, const paddle::optional<paddle::Tensor>& y_in,
-                                       bool cols) {
-  const auto x = ppo_cuda::contig(x_in);
-  auto shape = x.shape();
-  paddle::Tensor y;
-  int mode;
-  if (y_in) {
-    y = ppo_cuda::contig(*y_in);
-    PD_CHECK(y.numel() == x.numel() && y.dtype() == x.dtype(), "rollout_swiglu: x and y must match");
-    mode = 0;
-  } else if (cols) {
-    PD_CHECK(shape.size() == 2 && shape[0] % 2 == 0, "rollout_swiglu: cols=True needs x [2I, B]");
-    shape[0] /= 2;
-    mode = 2;
-  } else {
-    PD_CHECK(shape.back() % 2 == 0, "rollout_swiglu: the last dim of x must be even when y is absent");
-    shape.back() /= 2;
-    mode = 1;
-  }
-  auto out = paddle::empty(shape, x.dtype(), x.place());
-  const int64_t n_out = out.numel();
-  if (n_out == 0) return {out};
+extern "C" int ppo_cuda_swiglu(int dtype, const void* x, const void* y, void* out, int64_t n_out, int64_t I, int mode,
+                               cudaStream_t stream) {
+  if (n_out < 0 || mode < 0 || mode > 2 || (mode == 0 && y == nullptr) || (mode == 1 && I <= 0))
+    return ppo_cuda::invalid();
+  if (n_out == 0) return 0;
   const int threads = 256;
-  const int blocks = static_cast<int>(std::min<int64_t>((n_out + threads - 1) / threads, 65535));
-  PPO_DISPATCH_FLOAT(x.dtype(), "rollout_swiglu", [&] {
-    swiglu_kernel<scalar_t><<<blocks, threads, 0, x.stream()>>>(
-        x.data<scalar_t>(), mode == 0 ? y.data<scalar_t>() : nullptr, out.data<scalar_t>(), n_out, shape.back(), mode);
+  const int64_t want = (n_out + threads - 1) / threads;
+  const unsigned blocks = static_cast<unsigned>(want < 65535 ? want : 65535);
+  PPO_CUDA_DISPATCH(dtype, [&] {
+    swiglu_kernel<scalar_t><<<blocks, threads, 0, stream>>>(static_cast<const scalar_t*>(x),
+                                                            static_cast<const scalar_t*>(y),
+                                                            static_cast<scalar_t*>(out), n_out, I, mode);
   });
-  PPO_CUDA_LAUNCH_CHECK();
-  return {out};
+  return ppo_cuda::status(cudaGetLastError());
 }

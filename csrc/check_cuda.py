@@ -1,0 +1,268 @@
+"""Compile every CUDA source of csrc/ without a GPU (CI check; also the toolchain of the GPU tests).
+
+    python csrc/check_cuda.py                 # install the tools if needed, compile, exit 1 on an error
+    python csrc/check_cuda.py --no-bindings   # only the plain-CUDA kernels (smaller download)
+    python csrc/check_cuda.py --print-tools   # print the cache directory and exit
+
+1. Tools. `nvcc`, the CUDA runtime headers and CCCL come from PyPI (NVIDIA's `nvidia-cuda-nvcc`,
+   `nvidia-cuda-runtime`, `nvidia-cuda-cccl` wheels, pinned below) and are installed with
+   `pip install --target` into a cache OUTSIDE the checkout: `$PPO_CUDA_TOOLS`, else
+   `~/.cache/paddle-align/cuda-tools/<pin hash>`. The Paddle bindings also need the headers of
+   cuBLAS, cuDNN, cuFFT, cuRAND, cuSPARSE and cuSOLVER (Paddle's `phi/core/enforce.h` includes them
+   when `PADDLE_WITH_CUDA` is defined); only the `include/` folders of those wheels are kept (the
+   wheels themselves are ~2.5 GB of libraries that a compile check never links). A complete cache
+   is marked by `tools.json`; a second run downloads nothing.
+2. Kernels. Each plain-CUDA file `csrc/cuda/*.cu` (no Paddle headers) is compiled for sm_80 and
+   sm_90 with every warning an error (`-Werror all-warnings`, host side `-Wall -Wextra -Werror`).
+3. Bindings. Each `csrc/cuda/*_binding.cc` and each CPU dispatcher `csrc/cpu/*.cc` is compiled
+   (`-c`, `-Wall -Werror`) the way Paddle's cpp_extension compiles the .cc files of a CUDA
+   extension: `-DPADDLE_WITH_CUDA -DEIGEN_USE_GPU -DPADDLE_WITH_CUSTOM_KERNEL`, C++17, Paddle's
+   include folders (its ATen compatibility folders included) plus the CUDA headers above, and
+   `-DPPO_WITH_CUDA`, so the dispatch to the bindings is compiled too. Paddle and CUDA headers are
+   passed as system include folders: their own warnings are not ours to fix. Nothing is linked:
+   the CPU wheel's libpaddle lacks the CUDA symbols.
+
+The GPU kernel tests (tests/test_cuda_kernels.py) use `nvcc_command` / `build_kernel_library`
+from here to build each kernel as its own shared library.
+"""
+import argparse
+import concurrent.futures
+import glob
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+
+CSRC = os.path.dirname(os.path.abspath(__file__))
+CUDA_DIR = os.path.join(CSRC, "cuda")
+ARCHS = ("80", "90")
+
+# nvcc and what it needs to compile plain CUDA (installed with their dependencies: crt, nvvm).
+COMPILER_PINS = ("nvidia-cuda-nvcc==13.5.37", "nvidia-cuda-runtime==13.5.37", "nvidia-cuda-cccl==13.3.5.0.6")
+# Header-only use: only `nvidia/*/include/` of these wheels is extracted.
+BINDING_HEADER_PINS = (
+    "nvidia-cublas==13.10.0.20",
+    "nvidia-cudnn-cu13==9.28.1.4",
+    "nvidia-cufft==12.5.0.14",
+    "nvidia-curand==10.4.5.25",
+    "nvidia-cusparse==12.9.4.2",
+    "nvidia-cusolver==12.4.1.2",
+)
+NVCC_WARNINGS = ["-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror"]
+
+
+class ToolsUnavailable(RuntimeError):
+    """The CUDA tools could not be installed (no network, no PyPI)."""
+
+
+def _pins_key(with_bindings):
+    pins = COMPILER_PINS + (BINDING_HEADER_PINS if with_bindings else ())
+    return hashlib.sha256("\n".join(pins).encode()).hexdigest()[:12]
+
+
+def default_tools_dir(with_bindings=True):
+    if os.environ.get("PPO_CUDA_TOOLS"):
+        return os.path.abspath(os.environ["PPO_CUDA_TOOLS"])
+    base = os.path.join(os.path.expanduser("~"), ".cache", "paddle-align", "cuda-tools")
+    return os.path.join(base, _pins_key(with_bindings))
+
+
+def _cuda_root(tools_dir):
+    return os.path.join(tools_dir, "nvidia", "cu13")
+
+
+def tools_ready(tools_dir, with_bindings=True):
+    """True when `tools_dir` holds a complete install for these pins (its tools.json says so)."""
+    stamp = os.path.join(tools_dir, "tools.json")
+    if not os.path.exists(stamp):
+        return False
+    with open(stamp) as f:
+        got = json.load(f)
+    want = list(COMPILER_PINS) + (list(BINDING_HEADER_PINS) if with_bindings else [])
+    return all(p in got.get("pins", []) for p in want)
+
+
+def _pip(args, log):
+    cmd = [sys.executable, "-m", "pip", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ToolsUnavailable(f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    log(f"[check_cuda] pip {' '.join(args[:2])} ... ok")
+
+
+def install_tools(tools_dir, with_bindings=True, log=print):
+    """Install the pinned tools into `tools_dir` (atomically: a temporary sibling, then a rename)."""
+    if tools_ready(tools_dir, with_bindings):
+        return tools_dir
+    parent = os.path.dirname(tools_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
+    t0 = time.time()
+    try:
+        log(f"[check_cuda] installing {', '.join(COMPILER_PINS)} into {tools_dir}")
+        _pip(["install", "--quiet", "--disable-pip-version-check", "--no-input", "--target", tmp, *COMPILER_PINS], log)
+        if with_bindings:
+            wheels = os.path.join(tmp, ".wheels")
+            log(f"[check_cuda] fetching headers of {', '.join(BINDING_HEADER_PINS)}")
+            _pip(["download", "--quiet", "--disable-pip-version-check", "--no-input", "--no-deps",
+                  "--only-binary", ":all:", "--dest", wheels, *BINDING_HEADER_PINS], log)
+            for whl in sorted(glob.glob(os.path.join(wheels, "*.whl"))):
+                with zipfile.ZipFile(whl) as z:
+                    for name in z.namelist():
+                        parts = name.split("/")
+                        if len(parts) > 3 and parts[0] == "nvidia" and parts[2] == "include" and not name.endswith("/"):
+                            z.extract(name, tmp)
+            shutil.rmtree(wheels)
+        nvcc = os.path.join(_cuda_root(tmp), "bin", "nvcc")
+        if not os.access(nvcc, os.X_OK):
+            raise ToolsUnavailable(f"the nvcc wheel did not provide {nvcc}")
+        pins = list(COMPILER_PINS) + (list(BINDING_HEADER_PINS) if with_bindings else [])
+        with open(os.path.join(tmp, "tools.json"), "w") as f:
+            json.dump({"pins": pins, "installed_s": round(time.time() - t0, 1)}, f, indent=1)
+        if os.path.exists(tools_dir):
+            shutil.rmtree(tools_dir)
+        os.rename(tmp, tools_dir)
+    finally:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    log(f"[check_cuda] tools ready in {time.time() - t0:.0f} s")
+    return tools_dir
+
+
+def nvcc_path(tools_dir):
+    return os.path.join(_cuda_root(tools_dir), "bin", "nvcc")
+
+
+def kernel_sources():
+    """The plain-CUDA files (csrc/cuda/*.cu), sorted."""
+    return sorted(glob.glob(os.path.join(CUDA_DIR, "*.cu")))
+
+
+def binding_sources():
+    """The Paddle-side C++ of a CUDA build: the bindings and the CPU dispatchers that call them."""
+    return sorted(glob.glob(os.path.join(CUDA_DIR, "*_binding.cc"))) + sorted(glob.glob(os.path.join(CSRC, "cpu", "*.cc")))
+
+
+def nvcc_command(nvcc, src, out, arch, shared=False, include_dirs=()):
+    """The nvcc command line for one plain-CUDA file: an object (`-c`) or, with `shared`, a
+    standalone shared library exposing its extern "C" launcher (the GPU tests load it)."""
+    cmd = [nvcc, "-std=c++17", "-O3", f"-arch=sm_{arch}", *NVCC_WARNINGS, "-Xcompiler", "-fPIC"]
+    cmd += [f"-I{d}" for d in include_dirs]
+    cmd += ["-shared", "-o", out, src] if shared else ["-c", "-o", out, src]
+    return cmd
+
+
+def _run(cmd):
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    return proc.returncode, (proc.stdout + proc.stderr).strip()
+
+
+def compile_kernels(tools_dir, out_dir, sources=None, archs=ARCHS, jobs=2):
+    """Compile each plain-CUDA file for each arch; returns a list of (label, ok, output)."""
+    nvcc = nvcc_path(tools_dir)
+    inc = [os.path.join(_cuda_root(tools_dir), "include")]
+    todo = []
+    for src in sources or kernel_sources():
+        for arch in archs:
+            obj = os.path.join(out_dir, f"{os.path.basename(src)}.sm_{arch}.o")
+            todo.append((f"{os.path.relpath(src, CSRC)} sm_{arch}", nvcc_command(nvcc, src, obj, arch, include_dirs=inc)))
+    return _run_all(todo, jobs)
+
+
+def _paddle_include_dirs():
+    import paddle
+
+    root = paddle.sysconfig.get_include()
+    # the folders Paddle's cpp_extension passes (extension_utils._get_all_paddle_includes_from_include_root)
+    return [root, os.path.join(root, "third_party"), os.path.join(root, "paddle/phi/api/include/compat"),
+            os.path.join(root, "paddle/phi/api/include/compat/torch/csrc/api/include")]
+
+
+def _cuda_include_dirs(tools_dir):
+    dirs = sorted(glob.glob(os.path.join(tools_dir, "nvidia", "*", "include")))
+    cccl = os.path.join(_cuda_root(tools_dir), "include", "cccl")
+    return dirs + ([cccl] if os.path.isdir(cccl) else [])
+
+
+def compile_bindings(tools_dir, out_dir, sources=None, jobs=2, cxx=None):
+    """Compile the Paddle-side C++ of a CUDA build (see the module docstring); (label, ok, output) list."""
+    import sysconfig
+
+    cxx = cxx or os.environ.get("CXX") or "c++"
+    system = _paddle_include_dirs() + _cuda_include_dirs(tools_dir) + [sysconfig.get_paths()["include"]]
+    flags = ["-std=c++17", "-O0", "-fPIC", "-Wall", "-Werror", "-DPADDLE_WITH_CUDA", "-DEIGEN_USE_GPU",
+             "-DPADDLE_WITH_CUSTOM_KERNEL", "-D_GLIBCXX_USE_CXX11_ABI=1", "-DPPO_WITH_CUDA"]
+    for d in system:
+        flags += ["-isystem", d]
+    todo = []
+    for src in sources or binding_sources():
+        obj = os.path.join(out_dir, os.path.relpath(src, CSRC).replace(os.sep, "_") + ".o")
+        todo.append((os.path.relpath(src, CSRC), [cxx, *flags, "-c", "-o", obj, src]))
+    return _run_all(todo, jobs)
+
+
+def _run_all(todo, jobs):
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        results = list(pool.map(lambda item: _run(item[1]), todo))
+    return [(label, rc == 0, out) for (label, _), (rc, out) in zip(todo, results)]
+
+
+def build_kernel_library(src, out_dir, arch, nvcc=None):
+    """Build one plain-CUDA file as a shared library (for ctypes); returns its path. Raises
+    RuntimeError with nvcc's output when it does not compile."""
+    nvcc = nvcc or shutil.which("nvcc")
+    if not nvcc:
+        raise RuntimeError("nvcc not found")
+    out = os.path.join(out_dir, f"lib{os.path.splitext(os.path.basename(src))[0]}_sm{arch}.so")
+    rc, text = _run(nvcc_command(nvcc, src, out, arch, shared=True))
+    if rc != 0:
+        raise RuntimeError(f"nvcc failed on {src}:\n{text}")
+    return out
+
+
+def _report(results, log):
+    bad = [r for r in results if not r[1]]
+    for label, ok, out in results:
+        log(f"[check_cuda] {'ok  ' if ok else 'FAIL'} {label}")
+        if not ok:
+            log(out)
+    return not bad
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Compile csrc/'s CUDA sources without a GPU.")
+    parser.add_argument("--no-bindings", action="store_true", help="skip the Paddle bindings (smaller download)")
+    parser.add_argument("--tools", default=None, help="tool cache directory (default: $PPO_CUDA_TOOLS or ~/.cache/...)")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel compiles")
+    parser.add_argument("--print-tools", action="store_true", help="print the tool cache directory and exit")
+    args = parser.parse_args(argv)
+    with_bindings = not args.no_bindings
+    tools = os.path.abspath(args.tools) if args.tools else default_tools_dir(with_bindings)
+    if args.print_tools:
+        print(tools)
+        return 0
+    t0 = time.time()
+    try:
+        install_tools(tools, with_bindings)
+    except ToolsUnavailable as e:
+        print(f"[check_cuda] ERROR: cannot install the CUDA tools from PyPI: {e}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="ppo-cuda-check-") as out_dir:
+        ok = _report(compile_kernels(tools, out_dir, jobs=args.jobs), print)
+        if with_bindings:
+            ok = _report(compile_bindings(tools, out_dir, jobs=args.jobs), print) and ok
+    n_k = len(kernel_sources()) * len(ARCHS)
+    n_b = len(binding_sources()) if with_bindings else 0
+    status = "passed" if ok else "FAILED"
+    print(f"[check_cuda] {status}: {n_k} kernel compiles (sm_{', sm_'.join(ARCHS)}), {n_b} binding compiles, "
+          f"{time.time() - t0:.0f} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
