@@ -134,6 +134,16 @@ def install_tools(tools_dir, with_bindings=True, log=print):
     return tools_dir
 
 
+def find_ready_tools():
+    """A complete tool cache (with the binding headers or without), or None: for tests that must
+    not download anything."""
+    for with_bindings in (True, False):
+        d = default_tools_dir(with_bindings)
+        if tools_ready(d, with_bindings):
+            return d
+    return None
+
+
 def nvcc_path(tools_dir):
     return os.path.join(_cuda_root(tools_dir), "bin", "nvcc")
 

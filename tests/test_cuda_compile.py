@@ -1,0 +1,69 @@
+"""The CUDA compile check (csrc/check_cuda.py) with the toolchain it caches outside the tree
+(`python csrc/check_cuda.py` fills the cache; .ci/run runs it before the tests). No GPU needed:
+every plain-CUDA kernel builds as a standalone shared library whose extern "C" launcher ctypes
+can call (bad arguments come back as cudaErrorInvalidValue before any CUDA call), and a kernel
+with a warning fails the check. Skips, with the command to run, when the cache is absent: the
+default test suite never downloads toolchains."""
+import os
+
+import pytest
+
+import cuda_ctypes
+
+check = cuda_ctypes.check_cuda_module()
+TOOLS = check.find_ready_tools()
+pytestmark = pytest.mark.skipif(
+    TOOLS is None, reason="no cached CUDA toolchain: run `python csrc/check_cuda.py` once (it downloads nvcc from PyPI)")
+
+
+@pytest.fixture(scope="module")
+def kernel_libs(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("cuda_libs"))
+    nvcc = check.nvcc_path(TOOLS)
+    return {k: check.build_kernel_library(os.path.join(cuda_ctypes.CUDA_DIR, f"{k}.cu"), out, "80", nvcc=nvcc)
+            for k in cuda_ctypes.LAUNCHERS}
+
+
+def test_every_kernel_file_has_a_launcher_entry():
+    files = sorted(os.path.splitext(os.path.basename(p))[0] for p in check.kernel_sources())
+    assert files == sorted(cuda_ctypes.LAUNCHERS)
+
+
+def test_kernels_build_standalone_and_reject_bad_arguments(kernel_libs):
+    INVALID = cuda_ctypes.CUDA_ERROR_INVALID_VALUE
+    f = {k: cuda_ctypes.load(path, k) for k, path in kernel_libs.items()}
+    n = None
+    assert f["rms_norm"](7, n, n, n, n, 4, 8, 1e-6, 0, n) == INVALID  # unknown dtype code
+    assert f["rms_norm"](0, n, n, n, n, 4, 0, 1e-6, 0, n) == INVALID  # H = 0
+    assert f["rms_norm"](0, n, n, n, n, 0, 8, 1e-6, 0, n) == 0  # nothing to do: no launch
+    assert f["swiglu"](0, n, n, n, 4, 2, 3, n) == INVALID  # unknown mode
+    assert f["swiglu"](0, n, n, n, 4, 2, 0, n) == INVALID  # mode 0 needs y
+    assert f["pack_transposed"](5, n, n, 3, 3, n) == INVALID
+    assert f["pack_transposed"](0, n, n, 0, 3, n) == 0
+    att = lambda dtype, hd, nh, nkv, t0, S: f["attention"](dtype, *[n] * 10, 2, 1, nh, nkv, hd, S, 3, 8, 0, t0, 0,
+                                                           0.1, 0, n)
+    assert att(0, 258, 2, 1, 0, 4) == INVALID  # head_dim above 256
+    assert att(0, 7, 2, 1, 0, 4) == INVALID  # odd head_dim
+    assert att(0, 8, 3, 2, 0, 4) == INVALID  # heads not a multiple of kv heads
+    assert att(0, 8, 2, 1, 4, 4) == INVALID  # slot t0 beyond the cache
+    assert att(9, 8, 2, 1, 0, 4) == INVALID  # unknown dtype
+    smp = lambda temperature, n_sup: f["sampling"](0, *[n] * 7, 2, 10, 2, 0, temperature, 0, 1.0, 1.0, 1, 0,
+                                                    cuda_ctypes.host_int64(range(n_sup)), n_sup, 0, n)
+    assert smp(0.0, 0) == INVALID  # temperature must be > 0
+    assert smp(1.0, 65) == INVALID  # more than 64 suppressed ids
+    upd = lambda step, n_ids: f["step_update"](*[n] * 9, cuda_ctypes.host_int64([0]), 2, 4, 0, step, 0,
+                                               cuda_ctypes.host_int64(range(n_ids)), n_ids, n, 0, n, 0, n)
+    assert upd(4, 0) == INVALID  # step beyond N
+    assert upd(0, 65) == INVALID  # more than 64 stop ids
+
+
+def test_a_warning_fails_the_check(tmp_path):
+    bad = tmp_path / "bad.cu"
+    bad.write_text('#include <cstdint>\n__global__ void k(float* x) { int unused = 3; if (threadIdx.x < 2) x[0] = 1.f; }\n')
+    good = tmp_path / "good.cu"
+    good.write_text('__global__ void k(float* x) { if (threadIdx.x < 2) x[0] = 1.f; }\n')
+    results = {os.path.basename(label.split()[0]): (ok, out)
+               for label, ok, out in check.compile_kernels(TOOLS, str(tmp_path), [str(bad), str(good)], archs=("90",))}
+    assert results["good.cu"][0], results["good.cu"][1]
+    assert not results["bad.cu"][0]
+    assert "unused" in results["bad.cu"][1]
