@@ -19,8 +19,10 @@
    extension: `-DPADDLE_WITH_CUDA -DEIGEN_USE_GPU -DPADDLE_WITH_CUSTOM_KERNEL`, C++17, Paddle's
    include folders (its ATen compatibility folders included) plus the CUDA headers above, and
    `-DPPO_WITH_CUDA`, so the dispatch to the bindings is compiled too. Paddle and CUDA headers are
-   passed as system include folders: their own warnings are not ours to fix. Nothing is linked:
-   the CPU wheel's libpaddle lacks the CUDA symbols.
+   passed as system include folders: their own warnings are not ours to fix. Nothing is linked
+   (the CPU wheel's libpaddle lacks the CUDA symbols); instead `nm` checks that every `...CUDA`
+   function a dispatcher calls is defined by a binding with the same signature, and every
+   `ppo_cuda_*` launcher a binding calls is defined by a kernel object.
 
 The GPU kernel tests (tests/test_cuda_kernels.py) use `nvcc_command` / `build_kernel_library`
 from here to build each kernel as its own shared library.
@@ -216,6 +218,35 @@ def compile_bindings(tools_dir, out_dir, sources=None, jobs=2, cxx=None):
     return _run_all(todo, jobs)
 
 
+def _symbols(obj, kind):
+    """Symbol names of an object file: kind "defined" or "undefined" (nm -P)."""
+    rc, out = _run(["nm", "-P", f"--{kind}-only", obj])
+    if rc != 0:
+        raise RuntimeError(f"nm failed on {obj}: {out}")
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def check_symbols(out_dir):
+    """The three layers fit together without linking: every `...CUDA` function the CPU
+    dispatchers call is defined by a binding (same C++ signature), and every `ppo_cuda_*`
+    launcher a binding calls is defined by a kernel object. Returns (label, ok, output) list."""
+    objs = sorted(glob.glob(os.path.join(out_dir, "*.o")))
+    kernel_objs = [o for o in objs if ".cu.sm_" in o]
+    binding_objs = [o for o in objs if o.endswith("_binding.cc.o")]
+    cpu_objs = [o for o in objs if os.path.basename(o).startswith("cpu_")]
+    defined_k = set().union(*(_symbols(o, "defined") for o in kernel_objs)) if kernel_objs else set()
+    defined_b = set().union(*(_symbols(o, "defined") for o in binding_objs)) if binding_objs else set()
+    results = []
+    for objs_, defined, pick, what in ((cpu_objs, defined_b, lambda n: "CUDA" in n, "binding"),
+                                       (binding_objs, defined_k, lambda n: n.startswith("ppo_cuda_"), "kernel")):
+        for o in objs_:
+            wanted = sorted(n for n in _symbols(o, "undefined") if pick(n))
+            missing = [n for n in wanted if n not in defined]
+            label = f"symbols of {os.path.basename(o)[:-2]}: {len(wanted)} {what} function(s)"
+            results.append((label, not missing, "undefined: " + ", ".join(missing) if missing else ""))
+    return results
+
+
 def _run_all(todo, jobs):
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         results = list(pool.map(lambda item: _run(item[1]), todo))
@@ -266,6 +297,8 @@ def main(argv=None):
         ok = _report(compile_kernels(tools, out_dir, jobs=args.jobs), print)
         if with_bindings:
             ok = _report(compile_bindings(tools, out_dir, jobs=args.jobs), print) and ok
+            if ok:
+                ok = _report(check_symbols(out_dir), print)
     n_k = len(kernel_sources()) * len(ARCHS)
     n_b = len(binding_sources()) if with_bindings else 0
     status = "passed" if ok else "FAILED"

@@ -39,7 +39,9 @@ std::vector<paddle::Tensor> AttentionCUDA(const paddle::Tensor& qkv_in, paddle::
   PD_CHECK(ks.size() == 5 && ks[1] == B && ks[2] == num_kv_heads && ks[3] == head_dim,
            "rollout_attention: k_cache [L, B, nkv, hd, S]");
   const int64_t S = ks[4];
-  PD_CHECK(v_cache.numel() == k_cache.numel(), "rollout_attention: v_cache [L, B, nkv, S, hd]");
+  const auto vs = v_cache.shape();
+  PD_CHECK(vs.size() == 5 && vs[0] == ks[0] && vs[1] == B && vs[2] == num_kv_heads && vs[3] == S && vs[4] == head_dim,
+           "rollout_attention: v_cache [L, B, nkv, S, hd]");
   PD_CHECK(layer >= 0 && layer < ks[0] && t0 >= 0 && t0 + Tq <= S, "rollout_attention: layer / slots out of range");
   PD_CHECK(pos.numel() == B * Tq && finished.numel() == B, "rollout_attention: pos / finished sizes");
   PD_CHECK(key_mask.shape().size() == 2 && key_mask.shape()[0] == B, "rollout_attention: key_mask [B, Tp]");

@@ -70,10 +70,11 @@ extern "C" int ppo_cuda_update(const int64_t* tokens, const float* logprobs, con
   int64_t seq_total = 0;
   for (int64_t i = 0; i < n_stop_ids; ++i) st.ids[i] = stop_ids[i];
   for (int64_t i = 0; i < n_stop_seqs; ++i) {
+    if (stop_seq_lens[i] < 0) return ppo_cuda::invalid();
     st.seq_lens[i] = stop_seq_lens[i];
-    seq_total += stop_seq_lens[i] > 0 ? stop_seq_lens[i] : 0;
+    seq_total += stop_seq_lens[i];
   }
-  if (seq_total > n_stop_tokens) return ppo_cuda::invalid();  // lengths must fit the given tokens
+  if (seq_total != n_stop_tokens) return ppo_cuda::invalid();  // the lengths must split the tokens exactly
   for (int64_t i = 0; i < n_stop_tokens; ++i) st.seq_tokens[i] = stop_seqs[i];
   cudaError_t err = cudaMemsetAsync(active, 0, sizeof(int64_t), stream);
   if (err != cudaSuccess) return ppo_cuda::status(err);

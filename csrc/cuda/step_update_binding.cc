@@ -23,14 +23,21 @@ std::vector<paddle::Tensor> UpdateCUDA(const paddle::Tensor& tokens, const paddl
            "rollout_update (CUDA): at most 64 stop ids, 32 stop sequences, 256 stop-sequence tokens");
   PD_CHECK(out_tokens.shape().size() == 2, "rollout_update: out_tokens must be [B0, N]");
   const int64_t B = tokens.numel();
+  const int64_t B0 = out_tokens.shape()[0];
   const int64_t N = out_tokens.shape()[1];
   PD_CHECK(step >= 0 && step < N, "rollout_update: step out of range");
+  PD_CHECK(rows.numel() == B && finished.numel() == B && pos.numel() == B && logprobs.numel() == B,
+           "rollout_update: B mismatch");
+  PD_CHECK(lengths.numel() == B0 && out_logprobs.numel() == B0 * N, "rollout_update: B0 mismatch");
   int64_t V = 0;
   if (update_presence) {
-    PD_CHECK(presence.dtype() == paddle::DataType::UINT8 && presence.shape().size() == 2,
+    PD_CHECK(presence.dtype() == paddle::DataType::UINT8 && presence.shape().size() == 2 && presence.shape()[0] == B0,
              "rollout_update: presence must be uint8 [B0, V]");
     V = presence.shape()[1];
   }
+  int64_t total_len = 0;
+  for (int64_t l : stop_seq_lens) total_len += l;
+  PD_CHECK(total_len == static_cast<int64_t>(stop_seqs.size()), "rollout_update: stop_seq_lens do not match");
   auto active = paddle::empty({1}, paddle::DataType::INT64, tokens.place());
   PPO_CUDA_CALL("rollout_update",
                 ppo_cuda_update(tokens.data<int64_t>(), logprobs.data<float>(), rows.data<int64_t>(),
