@@ -10,7 +10,7 @@
    `~/.cache/paddle-align/cuda-tools/<pin hash>`. The Paddle bindings also need the headers of
    cuBLAS, cuDNN, cuFFT, cuRAND, cuSPARSE and cuSOLVER (Paddle's `phi/core/enforce.h` includes them
    when `PADDLE_WITH_CUDA` is defined); only the `include/` folders of those wheels are kept (the
-   wheels themselves are ~2.5 GB of libraries that a compile check never links). A complete cache
+   wheels unpack to ~2.3 GB of libraries that a compile check never links). A complete cache
    is marked by `tools.json`; a second run downloads nothing.
 2. Kernels. Each plain-CUDA file `csrc/cuda/*.cu` (no Paddle headers) is compiled for sm_80 and
    sm_90 with every warning an error (`-Werror all-warnings`, host side `-Wall -Wextra -Werror`).
