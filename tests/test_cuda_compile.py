@@ -5,15 +5,19 @@ can call (bad arguments come back as cudaErrorInvalidValue before any CUDA call)
 with a warning fails the check. Skips, with the command to run, when the cache is absent: the
 default test suite never downloads toolchains."""
 import os
+import shutil
 
+import numpy as np
 import pytest
 
 import cuda_ctypes
+import cuda_kernel_cases
 
 check = cuda_ctypes.check_cuda_module()
 TOOLS = check.find_ready_tools()
 pytestmark = pytest.mark.skipif(
-    TOOLS is None, reason="no cached CUDA toolchain: run `python csrc/check_cuda.py` once (it downloads nvcc from PyPI)")
+    TOOLS is None,
+    reason="no cached CUDA toolchain: run `python csrc/check_cuda.py` once (it downloads nvcc from PyPI)")
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +63,7 @@ def test_kernels_build_standalone_and_reject_bad_arguments(kernel_libs):
 
 def test_a_warning_fails_the_check(tmp_path):
     bad = tmp_path / "bad.cu"
-    bad.write_text('#include <cstdint>\n__global__ void k(float* x) { int unused = 3; if (threadIdx.x < 2) x[0] = 1.f; }\n')
+    bad.write_text("__global__ void k(float* x) { int unused = 3; if (threadIdx.x < 2) x[0] = 1.f; }\n")
     good = tmp_path / "good.cu"
     good.write_text('__global__ void k(float* x) { if (threadIdx.x < 2) x[0] = 1.f; }\n')
     results = {os.path.basename(label.split()[0]): (ok, out)
@@ -67,3 +71,43 @@ def test_a_warning_fails_the_check(tmp_path):
     assert results["good.cu"][0], results["good.cu"][1]
     assert not results["bad.cu"][0]
     assert "unused" in results["bad.cu"][1]
+
+
+class HostArrays:
+    """Host numpy arrays in place of device memory: for checking the GPU tests' plumbing on a
+    machine without a GPU, where every launch fails before any memory is touched."""
+
+    name = "host"
+
+    def put(self, a):
+        return np.array(a, copy=True, order="C")
+
+    def ptr(self, a):
+        return a.ctypes.data
+
+    def empty(self, shape, dtype):
+        return np.empty(shape, dtype)
+
+    def get(self, a):
+        return a
+
+    def stream(self):
+        return None
+
+
+@pytest.mark.skipif(os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi") is not None,
+                    reason="a GPU is present: tests/test_cuda_kernels.py runs the real thing")
+def test_gpu_harness_passes_every_argument_check(kernel_libs):
+    """tests/test_cuda_kernels.py's calls, on every stored case, get past the launchers' argument
+    checks (ppo_cuda.h limits, ctypes types and counts): with no GPU each launch then reports a
+    CUDA error other than cudaErrorInvalidValue."""
+    fns = {k: cuda_ctypes.load(path, k) for k, path in kernel_libs.items()}
+    seen = {}
+    for case in cuda_kernel_cases.load():
+        statuses = []
+        cuda_ctypes.run_case(HostArrays(), fns, case, check=lambda status, op: statuses.append(status))
+        assert statuses, case["name"]
+        assert cuda_ctypes.CUDA_ERROR_INVALID_VALUE not in statuses, (case["name"], statuses)
+        assert 0 not in statuses, (case["name"], statuses)  # no GPU here: nothing can launch
+        seen[case["op"]] = statuses[0]
+    assert sorted(seen) == ["attention", "pack_transposed", "rms_norm", "sample", "swiglu", "update"]

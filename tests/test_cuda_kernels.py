@@ -128,88 +128,6 @@ def gpu(tmp_path_factory):
     return dev, fns
 
 
-def _ok(status, what):
-    assert status == 0, f"{what}: CUDA error code {status}"
-
-
-def run_case(dev, fns, case, dtype="float32"):
-    """Runs `case` on the GPU; returns {output name: host array} like cuda_kernel_cases.cpu_outputs."""
-    a, op, s = case["attrs"], case["op"], dev.stream()
-    d = {k: dev.put(v) for k, v in case["inputs"].items()}
-    host = case["inputs"]
-    P = dev.ptr
-    code = cuda_ctypes.DTYPE[dtype]
-    if op == "rms_norm":
-        x = host["x"]
-        H = x.shape[0] if a["cols"] else x.shape[-1]
-        out = dev.empty(x.shape, x.dtype)
-        res = P(d["residual"]) if "residual" in d else None
-        _ok(fns["rms_norm"](code, P(d["x"]), res, P(d["w"]), P(out), x.size // H, H, a["eps"], int(a["cols"]), s), op)
-        got = {"out": dev.get(out)}
-        if "residual" in d:
-            got["residual"] = dev.get(d["residual"])
-        return got
-    if op == "swiglu":
-        x = host["x"]
-        if "y" in d:
-            mode, shape = 0, x.shape
-        elif a["cols"]:
-            mode, shape = 2, (x.shape[0] // 2, x.shape[1])
-        else:
-            mode, shape = 1, x.shape[:-1] + (x.shape[-1] // 2,)
-        out = dev.empty(shape, x.dtype)
-        _ok(fns["swiglu"](code, P(d["x"]), P(d["y"]) if "y" in d else None, P(out), int(np.prod(shape)), shape[-1],
-                          mode, s), op)
-        return {"out": dev.get(out)}
-    if op == "pack_transposed":
-        xs = [host[f"x{i}"] for i in range(a["n_inputs"])]
-        K = xs[0].shape[0]
-        dst = dev.put(np.full((sum(x.shape[1] for x in xs), K), np.nan, "float32"))
-        row0 = 0
-        for i, x in enumerate(xs):
-            _ok(fns["pack_transposed"](code, P(d[f"x{i}"]), P(dst) + row0 * K * 4, K, x.shape[1], s), op)
-            row0 += x.shape[1]
-        return {"dst": dev.get(dst)}
-    if op == "attention":
-        q, cols = host["qkv"], a["cols"]
-        B = q.shape[1] if cols else q.shape[0]
-        Tq = q.shape[1] if q.ndim == 3 else 1
-        D = a["num_heads"] * a["head_dim"]
-        shape = (D, B) if cols else ((B, Tq, D) if q.ndim == 3 else (B, D))
-        out = dev.empty(shape, "float32")
-        _ok(fns["attention"](code, P(d["qkv"]), P(d["bias"]) if "bias" in d else None, P(d["k_cache"]),
-                             P(d["v_cache"]), P(d["cos"]), P(d["sin"]), P(d["pos"]), P(d["key_mask"]),
-                             P(d["finished"]), P(out), B, Tq, a["num_heads"], a["num_kv_heads"], a["head_dim"],
-                             host["k_cache"].shape[4], host["key_mask"].shape[1], host["cos"].shape[0], a["layer"],
-                             a["t0"], a["layout"], a["scale"], int(cols), s), op)
-        return {"out": dev.get(out), "k_cache": dev.get(d["k_cache"]), "v_cache": dev.get(d["v_cache"])}
-    if op == "sample":
-        lg, cols = host["logits"], a["cols"]
-        B, V = (lg.shape[1], lg.shape[0]) if cols else lg.shape
-        tokens, logprobs = dev.empty((B,), "int64"), dev.empty((B,), "float32")
-        sup = a["suppress"]
-        _ok(fns["sampling"](code, P(d["logits"]), P(d["presence"]), P(d["rows"]), P(d["uniforms"]),
-                            P(d["finished"]), P(tokens), P(logprobs), B, V, host["uniforms"].shape[1], a["step"],
-                            a["temperature"], a["top_k"], a["top_p"], a["penalty"], int(a["do_sample"]), a["pad_id"],
-                            cuda_ctypes.host_int64(sup), len(sup), int(cols), s), op)
-        return {"tokens": dev.get(tokens), "logprobs": dev.get(logprobs)}
-    if op == "update":
-        active = dev.empty((1,), "int64")
-        up = a["update_presence"]
-        V = host["presence"].shape[1] if up else 0
-        _ok(fns["step_update"](P(d["tokens"]), P(d["logprobs"]), P(d["rows"]), P(d["finished"]), P(d["pos"]),
-                               P(d["out_tokens"]), P(d["out_logprobs"]), P(d["lengths"]),
-                               P(d["presence"]) if up else None, P(active), host["tokens"].size,
-                               host["out_tokens"].shape[1], V, a["step"], a["min_new_tokens"],
-                               cuda_ctypes.host_int64(a["stop_ids"]), len(a["stop_ids"]),
-                               cuda_ctypes.host_int64(a["stop_seqs"]), len(a["stop_seqs"]),
-                               cuda_ctypes.host_int64(a["stop_seq_lens"]), len(a["stop_seq_lens"]), s), op)
-        got = {k: dev.get(d[k]) for k in ("finished", "pos", "out_tokens", "out_logprobs", "lengths", "presence")}
-        got["active"] = dev.get(active)
-        return got
-    raise ValueError(f"unknown op {op!r}")
-
-
 # float tolerances per (op, output): the GPU uses __expf / rsqrtf and another summation order
 TOL = {("attention", "out"): 1e-4, ("attention", "k_cache"): 1e-5, ("sample", "logprobs"): 1e-4,
        ("swiglu", "out"): 1e-4}
@@ -219,7 +137,7 @@ TOL = {("attention", "out"): 1e-4, ("attention", "k_cache"): 1e-5, ("sample", "l
 def test_cuda_kernel_matches_cpu_kernel(gpu, name):
     dev, fns = gpu
     case = next(c for c in CASES if c["name"] == name)
-    got = run_case(dev, fns, case)
+    got = cuda_ctypes.run_case(dev, fns, case)
     assert sorted(got) == sorted(case["outputs"])
     for k, want in case["outputs"].items():
         assert got[k].shape == want.shape and got[k].dtype == want.dtype, (name, k)
@@ -244,14 +162,15 @@ def test_low_precision_rms_norm_and_swiglu(gpu, dtype, tol):
         low = {k: torch.from_numpy(v).to(tdt) for k, v in case["inputs"].items()}
         # the float32 reference of the rounded inputs: what the kernel sees
         rounded = dict(case, inputs={k: v.float().numpy() for k, v in low.items()})
-        ref = run_case(dev, fns, rounded)["out"]
+        ref = cuda_ctypes.run_case(dev, fns, rounded)["out"]
         d = {k: v.cuda() for k, v in low.items()}
         a, x = case["attrs"], rounded["inputs"]["x"]
         if case["op"] == "rms_norm":
             H = x.shape[0] if a["cols"] else x.shape[-1]
             out = torch.empty(x.shape, dtype=tdt, device="cuda")
-            _ok(fns["rms_norm"](cuda_ctypes.DTYPE[dtype], d["x"].data_ptr(), None, d["w"].data_ptr(), out.data_ptr(),
-                                x.size // H, H, a["eps"], int(a["cols"]), dev.stream()), "rms_norm")
+            status = fns["rms_norm"](cuda_ctypes.DTYPE[dtype], d["x"].data_ptr(), None, d["w"].data_ptr(),
+                                     out.data_ptr(), x.size // H, H, a["eps"], int(a["cols"]), dev.stream())
+            cuda_ctypes.expect_success(status, "rms_norm")
         else:
             if "y" in d:
                 mode, shape = 0, x.shape
@@ -260,8 +179,10 @@ def test_low_precision_rms_norm_and_swiglu(gpu, dtype, tol):
             else:
                 mode, shape = 1, x.shape[:-1] + (x.shape[-1] // 2,)
             out = torch.empty(shape, dtype=tdt, device="cuda")
-            _ok(fns["swiglu"](cuda_ctypes.DTYPE[dtype], d["x"].data_ptr(), d["y"].data_ptr() if "y" in d else None,
-                              out.data_ptr(), int(np.prod(shape)), shape[-1], mode, dev.stream()), "swiglu")
+            status = fns["swiglu"](cuda_ctypes.DTYPE[dtype], d["x"].data_ptr(),
+                                   d["y"].data_ptr() if "y" in d else None, out.data_ptr(), int(np.prod(shape)),
+                                   shape[-1], mode, dev.stream())
+            cuda_ctypes.expect_success(status, "swiglu")
         torch.cuda.synchronize()
         np.testing.assert_allclose(out.float().cpu().numpy(), ref, atol=tol, rtol=tol, err_msg=case["name"])
         checked += 1
