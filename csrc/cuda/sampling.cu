@@ -173,7 +173,7 @@ __global__ void sample_kernel(const T* __restrict__ logits, const uint8_t* __res
         for (int64_t k = 0; k < kept; ++k) total += kept_p[k] / mass_k;
         const float target = u * total;
         float c = 0.f;
-        int64_t t = kept_id[kept - 1];
+        int64_t t = kept > 0 ? kept_id[kept - 1] : 0;  // kept == 0 only when every token has probability 0
         for (int64_t k = 0; k < kept; ++k) {
           c += kept_p[k] / mass_k;
           if (c > target) {
