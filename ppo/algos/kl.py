@@ -76,10 +76,10 @@ def last_token_mask(mask):
     return paddle.logical_and(pos == last, m)
 
 
-def kl_shaped_rewards(scores, logprobs, ref_logprobs, mask, kl_coeff, clip_range_score, kind="k1"):
+def kl_shaped_rewards(scores, logprobs, ref_logprobs, mask, kl_coeff, clip_range_score, kind="k1", clamp=None):
     """Token-level rewards for PPO: KL penalty on every response token, score at the last.
 
-    Formula: ``kl_t = kl_penalty(logp_t, ref_t, kind) * mask_t``;
+    Formula: ``kl_t = kl_penalty(logp_t, ref_t, kind, clamp) * mask_t``;
     ``r_t = -kl_coeff * kl_t + [t == last_b] * clip(score_b, -c, c)`` where
     ``last_b`` is the last index with ``mask == 1`` in row ``b`` and
     ``c = clip_range_score`` (``None`` disables the clip). Rows with an empty mask
@@ -90,7 +90,7 @@ def kl_shaped_rewards(scores, logprobs, ref_logprobs, mask, kl_coeff, clip_range
     ``PPOTrainer.add_kl_divergence_regularization``, TRL ``PPOTrainer`` (score at EOS).
     """
     m = _float_mask(mask, logprobs)
-    kl = _zero_outside(kl_penalty(logprobs, ref_logprobs, kind), m)
+    kl = _zero_outside(kl_penalty(logprobs, ref_logprobs, kind, clamp=clamp), m)
     rewards = -kl_coeff * kl
     s = scores.astype(logprobs.dtype).reshape([-1, 1])
     if clip_range_score is not None:
