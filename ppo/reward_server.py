@@ -50,7 +50,6 @@ if __name__ == "__main__":
 import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
-import math  # noqa: E402
 import signal  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402

@@ -187,7 +187,11 @@ def dpo_loss(
       ``log_odds = (a_c - a_r) - (log(1 - exp(a_c)) - log(1 - exp(a_r)))``,
       ``L = -lambda * log s(log_odds)`` plus ``policy_chosen_nll`` (the chosen-response
       NLL, already averaged) when given; ``lambda = orpo_lambda`` or, if None, ``beta``
-      (TRL's ``ORPOConfig.beta`` is the paper's lambda).
+      (TRL's ``ORPOConfig.beta`` is the paper's lambda). ``log(1 - exp(a))`` uses the
+      stable :func:`log1mexp` on ``min(a, -1e-6)``: TRL's ``log1p(-exp(a))`` is NaN in
+      float32 for ``a`` within ~6e-8 of 0, and ``a = 0`` (every token certain) would
+      give ``log 0``; the clamp keeps ``log(1 - p) >= -13.8`` and leaves the clamped
+      part without gradient.
 
     Implicit rewards for the stats: ``beta * (pi - ref)`` for sigmoid/ipo/hinge,
     ``beta * a`` for simpo/orpo. Stats: ``rewards/chosen``, ``rewards/rejected``,
