@@ -232,3 +232,22 @@ def test_log1mexp_matches_float64_reference():
     ref = np.where(a > -np.log(2), np.log(-np.expm1(a)), np.log1p(-np.exp(a)))
     np.testing.assert_allclose(log1mexp(t(a, "float32")).numpy(), ref, rtol=2e-6)
     assert not np.isfinite(log1mexp(t([0.0])).numpy()).any()  # 1 - p = 0: -inf, callers clamp
+
+
+def test_new_functions_leave_inputs_untouched():
+    rng = np.random.default_rng(11)
+    lp, old, adv = (t(rng.normal(size=(4, 3))) for _ in range(3))
+    mask = t((rng.random((4, 3)) > 0.3).astype("float64"))
+    logits, lengths, ends = t(rng.normal(size=(4, 3, 5))), t([1.0, 2.0, 3.0, 3.0]), paddle.to_tensor([True, False] * 2)
+    inputs = [lp, old, adv, mask, logits, lengths, ends]
+    before = [x.numpy().copy() for x in inputs]
+    ppo_policy_loss(lp, old, adv, mask, importance_sampling_level="sequence")
+    aggregate_loss(lp, mask, "seq-mean-token-sum-norm", loss_scale_factor=3)
+    kl_loss(lp, old, mask, clamp=10.0)
+    entropy_bonus_loss(logits, mask, temperature=0.7)
+    overlong_penalty(lengths, 3, 2, 1.0)
+    truncated_completion_mask(mask, ends)
+    reinforce_pp_baseline_advantages(lengths, mask, 2)
+    log1mexp(-paddle.abs(lp) - 1e-3)
+    for x, b in zip(inputs, before):
+        np.testing.assert_array_equal(x.numpy(), b)
