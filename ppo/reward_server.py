@@ -14,7 +14,7 @@ the URL and reads ``score``):
   -> 200 ``{"error_code": 0, "error_msg": "Success", "score": [float],
   "scores_per_function": {name: [float]}}``, one score per item, in order;
   ``score`` is the weighted total (``--weights``, 1 each by default) and
-  ``scores_per_function`` each scorer's raw scores.
+  ``scores_per_function`` (only with several scorers) each scorer's raw scores.
 - ``GET /health`` -> 200 ``{"status": "ok", "scorer": NAME}``.
 
 Errors never carry made-up scores (PaddleNLP answers zeros; here there is no
@@ -240,9 +240,10 @@ def create_app(
             stats.record(items=n_items, status=err.status)
             return _error_response(err.status, err.error_code, err.message)
         stats.record(items=n_items)
-        return _json_response(
-            {"error_code": SUCCESS, "error_msg": "Success", "score": scores, "scores_per_function": per_function}
-        )
+        reply = {"error_code": SUCCESS, "error_msg": "Success", "score": scores}
+        if len(per_function) > 1:  # one scorer: exactly PaddleNLP's reply
+            reply["scores_per_function"] = per_function
+        return _json_response(reply)
 
     return app
 

@@ -53,6 +53,8 @@ def test_server_answers_weighted_total_and_per_function_scores():
     assert body["scores_per_function"] == {"reverse": [1.0, 0.0], "test_rule_len": [2.0, 3.0]}
     bad = create_app("test_rule_fails_on_x").test_client().post(
         "/", data=json.dumps({"src": ["s"], "tgt": ["a"], "response": ["x"]}))
+    one = create_app("reverse").test_client().post("/", data=json.dumps({"src": ["s"], "tgt": ["a"], "response": ["a"]}))
+    assert one.get_json() == {"error_code": 0, "error_msg": "Success", "score": [1.0]}  # PaddleNLP's reply exactly
     assert bad.status_code == 500 and bad.get_json()["error_code"] == ERR_SCORER_RAISED and "score" not in bad.get_json()
     assert "item 0" in bad.get_json()["error_msg"]
     with pytest.raises(ValueError, match="weights"):
