@@ -8,7 +8,7 @@ from typing import List, Optional
 
 from paddlenlp.trainer import TrainingArguments
 
-from .algos import ADV_ESTIMATORS, LOSS_AGG_MODES
+from .algos import ADV_ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES, get_adv_estimator
 from .common.args_common import DatasetArguments, ModelCommonArguments
 
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "kl", "mse", "low_var_kl")
@@ -31,6 +31,32 @@ class ModelArgument(ModelCommonArguments):
     reward_server: str = field(default="http://127.0.0.1:8731", metadata={"help": "URL of the reward server."})
     reward_server_timeout: float = field(default=60.0, metadata={"help": "Seconds before one reward request times out."})
     reward_server_retries: int = field(default=3, metadata={"help": "Retries (exponential backoff) before the run stops."})
+    use_rule_reward: bool = field(
+        default=False, metadata={"help": "Score with rule scorers (ppo/scorers.py) in the trainer process, no server or reward model."}
+    )
+    rule_reward_scorers: str = field(
+        default="", metadata={"help": "use_rule_reward: comma-separated scorer names or module:function, e.g. kk,math."}
+    )
+    rule_reward_weights: str = field(
+        default="", metadata={"help": "use_rule_reward: comma-separated weight per scorer (default 1 each); score = weighted sum."}
+    )
+
+    def __post_init__(self):
+        if self.use_rule_reward:
+            if self.use_rm_server:
+                raise ValueError("use_rule_reward and use_rm_server both set: choose one source of scores")
+            if self.reward_model_name_or_path:
+                raise ValueError(
+                    f"use_rule_reward is set but reward_model_name_or_path={self.reward_model_name_or_path!r} too: "
+                    "choose one source of scores"
+                )
+            if not self.rule_reward_scorers:
+                raise ValueError("use_rule_reward needs rule_reward_scorers (e.g. 'reverse' or 'kk,math')")
+            from .scorers import parse_scorer_list
+
+            parse_scorer_list(self.rule_reward_scorers, self.rule_reward_weights)  # bad lists / weights fail here
+        elif self.rule_reward_scorers or self.rule_reward_weights:
+            raise ValueError("rule_reward_scorers / rule_reward_weights are only used with use_rule_reward true")
 
 
 @dataclass
@@ -60,10 +86,28 @@ class PPOTrainingArguments(TrainingArguments):
     adv_estimator: str = field(default="gae", metadata={"help": f"Advantage estimator: {' | '.join(ADV_ESTIMATORS)}."})
     kl_coeff: float = field(default=0.02, metadata={"help": "KL penalty coefficient in the per-token reward."})
     kl_estimator: str = field(default="k1", metadata={"help": f"KL estimator in the reward: {' | '.join(KL_ESTIMATOR_NAMES)}."})
-    kl_loss_coeff: float = field(default=0.0, metadata={"help": "Weight of the k3 KL term in the policy loss (GRPO)."})
+    kl_loss_coeff: float = field(default=0.0, metadata={"help": "Weight of the KL term in the policy loss (GRPO)."})
+    kl_loss_type: str = field(
+        default="k3", metadata={"help": f"KL estimator of the loss term (verl name): {' | '.join(KL_ESTIMATOR_NAMES)}."}
+    )
+    kl_clamp: Optional[float] = field(
+        default=None, metadata={"help": "Clamp k3 (low_var_kl) to +-this, in the reward and the loss (verl: 10); None: unclamped."}
+    )
+    target_kl: Optional[float] = field(
+        default=None, metadata={"help": "Adaptive KL controller target (per-sequence KL); None keeps kl_coeff fixed."}
+    )
+    kl_horizon: float = field(default=10000, metadata={"help": "Adaptive KL controller horizon, in samples."})
     clip_range_score: float = field(default=10.0, metadata={"help": "Scores are clipped to +-this before shaping."})
     missing_eos_penalty: float = field(
         default=0.0, metadata={"help": "Subtracted from the score of responses that end without EOS."}
+    )
+    enable_overlong_reward_buffer: bool = field(
+        default=False, metadata={"help": "DAPO soft overlong punishment: penalise responses in the last overlong_reward_buffer tokens."}
+    )
+    overlong_reward_buffer: int = field(default=16, metadata={"help": "DAPO: length of the punishment zone before max_dec_len."})
+    overlong_penalty_factor: float = field(default=1.0, metadata={"help": "DAPO: penalty at max_dec_len (linear from 0)."})
+    mask_truncated_completions: bool = field(
+        default=False, metadata={"help": "Leave responses without EOS out of every loss (TRL)."}
     )
     normalize_reward: bool = field(default=False, metadata={"help": "Normalise scores with running statistics."})
     normalize_advantage: bool = field(default=True, metadata={"help": "Whiten advantages over response tokens."})
@@ -80,6 +124,14 @@ class PPOTrainingArguments(TrainingArguments):
     dual_clip: Optional[float] = field(default=None, metadata={"help": "Dual-clip constant (>1) for negative advantages."})
     clip_range_value: float = field(default=5.0, metadata={"help": "Value clip around the old values."})
     loss_agg_mode: str = field(default="token-mean", metadata={"help": f"Loss aggregation: {' | '.join(LOSS_AGG_MODES)}."})
+    loss_scale_factor: Optional[float] = field(
+        default=None, metadata={"help": "seq-mean-token-sum-norm (Dr.GRPO): the constant divisor; None: max_dec_len."}
+    )
+    importance_sampling_level: str = field(
+        default="token", metadata={"help": "token (PPO) | sequence (GSPO: sequence-level ratio, geometric mean)."}
+    )
+    pg_loss_coeff: float = field(default=1.0, metadata={"help": "Weight of the policy-gradient loss."})
+    entropy_coeff: float = field(default=0.0, metadata={"help": "Entropy bonus: entropy_coeff * entropy is subtracted from the loss."})
     ptx_coeff: float = field(default=0.0, metadata={"help": "Weight of the supervised (ptx) loss."})
     critic_learning_rate: float = field(default=5e-6, metadata={"help": "Critic learning rate."})
     critic_weight_decay: float = field(default=0.0, metadata={"help": "Critic weight decay."})
@@ -99,14 +151,46 @@ class PPOTrainingArguments(TrainingArguments):
         super().__post_init__()
         if self.adv_estimator not in ADV_ESTIMATORS:
             raise ValueError(f"adv_estimator must be one of {sorted(ADV_ESTIMATORS)}, got {self.adv_estimator!r}")
-        if self.kl_estimator not in KL_ESTIMATOR_NAMES:
-            raise ValueError(f"kl_estimator must be one of {KL_ESTIMATOR_NAMES}, got {self.kl_estimator!r}")
+        estimator = get_adv_estimator(self.adv_estimator)
+        for name in ("kl_estimator", "kl_loss_type"):
+            if getattr(self, name) not in KL_ESTIMATOR_NAMES:
+                raise ValueError(f"{name} must be one of {KL_ESTIMATOR_NAMES}, got {getattr(self, name)!r}")
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {self.loss_agg_mode!r}")
+        if self.loss_scale_factor is not None and not self.loss_scale_factor > 0:
+            raise ValueError(f"loss_scale_factor must be positive, got {self.loss_scale_factor}")
+        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+            raise ValueError(
+                f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, got {self.importance_sampling_level!r}"
+            )
         if self.eval_mode not in EVAL_MODES:
             raise ValueError(f"eval_mode must be one of {EVAL_MODES}, got {self.eval_mode!r}")
-        if self.adv_estimator in ("grpo", "rloo") and self.rollout_n < 2:
-            raise ValueError(f"adv_estimator {self.adv_estimator} needs rollout_n >= 2 (a group), got {self.rollout_n}")
+        if estimator.per_group and self.rollout_n < estimator.min_group_size:
+            raise ValueError(
+                f"adv_estimator {self.adv_estimator} needs rollout_n >= {estimator.min_group_size} (a group), got {self.rollout_n}"
+            )
+        if self.dynamic_sampling and not estimator.per_group:
+            raise ValueError(f"dynamic_sampling drops zero-variance groups; adv_estimator {self.adv_estimator} has no groups")
+        if self.normalize_advantage and not estimator.whitens:
+            raise ValueError(
+                f"normalize_advantage whitens the advantages of {[n for n, e in ADV_ESTIMATORS.items() if e.whitens]}; "
+                f"{self.adv_estimator} advantages are used as computed: set normalize_advantage false"
+            )
+        if self.kl_clamp is not None:
+            if not self.kl_clamp > 0:
+                raise ValueError(f"kl_clamp must be positive, got {self.kl_clamp}")
+            uses_k3 = [n for n in ("kl_estimator", "kl_loss_type") if getattr(self, n) in ("k3", "low_var_kl")]
+            if not uses_k3:
+                raise ValueError("kl_clamp clamps the k3 (low_var_kl) estimator; neither kl_estimator nor kl_loss_type is k3")
+        if self.target_kl is not None:
+            if not self.target_kl > 0 or not self.kl_horizon > 0:
+                raise ValueError(f"target_kl and kl_horizon must be positive, got {self.target_kl}, {self.kl_horizon}")
+            if not self.kl_coeff > 0:
+                raise ValueError("target_kl adapts kl_coeff (the reward KL penalty), which must start positive")
+        if self.enable_overlong_reward_buffer and not 0 < self.overlong_reward_buffer <= self.max_dec_len:
+            raise ValueError(
+                f"overlong_reward_buffer must be in (0, max_dec_len={self.max_dec_len}], got {self.overlong_reward_buffer}"
+            )
         rollout = self.per_device_prompt_batch_size * self.rollout_n
         micro = self.per_device_train_batch_size * self.gradient_accumulation_steps
         if rollout % micro:
@@ -118,5 +202,15 @@ class PPOTrainingArguments(TrainingArguments):
             raise ValueError("pipeline_parallel_degree > 1 is not supported by the PPO trainer yet; use sharding or tensor parallel")
 
     @property
+    def estimator(self):
+        """The registry entry (`ppo.algos.AdvEstimator`) of `adv_estimator`."""
+        return get_adv_estimator(self.adv_estimator)
+
+    @property
     def use_critic(self):
-        return self.adv_estimator == "gae"
+        return self.estimator.needs_critic
+
+    @property
+    def loss_scale(self):
+        """The constant of `seq-mean-token-sum-norm`: `loss_scale_factor`, else `max_dec_len`."""
+        return self.loss_scale_factor or self.max_dec_len

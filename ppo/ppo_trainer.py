@@ -21,16 +21,18 @@ import paddle.distributed as dist
 from tqdm import tqdm
 
 from .algos import (
-    broadcast_sequence_advantages,
+    AdaptiveKLController,
+    entropy_bonus_loss,
     entropy_from_logits,
-    get_adv_estimator,
     group_zero_std_fraction,
     kl_loss,
     kl_shaped_rewards,
     masked_mean,
     masked_whiten,
+    overlong_penalty,
     ppo_policy_loss,
     sft_loss,
+    truncated_completion_mask,
     value_loss,
 )
 from .algos.normalizer import RunningMeanStd
@@ -53,7 +55,7 @@ from .prompt_sampler import PromptSampler
 from .rollout import RolloutEngine, SamplingParams
 
 logger = logging.getLogger("ppo")
-GROUP_ESTIMATORS = ("grpo", "rloo")
+K3_NAMES = ("k3", "low_var_kl")
 
 
 class NonFiniteError(RuntimeError):
@@ -70,11 +72,16 @@ def first_non_finite(named_tensors):
 
 class PPOTrainer:
     def __init__(
-        self, args, models, tokenizer, train_dataset, eval_dataset=None, ptx_dataset=None, reward_client=None, eval_long_answer_len=5
+        self, args, models, tokenizer, train_dataset, eval_dataset=None, ptx_dataset=None, reward_client=None, eval_long_answer_len=5,
+        rule_scorer=None,
     ):
         self.args, self.models, self.tokenizer = args, models, tokenizer
         self.train_dataset, self.eval_dataset, self.ptx_dataset = train_dataset, eval_dataset, ptx_dataset
         self.reward_client = reward_client
+        self.rule_scorer = rule_scorer  # ppo.scorers.WeightedScorer when use_rule_reward
+        self.estimator = args.estimator  # the registry entry: critic, groups, whitening
+        self.kl_controller = AdaptiveKLController(args.kl_coeff, args.target_kl, args.kl_horizon) if args.target_kl else None
+        self.score_stats = {}
         self.eval_long_answer_len = eval_long_answer_len
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.is_main = self.rank == 0
@@ -161,18 +168,43 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ 2. score
     def score(self, exp):
-        """Scores `[N]` from the reward model or server, minus `missing_eos_penalty`."""
-        if self.reward_client is not None:
+        """Scores `[N]` from the reward model, server or rule scorers, minus `missing_eos_penalty`,
+        plus DAPO's overlong penalty; the parts' means go to `self.score_stats`."""
+        self.score_stats = {}
+        if self.reward_client is not None or self.rule_scorer is not None:
             if any(label is None for label in exp.label):
-                raise ValueError("the reward server needs a reference answer (tgt) for every prompt")
+                raise ValueError("rule rewards and the reward server need a reference answer (tgt) for every prompt")
             responses = decode_responses(self.tokenizer, exp.response_ids, exp.response_mask)
-            scores = paddle.to_tensor(self.reward_client.score(exp.src, exp.label, responses), dtype="float32")
+            if self.rule_scorer is not None:
+                totals = self.rule_scores(exp, responses)
+            else:
+                totals = self.reward_client.score(exp.src, exp.label, responses)
+            scores = paddle.to_tensor(totals, dtype="float32")
         else:
             with paddle.no_grad():
                 scores = in_chunks(lambda e: reward_model_scores(self.models.reward, e), exp, self._chunk())
         if self.args.missing_eos_penalty:
             scores = scores - self.args.missing_eos_penalty * (~exp.ends_with_eos).astype("float32")
+        if self.args.enable_overlong_reward_buffer:
+            penalty = overlong_penalty(exp.response_mask.sum(axis=-1), self.args.max_dec_len,
+                                       self.args.overlong_reward_buffer, self.args.overlong_penalty_factor)
+            scores = scores + penalty
+            self.score_stats["reward/overlong_penalty"] = penalty.mean()
+            self.score_stats["reward/overlong_frac"] = (penalty < 0).astype("float32").mean()
         return scores
+
+    def rule_scores(self, exp, responses):
+        """Weighted rule scores in this process; a failing scorer stops the run naming the prompt."""
+        from .scorers import ScorerError
+
+        try:
+            totals, per_function = self.rule_scorer.score_batch(exp.src, exp.label, responses)
+        except ScorerError as err:
+            raise ScorerError(f"{err} (prompt {exp.src[err.item]!r}, response {responses[err.item]!r})",
+                              err.scorer_name, err.item, err.bad_value) from err
+        if len(per_function) > 1:
+            self.score_stats.update({f"reward/{name}": float(np.mean(v)) for name, v in per_function.items()})
+        return totals
 
     def normalized_scores(self, scores):
         """Scores after the running normaliser, updated with every rank's batch first."""
@@ -191,7 +223,7 @@ class PPOTrainer:
         groups from further batches (at most `max_gen_batches`; all ranks draw together)."""
         exp = self.rollout(self.sampler.next_indices())
         exp.scores = self.score(exp)
-        if not (self.args.dynamic_sampling and self.args.adv_estimator in GROUP_ESTIMATORS):
+        if not self.args.dynamic_sampling:  # the arguments allow it only for per-group estimators
             return exp, 1
         want = self.args.per_device_prompt_batch_size
         kept, spare, draws = [], [], 1
@@ -246,40 +278,41 @@ class PPOTrainer:
             if self.models.critic is not None:  # no-grad passes use the unwrapped models
                 exp.values = in_chunks(lambda e: response_values(self.models.critic, e), exp, self._chunk())
             scores = self.normalized_scores(exp.scores)
+            kl_coeff = self.kl_controller.value if self.kl_controller else args.kl_coeff
             exp.rewards, kl = kl_shaped_rewards(
-                scores, exp.old_logprobs, exp.ref_logprobs, mask, args.kl_coeff, args.clip_range_score, kind=args.kl_estimator
+                scores, exp.old_logprobs, exp.ref_logprobs, mask, kl_coeff, args.clip_range_score, kind=args.kl_estimator,
+                clamp=args.kl_clamp if args.kl_estimator in K3_NAMES else None,
             )
-            estimator = get_adv_estimator(args.adv_estimator)
-            if args.adv_estimator == "gae":
-                exp.advantages, exp.returns = estimator(exp.values, exp.rewards, mask, gamma=args.gamma, gae_lambda=args.gae_lambda)
-            elif args.adv_estimator in GROUP_ESTIMATORS:
-                seq_rewards = exp.rewards.sum(axis=-1)  # clipped score + KL part of the reward
-                if args.adv_estimator == "grpo":
-                    seq_adv = estimator(seq_rewards, group_size=args.rollout_n, scale_by_std=args.scale_reward_std)
-                else:
-                    seq_adv = estimator(seq_rewards, group_size=args.rollout_n)
-                exp.advantages = broadcast_sequence_advantages(seq_adv, mask)
-            else:
-                exp.advantages, exp.returns = estimator(exp.rewards, mask, gamma=args.gamma)
-            if args.normalize_advantage and args.adv_estimator == "gae":
+            exp.advantages, exp.returns = self.estimator(
+                exp.rewards, mask, values=exp.values, group_size=args.rollout_n, gamma=args.gamma,
+                gae_lambda=args.gae_lambda, scale_by_std=args.scale_reward_std,
+            )
+            if args.normalize_advantage and self.estimator.whitens:
                 exp.advantages = masked_whiten(exp.advantages, mask)
         lengths = mask.sum(axis=-1)
         kl_sum = (kl * mask).sum(axis=-1)
         stats = {
             "objective/scores": exp.scores.mean(),
             "objective/kl": kl_sum.mean(),
-            "objective/non_score_reward": (-args.kl_coeff * kl_sum).mean(),
-            "objective/rlhf_reward": (exp.scores - args.kl_coeff * kl_sum).mean(),
+            "objective/kl_coeff": kl_coeff,
+            "objective/non_score_reward": (-kl_coeff * kl_sum).mean(),
+            "objective/rlhf_reward": (exp.scores - kl_coeff * kl_sum).mean(),
             "objective/entropy": (-exp.old_logprobs * mask).sum(axis=-1).mean(),
             "val/num_eos_tokens": exp.ends_with_eos.astype("float32").sum(),
             "response_length/mean": lengths.mean(),
             "response_length/max": lengths.max(),
             "response_length/min": lengths.min(),
             "response_length/clip_ratio": ((~exp.ends_with_eos).astype("float32")).mean(),
+            **self.score_stats,
         }
-        if args.adv_estimator in GROUP_ESTIMATORS:
+        if self.estimator.per_group:
             stats["grpo/frac_reward_zero_std"] = group_zero_std_fraction(exp.scores, args.rollout_n)
             stats["grpo/groups_per_rank"] = float(self.check_groups(exp))
+        if args.mask_truncated_completions:  # TRL: truncated responses leave every loss
+            exp.response_mask = truncated_completion_mask(mask, exp.ends_with_eos)
+            stats["response_length/masked_truncated_frac"] = ((~exp.ends_with_eos).astype("float32")).mean()
+        if self.kl_controller is not None:  # one update per step from the rank-averaged KL
+            self.kl_controller.update(self.global_count(float(kl_sum.mean())), len(exp) * self.world_size)
         return stats
 
     # ------------------------------------------------------------------ 5. update
@@ -299,18 +332,30 @@ class PPOTrainer:
             dist.all_reduce(t)
         return float(t.numpy()[0]) / self.world_size
 
+    def _agg(self, num_tokens, num_seqs):
+        """Aggregation keywords shared by every loss term."""
+        return dict(loss_agg_mode=self.args.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+                    loss_scale_factor=self.args.loss_scale)
+
     def actor_loss(self, mb, num_tokens, num_seqs):
+        """pg_loss_coeff * policy loss - entropy_coeff * entropy + kl_loss_coeff * KL."""
         args = self.args
+        agg = self._agg(num_tokens, num_seqs)
         logprobs, logits = response_logprobs(self.actor, mb, args.temperature)
-        loss, stats = ppo_policy_loss(
+        pg_loss, stats = ppo_policy_loss(
             logprobs, mb.old_logprobs, mb.advantages, mb.response_mask,
             clip_range_ratio=args.clip_range_ratio, clip_range_ratio_low=args.clip_range_ratio_low,
             clip_range_ratio_high=args.clip_range_ratio_high, dual_clip=args.dual_clip,
-            loss_agg_mode=args.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+            importance_sampling_level=args.importance_sampling_level, **agg,
         )
+        loss = args.pg_loss_coeff * pg_loss
+        if args.entropy_coeff:
+            entropy, entropy_stats = entropy_bonus_loss(logits, mb.response_mask, args.temperature, **agg)
+            loss = loss - args.entropy_coeff * entropy
+            stats.update(entropy_stats)
         if args.kl_loss_coeff:
-            kl_term, kl_stats = kl_loss(logprobs, mb.ref_logprobs, mb.response_mask, kind="k3",
-                                        loss_agg_mode=args.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs)
+            kl_term, kl_stats = kl_loss(logprobs, mb.ref_logprobs, mb.response_mask, kind=args.kl_loss_type,
+                                        clamp=args.kl_clamp if args.kl_loss_type in K3_NAMES else None, **agg)
             loss = loss + args.kl_loss_coeff * kl_term
             stats.update(kl_stats)
         with paddle.no_grad():
@@ -326,7 +371,7 @@ class PPOTrainer:
     def critic_loss(self, mb, num_tokens, num_seqs):
         values = response_values(self.critic, mb)
         return value_loss(values, mb.values, mb.returns, mb.response_mask, self.args.clip_range_value,
-                          loss_agg_mode=self.args.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs)
+                          **self._agg(num_tokens, num_seqs))
 
     def optimizer_step(self, optimizer, model, loss_value, name):
         """Step unless the loss or a gradient is non-finite; returns True when stepped."""
@@ -430,7 +475,7 @@ class PPOTrainer:
             return {}
         labelled = all(self.eval_dataset[i]["label"] is not None for i in range(len(self.eval_dataset)))
         score_fn = None
-        if labelled or self.reward_client is None:
+        if labelled or (self.reward_client is None and self.rule_scorer is None):
             score_fn = lambda batch, out: self.score(
                 experience_from_rollout(batch, out, self.tokenizer.eos_token_id)
             ).numpy().tolist()
@@ -467,6 +512,7 @@ class PPOTrainer:
             "sampler": self.sampler.state_dict(),
             "ptx_sampler": self.ptx_sampler.state_dict() if self.ptx_sampler else None,
             "reward_normalizer": self.reward_normalizer.state_dict() if self.reward_normalizer else None,
+            "kl_controller": self.kl_controller.state_dict() if self.kl_controller else None,
         }
 
     def save(self):
@@ -495,6 +541,8 @@ class PPOTrainer:
             self.ptx_sampler.set_state_dict(state["ptx_sampler"])
         if self.reward_normalizer and state.get("reward_normalizer"):
             self.reward_normalizer.set_state_dict(state["reward_normalizer"])
+        if self.kl_controller and state.get("kl_controller"):
+            self.kl_controller.set_state_dict(state["kl_controller"])
         logger.info(f"resumed from {path} at step {self.step}")
         return True
 

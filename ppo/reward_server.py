@@ -5,13 +5,16 @@ Run (from the repository root, or from inside ``ppo/`` as PaddleNLP users do)::
     python ppo/reward_server.py --host 127.0.0.1 --port 8731 --scorer kk --threads 8
     cd ppo && python reward_server.py --scorer reverse
     python ppo/reward_server.py --scorer my_rewards:my_score   # your own function
+    python ppo/reward_server.py --scorer kk,math --weights 1,0.5   # weighted sum of several
 
 Contract (PaddleNLP ``llm/alignment/ppo/reward_server.py``; its trainer posts to
 the URL and reads ``score``):
 
 - ``POST /`` with JSON ``{"src": [str], "tgt": [str], "response": [str]}``
-  -> 200 ``{"error_code": 0, "error_msg": "Success", "score": [float]}``, one
-  score per item, in order.
+  -> 200 ``{"error_code": 0, "error_msg": "Success", "score": [float],
+  "scores_per_function": {name: [float]}}``, one score per item, in order;
+  ``score`` is the weighted total (``--weights``, 1 each by default) and
+  ``scores_per_function`` (only with several scorers) each scorer's raw scores.
 - ``GET /health`` -> 200 ``{"status": "ok", "scorer": NAME}``.
 
 Errors never carry made-up scores (PaddleNLP answers zeros; here there is no
@@ -47,7 +50,6 @@ if __name__ == "__main__":
 import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
-import math  # noqa: E402
 import signal  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -55,7 +57,7 @@ import time  # noqa: E402
 from flask import Flask, Response, request  # noqa: E402
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge  # noqa: E402
 
-from ppo.scorers import get_scorer  # noqa: E402
+from ppo.scorers import ScorerError, WeightedScorer  # noqa: E402
 
 logger = logging.getLogger("ppo.reward_server")
 
@@ -173,25 +175,15 @@ def parse_request(body, max_batch):
     return data["src"], data["tgt"], data["response"]
 
 
-def score_batch(scorer, scorer_name, src, tgt, response):
-    """Score every item; raise RequestError(500) naming the first item that fails."""
-    scores = []
-    for i, (s, t, r) in enumerate(zip(src, tgt, response)):
-        try:
-            value = scorer(s, t, r)
-        except Exception as err:  # the scorer's bug or a broken label: report, never guess
-            logger.exception("scorer %r raised on item %d", scorer_name, i)
-            raise RequestError(
-                500, ERR_SCORER_RAISED, f"scorer '{scorer_name}' raised on item {i}: {type(err).__name__}: {err}"
-            ) from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise RequestError(
-                500,
-                ERR_SCORER_BAD_VALUE,
-                f"scorer '{scorer_name}' returned {value!r} for item {i}; a score must be a finite number",
-            )
-        scores.append(float(value))
-    return scores
+def score_batch(scorer, src, tgt, response):
+    """Score every item with a `WeightedScorer`; raise RequestError(500) naming the first
+    scorer and item that fail. Returns `(totals, per_function)`."""
+    try:
+        return scorer.score_batch(src, tgt, response)
+    except ScorerError as err:
+        if not err.bad_value:
+            logger.exception("scorer %r raised on item %d", err.scorer_name, err.item)
+        raise RequestError(500, ERR_SCORER_BAD_VALUE if err.bad_value else ERR_SCORER_RAISED, str(err)) from None
 
 
 def create_app(
@@ -199,14 +191,16 @@ def create_app(
     max_body_bytes=DEFAULT_MAX_BODY_BYTES,
     max_batch=DEFAULT_MAX_BATCH,
     log_interval_s=DEFAULT_LOG_INTERVAL_S,
+    weights=None,
 ):
-    """The Flask app scoring with the scorer registered as `scorer_name` (or `module:function`).
+    """The Flask app scoring with the scorer(s) registered as `scorer_name` (or `module:function`);
+    `scorer_name` may list several, comma-separated, combined with `weights` (see `WeightedScorer`).
 
-    Raises ValueError at once for an unknown scorer, so a bad name fails at start-up.
+    Raises ValueError at once for an unknown scorer or bad weights, so they fail at start-up.
     """
     if max_body_bytes <= 0 or max_batch <= 0:
         raise ValueError(f"max_body_bytes and max_batch must be positive, got {max_body_bytes}, {max_batch}")
-    scorer = get_scorer(scorer_name)
+    scorer = WeightedScorer(scorer_name, weights)
     app = Flask("ppo.reward_server")
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     stats = _Stats(log_interval_s)
@@ -239,14 +233,17 @@ def create_app(
             body = request.get_data(cache=False)  # raises RequestEntityTooLarge past the limit
             src, tgt, response = parse_request(body, max_batch)
             n_items = len(src)
-            scores = score_batch(scorer, scorer_name, src, tgt, response)
+            scores, per_function = score_batch(scorer, src, tgt, response)
         except RequestError as err:
             if err.status < 500:
                 logger.warning("rejected request: %s", err.message)
             stats.record(items=n_items, status=err.status)
             return _error_response(err.status, err.error_code, err.message)
         stats.record(items=n_items)
-        return _json_response({"error_code": SUCCESS, "error_msg": "Success", "score": scores})
+        reply = {"error_code": SUCCESS, "error_msg": "Success", "score": scores}
+        if len(per_function) > 1:  # one scorer: exactly PaddleNLP's reply
+            reply["scores_per_function"] = per_function
+        return _json_response(reply)
 
     return app
 
@@ -261,7 +258,11 @@ def parse_args(argv=None):
     parser.add_argument(
         "--scorer",
         default=DEFAULT_SCORER,
-        help="registered scorer name (kk, math, reverse) or 'module.path:function'",
+        help="registered scorer name (kk, math, reverse) or 'module.path:function'; several, comma-separated, "
+        "are summed with --weights",
+    )
+    parser.add_argument(
+        "--weights", default=None, help="comma-separated weight per --scorer (default 1 each), e.g. 1,0.5"
     )
     parser.add_argument("--threads", type=int, default=8, help="waitress worker threads")
     parser.add_argument("--max_body_bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="largest request body")
@@ -291,7 +292,7 @@ def main(argv=None):
 
     import waitress  # imported here: create_app() users (tests, WSGI hosts) do not need it
 
-    app = create_app(args.scorer, args.max_body_bytes, args.max_batch, args.log_interval)
+    app = create_app(args.scorer, args.max_body_bytes, args.max_batch, args.log_interval, weights=args.weights)
     # waitress itself refuses bodies far over the limit before buffering them all;
     # the app answers JSON 413 for anything over max_body_bytes.
     server = waitress.create_server(
@@ -303,8 +304,9 @@ def main(argv=None):
         ident="ppo-reward-server",
     )
     logger.info(
-        "reward server: scorer=%s on http://%s:%s threads=%d max_batch=%d max_body_bytes=%d",
+        "reward server: scorer=%s weights=%s on http://%s:%s threads=%d max_batch=%d max_body_bytes=%d",
         args.scorer,
+        args.weights or "1 each",
         args.host,
         server.effective_port,
         args.threads,

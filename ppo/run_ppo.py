@@ -27,6 +27,7 @@ from ppo.models.ppo_models import build_ppo_models  # noqa: E402
 from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments  # noqa: E402
 from ppo.ppo_trainer import PPOTrainer  # noqa: E402
 from ppo.reward_client import RewardServerClient  # noqa: E402
+from ppo.scorers import WeightedScorer  # noqa: E402
 
 
 def build_datasets(data_args, training_args, tokenizer):
@@ -59,9 +60,14 @@ def build_trainer(argv=None):
             model_args.reward_server, timeout=model_args.reward_server_timeout, max_retries=model_args.reward_server_retries
         )
         client.check_health()
+    rule_scorer = None
+    if model_args.use_rule_reward:
+        if ":" in model_args.rule_reward_scorers and os.getcwd() not in sys.path:
+            sys.path.append(os.getcwd())  # `module:function` scorers next to where the run starts
+        rule_scorer = WeightedScorer(model_args.rule_reward_scorers, model_args.rule_reward_weights)
     return PPOTrainer(
         training_args, models, tokenizer, train, evaluation, ptx, reward_client=client,
-        eval_long_answer_len=data_args.eval_long_answer_len,
+        eval_long_answer_len=data_args.eval_long_answer_len, rule_scorer=rule_scorer,
     )
 
 

@@ -20,6 +20,15 @@ Built-in scorers (chosen by name):
 - ``reverse``: the toolkit's demo task, exact match after stripping whitespace
   (see :func:`reverse_score`).
 
+Several scorers with weights
+----------------------------
+:class:`WeightedScorer` combines scorers by name: ``total = sum_k w_k * score_k``
+(``--scorer kk,math --weights 1,0.5`` on the server; ``rule_reward_scorers`` /
+``rule_reward_weights`` in the trainer with ``use_rule_reward``). Both use
+:meth:`WeightedScorer.score_batch`, which returns the totals and each function's
+scores, and raises :class:`ScorerError` naming the scorer and the item when one
+raises or returns something that is not a finite number.
+
 Adding your own scorer
 ----------------------
 Register a function under a name, in a module of yours::
@@ -120,6 +129,89 @@ def get_scorer(name: str) -> Scorer:
         f"unknown scorer {name!r}; valid names: {', '.join(list_scorers())} "
         "(or 'module.path:function' for your own)"
     )
+
+
+class ScorerError(ValueError):
+    """A scorer raised, or returned a non-finite / non-number value, on one item."""
+
+    def __init__(self, message, scorer_name, item, bad_value=False):
+        super().__init__(message)
+        self.scorer_name, self.item, self.bad_value = scorer_name, item, bad_value
+
+
+def parse_scorer_list(scorers, weights=None):
+    """``"kk,math"``, ``"1,0.5"`` -> ``(["kk", "math"], [1.0, 0.5])``.
+
+    Lists may also be python lists. Weights default to 1 each; a count that differs
+    from the scorers', a non-number or a non-finite weight, an empty or repeated
+    scorer name raise ValueError naming the problem.
+    """
+    names = [n.strip() for n in scorers.split(",")] if isinstance(scorers, str) else [str(n).strip() for n in scorers]
+    if not names or any(not n for n in names):
+        raise ValueError(f"scorer list {scorers!r} has an empty name; write names separated by commas, e.g. 'kk,math'")
+    if len(set(names)) != len(names):
+        raise ValueError(f"scorer list {scorers!r} names a scorer twice")
+    if weights is None or (isinstance(weights, str) and not weights.strip()) or (not isinstance(weights, str) and not weights):
+        return names, [1.0] * len(names)
+    raw = weights.split(",") if isinstance(weights, str) else list(weights)
+    if len(raw) != len(names):
+        raise ValueError(f"{len(raw)} weights ({weights!r}) for {len(names)} scorers ({', '.join(names)}); give one per scorer")
+    values = []
+    for name, w in zip(names, raw):
+        try:
+            value = float(w)
+        except (TypeError, ValueError):
+            raise ValueError(f"weight {w!r} of scorer {name!r} is not a number") from None
+        if not math.isfinite(value):
+            raise ValueError(f"weight {w!r} of scorer {name!r} is not finite")
+        values.append(value)
+    return names, values
+
+
+class WeightedScorer:
+    """Scorers ``names`` with ``weights``: the total of an item is ``sum_k w_k * score_k``.
+
+    ``WeightedScorer("reverse")``, ``WeightedScorer("kk,math", "1,0.5")`` or with lists.
+    Unknown names raise ValueError at construction (see :func:`get_scorer`).
+    """
+
+    def __init__(self, names, weights=None):
+        self.names, self.weights = parse_scorer_list(names, weights)
+        self.functions = [get_scorer(n) for n in self.names]
+
+    @property
+    def spec(self):
+        return ",".join(self.names)
+
+    def score_batch(self, src, tgt, response):
+        """Score every item with every scorer.
+
+        Returns ``(totals, per_function)``: ``totals`` a list of floats (one per item),
+        ``per_function`` a dict name -> list of that scorer's raw scores. Raises
+        :class:`ScorerError` naming the scorer and item on the first failure.
+        """
+        if not len(src) == len(tgt) == len(response):
+            raise ValueError(f"src, tgt and response have {len(src)}, {len(tgt)}, {len(response)} items; they must match")
+        per_function = {n: [] for n in self.names}
+        totals = []
+        for i, (s, t, r) in enumerate(zip(src, tgt, response)):
+            total = 0.0
+            for name, fn, w in zip(self.names, self.functions, self.weights):
+                try:
+                    value = fn(s, t, r)
+                except Exception as err:  # the scorer's bug or a broken label: report, never guess
+                    raise ScorerError(
+                        f"scorer '{name}' raised on item {i}: {type(err).__name__}: {err}", name, i
+                    ) from err
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                    raise ScorerError(
+                        f"scorer '{name}' returned {value!r} for item {i}; a score must be a finite number",
+                        name, i, bad_value=True,
+                    )
+                per_function[name].append(float(value))
+                total += w * float(value)
+            totals.append(total)
+        return totals, per_function
 
 
 # --------------------------------------------------------------------------------------

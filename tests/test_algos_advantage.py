@@ -196,9 +196,11 @@ def test_broadcast_sequence_advantages():
 
 
 def test_registry():
-    assert set(ADV_ESTIMATORS) == {"gae", "grpo", "rloo", "reinforce_pp"}
-    assert get_adv_estimator("gae") is gae_advantages_and_returns
-    assert get_adv_estimator("grpo") is grpo_advantages
+    assert set(ADV_ESTIMATORS) == {"gae", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"}
+    assert [n for n, e in ADV_ESTIMATORS.items() if e.needs_critic] == ["gae"]
+    assert [n for n, e in ADV_ESTIMATORS.items() if e.whitens] == ["gae"]
+    assert {n for n, e in ADV_ESTIMATORS.items() if e.per_group} == {"grpo", "rloo", "reinforce_pp_baseline"}
+    assert get_adv_estimator("grpo").name == "grpo"
     with pytest.raises(ValueError) as e:
         get_adv_estimator("ppo")
     for name in ADV_ESTIMATORS:

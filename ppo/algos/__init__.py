@@ -5,18 +5,22 @@ Plain functions on paddle tensors; no models, I/O or distributed calls, no
 """
 from .advantage import (
     ADV_ESTIMATORS,
+    AdvEstimator,
     broadcast_sequence_advantages,
     gae_advantages_and_returns,
     get_adv_estimator,
     group_zero_std_fraction,
     grpo_advantages,
     reinforce_pp_advantages_and_returns,
+    reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
-from .kl import KL_ESTIMATORS, kl_penalty, kl_shaped_rewards, last_token_mask
+from .kl import KL_ESTIMATORS, AdaptiveKLController, kl_penalty, kl_shaped_rewards, last_token_mask
 from .losses import (
+    IMPORTANCE_SAMPLING_LEVELS,
     LOSS_AGG_MODES,
     aggregate_loss,
+    entropy_bonus_loss,
     entropy_from_logits,
     kl_loss,
     ppo_policy_loss,
@@ -34,11 +38,13 @@ from .normalizer import (
     batch_moments,
     build_normalizer,
 )
+from .shaping import overlong_penalty, truncated_completion_mask
 from .preference import (
     DPO_LOSS_TYPES,
     dpo_loss,
     kto_kl_reference_point,
     kto_loss,
+    log1mexp,
     pairwise_reward_loss,
     tokenwise_pairwise_reward_loss,
 )
@@ -54,8 +60,11 @@ __all__ = [
     "kl_penalty",
     "kl_shaped_rewards",
     "last_token_mask",
+    "AdaptiveKLController",
     # advantage
     "ADV_ESTIMATORS",
+    "AdvEstimator",
+    "reinforce_pp_baseline_advantages",
     "get_adv_estimator",
     "gae_advantages_and_returns",
     "grpo_advantages",
@@ -65,6 +74,8 @@ __all__ = [
     "group_zero_std_fraction",
     # losses
     "LOSS_AGG_MODES",
+    "IMPORTANCE_SAMPLING_LEVELS",
+    "entropy_bonus_loss",
     "aggregate_loss",
     "ppo_policy_loss",
     "value_loss",
@@ -80,6 +91,10 @@ __all__ = [
     "dpo_loss",
     "kto_kl_reference_point",
     "kto_loss",
+    "log1mexp",
+    # shaping
+    "overlong_penalty",
+    "truncated_completion_mask",
     # normalizer
     "batch_moments",
     "RunningMeanStd",

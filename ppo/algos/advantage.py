@@ -1,4 +1,4 @@
-"""Advantage estimators: GAE (PPO), GRPO / Dr.GRPO, RLOO, REINFORCE++.
+"""Advantage estimators: GAE (PPO), GRPO / Dr.GRPO, RLOO, REINFORCE++ (+ baseline).
 
 Token-level estimators take ``[B, T]`` tensors and a response ``mask``; the
 response may start at any column (prompts left-padded before it) and may be
@@ -9,6 +9,13 @@ detached and outputs carry no gradient.
 
 Sequence-level estimators take scores ``[B]`` with ``B = num_groups * group_size``
 where consecutive rows form one group (the ``rollout_n`` samples of a prompt).
+A group whose scores are all equal (``max == min``) gets advantage exactly 0 from
+every group estimator: in float32 the group mean of equal numbers is not always
+bit-equal to them (six copies of -1.3 have a mean 1 ulp away), and dividing that
+rounding residue by a tiny std would turn it into a large advantage.
+
+:data:`ADV_ESTIMATORS` holds one :class:`AdvEstimator` per name; all share the
+call signature of :class:`AdvEstimator` ``.fn``.
 """
 import paddle
 
@@ -21,6 +28,8 @@ __all__ = [
     "reinforce_pp_advantages_and_returns",
     "broadcast_sequence_advantages",
     "group_zero_std_fraction",
+    "reinforce_pp_baseline_advantages",
+    "AdvEstimator",
     "ADV_ESTIMATORS",
     "get_adv_estimator",
 ]
@@ -76,6 +85,8 @@ def grpo_advantages(scores, group_size, scale_by_std=True, eps=1e-6):
     ``A_i = (s_i - mean_g) / (std_g + eps)`` with the unbiased std (``torch.std``
     default); with ``scale_by_std=False`` (Dr.GRPO) ``A_i = s_i - mean_g``.
     For ``group_size == 1`` the mean is taken as 0 and the std as 1 (as verl does).
+    A group with all scores equal gets exactly 0 (see the module docstring), so the
+    advantages agree with :func:`group_zero_std_fraction`.
     Shapes: ``scores`` ``[B]``, ``B = num_groups * group_size`` -> ``[B]``.
     Source: Shao et al. 2024 (DeepSeekMath, GRPO); Liu et al. 2025 (Dr.GRPO);
     verl ``core_algos.compute_grpo_outcome_advantage``; TRL ``GRPOTrainer``.
@@ -92,7 +103,13 @@ def grpo_advantages(scores, group_size, scale_by_std=True, eps=1e-6):
     if scale_by_std:
         std = paddle.std(g, axis=1, unbiased=True, keepdim=True)
         adv = adv / (std + eps)
-    return adv.reshape([-1])
+    return _zero_equal_groups(adv, g).reshape([-1])
+
+
+def _zero_equal_groups(adv, g):
+    """``adv`` ``[G, n]`` with rows whose scores ``g`` are all equal set to exactly 0."""
+    same = (paddle.max(g, axis=1, keepdim=True) == paddle.min(g, axis=1, keepdim=True)).expand(g.shape)
+    return paddle.where(same, paddle.zeros_like(adv), adv)
 
 
 def group_zero_std_fraction(scores, group_size):
@@ -110,7 +127,7 @@ def rloo_advantages(scores, group_size):
     """REINFORCE Leave-One-Out advantages, one per sequence.
 
     Formula: ``A_i = s_i - (sum_g - s_i) / (n - 1) = n / (n - 1) * (s_i - mean_g)``
-    with ``n = group_size >= 2``.
+    with ``n = group_size >= 2``; a group of equal scores gets exactly 0.
     Shapes: ``scores`` ``[B]`` -> ``[B]``.
     Source: Ahmadian et al. 2024 ("Back to Basics", RLOO); verl
     ``core_algos.compute_rloo_outcome_advantage``; TRL ``RLOOTrainer``.
@@ -119,7 +136,25 @@ def rloo_advantages(scores, group_size):
         raise ValueError(f"RLOO needs group_size >= 2, got {group_size}")
     g = _group_view(scores.detach(), group_size)
     baseline = (paddle.sum(g, axis=1, keepdim=True) - g) / (group_size - 1)
-    return (g - baseline).reshape([-1])
+    return _zero_equal_groups(g - baseline, g).reshape([-1])
+
+
+def reinforce_pp_baseline_advantages(scores, mask, group_size):
+    """REINFORCE++-baseline: group-mean baseline, then whitening over the batch's tokens.
+
+    Formula: ``a_i = s_i - mean_g`` (exactly 0 for a group of equal scores), copied
+    onto the response tokens, then ``A = masked_whiten(a, mask)`` over all masked
+    tokens of the batch (mean and unbiased variance over tokens, so long responses
+    weigh more, as in verl).
+    Shapes: ``scores`` ``[B]``, ``mask`` ``[B, T]`` -> ``[B, T]`` (0 outside the mask).
+    Source: Hu 2025 (REINFORCE++); verl
+    ``core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage``
+    (``scores - mean_g``, then ``masked_whiten``).
+    """
+    g = _group_view(scores.detach(), group_size)
+    centered = g - paddle.mean(g, axis=1, keepdim=True)
+    seq = _zero_equal_groups(centered, g).reshape([-1])
+    return masked_whiten(broadcast_sequence_advantages(seq, mask), mask)
 
 
 def reinforce_pp_advantages_and_returns(rewards, mask, gamma=1.0):
@@ -129,6 +164,12 @@ def reinforce_pp_advantages_and_returns(rewards, mask, gamma=1.0):
     ``G_t = r_t + gamma * G_{t'}`` (0 after the last response token);
     ``A = masked_whiten(G, mask)`` (batch-level statistics over masked tokens).
     Masked-out positions are skipped; both outputs are 0 there.
+    Interior holes (mask 0 between response tokens, e.g. tool output in a multi-turn
+    response) are skipped like padding: the return CARRIES across them, so tokens
+    before a hole still see the outcome reward after it (the same skip convention as
+    :func:`gae_advantages_and_returns`). verl resets the running return at every
+    masked token (``running_return * response_mask``), which gives the turns before a
+    hole zero return when the only reward is at the end; we deliberately do not.
     Shapes: ``rewards``, ``mask`` ``[B, T]`` -> ``(advantages, returns)`` ``[B, T]``.
     Source: Hu 2025 (REINFORCE++); verl
     ``core_algos.compute_reinforce_plus_plus_outcome_advantage``; OpenRLHF
@@ -163,16 +204,85 @@ def broadcast_sequence_advantages(adv, mask):
     return _zero_outside(full, m)
 
 
+def _sequence_scores(rewards, mask):
+    """One score per row: the sum of its masked token rewards ``[B, T]`` -> ``[B]``."""
+    m = _float_mask(mask, rewards)
+    return paddle.sum(_zero_outside(rewards, m), axis=-1)
+
+
+def _gae(rewards, mask, values, group_size, gamma, gae_lambda, scale_by_std):
+    return gae_advantages_and_returns(values, rewards, mask, gamma=gamma, gae_lambda=gae_lambda)
+
+
+def _grpo(rewards, mask, values, group_size, gamma, gae_lambda, scale_by_std):
+    adv = grpo_advantages(_sequence_scores(rewards, mask), group_size, scale_by_std=scale_by_std)
+    return broadcast_sequence_advantages(adv, mask), None
+
+
+def _rloo(rewards, mask, values, group_size, gamma, gae_lambda, scale_by_std):
+    adv = rloo_advantages(_sequence_scores(rewards, mask), group_size)
+    return broadcast_sequence_advantages(adv, mask), None
+
+
+def _reinforce_pp(rewards, mask, values, group_size, gamma, gae_lambda, scale_by_std):
+    return reinforce_pp_advantages_and_returns(rewards, mask, gamma=gamma)
+
+
+def _reinforce_pp_baseline(rewards, mask, values, group_size, gamma, gae_lambda, scale_by_std):
+    return reinforce_pp_baseline_advantages(_sequence_scores(rewards, mask), mask, group_size), None
+
+
+class AdvEstimator:
+    """One advantage estimator and the facts the trainer and argument checks need.
+
+    ``fn(rewards, mask, values, group_size, gamma, gae_lambda, scale_by_std)`` ->
+    ``(advantages [B, T], returns [B, T] or None)``: ``rewards`` are the token rewards
+    ``[B, T]`` (KL part plus the score at the last token); group estimators score a
+    row by the sum of its masked rewards. ``values`` ``[B, T]`` is None unless
+    ``needs_critic``.
+    ``needs_critic``: a value model is trained (returns are its targets).
+    ``per_group``: advantages are relative to the ``group_size`` consecutive samples
+    of a prompt, so ``rollout_n >= min_group_size`` and group metrics apply.
+    ``whitens``: with ``normalize_advantage`` the trainer whitens this estimator's
+    advantages over the batch's response tokens (PaddleNLP PPO does so for GAE); the
+    others are used as computed: group estimators are already relative to their
+    group (verl and TRL do not whiten GRPO/RLOO), REINFORCE++ whitens inside.
+    """
+
+    __slots__ = ("name", "fn", "needs_critic", "per_group", "whitens", "min_group_size")
+
+    def __init__(self, name, fn, needs_critic, per_group, whitens, min_group_size=1):
+        self.name, self.fn = name, fn
+        self.needs_critic, self.per_group, self.whitens = bool(needs_critic), bool(per_group), bool(whitens)
+        self.min_group_size = int(min_group_size)
+
+    def __repr__(self):
+        return (f"AdvEstimator({self.name!r}, needs_critic={self.needs_critic}, per_group={self.per_group}, "
+                f"whitens={self.whitens}, min_group_size={self.min_group_size})")
+
+    def __call__(self, rewards, mask, values=None, group_size=1, gamma=1.0, gae_lambda=0.95, scale_by_std=True):
+        if self.needs_critic and values is None:
+            raise ValueError(f"adv_estimator {self.name!r} needs critic values")
+        if group_size < self.min_group_size:
+            raise ValueError(f"adv_estimator {self.name!r} needs group_size >= {self.min_group_size}, got {group_size}")
+        return self.fn(rewards, mask, values, group_size, gamma, gae_lambda, scale_by_std)
+
+
 ADV_ESTIMATORS = {
-    "gae": gae_advantages_and_returns,
-    "grpo": grpo_advantages,
-    "rloo": rloo_advantages,
-    "reinforce_pp": reinforce_pp_advantages_and_returns,
+    e.name: e
+    for e in (
+        AdvEstimator("gae", _gae, needs_critic=True, per_group=False, whitens=True),
+        AdvEstimator("grpo", _grpo, needs_critic=False, per_group=True, whitens=False, min_group_size=2),
+        AdvEstimator("rloo", _rloo, needs_critic=False, per_group=True, whitens=False, min_group_size=2),
+        AdvEstimator("reinforce_pp", _reinforce_pp, needs_critic=False, per_group=False, whitens=False),
+        AdvEstimator("reinforce_pp_baseline", _reinforce_pp_baseline, needs_critic=False, per_group=True, whitens=False,
+                     min_group_size=2),
+    )
 }
 
 
 def get_adv_estimator(name):
-    """Return the advantage function registered under ``name`` in ``ADV_ESTIMATORS``.
+    """Return the :class:`AdvEstimator` registered under ``name`` in ``ADV_ESTIMATORS``.
 
     Raises ``ValueError`` naming the valid choices for an unknown name.
     Source: verl ``core_algos.get_adv_estimator_fn`` (registry pattern).

@@ -8,7 +8,9 @@ are reduced by :func:`aggregate_loss` according to ``loss_agg_mode``:
                           ``sum(mask)`` of this micro-batch; pass the global count of real
                           tokens across gradient accumulation / ranks to normalise by it);
 * ``seq-mean-token-sum``  mean over non-empty sequences of the token sum;
-* ``seq-mean-token-mean`` mean over non-empty sequences of the token mean.
+* ``seq-mean-token-mean`` mean over non-empty sequences of the token mean;
+* ``seq-mean-token-sum-norm`` (Dr.GRPO) token sum divided by a constant length
+                          ``loss_scale_factor``, averaged over sequences.
 """
 import paddle
 import paddle.nn.functional as F
@@ -18,6 +20,8 @@ from .masked import _float_mask, _zero_outside, masked_mean, masked_sum, masked_
 
 __all__ = [
     "LOSS_AGG_MODES",
+    "IMPORTANCE_SAMPLING_LEVELS",
+    "entropy_bonus_loss",
     "aggregate_loss",
     "ppo_policy_loss",
     "value_loss",
@@ -28,10 +32,11 @@ __all__ = [
     "sft_loss",
 ]
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 
-def aggregate_loss(loss, mask, loss_agg_mode="token-mean", num_tokens=None, num_seqs=None):
+def aggregate_loss(loss, mask, loss_agg_mode="token-mean", num_tokens=None, num_seqs=None, loss_scale_factor=None):
     """Reduce a per-token loss ``[B, T]`` to a scalar.
 
     Formula (``m`` = mask, masked-out entries zeroed first):
@@ -41,11 +46,19 @@ def aggregate_loss(loss, mask, loss_agg_mode="token-mean", num_tokens=None, num_
     ``seq-mean-token-sum``: ``sum_b [n_b > 0] * sum_t loss_bt m_bt / S``;
     ``seq-mean-token-mean``: ``sum_b [n_b > 0] * (sum_t loss_bt m_bt / n_b) / S``,
     where ``n_b = sum_t m_bt`` and ``S = num_seqs`` if given else the number of
-    non-empty rows (rows with an empty mask are excluded). ``num_tokens`` only
-    applies to ``token-mean`` and ``num_seqs`` only to the ``seq-mean-*`` modes.
-    Unknown modes raise ``ValueError``.
+    non-empty rows (rows with an empty mask are excluded);
+    ``seq-mean-token-sum-norm``: ``sum_b sum_t loss_bt m_bt / (S * L)`` with the
+    constant ``L = loss_scale_factor`` (Dr.GRPO's ``MAX_TOKENS``, e.g. the longest
+    allowed response), so the per-token weight does not depend on response lengths.
+    ``num_tokens`` only applies to ``token-mean`` and ``num_seqs`` only to the
+    ``seq-mean-*`` modes; ``loss_scale_factor`` is required by (and only used in)
+    ``seq-mean-token-sum-norm``. Unknown modes raise ``ValueError``.
+    Example (``seq-mean-token-sum-norm``, ``L = 4``): losses ``[[1, 2, 0], [3, 0, 0]]``,
+    mask ``[[1, 1, 0], [1, 0, 0]]`` -> ``(3 + 3) / (2 * 4) = 0.75``.
     Shapes: ``loss``, ``mask`` ``[B, T]`` -> scalar.
-    Source: verl ``core_algos.agg_loss``; OpenRLHF ``tests/test_loss_aggregation.py``.
+    Source: verl ``core_algos.agg_loss`` (``seq-mean-token-sum-norm`` divides by
+    ``loss_scale_factor``); Liu et al. 2025 (Dr.GRPO); OpenRLHF
+    ``tests/test_loss_aggregation.py``.
     """
     m = _float_mask(mask, loss)
     if loss_agg_mode == "token-mean":
@@ -55,11 +68,17 @@ def aggregate_loss(loss, mask, loss_agg_mode="token-mean", num_tokens=None, num_
             denom = denom.astype(loss.dtype)
             return total / paddle.clip(denom, min=1e-8)
         return total / max(float(denom), 1e-8)
-    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
         seq_sum = masked_sum(loss, m, axis=-1)
         n_b = paddle.sum(m, axis=-1)
         if loss_agg_mode == "seq-mean-token-mean":
             seq_loss = seq_sum / paddle.clip(n_b, min=1e-8)
+        elif loss_agg_mode == "seq-mean-token-sum-norm":
+            if loss_scale_factor is None or not loss_scale_factor > 0:
+                raise ValueError(
+                    f"loss_agg_mode 'seq-mean-token-sum-norm' needs a positive loss_scale_factor, got {loss_scale_factor!r}"
+                )
+            seq_loss = seq_sum / float(loss_scale_factor)
         else:
             seq_loss = seq_sum
         nonempty = (n_b > 0).astype(loss.dtype)
@@ -88,6 +107,8 @@ def ppo_policy_loss(
     loss_agg_mode="token-mean",
     num_tokens=None,
     num_seqs=None,
+    importance_sampling_level="token",
+    loss_scale_factor=None,
 ):
     """Clipped PPO surrogate loss with optional asymmetric (DAPO) and dual clip.
 
@@ -97,6 +118,15 @@ def ppo_policy_loss(
     with ``dual_clip = c > 1`` (Ye et al. 2020, "Mastering Complex Control in MOBA
     Games"; verl ``compute_policy_loss``): for ``A < 0``, ``L = min(L, -c * A)``.
     The token losses are reduced with :func:`aggregate_loss`.
+    ``importance_sampling_level="sequence"`` (GSPO, Zheng et al. 2025): every token of
+    row ``b`` uses the sequence ratio ``s_b = exp(mean_t (logp - old))`` (geometric
+    mean of the token ratios over the masked tokens) as its value, with the gradient
+    of ``s_b * (logp_t - sg(logp_t))`` (GSPO-token form: ``d s / d logp_t = s_b``);
+    the log of ``s_b`` is clamped to at most 10, and the clip bounds apply to ``s_b``.
+    Example: log-ratios ``[0.2, -0.1, 0.5]`` with the last token masked give
+    ``s = exp(0.05)`` on both real tokens. verl ``compute_policy_loss_gspo`` forces
+    ``seq-mean-token-mean``; here ``loss_agg_mode`` is honoured (GSPO's paper uses
+    ``seq-mean-token-mean``).
     Stats: ``loss/policy_avg``; ``policy/approxkl_avg = 0.5 * masked_mean((logp - old)^2)``
     (the k2 estimator used by PaddleNLP/TRL PPO logging); ``policy/clipfrac_avg``
     = fraction of tokens with ``L2 > L1``; ``policy/dual_clipfrac_avg`` = fraction of
@@ -110,10 +140,18 @@ def ppo_policy_loss(
     high = clip_range_ratio if clip_range_ratio_high is None else clip_range_ratio_high
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1.0, got {dual_clip}")
+    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(
+            f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, got {importance_sampling_level!r}"
+        )
     m = _float_mask(mask, logprobs)
     old_logprobs = old_logprobs.detach().astype(logprobs.dtype)
     advantages = advantages.detach().astype(logprobs.dtype)
-    log_ratio = paddle.clip(logprobs - old_logprobs, min=-20.0, max=20.0)
+    if importance_sampling_level == "sequence":
+        seq_log_ratio = masked_mean(logprobs - old_logprobs, m, axis=-1).detach().unsqueeze(-1)
+        log_ratio = paddle.clip(logprobs - logprobs.detach() + seq_log_ratio, max=10.0)
+    else:
+        log_ratio = paddle.clip(logprobs - old_logprobs, min=-20.0, max=20.0)
     ratio = paddle.exp(log_ratio)
     pg1 = -advantages * ratio
     pg2 = -advantages * paddle.clip(ratio, min=1.0 - low, max=1.0 + high)
@@ -127,7 +165,8 @@ def ppo_policy_loss(
     else:
         token_loss = clipped
         dual_frac = paddle.zeros([], dtype=logprobs.dtype)
-    loss = aggregate_loss(token_loss, m, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs)
+    loss = aggregate_loss(token_loss, m, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+                          loss_scale_factor=loss_scale_factor)
     diff = _zero_outside(logprobs - old_logprobs, m)
     stats = {
         "loss/policy_avg": _detached(loss),
@@ -149,14 +188,18 @@ def value_loss(
     loss_agg_mode="token-mean",
     num_tokens=None,
     num_seqs=None,
+    loss_scale_factor=None,
 ):
     """Clipped value loss.
 
-    Formula: ``v_clip = old + clip(v - old, -c, c)``;
+    Formula: ``v_clip = clip(v, old - c, old + c)`` (equal to ``old + clip(v - old, -c, c)``
+    in exact arithmetic, and bit-equal to ``v`` whenever ``v`` is inside the band, so
+    rounding never counts as clipping: ``v=0.29, old=-0.27, c=5`` reports 0);
     ``L = 0.5 * max((v - R)^2, (v_clip - R)^2)`` per token (``c = clip_range_value``;
     ``None`` disables clipping: ``L = 0.5 * (v - R)^2``), reduced with
     :func:`aggregate_loss`.
-    Stats: ``loss/value_avg``; the fraction of tokens where the clipped term wins,
+    Stats: ``loss/value_avg``; the fraction of tokens where the clipped term is
+    strictly larger (only possible when ``v`` was actually clipped),
     reported as ``val/clipfrac_avg`` (DESIGN.md / TRL name) and as
     ``value/clipfrac_avg`` (same value).
     Shapes: all ``[B, T]``.
@@ -171,11 +214,12 @@ def value_loss(
         token_loss = vf1
         clipfrac = paddle.zeros([], dtype=values.dtype)
     else:
-        v_clip = old_values + paddle.clip(values - old_values, min=-clip_range_value, max=clip_range_value)
+        v_clip = paddle.minimum(paddle.maximum(values, old_values - clip_range_value), old_values + clip_range_value)
         vf2 = (v_clip - returns) ** 2
         token_loss = paddle.maximum(vf1, vf2)
         clipfrac = masked_mean((vf2 > vf1).astype(values.dtype), m)
-    loss = 0.5 * aggregate_loss(token_loss, m, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs)
+    loss = 0.5 * aggregate_loss(token_loss, m, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+                                loss_scale_factor=loss_scale_factor)
     stats = {
         "loss/value_avg": _detached(loss),
         "val/clipfrac_avg": _detached(clipfrac),
@@ -184,17 +228,20 @@ def value_loss(
     return loss, stats
 
 
-def kl_loss(logprobs, ref_logprobs, mask, kind="k3", loss_agg_mode="token-mean", num_tokens=None, num_seqs=None):
+def kl_loss(logprobs, ref_logprobs, mask, kind="k3", loss_agg_mode="token-mean", num_tokens=None, num_seqs=None,
+            clamp=None, loss_scale_factor=None):
     """KL-to-reference term placed in the loss (GRPO style, instead of reward shaping).
 
-    Formula: ``L = aggregate(kl_penalty(logp, ref, kind), mask)`` (k3 by default,
-    as in GRPO); the caller multiplies by its coefficient.
+    Formula: ``L = aggregate(kl_penalty(logp, ref, kind, clamp), mask)`` (k3 by default,
+    as in GRPO; ``clamp`` as in :func:`kl_penalty`); the caller multiplies by its
+    coefficient.
     Stats: ``loss/kl``. Shapes: ``[B, T]`` -> scalar.
     Source: Shao et al. 2024 (GRPO eq. 4); verl ``use_kl_loss`` / ``kl_loss_type``.
     """
     m = _float_mask(mask, logprobs)
-    kl = kl_penalty(logprobs, ref_logprobs.detach().astype(logprobs.dtype), kind)
-    loss = aggregate_loss(kl, m, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs)
+    kl = kl_penalty(logprobs, ref_logprobs.detach().astype(logprobs.dtype), kind, clamp=clamp)
+    loss = aggregate_loss(kl, m, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+                          loss_scale_factor=loss_scale_factor)
     return loss, {"loss/kl": _detached(loss)}
 
 
@@ -207,6 +254,23 @@ def entropy_from_logits(logits):
     """
     probs = F.softmax(logits, axis=-1)
     return paddle.logsumexp(logits, axis=-1) - paddle.sum(probs * logits, axis=-1)
+
+
+def entropy_bonus_loss(logits, mask, temperature=1.0, loss_agg_mode="token-mean", num_tokens=None, num_seqs=None,
+                       loss_scale_factor=None):
+    """Aggregated policy entropy, with gradient, for an entropy bonus.
+
+    Formula: ``H = aggregate(entropy_from_logits(z / temperature), mask)``; the caller
+    subtracts ``entropy_coeff * H`` from its loss (maximising entropy).
+    Stats: ``actor/entropy`` (verl name; the aggregated value).
+    Shapes: ``logits`` ``[B, T, V]``, ``mask`` ``[B, T]`` -> scalar.
+    Source: verl ``dp_actor`` (``policy_loss = pg_loss - entropy_coeff * entropy_loss``).
+    """
+    z = logits if temperature == 1.0 else logits / temperature
+    ent = entropy_from_logits(z)
+    loss = aggregate_loss(ent, mask, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+                          loss_scale_factor=loss_scale_factor)
+    return loss, {"actor/entropy": _detached(loss)}
 
 
 def token_logprobs(logits, labels, temperature=1.0):

@@ -24,6 +24,28 @@ __all__ = [
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "simpo", "orpo")
 
 
+ORPO_MAX_MEAN_LOGP = -1e-6
+
+
+def log1mexp(a):
+    """``log(1 - exp(a))`` for ``a <= 0``, stable over the whole range.
+
+    Formula (Maechler 2012, "Accurately Computing log(1 - exp(-|a|))"):
+    ``log(-expm1(a))`` for ``a > -ln 2`` and ``log1p(-exp(a))`` otherwise. Each branch
+    only sees inputs of its own range (the other positions get a harmless -1), so
+    neither the value nor the gradient picks up NaN from the branch not taken.
+    ``a = 0`` gives ``-inf`` (``1 - p = 0``); callers clamp first.
+    Example: ``a = -1e-8`` in float32: ``log1p(-exp(a)) = log1p(-1) = -inf`` (its
+    gradient NaN), while ``log(-expm1(a)) = log(1e-8) = -18.42``.
+    Shapes: any -> same.
+    """
+    near_zero = a > -0.6931471805599453
+    dummy = paddle.full_like(a, -1.0)
+    big = paddle.log(-paddle.expm1(paddle.where(near_zero, a, dummy)))
+    small = paddle.log1p(-paddle.exp(paddle.where(near_zero, dummy, a)))
+    return paddle.where(near_zero, big, small)
+
+
 def _rm_stats(loss, better, worse):
     return {
         "rm/loss": loss.detach(),
@@ -165,7 +187,11 @@ def dpo_loss(
       ``log_odds = (a_c - a_r) - (log(1 - exp(a_c)) - log(1 - exp(a_r)))``,
       ``L = -lambda * log s(log_odds)`` plus ``policy_chosen_nll`` (the chosen-response
       NLL, already averaged) when given; ``lambda = orpo_lambda`` or, if None, ``beta``
-      (TRL's ``ORPOConfig.beta`` is the paper's lambda).
+      (TRL's ``ORPOConfig.beta`` is the paper's lambda). ``log(1 - exp(a))`` uses the
+      stable :func:`log1mexp` on ``min(a, -1e-6)``: TRL's ``log1p(-exp(a))`` is NaN in
+      float32 for ``a`` within ~6e-8 of 0, and ``a = 0`` (every token certain) would
+      give ``log 0``; the clamp keeps ``log(1 - p) >= -13.8`` and leaves the clamped
+      part without gradient.
 
     Implicit rewards for the stats: ``beta * (pi - ref)`` for sigmoid/ipo/hinge,
     ``beta * a`` for simpo/orpo. Stats: ``rewards/chosen``, ``rewards/rejected``,
@@ -213,7 +239,12 @@ def dpo_loss(
             loss = paddle.mean(_smoothed_sigmoid_loss(z, label_smoothing))
         else:
             lam = beta if orpo_lambda is None else orpo_lambda
-            log_odds = (ac - ar) - (paddle.log1p(-paddle.exp(ac)) - paddle.log1p(-paddle.exp(ar)))
+            # log(1 - p) with a stable log1mexp; mean log-probs above ORPO_MAX_MEAN_LOGP
+            # (p > 0.999999, e.g. exactly 0) are clamped there, so log(1 - p) >= -13.8
+            # and loss and gradient stay finite (the clamped part gets no gradient).
+            ac_c = paddle.clip(ac, max=ORPO_MAX_MEAN_LOGP)
+            ar_c = paddle.clip(ar, max=ORPO_MAX_MEAN_LOGP)
+            log_odds = (ac - ar) - (log1mexp(ac_c) - log1mexp(ar_c))
             loss = -lam * paddle.mean(F.log_sigmoid(log_odds))
             stats["orpo/log_odds_ratio"] = paddle.mean(log_odds).detach()
             if policy_chosen_nll is not None:

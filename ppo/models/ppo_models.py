@@ -48,9 +48,9 @@ def build_ppo_models(model_args, use_critic, dtype="float32", **extra):
     reference = load_reference(actor, actor_path, model_args.reference_model_name_or_path, dtype, **extra)
 
     reward = None
-    if not model_args.use_rm_server:
+    if not (model_args.use_rm_server or model_args.use_rule_reward):
         if not model_args.reward_model_name_or_path:
-            raise ValueError("reward_model_name_or_path is required unless use_rm_server is set")
+            raise ValueError("reward_model_name_or_path is required unless use_rm_server or use_rule_reward is set")
         reward_path = model_args.reward_model_name_or_path
         reward = freeze(set_dropout_off(AutoModelForScore.from_pretrained(reward_path, dtype=dtype, **extra)))
 
