@@ -10,6 +10,7 @@ from paddlenlp.trainer import TrainingArguments
 
 from .algos import ADV_ESTIMATORS, LOSS_AGG_MODES
 from .common.args_common import DatasetArguments, ModelCommonArguments
+from .common.validation import check_sizes
 
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "kl", "mse", "low_var_kl")
 EVAL_MODES = ("", "single", "tensor_parallel")
@@ -31,6 +32,10 @@ class ModelArgument(ModelCommonArguments):
     reward_server: str = field(default="http://127.0.0.1:8731", metadata={"help": "URL of the reward server."})
     reward_server_timeout: float = field(default=60.0, metadata={"help": "Seconds before one reward request times out."})
     reward_server_retries: int = field(default=3, metadata={"help": "Retries (exponential backoff) before the run stops."})
+    reward_server_token: Optional[str] = field(
+        default=None,
+        metadata={"help": "Bearer token sent to the reward server (default: $PPO_REWARD_SERVER_TOKEN); never written to resolved_arguments.json."},
+    )
 
 
 @dataclass
@@ -97,6 +102,7 @@ class PPOTrainingArguments(TrainingArguments):
 
     def __post_init__(self):
         super().__post_init__()
+        check_sizes(self)  # before the divisibility check below divides by them
         if self.adv_estimator not in ADV_ESTIMATORS:
             raise ValueError(f"adv_estimator must be one of {sorted(ADV_ESTIMATORS)}, got {self.adv_estimator!r}")
         if self.kl_estimator not in KL_ESTIMATOR_NAMES:

@@ -21,6 +21,7 @@ import paddle  # noqa: E402
 
 from ppo.common.args_common import split_specs  # noqa: E402
 from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
+from ppo.common.validation import validate_run  # noqa: E402
 from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
 from ppo.models.loading import load_overrides, load_tokenizer, training_dtype  # noqa: E402
 from ppo.models.ppo_models import build_ppo_models  # noqa: E402
@@ -44,6 +45,14 @@ def build_trainer(argv=None):
     model_args, data_args, training_args = parse_arguments((ModelArgument, DataArgument, PPOTrainingArguments), argv)
     if not model_args.actor_model_name_or_path:
         raise ValueError("actor_model_name_or_path is required")
+    if not model_args.use_rm_server and not model_args.reward_model_name_or_path:
+        raise ValueError("reward_model_name_or_path is required unless use_rm_server is set")
+    validate_run(
+        (model_args, data_args, training_args),
+        model_dirs=[(f"{n}_model_name_or_path", getattr(model_args, f"{n}_model_name_or_path"))
+                    for n in ("actor", "reference", "reward_critic")],
+        score_model_dirs=[] if model_args.use_rm_server else [("reward_model_name_or_path", model_args.reward_model_name_or_path)],
+    )
     if dist_rank() == 0:
         save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
     paddle.seed(training_args.seed + dist_rank())
@@ -56,7 +65,8 @@ def build_trainer(argv=None):
     client = None
     if model_args.use_rm_server:
         client = RewardServerClient(
-            model_args.reward_server, timeout=model_args.reward_server_timeout, max_retries=model_args.reward_server_retries
+            model_args.reward_server, timeout=model_args.reward_server_timeout, max_retries=model_args.reward_server_retries,
+            token=model_args.reward_server_token,
         )
         client.check_health()
     return PPOTrainer(
