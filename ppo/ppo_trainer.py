@@ -34,9 +34,9 @@ from .algos import (
     value_loss,
 )
 from .algos.normalizer import RunningMeanStd
-from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from .checkpoint import list_checkpoints, load_checkpoint, prepare_output_dir, save_checkpoint
 from .common.metrics import MetricAccumulator, reduce_across_ranks
-from .common.tracking import RunTracker
+from .common.tracking import RunTracker, keep_rows_up_to
 from .evaluation import decode_responses, evaluate_generation
 from .experience import (
     experience_from_rollout,
@@ -478,17 +478,28 @@ class PPOTrainer:
         )
 
     def maybe_resume(self):
-        """Resume from the newest complete checkpoint in `output_dir` (unless overwrite_output_dir)."""
-        if self.args.overwrite_output_dir and not self.args.resume_from_checkpoint:
+        """Resume from the newest complete checkpoint in `output_dir` that loads (older ones are
+        tried when it does not), unless overwrite_output_dir starts afresh (clearing the old run)."""
+        fresh = self.args.overwrite_output_dir and not self.args.resume_from_checkpoint
+        prepare_output_dir(self.args.output_dir, fresh)
+        if fresh:
             return False
-        found = list_checkpoints(self.args.output_dir)
-        path = self.args.resume_from_checkpoint or (found[-1][1] if found else None)
-        if not path:
+        found = [path for _, path in reversed(list_checkpoints(self.args.output_dir))]
+        candidates = [self.args.resume_from_checkpoint] if self.args.resume_from_checkpoint else found
+        state = None
+        for i, path in enumerate(candidates):
+            try:
+                state = load_checkpoint(
+                    path, self._models_for_checkpoint(), {"policy": self.actor_optimizer, "value": self.critic_optimizer},
+                    {"policy": self.actor_scheduler, "value": self.critic_scheduler},
+                )
+                break
+            except Exception as err:  # a damaged checkpoint: fall back to the one before it
+                if i == len(candidates) - 1:
+                    raise
+                logger.warning(f"cannot resume from {path} ({type(err).__name__}: {err}); trying {candidates[i + 1]}")
+        if state is None:
             return False
-        state = load_checkpoint(
-            path, self._models_for_checkpoint(), {"policy": self.actor_optimizer, "value": self.critic_optimizer},
-            {"policy": self.actor_scheduler, "value": self.critic_scheduler},
-        )
         self.step, self.episodes, self.gen_batches = state["step"], state["episodes"], state["gen_batches"]
         self.sampler.set_state_dict(state["sampler"])
         if self.ptx_sampler and state.get("ptx_sampler"):
@@ -505,6 +516,8 @@ class PPOTrainer:
         self.tracker = RunTracker(args.output_dir, args.logging_dir, enabled=self.is_main, resume=resumed)
         if resumed:
             self.tracker.truncate_after(self.step)
+        if self.is_main:  # samples of steps after the checkpoint are logged again
+            keep_rows_up_to(os.path.join(args.output_dir, "samples.jsonl"), self.step)
         if args.eval_steps and self.step == 0 and self.eval_dataset is not None:
             self.tracker.log(self.evaluate(), step=0)
         bar = tqdm(total=args.max_steps, initial=self.step, desc="ppo", disable=not self.is_main or args.disable_tqdm)

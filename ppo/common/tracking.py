@@ -11,6 +11,18 @@ import os
 import time
 
 
+def keep_rows_up_to(path, step):
+    """Drop the rows of the JSON-lines file `path` whose `step` is after `step` (a resumed
+    run logs them again); a file that does not exist is left alone. Returns the kept count."""
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        kept = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    with open(path, "w") as f:
+        f.writelines(kept)
+    return len(kept)
+
+
 def is_lower_better(name):
     return "loss" in name
 
@@ -56,10 +68,7 @@ class RunTracker:
         """Drop lines logged after `step` (a resumed run repeats them)."""
         if not self.enabled:
             return
-        with open(self.metrics_path) as f:
-            kept = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= step]
-        with open(self.metrics_path, "w") as f:
-            f.writelines(kept)
+        keep_rows_up_to(self.metrics_path, step)
         self.final, self.best = {}, {}
         self._reload()
 
