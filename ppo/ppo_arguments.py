@@ -9,7 +9,7 @@ from typing import List, Optional
 from paddlenlp.trainer import TrainingArguments
 
 from .algos import ADV_ESTIMATORS, LOSS_AGG_MODES
-from .common.args_common import DatasetArguments, ModelCommonArguments
+from .common.args_common import DatasetArguments, DivergenceArguments, ModelCommonArguments
 from .common.validation import check_sizes
 
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "kl", "mse", "low_var_kl")
@@ -47,7 +47,11 @@ class DataArgument(DatasetArguments):
 
 
 @dataclass
-class PPOTrainingArguments(TrainingArguments):
+class PPOTrainingArguments(DivergenceArguments, TrainingArguments):
+    stop_on_divergence: bool = field(
+        default=True,
+        metadata={"help": "Stop the run (keeping the last checkpoint) when the KL, a loss or a gradient norm diverges."},
+    )
     # rollout
     per_device_prompt_batch_size: int = field(default=16, metadata={"help": "Prompts per rank per step."})
     rollout_n: int = field(default=1, metadata={"help": "Samples per prompt (the group size of GRPO/RLOO)."})

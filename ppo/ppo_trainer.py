@@ -35,6 +35,7 @@ from .algos import (
 )
 from .algos.normalizer import RunningMeanStd
 from .checkpoint import list_checkpoints, load_checkpoint, prepare_output_dir, save_checkpoint
+from .common.divergence import DivergenceDetector, DivergenceError
 from .common.metrics import MetricAccumulator, reduce_across_ranks
 from .common.tracking import RunTracker, keep_rows_up_to
 from .evaluation import decode_responses, evaluate_generation
@@ -125,6 +126,9 @@ class PPOTrainer:
             self.ptx_sampler = PromptSampler(len(ptx_dataset), args.per_device_train_batch_size, self.rank, self.world_size, args.seed + 1)
         self.collate_prompts = train_dataset.get_collator()
         self.tracker = None
+        self.divergence = DivergenceDetector(args.divergence_factor, args.divergence_window)
+        self.grad_norms = {}  # model name -> gradient norm of its last optimiser step (before clipping)
+        self.diverged = {}  # metric name -> first divergence message of the current step
 
     # ------------------------------------------------------------------ set-up helpers
     def _wrap(self, model, optimizer):
@@ -332,10 +336,13 @@ class PPOTrainer:
         """Step unless the loss or a gradient is non-finite; returns True when stepped."""
         grads = [(f"{name} grad of {p.name}", p.grad) for p in model.parameters() if not p.stop_gradient and p.grad is not None]
         bad = None if math.isfinite(loss_value) else f"loss of the {name}"
+        self.grad_norms.pop(name, None)
         if bad is None and grads:
-            total = paddle.add_n([paddle.sum(paddle.square(g.astype("float32"))) for _, g in grads])
-            if not math.isfinite(float(total)):  # one host sync; search names only when needed
+            total = float(paddle.add_n([paddle.sum(paddle.square(g.astype("float32"))) for _, g in grads]))
+            if not math.isfinite(total):  # one host sync; search names only when needed
                 bad = first_non_finite(grads)
+            else:
+                self.grad_norms[name] = math.sqrt(total)
         if bad is None:
             optimizer.step()
         optimizer.clear_grad()
@@ -369,6 +376,15 @@ class PPOTrainer:
                 bad = self.optimizer_step(self.actor_optimizer, self.actor, actor_total, "actor")
                 if self.critic is not None:
                     bad = bad or self.optimizer_step(self.critic_optimizer, self.critic, critic_total, "critic")
+                judged = {f"train/{name}_grad_norm": norm for name, norm in self.grad_norms.items()}
+                acc.add(judged)
+                judged["loss/policy_avg"] = actor_total
+                if "policy/approxkl_avg" in stats:  # the last micro-batch's KL(old || current policy)
+                    judged["policy/approxkl_avg"] = float(stats["policy/approxkl_avg"])
+                if self.critic is not None:
+                    judged["loss/value_avg"] = critic_total
+                for name, message in self.divergence.check(self.step + 1, judged).items():  # every optimiser step
+                    self.diverged.setdefault(name, message)
                 self.handle_non_finite(bad, acc)
 
     def handle_non_finite(self, bad, acc):
@@ -467,6 +483,7 @@ class PPOTrainer:
             "sampler": self.sampler.state_dict(),
             "ptx_sampler": self.ptx_sampler.state_dict() if self.ptx_sampler else None,
             "reward_normalizer": self.reward_normalizer.state_dict() if self.reward_normalizer else None,
+            "divergence": self.divergence.state_dict(),
         }
 
     def save(self):
@@ -506,6 +523,7 @@ class PPOTrainer:
             self.ptx_sampler.set_state_dict(state["ptx_sampler"])
         if self.reward_normalizer and state.get("reward_normalizer"):
             self.reward_normalizer.set_state_dict(state["reward_normalizer"])
+        self.divergence.set_state_dict(state.get("divergence"))
         logger.info(f"resumed from {path} at step {self.step}")
         return True
 
@@ -527,8 +545,11 @@ class PPOTrainer:
             self.step += 1
             bar.update(1)
             bar.set_postfix(score=f"{metrics['objective/scores']:.3f}", len=f"{metrics['response_length/mean']:.1f}")
-            if self.step % args.logging_steps == 0 or self.step == args.max_steps:
+            diverged = self.step_divergence(metrics)
+            if self.step % args.logging_steps == 0 or self.step == args.max_steps or diverged:
                 self.tracker.log(metrics, step=self.step)
+            if diverged and args.stop_on_divergence:
+                return self.stop_diverged(diverged)
             if self.is_main and args.num_sample_generations and self.step % args.num_sample_generations == 0:
                 self.log_samples(exp)
             if args.eval_steps and self.eval_dataset is not None and (self.step % args.eval_steps == 0 or self.step == args.max_steps):
@@ -541,6 +562,28 @@ class PPOTrainer:
         if len(set(fingerprints)) > 1:
             logger.warning(f"actor weights differ across ranks: {fingerprints}")
         return self.tracker.finish(steps=self.step, train_wall_s=time.time() - start, actor_fingerprints=fingerprints)
+
+    def step_divergence(self, metrics):
+        """This step's divergence messages (KL per step, gradient norms and losses per optimiser
+        step), logged as warnings; every rank gets a non-empty list when any rank diverged."""
+        self.diverged.update(self.divergence.check(self.step, {"objective/kl": metrics["objective/kl"]}))
+        messages, self.diverged = list(self.diverged.values()), {}
+        for message in messages:
+            logger.warning(f"the run is diverging: {message}")
+        if self.world_size > 1:
+            flag = paddle.to_tensor([int(bool(messages))], dtype="int64")
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if int(flag) and not messages:
+                messages = [f"step {self.step}: a metric diverged on another rank"]
+        return messages
+
+    def stop_diverged(self, messages):
+        """Write `summary.json` naming the divergence and raise DivergenceError; nothing is
+        saved, so `output_dir/policy` and the checkpoints keep the last good weights."""
+        kept = list_checkpoints(self.args.output_dir)
+        where = f"the last good checkpoint is {kept[-1][1]}" if kept else "no checkpoint was saved before it"
+        self.tracker.finish(steps=self.step, diverged=messages)
+        raise DivergenceError(f"stopped: {'; '.join(messages)}; {where} (stop_on_divergence=False lets the run go on)")
 
     def actor_fingerprints(self):
         """One number per rank summarising the actor weights; equal on every rank when in sync."""

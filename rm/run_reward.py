@@ -17,7 +17,7 @@ from typing import Optional  # noqa: E402
 
 from paddlenlp.trainer import TrainingArguments  # noqa: E402
 
-from ppo.common.args_common import DatasetArguments, ModelCommonArguments, split_specs  # noqa: E402
+from ppo.common.args_common import DatasetArguments, DivergenceArguments, ModelCommonArguments, split_specs  # noqa: E402
 from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
 from ppo.common.run_setup import finish_trainer_run  # noqa: E402
 from ppo.common.validation import validate_run  # noqa: E402
@@ -46,7 +46,7 @@ class DataArgument(DatasetArguments):
 
 
 @dataclass
-class RewardTrainingArguments(TrainingArguments):
+class RewardTrainingArguments(DivergenceArguments, TrainingArguments):
     loss_type: str = field(default="sequence-wise", metadata={"help": f"Pairwise loss: {' | '.join(LOSS_TYPES)}."})
     regularization: float = field(default=0.0, metadata={"help": "Weight of the squared-score regulariser."})
 

@@ -23,6 +23,22 @@ def keep_rows_up_to(path, step):
     return len(kept)
 
 
+def interval_weighted_mean(path, name):
+    """Mean of `name` over all steps, from the JSON-lines file `path` whose rows each hold the
+    average since the previous row (as Trainer logs do): sum(v_i * (step_i - step_{i-1})) / last step.
+    None when no row has `name`."""
+    if not os.path.exists(path):
+        return None
+    total, prev = 0.0, 0
+    with open(path) as f:
+        for line in f:
+            row = json.loads(line) if line.strip() else {}
+            if name in row and row["step"] > prev:
+                total += row[name] * (row["step"] - prev)
+                prev = row["step"]
+    return total / prev if prev else None
+
+
 def is_lower_better(name):
     return "loss" in name
 
