@@ -30,9 +30,13 @@ from ppo.ppo_trainer import PPOTrainer  # noqa: E402
 from ppo.reward_client import RewardServerClient  # noqa: E402
 
 
-def build_datasets(data_args, training_args, tokenizer):
+def build_datasets(data_args, training_args, tokenizer, require_label=False):
+    """Train prompts (each with its reference answer when `require_label`: a reward server
+    scores against it), eval prompts and ptx data."""
     common = data_args.dataset_kwargs(tokenizer, training_args.seed)
-    train = PromptOnlyDataset(split_specs(data_args.train_datasets), max_prompt_len=data_args.max_prompt_len, **common)
+    train = PromptOnlyDataset(
+        split_specs(data_args.train_datasets), max_prompt_len=data_args.max_prompt_len, require_label=require_label, **common
+    )
     eval_specs = split_specs(data_args.eval_datasets)
     evaluation = PromptOnlyDataset(eval_specs, max_prompt_len=data_args.max_prompt_len, **common) if eval_specs else None
     ptx_specs = split_specs(data_args.ptx_datasets)
@@ -58,10 +62,11 @@ def build_trainer(argv=None):
     paddle.seed(training_args.seed + dist_rank())
 
     tokenizer = load_tokenizer(model_args.actor_model_name_or_path)
+    # data before models: a bad record fails in seconds, not after the models load
+    train, evaluation, ptx = build_datasets(data_args, training_args, tokenizer, require_label=model_args.use_rm_server)
     models = build_ppo_models(
         model_args, training_args.use_critic, training_dtype(training_args), **load_overrides(model_args, training_args)
     )
-    train, evaluation, ptx = build_datasets(data_args, training_args, tokenizer)
     client = None
     if model_args.use_rm_server:
         client = RewardServerClient(
