@@ -155,3 +155,23 @@ def test_dpo_warns_by_default_and_stops_when_asked(tiny_model_dir, tiny_data_dir
     out = str(tmp_path / "dpo_stop")
     with pytest.raises(DivergenceError, match=r"step \d+: (loss/total|train/grad_norm)"):
         run_dpo(argv(out, "--stop_on_divergence", "true"))
+
+
+class HugeRewardClient:
+    """A reward server stand-in whose scores are finite in Python but overflow float32."""
+
+    url = "http://fake"
+
+    def score(self, src, tgt, response):
+        return [1e39 if i == 1 else 0.5 for i in range(len(src))]
+
+
+def test_reward_beyond_float32_is_an_error_not_inf_metrics(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path):
+    from ppo.run_ppo import build_trainer
+
+    out = str(tmp_path / "huge")
+    trainer = build_trainer(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, "--max_steps", "1"))
+    trainer.reward_client = HugeRewardClient()
+    with pytest.raises(ValueError, match=r"step 1: the reward server http://fake gave 1 of 8 scores that are not finite in float32 \(e.g. 1e\+39 for item 1"):
+        trainer.train()
+    assert not [r for r in read_metrics(out) if "objective/scores" in r]  # no inf metrics were written
