@@ -37,7 +37,7 @@ MIN_VALUES = {
     "num_sample_generations": 0,
     "save_total_limit": 1,
     "save_steps": 0,
-    "logging_steps": 0,
+    "logging_steps": 1,
     "eval_steps": 0,
     "lora_rank": 1,
     "batch_size": 1,
