@@ -93,7 +93,7 @@ def main(argv=None):
         tokenizer=tokenizer,
         callbacks=[TrackerCallback(training_args.output_dir, loss_name="rm/loss")],
     )
-    finish_trainer_run(trainer, training_args, tokenizer)
+    return finish_trainer_run(trainer, training_args, tokenizer)
 
 
 if __name__ == "__main__":

@@ -175,3 +175,17 @@ def test_reward_beyond_float32_is_an_error_not_inf_metrics(tiny_model_dir, tiny_
     with pytest.raises(ValueError, match=r"step 1: the reward server http://fake gave 1 of 8 scores that are not finite in float32 \(e.g. 1e\+39 for item 1"):
         trainer.train()
     assert not [r for r in read_metrics(out) if "objective/scores" in r]  # no inf metrics were written
+
+
+def test_reward_model_training_warns_on_divergence(tiny_model_dir, tiny_data_dir, tmp_path):
+    from rm.run_reward import main as run_rm
+
+    out = str(tmp_path / "rm")
+    summary = run_rm(["config/tiny/rm_argument.json", "--model_name_or_path", tiny_model_dir,
+                      "--train_datasets", f"PKU-SafeRLHF/train:1.0:{tiny_data_dir}/preference.jsonl", "--eval_datasets", "",
+                      "--output_dir", out, "--logging_dir", f"{out}/vdl", "--max_steps", "6", "--per_device_train_batch_size", "8",
+                      "--logging_steps", "1", "--learning_rate", "1e3", "--warmup_steps", "0", "--lr_scheduler_type", "constant",
+                      "--disable_tqdm", "true", "--do_eval", "false", "--save_strategy", "no"])
+    assert summary["global_step"] == 6
+    assert summary["diverged"] and all(m.startswith("step ") for m in summary["diverged"])
+    assert any(("rm/loss" in m or "train/grad_norm" in m) for m in summary["diverged"])

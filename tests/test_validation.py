@@ -52,8 +52,8 @@ def test_check_sizes_names_every_bad_argument():
     msg = str(err.value)
     for part in ("per_device_train_batch_size=-1", "gradient_accumulation_steps=0", "rollout_n=0", "max_dec_len=0"):
         assert part in msg
-    with pytest.raises(ValueError, match=r"reward_server_timeout=0 \(must be > 0\)"):
-        check_sizes(Args(reward_server_timeout=0))
+    with pytest.raises(ValueError, match=r"reward_server_timeout=0 \(must be > 0\); divergence_factor=1.0 \(must be > 1\)"):
+        check_sizes(Args(reward_server_timeout=0, divergence_factor=1.0))
 
 
 def ppo_argv(model, rm, data, out, *extra):

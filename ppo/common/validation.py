@@ -35,7 +35,6 @@ MIN_VALUES = {
     "eval_max_new_tokens": 0,
     "eval_long_answer_len": 0,
     "num_sample_generations": 0,
-    "save_total_limit": 1,
     "save_steps": 0,
     "logging_steps": 1,
     "eval_steps": 0,
@@ -45,7 +44,7 @@ MIN_VALUES = {
     "reward_server_retries": 0,
     "divergence_window": 2,
 }
-POSITIVE_FLOATS = ("reward_server_timeout", "divergence_factor")
+FLOATS_ABOVE = {"reward_server_timeout": 0.0, "divergence_factor": 1.0}  # exclusive lower bounds
 
 WEIGHT_FILES = ("model_state.pdparams", "model.safetensors")
 SHARD_INDEX_FILES = ("model_state.pdparams.index.json", "model.safetensors.index.json")
@@ -62,10 +61,10 @@ def check_sizes(*arg_objects):
                 continue
             if not isinstance(value, (int, float)) or value != int(value) or value < minimum:
                 problems.append(f"{name}={value!r} (must be an integer >= {minimum})")
-        for name in POSITIVE_FLOATS:
+        for name, bound in FLOATS_ABOVE.items():
             value = getattr(args, name, None)
-            if value is not None and not value > 0:
-                problems.append(f"{name}={value!r} (must be > 0)")
+            if value is not None and not value > bound:
+                problems.append(f"{name}={value!r} (must be > {bound:g})")
     if problems:
         raise ValueError("invalid argument(s): " + "; ".join(problems))
 
