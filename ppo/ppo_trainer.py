@@ -129,6 +129,7 @@ class PPOTrainer:
         self.divergence = DivergenceDetector(args.divergence_factor, args.divergence_window)
         self.grad_norms = {}  # model name -> gradient norm of its last optimiser step (before clipping)
         self.diverged = {}  # metric name -> first divergence message of the current step
+        self.divergence_log = []  # every divergence message of the run (summary.json "diverged")
 
     # ------------------------------------------------------------------ set-up helpers
     def _wrap(self, model, optimizer):
@@ -572,13 +573,15 @@ class PPOTrainer:
         fingerprints = self.actor_fingerprints()
         if len(set(fingerprints)) > 1:
             logger.warning(f"actor weights differ across ranks: {fingerprints}")
-        return self.tracker.finish(steps=self.step, train_wall_s=time.time() - start, actor_fingerprints=fingerprints)
+        extra = {"diverged": self.divergence_log} if self.divergence_log else {}
+        return self.tracker.finish(steps=self.step, train_wall_s=time.time() - start, actor_fingerprints=fingerprints, **extra)
 
     def step_divergence(self, metrics):
         """This step's divergence messages (KL per step, gradient norms and losses per optimiser
         step), logged as warnings; every rank gets a non-empty list when any rank diverged."""
         self.diverged.update(self.divergence.check(self.step, {"objective/kl": metrics["objective/kl"]}))
         messages, self.diverged = list(self.diverged.values()), {}
+        self.divergence_log += messages
         for message in messages:
             logger.warning(f"the run is diverging: {message}")
         if self.world_size > 1:
@@ -593,7 +596,7 @@ class PPOTrainer:
         saved, so `output_dir/policy` and the checkpoints keep the last good weights."""
         kept = list_checkpoints(self.args.output_dir)
         where = f"the last good checkpoint is {kept[-1][1]}" if kept else "no checkpoint was saved before it"
-        self.tracker.finish(steps=self.step, diverged=messages)
+        self.tracker.finish(steps=self.step, diverged=self.divergence_log)
         raise DivergenceError(f"stopped: {'; '.join(messages)}; {where} (stop_on_divergence=False lets the run go on)")
 
     def actor_fingerprints(self):

@@ -2,6 +2,7 @@
 DPO trainers (each stops with DivergenceError naming step and metric, keeping the last good
 checkpoint, where it used to exit 0 with a destroyed model)."""
 import json
+import logging
 import os
 
 import numpy as np
@@ -92,17 +93,30 @@ def test_ppo_stops_where_it_diverges_keeping_the_last_good_checkpoint(tiny_model
         np.testing.assert_array_equal(kept[k], last_good[k], err_msg=k)
 
 
-def test_ppo_guard_can_only_warn(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path, caplog):
+class Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def test_ppo_guard_can_only_warn(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path):
     from ppo.run_ppo import build_trainer
 
     out = str(tmp_path / "warn")
     trainer = build_trainer(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, "--max_steps", "4", "--learning_rate", "1e3",
                                      "--critic_learning_rate", "1e3", "--lr_scheduler_type", "constant", "--warmup_steps", "0",
                                      "--kl_coeff", "0.1", "--stop_on_divergence", "false"))
-    with caplog.at_level("WARNING", logger="ppo"):
+    handler = Collect()
+    logging.getLogger("ppo").addHandler(handler)
+    try:
         summary = trainer.train()
-    assert summary["steps"] == 4
-    assert any("the run is diverging: step" in r.getMessage() for r in caplog.records)
+    finally:
+        logging.getLogger("ppo").removeHandler(handler)
+    assert summary["steps"] == 4 and summary["diverged"][0].startswith("step 1: ")
+    assert any(m.startswith("the run is diverging: step 1: ") for m in handler.messages), handler.messages
 
 
 def test_normal_ppo_run_does_not_fire(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path):
