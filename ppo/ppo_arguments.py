@@ -34,7 +34,10 @@ class ModelArgument(ModelCommonArguments):
     reward_server_retries: int = field(default=3, metadata={"help": "Retries (exponential backoff) before the run stops."})
     reward_server_token: Optional[str] = field(
         default=None,
-        metadata={"help": "Bearer token sent to the reward server (default: $PPO_REWARD_SERVER_TOKEN); never written to resolved_arguments.json."},
+        metadata={
+            "help": "Bearer token sent to the reward server (default: $PPO_REWARD_SERVER_TOKEN); "
+            "never written to resolved_arguments.json."
+        },
     )
 
 

@@ -38,7 +38,10 @@ class DivergenceArguments:
         default=10.0,
         metadata={"help": "A watched metric diverges when it exceeds this many times its recent median (floor 1.0)."},
     )
-    divergence_window: int = field(default=10, metadata={"help": "Recent values per metric (one per optimiser step or log) the divergence check compares with."})
+    divergence_window: int = field(
+        default=10,
+        metadata={"help": "Recent values per metric (one per optimiser step or log) the divergence check compares with."},
+    )
 
 
 @dataclass
