@@ -171,16 +171,17 @@ class PPOTrainer:
             if any(label is None for label in exp.label):
                 raise ValueError("the reward server needs a reference answer (tgt) for every prompt")
             responses = decode_responses(self.tokenizer, exp.response_ids, exp.response_mask)
-            raw = self.reward_client.score(exp.src, exp.label, responses)
-            scores = paddle.to_tensor(raw, dtype="float32")
+            raw = np.asarray(self.reward_client.score(exp.src, exp.label, responses), dtype="float64")
+            values = np.where(np.abs(raw) <= np.finfo("float32").max, raw, np.inf)  # what a float32 cast would give
             source = f"the reward server {getattr(self.reward_client, 'url', '')}".rstrip()
+            scores = paddle.to_tensor(values, dtype="float32")
         else:
             with paddle.no_grad():
                 scores = in_chunks(lambda e: reward_model_scores(self.models.reward, e), exp, self._chunk())
             raw, source = None, "the reward model"
         if not bool(paddle.isfinite(scores).all()):
             bad = np.flatnonzero(~np.isfinite(scores.numpy()))
-            example = raw[bad[0]] if raw is not None else float(scores.numpy()[bad[0]])
+            example = float(raw[bad[0]]) if raw is not None else float(scores.numpy()[bad[0]])
             raise ValueError(
                 f"step {self.step + 1}: {source} gave {len(bad)} of {scores.shape[0]} scores that are not "
                 f"finite in float32 (e.g. {example!r} for item {bad[0]}; |x| must stay below 3.4e38); fix the scorer "
