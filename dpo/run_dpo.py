@@ -21,9 +21,10 @@ from typing import List, Optional  # noqa: E402
 from paddlenlp.trainer import TrainingArguments  # noqa: E402
 
 from dpo.dpo_trainer import LOSS_TYPES, DPOTrainer, KTOCollator, needs_reference  # noqa: E402
-from ppo.common.args_common import DatasetArguments, ModelCommonArguments, split_specs  # noqa: E402
+from ppo.common.args_common import DatasetArguments, DivergenceArguments, ModelCommonArguments, split_specs  # noqa: E402
 from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
 from ppo.common.run_setup import finish_trainer_run  # noqa: E402
+from ppo.common.validation import validate_run  # noqa: E402
 from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
 from ppo.data import PreferenceDataset, PromptOnlyDataset  # noqa: E402
 from ppo.models.loading import (  # noqa: E402
@@ -57,7 +58,7 @@ class DataArgument(DatasetArguments):
 
 
 @dataclass
-class DPOTrainingArguments(TrainingArguments):
+class DPOTrainingArguments(DivergenceArguments, TrainingArguments):
     loss_type: str = field(default="sigmoid", metadata={"help": f"Preference loss: {' | '.join(LOSS_TYPES)}."})
     beta: float = field(
         default=0.1, metadata={"help": "Inverse temperature of the implicit reward (ORPO: the weight lambda of the odds-ratio term)."}
@@ -143,6 +144,12 @@ def build_trainer(model_args, data_args, training_args):
 
 def main(argv=None):
     model_args, data_args, training_args = parse_arguments((ModelArgument, DataArgument, DPOTrainingArguments), argv)
+    if not model_args.model_name_or_path:
+        raise ValueError("model_name_or_path is required")
+    validate_run(
+        (model_args, data_args, training_args),
+        model_dirs=[(n, getattr(model_args, n)) for n in ("model_name_or_path", "ref_model_name_or_path")],
+    )
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
     trainer = build_trainer(model_args, data_args, training_args)
     return finish_trainer_run(trainer, training_args, trainer.tokenizer)

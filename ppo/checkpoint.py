@@ -7,8 +7,18 @@ It is written under a temporary name and renamed when complete, so a run killed
 mid-save leaves the previous checkpoint intact; only complete directories are
 resumed from. `output_dir/policy` and `output_dir/value` are refreshed the same
 way at every save and at the end.
+
+A kill can still fall between two steps of a save; `clean_partial_saves` repairs
+what it leaves (`tmp-*` copies, a `policy.old` whose replacement never arrived)
+at the next start. `clear_previous_run` removes an earlier run's checkpoints
+when a run starts afresh (`overwrite_output_dir`), so rotation and resume never
+mix two runs. Rotation keeps the newest checkpoints by age, not by step number.
+The PaddleNLP `Trainer` writes its checkpoints in place; `is_complete_trainer_checkpoint`
+tells a finished one from one cut short.
 """
+import glob
 import json
+import logging
 import os
 import re
 import shutil
@@ -16,8 +26,14 @@ import shutil
 import paddle
 import paddle.distributed as dist
 
+from .common.validation import weights_problem
+
+logger = logging.getLogger("ppo.checkpoint")
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 STATE_FILE = "trainer_state.json"
+TMP_PREFIX = "tmp-"
+OLD_SUFFIX = ".old"
+RUN_FILES = ("samples.jsonl",)  # per-run traces besides metrics.jsonl (which RunTracker resets)
 
 
 def barrier():
@@ -42,9 +58,131 @@ def list_checkpoints(output_dir):
     return sorted(found)
 
 
+def clean_partial_saves(output_dir):
+    """Repair what a save killed midway leaves in `output_dir`; returns what was done.
+
+    `tmp-*` directories are incomplete copies and are removed. `X.old` is the
+    previous `X` during a replace: when `X` exists the replace finished and
+    `X.old` is removed; otherwise `X.old` is renamed back to `X`.
+    """
+    done = []
+    if not os.path.isdir(output_dir):
+        return done
+    for name in sorted(os.listdir(output_dir)):
+        path = os.path.join(output_dir, name)
+        if not os.path.isdir(path):
+            continue
+        if name.startswith(TMP_PREFIX):
+            shutil.rmtree(path)
+            done.append(f"removed {name}")
+        elif name.endswith(OLD_SUFFIX):
+            final = path[: -len(OLD_SUFFIX)]
+            if os.path.exists(final):
+                shutil.rmtree(path)
+                done.append(f"removed {name}")
+            else:
+                os.rename(path, final)
+                done.append(f"restored {os.path.basename(final)} from {name}")
+    if done:
+        logger.warning(f"{output_dir}: repaired an interrupted save: {'; '.join(done)}")
+    return done
+
+
+def clear_previous_run(output_dir):
+    """Remove an earlier run's `checkpoint-*` directories and per-run traces from `output_dir`
+    (a fresh run with `overwrite_output_dir`); returns the removed names."""
+    removed = []
+    if not os.path.isdir(output_dir):
+        return removed
+    for name in sorted(os.listdir(output_dir)):
+        path = os.path.join(output_dir, name)
+        if os.path.isdir(path) and CHECKPOINT_RE.match(name):
+            shutil.rmtree(path)
+            removed.append(name)
+        elif name in RUN_FILES and os.path.isfile(path):
+            os.remove(path)
+            removed.append(name)
+    if removed:
+        logger.warning(f"overwrite_output_dir: removed the previous run's {', '.join(removed)} from {output_dir}")
+    return removed
+
+
+def checkpoint_age_order(paths):
+    """`paths` oldest first by the modification time of their state file (the directory's own
+    time as a fall-back), the step number breaking ties."""
+
+    def key(path):
+        state = os.path.join(path, STATE_FILE)
+        m = CHECKPOINT_RE.match(os.path.basename(path))
+        return (os.path.getmtime(state if os.path.exists(state) else path), int(m.group(1)) if m else -1)
+
+    return sorted(paths, key=key)
+
+
+def rotate_checkpoints(output_dir, limit, keep=()):
+    """Delete all but the newest `limit` `checkpoint-*` directories by age (never one in `keep`);
+    returns the deleted paths. `limit` None or <= 0 keeps everything."""
+    if not limit or limit <= 0:
+        return []
+    paths = [os.path.join(output_dir, n) for n in os.listdir(output_dir) if CHECKPOINT_RE.match(n)]
+    keep = {os.path.abspath(p) for p in keep if p}
+    doomed = [p for p in checkpoint_age_order(paths)[:-limit] if os.path.abspath(p) not in keep]
+    for path in doomed:
+        logger.info(f"deleting older checkpoint {path} (save_total_limit={limit})")
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def incomplete_reason(path, need_optimizer=True):
+    """Why the PaddleNLP `Trainer` checkpoint `path` is not complete (None when it is).
+
+    The Trainer writes the model, `trainer_state.json`, the RNG state, the optimizer
+    and last the scheduler into `checkpoint-<step>/` in place; a kill leaves some of
+    them missing or cut short (each is a pickle or safetensors file, checked by size
+    and end marker only).
+    """
+    if not os.path.isfile(os.path.join(path, STATE_FILE)):
+        return f"no {STATE_FILE}"
+    if need_optimizer and not os.path.isfile(os.path.join(path, "scheduler.pdparams")):
+        return "no scheduler.pdparams (the save stopped before its end)"
+    for pattern in ("*.pdparams", "*.pdopt", "*.pth", "*.safetensors"):
+        for file in glob.glob(os.path.join(path, pattern)):
+            problem = weights_problem(file)
+            if problem:
+                return f"{os.path.basename(file)} {problem}"
+    return None
+
+
+def last_complete_trainer_checkpoint(output_dir, need_optimizer=True):
+    """The newest complete `checkpoint-*` of a Trainer run in `output_dir` (None if there is
+    none); incomplete newer ones are skipped with a warning naming what they lack."""
+    if not os.path.isdir(output_dir):
+        return None
+    found = sorted(
+        ((int(m.group(1)), os.path.join(output_dir, n)) for n in os.listdir(output_dir) if (m := CHECKPOINT_RE.match(n))),
+        reverse=True,
+    )
+    for _, path in found:
+        reason = incomplete_reason(path, need_optimizer)
+        if reason is None:
+            return path
+        logger.warning(f"skipping incomplete checkpoint {path}: {reason}")
+    return None
+
+
+def prepare_output_dir(output_dir, fresh):
+    """Start of a run (all ranks call it): repair interrupted saves and, for a `fresh` run,
+    remove the previous run's checkpoints and traces."""
+    if is_main_process():
+        clean_partial_saves(output_dir)
+        if fresh:
+            clear_previous_run(output_dir)
+    barrier()
+
+
 def replace_dir_atomically(tmp_path, final_path):
     """Move `tmp_path` to `final_path`, replacing an existing directory."""
-    old = final_path + ".old"
+    old = final_path + OLD_SUFFIX
     if os.path.exists(old):
         shutil.rmtree(old)
     if os.path.exists(final_path):
@@ -91,11 +229,12 @@ def save_checkpoint(output_dir, step, models, optimizers, schedulers, state, tok
         replace_dir_atomically(tmp, final)
         for name, model in models.items():  # refresh output_dir/policy, output_dir/value
             if model is not None:
-                shutil.copytree(os.path.join(final, name), os.path.join(output_dir, f"tmp-{name}"))
-                replace_dir_atomically(os.path.join(output_dir, f"tmp-{name}"), os.path.join(output_dir, name))
-        if save_total_limit:
-            for _, path in list_checkpoints(output_dir)[:-save_total_limit]:
-                shutil.rmtree(path, ignore_errors=True)
+                tmp_copy = os.path.join(output_dir, f"{TMP_PREFIX}{name}")
+                if os.path.exists(tmp_copy):  # left by a killed save
+                    shutil.rmtree(tmp_copy)
+                shutil.copytree(os.path.join(final, name), tmp_copy)
+                replace_dir_atomically(tmp_copy, os.path.join(output_dir, name))
+        rotate_checkpoints(output_dir, save_total_limit, keep=[final])
     barrier()
     return final
 

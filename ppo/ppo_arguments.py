@@ -9,7 +9,8 @@ from typing import List, Optional
 from paddlenlp.trainer import TrainingArguments
 
 from .algos import ADV_ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES, get_adv_estimator
-from .common.args_common import DatasetArguments, ModelCommonArguments
+from .common.args_common import DatasetArguments, DivergenceArguments, ModelCommonArguments
+from .common.validation import check_sizes
 
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "kl", "mse", "low_var_kl")
 EVAL_MODES = ("", "single", "tensor_parallel")
@@ -31,6 +32,13 @@ class ModelArgument(ModelCommonArguments):
     reward_server: str = field(default="http://127.0.0.1:8731", metadata={"help": "URL of the reward server."})
     reward_server_timeout: float = field(default=60.0, metadata={"help": "Seconds before one reward request times out."})
     reward_server_retries: int = field(default=3, metadata={"help": "Retries (exponential backoff) before the run stops."})
+    reward_server_token: Optional[str] = field(
+        default=None,
+        metadata={
+            "help": "Bearer token sent to the reward server (default: $PPO_REWARD_SERVER_TOKEN); "
+            "never written to resolved_arguments.json."
+        },
+    )
     use_rule_reward: bool = field(
         default=False, metadata={"help": "Score with rule scorers (ppo/scorers.py) in the trainer process, no server or reward model."}
     )
@@ -68,7 +76,11 @@ class DataArgument(DatasetArguments):
 
 
 @dataclass
-class PPOTrainingArguments(TrainingArguments):
+class PPOTrainingArguments(DivergenceArguments, TrainingArguments):
+    stop_on_divergence: bool = field(
+        default=True,
+        metadata={"help": "Stop the run (keeping the last checkpoint) when the KL, a loss or a gradient norm diverges."},
+    )
     # rollout
     per_device_prompt_batch_size: int = field(default=16, metadata={"help": "Prompts per rank per step."})
     rollout_n: int = field(default=1, metadata={"help": "Samples per prompt (the group size of GRPO/RLOO)."})
@@ -149,6 +161,7 @@ class PPOTrainingArguments(TrainingArguments):
 
     def __post_init__(self):
         super().__post_init__()
+        check_sizes(self)  # before the divisibility check below divides by them
         if self.adv_estimator not in ADV_ESTIMATORS:
             raise ValueError(f"adv_estimator must be one of {sorted(ADV_ESTIMATORS)}, got {self.adv_estimator!r}")
         estimator = get_adv_estimator(self.adv_estimator)

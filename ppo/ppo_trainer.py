@@ -36,9 +36,10 @@ from .algos import (
     value_loss,
 )
 from .algos.normalizer import RunningMeanStd
-from .checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from .checkpoint import list_checkpoints, load_checkpoint, prepare_output_dir, save_checkpoint
+from .common.divergence import DivergenceDetector, DivergenceError
 from .common.metrics import MetricAccumulator, reduce_across_ranks
-from .common.tracking import RunTracker
+from .common.tracking import RunTracker, keep_rows_up_to
 from .evaluation import decode_responses, evaluate_generation
 from .experience import (
     experience_from_rollout,
@@ -132,6 +133,10 @@ class PPOTrainer:
             self.ptx_sampler = PromptSampler(len(ptx_dataset), args.per_device_train_batch_size, self.rank, self.world_size, args.seed + 1)
         self.collate_prompts = train_dataset.get_collator()
         self.tracker = None
+        self.divergence = DivergenceDetector(args.divergence_factor, args.divergence_window)
+        self.grad_norms = {}  # model name -> gradient norm of its last optimiser step (before clipping)
+        self.diverged = {}  # metric name -> first divergence message of the current step
+        self.divergence_log = []  # every divergence message of the run (summary.json "diverged")
 
     # ------------------------------------------------------------------ set-up helpers
     def _wrap(self, model, optimizer):
@@ -177,12 +182,25 @@ class PPOTrainer:
             responses = decode_responses(self.tokenizer, exp.response_ids, exp.response_mask)
             if self.rule_scorer is not None:
                 totals = self.rule_scores(exp, responses)
+                source = f"the rule scorer {self.rule_scorer.spec}"
             else:
                 totals = self.reward_client.score(exp.src, exp.label, responses)
-            scores = paddle.to_tensor(totals, dtype="float32")
+                source = f"the reward server {getattr(self.reward_client, 'url', '')}".rstrip()
+            raw = np.asarray(totals, dtype="float64")
+            values = np.where(np.abs(raw) <= np.finfo("float32").max, raw, np.inf)  # what a float32 cast would give
+            scores = paddle.to_tensor(values, dtype="float32")
         else:
             with paddle.no_grad():
                 scores = in_chunks(lambda e: reward_model_scores(self.models.reward, e), exp, self._chunk())
+            raw, source = None, "the reward model"
+        if not bool(paddle.isfinite(scores).all()):
+            bad = np.flatnonzero(~np.isfinite(scores.numpy()))
+            example = float(raw[bad[0]]) if raw is not None else float(scores.numpy()[bad[0]])
+            raise ValueError(
+                f"step {self.step + 1}: {source} gave {len(bad)} of {scores.shape[0]} scores that are not "
+                f"finite in float32 (e.g. {example!r} for item {bad[0]}; |x| must stay below 3.4e38); fix the scorer "
+                "or scale its rewards"
+            )
         if self.args.missing_eos_penalty:
             scores = scores - self.args.missing_eos_penalty * (~exp.ends_with_eos).astype("float32")
         if self.args.enable_overlong_reward_buffer:
@@ -377,10 +395,13 @@ class PPOTrainer:
         """Step unless the loss or a gradient is non-finite; returns True when stepped."""
         grads = [(f"{name} grad of {p.name}", p.grad) for p in model.parameters() if not p.stop_gradient and p.grad is not None]
         bad = None if math.isfinite(loss_value) else f"loss of the {name}"
+        self.grad_norms.pop(name, None)
         if bad is None and grads:
-            total = paddle.add_n([paddle.sum(paddle.square(g.astype("float32"))) for _, g in grads])
-            if not math.isfinite(float(total)):  # one host sync; search names only when needed
+            total = float(paddle.add_n([paddle.sum(paddle.square(g.astype("float32"))) for _, g in grads]))
+            if not math.isfinite(total):  # one host sync; search names only when needed
                 bad = first_non_finite(grads)
+            else:
+                self.grad_norms[name] = math.sqrt(total)
         if bad is None:
             optimizer.step()
         optimizer.clear_grad()
@@ -414,6 +435,15 @@ class PPOTrainer:
                 bad = self.optimizer_step(self.actor_optimizer, self.actor, actor_total, "actor")
                 if self.critic is not None:
                     bad = bad or self.optimizer_step(self.critic_optimizer, self.critic, critic_total, "critic")
+                judged = {f"train/{name}_grad_norm": norm for name, norm in self.grad_norms.items()}
+                acc.add(judged)
+                judged["loss/policy_avg"] = actor_total
+                if "policy/approxkl_avg" in stats:  # the last micro-batch's KL(old || current policy)
+                    judged["policy/approxkl_avg"] = float(stats["policy/approxkl_avg"])
+                if self.critic is not None:
+                    judged["loss/value_avg"] = critic_total
+                for name, message in self.divergence.check(self.step + 1, judged).items():  # every optimiser step
+                    self.diverged.setdefault(name, message)
                 self.handle_non_finite(bad, acc)
 
     def handle_non_finite(self, bad, acc):
@@ -513,6 +543,7 @@ class PPOTrainer:
             "ptx_sampler": self.ptx_sampler.state_dict() if self.ptx_sampler else None,
             "reward_normalizer": self.reward_normalizer.state_dict() if self.reward_normalizer else None,
             "kl_controller": self.kl_controller.state_dict() if self.kl_controller else None,
+            "divergence": self.divergence.state_dict(),
         }
 
     def save(self):
@@ -524,17 +555,28 @@ class PPOTrainer:
         )
 
     def maybe_resume(self):
-        """Resume from the newest complete checkpoint in `output_dir` (unless overwrite_output_dir)."""
-        if self.args.overwrite_output_dir and not self.args.resume_from_checkpoint:
+        """Resume from the newest complete checkpoint in `output_dir` that loads (older ones are
+        tried when it does not), unless overwrite_output_dir starts afresh (clearing the old run)."""
+        fresh = self.args.overwrite_output_dir and not self.args.resume_from_checkpoint
+        prepare_output_dir(self.args.output_dir, fresh)
+        if fresh:
             return False
-        found = list_checkpoints(self.args.output_dir)
-        path = self.args.resume_from_checkpoint or (found[-1][1] if found else None)
-        if not path:
+        found = [path for _, path in reversed(list_checkpoints(self.args.output_dir))]
+        candidates = [self.args.resume_from_checkpoint] if self.args.resume_from_checkpoint else found
+        state = None
+        for i, path in enumerate(candidates):
+            try:
+                state = load_checkpoint(
+                    path, self._models_for_checkpoint(), {"policy": self.actor_optimizer, "value": self.critic_optimizer},
+                    {"policy": self.actor_scheduler, "value": self.critic_scheduler},
+                )
+                break
+            except Exception as err:  # a damaged checkpoint: fall back to the one before it
+                if i == len(candidates) - 1:
+                    raise
+                logger.warning(f"cannot resume from {path} ({type(err).__name__}: {err}); trying {candidates[i + 1]}")
+        if state is None:
             return False
-        state = load_checkpoint(
-            path, self._models_for_checkpoint(), {"policy": self.actor_optimizer, "value": self.critic_optimizer},
-            {"policy": self.actor_scheduler, "value": self.critic_scheduler},
-        )
         self.step, self.episodes, self.gen_batches = state["step"], state["episodes"], state["gen_batches"]
         self.sampler.set_state_dict(state["sampler"])
         if self.ptx_sampler and state.get("ptx_sampler"):
@@ -543,6 +585,7 @@ class PPOTrainer:
             self.reward_normalizer.set_state_dict(state["reward_normalizer"])
         if self.kl_controller and state.get("kl_controller"):
             self.kl_controller.set_state_dict(state["kl_controller"])
+        self.divergence.set_state_dict(state.get("divergence"))
         logger.info(f"resumed from {path} at step {self.step}")
         return True
 
@@ -553,6 +596,8 @@ class PPOTrainer:
         self.tracker = RunTracker(args.output_dir, args.logging_dir, enabled=self.is_main, resume=resumed)
         if resumed:
             self.tracker.truncate_after(self.step)
+        if self.is_main:  # samples of steps after the checkpoint are logged again
+            keep_rows_up_to(os.path.join(args.output_dir, "samples.jsonl"), self.step)
         if args.eval_steps and self.step == 0 and self.eval_dataset is not None:
             self.tracker.log(self.evaluate(), step=0)
         bar = tqdm(total=args.max_steps, initial=self.step, desc="ppo", disable=not self.is_main or args.disable_tqdm)
@@ -562,8 +607,11 @@ class PPOTrainer:
             self.step += 1
             bar.update(1)
             bar.set_postfix(score=f"{metrics['objective/scores']:.3f}", len=f"{metrics['response_length/mean']:.1f}")
-            if self.step % args.logging_steps == 0 or self.step == args.max_steps:
+            diverged = self.step_divergence(metrics)
+            if self.step % args.logging_steps == 0 or self.step == args.max_steps or diverged:
                 self.tracker.log(metrics, step=self.step)
+            if diverged and args.stop_on_divergence:
+                return self.stop_diverged(diverged)
             if self.is_main and args.num_sample_generations and self.step % args.num_sample_generations == 0:
                 self.log_samples(exp)
             if args.eval_steps and self.eval_dataset is not None and (self.step % args.eval_steps == 0 or self.step == args.max_steps):
@@ -575,7 +623,31 @@ class PPOTrainer:
         fingerprints = self.actor_fingerprints()
         if len(set(fingerprints)) > 1:
             logger.warning(f"actor weights differ across ranks: {fingerprints}")
-        return self.tracker.finish(steps=self.step, train_wall_s=time.time() - start, actor_fingerprints=fingerprints)
+        extra = {"diverged": self.divergence_log} if self.divergence_log else {}
+        return self.tracker.finish(steps=self.step, train_wall_s=time.time() - start, actor_fingerprints=fingerprints, **extra)
+
+    def step_divergence(self, metrics):
+        """This step's divergence messages (KL per step, gradient norms and losses per optimiser
+        step), logged as warnings; every rank gets a non-empty list when any rank diverged."""
+        self.diverged.update(self.divergence.check(self.step, {"objective/kl": metrics["objective/kl"]}))
+        messages, self.diverged = list(self.diverged.values()), {}
+        self.divergence_log += messages
+        for message in messages:
+            logger.warning(f"the run is diverging: {message}")
+        if self.world_size > 1:
+            flag = paddle.to_tensor([int(bool(messages))], dtype="int64")
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if int(flag) and not messages:
+                messages = [f"step {self.step}: a metric diverged on another rank"]
+        return messages
+
+    def stop_diverged(self, messages):
+        """Write `summary.json` naming the divergence and raise DivergenceError; nothing is
+        saved, so `output_dir/policy` and the checkpoints keep the last good weights."""
+        kept = list_checkpoints(self.args.output_dir)
+        where = f"the last good checkpoint is {kept[-1][1]}" if kept else "no checkpoint was saved before it"
+        self.tracker.finish(steps=self.step, diverged=self.divergence_log)
+        raise DivergenceError(f"stopped: {'; '.join(messages)}; {where} (stop_on_divergence=False lets the run go on)")
 
     def actor_fingerprints(self):
         """One number per rank summarising the actor weights; equal on every rank when in sync."""

@@ -15,18 +15,22 @@ the client sleeps ``backoff * 2 ** (k - 1)`` seconds. A 4xx answer (the request
 itself is wrong) raises at once with the server's ``error_msg``. A 200 answer that
 breaks the contract (``error_code`` not 0, ``score`` missing, of the wrong
 length, or holding a non-number / NaN / inf) raises at once too.
-An empty batch returns ``[]`` without a request. A client holds one
+An empty batch returns ``[]`` without a request. With a ``token`` (or the
+``PPO_REWARD_SERVER_TOKEN`` environment variable) every request carries
+``Authorization: Bearer <token>``; a 401 answer raises at once. A client holds one
 ``requests.Session``: use one client per thread. This module imports only
 ``requests`` (no paddle).
 """
 import logging
 import math
+import os
 import time
 from typing import List, Sequence
 
 import requests
 
 logger = logging.getLogger("ppo.reward_client")
+TOKEN_ENV = "PPO_REWARD_SERVER_TOKEN"  # the server reads the same variable
 
 
 class RewardServerError(RuntimeError):
@@ -54,7 +58,9 @@ def _server_message(resp):
 class RewardServerClient:
     """Client of one reward server URL (``http://host:port``; scores are posted to it)."""
 
-    def __init__(self, url: str, timeout: float = 60.0, max_retries: int = 3, backoff: float = 0.5, session=None):
+    def __init__(
+        self, url: str, timeout: float = 60.0, max_retries: int = 3, backoff: float = 0.5, session=None, token=None
+    ):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"reward server url must start with http:// or https://, got {url!r}")
         if timeout <= 0 or max_retries < 0 or backoff < 0:
@@ -66,6 +72,9 @@ class RewardServerClient:
         self.max_retries = int(max_retries)
         self.backoff = float(backoff)
         self._session = session if session is not None else requests.Session()
+        token = token or os.environ.get(TOKEN_ENV)
+        if token:
+            self._session.headers["Authorization"] = f"Bearer {token}"
 
     # The base URL posts to itself (PaddleNLP's `POST /`); health lives beside it.
     @property

@@ -15,12 +15,16 @@ the URL and reads ``score``):
   "scores_per_function": {name: [float]}}``, one score per item, in order;
   ``score`` is the weighted total (``--weights``, 1 each by default) and
   ``scores_per_function`` (only with several scorers) each scorer's raw scores.
-- ``GET /health`` -> 200 ``{"status": "ok", "scorer": NAME}``.
+- ``GET /health`` -> 200 ``{"status": "ok", "scorer": NAME}`` (never needs a token).
+- With ``--token`` (or the ``PPO_REWARD_SERVER_TOKEN`` environment variable) set,
+  ``POST /`` needs the header ``Authorization: Bearer <token>``; without it the
+  answer is HTTP 401, ``error_code`` 4010.
 
 Errors never carry made-up scores (PaddleNLP answers zeros; here there is no
 ``score`` field at all):
 
-- HTTP 400, ``error_code`` 4001-4006: body not JSON / not an object, a field
+- HTTP 400, ``error_code`` 4001-4006: body not JSON (nested too deeply to parse
+  included) / not an object, a field
   missing, a field not a list of strings, an empty batch, lists of different
   lengths, more items than ``--max_batch``; ``error_msg`` names the field.
 - HTTP 413, ``error_code`` 4013: body larger than ``--max_body_bytes``.
@@ -31,8 +35,9 @@ Errors never carry made-up scores (PaddleNLP answers zeros; here there is no
 Scorers are pure functions (``ppo/scorers.py``), so requests are scored in
 parallel by waitress's worker threads without a lock. Request, item and error
 counts are logged every ``--log_interval`` seconds (on the next request), and
-every rejected request is logged with its reason. This module does not import
-paddle.
+every rejected request is logged with its reason. ``--connection_limit`` caps the
+open sockets (waitress refuses more; idle keep-alive sockets count too), and a
+bind beyond loopback is logged as a warning. This module does not import paddle.
 """
 import os
 import sys
@@ -48,6 +53,7 @@ if __name__ == "__main__":
         sys.path.insert(0, _ROOT)
 
 import argparse  # noqa: E402
+import hmac  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import signal  # noqa: E402
@@ -68,6 +74,9 @@ DEFAULT_SCORER = "kk"  # PaddleNLP's reward server scores Knights and Knaves
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_BATCH = 8192
 DEFAULT_LOG_INTERVAL_S = 60.0
+DEFAULT_CONNECTION_LIMIT = 1000  # waitress' own default (100) is starved by 100 idle keep-alive sockets
+TOKEN_ENV = "PPO_REWARD_SERVER_TOKEN"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 SUCCESS = 0
 ERR_INVALID_JSON = 4001
@@ -76,6 +85,7 @@ ERR_BAD_TYPE = 4003
 ERR_EMPTY_BATCH = 4004
 ERR_LENGTH_MISMATCH = 4005
 ERR_BATCH_TOO_LARGE = 4006
+ERR_UNAUTHORIZED = 4010
 ERR_BODY_TOO_LARGE = 4013
 ERR_SCORER_RAISED = 5001
 ERR_SCORER_BAD_VALUE = 5002
@@ -142,6 +152,8 @@ def parse_request(body, max_batch):
         data = json.loads(body)
     except (UnicodeDecodeError, ValueError) as err:
         raise RequestError(400, ERR_INVALID_JSON, f"request body is not valid JSON: {err}") from None
+    except RecursionError:
+        raise RequestError(400, ERR_INVALID_JSON, "request body is nested too deeply to parse") from None
     if not isinstance(data, dict):
         raise RequestError(
             400, ERR_INVALID_JSON, f"request body must be a JSON object with {list(FIELDS)}, got {type(data).__name__}"
@@ -175,6 +187,18 @@ def parse_request(body, max_batch):
     return data["src"], data["tgt"], data["response"]
 
 
+def check_token(header, token):
+    """None when `header` (an Authorization value) carries `token`, else the reason it does not."""
+    if not header:
+        return "missing 'Authorization: Bearer <token>' header; this server requires a token"
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        return "the Authorization header must be 'Bearer <token>'"
+    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+        return "wrong bearer token"
+    return None
+
+
 def score_batch(scorer, src, tgt, response):
     """Score every item with a `WeightedScorer`; raise RequestError(500) naming the first
     scorer and item that fail. Returns `(totals, per_function)`."""
@@ -192,11 +216,13 @@ def create_app(
     max_batch=DEFAULT_MAX_BATCH,
     log_interval_s=DEFAULT_LOG_INTERVAL_S,
     weights=None,
+    token=None,
 ):
     """The Flask app scoring with the scorer(s) registered as `scorer_name` (or `module:function`);
     `scorer_name` may list several, comma-separated, combined with `weights` (see `WeightedScorer`).
 
     Raises ValueError at once for an unknown scorer or bad weights, so they fail at start-up.
+    With `token`, scoring requests must carry `Authorization: Bearer <token>` (401 otherwise).
     """
     if max_body_bytes <= 0 or max_batch <= 0:
         raise ValueError(f"max_body_bytes and max_batch must be positive, got {max_body_bytes}, {max_batch}")
@@ -224,6 +250,10 @@ def create_app(
     def _score():
         n_items = 0
         try:
+            if token:
+                reason = check_token(request.headers.get("Authorization"), token)
+                if reason:
+                    raise RequestError(401, ERR_UNAUTHORIZED, reason)
             if request.content_length is not None and request.content_length > max_body_bytes:
                 raise RequestError(
                     413,
@@ -271,6 +301,18 @@ def parse_args(argv=None):
         "--log_interval", type=float, default=DEFAULT_LOG_INTERVAL_S, help="seconds between request-count logs"
     )
     parser.add_argument("--log_file", default=None, help="also write the log to this file")
+    parser.add_argument(
+        "--connection_limit",
+        type=int,
+        default=DEFAULT_CONNECTION_LIMIT,
+        help="most open sockets (idle keep-alive ones included); waitress refuses connections beyond it",
+    )
+    parser.add_argument(
+        "--token",
+        default=None,
+        help=f"require 'Authorization: Bearer TOKEN' on scoring requests (default: ${TOKEN_ENV} if set; "
+        "prefer the variable, a flag shows in the process list)",
+    )
     return parser.parse_args(argv)
 
 
@@ -292,7 +334,12 @@ def main(argv=None):
 
     import waitress  # imported here: create_app() users (tests, WSGI hosts) do not need it
 
-    app = create_app(args.scorer, args.max_body_bytes, args.max_batch, args.log_interval, weights=args.weights)
+    if args.connection_limit <= 0 or args.threads <= 0:
+        raise SystemExit(f"--connection_limit and --threads must be positive, got {args.connection_limit}, {args.threads}")
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    app = create_app(
+        args.scorer, args.max_body_bytes, args.max_batch, args.log_interval, weights=args.weights, token=token
+    )
     # waitress itself refuses bodies far over the limit before buffering them all;
     # the app answers JSON 413 for anything over max_body_bytes.
     server = waitress.create_server(
@@ -301,10 +348,18 @@ def main(argv=None):
         port=args.port,
         threads=args.threads,
         max_request_body_size=2 * args.max_body_bytes + 65536,
+        connection_limit=args.connection_limit,
         ident="ppo-reward-server",
     )
+    if args.host not in LOOPBACK_HOSTS:
+        logger.warning(
+            "bound to %s: the reward server is reachable from other machines%s",
+            args.host,
+            "" if token else f"; anyone who can reach it may score (set ${TOKEN_ENV} or --token to require a token)",
+        )
     logger.info(
-        "reward server: scorer=%s weights=%s on http://%s:%s threads=%d max_batch=%d max_body_bytes=%d",
+        "reward server: scorer=%s weights=%s on http://%s:%s threads=%d max_batch=%d max_body_bytes=%d "
+        "connection_limit=%d token=%s",
         args.scorer,
         args.weights or "1 each",
         args.host,
@@ -312,6 +367,8 @@ def main(argv=None):
         args.threads,
         args.max_batch,
         args.max_body_bytes,
+        args.connection_limit,
+        "required" if token else "off",
     )
     try:
         server.run()

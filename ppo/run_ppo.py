@@ -21,6 +21,7 @@ import paddle  # noqa: E402
 
 from ppo.common.args_common import split_specs  # noqa: E402
 from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
+from ppo.common.validation import validate_run  # noqa: E402
 from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
 from ppo.models.loading import load_overrides, load_tokenizer, training_dtype  # noqa: E402
 from ppo.models.ppo_models import build_ppo_models  # noqa: E402
@@ -30,9 +31,13 @@ from ppo.reward_client import RewardServerClient  # noqa: E402
 from ppo.scorers import WeightedScorer  # noqa: E402
 
 
-def build_datasets(data_args, training_args, tokenizer):
+def build_datasets(data_args, training_args, tokenizer, require_label=False):
+    """Train prompts (each with its reference answer when `require_label`: a reward server
+    scores against it), eval prompts and ptx data."""
     common = data_args.dataset_kwargs(tokenizer, training_args.seed)
-    train = PromptOnlyDataset(split_specs(data_args.train_datasets), max_prompt_len=data_args.max_prompt_len, **common)
+    train = PromptOnlyDataset(
+        split_specs(data_args.train_datasets), max_prompt_len=data_args.max_prompt_len, require_label=require_label, **common
+    )
     eval_specs = split_specs(data_args.eval_datasets)
     evaluation = PromptOnlyDataset(eval_specs, max_prompt_len=data_args.max_prompt_len, **common) if eval_specs else None
     ptx_specs = split_specs(data_args.ptx_datasets)
@@ -45,19 +50,30 @@ def build_trainer(argv=None):
     model_args, data_args, training_args = parse_arguments((ModelArgument, DataArgument, PPOTrainingArguments), argv)
     if not model_args.actor_model_name_or_path:
         raise ValueError("actor_model_name_or_path is required")
+    external_scores = model_args.use_rm_server or model_args.use_rule_reward
+    if not external_scores and not model_args.reward_model_name_or_path:
+        raise ValueError("reward_model_name_or_path is required unless use_rm_server or use_rule_reward is set")
+    validate_run(
+        (model_args, data_args, training_args),
+        model_dirs=[(f"{n}_model_name_or_path", getattr(model_args, f"{n}_model_name_or_path"))
+                    for n in ("actor", "reference", "reward_critic")],
+        score_model_dirs=[] if external_scores else [("reward_model_name_or_path", model_args.reward_model_name_or_path)],
+    )
     if dist_rank() == 0:
         save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
     paddle.seed(training_args.seed + dist_rank())
 
     tokenizer = load_tokenizer(model_args.actor_model_name_or_path)
+    # data before models: a bad record fails in seconds, not after the models load
+    train, evaluation, ptx = build_datasets(data_args, training_args, tokenizer, require_label=external_scores)
     models = build_ppo_models(
         model_args, training_args.use_critic, training_dtype(training_args), **load_overrides(model_args, training_args)
     )
-    train, evaluation, ptx = build_datasets(data_args, training_args, tokenizer)
     client = None
     if model_args.use_rm_server:
         client = RewardServerClient(
-            model_args.reward_server, timeout=model_args.reward_server_timeout, max_retries=model_args.reward_server_retries
+            model_args.reward_server, timeout=model_args.reward_server_timeout, max_retries=model_args.reward_server_retries,
+            token=model_args.reward_server_token,
         )
         client.check_health()
     rule_scorer = None

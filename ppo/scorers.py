@@ -52,6 +52,7 @@ directory it is started from), registers the function under the name
 """
 import importlib
 import math
+import numbers
 import re
 import threading
 from typing import Callable, Dict, List, Optional
@@ -139,6 +140,11 @@ class ScorerError(ValueError):
         self.scorer_name, self.item, self.bad_value = scorer_name, item, bad_value
 
 
+def is_real_number(value):
+    """True for int/float and numpy integer/floating scalars (anything `numbers.Real`), not bools."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def parse_scorer_list(scorers, weights=None):
     """``"kk,math"``, ``"1,0.5"`` -> ``(["kk", "math"], [1.0, 0.5])``.
 
@@ -203,7 +209,7 @@ class WeightedScorer:
                     raise ScorerError(
                         f"scorer '{name}' raised on item {i}: {type(err).__name__}: {err}", name, i
                     ) from err
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                if not is_real_number(value) or not math.isfinite(float(value)):
                     raise ScorerError(
                         f"scorer '{name}' returned {value!r} for item {i}; a score must be a finite number",
                         name, i, bad_value=True,

@@ -25,6 +25,7 @@ import paddle  # noqa: E402
 
 from ppo.common.args_common import BEAVER_TEMPLATE, split_specs  # noqa: E402
 from ppo.common.arguments import parse_arguments  # noqa: E402
+from ppo.common.validation import validate_run  # noqa: E402
 from ppo.data import PromptOnlyDataset  # noqa: E402
 from ppo.models.loading import load_tokenizer  # noqa: E402
 from ppo.models.score_model import AutoModelForScore  # noqa: E402
@@ -105,6 +106,7 @@ def main(argv=None):
     (args,) = parse_arguments((AuditArgument,), argv)
     if not args.model_name_or_path or not args.eval_datasets:
         raise ValueError("model_name_or_path and eval_datasets are required")
+    validate_run((args,), score_model_dirs=[("model_name_or_path", args.model_name_or_path)])
     tokenizer = load_tokenizer(args.model_name_or_path)
     model = AutoModelForScore.from_pretrained(args.model_name_or_path)
     model.eval()

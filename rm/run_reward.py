@@ -17,9 +17,10 @@ from typing import Optional  # noqa: E402
 
 from paddlenlp.trainer import TrainingArguments  # noqa: E402
 
-from ppo.common.args_common import DatasetArguments, ModelCommonArguments, split_specs  # noqa: E402
+from ppo.common.args_common import DatasetArguments, DivergenceArguments, ModelCommonArguments, split_specs  # noqa: E402
 from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
 from ppo.common.run_setup import finish_trainer_run  # noqa: E402
+from ppo.common.validation import validate_run  # noqa: E402
 from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
 from ppo.data import PreferenceDataset  # noqa: E402
 from ppo.models.loading import apply_lora, load_overrides, load_tokenizer  # noqa: E402
@@ -45,7 +46,7 @@ class DataArgument(DatasetArguments):
 
 
 @dataclass
-class RewardTrainingArguments(TrainingArguments):
+class RewardTrainingArguments(DivergenceArguments, TrainingArguments):
     loss_type: str = field(default="sequence-wise", metadata={"help": f"Pairwise loss: {' | '.join(LOSS_TYPES)}."})
     regularization: float = field(default=0.0, metadata={"help": "Weight of the squared-score regulariser."})
 
@@ -59,6 +60,7 @@ def main(argv=None):
     model_args, data_args, training_args = parse_arguments((ModelArgument, DataArgument, RewardTrainingArguments), argv)
     if not model_args.model_name_or_path:
         raise ValueError("model_name_or_path is required")
+    validate_run((model_args, data_args, training_args), model_dirs=[("model_name_or_path", model_args.model_name_or_path)])
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
 
     tokenizer = load_tokenizer(model_args.model_name_or_path)
@@ -91,7 +93,7 @@ def main(argv=None):
         tokenizer=tokenizer,
         callbacks=[TrackerCallback(training_args.output_dir, loss_name="rm/loss")],
     )
-    finish_trainer_run(trainer, training_args, tokenizer)
+    return finish_trainer_run(trainer, training_args, tokenizer)
 
 
 if __name__ == "__main__":

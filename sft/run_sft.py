@@ -16,9 +16,10 @@ from dataclasses import dataclass, field  # noqa: E402
 
 from paddlenlp.trainer import TrainingArguments  # noqa: E402
 
-from ppo.common.args_common import DatasetArguments, ModelCommonArguments, split_specs  # noqa: E402
+from ppo.common.args_common import DatasetArguments, DivergenceArguments, ModelCommonArguments, split_specs  # noqa: E402
 from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
 from ppo.common.run_setup import finish_trainer_run  # noqa: E402
+from ppo.common.validation import validate_run  # noqa: E402
 from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
 from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
 from ppo.models.loading import apply_lora, load_causal_lm, load_overrides, load_tokenizer  # noqa: E402
@@ -36,7 +37,7 @@ class DataArgument(DatasetArguments):
 
 
 @dataclass
-class SFTTrainingArguments(TrainingArguments):
+class SFTTrainingArguments(DivergenceArguments, TrainingArguments):
     eval_with_do_generation: bool = field(
         default=True, metadata={"help": "Also greedy-decode eval prompts and report exact-match accuracy."}
     )
@@ -47,6 +48,7 @@ def main(argv=None):
     model_args, data_args, training_args = parse_arguments((ModelArgument, DataArgument, SFTTrainingArguments), argv)
     if not model_args.model_name_or_path:
         raise ValueError("model_name_or_path is required")
+    validate_run((model_args, data_args, training_args), model_dirs=[("model_name_or_path", model_args.model_name_or_path)])
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
 
     tokenizer = load_tokenizer(model_args.model_name_or_path)

@@ -113,7 +113,7 @@ def test_sft_default_template_and_multi_turn(tiny_tokenizer):
 
 
 def test_sft_needs_answers(tiny_tokenizer):
-    with pytest.raises(ValueError, match=r"needs field\(s\) \['answer'\], but sample 3 of dataset 'Jsonfile'"):
+    with pytest.raises(ValueError, match=r"needs field\(s\) \['answer'\], but .*jsonfile.jsonl, line 5 \(sample 3 of dataset 'Jsonfile'\)"):
         SupervisedDataset(f"Jsonfile:1:{JSONFILE}", tiny_tokenizer)
 
 
@@ -240,7 +240,7 @@ def test_safety_preference_orders_by_safer_with_signs(tiny_tokenizer):
 
 def test_safety_preference_contradiction_and_missing_fields(tmp_path, tiny_tokenizer):
     bad = {"input": "q", "answer": "a", "other_answer": "b", "safer": True, "is_safe": False, "is_other_safe": True}
-    with pytest.raises(ValueError, match=r"sample 0 of dataset 'json': the safer answer is flagged unsafe"):
+    with pytest.raises(ValueError, match=r"r.jsonl, line 1 \(sample 0 of dataset 'json'\): the safer answer is flagged unsafe"):
         SafetyPreferenceDataset(raw_json(tmp_path, [bad]), tiny_tokenizer)
     helpful_only = {"input": "q", "answer": "a", "other_answer": "b", "better": True}
     with pytest.raises(ValueError, match=r"needs field\(s\) \['safer', 'is_safe', 'is_other_safe'\]"):

@@ -29,6 +29,22 @@ class ModelCommonArguments(LoRAArguments):
 
 
 @dataclass
+class DivergenceArguments:
+    stop_on_divergence: bool = field(
+        default=False,
+        metadata={"help": "Stop the run (keeping the last checkpoint) when a loss, KL or gradient norm diverges."},
+    )
+    divergence_factor: float = field(
+        default=10.0,
+        metadata={"help": "A watched metric diverges when it exceeds this many times its recent median (floor 1.0)."},
+    )
+    divergence_window: int = field(
+        default=10,
+        metadata={"help": "Recent values per metric (one per optimiser step or log) the divergence check compares with."},
+    )
+
+
+@dataclass
 class DatasetArguments:
     train_datasets: List[str] = field(
         default_factory=list,

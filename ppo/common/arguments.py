@@ -13,6 +13,7 @@ import json
 import os
 import sys
 
+SECRET_FIELDS = ("reward_server_token",)  # shown as "<hidden>" in resolved_arguments.json
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -95,6 +96,7 @@ def arguments_to_dict(*instances):
     out = {}
     for inst in instances:
         fields = {f.name: getattr(inst, f.name) for f in dataclasses.fields(inst) if f.init}
+        fields.update({k: "<hidden>" for k in SECRET_FIELDS if fields.get(k)})
         out[type(inst).__name__] = json.loads(json.dumps(fields, default=str))
     return out
 

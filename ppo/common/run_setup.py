@@ -1,18 +1,23 @@
 """Train / save / evaluate / summarise for the `Trainer`-based entry points (SFT, RM, DPO)."""
+import logging
 import os
 
-from .trainer_callbacks import TrackerCallback, rename_trainer_logs
+from ..checkpoint import clear_previous_run, last_complete_trainer_checkpoint
+from .divergence import DivergenceError
+from .tracking import interval_weighted_mean
+from .trainer_callbacks import CheckpointRotationCallback, DivergenceCallback, TrackerCallback, rename_trainer_logs
+
+logger = logging.getLogger("ppo")
 
 
 def last_checkpoint(args):
-    """The checkpoint to resume from: `resume_from_checkpoint` if set, else the newest
-    `checkpoint-*` in `output_dir` (unless `overwrite_output_dir`), else None."""
-    from paddlenlp.trainer.trainer_utils import get_last_checkpoint
-
+    """The checkpoint to resume from: `resume_from_checkpoint` if set, else the newest complete
+    `checkpoint-*` in `output_dir` (unless `overwrite_output_dir`), else None. A checkpoint
+    cut short by a kill is skipped with a warning (see `ppo.checkpoint.incomplete_reason`)."""
     if args.resume_from_checkpoint:
         return args.resume_from_checkpoint
     if os.path.isdir(args.output_dir) and not args.overwrite_output_dir:
-        return get_last_checkpoint(args.output_dir)
+        return last_complete_trainer_checkpoint(args.output_dir, need_optimizer=not args.ignore_save_lr_and_optim)
     return None
 
 
@@ -20,14 +25,47 @@ def has_eval_data(trainer):
     return trainer.eval_dataset is not None or getattr(trainer, "eval_prompt_dataset", None) is not None
 
 
+def _barrier():
+    import paddle.distributed as dist
+
+    if dist.get_world_size() > 1:
+        dist.barrier()
+
+
 def finish_trainer_run(trainer, args, tokenizer):
-    """Train (resuming when a checkpoint exists), save model and tokenizer, run a final
-    evaluation when there is eval data, and write `summary.json`. Returns the summary."""
+    """Train (resuming when a complete checkpoint exists; a fresh run with `overwrite_output_dir`
+    first removes the old run's checkpoints), save model and tokenizer, run a final evaluation
+    when there is eval data, and write `summary.json`. Returns the summary.
+
+    When the divergence guard stopped the run (`stop_on_divergence`), nothing is saved over
+    the last checkpoint: `summary.json` names the divergence and DivergenceError is raised."""
     tracker_cb = next(cb for cb in trainer.callback_handler.callbacks if isinstance(cb, TrackerCallback))
+    guard = DivergenceCallback(tracker_cb.loss_name, args.divergence_factor, args.divergence_window, args.stop_on_divergence)
+    trainer.add_callback(guard)
+    trainer.add_callback(CheckpointRotationCallback())
     train_metrics = {}
     if args.do_train:
-        result = trainer.train(resume_from_checkpoint=last_checkpoint(args))
+        checkpoint = last_checkpoint(args)
+        if args.overwrite_output_dir and not args.resume_from_checkpoint and trainer.is_world_process_zero():
+            clear_previous_run(args.output_dir)
+        _barrier()
+        tracker_cb.resuming = checkpoint is not None
+        result = trainer.train(resume_from_checkpoint=checkpoint)
         train_metrics = dict(result.metrics)
+        if checkpoint is not None and tracker_cb.tracker.enabled:  # the Trainer averages the resumed part only
+            whole_run = interval_weighted_mean(tracker_cb.tracker.metrics_path, tracker_cb.loss_name)
+            if whole_run is not None:
+                train_metrics["train_loss"] = whole_run
+        if guard.diverged and args.stop_on_divergence:
+            kept = last_complete_trainer_checkpoint(args.output_dir, need_optimizer=not args.ignore_save_lr_and_optim)
+            tracker_cb.tracker.finish(
+                train=rename_trainer_logs(train_metrics, tracker_cb.loss_name), global_step=trainer.state.global_step,
+                diverged=guard.diverged,
+            )
+            where = f"the last good checkpoint is {kept}" if kept else "no checkpoint was saved before it"
+            raise DivergenceError(
+                f"stopped: {'; '.join(guard.diverged)}; {where} (stop_on_divergence=False lets the run go on)"
+            )
         trainer.save_model(args.output_dir)
         if trainer.is_world_process_zero():
             tokenizer.save_pretrained(args.output_dir)
@@ -35,8 +73,10 @@ def finish_trainer_run(trainer, args, tokenizer):
     eval_metrics = trainer.evaluate() if has_eval_data(trainer) else {}
     if tracker_cb.tracker is None:
         tracker_cb.on_train_begin(args, trainer.state, trainer.control)
+    extra = {"diverged": guard.diverged} if guard.diverged else {}
     return tracker_cb.tracker.finish(
         final_eval=rename_trainer_logs(eval_metrics, "eval/loss"),
         train=rename_trainer_logs(train_metrics, "train/loss"),
         global_step=trainer.state.global_step,
+        **extra,
     )

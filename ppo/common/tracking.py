@@ -11,6 +11,34 @@ import os
 import time
 
 
+def keep_rows_up_to(path, step):
+    """Drop the rows of the JSON-lines file `path` whose `step` is after `step` (a resumed
+    run logs them again); a file that does not exist is left alone. Returns the kept count."""
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        kept = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    with open(path, "w") as f:
+        f.writelines(kept)
+    return len(kept)
+
+
+def interval_weighted_mean(path, name):
+    """Mean of `name` over all steps, from the JSON-lines file `path` whose rows each hold the
+    average since the previous row (as Trainer logs do): sum(v_i * (step_i - step_{i-1})) / last step.
+    None when no row has `name`."""
+    if not os.path.exists(path):
+        return None
+    total, prev = 0.0, 0
+    with open(path) as f:
+        for line in f:
+            row = json.loads(line) if line.strip() else {}
+            if name in row and row["step"] > prev:
+                total += row[name] * (row["step"] - prev)
+                prev = row["step"]
+    return total / prev if prev else None
+
+
 def is_lower_better(name):
     return "loss" in name
 
@@ -56,10 +84,7 @@ class RunTracker:
         """Drop lines logged after `step` (a resumed run repeats them)."""
         if not self.enabled:
             return
-        with open(self.metrics_path) as f:
-            kept = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= step]
-        with open(self.metrics_path, "w") as f:
-            f.writelines(kept)
+        keep_rows_up_to(self.metrics_path, step)
         self.final, self.best = {}, {}
         self._reload()
 

@@ -4,9 +4,17 @@ The Trainer's own log names (`loss`, `learning_rate`, `eval_loss`, ...) are
 mapped to the toolkit's slash names; names that already hold a slash pass
 through unchanged.
 """
+import logging
+import math
+import os
+
 from paddlenlp.trainer import TrainerCallback
 
+from ..checkpoint import rotate_checkpoints
+from .divergence import DivergenceDetector
 from .tracking import RunTracker
+
+logger = logging.getLogger("ppo")
 
 TRAINER_NAME_MAP = {"learning_rate": "lr", "epoch": "epoch", "global_step": None, "train_runtime": "timing_s/train"}
 
@@ -40,10 +48,11 @@ class TrackerCallback(TrainerCallback):
         self.output_dir = output_dir
         self.loss_name = loss_name
         self.tracker = None
+        self.resuming = False  # set by the caller when `train` resumes from a checkpoint
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self.tracker is None:
-            resume = bool(args.resume_from_checkpoint)
+            resume = self.resuming or bool(args.resume_from_checkpoint)
             self.tracker = RunTracker(self.output_dir, use_visualdl=False, enabled=state.is_world_process_zero, resume=resume)
             if resume:
                 self.tracker.truncate_after(state.global_step)
@@ -54,3 +63,62 @@ class TrackerCallback(TrainerCallback):
         metrics = rename_trainer_logs(logs or {}, self.loss_name)
         if metrics:
             self.tracker.log(metrics, step=state.global_step)
+
+
+class CheckpointRotationCallback(TrainerCallback):
+    """Keep the newest `save_total_limit` checkpoints by age after every save (the PaddleNLP
+    Trainer rotates only in some parallel layouts); the best model checkpoint is kept."""
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and args.save_total_limit:
+            newest = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            rotate_checkpoints(args.output_dir, args.save_total_limit, keep=[newest, state.best_model_checkpoint])
+
+
+def gradient_norm(model):
+    """Global L2 norm of `model`'s gradients (one host sync); None when it has none."""
+    import paddle
+
+    grads = [p.grad for p in model.parameters() if not p.stop_gradient and p.grad is not None]
+    if not grads:
+        return None
+    return math.sqrt(float(paddle.add_n([paddle.sum(paddle.square(g.astype("float32"))) for g in grads])))
+
+
+class DivergenceCallback(TrainerCallback):
+    """Warn when the loss or the gradient norm diverges (see `ppo.common.divergence`); with
+    `stop_on_divergence`, stop training there without saving the diverged weights.
+
+    The gradient norm (before clipping) is measured before every optimiser step and
+    checked at once; the loss is checked at every log. `diverged` holds the messages.
+    """
+
+    def __init__(self, loss_name, factor=10.0, window=10, stop=False):
+        self.loss_name = loss_name
+        self.detector = DivergenceDetector(factor, window)
+        self.stop = stop
+        self.diverged = []
+
+    def _judge(self, step, metrics, control):
+        messages = [m for m in self.detector.check(step, metrics).values() if m not in self.diverged]
+        for message in messages:
+            logger.warning(f"the run is diverging: {message}")
+        self.diverged.extend(messages)
+        if messages and self.stop:
+            control.should_training_stop = True
+            control.should_save = False
+
+    def on_optimizer_begin(self, args, state, control, model=None, **kwargs):
+        norm = gradient_norm(model) if model is not None else None
+        if norm is not None:
+            self._judge(state.global_step + 1, {"train/grad_norm": norm}, control)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.diverged and self.stop:  # after the Trainer's own flow decided to save this step
+            control.should_training_stop = True
+            control.should_save = False
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        if "loss" in logs:
+            self._judge(state.global_step, {self.loss_name: logs["loss"]}, control)

@@ -544,6 +544,16 @@ class TokenizedDataset(Dataset):
         self.data = self._tokenize_all()
         self.stats["kept"] = len(self.data)
         self._log_stats()
+        if not self.data:
+            files = ", ".join(str(getattr(raw, "path", None) or name) for (name, _, _), raw in zip(self.dataset_specs, self.raw_datasets))
+            raise DataError(f"{type(self).__name__} has no samples: {self.empty_reason()}", path=files)
+
+    def empty_reason(self) -> str:
+        """Why no sample was kept (for the error raised when none was)."""
+        if not self.stats["raw"]:
+            return "the data holds no records"
+        dropped = ", ".join(f"{k}={v}" for k, v in self.stats.items() if k not in ("raw", "kept") and v)
+        return f"all {self.stats['raw']} records were dropped ({dropped or 'no reason counted'})"
 
     # ---- tokenisation
 
@@ -577,6 +587,10 @@ class TokenizedDataset(Dataset):
         """`sample I of dataset 'NAME'` for the raw sample being tokenised (for error messages)."""
         if 0 <= self._current < len(self.sources):
             name, index = self.sources[self._current]
+            for (spec_name, _, _), raw in zip(self.dataset_specs, self.raw_datasets):
+                locations = getattr(raw, "locations", None)
+                if spec_name == name and locations and index < len(locations):
+                    return f"{locations[index]} (sample {index} of dataset '{name}')"
             return f"sample {index} of dataset '{name}'"
         return "a sample"
 

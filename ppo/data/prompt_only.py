@@ -32,7 +32,10 @@ class PromptOnlyDataset(TokenizedDataset):
         use_chat_template: bool = False,
         seed: int = 42,
         max_prompt_len: Optional[int] = None,
+        require_label: bool = False,
     ) -> None:
+        self.require_label = require_label  # a reward server needs every prompt's reference answer
+        self.longest_prompt = 0
         self.max_prompt_len = max_length if max_prompt_len is None else max_prompt_len
         if self.max_prompt_len is not None and (not isinstance(self.max_prompt_len, int) or self.max_prompt_len <= 0):
             raise ValueError(f"max_prompt_len must be a positive int, got {self.max_prompt_len!r}")
@@ -42,11 +45,14 @@ class PromptOnlyDataset(TokenizedDataset):
 
     def preprocess(self, raw_sample: RawSample) -> Optional[dict]:
         prompt, src = self.format_sample_prompt(raw_sample)
+        if self.require_label and raw_sample.get("label") is None:
+            raise ValueError("no reference answer ('tgt'); the reward server (use_rm_server) needs one for every prompt")
         if prompt in self._seen:
             self._count("duplicates_removed")
             return None
         self._seen.add(prompt)
         prompt_ids = self.tokenize_prompt(prompt)
+        self.longest_prompt = max(self.longest_prompt, len(prompt_ids))
         if self.max_prompt_len is not None and len(prompt_ids) > self.max_prompt_len:
             self._count("dropped_prompt_too_long")
             return None
@@ -56,6 +62,15 @@ class PromptOnlyDataset(TokenizedDataset):
             "src": src,
             "label": raw_sample.get("label"),
         }
+
+    def empty_reason(self) -> str:
+        if self.stats["raw"] and self.stats["dropped_prompt_too_long"] + self.stats["duplicates_removed"] == self.stats["raw"]:
+            return (
+                f"0 prompts kept of {self.stats['raw']}: {self.stats['dropped_prompt_too_long']} longer than "
+                f"max_prompt_len={self.max_prompt_len} tokens (the longest has {self.longest_prompt}), "
+                f"{self.stats['duplicates_removed']} duplicates"
+            )
+        return super().empty_reason()
 
     def get_collator(self, return_tensors: str = "pd") -> "PromptOnlyCollator":
         return PromptOnlyCollator(self._pad_token_id(), return_tensors)

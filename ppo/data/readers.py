@@ -250,7 +250,9 @@ class LocalFileDataset(RawDataset):
         name = getattr(type(self), "NAME", type(self).__name__)
         self.split = split or self.SPLIT
         self.path = resolve_path(path, name, self.split)
-        self.data: List[RawSample] = [self.convert(record) for record in read_records(self.path, self.split)]
+        records = list(read_records(self.path, self.split))
+        self.data: List[RawSample] = [self.convert(record) for record in records]
+        self.locations: List[str] = [f"{r.path}, {r.unit} {r.line}" for r in records]  # for later error messages
 
     def convert(self, record: Record) -> RawSample:
         raise NotImplementedError

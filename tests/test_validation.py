@@ -1,0 +1,149 @@
+"""Start-up validation: bad sizes and model directories fail before any model is loaded,
+with errors naming our argument and the path."""
+import json
+import os
+import shutil
+
+import paddle
+import pytest
+
+from ppo.common.validation import check_model_dir, check_sizes, weights_problem
+from ppo.models.score_model import AutoModelForScore
+
+
+@pytest.fixture(scope="module")
+def tiny_rm_dir(tiny_model_dir, tmp_path_factory):
+    from ppo.models.loading import load_tokenizer
+
+    path = str(tmp_path_factory.mktemp("val_rm"))
+    paddle.seed(5)
+    AutoModelForScore.from_pretrained(tiny_model_dir).save_pretrained(path)
+    load_tokenizer(tiny_model_dir).save_pretrained(path)
+    return path
+
+
+def copy_model(src, dst):
+    shutil.copytree(src, dst)
+    return str(dst)
+
+
+def never_load(monkeypatch):
+    """Make any model load fail loudly: validation must reject the run before one happens."""
+    import ppo.models.loading as loading
+    from paddlenlp.transformers import AutoModelForCausalLM
+
+    def boom(*a, **k):
+        raise AssertionError("a model was loaded before validation rejected the arguments")
+
+    monkeypatch.setattr(loading, "load_causal_lm", boom)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", boom)
+    monkeypatch.setattr(AutoModelForScore, "from_pretrained", boom)
+
+
+class Args:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def test_check_sizes_names_every_bad_argument():
+    check_sizes(Args(per_device_train_batch_size=1, rollout_n=2, save_total_limit=None, min_dec_len=0))
+    with pytest.raises(ValueError) as err:
+        check_sizes(Args(per_device_train_batch_size=-1, gradient_accumulation_steps=0), Args(rollout_n=0, max_dec_len=0))
+    msg = str(err.value)
+    for part in ("per_device_train_batch_size=-1", "gradient_accumulation_steps=0", "rollout_n=0", "max_dec_len=0"):
+        assert part in msg
+    with pytest.raises(ValueError, match=r"reward_server_timeout=0 \(must be > 0\); divergence_factor=1.0 \(must be > 1\)"):
+        check_sizes(Args(reward_server_timeout=0, divergence_factor=1.0))
+
+
+def ppo_argv(model, rm, data, out, *extra):
+    return ["config/tiny/ppo_argument.json", "--actor_model_name_or_path", model, "--reward_model_name_or_path", rm,
+            "--train_datasets", f"Jsonfile:1.0:{data}/prompts.jsonl", "--output_dir", out,
+            "--per_device_prompt_batch_size", "8", "--per_device_train_batch_size", "4", *extra]
+
+
+@pytest.mark.parametrize(
+    "flag,value",
+    [("per_device_train_batch_size", "-1"), ("per_device_train_batch_size", "0"), ("gradient_accumulation_steps", "0"),
+     ("rollout_n", "0"), ("per_device_prompt_batch_size", "0"), ("max_dec_len", "0"), ("per_device_eval_batch_size", "0")],
+)
+def test_ppo_refuses_bad_sizes_before_loading(flag, value, tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path, monkeypatch):
+    from ppo.run_ppo import build_trainer
+
+    never_load(monkeypatch)
+    with pytest.raises(ValueError, match=rf"{flag}={value} \(must be an integer >= 1\)"):
+        build_trainer(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, str(tmp_path / "o"), f"--{flag}", value))
+
+
+def test_missing_and_broken_model_dirs_name_argument_and_path(tiny_model_dir, tmp_path):
+    missing = str(tmp_path / "nope")
+    with pytest.raises(ValueError, match=rf"actor_model_name_or_path={missing}: no such directory"):
+        check_model_dir("actor_model_name_or_path", missing)
+    check_model_dir("model_name_or_path", "some-org/some-hub-model")  # a hub id is left to PaddleNLP
+
+    empty = copy_model(tiny_model_dir, tmp_path / "empty")
+    open(os.path.join(empty, "model_state.pdparams"), "wb").close()
+    with pytest.raises(ValueError, match=r"model_name_or_path: weight file .*empty/model_state.pdparams is empty"):
+        check_model_dir("model_name_or_path", empty)
+
+    cut = copy_model(tiny_model_dir, tmp_path / "cut")
+    file = os.path.join(cut, "model_state.pdparams")
+    data = open(file, "rb").read()
+    open(file, "wb").write(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"cut/model_state.pdparams is cut short"):
+        check_model_dir("model_name_or_path", cut)
+
+    no_weights = copy_model(tiny_model_dir, tmp_path / "noweights")
+    os.remove(os.path.join(no_weights, "model_state.pdparams"))
+    with pytest.raises(ValueError, match=r"noweights: no model weights"):
+        check_model_dir("model_name_or_path", no_weights)
+    check_model_dir("model_name_or_path", tiny_model_dir)
+
+
+def test_safetensors_truncation_is_detected(tmp_path):
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    blob = len(header).to_bytes(8, "little") + header + b"\0" * 16
+    good, cut = tmp_path / "good.safetensors", tmp_path / "cut.safetensors"
+    good.write_bytes(blob)
+    cut.write_bytes(blob[:-4])
+    assert weights_problem(str(good)) is None
+    assert "cut short" in weights_problem(str(cut))
+
+
+def test_lora_dir_with_missing_base_names_the_config(tmp_path):
+    lora = tmp_path / "lora"
+    lora.mkdir()
+    (lora / "lora_config.json").write_text(json.dumps({"base_model_name_or_path": str(tmp_path / "gone")}))
+    (lora / "lora_model_state.pdparams").write_bytes(open(__file__, "rb").read()[:0] + b"\x80\x04N.")
+    with pytest.raises(ValueError, match=r"LoRA base model named in .*lora_config.json\)=.*gone: no such directory"):
+        check_model_dir("model_name_or_path", str(lora))
+
+
+def test_causal_lm_as_reward_model_is_refused(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path, monkeypatch):
+    """Finding 5: a causal LM would get a randomly initialised score head and the run would exit 0."""
+    from ppo.run_ppo import build_trainer
+    from rm.audit_reward import main as audit_main
+
+    check_model_dir("reward_model_name_or_path", tiny_rm_dir, need_score_head=True)
+    never_load(monkeypatch)
+    with pytest.raises(ValueError, match=rf"reward_model_name_or_path={tiny_model_dir}: holds a LlamaForCausalLM without a trained score head"):
+        build_trainer(ppo_argv(tiny_model_dir, tiny_model_dir, tiny_data_dir, str(tmp_path / "o")))
+    with pytest.raises(ValueError, match=rf"model_name_or_path={tiny_model_dir}: holds a LlamaForCausalLM"):
+        audit_main(["--model_name_or_path", tiny_model_dir, "--eval_datasets", f"Jsonfile:1.0:{tiny_data_dir}/test.jsonl"])
+
+
+@pytest.mark.parametrize("entry", ["sft", "dpo", "rm"])
+def test_trainer_entry_points_validate_before_loading(entry, tiny_data_dir, tmp_path, monkeypatch):
+    from dpo.run_dpo import main as run_dpo
+    from rm.run_reward import main as run_rm
+    from sft.run_sft import main as run_sft
+
+    never_load(monkeypatch)
+    main, config, data = {"sft": (run_sft, "sft", "Jsonfile:1.0:{}/sft.jsonl"), "dpo": (run_dpo, "dpo", "PKU-SafeRLHF/train:1.0:{}/preference.jsonl"),
+                          "rm": (run_rm, "rm", "PKU-SafeRLHF/train:1.0:{}/preference.jsonl")}[entry]
+    argv = [f"config/tiny/{config}_argument.json", "--model_name_or_path", str(tmp_path / "missing"),
+            "--train_datasets", data.format(tiny_data_dir), "--output_dir", str(tmp_path / "o")]
+    with pytest.raises(ValueError, match=r"model_name_or_path=.*missing: no such directory"):
+        main(argv)
+    with pytest.raises(ValueError, match=r"per_device_train_batch_size=0"):
+        main(argv + ["--per_device_train_batch_size", "0"])
