@@ -106,7 +106,7 @@ def build_trainer(model_args, data_args, training_args):
     tokenizer = load_tokenizer(path)
     model = load_causal_lm(path, **extra)
     if model_args.use_lora and not is_lora_model(model):
-        model = apply_lora(model, model_args.lora_rank, model_args.lora_alpha, model_args.lora_target_modules, path)
+        model = apply_lora(model, base_model_name_or_path=path, **model_args.lora_settings())
     set_dropout_off(model)
     # the reference: none for SimPO/ORPO/reference_free; a LoRA policy with its adapter off; else a frozen copy
     ref_model = None

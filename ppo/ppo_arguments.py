@@ -3,13 +3,14 @@
 Defaults live here only; every field has a help; nothing is rewritten after
 `__post_init__` validates it.
 """
+import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 from paddlenlp.trainer import TrainingArguments
 
 from .algos import ADV_ESTIMATORS, LOSS_AGG_MODES
-from .common.args_common import DatasetArguments, ModelCommonArguments
+from .common.args_common import RECOMPUTE_GRANULARITIES, DatasetArguments, ModelCommonArguments
 
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "kl", "mse", "low_var_kl")
 EVAL_MODES = ("", "single", "tensor_parallel")
@@ -94,6 +95,14 @@ class PPOTrainingArguments(TrainingArguments):
     eval_max_new_tokens: int = field(default=0, metadata={"help": "Generation length in evaluation (0: max_dec_len)."})
     eval_mode: str = field(default="", metadata={"help": "Evaluation model layout: '' (as training) | single | tensor_parallel."})
     offload_level: str = field(default="", metadata={"help": "Space-separated: freeze_model optimizer train_model (GPU memory)."})
+    # PaddleNLP switches
+    critic_recompute: bool = field(default=False, metadata={"help": "Activation recompute in the critic (recompute: the actor)."})
+    critic_recompute_granularity: str = field(
+        default="full", metadata={"help": "What critic_recompute recomputes: full | full_attn | core_attn."}
+    )
+    dataloader_shuffle: bool = field(
+        default=True, metadata={"help": "Draw the prompts of each epoch in a seeded random order (False: file order)."}
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -114,9 +123,34 @@ class PPOTrainingArguments(TrainingArguments):
                 f"per_device_prompt_batch_size*rollout_n ({rollout}) must be a multiple of "
                 f"per_device_train_batch_size*gradient_accumulation_steps ({micro})"
             )
+        if self.max_steps == 0:
+            raise ValueError("max_steps 0 would train no step; give a positive max_steps, or -1 with num_train_epochs")
+        if self.max_steps < 0 and self.num_train_epochs <= 0:
+            raise ValueError(f"max_steps -1 trains num_train_epochs epochs, which must be > 0, got {self.num_train_epochs}")
+        if self.critic_recompute_granularity not in RECOMPUTE_GRANULARITIES:
+            raise ValueError(
+                f"critic_recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, got {self.critic_recompute_granularity!r}"
+            )
         if self.pipeline_parallel_degree > 1:
             raise ValueError("pipeline_parallel_degree > 1 is not supported by the PPO trainer yet; use sharding or tensor parallel")
 
     @property
     def use_critic(self):
         return self.adv_estimator == "gae"
+
+    def total_steps(self, num_prompts, world_size):
+        """Training steps of the run: `max_steps` when > 0, else (PaddleNLP's -1) `num_train_epochs`
+        epochs of `ceil(num_prompts / global prompt batch)` steps (floor with `dataloader_drop_last`),
+        where the global prompt batch is `per_device_prompt_batch_size * world_size`.
+        Raises ValueError when that is zero steps."""
+        if self.max_steps > 0:
+            return self.max_steps
+        global_batch = self.per_device_prompt_batch_size * world_size
+        per_epoch = num_prompts // global_batch if self.dataloader_drop_last else -(-num_prompts // global_batch)
+        total = math.ceil(per_epoch * self.num_train_epochs)
+        if total <= 0:
+            raise ValueError(
+                f"max_steps -1 with num_train_epochs {self.num_train_epochs} over {num_prompts} prompts in global batches of "
+                f"{global_batch} trains no step"
+            )
+        return total

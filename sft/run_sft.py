@@ -52,9 +52,7 @@ def main(argv=None):
     tokenizer = load_tokenizer(model_args.model_name_or_path)
     model = load_causal_lm(model_args.model_name_or_path, **load_overrides(model_args, training_args))
     if model_args.use_lora:
-        model = apply_lora(
-            model, model_args.lora_rank, model_args.lora_alpha, model_args.lora_target_modules, model_args.model_name_or_path
-        )
+        model = apply_lora(model, base_model_name_or_path=model_args.model_name_or_path, **model_args.lora_settings())
     data_kwargs = data_args.dataset_kwargs(tokenizer, training_args.seed)
     train_dataset = SupervisedDataset(split_specs(data_args.train_datasets), max_length=data_args.max_length, **data_kwargs)
     eval_specs = split_specs(data_args.eval_datasets)
