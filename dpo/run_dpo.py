@@ -54,6 +54,9 @@ class DataArgument(DatasetArguments):
         metadata={"help": "Prompt datasets with reference answers (e.g. Jsonfile with tgt) for greedy exact-match evaluation."},
     )
     eval_max_new_tokens: int = field(default=32, metadata={"help": "Generation length for held-out exact-match evaluation."})
+    max_prompt_len: Optional[int] = field(
+        default=None, metadata={"help": "Prompts longer than this many tokens keep their last ones (as PaddleNLP); none: whole."}
+    )
 
 
 @dataclass
@@ -114,9 +117,15 @@ def build_trainer(model_args, data_args, training_args):
         ref_model = load_reference(model, path, model_args.ref_model_name_or_path, training_dtype(training_args), **extra)
 
     data_kwargs = data_args.dataset_kwargs(tokenizer, training_args.seed)
-    train_dataset = PreferenceDataset(split_specs(data_args.train_datasets), max_length=data_args.max_length, **data_kwargs)
+    train_dataset = PreferenceDataset(
+        split_specs(data_args.train_datasets), max_length=data_args.max_length, truncate_prompt_to=data_args.max_prompt_len, **data_kwargs
+    )
     eval_specs = split_specs(data_args.eval_datasets)
-    eval_dataset = PreferenceDataset(eval_specs, max_length=data_args.max_length, **data_kwargs) if eval_specs else None
+    eval_dataset = (
+        PreferenceDataset(eval_specs, max_length=data_args.max_length, truncate_prompt_to=data_args.max_prompt_len, **data_kwargs)
+        if eval_specs
+        else None
+    )
     gen_specs = split_specs(data_args.eval_generation_datasets)
     eval_prompts = None
     if gen_specs and training_args.eval_with_do_generation:
