@@ -1,4 +1,4 @@
-"""The DPO family (DPO, cDPO, IPO, hinge, SimPO, ORPO, KTO), full or LoRA, from a flat JSON argument file.
+"""The DPO family (DPO, cDPO, IPO, hinge, SimPO, ORPO, KTO, kto_pair, sppo_hard, nca_pair, dpop), full or LoRA, from a flat JSON argument file.
 
     python -m paddle.distributed.launch dpo/run_dpo.py config/tiny/dpo_argument.json [--flag value ...]
 
@@ -21,6 +21,7 @@ from typing import List, Optional  # noqa: E402
 from paddlenlp.trainer import TrainingArguments  # noqa: E402
 
 from dpo.dpo_trainer import LOSS_TYPES, DPOTrainer, KTOCollator, needs_reference  # noqa: E402
+from ppo.algos.preference import PAIR_LOSS_TYPES  # noqa: E402
 from ppo.common.args_common import DatasetArguments, ModelCommonArguments, split_specs  # noqa: E402
 from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
 from ppo.common.run_setup import finish_trainer_run  # noqa: E402
@@ -72,6 +73,10 @@ class DPOTrainingArguments(TrainingArguments):
     sft_loss_ratio: float = field(
         default=0.0, metadata={"help": "Weight of the NLL of the chosen answers (token mean) added to the preference loss."}
     )
+    pref_loss_ratio: float = field(
+        default=1.0, metadata={"help": "Weight of the preference loss (PaddleNLP: loss = pref_loss_ratio * pref + sft_loss_ratio * NLL)."}
+    )
+    dpop_lambda: float = field(default=50.0, metadata={"help": "dpop: weight of the penalty max(0, ref_c - pi_c) (PaddleNLP default 50)."})
     reference_free: bool = field(
         default=False, metadata={"help": "sigmoid/ipo/hinge against a uniform reference (log-probs 0): no reference model."}
     )
@@ -92,6 +97,12 @@ class DPOTrainingArguments(TrainingArguments):
             raise ValueError(f"label_smoothing must lie in [0, 0.5), got {self.label_smoothing}")
         if self.label_smoothing and self.loss_type not in ("sigmoid", "simpo"):
             raise ValueError(f"label_smoothing applies to sigmoid and simpo only, not {self.loss_type!r}")
+        if self.pref_loss_ratio < 0:
+            raise ValueError(f"pref_loss_ratio must be >= 0, got {self.pref_loss_ratio}")
+        if self.pref_loss_ratio == 0 and self.sft_loss_ratio == 0:
+            raise ValueError("pref_loss_ratio and sft_loss_ratio are both 0: nothing to train")
+        if self.loss_type in PAIR_LOSS_TYPES and self.reference_free:
+            raise ValueError(f"{self.loss_type} needs a reference model; reference_free applies to sigmoid, ipo and hinge")
         if self.sft_loss_ratio < 0:
             raise ValueError(f"sft_loss_ratio must be >= 0, got {self.sft_loss_ratio}")
         if self.loss_type == "orpo" and self.sft_loss_ratio:

@@ -94,7 +94,7 @@ def translate_keys(data, valid, where, problems):
     renamed_from = {}
     for key, value in data.items():
         if key in valid:
-            out[key] = value
+            out[key] = pk.VALUE_ALIASES.get(key, {}).get(value, value) if isinstance(value, str) else value
             continue
         problem = key_problem(key, value, valid, where)
         if problem:

@@ -55,6 +55,10 @@ RENAMED = {
 }
 
 
+VALUE_ALIASES = {"loss_type": {"or": "orpo"}}
+"""PaddleNLP values of our own keys that have another name here (DPO `loss_type: or`)."""
+
+
 def extra_mapped_keys(paddlenlp_key, value, valid):
     """Further keys a renamed key sets: `dataset_name_or_path` also gives `eval_datasets`
     when the directory has a dev.json."""
