@@ -461,3 +461,75 @@ def test_max_steps_minus_one_trains_the_epoch(tiny_model_dir, tmp_path, post_onl
     assert trainer.max_steps == math.ceil(10 / 4) == 3
     trainer.train()
     assert [r["step"] for r in metrics(out) if "objective/scores" in r] == [1, 2, 3]
+
+
+def trainer_sizes(out):
+    return [
+        "--output_dir", out, "--logging_dir", f"{out}/vdl", "--max_steps", "2", "--logging_steps", "1",
+        "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1", "--per_device_eval_batch_size", "8",
+        "--warmup_steps", "0", "--evaluation_strategy", "no", "--do_eval", "false", "--save_strategy", "no",
+        "--load_best_model_at_end", "false", "--unified_checkpoint", "false",
+    ]
+
+
+def check_two_steps(out, loss_key):
+    rows = [r for r in metrics(out) if loss_key in r]
+    assert rows and max(r["step"] for r in rows) == 2 and all(np.isfinite(r[loss_key]) for r in rows)
+
+
+def test_sft_file_runs_on_a_dataset_directory(tiny_model_dir, tiny_data_dir, tmp_path):
+    from sft.run_sft import main
+
+    data_dir = tmp_path / "data"  # PaddleNLP's layout: DIR/train.json and DIR/dev.json, src/tgt lines
+    data_dir.mkdir()
+    (data_dir / "train.json").write_text(open(f"{tiny_data_dir}/sft.jsonl").read())
+    (data_dir / "dev.json").write_text(open(f"{tiny_data_dir}/test.jsonl").read())
+    out = str(tmp_path / "sft")
+    main([fixture("llama/sft_argument.json"), *CPU_OVERRIDES, *trainer_sizes(out), "--model_name_or_path", tiny_model_dir,
+          "--dataset_name_or_path", str(data_dir), "--src_length", "48", "--max_length", "96"])
+    check_two_steps(out, "loss/sft")
+    resolved = json.load(open(f"{out}/resolved_arguments.json"))
+    assert resolved["DataArgument"]["eval_datasets"] == [f"Jsonfile:1:{data_dir}/dev.json"]
+    assert resolved["DataArgument"]["max_prompt_len"] == 48
+
+
+def test_rm_file_runs(tiny_model_dir, tiny_data_dir, tmp_path):
+    from rm.run_reward import main
+
+    out = str(tmp_path / "rm")
+    main([fixture("llama/rm_argument.json"), *CPU_OVERRIDES, *trainer_sizes(out), "--model_name_or_path", tiny_model_dir,
+          "--train_datasets", f"PKU-SafeRLHF-30K/train:1:{tiny_data_dir}/preference.jsonl",
+          "--eval_datasets", f"PKU-SafeRLHF-30K/test:1:{tiny_data_dir}/preference_eval.jsonl", "--max_length", "96"])
+    check_two_steps(out, "rm/loss")
+
+
+def paddlenlp_dpo_file(tiny_data_dir, path):
+    """The tiny PKU-SafeRLHF-schema pairs rewritten in PaddleNLP's DPO format."""
+    records = []
+    for line in open(f"{tiny_data_dir}/preference.jsonl"):
+        r = json.loads(line)
+        if not (r["response_0"].strip() and r["response_1"].strip()):
+            continue  # PaddleNLP refuses empty responses too
+        sort = [1, 0] if r["better_response_id"] == 0 else [0, 1]
+        records.append({"src": [r["prompt"]], "tgt": [], "response": [r["response_0"], r["response_1"]], "sort": sort})
+    return write_jsonl(path, records)
+
+
+@pytest.mark.parametrize(
+    "name, flags, loss_key",
+    [
+        ("llama/dpo_argument.json", ["--pref_loss_ratio", "0.5", "--sft_loss_ratio", "0.5"], "loss/sft"),
+        ("qwen/dpo_lora_argument.json", ["--lora_rank", "4"], "loss/dpo"),
+        ("llama/simpo_argument.json", [], "loss/dpo"),
+        ("llama/kto_argument.json", ["--loss_type", "kto"], "kto/kl"),
+        ("qwen/dpo_argument.json", ["--loss_type", "dpop", "--dpop_lambda", "5"], "loss/dpo"),
+    ],
+)
+def test_dpo_family_files_run(name, flags, loss_key, tiny_model_dir, tiny_data_dir, tmp_path):
+    from dpo.run_dpo import main
+
+    data = paddlenlp_dpo_file(tiny_data_dir, tmp_path / "train.jsonl")
+    out = str(tmp_path / "dpo")
+    main([fixture(name), *CPU_OVERRIDES, *trainer_sizes(out), "--model_name_or_path", tiny_model_dir,
+          "--train_dataset_path", data, "--dev_dataset_path", data, "--max_seq_len", "96", "--max_prompt_len", "48", *flags])
+    check_two_steps(out, loss_key)
