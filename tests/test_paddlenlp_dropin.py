@@ -533,3 +533,17 @@ def test_dpo_family_files_run(name, flags, loss_key, tiny_model_dir, tiny_data_d
     main([fixture(name), *CPU_OVERRIDES, *trainer_sizes(out), "--model_name_or_path", tiny_model_dir,
           "--train_dataset_path", data, "--dev_dataset_path", data, "--max_seq_len", "96", "--max_prompt_len", "48", *flags])
     check_two_steps(out, loss_key)
+
+
+def test_readme_section_covers_the_key_table():
+    from ppo.models.loading import GPU_ONLY_SWITCHES
+
+    text = open(os.path.join(ROOT, "README.md")).read()
+    section = text[text.index("## Coming from PaddleNLP"):text.index("## Arguments")]
+    keys = [*pk.RENAMED, *pk.FIXED_VALUE, *pk.UNSUPPORTED, *GPU_ONLY_SWITCHES, *pk.VALUE_ALIASES]
+    keys += ["recompute", "critic_recompute", "recompute_granularity", "critic_recompute_granularity", "rslora_plus",
+             "pref_loss_ratio", "dpop_lambda", "kto_pair", "sppo_hard", "nca_pair", "dpop", "tensor_parallel_output"]
+    missing = [k for k in keys if f"`{k}" not in section]
+    assert not missing, f"README 'Coming from PaddleNLP' lacks {missing}"
+    for paddlenlp_value, ours in pk.RL_ALGORITHMS.items():
+        assert f"`{paddlenlp_value}`" in section and f"`{ours}`" in section
