@@ -202,6 +202,14 @@ def test_one_error_lists_every_bad_key_with_its_own_hint(tmp_path):
     assert "num_return_sequences" not in message and "lazy" not in message and "frobnicate'" in message
 
 
+def test_a_mapped_key_where_its_target_is_missing_gets_no_misleading_hint(tmp_path):
+    with pytest.raises(ArgumentError) as info:
+        parse_arguments(entry_classes("sft"), ["--output_dir", str(tmp_path), "--num_return_sequences", "4"])
+    message = str(info.value)
+    assert "'num_return_sequences' is PaddleNLP's name for 'rollout_n'" in message and "which this entry point does not have" in message
+    assert "did you mean" not in message
+
+
 def test_mapped_keys_work_on_the_command_line_and_conflicts_are_errors(tmp_path):
     _, _, train = parse_arguments(
         entry_classes("grpo"), ["--output_dir", str(tmp_path), "--rl_algorithm", "reinforce_plus_plus", "--num_return_sequences", "3"]

@@ -52,8 +52,11 @@ def unknown_key_message(key, valid, where):
 
 def key_problem(key, value, valid, where):
     """None when `key` (not a field) is usable here, else the message saying why not."""
-    if key in pk.RENAMED and pk.RENAMED[key][0] in valid:
-        return None
+    if key in pk.RENAMED:
+        target, _, what = pk.RENAMED[key]
+        if target in valid:
+            return None
+        return f"{where}: '{key}' is PaddleNLP's name for '{target}' ({what}), which this entry point does not have"
     if key in pk.FIXED_VALUE:
         if pk.fixed_value_matches(key, value):
             return None
