@@ -555,3 +555,37 @@ def test_readme_section_covers_the_key_table():
     assert not missing, f"README 'Coming from PaddleNLP' lacks {missing}"
     for paddlenlp_value, ours in pk.RL_ALGORITHMS.items():
         assert f"`{paddlenlp_value}`" in section and f"`{ours}`" in section
+
+
+def test_enable_recompute_recomputes_and_keeps_gradients(tiny_model_dir, monkeypatch):
+    import paddle
+    from paddlenlp.transformers.llama import modeling
+
+    from ppo.models.loading import enable_recompute, load_causal_lm, set_dropout_off
+
+    paddle.seed(3)
+    model = set_dropout_off(load_causal_lm(tiny_model_dir))
+    model.train()
+    ids = paddle.to_tensor([[3, 5, 7, 9, 11, 13]], dtype="int64")
+
+    def grads():
+        model.clear_gradients()
+        loss = model(input_ids=ids, labels=ids, return_dict=True).loss
+        loss.backward()
+        return {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
+
+    plain = grads()
+    calls = []
+    original = modeling.LlamaModel.recompute_training_full
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(modeling.LlamaModel, "recompute_training_full", counting)
+    assert enable_recompute(model, "full") >= 1
+    recomputed = grads()
+    assert calls, "the decoder layers were not recomputed"
+    assert plain.keys() == recomputed.keys() and plain
+    for name in plain:
+        np.testing.assert_allclose(recomputed[name], plain[name], rtol=1e-5, atol=1e-7, err_msg=name)

@@ -94,7 +94,6 @@ def translate_keys(data, valid, where, problems):
     """`data` with PaddleNLP keys renamed to ours (values translated); accepted fixed-value
     keys dropped; every unusable key appended to `problems`."""
     out = {}
-    renamed_from = {}
     for key, value in data.items():
         if key in valid:
             out[key] = pk.VALUE_ALIASES.get(key, {}).get(value, value) if isinstance(value, str) else value
@@ -115,7 +114,6 @@ def translate_keys(data, valid, where, problems):
             problems.append(f"{where}: '{key}' (PaddleNLP's name for '{target}') conflicts with '{target}' given too")
             continue
         out[target] = new_value
-        renamed_from[target] = key
         if value is not None:
             for extra_key, extra_value in pk.extra_mapped_keys(key, value, valid).items():
                 out.setdefault(extra_key, extra_value)
