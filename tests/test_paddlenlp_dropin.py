@@ -589,3 +589,24 @@ def test_enable_recompute_recomputes_and_keeps_gradients(tiny_model_dir, monkeyp
     assert plain.keys() == recomputed.keys() and plain
     for name in plain:
         np.testing.assert_allclose(recomputed[name], plain[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_gpu_only_switches_log_once_on_cpu_and_act_on_cuda(caplog):
+    import types
+
+    from ppo.models import loading
+
+    args = types.SimpleNamespace(use_fused_rms_norm=True, use_fused_rope=False, use_fused_head_and_loss_fn=False,
+                                 fused_linear=True, use_fused_linear=False, flash_mask=False, use_flash_attention=False)
+    loading._logged_switches.clear()
+    with caplog.at_level("WARNING", logger="ppo.models.loading"):
+        assert loading.gpu_switch_overrides(args, cuda=False) == {}
+        assert loading.gpu_switch_overrides(args, cuda=False) == {}
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2  # once per switch that is on, however often models load
+    assert any(ln.startswith("use_fused_rms_norm: this is a CPU build") and "fuse RMSNorm" in ln for ln in lines)
+    args.fused_linear = False
+    assert loading.gpu_switch_overrides(args, cuda=True) == {"use_fused_rms_norm": True}
+    args.flash_mask = True
+    with pytest.raises(ValueError, match="flash_mask .* is not implemented by the trainers here"):
+        loading.gpu_switch_overrides(args, cuda=True)

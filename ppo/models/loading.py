@@ -109,6 +109,9 @@ def gpu_switch_overrides(model_args, cuda=None):
 
     cuda = paddle.is_compiled_with_cuda() if cuda is None else cuda
     overrides = {}
+    if getattr(model_args, "use_flash_attention", False) and not cuda and "use_flash_attention" not in _logged_switches:
+        _logged_switches.add("use_flash_attention")
+        logger.warning("use_flash_attention: this is a CPU build of Paddle; attention runs Paddle's CPU kernels (no flash attention)")
     for name, does in GPU_ONLY_SWITCHES.items():
         if not getattr(model_args, name, False):
             continue
