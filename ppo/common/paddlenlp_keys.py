@@ -47,9 +47,11 @@ RENAMED = {
     "num_return_sequences": ("rollout_n", _same, "samples per prompt"),
     "critic_model_name_or_path": ("reward_critic_model_name_or_path", _same, "critic initialisation"),
     "max_seq_len": ("max_length", _same, "longest prompt+answer in tokens"),
-    "train_dataset_path": ("train_datasets", _dpo_dataset, f"a PaddleNLP DPO/KTO jsonl file, read as `{PADDLENLP_DPO_DATASET}:1:PATH`"),
-    "dev_dataset_path": ("eval_datasets", _dpo_dataset, f"a PaddleNLP DPO/KTO jsonl file, read as `{PADDLENLP_DPO_DATASET}:1:PATH`"),
-    "dataset_name_or_path": ("train_datasets", _sft_train, "directory with train.json (and dev.json: eval_datasets) of `src`/`tgt` lines, read as `Jsonfile:1:DIR/train.json`"),
+    "train_dataset_path": ("train_datasets", _dpo_dataset, f"a PaddleNLP DPO jsonl file, read as {PADDLENLP_DPO_DATASET}:1:PATH"),
+    "dev_dataset_path": ("eval_datasets", _dpo_dataset, f"a PaddleNLP DPO jsonl file, read as {PADDLENLP_DPO_DATASET}:1:PATH"),
+    "dataset_name_or_path": (
+        "train_datasets", _sft_train, "a directory with train.json (and dev.json) of src/tgt lines, read as Jsonfile"
+    ),
     "src_length": ("max_prompt_len", _same, "longest prompt in tokens; longer prompts keep their last tokens"),
     "lora": ("use_lora", _same, "train a LoRA adapter"),
 }
