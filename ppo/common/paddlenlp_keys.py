@@ -7,8 +7,9 @@ dataclasses are read as they are; the rest fall in one of these groups:
 - `RENAMED`: the same setting under our name (`rl_algorithm` -> `adv_estimator`),
   with its values translated where they differ. A renamed key applies only where
   its target is a field of the entry point (`max_seq_len` -> `max_length`).
-- `FIXED_VALUE`: a PaddleNLP switch whose PaddleNLP default is what we do; the key is
-  accepted with that value and refused with any other, saying what it would do.
+- `FIXED_VALUE`: a PaddleNLP switch at the value the trainers here always run with
+  (mostly PaddleNLP's default); the key is accepted with that value and refused with
+  any other, saying what it would do.
 - `UNSUPPORTED`: PaddleNLP features with no implementation here; refused with one
   line on what the key does in PaddleNLP.
 
@@ -82,6 +83,8 @@ FIXED_VALUE = {
     "global_gen_batch_size": (-1, "a separate generation batch for DAPO dynamic sampling"),
     "global_mini_batch_size": (-1, "splits each rollout batch into several optimiser mini-batches"),
     "pg_loss_coeff": (1.0, "scales the policy-gradient loss"),
+    "entropy_coeff": (0.0, "adds an entropy bonus to the policy loss"),
+    "use_fp32_compute": (True, "false computes log-probs, advantages and losses in the bf16/fp16 training dtype"),
     "enable_overlong_reward_buffer": (False, "DAPO soft penalty for responses near max_dec_len"),
     "overlong_reward_buffer": (None, "length of the DAPO overlong buffer (inert while enable_overlong_reward_buffer is false)"),
     "overlong_penalty_factor": (None, "DAPO overlong penalty factor (inert while enable_overlong_reward_buffer is false)"),
@@ -99,8 +102,6 @@ UNSUPPORTED = {
     "per_device_logprob_batch_size": "micro-batch of the log-prob forward passes",
     "per_device_reward_batch_size": "micro-batch of the reward model's forward passes",
     "per_device_value_batch_size": "micro-batch of the critic's forward passes",
-    "entropy_coeff": "adds an entropy bonus to the policy loss",
-    "use_fp32_compute": "computes log-probs, rewards, advantages and losses in float32 under bf16 training",
     "use_rule_reward": "scores GSM8K answers with a built-in rule instead of a reward model",
 }
 
