@@ -608,3 +608,26 @@ def test_gpu_only_switches_log_once_on_cpu_and_act_on_cuda(caplog):
     args.flash_mask = True
     with pytest.raises(ValueError, match="flash_mask .* is not implemented by the trainers here"):
         loading.gpu_switch_overrides(args, cuda=True)
+
+
+def test_reinforce_plus_plus_yaml_runs_without_its_unsupported_keys(tiny_model_dir, tiny_data_dir, post_only_server, tmp_path):
+    import yaml
+
+    from ppo.run_ppo import build_trainer
+
+    name = "qwen/reinforce_plus_plus_argument.yaml"
+    data = yaml.safe_load(open(fixture(name)))
+    for key in YAML_UNSUPPORTED[name]:
+        data.pop(key)
+    path = tmp_path / "rpp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = str(tmp_path / "rpp")
+    trainer = build_trainer([
+        str(path), *CPU_OVERRIDES, *rl_sizes(out), "--sequence_parallel", "false", "--rollout_n", "2", "--min_dec_len", "1",
+        "--actor_model_name_or_path", tiny_model_dir, "--reward_server", post_only_server.address,
+        "--train_datasets", f"{tiny_data_dir}/prompts.jsonl", "--eval_datasets", f"{tiny_data_dir}/test.jsonl",
+    ])
+    assert trainer.args.adv_estimator == "reinforce_pp" and not trainer.args.dataloader_shuffle and trainer.args.recompute
+    trainer.train()
+    rows = [r for r in metrics(out) if "objective/scores" in r]
+    assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["objective/scores"]) for r in rows)
