@@ -1,4 +1,5 @@
-"""The DPO family (DPO, cDPO, IPO, hinge, SimPO, ORPO, KTO, kto_pair, sppo_hard, nca_pair, dpop), full or LoRA, from a flat JSON argument file.
+"""The DPO family (DPO, cDPO, IPO, hinge, SimPO, ORPO, KTO, kto_pair, sppo_hard, nca_pair, dpop),
+full or LoRA, from a JSON or YAML argument file.
 
     python -m paddle.distributed.launch dpo/run_dpo.py config/tiny/dpo_argument.json [--flag value ...]
 
@@ -161,8 +162,11 @@ def build_trainer(model_args, data_args, training_args):
     )
 
 
-def main(argv=None):
-    model_args, data_args, training_args = parse_arguments((ModelArgument, DataArgument, DPOTrainingArguments), argv)
+def main(argv=None, training_arguments=None):
+    """Parse `argv` (default `sys.argv[1:]`) and train; `training_arguments` replaces
+    `DPOTrainingArguments` (e.g. `dpo/run_kto.py`'s, whose `loss_type` defaults to kto)."""
+    classes = (ModelArgument, DataArgument, training_arguments or DPOTrainingArguments)
+    model_args, data_args, training_args = parse_arguments(classes, argv)
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
     trainer = build_trainer(model_args, data_args, training_args)
     return finish_trainer_run(trainer, training_args, trainer.tokenizer)

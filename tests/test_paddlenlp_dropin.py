@@ -39,8 +39,9 @@ def entry_classes(kind):
 
         return ModelArgument, DataArgument, RewardTrainingArguments
     from dpo.run_dpo import DataArgument, DPOTrainingArguments, ModelArgument
+    from dpo.run_kto import KTOTrainingArguments
 
-    return ModelArgument, DataArgument, DPOTrainingArguments
+    return ModelArgument, DataArgument, KTOTrainingArguments if kind == "kto" else DPOTrainingArguments
 
 
 def parse(name, *flags, tmp="/tmp/paddlenlp-dropin-parse"):
@@ -101,8 +102,8 @@ def test_rm_file_parses():
         ("llama/dpo_argument.json", "sigmoid", 0.1),
         ("qwen/dpo_argument.json", "sigmoid", 0.1),
         ("llama/simpo_argument.json", "simpo", 2.0),
-        ("llama/kto_argument.json", "sigmoid", 0.1),  # PaddleNLP runs it with run_kto; here add --loss_type kto
-        ("qwen/kto_argument.json", "sigmoid", 0.1),
+        ("llama/kto_argument.json", "kto", 0.1),  # dpo/run_kto.py, as PaddleNLP's run_kto.py
+        ("qwen/kto_argument.json", "kto", 0.1),
     ],
 )
 def test_dpo_family_files_parse_with_mapped_keys(name, loss_type, beta):
@@ -114,8 +115,8 @@ def test_dpo_family_files_parse_with_mapped_keys(name, loss_type, beta):
     assert model.recompute_granularity == "full" and not train.recompute
     if name.startswith("llama/simpo"):
         assert train.simpo_gamma == 1.0
-    _, _, train = parse(name, "--loss_type", "kto")
-    assert train.loss_type == "kto"
+    _, _, train = parse(name, "--loss_type", "ipo")
+    assert train.loss_type == "ipo"
 
 
 @pytest.mark.parametrize("name", ["llama/dpo_lora_argument.json", "qwen/dpo_lora_argument.json"])
@@ -527,12 +528,14 @@ def paddlenlp_dpo_file(tiny_data_dir, path):
         ("llama/dpo_argument.json", ["--pref_loss_ratio", "0.5", "--sft_loss_ratio", "0.5"], "loss/sft"),
         ("qwen/dpo_lora_argument.json", ["--lora_rank", "4"], "loss/dpo"),
         ("llama/simpo_argument.json", [], "loss/dpo"),
-        ("llama/kto_argument.json", ["--loss_type", "kto"], "kto/kl"),
+        ("llama/kto_argument.json", [], "kto/kl"),
         ("qwen/dpo_argument.json", ["--loss_type", "dpop", "--dpop_lambda", "5"], "loss/dpo"),
     ],
 )
 def test_dpo_family_files_run(name, flags, loss_key, tiny_model_dir, tiny_data_dir, tmp_path):
-    from dpo.run_dpo import main
+    from dpo import run_dpo, run_kto
+
+    main = run_kto.main if "kto_argument" in name else run_dpo.main
 
     data = paddlenlp_dpo_file(tiny_data_dir, tmp_path / "train.jsonl")
     out = str(tmp_path / "dpo")
