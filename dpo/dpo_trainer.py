@@ -1,5 +1,6 @@
 """The DPO family on the PaddleNLP `Trainer`: DPO (sigmoid / cDPO), IPO, hinge (SLiC),
-SimPO, ORPO and KTO, with the loss math of `ppo/algos/preference.py`.
+SimPO, ORPO, KTO and PaddleNLP's kto_pair, sppo_hard, nca_pair and dpop, with the loss
+math of `ppo/algos/preference.py`.
 
 One training step on a `PreferenceDataset` batch of B pairs:
 
@@ -10,8 +11,9 @@ One training step on a `PreferenceDataset` batch of B pairs:
    frozen reference model, or through the policy itself with its LoRA adapter
    disabled (`use_lora`: one copy of the base weights). SimPO, ORPO and
    `reference_free` need no reference;
-3. the preference loss (`dpo_loss`, or `kto_loss` for KTO; logged as `loss/dpo`,
-   ORPO's own NLL term included, `beta` being ORPO's lambda), plus
+3. the preference loss (`dpo_loss`, `pair_loss`, or `kto_loss` for KTO; logged as
+   `loss/dpo`, ORPO's own NLL term included, `beta` being ORPO's lambda) times
+   `pref_loss_ratio`, plus
    `sft_loss_ratio * NLL` of the chosen answers (token mean, `loss/sft`) when asked;
 4. the detached statistics are summed on device and averaged into the next
    Trainer log (one host transfer per log, reduced across ranks there).
@@ -39,11 +41,12 @@ from ppo.algos import (
     masked_sum,
     token_logprobs,
 )
+from ppo.algos.preference import PAIR_LOSS_TYPES, pair_loss
 from ppo.data import IGNORE_INDEX, right_padding
 from ppo.evaluation import GenerationEvalMixin
 from sft.sft_trainer import causal_lm_logits
 
-LOSS_TYPES = DPO_LOSS_TYPES + ("kto",)
+LOSS_TYPES = DPO_LOSS_TYPES + PAIR_LOSS_TYPES + ("kto",)
 REFERENCE_FREE_TYPES = ("simpo", "orpo")
 
 
@@ -193,6 +196,10 @@ class DPOTrainer(GenerationEvalMixin, Trainer):
             )
             ratio = (logps - ref).detach()  # pairs share the prompt: accuracy per pair
             stats["rewards/accuracies"] = (ratio[:B] > ratio[B:]).astype("float32").mean()
+        elif args.loss_type in PAIR_LOSS_TYPES:
+            loss, stats = pair_loss(
+                logps[:B], logps[B:], ref[:B], ref[B:], beta=args.beta, loss_type=args.loss_type, dpop_lambda=args.dpop_lambda
+            )
         else:
             loss, stats = dpo_loss(
                 logps[:B],
@@ -209,6 +216,8 @@ class DPOTrainer(GenerationEvalMixin, Trainer):
                 policy_chosen_nll=nll if args.loss_type == "orpo" else None,
             )
         stats["loss/dpo"] = loss.detach()
+        if args.pref_loss_ratio != 1.0:
+            loss = args.pref_loss_ratio * loss  # PaddleNLP's DPOCriterion: pref_loss_ratio * preference loss
         stats["logps/chosen"] = logps[:B].detach().mean()
         stats["logps/rejected"] = logps[B:].detach().mean()
         # 4. NLL on the chosen answers

@@ -1,4 +1,5 @@
-"""The DPO family (DPO, cDPO, IPO, hinge, SimPO, ORPO, KTO), full or LoRA, from a flat JSON argument file.
+"""The DPO family (DPO, cDPO, IPO, hinge, SimPO, ORPO, KTO, kto_pair, sppo_hard, nca_pair, dpop),
+full or LoRA, from a JSON or YAML argument file.
 
     python -m paddle.distributed.launch dpo/run_dpo.py config/tiny/dpo_argument.json [--flag value ...]
 
@@ -21,6 +22,7 @@ from typing import List, Optional  # noqa: E402
 from paddlenlp.trainer import TrainingArguments  # noqa: E402
 
 from dpo.dpo_trainer import LOSS_TYPES, DPOTrainer, KTOCollator, needs_reference  # noqa: E402
+from ppo.algos.preference import PAIR_LOSS_TYPES  # noqa: E402
 from ppo.common.args_common import DatasetArguments, DivergenceArguments, ModelCommonArguments, split_specs  # noqa: E402
 from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
 from ppo.common.run_setup import finish_trainer_run  # noqa: E402
@@ -55,6 +57,9 @@ class DataArgument(DatasetArguments):
         metadata={"help": "Prompt datasets with reference answers (e.g. Jsonfile with tgt) for greedy exact-match evaluation."},
     )
     eval_max_new_tokens: int = field(default=32, metadata={"help": "Generation length for held-out exact-match evaluation."})
+    max_prompt_len: Optional[int] = field(
+        default=None, metadata={"help": "Prompts longer than this many tokens keep their last ones (as PaddleNLP); none: whole."}
+    )
 
 
 @dataclass
@@ -70,6 +75,10 @@ class DPOTrainingArguments(DivergenceArguments, TrainingArguments):
     sft_loss_ratio: float = field(
         default=0.0, metadata={"help": "Weight of the NLL of the chosen answers (token mean) added to the preference loss."}
     )
+    pref_loss_ratio: float = field(
+        default=1.0, metadata={"help": "Weight of the preference loss (PaddleNLP: loss = pref_loss_ratio * pref + sft_loss_ratio * NLL)."}
+    )
+    dpop_lambda: float = field(default=50.0, metadata={"help": "dpop: weight of the penalty max(0, ref_c - pi_c) (PaddleNLP default 50)."})
     reference_free: bool = field(
         default=False, metadata={"help": "sigmoid/ipo/hinge against a uniform reference (log-probs 0): no reference model."}
     )
@@ -90,6 +99,12 @@ class DPOTrainingArguments(DivergenceArguments, TrainingArguments):
             raise ValueError(f"label_smoothing must lie in [0, 0.5), got {self.label_smoothing}")
         if self.label_smoothing and self.loss_type not in ("sigmoid", "simpo"):
             raise ValueError(f"label_smoothing applies to sigmoid and simpo only, not {self.loss_type!r}")
+        if self.pref_loss_ratio < 0:
+            raise ValueError(f"pref_loss_ratio must be >= 0, got {self.pref_loss_ratio}")
+        if self.pref_loss_ratio == 0 and self.sft_loss_ratio == 0:
+            raise ValueError("pref_loss_ratio and sft_loss_ratio are both 0: nothing to train")
+        if self.loss_type in PAIR_LOSS_TYPES and self.reference_free:
+            raise ValueError(f"{self.loss_type} needs a reference model; reference_free applies to sigmoid, ipo and hinge")
         if self.sft_loss_ratio < 0:
             raise ValueError(f"sft_loss_ratio must be >= 0, got {self.sft_loss_ratio}")
         if self.loss_type == "orpo" and self.sft_loss_ratio:
@@ -107,7 +122,7 @@ def build_trainer(model_args, data_args, training_args):
     tokenizer = load_tokenizer(path)
     model = load_causal_lm(path, **extra)
     if model_args.use_lora and not is_lora_model(model):
-        model = apply_lora(model, model_args.lora_rank, model_args.lora_alpha, model_args.lora_target_modules, path)
+        model = apply_lora(model, base_model_name_or_path=path, **model_args.lora_settings())
     set_dropout_off(model)
     # the reference: none for SimPO/ORPO/reference_free; a LoRA policy with its adapter off; else a frozen copy
     ref_model = None
@@ -115,9 +130,15 @@ def build_trainer(model_args, data_args, training_args):
         ref_model = load_reference(model, path, model_args.ref_model_name_or_path, training_dtype(training_args), **extra)
 
     data_kwargs = data_args.dataset_kwargs(tokenizer, training_args.seed)
-    train_dataset = PreferenceDataset(split_specs(data_args.train_datasets), max_length=data_args.max_length, **data_kwargs)
+    train_dataset = PreferenceDataset(
+        split_specs(data_args.train_datasets), max_length=data_args.max_length, truncate_prompt_to=data_args.max_prompt_len, **data_kwargs
+    )
     eval_specs = split_specs(data_args.eval_datasets)
-    eval_dataset = PreferenceDataset(eval_specs, max_length=data_args.max_length, **data_kwargs) if eval_specs else None
+    eval_dataset = (
+        PreferenceDataset(eval_specs, max_length=data_args.max_length, truncate_prompt_to=data_args.max_prompt_len, **data_kwargs)
+        if eval_specs
+        else None
+    )
     gen_specs = split_specs(data_args.eval_generation_datasets)
     eval_prompts = None
     if gen_specs and training_args.eval_with_do_generation:
@@ -142,8 +163,11 @@ def build_trainer(model_args, data_args, training_args):
     )
 
 
-def main(argv=None):
-    model_args, data_args, training_args = parse_arguments((ModelArgument, DataArgument, DPOTrainingArguments), argv)
+def main(argv=None, training_arguments=None):
+    """Parse `argv` (default `sys.argv[1:]`) and train; `training_arguments` replaces
+    `DPOTrainingArguments` (e.g. `dpo/run_kto.py`'s, whose `loss_type` defaults to kto)."""
+    classes = (ModelArgument, DataArgument, training_arguments or DPOTrainingArguments)
+    model_args, data_args, training_args = parse_arguments(classes, argv)
     if not model_args.model_name_or_path:
         raise ValueError("model_name_or_path is required")
     validate_run(

@@ -3,15 +3,17 @@
 Defaults live here only; every field has a help; nothing is rewritten after
 `__post_init__` validates it.
 """
+import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
 from paddlenlp.trainer import TrainingArguments
 
 from .algos import ADV_ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES, get_adv_estimator
-from .common.args_common import DatasetArguments, DivergenceArguments, ModelCommonArguments
+from .common.args_common import RECOMPUTE_GRANULARITIES, DatasetArguments, DivergenceArguments, ModelCommonArguments
 from .common.validation import check_sizes
 
+DEFAULT_RULE_SCORER = "math"
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "kl", "mse", "low_var_kl")
 EVAL_MODES = ("", "single", "tensor_parallel")
 
@@ -43,7 +45,8 @@ class ModelArgument(ModelCommonArguments):
         default=False, metadata={"help": "Score with rule scorers (ppo/scorers.py) in the trainer process, no server or reward model."}
     )
     rule_reward_scorers: str = field(
-        default="", metadata={"help": "use_rule_reward: comma-separated scorer names or module:function, e.g. kk,math."}
+        default="",
+        metadata={"help": "use_rule_reward: comma-separated scorer names or module:function, e.g. kk,math; empty: math (as PaddleNLP's GSM8K rule)."},
     )
     rule_reward_weights: str = field(
         default="", metadata={"help": "use_rule_reward: comma-separated weight per scorer (default 1 each); score = weighted sum."}
@@ -59,7 +62,7 @@ class ModelArgument(ModelCommonArguments):
                     "choose one source of scores"
                 )
             if not self.rule_reward_scorers:
-                raise ValueError("use_rule_reward needs rule_reward_scorers (e.g. 'reverse' or 'kk,math')")
+                self.rule_reward_scorers = DEFAULT_RULE_SCORER  # PaddleNLP's use_rule_reward scores GSM8K answers
             from .scorers import parse_scorer_list
 
             parse_scorer_list(self.rule_reward_scorers, self.rule_reward_weights)  # bad lists / weights fail here
@@ -122,7 +125,11 @@ class PPOTrainingArguments(DivergenceArguments, TrainingArguments):
         default=False, metadata={"help": "Leave responses without EOS out of every loss (TRL)."}
     )
     normalize_reward: bool = field(default=False, metadata={"help": "Normalise scores with running statistics."})
-    normalize_advantage: bool = field(default=True, metadata={"help": "Whiten advantages over response tokens."})
+    normalize_advantage: Optional[bool] = field(
+        default=None,
+        metadata={"help": "Whiten advantages over the batch's response tokens after the estimator (as PaddleNLP, for every "
+                  "estimator); None: true for gae, false for the others."},
+    )
     gamma: float = field(default=1.0, metadata={"help": "Discount factor."})
     gae_lambda: float = field(default=0.95, metadata={"help": "GAE lambda."})
     scale_reward_std: bool = field(default=True, metadata={"help": "GRPO: divide group advantages by the group std (False: Dr.GRPO)."})
@@ -158,6 +165,14 @@ class PPOTrainingArguments(DivergenceArguments, TrainingArguments):
     eval_max_new_tokens: int = field(default=0, metadata={"help": "Generation length in evaluation (0: max_dec_len)."})
     eval_mode: str = field(default="", metadata={"help": "Evaluation model layout: '' (as training) | single | tensor_parallel."})
     offload_level: str = field(default="", metadata={"help": "Space-separated: freeze_model optimizer train_model (GPU memory)."})
+    # PaddleNLP switches
+    critic_recompute: bool = field(default=False, metadata={"help": "Activation recompute in the critic (recompute: the actor)."})
+    critic_recompute_granularity: str = field(
+        default="full", metadata={"help": "What critic_recompute recomputes: full | full_attn | core_attn."}
+    )
+    dataloader_shuffle: bool = field(
+        default=True, metadata={"help": "Draw the prompts of each epoch in a seeded random order (False: file order)."}
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -184,11 +199,8 @@ class PPOTrainingArguments(DivergenceArguments, TrainingArguments):
             )
         if self.dynamic_sampling and not estimator.per_group:
             raise ValueError(f"dynamic_sampling drops zero-variance groups; adv_estimator {self.adv_estimator} has no groups")
-        if self.normalize_advantage and not estimator.whitens:
-            raise ValueError(
-                f"normalize_advantage whitens the advantages of {[n for n, e in ADV_ESTIMATORS.items() if e.whitens]}; "
-                f"{self.adv_estimator} advantages are used as computed: set normalize_advantage false"
-            )
+        if self.normalize_advantage is None:
+            self.normalize_advantage = estimator.whitens
         if self.kl_clamp is not None:
             if not self.kl_clamp > 0:
                 raise ValueError(f"kl_clamp must be positive, got {self.kl_clamp}")
@@ -211,6 +223,14 @@ class PPOTrainingArguments(DivergenceArguments, TrainingArguments):
                 f"per_device_prompt_batch_size*rollout_n ({rollout}) must be a multiple of "
                 f"per_device_train_batch_size*gradient_accumulation_steps ({micro})"
             )
+        if self.max_steps == 0:
+            raise ValueError("max_steps 0 would train no step; give a positive max_steps, or -1 with num_train_epochs")
+        if self.max_steps < 0 and self.num_train_epochs <= 0:
+            raise ValueError(f"max_steps -1 trains num_train_epochs epochs, which must be > 0, got {self.num_train_epochs}")
+        if self.critic_recompute_granularity not in RECOMPUTE_GRANULARITIES:
+            raise ValueError(
+                f"critic_recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, got {self.critic_recompute_granularity!r}"
+            )
         if self.pipeline_parallel_degree > 1:
             raise ValueError("pipeline_parallel_degree > 1 is not supported by the PPO trainer yet; use sharding or tensor parallel")
 
@@ -227,3 +247,20 @@ class PPOTrainingArguments(DivergenceArguments, TrainingArguments):
     def loss_scale(self):
         """The constant of `seq-mean-token-sum-norm`: `loss_scale_factor`, else `max_dec_len`."""
         return self.loss_scale_factor or self.max_dec_len
+
+    def total_steps(self, num_prompts, world_size):
+        """Training steps of the run: `max_steps` when > 0, else (PaddleNLP's -1) `num_train_epochs`
+        epochs of `ceil(num_prompts / global prompt batch)` steps (floor with `dataloader_drop_last`),
+        where the global prompt batch is `per_device_prompt_batch_size * world_size`.
+        Raises ValueError when that is zero steps."""
+        if self.max_steps > 0:
+            return self.max_steps
+        global_batch = self.per_device_prompt_batch_size * world_size
+        per_epoch = num_prompts // global_batch if self.dataloader_drop_last else -(-num_prompts // global_batch)
+        total = math.ceil(per_epoch * self.num_train_epochs)
+        if total <= 0:
+            raise ValueError(
+                f"max_steps -1 with num_train_epochs {self.num_train_epochs} over {num_prompts} prompts in global batches of "
+                f"{global_batch} trains no step"
+            )
+        return total

@@ -91,7 +91,7 @@ class PPOTrainer:
         self.nan_streak = 0
         self.gen_batches = 0  # rollout batches drawn so far (unique group ids)
 
-        total = args.max_steps
+        self.max_steps = total = args.total_steps(len(train_dataset), self.world_size)
         self.actor_scheduler = build_scheduler(
             args.lr_scheduler_type, args.learning_rate, args.min_learning_rate, args.warmup_ratio, args.warmup_steps, total
         )
@@ -127,7 +127,9 @@ class PPOTrainer:
             do_sample=True,
         )
         self.reward_normalizer = RunningMeanStd() if args.normalize_reward else None
-        self.sampler = PromptSampler(len(train_dataset), args.per_device_prompt_batch_size, self.rank, self.world_size, args.seed)
+        self.sampler = PromptSampler(
+            len(train_dataset), args.per_device_prompt_batch_size, self.rank, self.world_size, args.seed, shuffle=args.dataloader_shuffle
+        )
         self.ptx_sampler = None
         if ptx_dataset is not None and args.ptx_coeff > 0:
             self.ptx_sampler = PromptSampler(len(ptx_dataset), args.per_device_train_batch_size, self.rank, self.world_size, args.seed + 1)
@@ -305,7 +307,7 @@ class PPOTrainer:
                 exp.rewards, mask, values=exp.values, group_size=args.rollout_n, gamma=args.gamma,
                 gae_lambda=args.gae_lambda, scale_by_std=args.scale_reward_std,
             )
-            if args.normalize_advantage and self.estimator.whitens:
+            if args.normalize_advantage:
                 exp.advantages = masked_whiten(exp.advantages, mask)
         lengths = mask.sum(axis=-1)
         kl_sum = (kl * mask).sum(axis=-1)
@@ -600,23 +602,23 @@ class PPOTrainer:
             keep_rows_up_to(os.path.join(args.output_dir, "samples.jsonl"), self.step)
         if args.eval_steps and self.step == 0 and self.eval_dataset is not None:
             self.tracker.log(self.evaluate(), step=0)
-        bar = tqdm(total=args.max_steps, initial=self.step, desc="ppo", disable=not self.is_main or args.disable_tqdm)
+        bar = tqdm(total=self.max_steps, initial=self.step, desc="ppo", disable=not self.is_main or args.disable_tqdm)
         start = time.time()
-        while self.step < args.max_steps:
+        while self.step < self.max_steps:
             metrics, exp = self.train_step()
             self.step += 1
             bar.update(1)
             bar.set_postfix(score=f"{metrics['objective/scores']:.3f}", len=f"{metrics['response_length/mean']:.1f}")
             diverged = self.step_divergence(metrics)
-            if self.step % args.logging_steps == 0 or self.step == args.max_steps or diverged:
+            if self.step % args.logging_steps == 0 or self.step == self.max_steps or diverged:
                 self.tracker.log(metrics, step=self.step)
             if diverged and args.stop_on_divergence:
                 return self.stop_diverged(diverged)
             if self.is_main and args.num_sample_generations and self.step % args.num_sample_generations == 0:
                 self.log_samples(exp)
-            if args.eval_steps and self.eval_dataset is not None and (self.step % args.eval_steps == 0 or self.step == args.max_steps):
+            if args.eval_steps and self.eval_dataset is not None and (self.step % args.eval_steps == 0 or self.step == self.max_steps):
                 self.tracker.log(self.evaluate(), step=self.step)
-            if args.save_steps and self.step % args.save_steps == 0 and self.step != args.max_steps:
+            if args.save_steps and self.step % args.save_steps == 0 and self.step != self.max_steps:
                 self.save()
         bar.close()
         self.save()

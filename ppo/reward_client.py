@@ -7,7 +7,7 @@ errors, timeouts, HTTP 5xx) with exponential backoff, and otherwise raises
 :class:`RewardServerError` with the URL, the attempts made and the last error.
 
     client = RewardServerClient("http://127.0.0.1:8731", timeout=60, max_retries=3)
-    client.check_health()                         # {"status": "ok", "scorer": "kk"}
+    client.check_health()                         # {"status": "ok", "scorer": "kk"}; a probe without /health
     scores = client.score(src, tgt, response)     # list of finite floats, one per item
 
 Retry policy: ``1 + max_retries`` attempts in all; before retry k (k = 1, 2, ...)
@@ -55,14 +55,26 @@ def _server_message(resp):
     return None, resp.text[:500]
 
 
+def normalize_url(url):
+    """`url` with `http://` added when it has no scheme (`127.0.0.1:8731`, as PaddleNLP's
+    files may give it); ValueError for an empty URL or a scheme other than http(s)."""
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError(f"reward server url must be a non-empty string, got {url!r}")
+    url = url.strip()
+    if "://" not in url:
+        url = "http://" + url
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"reward server url must use http:// or https://, got {url!r}")
+    return url
+
+
 class RewardServerClient:
     """Client of one reward server URL (``http://host:port``; scores are posted to it)."""
 
     def __init__(
         self, url: str, timeout: float = 60.0, max_retries: int = 3, backoff: float = 0.5, session=None, token=None
     ):
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ValueError(f"reward server url must start with http:// or https://, got {url!r}")
+        url = normalize_url(url)
         if timeout <= 0 or max_retries < 0 or backoff < 0:
             raise ValueError(
                 f"need timeout > 0, max_retries >= 0, backoff >= 0; got {timeout}, {max_retries}, {backoff}"
@@ -166,9 +178,20 @@ class RewardServerClient:
             out.append(float(value))
         return out
 
+    PROBE = {"src": ["1 + 1 = ?"], "tgt": ["2"], "response": ["2"]}
+    """The one-item request that checks a server without `/health` (PaddleNLP's contract: only `POST /`)."""
+
     def check_health(self) -> dict:
-        """``GET /health`` (with the same retries); returns its JSON, raises RewardServerError if unhealthy."""
+        """``GET /health`` (with the same retries); returns its JSON, raises RewardServerError if unhealthy.
+
+        A server that has no ``/health`` (HTTP 404 or 405, as one written to PaddleNLP's
+        contract of only ``POST /``) is checked with one probe request scored through
+        :meth:`score` instead; returns ``{"status": "ok", "probe_score": s}`` then."""
         resp = self._request("GET", self.health_url, "health check of")
+        if resp.status_code in (404, 405):
+            logger.info("%s answers HTTP %d: checking the server with one probe request", self.health_url, resp.status_code)
+            (score,) = self.score(self.PROBE["src"], self.PROBE["tgt"], self.PROBE["response"])
+            return {"status": "ok", "probe_score": score}
         try:
             payload = resp.json()
         except ValueError:
@@ -188,4 +211,4 @@ def score_once(url: str, src, tgt, response, **kwargs) -> List[float]:
         return client.score(src, tgt, response)
 
 
-__all__ = ["RewardServerClient", "RewardServerError", "score_once"]
+__all__ = ["RewardServerClient", "RewardServerError", "normalize_url", "score_once"]

@@ -23,7 +23,7 @@ from ppo.common.args_common import split_specs  # noqa: E402
 from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
 from ppo.common.validation import validate_run  # noqa: E402
 from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
-from ppo.models.loading import load_overrides, load_tokenizer, training_dtype  # noqa: E402
+from ppo.models.loading import enable_recompute, load_overrides, load_tokenizer, training_dtype  # noqa: E402
 from ppo.models.ppo_models import build_ppo_models  # noqa: E402
 from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments  # noqa: E402
 from ppo.ppo_trainer import PPOTrainer  # noqa: E402
@@ -69,6 +69,10 @@ def build_trainer(argv=None):
     models = build_ppo_models(
         model_args, training_args.use_critic, training_dtype(training_args), **load_overrides(model_args, training_args)
     )
+    if training_args.recompute:
+        enable_recompute(models.actor, model_args.recompute_granularity, model_args.recompute_use_reentrant)
+    if training_args.critic_recompute and models.critic is not None:
+        enable_recompute(models.critic, training_args.critic_recompute_granularity, model_args.recompute_use_reentrant)
     client = None
     if model_args.use_rm_server:
         client = RewardServerClient(

@@ -74,12 +74,8 @@ def main(argv=None):
     )
     if model_args.use_lora:
         model = apply_lora(
-            model,
-            model_args.lora_rank,
-            model_args.lora_alpha,
-            model_args.lora_target_modules,
-            model_args.model_name_or_path,
-            trainable_modules=["score_head"],
+            model, base_model_name_or_path=model_args.model_name_or_path, trainable_modules=["score_head"],
+            **model_args.lora_settings(),
         )
     data_kwargs = dict(data_args.dataset_kwargs(tokenizer, training_args.seed), max_length=data_args.max_length)
     train_dataset = PreferenceDataset(split_specs(data_args.train_datasets), **data_kwargs)

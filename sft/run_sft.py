@@ -13,6 +13,7 @@ os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle: 3-4x faster m
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dataclasses import dataclass, field  # noqa: E402
+from typing import Optional  # noqa: E402
 
 from paddlenlp.trainer import TrainingArguments  # noqa: E402
 
@@ -34,6 +35,9 @@ class ModelArgument(ModelCommonArguments):
 @dataclass
 class DataArgument(DatasetArguments):
     eval_max_new_tokens: int = field(default=32, metadata={"help": "Generation length for held-out exact-match evaluation."})
+    max_prompt_len: Optional[int] = field(
+        default=None, metadata={"help": "Prompts longer than this many tokens keep their last ones (PaddleNLP src_length); none: whole."}
+    )
 
 
 @dataclass
@@ -54,13 +58,17 @@ def main(argv=None):
     tokenizer = load_tokenizer(model_args.model_name_or_path)
     model = load_causal_lm(model_args.model_name_or_path, **load_overrides(model_args, training_args))
     if model_args.use_lora:
-        model = apply_lora(
-            model, model_args.lora_rank, model_args.lora_alpha, model_args.lora_target_modules, model_args.model_name_or_path
-        )
+        model = apply_lora(model, base_model_name_or_path=model_args.model_name_or_path, **model_args.lora_settings())
     data_kwargs = data_args.dataset_kwargs(tokenizer, training_args.seed)
-    train_dataset = SupervisedDataset(split_specs(data_args.train_datasets), max_length=data_args.max_length, **data_kwargs)
+    train_dataset = SupervisedDataset(
+        split_specs(data_args.train_datasets), max_length=data_args.max_length, truncate_prompt_to=data_args.max_prompt_len, **data_kwargs
+    )
     eval_specs = split_specs(data_args.eval_datasets)
-    eval_dataset = SupervisedDataset(eval_specs, max_length=data_args.max_length, **data_kwargs) if eval_specs else None
+    eval_dataset = (
+        SupervisedDataset(eval_specs, max_length=data_args.max_length, truncate_prompt_to=data_args.max_prompt_len, **data_kwargs)
+        if eval_specs
+        else None
+    )
     eval_prompts = None
     if eval_specs and training_args.eval_with_do_generation:
         eval_prompts = PromptOnlyDataset(eval_specs, max_prompt_len=data_args.max_length, **data_kwargs)

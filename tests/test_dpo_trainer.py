@@ -119,13 +119,22 @@ def check_run(out, before, after, extra_keys=(), rising=True):
         ("ipo", {"beta": 0.1, "learning_rate": 5e-3}),
         ("hinge", {"beta": 0.5}),
         ("kto", {"beta": 1.0, "learning_rate": 3e-3, "desirable_weight": 1.0, "undesirable_weight": 1.0}),
+        ("kto_pair", {"beta": 0.5}),
+        ("sppo_hard", {"beta": 0.5, "learning_rate": 5e-3}),
+        ("nca_pair", {"beta": 0.5}),
+        ("dpop", {"beta": 0.5, "dpop_lambda": 5.0}),
+        ("sigmoid", {"beta": 0.5, "pref_loss_ratio": 0.5, "sft_loss_ratio": 0.5}),
     ],
 )
 def test_reference_losses_train_with_frozen_reference(tiny, monkeypatch, loss_type, overrides):
-    trainer, out, before, after = run(tiny, monkeypatch, loss_type, loss_type=loss_type, **overrides)
+    name = loss_type + ("_ratio" if "pref_loss_ratio" in overrides else "")
+    trainer, out, before, after = run(tiny, monkeypatch, name, loss_type=loss_type, **overrides)
     assert trainer.ref_model is not None
-    extra = ("kto/kl",) if loss_type == "kto" else ()
-    _, _, resolved = check_run(out, before, after, extra)
+    extra = ("kto/kl",) if loss_type == "kto" else ("loss/sft",) if "sft_loss_ratio" in overrides else ()
+    records, _, resolved = check_run(out, before, after, extra)
+    if "pref_loss_ratio" in overrides:  # PaddleNLP: pref_loss_ratio * preference + sft_loss_ratio * NLL
+        for r in (r for r in records if "loss/total" in r):
+            np.testing.assert_allclose(r["loss/total"], 0.5 * r["loss/dpo"] + 0.5 * r["loss/sft"], rtol=1e-4)
     assert resolved["DPOTrainingArguments"]["loss_type"] == loss_type
     assert resolved["DPOTrainingArguments"]["beta"] == overrides["beta"]
 

@@ -26,8 +26,9 @@ def test_registry_drives_argument_checks(tmp_path):
     with pytest.raises(ValueError, match="rollout_n >= 2"):
         make_args(tmp_path, adv_estimator="reinforce_pp_baseline", normalize_advantage=False, rollout_n=1,
                   per_device_train_batch_size=2)
-    with pytest.raises(ValueError, match="set normalize_advantage false"):
-        make_args(tmp_path, adv_estimator="grpo")
+    for name, entry in ADV_ESTIMATORS.items():  # unset: the registry's default; set: as given (PaddleNLP)
+        assert make_args(tmp_path, adv_estimator=name).normalize_advantage is entry.whitens
+        assert make_args(tmp_path, adv_estimator=name, normalize_advantage=True).normalize_advantage is True
     with pytest.raises(ValueError, match="has no groups"):
         make_args(tmp_path, adv_estimator="gae", dynamic_sampling=True)
 
@@ -96,3 +97,23 @@ def test_pg_loss_coeff_and_entropy_coeff_scale_the_actor_loss(tiny_model_dir, ti
         scaled, stats = trainer.actor_loss(mb, n_tok, n_seq)
     np.testing.assert_allclose(float(scaled), 0.5 * float(base) - 0.1 * float(stats["actor/entropy"]), rtol=1e-5)
     assert float(stats["actor/entropy"]) > 0
+
+
+@pytest.mark.parametrize("normalize", ["false", "true"])
+def test_normalize_advantage_whitens_grpo_advantages_only_when_asked(normalize, tiny_model_dir, tiny_data_dir, tmp_path):
+    """PaddleNLP whitens every estimator's advantages with normalize_advantage; GRPO's
+    default (unset) leaves them as the group estimator made them."""
+    from ppo.algos import masked_whiten
+    from ppo.run_ppo import build_trainer
+
+    trainer = build_trainer(rule_argv(tiny_model_dir, tiny_data_dir, str(tmp_path / normalize), "--rule_reward_scorers",
+                                      "test_rule_len", "--normalize_advantage", normalize))
+    exp, _ = trainer.sample_with_dynamic_filter()
+    trainer.compute_advantages(exp)
+    raw, _ = trainer.estimator(exp.rewards, exp.response_mask, group_size=trainer.args.rollout_n,
+                               scale_by_std=trainer.args.scale_reward_std)
+    expected = masked_whiten(raw, exp.response_mask) if normalize == "true" else raw
+    mask = exp.response_mask.numpy().astype(bool)
+    np.testing.assert_allclose(exp.advantages.numpy()[mask], expected.numpy()[mask], rtol=1e-5, atol=1e-6)
+    if normalize == "true":
+        assert abs(float(exp.advantages.numpy()[mask].mean())) < 1e-5

@@ -133,8 +133,9 @@ def test_client_checks_lengths_before_posting():
     client = RewardServerClient("http://127.0.0.1:1", **FAST)
     with pytest.raises(ValueError, match="differ in length"):
         client.score(["a", "b"], ["a"], ["a", "b"])
+    assert RewardServerClient("127.0.0.1:8731").url == "http://127.0.0.1:8731"  # PaddleNLP files give no scheme
     with pytest.raises(ValueError, match="http://"):
-        RewardServerClient("127.0.0.1:8731")
+        RewardServerClient("ftp://127.0.0.1:8731")
 
 
 # ---------------------------------------------------------------- scripted fake

@@ -76,8 +76,8 @@ def test_rule_reward_arguments():
     assert m.use_rule_reward
     with pytest.raises(ValueError, match="use_rm_server"):
         ModelArgument(actor_model_name_or_path="a", use_rule_reward=True, use_rm_server=True, rule_reward_scorers="reverse")
-    with pytest.raises(ValueError, match="needs rule_reward_scorers"):
-        ModelArgument(actor_model_name_or_path="a", use_rule_reward=True)
+    # PaddleNLP's use_rule_reward alone scores GSM8K answers: the math scorer
+    assert ModelArgument(actor_model_name_or_path="a", use_rule_reward=True).rule_reward_scorers == "math"
     with pytest.raises(ValueError, match="only used with use_rule_reward"):
         ModelArgument(actor_model_name_or_path="a", rule_reward_scorers="reverse")
     with pytest.raises(ValueError, match="1 weights"):

@@ -243,10 +243,11 @@ class AdvEstimator:
     ``needs_critic``: a value model is trained (returns are its targets).
     ``per_group``: advantages are relative to the ``group_size`` consecutive samples
     of a prompt, so ``rollout_n >= min_group_size`` and group metrics apply.
-    ``whitens``: with ``normalize_advantage`` the trainer whitens this estimator's
-    advantages over the batch's response tokens (PaddleNLP PPO does so for GAE); the
-    others are used as computed: group estimators are already relative to their
-    group (verl and TRL do not whiten GRPO/RLOO), REINFORCE++ whitens inside.
+    ``whitens``: the default of ``normalize_advantage`` (the trainer then whitens the
+    advantages over the batch's response tokens): true for GAE; the others are used as
+    computed unless asked (group estimators are already relative to their group, as
+    verl and TRL use GRPO/RLOO; REINFORCE++ whitens inside). An explicit
+    ``normalize_advantage: true`` whitens any estimator's advantages, as PaddleNLP does.
     """
 
     __slots__ = ("name", "fn", "needs_critic", "per_group", "whitens", "min_group_size")

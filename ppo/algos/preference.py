@@ -307,3 +307,63 @@ def kto_loss(
         "kto/kl": z0.detach(),
     }
     return loss, stats
+
+
+# ---------------------------------------------------------------- PaddleNLP's further pair losses
+
+PAIR_LOSS_TYPES = ("kto_pair", "sppo_hard", "nca_pair", "dpop")
+"""Reference-based pair losses of PaddleNLP's ``DPOCriterion`` that ``dpo_loss`` does not cover."""
+
+
+def pair_loss(
+    policy_chosen_logps,
+    policy_rejected_logps,
+    ref_chosen_logps,
+    ref_rejected_logps,
+    beta=0.1,
+    loss_type="kto_pair",
+    dpop_lambda=50.0,
+):
+    """PaddleNLP's reference-based pair losses on summed sequence log-probs ``[B]``.
+
+    With ``a = pi_c - ref_c``, ``b = pi_r - ref_r`` (chosen / rejected log-ratios) and
+    ``h = a - b``; ``s`` = sigmoid:
+
+    * ``kto_pair`` (HALOs eq. 7): ``K_c = max(0, mean(a))``, ``K_r = max(0, mean(b))``;
+      the 2B terms ``1 - s(beta (a_i - K_r))`` and ``1 - s(beta (K_c - b_i))`` are
+      averaged (each half's KL point comes from the other half, not detached);
+    * ``sppo_hard`` (SPPO with hard win probability 1/0):
+      ``L_i = (a_i - 1/(2 beta))^2 + (b_i + 1/(2 beta))^2``;
+    * ``nca_pair`` (NCA): ``L_i = -log s(beta a_i) - 0.5 log s(-beta a_i) - 0.5 log s(-beta b_i)``;
+    * ``dpop`` (DPO-Positive / Smaug):
+      ``L_i = -log s(beta (h_i - lambda max(0, ref_c - pi_c)))`` with ``lambda = dpop_lambda``.
+
+    Returns ``(mean loss, stats)`` with ``rewards/{chosen,rejected,accuracies,margins}``
+    from the implicit rewards ``beta a``, ``beta b``. Reference log-probs are detached.
+    Unknown ``loss_type`` raises ``ValueError``.
+    Hand check (B=1, beta=1, a=0, b=0): kto_pair 0.5; sppo_hard 0.5; nca_pair
+    2 log 2; dpop (lambda=1, pi_c - ref_c = -1, pi_r = ref_r) ``-log s(-2)``.
+    Source: PaddleNLP ``paddlenlp/trl/dpo_criterion.py::DPOCriterion.dpo_loss``;
+    Ethayarajh et al. 2024 (KTO/HALOs); Wu et al. 2024 (SPPO); Chen et al. 2024 (NCA);
+    Pal et al. 2024 (DPO-Positive).
+    """
+    if loss_type not in PAIR_LOSS_TYPES:
+        raise ValueError(f"Unknown pair loss_type {loss_type!r}; valid types: {list(PAIR_LOSS_TYPES)}")
+    rc, rr = ref_chosen_logps.detach(), ref_rejected_logps.detach()
+    a = policy_chosen_logps - rc
+    b = policy_rejected_logps - rr
+    if loss_type == "kto_pair":
+        chosen_kl = paddle.clip(paddle.mean(a), min=0.0)
+        rejected_kl = paddle.clip(paddle.mean(b), min=0.0)
+        losses = paddle.concat([1.0 - F.sigmoid(beta * (a - rejected_kl)), 1.0 - F.sigmoid(beta * (chosen_kl - b))], axis=0)
+    elif loss_type == "sppo_hard":
+        losses = (a - 0.5 / beta) ** 2 + (b + 0.5 / beta) ** 2
+    elif loss_type == "nca_pair":
+        losses = -F.log_sigmoid(beta * a) - 0.5 * F.log_sigmoid(-beta * a) - 0.5 * F.log_sigmoid(-beta * b)
+    else:
+        positive_reg = paddle.clip(rc - policy_chosen_logps, min=0.0)
+        losses = -F.log_sigmoid(beta * ((a - b) - dpop_lambda * positive_reg))
+    return paddle.mean(losses), _dpo_stats(beta * a, beta * b)
+
+
+__all__ += ["PAIR_LOSS_TYPES", "pair_loss"]

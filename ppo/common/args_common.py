@@ -3,10 +3,11 @@
 Defaults live here and in the entry points' dataclasses only; every field has a help.
 """
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 from ..models.loading import DEFAULT_LORA_TARGETS
 
+RECOMPUTE_GRANULARITIES = ("full", "full_attn", "core_attn")
 BEAVER_TEMPLATE = "BEGINNING OF CONVERSATION: USER: {input} ASSISTANT:"
 
 
@@ -19,6 +20,22 @@ class LoRAArguments:
         default=DEFAULT_LORA_TARGETS,
         metadata={"help": "Comma-separated regexes of the linear layers that get an adapter."},
     )
+    rslora: bool = field(default=False, metadata={"help": "rsLoRA: scale the adapter by alpha / sqrt(r) instead of alpha / r."})
+    lora_plus_scale: float = field(
+        default=1.0, metadata={"help": "LoRA+: learning-rate multiplier of the adapter's B matrices (1.0: plain LoRA)."}
+    )
+    rslora_plus: bool = field(
+        default=False, metadata={"help": "PaddleNLP's rsLoRA+ preset: rslora, lora_plus_scale 4 and lora_alpha 4."}
+    )
+
+    def lora_settings(self):
+        """`apply_lora` keyword arguments: rank, alpha, targets, rslora and LoRA+ (the rslora_plus preset wins)."""
+        if self.rslora_plus:
+            return dict(rank=self.lora_rank, alpha=4, target_modules=self.lora_target_modules, rslora=True, lora_plus_scale=4.0)
+        return dict(
+            rank=self.lora_rank, alpha=self.lora_alpha, target_modules=self.lora_target_modules,
+            rslora=self.rslora, lora_plus_scale=self.lora_plus_scale,
+        )
 
 
 @dataclass
@@ -26,6 +43,33 @@ class ModelCommonArguments(LoRAArguments):
     use_flash_attention: bool = field(
         default=False, metadata={"help": "Use flash attention in the models (GPU builds of Paddle only)."}
     )
+    recompute_granularity: str = field(
+        default="full", metadata={"help": "What `recompute` recomputes in the backward pass: full | full_attn | core_attn."}
+    )
+    recompute_use_reentrant: bool = field(default=False, metadata={"help": "Use Paddle's reentrant recompute."})
+    use_fused_rms_norm: bool = field(default=False, metadata={"help": "Fused RMSNorm kernel (GPU builds only)."})
+    use_fused_rope: bool = field(default=False, metadata={"help": "Fused rotary-embedding kernel (GPU builds only)."})
+    use_fused_head_and_loss_fn: bool = field(
+        default=False, metadata={"help": "Fused LM head + cross-entropy kernel (GPU builds only)."}
+    )
+    fused_linear: bool = field(default=False, metadata={"help": "Fused matmul+bias linear layers (GPU builds only)."})
+    use_fused_linear: bool = field(default=False, metadata={"help": "PaddleNLP's newer name of fused_linear (GPU builds only)."})
+    flash_mask: bool = field(
+        default=False, metadata={"help": "FlashMask attention over packed sequences (GPU builds with flash attention only)."}
+    )
+    tensor_parallel_output: bool = field(
+        default=False,
+        metadata={"help": "Keep tensor-parallel logits split over ranks; the trainers here need gathered logits, so only false."},
+    )
+
+    def __post_init__(self):
+        if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
+            raise ValueError(f"recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, got {self.recompute_granularity!r}")
+        if self.tensor_parallel_output:
+            raise ValueError(
+                "tensor_parallel_output true keeps the logits split over tensor-parallel ranks; the losses here need the "
+                "gathered logits: set it to false"
+            )
 
 
 @dataclass

@@ -1,11 +1,14 @@
-"""Parse flat JSON argument files plus command-line overrides into dataclasses.
+"""Parse JSON or YAML argument files plus command-line overrides into dataclasses.
 
 `parse_arguments((ModelArgument, DataArgument, MyTrainingArguments))` reads
-`sys.argv[1:]`: an optional first `*.json` file, then `--flag value` overrides
-(command line wins). Unknown keys, in the file or on the command line, are an
-error naming the key and the closest valid one. A relative JSON path that does
-not exist from the working directory resolves against the repository root, so
-`cd ppo && python run_ppo.py config/llama/ppo_argument.json` works too.
+`sys.argv[1:]`: an optional first `*.json` / `*.yaml` / `*.yml` file, then
+`--flag value` overrides (command line wins). PaddleNLP's keys are read through
+the table in `paddlenlp_keys` (renamed keys, keys accepted only with PaddleNLP's
+default, unsupported keys). Every key that cannot be used, in the file and on the
+command line, is reported in ONE `ArgumentError` listing them all, each with its
+hint. A relative argument-file path that does not exist from the working directory
+resolves against the repository root, so `cd ppo && python run_ppo.py
+config/llama/ppo_argument.json` works too.
 """
 import dataclasses
 import difflib
@@ -13,8 +16,12 @@ import json
 import os
 import sys
 
+from . import paddlenlp_keys as pk
+
 SECRET_FIELDS = ("reward_server_token",)  # shown as "<hidden>" in resolved_arguments.json
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ARGUMENT_FILE_EXTENSIONS = (".json", ".yaml", ".yml")
 
 
 class ArgumentError(ValueError):
@@ -38,26 +45,89 @@ def valid_field_names(dataclass_types):
 
 
 def unknown_key_message(key, valid, where):
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    """`where: unknown argument 'key'` with a close valid name (or mappable PaddleNLP key) as hint."""
+    names = list(valid) + [k for k, (target, _, _) in pk.RENAMED.items() if target in valid]
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     return f"{where}: unknown argument '{key}'{hint}"
 
 
-def read_json_arguments(path, valid):
-    """Return the JSON file's keys as a `--key value` list; raise on unknown keys or bad JSON."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ArgumentError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
+def key_problem(key, value, valid, where):
+    """None when `key` (not a field) is usable here, else the message saying why not."""
+    if key in pk.RENAMED:
+        target, _, what = pk.RENAMED[key]
+        if target in valid:
+            return None
+        return f"{where}: '{key}' is PaddleNLP's name for '{target}' ({what}), which this entry point does not have"
+    if key in pk.FIXED_VALUE:
+        if pk.fixed_value_matches(key, value):
+            return None
+        expected, does = pk.FIXED_VALUE[key]
+        return f"{where}: '{key}: {value}' is not supported here (PaddleNLP: {does}); only {expected!r} is"
+    if key in pk.UNSUPPORTED:
+        return f"{where}: '{key}' is not supported here (PaddleNLP: {pk.UNSUPPORTED[key]})"
+    return unknown_key_message(key, valid, where)
+
+
+def load_argument_file(path):
+    """The argument file's top-level mapping (JSON, or YAML for .yaml/.yml)."""
+    if path.lower().endswith((".yaml", ".yml")):
+        import yaml
+
+        try:
+            with open(path) as f:
+                data = yaml.safe_load(f)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ArgumentError(f"{path}: invalid YAML{where}: {getattr(e, 'problem', e)}") from e
+    else:
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ArgumentError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
     if not isinstance(data, dict):
-        raise ArgumentError(f"{path}: the argument file must hold one JSON object, got {type(data).__name__}")
+        raise ArgumentError(f"{path}: the argument file must hold one mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def translate_keys(data, valid, where, problems):
+    """`data` with PaddleNLP keys renamed to ours (values translated); accepted fixed-value
+    keys dropped; every unusable key appended to `problems`."""
+    out = {}
+    for key, value in data.items():
+        if key in valid:
+            out[key] = pk.VALUE_ALIASES.get(key, {}).get(value, value) if isinstance(value, str) else value
+            continue
+        problem = key_problem(key, value, valid, where)
+        if problem:
+            problems.append(problem)
+            continue
+        if key not in pk.RENAMED:
+            continue  # a FIXED_VALUE key at the value we run with
+        target, convert, _ = pk.RENAMED[key]
+        try:
+            new_value = convert(value, data) if value is not None else None
+        except ValueError as e:
+            problems.append(f"{where}: {key}: {e}")
+            continue
+        if target in data and data[target] is not None and new_value is not None and data[target] != new_value:
+            problems.append(f"{where}: '{key}' (PaddleNLP's name for '{target}') conflicts with '{target}' given too")
+            continue
+        out[target] = new_value
+        if value is not None:
+            for extra_key, extra_value in pk.extra_mapped_keys(key, value, valid).items():
+                out.setdefault(extra_key, extra_value)
+    return out
+
+
+def file_arguments_to_argv(data):
+    """`{key: value}` as a `--key value` list (a null keeps the dataclass default)."""
     argv = []
     for key, value in data.items():
-        if key not in valid:
-            raise ArgumentError(unknown_key_message(key, valid, path))
         if value is None:
-            continue  # a null keeps the dataclass default
+            continue
         if isinstance(value, list):
             argv.extend([f"--{key}", *[str(v) for v in value]])
         elif isinstance(value, dict):
@@ -67,24 +137,55 @@ def read_json_arguments(path, valid):
     return argv
 
 
+def read_json_arguments(path, valid):
+    """Return the argument file's keys as a `--key value` list; raise on unusable keys or a bad file."""
+    problems = []
+    data = translate_keys(load_argument_file(path), valid, path, problems)
+    if problems:
+        raise ArgumentError(joined_problems(problems))
+    return file_arguments_to_argv(data)
+
+
+def command_line_to_dict(argv):
+    """`--key v [v ...]` / `--key=v` tokens as `{key: value or [values]}` (flags with no value: "true")."""
+    out, key = {}, None
+    for token in argv:
+        if token.startswith("--"):
+            key, eq, value = token[2:].partition("=")
+            out[key] = [value] if eq else []
+        elif key is None:
+            raise ArgumentError(f"command line: '{token}' comes before any --flag")
+        else:
+            out[key].append(token)
+    return {k: (v[0] if len(v) == 1 else ("true" if not v else v)) for k, v in out.items()}
+
+
+def joined_problems(problems):
+    if len(problems) == 1:
+        return problems[0]
+    return f"{len(problems)} arguments cannot be used:\n  " + "\n  ".join(problems)
+
+
 def parse_arguments(dataclass_types, argv=None):
-    """Parse `[config.json] [--key value ...]` into one instance per dataclass type."""
+    """Parse `[args.json|args.yaml] [--key value ...]` into one instance per dataclass type."""
     from paddlenlp.trainer import PdArgumentParser
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    valid = valid_field_names(dataclass_types)
-    file_args = []
-    if argv and argv[0].endswith(".json"):
-        file_args = read_json_arguments(resolve_config_path(argv[0]), valid)
+    valid = set(valid_field_names(dataclass_types))
+    problems = []
+    file_data = {}
+    if argv and argv[0].lower().endswith(ARGUMENT_FILE_EXTENSIONS):
+        path = resolve_config_path(argv[0])
+        file_data = translate_keys(load_argument_file(path), valid, path, problems)
         argv = argv[1:]
-    for token in argv:
-        if token.startswith("--"):
-            key = token[2:].split("=", 1)[0]
-            if key not in valid:
-                raise ArgumentError(unknown_key_message(key, valid, "command line"))
+    cli_data = translate_keys(command_line_to_dict(argv), valid, "command line", problems)
+    if problems:
+        raise ArgumentError(joined_problems(problems))
     parser = PdArgumentParser(dataclass_types)
     *parsed, remaining = parser.parse_args_into_dataclasses(
-        args=file_args + argv, return_remaining_strings=True, look_for_args_file=False
+        args=file_arguments_to_argv(file_data) + file_arguments_to_argv(cli_data),
+        return_remaining_strings=True,
+        look_for_args_file=False,
     )
     if remaining:
         raise ArgumentError(f"command line: could not use {remaining}")

@@ -3,7 +3,9 @@ kinds and their collators (PaddleNLP `llm/alignment/ppo/data` / safe-rlhf shape)
 
 Importing this package registers the built-in raw datasets: `PKU-SafeRLHF/train`
 (aliases `PKU-SafeRLHF`, `safe-rlhf`), `PKU-SafeRLHF/test`, `PKU-SafeRLHF/safety`,
-`PKU-SafeRLHF/safety/test`, `alpaca`, `Jsonfile` and `json`; all read local files.
+`PKU-SafeRLHF/safety/test`, `alpaca`, `Jsonfile`, `json` and `paddlenlp-dpo` (PaddleNLP's DPO format); all read local
+files. A dataset name that is a path to a .json/.jsonl file (`ppo-kk/train.jsonl`)
+reads that file as `Jsonfile`, as PaddleNLP's `train_datasets` does.
 """
 from .base import (
     DEFAULT_TEMPLATE,
@@ -40,6 +42,7 @@ from .safe_rlhf import (
 )
 from .alpaca import AlpacaDataset
 from .jsonfile import JsonDataset
+from .paddlenlp_dpo import PaddleNLPPreferenceDataset
 from .raw_json import RawJsonDataset
 from .supervised import SupervisedCollator, SupervisedDataset
 from .preference import PreferenceCollator, PreferenceDataset
@@ -48,6 +51,7 @@ from .prompt_only import PromptOnlyCollator, PromptOnlyDataset
 from .demo import DEMO_TEMPLATE, demo_dataset_specs
 
 __all__ = [
+    "PaddleNLPPreferenceDataset",
     "DEFAULT_TEMPLATE",
     "DEMO_TEMPLATE",
     "IGNORE_INDEX",

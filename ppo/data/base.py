@@ -304,14 +304,19 @@ def _check_path(path: Any, spec: Any) -> Optional[str]:
     return os.path.expanduser(path)
 
 
+FILE_NAME_SUFFIXES = (".jsonl", ".jsonlines", ".ndjson", ".json")
+BARE_PATH_DATASET = "Jsonfile"
+"""A dataset name that is a path to a .json/.jsonl file is read with this format (as
+PaddleNLP's `train_datasets: ppo-kk/34567ppl/train.jsonl`)."""
+
+
 def _parse_one_string(spec: str) -> DatasetSpec:
     name, _, rest = spec.partition(":")
     proportion, sep, path = rest.partition(":")  # a path may contain ':' after the second colon
-    return (
-        _check_name(name, spec),
-        _check_proportion(proportion, spec),
-        _check_path(path, spec) if sep else None,
-    )
+    name, proportion = _check_name(name, spec), _check_proportion(proportion, spec)
+    if not sep and name.lower().endswith(FILE_NAME_SUFFIXES) and name not in RawDataset._REGISTRY and name not in RawDataset._ALIAS_TO_NAME:
+        return BARE_PATH_DATASET, proportion, _check_path(name, spec)
+    return name, proportion, _check_path(path, spec) if sep else None
 
 
 def parse_dataset_spec(spec: Any) -> List[DatasetSpec]:
@@ -624,6 +629,14 @@ class TokenizedDataset(Dataset):
         if self.tokenizer.eos_token_id is None:
             raise ValueError(f"the tokenizer ({type(self.tokenizer).__name__}) has no EOS token to end answers with")
         return list(self.tokenizer(answer, add_special_tokens=False)["input_ids"]) + [self.tokenizer.eos_token_id]
+
+    def cut_prompt(self, prompt_ids: List[int], limit: Optional[int]) -> List[int]:
+        """The last `limit` prompt ids (PaddleNLP's `src_length` / DPO `max_prompt_len`: the end
+        of the prompt, next to the answer, is kept); counts `truncated_prompt`. None: no limit."""
+        if limit is None or len(prompt_ids) <= limit:
+            return prompt_ids
+        self._count("truncated_prompt")
+        return prompt_ids[-limit:]
 
     def fit_answer(self, prompt_ids: List[int], answer_ids: List[int]) -> Optional[List[int]]:
         """The answer ids cut to fit `max_length` after the prompt; None if the prompt alone reaches it.

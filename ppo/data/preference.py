@@ -1,7 +1,7 @@
 """Pairwise preference data (reward model training, DPO): a better and a worse answer."""
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
@@ -35,10 +35,18 @@ class PreferenceDataset(TokenizedDataset):
         answer, other = raw_sample["answer"], raw_sample["other_answer"]
         return (answer, other, {}) if raw_sample["better"] else (other, answer, {})
 
+    def __init__(self, *args: Any, truncate_prompt_to: Optional[int] = None, **kwargs: Any) -> None:
+        """`truncate_prompt_to`: prompts longer than this many tokens keep their last ones
+        (`truncated_prompt` in `stats`); None keeps whole prompts. Other arguments: see above."""
+        if truncate_prompt_to is not None and (not isinstance(truncate_prompt_to, int) or truncate_prompt_to <= 0):
+            raise ValueError(f"truncate_prompt_to must be a positive int, got {truncate_prompt_to!r}")
+        self.truncate_prompt_to = truncate_prompt_to
+        super().__init__(*args, **kwargs)
+
     def preprocess(self, raw_sample: RawSample) -> Optional[dict]:
         better, worse, extra = self.order_answers(raw_sample)
         prompt, _ = self.format_sample_prompt(raw_sample)
-        prompt_ids = self.tokenize_prompt(prompt)
+        prompt_ids = self.cut_prompt(self.tokenize_prompt(prompt), self.truncate_prompt_to)
         item = {}
         for key, answer in (("better", better), ("worse", worse)):
             answer_ids = self.tokenize_answer(answer)

@@ -95,7 +95,9 @@ def resolve_path(path: Optional[str], dataset_name: str, split: str = "train") -
     """The file or directory to read for `path`; `DataError` naming it when missing."""
     if path is None or not str(path).strip():
         raise DataError(
-            f"dataset '{dataset_name}' needs a local path (spec '{dataset_name}:1:/path/to/file'); none was given",
+            f"dataset '{dataset_name}' needs a local path (spec '{dataset_name}:1:/path/to/file'); none was given. "
+            f"Nothing is downloaded here: save the records (e.g. the Hugging Face dataset exported as JSON lines, "
+            f"or a `datasets.save_to_disk` directory) locally and give that path",
             field="path",
         )
     path = os.path.expanduser(str(path))

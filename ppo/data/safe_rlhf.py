@@ -68,13 +68,16 @@ class SafeRLHFDataset(LocalFileDataset):
 
 class SafeRLHFTrainDataset(SafeRLHFDataset):
     NAME = "PKU-SafeRLHF/train"
-    ALIASES = ("PKU-SafeRLHF", "safe-rlhf", "PKU-Alignment/PKU-SafeRLHF", "PKU-Alignment/PKU-SafeRLHF/train")
+    ALIASES = (
+        "PKU-SafeRLHF", "safe-rlhf", "PKU-Alignment/PKU-SafeRLHF", "PKU-Alignment/PKU-SafeRLHF/train",
+        "PKU-SafeRLHF-30K/train", "PKU-SafeRLHF-10K/train",  # safe-rlhf's subsets: same schema
+    )
     SPLIT = "train"
 
 
 class SafeRLHFTestDataset(SafeRLHFDataset):
     NAME = "PKU-SafeRLHF/test"
-    ALIASES = ("safe-rlhf/test", "PKU-Alignment/PKU-SafeRLHF/test")
+    ALIASES = ("safe-rlhf/test", "PKU-Alignment/PKU-SafeRLHF/test", "PKU-SafeRLHF-30K/test")
     SPLIT = "test"
 
 

@@ -1,7 +1,7 @@
 """Supervised fine-tuning data: prompt + answer, loss on the answer tokens only."""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 
@@ -27,9 +27,17 @@ class SupervisedDataset(TokenizedDataset):
     REQUIRED_FIELDS = ("answer",)
     STAT_KEYS = ("dropped_prompt_too_long", "truncated_answer")
 
+    def __init__(self, *args: Any, truncate_prompt_to: Optional[int] = None, **kwargs: Any) -> None:
+        """`truncate_prompt_to`: prompts longer than this many tokens keep their last ones
+        (`truncated_prompt` in `stats`); None keeps whole prompts. Other arguments: see above."""
+        if truncate_prompt_to is not None and (not isinstance(truncate_prompt_to, int) or truncate_prompt_to <= 0):
+            raise ValueError(f"truncate_prompt_to must be a positive int, got {truncate_prompt_to!r}")
+        self.truncate_prompt_to = truncate_prompt_to
+        super().__init__(*args, **kwargs)
+
     def preprocess(self, raw_sample: RawSample) -> Optional[dict]:
         prompt, _ = self.format_sample_prompt(raw_sample)
-        prompt_ids = self.tokenize_prompt(prompt)
+        prompt_ids = self.cut_prompt(self.tokenize_prompt(prompt), self.truncate_prompt_to)
         answer_ids = self.tokenize_answer(raw_sample["answer"])
         fitted = self.fit_answer(prompt_ids, answer_ids)
         if fitted is None:

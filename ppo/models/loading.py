@@ -6,7 +6,10 @@ with `paddlenlp.peft.LoRAModel`. `disable_lora()` on such a model gives the
 base model's outputs with no second copy of the base weights.
 """
 import json
+import logging
 import os
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_LORA_TARGETS = ".*(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj).*"
 
@@ -36,10 +39,13 @@ def load_tokenizer(path):
 
 
 def apply_lora(
-    model, rank=8, alpha=16, target_modules=DEFAULT_LORA_TARGETS, base_model_name_or_path=None, trainable_modules=None
+    model, rank=8, alpha=16, target_modules=DEFAULT_LORA_TARGETS, base_model_name_or_path=None, trainable_modules=None,
+    rslora=False, lora_plus_scale=1.0,
 ):
     """Wrap `model` in a fresh `LoRAModel`; only the adapter weights (and `trainable_modules`
-    regexes, e.g. a score head) stay trainable."""
+    regexes, e.g. a score head) stay trainable. `rslora` scales the adapter by
+    alpha / sqrt(rank); `lora_plus_scale` multiplies the learning rate of the B matrices
+    (LoRA+, set as the parameters' learning-rate attribute by PaddleNLP's LoRA layers)."""
     from paddlenlp.peft import LoRAConfig, LoRAModel
 
     targets = [t.strip() for t in target_modules.split(",")] if isinstance(target_modules, str) else list(target_modules)
@@ -49,6 +55,8 @@ def apply_lora(
         r=rank,
         lora_alpha=alpha,
         lora_dropout=0.0,
+        rslora=rslora,
+        lora_plus_scale=lora_plus_scale,
         merge_weights=False,
         base_model_name_or_path=base_model_name_or_path,
         dtype=str(model.config.dtype) if getattr(model.config, "dtype", None) else None,
@@ -77,10 +85,59 @@ def training_dtype(training_args):
     return "bfloat16" if training_args.bf16 else "float16" if training_args.fp16 else "float32"
 
 
+GPU_ONLY_SWITCHES = {
+    "use_fused_rms_norm": "fuse RMSNorm into one GPU kernel",
+    "use_fused_rope": "apply rotary embeddings with a fused GPU kernel",
+    "use_fused_head_and_loss_fn": "fuse the LM head and cross-entropy into one GPU kernel",
+    "fused_linear": "use fused matmul+bias GPU kernels in linear layers",
+    "use_fused_linear": "use fused matmul+bias GPU kernels in linear layers",
+    "flash_mask": "attend over packed sequences with FlashMask",
+}
+"""Model switches that act only on a CUDA build of Paddle: -> what they would do."""
+
+MODEL_CONFIG_SWITCHES = ("use_fused_rms_norm", "use_fused_rope")
+"""The GPU-only switches PaddleNLP's model config implements (set on the config on a CUDA build)."""
+
+_logged_switches = set()
+
+
+def gpu_switch_overrides(model_args, cuda=None):
+    """Config overrides of the GPU-only switches that are on. A CPU build logs once per
+    switch that it does nothing here; a CUDA build sets the model-config ones and refuses
+    the ones no code here implements."""
+    import paddle
+
+    cuda = paddle.is_compiled_with_cuda() if cuda is None else cuda
+    overrides = {}
+    if getattr(model_args, "use_flash_attention", False) and not cuda and "use_flash_attention" not in _logged_switches:
+        _logged_switches.add("use_flash_attention")
+        logger.warning("use_flash_attention: this is a CPU build of Paddle; attention runs Paddle's CPU kernels (no flash attention)")
+    for name, does in GPU_ONLY_SWITCHES.items():
+        if not getattr(model_args, name, False):
+            continue
+        if not cuda:
+            if name not in _logged_switches:
+                _logged_switches.add(name)
+                logger.warning(f"{name}: this is a CPU build of Paddle, so it does nothing here (on a GPU it would {does})")
+        elif name in MODEL_CONFIG_SWITCHES:
+            overrides[name] = True
+        else:
+            raise ValueError(f"{name} ({does}) is not implemented by the trainers here; set it to false")
+    return overrides
+
+
 def load_overrides(model_args, training_args):
-    """Config overrides every model of a run is loaded with: flash attention and, with
-    tensor parallelism, this rank's shard (PaddleNLP's `tensor_parallel_*` config)."""
-    overrides = {"use_flash_attention": model_args.use_flash_attention}
+    """Config overrides every model of a run is loaded with: flash attention, recompute
+    settings, GPU-only fused kernels and, with tensor parallelism, this rank's shard
+    (PaddleNLP's `tensor_parallel_*` config)."""
+    overrides = {
+        "use_flash_attention": model_args.use_flash_attention,
+        "recompute_granularity": model_args.recompute_granularity,
+        "recompute_use_reentrant": model_args.recompute_use_reentrant,
+    }
+    if training_args.recompute:
+        overrides["recompute"] = True
+    overrides.update(gpu_switch_overrides(model_args))
     if training_args.tensor_parallel_degree > 1:
         overrides.update(
             tensor_parallel_degree=training_args.tensor_parallel_degree,
@@ -88,6 +145,27 @@ def load_overrides(model_args, training_args):
             tensor_parallel_output=False,
         )
     return overrides
+
+
+def enable_recompute(model, granularity="full", use_reentrant=False):
+    """Activation recompute in `model`'s decoder (as PaddleNLP's Trainer does for `recompute`):
+    the layers that support it recompute their activations in the backward pass at
+    `granularity` (full | full_attn | core_attn). Returns how many layers were switched on."""
+    switched = 0
+    for layer in [model, *model.sublayers()]:
+        config = getattr(layer, "config", None)
+        if config is not None and hasattr(config, "recompute"):
+            config.recompute = True
+            config.recompute_granularity = granularity
+            config.recompute_use_reentrant = use_reentrant
+        if hasattr(layer, "enable_recompute"):
+            layer.enable_recompute = True
+            if hasattr(layer, "recompute_granularity"):
+                layer.recompute_granularity = granularity
+            switched += 1
+    if not switched:
+        raise ValueError(f"{type(model).__name__} has no layers that support recompute")
+    return switched
 
 
 def is_lora_model(model):

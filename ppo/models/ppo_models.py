@@ -42,7 +42,7 @@ def build_ppo_models(model_args, use_critic, dtype="float32", **extra):
     actor_path = model_args.actor_model_name_or_path
     actor = load_causal_lm(actor_path, dtype=dtype, **extra)
     if model_args.use_lora and not is_lora_model(actor):
-        actor = apply_lora(actor, model_args.lora_rank, model_args.lora_alpha, model_args.lora_target_modules, actor_path)
+        actor = apply_lora(actor, base_model_name_or_path=actor_path, **model_args.lora_settings())
     set_dropout_off(actor)
 
     reference = load_reference(actor, actor_path, model_args.reference_model_name_or_path, dtype, **extra)

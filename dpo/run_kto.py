@@ -1,0 +1,29 @@
+"""KTO from PaddleNLP's `kto_argument.json` (PaddleNLP's `llm/alignment/kto/run_kto.py`).
+
+    python -m paddle.distributed.launch dpo/run_kto.py kto_argument.json [--flag value ...]
+
+`dpo/run_dpo.py` with `loss_type` defaulting to `kto` (PaddleNLP's KTO files name no
+loss type): every pair gives one desirable and one undesirable example; see
+`dpo/dpo_trainer.py`. Arguments, outputs and data are those of `dpo/run_dpo.py`.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from dataclasses import dataclass, field  # noqa: E402
+
+from dpo.run_dpo import DPOTrainingArguments, main as run_dpo_main  # noqa: E402
+
+
+@dataclass
+class KTOTrainingArguments(DPOTrainingArguments):
+    loss_type: str = field(default="kto", metadata={"help": "Preference loss; kto here (any run_dpo.py loss_type is accepted)."})
+
+
+def main(argv=None):
+    return run_dpo_main(argv, training_arguments=KTOTrainingArguments)
+
+
+if __name__ == "__main__":
+    main()
