@@ -25,7 +25,8 @@ from .losses import (
     token_logprobs,
     value_loss,
 )
-from .masked import masked_mean, masked_sum, masked_var, masked_whiten
+from .lm_head import token_logprobs_from_hidden
+from .masked import last_nonzero_index, masked_mean, masked_sum, masked_var, masked_whiten
 from .normalizer import (
     NORMALIZERS,
     ExponentialMovingAverage,
@@ -45,6 +46,7 @@ from .preference import (
 
 __all__ = [
     # masked
+    "last_nonzero_index",
     "masked_mean",
     "masked_sum",
     "masked_var",
@@ -73,6 +75,8 @@ __all__ = [
     "token_logprobs",
     "sequence_logprobs",
     "sft_loss",
+    # lm_head
+    "token_logprobs_from_hidden",
     # preference
     "DPO_LOSS_TYPES",
     "pairwise_reward_loss",

@@ -113,12 +113,25 @@ def load_reference(policy, policy_path, ref_path=None, dtype="float32", **overri
     return reference
 
 
+def unwrap_parallel(model):
+    """`model` without its DataParallel / fleet (sharding, tensor/pipeline parallel) wrappers,
+    which all keep the wrapped layer in `_layers`; a LoRA wrapper stays (it saves as an adapter)."""
+    while hasattr(model, "_layers"):
+        model = model._layers
+    return model
+
+
+def find_lora_model(model):
+    """The `LoRAModel` under DataParallel / sharding wrappers, or None."""
+    model = unwrap_parallel(model)
+    return model if is_lora_model(model) else None
+
+
 def unwrap_model(model):
     """The innermost PaddleNLP model under DataParallel / sharding / LoRA wrappers."""
     while True:
-        if hasattr(model, "_layers"):
-            model = model._layers
-        elif type(model).__name__ == "LoRAModel":
+        model = unwrap_parallel(model)
+        if is_lora_model(model):
             model = model.model
         else:
             return model
