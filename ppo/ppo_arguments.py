@@ -9,7 +9,7 @@ from typing import List, Optional
 from paddlenlp.trainer import TrainingArguments
 
 from .algos import ADV_ESTIMATORS, LOSS_AGG_MODES
-from .common.args_common import DatasetArguments, ModelCommonArguments
+from .common.args_common import DatasetArguments, LogprobArguments, ModelCommonArguments
 
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "kl", "mse", "low_var_kl")
 EVAL_MODES = ("", "single", "tensor_parallel")
@@ -42,7 +42,7 @@ class DataArgument(DatasetArguments):
 
 
 @dataclass
-class PPOTrainingArguments(TrainingArguments):
+class PPOTrainingArguments(LogprobArguments, TrainingArguments):
     # rollout
     per_device_prompt_batch_size: int = field(default=16, metadata={"help": "Prompts per rank per step."})
     rollout_n: int = field(default=1, metadata={"help": "Samples per prompt (the group size of GRPO/RLOO)."})

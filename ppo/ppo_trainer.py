@@ -22,7 +22,6 @@ from tqdm import tqdm
 
 from .algos import (
     broadcast_sequence_advantages,
-    entropy_from_logits,
     get_adv_estimator,
     group_zero_std_fraction,
     kl_loss,
@@ -30,7 +29,6 @@ from .algos import (
     masked_mean,
     masked_whiten,
     ppo_policy_loss,
-    sft_loss,
     value_loss,
 )
 from .algos.normalizer import RunningMeanStd
@@ -40,14 +38,13 @@ from .common.tracking import RunTracker
 from .evaluation import decode_responses, evaluate_generation
 from .experience import (
     experience_from_rollout,
-    forward_logits,
     in_chunks,
     merge_rows,
-    position_ids_from_mask,
     response_logprobs,
     response_values,
     reward_model_scores,
 )
+from .models.causal_lm import answer_nll
 from .optim import build_optimizer, build_scheduler
 from .prompt_sampler import PromptSampler
 from .rollout import RolloutEngine, SamplingParams
@@ -174,6 +171,11 @@ class PPOTrainer:
             scores = scores - self.args.missing_eos_penalty * (~exp.ends_with_eos).astype("float32")
         return scores
 
+    def scored(self, exp):
+        """`exp` with its scores, at stage "scored"."""
+        exp.scores = self.score(exp)
+        return exp.advance("scored")
+
     def normalized_scores(self, scores):
         """Scores after the running normaliser, updated with every rank's batch first."""
         if self.reward_normalizer is None:
@@ -189,8 +191,7 @@ class PPOTrainer:
     def sample_with_dynamic_filter(self):
         """Rollout (+ score); with `dynamic_sampling`, zero-variance groups are replaced by
         groups from further batches (at most `max_gen_batches`; all ranks draw together)."""
-        exp = self.rollout(self.sampler.next_indices())
-        exp.scores = self.score(exp)
+        exp = self.scored(self.rollout(self.sampler.next_indices()))
         if not (self.args.dynamic_sampling and self.args.adv_estimator in GROUP_ESTIMATORS):
             return exp, 1
         want = self.args.per_device_prompt_batch_size
@@ -204,8 +205,7 @@ class PPOTrainer:
                 dist.all_reduce(need, op=dist.ReduceOp.MAX)
             if int(need) == 0 or draws >= self.args.max_gen_batches:
                 break
-            exp = self.rollout(self.sampler.next_indices())
-            exp.scores = self.score(exp)
+            exp = self.scored(self.rollout(self.sampler.next_indices()))
             draws += 1
         chosen = (kept + spare)[:want]
         return merge_rows([e.select(g) for e, g in chosen], self.tokenizer.pad_token_id), draws
@@ -232,15 +232,19 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ 3.-4. log-probs, values, rewards, advantages
     def compute_advantages(self, exp):
+        """Complete a scored experience in one place: old and reference log-probs, critic
+        values, shaped rewards and advantages (stage "scored" -> "complete"); returns stats."""
         args = self.args
+        exp.require("scored")
         mask = exp.response_mask
+        chunk = args.logprob_chunk_size
         with paddle.no_grad():
             if exp.old_logprobs is None:
-                exp.old_logprobs = in_chunks(lambda e: response_logprobs(self.models.actor, e, args.temperature)[0], exp, self._chunk())
+                exp.old_logprobs = in_chunks(lambda e: response_logprobs(self.models.actor, e, args.temperature, chunk)[0], exp, self._chunk())
             need_ref = args.kl_coeff != 0 or args.kl_loss_coeff != 0
             if need_ref:
                 with self.models.reference_mode() as ref:
-                    exp.ref_logprobs = in_chunks(lambda e: response_logprobs(ref, e, args.temperature)[0], exp, self._chunk())
+                    exp.ref_logprobs = in_chunks(lambda e: response_logprobs(ref, e, args.temperature, chunk)[0], exp, self._chunk())
             else:
                 exp.ref_logprobs = exp.old_logprobs
             if self.models.critic is not None:  # no-grad passes use the unwrapped models
@@ -263,6 +267,7 @@ class PPOTrainer:
                 exp.advantages, exp.returns = estimator(exp.rewards, mask, gamma=args.gamma)
             if args.normalize_advantage and args.adv_estimator == "gae":
                 exp.advantages = masked_whiten(exp.advantages, mask)
+        exp.advance("complete")
         lengths = mask.sum(axis=-1)
         kl_sum = (kl * mask).sum(axis=-1)
         stats = {
@@ -301,7 +306,7 @@ class PPOTrainer:
 
     def actor_loss(self, mb, num_tokens, num_seqs):
         args = self.args
-        logprobs, logits = response_logprobs(self.actor, mb, args.temperature)
+        logprobs, entropy = response_logprobs(self.actor, mb, args.temperature, args.logprob_chunk_size, with_entropy=True)
         loss, stats = ppo_policy_loss(
             logprobs, mb.old_logprobs, mb.advantages, mb.response_mask,
             clip_range_ratio=args.clip_range_ratio, clip_range_ratio_low=args.clip_range_ratio_low,
@@ -313,14 +318,12 @@ class PPOTrainer:
                                         loss_agg_mode=args.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs)
             loss = loss + args.kl_loss_coeff * kl_term
             stats.update(kl_stats)
-        with paddle.no_grad():
-            stats["policy/entropy_avg"] = masked_mean(entropy_from_logits(logits / args.temperature), mb.response_mask)
+        stats["policy/entropy_avg"] = masked_mean(entropy.detach(), mb.response_mask)
         return loss, stats
 
     def ptx_loss(self):
         batch = self.ptx_dataset.get_collator()([self.ptx_dataset[i] for i in self.ptx_sampler.next_indices()])
-        logits = forward_logits(self.actor, batch["input_ids"], batch["attention_mask"], position_ids_from_mask(batch["attention_mask"]))
-        loss, _ = sft_loss(logits[:, :-1], batch["labels"][:, 1:])
+        loss, _ = answer_nll(self.actor, batch["input_ids"], batch["attention_mask"], batch["labels"], self.args.logprob_chunk_size)
         return loss
 
     def critic_loss(self, mb, num_tokens, num_seqs):
@@ -343,6 +346,7 @@ class PPOTrainer:
 
     def update(self, exp, acc):
         args = self.args
+        exp.require("complete")
         response_mask = exp.response_mask.numpy()  # one host copy for all token counts
         for epoch in range(args.update_iters):
             for plan in self.minibatch_plan(len(exp), epoch):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field  # noqa: E402
 
 from paddlenlp.trainer import TrainingArguments  # noqa: E402
 
-from ppo.common.args_common import DatasetArguments, ModelCommonArguments, split_specs  # noqa: E402
+from ppo.common.args_common import DatasetArguments, LogprobArguments, ModelCommonArguments, split_specs  # noqa: E402
 from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
 from ppo.common.run_setup import finish_trainer_run  # noqa: E402
 from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
@@ -36,7 +36,7 @@ class DataArgument(DatasetArguments):
 
 
 @dataclass
-class SFTTrainingArguments(TrainingArguments):
+class SFTTrainingArguments(LogprobArguments, TrainingArguments):
     eval_with_do_generation: bool = field(
         default=True, metadata={"help": "Also greedy-decode eval prompts and report exact-match accuracy."}
     )

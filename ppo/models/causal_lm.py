@@ -20,11 +20,12 @@ import logging
 
 import paddle
 
-from ..algos import entropy_from_logits, last_nonzero_index, token_logprobs, token_logprobs_from_hidden
+from ..algos import entropy_from_logits, last_nonzero_index, masked_mean, token_logprobs, token_logprobs_from_hidden
 from .loading import unwrap_model
 
 logger = logging.getLogger(__name__)
-IGNORE_INDEX = -100
+NOT_COUNTED = -100  # any negative label is not counted
+DEFAULT_LOGPROB_CHUNK_SIZE = 512  # tokens per LM-head chunk; 512 x 151,936 float32 logits = 311 MB
 _warned = set()
 
 
@@ -71,30 +72,35 @@ def lm_head_weight(model):
 
 
 @contextlib.contextmanager
-def lm_head_bypassed(model):
-    """Within the block, the LM head of `model` returns its input: the model's `logits` output
-    is the final hidden states `[N, T, H]`."""
+def lm_head_replaced(model, head_fn):
+    """Within the block, the LM head of `model` computes `head_fn(hidden_states [N, T, H])`
+    and the model's `logits` output is that result. The head weight is used inside the
+    model's forward, so data-parallel reducers see it in the graph."""
     head = unwrap_model(model).lm_head
-    head.forward = lambda hidden_states, *args, **kwargs: hidden_states
+    head.forward = lambda hidden_states, *args, **kwargs: head_fn(hidden_states)
     try:
         yield
     finally:
         del head.forward
 
 
-def final_hidden_states(model, input_ids, attention_mask, position_ids=None):
-    """Final (normed) hidden states `[N, T, H]` of a causal LM, through its wrappers."""
+def _forward_through_head(model, head_fn, input_ids, attention_mask, position_ids):
     if position_ids is None:
         position_ids = position_ids_from_mask(attention_mask)
-    with lm_head_bypassed(model):
+    with lm_head_replaced(model, head_fn):
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True)
     return _output_logits(out)
+
+
+def final_hidden_states(model, input_ids, attention_mask, position_ids=None):
+    """Final (normed) hidden states `[N, T, H]` of a causal LM, through its wrappers."""
+    return _forward_through_head(model, lambda hidden: hidden, input_ids, attention_mask, position_ids)
 
 
 def _shifted(labels, mask):
     """Labels and mask moved one column left (position t scores token t + 1), the last column
     masked: `[N, T]` -> `[N, T]`."""
-    pad = paddle.full([labels.shape[0], 1], IGNORE_INDEX, dtype=labels.dtype)
+    pad = paddle.full([labels.shape[0], 1], NOT_COUNTED, dtype=labels.dtype)
     shifted_labels = paddle.concat([labels[:, 1:], pad], axis=1)
     shifted_mask = None
     if mask is not None:
@@ -103,7 +109,7 @@ def _shifted(labels, mask):
 
 
 def causal_lm_token_logprobs(
-    model, input_ids, attention_mask, labels, mask=None, position_ids=None, temperature=1.0, chunk_size=512, with_entropy=False
+    model, input_ids, attention_mask, labels, mask=None, position_ids=None, temperature=1.0, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE, with_entropy=False
 ):
     """Log-prob (and entropy) of each counted token given the tokens before it.
 
@@ -127,11 +133,15 @@ def causal_lm_token_logprobs(
             logger.warning(f"logprob_chunk_size={chunk_size} not used, log-probs come from full logits: {detail}")
     shifted_labels, shifted_mask = _shifted(labels, mask)
     if weight is not None:
-        hidden = final_hidden_states(model, input_ids, attention_mask, position_ids)
-        logp, entropy = token_logprobs_from_hidden(
-            hidden, weight, shifted_labels, shifted_mask, temperature, chunk_size, transpose_y, with_entropy
-        )
-        return logp[:, :-1], (entropy[:, :-1] if with_entropy else None)
+
+        def head_fn(hidden):  # [N, T, H] -> [N, T, 1 or 2]: log-probs (and entropy) stacked
+            logp, entropy = token_logprobs_from_hidden(
+                hidden, weight, shifted_labels, shifted_mask, temperature, chunk_size, transpose_y, with_entropy
+            )
+            return paddle.stack([logp, entropy] if with_entropy else [logp], axis=-1)
+
+        packed = _forward_through_head(model, head_fn, input_ids, attention_mask, position_ids)
+        return packed[:, :-1, 0], (packed[:, :-1, 1] if with_entropy else None)
     logits = causal_lm_logits(model, input_ids, attention_mask, position_ids)[:, :-1]
     counted = shifted_labels[:, :-1] >= 0
     if shifted_mask is not None:
@@ -143,3 +153,11 @@ def causal_lm_token_logprobs(
         scaled = logits if temperature == 1.0 else logits / temperature
         entropy = paddle.where(counted, entropy_from_logits(scaled), zeros)
     return logp, entropy
+
+
+def answer_nll(model, input_ids, attention_mask, labels, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE):
+    """Token-mean negative log-likelihood of the answer tokens (`labels [N, T]`, -100 off the
+    answer; position t predicts token t + 1) and the token log-probs `[N, T-1]`: the SFT loss
+    and PPO's ptx loss."""
+    logprobs, _ = causal_lm_token_logprobs(model, input_ids, attention_mask, labels, chunk_size=chunk_size)
+    return -masked_mean(logprobs, labels[:, 1:] >= 0), logprobs
