@@ -130,7 +130,7 @@ def response_logprobs(model, exp, temperature, chunk_size=DEFAULT_LOGPROB_CHUNK_
     mask = paddle.concat([paddle.zeros([len(exp), P], "float32"), exp.response_mask.astype("float32")], axis=1)
     logprobs, entropy = causal_lm_token_logprobs(
         model, exp.sequences, exp.attention_mask, exp.sequences, mask=mask, position_ids=exp.position_ids,
-        temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy,
+        temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, first_counted=P,
     )
     Tr = exp.response_ids.shape[1]
     return response_slice(logprobs, P, Tr), (response_slice(entropy, P, Tr) if with_entropy else None)

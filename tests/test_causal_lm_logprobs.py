@@ -161,3 +161,18 @@ def test_position_ids_and_last_token_index():
     mask = paddle.to_tensor([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0], [0, 0, 0, 0, 0], [0, 1, 0, 1, 0]])
     np.testing.assert_array_equal(position_ids_from_mask(mask).numpy(), [[0, 0, 0, 1, 2], [0, 1, 2, 2, 2], [0] * 5, [0, 0, 0, 1, 1]])
     np.testing.assert_array_equal(last_token_index(mask).numpy(), [4, 2, 0, 3])
+
+
+def test_full_logits_path_from_first_counted_column():
+    """`first_counted` only trims the full-logits computation; results are unchanged."""
+    model = llama()
+    ids, attn, _ = batch()
+    mask = paddle.zeros_like(attn)
+    mask[:, 6:] = 1
+    with paddle.no_grad():
+        a, ea = causal_lm_token_logprobs(model, ids, attn, ids, mask=mask, chunk_size=0, with_entropy=True)
+        b, eb = causal_lm_token_logprobs(model, ids, attn, ids, mask=mask, chunk_size=0, with_entropy=True, first_counted=6)
+    assert b.shape == a.shape == [3, 11]
+    np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(eb.numpy(), ea.numpy(), rtol=1e-6)
+    assert (a.numpy()[:, :5] == 0).all() and (a.numpy()[:, 5:] < 0).all()

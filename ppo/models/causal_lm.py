@@ -109,7 +109,16 @@ def _shifted(labels, mask):
 
 
 def causal_lm_token_logprobs(
-    model, input_ids, attention_mask, labels, mask=None, position_ids=None, temperature=1.0, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE, with_entropy=False
+    model,
+    input_ids,
+    attention_mask,
+    labels,
+    mask=None,
+    position_ids=None,
+    temperature=1.0,
+    chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE,
+    with_entropy=False,
+    first_counted=1,
 ):
     """Log-prob (and entropy) of each counted token given the tokens before it.
 
@@ -122,6 +131,9 @@ def causal_lm_token_logprobs(
     `chunk_size > 0`: hidden states through the LM head in chunks of that many counted
     tokens (`ppo.algos.token_logprobs_from_hidden`); `0`: full `[N, T, V]` logits. A head
     that cannot be chunked (see `lm_head_weight`) falls back to full logits, logged once.
+    `first_counted`: no token before this position counts (e.g. the prompt width for PPO
+    responses); the full-logits path then only normalises the logits from there on (the
+    chunked path skips uncounted positions anyway).
     """
     weight, transpose_y = None, False
     if chunk_size and chunk_size > 0:
@@ -142,16 +154,22 @@ def causal_lm_token_logprobs(
 
         packed = _forward_through_head(model, head_fn, input_ids, attention_mask, position_ids)
         return packed[:, :-1, 0], (packed[:, :-1, 1] if with_entropy else None)
-    logits = causal_lm_logits(model, input_ids, attention_mask, position_ids)[:, :-1]
-    counted = shifted_labels[:, :-1] >= 0
+    start = max(first_counted, 1) - 1  # first output column that can count
+    logits = causal_lm_logits(model, input_ids, attention_mask, position_ids)[:, start:-1]
+    targets = shifted_labels[:, start:-1]
+    counted = targets >= 0
     if shifted_mask is not None:
-        counted = paddle.logical_and(counted, shifted_mask[:, :-1] != 0)
+        counted = paddle.logical_and(counted, shifted_mask[:, start:-1] != 0)
     zeros = paddle.zeros(counted.shape, "float32")
-    logp = paddle.where(counted, token_logprobs(logits, shifted_labels[:, :-1], temperature=temperature), zeros)
+    logp = paddle.where(counted, token_logprobs(logits, targets, temperature=temperature), zeros)
     entropy = None
     if with_entropy:
         scaled = logits if temperature == 1.0 else logits / temperature
         entropy = paddle.where(counted, entropy_from_logits(scaled), zeros)
+    if start:
+        left = paddle.zeros([logp.shape[0], start], "float32")
+        logp = paddle.concat([left, logp], axis=1)
+        entropy = paddle.concat([left, entropy], axis=1) if with_entropy else None
     return logp, entropy
 
 
