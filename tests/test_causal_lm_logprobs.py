@@ -176,3 +176,24 @@ def test_full_logits_path_from_first_counted_column():
     np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-6)
     np.testing.assert_allclose(eb.numpy(), ea.numpy(), rtol=1e-6)
     assert (a.numpy()[:, :5] == 0).all() and (a.numpy()[:, 5:] < 0).all()
+
+
+def test_unchunkable_head_falls_back_to_full_logits(caplog, monkeypatch):
+    """A vocabulary split across tensor-parallel ranks cannot be chunked here: the same
+    values come from full logits, with one warning naming the reason."""
+    from ppo.models import causal_lm
+
+    monkeypatch.setattr(causal_lm, "_warned", set())
+    model = llama()
+    ids, attn, labels = batch()
+    with paddle.no_grad():
+        expected, _ = causal_lm_token_logprobs(model, ids, attn, labels, chunk_size=0)
+        model.lm_head.weight.is_distributed = True
+        assert lm_head_weight(model) == (None, "the LM head's vocabulary is split across tensor-parallel ranks")
+        with caplog.at_level("WARNING"):
+            got, _ = causal_lm_token_logprobs(model, ids, attn, labels, chunk_size=4)
+            causal_lm_token_logprobs(model, ids, attn, labels, chunk_size=4)
+    model.lm_head.weight.is_distributed = False
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-6)
+    warnings = [r for r in caplog.records if "tensor-parallel" in r.getMessage()]
+    assert len(warnings) == 1  # logged once per reason and process

@@ -84,8 +84,8 @@ class _ChunkedLMHeadLogprobs(PyLayer):
             lse = paddle.logsumexp(z, axis=-1, keepdim=True)
             p = paddle.exp(z - lse)
             g_lp = grad_logp[s:e].astype("float32").unsqueeze(-1)
-            onehot = paddle.nn.functional.one_hot(y[s:e], z.shape[-1]).astype("float32")
-            grad_z = (onehot - p) * g_lp
+            # (onehot(y) - p) * g, with the label term added in place of a one-hot matrix
+            grad_z = paddle.put_along_axis(-p * g_lp, y[s:e].unsqueeze(-1), g_lp, axis=-1, reduce="add")
             if with_entropy and grad_entropy is not None:
                 mean_z = paddle.sum(p * z, axis=-1, keepdim=True)
                 grad_z = grad_z - p * (z - mean_z) * grad_entropy[s:e].astype("float32").unsqueeze(-1)
