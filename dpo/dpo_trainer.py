@@ -41,7 +41,7 @@ from ppo.algos import (
 from ppo.data import IGNORE_INDEX, right_padding
 from ppo.evaluation import GenerationEvalMixin
 from ppo.models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE, causal_lm_token_logprobs
-from ppo.models.loading import find_lora_model
+from ppo.models.loading import find_lora_model, lora_disabled
 
 LOSS_TYPES = DPO_LOSS_TYPES + ("kto",)
 REFERENCE_FREE_TYPES = ("simpo", "orpo")
@@ -136,12 +136,8 @@ class DPOTrainer(GenerationEvalMixin, Trainer):
         with paddle.no_grad():
             if self.ref_model is not None:
                 return answer_logprobs(self.ref_model, input_ids, attention_mask, labels, self.args.logprob_chunk_size)[0]
-            lora_model = find_lora_model(model)
-            lora_model.disable_lora()
-            try:
+            with lora_disabled(model) as lora_model:
                 return answer_logprobs(lora_model, input_ids, attention_mask, labels, self.args.logprob_chunk_size)[0]
-            finally:
-                lora_model.enable_lora()
 
     def kl_reference_point(self, model, inputs):
         """KTO's z0 from the batch's mismatched pairs (no gradients), averaged across ranks."""

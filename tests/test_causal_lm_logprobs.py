@@ -14,7 +14,7 @@ from ppo.models.causal_lm import (
     lm_head_weight,
     position_ids_from_mask,
 )
-from ppo.models.loading import apply_lora, find_lora_model, unwrap_model, unwrap_parallel
+from ppo.models.loading import apply_lora, find_lora_model, lora_disabled, unwrap_model, unwrap_parallel
 
 V = 97
 
@@ -124,11 +124,18 @@ def test_lora_and_wrapper_chunked_matches_full_and_adapter_off():
     for n in g0:
         np.testing.assert_allclose(g1[n], g0[n], rtol=1e-4, atol=1e-6, err_msg=n)
     assert np.abs(lp1 - base_lp.numpy()).max() > 1e-4
-    lora.disable_lora()
     with paddle.no_grad():
+        before, _ = causal_lm_token_logprobs(wrapped, ids, attn, labels, chunk_size=3)
+    with paddle.no_grad(), lora_disabled(wrapped) as inner:
+        assert inner is lora
         off, _ = causal_lm_token_logprobs(wrapped, ids, attn, labels, chunk_size=3)
-    lora.enable_lora()
     np.testing.assert_allclose(off.numpy(), base_lp.numpy(), rtol=1e-5, atol=1e-5)
+    with paddle.no_grad():  # the adapter is back on after the block
+        on, _ = causal_lm_token_logprobs(wrapped, ids, attn, labels, chunk_size=3)
+    np.testing.assert_array_equal(on.numpy(), before.numpy())
+    with pytest.raises(ValueError, match="no LoRA adapter"):
+        with lora_disabled(Wrapper(llama())):
+            pass
 
 
 def test_head_restored_and_hidden_states_feed_the_head():
