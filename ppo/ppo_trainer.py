@@ -237,14 +237,18 @@ class PPOTrainer:
         args = self.args
         exp.require("scored")
         mask = exp.response_mask
-        chunk = args.logprob_chunk_size
+
+        def logprobs_under(model):
+            one_chunk = lambda e: response_logprobs(model, e, args.temperature, args.logprob_chunk_size)[0]  # noqa: E731
+            return in_chunks(one_chunk, exp, self._chunk())
+
         with paddle.no_grad():
             if exp.old_logprobs is None:
-                exp.old_logprobs = in_chunks(lambda e: response_logprobs(self.models.actor, e, args.temperature, chunk)[0], exp, self._chunk())
+                exp.old_logprobs = logprobs_under(self.models.actor)
             need_ref = args.kl_coeff != 0 or args.kl_loss_coeff != 0
             if need_ref:
                 with self.models.reference_mode() as ref:
-                    exp.ref_logprobs = in_chunks(lambda e: response_logprobs(ref, e, args.temperature, chunk)[0], exp, self._chunk())
+                    exp.ref_logprobs = logprobs_under(ref)
             else:
                 exp.ref_logprobs = exp.old_logprobs
             if self.models.critic is not None:  # no-grad passes use the unwrapped models
@@ -323,7 +327,8 @@ class PPOTrainer:
 
     def ptx_loss(self):
         batch = self.ptx_dataset.get_collator()([self.ptx_dataset[i] for i in self.ptx_sampler.next_indices()])
-        loss, _ = answer_nll(self.actor, batch["input_ids"], batch["attention_mask"], batch["labels"], self.args.logprob_chunk_size)
+        ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
+        loss, _ = answer_nll(self.actor, ids, mask, labels, self.args.logprob_chunk_size)
         return loss
 
     def critic_loss(self, mb, num_tokens, num_seqs):

@@ -95,7 +95,10 @@ class _ChunkedLMHeadLogprobs(PyLayer):
             if need_h:
                 grad_h_parts.append(paddle.matmul(grad_z, weight, transpose_y=not transpose_y))
             if need_w:
-                part = paddle.matmul(grad_z, h_c, transpose_x=True) if transpose_y else paddle.matmul(h_c, grad_z, transpose_x=True)
+                if transpose_y:  # weight [V, H]: grad = grad_z^T h
+                    part = paddle.matmul(grad_z, h_c, transpose_x=True)
+                else:  # weight [H, V]: grad = h^T grad_z
+                    part = paddle.matmul(h_c, grad_z, transpose_x=True)
                 part = part.astype("float32")
                 grad_w = part if grad_w is None else grad_w + part
         grad_h = paddle.concat(grad_h_parts) if need_h else None
@@ -151,7 +154,9 @@ def token_logprobs_from_hidden(
         logp = paddle.concat([p[0] for p in parts])
         entropy = paddle.concat([p[1] for p in parts]) if with_entropy else None
     else:
-        out = _ChunkedLMHeadLogprobs.apply(h, lm_head_weight, y, float(temperature), int(chunk_size), bool(transpose_y), bool(with_entropy))
+        out = _ChunkedLMHeadLogprobs.apply(
+            h, lm_head_weight, y, float(temperature), int(chunk_size), bool(transpose_y), bool(with_entropy)
+        )
         logp, entropy = out if with_entropy else (out, None)
 
     def place(values):
