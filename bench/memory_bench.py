@@ -18,7 +18,10 @@ rewards and advantages (GAE for PPO; GRPO with groups of 4), then one update ove
 `--prompt_len` prompt tokens (some rows left-padded) and `--seq_len - --prompt_len` response
 tokens (some rows shorter).
 
-Each (case, logprob_chunk_size) runs in a fresh subprocess; `logprob_chunk_size 0` is the
+Before the measured step a short warm-up step (8-token sequences) allocates the gradients
+and AdamW moments, as every step after the first finds them (`--no_warmup` measures a first
+step instead, which also allocates them). Each (case, logprob_chunk_size) runs in a fresh
+subprocess; `logprob_chunk_size 0` is the
 full-logits path (`[batch, seq, vocab]` float32 logits), `--chunk_size` (512) the chunked
 one. Memory is the process's resident-set high-water mark (Linux `VmHWM`, reset with
 `/proc/self/clear_refs` right before the step; `ru_maxrss` where that is not possible):
@@ -126,8 +129,9 @@ def fixed_experience(batch, prompt_len, seq_len, vocab_size, seed=0):
     return exp.advance("scored")
 
 
-def run_case(model_dir, case, chunk_size, batch, prompt_len, seq_len):
-    """One step in this process; returns the measurements."""
+def run_case(model_dir, case, chunk_size, batch, prompt_len, seq_len, warmup=True):
+    """One measured step in this process (after a short warm-up step with `warmup`); returns
+    the measurements."""
     import paddle
 
     from ppo.common.metrics import MetricAccumulator
@@ -176,24 +180,31 @@ def run_case(model_dir, case, chunk_size, batch, prompt_len, seq_len):
             if critic is not None:
                 self.critic_optimizer = build_optimizer(critic, schedule, 0.0, 1.0, 0.9, 0.999, 1e-8)
 
+    def one_step(exp):
+        trainer.actor.eval()
+        stats = trainer.compute_advantages(exp)
+        trainer.actor.train()
+        if critic is not None:
+            critic.train()
+        acc = MetricAccumulator()
+        trainer.update(exp, acc)
+        return stats, acc
+
     trainer = StepOnly()
+    if warmup:  # a short step first: gradients and AdamW moments exist before the measured step
+        one_step(fixed_experience(batch, 4, 8, actor.config.vocab_size, seed=1))
     exp = fixed_experience(batch, prompt_len, seq_len, actor.config.vocab_size)
     rss_before = _rss_kb("VmRSS")
     reset = _reset_peak()
     start = time.perf_counter()
-    trainer.actor.eval()
-    stats = trainer.compute_advantages(exp)
-    trainer.actor.train()
-    if critic is not None:
-        critic.train()
-    acc = MetricAccumulator()
-    trainer.update(exp, acc)
+    stats, acc = one_step(exp)
     seconds = time.perf_counter() - start
     peak = _rss_kb("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = acc.local_result()
     return {
         "case": case,
         "logprob_chunk_size": chunk_size,
+        "warmup_step": warmup,
         "step_s": round(seconds, 2),
         "rss_before_step_mb": round(rss_before / 1024, 1),
         "step_peak_rss_mb": round(peak / 1024, 1),
@@ -216,6 +227,9 @@ def main(argv=None):
     parser.add_argument("--chunk_size", type=int, default=512, help="logprob_chunk_size of the chunked runs")
     parser.add_argument("--vocab_size", type=int, default=QWEN25_05B["vocab_size"], help="only for quick checks of the bench itself")
     parser.add_argument("--model_dir", default=None, help="reuse a model directory (default: build one in a temp dir)")
+    parser.add_argument("--modes", default="full_logits,chunked",
+                        help="comma-separated subset of full_logits,chunked (e.g. skip a baseline that cannot fit)")
+    parser.add_argument("--no_warmup", action="store_true", help="measure the first step (AdamW moments and gradients allocated in it)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # "case:chunk", internal
     args = parser.parse_args(argv)
     if args.batch % GROUP_SIZE:
@@ -223,10 +237,13 @@ def main(argv=None):
     prompt_len = args.prompt_len if args.prompt_len is not None else args.seq_len // 2
     if not 0 < prompt_len < args.seq_len:
         parser.error("--prompt_len must be between 1 and seq_len - 1")
+    unknown = set(args.modes.split(",")) - {"full_logits", "chunked"}
+    if unknown:
+        parser.error(f"--modes: unknown {sorted(unknown)}; use full_logits and/or chunked")
 
     if args.worker:
         case, chunk = args.worker.split(":")
-        print(json.dumps(run_case(args.model_dir, case, int(chunk), args.batch, prompt_len, args.seq_len)))
+        print(json.dumps(run_case(args.model_dir, case, int(chunk), args.batch, prompt_len, args.seq_len, not args.no_warmup)))
         return None
 
     tmp = None
@@ -237,14 +254,16 @@ def main(argv=None):
     cases = ["ppo", "grpo"] if args.case == "all" else [args.case]
     report = {
         "model": dict(QWEN25_05B, num_hidden_layers=args.num_layers, vocab_size=args.vocab_size),
-        "batch": args.batch, "seq_len": args.seq_len, "prompt_len": prompt_len, "results": {},
+        "batch": args.batch, "seq_len": args.seq_len, "prompt_len": prompt_len, "warmup_step": not args.no_warmup, "results": {},
     }
     try:
         for case in cases:
             runs = {}
-            for label, chunk in (("full_logits", 0), ("chunked", args.chunk_size)):
+            modes = {"full_logits": 0, "chunked": args.chunk_size}
+            for label, chunk in [(m, modes[m]) for m in args.modes.split(",")]:
                 cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"{case}:{chunk}", "--model_dir", model_dir,
                        "--batch", str(args.batch), "--seq_len", str(args.seq_len), "--prompt_len", str(prompt_len)]
+                cmd += ["--no_warmup"] if args.no_warmup else []
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 if proc.returncode != 0:  # e.g. killed by the kernel's OOM killer (-9): recorded, not hidden
                     runs[label] = {"case": case, "logprob_chunk_size": chunk, "failed": f"exit status {proc.returncode}",
@@ -252,7 +271,7 @@ def main(argv=None):
                 else:
                     runs[label] = json.loads(proc.stdout.strip().splitlines()[-1])
                 print(json.dumps(runs[label]), file=sys.stderr, flush=True)
-            full, chunked = runs["full_logits"], runs["chunked"]
+            full, chunked = runs.get("full_logits", {"failed": "not run"}), runs.get("chunked", {"failed": "not run"})
             if "failed" in full or "failed" in chunked:
                 report["results"][case] = runs
                 continue
