@@ -91,19 +91,17 @@ class _ChunkedLMHeadLogprobs(PyLayer):
                 grad_z = grad_z - p * (z - mean_z) * grad_entropy[s:e].astype("float32").unsqueeze(-1)
             if temperature != 1.0:
                 grad_z = grad_z / temperature
-            grad_z = grad_z.astype(h.dtype)
             if need_h:
-                grad_h_parts.append(paddle.matmul(grad_z, weight, transpose_y=not transpose_y))
-            if need_w:
-                if transpose_y:  # weight [V, H]: grad = grad_z^T h
-                    part = paddle.matmul(grad_z, h_c, transpose_x=True)
-                else:  # weight [H, V]: grad = h^T grad_z
-                    part = paddle.matmul(h_c, grad_z, transpose_x=True)
-                part = part.astype("float32")
-                grad_w = part if grad_w is None else grad_w + part
+                grad_h_parts.append(paddle.matmul(grad_z.astype(h.dtype), weight, transpose_y=not transpose_y))
+            if need_w:  # accumulated in float32 with addmm: one [V, H] buffer besides the running sum
+                h32 = h_c.astype("float32")
+                # weight [V, H]: grad = grad_z^T h; weight [H, V]: grad = h^T grad_z
+                x, y_ = (grad_z.t(), h32) if transpose_y else (h32.t(), grad_z)
+                grad_w = paddle.matmul(x, y_) if grad_w is None else paddle.addmm(grad_w, x, y_)
         grad_h = paddle.concat(grad_h_parts) if need_h else None
-        grad_w = grad_w.astype(weight.dtype) if need_w else None
-        return grad_h, grad_w, None
+        if need_w and grad_w.dtype != weight.dtype:
+            grad_w = grad_w.astype(weight.dtype)
+        return grad_h, (grad_w if need_w else None), None
 
 
 def token_logprobs_from_hidden(
