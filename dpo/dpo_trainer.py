@@ -39,12 +39,12 @@ from ppo.algos import (
     kto_loss,
     masked_mean,
     masked_sum,
-    token_logprobs,
 )
 from ppo.algos.preference import PAIR_LOSS_TYPES, pair_loss
 from ppo.data import IGNORE_INDEX, right_padding
 from ppo.evaluation import GenerationEvalMixin
-from sft.sft_trainer import causal_lm_logits
+from ppo.models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE, causal_lm_token_logprobs
+from ppo.models.loading import find_lora_model, lora_disabled
 
 LOSS_TYPES = DPO_LOSS_TYPES + PAIR_LOSS_TYPES + ("kto",)
 REFERENCE_FREE_TYPES = ("simpo", "orpo")
@@ -92,21 +92,13 @@ class KTOCollator:
         return batch
 
 
-def answer_logprobs(model, input_ids, attention_mask, labels):
+def answer_logprobs(model, input_ids, attention_mask, labels, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE):
     """Per-sequence summed answer log-probs `[N]`, answer lengths `[N]`, and the
-    per-token log-probs `[N, T-1]` with their mask (for the NLL term)."""
-    logits = causal_lm_logits(model, input_ids, attention_mask)
-    shifted = labels[:, 1:]
-    mask = shifted != IGNORE_INDEX
-    tok = token_logprobs(logits[:, :-1].astype("float32"), shifted)
+    per-token log-probs `[N, T-1]` with their mask (for the NLL term). The LM head runs over
+    the answer tokens only, `chunk_size` at a time (0: full logits)."""
+    tok, _ = causal_lm_token_logprobs(model, input_ids, attention_mask, labels, chunk_size=chunk_size)
+    mask = labels[:, 1:] != IGNORE_INDEX
     return masked_sum(tok, mask, axis=-1), mask.astype("float32").sum(axis=-1), tok, mask
-
-
-def find_lora_model(model):
-    """The `LoRAModel` under DataParallel / sharding wrappers, or None."""
-    while hasattr(model, "_layers"):
-        model = model._layers
-    return model if type(model).__name__ == "LoRAModel" else None
 
 
 class DPOTrainer(GenerationEvalMixin, Trainer):
@@ -146,19 +138,15 @@ class DPOTrainer(GenerationEvalMixin, Trainer):
         """Summed answer log-probs `[N]` under the reference, without gradients."""
         with paddle.no_grad():
             if self.ref_model is not None:
-                return answer_logprobs(self.ref_model, input_ids, attention_mask, labels)[0]
-            lora_model = find_lora_model(model)
-            lora_model.disable_lora()
-            try:
-                return answer_logprobs(lora_model, input_ids, attention_mask, labels)[0]
-            finally:
-                lora_model.enable_lora()
+                return answer_logprobs(self.ref_model, input_ids, attention_mask, labels, self.args.logprob_chunk_size)[0]
+            with lora_disabled(model) as lora_model:
+                return answer_logprobs(lora_model, input_ids, attention_mask, labels, self.args.logprob_chunk_size)[0]
 
     def kl_reference_point(self, model, inputs):
         """KTO's z0 from the batch's mismatched pairs (no gradients), averaged across ranks."""
         ids, mask, labels = inputs["kl_input_ids"], inputs["kl_attention_mask"], inputs["kl_labels"]
         with paddle.no_grad():
-            policy_kl = answer_logprobs(model, ids, mask, labels)[0]
+            policy_kl = answer_logprobs(model, ids, mask, labels, self.args.logprob_chunk_size)[0]
         z0 = kto_kl_reference_point(policy_kl, self.reference_logprobs(model, ids, mask, labels))
         if self.args.world_size > 1:
             z0 = z0.clone()
@@ -177,7 +165,7 @@ class DPOTrainer(GenerationEvalMixin, Trainer):
         labels = paddle.concat([inputs["better_labels"], inputs["worse_labels"]], axis=0)
 
         # 1. policy: one forward over [2B, T]
-        logps, lengths, tok, tok_mask = answer_logprobs(model, ids, mask, labels)
+        logps, lengths, tok, tok_mask = answer_logprobs(model, ids, mask, labels, self.args.logprob_chunk_size)
         nll = -masked_mean(tok[:B], tok_mask[:B])  # token mean over the chosen answers
         # 2. reference: one forward without gradients
         ref = self.reference_logprobs(model, ids, mask, labels) if self.use_reference else None

@@ -23,7 +23,7 @@ from paddlenlp.trainer import TrainingArguments  # noqa: E402
 
 from dpo.dpo_trainer import LOSS_TYPES, DPOTrainer, KTOCollator, needs_reference  # noqa: E402
 from ppo.algos.preference import PAIR_LOSS_TYPES  # noqa: E402
-from ppo.common.args_common import DatasetArguments, DivergenceArguments, ModelCommonArguments, split_specs  # noqa: E402
+from ppo.common.args_common import DatasetArguments, DivergenceArguments, LogprobArguments, ModelCommonArguments, split_specs  # noqa: E402
 from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
 from ppo.common.run_setup import finish_trainer_run  # noqa: E402
 from ppo.common.validation import validate_run  # noqa: E402
@@ -63,7 +63,7 @@ class DataArgument(DatasetArguments):
 
 
 @dataclass
-class DPOTrainingArguments(DivergenceArguments, TrainingArguments):
+class DPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArguments):
     loss_type: str = field(default="sigmoid", metadata={"help": f"Preference loss: {' | '.join(LOSS_TYPES)}."})
     beta: float = field(
         default=0.1, metadata={"help": "Inverse temperature of the implicit reward (ORPO: the weight lambda of the odds-ratio term)."}

@@ -27,6 +27,7 @@ import paddle
 import paddle.distributed as dist
 
 from .common.validation import weights_problem
+from .models.loading import unwrap_parallel
 
 logger = logging.getLogger("ppo.checkpoint")
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -194,9 +195,7 @@ def replace_dir_atomically(tmp_path, final_path):
 
 def save_model_dir(model, path, tokenizer=None):
     """`save_pretrained` of the innermost model (LoRA adapters save as adapters)."""
-    inner = model
-    while hasattr(inner, "_layers"):
-        inner = inner._layers
+    inner = unwrap_parallel(model)
     inner.save_pretrained(path)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
@@ -241,9 +240,7 @@ def save_checkpoint(output_dir, step, models, optimizers, schedulers, state, tok
 
 def _param_names(model):
     """`{runtime parameter name: structured name}`; runtime names differ between processes."""
-    inner = model
-    while hasattr(inner, "_layers"):
-        inner = inner._layers
+    inner = unwrap_parallel(model)
     return {p.name: n for n, p in inner.named_parameters()}
 
 
@@ -266,9 +263,7 @@ def rename_optimizer_state(state, mapping):
 
 def load_model_weights(model, path):
     """Load `path`'s saved weights into `model` (full model or LoRA adapter) in place."""
-    inner = model
-    while hasattr(inner, "_layers"):
-        inner = inner._layers
+    inner = unwrap_parallel(model)
     candidates = ["lora_model_state.pdparams", "model_state.pdparams"]
     for name in candidates:
         file = os.path.join(path, name)

@@ -34,10 +34,11 @@ def reward_model_score_fn(reward_model):
     """`score_fn(batch, out)` giving a score model's end scores of prompt+response."""
     import paddle
 
+    from .models.causal_lm import position_ids_from_mask
+
     def score(batch, out):
         mask = paddle.concat([batch["attention_mask"].astype("int64"), out.response_mask.astype("int64")], axis=1)
-        position_ids = paddle.clip(paddle.cumsum(mask, axis=-1) - 1, min=0)
-        res = reward_model(input_ids=out.sequences, attention_mask=mask, position_ids=position_ids)
+        res = reward_model(input_ids=out.sequences, attention_mask=mask, position_ids=position_ids_from_mask(mask))
         return res.end_scores.numpy().tolist()
 
     return score

@@ -4,6 +4,11 @@ log-probs, values and scores. The math on top of them lives in `ppo/algos/`.
 Layout: `sequences [N, T]` = left-padded prompt `[N, Tp]` + right-padded
 response `[N, Tr]`; response token j sits at column `Tp + j` and is predicted
 by the logits at column `Tp + j - 1`.
+
+An `Experience` says which stage it is in (`stage`): "rollout" (sequences and masks),
+"scored" (`scores` set), "complete" (old/reference log-probs, values, rewards and
+advantages set together by `PPOTrainer.compute_advantages`); the update takes only
+complete experiences.
 """
 from dataclasses import dataclass, fields
 from typing import List, Optional
@@ -11,7 +16,9 @@ from typing import List, Optional
 import numpy as np
 import paddle
 
-from .algos import token_logprobs
+from .models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE, causal_lm_token_logprobs, last_token_index, position_ids_from_mask
+
+STAGES = ("rollout", "scored", "complete")
 
 
 @dataclass
@@ -36,6 +43,7 @@ class Experience:
     advantages: Optional[paddle.Tensor] = None  # [N, Tr]
     returns: Optional[paddle.Tensor] = None  # [N, Tr]
     ends_with_eos: Optional[paddle.Tensor] = None  # [N] bool
+    stage: str = "rollout"  # one of STAGES
 
     def __len__(self):
         return self.sequences.shape[0]
@@ -69,13 +77,27 @@ class Experience:
                 merged[f.name] = values[0]
         return Experience(**merged)
 
+    def advance(self, stage):
+        """Mark the experience as having reached `stage`, checking the fields it needs."""
+        needed = {"scored": ("scores",), "complete": ("scores", "old_logprobs", "ref_logprobs", "rewards", "advantages")}
+        missing = [name for name in needed.get(stage, ()) if getattr(self, name) is None]
+        if stage not in STAGES or missing:
+            raise ValueError(f"experience cannot reach stage {stage!r}: missing {missing or 'a known stage name'}")
+        self.stage = stage
+        return self
+
+    def require(self, stage):
+        """Raise unless the experience has reached `stage`."""
+        if STAGES.index(self.stage) < STAGES.index(stage):
+            raise RuntimeError(f"this step needs a {stage!r} experience, got one at stage {self.stage!r}")
+
 
 def experience_from_rollout(batch, out, eos_token_id, repeat=1, group_base=0):
     """An `Experience` from a collated prompt batch (`PromptOnlyCollator` output, prompts
     not yet repeated) and the engine's `RolloutOutput` for `repeat` samples per prompt."""
     prompt_mask = paddle.repeat_interleave(batch["attention_mask"], repeat, axis=0) if repeat > 1 else batch["attention_mask"]
     attention_mask = paddle.concat([prompt_mask.astype("int64"), out.response_mask.astype("int64")], axis=1)
-    last = paddle.clip(out.response_lengths - 1, min=0).unsqueeze(-1)
+    last = last_token_index(out.response_mask).unsqueeze(-1)
     last_token = paddle.take_along_axis(out.response_ids, last, axis=1).squeeze(-1)
     repeated = lambda xs: [x for x in xs for _ in range(repeat)]
     n_prompts = len(batch["prompt"])
@@ -94,30 +116,24 @@ def experience_from_rollout(batch, out, eos_token_id, repeat=1, group_base=0):
     )
 
 
-def position_ids_from_mask(attention_mask):
-    """`cumsum(mask) - 1`, clipped at 0. `[N, T]` -> `[N, T]` int64."""
-    return paddle.clip(paddle.cumsum(attention_mask.astype("int64"), axis=-1) - 1, min=0)
-
-
-def forward_logits(model, sequences, attention_mask, position_ids):
-    """Logits `[N, T, V]` (float32) of a causal LM or its LoRA/DataParallel wrapper."""
-    out = model(input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids, return_dict=True)
-    logits = out.logits if hasattr(out, "logits") else out[0]
-    return logits.astype("float32")
-
-
 def response_slice(tensor, prompt_len, response_len):
     """Columns predicting the response: `[N, T, ...]` -> `[N, Tr, ...]`."""
     return tensor[:, prompt_len - 1 : prompt_len - 1 + response_len]
 
 
-def response_logprobs(model, exp, temperature):
-    """Log-probs `[N, Tr]` of the response tokens under `model` at `temperature` (0 outside
-    the response mask); also returns the response logits `[N, Tr, V]`."""
+def response_logprobs(model, exp, temperature, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE, with_entropy=False):
+    """Log-probs `[N, Tr]` of the response tokens under `model` at `temperature` and, with
+    `with_entropy`, the entropy `[N, Tr]` of each predicting distribution (else None); both 0
+    outside the response mask. The LM head runs over response tokens only, `chunk_size` at a
+    time (0: full logits)."""
+    P = exp.prompt_len
+    mask = paddle.concat([paddle.zeros([len(exp), P], "float32"), exp.response_mask.astype("float32")], axis=1)
+    logprobs, entropy = causal_lm_token_logprobs(
+        model, exp.sequences, exp.attention_mask, exp.sequences, mask=mask, position_ids=exp.position_ids,
+        temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, first_counted=P,
+    )
     Tr = exp.response_ids.shape[1]
-    logits = response_slice(forward_logits(model, exp.sequences, exp.attention_mask, exp.position_ids), exp.prompt_len, Tr)
-    logprobs = token_logprobs(logits, exp.response_ids, temperature=temperature) * exp.response_mask
-    return logprobs, logits
+    return response_slice(logprobs, P, Tr), (response_slice(entropy, P, Tr) if with_entropy else None)
 
 
 def response_values(critic, exp):

@@ -10,7 +10,7 @@ from typing import List, Optional
 from paddlenlp.trainer import TrainingArguments
 
 from .algos import ADV_ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES, get_adv_estimator
-from .common.args_common import RECOMPUTE_GRANULARITIES, DatasetArguments, DivergenceArguments, ModelCommonArguments
+from .common.args_common import RECOMPUTE_GRANULARITIES, DatasetArguments, DivergenceArguments, LogprobArguments, ModelCommonArguments
 from .common.validation import check_sizes
 
 DEFAULT_RULE_SCORER = "math"
@@ -79,7 +79,7 @@ class DataArgument(DatasetArguments):
 
 
 @dataclass
-class PPOTrainingArguments(DivergenceArguments, TrainingArguments):
+class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArguments):
     stop_on_divergence: bool = field(
         default=True,
         metadata={"help": "Stop the run (keeping the last checkpoint) when the KL, a loss or a gradient norm diverges."},

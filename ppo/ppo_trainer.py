@@ -22,8 +22,7 @@ from tqdm import tqdm
 
 from .algos import (
     AdaptiveKLController,
-    entropy_bonus_loss,
-    entropy_from_logits,
+    entropy_bonus_from_token_entropy,
     group_zero_std_fraction,
     kl_loss,
     kl_shaped_rewards,
@@ -31,7 +30,6 @@ from .algos import (
     masked_whiten,
     overlong_penalty,
     ppo_policy_loss,
-    sft_loss,
     truncated_completion_mask,
     value_loss,
 )
@@ -43,14 +41,13 @@ from .common.tracking import RunTracker, keep_rows_up_to
 from .evaluation import decode_responses, evaluate_generation
 from .experience import (
     experience_from_rollout,
-    forward_logits,
     in_chunks,
     merge_rows,
-    position_ids_from_mask,
     response_logprobs,
     response_values,
     reward_model_scores,
 )
+from .models.causal_lm import answer_nll
 from .optim import build_optimizer, build_scheduler
 from .prompt_sampler import PromptSampler
 from .rollout import RolloutEngine, SamplingParams
@@ -80,9 +77,7 @@ class PPOTrainer:
         self.train_dataset, self.eval_dataset, self.ptx_dataset = train_dataset, eval_dataset, ptx_dataset
         self.reward_client = reward_client
         self.rule_scorer = rule_scorer  # ppo.scorers.WeightedScorer when use_rule_reward
-        self.estimator = args.estimator  # the registry entry: critic, groups, whitening
-        self.kl_controller = AdaptiveKLController(args.kl_coeff, args.target_kl, args.kl_horizon) if args.target_kl else None
-        self.score_stats = {}
+        self.init_step_state()
         self.eval_long_answer_len = eval_long_answer_len
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.is_main = self.rank == 0
@@ -135,12 +130,20 @@ class PPOTrainer:
             self.ptx_sampler = PromptSampler(len(ptx_dataset), args.per_device_train_batch_size, self.rank, self.world_size, args.seed + 1)
         self.collate_prompts = train_dataset.get_collator()
         self.tracker = None
+
+    # ------------------------------------------------------------------ set-up helpers
+    def init_step_state(self):
+        """The state one training step reads and updates besides models and optimisers:
+        estimator, KL controller, score parts, divergence watch, gradient norms."""
+        args = self.args
+        self.estimator = args.estimator  # the registry entry: critic, groups, whitening
+        self.kl_controller = AdaptiveKLController(args.kl_coeff, args.target_kl, args.kl_horizon) if args.target_kl else None
+        self.score_stats = {}
         self.divergence = DivergenceDetector(args.divergence_factor, args.divergence_window)
         self.grad_norms = {}  # model name -> gradient norm of its last optimiser step (before clipping)
         self.diverged = {}  # metric name -> first divergence message of the current step
         self.divergence_log = []  # every divergence message of the run (summary.json "diverged")
 
-    # ------------------------------------------------------------------ set-up helpers
     def _wrap(self, model, optimizer):
         """Data parallel or fleet (sharding / tensor parallel) wrappers; identity on one rank."""
         if model is None or self.world_size == 1:
@@ -226,6 +229,11 @@ class PPOTrainer:
             self.score_stats.update({f"reward/{name}": float(np.mean(v)) for name, v in per_function.items()})
         return totals
 
+    def scored(self, exp):
+        """`exp` with its scores, at stage "scored"."""
+        exp.scores = self.score(exp)
+        return exp.advance("scored")
+
     def normalized_scores(self, scores):
         """Scores after the running normaliser, updated with every rank's batch first."""
         if self.reward_normalizer is None:
@@ -241,8 +249,7 @@ class PPOTrainer:
     def sample_with_dynamic_filter(self):
         """Rollout (+ score); with `dynamic_sampling`, zero-variance groups are replaced by
         groups from further batches (at most `max_gen_batches`; all ranks draw together)."""
-        exp = self.rollout(self.sampler.next_indices())
-        exp.scores = self.score(exp)
+        exp = self.scored(self.rollout(self.sampler.next_indices()))
         if not self.args.dynamic_sampling:  # the arguments allow it only for per-group estimators
             return exp, 1
         want = self.args.per_device_prompt_batch_size
@@ -256,8 +263,7 @@ class PPOTrainer:
                 dist.all_reduce(need, op=dist.ReduceOp.MAX)
             if int(need) == 0 or draws >= self.args.max_gen_batches:
                 break
-            exp = self.rollout(self.sampler.next_indices())
-            exp.scores = self.score(exp)
+            exp = self.scored(self.rollout(self.sampler.next_indices()))
             draws += 1
         chosen = (kept + spare)[:want]
         return merge_rows([e.select(g) for e, g in chosen], self.tokenizer.pad_token_id), draws
@@ -284,15 +290,23 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ 3.-4. log-probs, values, rewards, advantages
     def compute_advantages(self, exp):
+        """Complete a scored experience in one place: old and reference log-probs, critic
+        values, shaped rewards and advantages (stage "scored" -> "complete"); returns stats."""
         args = self.args
+        exp.require("scored")
         mask = exp.response_mask
+
+        def logprobs_under(model):
+            one_chunk = lambda e: response_logprobs(model, e, args.temperature, args.logprob_chunk_size)[0]  # noqa: E731
+            return in_chunks(one_chunk, exp, self._chunk())
+
         with paddle.no_grad():
             if exp.old_logprobs is None:
-                exp.old_logprobs = in_chunks(lambda e: response_logprobs(self.models.actor, e, args.temperature)[0], exp, self._chunk())
+                exp.old_logprobs = logprobs_under(self.models.actor)
             need_ref = args.kl_coeff != 0 or args.kl_loss_coeff != 0
             if need_ref:
                 with self.models.reference_mode() as ref:
-                    exp.ref_logprobs = in_chunks(lambda e: response_logprobs(ref, e, args.temperature)[0], exp, self._chunk())
+                    exp.ref_logprobs = logprobs_under(ref)
             else:
                 exp.ref_logprobs = exp.old_logprobs
             if self.models.critic is not None:  # no-grad passes use the unwrapped models
@@ -309,6 +323,7 @@ class PPOTrainer:
             )
             if args.normalize_advantage:
                 exp.advantages = masked_whiten(exp.advantages, mask)
+        exp.advance("complete")
         lengths = mask.sum(axis=-1)
         kl_sum = (kl * mask).sum(axis=-1)
         stats = {
@@ -361,7 +376,7 @@ class PPOTrainer:
         """pg_loss_coeff * policy loss - entropy_coeff * entropy + kl_loss_coeff * KL."""
         args = self.args
         agg = self._agg(num_tokens, num_seqs)
-        logprobs, logits = response_logprobs(self.actor, mb, args.temperature)
+        logprobs, entropy = response_logprobs(self.actor, mb, args.temperature, args.logprob_chunk_size, with_entropy=True)
         pg_loss, stats = ppo_policy_loss(
             logprobs, mb.old_logprobs, mb.advantages, mb.response_mask,
             clip_range_ratio=args.clip_range_ratio, clip_range_ratio_low=args.clip_range_ratio_low,
@@ -370,22 +385,21 @@ class PPOTrainer:
         )
         loss = args.pg_loss_coeff * pg_loss
         if args.entropy_coeff:
-            entropy, entropy_stats = entropy_bonus_loss(logits, mb.response_mask, args.temperature, **agg)
-            loss = loss - args.entropy_coeff * entropy
+            bonus, entropy_stats = entropy_bonus_from_token_entropy(entropy, mb.response_mask, **agg)
+            loss = loss - args.entropy_coeff * bonus
             stats.update(entropy_stats)
         if args.kl_loss_coeff:
             kl_term, kl_stats = kl_loss(logprobs, mb.ref_logprobs, mb.response_mask, kind=args.kl_loss_type,
                                         clamp=args.kl_clamp if args.kl_loss_type in K3_NAMES else None, **agg)
             loss = loss + args.kl_loss_coeff * kl_term
             stats.update(kl_stats)
-        with paddle.no_grad():
-            stats["policy/entropy_avg"] = masked_mean(entropy_from_logits(logits / args.temperature), mb.response_mask)
+        stats["policy/entropy_avg"] = masked_mean(entropy.detach(), mb.response_mask)
         return loss, stats
 
     def ptx_loss(self):
         batch = self.ptx_dataset.get_collator()([self.ptx_dataset[i] for i in self.ptx_sampler.next_indices()])
-        logits = forward_logits(self.actor, batch["input_ids"], batch["attention_mask"], position_ids_from_mask(batch["attention_mask"]))
-        loss, _ = sft_loss(logits[:, :-1], batch["labels"][:, 1:])
+        ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
+        loss, _ = answer_nll(self.actor, ids, mask, labels, self.args.logprob_chunk_size)
         return loss
 
     def critic_loss(self, mb, num_tokens, num_seqs):
@@ -411,6 +425,7 @@ class PPOTrainer:
 
     def update(self, exp, acc):
         args = self.args
+        exp.require("complete")
         response_mask = exp.response_mask.numpy()  # one host copy for all token counts
         for epoch in range(args.update_iters):
             for plan in self.minibatch_plan(len(exp), epoch):

@@ -17,7 +17,7 @@ from typing import Optional  # noqa: E402
 
 from paddlenlp.trainer import TrainingArguments  # noqa: E402
 
-from ppo.common.args_common import DatasetArguments, DivergenceArguments, ModelCommonArguments, split_specs  # noqa: E402
+from ppo.common.args_common import DatasetArguments, DivergenceArguments, LogprobArguments, ModelCommonArguments, split_specs  # noqa: E402
 from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
 from ppo.common.run_setup import finish_trainer_run  # noqa: E402
 from ppo.common.validation import validate_run  # noqa: E402
@@ -41,7 +41,7 @@ class DataArgument(DatasetArguments):
 
 
 @dataclass
-class SFTTrainingArguments(DivergenceArguments, TrainingArguments):
+class SFTTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArguments):
     eval_with_do_generation: bool = field(
         default=True, metadata={"help": "Also greedy-decode eval prompts and report exact-match accuracy."}
     )

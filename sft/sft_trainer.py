@@ -3,14 +3,8 @@ plus held-out exact-match evaluation by greedy generation."""
 import paddle
 from paddlenlp.trainer import Trainer
 
-from ppo.algos import sft_loss
 from ppo.evaluation import GenerationEvalMixin
-
-
-def causal_lm_logits(model, input_ids, attention_mask):
-    """Logits `[B, T, V]` of a causal LM (or its LoRA wrapper)."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
-    return out.logits if hasattr(out, "logits") else out[0]
+from ppo.models.causal_lm import answer_nll
 
 
 class SFTTrainer(GenerationEvalMixin, Trainer):
@@ -26,10 +20,10 @@ class SFTTrainer(GenerationEvalMixin, Trainer):
         self.setup_generation_eval(eval_prompt_dataset, eval_max_new_tokens, eval_long_answer_len, use_fusemt)
 
     def compute_loss(self, model, inputs, return_outputs=False):
-        logits = causal_lm_logits(model, inputs["input_ids"], inputs["attention_mask"])
-        # position t predicts token t+1
-        loss, _ = sft_loss(logits[:, :-1], inputs["labels"][:, 1:])
-        return (loss, {"logits": logits}) if return_outputs else loss
+        loss, logprobs = answer_nll(
+            model, inputs["input_ids"], inputs["attention_mask"], inputs["labels"], self.args.logprob_chunk_size
+        )
+        return (loss, {"logprobs": logprobs}) if return_outputs else loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         with paddle.no_grad():

@@ -7,7 +7,8 @@ import paddle
 import pytest
 
 from ppo.algos import pairwise_reward_loss, tokenwise_pairwise_reward_loss
-from ppo.models.score_model import AutoModelForScore, end_index_from_mask
+from ppo.models.causal_lm import last_token_index
+from ppo.models.score_model import AutoModelForScore
 from rm.reward_trainer import reward_loss
 
 
@@ -15,9 +16,9 @@ def test_end_index_under_left_and_right_padding():
     right = paddle.to_tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
     left = paddle.to_tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]])
     mixed = paddle.to_tensor([[0, 1, 1, 1, 0]])  # left-padded prompt + right-padded response
-    assert end_index_from_mask(right).numpy().tolist() == [2, 4, 0]
-    assert end_index_from_mask(left).numpy().tolist() == [4, 4, 4]
-    assert end_index_from_mask(mixed).numpy().tolist() == [3]
+    assert last_token_index(right).numpy().tolist() == [2, 4, 0]
+    assert last_token_index(left).numpy().tolist() == [4, 4, 4]
+    assert last_token_index(mixed).numpy().tolist() == [3]
 
 
 def test_same_sequence_scores_equal_left_or_right_padded(tiny_model_dir):

@@ -20,6 +20,7 @@ from .losses import (
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_AGG_MODES,
     aggregate_loss,
+    entropy_bonus_from_token_entropy,
     entropy_bonus_loss,
     entropy_from_logits,
     kl_loss,
@@ -29,7 +30,8 @@ from .losses import (
     token_logprobs,
     value_loss,
 )
-from .masked import masked_mean, masked_sum, masked_var, masked_whiten
+from .lm_head import token_logprobs_from_hidden
+from .masked import last_nonzero_index, masked_mean, masked_sum, masked_var, masked_whiten
 from .normalizer import (
     NORMALIZERS,
     ExponentialMovingAverage,
@@ -51,6 +53,7 @@ from .preference import (
 
 __all__ = [
     # masked
+    "last_nonzero_index",
     "masked_mean",
     "masked_sum",
     "masked_var",
@@ -75,6 +78,7 @@ __all__ = [
     # losses
     "LOSS_AGG_MODES",
     "IMPORTANCE_SAMPLING_LEVELS",
+    "entropy_bonus_from_token_entropy",
     "entropy_bonus_loss",
     "aggregate_loss",
     "ppo_policy_loss",
@@ -84,6 +88,8 @@ __all__ = [
     "token_logprobs",
     "sequence_logprobs",
     "sft_loss",
+    # lm_head
+    "token_logprobs_from_hidden",
     # preference
     "DPO_LOSS_TYPES",
     "pairwise_reward_loss",

@@ -12,7 +12,7 @@ Names follow verl ``core_algos.kl_penalty`` (``kl`` = k1, ``mse`` = k2,
 """
 import paddle
 
-from .masked import _float_mask, _zero_outside
+from .masked import _float_mask, _zero_outside, last_nonzero_index
 
 __all__ = ["AdaptiveKLController", "KL_ESTIMATORS", "kl_penalty", "kl_shaped_rewards", "last_token_mask"]
 
@@ -62,17 +62,14 @@ def kl_penalty(logprobs, ref_logprobs, kind="k1", clamp=None):
 
 
 def last_token_mask(mask):
-    """Boolean ``[B, T]`` that is True only at each row's last position with ``mask != 0``.
-
-    Rows whose mask is empty are all False. Works for any layout (left offsets,
-    right padding).
+    """Boolean ``[B, T]`` that is True only at each row's last position with ``mask != 0``
+    (``last_nonzero_index``). Rows whose mask is empty are all False. Works for any layout
+    (left offsets, right padding).
     """
     m = mask if isinstance(mask, paddle.Tensor) else paddle.to_tensor(mask)
     m = m.astype("bool")
-    T = m.shape[-1]
-    pos = paddle.arange(T, dtype="int64").unsqueeze(0).expand(m.shape)
-    masked_pos = paddle.where(m, pos, paddle.full_like(pos, -1))
-    last = paddle.max(masked_pos, axis=-1, keepdim=True)  # -1 for empty rows
+    pos = paddle.arange(m.shape[-1], dtype="int64").expand(m.shape)
+    last = last_nonzero_index(m).unsqueeze(-1)  # -1 for empty rows
     return paddle.logical_and(pos == last, m)
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "LOSS_AGG_MODES",
     "IMPORTANCE_SAMPLING_LEVELS",
     "entropy_bonus_loss",
+    "entropy_bonus_from_token_entropy",
     "aggregate_loss",
     "ppo_policy_loss",
     "value_loss",
@@ -267,8 +268,15 @@ def entropy_bonus_loss(logits, mask, temperature=1.0, loss_agg_mode="token-mean"
     Source: verl ``dp_actor`` (``policy_loss = pg_loss - entropy_coeff * entropy_loss``).
     """
     z = logits if temperature == 1.0 else logits / temperature
-    ent = entropy_from_logits(z)
-    loss = aggregate_loss(ent, mask, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+    return entropy_bonus_from_token_entropy(entropy_from_logits(z), mask, loss_agg_mode, num_tokens=num_tokens,
+                                            num_seqs=num_seqs, loss_scale_factor=loss_scale_factor)
+
+
+def entropy_bonus_from_token_entropy(token_entropy, mask, loss_agg_mode="token-mean", num_tokens=None, num_seqs=None,
+                                     loss_scale_factor=None):
+    """:func:`entropy_bonus_loss` from per-token entropies ``[B, T]`` (e.g. the chunked
+    LM-head path, ``token_logprobs_from_hidden(..., with_entropy=True)``) -> scalar, stats."""
+    loss = aggregate_loss(token_entropy, mask, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
                           loss_scale_factor=loss_scale_factor)
     return loss, {"actor/entropy": _detached(loss)}
 

@@ -11,7 +11,7 @@ Conventions used throughout ``ppo.algos``:
 """
 import paddle
 
-__all__ = ["masked_mean", "masked_sum", "masked_var", "masked_whiten"]
+__all__ = ["last_nonzero_index", "masked_mean", "masked_sum", "masked_var", "masked_whiten"]
 
 
 def _float_mask(mask, x):
@@ -92,3 +92,16 @@ def masked_whiten(x, mask, shift_mean=True, eps=1e-8):
     if not shift_mean:
         whitened = whitened + mean
     return _zero_outside(whitened, m)
+
+
+def last_nonzero_index(mask):
+    """Index of the last position with ``mask != 0`` in each row; -1 for an empty row.
+
+    Formula: ``max_t (t if mask_t else -1)``; right for left padding, right padding and
+    masks with holes. Example: ``[[0, 1, 1, 0], [0, 0, 0, 0]]`` -> ``[2, -1]``.
+    Shapes: ``mask`` ``[B, T]`` (any leading shape) -> ``[B]`` int64.
+    """
+    m = mask if isinstance(mask, paddle.Tensor) else paddle.to_tensor(mask)
+    m = m.astype("bool")
+    pos = paddle.arange(m.shape[-1], dtype="int64").expand(m.shape)
+    return paddle.max(paddle.where(m, pos, paddle.full_like(pos, -1)), axis=-1)

@@ -10,7 +10,7 @@ divide them by the response lengths here.
 import paddle
 import paddle.nn.functional as F
 
-from .masked import _float_mask, masked_mean
+from .masked import _float_mask, last_nonzero_index, masked_mean
 
 __all__ = [
     "DPO_LOSS_TYPES",
@@ -73,13 +73,6 @@ def pairwise_reward_loss(better_scores, worse_scores, margin=None, regularizatio
     return loss, _rm_stats(loss, better_scores, worse_scores)
 
 
-def _last_index(mask):
-    """Index of the last non-zero entry of each row of ``mask`` ([B, T] -> [B] int64, -1 if empty)."""
-    m = mask.astype("bool")
-    pos = paddle.arange(m.shape[-1], dtype="int64").unsqueeze(0).expand(m.shape)
-    return paddle.max(paddle.where(m, pos, paddle.full_like(pos, -1)), axis=-1)
-
-
 def tokenwise_pairwise_reward_loss(
     better_token_scores,
     worse_token_scores,
@@ -105,8 +98,8 @@ def tokenwise_pairwise_reward_loss(
     Source: safe-rlhf ``safe_rlhf/values/reward/trainer.py::RewardTrainer.loss``;
     PaddleNLP ``llm/alignment/rm`` reward trainer.
     """
-    better_end = _last_index(better_mask)
-    worse_end = _last_index(worse_mask)
+    better_end = last_nonzero_index(better_mask)
+    worse_end = last_nonzero_index(worse_mask)
     end = paddle.maximum(better_end, worse_end).unsqueeze(-1)
     differ = (better_input_ids != worse_input_ids).astype("int32")
     diverge = paddle.argmax(differ, axis=-1).astype("int64").unsqueeze(-1)  # first True

@@ -3,8 +3,9 @@
 Defaults live here and in the entry points' dataclasses only; every field has a help.
 """
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List
 
+from ..models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE
 from ..models.loading import DEFAULT_LORA_TARGETS
 
 RECOMPUTE_GRANULARITIES = ("full", "full_attn", "core_attn")
@@ -86,6 +87,25 @@ class DivergenceArguments:
         default=10,
         metadata={"help": "Recent values per metric (one per optimiser step or log) the divergence check compares with."},
     )
+
+
+@dataclass
+class LogprobArguments:
+    """Mixed into the training arguments of the entry points whose losses use LM log-probs
+    (SFT, DPO, PPO/GRPO; the reward model has no LM head)."""
+
+    logprob_chunk_size: int = field(
+        default=DEFAULT_LOGPROB_CHUNK_SIZE,
+        metadata={
+            "help": "Answer/response tokens per LM-head chunk when computing log-probs and entropy from hidden "
+            "states (memory of order chunk x vocabulary); 0 computes full [batch, seq, vocab] logits."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.logprob_chunk_size < 0:
+            raise ValueError(f"logprob_chunk_size must be >= 0 (0 = full logits), got {self.logprob_chunk_size}")
 
 
 @dataclass

@@ -5,6 +5,7 @@ from `base_model_name_or_path` in that file (or given explicitly) and wrapped
 with `paddlenlp.peft.LoRAModel`. `disable_lora()` on such a model gives the
 base model's outputs with no second copy of the base weights.
 """
+import contextlib
 import json
 import logging
 import os
@@ -191,12 +192,39 @@ def load_reference(policy, policy_path, ref_path=None, dtype="float32", **overri
     return reference
 
 
+def unwrap_parallel(model):
+    """`model` without its DataParallel / fleet (sharding, tensor/pipeline parallel) wrappers,
+    which all keep the wrapped layer in `_layers`; a LoRA wrapper stays (it saves as an adapter)."""
+    while hasattr(model, "_layers"):
+        model = model._layers
+    return model
+
+
+def find_lora_model(model):
+    """The `LoRAModel` under DataParallel / sharding wrappers, or None."""
+    model = unwrap_parallel(model)
+    return model if is_lora_model(model) else None
+
+
+@contextlib.contextmanager
+def lora_disabled(model):
+    """Within the block, the LoRA adapter under `model`'s wrappers is off (the base model's
+    outputs, e.g. as the reference); yields that `LoRAModel`. Raises if there is none."""
+    lora_model = find_lora_model(model)
+    if lora_model is None:
+        raise ValueError(f"{type(unwrap_parallel(model)).__name__} has no LoRA adapter to disable")
+    lora_model.disable_lora()
+    try:
+        yield lora_model
+    finally:
+        lora_model.enable_lora()
+
+
 def unwrap_model(model):
     """The innermost PaddleNLP model under DataParallel / sharding / LoRA wrappers."""
     while True:
-        if hasattr(model, "_layers"):
-            model = model._layers
-        elif type(model).__name__ == "LoRAModel":
+        model = unwrap_parallel(model)
+        if is_lora_model(model):
             model = model.model
         else:
             return model

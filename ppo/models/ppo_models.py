@@ -12,7 +12,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .loading import apply_lora, freeze, is_lora_dir, is_lora_model, load_causal_lm, load_reference, set_dropout_off
+from .loading import apply_lora, freeze, is_lora_dir, is_lora_model, load_causal_lm, load_reference, lora_disabled, set_dropout_off
 from .score_model import AutoModelForScore
 
 
@@ -29,11 +29,8 @@ class PPOModels:
         if self.reference is not None:
             yield self.reference
             return
-        self.actor.disable_lora()
-        try:
-            yield self.actor
-        finally:
-            self.actor.enable_lora()
+        with lora_disabled(self.actor) as base:
+            yield base
 
 
 def build_ppo_models(model_args, use_critic, dtype="float32", **extra):

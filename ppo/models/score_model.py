@@ -16,6 +16,7 @@ import paddle
 import paddle.nn as nn
 
 from ..algos.normalizer import build_normalizer
+from .causal_lm import last_token_index, position_ids_from_mask
 
 SCORE_TYPES = ("reward", "critic", "cost")
 SCORE_CONFIG_DEFAULTS = {
@@ -33,14 +34,6 @@ class ScoreModelOutput(NamedTuple):
     scores: paddle.Tensor  # [B, T]
     end_scores: paddle.Tensor  # [B]
     end_index: paddle.Tensor  # [B]
-
-
-def end_index_from_mask(attention_mask):
-    """Index of the last real token per row. `[B, T]` -> `[B]` int64."""
-    T = attention_mask.shape[-1]
-    positions = paddle.arange(T, dtype="int64").unsqueeze(0)
-    masked = paddle.where(attention_mask.astype("bool"), positions, paddle.full_like(positions, -1))
-    return masked.max(axis=-1)
 
 
 class ScoreModelMixin:
@@ -102,13 +95,13 @@ class ScoreModelMixin:
         if attention_mask is None:
             attention_mask = paddle.ones_like(input_ids)
         if position_ids is None:
-            position_ids = paddle.clip(paddle.cumsum(attention_mask.astype("int64"), axis=-1) - 1, min=0)
+            position_ids = position_ids_from_mask(attention_mask)
         out = self.backbone(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True
         )
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         scores = self.score_head(hidden).squeeze(-1).astype("float32")  # [B, T]
-        end_index = end_index_from_mask(attention_mask)
+        end_index = last_token_index(attention_mask)
         end_scores = paddle.take_along_axis(scores, end_index.unsqueeze(-1), axis=-1).squeeze(-1)
         if self.training and self.config.normalizer_type:  # statistics always kept, applied if do_normalize
             self.update_normalizer(end_scores)
