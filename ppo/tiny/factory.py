@@ -145,28 +145,27 @@ REAL_SHAPES = {
 count is chosen by the caller (`num_layers`)."""
 
 
-def build_real_shape(output_dir, shape, num_layers=1, seed=42, tokenizer_vocab_size=1024):
-    """Build a real-shaped model (see `REAL_SHAPES`) and its tokenizer into `output_dir`.
+def real_shape_model(shape, tokenizer, num_layers=1, seed=42):
+    """A randomly initialised model of `shape` (see `REAL_SHAPES`) for `tokenizer`, in eval mode.
 
-    Returns `(tokenizer, model)`. Embedding (and untied LM-head) rows from `len(tokenizer)`
-    to the model vocabulary are zero.
+    Embedding (and untied LM-head) rows from `len(tokenizer)` to the model vocabulary are zero.
     """
     import paddle
     from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    from .bpe_tokenizers import build_tokenizer as build_bpe_tokenizer
-
     if shape not in REAL_SHAPES:
         raise ValueError(f"unknown shape {shape!r}; choose one of {sorted(REAL_SHAPES)}")
     spec = dict(REAL_SHAPES[shape])
-    tokenizer = build_bpe_tokenizer(spec.pop("tokenizer"), output_dir, vocab_size=tokenizer_vocab_size, seed=seed)
+    spec.pop("tokenizer")
     model_type = spec.pop("model_type")
-    if len(tokenizer) > spec["vocab_size"]:
-        raise ValueError(f"tokenizer has {len(tokenizer)} ids, more than the model vocabulary {spec['vocab_size']}")
+    n_tok = len(tokenizer)
+    if n_tok > spec["vocab_size"]:
+        raise ValueError(f"tokenizer has {n_tok} ids, more than the model vocabulary {spec['vocab_size']}")
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.pad_token_id
     common = dict(
         num_hidden_layers=num_layers,
         initializer_range=0.02,
-        bos_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.pad_token_id,
+        bos_token_id=bos,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         use_flash_attention=False,
@@ -179,16 +178,28 @@ def build_real_shape(output_dir, shape, num_layers=1, seed=42, tokenizer_vocab_s
     else:
         model = LlamaForCausalLM(LlamaConfig(**common))
     model.eval()
-    n_tok = len(tokenizer)
     with paddle.no_grad():
-        embed = model.get_input_embeddings().weight
-        embed[n_tok:] = 0.0
+        model.get_input_embeddings().weight[n_tok:] = 0.0
         if not spec["tie_word_embeddings"]:
-            head = model.lm_head.weight  # [H, V]
-            head[:, n_tok:] = 0.0
+            model.lm_head.weight[:, n_tok:] = 0.0  # [H, V]
+    return model
+
+
+def build_real_shape(output_dir, shape, num_layers=1, seed=42, tokenizer_vocab_size=1024):
+    """Build a real-shaped model (see `REAL_SHAPES`) and its BPE tokenizer into `output_dir`.
+
+    Returns `(tokenizer, model)`; both load with PaddleNLP's `Auto*.from_pretrained(output_dir)`.
+    """
+    from .bpe_tokenizers import build_tokenizer as build_bpe_tokenizer
+
+    if shape not in REAL_SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; choose one of {sorted(REAL_SHAPES)}")
+    style = REAL_SHAPES[shape]["tokenizer"]
+    tokenizer = build_bpe_tokenizer(style, output_dir, vocab_size=tokenizer_vocab_size, seed=seed)
+    model = real_shape_model(shape, tokenizer, num_layers=num_layers, seed=seed)
     model.save_pretrained(output_dir)
     with open(os.path.join(output_dir, "tiny_factory.json"), "w") as f:
-        json.dump({"shape": shape, "num_layers": num_layers, "seed": seed, "tokenizer_ids": n_tok}, f, indent=2)
+        json.dump({"shape": shape, "num_layers": num_layers, "seed": seed, "tokenizer_ids": len(tokenizer)}, f, indent=2)
     return tokenizer, model
 
 
