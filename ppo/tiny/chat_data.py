@@ -2,8 +2,8 @@
 
 Every record is a conversation of reversal turns (`Reverse: k3x9q` -> `q9x3k`,
 `ppo.tiny.demo_data`) interleaved with sentences of the built-in English passage,
-grown turn by turn until its chat-template prompt reaches `prompt_tokens` tokens
-of the given tokenizer. The final user turn asks for one reversal; its answer is
+grown turn by turn while its chat-template prompt stays within `prompt_tokens` tokens
+of the given tokenizer (the next turn would pass it). The final user turn asks for one reversal; its answer is
 the short trained part. Files written into `output_dir`:
 
 - `sft.jsonl`, `prompts.jsonl`: Jsonfile multi-turn records
@@ -19,19 +19,25 @@ from . import demo_data
 from .bpe_tokenizers import ENGLISH_TEXT
 
 
+def _prompt_length(tokenizer, users, assistants, final_turn):
+    conversation = [[u, a] for u, a in zip(users, assistants)] + [[final_turn]]
+    text = tokenizer.apply_chat_template(conversation, tokenize=False)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def long_conversation(tokenizer, prompt_tokens, rng):
-    """`(users, assistants, final_string)`: history turns whose chat-template prompt (with the
-    final reversal turn) has at least `prompt_tokens` tokens."""
+    """`(users, assistants, final_string)`: the longest run of history turns whose chat-template
+    prompt (with the final reversal turn) stays within `prompt_tokens` tokens."""
     sentences = [s.strip() + "." for s in ENGLISH_TEXT.replace("\n", " ").split(".") if s.strip()]
     final = demo_data.sample_string(rng)
+    final_turn = demo_data.reverse_prompt(final)
     users, assistants = [], []
     while True:
-        conversation = [[u, a] for u, a in zip(users, assistants)] + [[demo_data.reverse_prompt(final)]]
-        text = tokenizer.apply_chat_template(conversation, tokenize=False)
-        if len(tokenizer(text, add_special_tokens=False)["input_ids"]) >= prompt_tokens:
-            return users, assistants, final
         s = demo_data.sample_string(rng)
-        users.append(rng.choice(sentences) + " " + demo_data.reverse_prompt(s))
+        user = rng.choice(sentences) + " " + demo_data.reverse_prompt(s)
+        if _prompt_length(tokenizer, users + [user], assistants + [demo_data.correct_answer(s)], final_turn) > prompt_tokens:
+            return users, assistants, final
+        users.append(user)
         assistants.append(demo_data.correct_answer(s))
 
 

@@ -144,10 +144,18 @@ REAL_SHAPES = {
 """Model shapes by name: the real vocabulary, heads, biases, tying and rope theta; the layer
 count is chosen by the caller (`num_layers`)."""
 
+SMALL_OVERRIDES = {
+    "qwen2.5-0.5b": dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2),
+    "llama3": dict(hidden_size=64, intermediate_size=128, num_attention_heads=8, num_key_value_heads=2),
+}
+"""Sizes of the small stand-ins (`build_real_shape(..., small=True)`), same head ratios as the real shapes."""
 
-def real_shape_model(shape, tokenizer, num_layers=1, seed=42):
+
+def real_shape_model(shape, tokenizer, num_layers=1, seed=42, **overrides):
     """A randomly initialised model of `shape` (see `REAL_SHAPES`) for `tokenizer`, in eval mode.
 
+    `overrides` replace entries of the shape (e.g. `hidden_size=64, vocab_size=len(tokenizer)`
+    for a small model of the same family: GQA, biases, tying and rope theta kept).
     Embedding (and untied LM-head) rows from `len(tokenizer)` to the model vocabulary are zero.
     """
     import paddle
@@ -155,7 +163,10 @@ def real_shape_model(shape, tokenizer, num_layers=1, seed=42):
 
     if shape not in REAL_SHAPES:
         raise ValueError(f"unknown shape {shape!r}; choose one of {sorted(REAL_SHAPES)}")
-    spec = dict(REAL_SHAPES[shape])
+    unknown = set(overrides) - (set(REAL_SHAPES[shape]) - {"tokenizer", "model_type"})
+    if unknown:
+        raise ValueError(f"real_shape_model: unknown override(s) {sorted(unknown)}")
+    spec = {**REAL_SHAPES[shape], **overrides}
     spec.pop("tokenizer")
     model_type = spec.pop("model_type")
     n_tok = len(tokenizer)
@@ -185,10 +196,13 @@ def real_shape_model(shape, tokenizer, num_layers=1, seed=42):
     return model
 
 
-def build_real_shape(output_dir, shape, num_layers=1, seed=42, tokenizer_vocab_size=1024):
+def build_real_shape(output_dir, shape, num_layers=1, seed=42, tokenizer_vocab_size=1024, small=False):
     """Build a real-shaped model (see `REAL_SHAPES`) and its BPE tokenizer into `output_dir`.
 
-    Returns `(tokenizer, model)`; both load with PaddleNLP's `Auto*.from_pretrained(output_dir)`.
+    `small=True` keeps the family (GQA ratio, biases, tying, rope theta, tokenizer and chat
+    template) at `SMALL_OVERRIDES` sizes with the vocabulary cut to the tokenizer: a fast
+    stand-in for pipeline tests. Returns `(tokenizer, model)`; both load with PaddleNLP's
+    `Auto*.from_pretrained(output_dir)`.
     """
     from .bpe_tokenizers import build_tokenizer as build_bpe_tokenizer
 
@@ -196,10 +210,12 @@ def build_real_shape(output_dir, shape, num_layers=1, seed=42, tokenizer_vocab_s
         raise ValueError(f"unknown shape {shape!r}; choose one of {sorted(REAL_SHAPES)}")
     style = REAL_SHAPES[shape]["tokenizer"]
     tokenizer = build_bpe_tokenizer(style, output_dir, vocab_size=tokenizer_vocab_size, seed=seed)
-    model = real_shape_model(shape, tokenizer, num_layers=num_layers, seed=seed)
+    overrides = dict(SMALL_OVERRIDES[shape], vocab_size=len(tokenizer)) if small else {}
+    model = real_shape_model(shape, tokenizer, num_layers=num_layers, seed=seed, **overrides)
     model.save_pretrained(output_dir)
     with open(os.path.join(output_dir, "tiny_factory.json"), "w") as f:
-        json.dump({"shape": shape, "num_layers": num_layers, "seed": seed, "tokenizer_ids": len(tokenizer)}, f, indent=2)
+        json.dump({"shape": shape, "small": small, "num_layers": num_layers, "seed": seed,
+                   "tokenizer_ids": len(tokenizer)}, f, indent=2)
     return tokenizer, model
 
 
