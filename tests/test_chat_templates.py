@@ -219,3 +219,19 @@ def test_sft_rm_dpo_ppo_grpo_two_steps_with_chat_template(style, small_model, re
     cp.assert_rl_run(ppo, str(tmp_path / "ppo"), STYLES[style]["opener"], 4)
     _, grpo = cp.run_grpo(model_dir, reverse_server.url, data, str(tmp_path / "grpo"), max_prompt_len=124)
     cp.assert_rl_run(grpo, str(tmp_path / "grpo"), STYLES[style]["opener"], 4)
+
+
+def test_factory_cli_builds_a_small_family_model(tmp_path, capsys):
+    from ppo.tiny.factory import main, real_shape_model
+
+    main(["--output_dir", str(tmp_path), "--shape", "llama3", "--small", "--num_layers", "1", "--seed", "2"])
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["shape"] == "llama3" and printed["parameters"] > 0
+    meta = json.load(open(tmp_path / "tiny_factory.json"))
+    assert meta == {"shape": "llama3", "small": True, "num_layers": 1, "seed": 2, "tokenizer_ids": meta["tokenizer_ids"]}
+    tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert len(tok) == meta["tokenizer_ids"]
+    with pytest.raises(ValueError, match=r"unknown override\(s\) \['hidden'\]"):
+        real_shape_model("llama3", tok, hidden=64)
+    with pytest.raises(ValueError, match="unknown shape 'gpt2'"):
+        real_shape_model("gpt2", tok)

@@ -232,9 +232,17 @@ def main(argv=None):
         "--shape", choices=sorted(REAL_SHAPES), default=None,
         help="build a real-shaped model and BPE tokenizer instead of the tiny one (uses only --num_layers and --seed)",
     )
+    parser.add_argument(
+        "--small", action="store_true",
+        help="with --shape: the same family (GQA ratio, biases, tying, rope theta, tokenizer) at hidden 64, "
+        "vocabulary cut to the tokenizer",
+    )
     args = parser.parse_args(argv)
+    if args.small and args.shape is None:
+        parser.error("--small needs --shape")
     if args.shape is not None:
-        _, model = build_real_shape(args.output_dir, args.shape, num_layers=args.num_layers, seed=args.seed)
+        _, model = build_real_shape(args.output_dir, args.shape, num_layers=args.num_layers, seed=args.seed,
+                                    small=args.small)
         n_params = sum(int(p.numel()) for p in model.parameters())
         print(json.dumps({"output_dir": args.output_dir, "shape": args.shape, "parameters": n_params}))
         return
