@@ -19,7 +19,7 @@ loads:
   `<|eot_id|>`, reserved ones) after the ranks. EOS is `<|eot_id|>` (ends every
   assistant turn, as Llama-3-Instruct), pad `<|end_of_text|>`.
 
-The vocabulary is small (`vocab_size` BPE tokens); a model built for it keeps the
+The vocabulary is small (at most `vocab_size` BPE tokens); a model built for it keeps the
 real embedding size (151,936 / 128,256) with the tokenizer's ids as a prefix, as
 Qwen pads its embedding (`ppo.tiny.factory`).
 
@@ -228,7 +228,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--style", required=True, choices=sorted(BUILDERS))
     parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--vocab_size", type=int, default=1024, help="BPE tokens before the special tokens")
+    parser.add_argument("--vocab_size", type=int, default=1024, help="most BPE tokens (bytes + merges) before the special tokens")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     tok = build_tokenizer(args.style, args.output_dir, args.vocab_size, args.seed)
