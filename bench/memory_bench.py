@@ -129,13 +129,14 @@ def fixed_experience(batch, prompt_len, seq_len, vocab_size, seed=0):
     return exp.advance("scored")
 
 
-def run_case(model_dir, case, chunk_size, batch, prompt_len, seq_len, warmup=True):
-    """One measured step in this process (after a short warm-up step with `warmup`); returns
-    the measurements."""
+def run_case(model_dir, case, chunk_size, batch, prompt_len, seq_len, warmup=True, recompute=False):
+    """One measured step in this process (after a short warm-up step with `warmup`; with
+    `recompute`, full activation recompute in the actor and critic decoders, as the trainer's
+    `recompute` / `critic_recompute`); returns the measurements."""
     import paddle
 
     from ppo.common.metrics import MetricAccumulator
-    from ppo.models.loading import freeze, load_causal_lm, set_dropout_off
+    from ppo.models.loading import enable_recompute, freeze, load_causal_lm, set_dropout_off
     from ppo.models.ppo_models import PPOModels
     from ppo.models.score_model import AutoModelForScore
     from ppo.optim import build_optimizer, build_scheduler
@@ -166,6 +167,10 @@ def run_case(model_dir, case, chunk_size, batch, prompt_len, seq_len, warmup=Tru
     if not grpo:
         critic = set_dropout_off(AutoModelForScore.from_pretrained(
             model_dir, score_type="critic", do_normalize=False, normalizer_type=None))
+    if recompute:
+        for model in (actor, critic):
+            if model is not None:
+                enable_recompute(model, "full")
     models = PPOModels(actor=actor, reference=reference, reward=None, critic=critic)
 
     class StepOnly(PPOTrainer):
@@ -206,6 +211,7 @@ def run_case(model_dir, case, chunk_size, batch, prompt_len, seq_len, warmup=Tru
         "case": case,
         "logprob_chunk_size": chunk_size,
         "warmup_step": warmup,
+        "recompute": recompute,
         "step_s": round(seconds, 2),
         "rss_before_step_mb": round(rss_before / 1024, 1),
         "step_peak_rss_mb": round(peak / 1024, 1),
@@ -230,6 +236,8 @@ def main(argv=None):
     parser.add_argument("--model_dir", default=None, help="reuse a model directory (default: build one in a temp dir)")
     parser.add_argument("--modes", default="full_logits,chunked",
                         help="comma-separated subset of full_logits,chunked (e.g. skip a baseline that cannot fit)")
+    parser.add_argument("--recompute", action="store_true",
+                        help="full activation recompute in actor and critic, in both modes (as a 1k-token run would use)")
     parser.add_argument("--no_warmup", action="store_true", help="measure the first step (AdamW moments and gradients allocated in it)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # "case:chunk", internal
     args = parser.parse_args(argv)
@@ -244,7 +252,8 @@ def main(argv=None):
 
     if args.worker:
         case, chunk = args.worker.split(":")
-        print(json.dumps(run_case(args.model_dir, case, int(chunk), args.batch, prompt_len, args.seq_len, not args.no_warmup)))
+        print(json.dumps(run_case(args.model_dir, case, int(chunk), args.batch, prompt_len, args.seq_len, not args.no_warmup,
+                                  args.recompute)))
         return None
 
     tmp = None
@@ -255,7 +264,7 @@ def main(argv=None):
     cases = ["ppo", "grpo"] if args.case == "all" else [args.case]
     report = {
         "model": dict(QWEN25_05B, num_hidden_layers=args.num_layers, vocab_size=args.vocab_size),
-        "batch": args.batch, "seq_len": args.seq_len, "prompt_len": prompt_len, "warmup_step": not args.no_warmup, "results": {},
+        "batch": args.batch, "seq_len": args.seq_len, "prompt_len": prompt_len, "warmup_step": not args.no_warmup, "recompute": args.recompute, "results": {},
     }
     try:
         for case in cases:
@@ -265,6 +274,7 @@ def main(argv=None):
                 cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"{case}:{chunk}", "--model_dir", model_dir,
                        "--batch", str(args.batch), "--seq_len", str(args.seq_len), "--prompt_len", str(prompt_len)]
                 cmd += ["--no_warmup"] if args.no_warmup else []
+                cmd += ["--recompute"] if args.recompute else []
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 if proc.returncode != 0:  # e.g. killed by the kernel's OOM killer (-9): recorded, not hidden
                     runs[label] = {"case": case, "logprob_chunk_size": chunk, "failed": f"exit status {proc.returncode}",
