@@ -238,6 +238,20 @@ def save_checkpoint(output_dir, step, models, optimizers, schedulers, state, tok
     return final
 
 
+def save_final_models(output_dir, models, tokenizer):
+    """Write `output_dir/<name>` for each model (PaddleNLP layout) without a checkpoint: the end
+    of a run with `save_strategy no`. Every rank calls this (collective)."""
+    if is_main_process():
+        for name, model in models.items():
+            if model is not None:
+                tmp = os.path.join(output_dir, f"{TMP_PREFIX}{name}")
+                if os.path.exists(tmp):  # left by a killed save
+                    shutil.rmtree(tmp)
+                save_model_dir(model, tmp, tokenizer)
+                replace_dir_atomically(tmp, os.path.join(output_dir, name))
+    barrier()
+
+
 def _param_names(model):
     """`{runtime parameter name: structured name}`; runtime names differ between processes."""
     inner = unwrap_parallel(model)
