@@ -288,11 +288,18 @@ def load_model_weights(model, path):
 
 
 def load_checkpoint(path, models, optimizers, schedulers):
-    """Restore weights, optimiser and scheduler states from `path`; returns the trainer state dict."""
+    """Restore weights, optimiser and scheduler states from `path`; returns the trainer state dict.
+    A checkpoint saved without optimiser states (its state has `"optimizer_states": false`,
+    PaddleNLP's `ignore_save_lr_and_optim`) leaves the optimisers fresh."""
     rank = dist.get_rank()
+    with open(os.path.join(path, STATE_FILE)) as f:
+        trainer_state = json.load(f)
     for name, model in models.items():
         if model is not None:
             load_model_weights(model, os.path.join(path, name))
+    if not trainer_state.get("optimizer_states", True):
+        optimizers = {}
+        logger.warning(f"{path} has no optimizer states (ignore_save_lr_and_optim): AdamW moments start afresh")
     for name, opt in optimizers.items():
         if opt is not None:
             state = paddle.load(os.path.join(path, f"{name}_optimizer.rank{rank}.pdopt"))
@@ -303,5 +310,4 @@ def load_checkpoint(path, models, optimizers, schedulers):
     for name, sched in schedulers.items():
         if sched is not None and name in sched_states:
             sched.set_state_dict(sched_states[name])
-    with open(os.path.join(path, STATE_FILE)) as f:
-        return json.load(f)
+    return trainer_state

@@ -266,7 +266,8 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
     def evaluates(self):
         """Whether the loop evaluates every `eval_steps` (PaddleNLP: `evaluation_strategy` steps,
         which `do_eval` true implies)."""
-        return str(getattr(self.evaluation_strategy, "value", self.evaluation_strategy)) == "steps" and bool(self.eval_steps)
+        strategy = str(getattr(self.evaluation_strategy, "value", self.evaluation_strategy))
+        return bool(self.do_eval) and strategy == "steps" and bool(self.eval_steps)
 
     @property
     def saves_checkpoints(self):

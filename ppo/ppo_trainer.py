@@ -564,11 +564,12 @@ class PPOTrainer:
         }
 
     def save(self):
+        keep_optimizers = not self.args.ignore_save_lr_and_optim  # PaddleNLP: smaller checkpoints, fresh AdamW on resume
         save_checkpoint(
             self.args.output_dir, self.step, self._models_for_checkpoint(),
-            {"policy": self.actor_optimizer, "value": self.critic_optimizer},
+            {"policy": self.actor_optimizer, "value": self.critic_optimizer} if keep_optimizers else {},
             {"policy": self.actor_scheduler, "value": self.critic_scheduler},
-            self.trainer_state(), self.tokenizer, self.args.save_total_limit,
+            {**self.trainer_state(), "optimizer_states": keep_optimizers}, self.tokenizer, self.args.save_total_limit,
         )
 
     def maybe_resume(self):

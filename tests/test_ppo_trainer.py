@@ -81,7 +81,7 @@ def test_step_updates_actor_and_critic_only(tiny_model_dir, tiny_rm_dir, tiny_da
 
 def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path, monkeypatch):
     common = ["--max_steps", "4", "--save_steps", "2", "--overwrite_output_dir", "false", "--normalize_reward", "true",
-              "--eval_steps", "2"]
+              "--evaluation_strategy", "steps", "--eval_steps", "2"]
     straight = str(tmp_path / "straight")
     build_trainer(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, straight, *common)).train()
 

@@ -163,6 +163,7 @@ PPO_FIXED_VALUE = {
     "skip_data_intervals": ((), "skips the data of the given step ranges"),
     "pdc_download_ckpt": ((False,), "downloads the checkpoint to resume from Baidu's PDC storage"),
     "count_trained_tokens": ((False,), "logs the number of trained tokens"),
+    "optim": (("adamw",), "adafactor / adamw_mini / adamw_custom / adamw_16bit_moment use another optimizer"),
 }
 
 
@@ -230,6 +231,7 @@ PPO_INERT = {
         "the PPO loop always logs its phase timers timing_s/{rollout,logprob,update,step} (host clocks, no device sync)",
     ),
     "do_train": (None, "run_ppo.py always trains"),
+    "pad_token_id": (None, "batches are padded with the tokenizer's pad token"),
 }
 
 # field -> what PaddleNLP's TrainingArguments does with it while the arguments are parsed (it
