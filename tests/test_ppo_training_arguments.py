@@ -260,3 +260,13 @@ def test_readme_names_every_ppo_table_entry():
                    "enable_release_grads", "logging_first_step", "ignore_save_lr_and_optim", "fp16_opt_level", "amp_master_grad"]
     missing = [k for k in [*pk.PPO_FIXED_VALUE, *pk.PPO_INERT, *pk.PPO_BY_PADDLENLP, *implemented] if f"`{k}" not in part]
     assert not missing, f"README 'Coming from PaddleNLP' lacks {missing}"
+
+
+def test_values_set_in_code_are_checked_after_parsing_too(tmp_path):
+    from ppo.ppo_arguments import PPOTrainingArguments
+
+    with pytest.raises(ValueError) as info:
+        PPOTrainingArguments(output_dir=str(tmp_path), save_strategy="epoch", report_to="tensorboard", use_async_save=True)
+    message = str(info.value)
+    for key in ("'save_strategy: epoch'", "'report_to: ['tensorboard']'", "'use_async_save: True'"):
+        assert key in message, key

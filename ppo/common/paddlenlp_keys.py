@@ -294,6 +294,7 @@ def ppo_fixed_value_problem(key, value, where):
     if value_accepted(accepted, value):
         return None
     allowed = " or ".join(repr(a) for a in accepted) if accepted else "null (PaddleNLP's default)"
+    value = getattr(value, "value", value)  # IntervalStrategy.EPOCH -> epoch
     return f"{where}: '{key}: {value}' is not supported here (PaddleNLP: {does}); the PPO/GRPO loop runs with {allowed} only"
 
 
