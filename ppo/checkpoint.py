@@ -238,6 +238,20 @@ def save_checkpoint(output_dir, step, models, optimizers, schedulers, state, tok
     return final
 
 
+def save_final_models(output_dir, models, tokenizer):
+    """Write `output_dir/<name>` for each model (PaddleNLP layout) without a checkpoint: the end
+    of a run with `save_strategy no`. Every rank calls this (collective)."""
+    if is_main_process():
+        for name, model in models.items():
+            if model is not None:
+                tmp = os.path.join(output_dir, f"{TMP_PREFIX}{name}")
+                if os.path.exists(tmp):  # left by a killed save
+                    shutil.rmtree(tmp)
+                save_model_dir(model, tmp, tokenizer)
+                replace_dir_atomically(tmp, os.path.join(output_dir, name))
+    barrier()
+
+
 def _param_names(model):
     """`{runtime parameter name: structured name}`; runtime names differ between processes."""
     inner = unwrap_parallel(model)
@@ -274,11 +288,18 @@ def load_model_weights(model, path):
 
 
 def load_checkpoint(path, models, optimizers, schedulers):
-    """Restore weights, optimiser and scheduler states from `path`; returns the trainer state dict."""
+    """Restore weights, optimiser and scheduler states from `path`; returns the trainer state dict.
+    A checkpoint saved without optimiser states (its state has `"optimizer_states": false`,
+    PaddleNLP's `ignore_save_lr_and_optim`) leaves the optimisers fresh."""
     rank = dist.get_rank()
+    with open(os.path.join(path, STATE_FILE)) as f:
+        trainer_state = json.load(f)
     for name, model in models.items():
         if model is not None:
             load_model_weights(model, os.path.join(path, name))
+    if not trainer_state.get("optimizer_states", True):
+        optimizers = {}
+        logger.warning(f"{path} has no optimizer states (ignore_save_lr_and_optim): AdamW moments start afresh")
     for name, opt in optimizers.items():
         if opt is not None:
             state = paddle.load(os.path.join(path, f"{name}_optimizer.rank{rank}.pdopt"))
@@ -289,5 +310,4 @@ def load_checkpoint(path, models, optimizers, schedulers):
     for name, sched in schedulers.items():
         if sched is not None and name in sched_states:
             sched.set_state_dict(sched_states[name])
-    with open(os.path.join(path, STATE_FILE)) as f:
-        return json.load(f)
+    return trainer_state

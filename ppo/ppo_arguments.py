@@ -5,11 +5,12 @@ Defaults live here only; every field has a help; nothing is rewritten after
 """
 import math
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import ClassVar, List, Optional
 
 from paddlenlp.trainer import TrainingArguments
 
 from .algos import ADV_ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES, get_adv_estimator
+from .common import paddlenlp_keys as pk
 from .common.args_common import RECOMPUTE_GRANULARITIES, DatasetArguments, DivergenceArguments, LogprobArguments, ModelCommonArguments
 from .common.validation import check_sizes
 
@@ -80,6 +81,7 @@ class DataArgument(DatasetArguments):
 
 @dataclass
 class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArguments):
+    paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.arguments
     stop_on_divergence: bool = field(
         default=True,
         metadata={"help": "Stop the run (keeping the last checkpoint) when the KL, a loss or a gradient norm diverges."},
@@ -233,6 +235,45 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
             )
         if self.pipeline_parallel_degree > 1:
             raise ValueError("pipeline_parallel_degree > 1 is not supported by the PPO trainer yet; use sharding or tensor parallel")
+        self.check_paddlenlp_settings()
+
+    def check_paddlenlp_settings(self):
+        """PaddleNLP TrainingArguments values the PPO loop does not run, in one ValueError
+        (`report_to all` resolves to the installed integrations only here)."""
+        problems = pk.ppo_value_problems(self)
+        if any(name != "visualdl" for name in self.report_to):
+            problems.append(f"report_to {self.report_to}: the PPO/GRPO loop reports to visualdl (and metrics.jsonl) only")
+        if self.bf16 or self.fp16:
+            if str(self.fp16_opt_level).upper() != "O2":
+                problems.append(
+                    f"fp16_opt_level {self.fp16_opt_level!r} with bf16/fp16: PaddleNLP's O1 autocasts float32 models; the PPO "
+                    "loop loads the models in bf16/fp16 with float32 master weights in the optimizer, which is O2: set O2"
+                )
+            if self.amp_master_grad:
+                problems.append("amp_master_grad (PaddleNLP: float32 gradients for the master weights) is not supported by the PPO loop")
+        if problems:
+            raise ValueError("; ".join(dict.fromkeys(problems)))
+
+    @property
+    def release_gradients(self):
+        """Free gradients after each optimiser step (`release_grads`, or `enable_release_grads` in
+        `sharding_parallel_config`, as PaddleNLP) instead of keeping them as zeros."""
+        config = self.sharding_parallel_config
+        options = config.replace(",", " ").split() if isinstance(config, str) else list(config or ())
+        return bool(self.release_grads) or "enable_release_grads" in options
+
+    @property
+    def evaluates(self):
+        """Whether the loop evaluates every `eval_steps` (PaddleNLP: `evaluation_strategy` steps,
+        which `do_eval` true implies)."""
+        strategy = str(getattr(self.evaluation_strategy, "value", self.evaluation_strategy))
+        return bool(self.do_eval) and strategy == "steps" and bool(self.eval_steps)
+
+    @property
+    def saves_checkpoints(self):
+        """Whether the loop writes `checkpoint-<step>` (`save_strategy` steps); with `no` only the
+        final models are saved."""
+        return str(getattr(self.save_strategy, "value", self.save_strategy)) == "steps"
 
     @property
     def estimator(self):

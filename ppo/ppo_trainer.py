@@ -34,7 +34,7 @@ from .algos import (
     value_loss,
 )
 from .algos.normalizer import RunningMeanStd
-from .checkpoint import list_checkpoints, load_checkpoint, prepare_output_dir, save_checkpoint
+from .checkpoint import list_checkpoints, load_checkpoint, prepare_output_dir, save_checkpoint, save_final_models
 from .common.divergence import DivergenceDetector, DivergenceError
 from .common.metrics import MetricAccumulator, reduce_across_ranks
 from .common.tracking import RunTracker, keep_rows_up_to
@@ -420,7 +420,7 @@ class PPOTrainer:
                 self.grad_norms[name] = math.sqrt(total)
         if bad is None:
             optimizer.step()
-        optimizer.clear_grad()
+        optimizer.clear_grad(set_to_zero=not self.args.release_gradients)  # release_grads: free, not zero
         return bad
 
     def update(self, exp, acc):
@@ -564,11 +564,12 @@ class PPOTrainer:
         }
 
     def save(self):
+        keep_optimizers = not self.args.ignore_save_lr_and_optim  # PaddleNLP: smaller checkpoints, fresh AdamW on resume
         save_checkpoint(
             self.args.output_dir, self.step, self._models_for_checkpoint(),
-            {"policy": self.actor_optimizer, "value": self.critic_optimizer},
+            {"policy": self.actor_optimizer, "value": self.critic_optimizer} if keep_optimizers else {},
             {"policy": self.actor_scheduler, "value": self.critic_scheduler},
-            self.trainer_state(), self.tokenizer, self.args.save_total_limit,
+            {**self.trainer_state(), "optimizer_states": keep_optimizers}, self.tokenizer, self.args.save_total_limit,
         )
 
     def maybe_resume(self):
@@ -610,12 +611,13 @@ class PPOTrainer:
     def train(self):
         args = self.args
         resumed = self.maybe_resume()
-        self.tracker = RunTracker(args.output_dir, args.logging_dir, enabled=self.is_main, resume=resumed)
+        self.tracker = RunTracker(args.output_dir, args.logging_dir, use_visualdl="visualdl" in args.report_to,
+                                  enabled=self.is_main, resume=resumed, run_name=args.run_name)
         if resumed:
             self.tracker.truncate_after(self.step)
         if self.is_main:  # samples of steps after the checkpoint are logged again
             keep_rows_up_to(os.path.join(args.output_dir, "samples.jsonl"), self.step)
-        if args.eval_steps and self.step == 0 and self.eval_dataset is not None:
+        if args.evaluates and self.step == 0 and self.eval_dataset is not None:
             self.tracker.log(self.evaluate(), step=0)
         bar = tqdm(total=self.max_steps, initial=self.step, desc="ppo", disable=not self.is_main or args.disable_tqdm)
         start = time.time()
@@ -625,18 +627,22 @@ class PPOTrainer:
             bar.update(1)
             bar.set_postfix(score=f"{metrics['objective/scores']:.3f}", len=f"{metrics['response_length/mean']:.1f}")
             diverged = self.step_divergence(metrics)
-            if self.step % args.logging_steps == 0 or self.step == self.max_steps or diverged:
+            first = args.logging_first_step and self.step == 1
+            if self.step % args.logging_steps == 0 or self.step == self.max_steps or diverged or first:
                 self.tracker.log(metrics, step=self.step)
             if diverged and args.stop_on_divergence:
                 return self.stop_diverged(diverged)
             if self.is_main and args.num_sample_generations and self.step % args.num_sample_generations == 0:
                 self.log_samples(exp)
-            if args.eval_steps and self.eval_dataset is not None and (self.step % args.eval_steps == 0 or self.step == self.max_steps):
+            if args.evaluates and self.eval_dataset is not None and (self.step % args.eval_steps == 0 or self.step == self.max_steps):
                 self.tracker.log(self.evaluate(), step=self.step)
-            if args.save_steps and self.step % args.save_steps == 0 and self.step != self.max_steps:
+            if args.saves_checkpoints and args.save_steps and self.step % args.save_steps == 0 and self.step != self.max_steps:
                 self.save()
         bar.close()
-        self.save()
+        if args.saves_checkpoints:
+            self.save()
+        else:  # save_strategy no: the final models only, no checkpoint-<step>
+            save_final_models(args.output_dir, self._models_for_checkpoint(), self.tokenizer)
         fingerprints = self.actor_fingerprints()
         if len(set(fingerprints)) > 1:
             logger.warning(f"actor weights differ across ranks: {fingerprints}")

@@ -21,6 +21,7 @@ import paddle  # noqa: E402
 
 from ppo.common.args_common import split_specs  # noqa: E402
 from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
+from ppo.common.paddlenlp_keys import inert_setting_messages  # noqa: E402
 from ppo.common.validation import validate_run  # noqa: E402
 from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
 from ppo.models.loading import enable_recompute, load_overrides, load_tokenizer, training_dtype  # noqa: E402
@@ -29,6 +30,8 @@ from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments 
 from ppo.ppo_trainer import PPOTrainer  # noqa: E402
 from ppo.reward_client import RewardServerClient  # noqa: E402
 from ppo.scorers import WeightedScorer  # noqa: E402
+
+logger = logging.getLogger("ppo")
 
 
 def build_datasets(data_args, training_args, tokenizer, require_label=False):
@@ -61,6 +64,8 @@ def build_trainer(argv=None):
     )
     if dist_rank() == 0:
         save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
+        for message in inert_setting_messages(training_args):
+            logger.warning(message)
     paddle.seed(training_args.seed + dist_rank())
 
     tokenizer = load_tokenizer(model_args.actor_model_name_or_path)

@@ -65,7 +65,7 @@ def rl_flags(data, out, max_prompt_len, max_dec_len):
         "--use_chat_template", "true", "--output_dir", out, "--logging_dir", f"{out}/vdl",
         "--max_steps", str(STEPS), "--max_prompt_len", str(max_prompt_len),
         "--max_length", str(max_prompt_len + max_dec_len), "--max_dec_len", str(max_dec_len), "--min_dec_len", "1",
-        "--eval_steps", "0", "--save_steps", "0", "--num_sample_generations", "1", "--disable_tqdm", "true",
+        "--evaluation_strategy", "no", "--save_steps", "0", "--num_sample_generations", "1", "--disable_tqdm", "true",
         "--update_iters", "1",
     ]
 

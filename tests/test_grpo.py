@@ -31,7 +31,7 @@ def grpo_argv(model_dir, data_dir, out, url, *extra):
         "--eval_datasets", f"Jsonfile:1.0:{data_dir}/test.jsonl",
         "--output_dir", out, "--logging_dir", f"{out}/vdl",
         "--max_steps", "2", "--per_device_prompt_batch_size", "4", "--rollout_n", "4",
-        "--per_device_train_batch_size", "8", "--max_dec_len", "6", "--eval_steps", "0", "--save_steps", "0",
+        "--per_device_train_batch_size", "8", "--max_dec_len", "6", "--evaluation_strategy", "no", "--save_steps", "0",
         "--num_sample_generations", "1", "--disable_tqdm", "true", "--reward_server_retries", "1",
         *extra,
     ]

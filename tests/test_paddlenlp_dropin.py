@@ -137,6 +137,7 @@ YAML_UNSUPPORTED = {
         "per_device_logprob_batch_size", "per_device_reward_batch_size", "per_device_value_batch_size",
     },
     "qwen/ppo_argument.yaml": {
+        "report_to",  # wandb: the PPO loop reports to visualdl only
         "balance_batch", "use_remove_padding", "rollout_max_num_seqs", "global_batch_size",
         "global_mini_batch_size", "per_device_logprob_batch_size", "per_device_reward_batch_size",
         "per_device_value_batch_size",
@@ -390,8 +391,8 @@ def rl_sizes(out):
     return [
         "--output_dir", out, "--logging_dir", f"{out}/vdl", "--max_steps", "2", "--max_length", "96", "--max_prompt_len", "80",
         "--max_dec_len", "6", "--per_device_prompt_batch_size", "4", "--per_device_train_batch_size", "4",
-        "--gradient_accumulation_steps", "1", "--per_device_eval_batch_size", "8", "--eval_steps", "0", "--save_steps", "0",
-        "--offload_level", "", "--num_sample_generations", "0",
+        "--gradient_accumulation_steps", "1", "--per_device_eval_batch_size", "8", "--evaluation_strategy", "no", "--do_eval", "false",
+        "--save_steps", "0", "--offload_level", "", "--num_sample_generations", "0",
     ]
 
 

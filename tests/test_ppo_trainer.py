@@ -37,7 +37,7 @@ def ppo_argv(model_dir, rm_dir, data_dir, out, *extra):
         "--eval_datasets", f"Jsonfile:1.0:{data_dir}/test.jsonl",
         "--output_dir", out, "--logging_dir", f"{out}/vdl",
         "--max_steps", "2", "--per_device_prompt_batch_size", "8", "--per_device_train_batch_size", "4",
-        "--max_dec_len", "6", "--eval_steps", "0", "--save_steps", "0", "--num_sample_generations", "1",
+        "--max_dec_len", "6", "--evaluation_strategy", "no", "--save_steps", "0", "--num_sample_generations", "1",
         "--learning_rate", "1e-3", "--critic_learning_rate", "1e-3", "--disable_tqdm", "true",
         *extra,
     ]
@@ -81,7 +81,7 @@ def test_step_updates_actor_and_critic_only(tiny_model_dir, tiny_rm_dir, tiny_da
 
 def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path, monkeypatch):
     common = ["--max_steps", "4", "--save_steps", "2", "--overwrite_output_dir", "false", "--normalize_reward", "true",
-              "--eval_steps", "2"]
+              "--evaluation_strategy", "steps", "--eval_steps", "2"]
     straight = str(tmp_path / "straight")
     build_trainer(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, straight, *common)).train()
 

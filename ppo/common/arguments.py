@@ -92,12 +92,17 @@ def load_argument_file(path):
     return data
 
 
-def translate_keys(data, valid, where, problems):
+def translate_keys(data, valid, where, problems, fixed_fields=()):
     """`data` with PaddleNLP keys renamed to ours (values translated); accepted fixed-value
-    keys dropped; every unusable key appended to `problems`."""
+    keys dropped; every unusable key appended to `problems`. `fixed_fields`: fields of the
+    entry point that run at `paddlenlp_keys.PPO_FIXED_VALUE`'s values only."""
     out = {}
     for key, value in data.items():
         if key in valid:
+            problem = pk.ppo_fixed_value_problem(key, value, where) if key in fixed_fields else None
+            if problem:
+                problems.append(problem)
+                continue
             out[key] = pk.VALUE_ALIASES.get(key, {}).get(value, value) if isinstance(value, str) else value
             continue
         problem = key_problem(key, value, valid, where)
@@ -172,13 +177,14 @@ def parse_arguments(dataclass_types, argv=None):
 
     argv = list(sys.argv[1:] if argv is None else argv)
     valid = set(valid_field_names(dataclass_types))
+    fixed_fields = {k for dt in dataclass_types for k in getattr(dt, "paddlenlp_fixed_fields", ())}
     problems = []
     file_data = {}
     if argv and argv[0].lower().endswith(ARGUMENT_FILE_EXTENSIONS):
         path = resolve_config_path(argv[0])
-        file_data = translate_keys(load_argument_file(path), valid, path, problems)
+        file_data = translate_keys(load_argument_file(path), valid, path, problems, fixed_fields)
         argv = argv[1:]
-    cli_data = translate_keys(command_line_to_dict(argv), valid, "command line", problems)
+    cli_data = translate_keys(command_line_to_dict(argv), valid, "command line", problems, fixed_fields)
     if problems:
         raise ArgumentError(joined_problems(problems))
     parser = PdArgumentParser(dataclass_types)

@@ -116,3 +116,198 @@ def fixed_value_matches(key, value):
     if isinstance(expected, bool):
         return bool(value) == expected and not isinstance(value, str)
     return value == expected
+
+
+# ---------------------------------------------------------------- PaddleNLP's TrainingArguments in the PPO loop
+# SFT, RM and the DPO family run PaddleNLP's own Trainer, which acts on every TrainingArguments
+# field. PPO / GRPO (ppo/run_ppo.py) runs the loop in ppo/ppo_trainer.py instead: a field it does
+# not read is in exactly one of the three tables below (tests/test_ppo_training_arguments.py
+# walks the dataclass and checks that).
+
+# field -> (the values the PPO loop runs with, what another value does in PaddleNLP); `()`: only
+# PaddleNLP's default null. Checked in the argument file and on the command line (one error with
+# every other problem) and again after parsing (`ppo_value_problems`).
+PPO_FIXED_VALUE = {
+    "report_to": (("visualdl", "none", "all"), "wandb / tensorboard send the metrics to Weights & Biases / TensorBoard"),
+    "save_strategy": (("steps", "no"), "epoch saves a checkpoint at the end of every epoch"),
+    "evaluation_strategy": (("steps", "no"), "epoch evaluates at the end of every epoch"),
+    "logging_strategy": (("steps",), "no / epoch log never / once per epoch"),
+    "offload_optim": ((False,), "moves the optimizer states to pinned host memory between steps (here: offload_level optimizer)"),
+    "do_predict": ((False,), "runs prediction on a test set after training"),
+    "do_export": ((False,), "exports a static-graph inference model after training"),
+    "num_cycles": ((0.5,), "number of cosine waves of the cosine schedule"),
+    "save_on_each_node": ((False,), "saves on every node's local disk"),
+    "bf16_full_eval": ((False,), "evaluates with the model cast to bfloat16"),
+    "fp16_full_eval": ((False,), "evaluates with the model cast to float16"),
+    "save_sharded_model": ((False,), "saves each sharding rank's slice of the model"),
+    "load_sharded_model": ((False,), "loads a model saved as sharding slices"),
+    "sep_parallel_degree": ((-1, 1), "splits the sequence over ranks (segment parallelism)"),
+    "context_parallel_degree": ((-1, 1), "splits the sequence over ranks (context parallelism)"),
+    "expert_parallel_degree": ((-1, 1), "places mixture-of-experts experts on different ranks"),
+    "expert_tensor_parallel_degree": ((-1, 1), "tensor parallelism inside mixture-of-experts experts"),
+    "use_expert_parallel": ((False,), "mixture-of-experts expert parallelism"),
+    "refined_recompute": (("",), "recomputes only the listed operators (e.g. flash_attn:-1)"),
+    "max_evaluate_steps": ((-1,), "stops each evaluation after this many batches"),
+    "load_best_model_at_end": ((False,), "reloads the checkpoint with the best eval metric when training ends"),
+    "metric_for_best_model": ((), "the eval metric that picks the best checkpoint"),
+    "greater_is_better": ((), "whether a larger metric_for_best_model is better"),
+    "ignore_data_skip": ((False,), "a resumed run starts at the first batch instead of where the checkpoint stopped"),
+    "flatten_param_grads": ((False,), "fuses all gradients into one buffer (NPU)"),
+    "use_async_save": ((False,), "writes checkpoints from a background process"),
+    "metrics_output_path": ((), "writes the final metrics to this JSON file (here: output_dir/summary.json)"),
+    "unified_checkpoint": ((False,), "saves checkpoints in the unified, parallelism-independent safetensors layout"),
+    "to_static": ((False,), "runs the models as static graphs"),
+    "ckpt_quant_stage": (("O0",), "quantises the optimizer states saved in checkpoints"),
+    "ignore_load_lr_and_optim": ((False,), "a resumed run starts with a fresh optimizer and schedule"),
+    "enable_auto_parallel": ((False,), "PaddlePaddle's auto-parallel (static) training"),
+    "skip_data_intervals": ((), "skips the data of the given step ranges"),
+    "pdc_download_ckpt": ((False,), "downloads the checkpoint to resume from Baidu's PDC storage"),
+    "count_trained_tokens": ((False,), "logs the number of trained tokens"),
+    "optim": (("adamw",), "adafactor / adamw_mini / adamw_custom / adamw_16bit_moment use another optimizer"),
+}
+
+
+def _setting_differs(name, default):
+    return lambda args: getattr(args, name) not in (default, None)
+
+
+# field -> (when it is logged once at start-up (args -> bool), why it does not act in the PPO loop)
+PPO_INERT = {
+    "amp_custom_black_list": (
+        lambda a: bool(a.amp_custom_black_list),
+        "PaddleNLP autocasts with these lists; the PPO loop loads the models in the bf16/fp16 dtype without autocast and "
+        "computes log-probs, KL and losses in float32 (use_fp32_compute)",
+    ),
+    "amp_custom_white_list": (
+        lambda a: bool(a.amp_custom_white_list),
+        "PaddleNLP autocasts with these lists; the PPO loop loads the models in the bf16/fp16 dtype without autocast, so "
+        "matmuls and embeddings already run in that dtype",
+    ),
+    "pipeline_parallel_config": (
+        lambda a: bool(a.pipeline_parallel_config) and a.pipeline_parallel_degree <= 1,
+        "PaddleNLP reads it only at pipeline_parallel_degree > 1",
+    ),
+    "wandb_http_proxy": (lambda a: bool(a.wandb_http_proxy), "used by report_to wandb only, which the PPO loop does not support"),
+    "wandb_api_key": (lambda a: bool(a.wandb_api_key), "used by report_to wandb only, which the PPO loop does not support"),
+    "sequence_parallel": (
+        lambda a: bool(a.sequence_parallel),
+        "PaddleNLP turns it off below tensor_parallel_degree 2; the PPO models do not split activations along the sequence",
+    ),
+    "split_inputs_sequence_dim": (None, "acts with sep_parallel_degree > 1 only, which the PPO loop refuses"),
+    "lr_end": (
+        lambda a: str(getattr(a.lr_scheduler_type, "value", a.lr_scheduler_type)) == "polynomial",
+        "polynomial schedule only; the PPO loop's floor is min_learning_rate",
+    ),
+    "power": (
+        lambda a: str(getattr(a.lr_scheduler_type, "value", a.lr_scheduler_type)) == "polynomial",
+        "polynomial schedule only",
+    ),
+    "prediction_loss_only": (_setting_differs("prediction_loss_only", False), "Trainer.evaluate only; PPO evaluates by generation"),
+    "eval_accumulation_steps": (_setting_differs("eval_accumulation_steps", None), "Trainer.evaluate only; PPO evaluates by generation"),
+    "past_index": (_setting_differs("past_index", -1), "Trainer only (models that return memories)"),
+    "remove_unused_columns": (_setting_differs("remove_unused_columns", True), "Trainer's dataset columns only; the PPO datasets are built here"),
+    "label_names": (_setting_differs("label_names", None), "Trainer only; the PPO losses need no labels"),
+    "minimum_eval_times": (_setting_differs("minimum_eval_times", None), "Trainer's evaluation schedule only (here: eval_steps)"),
+    "log_on_each_node": (_setting_differs("log_on_each_node", True), "the PPO loop logs on global rank 0 only"),
+    "dataloader_num_workers": (_setting_differs("dataloader_num_workers", 0), "prompts are drawn in the training process (PromptSampler)"),
+    "ddp_find_unused_parameters": (_setting_differs("ddp_find_unused_parameters", None), "every actor/critic parameter gets a gradient each step"),
+    "skip_memory_metrics": (_setting_differs("skip_memory_metrics", True), "the PPO loop logs no memory metrics"),
+    "lazy_data_processing": (_setting_differs("lazy_data_processing", True), "Trainer's datasets only"),
+    "ordered_save_group_size": (_setting_differs("ordered_save_group_size", 0), "Trainer's checkpoint writer only"),
+    "distributed_dataloader": (_setting_differs("distributed_dataloader", False), "every rank draws its own prompts (PromptSampler)"),
+    "unified_checkpoint_config": (None, "acts with unified_checkpoint only, which the PPO loop refuses"),
+    "force_reshard_pp": (None, "pipeline checkpoints only"),
+    "auto_parallel_resume_form_hybrid_parallel": (None, "auto-parallel only, which the PPO loop refuses"),
+    "expert_max_capacity": (None, "mixture-of-experts only"),
+    "expert_min_capacity": (None, "mixture-of-experts only"),
+    "save_sharding_stage1_model_include_freeze_params": (None, "Trainer's sharded model saving only"),
+    "pdc_download_timeout": (None, "acts with pdc_download_ckpt only, which the PPO loop refuses"),
+    "scale_loss": (
+        lambda a: bool(a.fp16),
+        "PaddleNLP's initial fp16 loss scale; the PPO loop has no loss scaler (bf16 needs none)",
+    ),
+    "skip_profile_timer": (
+        None,
+        "the PPO loop always logs its phase timers timing_s/{rollout,logprob,update,step} (host clocks, no device sync)",
+    ),
+    "do_train": (None, "run_ppo.py always trains"),
+    "pad_token_id": (None, "batches are padded with the tokenizer's pad token"),
+}
+
+# field -> what PaddleNLP's TrainingArguments does with it while the arguments are parsed (it
+# sets up the device and the fleet hybrid-parallel strategy the PPO loop's wrappers use)
+PPO_BY_PADDLENLP = {
+    "no_cuda": "part of PaddleNLP's device selection",
+    "device": "the device PaddleNLP's TrainingArguments sets",
+    "local_rank": "set by paddle.distributed.launch",
+    "output_signal_dir": "PaddleNLP's default is output_dir; written by its cluster tooling",
+    "sharding": "the sharding stage of the fleet strategy (sharding_parallel_degree > 1)",
+    "sharding_degree": "old name of sharding_parallel_degree",
+    "sharding_parallel_degree": "fleet strategy: sharding ranks",
+    "sharding_parallel_mesh_dimension": "fleet strategy: mesh axis of sharding",
+    "sharding_comm_buffer_size_MB": "fleet strategy: sharding communication buffer",
+    "sharding_parallel_config": "fleet strategy options; enable_release_grads also frees gradients in the PPO loop",
+    "data_parallel_config": "fleet strategy options of data parallelism",
+    "tensor_parallel_config": "fleet strategy options of tensor parallelism",
+    "sequence_parallel_config": "fleet strategy options of sequence parallelism",
+    "fuse_sequence_parallel_allreduce": "fleet strategy option of sequence parallelism",
+    "hybrid_parallel_topo_order": "fleet strategy: order of the parallel axes",
+}
+
+
+def _normalised(value):
+    value = getattr(value, "value", value)  # IntervalStrategy and other enums
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+def value_accepted(accepted, value):
+    """Whether `value` (parsed, or a string / list / number from a file or the command line) is
+    one of `accepted`; None (PaddleNLP's null default) always is, and a list when all its items are."""
+    if value is None:
+        return True
+    if isinstance(value, dict):  # PaddleNLP parses some strings into dicts: "" -> {}
+        return not value and "" in accepted
+    if isinstance(value, (list, tuple)):
+        return all(value_accepted(accepted, v) for v in value)
+    value = _normalised(value)
+    for expected in accepted:
+        if isinstance(expected, bool):
+            text = str(value).lower()
+            if (value is expected) or (not isinstance(value, (str, bool)) and value == expected) or \
+                    text in ((("true", "1", "yes") if expected else ("false", "0", "no"))):
+                return True
+        elif isinstance(expected, str):
+            if isinstance(value, str) and value == expected.lower():
+                return True
+        elif not isinstance(value, bool):
+            try:
+                if float(value) == float(expected):
+                    return True
+            except (TypeError, ValueError):
+                pass
+    return False
+
+
+def ppo_fixed_value_problem(key, value, where):
+    """None when the PPO loop runs `key` at `value`, else the message saying why not."""
+    accepted, does = PPO_FIXED_VALUE[key]
+    if value_accepted(accepted, value):
+        return None
+    allowed = " or ".join(repr(a) for a in accepted) if accepted else "null (PaddleNLP's default)"
+    value = getattr(value, "value", value)  # IntervalStrategy.EPOCH -> epoch
+    return f"{where}: '{key}: {value}' is not supported here (PaddleNLP: {does}); the PPO/GRPO loop runs with {allowed} only"
+
+
+def ppo_value_problems(args):
+    """Messages for every `PPO_FIXED_VALUE` field of the parsed `args` at a value the loop does not run."""
+    found = (ppo_fixed_value_problem(k, getattr(args, k), "PPO arguments") for k in PPO_FIXED_VALUE if hasattr(args, k))
+    return [p for p in found if p]
+
+
+def inert_setting_messages(args):
+    """One line per `PPO_INERT` field that is set in `args`: what it is and why it does not act here."""
+    return [
+        f"{name}={getattr(args, name)!r} does nothing in the PPO/GRPO loop: {why}"
+        for name, (when, why) in PPO_INERT.items()
+        if when is not None and hasattr(args, name) and when(args)
+    ]

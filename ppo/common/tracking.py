@@ -53,8 +53,9 @@ def to_float(value):
 class RunTracker:
     """Append metrics to `output_dir/metrics.jsonl` and to VisualDL under `logging_dir`."""
 
-    def __init__(self, output_dir, logging_dir=None, use_visualdl=True, enabled=True, resume=False):
+    def __init__(self, output_dir, logging_dir=None, use_visualdl=True, enabled=True, resume=False, run_name=None):
         self.output_dir = output_dir
+        self.run_name = run_name  # PaddleNLP's run_name: VisualDL's display name and summary.json "run_name"
         self.enabled = enabled
         self.start_time = time.time()
         self.final, self.best = {}, {}
@@ -70,7 +71,7 @@ class RunTracker:
         if use_visualdl:
             from visualdl import LogWriter
 
-            self.writer = LogWriter(logdir=logging_dir or os.path.join(output_dir, "visualdl"))
+            self.writer = LogWriter(logdir=logging_dir or os.path.join(output_dir, "visualdl"), display_name=run_name or "")
 
     def _reload(self):
         """On resume, keep earlier lines and recover final/best values from them."""
@@ -115,6 +116,8 @@ class RunTracker:
     def finish(self, **extra):
         """Write `summary.json` and close VisualDL; returns the summary dict."""
         summary = {"final": dict(self.final), "best": dict(self.best), "wall_time_s": time.time() - self.start_time}
+        if self.run_name:
+            summary["run_name"] = self.run_name
         summary.update(extra)
         if self.enabled:
             with open(os.path.join(self.output_dir, "summary.json"), "w") as f:
