@@ -690,6 +690,17 @@ class TokenizedDataset(Dataset):
         return len(self.data)
 
 
+class PromptTruncationMixin:
+    """`truncate_prompt_to` for a `TokenizedDataset`: prompts longer than this many tokens keep
+    their last ones (`truncated_prompt` in `stats`, via `cut_prompt`); None keeps whole prompts."""
+
+    def __init__(self, *args: Any, truncate_prompt_to: Optional[int] = None, **kwargs: Any) -> None:
+        if truncate_prompt_to is not None and (not isinstance(truncate_prompt_to, int) or truncate_prompt_to <= 0):
+            raise ValueError(f"truncate_prompt_to must be a positive int, got {truncate_prompt_to!r}")
+        self.truncate_prompt_to = truncate_prompt_to
+        super().__init__(*args, **kwargs)
+
+
 def mix_raw_datasets(datasets: Any, seed: int = 42) -> Tuple[List[RawSample], List[Tuple[str, int]]]:
     """Load the datasets of a spec (see `parse_dataset_spec`) and mix them by proportion.
 

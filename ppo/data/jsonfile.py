@@ -27,12 +27,7 @@ class JsonDataset(LocalFileDataset):
         super().__init__(path, split)
 
     def convert(self, record: Record) -> RawSample:
-        src = record.get_str_list("src", allow_str=True)
-        if not src:
-            raise record.error("empty prompt (no user turn)", "src")
-        for i, turn in enumerate(src):
-            if not turn.strip():
-                raise record.error(f"empty prompt (user turn {i})", "src")
+        src = record.get_user_turns("src")
         tgt = record.get_str_list("tgt", required=self.use_rm_server or len(src) > 1, allow_str=True)
         if tgt is not None and len(tgt) not in (len(src), len(src) - 1):
             raise record.error(f"expected {len(src)} assistant turns (one per 'src' turn), got {len(tgt)}", "tgt")

@@ -28,12 +28,7 @@ class PaddleNLPPreferenceDataset(LocalFileDataset):
     ALIASES = ("paddlenlp-preference", "paddlenlp-kto")
 
     def convert(self, record: Record) -> RawSample:
-        src = record.get_str_list("src", allow_str=True)
-        if not src:
-            raise record.error("empty prompt (no user turn)", "src")
-        for i, turn in enumerate(src):
-            if not turn.strip():
-                raise record.error(f"empty prompt (user turn {i})", "src")
+        src = record.get_user_turns("src")
         tgt = record.get_str_list("tgt", required=False, allow_str=True) or []
         if len(tgt) != len(src) - 1:
             raise record.error(f"expected {len(src) - 1} assistant turns (one fewer than 'src'), got {len(tgt)}", "tgt")

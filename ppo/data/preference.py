@@ -1,16 +1,16 @@
 """Pairwise preference data (reward model training, DPO): a better and a worse answer."""
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .base import IGNORE_INDEX, CollatorBase, RawSample, TokenizedDataset, right_padding
+from .base import IGNORE_INDEX, CollatorBase, PromptTruncationMixin, RawSample, TokenizedDataset, right_padding
 
 __all__ = ["PreferenceDataset", "PreferenceCollator"]
 
 
-class PreferenceDataset(TokenizedDataset):
+class PreferenceDataset(PromptTruncationMixin, TokenizedDataset):
     """Items (int64 numpy): `better_input_ids [Lb]`, `better_labels [Lb]`,
     `worse_input_ids [Lw]`, `worse_labels [Lw]`; each sequence is prompt + answer
     (+EOS) and its labels are -100 on the prompt. `better` of the raw sample says
@@ -34,14 +34,6 @@ class PreferenceDataset(TokenizedDataset):
         """`(better_answer, worse_answer, extra_item_fields)`."""
         answer, other = raw_sample["answer"], raw_sample["other_answer"]
         return (answer, other, {}) if raw_sample["better"] else (other, answer, {})
-
-    def __init__(self, *args: Any, truncate_prompt_to: Optional[int] = None, **kwargs: Any) -> None:
-        """`truncate_prompt_to`: prompts longer than this many tokens keep their last ones
-        (`truncated_prompt` in `stats`); None keeps whole prompts. Other arguments: see above."""
-        if truncate_prompt_to is not None and (not isinstance(truncate_prompt_to, int) or truncate_prompt_to <= 0):
-            raise ValueError(f"truncate_prompt_to must be a positive int, got {truncate_prompt_to!r}")
-        self.truncate_prompt_to = truncate_prompt_to
-        super().__init__(*args, **kwargs)
 
     def preprocess(self, raw_sample: RawSample) -> Optional[dict]:
         better, worse, extra = self.order_answers(raw_sample)

@@ -74,6 +74,16 @@ class Record:
                 raise self.error(f"expected a list of strings, item {i} is {type(v).__name__} {_short(v)}", field)
         return list(value)
 
+    def get_user_turns(self, field: str = "src") -> List[str]:
+        """The user turns of a `src` field (a string or a list of strings), none of them empty."""
+        turns = self.get_str_list(field, allow_str=True)
+        if not turns:
+            raise self.error("empty prompt (no user turn)", field)
+        for i, turn in enumerate(turns):
+            if not turn.strip():
+                raise self.error(f"empty prompt (user turn {i})", field)
+        return turns
+
 
 def _type_names(types: Tuple[type, ...]) -> str:
     names = {str: "string", bool: "boolean", int: "integer", list: "list", dict: "object", float: "number"}

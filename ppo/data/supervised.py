@@ -1,16 +1,16 @@
 """Supervised fine-tuning data: prompt + answer, loss on the answer tokens only."""
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import List, Optional
 
 import numpy as np
 
-from .base import IGNORE_INDEX, CollatorBase, RawSample, TokenizedDataset, right_padding
+from .base import IGNORE_INDEX, CollatorBase, PromptTruncationMixin, RawSample, TokenizedDataset, right_padding
 
 __all__ = ["SupervisedDataset", "SupervisedCollator"]
 
 
-class SupervisedDataset(TokenizedDataset):
+class SupervisedDataset(PromptTruncationMixin, TokenizedDataset):
     """Items `{"input_ids": [L], "labels": [L]}` (int64 numpy):
     `input_ids = prompt_ids + answer_ids`, `labels = [-100] * len(prompt_ids) + answer_ids`,
     where answer ids end with EOS.
@@ -26,14 +26,6 @@ class SupervisedDataset(TokenizedDataset):
 
     REQUIRED_FIELDS = ("answer",)
     STAT_KEYS = ("dropped_prompt_too_long", "truncated_answer")
-
-    def __init__(self, *args: Any, truncate_prompt_to: Optional[int] = None, **kwargs: Any) -> None:
-        """`truncate_prompt_to`: prompts longer than this many tokens keep their last ones
-        (`truncated_prompt` in `stats`); None keeps whole prompts. Other arguments: see above."""
-        if truncate_prompt_to is not None and (not isinstance(truncate_prompt_to, int) or truncate_prompt_to <= 0):
-            raise ValueError(f"truncate_prompt_to must be a positive int, got {truncate_prompt_to!r}")
-        self.truncate_prompt_to = truncate_prompt_to
-        super().__init__(*args, **kwargs)
 
     def preprocess(self, raw_sample: RawSample) -> Optional[dict]:
         prompt, _ = self.format_sample_prompt(raw_sample)
