@@ -61,7 +61,7 @@ def build_trainer(argv=None):
     )
     if dist_rank() == 0:
         save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
-    paddle.seed(training_args.seed + dist_rank())
+    paddle.seed(training_args.seed + training_args.dataset_rank)  # tensor-parallel ranks draw alike
 
     tokenizer = load_tokenizer(model_args.actor_model_name_or_path)
     # data before models: a bad record fails in seconds, not after the models load

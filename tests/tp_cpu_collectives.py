@@ -14,7 +14,9 @@ plain `dist.all_reduce` / `dist.all_gather`, which gloo runs:
 * split         forward: this rank's slice of the last axis  backward: all-gather(dy)
 
 These are the same mathematical maps as the GPU kernels (Megatron-LM's `f` / `g`
-operators), only slower. Nothing in the product imports this module: the tests (and
+operators), only slower. Fleet's `TensorParallel` wrapper also broadcasts every forward's
+inputs from the group's first rank with a GPU/XPU-only helper; `broadcast_inputs` does it
+with `dist.broadcast`. Nothing in the product imports this module: the tests (and
 `tests/tp_entry.py`, which runs an entry script under `paddle.distributed.launch`)
 install it.
 """
@@ -115,6 +117,24 @@ def c_split(tensor, group=None):
     return tensor if group.nranks == 1 else _Split.apply(tensor, group)
 
 
+def _broadcast_nested(data, group, src):
+    if isinstance(data, paddle.Tensor):
+        dist.broadcast(data, src=src, group=group)
+        return data
+    if isinstance(data, (list, tuple)):
+        return type(data)(_broadcast_nested(d, group, src) for d in data)
+    if isinstance(data, dict):
+        return {k: _broadcast_nested(v, group, src) for k, v in data.items()}
+    return data
+
+
+def broadcast_inputs(hcg, *inputs, **kwargs):
+    """Fleet's `broadcast_input_data` on CPU: every tensor argument from the model-parallel
+    group's source rank."""
+    group, src = hcg.get_model_parallel_group(), hcg.get_model_parallel_group_src_rank()
+    return _broadcast_nested(inputs, group, src), _broadcast_nested(kwargs, group, src)
+
+
 REPLACEMENTS = {"_c_identity": c_identity, "_mp_allreduce": mp_allreduce, "_c_concat": c_concat, "_c_split": c_split}
 
 
@@ -122,6 +142,7 @@ def install():
     """Put the stand-ins into `mp_ops` and `paddle.distributed.collective` (idempotent)."""
     from paddle.distributed import collective
     from paddle.distributed.fleet.layers.mpu import mp_layers, mp_ops
+    from paddle.distributed.fleet.meta_parallel import tensor_parallel
 
     for module in (mp_ops, collective):
         for name, fn in REPLACEMENTS.items():
@@ -129,4 +150,5 @@ def install():
     if hasattr(mp_layers, "mp_ops"):
         for name, fn in REPLACEMENTS.items():
             setattr(mp_layers.mp_ops, name, fn)
+    tensor_parallel.broadcast_input_data = broadcast_inputs
     return REPLACEMENTS
