@@ -78,6 +78,44 @@ def test_sft_tp2_matches_tp1(tiny_model_dir, tiny_data_dir, tmp_path):
     assert s2["eval/accuracy"] == s1["eval/accuracy"]  # greedy generation through the gathered engine
 
 
+@pytest.fixture(scope="module")
+def lora_dir(tiny_model_dir, tmp_path_factory):
+    """A fresh LoRA adapter on the tiny model, saved: both layouts start from the same adapter
+    (a fresh adapter drawn at TP=2 has other random lora_A values than one drawn at TP=1)."""
+    from ppo.models.loading import apply_lora, load_causal_lm
+
+    path = str(tmp_path_factory.mktemp("tp_lora"))
+    paddle.seed(7)
+    apply_lora(load_causal_lm(tiny_model_dir), base_model_name_or_path=tiny_model_dir).save_pretrained(path)
+    load_tokenizer(tiny_model_dir).save_pretrained(path)
+    return path
+
+
+def test_sft_lora_tp2_matches_tp1(lora_dir, tiny_data_dir, tmp_path):
+    """Adapter training under TP=2 (column / row parallel LoRA layers) equals TP=1; the saved
+    adapter is merged back into full shapes."""
+    from sft.run_sft import main as run_sft
+
+    argv = [
+        "config/tiny/sft_argument.json", "--model_name_or_path", lora_dir,
+        "--train_datasets", f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl", "--eval_datasets", "",
+        "--max_steps", "3", "--per_device_train_batch_size", "16", "--logging_steps", "1", "--learning_rate", "1e-2",
+        "--save_steps", "3", "--warmup_steps", "0", "--disable_tqdm", "true", "--evaluation_strategy", "no",
+        "--do_eval", "false",
+    ]
+    out1, out2 = str(tmp_path / "tp1"), str(tmp_path / "tp2")
+    run_sft([*argv, "--output_dir", out1, "--logging_dir", f"{out1}/vdl"])
+    launch_run("sft/run_sft.py", [*argv, "--output_dir", out2, "--logging_dir", f"{out2}/vdl", "--tensor_parallel_degree", "2"], out2)
+    assert_same_steps(out1, out2, "loss/sft", 3)
+    a, b = (paddle.load(os.path.join(o, "lora_model_state.pdparams")) for o in (out1, out2))
+    assert sorted(a) == sorted(b) and len(a) > 0
+    for key in a:
+        assert a[key].shape == b[key].shape, key
+        np.testing.assert_allclose(b[key].numpy(), a[key].numpy(), atol=WEIGHT_ATOL, rtol=0, err_msg=key)
+    start = paddle.load(os.path.join(lora_dir, "lora_model_state.pdparams"))
+    assert any(not np.allclose(start[k].numpy(), b[k].numpy()) for k in b)
+
+
 def test_reward_model_tp2_matches_tp1(score_dir, tiny_data_dir, tmp_path):
     from rm.run_reward import main as run_reward
 
