@@ -10,7 +10,13 @@ import numpy as np
 import paddle
 import pytest
 
-from ppo.algos import entropy_from_logits, token_logprobs, vocab_parallel_token_logprobs
+from ppo.algos import (
+    entropy_from_logits,
+    token_logprobs,
+    token_logprobs_from_hidden,
+    vocab_parallel_logprobs_from_hidden,
+    vocab_parallel_token_logprobs,
+)
 
 
 class EmulatedGroup:
@@ -187,3 +193,62 @@ def test_garbage_row_leaves_other_rows_alone():
     keep = [0, 1, 3]
     np.testing.assert_array_equal(dirty[0][0][keep], clean[0][0][keep])
     np.testing.assert_array_equal(dirty[0][1][keep], clean[0][1][keep])
+
+
+def hidden_case(seed, transpose_y):
+    rng = np.random.default_rng(seed)
+    N, T, H, V = 3, 5, 4, 8
+    hidden = rng.normal(size=(N, T, H))
+    weight = rng.normal(size=(V, H) if transpose_y else (H, V))
+    labels = rng.integers(0, V, size=(N, T))
+    labels[1, 2] = -100
+    mask = (rng.random((N, T)) > 0.3).astype("int64")
+    hidden[mask == 0] = np.nan  # garbage where nothing counts
+    return hidden, weight, labels, mask
+
+
+@pytest.mark.parametrize("transpose_y", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("chunk_size", [1, 3, 1000, 0])
+def test_from_hidden_matches_single_rank_head_with_gradients(chunk_size, transpose_y):
+    """Two vocabulary slices of the head, chunked, equal token_logprobs_from_hidden on the whole
+    head at temperature 0.7 (both evaluate float32 logits): values, the weight gradient slice
+    by slice, and the hidden-state gradient summed over ranks (the model-parallel identity's
+    backward)."""
+    hidden, weight, labels, mask = hidden_case(chunk_size + 7 * transpose_y, transpose_y)
+    a = np.random.default_rng(1).normal(size=labels.shape)
+    h = paddle.to_tensor(hidden, stop_gradient=False)
+    w = paddle.to_tensor(weight, stop_gradient=False)
+    lp, ent = token_logprobs_from_hidden(h, w, paddle.to_tensor(labels), paddle.to_tensor(mask), 0.7, 1000, transpose_y, True)
+    (paddle.to_tensor(a) * (lp + 0.5 * ent)).sum().backward()
+    group, n, axis = EmulatedGroup(2), 2, 0 if transpose_y else 1
+    V = weight.shape[axis]
+
+    def one(r):
+        s, e = split_bounds(V, n)[r]
+        h_r = paddle.to_tensor(hidden, stop_gradient=False)
+        w_r = paddle.to_tensor(weight[s:e] if transpose_y else weight[:, s:e], stop_gradient=False)
+        lp_r, ent_r = vocab_parallel_logprobs_from_hidden(
+            h_r, w_r, paddle.to_tensor(labels), paddle.to_tensor(mask), s, group.for_rank(r), 0.7, chunk_size, transpose_y, True
+        )
+        (paddle.to_tensor(a) * (lp_r + 0.5 * ent_r)).sum().backward()
+        return lp_r.numpy(), ent_r.numpy(), h_r.grad.numpy(), w_r.grad.numpy()
+
+    results = run_ranks(one, n)
+    counted = (labels >= 0) & (mask != 0)
+    for lp_r, ent_r, _, _ in results:
+        np.testing.assert_allclose(lp_r, lp.numpy(), rtol=2e-6, atol=1e-6)  # both float32 logits
+        np.testing.assert_allclose(ent_r, ent.numpy(), rtol=2e-6, atol=1e-5)  # lse - E cancels
+        assert (lp_r[~counted] == 0).all() and np.isfinite(lp_r).all()
+    grad_h = sum(np.nan_to_num(r[2]) for r in results)
+    np.testing.assert_allclose(grad_h[counted], h.grad.numpy()[counted], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.concatenate([r[3] for r in results], axis=axis), w.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_from_hidden_nothing_counted_gives_zeros_without_collectives():
+    group = EmulatedGroup(1)
+    h = paddle.to_tensor(np.ones((2, 3, 4)))
+    lp, ent = vocab_parallel_logprobs_from_hidden(
+        h, paddle.to_tensor(np.ones((4, 5))), paddle.to_tensor(np.full((2, 3), -100)), None, 0, group.for_rank(0),
+        with_entropy=True,
+    )
+    assert lp.shape == [2, 3] and (lp.numpy() == 0).all() and (ent.numpy() == 0).all() and group.calls == 0

@@ -26,7 +26,7 @@ from ..algos import (
     masked_mean,
     token_logprobs,
     token_logprobs_from_hidden,
-    vocab_parallel_token_logprobs,
+    vocab_parallel_logprobs_from_hidden,
 )
 from .loading import unwrap_model
 from .tensor_parallel import group_all_reduce, model_parallel_identity, vocab_parallel_head
@@ -145,13 +145,13 @@ def causal_lm_token_logprobs(
 
     A tensor-parallel model whose LM head holds a slice of the vocabulary never gathers the
     vocabulary: each rank computes its slice's logits at the counted positions and
-    `ppo.algos.vocab_parallel_token_logprobs` all-reduces the per-token statistics
-    (`chunk_size` does not apply there).
+    `ppo.algos.vocab_parallel_logprobs_from_hidden` all-reduces the per-token statistics,
+    `chunk_size` positions at a time as on one rank.
     """
     split_head = vocab_parallel_head(model)
     if split_head is not None:
         return _vocab_parallel_logprobs(
-            model, split_head, input_ids, attention_mask, labels, mask, position_ids, temperature, with_entropy
+            model, split_head, input_ids, attention_mask, labels, mask, position_ids, temperature, chunk_size, with_entropy
         )
     weight, transpose_y = None, False
     if chunk_size and chunk_size > 0:
@@ -192,33 +192,21 @@ def causal_lm_token_logprobs(
 
 
 def _vocab_parallel_logprobs(model, split_head, input_ids, attention_mask, labels, mask, position_ids, temperature,
-                             with_entropy):
+                             chunk_size, with_entropy):
     """`causal_lm_token_logprobs` for a column-parallel LM head (see there): the counted
-    positions' hidden states `[M, H]` times this rank's head slice give logits `[M, V / R]`."""
+    positions' hidden states times this rank's head slice, `chunk_size` positions at a time
+    (`ppo.algos.vocab_parallel_logprobs_from_hidden`); the hidden states enter through the
+    model-parallel identity, whose backward sums the slices' gradients."""
     weight, transpose_y, vocab_start, group = split_head
     shifted_labels, shifted_mask = _shifted(labels, mask)
-    flat_y = shifted_labels.reshape([-1]).astype("int64")
-    keep = flat_y >= 0
-    if shifted_mask is not None:
-        keep = paddle.logical_and(keep, shifted_mask.reshape([-1]) != 0)
-    index = paddle.nonzero(keep).reshape([-1])
-    total = flat_y.shape[0]
     all_reduce = group_all_reduce(group)
 
     def head_fn(hidden):  # [N, T, H] -> [N, T, 1 or 2]: log-probs (and entropy) stacked
-        flat_h = hidden.reshape([-1, hidden.shape[-1]])
-        if index.shape[0] == 0:  # nothing counts: zeros that still belong to the graph
-            zero = paddle.zeros([total], "float32") + paddle.sum(flat_h[:0]).astype("float32")
-            parts = [zero, zero] if with_entropy else [zero]
-        else:
-            h = model_parallel_identity(paddle.gather(flat_h, index), group)
-            z = paddle.matmul(h, weight, transpose_y=transpose_y).astype("float32")
-            if temperature != 1.0:
-                z = z / temperature
-            logp, entropy = vocab_parallel_token_logprobs(z, paddle.gather(flat_y, index), vocab_start, all_reduce, with_entropy)
-            place = lambda v: paddle.scatter(paddle.zeros([total], "float32"), index, v, overwrite=True)  # noqa: E731
-            parts = [place(logp), place(entropy)] if with_entropy else [place(logp)]
-        return paddle.stack(parts, axis=-1).reshape([*shifted_labels.shape, len(parts)])
+        logp, entropy = vocab_parallel_logprobs_from_hidden(
+            model_parallel_identity(hidden, group), weight, shifted_labels, shifted_mask, vocab_start, all_reduce,
+            temperature, chunk_size, transpose_y, with_entropy,
+        )
+        return paddle.stack([logp, entropy] if with_entropy else [logp], axis=-1)
 
     packed = _forward_through_head(model, head_fn, input_ids, attention_mask, position_ids)
     return packed[:, :-1, 0], (packed[:, :-1, 1] if with_entropy else None)
