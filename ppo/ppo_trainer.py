@@ -81,8 +81,6 @@ class PPOTrainer:
         self.init_step_state()
         self.eval_long_answer_len = eval_long_answer_len
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        # ranks that see different data (tensor-parallel ranks share theirs): PaddleNLP's dataset rank
-        self.data_rank, self.data_world = args.dataset_rank, args.dataset_world_size
         self.is_main = self.rank == 0
         self.step = 0
         self.episodes = 0
@@ -143,6 +141,17 @@ class PPOTrainer:
         self.grad_norms = {}  # model name -> gradient norm of its last optimiser step (before clipping)
         self.diverged = {}  # metric name -> first divergence message of the current step
         self.divergence_log = []  # every divergence message of the run (summary.json "diverged")
+
+    @property
+    def data_rank(self):
+        """This rank's index among the ranks that read different data (PaddleNLP's dataset rank:
+        tensor-parallel ranks of one group share it, and their prompts, seeds and groups)."""
+        return self.args.dataset_rank
+
+    @property
+    def data_world(self):
+        """How many ranks read different data (PaddleNLP's dataset world size)."""
+        return self.args.dataset_world_size
 
     def _wrap(self, model, optimizer):
         """Data parallel or fleet (sharding / tensor parallel) wrappers; identity on one rank."""
