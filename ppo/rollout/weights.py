@@ -118,8 +118,8 @@ def split_axis(layer, transpose_y=False):
 class TensorParallelGather:
     """Full weights of a tensor-parallel model for the engine, gathered from every rank's slice
     on each call (this rank then runs the whole model for the rollout, as PaddleNLP's
-    `eval_mode="single"`; every rank generates the same tokens from the same seed). None
-    without tensor parallelism: weights pass through."""
+    `eval_mode="single"`; every rank generates the same tokens from the same seed). Without
+    tensor parallelism `group` is None and weights pass through."""
 
     def __init__(self, cfg):
         from ..models.tensor_parallel import model_parallel_group
