@@ -45,6 +45,7 @@ from ppo.data import IGNORE_INDEX, right_padding
 from ppo.evaluation import GenerationEvalMixin
 from ppo.models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE, causal_lm_token_logprobs
 from ppo.models.loading import find_lora_model, lora_disabled
+from ppo.models.tensor_parallel import DatasetOrderMixin
 
 LOSS_TYPES = DPO_LOSS_TYPES + PAIR_LOSS_TYPES + ("kto",)
 REFERENCE_FREE_TYPES = ("simpo", "orpo")
@@ -101,7 +102,7 @@ def answer_logprobs(model, input_ids, attention_mask, labels, chunk_size=DEFAULT
     return masked_sum(tok, mask, axis=-1), mask.astype("float32").sum(axis=-1), tok, mask
 
 
-class DPOTrainer(GenerationEvalMixin, Trainer):
+class DPOTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
     """`Trainer` for the DPO family on `PreferenceDataset` batches (`KTOCollator` for KTO).
 
     `ref_model`: a frozen reference model, or None (LoRA policy with the adapter

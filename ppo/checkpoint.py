@@ -28,6 +28,7 @@ import paddle.distributed as dist
 
 from .common.validation import weights_problem
 from .models.loading import unwrap_parallel
+from .models.tensor_parallel import model_parallel_group, save_pretrained_merged, split_for_this_rank
 
 logger = logging.getLogger("ppo.checkpoint")
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -194,11 +195,22 @@ def replace_dir_atomically(tmp_path, final_path):
 
 
 def save_model_dir(model, path, tokenizer=None):
-    """`save_pretrained` of the innermost model (LoRA adapters save as adapters)."""
+    """`save_pretrained` of the innermost model (LoRA adapters save as adapters). A
+    tensor-parallel model is saved merged (a single-rank run loads it): every rank of rank
+    0's model-parallel group calls this, rank 0 writes (see `saves_models`)."""
     inner = unwrap_parallel(model)
-    inner.save_pretrained(path)
-    if tokenizer is not None:
+    save_pretrained_merged(inner, path)
+    if tokenizer is not None and is_main_process():
         tokenizer.save_pretrained(path)
+
+
+def saves_models():
+    """Whether this rank takes part in writing model directories: rank 0, and with tensor
+    parallelism the other ranks of its model-parallel group (the merge gathers from them)."""
+    group = model_parallel_group()
+    if group is None:
+        return is_main_process()
+    return 0 in group.ranks
 
 
 def save_checkpoint(output_dir, step, models, optimizers, schedulers, state, tokenizer, save_total_limit=None):
@@ -210,6 +222,8 @@ def save_checkpoint(output_dir, step, models, optimizers, schedulers, state, tok
         if os.path.exists(tmp):
             shutil.rmtree(tmp)
         os.makedirs(tmp)
+    barrier()
+    if saves_models():
         for name, model in models.items():
             if model is not None:
                 save_model_dir(model, os.path.join(tmp, name), tokenizer)
@@ -282,7 +296,7 @@ def load_model_weights(model, path):
     for name in candidates:
         file = os.path.join(path, name)
         if os.path.isfile(file):
-            inner.set_state_dict(paddle.load(file))
+            inner.set_state_dict(split_for_this_rank(inner, paddle.load(file)))
             return
     raise FileNotFoundError(f"{path}: no model weights ({' or '.join(candidates)})")
 

@@ -48,6 +48,7 @@ from .experience import (
     reward_model_scores,
 )
 from .models.causal_lm import answer_nll
+from .models.tensor_parallel import model_parallel_group
 from .optim import build_optimizer, build_scheduler
 from .prompt_sampler import PromptSampler
 from .rollout import RolloutEngine, SamplingParams
@@ -86,7 +87,7 @@ class PPOTrainer:
         self.nan_streak = 0
         self.gen_batches = 0  # rollout batches drawn so far (unique group ids)
 
-        self.max_steps = total = args.total_steps(len(train_dataset), self.world_size)
+        self.max_steps = total = args.total_steps(len(train_dataset), self.data_world)
         self.actor_scheduler = build_scheduler(
             args.lr_scheduler_type, args.learning_rate, args.min_learning_rate, args.warmup_ratio, args.warmup_steps, total
         )
@@ -105,12 +106,8 @@ class PPOTrainer:
         self.actor, self.actor_optimizer = self._wrap(models.actor, self.actor_optimizer)
         self.critic, self.critic_optimizer = self._wrap(models.critic, self.critic_optimizer)
 
-        use_fusemt = args.use_fusemt
-        if use_fusemt and args.tensor_parallel_degree > 1:
-            logger.warning("the rollout engine does not run tensor-parallel models; generating with PaddleNLP generate")
-            use_fusemt = False
         self.engine = RolloutEngine(
-            models.actor, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, use_fusemt=use_fusemt
+            models.actor, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, use_fusemt=args.use_fusemt
         )
         self.sampling = SamplingParams(
             max_new_tokens=args.max_dec_len,
@@ -123,11 +120,12 @@ class PPOTrainer:
         )
         self.reward_normalizer = RunningMeanStd() if args.normalize_reward else None
         self.sampler = PromptSampler(
-            len(train_dataset), args.per_device_prompt_batch_size, self.rank, self.world_size, args.seed, shuffle=args.dataloader_shuffle
+            len(train_dataset), args.per_device_prompt_batch_size, self.data_rank, self.data_world, args.seed,
+            shuffle=args.dataloader_shuffle,
         )
         self.ptx_sampler = None
         if ptx_dataset is not None and args.ptx_coeff > 0:
-            self.ptx_sampler = PromptSampler(len(ptx_dataset), args.per_device_train_batch_size, self.rank, self.world_size, args.seed + 1)
+            self.ptx_sampler = PromptSampler(len(ptx_dataset), args.per_device_train_batch_size, self.data_rank, self.data_world, args.seed + 1)
         self.collate_prompts = train_dataset.get_collator()
         self.tracker = None
 
@@ -143,6 +141,17 @@ class PPOTrainer:
         self.grad_norms = {}  # model name -> gradient norm of its last optimiser step (before clipping)
         self.diverged = {}  # metric name -> first divergence message of the current step
         self.divergence_log = []  # every divergence message of the run (summary.json "diverged")
+
+    @property
+    def data_rank(self):
+        """This rank's index among the ranks that read different data (PaddleNLP's dataset rank:
+        tensor-parallel ranks of one group share it, and their prompts, seeds and groups)."""
+        return self.args.dataset_rank
+
+    @property
+    def data_world(self):
+        """How many ranks read different data (PaddleNLP's dataset world size)."""
+        return self.args.dataset_world_size
 
     def _wrap(self, model, optimizer):
         """Data parallel or fleet (sharding / tensor parallel) wrappers; identity on one rank."""
@@ -167,9 +176,9 @@ class PPOTrainer:
         batch = self.collate_prompts([self.train_dataset[i] for i in indices])
         input_ids = paddle.repeat_interleave(batch["input_ids"], n, axis=0)
         prompt_mask = paddle.repeat_interleave(batch["attention_mask"], n, axis=0)
-        seed = self.args.seed + 1_000_003 * self.gen_batches + 7919 * self.rank
+        seed = self.args.seed + 1_000_003 * self.gen_batches + 7919 * self.data_rank  # tensor-parallel ranks sample alike
         out = self.engine.generate(input_ids, prompt_mask, self.sampling, seed=seed)
-        group_base = (self.gen_batches * self.world_size + self.rank) * len(indices)
+        group_base = (self.gen_batches * self.data_world + self.data_rank) * len(indices)
         self.gen_batches += 1
         exp = experience_from_rollout(batch, out, self.tokenizer.eos_token_id, repeat=n, group_base=group_base)
         if out.logprobs_match_forward and self.args.use_rollout_logprobs:
@@ -241,7 +250,8 @@ class PPOTrainer:
         stats = paddle.to_tensor([scores.shape[0], float(scores.sum()), float((scores**2).sum())], dtype="float64")
         if self.world_size > 1:
             dist.all_reduce(stats)
-        count, total, sq = stats.numpy().tolist()
+        copies = self.world_size / self.data_world  # tensor-parallel ranks hold the same batch
+        count, total, sq = (stats.numpy() / copies).tolist()
         mean = total / count
         self.reward_normalizer.merge(count, mean, max(sq / count - mean * mean, 0.0))
         return self.reward_normalizer.normalize(scores)
@@ -278,8 +288,12 @@ class PPOTrainer:
             raise RuntimeError(f"step {self.step + 1}: a group is not {n} consecutive rows of one prompt")
         if self.world_size > 1:
             gathered = []
-            dist.all_gather(gathered, paddle.to_tensor(ids[:, 0]))
-            all_ids = np.concatenate([g.numpy() for g in gathered])
+            dist.all_gather(gathered, paddle.to_tensor([self.data_rank, *ids[:, 0].tolist()], dtype="int64"))
+            by_data_rank = {}
+            for row in (g.numpy() for g in gathered):  # tensor-parallel copies of a data rank must agree
+                if by_data_rank.setdefault(int(row[0]), row[1:].tolist()) != row[1:].tolist():
+                    raise RuntimeError(f"step {self.step + 1}: tensor-parallel ranks of data rank {row[0]} hold different groups")
+            all_ids = np.concatenate([np.asarray(v) for v in by_data_rank.values()])
             if len(np.unique(all_ids)) != len(all_ids):
                 raise RuntimeError(f"step {self.step + 1}: a group id appears on more than one rank")
         return ids.shape[0]
@@ -353,7 +367,7 @@ class PPOTrainer:
     # ------------------------------------------------------------------ 5. update
     def minibatch_plan(self, n_rows, epoch):
         """Shuffled row indices split into optimiser steps of `grad_accum` micro-batches."""
-        rng = np.random.RandomState(self.args.seed + 10007 * self.step + 101 * epoch + self.rank)
+        rng = np.random.RandomState(self.args.seed + 10007 * self.step + 101 * epoch + self.data_rank)
         perm = rng.permutation(n_rows)
         micro, accum = self.args.per_device_train_batch_size, self.args.gradient_accumulation_steps
         micro_batches = [perm[s : s + micro].tolist() for s in range(0, n_rows, micro)]
@@ -413,15 +427,33 @@ class PPOTrainer:
         bad = None if math.isfinite(loss_value) else f"loss of the {name}"
         self.grad_norms.pop(name, None)
         if bad is None and grads:
-            total = float(paddle.add_n([paddle.sum(paddle.square(g.astype("float32"))) for _, g in grads]))
+            total = self.squared_grad_norm(model)
             if not math.isfinite(total):  # one host sync; search names only when needed
-                bad = first_non_finite(grads)
+                bad = first_non_finite(grads) or f"{name} gradient slice on another tensor-parallel rank"
             else:
                 self.grad_norms[name] = math.sqrt(total)
         if bad is None:
             optimizer.step()
         optimizer.clear_grad(set_to_zero=not self.args.release_gradients)  # release_grads: free, not zero
         return bad
+
+    @staticmethod
+    def squared_grad_norm(model):
+        """Squared norm of the whole gradient: tensor-parallel slices summed over the
+        model-parallel group, replicated parameters counted once (equal on every rank there)."""
+        split, whole = [], []
+        for p in model.parameters():
+            if not p.stop_gradient and p.grad is not None:
+                (split if getattr(p, "is_distributed", False) else whole).append(paddle.sum(paddle.square(p.grad.astype("float32"))))
+        total = paddle.add_n(whole) if whole else paddle.zeros([], "float32")
+        group = model_parallel_group()
+        if group is not None:
+            split_sum = (paddle.add_n(split) if split else paddle.zeros([], "float32")).reshape([1])
+            dist.all_reduce(split_sum, group=group)
+            total = total + split_sum.reshape([])
+        elif split:
+            total = total + paddle.add_n(split)
+        return float(total)
 
     def update(self, exp, acc):
         args = self.args
@@ -496,7 +528,7 @@ class PPOTrainer:
             self.critic_scheduler.step()
         t_end = time.time()
         tokens = float(exp.response_mask.sum())
-        self.episodes += len(exp) * self.world_size
+        self.episodes += len(exp) * self.data_world
         local = acc.local_result()
         local.update(
             {
@@ -532,7 +564,7 @@ class PPOTrainer:
             batch_size=self.args.per_device_eval_batch_size,
             max_new_tokens=self.args.eval_max_new_tokens or self.args.max_dec_len,
             long_answer_len=self.eval_long_answer_len, engine=self.engine, score_fn=score_fn,
-            indices=list(range(self.rank, len(self.eval_dataset), self.world_size)),
+            indices=list(range(self.data_rank, len(self.eval_dataset), self.data_world)),
         )
         metrics.pop("eval/num_samples", None)
         return reduce_across_ranks(metrics)
@@ -673,8 +705,18 @@ class PPOTrainer:
         raise DivergenceError(f"stopped: {'; '.join(messages)}; {where} (stop_on_divergence=False lets the run go on)")
 
     def actor_fingerprints(self):
-        """One number per rank summarising the actor weights; equal on every rank when in sync."""
-        value = sum(float((p.astype("float64") * (i + 1)).sum()) for i, p in enumerate(self.models.actor.parameters()))
+        """One number per rank summarising the (whole, merged) actor weights; equal on every rank
+        when in sync, and between tensor-parallel degrees up to float rounding."""
+        params = list(self.models.actor.parameters())
+        value = sum(float((p.astype("float64") * (i + 1)).sum()) for i, p in enumerate(params) if not p.is_distributed)
+        split = [float((p.astype("float64") * (i + 1)).sum()) for i, p in enumerate(params) if p.is_distributed]
+        group = model_parallel_group()
+        if split and group is not None:  # tensor-parallel slices add up to the whole weight's number
+            t = paddle.to_tensor([sum(split)], dtype="float64")
+            dist.all_reduce(t, group=group)
+            value += float(t.numpy()[0])
+        else:
+            value += sum(split)
         if self.world_size == 1:
             return [value]
         gathered = []

@@ -66,7 +66,7 @@ def build_trainer(argv=None):
         save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
         for message in inert_setting_messages(training_args):
             logger.warning(message)
-    paddle.seed(training_args.seed + dist_rank())
+    paddle.seed(training_args.seed + training_args.dataset_rank)  # tensor-parallel ranks draw alike
 
     tokenizer = load_tokenizer(model_args.actor_model_name_or_path)
     # data before models: a bad record fails in seconds, not after the models load

@@ -4,6 +4,7 @@ import paddle
 from paddlenlp.trainer import Trainer
 
 from ppo.algos import pairwise_reward_loss, tokenwise_pairwise_reward_loss
+from ppo.models.tensor_parallel import DatasetOrderMixin
 
 LOSS_TYPES = ("sequence-wise", "token-wise")
 
@@ -38,7 +39,7 @@ def reward_loss(model, inputs, loss_type, regularization):
     raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
 
 
-class RewardTrainer(Trainer):
+class RewardTrainer(DatasetOrderMixin, Trainer):
     """`Trainer` for score models on `PreferenceDataset` batches."""
 
     def compute_loss(self, model, inputs, return_outputs=False):

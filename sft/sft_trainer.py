@@ -5,9 +5,10 @@ from paddlenlp.trainer import Trainer
 
 from ppo.evaluation import GenerationEvalMixin
 from ppo.models.causal_lm import answer_nll
+from ppo.models.tensor_parallel import DatasetOrderMixin
 
 
-class SFTTrainer(GenerationEvalMixin, Trainer):
+class SFTTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
     """`Trainer` whose loss is the masked token-mean NLL of the answer tokens.
 
     `eval_prompt_dataset` (a `PromptOnlyDataset` with reference answers) adds

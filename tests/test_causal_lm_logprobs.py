@@ -185,22 +185,16 @@ def test_full_logits_path_from_first_counted_column():
     assert (a.numpy()[:, :5] == 0).all() and (a.numpy()[:, 5:] < 0).all()
 
 
-def test_unchunkable_head_falls_back_to_full_logits(caplog, monkeypatch):
-    """A vocabulary split across tensor-parallel ranks cannot be chunked here: the same
-    values come from full logits, with one warning naming the reason."""
-    from ppo.models import causal_lm
-
-    monkeypatch.setattr(causal_lm, "_warned", set())
+def test_split_head_without_model_parallel_group_is_an_error():
+    """A vocabulary split across tensor-parallel ranks takes the vocab-parallel path
+    (tests/test_tensor_parallel.py runs it on two processes); a head marked split in a process
+    without fleet's model-parallel group is inconsistent and says so."""
     model = llama()
     ids, attn, labels = batch()
-    with paddle.no_grad():
-        expected, _ = causal_lm_token_logprobs(model, ids, attn, labels, chunk_size=0)
-        model.lm_head.weight.is_distributed = True
+    model.lm_head.weight.is_distributed = True
+    try:
         assert lm_head_weight(model) == (None, "the LM head's vocabulary is split across tensor-parallel ranks")
-        with caplog.at_level("WARNING"):
-            got, _ = causal_lm_token_logprobs(model, ids, attn, labels, chunk_size=4)
+        with paddle.no_grad(), pytest.raises(RuntimeError, match="model-parallel group"):
             causal_lm_token_logprobs(model, ids, attn, labels, chunk_size=4)
-    model.lm_head.weight.is_distributed = False
-    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-6)
-    warnings = [r for r in caplog.records if "tensor-parallel" in r.getMessage()]
-    assert len(warnings) == 1  # logged once per reason and process
+    finally:
+        model.lm_head.weight.is_distributed = False

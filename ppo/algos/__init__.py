@@ -31,6 +31,7 @@ from .losses import (
     value_loss,
 )
 from .lm_head import token_logprobs_from_hidden
+from .vocab_parallel import vocab_parallel_logprobs_from_hidden, vocab_parallel_token_logprobs
 from .masked import last_nonzero_index, masked_mean, masked_sum, masked_var, masked_whiten
 from .normalizer import (
     NORMALIZERS,
@@ -90,6 +91,9 @@ __all__ = [
     "sft_loss",
     # lm_head
     "token_logprobs_from_hidden",
+    # vocab_parallel
+    "vocab_parallel_token_logprobs",
+    "vocab_parallel_logprobs_from_hidden",
     # preference
     "DPO_LOSS_TYPES",
     "pairwise_reward_loss",

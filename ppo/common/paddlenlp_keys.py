@@ -191,7 +191,7 @@ PPO_INERT = {
     "wandb_api_key": (lambda a: bool(a.wandb_api_key), "used by report_to wandb only, which the PPO loop does not support"),
     "sequence_parallel": (
         lambda a: bool(a.sequence_parallel),
-        "PaddleNLP turns it off below tensor_parallel_degree 2; the PPO models do not split activations along the sequence",
+        "PaddleNLP turns it off below tensor_parallel_degree 2; at 2 and above model loading refuses it (not implemented here)",
     ),
     "split_inputs_sequence_dim": (None, "acts with sep_parallel_degree > 1 only, which the PPO loop refuses"),
     "lr_end": (

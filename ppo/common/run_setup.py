@@ -66,7 +66,7 @@ def finish_trainer_run(trainer, args, tokenizer):
             raise DivergenceError(
                 f"stopped: {'; '.join(guard.diverged)}; {where} (stop_on_divergence=False lets the run go on)"
             )
-        trainer.save_model(args.output_dir)
+        trainer.save_model(args.output_dir, merge_tensor_parallel=args.tensor_parallel_degree > 1)  # a TP=1 run loads it
         if trainer.is_world_process_zero():
             tokenizer.save_pretrained(args.output_dir)
         trainer.save_state()

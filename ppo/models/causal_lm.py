@@ -20,8 +20,16 @@ import logging
 
 import paddle
 
-from ..algos import entropy_from_logits, last_nonzero_index, masked_mean, token_logprobs, token_logprobs_from_hidden
+from ..algos import (
+    entropy_from_logits,
+    last_nonzero_index,
+    masked_mean,
+    token_logprobs,
+    token_logprobs_from_hidden,
+    vocab_parallel_logprobs_from_hidden,
+)
 from .loading import unwrap_model
+from .tensor_parallel import group_all_reduce, model_parallel_identity, vocab_parallel_head
 
 logger = logging.getLogger(__name__)
 NOT_COUNTED = -100  # any negative label is not counted
@@ -134,7 +142,17 @@ def causal_lm_token_logprobs(
     `first_counted`: no token before this position counts (e.g. the prompt width for PPO
     responses); the full-logits path then only normalises the logits from there on (the
     chunked path skips uncounted positions anyway).
+
+    A tensor-parallel model whose LM head holds a slice of the vocabulary never gathers the
+    vocabulary: each rank computes its slice's logits at the counted positions and
+    `ppo.algos.vocab_parallel_logprobs_from_hidden` all-reduces the per-token statistics,
+    `chunk_size` positions at a time as on one rank.
     """
+    split_head = vocab_parallel_head(model)
+    if split_head is not None:
+        return _vocab_parallel_logprobs(
+            model, split_head, input_ids, attention_mask, labels, mask, position_ids, temperature, chunk_size, with_entropy
+        )
     weight, transpose_y = None, False
     if chunk_size and chunk_size > 0:
         weight, detail = lm_head_weight(model)
@@ -171,6 +189,27 @@ def causal_lm_token_logprobs(
         logp = paddle.concat([left, logp], axis=1)
         entropy = paddle.concat([left, entropy], axis=1) if with_entropy else None
     return logp, entropy
+
+
+def _vocab_parallel_logprobs(model, split_head, input_ids, attention_mask, labels, mask, position_ids, temperature,
+                             chunk_size, with_entropy):
+    """`causal_lm_token_logprobs` for a column-parallel LM head (see there): the counted
+    positions' hidden states times this rank's head slice, `chunk_size` positions at a time
+    (`ppo.algos.vocab_parallel_logprobs_from_hidden`); the hidden states enter through the
+    model-parallel identity, whose backward sums the slices' gradients."""
+    weight, transpose_y, vocab_start, group = split_head
+    shifted_labels, shifted_mask = _shifted(labels, mask)
+    all_reduce = group_all_reduce(group)
+
+    def head_fn(hidden):  # [N, T, H] -> [N, T, 1 or 2]: log-probs (and entropy) stacked
+        logp, entropy = vocab_parallel_logprobs_from_hidden(
+            model_parallel_identity(hidden, group), weight, shifted_labels, shifted_mask, vocab_start, all_reduce,
+            temperature, chunk_size, transpose_y, with_entropy,
+        )
+        return paddle.stack([logp, entropy] if with_entropy else [logp], axis=-1)
+
+    packed = _forward_through_head(model, head_fn, input_ids, attention_mask, position_ids)
+    return packed[:, :-1, 0], (packed[:, :-1, 1] if with_entropy else None)
 
 
 def answer_nll(model, input_ids, attention_mask, labels, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE):

@@ -139,6 +139,11 @@ def load_overrides(model_args, training_args):
     if training_args.recompute:
         overrides["recompute"] = True
     overrides.update(gpu_switch_overrides(model_args))
+    if getattr(training_args, "sequence_parallel", False):
+        raise ValueError(
+            "sequence_parallel (split activations along the sequence between tensor-parallel ranks) is not implemented by "
+            "the trainers here: the log-prob path and the rollout engine take whole sequences; set it false"
+        )
     if training_args.tensor_parallel_degree > 1:
         overrides.update(
             tensor_parallel_degree=training_args.tensor_parallel_degree,

@@ -4,7 +4,8 @@ Supported: `LlamaForCausalLM` and `Qwen2ForCausalLM` (and any model with the sam
 `<decoder>.embed_tokens/.layers/.norm`, `lm_head`, layers with `self_attn.{q,k,v,o}_proj` or
 `qkv_proj`, `mlp.{gate,up,down}_proj` or `gate_up_fused_proj`, `input_layernorm`,
 `post_attention_layernorm`), optionally wrapped in `paddle.DataParallel` and/or
-`paddlenlp.peft.LoRAModel`.
+`paddlenlp.peft.LoRAModel`. A tensor-parallel model's slices are gathered into whole weights
+on every call (`TensorParallelGather`): each rank then generates with the whole model.
 
 `extract_weights(model)` is called at the start of every `generate()`. Two layouts:
   - "rows" (GPU, and the pure-Paddle fallback): matrices as the model stores them, [in, out],
@@ -102,9 +103,51 @@ def _bias(linear):
     return getattr(linear, "bias", None)
 
 
+def split_axis(layer, transpose_y=False):
+    """The axis along which tensor parallelism split `layer`'s weight: 1 (output) for a
+    column-parallel linear or LM head, 0 (input) for a row-parallel linear, 0 (vocabulary)
+    for a vocabulary-parallel embedding or a tied `[V, H]` head."""
+    name = type(layer).__name__
+    if "RowParallel" in name or "VocabParallel" in name:
+        return 0
+    if "ColumnParallel" in name:
+        return 1
+    return 0 if transpose_y else 1
+
+
+class TensorParallelGather:
+    """Full weights of a tensor-parallel model for the engine, gathered from every rank's slice
+    on each call (this rank then runs the whole model for the rollout, as PaddleNLP's
+    `eval_mode="single"`; every rank generates the same tokens from the same seed). Without
+    tensor parallelism `group` is None and weights pass through."""
+
+    def __init__(self, cfg):
+        from ..models.tensor_parallel import model_parallel_group
+
+        self.group = model_parallel_group() if getattr(cfg, "tensor_parallel_degree", 1) > 1 else None
+        if getattr(cfg, "tensor_parallel_degree", 1) > 1 and self.group is None:
+            raise RuntimeError("RolloutEngine: the model is tensor-parallel but fleet has no model-parallel group")
+
+    def weight(self, layer, value=None, transpose_y=False):
+        """`value` (default: `layer.weight`) whole: gathered along the split axis when the layer's
+        weight is a slice."""
+        value = layer.weight if value is None else value
+        if self.group is None or not getattr(layer.weight, "is_distributed", False):
+            return value
+        from ..models.tensor_parallel import gather_full_weight
+
+        return gather_full_weight(value, split_axis(layer, transpose_y), self.group)
+
+    def bias(self, layer):
+        b = _bias(layer)
+        if b is None or self.group is None or not getattr(b, "is_distributed", False):
+            return b
+        from ..models.tensor_parallel import gather_full_weight
+
+        return gather_full_weight(b, 0, self.group)
+
+
 def _check_config(cfg):
-    if getattr(cfg, "tensor_parallel_degree", 1) > 1:
-        raise NotImplementedError("RolloutEngine: tensor parallel models are not supported; use use_fusemt=False")
     if getattr(cfg, "alibi", False):
         raise NotImplementedError("RolloutEngine: alibi models are not supported; use use_fusemt=False")
     if getattr(cfg, "use_long_sequence_strategies", False):
@@ -127,11 +170,17 @@ def extract_weights(model, fuse_gate_up=False, compute_dtype=None, layout="rows"
     cfg = lm.config
     _check_config(cfg)
     dec = _decoder(lm)
+    tp = TensorParallelGather(cfg)
+    if tp.group is not None and (hasattr(dec.layers[0].self_attn, "qkv_proj") or hasattr(dec.layers[0].mlp, "gate_up_fused_proj")):
+        raise NotImplementedError(
+            "RolloutEngine: fused qkv / gate-up projections are split per rank in an interleaved order under tensor "
+            "parallelism; load the model with fuse_attention_qkv / fuse_attention_ffn off"
+        )
     nh = cfg.num_attention_heads
     nkv = getattr(cfg, "num_key_value_heads", None) or nh
     hd = cfg.hidden_size // nh
     eps = float(cfg.rms_norm_eps)
-    embed = dec.embed_tokens.weight
+    embed = tp.weight(dec.embed_tokens)
     if compute_dtype is None:
         compute_dtype = "float32" if embed.place.is_cpu_place() else str(embed.dtype).replace("paddle.", "")
 
@@ -170,16 +219,17 @@ def extract_weights(model, fuse_gate_up=False, compute_dtype=None, layout="rows"
             qkv_bias = cast(_bias(attn.qkv_proj))
             layout_id = 1
         else:
-            qkv = pack([effective_weight(attn.q_proj), effective_weight(attn.k_proj), effective_weight(attn.v_proj)])
-            bs = [_bias(attn.q_proj), _bias(attn.k_proj), _bias(attn.v_proj)]
+            qkv = pack([tp.weight(lin, effective_weight(lin)) for lin in (attn.q_proj, attn.k_proj, attn.v_proj)])
+            bs = [tp.bias(attn.q_proj), tp.bias(attn.k_proj), tp.bias(attn.v_proj)]
             qkv_bias = cast(paddle.concat(bs)) if bs[0] is not None else None
             layout_id = 0
         if hasattr(mlp, "gate_up_fused_proj"):
             gate_up, gate, up = pack([effective_weight(mlp.gate_up_fused_proj)]), None, None
         elif fuse_gate_up or cols:
-            gate_up, gate, up = pack([effective_weight(mlp.gate_proj), effective_weight(mlp.up_proj)]), None, None
+            gate_up, gate, up = pack([tp.weight(lin, effective_weight(lin)) for lin in (mlp.gate_proj, mlp.up_proj)]), None, None
         else:
-            gate_up, gate, up = None, pack([effective_weight(mlp.gate_proj)]), pack([effective_weight(mlp.up_proj)])
+            gate_up, gate, up = (None, pack([tp.weight(mlp.gate_proj, effective_weight(mlp.gate_proj))]),
+                                 pack([tp.weight(mlp.up_proj, effective_weight(mlp.up_proj))]))
         if _bias(mlp.down_proj) is not None or _bias(attn.o_proj) is not None:
             raise NotImplementedError("RolloutEngine: o_proj / MLP biases are not supported")
         layers.append(
@@ -188,19 +238,19 @@ def extract_weights(model, fuse_gate_up=False, compute_dtype=None, layout="rows"
                 qkv=qkv,
                 qkv_bias=qkv_bias,
                 qkv_layout=layout_id,
-                o=pack([effective_weight(attn.o_proj)]),
+                o=pack([tp.weight(attn.o_proj, effective_weight(attn.o_proj))]),
                 ln_mlp=cast(layer.post_attention_layernorm.weight),
                 gate_up=gate_up,
                 gate=gate,
                 up=up,
-                down=pack([effective_weight(mlp.down_proj)]),
+                down=pack([tp.weight(mlp.down_proj, effective_weight(mlp.down_proj))]),
             )
         )
     head = lm.lm_head
     transposed = bool(getattr(head, "transpose_y", False))
     if _bias(head) is not None:
         raise NotImplementedError("RolloutEngine: lm_head bias is not supported")
-    lm_w = cast(effective_weight(head))
+    lm_w = cast(tp.weight(head, effective_weight(head), transpose_y=transposed))
     vocab = int(lm_w.shape[0] if transposed else lm_w.shape[1])
     if cols and not transposed:
         lm_w, transposed = pack([lm_w]), True

@@ -1,0 +1,154 @@
+"""Test-only stand-ins for the model-parallel collectives on CPU processes (gloo).
+
+Fleet's tensor-parallel layers (`ColumnParallelLinear`, `RowParallelLinear`,
+`VocabParallelEmbedding`) and PaddleNLP's `parallel_matmul` call `_c_identity`,
+`_mp_allreduce`, `_c_concat` and `_c_split` from
+`paddle.distributed.fleet.layers.mpu.mp_ops` (and `paddle.distributed.collective`).
+On a CPU build these stop: gloo has no "calc-stream" all-reduce and `c_identity` has
+no CPU kernel. `install()` replaces the four functions with `PyLayer`s built on the
+plain `dist.all_reduce` / `dist.all_gather`, which gloo runs:
+
+* identity      forward: x                      backward: all-reduce(dy)
+* all-reduce    forward: all-reduce(x)          backward: dy
+* concat        forward: all-gather(x) on the last axis   backward: this rank's slice
+* split         forward: this rank's slice of the last axis  backward: all-gather(dy)
+
+These are the same mathematical maps as the GPU kernels (Megatron-LM's `f` / `g`
+operators), only slower. Fleet's `TensorParallel` wrapper also broadcasts every forward's
+inputs from the group's first rank with a GPU/XPU-only helper; `broadcast_inputs` does it
+with `dist.broadcast`. Nothing in the product imports this module: the tests (and
+`tests/tp_entry.py`, which runs an entry script under `paddle.distributed.launch`)
+install it.
+"""
+import paddle
+import paddle.distributed as dist
+from paddle.autograd import PyLayer
+
+
+def _group_or_default(group):
+    from paddle.distributed import collective
+
+    return collective._get_default_group() if group is None else group
+
+
+def _all_reduce_copy(x, group):
+    out = x.clone()
+    dist.all_reduce(out, group=group)
+    return out
+
+
+def _gather_last_axis(x, group):
+    parts = []
+    dist.all_gather(parts, x.contiguous() if hasattr(x, "contiguous") else x, group=group)
+    return paddle.concat(parts, axis=-1)
+
+
+def _own_slice_last_axis(x, group):
+    width = x.shape[-1] // group.nranks
+    return paddle.slice(x, axes=[x.ndim - 1], starts=[group.rank * width], ends=[(group.rank + 1) * width]).clone()
+
+
+class _Identity(PyLayer):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _all_reduce_copy(dy, ctx.group)
+
+
+class _AllReduce(PyLayer):
+    @staticmethod
+    def forward(ctx, x, group):
+        return _all_reduce_copy(x, group)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy.clone()
+
+
+class _Concat(PyLayer):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gather_last_axis(x, group)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _own_slice_last_axis(dy, ctx.group)
+
+
+class _Split(PyLayer):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _own_slice_last_axis(x, group)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _gather_last_axis(dy, ctx.group)
+
+
+def c_identity(tensor, group=None, skip_c_identity_dynamic=False):
+    group = _group_or_default(group)
+    if skip_c_identity_dynamic or group.nranks == 1:
+        return tensor
+    return _Identity.apply(tensor, group)
+
+
+def mp_allreduce(tensor, op=None, group=None, use_calc_stream=True, use_model_parallel=True, skip_c_identity_dynamic=False):
+    group = _group_or_default(group)
+    if op is not None and op != dist.ReduceOp.SUM:
+        raise ValueError(f"the CPU stand-in of _mp_allreduce sums only, got op {op}")
+    if group.nranks == 1:
+        return tensor
+    return _AllReduce.apply(tensor, group)
+
+
+def c_concat(tensor, group=None):
+    group = _group_or_default(group)
+    return tensor if group.nranks == 1 else _Concat.apply(tensor, group)
+
+
+def c_split(tensor, group=None):
+    group = _group_or_default(group)
+    return tensor if group.nranks == 1 else _Split.apply(tensor, group)
+
+
+def _broadcast_nested(data, group, src):
+    if isinstance(data, paddle.Tensor):
+        dist.broadcast(data, src=src, group=group)
+        return data
+    if isinstance(data, (list, tuple)):
+        return type(data)(_broadcast_nested(d, group, src) for d in data)
+    if isinstance(data, dict):
+        return {k: _broadcast_nested(v, group, src) for k, v in data.items()}
+    return data
+
+
+def broadcast_inputs(hcg, *inputs, **kwargs):
+    """Fleet's `broadcast_input_data` on CPU: every tensor argument from the model-parallel
+    group's source rank."""
+    group, src = hcg.get_model_parallel_group(), hcg.get_model_parallel_group_src_rank()
+    return _broadcast_nested(inputs, group, src), _broadcast_nested(kwargs, group, src)
+
+
+REPLACEMENTS = {"_c_identity": c_identity, "_mp_allreduce": mp_allreduce, "_c_concat": c_concat, "_c_split": c_split}
+
+
+def install():
+    """Put the stand-ins into `mp_ops` and `paddle.distributed.collective` (idempotent)."""
+    from paddle.distributed import collective
+    from paddle.distributed.fleet.layers.mpu import mp_layers, mp_ops
+    from paddle.distributed.fleet.meta_parallel import tensor_parallel
+
+    for module in (mp_ops, collective):
+        for name, fn in REPLACEMENTS.items():
+            setattr(module, name, fn)
+    if hasattr(mp_layers, "mp_ops"):
+        for name, fn in REPLACEMENTS.items():
+            setattr(mp_layers.mp_ops, name, fn)
+    tensor_parallel.broadcast_input_data = broadcast_inputs
+    return REPLACEMENTS
