@@ -139,6 +139,7 @@ def run_case(model_dir, case, chunk_size, batch, prompt_len, seq_len, warmup=Tru
     from ppo.models.loading import enable_recompute, freeze, load_causal_lm, set_dropout_off
     from ppo.models.ppo_models import PPOModels
     from ppo.models.score_model import AutoModelForScore
+    from ppo.offload import OffloadPlan
     from ppo.optim import build_optimizer, build_scheduler
     from ppo.ppo_arguments import PPOTrainingArguments
     from ppo.ppo_trainer import PPOTrainer
@@ -180,6 +181,7 @@ def run_case(model_dir, case, chunk_size, batch, prompt_len, seq_len, warmup=Tru
             self.args, self.models, self.rank, self.world_size = args, models, 0, 1
             self.step, self.nan_streak, self.ptx_sampler, self.reward_normalizer = 0, 0, None, None
             self.init_step_state()
+            self.offload = OffloadPlan(frozenset(), {}, {})
             schedule = build_scheduler("constant", args.learning_rate, 0.0, 0.0, 0, 1)
             self.actor_optimizer = build_optimizer(actor, schedule, 0.0, 1.0, 0.9, 0.999, 1e-8)
             self.actor, self.critic, self.critic_optimizer = actor, critic, None

@@ -165,8 +165,16 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
     # traces and evaluation
     num_sample_generations: int = field(default=10, metadata={"help": "Every this many steps, log a table of samples (0: never)."})
     eval_max_new_tokens: int = field(default=0, metadata={"help": "Generation length in evaluation (0: max_dec_len)."})
-    eval_mode: str = field(default="", metadata={"help": "Evaluation model layout: '' (as training) | single | tensor_parallel."})
-    offload_level: str = field(default="", metadata={"help": "Space-separated: freeze_model optimizer train_model (GPU memory)."})
+    eval_mode: str = field(
+        default="",
+        metadata={"help": "Generation layout: single (whole weights gathered from the tensor-parallel ranks for each rollout, "
+                  "then released; '' does the same); tensor_parallel (sharded generation) is refused: not implemented."},
+    )
+    offload_level: str = field(
+        default="",
+        metadata={"help": "Space-separated freeze_model optimizer train_model: kept in pinned host memory outside the step "
+                  "phases that use them (CUDA only; a no-op that says so on a CPU build)."},
+    )
     # PaddleNLP switches
     critic_recompute: bool = field(default=False, metadata={"help": "Activation recompute in the critic (recompute: the actor)."})
     critic_recompute_granularity: str = field(
@@ -195,6 +203,15 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
             )
         if self.eval_mode not in EVAL_MODES:
             raise ValueError(f"eval_mode must be one of {EVAL_MODES}, got {self.eval_mode!r}")
+        if self.eval_mode == "tensor_parallel":
+            raise ValueError(
+                "eval_mode tensor_parallel (generation sharded over the tensor-parallel ranks) is not implemented: the "
+                "rollout engine generates from the whole weights, gathered from every tensor-parallel rank for each "
+                "rollout and released after it (eval_mode single, also what '' does); set eval_mode to single or ''"
+            )
+        from .offload import parse_offload_level
+
+        parse_offload_level(self.offload_level)  # unknown words fail here, before any model loads
         if estimator.per_group and self.rollout_n < estimator.min_group_size:
             raise ValueError(
                 f"adv_estimator {self.adv_estimator} needs rollout_n >= {estimator.min_group_size} (a group), got {self.rollout_n}"

@@ -49,6 +49,7 @@ from .experience import (
 )
 from .models.causal_lm import answer_nll
 from .models.tensor_parallel import model_parallel_group
+from .offload import OffloadPlan, parse_offload_level
 from .optim import build_optimizer, build_scheduler
 from .prompt_sampler import PromptSampler
 from .rollout import RolloutEngine, SamplingParams
@@ -128,6 +129,12 @@ class PPOTrainer:
             self.ptx_sampler = PromptSampler(len(ptx_dataset), args.per_device_train_batch_size, self.data_rank, self.data_world, args.seed + 1)
         self.collate_prompts = train_dataset.get_collator()
         self.tracker = None
+        self.offload = OffloadPlan(
+            parse_offload_level(args.offload_level),
+            models={"actor": models.actor, "reference": models.reference, "reward": models.reward, "critic": models.critic},
+            optimizers={"actor_optimizer": self.actor_optimizer, "critic_optimizer": self.critic_optimizer},
+        )
+        self.offload.offload_all()
 
     # ------------------------------------------------------------------ set-up helpers
     def init_step_state(self):
@@ -177,7 +184,8 @@ class PPOTrainer:
         input_ids = paddle.repeat_interleave(batch["input_ids"], n, axis=0)
         prompt_mask = paddle.repeat_interleave(batch["attention_mask"], n, axis=0)
         seed = self.args.seed + 1_000_003 * self.gen_batches + 7919 * self.data_rank  # tensor-parallel ranks sample alike
-        out = self.engine.generate(input_ids, prompt_mask, self.sampling, seed=seed)
+        with self.offload.scope("actor"):
+            out = self.engine.generate(input_ids, prompt_mask, self.sampling, seed=seed)
         group_base = (self.gen_batches * self.data_world + self.data_rank) * len(indices)
         self.gen_batches += 1
         exp = experience_from_rollout(batch, out, self.tokenizer.eos_token_id, repeat=n, group_base=group_base)
@@ -204,7 +212,7 @@ class PPOTrainer:
             values = np.where(np.abs(raw) <= np.finfo("float32").max, raw, np.inf)  # what a float32 cast would give
             scores = paddle.to_tensor(values, dtype="float32")
         else:
-            with paddle.no_grad():
+            with paddle.no_grad(), self.offload.scope("reward"):
                 scores = in_chunks(lambda e: reward_model_scores(self.models.reward, e), exp, self._chunk())
             raw, source = None, "the reward model"
         if not bool(paddle.isfinite(scores).all()):
@@ -316,15 +324,18 @@ class PPOTrainer:
 
         with paddle.no_grad():
             if exp.old_logprobs is None:
-                exp.old_logprobs = logprobs_under(self.models.actor)
+                with self.offload.scope("actor"):
+                    exp.old_logprobs = logprobs_under(self.models.actor)
             need_ref = args.kl_coeff != 0 or args.kl_loss_coeff != 0
-            if need_ref:
-                with self.models.reference_mode() as ref:
-                    exp.ref_logprobs = logprobs_under(ref)
+            if need_ref:  # a LoRA actor with its adapter disabled is the reference: both on the device
+                with self.offload.scope("reference", *(() if self.models.reference is not None else ("actor",))):
+                    with self.models.reference_mode() as ref:
+                        exp.ref_logprobs = logprobs_under(ref)
             else:
                 exp.ref_logprobs = exp.old_logprobs
             if self.models.critic is not None:  # no-grad passes use the unwrapped models
-                exp.values = in_chunks(lambda e: response_values(self.models.critic, e), exp, self._chunk())
+                with self.offload.scope("critic"):
+                    exp.values = in_chunks(lambda e: response_values(self.models.critic, e), exp, self._chunk())
             scores = self.normalized_scores(exp.scores)
             kl_coeff = self.kl_controller.value if self.kl_controller else args.kl_coeff
             exp.rewards, kl = kl_shaped_rewards(
@@ -456,8 +467,15 @@ class PPOTrainer:
         return float(total)
 
     def update(self, exp, acc):
-        args = self.args
+        """Train the actor (and critic) on a complete experience, their weights and optimizer
+        states on the device for the duration (see `offload_level`)."""
         exp.require("complete")
+        with self.offload.scope("actor", "critic", with_optimizer=True):
+            self._update_epochs(exp, acc)
+
+    def _update_epochs(self, exp, acc):
+        """`update_iters` passes over `exp` in optimiser steps of `grad_accum` micro-batches."""
+        args = self.args
         response_mask = exp.response_mask.numpy()  # one host copy for all token counts
         for epoch in range(args.update_iters):
             for plan in self.minibatch_plan(len(exp), epoch):
@@ -559,13 +577,14 @@ class PPOTrainer:
                 experience_from_rollout(batch, out, self.tokenizer.eos_token_id)
             ).numpy().tolist()
         self.actor.eval()
-        metrics, _ = evaluate_generation(
-            self.models.actor, self.tokenizer, self.eval_dataset,
-            batch_size=self.args.per_device_eval_batch_size,
-            max_new_tokens=self.args.eval_max_new_tokens or self.args.max_dec_len,
-            long_answer_len=self.eval_long_answer_len, engine=self.engine, score_fn=score_fn,
-            indices=list(range(self.data_rank, len(self.eval_dataset), self.data_world)),
-        )
+        with self.offload.scope("actor"):
+            metrics, _ = evaluate_generation(
+                self.models.actor, self.tokenizer, self.eval_dataset,
+                batch_size=self.args.per_device_eval_batch_size,
+                max_new_tokens=self.args.eval_max_new_tokens or self.args.max_dec_len,
+                long_answer_len=self.eval_long_answer_len, engine=self.engine, score_fn=score_fn,
+                indices=list(range(self.data_rank, len(self.eval_dataset), self.data_world)),
+            )
         metrics.pop("eval/num_samples", None)
         return reduce_across_ranks(metrics)
 

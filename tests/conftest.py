@@ -24,6 +24,21 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_rm_dir(tiny_model_dir, tmp_path_factory):
+    """A score model on the tiny Llama (random head, seed 5) with its tokenizer."""
+    import paddle
+
+    from ppo.models.loading import load_tokenizer
+    from ppo.models.score_model import AutoModelForScore
+
+    path = str(tmp_path_factory.mktemp("tiny_rm"))
+    paddle.seed(5)
+    AutoModelForScore.from_pretrained(tiny_model_dir).save_pretrained(path)
+    load_tokenizer(tiny_model_dir).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_data_dir(tmp_path_factory):
     """A small copy of the demo task data (all splits)."""
     from ppo.tiny import demo_data

@@ -12,7 +12,7 @@ import paddle
 import pytest
 
 from ppo.checkpoint import list_checkpoints
-from tests.test_ppo_trainer import ppo_argv, read_metrics, tiny_rm_dir  # noqa: F401 (fixture)
+from tests.test_ppo_trainer import ppo_argv, read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

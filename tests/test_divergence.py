@@ -10,7 +10,7 @@ import paddle
 import pytest
 
 from ppo.common.divergence import DivergenceDetector, DivergenceError
-from tests.test_ppo_trainer import ppo_argv, read_metrics, tiny_rm_dir  # noqa: F401 (fixture)
+from tests.test_ppo_trainer import ppo_argv, read_metrics
 
 
 def test_detector_fires_on_an_order_of_magnitude_jump_only():

@@ -415,20 +415,6 @@ def test_grpo_file_runs_against_a_post_only_server(tiny_model_dir, tiny_data_dir
     assert post_only_server.requests >= served + 2
 
 
-@pytest.fixture(scope="module")
-def tiny_rm_dir(tiny_model_dir, tmp_path_factory):
-    import paddle
-
-    from ppo.models.loading import load_tokenizer
-    from ppo.models.score_model import AutoModelForScore
-
-    path = str(tmp_path_factory.mktemp("tiny_rm"))
-    paddle.seed(5)
-    AutoModelForScore.from_pretrained(tiny_model_dir).save_pretrained(path)
-    load_tokenizer(tiny_model_dir).save_pretrained(path)
-    return path
-
-
 def recompute_layers(model):
     return [layer for layer in [model, *model.sublayers()] if getattr(layer, "enable_recompute", False)]
 

@@ -18,17 +18,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOLATILE = ("timing_s/", "perf/")
 
 
-@pytest.fixture(scope="module")
-def tiny_rm_dir(tiny_model_dir, tmp_path_factory):
-    from ppo.models.loading import load_tokenizer
-
-    path = str(tmp_path_factory.mktemp("tiny_rm"))
-    paddle.seed(5)
-    AutoModelForScore.from_pretrained(tiny_model_dir).save_pretrained(path)
-    load_tokenizer(tiny_model_dir).save_pretrained(path)
-    return path
-
-
 def ppo_argv(model_dir, rm_dir, data_dir, out, *extra):
     return [
         "config/tiny/ppo_argument.json",

@@ -144,6 +144,12 @@ def load_overrides(model_args, training_args):
             "sequence_parallel (split activations along the sequence between tensor-parallel ranks) is not implemented by "
             "the trainers here: the log-prob path and the rollout engine take whole sequences; set it false"
         )
+    if getattr(training_args, "pipeline_parallel_degree", 1) > 1:
+        raise ValueError(
+            f"pipeline_parallel_degree {training_args.pipeline_parallel_degree}: the trainers here load plain "
+            "(non-pipeline) models, which PaddleNLP's Trainer and the PPO loop cannot split into pipeline stages; "
+            "use tensor_parallel_degree and sharding instead"
+        )
     if training_args.tensor_parallel_degree > 1:
         overrides.update(
             tensor_parallel_degree=training_args.tensor_parallel_degree,
