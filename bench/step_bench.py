@@ -18,6 +18,8 @@ prompts (`ppo.tiny.demo_data`).
 Each measured step is `PPOTrainer.train_step()` (rollout + scoring, log-probs/values/advantages,
 update); the report has the median of `--steps` steps after `--warmup` steps, and the medians
 of the trainer's own phase timers (`timing_s/rollout`, `timing_s/logprob`, `timing_s/update`).
+`--compare_train_patch` also runs each case with `use_train_patch false` (PaddleNLP's own
+RMSNorm and RoPE) and reports `ratio_train_patch_speedup` (baseline / patched step median).
 Timings are wall-clock on a shared machine: run nothing else meanwhile.
 """
 import os
@@ -64,7 +66,7 @@ def build_assets(root):
     return model_dir, rm_dir, data_dir
 
 
-def case_argv(case, model_dir, rm_dir, data_dir, out):
+def case_argv(case, model_dir, rm_dir, data_dir, out, train_patch=True):
     """Command-line arguments of `ppo/run_ppo.py` for one case."""
     spec = CASES[case]
     common = [
@@ -75,7 +77,7 @@ def case_argv(case, model_dir, rm_dir, data_dir, out):
         "--per_device_prompt_batch_size", str(spec["prompts"]), "--rollout_n", str(spec["samples"]),
         "--per_device_train_batch_size", str(spec["prompts"] * spec["samples"]), "--gradient_accumulation_steps", "1",
         "--update_iters", str(spec["epochs"]), "--max_dec_len", str(NEW_TOKENS), "--min_dec_len", str(NEW_TOKENS),
-        "--num_sample_generations", "0",
+        "--num_sample_generations", "0", "--use_train_patch", str(train_patch).lower(),
     ]
     if case == "grpo":
         return ["config/tiny/grpo_rule_argument.json", *common, "--rule_reward_scorers", "reverse",
@@ -84,11 +86,12 @@ def case_argv(case, model_dir, rm_dir, data_dir, out):
             "--reward_critic_model_name_or_path", rm_dir, "--kl_coeff", "0.05"]
 
 
-def ours(case, model_dir, rm_dir, data_dir, steps, warmup):
+def ours(case, model_dir, rm_dir, data_dir, steps, warmup, train_patch=True):
     """Median step and phase seconds of this toolkit's trainer."""
     from ppo.run_ppo import build_trainer
 
-    trainer = build_trainer(case_argv(case, model_dir, rm_dir, data_dir, tempfile.mkdtemp(prefix=f"step_bench_{case}_")))
+    out = tempfile.mkdtemp(prefix=f"step_bench_{case}_")
+    trainer = build_trainer(case_argv(case, model_dir, rm_dir, data_dir, out, train_patch))
     rows = []
     for i in range(warmup + steps):
         start = time.perf_counter()
@@ -107,6 +110,8 @@ def main(argv=None):
     parser.add_argument("--case", choices=["grpo", "ppo", "all"], default="all")
     parser.add_argument("--steps", type=int, default=5, help="measured steps (median)")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps first")
+    parser.add_argument("--compare_train_patch", action="store_true",
+                        help="also run each case with use_train_patch false (baseline) and report the ratio")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
@@ -115,6 +120,10 @@ def main(argv=None):
         report = {"shape": SHAPE, "new_tokens": NEW_TOKENS, "results": {}}
         for case in (["grpo", "ppo"] if args.case == "all" else [args.case]):
             result = {"case": CASES[case], "ours": ours(case, model_dir, rm_dir, data_dir, args.steps, args.warmup)}
+            if args.compare_train_patch:
+                base = ours(case, model_dir, rm_dir, data_dir, args.steps, args.warmup, train_patch=False)
+                result["ours_without_train_patch"] = base
+                result["ratio_train_patch_speedup"] = round(base["median_step_s"] / result["ours"]["median_step_s"], 3)
             report["results"][case] = result
             print(json.dumps({case: result}), file=sys.stderr, flush=True)
     print(json.dumps(report, indent=2))

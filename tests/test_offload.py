@@ -100,7 +100,7 @@ def test_eval_mode_and_pipeline_refusals(tmp_path):
     with pytest.raises(ValueError, match="offload_level: unknown"):
         PPOTrainingArguments(output_dir=str(tmp_path), offload_level="everything")
     model_args = SimpleNamespace(use_flash_attention=False, recompute_granularity="full", recompute_use_reentrant=False,
-                                 use_fused_rms_norm=False, use_fused_rope=False, use_fused_head_and_loss_fn=False,
+                                 use_fused_rms_norm=False, use_fused_rope=False, use_fused_head_and_loss_fn=False, use_train_patch=True,
                                  fused_linear=False, use_fused_linear=False, flash_mask=False)
     training_args = SimpleNamespace(recompute=False, sequence_parallel=False, pipeline_parallel_degree=2,
                                     tensor_parallel_degree=1)

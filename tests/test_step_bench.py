@@ -19,11 +19,12 @@ def bench():
 
 
 def test_report_has_both_cases_with_phases_inside_the_step(bench):
-    report = bench.main(["--steps", "2", "--warmup", "0"])
+    report = bench.main(["--steps", "2", "--warmup", "0", "--compare_train_patch"])
     assert set(report["results"]) == {"grpo", "ppo"} and report["new_tokens"] == 16
     for case, result in report["results"].items():
         ours = result["ours"]
         phases = ours["median_phase_s"]
         assert set(phases) == {"rollout", "logprob", "update"} and all(v > 0 for v in phases.values())
         assert ours["steps"] == 2 and ours["median_step_s"] >= 0.9 * sum(phases.values()), (case, ours)
+        assert result["ratio_train_patch_speedup"] > 0 and result["ours_without_train_patch"]["steps"] == 2
     assert report["results"]["ppo"]["case"]["epochs"] == 4 and report["results"]["grpo"]["case"]["samples"] == 4

@@ -10,7 +10,8 @@ from ppo.models.loading import load_overrides
 from ppo.models.tensor_parallel import model_parallel_group, vocab_parallel_head
 from ppo.rollout.weights import TensorParallelGather, split_axis
 
-MODEL_ARGS = SimpleNamespace(use_flash_attention=False, recompute_granularity="full", recompute_use_reentrant=False)
+MODEL_ARGS = SimpleNamespace(use_flash_attention=False, recompute_granularity="full", recompute_use_reentrant=False,
+                             use_train_patch=True)
 
 
 def training_args(**kw):

@@ -48,6 +48,11 @@ class ModelCommonArguments(LoRAArguments):
         default="full", metadata={"help": "What `recompute` recomputes in the backward pass: full | full_attn | core_attn."}
     )
     recompute_use_reentrant: bool = field(default=False, metadata={"help": "Use Paddle's reentrant recompute."})
+    use_train_patch: bool = field(
+        default=True,
+        metadata={"help": "Faster RMSNorm and RoPE in PaddleNLP's Llama/Qwen2 for training and scoring "
+                  "(ppo/models/train_patch.py; Paddle's fused kernels on a CUDA build); false keeps PaddleNLP's own."},
+    )
     use_fused_rms_norm: bool = field(default=False, metadata={"help": "Fused RMSNorm kernel (GPU builds only)."})
     use_fused_rope: bool = field(default=False, metadata={"help": "Fused rotary-embedding kernel (GPU builds only)."})
     use_fused_head_and_loss_fn: bool = field(

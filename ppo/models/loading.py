@@ -10,6 +10,8 @@ import json
 import logging
 import os
 
+from .train_patch import patch_overrides
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_LORA_TARGETS = ".*(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj).*"
@@ -129,7 +131,8 @@ def gpu_switch_overrides(model_args, cuda=None):
 
 def load_overrides(model_args, training_args):
     """Config overrides every model of a run is loaded with: flash attention, recompute
-    settings, GPU-only fused kernels and, with tensor parallelism, this rank's shard
+    settings, GPU-only fused kernels, the train patch (`use_train_patch`: installed on a CPU
+    build, fused kernels on CUDA) and, with tensor parallelism, this rank's shard
     (PaddleNLP's `tensor_parallel_*` config)."""
     overrides = {
         "use_flash_attention": model_args.use_flash_attention,
@@ -139,6 +142,7 @@ def load_overrides(model_args, training_args):
     if training_args.recompute:
         overrides["recompute"] = True
     overrides.update(gpu_switch_overrides(model_args))
+    overrides.update(patch_overrides(model_args.use_train_patch))
     if getattr(training_args, "sequence_parallel", False):
         raise ValueError(
             "sequence_parallel (split activations along the sequence between tensor-parallel ranks) is not implemented by "
