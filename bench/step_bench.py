@@ -27,6 +27,7 @@ import os
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -62,7 +63,8 @@ def build_assets(root):
     paddle.seed(2)
     AutoModelForScore.from_pretrained(model_dir).save_pretrained(rm_dir)
     load_tokenizer(model_dir).save_pretrained(rm_dir)
-    make_data(["--output_dir", data_dir])
+    with contextlib.redirect_stdout(sys.stderr):  # its summary line would break the JSON on stdout
+        make_data(["--output_dir", data_dir])
     return model_dir, rm_dir, data_dir
 
 
