@@ -89,19 +89,33 @@ class _ChunkedLMHeadLogprobs(PyLayer):
             if with_entropy and grad_entropy is not None:
                 mean_z = paddle.sum(p * z, axis=-1, keepdim=True)
                 grad_z = grad_z - p * (z - mean_z) * grad_entropy[s:e].astype("float32").unsqueeze(-1)
-            if temperature != 1.0:
-                grad_z = grad_z / temperature
-            if need_h:
-                grad_h_parts.append(paddle.matmul(grad_z.astype(h.dtype), weight, transpose_y=not transpose_y))
-            if need_w:  # accumulated in float32 with addmm: one [V, H] buffer besides the running sum
-                h32 = h_c.astype("float32")
-                # weight [V, H]: grad = grad_z^T h; weight [H, V]: grad = h^T grad_z
-                x, y_ = (grad_z.t(), h32) if transpose_y else (h32.t(), grad_z)
-                grad_w = paddle.matmul(x, y_) if grad_w is None else paddle.addmm(grad_w, x, y_)
-        grad_h = paddle.concat(grad_h_parts) if need_h else None
-        if need_w and grad_w.dtype != weight.dtype:
-            grad_w = grad_w.astype(weight.dtype)
-        return grad_h, (grad_w if need_w else None), None
+            grad_w = _add_chunk_head_grads(grad_z, h_c, weight, transpose_y, temperature, need_h, need_w,
+                                           grad_h_parts, grad_w)
+        return _head_grads(grad_h_parts, grad_w, weight, need_h, need_w)
+
+
+def _add_chunk_head_grads(grad_z, h_c, weight, transpose_y, temperature, need_h, need_w, grad_h_parts, grad_w):
+    """Back through ``z = h W / temperature`` for one chunk: ``grad_z [c, V]`` (w.r.t. the
+    tempered logits) gives the chunk's hidden-state gradient (appended to ``grad_h_parts``)
+    and is added to the running float32 head gradient ``grad_w`` (returned; None at first)."""
+    if temperature != 1.0:
+        grad_z = grad_z / temperature
+    if need_h:
+        grad_h_parts.append(paddle.matmul(grad_z.astype(h_c.dtype), weight, transpose_y=not transpose_y))
+    if need_w:  # accumulated in float32 with addmm: one [V, H] buffer besides the running sum
+        h32 = h_c.astype("float32")
+        # weight [V, H]: grad = grad_z^T h; weight [H, V]: grad = h^T grad_z
+        x, y_ = (grad_z.t(), h32) if transpose_y else (h32.t(), grad_z)
+        grad_w = paddle.matmul(x, y_) if grad_w is None else paddle.addmm(grad_w, x, y_)
+    return grad_w
+
+
+def _head_grads(grad_h_parts, grad_w, weight, need_h, need_w):
+    """The PyLayer backward's return value ``(grad_h, grad_w, None)`` from the chunks' parts."""
+    grad_h = paddle.concat(grad_h_parts) if need_h else None
+    if need_w and grad_w.dtype != weight.dtype:
+        grad_w = grad_w.astype(weight.dtype)
+    return grad_h, (grad_w if need_w else None), None
 
 
 def token_logprobs_from_hidden(

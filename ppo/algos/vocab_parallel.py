@@ -24,7 +24,7 @@ so this file stays free of distributed calls and a test can emulate the group.
 import paddle
 from paddle.autograd import PyLayer
 
-from .lm_head import _chunk_logits, _chunks
+from .lm_head import _add_chunk_head_grads, _chunk_logits, _chunks, _head_grads
 
 __all__ = ["vocab_parallel_token_logprobs", "vocab_parallel_logprobs_from_hidden"]
 
@@ -113,18 +113,9 @@ class _ChunkedVocabParallelHead(PyLayer):
             expect = ctx.expect[s:e] if ctx.expect is not None else None
             grad_z = _grad_logits(z, lse[s:e], expect, owned, local, grad_logp[s:e],
                                   grad_entropy[s:e] if grad_entropy is not None else None)
-            if temperature != 1.0:
-                grad_z = grad_z / temperature
-            if need_h:
-                grad_h_parts.append(paddle.matmul(grad_z.astype(h.dtype), weight, transpose_y=not transpose_y))
-            if need_w:
-                h32 = h_c.astype("float32")
-                x, y_ = (grad_z.t(), h32) if transpose_y else (h32.t(), grad_z)
-                grad_w = paddle.matmul(x, y_) if grad_w is None else paddle.addmm(grad_w, x, y_)
-        grad_h = paddle.concat(grad_h_parts) if need_h else None
-        if need_w and grad_w.dtype != weight.dtype:
-            grad_w = grad_w.astype(weight.dtype)
-        return grad_h, (grad_w if need_w else None), None
+            grad_w = _add_chunk_head_grads(grad_z, h_c, weight, transpose_y, temperature, need_h, need_w,
+                                           grad_h_parts, grad_w)
+        return _head_grads(grad_h_parts, grad_w, weight, need_h, need_w)
 
 
 def vocab_parallel_token_logprobs(logits, labels, vocab_start, all_reduce, with_entropy=False):
