@@ -1,0 +1,210 @@
+"""Seconds per GRPO step and per PPO step on the tiny Llama shape, in this toolkit's trainer
+and (when PyTorch + TRL are installed, see requirements-bench.txt) in TRL on the same shape.
+
+    python bench/step_bench.py                                  # ours, then TRL if found
+    python bench/step_bench.py --trl_python /work/benchvenv/bin/python
+    python bench/step_bench.py --case grpo --steps 2 --no_trl   # quick
+
+Model: `LlamaForCausalLM` from `ppo.tiny.factory.build_tiny` with hidden 256, intermediate
+688, 4 layers, 4 heads (vocabulary of the tiny tokenizer), random weights; the reward model
+is `AutoModelForScore` over the same weights. TRL builds a transformers `LlamaForCausalLM`
+with the same config (its own random weights: same shapes and lengths, not the same numbers).
+
+Steps (each runs `--steps` times after one warm-up step; medians are reported):
+- GRPO: 4 prompts x 4 samples, 16 new tokens (EOS suppressed, so every response is 16
+  tokens), k3 KL loss (coefficient 0.04) with a reference pass, one optimiser step over the
+  16 sequences. Scores from the reward model.
+- PPO: 16 prompts, 16 new tokens, 4 PPO epochs over one mini-batch of 16, critic + reward
+  model, k1 KL penalty in the reward (0.05).
+Ours runs the trainer's real `train_step` (built by `ppo.run_ppo.build_trainer`) and reports
+its phases: rollout (generation + scoring), logprob (old/reference log-probs, values,
+advantages) and update. TRL runs in the interpreter given by `--trl_python` (a separate
+environment, so PyTorch never meets Paddle in one process); its step time is the median
+wall time between `on_step_begin` and `on_step_end` callbacks (GRPO: TRL generates inside
+the step, so the step includes the rollout as ours does; PPO: TRL's PPOTrainer runs its
+whole loop body per `update`, timed the same way). JSON on stdout; `ratio_trl_over_ours` < 1
+means TRL is faster.
+"""
+import os
+
+os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+warnings.filterwarnings("ignore")
+
+SHAPE = dict(hidden_size=256, intermediate_size=688, num_layers=4, num_heads=4, max_position_embeddings=128)
+NEW_TOKENS = 16
+GRPO = dict(prompts=4, samples=4, kl_loss_coeff=0.04, epochs=1)
+PPO = dict(prompts=16, samples=1, kl_coeff=0.05, epochs=4)
+DEFAULT_TRL_PYTHONS = {"grpo": ["/work/benchvenv/bin/python"], "ppo": ["/work/benchvenv112/bin/python", "/work/benchvenv/bin/python"]}
+TRL_PROBES = {  # what each case needs from TRL (its PPOTrainer left TRL after 1.12)
+    "grpo": "from trl import GRPOTrainer",
+    "ppo": "try:\n from trl import PPOTrainer\nexcept ImportError:\n from trl.experimental.ppo import PPOTrainer",
+}
+
+
+def build_assets(root, shape=SHAPE, num_prompts=64):
+    """Tiny model + tokenizer, a reward model over the same weights, and prompt data."""
+    import paddle
+
+    from ppo.models.loading import load_tokenizer
+    from ppo.models.score_model import AutoModelForScore
+    from ppo.tiny import demo_data
+    from ppo.tiny.factory import build_tiny
+
+    model_dir, rm_dir, data_dir = (os.path.join(root, n) for n in ("model", "rm", "data"))
+    build_tiny(model_dir, seed=7, **shape)
+    paddle.seed(5)
+    AutoModelForScore.from_pretrained(model_dir).save_pretrained(rm_dir)
+    load_tokenizer(model_dir).save_pretrained(rm_dir)
+    demo_data.generate(data_dir, seed=3, num_sft=16, num_preference=8, num_preference_eval=8, num_prompts=num_prompts, num_test=8)
+    return model_dir, rm_dir, data_dir
+
+
+def our_argv(case, model_dir, rm_dir, data_dir, out, new_tokens=NEW_TOKENS, steps=6):
+    """`run_ppo` arguments of one bench case (see the module docstring)."""
+    common = [
+        "--actor_model_name_or_path", model_dir, "--reward_model_name_or_path", rm_dir, "--use_rm_server", "false",
+        "--train_datasets", f"Jsonfile:1.0:{data_dir}/prompts.jsonl", "--eval_datasets", f"Jsonfile:1.0:{data_dir}/test.jsonl",
+        "--output_dir", out, "--logging_dir", f"{out}/vdl", "--max_steps", str(steps),
+        "--max_dec_len", str(new_tokens), "--min_dec_len", str(new_tokens), "--gradient_accumulation_steps", "1",
+        "--eval_steps", "0", "--save_steps", "0", "--num_sample_generations", "0", "--disable_tqdm", "true",
+        "--report_to", "none", "--seed", "42",
+    ]
+    if case == "grpo":
+        cfg = GRPO
+        rows = cfg["prompts"] * cfg["samples"]
+        return ["config/tiny/grpo_argument.json", *common, "--per_device_prompt_batch_size", str(cfg["prompts"]),
+                "--rollout_n", str(cfg["samples"]), "--per_device_train_batch_size", str(rows),
+                "--per_device_eval_batch_size", str(rows), "--update_iters", str(cfg["epochs"]),
+                "--kl_coeff", "0.0", "--kl_loss_coeff", str(cfg["kl_loss_coeff"]), "--kl_loss_type", "k3"]
+    cfg = PPO
+    return ["config/tiny/ppo_argument.json", *common, "--per_device_prompt_batch_size", str(cfg["prompts"]),
+            "--rollout_n", "1", "--per_device_train_batch_size", str(cfg["prompts"]),
+            "--per_device_eval_batch_size", str(cfg["prompts"]), "--update_iters", str(cfg["epochs"]),
+            "--kl_coeff", str(cfg["kl_coeff"])]
+
+
+def run_ours(case, model_dir, rm_dir, data_dir, steps, new_tokens=NEW_TOKENS):
+    """One warm-up step then `steps` measured `train_step`s; medians of step and phases."""
+    import paddle
+
+    from ppo.run_ppo import build_trainer
+
+    out = tempfile.mkdtemp(prefix=f"step_bench_{case}_")
+    try:
+        trainer = build_trainer(our_argv(case, model_dir, rm_dir, data_dir, out, new_tokens, steps + 1))
+        paddle.seed(0)
+        trainer.train_step()  # warm-up: allocates gradients and AdamW moments
+        trainer.step += 1
+        runs = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            metrics, exp = trainer.train_step()
+            wall = time.perf_counter() - start
+            trainer.step += 1
+            runs.append({"step": wall, "rollout": metrics["timing_s/rollout"], "logprob": metrics["timing_s/logprob"],
+                         "update": metrics["timing_s/update"], "tokens": float(exp.response_mask.sum()), "rows": len(exp),
+                         "loss": metrics.get("loss/policy_avg", float("nan"))})
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    med = {k: round(statistics.median(r[k] for r in runs), 4) for k in ("step", "rollout", "logprob", "update")}
+    return {
+        "step_s_median": med["step"],
+        "phases_s_median": {k: med[k] for k in ("rollout", "logprob", "update")},
+        "step_s_all": [round(r["step"], 4) for r in runs],
+        "sequences_per_step": runs[-1]["rows"],
+        "response_tokens_per_step": runs[-1]["tokens"],
+        "loss_policy_last": runs[-1]["loss"],
+    }
+
+
+def find_trl_python(case, explicit):
+    """`(interpreter, "trl X torch Y transformers Z")` able to run `case` in TRL, or `(None, why)`."""
+    candidates = [explicit] if explicit else DEFAULT_TRL_PYTHONS[case] + [sys.executable]
+    notes = []
+    for py in candidates:
+        if not py or not os.path.exists(py):
+            notes.append(f"{py}: not found")
+            continue
+        code = (f"import torch, transformers, trl\n{TRL_PROBES[case]}\n"
+                "print('trl', trl.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)")
+        probe = subprocess.run([py, "-c", code], capture_output=True, text=True)
+        if probe.returncode == 0:
+            return py, f"{py}: {probe.stdout.strip()}"
+        notes.append(f"{py}: {probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else 'probe failed'}")
+    return None, "; ".join(notes)
+
+
+def run_trl(py, case, model_dir, data_dir, steps, new_tokens=NEW_TOKENS):
+    """The TRL worker (bench/trl_step_worker.py) in `py`; its JSON result or a failure record."""
+    cmd = [py, os.path.join(ROOT, "bench", "trl_step_worker.py"), "--case", case, "--model_dir", model_dir,
+           "--prompts", os.path.join(data_dir, "prompts.jsonl"),
+           "--steps", str(steps), "--new_tokens", str(new_tokens), "--config", json.dumps(GRPO if case == "grpo" else PPO)]
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        return {"failed": f"exit status {proc.returncode}", "stderr_tail": proc.stderr[-2000:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--case", choices=["grpo", "ppo", "all"], default="all")
+    parser.add_argument("--steps", type=int, default=5, help="measured steps after one warm-up step")
+    parser.add_argument("--trl_python", default=None, help="interpreter with torch + transformers + trl for GRPO (default: /work/benchvenv, then this one)")
+    parser.add_argument("--trl_ppo_python", default=None,
+                        help="interpreter with a TRL that has PPOTrainer (<= 1.12; default: /work/benchvenv112, /work/benchvenv, this one)")
+    parser.add_argument("--no_trl", action="store_true", help="only this toolkit's numbers")
+    parser.add_argument("--small", action="store_true", help="a 1-layer 32-hidden model and 4 new tokens (checks of the bench itself)")
+    parser.add_argument("--output", default=None, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    shape = dict(SHAPE, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2) if args.small else SHAPE
+    new_tokens = 4 if args.small else NEW_TOKENS
+    cases = ["grpo", "ppo"] if args.case == "all" else [args.case]
+
+    trl = {}
+    for case in cases:
+        explicit = args.trl_python if case == "grpo" else args.trl_ppo_python
+        trl[case] = (None, "disabled with --no_trl") if args.no_trl else find_trl_python(case, explicit)
+    report = {"model": dict(shape, architecture="LlamaForCausalLM"), "new_tokens": new_tokens, "measured_steps": args.steps,
+              "grpo_setup": GRPO, "ppo_setup": PPO, "trl": {c: note for c, (py, note) in trl.items() if py},
+              "note": "; ".join(f"{c}: TRL not run ({note}), our numbers only" for c, (py, note) in trl.items() if not py) or None,
+              "results": {}}
+    with tempfile.TemporaryDirectory(prefix="step_bench_") as tmp:
+        model_dir, rm_dir, data_dir = build_assets(tmp, shape)
+        for case in cases:
+            result = {"ours": run_ours(case, model_dir, rm_dir, data_dir, args.steps, new_tokens)}
+            print(json.dumps({case: result["ours"]}), file=sys.stderr, flush=True)
+            trl_py = trl[case][0]
+            if trl_py:
+                result["trl"] = run_trl(trl_py, case, model_dir, data_dir, args.steps, new_tokens)
+                print(json.dumps({case: result["trl"]}), file=sys.stderr, flush=True)
+                if "step_s_median" in result["trl"]:
+                    result["ratio_trl_over_ours"] = round(result["trl"]["step_s_median"] / result["ours"]["step_s_median"], 3)
+            report["results"][case] = result
+    text = json.dumps(report, indent=2)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return report
+
+
+if __name__ == "__main__":
+    main()

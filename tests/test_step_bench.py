@@ -1,0 +1,39 @@
+"""bench/step_bench.py's own harness: one tiny measured step of each case through the real
+trainer (ours only), and the JSON it reports."""
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import step_bench  # noqa: E402
+
+
+def test_bench_reports_our_steps_and_phases(tmp_path):
+    out = tmp_path / "bench.json"
+    report = step_bench.main(["--small", "--steps", "1", "--no_trl", "--output", str(out)])
+    assert json.loads(out.read_text()) == report
+    assert report["trl"] == {} and "TRL not run" in report["note"] and "--no_trl" in report["note"]
+    assert report["measured_steps"] == 1 and report["new_tokens"] == 4
+    for case, rows in (("grpo", 16), ("ppo", 16)):
+        ours = report["results"][case]["ours"]
+        assert "trl" not in report["results"][case] and "ratio_trl_over_ours" not in report["results"][case]
+        assert ours["sequences_per_step"] == rows
+        assert ours["response_tokens_per_step"] == rows * 4  # EOS suppressed: every response is 4 tokens
+        phases = ours["phases_s_median"]
+        assert set(phases) == {"rollout", "logprob", "update"} and all(v > 0 for v in phases.values())
+        assert len(ours["step_s_all"]) == 1 and ours["step_s_median"] == ours["step_s_all"][0]
+        assert ours["step_s_median"] >= sum(phases.values()) * 0.99  # the phases lie inside the step
+        assert ours["loss_policy_last"] == ours["loss_policy_last"]  # finite, not NaN
+
+
+def test_grpo_and_ppo_arguments_are_the_documented_setups():
+    grpo = step_bench.our_argv("grpo", "M", "R", "D", "O")
+    value = lambda argv, key: argv[argv.index(key) + 1]  # noqa: E731  (last occurrence is not needed: keys appear once)
+    assert value(grpo, "--rollout_n") == "4" and value(grpo, "--per_device_prompt_batch_size") == "4"
+    assert value(grpo, "--kl_loss_type") == "k3" and float(value(grpo, "--kl_loss_coeff")) > 0
+    assert value(grpo, "--max_dec_len") == value(grpo, "--min_dec_len") == "16"
+    ppo = step_bench.our_argv("ppo", "M", "R", "D", "O")
+    assert value(ppo, "--update_iters") == "4" and value(ppo, "--per_device_prompt_batch_size") == "16"
+    assert value(ppo, "--rollout_n") == "1" and value(ppo, "--per_device_train_batch_size") == "16"
