@@ -28,6 +28,7 @@ means TRL is faster.
 import os
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle
+OMP_THREADS_BEFORE_PADDLE = os.environ.get("OMP_NUM_THREADS")  # importing paddle sets it to 1 in os.environ
 
 import argparse
 import json
@@ -149,12 +150,13 @@ def find_trl_python(case, explicit):
     return None, "; ".join(notes)
 
 
-def run_trl(py, case, model_dir, data_dir, steps, new_tokens=NEW_TOKENS):
+def run_trl(py, case, model_dir, data_dir, steps, new_tokens=NEW_TOKENS, threads=None):
     """The TRL worker (bench/trl_step_worker.py) in `py`; its JSON result or a failure record."""
     cmd = [py, os.path.join(ROOT, "bench", "trl_step_worker.py"), "--case", case, "--model_dir", model_dir,
            "--prompts", os.path.join(data_dir, "prompts.jsonl"),
            "--steps", str(steps), "--new_tokens", str(new_tokens), "--config", json.dumps(GRPO if case == "grpo" else PPO)]
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 1)))
+    threads = threads or OMP_THREADS_BEFORE_PADDLE or len(os.sched_getaffinity(0))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         return {"failed": f"exit status {proc.returncode}", "stderr_tail": proc.stderr[-2000:]}
@@ -168,6 +170,8 @@ def main(argv=None):
     parser.add_argument("--trl_python", default=None, help="interpreter with torch + transformers + trl for GRPO (default: /work/benchvenv, then this one)")
     parser.add_argument("--trl_ppo_python", default=None,
                         help="interpreter with a TRL that has PPOTrainer (<= 1.12; default: /work/benchvenv112, /work/benchvenv, this one)")
+    parser.add_argument("--trl_threads", type=int, default=None,
+                        help="OMP/torch threads of the TRL runs (default: OMP_NUM_THREADS before Paddle set it, else the usable cores)")
     parser.add_argument("--no_trl", action="store_true", help="only this toolkit's numbers")
     parser.add_argument("--small", action="store_true", help="a 1-layer 32-hidden model and 4 new tokens (checks of the bench itself)")
     parser.add_argument("--output", default=None, help="also write the JSON here")
@@ -193,7 +197,7 @@ def main(argv=None):
             print(json.dumps({case: result["ours"]}), file=sys.stderr, flush=True)
             trl_py = trl[case][0]
             if trl_py:
-                result["trl"] = run_trl(trl_py, case, model_dir, data_dir, args.steps, new_tokens)
+                result["trl"] = run_trl(trl_py, case, model_dir, data_dir, args.steps, new_tokens, args.trl_threads)
                 print(json.dumps({case: result["trl"]}), file=sys.stderr, flush=True)
                 if "step_s_median" in result["trl"]:
                     result["ratio_trl_over_ours"] = round(result["trl"]["step_s_median"] / result["ours"]["step_s_median"], 3)

@@ -133,7 +133,7 @@ def run_ppo(model_dir, prompts, steps, new_tokens, cfg, out):
         num_ppo_epochs=cfg["epochs"], response_length=new_tokens, kl_coef=cfg["kl_coeff"], kl_estimator="k1",
         total_episodes=n * (steps + 1), learning_rate=1e-5, logging_steps=1, save_strategy="no", report_to=[],
         use_cpu=True, bf16=False, fp16=False, temperature=1.0, seed=42, num_sample_generations=0,
-        missing_eos_penalty=1.0, stop_token="eos", dataloader_num_workers=0, disable_tqdm=True,
+        missing_eos_penalty=1.0, stop_token=None, dataloader_num_workers=0, disable_tqdm=True,
     )
     timer = StepTimer()
     trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=ref, reward_model=reward,
