@@ -23,12 +23,12 @@ environment, so PyTorch never meets Paddle in one process); its step time is the
 wall time between `on_step_begin` and `on_step_end` callbacks (GRPO: TRL generates inside
 the step, so the step includes the rollout as ours does; PPO: TRL's PPOTrainer runs its
 whole loop body per `update`, timed the same way). JSON on stdout; `ratio_trl_over_ours` < 1
-means TRL is faster.
+means TRL is faster. Both sides run with the same number of OpenMP threads (Paddle's
+OMP_NUM_THREADS, which its import sets to 1 when unset; `--trl_threads` to change TRL's).
 """
 import os
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle
-OMP_THREADS_BEFORE_PADDLE = os.environ.get("OMP_NUM_THREADS")  # importing paddle sets it to 1 in os.environ
 
 import argparse
 import json
@@ -133,6 +133,13 @@ def run_ours(case, model_dir, rm_dir, data_dir, steps, new_tokens=NEW_TOKENS):
     }
 
 
+def paddle_threads():
+    """OMP threads Paddle runs with: importing paddle sets OMP_NUM_THREADS to 1 when unset."""
+    import paddle  # noqa: F401
+
+    return int(os.environ.get("OMP_NUM_THREADS", "1"))
+
+
 def find_trl_python(case, explicit):
     """`(interpreter, "trl X torch Y transformers Z")` able to run `case` in TRL, or `(None, why)`."""
     candidates = [explicit] if explicit else DEFAULT_TRL_PYTHONS[case] + [sys.executable]
@@ -155,7 +162,7 @@ def run_trl(py, case, model_dir, data_dir, steps, new_tokens=NEW_TOKENS, threads
     cmd = [py, os.path.join(ROOT, "bench", "trl_step_worker.py"), "--case", case, "--model_dir", model_dir,
            "--prompts", os.path.join(data_dir, "prompts.jsonl"),
            "--steps", str(steps), "--new_tokens", str(new_tokens), "--config", json.dumps(GRPO if case == "grpo" else PPO)]
-    threads = threads or OMP_THREADS_BEFORE_PADDLE or len(os.sched_getaffinity(0))
+    threads = threads or paddle_threads()
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -171,7 +178,8 @@ def main(argv=None):
     parser.add_argument("--trl_ppo_python", default=None,
                         help="interpreter with a TRL that has PPOTrainer (<= 1.12; default: /work/benchvenv112, /work/benchvenv, this one)")
     parser.add_argument("--trl_threads", type=int, default=None,
-                        help="OMP/torch threads of the TRL runs (default: OMP_NUM_THREADS before Paddle set it, else the usable cores)")
+                        help="OMP/torch threads of the TRL runs (default: as many as Paddle uses here, OMP_NUM_THREADS, 1 when unset; "
+                             "more threads than free cores make PyTorch's OpenMP stall on a shared machine)")
     parser.add_argument("--no_trl", action="store_true", help="only this toolkit's numbers")
     parser.add_argument("--small", action="store_true", help="a 1-layer 32-hidden model and 4 new tokens (checks of the bench itself)")
     parser.add_argument("--output", default=None, help="also write the JSON here")
@@ -187,7 +195,8 @@ def main(argv=None):
         explicit = args.trl_python if case == "grpo" else args.trl_ppo_python
         trl[case] = (None, "disabled with --no_trl") if args.no_trl else find_trl_python(case, explicit)
     report = {"model": dict(shape, architecture="LlamaForCausalLM"), "new_tokens": new_tokens, "measured_steps": args.steps,
-              "grpo_setup": GRPO, "ppo_setup": PPO, "trl": {c: note for c, (py, note) in trl.items() if py},
+              "grpo_setup": GRPO, "ppo_setup": PPO,
+              "threads": {"paddle": paddle_threads(), "trl": args.trl_threads or paddle_threads()}, "trl": {c: note for c, (py, note) in trl.items() if py},
               "note": "; ".join(f"{c}: TRL not run ({note}), our numbers only" for c, (py, note) in trl.items() if not py) or None,
               "results": {}}
     with tempfile.TemporaryDirectory(prefix="step_bench_") as tmp:

@@ -15,7 +15,7 @@ def test_bench_reports_our_steps_and_phases(tmp_path):
     report = step_bench.main(["--small", "--steps", "1", "--no_trl", "--output", str(out)])
     assert json.loads(out.read_text()) == report
     assert report["trl"] == {} and "TRL not run" in report["note"] and "--no_trl" in report["note"]
-    assert report["measured_steps"] == 1 and report["new_tokens"] == 4
+    assert report["measured_steps"] == 1 and report["new_tokens"] == 4 and report["threads"]["trl"] == report["threads"]["paddle"] >= 1
     for case, rows in (("grpo", 16), ("ppo", 16)):
         ours = report["results"][case]["ours"]
         assert "trl" not in report["results"][case] and "ratio_trl_over_ours" not in report["results"][case]
