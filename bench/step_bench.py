@@ -1,35 +1,42 @@
-"""Seconds per RL training step through this toolkit's trainer: a GRPO step and a PPO step on
-the tiny Llama shape, with the phase breakdown; JSON on stdout. (The same steps through TRL,
-for a ratio in the same run, are not part of this script yet.)
+"""Seconds per GRPO step and per PPO step on the tiny Llama shape, in this toolkit's trainer
+and (when PyTorch + TRL are installed, see requirements-bench.txt) in TRL on the same shape.
 
-    python bench/step_bench.py                   # both cases, 5 measured steps after 1 warm-up
-    python bench/step_bench.py --case grpo --steps 3
+    python bench/step_bench.py                                  # ours, then TRL if found
+    python bench/step_bench.py --trl_python /work/benchvenv/bin/python
+    python bench/step_bench.py --case grpo --steps 2 --no_trl   # quick
 
-Shape (the issue's): Llama with hidden 256, intermediate 688, 4 layers, 4 heads, built by
-`ppo.tiny.factory` with its character tokenizer (vocabulary about 100). Data: the demo task's
-prompts (`ppo.tiny.demo_data`).
+Model: `LlamaForCausalLM` from `ppo.tiny.factory.build_tiny` with hidden 256, intermediate
+688, 4 layers, 4 heads (vocabulary of the tiny tokenizer), random weights; the reward model
+is `AutoModelForScore` over the same weights. TRL builds a transformers `LlamaForCausalLM`
+with the same config (its own random weights: same shapes and lengths, not the same numbers).
 
-- GRPO: 4 prompts x 4 samples, exactly 16 new tokens (`min_dec_len` = `max_dec_len` = 16),
-  rule reward in process (`reverse` scorer), k3 KL loss against the reference
-  (`kl_loss_coeff` 0.01, `kl_coeff` 0), one optimiser step (`update_iters` 1, one batch of 16).
-- PPO: 16 prompts, 16 new tokens, 4 PPO epochs (`update_iters` 4) over one batch of 16, a
-  reward model and a critic (score models on the same shape), KL in the reward (`kl_coeff` 0.05).
-
-Each measured step is `PPOTrainer.train_step()` (rollout + scoring, log-probs/values/advantages,
-update); the report has the median of `--steps` steps after `--warmup` steps, and the medians
-of the trainer's own phase timers (`timing_s/rollout`, `timing_s/logprob`, `timing_s/update`).
-`--compare_train_patch` also runs each case with `use_train_patch false` (PaddleNLP's own
-RMSNorm and RoPE) and reports `ratio_train_patch_speedup` (baseline / patched step median).
-Timings are wall-clock on a shared machine: run nothing else meanwhile.
+Steps (each runs `--steps` times after one warm-up step; medians are reported):
+- GRPO: 4 prompts x 4 samples, 16 new tokens (EOS suppressed, so every response is 16
+  tokens), k3 KL loss (coefficient 0.04) with a reference pass, one optimiser step over the
+  16 sequences. Scores from the reward model.
+- PPO: 16 prompts, 16 new tokens, 4 PPO epochs over one mini-batch of 16, critic + reward
+  model, k1 KL penalty in the reward (0.05).
+Ours runs the trainer's real `train_step` (built by `ppo.run_ppo.build_trainer`) and reports
+its phases: rollout (generation + scoring), logprob (old/reference log-probs, values,
+advantages) and update. TRL runs in the interpreter given by `--trl_python` (a separate
+environment, so PyTorch never meets Paddle in one process); its step time is the median
+wall time between `on_step_begin` and `on_step_end` callbacks (GRPO: TRL generates inside
+the step, so the step includes the rollout as ours does; PPO: TRL's PPOTrainer runs its
+whole loop body per `update`, timed the same way). JSON on stdout; `ratio_trl_over_ours` < 1
+means TRL is faster. Both sides run with the same number of OpenMP threads (Paddle's
+OMP_NUM_THREADS, which its import sets to 1 when unset; `--trl_threads` to change TRL's).
+`--compare_train_patch` also runs our side with `use_train_patch false` (PaddleNLP's own
+RMSNorm and RoPE) and reports `ratio_train_patch_speedup` (unpatched / patched median).
 """
 import os
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle
 
 import argparse
-import contextlib
 import json
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,94 +48,182 @@ if ROOT not in sys.path:
 
 warnings.filterwarnings("ignore")
 
-SHAPE = dict(hidden_size=256, intermediate_size=688, num_layers=4, num_heads=4)
+SHAPE = dict(hidden_size=256, intermediate_size=688, num_layers=4, num_heads=4, max_position_embeddings=128)
 NEW_TOKENS = 16
-CASES = {
-    "grpo": dict(prompts=4, samples=4, epochs=1, critic=False),
-    "ppo": dict(prompts=16, samples=1, epochs=4, critic=True),
+GRPO = dict(prompts=4, samples=4, kl_loss_coeff=0.04, epochs=1)
+PPO = dict(prompts=16, samples=1, kl_coeff=0.05, epochs=4)
+DEFAULT_TRL_PYTHONS = {"grpo": ["/work/benchvenv/bin/python"], "ppo": ["/work/benchvenv112/bin/python", "/work/benchvenv/bin/python"]}
+TRL_PROBES = {  # what each case needs from TRL (its PPOTrainer left TRL after 1.12)
+    "grpo": "from trl import GRPOTrainer",
+    "ppo": "try:\n from trl import PPOTrainer\nexcept ImportError:\n from trl.experimental.ppo import PPOTrainer",
 }
 
 
-def build_assets(root):
-    """The tiny-shaped model (+ a score model for PPO's reward and critic) and the demo data."""
+def build_assets(root, shape=SHAPE, num_prompts=64):
+    """Tiny model + tokenizer, a reward model over the same weights, and prompt data."""
     import paddle
 
     from ppo.models.loading import load_tokenizer
     from ppo.models.score_model import AutoModelForScore
-    from ppo.tiny.demo_data import main as make_data
+    from ppo.tiny import demo_data
     from ppo.tiny.factory import build_tiny
 
     model_dir, rm_dir, data_dir = (os.path.join(root, n) for n in ("model", "rm", "data"))
-    build_tiny(model_dir, seed=1, **SHAPE)
-    paddle.seed(2)
+    build_tiny(model_dir, seed=7, **shape)
+    paddle.seed(5)
     AutoModelForScore.from_pretrained(model_dir).save_pretrained(rm_dir)
     load_tokenizer(model_dir).save_pretrained(rm_dir)
-    with contextlib.redirect_stdout(sys.stderr):  # its summary line would break the JSON on stdout
-        make_data(["--output_dir", data_dir])
+    demo_data.generate(data_dir, seed=3, num_sft=16, num_preference=8, num_preference_eval=8, num_prompts=num_prompts, num_test=8)
     return model_dir, rm_dir, data_dir
 
 
-def case_argv(case, model_dir, rm_dir, data_dir, out, train_patch=True):
-    """Command-line arguments of `ppo/run_ppo.py` for one case."""
-    spec = CASES[case]
+def our_argv(case, model_dir, rm_dir, data_dir, out, new_tokens=NEW_TOKENS, steps=6, train_patch=True):
+    """`run_ppo` arguments of one bench case (see the module docstring)."""
     common = [
-        "--actor_model_name_or_path", model_dir,
-        "--train_datasets", f"Jsonfile:1.0:{data_dir}/prompts.jsonl",
-        "--output_dir", out, "--logging_dir", f"{out}/vdl", "--report_to", "none",
-        "--max_steps", "1000", "--save_steps", "0", "--evaluation_strategy", "no", "--disable_tqdm", "true",
-        "--per_device_prompt_batch_size", str(spec["prompts"]), "--rollout_n", str(spec["samples"]),
-        "--per_device_train_batch_size", str(spec["prompts"] * spec["samples"]), "--gradient_accumulation_steps", "1",
-        "--update_iters", str(spec["epochs"]), "--max_dec_len", str(NEW_TOKENS), "--min_dec_len", str(NEW_TOKENS),
-        "--num_sample_generations", "0", "--use_train_patch", str(train_patch).lower(),
+        "--actor_model_name_or_path", model_dir, "--reward_model_name_or_path", rm_dir, "--use_rm_server", "false",
+        "--train_datasets", f"Jsonfile:1.0:{data_dir}/prompts.jsonl", "--eval_datasets", f"Jsonfile:1.0:{data_dir}/test.jsonl",
+        "--output_dir", out, "--logging_dir", f"{out}/vdl", "--max_steps", str(steps),
+        "--max_dec_len", str(new_tokens), "--min_dec_len", str(new_tokens), "--gradient_accumulation_steps", "1",
+        "--eval_steps", "0", "--save_steps", "0", "--num_sample_generations", "0", "--disable_tqdm", "true",
+        "--report_to", "none", "--seed", "42", "--use_train_patch", str(train_patch).lower(),
     ]
     if case == "grpo":
-        return ["config/tiny/grpo_rule_argument.json", *common, "--rule_reward_scorers", "reverse",
-                "--kl_coeff", "0", "--kl_loss_coeff", "0.01", "--kl_loss_type", "k3"]
-    return ["config/tiny/ppo_argument.json", *common, "--reward_model_name_or_path", rm_dir,
-            "--reward_critic_model_name_or_path", rm_dir, "--kl_coeff", "0.05"]
+        cfg = GRPO
+        rows = cfg["prompts"] * cfg["samples"]
+        return ["config/tiny/grpo_argument.json", *common, "--per_device_prompt_batch_size", str(cfg["prompts"]),
+                "--rollout_n", str(cfg["samples"]), "--per_device_train_batch_size", str(rows),
+                "--per_device_eval_batch_size", str(rows), "--update_iters", str(cfg["epochs"]),
+                "--kl_coeff", "0.0", "--kl_loss_coeff", str(cfg["kl_loss_coeff"]), "--kl_loss_type", "k3"]
+    cfg = PPO
+    return ["config/tiny/ppo_argument.json", *common, "--per_device_prompt_batch_size", str(cfg["prompts"]),
+            "--rollout_n", "1", "--per_device_train_batch_size", str(cfg["prompts"]),
+            "--per_device_eval_batch_size", str(cfg["prompts"]), "--update_iters", str(cfg["epochs"]),
+            "--kl_coeff", str(cfg["kl_coeff"])]
 
 
-def ours(case, model_dir, rm_dir, data_dir, steps, warmup, train_patch=True):
-    """Median step and phase seconds of this toolkit's trainer."""
+def run_ours(case, model_dir, rm_dir, data_dir, steps, new_tokens=NEW_TOKENS, train_patch=True):
+    """One warm-up step then `steps` measured `train_step`s; medians of step and phases."""
+    import paddle
+
     from ppo.run_ppo import build_trainer
 
     out = tempfile.mkdtemp(prefix=f"step_bench_{case}_")
-    trainer = build_trainer(case_argv(case, model_dir, rm_dir, data_dir, out, train_patch))
-    rows = []
-    for i in range(warmup + steps):
-        start = time.perf_counter()
-        metrics, _ = trainer.train_step()
+    try:
+        trainer = build_trainer(our_argv(case, model_dir, rm_dir, data_dir, out, new_tokens, steps + 1, train_patch))
+        paddle.seed(0)
+        trainer.train_step()  # warm-up: allocates gradients and AdamW moments
         trainer.step += 1
-        wall = time.perf_counter() - start
-        if i >= warmup:
-            rows.append(dict(step=wall, **{k.split("/")[1]: metrics[k] for k in
-                                           ("timing_s/rollout", "timing_s/logprob", "timing_s/update")}))
-    median = {k: round(statistics.median(r[k] for r in rows), 4) for k in rows[0]}
-    return {"median_step_s": median.pop("step"), "median_phase_s": median, "steps": steps, "warmup": warmup}
+        runs = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            metrics, exp = trainer.train_step()
+            wall = time.perf_counter() - start
+            trainer.step += 1
+            runs.append({"step": wall, "rollout": metrics["timing_s/rollout"], "logprob": metrics["timing_s/logprob"],
+                         "update": metrics["timing_s/update"], "tokens": float(exp.response_mask.sum()), "rows": len(exp),
+                         "loss": metrics.get("loss/policy_avg", float("nan"))})
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    med = {k: round(statistics.median(r[k] for r in runs), 4) for k in ("step", "rollout", "logprob", "update")}
+    return {
+        "step_s_median": med["step"],
+        "phases_s_median": {k: med[k] for k in ("rollout", "logprob", "update")},
+        "step_s_all": [round(r["step"], 4) for r in runs],
+        "sequences_per_step": runs[-1]["rows"],
+        "response_tokens_per_step": runs[-1]["tokens"],
+        "loss_policy_last": runs[-1]["loss"],
+    }
+
+
+def paddle_threads():
+    """OMP threads Paddle runs with: importing paddle sets OMP_NUM_THREADS to 1 when unset."""
+    import paddle  # noqa: F401
+
+    return int(os.environ.get("OMP_NUM_THREADS", "1"))
+
+
+def find_trl_python(case, explicit):
+    """`(interpreter, "trl X torch Y transformers Z")` able to run `case` in TRL, or `(None, why)`."""
+    candidates = [explicit] if explicit else DEFAULT_TRL_PYTHONS[case] + [sys.executable]
+    notes = []
+    for py in candidates:
+        if not py or not os.path.exists(py):
+            notes.append(f"{py}: not found")
+            continue
+        code = (f"import torch, transformers, trl\n{TRL_PROBES[case]}\n"
+                "print('trl', trl.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)")
+        probe = subprocess.run([py, "-c", code], capture_output=True, text=True)
+        if probe.returncode == 0:
+            return py, f"{py}: {probe.stdout.strip()}"
+        notes.append(f"{py}: {probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else 'probe failed'}")
+    return None, "; ".join(notes)
+
+
+def run_trl(py, case, model_dir, data_dir, steps, new_tokens=NEW_TOKENS, threads=None):
+    """The TRL worker (bench/trl_step_worker.py) in `py`; its JSON result or a failure record."""
+    cmd = [py, os.path.join(ROOT, "bench", "trl_step_worker.py"), "--case", case, "--model_dir", model_dir,
+           "--prompts", os.path.join(data_dir, "prompts.jsonl"),
+           "--steps", str(steps), "--new_tokens", str(new_tokens), "--config", json.dumps(GRPO if case == "grpo" else PPO)]
+    threads = threads or paddle_threads()
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        return {"failed": f"exit status {proc.returncode}", "stderr_tail": proc.stderr[-2000:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--case", choices=["grpo", "ppo", "all"], default="all")
-    parser.add_argument("--steps", type=int, default=5, help="measured steps (median)")
-    parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps first")
+    parser.add_argument("--steps", type=int, default=5, help="measured steps after one warm-up step")
+    parser.add_argument("--trl_python", default=None, help="interpreter with torch + transformers + trl for GRPO (default: /work/benchvenv, then this one)")
+    parser.add_argument("--trl_ppo_python", default=None,
+                        help="interpreter with a TRL that has PPOTrainer (<= 1.12; default: /work/benchvenv112, /work/benchvenv, this one)")
+    parser.add_argument("--trl_threads", type=int, default=None,
+                        help="OMP/torch threads of the TRL runs (default: as many as Paddle uses here, OMP_NUM_THREADS, 1 when unset; "
+                             "more threads than free cores make PyTorch's OpenMP stall on a shared machine)")
+    parser.add_argument("--no_trl", action="store_true", help="only this toolkit's numbers")
     parser.add_argument("--compare_train_patch", action="store_true",
-                        help="also run each case with use_train_patch false (baseline) and report the ratio")
+                        help="also run our side with use_train_patch false (PaddleNLP's own RMSNorm and RoPE) and report the ratio")
+    parser.add_argument("--small", action="store_true", help="a 1-layer 32-hidden model and 4 new tokens (checks of the bench itself)")
+    parser.add_argument("--output", default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.warmup < 0:
-        parser.error("--steps must be >= 1 and --warmup >= 0")
-    with tempfile.TemporaryDirectory(prefix="step_bench_") as root:
-        model_dir, rm_dir, data_dir = build_assets(root)
-        report = {"shape": SHAPE, "new_tokens": NEW_TOKENS, "results": {}}
-        for case in (["grpo", "ppo"] if args.case == "all" else [args.case]):
-            result = {"case": CASES[case], "ours": ours(case, model_dir, rm_dir, data_dir, args.steps, args.warmup)}
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    shape = dict(SHAPE, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2) if args.small else SHAPE
+    new_tokens = 4 if args.small else NEW_TOKENS
+    cases = ["grpo", "ppo"] if args.case == "all" else [args.case]
+
+    trl = {}
+    for case in cases:
+        explicit = args.trl_python if case == "grpo" else args.trl_ppo_python
+        trl[case] = (None, "disabled with --no_trl") if args.no_trl else find_trl_python(case, explicit)
+    report = {"model": dict(shape, architecture="LlamaForCausalLM"), "new_tokens": new_tokens, "measured_steps": args.steps,
+              "grpo_setup": GRPO, "ppo_setup": PPO,
+              "threads": {"paddle": paddle_threads(), "trl": args.trl_threads or paddle_threads()}, "trl": {c: note for c, (py, note) in trl.items() if py},
+              "note": "; ".join(f"{c}: TRL not run ({note}), our numbers only" for c, (py, note) in trl.items() if not py) or None,
+              "results": {}}
+    with tempfile.TemporaryDirectory(prefix="step_bench_") as tmp:
+        model_dir, rm_dir, data_dir = build_assets(tmp, shape)
+        for case in cases:
+            result = {"ours": run_ours(case, model_dir, rm_dir, data_dir, args.steps, new_tokens)}
+            print(json.dumps({case: result["ours"]}), file=sys.stderr, flush=True)
             if args.compare_train_patch:
-                base = ours(case, model_dir, rm_dir, data_dir, args.steps, args.warmup, train_patch=False)
+                base = run_ours(case, model_dir, rm_dir, data_dir, args.steps, new_tokens, train_patch=False)
                 result["ours_without_train_patch"] = base
-                result["ratio_train_patch_speedup"] = round(base["median_step_s"] / result["ours"]["median_step_s"], 3)
+                result["ratio_train_patch_speedup"] = round(base["step_s_median"] / result["ours"]["step_s_median"], 3)
+            trl_py = trl[case][0]
+            if trl_py:
+                result["trl"] = run_trl(trl_py, case, model_dir, data_dir, args.steps, new_tokens, args.trl_threads)
+                print(json.dumps({case: result["trl"]}), file=sys.stderr, flush=True)
+                if "step_s_median" in result["trl"]:
+                    result["ratio_trl_over_ours"] = round(result["trl"]["step_s_median"] / result["ours"]["step_s_median"], 3)
             report["results"][case] = result
-            print(json.dumps({case: result}), file=sys.stderr, flush=True)
-    print(json.dumps(report, indent=2))
+    text = json.dumps(report, indent=2)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text + "\n")
+    print(text)
     return report
 
 

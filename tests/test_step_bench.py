@@ -1,30 +1,49 @@
-"""bench/step_bench.py drives the real trainer: one GRPO and one PPO step on a shrunken shape
-give a report whose step time covers its phases (the numbers themselves come from running the
-bench, not from here)."""
-import importlib.util
+"""bench/step_bench.py's own harness: one tiny measured step of each case through the real
+trainer (ours only), and the JSON it reports."""
+import json
 import os
-
-import pytest
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import step_bench  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("step_bench", os.path.join(ROOT, "bench", "step_bench.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.SHAPE = dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2)  # fast
-    return module
-
-
-def test_report_has_both_cases_with_phases_inside_the_step(bench):
-    report = bench.main(["--steps", "2", "--warmup", "0", "--compare_train_patch"])
-    assert set(report["results"]) == {"grpo", "ppo"} and report["new_tokens"] == 16
-    for case, result in report["results"].items():
-        ours = result["ours"]
-        phases = ours["median_phase_s"]
+def test_bench_reports_our_steps_and_phases(tmp_path):
+    out = tmp_path / "bench.json"
+    report = step_bench.main(["--small", "--steps", "1", "--no_trl", "--output", str(out)])
+    assert json.loads(out.read_text()) == report
+    assert report["trl"] == {} and "TRL not run" in report["note"] and "--no_trl" in report["note"]
+    assert report["measured_steps"] == 1 and report["new_tokens"] == 4 and report["threads"]["trl"] == report["threads"]["paddle"] >= 1
+    for case, rows in (("grpo", 16), ("ppo", 16)):
+        ours = report["results"][case]["ours"]
+        assert "trl" not in report["results"][case] and "ratio_trl_over_ours" not in report["results"][case]
+        assert ours["sequences_per_step"] == rows
+        assert ours["response_tokens_per_step"] == rows * 4  # EOS suppressed: every response is 4 tokens
+        phases = ours["phases_s_median"]
         assert set(phases) == {"rollout", "logprob", "update"} and all(v > 0 for v in phases.values())
-        assert ours["steps"] == 2 and ours["median_step_s"] >= 0.9 * sum(phases.values()), (case, ours)
-        assert result["ratio_train_patch_speedup"] > 0 and result["ours_without_train_patch"]["steps"] == 2
-    assert report["results"]["ppo"]["case"]["epochs"] == 4 and report["results"]["grpo"]["case"]["samples"] == 4
+        assert len(ours["step_s_all"]) == 1 and ours["step_s_median"] == ours["step_s_all"][0]
+        assert ours["step_s_median"] >= sum(phases.values()) * 0.99  # the phases lie inside the step
+        assert ours["loss_policy_last"] == ours["loss_policy_last"]  # finite, not NaN
+
+
+def test_grpo_and_ppo_arguments_are_the_documented_setups():
+    grpo = step_bench.our_argv("grpo", "M", "R", "D", "O")
+    value = lambda argv, key: argv[argv.index(key) + 1]  # noqa: E731  (last occurrence is not needed: keys appear once)
+    assert value(grpo, "--rollout_n") == "4" and value(grpo, "--per_device_prompt_batch_size") == "4"
+    assert value(grpo, "--kl_loss_type") == "k3" and float(value(grpo, "--kl_loss_coeff")) > 0
+    assert value(grpo, "--max_dec_len") == value(grpo, "--min_dec_len") == "16"
+    ppo = step_bench.our_argv("ppo", "M", "R", "D", "O")
+    assert value(ppo, "--update_iters") == "4" and value(ppo, "--per_device_prompt_batch_size") == "16"
+    assert value(ppo, "--rollout_n") == "1" and value(ppo, "--per_device_train_batch_size") == "16"
+
+
+def test_compare_train_patch_runs_both_variants():
+    report = step_bench.main(["--small", "--steps", "1", "--no_trl", "--case", "grpo", "--compare_train_patch"])
+    result = report["results"]["grpo"]
+    assert result["ours_without_train_patch"]["sequences_per_step"] == result["ours"]["sequences_per_step"] == 16
+    expected = result["ours_without_train_patch"]["step_s_median"] / result["ours"]["step_s_median"]
+    assert abs(result["ratio_train_patch_speedup"] - expected) < 1e-3
+    argv = step_bench.our_argv("grpo", "M", "R", "D", "O", train_patch=False)
+    assert argv[argv.index("--use_train_patch") + 1] == "false"

@@ -1,0 +1,174 @@
+"""TRL side of bench/step_bench.py: one GRPO or PPO run in TRL on the tiny Llama shape, in an
+environment with torch + transformers + trl (requirements-bench.txt), never with Paddle.
+
+    python bench/trl_step_worker.py --case grpo --model_dir DIR --prompts FILE --steps 5
+
+The shape comes from DIR/config.json (written by ppo.tiny.factory); weights are transformers'
+own random initialisation. The tokenizer is a character-level `PreTrainedTokenizerFast` over
+the tiny tokenizer's symbols (same vocabulary size as the model), so prompts have about the
+lengths they have in this toolkit. The reward model (and PPO's critic) is a
+`LlamaForSequenceClassification` of the same shape. Step time: wall time between consecutive
+`on_step_end` callbacks (everything one optimisation step does, generation included); the
+first interval after the first step is the warm-up and is dropped. One JSON line on stdout.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+warnings.filterwarnings("ignore")
+
+SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
+TEMPLATE_WORDS = ["USER:", "ASSISTANT:", "Reverse:"]
+
+
+def char_tokenizer(vocab_size):
+    """Character-level fast tokenizer with the tiny tokenizer's specials, `vocab_size` ids."""
+    import string
+
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    symbols = string.ascii_lowercase + string.digits + string.ascii_uppercase + ".,:;!?()[]{}<>/+-*=_'\"#@%&|~^$ "
+    tokens = SPECIALS + TEMPLATE_WORDS + list(symbols)
+    tokens += [f"<extra_{i}>" for i in range(max(0, vocab_size - len(tokens)))]
+    vocab = {t: i for i, t in enumerate(tokens[:vocab_size])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    pattern = "|".join([w.replace(":", ":") for w in TEMPLATE_WORDS] + ["."])
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>", padding_side="left")
+    fast.chat_template = None
+    return fast
+
+
+def llama_config(model_dir):
+    from transformers import LlamaConfig
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        c = json.load(f)
+    return LlamaConfig(
+        vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
+        num_hidden_layers=c["num_hidden_layers"], num_attention_heads=c["num_attention_heads"],
+        num_key_value_heads=c.get("num_key_value_heads", c["num_attention_heads"]),
+        max_position_embeddings=c.get("max_position_embeddings", 128), rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=3, num_labels=1,
+    )
+
+
+def read_prompts(path, template="USER: {input} ASSISTANT:"):
+    with open(path) as f:
+        return [template.format(input=json.loads(line)["src"]) for line in f if line.strip()]
+
+
+class StepTimer:
+    """A `TrainerCallback` recording the wall time between consecutive `on_step_end` calls."""
+
+    def __new__(cls):
+        from transformers import TrainerCallback
+
+        class _Timer(TrainerCallback):
+            def __init__(self):
+                self.marks = []
+
+            def on_train_begin(self, args, state, control, **kwargs):
+                self.marks.append(time.perf_counter())
+
+            def on_step_end(self, args, state, control, **kwargs):
+                self.marks.append(time.perf_counter())
+
+        return _Timer()
+
+
+def run_grpo(model_dir, prompts, steps, new_tokens, cfg, out):
+    import torch
+    from datasets import Dataset
+    from transformers import LlamaForCausalLM, LlamaForSequenceClassification
+    from trl import GRPOConfig, GRPOTrainer
+
+    config = llama_config(model_dir)
+    tokenizer = char_tokenizer(config.vocab_size)
+    torch.manual_seed(0)
+    model_path, reward_path = os.path.join(out, "policy"), os.path.join(out, "reward")
+    LlamaForCausalLM(config).save_pretrained(model_path)  # TRL builds its reference model from the path
+    LlamaForSequenceClassification(config).save_pretrained(reward_path)
+    rows = cfg["prompts"] * cfg["samples"]
+    args = GRPOConfig(
+        output_dir=out, per_device_train_batch_size=rows, num_generations=cfg["samples"], max_completion_length=new_tokens,
+        beta=cfg["kl_loss_coeff"], num_iterations=cfg["epochs"], max_steps=steps + 1, gradient_accumulation_steps=1,
+        learning_rate=1e-5, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, bf16=False, fp16=False,
+        temperature=1.0, top_p=1.0, seed=42, dataloader_num_workers=0, disable_tqdm=True,
+        generation_kwargs={"min_new_tokens": new_tokens},  # every response full length, as in the toolkit's bench
+    )
+    timer = StepTimer()
+    trainer = GRPOTrainer(model=model_path, reward_funcs=reward_path, args=args, train_dataset=Dataset.from_dict({"prompt": prompts}),
+                          processing_class=tokenizer, reward_processing_classes=tokenizer, callbacks=[timer])
+    trainer.train()
+    return timer.marks
+
+
+def run_ppo(model_dir, prompts, steps, new_tokens, cfg, out):
+    import torch
+    from datasets import Dataset
+    from transformers import LlamaForCausalLM, LlamaForSequenceClassification
+
+    try:
+        from trl import PPOConfig, PPOTrainer
+    except ImportError:
+        from trl.experimental.ppo import PPOConfig, PPOTrainer
+
+    config = llama_config(model_dir)
+    tokenizer = char_tokenizer(config.vocab_size)
+    torch.manual_seed(0)
+    policy, ref = LlamaForCausalLM(config), LlamaForCausalLM(config)
+    reward, value = LlamaForSequenceClassification(config), LlamaForSequenceClassification(config)
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    n = cfg["prompts"]
+    args = PPOConfig(
+        output_dir=out, per_device_train_batch_size=n, gradient_accumulation_steps=1, num_mini_batches=1,
+        num_ppo_epochs=cfg["epochs"], response_length=new_tokens, kl_coef=cfg["kl_coeff"], kl_estimator="k1",
+        total_episodes=n * (steps + 1), learning_rate=1e-5, logging_steps=1, save_strategy="no", report_to=[],
+        use_cpu=True, bf16=False, fp16=False, temperature=1.0, seed=42, num_sample_generations=0,
+        missing_eos_penalty=1.0, stop_token=None, dataloader_num_workers=0, disable_tqdm=True,
+    )
+    timer = StepTimer()
+    trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=ref, reward_model=reward,
+                         value_model=value, train_dataset=Dataset.from_dict({"input_ids": ids}), callbacks=[timer])
+    trainer.train()
+    return timer.marks
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--case", choices=["grpo", "ppo"], required=True)
+    parser.add_argument("--model_dir", required=True)
+    parser.add_argument("--prompts", required=True, help="JSON lines with a `src` field")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--new_tokens", type=int, default=16)
+    parser.add_argument("--config", required=True, help="JSON: prompts, samples, epochs and the KL coefficient")
+    args = parser.parse_args(argv)
+    import torch
+    import transformers
+    import trl
+
+    cfg = json.loads(args.config)
+    prompts = read_prompts(args.prompts)
+    with tempfile.TemporaryDirectory(prefix="trl_step_") as out:
+        marks = (run_grpo if args.case == "grpo" else run_ppo)(args.model_dir, prompts, args.steps, args.new_tokens, cfg, out)
+    intervals = [b - a for a, b in zip(marks, marks[1:])]
+    if len(intervals) < args.steps + 1:
+        raise SystemExit(f"TRL ran {len(intervals)} steps, expected {args.steps + 1}")
+    measured = intervals[1 : args.steps + 1]
+    print(json.dumps({
+        "step_s_median": round(statistics.median(measured), 4), "step_s_all": [round(x, 4) for x in measured],
+        "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
+        "torch_threads": torch.get_num_threads(),
+    }))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
