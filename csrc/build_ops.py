@@ -39,7 +39,7 @@ STAMP_PATH = os.path.join(LIB_DIR, "build_stamp.json")
 
 def _cpu_flags():
     """-mavx2 -mfma when this CPU has them. Never -march=native: some CPUs here advertise
-    AVX-512 that then faults (see MEASURED.md), and AVX2+FMA is what the kernels need."""
+    AVX-512 that then faults at run time, and AVX2+FMA is what the kernels need."""
     flags = ["-O3", "-std=c++17", "-fno-math-errno"]
     try:
         with open("/proc/cpuinfo") as f:

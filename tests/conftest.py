@@ -1,5 +1,6 @@
 """Shared pytest set-up: the repository root on sys.path and the fast-MKL setting
-applied before paddle is imported (see ../shared/MEASURED.md)."""
+applied before paddle is imported (MKL_DEBUG_CPU_TYPE=5: 3-4x faster matmuls on
+AVX2-only AMD CPUs)."""
 import os
 import sys
 

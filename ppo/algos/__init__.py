@@ -1,7 +1,7 @@
 """Pure math of the toolkit: masked reductions, KL, advantages, losses, normalisers.
 
 Plain functions on paddle tensors; no models, I/O or distributed calls, no
-``.item()``, inputs never written into. See DESIGN.md ("algos/").
+``.item()``, inputs never written into (tests/test_algos_purity.py checks this).
 """
 from .advantage import (
     ADV_ESTIMATORS,

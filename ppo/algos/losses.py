@@ -1,7 +1,7 @@
 """Policy, value, KL, entropy and SFT losses.
 
 Every loss returns ``(loss, stats)``: ``loss`` a scalar tensor with gradient,
-``stats`` a dict of detached scalar tensors named as in DESIGN.md. Token losses
+``stats`` a dict of detached scalar tensors with TRL/verl metric names. Token losses
 are reduced by :func:`aggregate_loss` according to ``loss_agg_mode``:
 
 * ``token-mean``          ``sum(loss * mask) / num_tokens`` (``num_tokens`` defaults to
@@ -201,7 +201,7 @@ def value_loss(
     :func:`aggregate_loss`.
     Stats: ``loss/value_avg``; the fraction of tokens where the clipped term is
     strictly larger (only possible when ``v`` was actually clipped),
-    reported as ``val/clipfrac_avg`` (DESIGN.md / TRL name) and as
+    reported as ``val/clipfrac_avg`` (TRL name) and as
     ``value/clipfrac_avg`` (same value).
     Shapes: all ``[B, T]``.
     Source: OpenAI baselines ppo2; TRL ``PPOTrainer`` (``vf_loss``); verl

@@ -1,4 +1,4 @@
-"""PaddleNLP `Trainer` callbacks that write the run traces of DESIGN.md.
+"""PaddleNLP `Trainer` callbacks that write the run traces (metrics.jsonl, summary.json, VisualDL).
 
 The Trainer's own log names (`loss`, `learning_rate`, `eval_loss`, ...) are
 mapped to the toolkit's slash names; names that already hold a slash pass
