@@ -40,9 +40,16 @@ def _rms_norm_forward(self, hidden_states):
     return rms_norm(hidden_states, self.weight, self.variance_epsilon)
 
 
+_SIGNS = {}
+
+
 def _rotation_sign(dim, dtype):
-    half = dim // 2
-    return paddle.concat([-paddle.ones([half], dtype), paddle.ones([dim - half], dtype)])
+    """``[-1] * (dim/2) + [1] * (dim/2)`` as a ``dtype`` tensor, built once per (dim, dtype)."""
+    key = (dim, str(dtype))
+    if key not in _SIGNS:
+        half = dim // 2
+        _SIGNS[key] = paddle.concat([-paddle.ones([half], dtype), paddle.ones([dim - half], dtype)])
+    return _SIGNS[key]
 
 
 def apply_rotary_pos_emb(q, k, cos, sin, position_ids):
