@@ -32,6 +32,10 @@ OP_NAMES = (
     "rollout_attention",
     "rollout_sample",
     "rollout_update",
+    "train_rms_norm",
+    "train_rope",
+    "train_swiglu",
+    "train_swiglu_fused",
 )
 
 _state = {"loaded": None, "reason": None, "noticed": False}

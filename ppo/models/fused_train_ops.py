@@ -1,0 +1,81 @@
+"""Fused training ops (forward + backward) and their pure-Paddle twins.
+
+Each ``fused_*`` function runs the C++ kernel of ``csrc/cpu/train_ops.cc`` (autograd through the
+op's registered backward) when the custom-op library is loaded, the tensors are float32 and on
+the CPU; otherwise it runs its ``*_reference`` twin, which computes the same formula with
+Paddle ops. The tests check kernel against twin and the twin against finite differences.
+"""
+import paddle
+
+from ppo.rollout import ops as _ops_lib
+
+
+def _run(name, *args):
+    return paddle._C_ops._run_custom_op(name, *args)
+
+
+def kernels_usable(*tensors):
+    """True when the C++ training kernels can take these tensors (library loaded, float32, CPU)."""
+    if not _ops_lib.ops_available():
+        return False
+    return all(t.dtype == paddle.float32 and t.place.is_cpu_place() for t in tensors)
+
+
+# ---------------------------------------------------------------- RMSNorm
+def rms_norm_reference(x, weight, eps):
+    """``x * rsqrt(mean(x^2, -1) + eps) * weight`` for ``x [..., H]``, ``weight [H]``; the
+    variance in float32 and the result cast back to a half-precision weight's dtype, as
+    PaddleNLP's LlamaRMSNorm."""
+    with paddle.amp.auto_cast(False):
+        variance = paddle.square(x.astype("float32")).mean(-1, keepdim=True)
+        normed = paddle.rsqrt(variance + eps) * x
+    if weight.dtype in (paddle.float16, paddle.bfloat16):
+        normed = paddle.cast(normed, weight.dtype)
+    return normed * weight
+
+
+def fused_rms_norm(x, weight, eps):
+    """RMSNorm of ``x [..., H]`` with ``weight [H]``: one C++ kernel forward and one backward."""
+    if kernels_usable(x, weight):
+        return _run("train_rms_norm", x, weight, float(eps))[0]
+    return rms_norm_reference(x, weight, eps)
+
+
+# ---------------------------------------------------------------- RoPE
+def rotate_half(x):
+    """``concat(-x2, x1)`` over the last axis (halves ``x1``, ``x2``)."""
+    half = x.shape[-1] // 2
+    return paddle.concat([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def rope_reference(q, k, cos, sin):
+    """PaddleNLP's RoPE ``x * cos + rotate_half(x) * sin`` for ``q [B, S, Hq, D]`` and
+    ``k [B, S, Hk, D]`` with ``cos``/``sin`` ``[Bc, S, D]`` (``Bc`` 1 or B); returns both."""
+    c, s = cos.unsqueeze(2), sin.unsqueeze(2)
+    return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+
+
+def fused_rope(q, k, cos, sin):
+    """`rope_reference` in one C++ kernel per direction (no gradient to ``cos``/``sin``)."""
+    if kernels_usable(q, k, cos, sin):
+        out = _run("train_rope", q, k, cos, sin)
+        return out[0], out[1]
+    return rope_reference(q, k, cos, sin)
+
+
+# ---------------------------------------------------------------- SwiGLU
+def swiglu_reference(x, y=None):
+    """``silu(gate) * up``: ``gate, up = x, y``, or the halves of ``x [..., 2I]`` when ``y`` is None."""
+    if y is None:
+        half = x.shape[-1] // 2
+        x, y = x[..., :half], x[..., half:]
+    return paddle.nn.functional.silu(x) * y
+
+
+def fused_swiglu(x, y=None):
+    """`swiglu_reference` in one C++ kernel per direction."""
+    if kernels_usable(x, *(() if y is None else (y,))):
+        if y is None:
+            return _run("train_swiglu_fused", x)[0]
+        return _run("train_swiglu", x, y)[0]
+    return swiglu_reference(x, y)
