@@ -161,6 +161,13 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
     critic_max_grad_norm: float = field(default=1.0, metadata={"help": "Critic gradient clipping norm."})
     min_learning_rate: float = field(default=0.0, metadata={"help": "Actor learning rate floor for cosine/linear decay."})
     critic_min_learning_rate: float = field(default=0.0, metadata={"help": "Critic learning rate floor."})
+    reuse_first_update_forward: bool = field(
+        default=True,
+        metadata={"help": "When the first optimiser step of an update takes every rollout row in one micro-batch "
+                  "(rows <= per_device_train_batch_size) and nothing is offloaded, its actor and critic forward (with "
+                  "gradients) also gives the old log-probs and values, instead of a separate no-grad pass first "
+                  "(the weights are the same then; TRL and verl skip that pass in the same case)."},
+    )
     max_nan_skips: int = field(default=3, metadata={"help": "Consecutive non-finite steps tolerated before the run stops."})
     # traces and evaluation
     num_sample_generations: int = field(default=10, metadata={"help": "Every this many steps, log a table of samples (0: never)."})

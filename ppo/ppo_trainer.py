@@ -146,6 +146,7 @@ class PPOTrainer:
         self.score_stats = {}
         self.divergence = DivergenceDetector(args.divergence_factor, args.divergence_window)
         self.grad_norms = {}  # model name -> gradient norm of its last optimiser step (before clipping)
+        self.first_forward = None  # the update's first forward, kept from compute_advantages (see update_forward)
         self.diverged = {}  # metric name -> first divergence message of the current step
         self.divergence_log = []  # every divergence message of the run (summary.json "diverged")
 
@@ -322,20 +323,28 @@ class PPOTrainer:
             one_chunk = lambda e: response_logprobs(model, e, args.temperature, args.logprob_chunk_size)[0]  # noqa: E731
             return in_chunks(one_chunk, exp, self._chunk())
 
+        need_ref = args.kl_coeff != 0 or args.kl_loss_coeff != 0
+        reuse = self.first_update_forward_reusable(len(exp))
         with paddle.no_grad():
-            if exp.old_logprobs is None:
-                with self.offload.scope("actor"):
-                    exp.old_logprobs = logprobs_under(self.models.actor)
-            need_ref = args.kl_coeff != 0 or args.kl_loss_coeff != 0
             if need_ref:  # a LoRA actor with its adapter disabled is the reference: both on the device
                 with self.offload.scope("reference", *(() if self.models.reference is not None else ("actor",))):
                     with self.models.reference_mode() as ref:
                         exp.ref_logprobs = logprobs_under(ref)
-            else:
-                exp.ref_logprobs = exp.old_logprobs
-            if self.models.critic is not None:  # no-grad passes use the unwrapped models
+            if exp.old_logprobs is None and not reuse:
+                with self.offload.scope("actor"):
+                    exp.old_logprobs = logprobs_under(self.models.actor)
+            if self.models.critic is not None and not reuse:  # no-grad passes use the unwrapped models
                 with self.offload.scope("critic"):
                     exp.values = in_chunks(lambda e: response_values(self.models.critic, e), exp, self._chunk())
+        if reuse:
+            self.first_forward = self.update_forward(exp)
+            if exp.old_logprobs is None:  # else the rollout's own log-probs (use_rollout_logprobs)
+                exp.old_logprobs = self.first_forward["logprobs"].detach()
+            if self.critic is not None:
+                exp.values = self.first_forward["values"].detach()
+        if not need_ref:
+            exp.ref_logprobs = exp.old_logprobs
+        with paddle.no_grad():
             scores = self.normalized_scores(exp.scores)
             kl_coeff = self.kl_controller.value if self.kl_controller else args.kl_coeff
             exp.rewards, kl = kl_shaped_rewards(
@@ -376,6 +385,33 @@ class PPOTrainer:
         return stats
 
     # ------------------------------------------------------------------ 5. update
+    def first_update_forward_reusable(self, n_rows):
+        """True when the update's first optimiser step takes all `n_rows` rows in one
+        micro-batch with the rollout-time weights (so its forward is the old-policy pass)."""
+        args = self.args
+        return bool(args.reuse_first_update_forward) and n_rows <= args.per_device_train_batch_size and not self.offload.enabled
+
+    def update_forward(self, mb):
+        """The training forward of one micro-batch, with gradients: actor log-probs and entropy
+        `[N, Tr]`, critic values `[N, Tr]` (None without a critic)."""
+        self.actor.train()
+        logprobs, entropy = response_logprobs(self.actor, mb, self.args.temperature, self.args.logprob_chunk_size,
+                                              with_entropy=True)
+        values = None
+        if self.critic is not None:
+            self.critic.train()
+            values = response_values(self.critic, mb)
+        return {"logprobs": logprobs, "entropy": entropy, "values": values}
+
+    def take_first_forward(self, rows):
+        """The kept first forward (see `first_update_forward_reusable`) gathered to `rows`; None
+        when there is none. Handed out once."""
+        kept, self.first_forward = self.first_forward, None
+        if kept is None:
+            return None
+        index = paddle.to_tensor(np.asarray(rows, dtype="int64"))
+        return {k: (None if v is None else paddle.gather(v, index)) for k, v in kept.items()}
+
     def minibatch_plan(self, n_rows, epoch):
         """Shuffled row indices split into optimiser steps of `grad_accum` micro-batches."""
         rng = np.random.RandomState(self.args.seed + 10007 * self.step + 101 * epoch + self.data_rank)
@@ -397,11 +433,15 @@ class PPOTrainer:
         return dict(loss_agg_mode=self.args.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
                     loss_scale_factor=self.args.loss_scale)
 
-    def actor_loss(self, mb, num_tokens, num_seqs):
-        """pg_loss_coeff * policy loss - entropy_coeff * entropy + kl_loss_coeff * KL."""
+    def actor_loss(self, mb, num_tokens, num_seqs, forward=None):
+        """pg_loss_coeff * policy loss - entropy_coeff * entropy + kl_loss_coeff * KL; `forward`:
+        the micro-batch's `update_forward` outputs when already computed."""
         args = self.args
         agg = self._agg(num_tokens, num_seqs)
-        logprobs, entropy = response_logprobs(self.actor, mb, args.temperature, args.logprob_chunk_size, with_entropy=True)
+        if forward is None:
+            logprobs, entropy = response_logprobs(self.actor, mb, args.temperature, args.logprob_chunk_size, with_entropy=True)
+        else:
+            logprobs, entropy = forward["logprobs"], forward["entropy"]
         pg_loss, stats = ppo_policy_loss(
             logprobs, mb.old_logprobs, mb.advantages, mb.response_mask,
             clip_range_ratio=args.clip_range_ratio, clip_range_ratio_low=args.clip_range_ratio_low,
@@ -427,8 +467,8 @@ class PPOTrainer:
         loss, _ = answer_nll(self.actor, ids, mask, labels, self.args.logprob_chunk_size)
         return loss
 
-    def critic_loss(self, mb, num_tokens, num_seqs):
-        values = response_values(self.critic, mb)
+    def critic_loss(self, mb, num_tokens, num_seqs, forward=None):
+        values = response_values(self.critic, mb) if forward is None else forward["values"]
         return value_loss(values, mb.values, mb.returns, mb.response_mask, self.args.clip_range_value,
                           **self._agg(num_tokens, num_seqs))
 
@@ -486,7 +526,8 @@ class PPOTrainer:
                 actor_total = critic_total = 0.0
                 for mb_rows in plan:
                     mb = exp.select(mb_rows)
-                    loss, stats = self.actor_loss(mb, num_tokens, num_seqs)
+                    forward = self.take_first_forward(mb_rows)  # only ever the first micro-batch
+                    loss, stats = self.actor_loss(mb, num_tokens, num_seqs, forward)
                     if self.ptx_sampler is not None:
                         ptx = self.ptx_loss()
                         loss = loss + args.ptx_coeff * ptx / len(plan)
@@ -495,7 +536,7 @@ class PPOTrainer:
                     actor_total += float(loss)
                     acc.add(stats)
                     if self.critic is not None:
-                        vloss, vstats = self.critic_loss(mb, num_tokens, num_seqs)
+                        vloss, vstats = self.critic_loss(mb, num_tokens, num_seqs, forward)
                         vloss.backward()
                         critic_total += float(vloss)
                         acc.add(vstats)

@@ -109,8 +109,8 @@ def test_nan_update_is_skipped_and_reported(tiny_model_dir, tiny_rm_dir, tiny_da
     original = trainer.actor_loss
     calls = {"n": 0}
 
-    def poisoned(mb, num_tokens, num_seqs):
-        loss, stats = original(mb, num_tokens, num_seqs)
+    def poisoned(mb, num_tokens, num_seqs, forward=None):
+        loss, stats = original(mb, num_tokens, num_seqs, forward)
         calls["n"] += 1
         return loss * float("nan"), stats
 
@@ -130,7 +130,7 @@ def test_repeated_nan_stops_the_run_naming_step_and_tensor(tiny_model_dir, tiny_
     trainer = build_trainer(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, "--max_steps", "5", "--max_nan_skips", "1",
                                      "--update_iters", "1", "--per_device_train_batch_size", "8"))
     original = trainer.actor_loss
-    trainer.actor_loss = lambda mb, nt, ns: (lambda r: (r[0] * float("nan"), r[1]))(original(mb, nt, ns))
+    trainer.actor_loss = lambda mb, nt, ns, fw=None: (lambda r: (r[0] * float("nan"), r[1]))(original(mb, nt, ns, fw))
     with pytest.raises(NonFiniteError, match=r"step 2: 2 consecutive updates had non-finite values \(last: loss of the actor\)"):
         trainer.train()
 
@@ -199,3 +199,51 @@ def test_crash_during_save_keeps_previous_checkpoint(tiny_model_dir, tiny_rm_dir
     monkeypatch.setattr(ckpt, "save_model_dir", original)
     resumed = build_trainer(argv)
     assert resumed.maybe_resume() and resumed.step == 2
+
+
+@pytest.mark.parametrize("estimator,rollout_logprobs", [("gae", "false"), ("grpo", "false"), ("gae", "true")])
+def test_reused_first_update_forward_matches_a_separate_old_policy_pass(estimator, rollout_logprobs, tiny_model_dir, tiny_rm_dir,
+                                                                        tiny_data_dir, tmp_path, monkeypatch):
+    """With every row in one micro-batch, the update's first forward doubles as the old-policy
+    (and old-value) pass: one actor/critic forward fewer per step, the same metrics and weights."""
+    import ppo.ppo_trainer as trainer_module
+
+    calls = {"logprobs": 0, "values": 0}
+    real_logprobs, real_values = trainer_module.response_logprobs, trainer_module.response_values
+
+    def counted(name, fn):
+        def wrapper(*a, **k):
+            calls[name] += 1
+            return fn(*a, **k)
+        return wrapper
+
+    monkeypatch.setattr(trainer_module, "response_logprobs", counted("logprobs", real_logprobs))
+    monkeypatch.setattr(trainer_module, "response_values", counted("values", real_values))
+    extra = ["--per_device_train_batch_size", "8", "--update_iters", "2", "--kl_coeff", "0.1",
+             "--use_rollout_logprobs", rollout_logprobs]
+    if estimator == "grpo":
+        extra += ["--adv_estimator", "grpo", "--rollout_n", "2", "--per_device_prompt_batch_size", "4"]
+    runs = {}
+    for reuse in ("true", "false"):
+        calls.update(logprobs=0, values=0)
+        out = str(tmp_path / reuse)
+        trainer = build_trainer(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, *extra,
+                                         "--reuse_first_update_forward", reuse))
+        assert trainer.first_update_forward_reusable(8) == (reuse == "true")
+        trainer.train()
+        lines = [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in read_metrics(out) if "loss/policy_avg" in r]
+        runs[reuse] = (dict(calls), lines, weights(trainer.models.actor))
+    (calls_on, lines_on, actor_on), (calls_off, lines_off, actor_off) = runs["true"], runs["false"]
+    steps = 2
+    # the old-policy pass is gone (with the rollout's log-probs as old ones there was none)
+    assert calls_off["logprobs"] - calls_on["logprobs"] == (steps if rollout_logprobs == "false" else 0)
+    has_critic = estimator == "gae"
+    assert calls_off["values"] - calls_on["values"] == (steps if has_critic else 0)
+    assert len(lines_on) == len(lines_off) == steps
+    for on, off in zip(lines_on, lines_off):
+        assert set(on) == set(off)
+        for key in on:
+            if isinstance(on[key], float):
+                assert on[key] == pytest.approx(off[key], rel=1e-3, abs=1e-5), key
+    for name in actor_on:
+        np.testing.assert_allclose(actor_on[name], actor_off[name], rtol=1e-4, atol=1e-6, err_msg=name)

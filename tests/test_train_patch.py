@@ -10,6 +10,9 @@ from paddlenlp.transformers.qwen2 import modeling as qwen2_modeling
 
 from ppo.models import train_patch
 from ppo.models.causal_lm import position_ids_from_mask
+from ppo.rollout import ops
+
+ops.ensure_built()  # the patch runs the C++ kernels of csrc/cpu/train_ops.cc here
 
 
 @pytest.fixture(autouse=True)
@@ -62,18 +65,19 @@ def test_rope_matches_paddlenlp(with_positions):
         np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
 
 
-def tiny(kind):
+def tiny(kind, fuse_ffn=False):
     paddle.seed(3)
     common = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                  max_position_embeddings=64, rms_norm_eps=1e-6)
+                  max_position_embeddings=64, rms_norm_eps=1e-6, fuse_attention_ffn=fuse_ffn)
     if kind == "llama":
         return LlamaForCausalLM(LlamaConfig(num_key_value_heads=4, **common))
     return Qwen2ForCausalLM(Qwen2Config(num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1e6, **common))
 
 
+@pytest.mark.parametrize("fuse_ffn", [False, True])
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_whole_model_same_logits_loss_and_gradients(kind):
-    model = tiny(kind)
+def test_whole_model_same_logits_loss_and_gradients(kind, fuse_ffn):
+    model = tiny(kind, fuse_ffn)
     ids = paddle.to_tensor(np.random.default_rng(0).integers(3, 97, size=(3, 9)))
     mask = paddle.to_tensor(np.array([[1] * 9, [0, 0, 0] + [1] * 6, [0] * 5 + [1] * 4]))  # left padding
 
@@ -87,6 +91,7 @@ def test_whole_model_same_logits_loss_and_gradients(kind):
 
     ref_logits, ref_loss, ref_grads = step()
     assert train_patch.apply_train_patch()
+    assert llama_modeling.swiglu is train_patch.fused_swiglu and ops.ops_available()
     logits, loss, grads = step()
     np.testing.assert_allclose(logits, ref_logits, rtol=1e-5, atol=1e-5)
     assert loss == pytest.approx(ref_loss, rel=1e-6)

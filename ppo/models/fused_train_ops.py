@@ -25,9 +25,10 @@ def kernels_usable(*tensors):
 def rms_norm_reference(x, weight, eps):
     """``x * rsqrt(mean(x^2, -1) + eps) * weight`` for ``x [..., H]``, ``weight [H]``; the
     variance in float32 and the result cast back to a half-precision weight's dtype, as
-    PaddleNLP's LlamaRMSNorm."""
+    PaddleNLP's LlamaRMSNorm (float64 stays float64, for gradient checks)."""
     with paddle.amp.auto_cast(False):
-        variance = paddle.square(x.astype("float32")).mean(-1, keepdim=True)
+        wide = x if x.dtype == paddle.float64 else x.astype("float32")
+        variance = paddle.square(wide).mean(-1, keepdim=True)
         normed = paddle.rsqrt(variance + eps) * x
     if weight.dtype in (paddle.float16, paddle.bfloat16):
         normed = paddle.cast(normed, weight.dtype)
@@ -69,7 +70,7 @@ def swiglu_reference(x, y=None):
     if y is None:
         half = x.shape[-1] // 2
         x, y = x[..., :half], x[..., half:]
-    return paddle.nn.functional.silu(x) * y
+    return x * paddle.nn.functional.sigmoid(x) * y  # Paddle's silu backward gives NaN at x = -100
 
 
 def fused_swiglu(x, y=None):

@@ -39,8 +39,9 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids):
         cos = cos[0, : q.shape[1], 0, :].unsqueeze(0)
         sin = sin[0, : q.shape[1], 0, :].unsqueeze(0)
     else:
-        cos = cos.squeeze(axis=[0, 2])[position_ids]
-        sin = sin.squeeze(axis=[0, 2])[position_ids]
+        rows = position_ids.reshape([-1])  # index_select: advanced indexing costs ~30x more here
+        cos = paddle.index_select(cos.squeeze(axis=[0, 2]), rows).reshape([*position_ids.shape, -1])
+        sin = paddle.index_select(sin.squeeze(axis=[0, 2]), rows).reshape([*position_ids.shape, -1])
     return fused_rope(q, k, cos, sin)
 
 
