@@ -161,6 +161,12 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
     critic_max_grad_norm: float = field(default=1.0, metadata={"help": "Critic gradient clipping norm."})
     min_learning_rate: float = field(default=0.0, metadata={"help": "Actor learning rate floor for cosine/linear decay."})
     critic_min_learning_rate: float = field(default=0.0, metadata={"help": "Critic learning rate floor."})
+    use_fused_adamw: bool = field(
+        default=True,
+        metadata={"help": "Actor and critic AdamW steps as one C++ op over all parameters with the gradient clip folded "
+                  "in (csrc/cpu/train_adamw.cc; float32 CPU parameters, same state and results as Paddle's AdamW); "
+                  "elsewhere, and under fleet's optimizer wrappers, Paddle's own step runs."},
+    )
     reuse_first_update_forward: bool = field(
         default=True,
         metadata={"help": "When the first optimiser step of an update takes every rollout row in one micro-batch "

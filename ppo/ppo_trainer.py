@@ -93,7 +93,8 @@ class PPOTrainer:
             args.lr_scheduler_type, args.learning_rate, args.min_learning_rate, args.warmup_ratio, args.warmup_steps, total
         )
         self.actor_optimizer = build_optimizer(
-            models.actor, self.actor_scheduler, args.weight_decay, args.max_grad_norm, args.adam_beta1, args.adam_beta2, args.adam_epsilon
+            models.actor, self.actor_scheduler, args.weight_decay, args.max_grad_norm, args.adam_beta1, args.adam_beta2, args.adam_epsilon,
+            fused=args.use_fused_adamw,
         )
         self.critic_scheduler = self.critic_optimizer = None
         if models.critic is not None:
@@ -102,7 +103,7 @@ class PPOTrainer:
             )
             self.critic_optimizer = build_optimizer(
                 models.critic, self.critic_scheduler, args.critic_weight_decay, args.critic_max_grad_norm,
-                args.adam_beta1, args.adam_beta2, args.adam_epsilon,
+                args.adam_beta1, args.adam_beta2, args.adam_epsilon, fused=args.use_fused_adamw,
             )
         self.actor, self.actor_optimizer = self._wrap(models.actor, self.actor_optimizer)
         self.critic, self.critic_optimizer = self._wrap(models.critic, self.critic_optimizer)

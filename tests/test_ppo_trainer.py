@@ -66,6 +66,7 @@ def test_step_updates_actor_and_critic_only(tiny_model_dir, tiny_rm_dir, tiny_da
     reloaded = AutoModelForScore.from_pretrained(os.path.join(out, "value"))
     np.testing.assert_array_equal(reloaded.score_head.weight.numpy(), after["critic"]["score_head.weight"])
     assert summary["steps"] == 1
+    assert trainer.actor_optimizer.fused_steps > 0 and trainer.critic_optimizer.fused_steps > 0  # the one-op AdamW ran
 
 
 def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path, monkeypatch):

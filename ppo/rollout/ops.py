@@ -36,6 +36,7 @@ OP_NAMES = (
     "train_rope",
     "train_swiglu",
     "train_swiglu_fused",
+    "train_adamw",
 )
 
 _state = {"loaded": None, "reason": None, "noticed": False}

@@ -1,0 +1,93 @@
+// train_adamw: one AdamW step over ALL parameters of a model in one op, in place, float32, CPU,
+// with global-norm gradient clipping folded in. Same formulas and state as Paddle's
+// `paddle.optimizer.AdamW` (its `adamw_` kernel) with `ClipGradByGlobalNorm`, so the optimizer's
+// accumulators (moment1, moment2, beta1_pow_acc, beta2_pow_acc) stay its checkpointable state:
+//
+//   norm  = sqrt(sum over all grads of g^2);  scale = clip_norm / max(norm, clip_norm)  (1 if clip_norm <= 0)
+//   g'    = g * scale
+//   p     = p * (1 - lr * coeff)                                   (decoupled decay, where decay[i] != 0)
+//   m1    = beta1 * m1 + (1 - beta1) * g'
+//   m2    = beta2 * m2 + (1 - beta2) * g'^2
+//   p     = p - lr * sqrt(1 - b2p) / (1 - b1p) * m1 / (sqrt(m2) + eps * sqrt(1 - b2p))
+//   b1p  *= beta1;  b2p *= beta2                                  (b1p, b2p: the [1] pow accumulators)
+//
+// Inputs (vectors of equal length, one entry per parameter): Params, Grads, Moment1, Moment2,
+// Beta1Pow, Beta2Pow; all but Grads are updated in place. Output GlobalNorm [1]: the norm before
+// clipping. Replaces ~5 Paddle kernels per parameter (adamw_, square/sum for the norm, the clip
+// multiply) by one pass over the parameters after one pass over the gradients.
+#include "../common.h"
+
+namespace {
+
+void check_f32_cpu(const paddle::Tensor& t, const char* what, size_t i) {
+  PD_CHECK(!t.is_gpu(), "train_adamw: ", what, "[", i, "] is on a GPU (CPU kernel only)");
+  PD_CHECK(t.dtype() == paddle::DataType::FLOAT32, "train_adamw: ", what, "[", i, "] must be float32");
+  PD_CHECK(t.is_contiguous(), "train_adamw: ", what, "[", i, "] must be contiguous");
+}
+
+}  // namespace
+
+std::vector<paddle::Tensor> TrainAdamW(std::vector<paddle::Tensor>& params, const std::vector<paddle::Tensor>& grads,
+                                       std::vector<paddle::Tensor>& m1s, std::vector<paddle::Tensor>& m2s,
+                                       std::vector<paddle::Tensor>& b1ps, std::vector<paddle::Tensor>& b2ps, float lr,
+                                       float beta1, float beta2, float eps, float coeff, float clip_norm,
+                                       const std::vector<int>& decay) {
+  const size_t n = params.size();
+  PD_CHECK(grads.size() == n && m1s.size() == n && m2s.size() == n && b1ps.size() == n && b2ps.size() == n &&
+               decay.size() == n,
+           "train_adamw: params, grads, moments, pow accumulators and decay flags must have one entry per parameter");
+  double sq = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    check_f32_cpu(params[i], "params", i);
+    check_f32_cpu(grads[i], "grads", i);
+    check_f32_cpu(m1s[i], "moment1", i);
+    check_f32_cpu(m2s[i], "moment2", i);
+    PD_CHECK(grads[i].numel() == params[i].numel() && m1s[i].numel() == params[i].numel() &&
+                 m2s[i].numel() == params[i].numel(),
+             "train_adamw: grads/moments [", i, "] differ in size from their parameter");
+    PD_CHECK(b1ps[i].numel() == 1 && b2ps[i].numel() == 1, "train_adamw: pow accumulators must hold one value");
+    sq += static_cast<double>(ppo_ops::sum_squares(grads[i].data<float>(), grads[i].numel()));
+  }
+  const float norm = static_cast<float>(std::sqrt(sq));
+  const float scale = clip_norm > 0.0f ? clip_norm / std::max(norm, clip_norm) : 1.0f;
+  for (size_t i = 0; i < n; ++i) {
+    float* b1p = b1ps[i].data<float>();
+    float* b2p = b2ps[i].data<float>();
+    const float bc1 = 1.0f - b1p[0];
+    const float bc2_sqrt = std::sqrt(1.0f - b2p[0]);
+    const float step = lr * bc2_sqrt / bc1;
+    const float eps_hat = eps * bc2_sqrt;
+    const float keep = decay[i] ? 1.0f - lr * coeff : 1.0f;
+    float* p = params[i].data<float>();
+    float* m1 = m1s[i].data<float>();
+    float* m2 = m2s[i].data<float>();
+    const float* g = grads[i].data<float>();
+    const int64_t numel = params[i].numel();
+    for (int64_t j = 0; j < numel; ++j) {
+      const float gj = g[j] * scale;
+      const float a = beta1 * m1[j] + (1.0f - beta1) * gj;
+      const float b = beta2 * m2[j] + (1.0f - beta2) * gj * gj;
+      m1[j] = a;
+      m2[j] = b;
+      p[j] = p[j] * keep - step * (a / (std::sqrt(b) + eps_hat));
+    }
+    b1p[0] *= beta1;
+    b2p[0] *= beta2;
+  }
+  auto out = paddle::full({1}, norm, paddle::DataType::FLOAT32, paddle::CPUPlace());
+  return {out};
+}
+
+PD_BUILD_OP(train_adamw)
+    .Inputs({paddle::Vec("Params"), paddle::Vec("Grads"), paddle::Vec("Moment1"), paddle::Vec("Moment2"),
+             paddle::Vec("Beta1Pow"), paddle::Vec("Beta2Pow")})
+    .Outputs({"GlobalNorm", paddle::Vec("ParamsOut"), paddle::Vec("Moment1Out"), paddle::Vec("Moment2Out"),
+              paddle::Vec("Beta1PowOut"), paddle::Vec("Beta2PowOut")})
+    .Attrs({"lr: float", "beta1: float", "beta2: float", "eps: float", "coeff: float", "clip_norm: float",
+            "decay: std::vector<int>"})
+    .SetInplaceMap({{paddle::Vec("Params"), paddle::Vec("ParamsOut")},
+                    {paddle::Vec("Moment1"), paddle::Vec("Moment1Out")},
+                    {paddle::Vec("Moment2"), paddle::Vec("Moment2Out")},
+                    {paddle::Vec("Beta1Pow"), paddle::Vec("Beta1PowOut")},
+                    {paddle::Vec("Beta2Pow"), paddle::Vec("Beta2PowOut")}})
+    .SetKernelFn(PD_KERNEL(TrainAdamW));
