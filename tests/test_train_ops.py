@@ -144,3 +144,48 @@ def test_non_float32_takes_the_twin_and_the_kernel_refuses_it_by_name():
         F._run("train_rope", q, k, c[:, :3], s[:, :3])
     with pytest.raises(Exception, match="weight size 5 != hidden size 6"):
         F._run("train_rms_norm", *rms_inputs((2, 3, 6))[:1], paddle.ones([5]), 1e-6)
+
+
+def sdpa_inputs(S, dtype="float32", B=3, H=2, D=8, mask_batch=None, seed=5, low=np.finfo(np.float32).min):
+    """q, k, v and PaddleNLP's additive causal mask with left padding (row 1: 2 pads, row 2: all
+    but one key padded) and right padding (row 0: last key), masked = `low` (PaddleNLP: float32's lowest)."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((B, S, H, D)) for _ in range(3))
+    keep = np.tril(np.ones((S, S), bool))[None].repeat(B, 0)
+    if S > 2:
+        keep[1, :, :2] = False
+        keep[2, :, : S - 1] = False
+        keep[0, :, S - 1] = False
+    mask = np.where(keep, 0.0, low)[:, None]
+    if mask_batch == 1:
+        mask = mask[:1]
+    return [paddle.to_tensor(a.astype(dtype)) for a in (q, k, v, mask)]
+
+
+@pytest.mark.parametrize("S", [1, 7, 33])
+@pytest.mark.parametrize("mask_batch", [None, 1])
+def test_attention_kernel_matches_twin_with_padding(S, mask_batch):
+    scale = 1 / np.sqrt(8)
+    make = lambda: sdpa_inputs(S, mask_batch=mask_batch)  # noqa: E731
+    mask = make()[3]
+    assert F.kernels_usable(*make())
+    outs, grads = value_and_grads(lambda q, k, v: F.fused_sdpa(q, k, v, mask, scale), make()[:3])
+    ref_outs, ref_grads = value_and_grads(lambda q, k, v: F.sdpa_reference(q, k, v, mask, scale), make()[:3])
+    assert outs[0].shape == (3, S, 16)
+    np.testing.assert_allclose(outs[0], ref_outs[0], rtol=1e-5, atol=1e-5)
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+        assert np.all(np.isfinite(g))
+
+
+def test_attention_twin_matches_finite_differences():
+    # -1e4, not float32's lowest: in float64 the scores of a fully masked row then survive the
+    # addition, so the finite differences see what autograd differentiates
+    q, k, v, mask = sdpa_inputs(5, "float64", low=-1e4)
+    finite_difference_check(lambda q, k, v: F.sdpa_reference(q, k, v, mask, 0.35), [q, k, v])
+
+
+def test_attention_kernel_refuses_a_bad_mask_by_name():
+    q, k, v, mask = sdpa_inputs(6)
+    with pytest.raises(Exception, match="mask must be"):
+        F._run("train_sdpa", q, k, v, mask[:, :, :3], 0.5)

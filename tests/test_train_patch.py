@@ -68,15 +68,22 @@ def test_rope_matches_paddlenlp(with_positions):
 def tiny(kind, fuse_ffn=False):
     paddle.seed(3)
     common = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                  max_position_embeddings=64, rms_norm_eps=1e-6, fuse_attention_ffn=fuse_ffn)
+                  max_position_embeddings=64, rms_norm_eps=1e-6)
     if kind == "llama":
-        return LlamaForCausalLM(LlamaConfig(num_key_value_heads=4, **common))
-    return Qwen2ForCausalLM(Qwen2Config(num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1e6, **common))
+        config = LlamaConfig(num_key_value_heads=4, **common)
+    else:
+        config = Qwen2Config(num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1e6, **common)
+    config.fuse_attention_ffn = fuse_ffn  # LlamaConfig drops it as a keyword
+    return (LlamaForCausalLM if kind == "llama" else Qwen2ForCausalLM)(config)
 
 
 @pytest.mark.parametrize("fuse_ffn", [False, True])
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_whole_model_same_logits_loss_and_gradients(kind, fuse_ffn):
+def test_whole_model_same_logits_loss_and_gradients(kind, fuse_ffn, monkeypatch):
+    from ppo.models import fused_train_ops
+
+    called, run = set(), fused_train_ops._run
+    monkeypatch.setattr(fused_train_ops, "_run", lambda name, *a: called.add(name) or run(name, *a))
     model = tiny(kind, fuse_ffn)
     ids = paddle.to_tensor(np.random.default_rng(0).integers(3, 97, size=(3, 9)))
     mask = paddle.to_tensor(np.array([[1] * 9, [0, 0, 0] + [1] * 6, [0] * 5 + [1] * 4]))  # left padding
@@ -93,6 +100,8 @@ def test_whole_model_same_logits_loss_and_gradients(kind, fuse_ffn):
     assert train_patch.apply_train_patch()
     assert llama_modeling.swiglu is train_patch.fused_swiglu and ops.ops_available()
     logits, loss, grads = step()
+    swiglu_op = "train_swiglu_fused" if fuse_ffn else "train_swiglu"
+    assert called == {"train_rms_norm", "train_rope", "train_sdpa", swiglu_op}  # every layer op ran as a kernel
     np.testing.assert_allclose(logits, ref_logits, rtol=1e-5, atol=1e-5)
     assert loss == pytest.approx(ref_loss, rel=1e-6)
     for name in ref_grads:

@@ -80,3 +80,23 @@ def fused_swiglu(x, y=None):
             return _run("train_swiglu_fused", x)[0]
         return _run("train_swiglu", x, y)[0]
     return swiglu_reference(x, y)
+
+
+# ---------------------------------------------------------------- attention
+def sdpa_reference(q, k, v, mask, scale):
+    """``softmax(scale * q k^T + mask) v`` with heads merged: ``q``, ``k``, ``v`` ``[B, S, H, D]``,
+    additive ``mask`` ``[1 or B, 1, S, S]``; returns ``[B, S, H * D]`` (softmax in float32)."""
+    B, S, H, D = q.shape
+    qh, kh, vh = (t.transpose([0, 2, 1, 3]) for t in (q, k, v))
+    scores = paddle.matmul(qh, kh, transpose_y=True) * scale + mask
+    wide = scores if scores.dtype == paddle.float64 else scores.astype("float32")  # float64 kept for gradient checks
+    probs = paddle.nn.functional.softmax(wide, axis=-1).astype(q.dtype)
+    return paddle.matmul(probs, vh).transpose([0, 2, 1, 3]).reshape([B, S, H * D])
+
+
+def fused_sdpa(q, k, v, mask, scale):
+    """`sdpa_reference` with the transposes, scale, mask and softmax (and their gradients) in one
+    C++ op around Paddle's matmuls."""
+    if kernels_usable(q, k, v, mask):
+        return _run("train_sdpa", q, k, v, mask, float(scale))[0]
+    return sdpa_reference(q, k, v, mask, scale)

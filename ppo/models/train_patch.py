@@ -1,4 +1,4 @@
-"""Fused RMSNorm, RoPE and SwiGLU for PaddleNLP's Llama and Qwen2 layers in training and scoring.
+"""Fused RMSNorm, RoPE, SwiGLU and attention for PaddleNLP's Llama and Qwen2 layers in training and scoring.
 
 On a CPU build, PaddleNLP's RMSNorm squares with ``pow(2)`` and multiplies by broadcasts, its
 RoPE rotates with two slices, a negation and a concat, and each launches several elementwise
@@ -8,18 +8,22 @@ built and the tensors are float32, else the ops' pure-Paddle twins (same formula
 
 - ``RMSNorm(x) = x * rsqrt(mean(x^2) + eps) * w`` (variance in float32, as PaddleNLP);
 - ``rope(x) = x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = concat(-x2, x1)``;
-- ``swiglu(gate, up) = silu(gate) * up`` (Llama's ``swiglu``, Qwen2's MLP).
+- ``swiglu(gate, up) = silu(gate) * up`` (Llama's ``swiglu``, Qwen2's MLP);
+- ``attention = softmax(q k^T / sqrt(D) + mask) v`` (``scaled_dot_product_attention``'s plain path).
 
 The patch is on by default (``use_train_patch``) and announced once in the log; on a CUDA
 build it is not applied and the models use Paddle's fused GPU kernels instead
 (``use_fused_rms_norm`` / ``use_fused_rope`` in their config, see `patch_overrides`).
 It acts on the classes, so every Llama / Qwen2 model of the process uses it.
 """
+import functools
+import inspect
 import logging
+import math
 
 import paddle
 
-from ppo.models.fused_train_ops import fused_rms_norm, fused_rope, fused_swiglu
+from ppo.models.fused_train_ops import fused_rms_norm, fused_rope, fused_sdpa, fused_swiglu, kernels_usable
 
 logger = logging.getLogger("ppo.models.train_patch")
 
@@ -54,6 +58,57 @@ def _qwen2_mlp_forward(self, x):
     return self.down_proj(fused_swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
+_SDPA_OFF = ("alibi", "attn_mask_startend_row_indices", "sequence_parallel", "reshard_layer", "output_attentions")
+
+
+def _make_sdpa(original):
+    """PaddleNLP's ``scaled_dot_product_attention`` (same arguments) through `fused_sdpa` on
+    the plain path; the original for flash attention, alibi, sequence parallel, returned
+    attention weights, attention dropout in training, a KV cache or a missing mask."""
+    signature = inspect.signature(original)
+
+    def scaled_dot_product_attention(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        a = bound.arguments
+        q, k, v, mask, config = a["query_states"], a["key_states"], a["value_states"], a["attention_mask"], a["config"]
+        dropout = getattr(config, "attention_dropout", 0.0) and a.get("training", True)
+        if (not _ORIGINALS or config.use_flash_attention or dropout or mask is None or any(a.get(n) for n in _SDPA_OFF)
+                or q.shape[1] != k.shape[1] or not kernels_usable(q, k, v, mask)):
+            return original(*args, **kwargs)
+        B, S, H, D = q.shape
+        return fused_sdpa(q, k, v, mask.reshape([mask.shape[0], 1, S, S]), 1.0 / math.sqrt(D))
+
+    scaled_dot_product_attention.original = original
+    return scaled_dot_product_attention
+
+
+def _attention_class_property(module):
+    """A class property for ``attn_func``: PaddleNLP's attention layers bind the module's
+    ``scaled_dot_product_attention`` (or a partial of it) when built, so layers built before
+    the patch get the patched function on lookup."""
+    patched = module.scaled_dot_product_attention
+
+    def get(self):
+        fn = self.__dict__.get("attn_func")
+        if fn is patched.original:
+            return patched
+        if isinstance(fn, functools.partial) and fn.func is patched.original:
+            return functools.partial(patched, *fn.args, **fn.keywords)
+        return fn
+
+    def set_(self, value):
+        self.__dict__["attn_func"] = value
+
+    return property(get, set_)
+
+
+def _attention_classes():
+    from paddlenlp.transformers.llama import modeling as llama
+    from paddlenlp.transformers.qwen2 import modeling as qwen2
+
+    return [(llama, llama.LlamaAttention), (qwen2, qwen2.Qwen2Attention)]
+
+
 def _targets():
     """`(modeling module, RMSNorm class)` of the PaddleNLP models the patch covers."""
     from paddlenlp.transformers.llama import modeling as llama
@@ -71,6 +126,9 @@ def apply_train_patch():
         _ORIGINALS[module] = module.apply_rotary_pos_emb
         norm_class.forward = _rms_norm_forward
         module.apply_rotary_pos_emb = apply_rotary_pos_emb
+        module.scaled_dot_product_attention = _make_sdpa(module.scaled_dot_product_attention)
+    for module, attention in _attention_classes():
+        attention.attn_func = _attention_class_property(module)
     llama, qwen2 = (m for m, _ in _targets())
     _ORIGINALS["llama_swiglu"] = llama.swiglu
     llama.swiglu = fused_swiglu
@@ -79,7 +137,7 @@ def apply_train_patch():
     from ppo.rollout import ops
 
     how = "C++ kernels (csrc/cpu/train_ops.cc)" if ops.ops_available() else f"pure-Paddle twins ({ops.unavailable_reason()})"
-    logger.warning(f"train patch on: RMSNorm, RoPE and SwiGLU of PaddleNLP's Llama/Qwen2 run as fused ops, {how} "
+    logger.warning(f"train patch on: RMSNorm, RoPE, SwiGLU and attention of PaddleNLP's Llama/Qwen2 run as fused ops, {how} "
                    "(use_train_patch false turns it off)")
     return True
 
@@ -91,6 +149,9 @@ def remove_train_patch():
     for module, norm_class in _targets():
         norm_class.forward = _ORIGINALS.pop(norm_class)
         module.apply_rotary_pos_emb = _ORIGINALS.pop(module)
+        module.scaled_dot_product_attention = module.scaled_dot_product_attention.original
+    for _, attention in _attention_classes():
+        del attention.attn_func
     llama, qwen2 = (m for m, _ in _targets())
     llama.swiglu = _ORIGINALS.pop("llama_swiglu")
     qwen2.Qwen2MLP.forward = _ORIGINALS.pop("qwen2_mlp")

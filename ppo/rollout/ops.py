@@ -37,6 +37,7 @@ OP_NAMES = (
     "train_swiglu",
     "train_swiglu_fused",
     "train_adamw",
+    "train_sdpa",
 )
 
 _state = {"loaded": None, "reason": None, "noticed": False}
