@@ -21,7 +21,10 @@ def test_fixture_holds_every_generated_case():
         assert sorted(s["inputs"]) == sorted(c["inputs"]), c["name"]
         for k, v in c["inputs"].items():
             assert s["inputs"][k].dtype == v.dtype, (c["name"], k)
-            np.testing.assert_array_equal(s["inputs"][k], v, err_msg=f"{c['name']}/{k}")
+            if np.issubdtype(v.dtype, np.floating):  # cos/sin tables differ in the last bits between CPUs' libm
+                np.testing.assert_allclose(s["inputs"][k], v, rtol=1e-5, atol=1e-4, err_msg=f"{c['name']}/{k}")
+            else:
+                np.testing.assert_array_equal(s["inputs"][k], v, err_msg=f"{c['name']}/{k}")
 
 
 @pytest.mark.parametrize("name", [c["name"] for c in STORED])

@@ -8,7 +8,7 @@ import pytest
 
 from ppo.models.loading import load_overrides
 from ppo.models.tensor_parallel import model_parallel_group, vocab_parallel_head
-from ppo.rollout.weights import TensorParallelGather, split_axis
+from ppo.rollout.weights import TensorParallelGather, split_kind
 
 MODEL_ARGS = SimpleNamespace(use_flash_attention=False, recompute_granularity="full", recompute_use_reentrant=False,
                              use_train_patch=True)
@@ -31,16 +31,18 @@ def test_sequence_parallel_is_refused_not_ignored():
         load_overrides(MODEL_ARGS, training_args(tensor_parallel_degree=2, sequence_parallel=True))
 
 
-@pytest.mark.parametrize("name, transpose_y, axis", [
-    ("ColumnParallelLinear", False, 1), ("ColumnParallelLoRALinear", False, 1), ("RowParallelLinear", False, 0),
-    ("RowParallelLoRALinear", False, 0), ("VocabParallelEmbedding", False, 0), ("LlamaLMHead", False, 1),
-    ("LlamaLMHead", True, 0),
+@pytest.mark.parametrize("name, transpose_y, fused, kind", [
+    ("ColumnParallelLinear", False, 1, "column"), ("ColumnParallelLoRALinear", False, 1, "column"),
+    ("RowParallelLinear", False, 1, "row"), ("RowParallelLoRALinear", False, 1, "row"),
+    ("VocabParallelEmbedding", False, 1, "row"), ("LlamaLMHead", False, 1, "column"), ("LlamaLMHead", True, 1, "row"),
+    ("ColumnParallelLinear", False, 2, "column_2fuse"),
 ])
-def test_split_axis_follows_paddlenlp_layouts(name, transpose_y, axis):
+def test_split_kind_follows_paddlenlp_layouts(name, transpose_y, fused, kind):
     """Column parallel: [in, out / R] (output axis); row parallel: [in / R, out]; vocabulary
-    parallel embedding: [V / R, H]; an LM head [H, V / R], or [V / R, H] when tied."""
+    parallel embedding: [V / R, H]; an LM head [H, V / R], or [V / R, H] when tied; a fused
+    gate-up [H, 2I / R] holding this rank's gate and up columns."""
     layer = type(name, (), {})()
-    assert split_axis(layer, transpose_y) == axis
+    assert split_kind(layer, transpose_y, fused) == kind
 
 
 def test_without_fleet_weights_pass_through(tiny_model_dir):
@@ -58,3 +60,24 @@ def test_without_fleet_weights_pass_through(tiny_model_dir):
 def test_split_config_without_group_is_an_error():
     with pytest.raises(RuntimeError, match="model-parallel group"):
         TensorParallelGather(SimpleNamespace(tensor_parallel_degree=2))
+
+
+@pytest.mark.parametrize("fused_parts, kind", [(1, "column"), (2, "column_2fuse")])
+def test_gathered_slices_are_merged_back_to_the_full_weight(monkeypatch, fused_parts, kind):
+    """The engine's gather (eval_mode single) puts a fused gate-up's [gate_r, up_r] slices back as
+    [gate, up], not as a plain concatenation; a plain column weight by concatenation."""
+    import numpy as np
+    import paddle
+
+    from ppo.models import reshard
+    from ppo.rollout import weights as weights_mod
+
+    full = paddle.to_tensor(np.arange(4 * 8, dtype="float32").reshape(4, 8))
+    shards = reshard.split(full, kind, 2)
+    monkeypatch.setattr(weights_mod.dist, "all_gather", lambda out, value, group=None: out.extend(shards))
+    gather = TensorParallelGather(SimpleNamespace(tensor_parallel_degree=1))
+    gather.group = object()  # a model-parallel group (the collective is faked above)
+    layer = type("ColumnParallelLinear", (), {})()
+    layer.weight = shards[0]
+    layer.weight.is_distributed = True
+    np.testing.assert_array_equal(gather.weight(layer, fused_parts=fused_parts).numpy(), full.numpy())

@@ -110,6 +110,8 @@ def test_whole_model_same_logits_loss_and_gradients(kind, fuse_ffn, monkeypatch)
 
 def test_switch_selects_cpu_patch_or_fused_gpu_kernels():
     assert train_patch.patch_overrides(True, cuda=True) == {"use_fused_rms_norm": True, "use_fused_rope": True}
+    assert train_patch.patch_overrides(True, cuda=True, dtype="bfloat16") == {
+        "use_fused_rms_norm": True, "use_fused_rope": True, "use_flash_attention": True}
     assert llama_modeling.apply_rotary_pos_emb is not train_patch.apply_rotary_pos_emb  # not installed on CUDA
     assert train_patch.patch_overrides(True, cuda=False) == {}
     assert llama_modeling.apply_rotary_pos_emb is train_patch.apply_rotary_pos_emb

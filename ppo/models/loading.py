@@ -85,7 +85,7 @@ def load_causal_lm(path, dtype="float32", base_model_name_or_path=None, **config
 
 def training_dtype(training_args):
     """Model dtype for the `bf16` / `fp16` flags of `TrainingArguments`."""
-    return "bfloat16" if training_args.bf16 else "float16" if training_args.fp16 else "float32"
+    return "bfloat16" if getattr(training_args, "bf16", False) else "float16" if getattr(training_args, "fp16", False) else "float32"
 
 
 GPU_ONLY_SWITCHES = {
@@ -142,7 +142,7 @@ def load_overrides(model_args, training_args):
     if training_args.recompute:
         overrides["recompute"] = True
     overrides.update(gpu_switch_overrides(model_args))
-    overrides.update(patch_overrides(model_args.use_train_patch))
+    overrides.update(patch_overrides(model_args.use_train_patch, dtype=training_dtype(training_args)))
     if getattr(training_args, "sequence_parallel", False):
         raise ValueError(
             "sequence_parallel (split activations along the sequence between tensor-parallel ranks) is not implemented by "

@@ -157,14 +157,18 @@ def remove_train_patch():
     qwen2.Qwen2MLP.forward = _ORIGINALS.pop("qwen2_mlp")
 
 
-def patch_overrides(enabled, cuda=None):
+def patch_overrides(enabled, cuda=None, dtype="float32"):
     """Model-config overrides for `use_train_patch`: on a CUDA build, Paddle's fused RMSNorm and
-    RoPE kernels; on a CPU build none (the CPU patch is installed instead)."""
+    RoPE kernels, and flash attention for a bfloat16/float16 model (its kernels take only
+    those); on a CPU build none (the CPU patch is installed instead)."""
     cuda = paddle.is_compiled_with_cuda() if cuda is None else cuda
     if not enabled:
         remove_train_patch()
         return {}
     if cuda:
-        return {"use_fused_rms_norm": True, "use_fused_rope": True}
+        overrides = {"use_fused_rms_norm": True, "use_fused_rope": True}
+        if dtype in ("bfloat16", "float16"):
+            overrides["use_flash_attention"] = True
+        return overrides
     apply_train_patch()
     return {}

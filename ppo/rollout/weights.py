@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 import paddle
+import paddle.distributed as dist
 
 
 @dataclass
@@ -103,16 +104,17 @@ def _bias(linear):
     return getattr(linear, "bias", None)
 
 
-def split_axis(layer, transpose_y=False):
-    """The axis along which tensor parallelism split `layer`'s weight: 1 (output) for a
-    column-parallel linear or LM head, 0 (input) for a row-parallel linear, 0 (vocabulary)
-    for a vocabulary-parallel embedding or a tied `[V, H]` head."""
+def split_kind(layer, transpose_y=False, fused_parts=1):
+    """How tensor parallelism split `layer`'s weight (a `ppo.models.reshard` kind): "row"
+    (axis 0) for a row-parallel linear, a vocabulary-parallel embedding or a tied `[V, H]`
+    head; "column" (last axis) for a column-parallel linear or LM head; "column_2fuse" for a
+    column-parallel fused gate-up (`fused_parts=2`)."""
     name = type(layer).__name__
     if "RowParallel" in name or "VocabParallel" in name:
-        return 0
-    if "ColumnParallel" in name:
-        return 1
-    return 0 if transpose_y else 1
+        return "row"
+    if "ColumnParallel" not in name and transpose_y:
+        return "row"
+    return "column_2fuse" if fused_parts == 2 else "column"
 
 
 class TensorParallelGather:
@@ -128,23 +130,28 @@ class TensorParallelGather:
         if getattr(cfg, "tensor_parallel_degree", 1) > 1 and self.group is None:
             raise RuntimeError("RolloutEngine: the model is tensor-parallel but fleet has no model-parallel group")
 
-    def weight(self, layer, value=None, transpose_y=False):
-        """`value` (default: `layer.weight`) whole: gathered along the split axis when the layer's
-        weight is a slice."""
+    def weight(self, layer, value=None, transpose_y=False, fused_parts=1):
+        """`value` (default: `layer.weight`) whole: every rank's slice gathered and merged with
+        `ppo.models.reshard.merge` when the layer's weight is a slice (`fused_parts=2`: a fused
+        gate-up, whose slices hold ``[gate_r, up_r]``)."""
         value = layer.weight if value is None else value
         if self.group is None or not getattr(layer.weight, "is_distributed", False):
             return value
-        from ..models.tensor_parallel import gather_full_weight
+        return self._merged(value, split_kind(layer, transpose_y, fused_parts))
 
-        return gather_full_weight(value, split_axis(layer, transpose_y), self.group)
-
-    def bias(self, layer):
+    def bias(self, layer, fused_parts=1):
         b = _bias(layer)
         if b is None or self.group is None or not getattr(b, "is_distributed", False):
             return b
-        from ..models.tensor_parallel import gather_full_weight
+        return self._merged(b, "column_2fuse" if fused_parts == 2 else "column")
 
-        return gather_full_weight(b, 0, self.group)
+    def _merged(self, value, kind):
+        from ..models.reshard import merge
+
+        with paddle.no_grad():
+            parts = []
+            dist.all_gather(parts, value, group=self.group)
+            return merge(parts, kind)
 
 
 def _check_config(cfg):
@@ -171,11 +178,6 @@ def extract_weights(model, fuse_gate_up=False, compute_dtype=None, layout="rows"
     _check_config(cfg)
     dec = _decoder(lm)
     tp = TensorParallelGather(cfg)
-    if tp.group is not None and (hasattr(dec.layers[0].self_attn, "qkv_proj") or hasattr(dec.layers[0].mlp, "gate_up_fused_proj")):
-        raise NotImplementedError(
-            "RolloutEngine: fused qkv / gate-up projections are split per rank in an interleaved order under tensor "
-            "parallelism; load the model with fuse_attention_qkv / fuse_attention_ffn off"
-        )
     nh = cfg.num_attention_heads
     nkv = getattr(cfg, "num_key_value_heads", None) or nh
     hd = cfg.hidden_size // nh
@@ -215,8 +217,8 @@ def extract_weights(model, fuse_gate_up=False, compute_dtype=None, layout="rows"
     for layer in dec.layers:
         attn, mlp = layer.self_attn, layer.mlp
         if hasattr(attn, "qkv_proj"):
-            qkv = pack([effective_weight(attn.qkv_proj)])
-            qkv_bias = cast(_bias(attn.qkv_proj))
+            qkv = pack([tp.weight(attn.qkv_proj, effective_weight(attn.qkv_proj))])  # slices: whole kv-head groups
+            qkv_bias = cast(tp.bias(attn.qkv_proj))
             layout_id = 1
         else:
             qkv = pack([tp.weight(lin, effective_weight(lin)) for lin in (attn.q_proj, attn.k_proj, attn.v_proj)])
@@ -224,7 +226,7 @@ def extract_weights(model, fuse_gate_up=False, compute_dtype=None, layout="rows"
             qkv_bias = cast(paddle.concat(bs)) if bs[0] is not None else None
             layout_id = 0
         if hasattr(mlp, "gate_up_fused_proj"):
-            gate_up, gate, up = pack([effective_weight(mlp.gate_up_fused_proj)]), None, None
+            gate_up, gate, up = pack([tp.weight(mlp.gate_up_fused_proj, effective_weight(mlp.gate_up_fused_proj), fused_parts=2)]), None, None
         elif fuse_gate_up or cols:
             gate_up, gate, up = pack([tp.weight(lin, effective_weight(lin)) for lin in (mlp.gate_proj, mlp.up_proj)]), None, None
         else:
