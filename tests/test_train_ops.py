@@ -189,3 +189,47 @@ def test_attention_kernel_refuses_a_bad_mask_by_name():
     q, k, v, mask = sdpa_inputs(6)
     with pytest.raises(Exception, match="mask must be"):
         F._run("train_sdpa", q, k, v, mask[:, :, :3], 0.5)
+
+
+@pytest.mark.parametrize("transpose_y", [False, True])
+@pytest.mark.parametrize("chunk_size", [1, 7, 1000])
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_lm_head_kernels_match_the_paddle_chunks(transpose_y, chunk_size, with_entropy):
+    """token_logprobs_from_hidden with the fused per-chunk kernels = without (its Paddle code):
+    log-probs, entropy and the gradients of hidden states and head, masked rows, temperature."""
+    from ppo.algos import token_logprobs_from_hidden
+
+    rng = np.random.default_rng(6)
+    V, H = 37, 16
+    hidden = rng.standard_normal((3, 9, H)).astype("float32")
+    weight = (rng.standard_normal((V, H) if transpose_y else (H, V)) * 0.5).astype("float32")
+    labels = rng.integers(0, V, (3, 9))
+    labels[0, :3] = -100
+    mask = np.ones((3, 9), "float32")
+    mask[2] = 0  # a row nothing counts in
+    mask[1, 5:] = 0
+
+    def run(kernels):
+        h, w = paddle.to_tensor(hidden), paddle.to_tensor(weight)
+        h.stop_gradient = w.stop_gradient = False
+        logp, ent = token_logprobs_from_hidden(h, w, paddle.to_tensor(labels), paddle.to_tensor(mask), 0.7, chunk_size,
+                                               transpose_y, with_entropy, kernels=kernels)
+        total = (logp * paddle.to_tensor(rng.standard_normal(logp.shape).astype("float32"))).sum()
+        if with_entropy:
+            total = total + (ent * 0.3).sum()
+        total.backward()
+        return [logp.numpy()] + ([ent.numpy()] if with_entropy else []) + [h.grad.numpy(), w.grad.numpy()]
+
+    rng_state = rng.bit_generator.state
+    fused = run(F.LOGIT_KERNELS)
+    rng.bit_generator.state = rng_state
+    plain = run(None)
+    for a, b in zip(fused, plain):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert np.all(fused[0][2] == 0)
+
+
+def test_lm_head_kernels_refuse_a_label_outside_the_vocabulary():
+    z = paddle.zeros([2, 5])
+    with pytest.raises(Exception, match="label 7 of row 1 is outside the vocabulary"):
+        F.LOGIT_KERNELS.stats(z, paddle.to_tensor([1, 7]), True)

@@ -38,8 +38,11 @@ def _chunk_logits(h, weight, transpose_y, temperature):
     return z if temperature == 1.0 else z / temperature
 
 
-def _chunk_stats(z, y, with_entropy):
-    """``(logp [c], entropy [c] or None, lse [c])`` of float32 logits ``z [c, V]`` at labels ``y [c]``."""
+def _chunk_stats(z, y, with_entropy, kernels=None):
+    """``(logp [c], entropy [c] or None, lse [c])`` of float32 logits ``z [c, V]`` at labels ``y [c]``
+    (through ``kernels.stats`` when given and ``kernels.accepts(z)``)."""
+    if kernels is not None and kernels.accepts(z):
+        return kernels.stats(z, y, with_entropy)
     lse = paddle.logsumexp(z, axis=-1)
     picked = paddle.take_along_axis(z, y.unsqueeze(-1), axis=-1).squeeze(-1)
     entropy = None
@@ -58,15 +61,16 @@ class _ChunkedLMHeadLogprobs(PyLayer):
     each chunk's logits (see the module docstring for the gradients)."""
 
     @staticmethod
-    def forward(ctx, h, weight, y, temperature, chunk_size, transpose_y, with_entropy):
+    def forward(ctx, h, weight, y, temperature, chunk_size, transpose_y, with_entropy, kernels=None):
         logps, entropies = [], []
         with paddle.no_grad():
             for s, e in _chunks(h.shape[0], chunk_size):
-                lp, ent, _ = _chunk_stats(_chunk_logits(h[s:e], weight, transpose_y, temperature), y[s:e], with_entropy)
+                lp, ent, _ = _chunk_stats(_chunk_logits(h[s:e], weight, transpose_y, temperature), y[s:e], with_entropy,
+                                          kernels)
                 logps.append(lp)
                 entropies.append(ent)
         ctx.save_for_backward(h, weight, y)
-        ctx.config = (temperature, chunk_size, transpose_y, with_entropy)
+        ctx.config = (temperature, chunk_size, transpose_y, with_entropy, kernels)
         logp = paddle.concat(logps)
         if with_entropy:
             return logp, paddle.concat(entropies)
@@ -75,12 +79,18 @@ class _ChunkedLMHeadLogprobs(PyLayer):
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy=None):
         h, weight, y = ctx.saved_tensor()
-        temperature, chunk_size, transpose_y, with_entropy = ctx.config
+        temperature, chunk_size, transpose_y, with_entropy, kernels = ctx.config
         need_h, need_w = not h.stop_gradient, not weight.stop_gradient
         grad_h_parts, grad_w = [], None
         for s, e in _chunks(h.shape[0], chunk_size):
             h_c = h[s:e]
             z = _chunk_logits(h_c, weight, transpose_y, temperature)
+            if kernels is not None and kernels.accepts(z):
+                g_ent = grad_entropy[s:e].astype("float32") if with_entropy and grad_entropy is not None else None
+                grad_z = kernels.grad_z(z, y[s:e], grad_logp[s:e].astype("float32"), g_ent)
+                grad_w = _add_chunk_head_grads(grad_z, h_c, weight, transpose_y, temperature, need_h, need_w,
+                                               grad_h_parts, grad_w)
+                continue
             lse = paddle.logsumexp(z, axis=-1, keepdim=True)
             p = paddle.exp(z - lse)
             g_lp = grad_logp[s:e].astype("float32").unsqueeze(-1)
@@ -119,7 +129,8 @@ def _head_grads(grad_h_parts, grad_w, weight, need_h, need_w):
 
 
 def token_logprobs_from_hidden(
-    hidden, lm_head_weight, labels, mask=None, temperature=1.0, chunk_size=1024, transpose_y=False, with_entropy=False
+    hidden, lm_head_weight, labels, mask=None, temperature=1.0, chunk_size=1024, transpose_y=False, with_entropy=False,
+    kernels=None,
 ):
     """Log-prob (and entropy) of each label token, from hidden states through the LM head.
 
@@ -140,6 +151,9 @@ def token_logprobs_from_hidden(
     Shapes: ``hidden [N, T, H]`` (any leading shape), ``labels [N, T]`` int (already
     aligned: ``hidden[:, t]`` predicts ``labels[:, t]``), ``mask [N, T]`` or None ->
     ``(logprobs [N, T] float32, entropy [N, T] float32 or None)``.
+    ``kernels``: optional fused per-chunk kernels (``accepts(z)``, ``stats(z, y, with_entropy)``
+    -> ``(logp, entropy or None, lse)``, ``grad_z(z, y, g_logp, g_entropy or None)`` -> ``dz``,
+    may overwrite ``z``) for the chunked paths; this module's Paddle code is their twin.
     Source: Liger-Kernel ``fused_linear_cross_entropy``; verl ``logprobs_from_logits``
     and ``entropy_from_logits`` for the two quantities.
     """
@@ -161,13 +175,13 @@ def token_logprobs_from_hidden(
     if chunk_size is None or chunk_size <= 0:
         logp, entropy, _ = _chunk_stats(_chunk_logits(h, lm_head_weight, transpose_y, temperature), y, with_entropy)
     elif not needs_grad:
-        parts = [_chunk_stats(_chunk_logits(h[s:e], lm_head_weight, transpose_y, temperature), y[s:e], with_entropy)
-                 for s, e in _chunks(h.shape[0], chunk_size)]
+        parts = [_chunk_stats(_chunk_logits(h[s:e], lm_head_weight, transpose_y, temperature), y[s:e], with_entropy,
+                              kernels) for s, e in _chunks(h.shape[0], chunk_size)]
         logp = paddle.concat([p[0] for p in parts])
         entropy = paddle.concat([p[1] for p in parts]) if with_entropy else None
     else:
         out = _ChunkedLMHeadLogprobs.apply(
-            h, lm_head_weight, y, float(temperature), int(chunk_size), bool(transpose_y), bool(with_entropy)
+            h, lm_head_weight, y, float(temperature), int(chunk_size), bool(transpose_y), bool(with_entropy), kernels
         )
         logp, entropy = out if with_entropy else (out, None)
 

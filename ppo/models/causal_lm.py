@@ -28,6 +28,7 @@ from ..algos import (
     token_logprobs_from_hidden,
     vocab_parallel_logprobs_from_hidden,
 )
+from .fused_train_ops import LOGIT_KERNELS
 from .loading import unwrap_model
 from .tensor_parallel import group_all_reduce, model_parallel_identity, vocab_parallel_head
 
@@ -166,7 +167,8 @@ def causal_lm_token_logprobs(
 
         def head_fn(hidden):  # [N, T, H] -> [N, T, 1 or 2]: log-probs (and entropy) stacked
             logp, entropy = token_logprobs_from_hidden(
-                hidden, weight, shifted_labels, shifted_mask, temperature, chunk_size, transpose_y, with_entropy
+                hidden, weight, shifted_labels, shifted_mask, temperature, chunk_size, transpose_y, with_entropy,
+                kernels=LOGIT_KERNELS,
             )
             return paddle.stack([logp, entropy] if with_entropy else [logp], axis=-1)
 

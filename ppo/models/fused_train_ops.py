@@ -100,3 +100,31 @@ def fused_sdpa(q, k, v, mask, scale):
     if kernels_usable(q, k, v, mask):
         return _run("train_sdpa", q, k, v, mask, float(scale))[0]
     return sdpa_reference(q, k, v, mask, scale)
+
+
+# ---------------------------------------------------------------- LM-head log-probs / entropy
+class LogitKernels:
+    """The fused per-chunk kernels ``ppo.algos.token_logprobs_from_hidden`` takes
+    (``csrc/cpu/train_lm_head.cc``); its own Paddle code is their twin."""
+
+    @staticmethod
+    def accepts(z):
+        """Float32 CPU logits and the library loaded."""
+        return kernels_usable(z)
+
+    @staticmethod
+    def stats(z, y, with_entropy):
+        """``(logp [c], entropy [c] or None, lse [c])`` of logits ``z [c, V]`` at labels ``y [c]``."""
+        logp, entropy, lse = _run("train_logit_stats", z, y.astype("int64"), bool(with_entropy))
+        return logp, (entropy if with_entropy else None), lse
+
+    @staticmethod
+    def grad_z(z, y, grad_logp, grad_entropy=None):
+        """d(sum g_logp * logp + g_entropy * entropy)/dz ``[c, V]``, written over ``z``."""
+        y = y.astype("int64")
+        lse = _run("train_logit_stats", z, y, False)[2]
+        _run("train_logit_dz", z, y, lse, grad_logp, grad_entropy, grad_entropy is not None)
+        return z
+
+
+LOGIT_KERNELS = LogitKernels()

@@ -38,6 +38,8 @@ OP_NAMES = (
     "train_swiglu_fused",
     "train_adamw",
     "train_sdpa",
+    "train_logit_stats",
+    "train_logit_dz",
 )
 
 _state = {"loaded": None, "reason": None, "noticed": False}

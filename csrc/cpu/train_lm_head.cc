@@ -1,0 +1,105 @@
+// Per-row statistics of LM-head logits and their gradient, float32, CPU: the elementwise part of
+// ppo.algos.lm_head's chunked log-probs (the logits chunk itself comes from Paddle's matmul and
+// is never kept for the whole batch):
+//
+// train_logit_stats(Z [c, V], Y [c] int64; with_entropy) -> Logp [c], Entropy [c], Lse [c]
+//   lse = logsumexp(z), logp = z[y] - lse, entropy = lse - sum_v p_v z_v (p = softmax(z));
+//   Entropy is zeros when with_entropy is false.
+// train_logit_dz(Z [c, V], Y [c], Lse [c], GLogp [c], GEntropy [c] optional; with_entropy)
+//   -> GradZ [c, V], written over Z (in place): the gradient w.r.t. z of
+//   sum_r GLogp_r * logp_r + GEntropy_r * entropy_r:
+//   dz_v = GLogp * ([v == y] - p_v) - GEntropy * p_v * (z_v - sum_u p_u z_u).
+// One pass (two with entropy) per row instead of the ~6 Paddle kernels, each over [c, V].
+#include "../common.h"
+
+namespace {
+
+void check(const paddle::Tensor& t, const char* what, paddle::DataType dtype) {
+  PD_CHECK(!t.is_gpu(), "train_logit_*: ", what, " is on a GPU (CPU kernel only)");
+  PD_CHECK(t.dtype() == dtype, "train_logit_*: ", what, dtype == paddle::DataType::INT64 ? " must be int64" : " must be float32");
+}
+
+// exp(z - shift) into out; returns the sum.
+float exp_shifted(const float* z, float shift, float* out, int64_t V) {
+  for (int64_t v = 0; v < V; ++v) out[v] = z[v] - shift;
+  ppo_ops::exp_inplace(out, V);
+  return ppo_ops::sum(out, V);
+}
+
+void check_labels(const int64_t* y, int64_t c, int64_t V) {
+  for (int64_t r = 0; r < c; ++r)
+    PD_CHECK(y[r] >= 0 && y[r] < V, "train_logit_*: label ", y[r], " of row ", r, " is outside the vocabulary [0, ", V, ")");
+}
+
+}  // namespace
+
+std::vector<paddle::Tensor> TrainLogitStats(const paddle::Tensor& z_in, const paddle::Tensor& y_in, bool with_entropy) {
+  check(z_in, "logits", paddle::DataType::FLOAT32);
+  check(y_in, "labels", paddle::DataType::INT64);
+  const auto z = ppo_ops::contig(z_in);
+  const auto y = ppo_ops::contig(y_in);
+  PD_CHECK(z.shape().size() == 2 && y.numel() == z.shape()[0], "train_logit_stats: logits [c, V] and labels [c]");
+  const int64_t c = z.shape()[0], V = z.shape()[1];
+  check_labels(y.data<int64_t>(), c, V);
+  auto logp = paddle::empty({c}, paddle::DataType::FLOAT32, z.place());
+  auto ent = paddle::empty({c}, paddle::DataType::FLOAT32, z.place());
+  auto lse = paddle::empty({c}, paddle::DataType::FLOAT32, z.place());
+  std::vector<float> e(V);
+  const float* pz = z.data<float>();
+  for (int64_t r = 0; r < c; ++r) {
+    const float* zr = pz + r * V;
+    const float mx = *std::max_element(zr, zr + V);
+    const float s = exp_shifted(zr, mx, e.data(), V);
+    const float l = mx + std::log(s);
+    lse.data<float>()[r] = l;
+    logp.data<float>()[r] = zr[y.data<int64_t>()[r]] - l;
+    ent.data<float>()[r] = with_entropy ? l - ppo_ops::dot(e.data(), zr, V) / s : 0.0f;
+  }
+  return {logp, ent, lse};
+}
+
+void TrainLogitGrad(paddle::Tensor& z, const paddle::Tensor& y_in, const paddle::Tensor& lse,
+                    const paddle::Tensor& glp_in, const paddle::optional<paddle::Tensor>& gent_in, bool with_entropy) {
+  check(z, "logits", paddle::DataType::FLOAT32);
+  PD_CHECK(z.is_contiguous(), "train_logit_dz: logits must be contiguous (overwritten in place)");
+  const auto y = ppo_ops::contig(y_in);
+  const auto glp = ppo_ops::contig(glp_in);
+  check(glp, "logp gradient", paddle::DataType::FLOAT32);
+  const int64_t c = z.shape()[0], V = z.shape()[1];
+  check_labels(y.data<int64_t>(), c, V);
+  const bool use_ent = with_entropy && gent_in;
+  paddle::Tensor gent;
+  if (use_ent) {
+    gent = ppo_ops::contig(*gent_in);
+    check(gent, "entropy gradient", paddle::DataType::FLOAT32);
+  }
+  std::vector<float> p(V);
+  float* pz = z.data<float>();
+  for (int64_t r = 0; r < c; ++r) {
+    float* zr = pz + r * V;
+    const float l = lse.data<float>()[r];
+    exp_shifted(zr, l, p.data(), V);
+    const float g = glp.data<float>()[r];
+    if (use_ent) {
+      const float ge = gent.data<float>()[r];
+      const float mean_z = ppo_ops::dot(p.data(), zr, V);
+      for (int64_t v = 0; v < V; ++v) zr[v] = -p[v] * (g + ge * (zr[v] - mean_z));
+    } else {
+      for (int64_t v = 0; v < V; ++v) zr[v] = -p[v] * g;
+    }
+    zr[y.data<int64_t>()[r]] += g;
+  }
+}
+
+PD_BUILD_OP(train_logit_stats)
+    .Inputs({"Z", "Y"})
+    .Outputs({"Logp", "Entropy", "Lse"})
+    .Attrs({"with_entropy: bool"})
+    .SetKernelFn(PD_KERNEL(TrainLogitStats));
+
+PD_BUILD_OP(train_logit_dz)
+    .Inputs({"Z", "Y", "Lse", "GLogp", paddle::Optional("GEntropy")})
+    .Outputs({"GradZ"})
+    .Attrs({"with_entropy: bool"})
+    .SetInplaceMap({{"Z", "GradZ"}})
+    .SetKernelFn(PD_KERNEL(TrainLogitGrad));
