@@ -18,7 +18,7 @@ operators), only slower. Fleet's `TensorParallel` wrapper also broadcasts every 
 inputs from the group's first rank with a GPU/XPU-only helper; `broadcast_inputs` does it
 with `dist.broadcast`. Nothing in the product imports this module: the tests (and
 `tests/tp_entry.py`, which runs an entry script under `paddle.distributed.launch`)
-install it.
+install it. `install_pipeline` adds the two stand-ins fleet's pipeline parallelism needs.
 """
 import paddle
 import paddle.distributed as dist
@@ -135,6 +135,36 @@ def broadcast_inputs(hcg, *inputs, **kwargs):
     return _broadcast_nested(inputs, group, src), _broadcast_nested(kwargs, group, src)
 
 
+def p2p_send(tensor, group, dst, nranks=1, rank_id=0):
+    """Fleet's pipeline `_send_on_calc_stream` on CPU: a plain synchronous gloo send."""
+    dist.send(tensor, dst=dst, group=group, sync_op=True)
+
+
+def p2p_recv(tensor, group, src, nranks=1, rank_id=0):
+    """Fleet's pipeline `_recv_on_calc_stream` on CPU: a plain synchronous gloo receive."""
+    dist.recv(tensor, src=src, group=group, sync_op=True)
+
+
+def install_pipeline():
+    """The two pipeline-parallel stand-ins (idempotent). Without them, on CPU processes:
+
+    1. ``PipelineLayer.__init__`` (fleet ``pp_layers.py``) reads ``dist.ParallelEnv().device_id``,
+       which a CPU ``ParallelEnv`` never sets (``AttributeError: 'ParallelEnv' object has no
+       attribute '_device_id'``): device 0 is given;
+    2. the 1F1B schedule's point-to-point transfers (``p2p_communication._send_on_calc_stream`` /
+       ``_recv_on_calc_stream``) call ``ProcessGroupGLOO.send/recv_on_calc_stream``
+       (``Unimplemented: ProcessGroupGLOO does not support send with sync_op and
+       use_calc_stream flag``): plain synchronous ``dist.send`` / ``dist.recv`` are used.
+    """
+    from paddle.distributed.fleet.meta_parallel.pp_utils import p2p_communication
+    from paddle.distributed.parallel import ParallelEnv
+
+    if not hasattr(ParallelEnv(), "_device_id"):
+        ParallelEnv._device_id = 0
+    p2p_communication._send_on_calc_stream = p2p_send
+    p2p_communication._recv_on_calc_stream = p2p_recv
+
+
 REPLACEMENTS = {"_c_identity": c_identity, "_mp_allreduce": mp_allreduce, "_c_concat": c_concat, "_c_split": c_split}
 
 
@@ -151,4 +181,5 @@ def install():
         for name, fn in REPLACEMENTS.items():
             setattr(mp_layers.mp_ops, name, fn)
     tensor_parallel.broadcast_input_data = broadcast_inputs
+    install_pipeline()
     return REPLACEMENTS
