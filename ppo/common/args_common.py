@@ -50,8 +50,9 @@ class ModelCommonArguments(LoRAArguments):
     recompute_use_reentrant: bool = field(default=False, metadata={"help": "Use Paddle's reentrant recompute."})
     use_train_patch: bool = field(
         default=True,
-        metadata={"help": "Faster RMSNorm and RoPE in PaddleNLP's Llama/Qwen2 for training and scoring "
-                  "(ppo/models/train_patch.py; Paddle's fused kernels on a CUDA build); false keeps PaddleNLP's own."},
+        metadata={"help": "Fused RMSNorm, RoPE, SwiGLU and attention in PaddleNLP's Llama/Qwen2 for training and scoring: "
+                  "C++ kernels with backward (csrc/cpu/train_*.cc, ppo/models/train_patch.py) on a CPU build, Paddle's "
+                  "fused RMSNorm/RoPE and (bf16/fp16) flash attention on a CUDA build; false keeps PaddleNLP's own."},
     )
     use_fused_rms_norm: bool = field(default=False, metadata={"help": "Fused RMSNorm kernel (GPU builds only)."})
     use_fused_rope: bool = field(default=False, metadata={"help": "Fused rotary-embedding kernel (GPU builds only)."})
