@@ -48,7 +48,9 @@ def assert_same_weights(dir_tp1, dir_tp2):
 def assert_same_steps(out1, out2, key, steps):
     v1, v2 = step_values(out1, key), step_values(out2, key)
     assert sorted(v1) == sorted(v2) == list(range(1, steps + 1)), (v1, v2)
-    np.testing.assert_allclose([v2[s] for s in v1], [v1[s] for s in v1], rtol=LOSS_RTOL, atol=1e-7, err_msg=key)
+    # atol: a first-step KL is float noise around 0 (old and reference log-probs come from
+    # different passes: the update's forward and a no-grad one), 1e-7..1e-6 either way
+    np.testing.assert_allclose([v2[s] for s in v1], [v1[s] for s in v1], rtol=LOSS_RTOL, atol=1e-6, err_msg=key)
 
 
 def assert_weights_moved(start_dir, trained_dir):
