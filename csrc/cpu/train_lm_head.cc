@@ -58,20 +58,29 @@ std::vector<paddle::Tensor> TrainLogitStats(const paddle::Tensor& z_in, const pa
   return {logp, ent, lse};
 }
 
-void TrainLogitGrad(paddle::Tensor& z, const paddle::Tensor& y_in, const paddle::Tensor& lse,
+void TrainLogitGrad(paddle::Tensor& z, const paddle::Tensor& y_in, const paddle::Tensor& lse_in,
                     const paddle::Tensor& glp_in, const paddle::optional<paddle::Tensor>& gent_in, bool with_entropy) {
   check(z, "logits", paddle::DataType::FLOAT32);
   PD_CHECK(z.is_contiguous(), "train_logit_dz: logits must be contiguous (overwritten in place)");
-  const auto y = ppo_ops::contig(y_in);
-  const auto glp = ppo_ops::contig(glp_in);
-  check(glp, "logp gradient", paddle::DataType::FLOAT32);
+  PD_CHECK(z.shape().size() == 2, "train_logit_dz: logits must be [c, V]");
   const int64_t c = z.shape()[0], V = z.shape()[1];
+  check(y_in, "labels", paddle::DataType::INT64);
+  check(lse_in, "lse", paddle::DataType::FLOAT32);
+  check(glp_in, "logp gradient", paddle::DataType::FLOAT32);
+  PD_CHECK(y_in.numel() == c, "train_logit_dz: labels must be [c] = [", c, "], got ", y_in.numel(), " values");
+  PD_CHECK(lse_in.numel() == c, "train_logit_dz: lse must be [c] = [", c, "], got ", lse_in.numel(), " values");
+  PD_CHECK(glp_in.numel() == c, "train_logit_dz: logp gradient must be [c] = [", c, "], got ", glp_in.numel(), " values");
+  const auto y = ppo_ops::contig(y_in);
+  const auto lse = ppo_ops::contig(lse_in);
+  const auto glp = ppo_ops::contig(glp_in);
   check_labels(y.data<int64_t>(), c, V);
   const bool use_ent = with_entropy && gent_in;
   paddle::Tensor gent;
   if (use_ent) {
+    check(*gent_in, "entropy gradient", paddle::DataType::FLOAT32);
+    PD_CHECK(gent_in->numel() == c, "train_logit_dz: entropy gradient must be [c] = [", c, "], got ", gent_in->numel(),
+             " values");
     gent = ppo_ops::contig(*gent_in);
-    check(gent, "entropy gradient", paddle::DataType::FLOAT32);
   }
   std::vector<float> p(V);
   float* pz = z.data<float>();
