@@ -151,7 +151,10 @@ def load_overrides(model_args, training_args):
     if getattr(training_args, "pipeline_parallel_degree", 1) > 1:
         raise ValueError(
             f"pipeline_parallel_degree {training_args.pipeline_parallel_degree}: the trainers here load plain "
-            "(non-pipeline) models, which PaddleNLP's Trainer and the PPO loop cannot split into pipeline stages; "
+            "(non-pipeline) models, which PaddleNLP's Trainer and the PPO loop cannot split into pipeline stages. "
+            "Missing: loading the policy as PaddleNLP's *ForCausalLMPipe with a last layer returning per-token "
+            "log-probs for the SFT/DPO/PPO losses, a critic/score-model pipe with the score head as last layer, "
+            "and PPO generation through a gathered single copy of the pipeline model; "
             "use tensor_parallel_degree and sharding instead"
         )
     if training_args.tensor_parallel_degree > 1:
