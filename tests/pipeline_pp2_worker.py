@@ -4,12 +4,8 @@
 pipeline stages on two CPU processes (gloo), runs STEPS `train_batch` calls with SGD(LR) on one
 fixed batch (2 micro-batches of 1 row) and the last stage writes the losses to OUT/pp_losses.json.
 
-Two test-only stand-ins make paddle 3.3.1's pipeline schedule run on CPU:
-1. `dist.ParallelEnv()._device_id`: PipelineLayer.__init__ reads `ParallelEnv().device_id`,
-   which is only set for accelerator builds (AttributeError '_device_id' on CPU); set to 0.
-2. p2p: the schedule sends activations with `send_on_calc_stream` / `recv_on_calc_stream`,
-   which ProcessGroupGLOO does not implement ("does not support send with sync_op and
-   use_calc_stream flag"); replaced by the process group's synchronous send / recv."""
+The two test-only stand-ins that make the pipeline schedule run on CPU processes are
+`tests/tp_cpu_collectives.install_pipeline` (see its docstring)."""
 import json
 import os
 import sys
@@ -19,21 +15,10 @@ import paddle
 import paddle.distributed as dist
 from paddle.distributed import fleet
 
-if not hasattr(dist.ParallelEnv(), "_device_id"):
-    dist.ParallelEnv._device_id = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tp_cpu_collectives  # noqa: E402
 
-
-def install_gloo_p2p():
-    from paddle.distributed.fleet.meta_parallel.pp_utils import p2p_communication as p2p
-
-    def send(tensor, group, dst, nranks=1, rank_id=0):
-        return group.process_group.send(tensor, group.get_group_rank(dst), True)
-
-    def recv(tensor, group, src, nranks=1, rank_id=0):
-        return group.process_group.recv(tensor, group.get_group_rank(src), True)
-
-    p2p._send_on_calc_stream = send
-    p2p._recv_on_calc_stream = recv
+tp_cpu_collectives.install_pipeline()
 
 
 def batch_ids(vocab_size):
@@ -46,7 +31,6 @@ def main(ckpt, out, steps, lr):
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 2}
     strategy.pipeline_configs = {"accumulate_steps": 2, "micro_batch_size": 1}
     fleet.init(is_collective=True, strategy=strategy)
-    install_gloo_p2p()
     from paddlenlp.transformers import LlamaForCausalLMPipe
 
     pipe = LlamaForCausalLMPipe.from_pretrained(ckpt, dtype="float32")
