@@ -64,7 +64,8 @@ _SDPA_OFF = ("alibi", "attn_mask_startend_row_indices", "sequence_parallel", "re
 def _make_sdpa(original):
     """PaddleNLP's ``scaled_dot_product_attention`` (same arguments) through `fused_sdpa` on
     the plain path; the original for flash attention, alibi, sequence parallel, returned
-    attention weights, attention dropout in training, a KV cache or a missing mask."""
+    attention weights, attention dropout in training, a KV cache (or k/v heads not repeated
+    to q's) or a missing mask."""
     signature = inspect.signature(original)
 
     def scaled_dot_product_attention(*args, **kwargs):
@@ -73,7 +74,7 @@ def _make_sdpa(original):
         q, k, v, mask, config = a["query_states"], a["key_states"], a["value_states"], a["attention_mask"], a["config"]
         dropout = getattr(config, "attention_dropout", 0.0) and a.get("training", True)
         if (not _ORIGINALS or config.use_flash_attention or dropout or mask is None or any(a.get(n) for n in _SDPA_OFF)
-                or q.shape[1] != k.shape[1] or not kernels_usable(q, k, v, mask)):
+                or list(q.shape) != list(k.shape) or not kernels_usable(q, k, v, mask)):
             return original(*args, **kwargs)
         B, S, H, D = q.shape
         return fused_sdpa(q, k, v, mask.reshape([mask.shape[0], 1, S, S]), 1.0 / math.sqrt(D))
