@@ -48,6 +48,7 @@ from .experience import (
     reward_model_scores,
 )
 from .models.causal_lm import answer_nll
+from .grad_sync import prepare_step, squared_grad_norm
 from .models.tensor_parallel import model_parallel_group
 from .offload import OffloadPlan, parse_offload_level
 from .optim import build_optimizer, build_scheduler
@@ -474,38 +475,33 @@ class PPOTrainer:
                           **self._agg(num_tokens, num_seqs))
 
     def optimizer_step(self, optimizer, model, loss_value, name):
-        """Step unless the loss or a gradient is non-finite; returns True when stepped."""
-        grads = [(f"{name} grad of {p.name}", p.grad) for p in model.parameters() if not p.stop_gradient and p.grad is not None]
-        bad = None if math.isfinite(loss_value) else f"loss of the {name}"
+        """Step unless the loss or a gradient is non-finite; returns None when stepped, else
+        what was non-finite. The norm and the check see the gradients after the optimizer's
+        own data-parallel / sharding sync (`grad_sync.prepare_step`), so all ranks agree."""
+        where = " (on this or another rank)" if self.world_size > 1 else ""
+        bad = None if self.all_ranks_finite(loss_value) else f"loss of the {name}{where}"
         self.grad_norms.pop(name, None)
-        if bad is None and grads:
-            total = self.squared_grad_norm(model)
-            if not math.isfinite(total):  # one host sync; search names only when needed
-                bad = first_non_finite(grads) or f"{name} gradient slice on another tensor-parallel rank"
-            else:
-                self.grad_norms[name] = math.sqrt(total)
+        prepared = prepare_step(model, optimizer)
+        # collective (model-parallel / sharding groups): every rank computes it, even with nothing to count
+        total = squared_grad_norm(prepared.params, model_parallel_group(), prepared.sharding_group)
+        if bad is None and not math.isfinite(total):  # one host sync; search names only when needed
+            grads = [(f"{name} grad of {p.name}", p.grad) for p in prepared.params]
+            bad = first_non_finite(grads) or f"{name} gradient slice on another tensor-parallel or sharding rank"
+        elif bad is None and prepared.params:
+            self.grad_norms[name] = math.sqrt(total)
         if bad is None:
-            optimizer.step()
+            prepared.step()
         optimizer.clear_grad(set_to_zero=not self.args.release_gradients)  # release_grads: free, not zero
         return bad
 
-    @staticmethod
-    def squared_grad_norm(model):
-        """Squared norm of the whole gradient: tensor-parallel slices summed over the
-        model-parallel group, replicated parameters counted once (equal on every rank there)."""
-        split, whole = [], []
-        for p in model.parameters():
-            if not p.stop_gradient and p.grad is not None:
-                (split if getattr(p, "is_distributed", False) else whole).append(paddle.sum(paddle.square(p.grad.astype("float32"))))
-        total = paddle.add_n(whole) if whole else paddle.zeros([], "float32")
-        group = model_parallel_group()
-        if group is not None:
-            split_sum = (paddle.add_n(split) if split else paddle.zeros([], "float32")).reshape([1])
-            dist.all_reduce(split_sum, group=group)
-            total = total + split_sum.reshape([])
-        elif split:
-            total = total + paddle.add_n(split)
-        return float(total)
+    def all_ranks_finite(self, value):
+        """Whether `value` is finite on every rank (one all-reduce when there are several)."""
+        finite = math.isfinite(value)
+        if self.world_size > 1:
+            flag = paddle.to_tensor([0.0 if finite else 1.0], dtype="float32")
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            finite = float(flag) == 0.0
+        return finite
 
     def update(self, exp, acc):
         """Train the actor (and critic) on a complete experience, their weights and optimizer

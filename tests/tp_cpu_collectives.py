@@ -18,8 +18,11 @@ operators), only slower. Fleet's `TensorParallel` wrapper also broadcasts every 
 inputs from the group's first rank with a GPU/XPU-only helper; `broadcast_inputs` does it
 with `dist.broadcast`. Nothing in the product imports this module: the tests (and
 `tests/tp_entry.py`, which runs an entry script under `paddle.distributed.launch`)
-install it. `install_pipeline` adds the two stand-ins fleet's pipeline parallelism needs.
+install it. `install_pipeline` adds the two stand-ins fleet's pipeline parallelism needs;
+`install_group_stores` lets fleet build groups of different members (data x tensor parallel).
 """
+import os
+
 import paddle
 import paddle.distributed as dist
 from paddle.autograd import PyLayer
@@ -165,6 +168,43 @@ def install_pipeline():
     p2p_communication._recv_on_calc_stream = p2p_recv
 
 
+_GROUP_STORES = {}
+
+
+def _gloo_group_on_own_store(original):
+    """`collective._new_process_group_impl` that gives every gloo group (id > 0) a TCP store of its own."""
+
+    def impl(backend, store, rank, world_size, group_name, pg_options, group_id=0, **kwargs):
+        if backend != "gloo" or group_id == 0:
+            return original(backend, store, rank, world_size, group_name, pg_options, group_id=group_id, **kwargs)
+        from paddle.base import core
+
+        host, master_port = os.environ["PADDLE_MASTER"].rsplit(":", 1)
+        port = int(master_port) + 16 + group_id
+        own = core.TCPStore(host, port, rank == 0, world_size, 300)  # hosted by the group's first rank
+        _GROUP_STORES[group_id] = own  # kept alive with the group
+        return core.ProcessGroupGloo.create(own, rank, world_size, group_id)
+
+    impl.original = original
+    return impl
+
+
+def install_group_stores():
+    """Fleet's groups of different members on gloo (idempotent). Without it, 4 CPU processes
+    with ``dp_degree 2`` and ``mp_degree 2`` stop in ``fleet.init``: ``ProcessGroupGloo`` runs
+    gloo's rendezvous (``connectFullMesh``) on the one global store, keyed by the rank *inside
+    the group*, so the data groups [0, 2] and [1, 3], created at the same time by disjoint
+    ranks, overwrite each other's addresses, and the model group [0, 1] then reads a stale one
+    (``gloo/transport/tcp/pair.cc: connect [127.0.0.1]:PORT: Connection refused`` on one rank,
+    a pair ``TIMEOUT`` on the others). Here each group rendezvouses on its own store, on a port
+    derived from the launch's master port and the group id (single-host test runs only).
+    Two-process runs never hit it: all their groups have the same two members."""
+    from paddle.distributed import collective
+
+    if not hasattr(collective._new_process_group_impl, "original"):
+        collective._new_process_group_impl = _gloo_group_on_own_store(collective._new_process_group_impl)
+
+
 REPLACEMENTS = {"_c_identity": c_identity, "_mp_allreduce": mp_allreduce, "_c_concat": c_concat, "_c_split": c_split}
 
 
@@ -182,4 +222,5 @@ def install():
             setattr(mp_layers.mp_ops, name, fn)
     tensor_parallel.broadcast_input_data = broadcast_inputs
     install_pipeline()
+    install_group_stores()
     return REPLACEMENTS

@@ -1,0 +1,73 @@
+"""The gradients an optimiser step will use, seen before the step runs.
+
+`paddle.DataParallel` all-reduces gradients during the backward pass, but fleet's
+`HybridParallelOptimizer` (data parallel combined with tensor parallel, or sharding) does its
+data-parallel all-reduce and its sharding reduce inside `step()`. A gradient norm or a
+finiteness check taken before `step()` would then see this rank's local gradients: a wrong
+norm, and ranks that disagree on whether to skip a step (one rank skipping a step the others
+take would stop the collectives inside it). `prepare_step` runs the optimizer's own gradient
+sync first and returns the parameters whose gradients this rank holds after it, the group
+those are summed over, and the rest of the step.
+"""
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+import paddle
+import paddle.distributed as dist
+
+
+@dataclass
+class PreparedStep:
+    """`params`: parameters with a gradient that this rank counts (its own shard under
+    sharding, all of them otherwise); `sharding_group`: the group whose ranks hold the other
+    shards (None without sharding); `step()`: the optimiser step without a second sync."""
+
+    params: List[paddle.Tensor]
+    sharding_group: Optional[object]
+    step: Callable[[], None]
+
+
+def _hybrid_optimizer(optimizer):
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import HybridParallelOptimizer
+
+    return optimizer if isinstance(optimizer, HybridParallelOptimizer) else None
+
+
+def prepare_step(model, optimizer):
+    """Sync gradients as `optimizer.step()` would, now; see the module docstring."""
+    params = [p for p in model.parameters() if not p.stop_gradient and p.grad is not None]
+    hybrid = _hybrid_optimizer(optimizer)
+    if hybrid is None:
+        return PreparedStep(params, None, optimizer.step)
+    from paddle.distributed.fleet.utils.hybrid_parallel_util import obtain_optimizer_parameters_list
+
+    all_params = list(obtain_optimizer_parameters_list(hybrid._inner_opt))
+    with paddle.no_grad():
+        hybrid._hybrid_sync_grad(all_params)  # data-parallel all-reduce; sharding: reduce to the owner
+    sharding_group = None
+    if hybrid._sharding_enable:
+        owned = {id(p) for p in hybrid._inner_opt.filter_parameters(all_params, hybrid._hcg)}
+        params = [p for p in params if id(p) in owned]
+        sharding_group = hybrid._hcg.get_sharding_parallel_group()
+
+    def step():
+        with paddle.no_grad():
+            hybrid._step(all_params)
+
+    return PreparedStep(params, sharding_group, step)
+
+
+def squared_grad_norm(params, model_parallel_group=None, sharding_group=None):
+    """Squared norm of the whole gradient as a float: tensor-parallel slices (`is_distributed`)
+    summed over `model_parallel_group`, replicated parameters counted once (their gradients are
+    equal on every rank there), then every shard's part summed over `sharding_group`."""
+    split, whole = [], []
+    for p in params:
+        (split if getattr(p, "is_distributed", False) else whole).append(paddle.sum(paddle.square(p.grad.astype("float32"))))
+    split_sum = paddle.add_n(split).reshape([1]) if split else paddle.zeros([1], "float32")
+    if model_parallel_group is not None:
+        dist.all_reduce(split_sum, group=model_parallel_group)
+    total = (paddle.add_n(whole).reshape([1]) if whole else paddle.zeros([1], "float32")) + split_sum
+    if sharding_group is not None:
+        dist.all_reduce(total, group=sharding_group)
+    return float(total)
