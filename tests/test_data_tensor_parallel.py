@@ -55,3 +55,21 @@ def test_grpo_dp2_tp2_matches_dp2(tiny_model_dir, tiny_data_dir, tmp_path):
     assert_weights_moved(tiny_model_dir, f"{out_dp_tp}/policy")
     assert [s["response"] for s in read_jsonl(f"{out_dp_tp}/samples.jsonl")] == \
         [s["response"] for s in read_jsonl(f"{out_dp}/samples.jsonl")]
+
+
+def test_ppo_dp2_tp2_matches_dp2(tiny_model_dir, tiny_data_dir, tmp_path):
+    """PPO with a critic and a reward model, all four models split inside each data rank."""
+    from tests.test_tensor_parallel import make_score_dir
+
+    score_dir = make_score_dir(tiny_model_dir, str(tmp_path / "score"))
+    argv = ["config/tiny/ppo_argument.json", *ppo_argv(
+        tiny_model_dir, tiny_data_dir, "--reward_model_name_or_path", score_dir, "--per_device_prompt_batch_size", "4",
+        "--per_device_train_batch_size", "4", "--learning_rate", "1e-3", "--critic_learning_rate", "1e-3",
+        "--kl_coeff", "0.1", "--entropy_coeff", "0.01",
+    )]
+    out_dp, out_dp_tp = dp_and_dp_tp_runs("ppo/run_ppo.py", argv, tmp_path)
+    for key in ("loss/policy_avg", "loss/value_avg", "objective/scores", "objective/kl", "train/actor_grad_norm",
+                "train/critic_grad_norm"):
+        assert_same_steps(out_dp, out_dp_tp, key, 2)
+    for name in ("policy", "value"):
+        assert_same_weights(f"{out_dp}/{name}", f"{out_dp_tp}/{name}")

@@ -20,14 +20,17 @@ LOSS_RTOL = 2e-5
 WEIGHT_ATOL = 2e-5
 
 
+def make_score_dir(model_dir, path):
+    """A saved score model (backbone + score head) so both layouts start from the same head."""
+    paddle.seed(5)
+    AutoModelForScore.from_pretrained(model_dir).save_pretrained(path)
+    load_tokenizer(model_dir).save_pretrained(path)
+    return path
+
+
 @pytest.fixture(scope="module")
 def score_dir(tiny_model_dir, tmp_path_factory):
-    """A saved score model (backbone + score head) so both layouts start from the same head."""
-    path = str(tmp_path_factory.mktemp("tp_score"))
-    paddle.seed(5)
-    AutoModelForScore.from_pretrained(tiny_model_dir).save_pretrained(path)
-    load_tokenizer(tiny_model_dir).save_pretrained(path)
-    return path
+    return make_score_dir(tiny_model_dir, str(tmp_path_factory.mktemp("tp_score")))
 
 
 def saved_weights(path):
