@@ -42,6 +42,20 @@ def test_detector_floor_and_non_finite():
         DivergenceDetector(factor=1.0)
 
 
+def test_gradient_norm_fires_on_the_second_jump_in_a_row():
+    """A pre-clip gradient norm spiking once (then back) is not divergence; twice in a row is."""
+    det = DivergenceDetector(factor=10.0, window=5, floor=1.0)
+    for step, norm in enumerate([25.0, 18.0, 6.0, 5.5, 5.7], start=1):
+        assert det.check(step, {"train/critic_grad_norm": norm, "loss/value_avg": 1.0}) == {}
+    assert det.check(6, {"train/critic_grad_norm": 136.0}) == {}  # one spike: clipped, judged again next step
+    assert det.check(7, {"train/critic_grad_norm": 6.0}) == {}  # back to its level
+    assert det.check(8, {"train/critic_grad_norm": 136.0}) == {}
+    msg = det.check(9, {"train/critic_grad_norm": 150.0})["train/critic_grad_norm"]
+    assert msg.startswith("step 9: train/critic_grad_norm = 150") and msg.endswith("for the second step in a row")
+    assert "is nan" in det.check(10, {"train/critic_grad_norm": float("nan")})["train/critic_grad_norm"]  # at once
+    assert det.check(11, {"loss/value_avg": 1.0}) == {} and det.check(12, {"loss/value_avg": 50.0})  # losses: at once
+
+
 def weights_of(path):
     return {k: v.numpy() for k, v in paddle.load(os.path.join(path, "model_state.pdparams")).items()}
 

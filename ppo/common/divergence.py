@@ -14,6 +14,11 @@ whitened policy loss) from firing on harmless changes (0.001 -> 0.05). Values th
 diverged do not enter the history, so a run that keeps diverging keeps firing.
 Only values seen at least once before are judged (the first value of a metric
 has no history to compare with).
+
+Gradient norms (names ending in `grad_norm`) are measured before clipping, and the
+clipped step they feed moves the weights by a bounded amount: one spike of them (a
+critic meeting a few extreme returns) is not divergence. They fire on the second
+consecutive jump; a non-finite value, and every other metric, fires at once.
 """
 import math
 from collections import defaultdict, deque
@@ -46,6 +51,7 @@ class DivergenceDetector:
             raise ValueError(f"need factor > 1, window >= 1, floor >= 0; got {factor}, {window}, {floor}")
         self.factor, self.floor, self.watched = float(factor), float(floor), tuple(watched)
         self.history = defaultdict(lambda: deque(maxlen=window))
+        self.jumped = set()  # clipped metrics whose last value jumped (they fire on the next jump)
 
     def check(self, step, metrics):
         """`{metric name: message}` for each watched metric in `metrics` (name -> number) that
@@ -63,11 +69,16 @@ class DivergenceDetector:
             if past:
                 baseline = max(median(past), self.floor)
                 if abs(value) > self.factor * baseline:
+                    if name.endswith("grad_norm") and name not in self.jumped:
+                        self.jumped.add(name)  # one clipped spike: judged again at the next value
+                        continue
+                    again = " for the second step in a row" if name.endswith("grad_norm") else ""
                     messages[name] = (
                         f"step {step}: {name} = {value:.4g}, {abs(value) / baseline:.3g}x its recent level "
-                        f"{baseline:.4g} (threshold {self.factor:g}x)"
+                        f"{baseline:.4g} (threshold {self.factor:g}x){again}"
                     )
                     continue
+            self.jumped.discard(name)
             past.append(abs(value))
         return messages
 
