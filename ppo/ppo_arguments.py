@@ -180,8 +180,10 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
     eval_max_new_tokens: int = field(default=0, metadata={"help": "Generation length in evaluation (0: max_dec_len)."})
     eval_mode: str = field(
         default="",
-        metadata={"help": "Generation layout: single (whole weights gathered from the tensor-parallel ranks for each rollout, "
-                  "then released; '' does the same); tensor_parallel (sharded generation) is refused: not implemented."},
+        metadata={"help": "Generation layout under tensor parallel: single (whole weights gathered from the tensor-parallel "
+                  "ranks for each rollout, then released; '' does the same); tensor_parallel (each rank generates from its "
+                  "own slices: all-reduce after attention, MLP and embedding, logits gathered before sampling). Nothing to "
+                  "reshard at tensor_parallel_degree 1."},
     )
     offload_level: str = field(
         default="",
@@ -216,12 +218,6 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
             )
         if self.eval_mode not in EVAL_MODES:
             raise ValueError(f"eval_mode must be one of {EVAL_MODES}, got {self.eval_mode!r}")
-        if self.eval_mode == "tensor_parallel":
-            raise ValueError(
-                "eval_mode tensor_parallel (generation sharded over the tensor-parallel ranks) is not implemented: the "
-                "rollout engine generates from the whole weights, gathered from every tensor-parallel rank for each "
-                "rollout and released after it (eval_mode single, also what '' does); set eval_mode to single or ''"
-            )
         from .offload import parse_offload_level
 
         parse_offload_level(self.offload_level)  # unknown words fail here, before any model loads

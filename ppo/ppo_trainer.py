@@ -110,7 +110,8 @@ class PPOTrainer:
         self.critic, self.critic_optimizer = self._wrap(models.critic, self.critic_optimizer)
 
         self.engine = RolloutEngine(
-            models.actor, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, use_fusemt=args.use_fusemt
+            models.actor, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, use_fusemt=args.use_fusemt,
+            eval_mode=args.eval_mode,
         )
         self.sampling = SamplingParams(
             max_new_tokens=args.max_dec_len,

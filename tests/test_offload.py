@@ -95,8 +95,9 @@ def test_eval_mode_and_pipeline_refusals(tmp_path):
     from ppo.ppo_arguments import PPOTrainingArguments
 
     assert PPOTrainingArguments(output_dir=str(tmp_path), eval_mode="single").eval_mode == "single"
-    with pytest.raises(ValueError, match="eval_mode tensor_parallel .* is not implemented"):
-        PPOTrainingArguments(output_dir=str(tmp_path), eval_mode="tensor_parallel")
+    assert PPOTrainingArguments(output_dir=str(tmp_path), eval_mode="tensor_parallel").eval_mode == "tensor_parallel"
+    with pytest.raises(ValueError, match="eval_mode must be one of"):
+        PPOTrainingArguments(output_dir=str(tmp_path), eval_mode="pipeline")
     with pytest.raises(ValueError, match="offload_level: unknown"):
         PPOTrainingArguments(output_dir=str(tmp_path), offload_level="everything")
     model_args = SimpleNamespace(use_flash_attention=False, recompute_granularity="full", recompute_use_reentrant=False,

@@ -219,6 +219,20 @@ def test_grpo_tp2_matches_tp1(tiny_model_dir, tiny_data_dir, tmp_path):
     compare_rl_runs(run_ppo, argv, tmp_path, keys, ("policy",))
 
 
+def test_grpo_tp2_with_sharded_rollout_matches_tp1(tiny_model_dir, tiny_data_dir, tmp_path):
+    """eval_mode tensor_parallel: each rank generates from its own slices; same rollouts,
+    metrics and weights as the TP=1 run."""
+    from ppo.run_ppo import main as run_ppo
+
+    argv = ["config/tiny/grpo_rule_argument.json", *ppo_argv(
+        tiny_model_dir, tiny_data_dir, "--per_device_prompt_batch_size", "4", "--rollout_n", "4",
+        "--per_device_train_batch_size", "8", "--learning_rate", "1e-3", "--kl_loss_coeff", "0.05",
+        "--rule_reward_scorers", "tests.rule_reward_helpers:_len_scorer", "--eval_mode", "tensor_parallel",
+    )]
+    keys = ("loss/policy_avg", "objective/scores", "loss/kl", "policy/entropy_avg", "train/actor_grad_norm")
+    compare_rl_runs(run_ppo, argv, tmp_path, keys, ("policy",))
+
+
 def test_grpo_tp2_resumes_from_its_merged_checkpoint(tiny_model_dir, tiny_data_dir, tmp_path):
     """A TP=2 run stopped after step 1 saves a merged checkpoint; resuming it at TP=2 splits the
     weights again and step 2 is the step an uninterrupted TP=1 run takes."""

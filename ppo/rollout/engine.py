@@ -29,6 +29,7 @@ import time
 
 import numpy as np
 import paddle
+import paddle.distributed as dist
 import paddle.nn.functional as F
 
 from .ops import get_ops
@@ -61,10 +62,18 @@ class RolloutEngine:
             ~2x the model size per call). free_buffers() releases them.
         tokenizer: needed only for SamplingParams.stop_strings.
         compact_ratio: compact the batch when active rows <= compact_ratio * current rows.
+        eval_mode: generation layout of a tensor-parallel model (PaddleNLP's name): "single" or ''
+            (default) gathers the whole weights on every rank for each call; "tensor_parallel"
+            keeps each rank's slices (heads, MLP columns/rows, vocabulary), all-reduces after
+            o_proj, down_proj and the embedding, and all-gathers the logits before sampling, in
+            the "rows" layout. Every rank draws the same tokens. No effect without tensor parallel.
     """
 
     def __init__(self, model, eos_token_id, pad_token_id, use_fusemt=True, use_custom_ops=True, fuse_gate_up=None,
-                 tokenizer=None, compact_ratio=0.5, decode_layout="auto", keep_buffers=True):
+                 tokenizer=None, compact_ratio=0.5, decode_layout="auto", keep_buffers=True, eval_mode=""):
+        if eval_mode not in ("", "single", "tensor_parallel"):
+            raise ValueError(f"eval_mode must be '', 'single' or 'tensor_parallel', got {eval_mode!r}")
+        self.sharded = eval_mode == "tensor_parallel"
         self.model = model
         self.eos_token_id = int(eos_token_id)
         self.pad_token_id = int(pad_token_id)
@@ -135,6 +144,10 @@ class RolloutEngine:
         >= 384, else 'rows'. Measured here (bench/): 30M model (hidden 512) decode step -16%
         with 'cols'; the 4-layer hidden-256 model is ~8% faster with 'rows' (its matmuls gain
         nothing and the per-call packing and the extra transposes cost)."""
+        if self.sharded and getattr(lm.config, "tensor_parallel_degree", 1) > 1:
+            if self.decode_layout == "cols":
+                raise ValueError("RolloutEngine: eval_mode tensor_parallel runs the 'rows' layout; use decode_layout auto or rows")
+            return "rows"
         if self.decode_layout != "auto":
             return self.decode_layout
         big = lm.config.hidden_size >= 384
@@ -153,7 +166,8 @@ class RolloutEngine:
         else:
             def mm(x, w):
                 return paddle.matmul(x, w, transpose_y=tw)
-        h = F.embedding(ids, W.embed)
+        shard = W.shard
+        h = self._embed(W, ids) if shard is not None and shard.embed_sharded else F.embedding(ids, W.embed)
         if cols:
             h = h.transpose([1, 0]).contiguous()
         res = h
@@ -163,12 +177,12 @@ class RolloutEngine:
             a = ops.attention(mm(x, lw.qkv), cache["k"], cache["v"], cache["cos"], cache["sin"], pos, key_mask,
                               finished, li, t0, W.num_heads, W.num_kv_heads, W.head_dim, lw.qkv_layout,
                               cache["scale"], lw.qkv_bias, cols)
-            x, res = ops.add_rms_norm(mm(a, lw.o), res, lw.ln_mlp, eps, cols)
+            x, res = ops.add_rms_norm(self._reduce(W, mm(a, lw.o)), res, lw.ln_mlp, eps, cols)
             if lw.gate_up is not None:
                 m = ops.swiglu(mm(x, lw.gate_up), None, cols)
             else:
                 m = ops.swiglu(mm(x, lw.gate), mm(x, lw.up), cols)
-            d = mm(m, lw.down)
+            d = self._reduce(W, mm(m, lw.down))
             if li + 1 < nlayers:
                 x, res = ops.add_rms_norm(d, res, W.layers[li + 1].ln_attn, eps, cols)
             else:
@@ -182,7 +196,30 @@ class RolloutEngine:
             logits = paddle.matmul(x, W.lm_head, transpose_y=W.lm_head_transposed)
         if logits.dtype != paddle.float32:
             logits = logits.astype("float32")
+        if shard is not None and shard.head_sharded:  # [B, V / R] per rank -> [B, V]
+            parts = []
+            dist.all_gather(parts, logits, group=shard.group)
+            logits = paddle.concat(parts, axis=-1)
         return logits
+
+    @staticmethod
+    def _reduce(W, partial):
+        """Sum of the ranks' partial products (row-parallel o_proj / down_proj); identity unsharded."""
+        if W.shard is None:
+            return partial
+        dist.all_reduce(partial, group=W.shard.group)
+        return partial
+
+    @staticmethod
+    def _embed(W, ids):
+        """Vocabulary-parallel lookup: this rank's rows for its ids, zeros for the others, summed."""
+        vocab_rows = int(W.embed.shape[0])
+        local = ids - W.shard.vocab_start
+        inside = (local >= 0) & (local < vocab_rows)
+        h = F.embedding(paddle.where(inside, local, paddle.zeros_like(local)), W.embed)
+        h = h * inside.unsqueeze(-1).astype(h.dtype)
+        dist.all_reduce(h, group=W.shard.group)
+        return h
 
     def _kv_buffers(self, L, B, nkv, hd, slots, dtype):
         """K^T [L, B, nkv, hd, S] and V [L, B, nkv, S, hd] caches, S >= slots a multiple of 8 (whole
@@ -212,7 +249,8 @@ class RolloutEngine:
         layout = self._layout(lm, input_ids.place)
         W = extract_weights(lm, fuse_gate_up=self._gate_up_fused(lm), layout=layout,
                             pack_transposed=ops.pack_transposed,
-                            workspace=self._buffers.setdefault("weights", {}) if self.keep_buffers else None)
+                            workspace=self._buffers.setdefault("weights", {}) if self.keep_buffers else None,
+                            sharded=self.sharded)
         B, Tp = input_ids.shape
         N = p.max_new_tokens
         dtype = W.dtype
@@ -281,8 +319,10 @@ class RolloutEngine:
             logits_cols = W.transposed
             decode_steps += 1
         del cache
-        return self._finish(input_ids, attention_mask, out_tokens, out_logprobs, lengths, t_start, t_prefill,
-                            decode_steps, match=not use_penalty)
+        res = self._finish(input_ids, attention_mask, out_tokens, out_logprobs, lengths, t_start, t_prefill,
+                           decode_steps, match=not use_penalty)
+        res.stats["weights"] = "tensor_parallel_slices" if W.shard is not None else "whole"
+        return res
 
     def _finish(self, input_ids, attention_mask, out_tokens, out_logprobs, lengths, t_start, t_prefill, decode_steps,
                 match):

@@ -4,8 +4,10 @@ Supported: `LlamaForCausalLM` and `Qwen2ForCausalLM` (and any model with the sam
 `<decoder>.embed_tokens/.layers/.norm`, `lm_head`, layers with `self_attn.{q,k,v,o}_proj` or
 `qkv_proj`, `mlp.{gate,up,down}_proj` or `gate_up_fused_proj`, `input_layernorm`,
 `post_attention_layernorm`), optionally wrapped in `paddle.DataParallel` and/or
-`paddlenlp.peft.LoRAModel`. A tensor-parallel model's slices are gathered into whole weights
-on every call (`TensorParallelGather`): each rank then generates with the whole model.
+`paddlenlp.peft.LoRAModel`. A tensor-parallel model either has its slices gathered into whole
+weights on every call (`TensorParallelGather`, eval_mode "single": each rank then generates with
+the whole model) or keeps them (`sharded=True`, eval_mode "tensor_parallel": `ModelWeights.shard`
+tells the engine where to all-reduce and gather).
 
 `extract_weights(model)` is called at the start of every `generate()`. Two layouts:
   - "rows" (GPU, and the pure-Paddle fallback): matrices as the model stores them, [in, out],
@@ -60,6 +62,22 @@ class ModelWeights:
     rotary: object = field(repr=False, default=None)  # the model's rotary module (cos/sin tables)
     dtype: str = "float32"
     transposed: bool = False  # layer matrices stored [out, in] ("cols" layout)
+    shard: Optional["TensorParallelShard"] = None  # set when the weights are this rank's slices
+
+
+@dataclass
+class TensorParallelShard:
+    """Where this rank's slices sit: heads num_heads / R (and kv heads) and the matching
+    columns of q/k/v and gate/up, rows of o_proj and down_proj (their products are partial sums,
+    all-reduced over `group`), vocabulary rows [vocab_start, vocab_start + V / R) of the
+    embedding (ids elsewhere look up zeros; all-reduced), and a vocabulary slice of the LM head
+    (logits all-gathered over `group`, in rank order)."""
+
+    group: object
+    degree: int
+    vocab_start: int
+    embed_sharded: bool
+    head_sharded: bool
 
 
 def unwrap_model(model):
@@ -123,25 +141,26 @@ class TensorParallelGather:
     `eval_mode="single"`; every rank generates the same tokens from the same seed). Without
     tensor parallelism `group` is None and weights pass through."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, sharded=False):
         from ..models.tensor_parallel import model_parallel_group
 
         self.group = model_parallel_group() if getattr(cfg, "tensor_parallel_degree", 1) > 1 else None
         if getattr(cfg, "tensor_parallel_degree", 1) > 1 and self.group is None:
             raise RuntimeError("RolloutEngine: the model is tensor-parallel but fleet has no model-parallel group")
+        self.sharded = bool(sharded) and self.group is not None  # keep slices: no gather
 
     def weight(self, layer, value=None, transpose_y=False, fused_parts=1):
         """`value` (default: `layer.weight`) whole: every rank's slice gathered and merged with
         `ppo.models.reshard.merge` when the layer's weight is a slice (`fused_parts=2`: a fused
         gate-up, whose slices hold ``[gate_r, up_r]``)."""
         value = layer.weight if value is None else value
-        if self.group is None or not getattr(layer.weight, "is_distributed", False):
+        if self.group is None or self.sharded or not getattr(layer.weight, "is_distributed", False):
             return value
         return self._merged(value, split_kind(layer, transpose_y, fused_parts))
 
     def bias(self, layer, fused_parts=1):
         b = _bias(layer)
-        if b is None or self.group is None or not getattr(b, "is_distributed", False):
+        if b is None or self.group is None or self.sharded or not getattr(b, "is_distributed", False):
             return b
         return self._merged(b, "column_2fuse" if fused_parts == 2 else "column")
 
@@ -164,12 +183,13 @@ def _check_config(cfg):
 
 
 def extract_weights(model, fuse_gate_up=False, compute_dtype=None, layout="rows", pack_transposed=None,
-                    workspace=None):
+                    workspace=None, sharded=False):
     """Collect the weights for one generate() call (see module docstring). layout "cols" needs
     `pack_transposed` (ops.pack_transposed(dst, [K, N_i] tensors) writes [sum N_i, K] into dst).
     `workspace` (a dict kept by the engine, optional) holds the packed buffers between calls so
     they are rewritten in place instead of reallocated (page faults cost as much as the copy);
-    their CONTENTS are always recomputed from the current parameters."""
+    their CONTENTS are always recomputed from the current parameters. `sharded` keeps a
+    tensor-parallel model's slices (see `TensorParallelShard`; "rows" layout only)."""
     if layout not in ("rows", "cols"):
         raise ValueError(f"layout must be 'rows' or 'cols', got {layout!r}")
     cols = layout == "cols"
@@ -177,10 +197,23 @@ def extract_weights(model, fuse_gate_up=False, compute_dtype=None, layout="rows"
     cfg = lm.config
     _check_config(cfg)
     dec = _decoder(lm)
-    tp = TensorParallelGather(cfg)
+    tp = TensorParallelGather(cfg, sharded=sharded)
     nh = cfg.num_attention_heads
     nkv = getattr(cfg, "num_key_value_heads", None) or nh
     hd = cfg.hidden_size // nh
+    shard = None
+    if tp.sharded:
+        if cols:
+            raise ValueError("sharded tensor-parallel weights use the 'rows' layout")
+        degree = int(cfg.tensor_parallel_degree)
+        if nh % degree or nkv % degree:
+            raise ValueError(f"eval_mode tensor_parallel: {nh} heads / {nkv} kv heads do not split over {degree} ranks")
+        nh, nkv = nh // degree, nkv // degree
+        emb_w = dec.embed_tokens.weight
+        embed_sharded = bool(getattr(emb_w, "is_distributed", False))
+        vocab_start = int(cfg.tensor_parallel_rank) * int(emb_w.shape[0]) if embed_sharded else 0
+        shard = TensorParallelShard(tp.group, degree, vocab_start, embed_sharded,
+                                    bool(getattr(lm.lm_head.weight, "is_distributed", False)))
     eps = float(cfg.rms_norm_eps)
     embed = tp.weight(dec.embed_tokens)
     if compute_dtype is None:
@@ -254,6 +287,8 @@ def extract_weights(model, fuse_gate_up=False, compute_dtype=None, layout="rows"
         raise NotImplementedError("RolloutEngine: lm_head bias is not supported")
     lm_w = cast(tp.weight(head, effective_weight(head), transpose_y=transposed))
     vocab = int(lm_w.shape[0] if transposed else lm_w.shape[1])
+    if shard is not None and shard.head_sharded:
+        vocab *= shard.degree
     if cols and not transposed:
         lm_w, transposed = pack([lm_w]), True
     return ModelWeights(
@@ -270,6 +305,7 @@ def extract_weights(model, fuse_gate_up=False, compute_dtype=None, layout="rows"
         rotary=getattr(dec.layers[0].self_attn, "rotary_emb", None),
         dtype=compute_dtype,
         transposed=cols,
+        shard=shard,
     )
 
 

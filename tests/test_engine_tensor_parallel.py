@@ -1,0 +1,56 @@
+"""The rollout engine under tensor parallel on two CPU processes: eval_mode `single` (whole
+weights gathered) and `tensor_parallel` (each rank keeps its slices; all-reduce after
+attention, MLP and embedding; logits gathered) give the TP=1 engine's greedy tokens and
+log-probs and, with one seed, the same sampled tokens on both ranks; for a plain Llama with
+grouped-query attention and for one with fused q/k/v and gate/up projections."""
+import os
+
+import numpy as np
+import pytest
+
+from tests.engine_tp_worker import engine_prompts, run_engine
+from tests.tp_launch import launch_run
+
+
+def build_model_dir(path, fused):
+    import paddle
+    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, eos_token_id=2,
+                         pad_token_id=0, bos_token_id=1, fuse_attention_qkv=fused, fuse_attention_ffn=fused,
+                         tie_word_embeddings=False, dtype="float32")
+    paddle.seed(13)
+    model = LlamaForCausalLM(config)
+    with paddle.no_grad():  # larger weights than the 0.02 init: distinct, confident greedy tokens
+        for p in model.parameters():
+            if len(p.shape) == 2:
+                p.set_value(p * 25.0)
+    model.save_pretrained(path)
+    return model
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["split_projections", "fused_qkv_gate_up"])
+def test_sharded_and_gathered_engines_match_tp1(fused, tmp_path):
+    model_dir, out = str(tmp_path / "model"), str(tmp_path / "out")
+    model = build_model_dir(model_dir, fused)
+    model.eval()
+    ids, mask = engine_prompts(model.config.vocab_size)
+    reference = run_engine(model, "single", ids, mask)  # one process: nothing to gather or shard
+    assert reference["single_qkv_out"] == (4 + 2 * 2) * 16
+    launch_run("tests/engine_tp_worker.py", [model_dir, out], out)
+    ranks = [dict(np.load(os.path.join(out, f"rank{r}.npz"))) for r in (0, 1)]
+    for mode in ("single", "tensor_parallel"):
+        for rank in ranks:
+            for kind in ("greedy", "sampled"):
+                np.testing.assert_array_equal(rank[f"{mode}_{kind}_tokens"], reference[f"single_{kind}_tokens"],
+                                              err_msg=f"{mode} {kind}")
+                np.testing.assert_array_equal(rank[f"{mode}_{kind}_lengths"], reference[f"single_{kind}_lengths"])
+                np.testing.assert_allclose(rank[f"{mode}_{kind}_logprobs"], reference[f"single_{kind}_logprobs"],
+                                           atol=1e-4, err_msg=f"{mode} {kind}")
+    for rank in ranks:
+        assert str(rank["tensor_parallel_greedy_weights"]) == "tensor_parallel_slices"
+        assert str(rank["single_greedy_weights"]) == "whole"
+        assert rank["single_qkv_out"] == reference["single_qkv_out"]  # gathered: the whole q/k/v
+        assert rank["tensor_parallel_qkv_out"] == reference["single_qkv_out"] // 2  # this rank's heads only
+    assert len(set(reference["single_greedy_tokens"].ravel().tolist())) > 3  # not one token repeated
