@@ -175,7 +175,8 @@ def _gloo_group_on_own_store(original):
     """`collective._new_process_group_impl` that gives every gloo group (id > 0) a TCP store of its own."""
 
     def impl(backend, store, rank, world_size, group_name, pg_options, group_id=0, **kwargs):
-        if backend != "gloo" or group_id == 0:
+        if backend != "gloo" or group_id == 0 or world_size == dist.get_world_size():
+            # the whole world: no other group can overwrite its keys (every two-process group)
             return original(backend, store, rank, world_size, group_name, pg_options, group_id=group_id, **kwargs)
         from paddle.base import core
 
@@ -198,7 +199,7 @@ def install_group_stores():
     (``gloo/transport/tcp/pair.cc: connect [127.0.0.1]:PORT: Connection refused`` on one rank,
     a pair ``TIMEOUT`` on the others). Here each group rendezvouses on its own store, on a port
     derived from the launch's master port and the group id (single-host test runs only).
-    Two-process runs never hit it: all their groups have the same two members."""
+    Groups of the whole world keep the global store: two-process runs never hit the defect."""
     from paddle.distributed import collective
 
     if not hasattr(collective._new_process_group_impl, "original"):

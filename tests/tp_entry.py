@@ -6,6 +6,8 @@ Test-only: `tests/tp_cpu_collectives.py` replaces the GPU collectives that fleet
 tensor-parallel layers call (no CPU kernels) with gloo-based equivalents, then the
 script runs as `__main__` with the remaining arguments.
 """
+import atexit
+import logging
 import os
 import runpy
 import sys
@@ -25,3 +27,11 @@ if __name__ == "__main__":
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     runpy.run_path(script, run_name="__main__")
+    # Leave after the script's own exit handlers (files, loggers) without the C++ teardown of
+    # the gloo groups and stores: their destruction order across processes can abort one rank
+    # after the run has finished (SIGABRT, no traceback).
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
