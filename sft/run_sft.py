@@ -24,6 +24,7 @@ from ppo.common.validation import validate_run  # noqa: E402
 from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
 from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
 from ppo.models.loading import apply_lora, load_causal_lm, load_overrides, load_tokenizer  # noqa: E402
+from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, check_pipeline_run, load_pipe  # noqa: E402
 from sft.sft_trainer import SFTTrainer  # noqa: E402
 
 
@@ -56,7 +57,18 @@ def main(argv=None):
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
 
     tokenizer = load_tokenizer(model_args.model_name_or_path)
-    model = load_causal_lm(model_args.model_name_or_path, **load_overrides(model_args, training_args))
+    overrides = load_overrides(model_args, training_args, pipeline_entry="sft")
+    if training_args.pipeline_parallel_degree > 1:
+        check_pipeline_run(
+            training_args, model_args.use_lora,
+            generation_eval=bool(split_specs(data_args.eval_datasets)) and training_args.eval_with_do_generation,
+        )
+        model = load_pipe(
+            model_args.model_name_or_path, AnswerNLLCriterion(), CausalLMPipelineInputs(training_args.gradient_accumulation_steps),
+            **overrides,
+        )
+    else:
+        model = load_causal_lm(model_args.model_name_or_path, **overrides)
     if model_args.use_lora:
         model = apply_lora(model, base_model_name_or_path=model_args.model_name_or_path, **model_args.lora_settings())
     data_kwargs = data_args.dataset_kwargs(tokenizer, training_args.seed)

@@ -9,7 +9,9 @@ from ppo.models.tensor_parallel import DatasetOrderMixin
 
 
 class SFTTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
-    """`Trainer` whose loss is the masked token-mean NLL of the answer tokens.
+    """`Trainer` whose loss is the masked token-mean NLL of the answer tokens. Under pipeline
+    parallelism the model is a pipeline stage whose last stage computes that loss itself
+    (`ppo.models.pipeline`); the `Trainer`'s pipeline steps run it.
 
     `eval_prompt_dataset` (a `PromptOnlyDataset` with reference answers) adds
     `eval/accuracy`, `eval/accuracy_long`, `eval/accuracy_short` and
@@ -27,6 +29,8 @@ class SFTTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
         return (loss, {"logprobs": logprobs}) if return_outputs else loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        if self.args.pipeline_parallel_degree > 1:  # the pipe's loss (ppo.models.pipeline.AnswerNLLCriterion)
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
         with paddle.no_grad():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None

@@ -3,6 +3,7 @@ import logging
 import os
 
 from ..checkpoint import clear_previous_run, last_complete_trainer_checkpoint
+from ..models.pipeline import save_pipeline_merged
 from .divergence import DivergenceError
 from .tracking import interval_weighted_mean
 from .trainer_callbacks import CheckpointRotationCallback, DivergenceCallback, TrackerCallback, rename_trainer_logs
@@ -66,7 +67,10 @@ def finish_trainer_run(trainer, args, tokenizer):
             raise DivergenceError(
                 f"stopped: {'; '.join(guard.diverged)}; {where} (stop_on_divergence=False lets the run go on)"
             )
-        trainer.save_model(args.output_dir, merge_tensor_parallel=args.tensor_parallel_degree > 1)  # a TP=1 run loads it
+        if args.pipeline_parallel_degree > 1:  # one plain checkpoint from the stages, loadable on one process
+            save_pipeline_merged(trainer.model, args.output_dir)
+        else:
+            trainer.save_model(args.output_dir, merge_tensor_parallel=args.tensor_parallel_degree > 1)  # a TP=1 run loads it
         if trainer.is_world_process_zero():
             tokenizer.save_pretrained(args.output_dir)
         trainer.save_state()

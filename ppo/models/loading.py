@@ -129,11 +129,17 @@ def gpu_switch_overrides(model_args, cuda=None):
     return overrides
 
 
-def load_overrides(model_args, training_args):
+PIPELINE_ENTRY_POINTS = ("sft", "rm")
+"""Entry points that train pipeline-parallel models (`ppo.models.pipeline`)."""
+
+
+def load_overrides(model_args, training_args, pipeline_entry=None):
     """Config overrides every model of a run is loaded with: flash attention, recompute
     settings, GPU-only fused kernels, the train patch (`use_train_patch`: installed on a CPU
     build, fused kernels on CUDA) and, with tensor parallelism, this rank's shard
-    (PaddleNLP's `tensor_parallel_*` config)."""
+    (PaddleNLP's `tensor_parallel_*` config). `pipeline_parallel_degree > 1` is refused
+    unless `pipeline_entry` names an entry point of `PIPELINE_ENTRY_POINTS`, which loads
+    pipeline models itself."""
     overrides = {
         "use_flash_attention": model_args.use_flash_attention,
         "recompute_granularity": model_args.recompute_granularity,
@@ -148,14 +154,13 @@ def load_overrides(model_args, training_args):
             "sequence_parallel (split activations along the sequence between tensor-parallel ranks) is not implemented by "
             "the trainers here: the log-prob path and the rollout engine take whole sequences; set it false"
         )
-    if getattr(training_args, "pipeline_parallel_degree", 1) > 1:
+    if getattr(training_args, "pipeline_parallel_degree", 1) > 1 and pipeline_entry not in PIPELINE_ENTRY_POINTS:
         raise ValueError(
-            f"pipeline_parallel_degree {training_args.pipeline_parallel_degree}: the trainers here load plain "
-            "(non-pipeline) models, which PaddleNLP's Trainer and the PPO loop cannot split into pipeline stages. "
-            "Missing: loading the policy as PaddleNLP's *ForCausalLMPipe with a last layer returning per-token "
-            "log-probs for the SFT/DPO/PPO losses, a critic/score-model pipe with the score head as last layer, "
-            "and PPO generation through a gathered single copy of the pipeline model; "
-            "use tensor_parallel_degree and sharding instead"
+            f"pipeline_parallel_degree {training_args.pipeline_parallel_degree}: only SFT (sft/run_sft.py) and "
+            "reward-model training (rm/run_reward.py) train pipeline-parallel models here. Missing for DPO and PPO/GRPO: "
+            "a pipeline policy whose last stage returns per-token log-probs for the DPO/PPO losses (with the reference "
+            "model's log-probs sent along with the labels), a critic pipe, and PPO generation through a gathered "
+            "single copy of the pipeline model; use tensor_parallel_degree and sharding instead"
         )
     if training_args.tensor_parallel_degree > 1:
         overrides.update(

@@ -117,13 +117,33 @@ class DatasetOrderMixin:
     are tensor-parallel copies, `dataset_world_size == 1`), draw them as a single-process run
     does. PaddleNLP switches to its `DistributedBatchSampler` (another shuffle) as soon as
     there are two processes, so a TP=2 run would otherwise train on another data order than
-    the TP=1 run it should reproduce. The ranks draw alike: PaddleNLP seeds numpy with the
-    same seed on every tensor-parallel rank."""
+    the TP=1 run it should reproduce. Tensor-parallel ranks draw alike (PaddleNLP seeds numpy
+    with the same seed on each); pipeline stages do not (PaddleNLP seeds numpy with
+    `seed + 100 * stage`), so under pipeline parallelism every stage takes the first stage's
+    draw (`FirstStageOrderSampler`): the first stage reads the inputs, the last the labels."""
 
     def _get_train_sampler(self):
         if self.train_dataset is None or self.args.world_size <= 1 or self.args.dataset_world_size > 1:
             return super()._get_train_sampler()
+        if self.args.pipeline_parallel_degree > 1:
+            return paddle.io.BatchSampler(
+                sampler=FirstStageOrderSampler(self.train_dataset), batch_size=self.args.per_device_train_batch_size,
+                drop_last=self.args.dataloader_drop_last,
+            )
         return paddle.io.BatchSampler(
             dataset=self.train_dataset, shuffle=True, batch_size=self.args.per_device_train_batch_size,
             drop_last=self.args.dataloader_drop_last,
         )
+
+
+class FirstStageOrderSampler(paddle.io.RandomSampler):
+    """`RandomSampler` (numpy's global generator, as PaddleNLP's single-process runs) whose
+    order, drawn on every rank, is the one the pipeline group's first stage drew (broadcast)."""
+
+    def __iter__(self):
+        from paddle.distributed import fleet
+
+        order = paddle.to_tensor(list(super().__iter__()), dtype="int64")
+        group = fleet.get_hybrid_communicate_group().get_pipe_parallel_group()
+        dist.broadcast(order, src=group.ranks[0], group=group)
+        yield from order.numpy().tolist()

@@ -1,0 +1,263 @@
+"""Pipeline parallelism for the `Trainer`-based entry points (SFT here, the score model in
+`score_model_pipe.py`).
+
+Under `pipeline_parallel_degree > 1` PaddleNLP's `Trainer` trains a fleet `PipelineLayer`:
+each rank builds only its stage's layers, the 1F1B schedule (`forward_backward_pipeline`)
+runs `gradient_accumulation_steps` micro-batches of `per_device_train_batch_size` rows, and
+the last stage applies the layer's loss function `loss_fn(output, labels)` to each
+micro-batch, dividing it by the number of micro-batches. The pieces here:
+
+* `load_pipe(path, ...)`: PaddleNLP's `LlamaForCausalLMPipe` / `Qwen2ForCausalLMPipe` for a
+  plain checkpoint, with our loss and input preparation;
+* `AnswerNLLCriterion`: the SFT loss (`ppo.models.causal_lm.answer_nll`) on the last stage's
+  logits. PaddleNLP's `LlamaPretrainingCriterion` expects labels already shifted by one
+  position; our collators give labels in input alignment (`labels[:, t]` is the token at
+  position t, -100 off the answer);
+* `CausalLMPipelineInputs`: a collated batch (`input_ids`, `attention_mask`, `labels`) to the
+  schedule's `[first-stage inputs, last-stage labels]`, with position ids from the mask;
+* `save_pipeline_merged(model, path)`: every stage's weights gathered to the first stage
+  and written as one plain checkpoint (`model_state.pdparams`, the plain model's keys).
+"""
+import copy
+import logging
+import os
+
+import paddle
+import paddle.distributed as dist
+
+from ..algos import masked_mean, token_logprobs
+from .causal_lm import position_ids_from_mask
+
+logger = logging.getLogger(__name__)
+
+PIPE_CLASSES = {"llama": ("LlamaForCausalLMPipe", "LlamaForCausalLM"), "qwen2": ("Qwen2ForCausalLMPipe", "Qwen2ForCausalLM")}
+"""`config.model_type` -> (PaddleNLP pipeline class, plain class the merged checkpoint loads as)."""
+
+
+def pipe_classes(config):
+    """`(pipe class, plain class name)` for a model config; refuses what PaddleNLP 3.0.0b4's
+    pipeline classes cannot train here."""
+    import paddlenlp.transformers as transformers
+
+    model_type = getattr(config, "model_type", None)
+    if model_type not in PIPE_CLASSES:
+        raise ValueError(
+            f"pipeline_parallel_degree > 1: no pipeline class for model_type {model_type!r}; supported: {sorted(PIPE_CLASSES)}"
+        )
+    if model_type == "qwen2" and getattr(config, "tie_word_embeddings", False):
+        raise ValueError(
+            "pipeline_parallel_degree > 1: PaddleNLP's Qwen2ForCausalLMPipe does not train a model with "
+            "tie_word_embeddings=true (e.g. Qwen2.5-0.5B/1.5B) correctly in paddlenlp 3.0.0b4 (its tied LM head differs "
+            "from the plain model's); use tensor_parallel_degree or sharding for this model"
+        )
+    pipe_name, plain_name = PIPE_CLASSES[model_type]
+    return getattr(transformers, pipe_name), plain_name
+
+
+def load_pipe(path, loss_fn, prepare_inputs, dtype="float32", **config_overrides):
+    """This rank's pipeline stage of the causal LM in `path` (a plain checkpoint; PaddleNLP
+    maps its keys to the stage's layers), with `loss_fn(output, labels)` as the last stage's
+    loss and `prepare_inputs` as the `Trainer`'s `_prepare_pipeline_inputs_func`."""
+    from paddlenlp.transformers import AutoConfig
+
+    from .loading import is_lora_dir
+
+    if is_lora_dir(path):
+        raise ValueError(
+            f"pipeline_parallel_degree > 1 with a LoRA adapter ({path}): LoRA layers on pipeline stages are not "
+            "implemented here; merge the adapter (sft/merge_lora.py) or use tensor_parallel_degree"
+        )
+    pipe_cls, _ = pipe_classes(AutoConfig.from_pretrained(path))
+    model = pipe_cls.from_pretrained(path, dtype=dtype, **config_overrides)
+    model._loss_fn = [loss_fn]
+    model._prepare_pipeline_inputs_func = prepare_inputs
+    return model
+
+
+class AnswerNLLCriterion(paddle.nn.Layer):
+    """SFT loss on the last stage: `logits [N, T, V]`, `labels [N, T]` in input alignment
+    (-100 off the answer) -> the token mean of `-log p(labels[:, t + 1] | tokens <= t)` over the
+    answer tokens (scalar, float32), as `ppo.models.causal_lm.answer_nll`.
+
+    `labels` may also be `[labels [N, T], weight [N, 1]]` (evaluation, see
+    `CausalLMPipelineInputs`): the loss is then `sum(nll) * weight[0]`, the micro-batch's share
+    of the whole batch's token mean."""
+
+    def forward(self, logits, labels):
+        weight = None
+        if isinstance(labels, (tuple, list)):
+            labels, weight = labels
+        targets = labels[:, 1:]
+        counted = targets >= 0
+        logp = token_logprobs(logits[:, :-1].astype("float32"), targets)
+        if weight is None:
+            return -masked_mean(logp, counted)
+        return -paddle.sum(paddle.where(counted, logp, paddle.zeros_like(logp))) * weight[0, 0]
+
+
+def _rows(tensor, index):
+    return paddle.index_select(tensor, paddle.to_tensor(index, dtype="int64"), axis=0)
+
+
+class CausalLMPipelineInputs:
+    """The `Trainer`'s `_prepare_pipeline_inputs_func` for batches of `input_ids`,
+    `attention_mask` and `labels` (each `[N, T]`).
+
+    Training gives a list of `accumulate_steps` collated micro-batches (each padded to its
+    own length): returns `[(input_ids, mask, position_ids), labels]`, each a list with one
+    tensor per micro-batch, all right-padded to the longest micro-batch (fleet's 1F1B schedule
+    receives a micro-batch's gradient into a buffer shaped like the last activation it sent;
+    right padding changes no real token's output under the causal mask). The attention mask goes as bool: PaddleNLP's pipeline embedding
+    reads an int32 / int64 second input as FlashMask row indices / position ids on GPU.
+
+    Evaluation (`Trainer.prediction_pipeline_step`) gives one batch: it is cut into
+    `accumulate_steps` row groups (the schedule's micro-batches; a group short of rows repeats
+    row 0 with weight 0), each labelled `[labels, weight]` with
+    `weight = accumulate_steps / answer tokens of the batch`, so that the schedule's mean over
+    micro-batches is the batch's answer-token mean, as a single-process evaluation computes.
+    `count_tokens(labels)` gives the batch's counted tokens (the RM overrides the labels).
+    """
+
+    first_stage_keys = ("input_ids", "attention_mask")
+
+    def __init__(self, accumulate_steps):
+        if accumulate_steps < 1:
+            raise ValueError(f"accumulate_steps must be >= 1, got {accumulate_steps}")
+        self.accumulate_steps = accumulate_steps
+
+    def first_stage(self, batch):
+        mask = batch["attention_mask"]
+        return batch["input_ids"], mask.astype("bool"), position_ids_from_mask(mask)
+
+    def last_stage(self, batch):
+        return batch["labels"]
+
+    pad_values = {"attention_mask": 0, "labels": -100}
+    """Right-padding of each key (others: 0, never read: the attention mask is 0 there)."""
+
+    def right_pad(self, batch, width):
+        """`batch` with every `[N, T]` tensor right-padded to `[N, width]`."""
+        out = {}
+        for key, value in batch.items():
+            if isinstance(value, paddle.Tensor) and value.ndim == 2 and value.shape[1] < width:
+                fill = paddle.full([value.shape[0], width - value.shape[1]], self.pad_values.get(key, 0), dtype=value.dtype)
+                value = paddle.concat([value, fill], axis=1)
+            out[key] = value
+        return out
+
+    @staticmethod
+    def count_tokens(labels):
+        return float((labels[:, 1:] >= 0).astype("float32").sum())
+
+    def __call__(self, inputs):
+        if isinstance(inputs, dict):
+            return self.evaluation_batches(inputs)
+        if len(inputs) != self.accumulate_steps:
+            raise ValueError(f"expected {self.accumulate_steps} micro-batches, got {len(inputs)}")
+        width = max(int(b["input_ids"].shape[1]) for b in inputs)
+        inputs = [self.right_pad(b, width) for b in inputs]
+        firsts = [self.first_stage(b) for b in inputs]
+        return [tuple(list(column) for column in zip(*firsts)), [self.last_stage(b) for b in inputs]]
+
+    def evaluation_batches(self, batch):
+        rows = int(batch["input_ids"].shape[0])
+        groups = [list(range(rows))[g :: self.accumulate_steps] for g in range(self.accumulate_steps)]
+        total = max(self.count_tokens(batch["labels"]), 1.0)
+        firsts, lasts = [], []
+        for group in groups:
+            weight = self.accumulate_steps / total
+            if not group:  # fewer rows than micro-batches: a stand-in row that counts nothing
+                group, weight = [0], 0.0
+            part = {k: _rows(v, group) for k, v in batch.items() if isinstance(v, paddle.Tensor)}
+            firsts.append(self.first_stage(part))
+            lasts.append([self.last_stage(part), paddle.full([len(group), 1], weight, dtype="float32")])  # a list: fleet detaches its items
+        return [tuple(list(column) for column in zip(*firsts)), lasts]
+
+
+def pipeline_group():
+    """Fleet's pipeline group, or None without pipeline parallelism."""
+    from paddle.distributed import fleet
+
+    try:
+        hcg = fleet.get_hybrid_communicate_group()
+    except Exception:  # fleet not initialised
+        return None
+    if hcg is None or hcg.get_pipe_parallel_world_size() <= 1:
+        return None
+    return hcg.get_pipe_parallel_group()
+
+
+def gather_stage_states(model):
+    """Every stage's state dict (plain-model keys) merged on the pipeline group's first rank
+    (other ranks get None); all ranks of the group must call it. Tensors travel by
+    point-to-point sends, one stage after another, after their names, shapes and dtypes."""
+    from .loading import unwrap_parallel
+
+    pipe = unwrap_parallel(model)
+    own = {k: v for k, v in pipe.state_dict().items()}
+    group = pipeline_group()
+    if group is None:
+        return own
+    metas = []
+    dist.all_gather_object(metas, [(k, list(v.shape), str(v.dtype).split(".")[-1]) for k, v in own.items()], group=group)
+    first = group.ranks[0]
+    rank = dist.get_rank()
+    merged = dict(own) if rank == first else None
+    for stage, meta in enumerate(metas):
+        src = group.ranks[stage]
+        if src == first:
+            continue
+        for name, shape, dtype in meta:
+            if rank == src:
+                dist.send(own[name].contiguous(), dst=first, group=group)
+            elif rank == first:
+                buf = paddle.empty(shape, dtype=dtype)
+                dist.recv(buf, src=src, group=group)
+                merged[name] = buf
+    return merged
+
+
+def save_pipeline_merged(model, path):
+    """Write the pipeline model as one plain checkpoint in `path`: `model_state.pdparams`
+    with the plain model's keys and `config.json` naming the plain class (the pipe's
+    `merged_class_name` attribute, else the plain causal LM of its model type), so
+    `from_pretrained` of that class loads it on one process. Every pipeline rank must call
+    it; the first writes."""
+    from .loading import unwrap_parallel
+
+    pipe = unwrap_parallel(model)
+    state = gather_stage_states(model)
+    if state is None:
+        return
+    plain_class_name = getattr(pipe, "merged_class_name", None) or pipe_classes(pipe.config)[1]
+    os.makedirs(path, exist_ok=True)
+    paddle.save(state, os.path.join(path, "model_state.pdparams"))
+    config = copy.deepcopy(pipe.config)
+    config.architectures = [plain_class_name]
+    config.save_pretrained(path)
+    logger.info(f"pipeline stages merged into {path} ({len(state)} tensors, {plain_class_name})")
+
+
+def check_pipeline_run(training_args, use_lora=False, generation_eval=False):
+    """Start-up refusals of a `pipeline_parallel_degree > 1` run of the `Trainer` entry points,
+    each naming the argument to change."""
+    from paddlenlp.trainer.trainer_utils import split_parallel_config
+
+    degree = training_args.pipeline_parallel_degree
+    if use_lora:
+        raise ValueError(
+            f"use_lora with pipeline_parallel_degree {degree}: LoRA layers on pipeline stages are not implemented here; "
+            "set use_lora false or use tensor_parallel_degree"
+        )
+    if generation_eval:
+        raise ValueError(
+            f"eval_with_do_generation with pipeline_parallel_degree {degree}: greedy decoding for exact-match accuracy "
+            "needs the whole model on one rank, and each rank here holds one pipeline stage; set "
+            "eval_with_do_generation false (the evaluation loss still runs through the pipeline)"
+        )
+    if "disable_p2p_cache_shape" not in split_parallel_config(training_args.pipeline_parallel_config):
+        raise ValueError(
+            f"pipeline_parallel_degree {degree}: batches here are padded to their longest row, so the activations sent "
+            "between stages change shape from one micro-batch to the next; add disable_p2p_cache_shape to "
+            f"pipeline_parallel_config (now {training_args.pipeline_parallel_config!r})"
+        )

@@ -1,0 +1,158 @@
+"""Pipeline parallel in the entry points: a pipeline_parallel_degree 2 run (two CPU processes,
+fleet's 1F1B schedule through PaddleNLP's Trainer, the test-only stand-ins of
+`tests/tp_cpu_collectives.install_pipeline`) and a plain one-process run from the same
+checkpoint and data give the same per-step losses, the same evaluation loss and the same
+saved weights; the PP=2 checkpoint is one plain checkpoint that loads on one process.
+
+Micro-batches: `per_device_train_batch_size` rows each, `gradient_accumulation_steps` of them
+per step in both runs (the plain Trainer accumulates them, the schedule pipelines them).
+PaddleNLP sets `per_device_eval_batch_size` to their product under pipeline parallelism, so
+the plain run is given that evaluation batch size too."""
+import json
+import os
+
+import numpy as np
+import paddle
+import pytest
+
+from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, check_pipeline_run, pipe_classes
+from tests.tp_launch import launch_run, step_values
+
+MICRO, ACCUMULATE, STEPS = 4, 2, 3
+PP_ARGS = ["--pipeline_parallel_degree", "2", "--pipeline_parallel_config", "disable_p2p_cache_shape"]
+
+
+@pytest.fixture(scope="module")
+def two_layer_model_dir(tmp_path_factory):
+    """A 2-layer tiny Llama: each of the two stages gets one decoder layer."""
+    from ppo.tiny.factory import build_tiny
+
+    path = str(tmp_path_factory.mktemp("pp_model"))
+    build_tiny(path, seed=11, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    return path
+
+
+def saved_weights(path):
+    return {k: v.numpy() for k, v in paddle.load(os.path.join(path, "model_state.pdparams")).items()}
+
+
+def assert_same_saved_weights(dir_pp1, dir_pp2, start_dir):
+    a, b, start = saved_weights(dir_pp1), saved_weights(dir_pp2), saved_weights(start_dir)
+    assert sorted(a) == sorted(b) == sorted(start)  # merged: the plain model's keys, nothing per stage
+    for key in a:
+        assert a[key].shape == b[key].shape, key
+        np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-6, err_msg=key)
+    assert any(not np.allclose(start[k], b[k]) for k in b)  # the run trained
+    assert not any(f.startswith("model_state.pp") for f in os.listdir(dir_pp2))
+
+
+def assert_same_steps(out1, out2, key):
+    v1, v2 = step_values(out1, key), step_values(out2, key)
+    assert sorted(v1) == sorted(v2) == list(range(1, STEPS + 1)), (v1, v2)
+    np.testing.assert_allclose([v2[s] for s in v1], [v1[s] for s in v1], rtol=1e-5, err_msg=key)
+    assert v1[STEPS] < v1[1]
+
+
+def final_eval(out, key):
+    return json.load(open(os.path.join(out, "summary.json")))["final_eval"][key]
+
+
+def test_sft_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path):
+    from paddlenlp.transformers import LlamaForCausalLM
+
+    from sft.run_sft import main as run_sft
+
+    argv = [
+        "config/tiny/sft_argument.json", "--model_name_or_path", two_layer_model_dir,
+        "--train_datasets", f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl",
+        "--eval_datasets", f"Jsonfile:1.0:{tiny_data_dir}/test.jsonl", "--eval_with_do_generation", "false",
+        "--max_steps", str(STEPS), "--per_device_train_batch_size", str(MICRO),
+        "--gradient_accumulation_steps", str(ACCUMULATE), "--per_device_eval_batch_size", str(MICRO * ACCUMULATE),
+        "--logging_steps", "1", "--learning_rate", "1e-2", "--eval_steps", str(STEPS), "--save_steps", str(STEPS),
+        "--warmup_steps", "0", "--disable_tqdm", "true",
+    ]
+    out1, out2 = str(tmp_path / "pp1"), str(tmp_path / "pp2")
+    run_sft([*argv, "--output_dir", out1, "--logging_dir", f"{out1}/vdl"])
+    launch_run("sft/run_sft.py", [*argv, "--output_dir", out2, "--logging_dir", f"{out2}/vdl", *PP_ARGS], out2)
+    assert_same_steps(out1, out2, "loss/sft")
+    np.testing.assert_allclose(final_eval(out2, "eval/loss"), final_eval(out1, "eval/loss"), rtol=1e-5)
+    assert_same_saved_weights(out1, out2, two_layer_model_dir)
+    assert json.load(open(os.path.join(out2, "config.json")))["architectures"] == ["LlamaForCausalLM"]
+    reloaded = LlamaForCausalLM.from_pretrained(out2)  # the plain class, one process
+    np.testing.assert_allclose(reloaded.lm_head.weight.numpy(), saved_weights(out1)["lm_head.weight"], rtol=1e-4, atol=1e-6)
+
+
+def _answer_batch(vocab, rows=5, width=7, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = paddle.to_tensor(rng.integers(4, vocab, (rows, width)), dtype="int64")
+    mask = np.ones((rows, width), "int64")
+    mask[1, 5:] = 0
+    mask[3, 4:] = 0
+    labels = np.where(mask == 1, ids.numpy(), -100)
+    labels[:, :2] = -100  # the prompt
+    return {"input_ids": ids, "attention_mask": paddle.to_tensor(mask), "labels": paddle.to_tensor(labels)}
+
+
+@pytest.mark.parametrize("accumulate", [1, 2, 3, 7])
+def test_pipeline_eval_chunks_give_the_batch_token_mean(tiny_model_dir, accumulate):
+    """The evaluation micro-batches' weighted losses, averaged as fleet's schedule does (each
+    divided by the number of micro-batches, then summed), equal `answer_nll` of the whole batch,
+    also with more micro-batches than rows (stand-in rows of weight 0)."""
+    from ppo.models.causal_lm import answer_nll
+    from ppo.models.loading import load_causal_lm
+
+    model = load_causal_lm(tiny_model_dir)
+    model.eval()
+    batch = _answer_batch(model.config.vocab_size)
+    with paddle.no_grad():
+        expected = float(answer_nll(model, batch["input_ids"], batch["attention_mask"], batch["labels"], chunk_size=0)[0])
+        (ids, masks, positions), labels = CausalLMPipelineInputs(accumulate)(dict(batch))
+        assert len(ids) == len(labels) == accumulate
+        assert masks[0].dtype == paddle.bool and positions[0].dtype == paddle.int64
+        criterion = AnswerNLLCriterion()
+        total = 0.0
+        for i in range(accumulate):
+            logits = model(input_ids=ids[i], attention_mask=masks[i], position_ids=positions[i], return_dict=True).logits
+            total += float(criterion(logits, labels[i])) / accumulate
+    np.testing.assert_allclose(total, expected, rtol=1e-6)
+
+
+def test_pipeline_training_micro_batches_padded_alike(tiny_model_dir):
+    """Training micro-batches of different widths are right-padded to the widest (mask 0,
+    labels -100) and the criterion gives each one's loss unchanged."""
+    from ppo.models.causal_lm import answer_nll
+    from ppo.models.loading import load_causal_lm
+
+    model = load_causal_lm(tiny_model_dir)
+    model.eval()
+    narrow, wide = _answer_batch(model.config.vocab_size, width=6, seed=1), _answer_batch(model.config.vocab_size, width=9)
+    (ids, masks, positions), labels = CausalLMPipelineInputs(2)([dict(narrow), dict(wide)])
+    assert [t.shape for t in ids] == [[5, 9], [5, 9]]
+    np.testing.assert_array_equal(labels[0].numpy()[:, 6:], -100)
+    assert not masks[0].numpy()[:, 6:].any()
+    with paddle.no_grad():
+        logits = model(input_ids=ids[0], attention_mask=masks[0], position_ids=positions[0], return_dict=True).logits
+        got = float(AnswerNLLCriterion()(logits, labels[0]))
+        expected = float(answer_nll(model, narrow["input_ids"], narrow["attention_mask"], narrow["labels"], chunk_size=0)[0])
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_pipeline_refusals(tmp_path):
+    from types import SimpleNamespace
+
+    from paddlenlp.transformers import LlamaConfig, Qwen2Config
+
+    args = SimpleNamespace(pipeline_parallel_degree=2, pipeline_parallel_config="")
+    with pytest.raises(ValueError, match="use_lora with pipeline_parallel_degree 2"):
+        check_pipeline_run(args, use_lora=True)
+    with pytest.raises(ValueError, match="eval_with_do_generation with pipeline_parallel_degree 2"):
+        check_pipeline_run(args, generation_eval=True)
+    with pytest.raises(ValueError, match="add disable_p2p_cache_shape to pipeline_parallel_config"):
+        check_pipeline_run(args)
+    check_pipeline_run(SimpleNamespace(pipeline_parallel_degree=2, pipeline_parallel_config="disable_p2p_cache_shape"))
+    with pytest.raises(ValueError, match="tie_word_embeddings=true"):
+        pipe_classes(Qwen2Config(tie_word_embeddings=True))
+    assert pipe_classes(Qwen2Config(tie_word_embeddings=False))[1] == "Qwen2ForCausalLM"
+    assert pipe_classes(LlamaConfig())[0].__name__ == "LlamaForCausalLMPipe"
+    with pytest.raises(ValueError, match="no pipeline class for model_type 'gpt'"):
+        pipe_classes(SimpleNamespace(model_type="gpt"))
