@@ -3,10 +3,9 @@
 import paddle
 from paddlenlp.trainer import Trainer
 
-from ppo.algos import pairwise_reward_loss, tokenwise_pairwise_reward_loss
+from ppo.models.score_model_pipe import pipeline_end_scores
+from ppo.models.score_model import LOSS_TYPES, pair_scores_loss  # noqa: F401 (LOSS_TYPES: rm/run_reward.py)
 from ppo.models.tensor_parallel import DatasetOrderMixin
-
-LOSS_TYPES = ("sequence-wise", "token-wise")
 
 
 def score_pairs(model, inputs):
@@ -24,23 +23,17 @@ def score_pairs(model, inputs):
 def reward_loss(model, inputs, loss_type, regularization):
     """`(loss, stats)` of one preference batch with `rm/loss`, `rm/accuracy`, `rm/margin`."""
     scores, end_scores, B = score_pairs(model, inputs)
-    if loss_type == "sequence-wise":
-        return pairwise_reward_loss(end_scores[:B], end_scores[B:], regularization=regularization)
-    if loss_type == "token-wise":
-        return tokenwise_pairwise_reward_loss(
-            scores[:B],
-            scores[B:],
-            inputs["better_input_ids"],
-            inputs["worse_input_ids"],
-            inputs["better_attention_mask"],
-            inputs["worse_attention_mask"],
-            regularization=regularization,
-        )
-    raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+    return pair_scores_loss(
+        scores, end_scores, inputs["better_input_ids"], inputs["worse_input_ids"], inputs["better_attention_mask"],
+        inputs["worse_attention_mask"], loss_type, regularization,
+    )
 
 
 class RewardTrainer(DatasetOrderMixin, Trainer):
-    """`Trainer` for score models on `PreferenceDataset` batches."""
+    """`Trainer` for score models on `PreferenceDataset` batches. Under pipeline parallelism
+    the model is a stage of `ppo.models.score_model_pipe`, whose last stage computes the loss
+    (`PairwiseRewardCriterion`) in the `Trainer`'s pipeline steps, and evaluation scores the
+    pairs through the pipeline (`pipeline_end_scores`)."""
 
     def compute_loss(self, model, inputs, return_outputs=False):
         loss, stats = reward_loss(model, inputs, self.args.loss_type, self.args.regularization)
@@ -49,12 +42,20 @@ class RewardTrainer(DatasetOrderMixin, Trainer):
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
         """Pairwise accuracy and margin over the whole eval set (`rm/accuracy`, `rm/margin`, `rm/eval_loss`)."""
         dataloader = self.get_eval_dataloader(eval_dataset)
+        pipelined = self.args.pipeline_parallel_degree > 1
+        if pipelined and self.model_wrapped is self.model:  # evaluation before (or without) training
+            from paddle.distributed import fleet
+
+            self.model_wrapped = fleet.distributed_model(self.model)
         self.model.eval()
         correct, margin, loss_sum, pairs = 0.0, 0.0, 0.0, 0
         with paddle.no_grad():
             for inputs in dataloader:
                 inputs = self._prepare_inputs(inputs)
-                _, end_scores, B = score_pairs(self.model, inputs)
+                if pipelined:
+                    end_scores, B = pipeline_end_scores(self.model_wrapped, inputs), inputs["better_input_ids"].shape[0]
+                else:
+                    _, end_scores, B = score_pairs(self.model, inputs)
                 diff = end_scores[:B] - end_scores[B:]
                 correct += float((diff > 0).astype("float32").sum())
                 margin += float(diff.sum())

@@ -24,7 +24,9 @@ from ppo.common.validation import validate_run  # noqa: E402
 from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
 from ppo.data import PreferenceDataset  # noqa: E402
 from ppo.models.loading import apply_lora, load_overrides, load_tokenizer  # noqa: E402
+from ppo.models.pipeline import check_pipeline_run  # noqa: E402
 from ppo.models.score_model import AutoModelForScore  # noqa: E402
+from ppo.models.score_model_pipe import load_score_pipe  # noqa: E402
 from rm.reward_trainer import LOSS_TYPES, RewardTrainer  # noqa: E402
 
 
@@ -64,14 +66,18 @@ def main(argv=None):
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
 
     tokenizer = load_tokenizer(model_args.model_name_or_path)
-    model = AutoModelForScore.from_pretrained(
-        model_args.model_name_or_path,
-        score_type="reward",
-        do_normalize=model_args.normalize_score_during_training,
-        normalizer_type=model_args.normalizer_type,
-        normalizer_momentum=model_args.normalizer_momentum,
-        **load_overrides(model_args, training_args),
+    score_settings = dict(
+        score_type="reward", do_normalize=model_args.normalize_score_during_training, normalizer_type=model_args.normalizer_type,
+        normalizer_momentum=model_args.normalizer_momentum, **load_overrides(model_args, training_args, pipeline_entry="rm"),
     )
+    if training_args.pipeline_parallel_degree > 1:
+        check_pipeline_run(training_args, model_args.use_lora)
+        model = load_score_pipe(
+            model_args.model_name_or_path, training_args.loss_type, training_args.regularization,
+            training_args.gradient_accumulation_steps, **score_settings,
+        )
+    else:
+        model = AutoModelForScore.from_pretrained(model_args.model_name_or_path, **score_settings)
     if model_args.use_lora:
         model = apply_lora(
             model, base_model_name_or_path=model_args.model_name_or_path, trainable_modules=["score_head"],

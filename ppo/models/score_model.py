@@ -15,6 +15,7 @@ from typing import NamedTuple
 import paddle
 import paddle.nn as nn
 
+from ..algos import pairwise_reward_loss, tokenwise_pairwise_reward_loss
 from ..algos.normalizer import build_normalizer
 from .causal_lm import last_token_index, position_ids_from_mask
 
@@ -26,6 +27,25 @@ SCORE_CONFIG_DEFAULTS = {
     "normalizer_type": None,
     "normalizer_momentum": 0.9,
 }
+
+
+LOSS_TYPES = ("sequence-wise", "token-wise")
+"""Pairwise reward-model losses (`loss_type` of rm/run_reward.py)."""
+
+
+def pair_scores_loss(scores, end_scores, better_ids, worse_ids, better_mask, worse_mask, loss_type, regularization):
+    """`(loss, stats)` of B preference pairs scored in one batch: `scores [2B, T]` and
+    `end_scores [2B]` with the better rows first, `*_ids`, `*_mask` `[B, T]`. Sequence-wise:
+    `ppo.algos.pairwise_reward_loss` of the end scores; token-wise:
+    `ppo.algos.tokenwise_pairwise_reward_loss` of the token scores."""
+    B = better_ids.shape[0]
+    if loss_type == "sequence-wise":
+        return pairwise_reward_loss(end_scores[:B], end_scores[B:], regularization=regularization)
+    if loss_type == "token-wise":
+        return tokenwise_pairwise_reward_loss(
+            scores[:B], scores[B:], better_ids, worse_ids, better_mask, worse_mask, regularization=regularization
+        )
+    raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
 
 
 class ScoreModelOutput(NamedTuple):

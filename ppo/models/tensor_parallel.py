@@ -136,6 +136,16 @@ class DatasetOrderMixin:
         )
 
 
+    def _get_eval_sampler(self, eval_dataset):
+        """Under pipeline parallelism, PaddleNLP fills the last evaluation batch up with rows of
+        the first one (its schedule needs `per_device_eval_batch_size` rows), so those rows count
+        twice; the pipeline evaluation here takes any number of rows (`ppo.models.pipeline`), so
+        the batches are the single-process ones."""
+        if self.args.pipeline_parallel_degree > 1 and self.args.dataset_world_size == 1:
+            return paddle.io.BatchSampler(eval_dataset, batch_size=self.args.per_device_eval_batch_size, shuffle=False)
+        return super()._get_eval_sampler(eval_dataset)
+
+
 class FirstStageOrderSampler(paddle.io.RandomSampler):
     """`RandomSampler` (numpy's global generator, as PaddleNLP's single-process runs) whose
     order, drawn on every rank, is the one the pipeline group's first stage drew (broadcast)."""
