@@ -133,7 +133,7 @@ def _answer_batch(vocab, rows=5, width=7, seed=0):
     ids = paddle.to_tensor(rng.integers(4, vocab, (rows, width)), dtype="int64")
     mask = np.ones((rows, width), "int64")
     mask[1, 5:] = 0
-    mask[3, 4:] = 0
+    mask[-1, 4:] = 0
     labels = np.where(mask == 1, ids.numpy(), -100)
     labels[:, :2] = -100  # the prompt
     return {"input_ids": ids, "attention_mask": paddle.to_tensor(mask), "labels": paddle.to_tensor(labels)}
@@ -202,3 +202,41 @@ def test_pipeline_refusals(tmp_path):
     assert pipe_classes(LlamaConfig())[0].__name__ == "LlamaForCausalLMPipe"
     with pytest.raises(ValueError, match="no pipeline class for model_type 'gpt'"):
         pipe_classes(SimpleNamespace(model_type="gpt"))
+
+
+@pytest.mark.parametrize("loss_type", ["sequence-wise", "token-wise"])
+def test_pairwise_criterion_equals_plain_reward_loss(tiny_rm_dir, loss_type):
+    """The last stage's RM loss on the pipe's raw scores equals `reward_loss` of the plain score
+    model in training mode, normaliser included (statistics updated from each batch's end
+    scores, scores normalised with them), over two batches; training micro-batches stack each
+    one's pairs (better rows first), right-padded to the widest."""
+    import copy
+
+    from ppo.models.score_model import AutoModelForScore
+    from ppo.models.score_model_pipe import PairwiseRewardCriterion, PreferencePipelineInputs, ScoreHeadPipe
+    from rm.reward_trainer import reward_loss
+
+    settings = dict(do_normalize=True, normalizer_type="RunningMeanStd")
+    plain = AutoModelForScore.from_pretrained(tiny_rm_dir, **settings)
+    raw = AutoModelForScore.from_pretrained(tiny_rm_dir)  # same weights, no normaliser: the pipe's scores
+    plain.train()
+    head = ScoreHeadPipe(copy.deepcopy(plain.config))
+    head.train()
+    criterion = PairwiseRewardCriterion(loss_type, 0.01, head)
+    vocab = plain.config.vocab_size
+    batches = []
+    for seed, width in ((0, 7), (1, 5)):
+        better, worse = _answer_batch(vocab, 3, width, seed), _answer_batch(vocab, 3, width, seed + 10)
+        worse["input_ids"][:, :2] = better["input_ids"][:, :2]  # a shared prompt
+        batches.append({f"{side}_{k}": v[k] for side, v in (("better", better), ("worse", worse)) for k in ("input_ids", "attention_mask")})
+    (ids, masks, positions), labels = PreferencePipelineInputs(2)([dict(b) for b in batches])
+    assert [t.shape for t in ids] == [[6, 7], [6, 7]]
+    np.testing.assert_array_equal(ids[1].numpy()[:3, :5], batches[1]["better_input_ids"].numpy())
+    np.testing.assert_array_equal(ids[1].numpy()[3:, :5], batches[1]["worse_input_ids"].numpy())
+    for batch, micro_ids, mask, pos, label in zip(batches, ids, masks, positions, labels):
+        expected = float(reward_loss(plain, batch, loss_type, 0.01)[0])
+        scores = raw(micro_ids, attention_mask=mask.astype("int64"), position_ids=pos).scores
+        np.testing.assert_allclose(float(criterion(scores, label)), expected, rtol=1e-5)
+    for name in ("normalizer_mean", "normalizer_var", "normalizer_count"):
+        np.testing.assert_allclose(getattr(head, name).numpy(), getattr(plain, name).numpy(), rtol=1e-5, err_msg=name)
+    assert float(head.normalizer_count) == 12.0

@@ -240,10 +240,15 @@ def save_pipeline_merged(model, path):
 
 def check_pipeline_run(training_args, use_lora=False, generation_eval=False):
     """Start-up refusals of a `pipeline_parallel_degree > 1` run of the `Trainer` entry points,
-    each naming the argument to change."""
+    each naming the argument to change; a `logprob_chunk_size` (SFT) is logged as unused."""
     from paddlenlp.trainer.trainer_utils import split_parallel_config
 
     degree = training_args.pipeline_parallel_degree
+    if getattr(training_args, "logprob_chunk_size", 0):
+        logger.warning(
+            f"logprob_chunk_size={training_args.logprob_chunk_size} is not used with pipeline_parallel_degree {degree}: "
+            "the last stage's LM head computes full [micro-batch, seq, vocab] logits for the loss"
+        )
     if use_lora:
         raise ValueError(
             f"use_lora with pipeline_parallel_degree {degree}: LoRA layers on pipeline stages are not implemented here; "
