@@ -188,14 +188,16 @@ def test_pipeline_refusals(tmp_path):
 
     from paddlenlp.transformers import LlamaConfig, Qwen2Config
 
-    args = SimpleNamespace(pipeline_parallel_degree=2, pipeline_parallel_config="")
+    args = SimpleNamespace(pipeline_parallel_degree=2, pipeline_parallel_config="", tensor_parallel_degree=1)
+    with pytest.raises(ValueError, match="tensor_parallel_degree 2 with pipeline_parallel_degree 2"):
+        check_pipeline_run(SimpleNamespace(pipeline_parallel_degree=2, pipeline_parallel_config="", tensor_parallel_degree=2))
     with pytest.raises(ValueError, match="use_lora with pipeline_parallel_degree 2"):
         check_pipeline_run(args, use_lora=True)
     with pytest.raises(ValueError, match="eval_with_do_generation with pipeline_parallel_degree 2"):
         check_pipeline_run(args, generation_eval=True)
     with pytest.raises(ValueError, match="add disable_p2p_cache_shape to pipeline_parallel_config"):
         check_pipeline_run(args)
-    check_pipeline_run(SimpleNamespace(pipeline_parallel_degree=2, pipeline_parallel_config="disable_p2p_cache_shape"))
+    check_pipeline_run(SimpleNamespace(pipeline_parallel_degree=2, pipeline_parallel_config="disable_p2p_cache_shape", tensor_parallel_degree=1))
     with pytest.raises(ValueError, match="tie_word_embeddings=true"):
         pipe_classes(Qwen2Config(tie_word_embeddings=True))
     assert pipe_classes(Qwen2Config(tie_word_embeddings=False))[1] == "Qwen2ForCausalLM"

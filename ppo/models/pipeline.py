@@ -225,10 +225,13 @@ def save_pipeline_merged(model, path):
     it; the first writes."""
     from .loading import unwrap_parallel
 
+    from paddle.distributed import fleet
+
     pipe = unwrap_parallel(model)
     state = gather_stage_states(model)
-    if state is None:
-        return
+    hcg = fleet.get_hybrid_communicate_group() if pipeline_group() is not None else None
+    if state is None or (hcg is not None and (hcg.get_data_parallel_rank() > 0 or hcg.get_sharding_parallel_rank() > 0)):
+        return  # not the first stage, or a data-parallel / sharding copy of the same weights
     plain_class_name = getattr(pipe, "merged_class_name", None) or pipe_classes(pipe.config)[1]
     os.makedirs(path, exist_ok=True)
     paddle.save(state, os.path.join(path, "model_state.pdparams"))
@@ -248,6 +251,11 @@ def check_pipeline_run(training_args, use_lora=False, generation_eval=False):
         logger.warning(
             f"logprob_chunk_size={training_args.logprob_chunk_size} is not used with pipeline_parallel_degree {degree}: "
             "the last stage's LM head computes full [micro-batch, seq, vocab] logits for the loss"
+        )
+    if training_args.tensor_parallel_degree > 1:
+        raise ValueError(
+            f"tensor_parallel_degree {training_args.tensor_parallel_degree} with pipeline_parallel_degree {degree}: "
+            "saving a model split both ways into one checkpoint is not implemented here; use one of the two"
         )
     if use_lora:
         raise ValueError(
