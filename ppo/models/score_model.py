@@ -165,18 +165,24 @@ def score_model_class(model_type):
     return _CLASSES[model_type]
 
 
+def score_config(path, **config_overrides):
+    """The model config at `path` with the score-model defaults filled in, then `config_overrides`."""
+    from paddlenlp.transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    for key, value in SCORE_CONFIG_DEFAULTS.items():
+        if getattr(config, key, None) is None:
+            setattr(config, key, value)
+    for key, value in config_overrides.items():
+        setattr(config, key, value)
+    return config
+
+
 class AutoModelForScore:
     """`from_pretrained(path, score_type=..., do_normalize=..., ...)` for any supported backbone."""
 
     @staticmethod
     def from_pretrained(path, dtype="float32", **config_overrides):
-        from paddlenlp.transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(path)
-        for key, value in SCORE_CONFIG_DEFAULTS.items():
-            if getattr(config, key, None) is None:
-                setattr(config, key, value)
-        for key, value in config_overrides.items():
-            setattr(config, key, value)
+        config = score_config(path, **config_overrides)
         cls = score_model_class(config.model_type)
         return cls.from_pretrained(path, config=config, dtype=dtype)

@@ -17,7 +17,7 @@ import paddle.distributed as dist
 
 from .causal_lm import last_token_index
 from .pipeline import CausalLMPipelineInputs, pipe_classes, pipeline_group
-from .score_model import SCORE_CONFIG_DEFAULTS, ScoreModelMixin, pair_scores_loss
+from .score_model import ScoreModelMixin, pair_scores_loss, score_config
 
 
 class ScoreHeadPipe(ScoreModelMixin, nn.Layer):
@@ -108,18 +108,11 @@ class PreferencePipelineInputs(CausalLMPipelineInputs):
 def load_score_pipe(path, loss_type, regularization, accumulate_steps, dtype="float32", **config_overrides):
     """This rank's stage of the score model in `path` (a saved score model: its score head and
     normaliser statistics are loaded) for pairwise RM training."""
-    from paddlenlp.transformers import AutoConfig
-
     from .loading import is_lora_dir
 
     if is_lora_dir(path):
         raise ValueError(f"pipeline_parallel_degree > 1 with a LoRA adapter ({path}): not implemented here")
-    config = AutoConfig.from_pretrained(path)
-    for key, value in SCORE_CONFIG_DEFAULTS.items():
-        if getattr(config, key, None) is None:
-            setattr(config, key, value)
-    for key, value in config_overrides.items():
-        setattr(config, key, value)
+    config = score_config(path, **config_overrides)
     model = score_pipe_class(config).from_pretrained(path, config=config, dtype=dtype)
     heads = [layer for layer in model.sublayers() if isinstance(layer, ScoreHeadPipe)]
     model._loss_fn = [PairwiseRewardCriterion(loss_type, regularization, heads[0] if heads else None)]
