@@ -37,7 +37,6 @@ from ppo.algos import (
     dpo_loss,
     kto_kl_reference_point,
     kto_loss,
-    masked_mean,
     masked_sum,
 )
 from ppo.algos.preference import PAIR_LOSS_TYPES, pair_loss
@@ -45,6 +44,8 @@ from ppo.data import IGNORE_INDEX, right_padding
 from ppo.evaluation import GenerationEvalMixin
 from ppo.models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE, causal_lm_token_logprobs
 from ppo.models.loading import find_lora_model, lora_disabled
+from ppo.models.pipeline import pipeline_group, wrapped_pipeline
+from ppo.models.preference_pipe import PreferenceCriterion, PreferencePolicyInputs, kl_sides, pipeline_answer_logps
 from ppo.models.tensor_parallel import DatasetOrderMixin
 
 LOSS_TYPES = DPO_LOSS_TYPES + PAIR_LOSS_TYPES + ("kto",)
@@ -132,6 +133,63 @@ class DPOTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
                 p.stop_gradient = True
         self.setup_generation_eval(eval_prompt_dataset, eval_max_new_tokens, eval_long_answer_len, use_fusemt)
         self._stat_sums, self._stat_count = {}, 0
+        self.pipelined = self.args.pipeline_parallel_degree > 1
+        self._ref_pipeline = None
+        if self.pipelined:
+            self.setup_pipeline()
+
+    # ---- pipeline parallel ---------------------------------------------------
+
+    def setup_pipeline(self):
+        """The policy pipe's last stage computes `preference_objective` (`PreferenceCriterion`);
+        the reference log-probs and KTO's KL point of each step are computed before the schedule
+        runs (`PreferencePolicyInputs`) through the reference pipe and the policy."""
+        prepare = self.model._prepare_pipeline_inputs_func
+        if not isinstance(prepare, PreferencePolicyInputs):
+            raise TypeError(f"a pipeline DPO policy needs PreferencePolicyInputs, got {type(prepare).__name__}")
+        kto = self.args.loss_type == "kto"
+        self.model._loss_fn = [PreferenceCriterion(self.preference_objective, self.record_stats, self.use_reference, kto)]
+        if self.use_reference:
+            prepare.reference = lambda micro: pipeline_answer_logps(self.reference_pipeline(), micro)
+        if kto:
+            prepare.kl_point = self.pipeline_kl_points
+
+    def reference_pipeline(self):
+        """The reference pipe wrapped in fleet's `PipelineParallel` (built on first use)."""
+        if self._ref_pipeline is None:
+            from paddle.distributed import fleet
+
+            self._ref_pipeline = fleet.distributed_model(self.ref_model)
+        return self._ref_pipeline
+
+    def pipeline_kl_points(self, micro_batches):
+        """KTO's z0 of each micro-batch of mismatched pairs (stacked `[2m, T]`): policy and
+        reference log-probs through the pipelines, no gradients, averaged across ranks."""
+        policy = pipeline_answer_logps(wrapped_pipeline(self), micro_batches)
+        reference = pipeline_answer_logps(self.reference_pipeline(), micro_batches)
+        return [self.rank_mean_kl_point(p, r) for (p, _), (r, _) in zip(policy, reference)]
+
+    def pipeline_batch_logps(self, model, inputs, prefix=""):
+        """Summed answer log-probs and lengths `[2B]` (chosen rows first) of a whole batch's
+        pairs (`{prefix}better_*` / `{prefix}worse_*`) through a wrapped pipeline model."""
+        prepare = self.model._prepare_pipeline_inputs_func
+        micro, groups = prepare.evaluation_groups(inputs, prefix)
+        parts = pipeline_answer_logps(model, micro)
+        return prepare.ungroup(groups, [p for p, _ in parts]), prepare.ungroup(groups, [n for _, n in parts])
+
+    def pipeline_preference_loss(self, inputs):
+        """`preference_loss` of a batch through the pipelines (evaluation): the same values on
+        every rank of the pipeline group."""
+        policy = wrapped_pipeline(self)
+        logps, lengths = self.pipeline_batch_logps(policy, inputs)
+        ref = self.pipeline_batch_logps(self.reference_pipeline(), inputs)[0] if self.use_reference else None
+        kl_point = None
+        if self.args.loss_type == "kto":
+            sides = kl_sides(inputs)
+            kl_point = self.rank_mean_kl_point(
+                self.pipeline_batch_logps(policy, sides, "kl_")[0], self.pipeline_batch_logps(self.reference_pipeline(), sides, "kl_")[0]
+            )
+        return self.preference_objective(logps, lengths, ref, kl_point)
 
     # ---- log-probs -------------------------------------------------------
 
@@ -148,7 +206,12 @@ class DPOTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
         ids, mask, labels = inputs["kl_input_ids"], inputs["kl_attention_mask"], inputs["kl_labels"]
         with paddle.no_grad():
             policy_kl = answer_logprobs(model, ids, mask, labels, self.args.logprob_chunk_size)[0]
-        z0 = kto_kl_reference_point(policy_kl, self.reference_logprobs(model, ids, mask, labels))
+        return self.rank_mean_kl_point(policy_kl, self.reference_logprobs(model, ids, mask, labels))
+
+    def rank_mean_kl_point(self, policy_kl, reference_kl):
+        """`kto_kl_reference_point` of summed log-probs `[N]`, averaged across ranks (every
+        rank of a pipeline group holds the same value, so this is the data-parallel mean)."""
+        z0 = kto_kl_reference_point(policy_kl, reference_kl)
         if self.args.world_size > 1:
             z0 = z0.clone()
             dist.all_reduce(z0)
@@ -159,26 +222,30 @@ class DPOTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
 
     def preference_loss(self, model, inputs):
         """`(loss, stats)` of one preference batch; stats are detached scalars."""
-        args = self.args
-        B = inputs["better_input_ids"].shape[0]
         ids = paddle.concat([inputs["better_input_ids"], inputs["worse_input_ids"]], axis=0)
         mask = paddle.concat([inputs["better_attention_mask"], inputs["worse_attention_mask"]], axis=0)
         labels = paddle.concat([inputs["better_labels"], inputs["worse_labels"]], axis=0)
-
         # 1. policy: one forward over [2B, T]
-        logps, lengths, tok, tok_mask = answer_logprobs(model, ids, mask, labels, self.args.logprob_chunk_size)
-        nll = -masked_mean(tok[:B], tok_mask[:B])  # token mean over the chosen answers
+        logps, lengths, _, _ = answer_logprobs(model, ids, mask, labels, self.args.logprob_chunk_size)
         # 2. reference: one forward without gradients
         ref = self.reference_logprobs(model, ids, mask, labels) if self.use_reference else None
+        kl_point = self.kl_reference_point(model, inputs) if self.args.loss_type == "kto" else None
+        return self.preference_objective(logps, lengths, ref, kl_point)
 
-        # 3. preference loss
+    def preference_objective(self, logps, lengths, ref, kl_point=None):
+        """`(loss, stats)` from summed answer log-probs `[2B]` (chosen rows first), answer
+        lengths `[2B]`, the reference's log-probs `[2B]` (None without a reference) and KTO's
+        KL reference point (a scalar; KTO only). Stats are detached scalars."""
+        args = self.args
+        B = logps.shape[0] // 2
+        nll = -logps[:B].sum() / paddle.clip(lengths[:B].sum(), min=1e-8)  # token mean over the chosen answers
         if args.loss_type == "kto":
             is_desirable = paddle.concat([paddle.ones([B], "int64"), paddle.zeros([B], "int64")])
             loss, stats = kto_loss(
                 logps,
                 ref,
                 is_desirable,
-                self.kl_reference_point(model, inputs),
+                kl_point,
                 beta=args.beta,
                 desirable_weight=args.desirable_weight,
                 undesirable_weight=args.undesirable_weight,
@@ -218,24 +285,45 @@ class DPOTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
     def compute_loss(self, model, inputs, return_outputs=False):
         loss, stats = self.preference_loss(model, inputs)
         if model.training:
-            for name, value in stats.items():
-                value = value.astype("float32")
-                self._stat_sums[name] = self._stat_sums[name] + value if name in self._stat_sums else value
-            self._stat_count += 1
+            self.record_stats(stats)
         return (loss, stats) if return_outputs else loss
 
+    def record_stats(self, stats):
+        """Add one training micro-batch's statistics to the sums of the next log."""
+        for name, value in stats.items():
+            value = value.astype("float32").reshape([])
+            self._stat_sums[name] = self._stat_sums[name] + value if name in self._stat_sums else value
+        self._stat_count += 1
+
     def reduced_stats(self):
-        """Mean of the accumulated statistics since the last log, across ranks; resets them."""
-        if not self._stat_count:
+        """Mean of the accumulated statistics since the last log, across ranks; resets them.
+        Under pipeline parallelism only the last stage computes them: it sends the means to the
+        other stages of its group first."""
+        means = None
+        if self._stat_count:
+            names = sorted(self._stat_sums)
+            means = (names, paddle.stack([self._stat_sums[n] for n in names]) / self._stat_count)
+        if self.pipelined:
+            means = self.from_last_stage(means)
+        if means is None:
             return {}
-        names = sorted(self._stat_sums)
-        vec = paddle.stack([self._stat_sums[n].reshape([]) for n in names]) / self._stat_count
+        names, vec = means
         if self.args.world_size > 1:
             dist.all_reduce(vec)
             vec = vec / self.args.world_size
         values = vec.numpy().tolist()
         self._stat_sums, self._stat_count = {}, 0
         return dict(zip(names, values))
+
+    @staticmethod
+    def from_last_stage(means):
+        """`(names, vector)` of the pipeline group's last stage, on every rank of the group."""
+        group = pipeline_group()
+        box = [None if means is None else (means[0], means[1].numpy())]
+        dist.broadcast_object_list(box, src=group.ranks[-1], group=group)
+        if box[0] is None:
+            return None
+        return box[0][0], paddle.to_tensor(box[0][1])
 
     def log(self, logs, **kwargs):
         if "loss" in logs:  # a training log: add the accumulated DPO statistics
@@ -246,7 +334,7 @@ class DPOTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         with paddle.no_grad():
-            loss, _ = self.preference_loss(model, inputs)
+            loss, _ = self.pipeline_preference_loss(inputs) if self.pipelined else self.preference_loss(model, inputs)
         return loss.detach(), None, None
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
@@ -270,7 +358,10 @@ class DPOTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
         with paddle.no_grad():
             for inputs in dataloader:
                 inputs = self._prepare_inputs(inputs)
-                _, stats = self.preference_loss(self.model, inputs)
+                if self.pipelined:
+                    _, stats = self.pipeline_preference_loss(inputs)
+                else:
+                    _, stats = self.preference_loss(self.model, inputs)
                 B = float(inputs["better_input_ids"].shape[0])
                 sums = sums + paddle.stack([stats[k].astype("float32").reshape([]) * B for k in keys] + [paddle.full([], B)])
         if was_training:

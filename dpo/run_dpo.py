@@ -29,8 +29,11 @@ from ppo.common.run_setup import finish_trainer_run  # noqa: E402
 from ppo.common.validation import validate_run  # noqa: E402
 from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
 from ppo.data import PreferenceDataset, PromptOnlyDataset  # noqa: E402
+from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, check_pipeline_run, load_pipe  # noqa: E402
+from ppo.models.preference_pipe import PreferencePolicyInputs  # noqa: E402
 from ppo.models.loading import (  # noqa: E402
     apply_lora,
+    freeze,
     is_lora_model,
     load_causal_lm,
     load_overrides,
@@ -113,21 +116,41 @@ class DPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
             raise ValueError("kto needs a reference model; reference_free applies to sigmoid, ipo and hinge")
 
 
+def load_pipeline_models(model_args, data_args, training_args, overrides):
+    """This rank's stages of the policy pipe (its loss is set by `DPOTrainer`) and of the
+    frozen reference pipe (None when the loss needs no reference), under
+    `pipeline_parallel_degree > 1`."""
+    check_pipeline_run(
+        training_args, model_args.use_lora,
+        generation_eval=bool(split_specs(data_args.eval_generation_datasets)) and training_args.eval_with_do_generation,
+    )
+    steps = training_args.gradient_accumulation_steps
+    model = set_dropout_off(load_pipe(model_args.model_name_or_path, None, PreferencePolicyInputs(steps), **overrides))
+    if not needs_reference(training_args.loss_type, training_args.reference_free):
+        return model, None
+    ref_path = model_args.ref_model_name_or_path or model_args.model_name_or_path
+    reference = load_pipe(ref_path, AnswerNLLCriterion(), CausalLMPipelineInputs(steps), **overrides)
+    return model, freeze(set_dropout_off(reference))
+
+
 def build_trainer(model_args, data_args, training_args):
     """Models, datasets and the `DPOTrainer` for parsed arguments."""
     if not model_args.model_name_or_path:
         raise ValueError("model_name_or_path is required")
     path = model_args.model_name_or_path
-    extra = load_overrides(model_args, training_args)
+    extra = load_overrides(model_args, training_args, pipeline_entry="dpo")
     tokenizer = load_tokenizer(path)
-    model = load_causal_lm(path, **extra)
-    if model_args.use_lora and not is_lora_model(model):
-        model = apply_lora(model, base_model_name_or_path=path, **model_args.lora_settings())
-    set_dropout_off(model)
-    # the reference: none for SimPO/ORPO/reference_free; a LoRA policy with its adapter off; else a frozen copy
-    ref_model = None
-    if needs_reference(training_args.loss_type, training_args.reference_free):
-        ref_model = load_reference(model, path, model_args.ref_model_name_or_path, training_dtype(training_args), **extra)
+    if training_args.pipeline_parallel_degree > 1:
+        model, ref_model = load_pipeline_models(model_args, data_args, training_args, extra)
+    else:
+        model = load_causal_lm(path, **extra)
+        if model_args.use_lora and not is_lora_model(model):
+            model = apply_lora(model, base_model_name_or_path=path, **model_args.lora_settings())
+        set_dropout_off(model)
+        # the reference: none for SimPO/ORPO/reference_free; a LoRA policy with its adapter off; else a frozen copy
+        ref_model = None
+        if needs_reference(training_args.loss_type, training_args.reference_free):
+            ref_model = load_reference(model, path, model_args.ref_model_name_or_path, training_dtype(training_args), **extra)
 
     data_kwargs = data_args.dataset_kwargs(tokenizer, training_args.seed)
     train_dataset = PreferenceDataset(

@@ -3,6 +3,7 @@
 import paddle
 from paddlenlp.trainer import Trainer
 
+from ppo.models.pipeline import wrapped_pipeline
 from ppo.models.score_model_pipe import pipeline_end_scores
 from ppo.models.score_model import LOSS_TYPES, pair_scores_loss  # noqa: F401 (LOSS_TYPES: rm/run_reward.py)
 from ppo.models.tensor_parallel import DatasetOrderMixin
@@ -43,17 +44,13 @@ class RewardTrainer(DatasetOrderMixin, Trainer):
         """Pairwise accuracy and margin over the whole eval set (`rm/accuracy`, `rm/margin`, `rm/eval_loss`)."""
         dataloader = self.get_eval_dataloader(eval_dataset)
         pipelined = self.args.pipeline_parallel_degree > 1
-        if pipelined and self.model_wrapped is self.model:  # evaluation before (or without) training
-            from paddle.distributed import fleet
-
-            self.model_wrapped = fleet.distributed_model(self.model)
         self.model.eval()
         correct, margin, loss_sum, pairs = 0.0, 0.0, 0.0, 0
         with paddle.no_grad():
             for inputs in dataloader:
                 inputs = self._prepare_inputs(inputs)
                 if pipelined:
-                    end_scores, B = pipeline_end_scores(self.model_wrapped, inputs), inputs["better_input_ids"].shape[0]
+                    end_scores, B = pipeline_end_scores(wrapped_pipeline(self), inputs), inputs["better_input_ids"].shape[0]
                 else:
                     _, end_scores, B = score_pairs(self.model, inputs)
                 diff = end_scores[:B] - end_scores[B:]

@@ -128,6 +128,36 @@ def test_reward_model_pp2_matches_pp1(two_layer_score_dir, tiny_data_dir, tmp_pa
     np.testing.assert_allclose(reloaded.score_head.weight.numpy(), saved_weights(out1)["score_head.weight"], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("loss_type", ["sigmoid", "kto", "simpo"])
+def test_dpo_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path, loss_type):
+    """DPO (with the NLL term), KTO and SimPO (no reference) under pipeline parallel: the policy pipe's last stage
+    computes the preference loss from the reference pipe's log-probs (and, for KTO, the KL
+    point of both pipes' log-probs on the mismatched pairs); per-step losses and statistics,
+    the evaluation and the merged weights equal the plain run's."""
+    from dpo.run_dpo import main as run_dpo
+
+    argv = [
+        "config/tiny/dpo_argument.json", "--model_name_or_path", two_layer_model_dir, "--loss_type", loss_type,
+        "--train_datasets", f"PKU-SafeRLHF/train:1.0:{tiny_data_dir}/preference.jsonl",
+        "--eval_datasets", f"PKU-SafeRLHF/test:0.9:{tiny_data_dir}/preference_eval.jsonl", "--eval_generation_datasets", "",
+        "--max_steps", str(STEPS), "--per_device_train_batch_size", str(MICRO),
+        "--gradient_accumulation_steps", str(ACCUMULATE), "--per_device_eval_batch_size", str(MICRO * ACCUMULATE),
+        "--logging_steps", "1", "--learning_rate", "1e-2", "--eval_steps", str(STEPS), "--save_steps", str(STEPS),
+        "--warmup_steps", "0", "--disable_tqdm", "true",
+    ]
+    out1, out2 = str(tmp_path / "pp1"), str(tmp_path / "pp2")
+    run_dpo([*argv, "--output_dir", out1, "--logging_dir", f"{out1}/vdl"])
+    launch_run("dpo/run_dpo.py", [*argv, "--output_dir", out2, "--logging_dir", f"{out2}/vdl", *PP_ARGS], out2)
+    assert_same_steps(out1, out2, "loss/total")
+    for key in ("loss/dpo", "loss/sft", "rewards/accuracies", "logps/chosen"):
+        v1, v2 = step_values(out1, key), step_values(out2, key)
+        assert sorted(v1) == sorted(v2) == list(range(1, STEPS + 1)), key
+        np.testing.assert_allclose([v2[s] for s in v1], [v1[s] for s in v1], rtol=1e-4, atol=1e-6, err_msg=key)
+    for key in ("eval/loss", "eval/preference_accuracy", "eval/reward_margin"):
+        np.testing.assert_allclose(final_eval(out2, key), final_eval(out1, key), rtol=1e-4, atol=1e-6, err_msg=key)
+    assert_same_saved_weights(out1, out2, two_layer_model_dir, atol=5e-5)
+
+
 def _answer_batch(vocab, rows=5, width=7, seed=0):
     rng = np.random.default_rng(seed)
     ids = paddle.to_tensor(rng.integers(4, vocab, (rows, width)), dtype="int64")
@@ -242,3 +272,29 @@ def test_pairwise_criterion_equals_plain_reward_loss(tiny_rm_dir, loss_type):
     for name in ("normalizer_mean", "normalizer_var", "normalizer_count"):
         np.testing.assert_allclose(getattr(head, name).numpy(), getattr(plain, name).numpy(), rtol=1e-5, err_msg=name)
     assert float(head.normalizer_count) == 12.0
+
+
+@pytest.mark.parametrize("pairs,accumulate", [(5, 2), (2, 3), (1, 1)])
+def test_preference_evaluation_groups_round_trip(pairs, accumulate):
+    """A preference batch cut into the schedule's micro-batches (each its pairs stacked, chosen
+    rows first; a group without pairs repeats pair 0) and put back by `ungroup` gives the batch's
+    `[2B]` order: chosen rows of pairs 0..B-1, then their rejected rows; KTO's mismatched rows
+    (`kl_*`) go through the same cut."""
+    from ppo.models.preference_pipe import PAIR_KEYS, PreferencePolicyInputs, kl_sides
+
+    rng = np.random.default_rng(pairs)
+    batch = {f"{side}_{key}": paddle.to_tensor(rng.integers(0, 50, (pairs, 4))) for side in ("better", "worse") for key in PAIR_KEYS}
+    batch["kl_input_ids"] = paddle.concat([batch["better_input_ids"] + 100, batch["worse_input_ids"] + 100])
+    batch["kl_attention_mask"] = batch["kl_labels"] = batch["kl_input_ids"]
+    prepare = PreferencePolicyInputs(accumulate)
+    micro, groups = prepare.evaluation_groups(batch)
+    assert len(micro) == accumulate and sorted(sum(groups, [])) == list(range(pairs))
+    for part, group in zip(micro, groups):
+        rows = max(len(group), 1)
+        assert part["labels"].shape == [2 * rows, 4]
+        np.testing.assert_array_equal(part["input_ids"].numpy()[:rows], batch["better_input_ids"].numpy()[group or [0]])
+    first_token = [m["input_ids"][:, 0] for m in micro]
+    expected = np.concatenate([batch["better_input_ids"].numpy()[:, 0], batch["worse_input_ids"].numpy()[:, 0]])
+    np.testing.assert_array_equal(prepare.ungroup(groups, first_token).numpy(), expected)
+    kl_micro, kl_groups = prepare.evaluation_groups(kl_sides(batch), "kl_")
+    np.testing.assert_array_equal(prepare.ungroup(kl_groups, [m["input_ids"][:, 0] for m in kl_micro]).numpy(), expected + 100)

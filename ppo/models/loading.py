@@ -129,7 +129,7 @@ def gpu_switch_overrides(model_args, cuda=None):
     return overrides
 
 
-PIPELINE_ENTRY_POINTS = ("sft", "rm")
+PIPELINE_ENTRY_POINTS = ("sft", "rm", "dpo")
 """Entry points that train pipeline-parallel models (`ppo.models.pipeline`)."""
 
 
@@ -156,11 +156,11 @@ def load_overrides(model_args, training_args, pipeline_entry=None):
         )
     if getattr(training_args, "pipeline_parallel_degree", 1) > 1 and pipeline_entry not in PIPELINE_ENTRY_POINTS:
         raise ValueError(
-            f"pipeline_parallel_degree {training_args.pipeline_parallel_degree}: only SFT (sft/run_sft.py) and "
-            "reward-model training (rm/run_reward.py) train pipeline-parallel models here. Missing for DPO and PPO/GRPO: "
-            "a pipeline policy whose last stage returns per-token log-probs for the DPO/PPO losses (with the reference "
-            "model's log-probs sent along with the labels), a critic pipe, and PPO generation through a gathered "
-            "single copy of the pipeline model; use tensor_parallel_degree and sharding instead"
+            f"pipeline_parallel_degree {training_args.pipeline_parallel_degree}: only SFT (sft/run_sft.py), "
+            "reward-model training (rm/run_reward.py) and the DPO family (dpo/run_dpo.py) train pipeline-parallel "
+            "models here. Missing for PPO/GRPO: a policy pipe whose last stage computes the PPO/GRPO loss, a critic "
+            "pipe, and generation through a gathered single copy of the pipeline model; use tensor_parallel_degree "
+            "and sharding instead"
         )
     if training_args.tensor_parallel_degree > 1:
         overrides.update(

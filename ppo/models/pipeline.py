@@ -187,6 +187,16 @@ def pipeline_group():
     return hcg.get_pipe_parallel_group()
 
 
+def wrapped_pipeline(trainer):
+    """The `Trainer`'s pipeline model wrapped in fleet's `PipelineParallel` (for `eval_batch`);
+    wraps it first when training has not (an evaluation before or without training)."""
+    if trainer.model_wrapped is trainer.model:
+        from paddle.distributed import fleet
+
+        trainer.model_wrapped = fleet.distributed_model(trainer.model)
+    return trainer.model_wrapped
+
+
 def gather_stage_states(model):
     """Every stage's state dict (plain-model keys) merged on the pipeline group's first rank
     (other ranks get None); all ranks of the group must call it. Tensors travel by

@@ -68,13 +68,10 @@ class PairwiseRewardCriterion(nn.Layer):
         return loss
 
 
-def stack_pairs(batch):
-    """A preference batch (`better_*`, `worse_*` `[B, T]`) as `input_ids`, `attention_mask`
-    `[2B, T]`, better rows first."""
-    return {
-        key: paddle.concat([batch[f"better_{key}"], batch[f"worse_{key}"]], axis=0)
-        for key in ("input_ids", "attention_mask")
-    }
+def stack_pairs(batch, keys=("input_ids", "attention_mask"), prefix=""):
+    """A preference batch's `{prefix}better_*`, `{prefix}worse_*` `[B, T]` as `[2B, T]` tensors
+    under the plain `keys`, better rows first."""
+    return {key: paddle.concat([batch[f"{prefix}better_{key}"], batch[f"{prefix}worse_{key}"]], axis=0) for key in keys}
 
 
 class PreferencePipelineInputs(CausalLMPipelineInputs):
@@ -83,6 +80,8 @@ class PreferencePipelineInputs(CausalLMPipelineInputs):
     Evaluation does not go through the `Trainer`'s loss (see `pipeline_end_scores`)."""
 
     pad_values = {"better_attention_mask": 0, "worse_attention_mask": 0, "better_labels": -100, "worse_labels": -100}
+    stacked_keys = ("input_ids", "attention_mask")
+    """The keys of each side that `evaluation_groups` stacks."""
 
     def __call__(self, inputs):
         if isinstance(inputs, dict):
@@ -93,16 +92,30 @@ class PreferencePipelineInputs(CausalLMPipelineInputs):
         lasts = [[b["input_ids"], b["attention_mask"]] for b in stacked]
         return [tuple(list(column) for column in zip(*firsts)), lasts]
 
-    def evaluation_groups(self, batch):
-        """`(micro-batches, pair indices)`: the batch's pairs cut into `accumulate_steps` groups
-        (a group without pairs repeats pair 0, to be dropped), each stacked."""
-        pairs = int(batch["better_input_ids"].shape[0])
+    def evaluation_groups(self, batch, prefix=""):
+        """`(micro-batches, pair groups)`: the batch's pairs (`{prefix}better_*`,
+        `{prefix}worse_*`) cut into `accumulate_steps` groups, each stacked (`[2k, T]`); a group
+        without pairs repeats pair 0, dropped again by `ungroup`."""
+        pairs = int(batch[f"{prefix}better_input_ids"].shape[0])
         groups = [list(range(pairs))[g :: self.accumulate_steps] for g in range(self.accumulate_steps)]
         micro = []
         for group in groups:
             index = paddle.to_tensor(group or [0], dtype="int64")
-            micro.append(stack_pairs({k: paddle.index_select(v, index, axis=0) for k, v in batch.items()}))
+            names = [f"{prefix}{side}_{key}" for side in ("better", "worse") for key in self.stacked_keys]
+            sides = {name: paddle.index_select(batch[name], index, axis=0) for name in names}
+            micro.append(stack_pairs(sides, self.stacked_keys, prefix))
         return micro, groups
+
+    @staticmethod
+    def ungroup(groups, values):
+        """Per-micro-batch values `[2k]` (better rows first) of `evaluation_groups` back in the
+        batch's order: `[2B]`, the better rows of pairs 0..B-1, then their worse rows."""
+        pairs = sum(len(g) for g in groups)
+        better, worse = [None] * pairs, [None] * pairs
+        for group, value in zip(groups, values):
+            for j, pair in enumerate(group):
+                better[pair], worse[pair] = value[j], value[len(group) + j]
+        return paddle.stack(better + worse)
 
 
 def load_score_pipe(path, loss_type, regularization, accumulate_steps, dtype="float32", **config_overrides):
@@ -166,12 +179,7 @@ def pipeline_end_scores(model, inputs):
     B = int(inputs["better_input_ids"].shape[0])
     ends = paddle.zeros([2 * B], dtype="float32")
     if model.is_pipeline_last_stage():
-        better, worse = [None] * B, [None] * B
-        for group, scores, b in zip(groups, outputs, micro):
-            end = end_scores_of(scores, b["attention_mask"])
-            for j, pair in enumerate(group):
-                better[pair], worse[pair] = end[j], end[len(group) + j]
-        ends = paddle.stack(better + worse)
+        ends = prepare.ungroup(groups, [end_scores_of(scores, b["attention_mask"]) for scores, b in zip(outputs, micro)])
     group = pipeline_group()
     dist.broadcast(ends, src=group.ranks[-1], group=group)
     return ends
