@@ -28,6 +28,7 @@ import paddle.distributed as dist
 
 from .common.validation import weights_problem
 from .models.loading import unwrap_parallel
+from .models.pipeline import is_pipeline_model, pipeline_group, save_pipeline_merged
 from .models.tensor_parallel import model_parallel_group, save_pretrained_merged, split_for_this_rank
 
 logger = logging.getLogger("ppo.checkpoint")
@@ -199,18 +200,22 @@ def save_model_dir(model, path, tokenizer=None):
     tensor-parallel model is saved merged (a single-rank run loads it): every rank of rank
     0's model-parallel group calls this, rank 0 writes (see `saves_models`)."""
     inner = unwrap_parallel(model)
-    save_pretrained_merged(inner, path)
+    if is_pipeline_model(inner):  # every stage gathered into one plain checkpoint
+        save_pipeline_merged(inner, path)
+    else:
+        save_pretrained_merged(inner, path)
     if tokenizer is not None and is_main_process():
         tokenizer.save_pretrained(path)
 
 
 def saves_models():
-    """Whether this rank takes part in writing model directories: rank 0, and with tensor
-    parallelism the other ranks of its model-parallel group (the merge gathers from them)."""
-    group = model_parallel_group()
-    if group is None:
+    """Whether this rank takes part in writing model directories: rank 0, and with tensor or
+    pipeline parallelism the other ranks of its model-parallel / pipeline group (the merge
+    gathers from them)."""
+    groups = [g for g in (model_parallel_group(), pipeline_group()) if g is not None]
+    if not groups:
         return is_main_process()
-    return 0 in group.ranks
+    return all(0 in g.ranks for g in groups) or is_main_process()
 
 
 def save_checkpoint(output_dir, step, models, optimizers, schedulers, state, tokenizer, save_total_limit=None):
@@ -255,14 +260,17 @@ def save_checkpoint(output_dir, step, models, optimizers, schedulers, state, tok
 def save_final_models(output_dir, models, tokenizer):
     """Write `output_dir/<name>` for each model (PaddleNLP layout) without a checkpoint: the end
     of a run with `save_strategy no`. Every rank calls this (collective)."""
-    if is_main_process():
-        for name, model in models.items():
-            if model is not None:
-                tmp = os.path.join(output_dir, f"{TMP_PREFIX}{name}")
-                if os.path.exists(tmp):  # left by a killed save
-                    shutil.rmtree(tmp)
-                save_model_dir(model, tmp, tokenizer)
-                replace_dir_atomically(tmp, os.path.join(output_dir, name))
+    for name, model in models.items():
+        if model is None:
+            continue
+        tmp = os.path.join(output_dir, f"{TMP_PREFIX}{name}")
+        if is_main_process() and os.path.exists(tmp):  # left by a killed save
+            shutil.rmtree(tmp)
+        if saves_models():  # rank 0 and the ranks its merge gathers from
+            save_model_dir(model, tmp, tokenizer)
+        barrier()
+        if is_main_process():
+            replace_dir_atomically(tmp, os.path.join(output_dir, name))
     barrier()
 
 

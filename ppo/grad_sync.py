@@ -57,10 +57,11 @@ def prepare_step(model, optimizer):
     return PreparedStep(params, sharding_group, step)
 
 
-def squared_grad_norm(params, model_parallel_group=None, sharding_group=None):
+def squared_grad_norm(params, model_parallel_group=None, sharding_group=None, pipeline_group=None):
     """Squared norm of the whole gradient as a float: tensor-parallel slices (`is_distributed`)
     summed over `model_parallel_group`, replicated parameters counted once (their gradients are
-    equal on every rank there), then every shard's part summed over `sharding_group`."""
+    equal on every rank there), then every shard's part summed over `sharding_group` and every
+    pipeline stage's over `pipeline_group`."""
     split, whole = [], []
     for p in params:
         (split if getattr(p, "is_distributed", False) else whole).append(paddle.sum(paddle.square(p.grad.astype("float32"))))
@@ -70,4 +71,6 @@ def squared_grad_norm(params, model_parallel_group=None, sharding_group=None):
     total = (paddle.add_n(whole).reshape([1]) if whole else paddle.zeros([1], "float32")) + split_sum
     if sharding_group is not None:
         dist.all_reduce(total, group=sharding_group)
+    if pipeline_group is not None:
+        dist.all_reduce(total, group=pipeline_group)
     return float(total)

@@ -259,8 +259,11 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
             raise ValueError(
                 f"critic_recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, got {self.critic_recompute_granularity!r}"
             )
-        if self.pipeline_parallel_degree > 1:
-            raise ValueError("pipeline_parallel_degree > 1 is not supported by the PPO trainer yet; use sharding or tensor parallel")
+        if self.pipeline_parallel_degree > 1 and self.eval_mode == "tensor_parallel":
+            raise ValueError(
+                f"eval_mode tensor_parallel with pipeline_parallel_degree {self.pipeline_parallel_degree}: under pipeline "
+                "parallelism the rollout generates with every stage's weights gathered on each rank; set eval_mode single"
+            )
         self.check_paddlenlp_settings()
 
     def check_paddlenlp_settings(self):

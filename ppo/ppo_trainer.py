@@ -49,8 +49,10 @@ from .experience import (
 )
 from .models.causal_lm import answer_nll
 from .grad_sync import prepare_step, squared_grad_norm
+from .models.pipeline import pipeline_group
 from .models.tensor_parallel import model_parallel_group
 from .offload import OffloadPlan, parse_offload_level
+from .pipeline_passes import PipelinePasses
 from .optim import build_optimizer, build_scheduler
 from .prompt_sampler import PromptSampler
 from .rollout import RolloutEngine, SamplingParams
@@ -108,9 +110,10 @@ class PPOTrainer:
             )
         self.actor, self.actor_optimizer = self._wrap(models.actor, self.actor_optimizer)
         self.critic, self.critic_optimizer = self._wrap(models.critic, self.critic_optimizer)
+        self.pipes = PipelinePasses(self) if args.pipeline_parallel_degree > 1 else None
 
         self.engine = RolloutEngine(
-            models.actor, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, use_fusemt=args.use_fusemt,
+            self.generation_model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, use_fusemt=args.use_fusemt,
             eval_mode=args.eval_mode,
         )
         self.sampling = SamplingParams(
@@ -174,6 +177,16 @@ class PPOTrainer:
             return fleet.distributed_model(model), fleet.distributed_optimizer(optimizer)
         return paddle.DataParallel(model), optimizer
 
+    @property
+    def generation_model(self):
+        """The model the rollout engine and the evaluation generate with: the actor, or under
+        pipeline parallelism the generation copy of all its stages (`PipelinePasses`), brought
+        up to date with the actor first."""
+        if self.pipes is None:
+            return self.models.actor
+        self.pipes.refresh_generation_copy(self.step)
+        return self.pipes.generation_copy
+
     def _chunk(self):
         return max(self.args.per_device_eval_batch_size, self.args.per_device_train_batch_size)
 
@@ -188,6 +201,7 @@ class PPOTrainer:
         input_ids = paddle.repeat_interleave(batch["input_ids"], n, axis=0)
         prompt_mask = paddle.repeat_interleave(batch["attention_mask"], n, axis=0)
         seed = self.args.seed + 1_000_003 * self.gen_batches + 7919 * self.data_rank  # tensor-parallel ranks sample alike
+        self.generation_model  # noqa: B018 (under pipeline parallelism: the copy up to date)
         with self.offload.scope("actor"):
             out = self.engine.generate(input_ids, prompt_mask, self.sampling, seed=seed)
         group_base = (self.gen_batches * self.data_world + self.data_rank) * len(indices)
@@ -217,7 +231,10 @@ class PPOTrainer:
             scores = paddle.to_tensor(values, dtype="float32")
         else:
             with paddle.no_grad(), self.offload.scope("reward"):
-                scores = in_chunks(lambda e: reward_model_scores(self.models.reward, e), exp, self._chunk())
+                if self.pipes is not None:
+                    scores = self.pipes.reward_scores(exp)
+                else:
+                    scores = in_chunks(lambda e: reward_model_scores(self.models.reward, e), exp, self._chunk())
             raw, source = None, "the reward model"
         if not bool(paddle.isfinite(scores).all()):
             bad = np.flatnonzero(~np.isfinite(scores.numpy()))
@@ -322,9 +339,16 @@ class PPOTrainer:
         exp.require("scored")
         mask = exp.response_mask
 
-        def logprobs_under(model):
+        def logprobs_under(model, name):
+            if self.pipes is not None:
+                return self.pipes.logprobs(name, exp)
             one_chunk = lambda e: response_logprobs(model, e, args.temperature, args.logprob_chunk_size)[0]  # noqa: E731
             return in_chunks(one_chunk, exp, self._chunk())
+
+        def values():
+            if self.pipes is not None:
+                return self.pipes.values(exp)
+            return in_chunks(lambda e: response_values(self.models.critic, e), exp, self._chunk())
 
         need_ref = args.kl_coeff != 0 or args.kl_loss_coeff != 0
         reuse = self.first_update_forward_reusable(len(exp))
@@ -332,13 +356,13 @@ class PPOTrainer:
             if need_ref:  # a LoRA actor with its adapter disabled is the reference: both on the device
                 with self.offload.scope("reference", *(() if self.models.reference is not None else ("actor",))):
                     with self.models.reference_mode() as ref:
-                        exp.ref_logprobs = logprobs_under(ref)
+                        exp.ref_logprobs = logprobs_under(ref, "reference")
             if exp.old_logprobs is None and not reuse:
                 with self.offload.scope("actor"):
-                    exp.old_logprobs = logprobs_under(self.models.actor)
+                    exp.old_logprobs = logprobs_under(self.models.actor, "actor")
             if self.models.critic is not None and not reuse:  # no-grad passes use the unwrapped models
                 with self.offload.scope("critic"):
-                    exp.values = in_chunks(lambda e: response_values(self.models.critic, e), exp, self._chunk())
+                    exp.values = values()
         if reuse:
             self.first_forward = self.update_forward(exp)
             if exp.old_logprobs is None:  # else the rollout's own log-probs (use_rollout_logprobs)
@@ -392,7 +416,10 @@ class PPOTrainer:
         """True when the update's first optimiser step takes all `n_rows` rows in one
         micro-batch with the rollout-time weights (so its forward is the old-policy pass)."""
         args = self.args
-        return bool(args.reuse_first_update_forward) and n_rows <= args.per_device_train_batch_size and not self.offload.enabled
+        return (
+            bool(args.reuse_first_update_forward) and n_rows <= args.per_device_train_batch_size and not self.offload.enabled
+            and self.pipes is None  # the pipeline schedule's forward stays inside the schedule
+        )
 
     def update_forward(self, mb):
         """The training forward of one micro-batch, with gradients: actor log-probs and entropy
@@ -484,7 +511,7 @@ class PPOTrainer:
         self.grad_norms.pop(name, None)
         prepared = prepare_step(model, optimizer)
         # collective (model-parallel / sharding groups): every rank computes it, even with nothing to count
-        total = squared_grad_norm(prepared.params, model_parallel_group(), prepared.sharding_group)
+        total = squared_grad_norm(prepared.params, model_parallel_group(), prepared.sharding_group, pipeline_group())
         if bad is None and not math.isfinite(total):  # one host sync; search names only when needed
             grads = [(f"{name} grad of {p.name}", p.grad) for p in prepared.params]
             bad = first_non_finite(grads) or f"{name} gradient slice on another tensor-parallel or sharding rank"
@@ -522,6 +549,11 @@ class PPOTrainer:
                 num_tokens = self.global_count(mask.sum())
                 num_seqs = self.global_count((mask.sum(-1) > 0).sum())
                 actor_total = critic_total = 0.0
+                if self.pipes is not None:  # every micro-batch through the pipeline schedule
+                    actor_total, critic_total, micro_stats = self.pipes.backward_step(exp, plan, num_tokens, num_seqs)
+                    for stats in micro_stats:
+                        acc.add(stats)
+                    stats, plan = micro_stats[-1], []
                 for mb_rows in plan:
                     mb = exp.select(mb_rows)
                     forward = self.take_first_forward(mb_rows)  # only ever the first micro-batch
@@ -618,7 +650,7 @@ class PPOTrainer:
         self.actor.eval()
         with self.offload.scope("actor"):
             metrics, _ = evaluate_generation(
-                self.models.actor, self.tokenizer, self.eval_dataset,
+                self.generation_model, self.tokenizer, self.eval_dataset,
                 batch_size=self.args.per_device_eval_batch_size,
                 max_new_tokens=self.args.eval_max_new_tokens or self.args.max_dec_len,
                 long_answer_len=self.eval_long_answer_len, engine=self.engine, score_fn=score_fn,
@@ -768,6 +800,8 @@ class PPOTrainer:
         params = list(self.models.actor.parameters())
         value = sum(float((p.astype("float64") * (i + 1)).sum()) for i, p in enumerate(params) if not p.is_distributed)
         split = [float((p.astype("float64") * (i + 1)).sum()) for i, p in enumerate(params) if p.is_distributed]
+        if self.pipes is not None:  # each stage holds other layers: the whole model's number is their sum
+            value = self.pipes.group_sum(value)
         group = model_parallel_group()
         if split and group is not None:  # tensor-parallel slices add up to the whole weight's number
             t = paddle.to_tensor([sum(split)], dtype="float64")

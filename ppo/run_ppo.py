@@ -27,6 +27,7 @@ from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
 from ppo.models.loading import enable_recompute, load_overrides, load_tokenizer, training_dtype  # noqa: E402
 from ppo.models.ppo_models import build_ppo_models  # noqa: E402
 from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments  # noqa: E402
+from ppo.models.pipeline import check_pipeline_run  # noqa: E402
 from ppo.ppo_trainer import PPOTrainer  # noqa: E402
 from ppo.reward_client import RewardServerClient  # noqa: E402
 from ppo.scorers import WeightedScorer  # noqa: E402
@@ -71,8 +72,17 @@ def build_trainer(argv=None):
     tokenizer = load_tokenizer(model_args.actor_model_name_or_path)
     # data before models: a bad record fails in seconds, not after the models load
     train, evaluation, ptx = build_datasets(data_args, training_args, tokenizer, require_label=external_scores)
+    pipelined = training_args.pipeline_parallel_degree > 1
+    if pipelined:
+        check_pipeline_run(training_args, model_args.use_lora)
+        if ptx and training_args.ptx_coeff > 0:
+            raise ValueError(
+                f"ptx_datasets with pipeline_parallel_degree {training_args.pipeline_parallel_degree}: the pretraining "
+                "loss is not added inside the pipeline schedule here; drop ptx_datasets or set ptx_coeff 0"
+            )
     models = build_ppo_models(
-        model_args, training_args.use_critic, training_dtype(training_args), **load_overrides(model_args, training_args)
+        model_args, training_args.use_critic, training_dtype(training_args), pipeline=pipelined,
+        **load_overrides(model_args, training_args, pipeline_entry="ppo"),
     )
     if training_args.recompute:
         enable_recompute(models.actor, model_args.recompute_granularity, model_args.recompute_use_reentrant)

@@ -105,9 +105,9 @@ def test_eval_mode_and_pipeline_refusals(tmp_path):
                                  fused_linear=False, use_fused_linear=False, flash_mask=False)
     training_args = SimpleNamespace(recompute=False, sequence_parallel=False, pipeline_parallel_degree=2,
                                     tensor_parallel_degree=1)
-    with pytest.raises(ValueError, match="pipeline_parallel_degree 2: only SFT .* Missing for PPO/GRPO"):
+    with pytest.raises(ValueError, match="pipeline_parallel_degree 2: this loads plain models"):
         load_overrides(model_args, training_args)
-    with pytest.raises(ValueError, match="only SFT"):
-        load_overrides(model_args, training_args, pipeline_entry="ppo")
-    for entry in ("sft", "rm", "dpo"):
+    with pytest.raises(ValueError, match="pipeline_entry 'audit' is none of"):
+        load_overrides(model_args, training_args, pipeline_entry="audit")
+    for entry in ("sft", "rm", "dpo", "ppo"):
         assert "tensor_parallel_degree" not in load_overrides(model_args, training_args, pipeline_entry=entry)

@@ -129,7 +129,7 @@ def gpu_switch_overrides(model_args, cuda=None):
     return overrides
 
 
-PIPELINE_ENTRY_POINTS = ("sft", "rm", "dpo")
+PIPELINE_ENTRY_POINTS = ("sft", "rm", "dpo", "ppo")
 """Entry points that train pipeline-parallel models (`ppo.models.pipeline`)."""
 
 
@@ -156,11 +156,9 @@ def load_overrides(model_args, training_args, pipeline_entry=None):
         )
     if getattr(training_args, "pipeline_parallel_degree", 1) > 1 and pipeline_entry not in PIPELINE_ENTRY_POINTS:
         raise ValueError(
-            f"pipeline_parallel_degree {training_args.pipeline_parallel_degree}: only SFT (sft/run_sft.py), "
-            "reward-model training (rm/run_reward.py) and the DPO family (dpo/run_dpo.py) train pipeline-parallel "
-            "models here. Missing for PPO/GRPO: a policy pipe whose last stage computes the PPO/GRPO loss, a critic "
-            "pipe, and generation through a gathered single copy of the pipeline model; use tensor_parallel_degree "
-            "and sharding instead"
+            f"pipeline_parallel_degree {training_args.pipeline_parallel_degree}: this loads plain models; the training "
+            "entry points (sft/run_sft.py, rm/run_reward.py, dpo/run_dpo.py, ppo/run_ppo.py) load pipeline models "
+            f"themselves (pipeline_entry {pipeline_entry!r} is none of {PIPELINE_ENTRY_POINTS})"
         )
     if training_args.tensor_parallel_degree > 1:
         overrides.update(

@@ -174,6 +174,13 @@ class CausalLMPipelineInputs:
         return [tuple(list(column) for column in zip(*firsts)), lasts]
 
 
+def is_pipeline_model(model):
+    """Whether `model` (unwrapped) is one stage of a fleet `PipelineLayer`."""
+    from paddle.distributed.fleet.meta_parallel import PipelineLayer
+
+    return isinstance(model, PipelineLayer)
+
+
 def pipeline_group():
     """Fleet's pipeline group, or None without pipeline parallelism."""
     from paddle.distributed import fleet

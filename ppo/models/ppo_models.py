@@ -33,9 +33,12 @@ class PPOModels:
             yield base
 
 
-def build_ppo_models(model_args, use_critic, dtype="float32", **extra):
+def build_ppo_models(model_args, use_critic, dtype="float32", pipeline=False, **extra):
     """Load the four models from `ModelArgument` paths (see module docstring);
-    `extra` are config overrides (see `loading.load_overrides`)."""
+    `extra` are config overrides (see `loading.load_overrides`). `pipeline`: this rank's
+    stages of each (`build_ppo_pipes`)."""
+    if pipeline:
+        return build_ppo_pipes(model_args, use_critic, dtype, **extra)
     actor_path = model_args.actor_model_name_or_path
     actor = load_causal_lm(actor_path, dtype=dtype, **extra)
     if model_args.use_lora and not is_lora_model(actor):
@@ -62,4 +65,31 @@ def build_ppo_models(model_args, use_critic, dtype="float32", **extra):
             critic_path, dtype=dtype, score_type="critic", do_normalize=False, normalizer_type=None, **extra
         )
         set_dropout_off(critic)
+    return PPOModels(actor=actor, reference=reference, reward=reward, critic=critic)
+
+
+def build_ppo_pipes(model_args, use_critic, dtype="float32", **extra):
+    """The four models as pipelines (`pipeline_parallel_degree > 1`, see
+    `ppo.models.policy_pipe`): PaddleNLP's causal-LM pipe for the actor and the frozen
+    reference, the score-model pipe for the frozen reward model and the critic. The trainer
+    sets the actor's and critic's losses."""
+    from .pipeline import load_pipe
+    from .score_model_pipe import load_plain_score_pipe
+
+    actor_path = model_args.actor_model_name_or_path
+    actor = set_dropout_off(load_pipe(actor_path, None, None, dtype=dtype, **extra))
+    reference = freeze(set_dropout_off(load_pipe(model_args.reference_model_name_or_path or actor_path, None, None, dtype=dtype, **extra)))
+    reward = None
+    if not (model_args.use_rm_server or model_args.use_rule_reward):
+        if not model_args.reward_model_name_or_path:
+            raise ValueError("reward_model_name_or_path is required unless use_rm_server or use_rule_reward is set")
+        reward = freeze(set_dropout_off(load_plain_score_pipe(model_args.reward_model_name_or_path, dtype=dtype, **extra)))
+    critic = None
+    if use_critic:
+        critic_path = model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path
+        if not critic_path:
+            raise ValueError("the gae estimator needs a critic: set reward_critic_model_name_or_path or reward_model_name_or_path")
+        critic = set_dropout_off(load_plain_score_pipe(
+            critic_path, dtype=dtype, score_type="critic", do_normalize=False, normalizer_type=None, **extra
+        ))
     return PPOModels(actor=actor, reference=reference, reward=reward, critic=critic)

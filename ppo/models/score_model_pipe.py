@@ -121,16 +121,22 @@ class PreferencePipelineInputs(CausalLMPipelineInputs):
 def load_score_pipe(path, loss_type, regularization, accumulate_steps, dtype="float32", **config_overrides):
     """This rank's stage of the score model in `path` (a saved score model: its score head and
     normaliser statistics are loaded) for pairwise RM training."""
+    model = load_plain_score_pipe(path, dtype, **config_overrides)
+    heads = [layer for layer in model.sublayers() if isinstance(layer, ScoreHeadPipe)]
+    model._loss_fn = [PairwiseRewardCriterion(loss_type, regularization, heads[0] if heads else None)]
+    model._prepare_pipeline_inputs_func = PreferencePipelineInputs(accumulate_steps)
+    return model
+
+
+def load_plain_score_pipe(path, dtype="float32", **config_overrides):
+    """This rank's stage of the score model saved in `path` (score head and normaliser
+    statistics loaded), without a loss; `config_overrides` as `AutoModelForScore.from_pretrained`'s."""
     from .loading import is_lora_dir
 
     if is_lora_dir(path):
         raise ValueError(f"pipeline_parallel_degree > 1 with a LoRA adapter ({path}): not implemented here")
     config = score_config(path, **config_overrides)
-    model = score_pipe_class(config).from_pretrained(path, config=config, dtype=dtype)
-    heads = [layer for layer in model.sublayers() if isinstance(layer, ScoreHeadPipe)]
-    model._loss_fn = [PairwiseRewardCriterion(loss_type, regularization, heads[0] if heads else None)]
-    model._prepare_pipeline_inputs_func = PreferencePipelineInputs(accumulate_steps)
-    return model
+    return score_pipe_class(config).from_pretrained(path, config=config, dtype=dtype)
 
 
 _SCORE_PIPES = {}

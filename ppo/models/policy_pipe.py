@@ -1,0 +1,156 @@
+"""PPO and GRPO under `pipeline_parallel_degree > 1`: the actor, reference, critic and reward
+model are pipelines split over the same stages (PaddleNLP's causal-LM pipe for the actor and
+the reference, the score-model pipe of `score_model_pipe.py` for the critic and the reward
+model), and `ppo.ppo_trainer.PPOTrainer` runs every pass of a step through them:
+
+* no-gradient passes (old and reference log-probs, values, reward scores): the experience's
+  rows cut into the schedule's `accumulate_steps` micro-batches, fleet's `eval_batch`, the
+  per-row result computed on the last stage and broadcast to the group (`pipeline_rows`);
+* the update: each optimiser step's micro-batches through `forward_backward_pipeline`, whose
+  last stage turns the outputs into the trainer's own actor / critic loss (`ExperienceCriterion`
+  with the fields the loss reads sent along as labels);
+* generation: every stage's weights gathered into one plain model on every rank
+  (`all_stage_states`), which the rollout engine uses (`eval_mode` single).
+"""
+from types import SimpleNamespace
+
+import paddle
+import paddle.distributed as dist
+import paddle.nn as nn
+
+from ..algos import entropy_from_logits, token_logprobs
+from .pipeline import pipeline_group
+
+LOSS_FIELDS = ("response_ids", "response_mask", "old_logprobs", "advantages", "ref_logprobs", "values", "returns")
+"""Experience fields the actor and critic losses read; those that are not None travel as labels."""
+
+
+def row_groups(rows, groups):
+    """`rows` row indices dealt into `groups` lists (row i to group i % groups)."""
+    return [list(range(rows))[g::groups] for g in range(groups)]
+
+
+def first_stage_inputs(exp):
+    """The first stage's inputs for an experience: `(sequences, attention_mask as bool,
+    position_ids)`, each `[n, T]` (PaddleNLP's pipeline embedding reads an int mask as
+    FlashMask indices on GPU)."""
+    return exp.sequences, exp.attention_mask.astype("bool"), exp.position_ids
+
+
+def response_logprobs_from_logits(logits, exp, temperature, with_entropy=False):
+    """Response log-probs `[n, Tr]` (and entropies, else None) from the last stage's logits
+    `[n, T, V]`, 0 outside the response mask, as `ppo.experience.response_logprobs`."""
+    P, Tr = exp.prompt_len, exp.response_ids.shape[1]
+    z = logits[:, P - 1 : P - 1 + Tr].astype("float32")
+    if temperature != 1.0:
+        z = z / temperature
+    counted = exp.response_mask != 0
+    zeros = paddle.zeros(counted.shape, "float32")
+    logp = paddle.where(counted, token_logprobs(z, exp.response_ids), zeros)
+    entropy = paddle.where(counted, entropy_from_logits(z), zeros) if with_entropy else None
+    return logp, entropy
+
+
+def response_values_from_scores(scores, exp):
+    """Critic values `[n, Tr]` from per-token scores `[n, T]`, as `ppo.experience.response_values`."""
+    P, Tr = exp.prompt_len, exp.response_ids.shape[1]
+    return scores[:, P - 1 : P - 1 + Tr].astype("float32") * exp.response_mask
+
+
+def pipeline_rows(model, exp, per_row, tail_shape, groups=None):
+    """A per-row result of `exp` through a wrapped pipeline model without gradients:
+    `per_row(output, micro_exp)` (on the last stage, for each micro-batch's output) gives
+    `[n_i, *tail_shape]` float32; returns `[N, *tail_shape]` in `exp`'s row order on every rank
+    of the pipeline group (broadcast from the last stage)."""
+    steps = model.accumulate_steps
+    groups = groups or row_groups(len(exp), steps)
+    micro = [exp.select(g or [0]) for g in groups]  # a group without rows repeats row 0, dropped below
+    firsts = [first_stage_inputs(m) for m in micro]
+    data = [tuple(list(column) for column in zip(*firsts)), [m.attention_mask for m in micro]]
+    model._p2p_helper.clear_meta_cache()
+    with paddle.no_grad():
+        outputs = model.eval_batch(data, compute_loss=False)
+    model._p2p_helper.clear_meta_cache()
+    result = paddle.zeros([len(exp), *tail_shape], dtype="float32")
+    if model.is_pipeline_last_stage():
+        with paddle.no_grad():
+            order = [r for g in groups for r in g]
+            parts = [per_row(out, m)[: len(g)] for out, m, g in zip(outputs, micro, groups)]
+            values = paddle.concat([p for p in parts if p.shape[0]], axis=0)
+            inverse = paddle.to_tensor(sorted(range(len(order)), key=order.__getitem__), dtype="int64")
+            result = paddle.index_select(values.astype("float32"), inverse, axis=0)
+    group = pipeline_group()
+    dist.broadcast(result, src=group.ranks[-1], group=group)
+    return result
+
+
+class ExperienceCriterion(nn.Layer):
+    """Last-stage loss of an actor or critic pipe: `output` (logits `[n, T, V]` or scores
+    `[n, T]`) and `labels` (the micro-batch's `fields`, in that order) ->
+    `objective(micro_exp, output)`'s loss times the number of micro-batches (fleet's schedule
+    divides each micro-batch's loss by it; the trainer's losses are already normalised by the
+    whole step's token count). `record(stats)` receives each micro-batch's statistics.
+    `prepare(prompt_len, fields, objective)` is called by the trainer before each schedule."""
+
+    def __init__(self, accumulate_steps, record):
+        super().__init__()
+        self.accumulate_steps, self.record = accumulate_steps, record
+        self.prompt_len, self.fields, self.objective = None, (), None
+
+    def prepare(self, prompt_len, fields, objective):
+        self.prompt_len, self.fields, self.objective = prompt_len, tuple(fields), objective
+
+    def forward(self, output, labels):
+        mb = SimpleNamespace(prompt_len=self.prompt_len, **{f: None for f in LOSS_FIELDS})
+        for name, value in zip(self.fields, labels):
+            setattr(mb, name, value)
+        loss, stats = self.objective(mb, output)
+        self.record(stats)
+        return loss * self.accumulate_steps
+
+
+class FrozenModelLoss(nn.Layer):
+    """The loss slot of a frozen pipeline model (fleet's `eval_batch` requires one; with
+    `compute_loss=False` it is never called)."""
+
+    def forward(self, output, labels):
+        raise RuntimeError("a frozen pipeline model (reference or reward) has no training loss")
+
+
+def schedule_data(micro):
+    """`[first-stage inputs, labels]` of a list of micro-batch experiences for fleet's
+    schedule, and the label field names: the `LOSS_FIELDS` the experiences hold. All
+    micro-batches must have the same width (one experience's rows)."""
+    fields = [f for f in LOSS_FIELDS if getattr(micro[0], f) is not None]
+    firsts = [first_stage_inputs(m) for m in micro]
+    labels = [[getattr(m, f) for f in fields] for m in micro]
+    return [tuple(list(column) for column in zip(*firsts)), labels], fields
+
+
+def stand_in_micro_batch(exp):
+    """A micro-batch that changes no gradient: `exp`'s first row with an empty response mask
+    (fills a short optimiser step up to the schedule's fixed number of micro-batches)."""
+    stand_in = exp.select([0])
+    stand_in.response_mask = paddle.zeros_like(stand_in.response_mask)
+    return stand_in
+
+
+def all_stage_states(model):
+    """The whole model's state dict (plain-model keys) on every rank of the pipeline group:
+    each stage broadcasts its tensors to the group, after their names, shapes and dtypes."""
+    from .loading import unwrap_parallel
+
+    own = dict(unwrap_parallel(model).state_dict())
+    group = pipeline_group()
+    if group is None:
+        return own
+    metas = []
+    dist.all_gather_object(metas, [(k, list(v.shape), str(v.dtype).split(".")[-1]) for k, v in own.items()], group=group)
+    merged = {}
+    for stage, meta in enumerate(metas):
+        src = group.ranks[stage]
+        for name, shape, dtype in meta:
+            buf = own[name].contiguous() if dist.get_rank() == src else paddle.empty(shape, dtype=dtype)
+            dist.broadcast(buf, src=src, group=group)
+            merged[name] = buf if dist.get_rank() != src else own[name]
+    return merged

@@ -1,0 +1,160 @@
+"""The passes of a PPO / GRPO step through pipeline-parallel models (`pipeline_parallel_degree
+> 1`, see `ppo.models.policy_pipe`): used by `ppo.ppo_trainer.PPOTrainer` in place of its
+plain-model calls. Every rank of a pipeline group runs the same step on the same experience
+(the prompts, seeds and samples of a pipeline group agree)."""
+import copy
+import logging
+
+import paddle
+import paddle.distributed as dist
+
+from .models.pipeline import pipe_classes, pipeline_group
+from .models.policy_pipe import (
+    ExperienceCriterion,
+    FrozenModelLoss,
+    all_stage_states,
+    pipeline_rows,
+    response_logprobs_from_logits,
+    response_values_from_scores,
+    schedule_data,
+    stand_in_micro_batch,
+)
+from .models.score_model_pipe import ScoreHeadPipe, end_scores_of
+
+logger = logging.getLogger("ppo")
+
+
+def score_head_of(pipe):
+    """The last stage's `ScoreHeadPipe` of a score-model pipe (None on the other stages)."""
+    heads = [layer for layer in pipe.sublayers() if isinstance(layer, ScoreHeadPipe)]
+    return heads[0] if heads else None
+
+
+class PipelinePasses:
+    """`trainer`'s models as pipelines: `actor` / `critic` are the trainer's fleet-wrapped
+    pipes, the frozen reference and reward pipes are wrapped here. Holds the generation copy
+    (the whole actor as one plain model on every rank, for the rollout engine)."""
+
+    def __init__(self, trainer):
+        from paddle.distributed import fleet
+
+        self.trainer = trainer
+        models = trainer.models
+        self.steps = trainer.args.gradient_accumulation_steps
+        self.actor_records, self.critic_records = [], []  # per micro-batch stats of the last stage
+        self.actor_criterion = ExperienceCriterion(self.steps, self.actor_records.append)
+        models.actor._loss_fn = [self.actor_criterion]
+        self.critic_criterion = None
+        if models.critic is not None:
+            self.critic_criterion = ExperienceCriterion(self.steps, self.critic_records.append)
+            models.critic._loss_fn = [self.critic_criterion]
+        for frozen in (models.reference, models.reward):
+            if frozen is not None:
+                frozen._loss_fn = [FrozenModelLoss()]
+        self.reference = fleet.distributed_model(models.reference) if models.reference is not None else None
+        self.reward = fleet.distributed_model(models.reward) if models.reward is not None else None
+        self.reward_head = score_head_of(models.reward) if models.reward is not None else None
+        self.generation_copy = self.build_generation_copy(models.actor)
+        self.copy_version = None
+
+    # ---- generation --------------------------------------------------------------
+    @staticmethod
+    def build_generation_copy(actor_pipe):
+        """A plain causal LM of the actor's config (PaddleNLP's non-pipeline class), weights
+        set by `refresh_generation_copy`."""
+        import paddlenlp.transformers as transformers
+
+        config = copy.deepcopy(actor_pipe.config)
+        _, plain_name = pipe_classes(config)
+        model = getattr(transformers, plain_name).from_config(config, dtype=config.dtype or "float32")
+        model.eval()
+        for p in model.parameters():
+            p.stop_gradient = True
+        return model
+
+    def refresh_generation_copy(self, version):
+        """Gather every stage's current actor weights into the generation copy (once per
+        `version`: the trainer's optimiser-step count)."""
+        if self.copy_version == version:
+            return
+        state = all_stage_states(self.trainer.models.actor)
+        missing, unexpected = self.generation_copy.set_state_dict(state)
+        if missing:
+            raise RuntimeError(f"pipeline stages did not give the generation copy {sorted(missing)[:5]}")
+        self.copy_version = version
+
+    # ---- no-gradient passes ----------------------------------------------------------
+    def logprobs(self, which, exp):
+        """Response log-probs `[N, Tr]` under the actor (`which` "actor") or the reference."""
+        model = self.trainer.actor if which == "actor" else self.reference
+        temperature = self.trainer.args.temperature
+        return pipeline_rows(
+            model, exp, lambda logits, m: response_logprobs_from_logits(logits, m, temperature)[0], [exp.response_ids.shape[1]]
+        )
+
+    def values(self, exp):
+        """Critic values `[N, Tr]`."""
+        return pipeline_rows(self.trainer.critic, exp, response_values_from_scores, [exp.response_ids.shape[1]])
+
+    def reward_scores(self, exp):
+        """Reward-model end scores `[N]` (normalised as the plain score model's `end_scores`)."""
+        head = self.reward_head
+        return pipeline_rows(self.reward, exp, lambda scores, m: head.normalize(end_scores_of(scores, m.attention_mask)), [])
+
+    # ---- update ------------------------------------------------------------------
+    def run_schedule(self, model, optimizer, criterion, data, fields, prompt_len, objective):
+        """One forward-backward of fleet's schedule over `data` (`optimizer`: the model's fleet
+        optimizer, stepped by the trainer afterwards); returns the summed loss of its
+        micro-batches (the same on every rank)."""
+        criterion.prepare(prompt_len, fields, objective)
+        model.train()
+        data = model._prepare_training(data, optimizer, None)
+        model.optimizer = model.lr_scheduler = None  # the trainer steps the optimiser itself
+        loss = model.forward_backward_pipeline(data)
+        return float(loss)
+
+    def backward_step(self, exp, plan, num_tokens, num_seqs):
+        """Gradients of one optimiser step (`plan`: its micro-batches' row lists) for the actor
+        and the critic; returns `(actor loss, critic loss or 0, [micro-batch stats])`, the stats
+        as every rank's copy of the last stage's."""
+        trainer = self.trainer
+        if len(plan) > self.steps:
+            raise ValueError(f"an optimiser step of {len(plan)} micro-batches; the pipeline schedule runs {self.steps}")
+        micro = [exp.select(rows) for rows in plan] + [stand_in_micro_batch(exp)] * (self.steps - len(plan))
+        data, fields = schedule_data(micro)
+        self.actor_records.clear()
+        self.critic_records.clear()
+        temperature = trainer.args.temperature
+
+        def actor_objective(mb, logits):
+            logprobs, entropy = response_logprobs_from_logits(logits, mb, temperature, with_entropy=True)
+            return trainer.actor_loss(mb, num_tokens, num_seqs, {"logprobs": logprobs, "entropy": entropy})
+
+        def critic_objective(mb, scores):
+            return trainer.critic_loss(mb, num_tokens, num_seqs, {"values": response_values_from_scores(scores, mb)})
+
+        actor_total = self.run_schedule(trainer.actor, trainer.actor_optimizer, self.actor_criterion, data, fields, exp.prompt_len, actor_objective)
+        critic_total = 0.0
+        if self.critic_criterion is not None:
+            critic_total = self.run_schedule(trainer.critic, trainer.critic_optimizer, self.critic_criterion, data, fields, exp.prompt_len, critic_objective)
+        stats = None
+        if self.actor_records:  # the last stage: the real micro-batches' stats, actor's and critic's merged
+            critic = self.critic_records or [{}] * len(self.actor_records)
+            stats = [{k: float(v) for k, v in {**a, **c}.items()} for a, c in zip(self.actor_records, critic)][: len(plan)]
+        return actor_total, critic_total, self.from_last_stage(stats)
+
+    @staticmethod
+    def from_last_stage(value):
+        """A picklable value of the pipeline group's last stage, on every rank of the group."""
+        group = pipeline_group()
+        box = [value]
+        dist.broadcast_object_list(box, src=group.ranks[-1], group=group)
+        return box[0]
+
+    # ---- bookkeeping --------------------------------------------------------------
+    @staticmethod
+    def group_sum(value):
+        """`value` (a float) summed over the pipeline group (each stage holds other weights)."""
+        t = paddle.to_tensor([value], dtype="float64")
+        dist.all_reduce(t, group=pipeline_group())
+        return float(t.numpy()[0])
