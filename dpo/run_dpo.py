@@ -32,6 +32,7 @@ from ppo.data import PreferenceDataset, PromptOnlyDataset  # noqa: E402
 from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, check_pipeline_run, load_pipe  # noqa: E402
 from ppo.models.preference_pipe import PreferencePolicyInputs  # noqa: E402
 from ppo.models.loading import (  # noqa: E402
+from ppo.common.process_exit import run_and_exit  # noqa: E402
     apply_lora,
     freeze,
     is_lora_model,
@@ -203,4 +204,4 @@ def main(argv=None, training_arguments=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_and_exit(main)

@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dataclasses import dataclass, field  # noqa: E402
 
 from dpo.run_dpo import DPOTrainingArguments, main as run_dpo_main  # noqa: E402
+from ppo.common.process_exit import run_and_exit  # noqa: E402
 
 
 @dataclass
@@ -26,4 +27,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_and_exit(main)

@@ -31,6 +31,7 @@ from ppo.models.pipeline import check_pipeline_run  # noqa: E402
 from ppo.ppo_trainer import PPOTrainer  # noqa: E402
 from ppo.reward_client import RewardServerClient  # noqa: E402
 from ppo.scorers import WeightedScorer  # noqa: E402
+from ppo.common.process_exit import run_and_exit  # noqa: E402
 
 logger = logging.getLogger("ppo")
 
@@ -119,4 +120,4 @@ def dist_rank():
 
 
 if __name__ == "__main__":
-    main()
+    run_and_exit(main)

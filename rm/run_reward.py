@@ -28,6 +28,7 @@ from ppo.models.pipeline import check_pipeline_run  # noqa: E402
 from ppo.models.score_model import AutoModelForScore  # noqa: E402
 from ppo.models.score_model_pipe import load_score_pipe  # noqa: E402
 from rm.reward_trainer import LOSS_TYPES, RewardTrainer  # noqa: E402
+from ppo.common.process_exit import run_and_exit  # noqa: E402
 
 
 @dataclass
@@ -99,4 +100,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_and_exit(main)

@@ -26,6 +26,7 @@ from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
 from ppo.models.loading import apply_lora, load_causal_lm, load_overrides, load_tokenizer  # noqa: E402
 from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, check_pipeline_run, load_pipe  # noqa: E402
 from sft.sft_trainer import SFTTrainer  # noqa: E402
+from ppo.common.process_exit import run_and_exit  # noqa: E402
 
 
 @dataclass
@@ -102,4 +103,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_and_exit(main)

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -57,6 +58,17 @@ def reads(sources, name):
             if args_read.search(text) or (path == os.path.join("ppo", "ppo_arguments.py") and self_read.search(text))]
 
 
+INERT_ONLY_BELOW_PIPELINE_DEGREE_2 = ("pipeline_parallel_config",)
+"""Said to do nothing at pipeline_parallel_degree 1 and read by the pipeline run above it."""
+
+
+def test_conditionally_inert_fields_are_logged_only_where_inert():
+    for name in INERT_ONLY_BELOW_PIPELINE_DEGREE_2:
+        is_inert = pk.PPO_INERT[name][0]
+        assert is_inert(SimpleNamespace(**{name: "disable_p2p_cache_shape", "pipeline_parallel_degree": 1}))
+        assert not is_inert(SimpleNamespace(**{name: "disable_p2p_cache_shape", "pipeline_parallel_degree": 2}))
+
+
 def test_every_training_argument_is_read_by_the_ppo_loop_or_in_a_table():
     sources = ppo_source()
     fields = {f.name for f in training_argument_fields()}
@@ -67,7 +79,7 @@ def test_every_training_argument_is_read_by_the_ppo_loop_or_in_a_table():
         read_in = reads(sources, name)
         if not read_in and not where:
             unaccounted.append(name)
-        if read_in and where == ["PPO_INERT"]:
+        if read_in and where == ["PPO_INERT"] and name not in INERT_ONLY_BELOW_PIPELINE_DEGREE_2:
             inert_but_read.append((name, where[0], read_in))
     assert not unaccounted, f"TrainingArguments fields neither read by the PPO loop nor in paddlenlp_keys' PPO tables: {unaccounted}"
     assert not inert_but_read, f"fields said not to act in PPO but read there: {inert_but_read}"
