@@ -25,6 +25,7 @@ from dpo.dpo_trainer import LOSS_TYPES, DPOTrainer, KTOCollator, needs_reference
 from ppo.algos.preference import PAIR_LOSS_TYPES  # noqa: E402
 from ppo.common.args_common import DatasetArguments, DivergenceArguments, LogprobArguments, ModelCommonArguments, split_specs  # noqa: E402
 from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
+from ppo.common.process_exit import run_and_exit  # noqa: E402
 from ppo.common.run_setup import finish_trainer_run  # noqa: E402
 from ppo.common.validation import validate_run  # noqa: E402
 from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
@@ -32,7 +33,6 @@ from ppo.data import PreferenceDataset, PromptOnlyDataset  # noqa: E402
 from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, check_pipeline_run, load_pipe  # noqa: E402
 from ppo.models.preference_pipe import PreferencePolicyInputs  # noqa: E402
 from ppo.models.loading import (  # noqa: E402
-from ppo.common.process_exit import run_and_exit  # noqa: E402
     apply_lora,
     freeze,
     is_lora_model,
@@ -117,14 +117,11 @@ class DPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
             raise ValueError("kto needs a reference model; reference_free applies to sigmoid, ipo and hinge")
 
 
-def load_pipeline_models(model_args, data_args, training_args, overrides):
+def load_pipeline_models(model_args, training_args, overrides):
     """This rank's stages of the policy pipe (its loss is set by `DPOTrainer`) and of the
     frozen reference pipe (None when the loss needs no reference), under
     `pipeline_parallel_degree > 1`."""
-    check_pipeline_run(
-        training_args, model_args.use_lora,
-        generation_eval=bool(split_specs(data_args.eval_generation_datasets)) and training_args.eval_with_do_generation,
-    )
+    check_pipeline_run(training_args, model_args.use_lora)
     steps = training_args.gradient_accumulation_steps
     model = set_dropout_off(load_pipe(model_args.model_name_or_path, None, PreferencePolicyInputs(steps), **overrides))
     if not needs_reference(training_args.loss_type, training_args.reference_free):
@@ -142,7 +139,7 @@ def build_trainer(model_args, data_args, training_args):
     extra = load_overrides(model_args, training_args, pipeline_entry="dpo")
     tokenizer = load_tokenizer(path)
     if training_args.pipeline_parallel_degree > 1:
-        model, ref_model = load_pipeline_models(model_args, data_args, training_args, extra)
+        model, ref_model = load_pipeline_models(model_args, training_args, extra)
     else:
         model = load_causal_lm(path, **extra)
         if model_args.use_lora and not is_lora_model(model):

@@ -106,6 +106,17 @@ class GenerationEvalMixin:
         self.eval_long_answer_len = eval_long_answer_len
         self.use_fusemt = use_fusemt
 
+    def generation_model(self):
+        """The model to generate with: the trained model, or under pipeline parallelism a plain
+        copy of all its stages on every rank (gathered anew for each evaluation)."""
+        if self.args.pipeline_parallel_degree <= 1:
+            return self.model
+        from .models.policy_pipe import plain_copy_of, refresh_plain_copy
+
+        if getattr(self, "_generation_copy", None) is None:
+            self._generation_copy = plain_copy_of(self.model)
+        return refresh_plain_copy(self._generation_copy, self.model)
+
     def generation_metrics(self):
         """`eval/accuracy`, `eval/accuracy_long`, `eval/accuracy_short`, `eval/response_length`; {} without prompts."""
         import json
@@ -114,7 +125,7 @@ class GenerationEvalMixin:
         if self.eval_prompt_dataset is None:
             return {}
         metrics, records = evaluate_generation(
-            self.model,
+            self.generation_model(),
             self.tokenizer,
             self.eval_prompt_dataset,
             batch_size=self.args.per_device_eval_batch_size,

@@ -2,32 +2,22 @@
 > 1`, see `ppo.models.policy_pipe`): used by `ppo.ppo_trainer.PPOTrainer` in place of its
 plain-model calls. Every rank of a pipeline group runs the same step on the same experience
 (the prompts, seeds and samples of a pipeline group agree)."""
-import copy
-import logging
-
 import paddle
 import paddle.distributed as dist
 
-from .models.pipeline import pipe_classes, pipeline_group
+from .models.pipeline import pipeline_group
 from .models.policy_pipe import (
     ExperienceCriterion,
     FrozenModelLoss,
-    all_stage_states,
     pipeline_rows,
+    plain_copy_of,
+    refresh_plain_copy,
     response_logprobs_from_logits,
     response_values_from_scores,
     schedule_data,
     stand_in_micro_batch,
 )
-from .models.score_model_pipe import ScoreHeadPipe, end_scores_of
-
-logger = logging.getLogger("ppo")
-
-
-def score_head_of(pipe):
-    """The last stage's `ScoreHeadPipe` of a score-model pipe (None on the other stages)."""
-    heads = [layer for layer in pipe.sublayers() if isinstance(layer, ScoreHeadPipe)]
-    return heads[0] if heads else None
+from .models.score_model_pipe import end_scores_of, score_head_of
 
 
 class PipelinePasses:
@@ -54,34 +44,16 @@ class PipelinePasses:
         self.reference = fleet.distributed_model(models.reference) if models.reference is not None else None
         self.reward = fleet.distributed_model(models.reward) if models.reward is not None else None
         self.reward_head = score_head_of(models.reward) if models.reward is not None else None
-        self.generation_copy = self.build_generation_copy(models.actor)
+        self.generation_copy = plain_copy_of(models.actor)
         self.copy_version = None
 
     # ---- generation --------------------------------------------------------------
-    @staticmethod
-    def build_generation_copy(actor_pipe):
-        """A plain causal LM of the actor's config (PaddleNLP's non-pipeline class), weights
-        set by `refresh_generation_copy`."""
-        import paddlenlp.transformers as transformers
-
-        config = copy.deepcopy(actor_pipe.config)
-        _, plain_name = pipe_classes(config)
-        model = getattr(transformers, plain_name).from_config(config, dtype=config.dtype or "float32")
-        model.eval()
-        for p in model.parameters():
-            p.stop_gradient = True
-        return model
-
     def refresh_generation_copy(self, version):
         """Gather every stage's current actor weights into the generation copy (once per
-        `version`: the trainer's optimiser-step count)."""
-        if self.copy_version == version:
-            return
-        state = all_stage_states(self.trainer.models.actor)
-        missing, unexpected = self.generation_copy.set_state_dict(state)
-        if missing:
-            raise RuntimeError(f"pipeline stages did not give the generation copy {sorted(missing)[:5]}")
-        self.copy_version = version
+        `version`: the trainer's step count)."""
+        if self.copy_version != version:
+            refresh_plain_copy(self.generation_copy, self.trainer.models.actor)
+            self.copy_version = version
 
     # ---- no-gradient passes ----------------------------------------------------------
     def logprobs(self, which, exp):

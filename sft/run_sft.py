@@ -60,10 +60,7 @@ def main(argv=None):
     tokenizer = load_tokenizer(model_args.model_name_or_path)
     overrides = load_overrides(model_args, training_args, pipeline_entry="sft")
     if training_args.pipeline_parallel_degree > 1:
-        check_pipeline_run(
-            training_args, model_args.use_lora,
-            generation_eval=bool(split_specs(data_args.eval_datasets)) and training_args.eval_with_do_generation,
-        )
+        check_pipeline_run(training_args, model_args.use_lora)
         model = load_pipe(
             model_args.model_name_or_path, AnswerNLLCriterion(), CausalLMPipelineInputs(training_args.gradient_accumulation_steps),
             **overrides,

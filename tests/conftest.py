@@ -24,19 +24,39 @@ def tiny_model_dir(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="session")
-def tiny_rm_dir(tiny_model_dir, tmp_path_factory):
-    """A score model on the tiny Llama (random head, seed 5) with its tokenizer."""
+def save_score_model(base_dir, path):
+    """A score model on `base_dir`'s causal LM (random head, seed 5) with its tokenizer, saved in `path`."""
     import paddle
 
     from ppo.models.loading import load_tokenizer
     from ppo.models.score_model import AutoModelForScore
 
-    path = str(tmp_path_factory.mktemp("tiny_rm"))
     paddle.seed(5)
-    AutoModelForScore.from_pretrained(tiny_model_dir).save_pretrained(path)
-    load_tokenizer(tiny_model_dir).save_pretrained(path)
+    AutoModelForScore.from_pretrained(base_dir).save_pretrained(path)
+    load_tokenizer(base_dir).save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_rm_dir(tiny_model_dir, tmp_path_factory):
+    """A score model on the tiny Llama (random head, seed 5) with its tokenizer."""
+    return save_score_model(tiny_model_dir, str(tmp_path_factory.mktemp("tiny_rm")))
+
+
+@pytest.fixture(scope="session")
+def two_layer_model_dir(tmp_path_factory):
+    """The tiny Llama with 2 layers: each stage of a pipeline_parallel_degree 2 run gets one."""
+    from ppo.tiny.factory import build_tiny
+
+    path = str(tmp_path_factory.mktemp("two_layer_model"))
+    build_tiny(path, seed=11, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    return path
+
+
+@pytest.fixture(scope="session")
+def two_layer_score_dir(two_layer_model_dir, tmp_path_factory):
+    """A score model on the 2-layer Llama (score head seed 5): runs compared start from the same head."""
+    return save_score_model(two_layer_model_dir, str(tmp_path_factory.mktemp("two_layer_score")))
 
 
 @pytest.fixture(scope="session")

@@ -59,9 +59,9 @@ def test_grpo_dp2_tp2_matches_dp2(tiny_model_dir, tiny_data_dir, tmp_path):
 
 def test_ppo_dp2_tp2_matches_dp2(tiny_model_dir, tiny_data_dir, tmp_path):
     """PPO with a critic and a reward model, all four models split inside each data rank."""
-    from tests.test_tensor_parallel import make_score_dir
+    from tests.conftest import save_score_model
 
-    score_dir = make_score_dir(tiny_model_dir, str(tmp_path / "score"))
+    score_dir = save_score_model(tiny_model_dir, str(tmp_path / "score"))
     argv = ["config/tiny/ppo_argument.json", *ppo_argv(
         tiny_model_dir, tiny_data_dir, "--reward_model_name_or_path", score_dir, "--per_device_prompt_batch_size", "4",
         "--per_device_train_batch_size", "4", "--learning_rate", "1e-3", "--critic_learning_rate", "1e-3",

@@ -23,29 +23,6 @@ MICRO, ACCUMULATE, STEPS = 4, 2, 3
 PP_ARGS = ["--pipeline_parallel_degree", "2", "--pipeline_parallel_config", "disable_p2p_cache_shape"]
 
 
-@pytest.fixture(scope="module")
-def two_layer_model_dir(tmp_path_factory):
-    """A 2-layer tiny Llama: each of the two stages gets one decoder layer."""
-    from ppo.tiny.factory import build_tiny
-
-    path = str(tmp_path_factory.mktemp("pp_model"))
-    build_tiny(path, seed=11, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
-    return path
-
-
-@pytest.fixture(scope="module")
-def two_layer_score_dir(two_layer_model_dir, tmp_path_factory):
-    """A saved score model on the 2-layer Llama (score head seed 5): both runs start from the same head."""
-    from ppo.models.loading import load_tokenizer
-    from ppo.models.score_model import AutoModelForScore
-
-    path = str(tmp_path_factory.mktemp("pp_score"))
-    paddle.seed(5)
-    AutoModelForScore.from_pretrained(two_layer_model_dir).save_pretrained(path)
-    load_tokenizer(two_layer_model_dir).save_pretrained(path)
-    return path
-
-
 def saved_weights(path):
     return {k: v.numpy() for k, v in paddle.load(os.path.join(path, "model_state.pdparams")).items()}
 
@@ -67,6 +44,27 @@ def assert_same_steps(out1, out2, key):
     assert v1[STEPS] < v1[1]
 
 
+def entry_argv(config, model_dir, train, evaluation, *extra):
+    """The arguments both runs of a comparison share: STEPS steps of ACCUMULATE micro-batches of
+    MICRO rows (pairs), a log every step, evaluation and save at the end."""
+    return [
+        config, "--model_name_or_path", model_dir, "--train_datasets", train, "--eval_datasets", evaluation,
+        "--max_steps", str(STEPS), "--per_device_train_batch_size", str(MICRO),
+        "--gradient_accumulation_steps", str(ACCUMULATE), "--per_device_eval_batch_size", str(MICRO * ACCUMULATE),
+        "--logging_steps", "1", "--learning_rate", "1e-2", "--eval_steps", str(STEPS), "--save_steps", str(STEPS),
+        "--warmup_steps", "0", "--disable_tqdm", "true", *extra,
+    ]
+
+
+def run_plain_and_pipeline(main, script, argv, tmp_path):
+    """`main(argv)` in this process and `script` at pipeline_parallel_degree 2 on two processes;
+    returns their output directories."""
+    out1, out2 = str(tmp_path / "pp1"), str(tmp_path / "pp2")
+    main([*argv, "--output_dir", out1, "--logging_dir", f"{out1}/vdl"])
+    launch_run(script, [*argv, "--output_dir", out2, "--logging_dir", f"{out2}/vdl", *PP_ARGS], out2)
+    return out1, out2
+
+
 def final_eval(out, key):
     return json.load(open(os.path.join(out, "summary.json")))["final_eval"][key]
 
@@ -76,20 +74,18 @@ def test_sft_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path):
 
     from sft.run_sft import main as run_sft
 
-    argv = [
-        "config/tiny/sft_argument.json", "--model_name_or_path", two_layer_model_dir,
-        "--train_datasets", f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl",
-        "--eval_datasets", f"Jsonfile:0.9:{tiny_data_dir}/test.jsonl", "--eval_with_do_generation", "false",
-        "--max_steps", str(STEPS), "--per_device_train_batch_size", str(MICRO),
-        "--gradient_accumulation_steps", str(ACCUMULATE), "--per_device_eval_batch_size", str(MICRO * ACCUMULATE),
-        "--logging_steps", "1", "--learning_rate", "1e-2", "--eval_steps", str(STEPS), "--save_steps", str(STEPS),
-        "--warmup_steps", "0", "--disable_tqdm", "true",
-    ]
-    out1, out2 = str(tmp_path / "pp1"), str(tmp_path / "pp2")
-    run_sft([*argv, "--output_dir", out1, "--logging_dir", f"{out1}/vdl"])
-    launch_run("sft/run_sft.py", [*argv, "--output_dir", out2, "--logging_dir", f"{out2}/vdl", *PP_ARGS], out2)
+    argv = entry_argv(
+        "config/tiny/sft_argument.json", two_layer_model_dir, f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl",
+        f"Jsonfile:0.9:{tiny_data_dir}/test.jsonl", "--eval_max_new_tokens", "6",
+    )
+    out1, out2 = run_plain_and_pipeline(run_sft, "sft/run_sft.py", argv, tmp_path)
     assert_same_steps(out1, out2, "loss/sft")
     np.testing.assert_allclose(final_eval(out2, "eval/loss"), final_eval(out1, "eval/loss"), rtol=1e-5)
+    for key in ("eval/accuracy", "eval/response_length"):  # greedy decoding of the stages gathered on each rank
+        assert final_eval(out2, key) == final_eval(out1, key), key
+    assert [json.loads(line)["response"] for line in open(os.path.join(out2, "eval_samples.jsonl"))] == [
+        json.loads(line)["response"] for line in open(os.path.join(out1, "eval_samples.jsonl"))
+    ]
     assert_same_saved_weights(out1, out2, two_layer_model_dir)
     assert json.load(open(os.path.join(out2, "config.json")))["architectures"] == ["LlamaForCausalLM"]
     reloaded = LlamaForCausalLM.from_pretrained(out2)  # the plain class, one process
@@ -104,18 +100,11 @@ def test_reward_model_pp2_matches_pp1(two_layer_score_dir, tiny_data_dir, tmp_pa
     from ppo.models.score_model import AutoModelForScore
     from rm.run_reward import main as run_reward
 
-    argv = [
-        "config/tiny/rm_argument.json", "--model_name_or_path", two_layer_score_dir,
-        "--train_datasets", f"PKU-SafeRLHF/train:1.0:{tiny_data_dir}/preference.jsonl",
-        "--eval_datasets", f"PKU-SafeRLHF/test:0.9:{tiny_data_dir}/preference_eval.jsonl",
-        "--max_steps", str(STEPS), "--per_device_train_batch_size", str(MICRO),
-        "--gradient_accumulation_steps", str(ACCUMULATE), "--per_device_eval_batch_size", str(MICRO * ACCUMULATE),
-        "--logging_steps", "1", "--learning_rate", "1e-2", "--eval_steps", str(STEPS), "--save_steps", str(STEPS),
-        "--warmup_steps", "0", "--disable_tqdm", "true",
-    ]
-    out1, out2 = str(tmp_path / "pp1"), str(tmp_path / "pp2")
-    run_reward([*argv, "--output_dir", out1, "--logging_dir", f"{out1}/vdl"])
-    launch_run("rm/run_reward.py", [*argv, "--output_dir", out2, "--logging_dir", f"{out2}/vdl", *PP_ARGS], out2)
+    argv = entry_argv(
+        "config/tiny/rm_argument.json", two_layer_score_dir, f"PKU-SafeRLHF/train:1.0:{tiny_data_dir}/preference.jsonl",
+        f"PKU-SafeRLHF/test:0.9:{tiny_data_dir}/preference_eval.jsonl",
+    )
+    out1, out2 = run_plain_and_pipeline(run_reward, "rm/run_reward.py", argv, tmp_path)
     assert_same_steps(out1, out2, "rm/loss")
     for key in ("rm/accuracy", "rm/margin", "rm/eval_loss"):
         np.testing.assert_allclose(final_eval(out2, key), final_eval(out1, key), rtol=1e-4, atol=1e-7, err_msg=key)
@@ -136,18 +125,13 @@ def test_dpo_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path, loss_
     the evaluation and the merged weights equal the plain run's."""
     from dpo.run_dpo import main as run_dpo
 
-    argv = [
-        "config/tiny/dpo_argument.json", "--model_name_or_path", two_layer_model_dir, "--loss_type", loss_type,
-        "--train_datasets", f"PKU-SafeRLHF/train:1.0:{tiny_data_dir}/preference.jsonl",
-        "--eval_datasets", f"PKU-SafeRLHF/test:0.9:{tiny_data_dir}/preference_eval.jsonl", "--eval_generation_datasets", "",
-        "--max_steps", str(STEPS), "--per_device_train_batch_size", str(MICRO),
-        "--gradient_accumulation_steps", str(ACCUMULATE), "--per_device_eval_batch_size", str(MICRO * ACCUMULATE),
-        "--logging_steps", "1", "--learning_rate", "1e-2", "--eval_steps", str(STEPS), "--save_steps", str(STEPS),
-        "--warmup_steps", "0", "--disable_tqdm", "true",
-    ]
-    out1, out2 = str(tmp_path / "pp1"), str(tmp_path / "pp2")
-    run_dpo([*argv, "--output_dir", out1, "--logging_dir", f"{out1}/vdl"])
-    launch_run("dpo/run_dpo.py", [*argv, "--output_dir", out2, "--logging_dir", f"{out2}/vdl", *PP_ARGS], out2)
+    generation = f"Jsonfile:1.0:{tiny_data_dir}/test.jsonl" if loss_type == "sigmoid" else ""
+    argv = entry_argv(
+        "config/tiny/dpo_argument.json", two_layer_model_dir, f"PKU-SafeRLHF/train:1.0:{tiny_data_dir}/preference.jsonl",
+        f"PKU-SafeRLHF/test:0.9:{tiny_data_dir}/preference_eval.jsonl", "--loss_type", loss_type,
+        "--eval_generation_datasets", generation, "--eval_max_new_tokens", "6",
+    )
+    out1, out2 = run_plain_and_pipeline(run_dpo, "dpo/run_dpo.py", argv, tmp_path)
     assert_same_steps(out1, out2, "loss/total")
     for key in ("loss/dpo", "loss/sft", "rewards/accuracies", "logps/chosen"):
         v1, v2 = step_values(out1, key), step_values(out2, key)
@@ -155,6 +139,9 @@ def test_dpo_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path, loss_
         np.testing.assert_allclose([v2[s] for s in v1], [v1[s] for s in v1], rtol=1e-4, atol=1e-6, err_msg=key)
     for key in ("eval/loss", "eval/preference_accuracy", "eval/reward_margin"):
         np.testing.assert_allclose(final_eval(out2, key), final_eval(out1, key), rtol=1e-4, atol=1e-6, err_msg=key)
+    if generation:
+        assert final_eval(out2, "eval/accuracy") == final_eval(out1, "eval/accuracy")
+        assert final_eval(out2, "eval/response_length") == final_eval(out1, "eval/response_length")
     assert_same_saved_weights(out1, out2, two_layer_model_dir, atol=5e-5)
 
 
@@ -223,8 +210,6 @@ def test_pipeline_refusals(tmp_path):
         check_pipeline_run(SimpleNamespace(pipeline_parallel_degree=2, pipeline_parallel_config="", tensor_parallel_degree=2))
     with pytest.raises(ValueError, match="use_lora with pipeline_parallel_degree 2"):
         check_pipeline_run(args, use_lora=True)
-    with pytest.raises(ValueError, match="eval_with_do_generation with pipeline_parallel_degree 2"):
-        check_pipeline_run(args, generation_eval=True)
     with pytest.raises(ValueError, match="add disable_p2p_cache_shape to pipeline_parallel_config"):
         check_pipeline_run(args)
     check_pipeline_run(SimpleNamespace(pipeline_parallel_degree=2, pipeline_parallel_config="disable_p2p_cache_shape", tensor_parallel_degree=1))

@@ -6,37 +6,12 @@ that let fleet's pipeline schedule run on CPU processes are in `tests/tp_cpu_col
 import json
 import os
 
-import numpy as np
 import paddle
-import pytest
 
 from tests.test_tensor_parallel import assert_same_steps, assert_same_weights, assert_weights_moved, ppo_argv
 from tests.tp_launch import launch_run, read_jsonl
 
 PP_ARGS = ["--pipeline_parallel_degree", "2", "--pipeline_parallel_config", "disable_p2p_cache_shape"]
-
-
-@pytest.fixture(scope="module")
-def two_layer_actor_dir(tmp_path_factory):
-    """A 2-layer tiny Llama: each of the two stages gets one decoder layer."""
-    from ppo.tiny.factory import build_tiny
-
-    path = str(tmp_path_factory.mktemp("pp_actor"))
-    build_tiny(path, seed=11, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
-    return path
-
-
-@pytest.fixture(scope="module")
-def two_layer_score_dir(two_layer_actor_dir, tmp_path_factory):
-    """A score model on the 2-layer Llama (score head seed 5): reward model and critic."""
-    from ppo.models.loading import load_tokenizer
-    from ppo.models.score_model import AutoModelForScore
-
-    path = str(tmp_path_factory.mktemp("pp_score"))
-    paddle.seed(5)
-    AutoModelForScore.from_pretrained(two_layer_actor_dir).save_pretrained(path)
-    load_tokenizer(two_layer_actor_dir).save_pretrained(path)
-    return path
 
 
 def compare_pipeline_rl_runs(argv, tmp_path, keys, models, steps=2):
@@ -62,11 +37,11 @@ def compare_pipeline_rl_runs(argv, tmp_path, keys, models, steps=2):
     return out1, out2
 
 
-def test_grpo_pp2_matches_pp1(two_layer_actor_dir, tiny_data_dir, tmp_path):
+def test_grpo_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path):
     """Critic-free, rule rewards (response length), a k3 KL loss against the reference pipe,
     an entropy bonus; two micro-batches per optimiser step through the schedule."""
     argv = ["config/tiny/grpo_rule_argument.json", *ppo_argv(
-        two_layer_actor_dir, tiny_data_dir, "--per_device_prompt_batch_size", "4", "--rollout_n", "4",
+        two_layer_model_dir, tiny_data_dir, "--per_device_prompt_batch_size", "4", "--rollout_n", "4",
         "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2", "--learning_rate", "1e-3",
         "--kl_loss_coeff", "0.05", "--entropy_coeff", "0.01", "--rule_reward_scorers", "tests.rule_reward_helpers:_len_scorer",
     )]
@@ -74,12 +49,12 @@ def test_grpo_pp2_matches_pp1(two_layer_actor_dir, tiny_data_dir, tmp_path):
     compare_pipeline_rl_runs(argv, tmp_path, keys, ("policy",))
 
 
-def test_ppo_pp2_matches_pp1(two_layer_actor_dir, two_layer_score_dir, tiny_data_dir, tmp_path):
+def test_ppo_pp2_matches_pp1(two_layer_model_dir, two_layer_score_dir, tiny_data_dir, tmp_path):
     """Actor, reference, reward model and critic all pipelines: reward end scores and critic
     values from the score-model pipes, the GAE critic trained through its own schedule, a KL
     penalty in the rewards against the reference pipe."""
     argv = ["config/tiny/ppo_argument.json", *ppo_argv(
-        two_layer_actor_dir, tiny_data_dir, "--reward_model_name_or_path", two_layer_score_dir,
+        two_layer_model_dir, tiny_data_dir, "--reward_model_name_or_path", two_layer_score_dir,
         "--per_device_prompt_batch_size", "8", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2",
         "--learning_rate", "1e-3", "--critic_learning_rate", "1e-3", "--kl_coeff", "0.1", "--entropy_coeff", "0.01",
     )]
@@ -88,14 +63,14 @@ def test_ppo_pp2_matches_pp1(two_layer_actor_dir, two_layer_score_dir, tiny_data
     compare_pipeline_rl_runs(argv, tmp_path, keys, ("policy", "value"))
 
 
-def test_ppo_pp2_resumes_from_its_merged_checkpoint(two_layer_actor_dir, two_layer_score_dir, tiny_data_dir, tmp_path):
+def test_ppo_pp2_resumes_from_its_merged_checkpoint(two_layer_model_dir, two_layer_score_dir, tiny_data_dir, tmp_path):
     """A PP=2 run stopped after step 1 saves merged policy/value checkpoints and each rank's
     optimiser states; resuming at PP=2 loads every stage's weights and AdamW moments back, and
     step 2 is the step an uninterrupted one-process run takes."""
     from ppo.run_ppo import main as run_ppo
 
     argv = ["config/tiny/ppo_argument.json", *ppo_argv(
-        two_layer_actor_dir, tiny_data_dir, "--reward_model_name_or_path", two_layer_score_dir,
+        two_layer_model_dir, tiny_data_dir, "--reward_model_name_or_path", two_layer_score_dir,
         "--per_device_prompt_batch_size", "8", "--per_device_train_batch_size", "4", "--learning_rate", "1e-3",
         "--critic_learning_rate", "1e-3", "--kl_coeff", "0.1", "--eval_steps", "0",
     )]

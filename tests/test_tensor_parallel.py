@@ -20,19 +20,6 @@ LOSS_RTOL = 2e-5
 WEIGHT_ATOL = 2e-5
 
 
-def make_score_dir(model_dir, path):
-    """A saved score model (backbone + score head) so both layouts start from the same head."""
-    paddle.seed(5)
-    AutoModelForScore.from_pretrained(model_dir).save_pretrained(path)
-    load_tokenizer(model_dir).save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def score_dir(tiny_model_dir, tmp_path_factory):
-    return make_score_dir(tiny_model_dir, str(tmp_path_factory.mktemp("tp_score")))
-
-
 def saved_weights(path):
     return {k: v.numpy() for k, v in paddle.load(os.path.join(path, "model_state.pdparams")).items()}
 
@@ -121,11 +108,11 @@ def test_sft_lora_tp2_matches_tp1(lora_dir, tiny_data_dir, tmp_path):
     assert any(not np.allclose(start[k].numpy(), b[k].numpy()) for k in b)
 
 
-def test_reward_model_tp2_matches_tp1(score_dir, tiny_data_dir, tmp_path):
+def test_reward_model_tp2_matches_tp1(tiny_rm_dir, tiny_data_dir, tmp_path):
     from rm.run_reward import main as run_reward
 
     argv = [
-        "config/tiny/rm_argument.json", "--model_name_or_path", score_dir,
+        "config/tiny/rm_argument.json", "--model_name_or_path", tiny_rm_dir,
         "--train_datasets", f"PKU-SafeRLHF/train:1.0:{tiny_data_dir}/preference.jsonl",
         "--eval_datasets", f"PKU-SafeRLHF/test:1.0:{tiny_data_dir}/preference_eval.jsonl",
         "--max_steps", "3", "--per_device_train_batch_size", "16", "--logging_steps", "1", "--learning_rate", "1e-2",
@@ -136,7 +123,7 @@ def test_reward_model_tp2_matches_tp1(score_dir, tiny_data_dir, tmp_path):
     launch_run("rm/run_reward.py", [*argv, "--output_dir", out2, "--logging_dir", f"{out2}/vdl", "--tensor_parallel_degree", "2"], out2)
     assert_same_steps(out1, out2, "rm/loss", 3)
     assert_same_weights(out1, out2)
-    assert_weights_moved(score_dir, out2)
+    assert_weights_moved(tiny_rm_dir, out2)
     reloaded = AutoModelForScore.from_pretrained(out2)  # the merged TP=2 score model loads at TP=1
     np.testing.assert_allclose(reloaded.score_head.weight.numpy(), saved_weights(out1)["score_head.weight"], atol=WEIGHT_ATOL)
 
@@ -191,12 +178,12 @@ def compare_rl_runs(run, argv, tmp_path, keys, models):
     return out1, out2
 
 
-def test_ppo_tp2_matches_tp1(tiny_model_dir, score_dir, tiny_data_dir, tmp_path):
+def test_ppo_tp2_matches_tp1(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path):
     """Actor, reference, reward model and critic all split; the rollout engine gathers."""
     from ppo.run_ppo import main as run_ppo
 
     argv = ["config/tiny/ppo_argument.json", *ppo_argv(
-        tiny_model_dir, tiny_data_dir, "--reward_model_name_or_path", score_dir, "--per_device_prompt_batch_size", "8",
+        tiny_model_dir, tiny_data_dir, "--reward_model_name_or_path", tiny_rm_dir, "--per_device_prompt_batch_size", "8",
         "--per_device_train_batch_size", "4", "--learning_rate", "1e-3", "--critic_learning_rate", "1e-3",
         "--kl_coeff", "0.1", "--entropy_coeff", "0.01",
     )]

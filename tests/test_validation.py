@@ -4,22 +4,10 @@ import json
 import os
 import shutil
 
-import paddle
 import pytest
 
 from ppo.common.validation import check_model_dir, check_sizes, weights_problem
 from ppo.models.score_model import AutoModelForScore
-
-
-@pytest.fixture(scope="module")
-def tiny_rm_dir(tiny_model_dir, tmp_path_factory):
-    from ppo.models.loading import load_tokenizer
-
-    path = str(tmp_path_factory.mktemp("val_rm"))
-    paddle.seed(5)
-    AutoModelForScore.from_pretrained(tiny_model_dir).save_pretrained(path)
-    load_tokenizer(tiny_model_dir).save_pretrained(path)
-    return path
 
 
 def copy_model(src, dst):

@@ -204,32 +204,28 @@ def wrapped_pipeline(trainer):
     return trainer.model_wrapped
 
 
-def gather_stage_states(model):
-    """Every stage's state dict (plain-model keys) merged on the pipeline group's first rank
-    (other ranks get None); all ranks of the group must call it. Tensors travel by
-    point-to-point sends, one stage after another, after their names, shapes and dtypes."""
+def all_stage_states(model):
+    """The whole model's state dict (plain-model keys) on every rank of the pipeline group:
+    each stage broadcasts its tensors to the group, after their names, shapes and dtypes. All
+    ranks of the group must call it; without pipeline parallelism, this rank's state dict."""
     from .loading import unwrap_parallel
 
-    pipe = unwrap_parallel(model)
-    own = {k: v for k, v in pipe.state_dict().items()}
+    own = dict(unwrap_parallel(model).state_dict())
     group = pipeline_group()
     if group is None:
         return own
     metas = []
     dist.all_gather_object(metas, [(k, list(v.shape), str(v.dtype).split(".")[-1]) for k, v in own.items()], group=group)
-    first = group.ranks[0]
-    rank = dist.get_rank()
-    merged = dict(own) if rank == first else None
+    merged = {}
     for stage, meta in enumerate(metas):
         src = group.ranks[stage]
-        if src == first:
-            continue
         for name, shape, dtype in meta:
-            if rank == src:
-                dist.send(own[name].contiguous(), dst=first, group=group)
-            elif rank == first:
+            if dist.get_rank() == src:
+                dist.broadcast(own[name].contiguous(), src=src, group=group)
+                merged[name] = own[name]
+            else:
                 buf = paddle.empty(shape, dtype=dtype)
-                dist.recv(buf, src=src, group=group)
+                dist.broadcast(buf, src=src, group=group)
                 merged[name] = buf
     return merged
 
@@ -245,9 +241,10 @@ def save_pipeline_merged(model, path):
     from paddle.distributed import fleet
 
     pipe = unwrap_parallel(model)
-    state = gather_stage_states(model)
-    hcg = fleet.get_hybrid_communicate_group() if pipeline_group() is not None else None
-    if state is None or (hcg is not None and (hcg.get_data_parallel_rank() > 0 or hcg.get_sharding_parallel_rank() > 0)):
+    state = all_stage_states(model)
+    group = pipeline_group()
+    hcg = fleet.get_hybrid_communicate_group() if group is not None else None
+    if hcg is not None and (dist.get_rank() != group.ranks[0] or hcg.get_data_parallel_rank() > 0 or hcg.get_sharding_parallel_rank() > 0):
         return  # not the first stage, or a data-parallel / sharding copy of the same weights
     plain_class_name = getattr(pipe, "merged_class_name", None) or pipe_classes(pipe.config)[1]
     os.makedirs(path, exist_ok=True)
@@ -258,7 +255,7 @@ def save_pipeline_merged(model, path):
     logger.info(f"pipeline stages merged into {path} ({len(state)} tensors, {plain_class_name})")
 
 
-def check_pipeline_run(training_args, use_lora=False, generation_eval=False):
+def check_pipeline_run(training_args, use_lora=False):
     """Start-up refusals of a `pipeline_parallel_degree > 1` run of the `Trainer` entry points,
     each naming the argument to change; a `logprob_chunk_size` (SFT) is logged as unused."""
     from paddlenlp.trainer.trainer_utils import split_parallel_config
@@ -278,12 +275,6 @@ def check_pipeline_run(training_args, use_lora=False, generation_eval=False):
         raise ValueError(
             f"use_lora with pipeline_parallel_degree {degree}: LoRA layers on pipeline stages are not implemented here; "
             "set use_lora false or use tensor_parallel_degree"
-        )
-    if generation_eval:
-        raise ValueError(
-            f"eval_with_do_generation with pipeline_parallel_degree {degree}: greedy decoding for exact-match accuracy "
-            "needs the whole model on one rank, and each rank here holds one pipeline stage; set "
-            "eval_with_do_generation false (the evaluation loss still runs through the pipeline)"
         )
     if "disable_p2p_cache_shape" not in split_parallel_config(training_args.pipeline_parallel_config):
         raise ValueError(

@@ -19,7 +19,7 @@ import paddle.distributed as dist
 import paddle.nn as nn
 
 from ..algos import entropy_from_logits, token_logprobs
-from .pipeline import pipeline_group
+from .pipeline import all_stage_states, pipeline_group
 
 LOSS_FIELDS = ("response_ids", "response_mask", "old_logprobs", "advantages", "ref_logprobs", "values", "returns")
 """Experience fields the actor and critic losses read; those that are not None travel as labels."""
@@ -135,22 +135,29 @@ def stand_in_micro_batch(exp):
     return stand_in
 
 
-def all_stage_states(model):
-    """The whole model's state dict (plain-model keys) on every rank of the pipeline group:
-    each stage broadcasts its tensors to the group, after their names, shapes and dtypes."""
-    from .loading import unwrap_parallel
+def plain_copy_of(pipe):
+    """An empty plain causal LM (PaddleNLP's non-pipeline class) of a causal-LM pipe's config,
+    frozen, in eval mode: the whole model on one rank, for generation. `refresh_plain_copy`
+    fills it."""
+    import copy
 
-    own = dict(unwrap_parallel(model).state_dict())
-    group = pipeline_group()
-    if group is None:
-        return own
-    metas = []
-    dist.all_gather_object(metas, [(k, list(v.shape), str(v.dtype).split(".")[-1]) for k, v in own.items()], group=group)
-    merged = {}
-    for stage, meta in enumerate(metas):
-        src = group.ranks[stage]
-        for name, shape, dtype in meta:
-            buf = own[name].contiguous() if dist.get_rank() == src else paddle.empty(shape, dtype=dtype)
-            dist.broadcast(buf, src=src, group=group)
-            merged[name] = buf if dist.get_rank() != src else own[name]
-    return merged
+    import paddlenlp.transformers as transformers
+
+    from .pipeline import pipe_classes
+
+    config = copy.deepcopy(pipe.config)
+    _, plain_name = pipe_classes(config)
+    model = getattr(transformers, plain_name).from_config(config, dtype=config.dtype or "float32")
+    model.eval()
+    for p in model.parameters():
+        p.stop_gradient = True
+    return model
+
+
+def refresh_plain_copy(plain, pipe):
+    """Set `plain`'s weights to every stage's current weights of `pipe` (collective over the
+    pipeline group: all its ranks call it)."""
+    missing, _ = plain.set_state_dict(all_stage_states(pipe))
+    if missing:
+        raise RuntimeError(f"the pipeline stages did not give the plain copy {sorted(missing)[:5]}")
+    return plain

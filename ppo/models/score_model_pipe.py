@@ -122,10 +122,15 @@ def load_score_pipe(path, loss_type, regularization, accumulate_steps, dtype="fl
     """This rank's stage of the score model in `path` (a saved score model: its score head and
     normaliser statistics are loaded) for pairwise RM training."""
     model = load_plain_score_pipe(path, dtype, **config_overrides)
-    heads = [layer for layer in model.sublayers() if isinstance(layer, ScoreHeadPipe)]
-    model._loss_fn = [PairwiseRewardCriterion(loss_type, regularization, heads[0] if heads else None)]
+    model._loss_fn = [PairwiseRewardCriterion(loss_type, regularization, score_head_of(model))]
     model._prepare_pipeline_inputs_func = PreferencePipelineInputs(accumulate_steps)
     return model
+
+
+def score_head_of(pipe):
+    """The `ScoreHeadPipe` of this rank's stage of a score-model pipe (None but on the last)."""
+    heads = [layer for layer in pipe.sublayers() if isinstance(layer, ScoreHeadPipe)]
+    return heads[0] if heads else None
 
 
 def load_plain_score_pipe(path, dtype="float32", **config_overrides):
