@@ -1,5 +1,6 @@
 """Data x tensor parallel on four CPU processes: `dp 2 x tp 2` gives the per-step losses and
-the merged weights of `dp 2` alone (two processes), from the same checkpoint and data.
+the merged weights of `dp 2` alone (two processes), from the same checkpoint and data; and the
+same for data x pipeline parallel (`dp 2 x pp 2`).
 
 Both runs launch through `paddle.distributed.launch` with the test-only gloo stand-ins
 (`tests/tp_cpu_collectives.py`; `install_group_stores` is what lets fleet build the data
@@ -9,52 +10,72 @@ tensor-parallel split inside each data rank."""
 import json
 
 import numpy as np
+import pytest
 
 from tests.test_tensor_parallel import assert_same_steps, assert_same_weights, assert_weights_moved, ppo_argv
 from tests.tp_launch import launch_run, read_jsonl
 
 
-def dp_and_dp_tp_runs(script, argv, tmp_path):
-    out_dp, out_dp_tp = str(tmp_path / "dp2"), str(tmp_path / "dp2_tp2")
+TP2 = ("--tensor_parallel_degree", "2")
+PP2 = ("--pipeline_parallel_degree", "2", "--pipeline_parallel_config", "disable_p2p_cache_shape")
+
+
+def dp_and_dp_tp_runs(script, argv, tmp_path, model_parallel=TP2):
+    """`script` at dp 2 (two processes) and at dp 2 x `model_parallel` (four); their output dirs."""
+    out_dp, out_dp_tp = str(tmp_path / "dp2"), str(tmp_path / "dp2_mp2")
     launch_run(script, [*argv, "--output_dir", out_dp, "--logging_dir", f"{out_dp}/vdl"], out_dp, nproc=2)
-    launch_run(script, [*argv, "--output_dir", out_dp_tp, "--logging_dir", f"{out_dp_tp}/vdl", "--tensor_parallel_degree", "2"],
-               out_dp_tp, nproc=4)
+    launch_run(script, [*argv, "--output_dir", out_dp_tp, "--logging_dir", f"{out_dp_tp}/vdl", *model_parallel], out_dp_tp, nproc=4)
     return out_dp, out_dp_tp
 
 
-def test_sft_dp2_tp2_matches_dp2(tiny_model_dir, tiny_data_dir, tmp_path):
+@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+def test_sft_dp2_with_model_parallel_matches_dp2(tiny_model_dir, two_layer_model_dir, tiny_data_dir, tmp_path, layout):
+    """SFT through PaddleNLP's Trainer: dp 2 x tp 2, and dp 2 x pp 2 (two micro-batches per
+    step through the schedule), against dp 2."""
+    model_dir, model_parallel = (tiny_model_dir, TP2) if layout == "tp2" else (two_layer_model_dir, PP2)
     argv = [
-        "config/tiny/sft_argument.json", "--model_name_or_path", tiny_model_dir,
+        "config/tiny/sft_argument.json", "--model_name_or_path", model_dir,
         "--train_datasets", f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl",
         "--eval_datasets", f"Jsonfile:1.0:{tiny_data_dir}/test.jsonl",
-        "--max_steps", "3", "--per_device_train_batch_size", "8", "--logging_steps", "1", "--learning_rate", "1e-2",
+        "--max_steps", "3", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2",
+        "--per_device_eval_batch_size", "8", "--logging_steps", "1", "--learning_rate", "1e-2",
         "--eval_steps", "3", "--save_steps", "3", "--warmup_steps", "0", "--disable_tqdm", "true",
         "--eval_max_new_tokens", "6",
     ]
-    out_dp, out_dp_tp = dp_and_dp_tp_runs("sft/run_sft.py", argv, tmp_path)
+    out_dp, out_dp_tp = dp_and_dp_tp_runs("sft/run_sft.py", argv, tmp_path, model_parallel)
     assert_same_steps(out_dp, out_dp_tp, "loss/sft", 3)
     assert_same_weights(out_dp, out_dp_tp)
-    assert_weights_moved(tiny_model_dir, out_dp_tp)
+    assert_weights_moved(model_dir, out_dp_tp)
     s1, s2 = (json.load(open(f"{o}/summary.json"))["final_eval"] for o in (out_dp, out_dp_tp))
     np.testing.assert_allclose(s2["eval/loss"], s1["eval/loss"], rtol=2e-5)
     assert s2["eval/accuracy"] == s1["eval/accuracy"]
 
 
-def test_grpo_dp2_tp2_matches_dp2(tiny_model_dir, tiny_data_dir, tmp_path):
-    """GRPO: each data rank samples its own prompts; the tensor-parallel pair of a data rank
-    draws the same samples, so rollouts, advantages and updates match the two-process run."""
+def check_grpo_against_dp2(model_dir, data_dir, tmp_path, model_parallel):
     argv = ["config/tiny/grpo_rule_argument.json", *ppo_argv(
-        tiny_model_dir, tiny_data_dir, "--per_device_prompt_batch_size", "2", "--rollout_n", "4",
-        "--per_device_train_batch_size", "8", "--learning_rate", "1e-3", "--kl_loss_coeff", "0.05",
-        "--rule_reward_scorers", "tests.rule_reward_helpers:_len_scorer",
+        model_dir, data_dir, "--per_device_prompt_batch_size", "2", "--rollout_n", "4",
+        "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2", "--learning_rate", "1e-3",
+        "--kl_loss_coeff", "0.05", "--rule_reward_scorers", "tests.rule_reward_helpers:_len_scorer",
     )]
-    out_dp, out_dp_tp = dp_and_dp_tp_runs("ppo/run_ppo.py", argv, tmp_path)
+    out_dp, out_dp_tp = dp_and_dp_tp_runs("ppo/run_ppo.py", argv, tmp_path, model_parallel)
     for key in ("loss/policy_avg", "objective/scores", "loss/kl", "policy/entropy_avg", "train/actor_grad_norm"):
         assert_same_steps(out_dp, out_dp_tp, key, 2)
     assert_same_weights(f"{out_dp}/policy", f"{out_dp_tp}/policy")
-    assert_weights_moved(tiny_model_dir, f"{out_dp_tp}/policy")
+    assert_weights_moved(model_dir, f"{out_dp_tp}/policy")
     assert [s["response"] for s in read_jsonl(f"{out_dp_tp}/samples.jsonl")] == \
         [s["response"] for s in read_jsonl(f"{out_dp}/samples.jsonl")]
+
+
+def test_grpo_dp2_tp2_matches_dp2(tiny_model_dir, tiny_data_dir, tmp_path):
+    """GRPO: each data rank samples its own prompts; the tensor-parallel pair of a data rank
+    draws the same samples, so rollouts, advantages and updates match the two-process run."""
+    check_grpo_against_dp2(tiny_model_dir, tiny_data_dir, tmp_path, TP2)
+
+
+def test_grpo_dp2_pp2_matches_dp2(two_layer_model_dir, tiny_data_dir, tmp_path):
+    """GRPO with each data rank's model split into two pipeline stages: the two stages of a data
+    rank draw the same samples; gradients are averaged over the data ranks of each stage."""
+    check_grpo_against_dp2(two_layer_model_dir, tiny_data_dir, tmp_path, PP2)
 
 
 def test_ppo_dp2_tp2_matches_dp2(tiny_model_dir, tiny_data_dir, tmp_path):

@@ -1,5 +1,6 @@
-"""Pipeline parallelism for the `Trainer`-based entry points (SFT here, the score model in
-`score_model_pipe.py`).
+"""Pipeline parallelism: the pieces every pipeline model here shares (SFT's pipe here, the
+score model in `score_model_pipe.py`, the DPO family in `preference_pipe.py`, PPO/GRPO in
+`policy_pipe.py`).
 
 Under `pipeline_parallel_degree > 1` PaddleNLP's `Trainer` trains a fleet `PipelineLayer`:
 each rank builds only its stage's layers, the 1F1B schedule (`forward_backward_pipeline`)
@@ -15,8 +16,9 @@ micro-batch, dividing it by the number of micro-batches. The pieces here:
   position t, -100 off the answer);
 * `CausalLMPipelineInputs`: a collated batch (`input_ids`, `attention_mask`, `labels`) to the
   schedule's `[first-stage inputs, last-stage labels]`, with position ids from the mask;
-* `save_pipeline_merged(model, path)`: every stage's weights gathered to the first stage
-  and written as one plain checkpoint (`model_state.pdparams`, the plain model's keys).
+* `all_stage_states(model)`: every stage's weights (plain keys) on every rank of the group;
+* `save_pipeline_merged(model, path)`: them written by the first stage as one plain checkpoint
+  (`model_state.pdparams`, the plain model's keys).
 """
 import copy
 import logging

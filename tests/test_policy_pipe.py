@@ -1,0 +1,86 @@
+"""The last-stage pieces of PPO/GRPO under pipeline parallel (`ppo/models/policy_pipe.py`) on a
+plain model's outputs: response log-probs, entropies and critic values from the last stage's
+logits / scores equal the plain trainer's passes; the criterion hands the trainer's loss the
+micro-batch's fields and undoes the schedule's division by the number of micro-batches; the
+stand-in micro-batch counts nothing."""
+import numpy as np
+import paddle
+import pytest
+
+from ppo.experience import response_logprobs, response_values
+from ppo.models.loading import load_causal_lm
+from ppo.models.policy_pipe import (
+    ExperienceCriterion,
+    response_logprobs_from_logits,
+    response_values_from_scores,
+    row_groups,
+    schedule_data,
+    stand_in_micro_batch,
+)
+from tests.test_chunked_trainer_losses import make_experience
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    m = load_causal_lm(tiny_model_dir)
+    m.eval()
+    return m
+
+
+def logits_of(model, exp):
+    return model(input_ids=exp.sequences, attention_mask=exp.attention_mask, position_ids=exp.position_ids, return_dict=True).logits
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_response_logprobs_from_logits_equal_the_plain_pass(model, temperature):
+    exp = make_experience(model)
+    with paddle.no_grad():
+        expected, expected_entropy = response_logprobs(model, exp, temperature, chunk_size=0, with_entropy=True)
+        got, entropy = response_logprobs_from_logits(logits_of(model, exp), exp, temperature, with_entropy=True)
+    assert got.shape == expected.shape == exp.response_mask.shape
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(entropy.numpy(), expected_entropy.numpy(), rtol=1e-5, atol=1e-6)
+    assert not got.numpy()[exp.response_mask.numpy() == 0].any()
+
+
+def test_values_from_scores_equal_the_plain_critic_pass(tiny_rm_dir, model):
+    from ppo.models.score_model import AutoModelForScore
+
+    critic = AutoModelForScore.from_pretrained(tiny_rm_dir, score_type="critic", do_normalize=False, normalizer_type=None)
+    critic.eval()
+    exp = make_experience(model, seed=1)
+    with paddle.no_grad():
+        scores = critic(exp.sequences, attention_mask=exp.attention_mask, position_ids=exp.position_ids).scores
+        np.testing.assert_allclose(
+            response_values_from_scores(scores, exp).numpy(), response_values(critic, exp).numpy(), rtol=1e-6, atol=1e-7
+        )
+
+
+def test_criterion_passes_the_fields_and_rescales_the_loss(model):
+    exp = make_experience(model, seed=2)
+    micro = [exp.select([0, 1]), exp.select([2, 3])]
+    (firsts, labels), fields = schedule_data(micro)
+    assert fields == ["response_ids", "response_mask", "old_logprobs", "advantages"]  # the fields the experience holds
+    assert len(firsts) == 3 and len(firsts[0]) == 2 and firsts[1][0].dtype == paddle.bool
+    seen, recorded = [], []
+
+    def objective(mb, output):
+        seen.append(mb)
+        return (output.sum() + mb.advantages.sum()), {"x": output.sum()}
+
+    criterion = ExperienceCriterion(accumulate_steps=2, record=recorded.append)
+    criterion.prepare(exp.prompt_len, fields, objective)
+    out = paddle.ones([2, 3])
+    loss = criterion(out, labels[1])
+    np.testing.assert_allclose(float(loss), 2 * (6.0 + float(micro[1].advantages.sum())), rtol=1e-6)
+    assert seen[0].prompt_len == exp.prompt_len and seen[0].values is None
+    np.testing.assert_array_equal(seen[0].old_logprobs.numpy(), micro[1].old_logprobs.numpy())
+    assert float(recorded[0]["x"]) == 6.0
+
+
+def test_stand_in_micro_batch_and_row_groups(model):
+    exp = make_experience(model, seed=3)
+    stand_in = stand_in_micro_batch(exp)
+    assert len(stand_in) == 1 and float(stand_in.response_mask.sum()) == 0.0
+    assert float(exp.response_mask.sum()) > 0  # the experience itself is untouched
+    assert row_groups(5, 2) == [[0, 2, 4], [1, 3]] and row_groups(1, 3) == [[0], [], []]
