@@ -74,6 +74,9 @@ def first_non_finite(named_tensors):
 
 
 class PPOTrainer:
+    pipes = None
+    """`PipelinePasses` under pipeline_parallel_degree > 1: every model pass goes through it."""
+
     def __init__(
         self, args, models, tokenizer, train_dataset, eval_dataset=None, ptx_dataset=None, reward_client=None, eval_long_answer_len=5,
         rule_scorer=None,
