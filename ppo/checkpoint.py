@@ -210,12 +210,14 @@ def save_model_dir(model, path, tokenizer=None):
 
 def saves_models():
     """Whether this rank takes part in writing model directories: rank 0, and with tensor or
-    pipeline parallelism the other ranks of its model-parallel / pipeline group (the merge
-    gathers from them)."""
-    groups = [g for g in (model_parallel_group(), pipeline_group()) if g is not None]
-    if not groups:
+    pipeline parallelism every rank holding a part of rank 0's copy of the model (the merge
+    gathers from them): data-parallel and sharding rank 0."""
+    if model_parallel_group() is None and pipeline_group() is None:
         return is_main_process()
-    return all(0 in g.ranks for g in groups) or is_main_process()
+    from paddle.distributed import fleet
+
+    hcg = fleet.get_hybrid_communicate_group()
+    return hcg.get_data_parallel_rank() == 0 and hcg.get_sharding_parallel_rank() == 0
 
 
 def save_checkpoint(output_dir, step, models, optimizers, schedulers, state, tokenizer, save_total_limit=None):

@@ -803,8 +803,6 @@ class PPOTrainer:
         params = list(self.models.actor.parameters())
         value = sum(float((p.astype("float64") * (i + 1)).sum()) for i, p in enumerate(params) if not p.is_distributed)
         split = [float((p.astype("float64") * (i + 1)).sum()) for i, p in enumerate(params) if p.is_distributed]
-        if self.pipes is not None:  # each stage holds other layers: the whole model's number is their sum
-            value = self.pipes.group_sum(value)
         group = model_parallel_group()
         if split and group is not None:  # tensor-parallel slices add up to the whole weight's number
             t = paddle.to_tensor([sum(split)], dtype="float64")
@@ -812,6 +810,8 @@ class PPOTrainer:
             value += float(t.numpy()[0])
         else:
             value += sum(split)
+        if self.pipes is not None:  # each stage holds other layers: the whole model's number is their sum
+            value = self.pipes.group_sum(value)
         if self.world_size == 1:
             return [value]
         gathered = []

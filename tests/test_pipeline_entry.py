@@ -56,12 +56,12 @@ def entry_argv(config, model_dir, train, evaluation, *extra):
     ]
 
 
-def run_plain_and_pipeline(main, script, argv, tmp_path):
-    """`main(argv)` in this process and `script` at pipeline_parallel_degree 2 on two processes;
-    returns their output directories."""
+def run_plain_and_pipeline(main, script, argv, tmp_path, parallel=PP_ARGS, nproc=2):
+    """`main(argv)` in this process and `script` with the `parallel` arguments (pipeline_parallel_degree
+    2) on `nproc` processes; returns their output directories."""
     out1, out2 = str(tmp_path / "pp1"), str(tmp_path / "pp2")
     main([*argv, "--output_dir", out1, "--logging_dir", f"{out1}/vdl"])
-    launch_run(script, [*argv, "--output_dir", out2, "--logging_dir", f"{out2}/vdl", *PP_ARGS], out2)
+    launch_run(script, [*argv, "--output_dir", out2, "--logging_dir", f"{out2}/vdl", *parallel], out2, nproc=nproc)
     return out1, out2
 
 
@@ -69,7 +69,10 @@ def final_eval(out, key):
     return json.load(open(os.path.join(out, "summary.json")))["final_eval"][key]
 
 
-def test_sft_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path):
+@pytest.mark.parametrize("layout", ["pp2", "tp2_pp2"])
+def test_sft_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path, layout):
+    """PP=2 on two processes, and TP=2 x PP=2 on four (each stage's weights split in two, merged
+    back for the generation evaluation and the saved checkpoint)."""
     from paddlenlp.transformers import LlamaForCausalLM
 
     from sft.run_sft import main as run_sft
@@ -78,7 +81,8 @@ def test_sft_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path):
         "config/tiny/sft_argument.json", two_layer_model_dir, f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl",
         f"Jsonfile:0.9:{tiny_data_dir}/test.jsonl", "--eval_max_new_tokens", "6",
     )
-    out1, out2 = run_plain_and_pipeline(run_sft, "sft/run_sft.py", argv, tmp_path)
+    parallel, nproc = (PP_ARGS, 2) if layout == "pp2" else ((*PP_ARGS, "--tensor_parallel_degree", "2"), 4)
+    out1, out2 = run_plain_and_pipeline(run_sft, "sft/run_sft.py", argv, tmp_path, parallel, nproc)
     assert_same_steps(out1, out2, "loss/sft")
     np.testing.assert_allclose(final_eval(out2, "eval/loss"), final_eval(out1, "eval/loss"), rtol=1e-5)
     for key in ("eval/accuracy", "eval/response_length"):  # greedy decoding of the stages gathered on each rank
@@ -206,8 +210,6 @@ def test_pipeline_refusals(tmp_path):
     from paddlenlp.transformers import LlamaConfig, Qwen2Config
 
     args = SimpleNamespace(pipeline_parallel_degree=2, pipeline_parallel_config="", tensor_parallel_degree=1)
-    with pytest.raises(ValueError, match="tensor_parallel_degree 2 with pipeline_parallel_degree 2"):
-        check_pipeline_run(SimpleNamespace(pipeline_parallel_degree=2, pipeline_parallel_config="", tensor_parallel_degree=2))
     with pytest.raises(ValueError, match="use_lora with pipeline_parallel_degree 2"):
         check_pipeline_run(args, use_lora=True)
     with pytest.raises(ValueError, match="add disable_p2p_cache_shape to pipeline_parallel_config"):

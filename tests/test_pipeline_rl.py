@@ -7,6 +7,7 @@ import json
 import os
 
 import paddle
+import pytest
 
 from tests.test_tensor_parallel import assert_same_steps, assert_same_weights, assert_weights_moved, ppo_argv
 from tests.tp_launch import launch_run, read_jsonl
@@ -14,12 +15,17 @@ from tests.tp_launch import launch_run, read_jsonl
 PP_ARGS = ["--pipeline_parallel_degree", "2", "--pipeline_parallel_config", "disable_p2p_cache_shape"]
 
 
-def compare_pipeline_rl_runs(argv, tmp_path, keys, models, steps=2):
+LAYOUTS = {"pp2": (PP_ARGS, 2), "tp2_pp2": ((*PP_ARGS, "--tensor_parallel_degree", "2"), 4)}
+"""Layout name -> (arguments, processes)."""
+
+
+def compare_pipeline_rl_runs(argv, tmp_path, keys, models, steps=2, layout="pp2"):
     from ppo.run_ppo import main as run_ppo
 
+    parallel, nproc = LAYOUTS[layout]
     out1, out2 = str(tmp_path / "pp1"), str(tmp_path / "pp2")
     run_ppo([*argv, "--output_dir", out1, "--logging_dir", f"{out1}/vdl"])
-    launch_run("ppo/run_ppo.py", [*argv, "--output_dir", out2, "--logging_dir", f"{out2}/vdl", *PP_ARGS], out2)
+    launch_run("ppo/run_ppo.py", [*argv, "--output_dir", out2, "--logging_dir", f"{out2}/vdl", *parallel], out2, nproc=nproc)
     for key in keys:
         assert_same_steps(out1, out2, key, steps)
     for name in models:
@@ -28,7 +34,7 @@ def compare_pipeline_rl_runs(argv, tmp_path, keys, models, steps=2):
     assert_weights_moved(argv[argv.index("--actor_model_name_or_path") + 1], os.path.join(out2, "policy"))
     s1, s2 = (json.load(open(f"{o}/summary.json")) for o in (out1, out2))
     fp2 = s2["actor_fingerprints"]
-    assert len(fp2) == 2 and fp2[0] == fp2[1]  # the stages' numbers summed: the same on both ranks
+    assert len(fp2) == nproc and len(set(fp2)) == 1  # the stages' (and slices') numbers summed: the same on every rank
     samples1, samples2 = read_jsonl(f"{out1}/samples.jsonl"), read_jsonl(f"{out2}/samples.jsonl")
     # same rollouts: the engine generated with the gathered stages
     assert [s["response"] for s in samples2] == [s["response"] for s in samples1]
@@ -49,10 +55,12 @@ def test_grpo_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path):
     compare_pipeline_rl_runs(argv, tmp_path, keys, ("policy",))
 
 
-def test_ppo_pp2_matches_pp1(two_layer_model_dir, two_layer_score_dir, tiny_data_dir, tmp_path):
+@pytest.mark.parametrize("layout", ["pp2", "tp2_pp2"])
+def test_ppo_pp2_matches_pp1(two_layer_model_dir, two_layer_score_dir, tiny_data_dir, tmp_path, layout):
     """Actor, reference, reward model and critic all pipelines: reward end scores and critic
     values from the score-model pipes, the GAE critic trained through its own schedule, a KL
-    penalty in the rewards against the reference pipe."""
+    penalty in the rewards against the reference pipe. `tp2_pp2`: every stage also split over
+    two tensor-parallel ranks (four processes); the rollout copy and checkpoints merge them."""
     argv = ["config/tiny/ppo_argument.json", *ppo_argv(
         two_layer_model_dir, tiny_data_dir, "--reward_model_name_or_path", two_layer_score_dir,
         "--per_device_prompt_batch_size", "8", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2",
@@ -60,7 +68,7 @@ def test_ppo_pp2_matches_pp1(two_layer_model_dir, two_layer_score_dir, tiny_data
     )]
     keys = ("loss/policy_avg", "loss/value_avg", "objective/scores", "objective/kl", "policy/entropy_avg",
             "train/actor_grad_norm", "train/critic_grad_norm")
-    compare_pipeline_rl_runs(argv, tmp_path, keys, ("policy", "value"))
+    compare_pipeline_rl_runs(argv, tmp_path, keys, ("policy", "value"), layout=layout)
 
 
 def test_ppo_pp2_resumes_from_its_merged_checkpoint(two_layer_model_dir, two_layer_score_dir, tiny_data_dir, tmp_path):

@@ -148,8 +148,13 @@ def p2p_recv(tensor, group, src, nranks=1, rank_id=0):
     dist.recv(tensor, src=src, group=group, sync_op=True)
 
 
+def whole_tensor_received(tensor, nranks=1, rank_id=0, group=None, use_calc_stream=True):
+    """Fleet's `allgather_partial` after a stand-in receive: the tensor arrived whole."""
+    return tensor
+
+
 def install_pipeline():
-    """The two pipeline-parallel stand-ins (idempotent). Without them, on CPU processes:
+    """The pipeline-parallel stand-ins (idempotent). Without them, on CPU processes:
 
     1. ``PipelineLayer.__init__`` (fleet ``pp_layers.py``) reads ``dist.ParallelEnv().device_id``,
        which a CPU ``ParallelEnv`` never sets (``AttributeError: 'ParallelEnv' object has no
@@ -157,7 +162,11 @@ def install_pipeline():
     2. the 1F1B schedule's point-to-point transfers (``p2p_communication._send_on_calc_stream`` /
        ``_recv_on_calc_stream``) call ``ProcessGroupGLOO.send/recv_on_calc_stream``
        (``Unimplemented: ProcessGroupGLOO does not support send with sync_op and
-       use_calc_stream flag``): plain synchronous ``dist.send`` / ``dist.recv`` are used.
+       use_calc_stream flag``): plain synchronous ``dist.send`` / ``dist.recv`` are used;
+    3. with tensor parallel too, fleet sends each tensor-parallel rank a slice of the activation
+       and all-gathers the slices over the model-parallel group after receiving
+       (``allgather_partial``, again a calc-stream call gloo lacks): the stand-in sends of 2.
+       carry the whole tensor, so that all-gather is left out.
     """
     from paddle.distributed.fleet.meta_parallel.pp_utils import p2p_communication
     from paddle.distributed.parallel import ParallelEnv
@@ -166,6 +175,7 @@ def install_pipeline():
         ParallelEnv._device_id = 0
     p2p_communication._send_on_calc_stream = p2p_send
     p2p_communication._recv_on_calc_stream = p2p_recv
+    p2p_communication.allgather_partial = whole_tensor_received
 
 
 _GROUP_STORES = {}
@@ -175,8 +185,7 @@ def _gloo_group_on_own_store(original):
     """`collective._new_process_group_impl` that gives every gloo group (id > 0) a TCP store of its own."""
 
     def impl(backend, store, rank, world_size, group_name, pg_options, group_id=0, **kwargs):
-        if backend != "gloo" or group_id == 0 or world_size == dist.get_world_size():
-            # the whole world: no other group can overwrite its keys (every two-process group)
+        if backend != "gloo" or group_id == 0:  # the default group: the global store
             return original(backend, store, rank, world_size, group_name, pg_options, group_id=group_id, **kwargs)
         from paddle.base import core
 
@@ -197,9 +206,11 @@ def install_group_stores():
     the group*, so the data groups [0, 2] and [1, 3], created at the same time by disjoint
     ranks, overwrite each other's addresses, and the model group [0, 1] then reads a stale one
     (``gloo/transport/tcp/pair.cc: connect [127.0.0.1]:PORT: Connection refused`` on one rank,
-    a pair ``TIMEOUT`` on the others). Here each group rendezvouses on its own store, on a port
-    derived from the launch's master port and the group id (single-host test runs only).
-    Groups of the whole world keep the global store: two-process runs never hit the defect."""
+    a pair ``TIMEOUT`` on the others). A group of the whole world created after others (tp 2 x
+    pp 2: fleet's check group [0, 1, 2, 3]) meets the same end: a rank still reading the
+    default group's keys may get its new address. Here each group but the default one
+    rendezvouses on its own store, on a port derived from the launch's master port and the
+    group id (single-host test runs only)."""
     from paddle.distributed import collective
 
     if not hasattr(collective._new_process_group_impl, "original"):

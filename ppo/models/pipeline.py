@@ -206,13 +206,40 @@ def wrapped_pipeline(trainer):
     return trainer.model_wrapped
 
 
+def merged_tensor_parallel_state(pipe, state):
+    """This stage's state dict (plain keys) with tensor-parallel slices merged over the
+    model-parallel group (all its ranks call it), by the plain class's own tensor-parallel
+    mappings (`ppo.models.reshard`); unchanged without tensor parallelism."""
+    import paddlenlp.transformers as transformers
+
+    from .reshard import merge, tensor_parallel_kinds
+    from .tensor_parallel import model_parallel_group
+
+    group = model_parallel_group()
+    if group is None or group.nranks <= 1:
+        return state
+    plain_class = getattr(transformers, pipe_classes(pipe.config)[1])
+    kinds = tensor_parallel_kinds(plain_class, pipe.config, list(state), degree=group.nranks)
+    merged = {}
+    for name, value in state.items():
+        if kinds[name] == "replicated":
+            merged[name] = value
+            continue
+        shards = []
+        dist.all_gather(shards, value.contiguous(), group=group)
+        merged[name] = merge(shards, kinds[name], name)
+    return merged
+
+
 def all_stage_states(model):
-    """The whole model's state dict (plain-model keys) on every rank of the pipeline group:
-    each stage broadcasts its tensors to the group, after their names, shapes and dtypes. All
-    ranks of the group must call it; without pipeline parallelism, this rank's state dict."""
+    """The whole model's state dict (plain-model keys, tensor-parallel slices merged) on every
+    rank of the pipeline group: each stage broadcasts its tensors to the group, after their
+    names, shapes and dtypes. All ranks of the pipeline and model-parallel groups must call it;
+    without pipeline parallelism, this rank's (merged) state dict."""
     from .loading import unwrap_parallel
 
-    own = dict(unwrap_parallel(model).state_dict())
+    pipe = unwrap_parallel(model)
+    own = merged_tensor_parallel_state(pipe, dict(pipe.state_dict()))
     group = pipeline_group()
     if group is None:
         return own
@@ -236,8 +263,8 @@ def save_pipeline_merged(model, path):
     """Write the pipeline model as one plain checkpoint in `path`: `model_state.pdparams`
     with the plain model's keys and `config.json` naming the plain class (the pipe's
     `merged_class_name` attribute, else the plain causal LM of its model type), so
-    `from_pretrained` of that class loads it on one process. Every pipeline rank must call
-    it; the first writes."""
+    `from_pretrained` of that class loads it on one process. Every rank of the pipeline and
+    model-parallel groups must call it; the first writes."""
     from .loading import unwrap_parallel
 
     from paddle.distributed import fleet
@@ -246,13 +273,15 @@ def save_pipeline_merged(model, path):
     state = all_stage_states(model)
     group = pipeline_group()
     hcg = fleet.get_hybrid_communicate_group() if group is not None else None
-    if hcg is not None and (dist.get_rank() != group.ranks[0] or hcg.get_data_parallel_rank() > 0 or hcg.get_sharding_parallel_rank() > 0):
-        return  # not the first stage, or a data-parallel / sharding copy of the same weights
+    copies = (hcg.get_data_parallel_rank(), hcg.get_sharding_parallel_rank(), hcg.get_model_parallel_rank()) if hcg else (0, 0, 0)
+    if hcg is not None and (dist.get_rank() != group.ranks[0] or any(copies)):
+        return  # not the first stage, or another data-parallel / sharding / tensor-parallel rank of it
     plain_class_name = getattr(pipe, "merged_class_name", None) or pipe_classes(pipe.config)[1]
     os.makedirs(path, exist_ok=True)
     paddle.save(state, os.path.join(path, "model_state.pdparams"))
     config = copy.deepcopy(pipe.config)
     config.architectures = [plain_class_name]
+    config.tensor_parallel_degree, config.tensor_parallel_rank = 1, 0  # the slices are merged
     config.save_pretrained(path)
     logger.info(f"pipeline stages merged into {path} ({len(state)} tensors, {plain_class_name})")
 
@@ -267,11 +296,6 @@ def check_pipeline_run(training_args, use_lora=False):
         logger.warning(
             f"logprob_chunk_size={training_args.logprob_chunk_size} is not used with pipeline_parallel_degree {degree}: "
             "the last stage's LM head computes full [micro-batch, seq, vocab] logits for the loss"
-        )
-    if training_args.tensor_parallel_degree > 1:
-        raise ValueError(
-            f"tensor_parallel_degree {training_args.tensor_parallel_degree} with pipeline_parallel_degree {degree}: "
-            "saving a model split both ways into one checkpoint is not implemented here; use one of the two"
         )
     if use_lora:
         raise ValueError(

@@ -146,6 +146,7 @@ def plain_copy_of(pipe):
     from .pipeline import pipe_classes
 
     config = copy.deepcopy(pipe.config)
+    config.tensor_parallel_degree, config.tensor_parallel_rank = 1, 0  # whole weights (see all_stage_states)
     _, plain_name = pipe_classes(config)
     model = getattr(transformers, plain_name).from_config(config, dtype=config.dtype or "float32")
     model.eval()
@@ -155,8 +156,8 @@ def plain_copy_of(pipe):
 
 
 def refresh_plain_copy(plain, pipe):
-    """Set `plain`'s weights to every stage's current weights of `pipe` (collective over the
-    pipeline group: all its ranks call it)."""
+    """Set `plain`'s weights to every stage's current weights of `pipe`, tensor-parallel slices
+    merged (collective over the pipeline and model-parallel groups: all their ranks call it)."""
     missing, _ = plain.set_state_dict(all_stage_states(pipe))
     if missing:
         raise RuntimeError(f"the pipeline stages did not give the plain copy {sorted(missing)[:5]}")
