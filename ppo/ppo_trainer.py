@@ -116,7 +116,7 @@ class PPOTrainer:
         self.pipes = PipelinePasses(self) if args.pipeline_parallel_degree > 1 else None
 
         self.engine = RolloutEngine(
-            self.generation_model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, use_fusemt=args.use_fusemt,
+            self.generation_model(), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, use_fusemt=args.use_fusemt,
             eval_mode=args.eval_mode,
         )
         self.sampling = SamplingParams(
@@ -180,7 +180,6 @@ class PPOTrainer:
             return fleet.distributed_model(model), fleet.distributed_optimizer(optimizer)
         return paddle.DataParallel(model), optimizer
 
-    @property
     def generation_model(self):
         """The model the rollout engine and the evaluation generate with: the actor, or under
         pipeline parallelism the generation copy of all its stages (`PipelinePasses`), brought
@@ -204,7 +203,7 @@ class PPOTrainer:
         input_ids = paddle.repeat_interleave(batch["input_ids"], n, axis=0)
         prompt_mask = paddle.repeat_interleave(batch["attention_mask"], n, axis=0)
         seed = self.args.seed + 1_000_003 * self.gen_batches + 7919 * self.data_rank  # tensor-parallel ranks sample alike
-        self.generation_model  # noqa: B018 (under pipeline parallelism: the copy up to date)
+        self.generation_model()  # under pipeline parallelism: the engine's copy brought up to date
         with self.offload.scope("actor"):
             out = self.engine.generate(input_ids, prompt_mask, self.sampling, seed=seed)
         group_base = (self.gen_batches * self.data_world + self.data_rank) * len(indices)
@@ -653,7 +652,7 @@ class PPOTrainer:
         self.actor.eval()
         with self.offload.scope("actor"):
             metrics, _ = evaluate_generation(
-                self.generation_model, self.tokenizer, self.eval_dataset,
+                self.generation_model(), self.tokenizer, self.eval_dataset,
                 batch_size=self.args.per_device_eval_batch_size,
                 max_new_tokens=self.args.eval_max_new_tokens or self.args.max_dec_len,
                 long_answer_len=self.eval_long_answer_len, engine=self.engine, score_fn=score_fn,

@@ -10,13 +10,9 @@ import paddle
 import pytest
 
 from tests.test_tensor_parallel import assert_same_steps, assert_same_weights, assert_weights_moved, ppo_argv
+from tests.test_pipeline_entry import LAYOUTS, PP_ARGS
 from tests.tp_launch import launch_run, read_jsonl
 
-PP_ARGS = ["--pipeline_parallel_degree", "2", "--pipeline_parallel_config", "disable_p2p_cache_shape"]
-
-
-LAYOUTS = {"pp2": (PP_ARGS, 2), "tp2_pp2": ((*PP_ARGS, "--tensor_parallel_degree", "2"), 4)}
-"""Layout name -> (arguments, processes)."""
 
 
 def compare_pipeline_rl_runs(argv, tmp_path, keys, models, steps=2, layout="pp2"):
