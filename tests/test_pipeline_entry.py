@@ -97,7 +97,7 @@ def test_sft_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path, layou
     np.testing.assert_allclose(reloaded.lm_head.weight.numpy(), saved_weights(out1)["lm_head.weight"], rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("layout", ["pp2", "tp2_pp2"])
+@pytest.mark.parametrize("layout", ["pp2", pytest.param("tp2_pp2", marks=pytest.mark.slow)])
 def test_reward_model_pp2_matches_pp1(two_layer_score_dir, tiny_data_dir, tmp_path, layout):
     """The score-model pipe (score head as last layer, pairwise loss on the last stage, pairs
     kept in one micro-batch) trains like the plain score model; evaluation scores the pairs
@@ -124,7 +124,10 @@ def test_reward_model_pp2_matches_pp1(two_layer_score_dir, tiny_data_dir, tmp_pa
     np.testing.assert_allclose(reloaded.score_head.weight.numpy(), saved_weights(out1)["score_head.weight"], rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("loss_type,layout", [("sigmoid", "pp2"), ("kto", "pp2"), ("simpo", "pp2"), ("sigmoid", "tp2_pp2")])
+@pytest.mark.parametrize(
+    "loss_type,layout",
+    [("sigmoid", "pp2"), ("kto", "pp2"), ("simpo", "pp2"), pytest.param("sigmoid", "tp2_pp2", marks=pytest.mark.slow)],
+)
 def test_dpo_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path, loss_type, layout):
     """DPO (with the NLL term), KTO and SimPO (no reference) under pipeline parallel: the policy pipe's last stage
     computes the preference loss from the reference pipe's log-probs (and, for KTO, the KL

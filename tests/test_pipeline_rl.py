@@ -51,7 +51,7 @@ def test_grpo_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path):
     compare_pipeline_rl_runs(argv, tmp_path, keys, ("policy",))
 
 
-@pytest.mark.parametrize("layout", ["pp2", "tp2_pp2"])
+@pytest.mark.parametrize("layout", ["pp2", pytest.param("tp2_pp2", marks=pytest.mark.slow)])
 def test_ppo_pp2_matches_pp1(two_layer_model_dir, two_layer_score_dir, tiny_data_dir, tmp_path, layout):
     """Actor, reference, reward model and critic all pipelines: reward end scores and critic
     values from the score-model pipes, the GAE critic trained through its own schedule, a KL
