@@ -22,6 +22,7 @@ install it. `install_pipeline` adds the two stand-ins fleet's pipeline paralleli
 `install_group_stores` lets fleet build groups of different members (data x tensor parallel).
 """
 import os
+import socket
 
 import paddle
 import paddle.distributed as dist
@@ -181,17 +182,35 @@ def install_pipeline():
 _GROUP_STORES = {}
 
 
+def _free_port(host):
+    """A TCP port the OS reports free on `host` now."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
 def _gloo_group_on_own_store(original):
-    """`collective._new_process_group_impl` that gives every gloo group (id > 0) a TCP store of its own."""
+    """`collective._new_process_group_impl` that gives every gloo group (id > 0) a TCP store of its own.
+
+    The group's first rank takes a port the OS reports free and publishes it on the global
+    store under a key of the group id; the other members read it there. (A port fixed in
+    advance can be held by some socket already, and ``TCPStore`` aborts the process when it
+    cannot bind.)"""
 
     def impl(backend, store, rank, world_size, group_name, pg_options, group_id=0, **kwargs):
         if backend != "gloo" or group_id == 0:  # the default group: the global store
             return original(backend, store, rank, world_size, group_name, pg_options, group_id=group_id, **kwargs)
         from paddle.base import core
 
-        host, master_port = os.environ["PADDLE_MASTER"].rsplit(":", 1)
-        port = int(master_port) + 16 + group_id
-        own = core.TCPStore(host, port, rank == 0, world_size, 300)  # hosted by the group's first rank
+        host = os.environ["PADDLE_MASTER"].rsplit(":", 1)[0]
+        key = f"tp_cpu_collectives/group_store_port/{group_id}"
+        if rank == 0:  # hosted by the group's first rank; the others retry until it listens
+            port = _free_port(host)
+            store.set(key, str(port).encode())
+        else:
+            store.wait(key)
+            port = int(bytes(store.get(key)).decode())
+        own = core.TCPStore(host, port, rank == 0, world_size, 300)
         _GROUP_STORES[group_id] = own  # kept alive with the group
         return core.ProcessGroupGloo.create(own, rank, world_size, group_id)
 
@@ -209,8 +228,8 @@ def install_group_stores():
     a pair ``TIMEOUT`` on the others). A group of the whole world created after others (tp 2 x
     pp 2: fleet's check group [0, 1, 2, 3]) meets the same end: a rank still reading the
     default group's keys may get its new address. Here each group but the default one
-    rendezvouses on its own store, on a port derived from the launch's master port and the
-    group id (single-host test runs only)."""
+    rendezvouses on its own store, on a free port its first rank publishes on the global store
+    (single-host test runs only)."""
     from paddle.distributed import collective
 
     if not hasattr(collective._new_process_group_impl, "original"):

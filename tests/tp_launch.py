@@ -23,15 +23,34 @@ def worker_logs(log_dir, tail=3000):
     )
 
 
+def _worker_log_texts(log_dir):
+    if not os.path.isdir(log_dir):
+        return []
+    return [open(os.path.join(log_dir, f), errors="replace").read() for f in sorted(os.listdir(log_dir))
+            if f.startswith("workerlog")]
+
+
+def _aborted_creating_store(log):
+    """Whether the process aborted right after starting to create a TCP store (libuv's server
+    could not bind: an assertion kills the process, with no Python traceback)."""
+    created = log.rfind("create libuv server")
+    if created < 0:
+        return False
+    next_line = (log[created:].split("\n", 1) + [""])[1].lstrip().split("\n", 1)[0]
+    return next_line.startswith("pure virtual method called") or "uv__finish_close" in next_line
+
+
 def failed_in_group_rendezvous(log_dir):
     """Whether a rank stopped while fleet was creating its groups on the test stand-in's own
     group stores (`tp_cpu_collectives._gloo_group_on_own_store`), before the script ran anything
-    of its own: a TCP store connection reset or refused during gloo's rendezvous. Seen once in
-    about a hundred four-process launches here."""
-    logs = worker_logs(log_dir, tail=20000)
-    return "_create_hcg" in logs and "tp_cpu_collectives.py" in logs and (
-        "TCP connection reset by peer" in logs or "Connection refused" in logs
+    of its own: a TCP store connection reset or refused during gloo's rendezvous (seen once in
+    about a hundred four-process launches here), or an abort while binding a store's port."""
+    logs = _worker_log_texts(log_dir)
+    joined = "".join(logs)
+    reset = "_create_hcg" in joined and "tp_cpu_collectives.py" in joined and (
+        "TCP connection reset by peer" in joined or "Connection refused" in joined
     )
+    return reset or any(_aborted_creating_store(log) for log in logs)
 
 
 def launch_run(script, argv, out, nproc=2):
