@@ -6,7 +6,7 @@ Both runs launch through `paddle.distributed.launch` with the test-only gloo sta
 (`tests/tp_cpu_collectives.py`; `install_group_stores` is what lets fleet build the data
 groups [0, 2], [1, 3] and the model groups [0, 1], [2, 3] on gloo). Each data-parallel rank
 reads its own half of every global batch in both layouts, so the only difference is the
-tensor-parallel split inside each data rank."""
+model-parallel split inside each data rank."""
 import json
 
 import numpy as np
@@ -78,19 +78,31 @@ def test_grpo_dp2_pp2_matches_dp2(two_layer_model_dir, tiny_data_dir, tmp_path):
     check_grpo_against_dp2(two_layer_model_dir, tiny_data_dir, tmp_path, PP2)
 
 
-def test_ppo_dp2_tp2_matches_dp2(tiny_model_dir, tiny_data_dir, tmp_path):
-    """PPO with a critic and a reward model, all four models split inside each data rank."""
+@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+def test_ppo_dp2_with_model_parallel_matches_dp2(tiny_model_dir, two_layer_model_dir, two_layer_score_dir, tiny_data_dir,
+                                                 tmp_path, layout):
+    """PPO with a critic and a reward model, all four models split inside each data rank:
+    over two tensor-parallel ranks, or into two pipeline stages (two micro-batches per
+    optimiser step through each schedule; the critic's gradients averaged over the data ranks
+    of each stage)."""
     from tests.conftest import save_score_model
 
-    score_dir = save_score_model(tiny_model_dir, str(tmp_path / "score"))
+    if layout == "tp2":
+        model_dir, model_parallel = tiny_model_dir, TP2
+        score_dir = save_score_model(tiny_model_dir, str(tmp_path / "score"))
+        batching = ("--per_device_train_batch_size", "4")
+    else:
+        model_dir, model_parallel, score_dir = two_layer_model_dir, PP2, two_layer_score_dir
+        batching = ("--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2")
     argv = ["config/tiny/ppo_argument.json", *ppo_argv(
-        tiny_model_dir, tiny_data_dir, "--reward_model_name_or_path", score_dir, "--per_device_prompt_batch_size", "4",
-        "--per_device_train_batch_size", "4", "--learning_rate", "1e-3", "--critic_learning_rate", "1e-3",
-        "--kl_coeff", "0.1", "--entropy_coeff", "0.01",
+        model_dir, tiny_data_dir, "--reward_model_name_or_path", score_dir, "--per_device_prompt_batch_size", "4",
+        *batching, "--learning_rate", "1e-3", "--critic_learning_rate", "1e-3", "--kl_coeff", "0.1",
+        "--entropy_coeff", "0.01",
     )]
-    out_dp, out_dp_tp = dp_and_dp_tp_runs("ppo/run_ppo.py", argv, tmp_path)
+    out_dp, out_dp_mp = dp_and_dp_tp_runs("ppo/run_ppo.py", argv, tmp_path, model_parallel)
     for key in ("loss/policy_avg", "loss/value_avg", "objective/scores", "objective/kl", "train/actor_grad_norm",
                 "train/critic_grad_norm"):
-        assert_same_steps(out_dp, out_dp_tp, key, 2)
+        assert_same_steps(out_dp, out_dp_mp, key, 2)
     for name in ("policy", "value"):
-        assert_same_weights(f"{out_dp}/{name}", f"{out_dp_tp}/{name}")
+        assert_same_weights(f"{out_dp}/{name}", f"{out_dp_mp}/{name}")
+    assert_weights_moved(model_dir, f"{out_dp_mp}/policy")
