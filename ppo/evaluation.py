@@ -106,16 +106,19 @@ class GenerationEvalMixin:
         self.eval_long_answer_len = eval_long_answer_len
         self.use_fusemt = use_fusemt
 
-    def generation_model(self):
-        """The model to generate with: the trained model, or under pipeline parallelism a plain
-        copy of all its stages on every rank (gathered anew for each evaluation)."""
+    def generation_weights(self):
+        """Context giving the model to generate with: the trained model, or under pipeline
+        parallelism a plain copy on every rank filled with all its stages for the block and
+        released after it."""
+        import contextlib
+
         if self.args.pipeline_parallel_degree <= 1:
-            return self.model
-        from .models.policy_pipe import plain_copy_of, refresh_plain_copy
+            return contextlib.nullcontext(self.model)
+        from .models.policy_pipe import gathered_into, plain_copy_of
 
         if getattr(self, "_generation_copy", None) is None:
             self._generation_copy = plain_copy_of(self.model)
-        return refresh_plain_copy(self._generation_copy, self.model)
+        return gathered_into(self._generation_copy, self.model)
 
     def generation_metrics(self):
         """`eval/accuracy`, `eval/accuracy_long`, `eval/accuracy_short`, `eval/response_length`; {} without prompts."""
@@ -124,15 +127,16 @@ class GenerationEvalMixin:
 
         if self.eval_prompt_dataset is None:
             return {}
-        metrics, records = evaluate_generation(
-            self.generation_model(),
-            self.tokenizer,
-            self.eval_prompt_dataset,
-            batch_size=self.args.per_device_eval_batch_size,
-            max_new_tokens=self.eval_max_new_tokens,
-            use_fusemt=self.use_fusemt,
-            long_answer_len=self.eval_long_answer_len,
-        )
+        with self.generation_weights() as model:
+            metrics, records = evaluate_generation(
+                model,
+                self.tokenizer,
+                self.eval_prompt_dataset,
+                batch_size=self.args.per_device_eval_batch_size,
+                max_new_tokens=self.eval_max_new_tokens,
+                use_fusemt=self.use_fusemt,
+                long_answer_len=self.eval_long_answer_len,
+            )
         if self.is_world_process_zero():
             os.makedirs(self.args.output_dir, exist_ok=True)
             with open(os.path.join(self.args.output_dir, "eval_samples.jsonl"), "w") as f:

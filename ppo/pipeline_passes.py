@@ -9,9 +9,9 @@ from .models.pipeline import pipeline_group
 from .models.policy_pipe import (
     ExperienceCriterion,
     FrozenModelLoss,
+    gathered_into,
     pipeline_rows,
     plain_copy_of,
-    refresh_plain_copy,
     response_logprobs_from_logits,
     response_values_from_scores,
     schedule_data,
@@ -23,7 +23,8 @@ from .models.score_model_pipe import end_scores_of, score_head_of
 class PipelinePasses:
     """`trainer`'s models as pipelines: `actor` / `critic` are the trainer's fleet-wrapped
     pipes, the frozen reference and reward pipes are wrapped here. Holds the generation copy
-    (the whole actor as one plain model on every rank, for the rollout engine)."""
+    (the whole actor as one plain model on every rank, for the rollout engine), filled only
+    while a rollout or an evaluation uses it."""
 
     def __init__(self, trainer):
         from paddle.distributed import fleet
@@ -45,15 +46,12 @@ class PipelinePasses:
         self.reward = fleet.distributed_model(models.reward) if models.reward is not None else None
         self.reward_head = score_head_of(models.reward) if models.reward is not None else None
         self.generation_copy = plain_copy_of(models.actor)
-        self.copy_version = None
 
     # ---- generation --------------------------------------------------------------
-    def refresh_generation_copy(self, version):
-        """Gather every stage's current actor weights into the generation copy (once per
-        `version`: the trainer's step count)."""
-        if self.copy_version != version:
-            refresh_plain_copy(self.generation_copy, self.trainer.models.actor)
-            self.copy_version = version
+    def generation_weights(self):
+        """Context: the generation copy holding the actor's current weights of every stage,
+        released when the block ends (collective: every rank of the pipeline group enters it)."""
+        return gathered_into(self.generation_copy, self.trainer.models.actor)
 
     # ---- no-gradient passes ----------------------------------------------------------
     def logprobs(self, which, exp):

@@ -9,6 +9,7 @@ One step, top to bottom (`train_step`):
   6. reduce metrics across ranks (in one place).
 GRPO and the other critic-free estimators are an `adv_estimator` choice.
 """
+import contextlib
 import json
 import logging
 import math
@@ -116,7 +117,7 @@ class PPOTrainer:
         self.pipes = PipelinePasses(self) if args.pipeline_parallel_degree > 1 else None
 
         self.engine = RolloutEngine(
-            self.generation_model(), eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, use_fusemt=args.use_fusemt,
+            self.models.actor if self.pipes is None else self.pipes.generation_copy, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, use_fusemt=args.use_fusemt,
             eval_mode=args.eval_mode,
         )
         self.sampling = SamplingParams(
@@ -180,14 +181,13 @@ class PPOTrainer:
             return fleet.distributed_model(model), fleet.distributed_optimizer(optimizer)
         return paddle.DataParallel(model), optimizer
 
-    def generation_model(self):
-        """The model the rollout engine and the evaluation generate with: the actor, or under
-        pipeline parallelism the generation copy of all its stages (`PipelinePasses`), brought
-        up to date with the actor first."""
+    def generation_weights(self):
+        """Context giving the model the rollout engine and the evaluation generate with: the
+        actor, or under pipeline parallelism the engine's copy filled with all the actor's
+        stages for the block and released after it."""
         if self.pipes is None:
-            return self.models.actor
-        self.pipes.refresh_generation_copy(self.step)
-        return self.pipes.generation_copy
+            return contextlib.nullcontext(self.models.actor)
+        return self.pipes.generation_weights()
 
     def _chunk(self):
         return max(self.args.per_device_eval_batch_size, self.args.per_device_train_batch_size)
@@ -203,8 +203,7 @@ class PPOTrainer:
         input_ids = paddle.repeat_interleave(batch["input_ids"], n, axis=0)
         prompt_mask = paddle.repeat_interleave(batch["attention_mask"], n, axis=0)
         seed = self.args.seed + 1_000_003 * self.gen_batches + 7919 * self.data_rank  # tensor-parallel ranks sample alike
-        self.generation_model()  # under pipeline parallelism: the engine's copy brought up to date
-        with self.offload.scope("actor"):
+        with self.offload.scope("actor"), self.generation_weights():
             out = self.engine.generate(input_ids, prompt_mask, self.sampling, seed=seed)
         group_base = (self.gen_batches * self.data_world + self.data_rank) * len(indices)
         self.gen_batches += 1
@@ -650,9 +649,9 @@ class PPOTrainer:
                 experience_from_rollout(batch, out, self.tokenizer.eos_token_id)
             ).numpy().tolist()
         self.actor.eval()
-        with self.offload.scope("actor"):
+        with self.offload.scope("actor"), self.generation_weights() as model:
             metrics, _ = evaluate_generation(
-                self.generation_model(), self.tokenizer, self.eval_dataset,
+                model, self.tokenizer, self.eval_dataset,
                 batch_size=self.args.per_device_eval_batch_size,
                 max_new_tokens=self.args.eval_max_new_tokens or self.args.max_dec_len,
                 long_answer_len=self.eval_long_answer_len, engine=self.engine, score_fn=score_fn,

@@ -84,3 +84,27 @@ def test_stand_in_micro_batch_and_row_groups(model):
     assert len(stand_in) == 1 and float(stand_in.response_mask.sum()) == 0.0
     assert float(exp.response_mask.sum()) > 0  # the experience itself is untouched
     assert row_groups(5, 2) == [[0, 2, 4], [1, 3]] and row_groups(1, 3) == [[0], [], []]
+
+
+def test_generation_copy_is_filled_for_the_block_and_released_after(tiny_model_dir):
+    """Without a pipeline group the stages are this rank's model: the copy starts released,
+    inside `gathered_into` it shares the model's tensors and gives its logits, and after the
+    block its parameters hold no storage again while the model's own are untouched."""
+    from ppo.models.policy_pipe import gathered_into, plain_copy_of
+
+    source = load_causal_lm(tiny_model_dir)
+    source.eval()
+    copy = plain_copy_of(source)
+    assert copy is not source and type(copy).__name__ == type(source).__name__
+    assert not any(p._is_initialized() for p in copy.parameters())
+    ids = paddle.to_tensor([[3, 5, 7, 9, 11, 4]])
+    with paddle.no_grad():
+        expected = source(input_ids=ids, return_dict=True).logits.numpy()
+        with gathered_into(copy, source) as model:
+            assert model is copy and all(p._is_initialized() for p in copy.parameters())
+            got = copy(input_ids=ids, return_dict=True).logits.numpy()
+        np.testing.assert_array_equal(got, expected)
+        assert not any(p._is_initialized() for p in copy.parameters())
+        np.testing.assert_array_equal(source(input_ids=ids, return_dict=True).logits.numpy(), expected)
+        with pytest.raises(Exception):  # a released copy cannot run
+            copy(input_ids=ids, return_dict=True)

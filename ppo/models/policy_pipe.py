@@ -10,8 +10,10 @@ model), and `ppo.ppo_trainer.PPOTrainer` runs every pass of a step through them:
   last stage turns the outputs into the trainer's own actor / critic loss (`ExperienceCriterion`
   with the fields the loss reads sent along as labels);
 * generation: every stage's weights gathered into one plain model on every rank
-  (`all_stage_states`), which the rollout engine uses (`eval_mode` single).
+  (`all_stage_states`) for each rollout or evaluation and released after it (`gathered_into`),
+  which the rollout engine uses (`eval_mode` single).
 """
+import contextlib
 from types import SimpleNamespace
 
 import paddle
@@ -137,8 +139,8 @@ def stand_in_micro_batch(exp):
 
 def plain_copy_of(pipe):
     """An empty plain causal LM (PaddleNLP's non-pipeline class) of a causal-LM pipe's config,
-    frozen, in eval mode: the whole model on one rank, for generation. `refresh_plain_copy`
-    fills it."""
+    frozen, in eval mode, its parameters released (no storage): the whole model on one rank, for
+    generation. `gathered_into` fills it for a rollout or an evaluation and releases it after."""
     import copy
 
     import paddlenlp.transformers as transformers
@@ -152,13 +154,43 @@ def plain_copy_of(pipe):
     model.eval()
     for p in model.parameters():
         p.stop_gradient = True
+    release_plain_copy(model)
     return model
 
 
-def refresh_plain_copy(plain, pipe):
-    """Set `plain`'s weights to every stage's current weights of `pipe`, tensor-parallel slices
-    merged (collective over the pipeline and model-parallel groups: all their ranks call it)."""
-    missing, _ = plain.set_state_dict(all_stage_states(pipe))
+def fill_plain_copy(plain, pipe):
+    """Point `plain`'s parameters at every stage's current weights of `pipe`, tensor-parallel
+    slices merged: this rank's own stage is shared (no copy), the other stages' tensors are the
+    ones broadcast to this rank (collective over the pipeline and model-parallel groups: all
+    their ranks call it). Returns `plain`."""
+    states = all_stage_states(pipe)
+    targets = plain.state_dict()
+    missing = sorted(k for k in targets if k not in states)
     if missing:
-        raise RuntimeError(f"the pipeline stages did not give the plain copy {sorted(missing)[:5]}")
+        raise RuntimeError(f"the pipeline stages did not give the plain copy {missing[:5]}")
+    for name, target in targets.items():
+        value = states[name]
+        if list(value.shape) != list(target.shape):
+            raise RuntimeError(f"{name}: the stages give shape {list(value.shape)}, the plain copy has {list(target.shape)}")
+        if value.dtype != target.dtype:
+            value = value.astype(target.dtype)
+        value._share_buffer_to(target)
     return plain
+
+
+def release_plain_copy(plain):
+    """Drop the storage of every parameter of `plain` (shapes and dtypes stay); a forward
+    through it fails until `fill_plain_copy` fills it again."""
+    for p in plain.parameters():
+        p._clear_data()
+
+
+@contextlib.contextmanager
+def gathered_into(plain, pipe):
+    """`plain` holding `pipe`'s current weights (`fill_plain_copy`) inside the block, released
+    when the block ends: the generation layout lives only for one rollout or evaluation."""
+    fill_plain_copy(plain, pipe)
+    try:
+        yield plain
+    finally:
+        release_plain_copy(plain)
