@@ -14,10 +14,22 @@ from .models.policy_pipe import (
     plain_copy_of,
     response_logprobs_from_logits,
     response_values_from_scores,
+    answer_nll_from_logits,
+    padded_micro_batch,
     schedule_data,
-    stand_in_micro_batch,
+    supervised_micro_batch,
 )
 from .models.score_model_pipe import end_scores_of, score_head_of
+
+
+def set_micro_batches(model, count):
+    """Make fleet's pipeline `model` run `count` micro-batches per schedule (its accumulate
+    steps and the capacity of its per-micro-batch hook counters)."""
+    model.accumulate_steps = count
+    chunks = getattr(model, "_virtual_pp_world_size", None) or 1
+    for hooks in (getattr(model, "forward_hooks", None), getattr(model, "backward_hooks", None)):
+        if hooks is not None:
+            hooks.set_hooks_capacity(chunks * count)
 
 
 class PipelinePasses:
@@ -72,26 +84,57 @@ class PipelinePasses:
         return pipeline_rows(self.reward, exp, lambda scores, m: head.normalize(end_scores_of(scores, m.attention_mask)), [])
 
     # ---- update ------------------------------------------------------------------
-    def run_schedule(self, model, optimizer, criterion, data, fields, prompt_len, objective):
+    def run_schedule(self, model, optimizer, criterion, data, fields, prompt_len, objective, tail=()):
         """One forward-backward of fleet's schedule over `data` (`optimizer`: the model's fleet
         optimizer, stepped by the trainer afterwards); returns the summed loss of its
-        micro-batches (the same on every rank)."""
-        criterion.prepare(prompt_len, fields, objective)
+        micro-batches (the same on every rank). `tail`: `(first-stage inputs, labels, fields,
+        objective)` of micro-batches run after `data`'s in the same schedule (shared weights are
+        all-reduced once per schedule, so extra losses must join it, not follow it)."""
+        criterion.prepare(prompt_len, fields, objective, [(f, o) for _, _, f, o in tail])
+        if tail:
+            firsts, labels = data
+            columns = [list(c) + [t[0][i] for t in tail] for i, c in enumerate(firsts)]
+            data = [tuple(columns), list(labels) + [t[1] for t in tail]]
         model.train()
-        data = model._prepare_training(data, optimizer, None)
-        model.optimizer = model.lr_scheduler = None  # the trainer steps the optimiser itself
-        loss = model.forward_backward_pipeline(data)
+        set_micro_batches(model, self.steps + len(tail))
+        try:
+            data = model._prepare_training(data, optimizer, None)
+            model.optimizer = model.lr_scheduler = None  # the trainer steps the optimiser itself
+            loss = model.forward_backward_pipeline(data)
+        finally:
+            set_micro_batches(model, self.steps)
         return float(loss)
+
+    def ptx_tail(self, count, rows, width):
+        """`count` ptx micro-batches (the trainer's next supervised batches, padded to `rows`
+        rows and at least `width` columns), each weighted `ptx_coeff / count` as in the plain
+        trainer's update."""
+        trainer = self.trainer
+        weight = trainer.args.ptx_coeff / count
+        pad = trainer.tokenizer.pad_token_id
+
+        def ptx_objective(mb, logits):
+            nll = answer_nll_from_logits(logits, mb.labels)
+            return weight * nll, {"loss/ptx": nll.detach()}
+
+        batches = [trainer.next_ptx_batch() for _ in range(count)]
+        width = max([width] + [b["input_ids"].shape[1] for b in batches])
+        return [(*supervised_micro_batch(b, rows, width, pad), ["labels"], ptx_objective) for b in batches]
 
     def backward_step(self, exp, plan, num_tokens, num_seqs):
         """Gradients of one optimiser step (`plan`: its micro-batches' row lists) for the actor
-        and the critic; returns `(actor loss, critic loss or 0, [micro-batch stats])`, the stats
-        as every rank's copy of the last stage's."""
+        (with the ptx loss's micro-batches in the same schedule when there is ptx data) and the
+        critic; returns `(actor loss, critic loss or 0, [micro-batch stats])`, the stats as
+        every rank's copy of the last stage's. Every micro-batch is padded to
+        `per_device_train_batch_size` rows and one width (see `schedule_data`)."""
         trainer = self.trainer
         if len(plan) > self.steps:
             raise ValueError(f"an optimiser step of {len(plan)} micro-batches; the pipeline schedule runs {self.steps}")
-        micro = [exp.select(rows) for rows in plan] + [stand_in_micro_batch(exp)] * (self.steps - len(plan))
-        data, fields = schedule_data(micro)
+        rows = max([trainer.args.per_device_train_batch_size] + [len(r) for r in plan])
+        tail = self.ptx_tail(len(plan), rows, exp.sequences.shape[1]) if trainer.ptx_sampler is not None else []
+        width = tail[0][0][0].shape[1] if tail else exp.sequences.shape[1]
+        micro = [padded_micro_batch(exp, r, rows) for r in plan] + [padded_micro_batch(exp, [], rows)] * (self.steps - len(plan))
+        data, fields = schedule_data(micro, width, trainer.tokenizer.pad_token_id)
         self.actor_records.clear()
         self.critic_records.clear()
         temperature = trainer.args.temperature
@@ -103,14 +146,18 @@ class PipelinePasses:
         def critic_objective(mb, scores):
             return trainer.critic_loss(mb, num_tokens, num_seqs, {"values": response_values_from_scores(scores, mb)})
 
-        actor_total = self.run_schedule(trainer.actor, trainer.actor_optimizer, self.actor_criterion, data, fields, exp.prompt_len, actor_objective)
+        actor_total = self.run_schedule(
+            trainer.actor, trainer.actor_optimizer, self.actor_criterion, data, fields, exp.prompt_len, actor_objective, tail
+        )
         critic_total = 0.0
         if self.critic_criterion is not None:
             critic_total = self.run_schedule(trainer.critic, trainer.critic_optimizer, self.critic_criterion, data, fields, exp.prompt_len, critic_objective)
         stats = None
-        if self.actor_records:  # the last stage: the real micro-batches' stats, actor's and critic's merged
-            critic = self.critic_records or [{}] * len(self.actor_records)
-            stats = [{k: float(v) for k, v in {**a, **c}.items()} for a, c in zip(self.actor_records, critic)][: len(plan)]
+        if self.actor_records:  # the last stage: the real micro-batches' stats, actor's, ptx's and critic's merged
+            actor, ptx = self.actor_records[: self.steps], self.actor_records[self.steps :]
+            ptx = ptx or [{}] * len(actor)
+            critic = self.critic_records or [{}] * len(actor)
+            stats = [{k: float(v) for k, v in {**a, **x, **c}.items()} for a, x, c in zip(actor, ptx, critic)][: len(plan)]
         return actor_total, critic_total, self.from_last_stage(stats)
 
     @staticmethod

@@ -492,8 +492,12 @@ class PPOTrainer:
         stats["policy/entropy_avg"] = masked_mean(entropy.detach(), mb.response_mask)
         return loss, stats
 
+    def next_ptx_batch(self):
+        """This rank's next supervised batch (`input_ids`, `attention_mask`, `labels`, `[n, T]`)."""
+        return self.ptx_dataset.get_collator()([self.ptx_dataset[i] for i in self.ptx_sampler.next_indices()])
+
     def ptx_loss(self):
-        batch = self.ptx_dataset.get_collator()([self.ptx_dataset[i] for i in self.ptx_sampler.next_indices()])
+        batch = self.next_ptx_batch()
         ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
         loss, _ = answer_nll(self.actor, ids, mask, labels, self.args.logprob_chunk_size)
         return loss

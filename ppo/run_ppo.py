@@ -76,11 +76,6 @@ def build_trainer(argv=None):
     pipelined = training_args.pipeline_parallel_degree > 1
     if pipelined:
         check_pipeline_run(training_args, model_args.use_lora)
-        if ptx and training_args.ptx_coeff > 0:
-            raise ValueError(
-                f"ptx_datasets with pipeline_parallel_degree {training_args.pipeline_parallel_degree}: the pretraining "
-                "loss is not added inside the pipeline schedule here; drop ptx_datasets or set ptx_coeff 0"
-            )
     models = build_ppo_models(
         model_args, training_args.use_critic, training_dtype(training_args), pipeline=pipelined,
         **load_overrides(model_args, training_args, pipeline_entry="ppo"),

@@ -41,13 +41,17 @@ def compare_pipeline_rl_runs(argv, tmp_path, keys, models, steps=2, layout="pp2"
 
 def test_grpo_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path):
     """Critic-free, rule rewards (response length), a k3 KL loss against the reference pipe,
-    an entropy bonus; two micro-batches per optimiser step through the schedule."""
+    an entropy bonus and a ptx loss on supervised data (its batches join the actor's schedule);
+    two micro-batches per optimiser step through the schedule. The schedule's micro-batches
+    share one shape: the rollout rows and the supervised batches are padded to one width."""
     argv = ["config/tiny/grpo_rule_argument.json", *ppo_argv(
         two_layer_model_dir, tiny_data_dir, "--per_device_prompt_batch_size", "4", "--rollout_n", "4",
         "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2", "--learning_rate", "1e-3",
         "--kl_loss_coeff", "0.05", "--entropy_coeff", "0.01", "--rule_reward_scorers", "tests.rule_reward_helpers:_len_scorer",
+        "--ptx_coeff", "0.5", "--ptx_datasets", f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl",
     )]
-    keys = ("loss/policy_avg", "objective/scores", "loss/kl", "policy/entropy_avg", "train/actor_grad_norm", "policy/clipfrac_avg")
+    keys = ("loss/policy_avg", "objective/scores", "loss/kl", "policy/entropy_avg", "train/actor_grad_norm",
+            "policy/clipfrac_avg", "loss/ptx")
     compare_pipeline_rl_runs(argv, tmp_path, keys, ("policy",))
 
 

@@ -15,7 +15,10 @@ from ppo.models.policy_pipe import (
     response_values_from_scores,
     row_groups,
     schedule_data,
-    stand_in_micro_batch,
+    padded_micro_batch,
+    padded_first_stage_inputs,
+    supervised_micro_batch,
+    answer_nll_from_logits,
 )
 from tests.test_chunked_trainer_losses import make_experience
 
@@ -78,12 +81,47 @@ def test_criterion_passes_the_fields_and_rescales_the_loss(model):
     assert float(recorded[0]["x"]) == 6.0
 
 
-def test_stand_in_micro_batch_and_row_groups(model):
+def test_padded_micro_batch_and_row_groups(model):
     exp = make_experience(model, seed=3)
-    stand_in = stand_in_micro_batch(exp)
-    assert len(stand_in) == 1 and float(stand_in.response_mask.sum()) == 0.0
+    stand_in = padded_micro_batch(exp, [], 3)
+    assert len(stand_in) == 3 and float(stand_in.response_mask.sum()) == 0.0
+    padded = padded_micro_batch(exp, [2, 1], 4)
+    mask = padded.response_mask.numpy()
+    np.testing.assert_array_equal(mask[:2], exp.response_mask.numpy()[[2, 1]])
+    assert not mask[2:].any() and padded.sequences.shape == [4, exp.sequences.shape[1]]
     assert float(exp.response_mask.sum()) > 0  # the experience itself is untouched
     assert row_groups(5, 2) == [[0, 2, 4], [1, 3]] and row_groups(1, 3) == [[0], [], []]
+
+
+def test_padded_rows_and_columns_change_no_loss(model):
+    """The actor loss of a micro-batch padded to more rows and columns, and the ptx NLL of a
+    supervised batch padded the same way, equal the unpadded ones."""
+    exp = make_experience(model, seed=4)
+    rows = [0, 1]
+    plain = padded_micro_batch(exp, rows, 2)
+    padded = padded_micro_batch(exp, rows, 4)
+    width = exp.sequences.shape[1] + 3
+    ids, mask, positions = padded_first_stage_inputs((padded.sequences, padded.attention_mask, padded.position_ids), width, 0)
+    assert ids.shape == [4, width] and not mask.numpy()[:, -3:].any()
+    with paddle.no_grad():
+        logits_plain = logits_of(model, plain)
+        logits_padded = model(input_ids=ids, attention_mask=mask.astype("int64"), position_ids=positions, return_dict=True).logits
+        lp_plain, _ = response_logprobs_from_logits(logits_plain, plain, 1.0)
+        lp_padded, _ = response_logprobs_from_logits(logits_padded, padded, 1.0)
+    np.testing.assert_allclose(lp_padded.numpy()[:2], lp_plain.numpy(), rtol=1e-5, atol=1e-6)
+    assert not lp_padded.numpy()[2:].any()
+
+    ids = paddle.to_tensor([[5, 6, 7, 8, 2], [9, 10, 11, 2, 0]])
+    batch = {"input_ids": ids, "attention_mask": paddle.to_tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]),
+             "labels": paddle.to_tensor([[-100, -100, 7, 8, 2], [-100, 10, 11, 2, -100]])}
+    from ppo.models.causal_lm import answer_nll
+
+    with paddle.no_grad():
+        expected, _ = answer_nll(model, batch["input_ids"], batch["attention_mask"], batch["labels"], chunk_size=0)
+        firsts, (labels,) = supervised_micro_batch(batch, 4, 8, 0)
+        assert firsts[0].shape == labels.shape == [4, 8] and (labels.numpy()[2:] == -100).all()
+        out = model(input_ids=firsts[0], attention_mask=firsts[1].astype("int64"), position_ids=firsts[2], return_dict=True).logits
+        np.testing.assert_allclose(float(answer_nll_from_logits(out, labels)), float(expected), rtol=1e-5)
 
 
 def test_generation_copy_is_filled_for_the_block_and_released_after(tiny_model_dir):

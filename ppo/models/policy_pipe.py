@@ -92,23 +92,72 @@ class ExperienceCriterion(nn.Layer):
     `objective(micro_exp, output)`'s loss times the number of micro-batches (fleet's schedule
     divides each micro-batch's loss by it; the trainer's losses are already normalised by the
     whole step's token count). `record(stats)` receives each micro-batch's statistics.
-    `prepare(prompt_len, fields, objective)` is called by the trainer before each schedule."""
+    `prepare(prompt_len, fields, objective, tail)` is called by the trainer before each
+    schedule: the first `accumulate_steps` micro-batches are experience rows, then one more
+    micro-batch for each `(fields, objective)` in `tail` (PPO's ptx batches)."""
 
     def __init__(self, accumulate_steps, record):
         super().__init__()
         self.accumulate_steps, self.record = accumulate_steps, record
-        self.prompt_len, self.fields, self.objective = None, (), None
+        self.prompt_len, self.kinds, self.calls = None, [], 0
 
-    def prepare(self, prompt_len, fields, objective):
-        self.prompt_len, self.fields, self.objective = prompt_len, tuple(fields), objective
+    def prepare(self, prompt_len, fields, objective, tail=()):
+        self.prompt_len, self.calls = prompt_len, 0
+        self.kinds = [(tuple(fields), objective)] * self.accumulate_steps + [(tuple(f), o) for f, o in tail]
 
     def forward(self, output, labels):
+        fields, objective = self.kinds[self.calls]  # the last stage sees the micro-batches in order
+        self.calls += 1
         mb = SimpleNamespace(prompt_len=self.prompt_len, **{f: None for f in LOSS_FIELDS})
-        for name, value in zip(self.fields, labels):
+        for name, value in zip(fields, labels):
             setattr(mb, name, value)
-        loss, stats = self.objective(mb, output)
+        loss, stats = objective(mb, output)
         self.record(stats)
-        return loss * self.accumulate_steps
+        return loss * len(self.kinds)
+
+
+def padded_right(tensor, width, value):
+    """`tensor [n, T]` with columns of `value` appended up to `width`."""
+    extra = width - tensor.shape[1]
+    if extra <= 0:
+        return tensor
+    return paddle.concat([tensor, paddle.full([tensor.shape[0], extra], value, dtype=tensor.dtype)], axis=1)
+
+
+def padded_first_stage_inputs(firsts, width, pad_token_id):
+    """First-stage inputs `(ids, bool mask, position_ids)`, each `[n, T]`, padded on the right
+    to `width` (masked columns: the outputs at the other positions do not change)."""
+    ids, mask, positions = firsts
+    return padded_right(ids, width, pad_token_id), padded_right(mask, width, False), padded_right(positions, width, 0)
+
+
+def supervised_micro_batch(batch, rows, width, pad_token_id):
+    """A supervised batch (`input_ids`, `attention_mask`, `labels`, each `[n, T]`, labels in
+    input alignment, -100 where not counted) as the first stage's inputs and its labels, padded
+    to `[rows, width]`: extra rows repeat the first row with no label counted, extra columns
+    are masked padding."""
+    from .causal_lm import position_ids_from_mask
+
+    ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
+    n = ids.shape[0]
+    if n > rows:
+        raise ValueError(f"a supervised batch of {n} rows for micro-batches of {rows}")
+    if n < rows:
+        index = paddle.to_tensor(list(range(n)) + [0] * (rows - n), dtype="int64")
+        ids, mask, labels = (paddle.index_select(t, index, axis=0) for t in (ids, mask, labels))
+        counted = paddle.to_tensor([[1]] * n + [[0]] * (rows - n), dtype="bool")
+        labels = paddle.where(counted, labels, paddle.full_like(labels, -100))
+    firsts = (ids, mask.astype("bool"), position_ids_from_mask(mask))
+    return padded_first_stage_inputs(firsts, width, pad_token_id), [padded_right(labels, width, -100)]
+
+
+def answer_nll_from_logits(logits, labels):
+    """Token-mean NLL of the counted tokens (`labels [n, T]` >= 0, scored by the logits one
+    position earlier) from the last stage's logits `[n, T, V]`, as `causal_lm.answer_nll`."""
+    targets = labels[:, 1:]
+    logp = token_logprobs(logits[:, :-1].astype("float32"), targets)  # labels < 0 give 0
+    count = (targets >= 0).astype("float32").sum()
+    return -logp.sum() / paddle.clip(count, min=1.0)
 
 
 class FrozenModelLoss(nn.Layer):
@@ -119,22 +168,29 @@ class FrozenModelLoss(nn.Layer):
         raise RuntimeError("a frozen pipeline model (reference or reward) has no training loss")
 
 
-def schedule_data(micro):
+def schedule_data(micro, width=None, pad_token_id=0):
     """`[first-stage inputs, labels]` of a list of micro-batch experiences for fleet's
-    schedule, and the label field names: the `LOSS_FIELDS` the experiences hold. All
-    micro-batches must have the same width (one experience's rows)."""
+    schedule, and the label field names: the `LOSS_FIELDS` the experiences hold. The
+    micro-batches of one schedule must have one shape (fleet sizes the gradient it receives
+    for a micro-batch by the last activation it sent): the same rows (`padded_micro_batch`),
+    and one experience's width, padded on the right to `width` when given."""
     fields = [f for f in LOSS_FIELDS if getattr(micro[0], f) is not None]
     firsts = [first_stage_inputs(m) for m in micro]
+    if width is not None:
+        firsts = [padded_first_stage_inputs(f, width, pad_token_id) for f in firsts]
     labels = [[getattr(m, f) for f in fields] for m in micro]
     return [tuple(list(column) for column in zip(*firsts)), labels], fields
 
 
-def stand_in_micro_batch(exp):
-    """A micro-batch that changes no gradient: `exp`'s first row with an empty response mask
-    (fills a short optimiser step up to the schedule's fixed number of micro-batches)."""
-    stand_in = exp.select([0])
-    stand_in.response_mask = paddle.zeros_like(stand_in.response_mask)
-    return stand_in
+def padded_micro_batch(exp, rows, count):
+    """`exp`'s rows `rows` followed by copies of its first row with an empty response mask, up
+    to `count` rows: the extra rows change no loss and no gradient (no rows: a stand-in that
+    fills a short optimiser step up to the schedule's fixed number of micro-batches)."""
+    mb = exp.select(list(rows) + [0] * (count - len(rows)))
+    if len(rows) < count:
+        keep = paddle.to_tensor([[1]] * len(rows) + [[0]] * (count - len(rows)), dtype=mb.response_mask.dtype)
+        mb.response_mask = mb.response_mask * keep
+    return mb
 
 
 def plain_copy_of(pipe):
