@@ -2,6 +2,8 @@
 > 1`, see `ppo.models.policy_pipe`): used by `ppo.ppo_trainer.PPOTrainer` in place of its
 plain-model calls. Every rank of a pipeline group runs the same step on the same experience
 (the prompts, seeds and samples of a pipeline group agree)."""
+import logging
+
 import paddle
 import paddle.distributed as dist
 
@@ -20,6 +22,8 @@ from .models.policy_pipe import (
     supervised_micro_batch,
 )
 from .models.score_model_pipe import end_scores_of, score_head_of
+
+logger = logging.getLogger(__name__)
 
 
 def set_micro_batches(model, count):
@@ -57,7 +61,13 @@ class PipelinePasses:
         self.reference = fleet.distributed_model(models.reference) if models.reference is not None else None
         self.reward = fleet.distributed_model(models.reward) if models.reward is not None else None
         self.reward_head = score_head_of(models.reward) if models.reward is not None else None
-        self.generation_copy = plain_copy_of(models.actor)
+        sharded = trainer.args.eval_mode == "tensor_parallel" and trainer.args.tensor_parallel_degree > 1
+        self.generation_copy = plain_copy_of(models.actor, keep_tensor_parallel=sharded)
+        logger.info(
+            "rollout under pipeline parallel: every stage of the actor gathered on each rank for each rollout and "
+            + ("evaluation, each rank keeping its tensor-parallel slices (eval_mode tensor_parallel)" if sharded
+               else "evaluation, tensor-parallel slices merged (eval_mode single)")
+        )
 
     # ---- generation --------------------------------------------------------------
     def generation_weights(self):

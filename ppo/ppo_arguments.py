@@ -183,7 +183,8 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
         metadata={"help": "Generation layout under tensor parallel: single (whole weights gathered from the tensor-parallel "
                   "ranks for each rollout, then released; '' does the same); tensor_parallel (each rank generates from its "
                   "own slices: all-reduce after attention, MLP and embedding, logits gathered before sampling). Nothing to "
-                  "reshard at tensor_parallel_degree 1."},
+                  "reshard at tensor_parallel_degree 1. Under pipeline parallel every stage is gathered on each rank "
+                  "for the rollout first (its tensor-parallel slices merged, or kept with tensor_parallel)."},
     )
     offload_level: str = field(
         default="",
@@ -258,11 +259,6 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
         if self.critic_recompute_granularity not in RECOMPUTE_GRANULARITIES:
             raise ValueError(
                 f"critic_recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, got {self.critic_recompute_granularity!r}"
-            )
-        if self.pipeline_parallel_degree > 1 and self.eval_mode == "tensor_parallel":
-            raise ValueError(
-                f"eval_mode tensor_parallel with pipeline_parallel_degree {self.pipeline_parallel_degree}: under pipeline "
-                "parallelism the rollout generates with every stage's weights gathered on each rank; set eval_mode single"
             )
         self.check_paddlenlp_settings()
 

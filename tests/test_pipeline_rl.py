@@ -55,6 +55,22 @@ def test_grpo_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path):
     compare_pipeline_rl_runs(argv, tmp_path, keys, ("policy",))
 
 
+@pytest.mark.slow
+def test_grpo_tp2_pp2_with_sharded_rollout_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path):
+    """eval_mode tensor_parallel under TP=2 x PP=2 (four processes): the generation copy holds
+    this rank's tensor-parallel slices of both stages and the engine generates from them without
+    merging; rollouts, metrics, evaluation and weights equal the one-process run's."""
+    argv = ["config/tiny/grpo_rule_argument.json", *ppo_argv(
+        two_layer_model_dir, tiny_data_dir, "--per_device_prompt_batch_size", "4", "--rollout_n", "4",
+        "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2", "--learning_rate", "1e-3",
+        "--kl_loss_coeff", "0.05", "--rule_reward_scorers", "tests.rule_reward_helpers:_len_scorer",
+        "--eval_mode", "tensor_parallel",
+    )]
+    keys = ("loss/policy_avg", "objective/scores", "loss/kl", "policy/entropy_avg", "train/actor_grad_norm")
+    out1, out2 = compare_pipeline_rl_runs(argv, tmp_path, keys, ("policy",), layout="tp2_pp2")
+    assert "each rank keeping its tensor-parallel slices" in open(os.path.join(out2, "launch", "workerlog.0")).read()
+
+
 @pytest.mark.parametrize("layout", ["pp2", pytest.param("tp2_pp2", marks=pytest.mark.slow)])
 def test_ppo_pp2_matches_pp1(two_layer_model_dir, two_layer_score_dir, tiny_data_dir, tmp_path, layout):
     """Actor, reference, reward model and critic all pipelines: reward end scores and critic

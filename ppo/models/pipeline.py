@@ -231,15 +231,18 @@ def merged_tensor_parallel_state(pipe, state):
     return merged
 
 
-def all_stage_states(model):
+def all_stage_states(model, merge_tensor_parallel=True):
     """The whole model's state dict (plain-model keys, tensor-parallel slices merged) on every
     rank of the pipeline group: each stage broadcasts its tensors to the group, after their
     names, shapes and dtypes. All ranks of the pipeline and model-parallel groups must call it;
-    without pipeline parallelism, this rank's (merged) state dict."""
+    without pipeline parallelism, this rank's (merged) state dict. `merge_tensor_parallel`
+    False: every stage's slices of this rank's tensor-parallel rank, not merged."""
     from .loading import unwrap_parallel
 
     pipe = unwrap_parallel(model)
-    own = merged_tensor_parallel_state(pipe, dict(pipe.state_dict()))
+    own = dict(pipe.state_dict())
+    if merge_tensor_parallel:
+        own = merged_tensor_parallel_state(pipe, own)
     group = pipeline_group()
     if group is None:
         return own

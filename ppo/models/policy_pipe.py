@@ -11,7 +11,8 @@ model), and `ppo.ppo_trainer.PPOTrainer` runs every pass of a step through them:
   with the fields the loss reads sent along as labels);
 * generation: every stage's weights gathered into one plain model on every rank
   (`all_stage_states`) for each rollout or evaluation and released after it (`gathered_into`),
-  which the rollout engine uses (`eval_mode` single).
+  which the rollout engine uses (`eval_mode` single; with tensor parallel and `eval_mode`
+  tensor_parallel, each rank's slices of every stage, generated from without merging).
 """
 import contextlib
 from types import SimpleNamespace
@@ -193,10 +194,12 @@ def padded_micro_batch(exp, rows, count):
     return mb
 
 
-def plain_copy_of(pipe):
+def plain_copy_of(pipe, keep_tensor_parallel=False):
     """An empty plain causal LM (PaddleNLP's non-pipeline class) of a causal-LM pipe's config,
     frozen, in eval mode, its parameters released (no storage): the whole model on one rank, for
-    generation. `gathered_into` fills it for a rollout or an evaluation and releases it after."""
+    generation. `gathered_into` fills it for a rollout or an evaluation and releases it after.
+    `keep_tensor_parallel`: a tensor-parallel plain model holding this rank's slices of every
+    stage (the rollout engine's `eval_mode` tensor_parallel), instead of whole weights."""
     import copy
 
     import paddlenlp.transformers as transformers
@@ -204,7 +207,8 @@ def plain_copy_of(pipe):
     from .pipeline import pipe_classes
 
     config = copy.deepcopy(pipe.config)
-    config.tensor_parallel_degree, config.tensor_parallel_rank = 1, 0  # whole weights (see all_stage_states)
+    if not keep_tensor_parallel:
+        config.tensor_parallel_degree, config.tensor_parallel_rank = 1, 0  # whole weights (see all_stage_states)
     _, plain_name = pipe_classes(config)
     model = getattr(transformers, plain_name).from_config(config, dtype=config.dtype or "float32")
     model.eval()
@@ -216,10 +220,10 @@ def plain_copy_of(pipe):
 
 def fill_plain_copy(plain, pipe):
     """Point `plain`'s parameters at every stage's current weights of `pipe`, tensor-parallel
-    slices merged: this rank's own stage is shared (no copy), the other stages' tensors are the
+    slices merged (or this rank's slices, for a tensor-parallel `plain`): this rank's own stage is shared (no copy), the other stages' tensors are the
     ones broadcast to this rank (collective over the pipeline and model-parallel groups: all
     their ranks call it). Returns `plain`."""
-    states = all_stage_states(pipe)
+    states = all_stage_states(pipe, merge_tensor_parallel=getattr(plain.config, "tensor_parallel_degree", 1) <= 1)
     targets = plain.state_dict()
     missing = sorted(k for k in targets if k not in states)
     if missing:
