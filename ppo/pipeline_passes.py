@@ -11,13 +11,13 @@ from .models.pipeline import pipeline_group
 from .models.policy_pipe import (
     ExperienceCriterion,
     FrozenModelLoss,
+    answer_nll_from_logits,
     gathered_into,
+    padded_micro_batch,
     pipeline_rows,
     plain_copy_of,
     response_logprobs_from_logits,
     response_values_from_scores,
-    answer_nll_from_logits,
-    padded_micro_batch,
     schedule_data,
     supervised_micro_batch,
 )
@@ -115,20 +115,17 @@ class PipelinePasses:
             set_micro_batches(model, self.steps)
         return float(loss)
 
-    def ptx_tail(self, count, rows, width):
-        """`count` ptx micro-batches (the trainer's next supervised batches, padded to `rows`
-        rows and at least `width` columns), each weighted `ptx_coeff / count` as in the plain
-        trainer's update."""
+    def ptx_tail(self, batches, rows, width):
+        """The ptx micro-batches of one optimiser step: supervised `batches` padded to `[rows,
+        width]`, each weighted `ptx_coeff / len(batches)` as in the plain trainer's update."""
         trainer = self.trainer
-        weight = trainer.args.ptx_coeff / count
-        pad = trainer.tokenizer.pad_token_id
+        weight = trainer.args.ptx_coeff / len(batches)
 
         def ptx_objective(mb, logits):
             nll = answer_nll_from_logits(logits, mb.labels)
             return weight * nll, {"loss/ptx": nll.detach()}
 
-        batches = [trainer.next_ptx_batch() for _ in range(count)]
-        width = max([width] + [b["input_ids"].shape[1] for b in batches])
+        pad = trainer.tokenizer.pad_token_id
         return [(*supervised_micro_batch(b, rows, width, pad), ["labels"], ptx_objective) for b in batches]
 
     def backward_step(self, exp, plan, num_tokens, num_seqs):
@@ -141,8 +138,9 @@ class PipelinePasses:
         if len(plan) > self.steps:
             raise ValueError(f"an optimiser step of {len(plan)} micro-batches; the pipeline schedule runs {self.steps}")
         rows = max([trainer.args.per_device_train_batch_size] + [len(r) for r in plan])
-        tail = self.ptx_tail(len(plan), rows, exp.sequences.shape[1]) if trainer.ptx_sampler is not None else []
-        width = tail[0][0][0].shape[1] if tail else exp.sequences.shape[1]
+        ptx_batches = [trainer.next_ptx_batch() for _ in plan] if trainer.ptx_sampler is not None else []
+        width = max([exp.sequences.shape[1]] + [b["input_ids"].shape[1] for b in ptx_batches])
+        tail = self.ptx_tail(ptx_batches, rows, width) if ptx_batches else []
         micro = [padded_micro_batch(exp, r, rows) for r in plan] + [padded_micro_batch(exp, [], rows)] * (self.steps - len(plan))
         data, fields = schedule_data(micro, width, trainer.tokenizer.pad_token_id)
         self.actor_records.clear()

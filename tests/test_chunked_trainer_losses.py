@@ -166,14 +166,9 @@ def test_dpo_answer_logprobs_and_ptx_loss_chunked_equal_full(model):
         np.testing.assert_allclose(b.numpy().astype("float64"), a.numpy().astype("float64"), rtol=1e-5, atol=1e-5)
     assert (full[1].numpy() == [7, 4, 2]).all()  # answer tokens 3..9, 3..6, 3..4
 
-    class PtxData(list):
-        def get_collator(self):
-            return lambda rows: inputs
-
-    sampler = SimpleNamespace(next_indices=lambda: [0])
     losses = []
     for chunk in (0, 4):
-        trainer = SimpleNamespace(args=ppo_args(chunk), actor=model, ptx_dataset=PtxData([None]), ptx_sampler=sampler)
+        trainer = SimpleNamespace(args=ppo_args(chunk), actor=model, next_ptx_batch=lambda: inputs)
         losses.append(float(PPOTrainer.ptx_loss(trainer)))
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
     assert losses[0] > 0

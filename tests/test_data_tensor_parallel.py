@@ -78,7 +78,7 @@ def test_grpo_dp2_pp2_matches_dp2(two_layer_model_dir, tiny_data_dir, tmp_path):
     check_grpo_against_dp2(two_layer_model_dir, tiny_data_dir, tmp_path, PP2)
 
 
-@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+@pytest.mark.parametrize("layout", ["tp2", pytest.param("pp2", marks=pytest.mark.slow)])
 def test_ppo_dp2_with_model_parallel_matches_dp2(tiny_model_dir, two_layer_model_dir, two_layer_score_dir, tiny_data_dir,
                                                  tmp_path, layout):
     """PPO with a critic and a reward model, all four models split inside each data rank:

@@ -220,9 +220,10 @@ def plain_copy_of(pipe, keep_tensor_parallel=False):
 
 def fill_plain_copy(plain, pipe):
     """Point `plain`'s parameters at every stage's current weights of `pipe`, tensor-parallel
-    slices merged (or this rank's slices, for a tensor-parallel `plain`): this rank's own stage is shared (no copy), the other stages' tensors are the
-    ones broadcast to this rank (collective over the pipeline and model-parallel groups: all
-    their ranks call it). Returns `plain`."""
+    slices merged (or this rank's slices, for a tensor-parallel `plain`): this rank's own stage
+    is shared (no copy), the other stages' tensors are the ones broadcast to this rank
+    (collective over the pipeline and model-parallel groups: all their ranks call it).
+    Returns `plain`."""
     states = all_stage_states(pipe, merge_tensor_parallel=getattr(plain.config, "tensor_parallel_degree", 1) <= 1)
     targets = plain.state_dict()
     missing = sorted(k for k in targets if k not in states)
