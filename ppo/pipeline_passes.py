@@ -2,16 +2,16 @@
 > 1`, see `ppo.models.policy_pipe`): used by `ppo.ppo_trainer.PPOTrainer` in place of its
 plain-model calls. Every rank of a pipeline group runs the same step on the same experience
 (the prompts, seeds and samples of a pipeline group agree)."""
+import contextlib
 import logging
 
 import paddle
 import paddle.distributed as dist
 
-from .models.pipeline import pipeline_group
+from .models.pipeline import answer_nll_from_logits, pipeline_group
 from .models.policy_pipe import (
     ExperienceCriterion,
     FrozenModelLoss,
-    answer_nll_from_logits,
     gathered_into,
     padded_micro_batch,
     pipeline_rows,
@@ -63,6 +63,7 @@ class PipelinePasses:
         self.reward_head = score_head_of(models.reward) if models.reward is not None else None
         sharded = trainer.args.eval_mode == "tensor_parallel" and trainer.args.tensor_parallel_degree > 1
         self.generation_copy = plain_copy_of(models.actor, keep_tensor_parallel=sharded)
+        self.generation_filled = False
         logger.info(
             "rollout under pipeline parallel: every stage of the actor gathered on each rank for each rollout and "
             + ("evaluation, each rank keeping its tensor-parallel slices (eval_mode tensor_parallel)" if sharded
@@ -70,10 +71,21 @@ class PipelinePasses:
         )
 
     # ---- generation --------------------------------------------------------------
+    @contextlib.contextmanager
     def generation_weights(self):
         """Context: the generation copy holding the actor's current weights of every stage,
-        released when the block ends (collective: every rank of the pipeline group enters it)."""
-        return gathered_into(self.generation_copy, self.trainer.models.actor)
+        released when the outermost such block ends (collective: every rank of the pipeline
+        group enters it). A nested block reuses the filled copy: the weights do not change
+        between the rollouts of one step."""
+        if self.generation_filled:
+            yield self.generation_copy
+            return
+        self.generation_filled = True
+        try:
+            with gathered_into(self.generation_copy, self.trainer.models.actor) as copy:
+                yield copy
+        finally:
+            self.generation_filled = False
 
     # ---- no-gradient passes ----------------------------------------------------------
     def logprobs(self, which, exp):

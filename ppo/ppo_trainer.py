@@ -116,9 +116,10 @@ class PPOTrainer:
         self.critic, self.critic_optimizer = self._wrap(models.critic, self.critic_optimizer)
         self.pipes = PipelinePasses(self) if args.pipeline_parallel_degree > 1 else None
 
+        generation_model = self.models.actor if self.pipes is None else self.pipes.generation_copy
         self.engine = RolloutEngine(
-            self.models.actor if self.pipes is None else self.pipes.generation_copy, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, use_fusemt=args.use_fusemt,
-            eval_mode=args.eval_mode,
+            generation_model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+            use_fusemt=args.use_fusemt, eval_mode=args.eval_mode,
         )
         self.sampling = SamplingParams(
             max_new_tokens=args.max_dec_len,
@@ -289,9 +290,14 @@ class PPOTrainer:
     def sample_with_dynamic_filter(self):
         """Rollout (+ score); with `dynamic_sampling`, zero-variance groups are replaced by
         groups from further batches (at most `max_gen_batches`; all ranks draw together)."""
-        exp = self.scored(self.rollout(self.sampler.next_indices()))
         if not self.args.dynamic_sampling:  # the arguments allow it only for per-group estimators
-            return exp, 1
+            return self.scored(self.rollout(self.sampler.next_indices())), 1
+        with self.generation_weights():  # one gathering of the actor's stages for all the draws
+            return self._draw_until_groups_vary()
+
+    def _draw_until_groups_vary(self):
+        """`sample_with_dynamic_filter`'s draws: (the merged experience, the number of draws)."""
+        exp = self.scored(self.rollout(self.sampler.next_indices()))
         want = self.args.per_device_prompt_batch_size
         kept, spare, draws = [], [], 1
         while True:

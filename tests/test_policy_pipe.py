@@ -18,8 +18,8 @@ from ppo.models.policy_pipe import (
     padded_micro_batch,
     padded_first_stage_inputs,
     supervised_micro_batch,
-    answer_nll_from_logits,
 )
+from ppo.models.pipeline import answer_nll_from_logits
 from tests.test_chunked_trainer_losses import make_experience
 
 
@@ -146,3 +146,25 @@ def test_generation_copy_is_filled_for_the_block_and_released_after(tiny_model_d
         np.testing.assert_array_equal(source(input_ids=ids, return_dict=True).logits.numpy(), expected)
         with pytest.raises(Exception):  # a released copy cannot run
             copy(input_ids=ids, return_dict=True)
+
+
+def test_nested_generation_blocks_gather_once(tiny_model_dir):
+    """`PipelinePasses.generation_weights` inside another (the draws of dynamic sampling) reuses
+    the filled copy; the copy is released when the outermost block ends."""
+    from types import SimpleNamespace
+
+    from ppo.models.policy_pipe import plain_copy_of
+    from ppo.pipeline_passes import PipelinePasses
+
+    source = load_causal_lm(tiny_model_dir)
+    passes = object.__new__(PipelinePasses)
+    passes.trainer = SimpleNamespace(models=SimpleNamespace(actor=source))
+    passes.generation_copy, passes.generation_filled = plain_copy_of(source), False
+    filled = lambda: all(p._is_initialized() for p in passes.generation_copy.parameters())  # noqa: E731
+    with passes.generation_weights() as outer:
+        with passes.generation_weights() as inner:
+            assert inner is outer and filled()
+        assert filled()  # the inner block did not release what the outer one holds
+    assert not any(p._is_initialized() for p in passes.generation_copy.parameters())
+    with passes.generation_weights():
+        assert filled()  # a later block fills it again

@@ -86,15 +86,20 @@ class AnswerNLLCriterion(paddle.nn.Layer):
     of the whole batch's token mean."""
 
     def forward(self, logits, labels):
-        weight = None
-        if isinstance(labels, (tuple, list)):
-            labels, weight = labels
+        if not isinstance(labels, (tuple, list)):
+            return answer_nll_from_logits(logits, labels)
+        labels, weight = labels
         targets = labels[:, 1:]
-        counted = targets >= 0
-        logp = token_logprobs(logits[:, :-1].astype("float32"), targets)
-        if weight is None:
-            return -masked_mean(logp, counted)
-        return -paddle.sum(paddle.where(counted, logp, paddle.zeros_like(logp))) * weight[0, 0]
+        logp = token_logprobs(logits[:, :-1].astype("float32"), targets)  # labels < 0 give 0
+        return -paddle.sum(logp) * weight[0, 0]
+
+
+def answer_nll_from_logits(logits, labels):
+    """Token-mean NLL of the counted tokens (`labels [N, T]` >= 0 in input alignment, scored by
+    the logits one position earlier) from a last stage's logits `[N, T, V]` (scalar, float32),
+    as `ppo.models.causal_lm.answer_nll`."""
+    targets = labels[:, 1:]
+    return -masked_mean(token_logprobs(logits[:, :-1].astype("float32"), targets), targets >= 0)
 
 
 def _rows(tensor, index):

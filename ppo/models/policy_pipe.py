@@ -152,15 +152,6 @@ def supervised_micro_batch(batch, rows, width, pad_token_id):
     return padded_first_stage_inputs(firsts, width, pad_token_id), [padded_right(labels, width, -100)]
 
 
-def answer_nll_from_logits(logits, labels):
-    """Token-mean NLL of the counted tokens (`labels [n, T]` >= 0, scored by the logits one
-    position earlier) from the last stage's logits `[n, T, V]`, as `causal_lm.answer_nll`."""
-    targets = labels[:, 1:]
-    logp = token_logprobs(logits[:, :-1].astype("float32"), targets)  # labels < 0 give 0
-    count = (targets >= 0).astype("float32").sum()
-    return -logp.sum() / paddle.clip(count, min=1.0)
-
-
 class FrozenModelLoss(nn.Layer):
     """The loss slot of a frozen pipeline model (fleet's `eval_batch` requires one; with
     `compute_loss=False` it is never called)."""
