@@ -1,7 +1,7 @@
-"""Generate README's argument reference from the argument dataclasses.
+"""Generate the argument reference (docs/arguments.md) from the argument dataclasses.
 
-    python scripts/gen_args_doc.py          # rewrite the section of README.md in place
-    python scripts/gen_args_doc.py --check  # exit 1 when README.md is out of date
+    python scripts/gen_args_doc.py          # rewrite the section of docs/arguments.md in place
+    python scripts/gen_args_doc.py --check  # exit 1 when docs/arguments.md is out of date
 
 The section sits between `<!-- ARGS:BEGIN -->` and `<!-- ARGS:END -->`. Fields
 inherited from PaddleNLP's `TrainingArguments` are not repeated (they keep their
@@ -15,7 +15,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-README = os.path.join(ROOT, "README.md")
+README = os.path.join(ROOT, "docs", "arguments.md")  # the generated reference (linked from README.md)
 BEGIN, END = "<!-- ARGS:BEGIN -->", "<!-- ARGS:END -->"
 
 
@@ -60,7 +60,7 @@ def own_fields(cls):
 def render():
     lines = []
     for title, classes in entry_points():
-        lines += [f"#### {title}", "", "| argument | default | meaning |", "|---|---|---|"]
+        lines += [f"## {title}", "", "| argument | default | meaning |", "|---|---|---|"]
         for cls in classes:
             for f in own_fields(cls):
                 help_text = f.metadata.get("help", "").replace("|", "\\|")
@@ -85,7 +85,7 @@ def main(argv=None):
     new = splice(text, render())
     if args.check:
         if new != text:
-            print("README.md argument reference is out of date: run python scripts/gen_args_doc.py")
+            print("docs/arguments.md is out of date: run python scripts/gen_args_doc.py")
             return 1
         return 0
     open(README, "w").write(new)

@@ -13,7 +13,7 @@ dataclasses are read as they are; the rest fall in one of these groups:
 - `UNSUPPORTED`: PaddleNLP features with no implementation here; refused with one
   line on what the key does in PaddleNLP.
 
-README's "Coming from PaddleNLP" section is checked against this table.
+docs/paddlenlp.md is checked against this table.
 """
 import os
 
