@@ -62,7 +62,8 @@ def main(argv=None):
     if training_args.pipeline_parallel_degree > 1:
         check_pipeline_run(training_args, model_args.use_lora)
         model = load_pipe(
-            model_args.model_name_or_path, AnswerNLLCriterion(), CausalLMPipelineInputs(training_args.gradient_accumulation_steps),
+            model_args.model_name_or_path, AnswerNLLCriterion(),
+            CausalLMPipelineInputs(training_args.gradient_accumulation_steps, training_args.dataset_world_size),
             **overrides,
         )
     else:

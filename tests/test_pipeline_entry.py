@@ -91,10 +91,13 @@ def test_sft_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path, layou
     assert [json.loads(line)["response"] for line in open(os.path.join(out2, "eval_samples.jsonl"))] == [
         json.loads(line)["response"] for line in open(os.path.join(out1, "eval_samples.jsonl"))
     ]
-    assert_same_saved_weights(out1, out2, two_layer_model_dir)
+    # atol 1e-5: Adam divides each gradient by its own running scale, so a near-zero gradient's
+    # float rounding (a micro-batch's summed NLL x its step weight on the last stage, against the
+    # plain trainer's) moves its element by a few 1e-6 after 3 steps
+    assert_same_saved_weights(out1, out2, two_layer_model_dir, atol=1e-5)
     assert json.load(open(os.path.join(out2, "config.json")))["architectures"] == ["LlamaForCausalLM"]
     reloaded = LlamaForCausalLM.from_pretrained(out2)  # the plain class, one process
-    np.testing.assert_allclose(reloaded.lm_head.weight.numpy(), saved_weights(out1)["lm_head.weight"], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(reloaded.lm_head.weight.numpy(), saved_weights(out1)["lm_head.weight"], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("layout", ["pp2", pytest.param("tp2_pp2", marks=pytest.mark.slow)])
