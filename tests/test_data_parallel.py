@@ -12,12 +12,13 @@ from tests.test_tensor_parallel import assert_same_steps, assert_same_weights, a
 from tests.tp_launch import launch_run
 
 
-def one_and_two_process_runs(script, argv, tmp_path, batch_flag, global_batch):
-    """`script` on one process with `global_batch` rows per step and on two with half each."""
+def one_and_two_process_runs(script, argv, tmp_path, per_process_sizes):
+    """`script` on one process with the sizes `{flag: global value}` and on two with half each."""
     out1, out2 = str(tmp_path / "one"), str(tmp_path / "dp2")
-    launch_run(script, [*argv, batch_flag, str(global_batch), "--output_dir", out1, "--logging_dir", f"{out1}/vdl"], out1, nproc=1)
-    launch_run(script, [*argv, batch_flag, str(global_batch // 2), "--output_dir", out2, "--logging_dir", f"{out2}/vdl"],
-               out2, nproc=2)
+    sizes1 = [x for flag, value in per_process_sizes.items() for x in (flag, str(value))]
+    sizes2 = [x for flag, value in per_process_sizes.items() for x in (flag, str(value // 2))]
+    launch_run(script, [*argv, *sizes1, "--output_dir", out1, "--logging_dir", f"{out1}/vdl"], out1, nproc=1)
+    launch_run(script, [*argv, *sizes2, "--output_dir", out2, "--logging_dir", f"{out2}/vdl"], out2, nproc=2)
     return out1, out2
 
 
@@ -33,7 +34,7 @@ def test_sft_dp2_matches_one_process(tiny_model_dir, tiny_data_dir, tmp_path):
         "--eval_steps", "3", "--save_steps", "3", "--warmup_steps", "0", "--disable_tqdm", "true",
         "--eval_max_new_tokens", "6",
     ]
-    out1, out2 = one_and_two_process_runs("sft/run_sft.py", argv, tmp_path, "--per_device_train_batch_size", 8)
+    out1, out2 = one_and_two_process_runs("sft/run_sft.py", argv, tmp_path, {"--per_device_train_batch_size": 8})
     assert_same_steps(out1, out2, "loss/sft", 3)
     assert_same_weights(out1, out2)
     assert_weights_moved(tiny_model_dir, out2)
@@ -52,10 +53,11 @@ def test_ppo_dp2_matches_one_process(tiny_model_dir, tiny_rm_dir, tiny_data_dir,
     argv = ["config/tiny/ppo_argument.json", *ppo_argv(
         tiny_model_dir, tiny_data_dir, "--reward_model_name_or_path", tiny_rm_dir, "--top_k", "1",
         "--normalize_advantage", "false", "--normalize_reward", "false", "--overwrite_output_dir", "true",
-        "--update_iters", "2", "--gradient_accumulation_steps", "1", "--per_device_train_batch_size", "16",
+        "--update_iters", "2", "--gradient_accumulation_steps", "1",
         "--learning_rate", "1e-3", "--critic_learning_rate", "1e-3", "--kl_coeff", "0.1", "--entropy_coeff", "0.01",
     )]
-    out1, out2 = one_and_two_process_runs("ppo/run_ppo.py", argv, tmp_path, "--per_device_prompt_batch_size", 8)
+    out1, out2 = one_and_two_process_runs(  # one micro-batch per optimiser step in both layouts
+        "ppo/run_ppo.py", argv, tmp_path, {"--per_device_prompt_batch_size": 8, "--per_device_train_batch_size": 8})
     for key in ("loss/policy_avg", "loss/value_avg", "objective/scores", "objective/kl", "policy/entropy_avg",
                 "train/actor_grad_norm", "train/critic_grad_norm"):
         assert_same_steps(out1, out2, key, 2)
