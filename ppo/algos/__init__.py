@@ -32,7 +32,15 @@ from .losses import (
 )
 from .lm_head import token_logprobs_from_hidden
 from .vocab_parallel import vocab_parallel_logprobs_from_hidden, vocab_parallel_token_logprobs
-from .masked import last_nonzero_index, masked_mean, masked_sum, masked_var, masked_whiten
+from .masked import (
+    last_nonzero_index,
+    masked_centered_square_sum,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    whiten_with_statistics,
+)
 from .normalizer import (
     NORMALIZERS,
     ExponentialMovingAverage,
@@ -59,6 +67,8 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "masked_centered_square_sum",
+    "whiten_with_statistics",
     # kl
     "KL_ESTIMATORS",
     "kl_penalty",
