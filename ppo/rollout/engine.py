@@ -93,11 +93,19 @@ class RolloutEngine:
         return self.ops.name if self.use_fusemt else "paddlenlp_generate"
 
     # ------------------------------------------------------------------ public API
-    def generate(self, input_ids, attention_mask=None, params=None, seed=None):
+    def generate(self, input_ids, attention_mask=None, params=None, seed=None, row_offset=0, total_rows=None):
         """Generate responses for left-padded prompts; see RolloutOutput for what comes back.
 
         input_ids [B, Tp] int64 LEFT-padded; attention_mask [B, Tp] (1 = real token; default
-        input_ids != pad); seed makes sampling reproducible (None: fresh entropy)."""
+        input_ids != pad); seed makes sampling reproducible (None: fresh entropy).
+        `row_offset` / `total_rows`: these B rows are rows `[row_offset, row_offset + B)` of a
+        global batch of `total_rows` (default B) split over data-parallel ranks: the engine
+        draws the uniforms of the whole global batch from `seed` and keeps its rows' columns, so
+        a row samples the same tokens whichever rank generates it (PaddleNLP's `generate`,
+        `use_fusemt false`, draws from Paddle's global generator instead)."""
+        total_rows = input_ids.shape[0] if total_rows is None else total_rows
+        if not 0 <= row_offset <= total_rows - input_ids.shape[0]:
+            raise ValueError(f"rows [{row_offset}, {row_offset + input_ids.shape[0]}) do not fit a batch of {total_rows}")
         params = params or SamplingParams()
         lm = unwrap_model(self.model)
         place = _decoder(lm).embed_tokens.weight.place
@@ -127,7 +135,8 @@ class RolloutEngine:
         try:
             with paddle.no_grad():
                 if self.use_fusemt:
-                    return self._generate_engine(lm, input_ids, attention_mask, params, seed, stop_ids, stop_seqs)
+                    return self._generate_engine(lm, input_ids, attention_mask, params, (seed, row_offset, total_rows),
+                                                 stop_ids, stop_seqs)
                 return self._generate_paddlenlp(lm, input_ids, attention_mask, params, seed, stop_ids, stop_seqs)
         finally:
             if was_training:
@@ -243,7 +252,8 @@ class RolloutEngine:
         """Drop the KV-cache and packed-weight buffers kept between calls (keep_buffers)."""
         self._buffers.clear()
 
-    def _generate_engine(self, lm, input_ids, attention_mask, p, seed, stop_ids, stop_seqs):
+    def _generate_engine(self, lm, input_ids, attention_mask, p, draw, stop_ids, stop_seqs):
+        """`draw`: `(seed, row_offset, total_rows)` of the uniforms (see `generate`)."""
         t_start = time.perf_counter()
         ops = self.ops
         layout = self._layout(lm, input_ids.place)
@@ -285,8 +295,9 @@ class RolloutEngine:
         else:
             presence = paddle.zeros([1, 1], dtype="uint8")
         if p.do_sample:
-            rng = np.random.default_rng(seed)
-            u = np.minimum(rng.random((N, B), dtype=np.float32), np.float32(_U_MAX))
+            seed, offset, total = draw
+            u = np.random.default_rng(seed).random((N, total), dtype=np.float32)[:, offset : offset + B]
+            u = np.minimum(np.ascontiguousarray(u), np.float32(_U_MAX))
             uniforms = paddle.to_tensor(u, place=place)
         else:
             uniforms = paddle.zeros([N, B], dtype="float32")
