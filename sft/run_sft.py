@@ -40,6 +40,12 @@ class DataArgument(DatasetArguments):
     max_prompt_len: Optional[int] = field(
         default=None, metadata={"help": "Prompts longer than this many tokens keep their last ones (PaddleNLP src_length); none: whole."}
     )
+    zero_padding: bool = field(
+        default=False,
+        metadata={"help": "Pack each batch's samples into rows of at most max_length tokens (per-sample position ids, "
+                  "block-diagonal causal mask): the same loss and gradients as padding, without the pad tokens' work "
+                  "(PaddleNLP's name; not with pipeline parallel)."},
+    )
 
 
 @dataclass
@@ -61,6 +67,9 @@ def main(argv=None):
     overrides = load_overrides(model_args, training_args, pipeline_entry="sft")
     if training_args.pipeline_parallel_degree > 1:
         check_pipeline_run(training_args, model_args.use_lora)
+        if data_args.zero_padding:
+            raise ValueError("zero_padding packs rows with a 4-D attention mask, which the pipeline stages do not take: "
+                             "set zero_padding false or pipeline_parallel_degree 1")
         model = load_pipe(
             model_args.model_name_or_path, AnswerNLLCriterion(),
             CausalLMPipelineInputs(training_args.gradient_accumulation_steps, training_args.dataset_world_size),
@@ -89,7 +98,7 @@ def main(argv=None):
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
-        data_collator=train_dataset.get_collator(),
+        data_collator=train_dataset.get_collator(packed_length=data_args.max_length if data_args.zero_padding else None),
         tokenizer=tokenizer,
         callbacks=[TrackerCallback(training_args.output_dir, loss_name="loss/sft")],
         eval_prompt_dataset=eval_prompts,

@@ -34,7 +34,8 @@ class SFTTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
         whole optimiser step on every data rank (`step_token_scale`), so that data parallelism
         and gradient accumulation change nothing; elsewhere the batch's own token mean."""
         labels = inputs["labels"]
-        loss, logprobs = answer_nll(model, inputs["input_ids"], inputs["attention_mask"], labels, self.args.logprob_chunk_size)
+        loss, logprobs = answer_nll(model, inputs["input_ids"], inputs["attention_mask"], labels, self.args.logprob_chunk_size,
+                                    position_ids=inputs.get("position_ids"))  # packed rows (zero_padding) carry their own
         scale = step_token_scale(inputs, self.args.gradient_accumulation_steps, self.args.dataset_world_size)
         if scale is not None:  # the summed NLL x scale (the pipeline's last stage computes the same)
             loss = -paddle.sum(logprobs * (labels[:, 1:] >= 0).astype(logprobs.dtype)) * scale

@@ -42,7 +42,13 @@ class SupervisedDataset(PromptTruncationMixin, TokenizedDataset):
             "labels": np.asarray([IGNORE_INDEX] * len(prompt_ids) + fitted, dtype="int64"),  # [L]
         }
 
-    def get_collator(self, return_tensors: str = "pd") -> "SupervisedCollator":
+    def get_collator(self, return_tensors: str = "pd", packed_length: Optional[int] = None):
+        """`SupervisedCollator`, or with `packed_length` a `PackedSupervisedCollator` packing each
+        batch into rows of at most that many tokens (`zero_padding`)."""
+        if packed_length:
+            from .packing import PackedSupervisedCollator
+
+            return PackedSupervisedCollator(self._pad_token_id(), packed_length, return_tensors)
         return SupervisedCollator(self._pad_token_id(), return_tensors)
 
 

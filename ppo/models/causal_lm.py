@@ -214,9 +214,12 @@ def _vocab_parallel_logprobs(model, split_head, input_ids, attention_mask, label
     return packed[:, :-1, 0], (packed[:, :-1, 1] if with_entropy else None)
 
 
-def answer_nll(model, input_ids, attention_mask, labels, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE):
+def answer_nll(model, input_ids, attention_mask, labels, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE, position_ids=None):
     """Token-mean negative log-likelihood of the answer tokens (`labels [N, T]`, -100 off the
     answer; position t predicts token t + 1) and the token log-probs `[N, T-1]`: the SFT loss
-    and PPO's ptx loss."""
-    logprobs, _ = causal_lm_token_logprobs(model, input_ids, attention_mask, labels, chunk_size=chunk_size)
+    and PPO's ptx loss. `position_ids` (default: from a `[N, T]` mask) must be given with a
+    4-D mask (packed rows, `ppo.data.packing`)."""
+    logprobs, _ = causal_lm_token_logprobs(
+        model, input_ids, attention_mask, labels, position_ids=position_ids, chunk_size=chunk_size
+    )
     return -masked_mean(logprobs, labels[:, 1:] >= 0), logprobs
