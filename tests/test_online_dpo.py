@@ -104,6 +104,51 @@ def test_reward_model_scores_and_all_pairs(tiny_model_dir, tiny_rm_dir, tiny_dat
     assert 4 <= row["online_dpo/num_pairs"] <= 24 and row["online_dpo/tied_groups_frac"] == 0.0
 
 
+def test_reward_server_scores(tiny_model_dir, tiny_data_dir, tmp_path):
+    from tests.test_reward_server import ServerProcess
+
+    server = ServerProcess("--scorer", "tests.rule_reward_helpers:_len_scorer")
+    try:
+        out = str(tmp_path / "server")
+        trainer = build_trainer(online_argv(tiny_model_dir, tiny_data_dir, out, "--use_rule_reward", "false",
+                                            "--rule_reward_scorers=", "--use_rm_server", "true", "--reward_server", server.url,
+                                            "--max_steps", "1", "--evaluation_strategy", "no"))
+        assert trainer.scorer.reward_client is not None
+        trainer.train()
+    finally:
+        server.stop()
+    (row,) = [r for r in read_jsonl(f"{out}/metrics.jsonl") if "objective/scores" in r]
+    assert row["online_dpo/num_pairs"] >= 1 and row["online_dpo/score_gap"] > 0
+    assert all(len(s["chosen"]) > len(s["rejected"]) for s in read_jsonl(f"{out}/samples.jsonl"))
+
+
+def test_a_round_whose_groups_all_tie_takes_no_step(tiny_model_dir, tiny_data_dir, tmp_path):
+    out = str(tmp_path / "tied")
+    # the untrained model never reverses a string exactly: every answer scores 0 under the exact-match rule
+    trainer = build_trainer(online_argv(tiny_model_dir, tiny_data_dir, out, "--rule_reward_scorers", "reverse",
+                                        "--max_steps", "1", "--evaluation_strategy", "no"))
+    before = weights(trainer.policy)
+    trainer.train()
+    (row,) = [r for r in read_jsonl(f"{out}/metrics.jsonl") if "objective/scores" in r]
+    assert row["online_dpo/num_pairs"] == 0 and row["online_dpo/tied_groups_frac"] == 1.0
+    assert row["objective/scores"] == 0.0 and "loss/dpo" not in row
+    after = weights(trainer.policy)
+    for name in before:
+        np.testing.assert_array_equal(before[name], after[name], err_msg=name)
+
+
+def test_lora_policy_uses_its_adapter_off_as_the_reference(tiny_model_dir, tiny_data_dir, tmp_path):
+    out = str(tmp_path / "lora")
+    trainer = build_trainer(online_argv(tiny_model_dir, tiny_data_dir, out, "--use_lora", "true", "--max_steps", "2",
+                                        "--evaluation_strategy", "no"))
+    assert trainer.models.reference is None
+    trainer.train()
+    rows = [r for r in read_jsonl(f"{out}/metrics.jsonl") if "objective/scores" in r]
+    assert rows[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-7)  # a fresh adapter (B = 0) is the base model
+    assert abs(rows[1]["rewards/margins"]) > 1e-7  # after one step the adapter moved the policy off the reference
+    assert os.path.isfile(f"{out}/policy/lora_model_state.pdparams")
+
+
 def test_reference_is_refreshed_every_ref_update_rounds(tiny_model_dir, tiny_data_dir, tmp_path):
     out = str(tmp_path / "refresh")
     trainer = build_trainer(online_argv(tiny_model_dir, tiny_data_dir, out, "--ref_update_rounds", "2",
