@@ -17,6 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.join(ROOT, "dpo")]
 sys.path.insert(0, ROOT)
 
+import dataclasses  # noqa: E402
 import logging  # noqa: E402
 
 import paddle  # noqa: E402
@@ -93,6 +94,8 @@ def build_trainer(argv=None):
     train, evaluation = build_datasets(data_args, training_args, tokenizer, require_label=external)  # data before models
     models = build_ppo_models(model_args, use_critic=False, dtype=training_dtype(training_args),
                               **load_overrides(model_args, training_args))
+    if not training_args.uses_reference and models.reference is not None:
+        models = dataclasses.replace(models, reference=None)  # SimPO / ORPO: the copy is not needed
     if training_args.recompute:
         enable_recompute(models.actor, model_args.recompute_granularity, model_args.recompute_use_reentrant)
     scorer = build_scorer(model_args, training_args, tokenizer, models.reward)

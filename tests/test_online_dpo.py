@@ -149,6 +149,18 @@ def test_lora_policy_uses_its_adapter_off_as_the_reference(tiny_model_dir, tiny_
     assert os.path.isfile(f"{out}/policy/lora_model_state.pdparams")
 
 
+@pytest.mark.parametrize("loss_type", ["simpo", "orpo"])
+def test_reference_free_losses_load_no_reference(loss_type, tiny_model_dir, tiny_data_dir, tmp_path):
+    out = str(tmp_path / loss_type)
+    trainer = build_trainer(online_argv(tiny_model_dir, tiny_data_dir, out, "--loss_type", loss_type, "--sft_loss_ratio", "0",
+                                        "--max_steps", "1", "--evaluation_strategy", "no"))
+    assert trainer.models.reference is None and trainer.reference_logps(None) is None
+    trainer.train()
+    (row,) = [r for r in read_jsonl(f"{out}/metrics.jsonl") if "objective/scores" in r]
+    assert np.isfinite(row["loss/dpo"]) and row["rewards/chosen"] < 0  # beta x mean log-prob per token
+    assert "loss/sft" not in row
+
+
 def test_reference_is_refreshed_every_ref_update_rounds(tiny_model_dir, tiny_data_dir, tmp_path):
     out = str(tmp_path / "refresh")
     trainer = build_trainer(online_argv(tiny_model_dir, tiny_data_dir, out, "--ref_update_rounds", "2",
