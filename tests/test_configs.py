@@ -19,6 +19,8 @@ def entry_dataclasses(name):
         from sft.run_sft import DataArgument, ModelArgument, SFTTrainingArguments as T
     elif name.startswith("rm"):
         from rm.run_reward import DataArgument, ModelArgument, RewardTrainingArguments as T
+    elif name.startswith("online_dpo"):
+        from dpo.online_dpo_arguments import DataArgument, ModelArgument, OnlineDPOTrainingArguments as T
     elif name.startswith(("ppo", "grpo", "rloo", "reinforce")):
         from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments as T
     elif name.startswith(("dpo", "simpo", "orpo", "kto", "ipo", "hinge")):
