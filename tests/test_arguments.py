@@ -5,7 +5,7 @@ from typing import List, Optional
 
 import pytest
 
-from ppo.common.arguments import ArgumentError, parse_arguments, save_resolved_arguments
+from ppo.common.argument_parsing import ArgumentError, parse_arguments, save_resolved_arguments
 
 
 @dataclass
