@@ -4,6 +4,7 @@ The toolkit's own arguments come first, one section per dataclass; the fields in
 from PaddleNLP's `TrainingArguments` follow in a section of their own (they keep
 PaddleNLP's meaning and defaults).
 """
+import argparse
 import dataclasses
 import os
 import sys
@@ -79,3 +80,12 @@ def print_help_and_exit(dataclass_types):
     sys.stdout.write(help_text(dataclass_types))
     sys.stdout.flush()
     raise SystemExit(0)
+
+
+class OneMessageArgumentParser(argparse.ArgumentParser):
+    """`argparse` for the small command lines (reward server, LoRA merge): `--help` as usual;
+    an error is one `prog: error: message` line on stderr and exit status 2, without the
+    usage dump."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
