@@ -30,8 +30,10 @@ def default_text(f):
 
 
 def type_text(f):
-    name = getattr(f.type, "__name__", None) or str(f.type).replace("typing.", "")
-    return name
+    """`int`, `Optional[int]`, `List[str]`, ... as the field declares it."""
+    if getattr(f.type, "__origin__", None) is not None:
+        return str(f.type).replace("typing.", "")
+    return getattr(f.type, "__name__", None) or str(f.type)
 
 
 def field_lines(f, width=100):
