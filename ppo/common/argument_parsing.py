@@ -148,16 +148,20 @@ def expand_user_paths(data):
     return out
 
 
-TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", json.loads: "a JSON object"}
+TYPE_NAMES = {int: ("an integer", "integers"), float: ("a number", "numbers"), str: ("a string", "strings"),
+              json.loads: ("a JSON object", "JSON objects")}
+"""How a message names the values of a parser option's `type`: (one, a list)."""
 
 
 def expected_type(action):
-    """How the help names what `action` (a parser option) takes."""
+    """What the option `action` takes, as a message says it: "an integer", "a list of strings", "one of ..."."""
     if action.choices:
         return "one of " + ", ".join(repr(c) for c in action.choices)
-    name = TYPE_NAMES.get(action.type) or ("true or false" if getattr(action.type, "__name__", "") == "strtobool" else
-                                           getattr(action.type, "__name__", "a value"))
-    return f"a list of {name.replace('an ', '').replace('a ', '')} values" if action.nargs == "+" else name
+    if getattr(action.type, "__name__", "") == "strtobool":
+        one, many = "true or false", "true/false values"
+    else:
+        one, many = TYPE_NAMES.get(action.type, (f"a {getattr(action.type, '__name__', 'value')}", "values"))
+    return f"a list of {many}" if action.nargs in ("+", "*") else one
 
 
 def value_problem(action, value, key, where):
