@@ -123,3 +123,26 @@ def test_run_and_exit_maps_usage_errors_to_exit_2_and_keeps_other_tracebacks(cap
         assert err.endswith(f"error: {error}\n") and "Traceback" not in err
     with pytest.raises(ZeroDivisionError):
         run_and_exit(lambda: 1 / 0)
+
+
+def test_import_warnings_are_held_back_and_logged_once_at_debug(caplog):
+    import logging
+    import warnings
+
+    from paddlenlp.utils.log import logger as paddlenlp_logger
+
+    from ppo.common.quiet_start import quiet_third_party_warnings
+
+    with caplog.at_level(logging.DEBUG, logger="ppo"):
+        with warnings.catch_warnings(record=True) as shown:
+            warnings.simplefilter("always")
+            with quiet_third_party_warnings():
+                for _ in range(3):
+                    warnings.warn("No ccache found.", UserWarning)
+                warnings.warn("old API", DeprecationWarning)
+        paddlenlp_logger.info("The default value for the training argument `--report_to` will change in v5 (...)")
+    assert shown == []  # nothing reached the console
+    debug = [r.getMessage() for r in caplog.records if r.name == "ppo" and r.levelno == logging.DEBUG]
+    assert len([m for m in debug if "UserWarning" in m and "No ccache found." in m]) == 1
+    assert len([m for m in debug if "DeprecationWarning" in m and "old API" in m]) == 1
+    assert any(m.startswith("PaddleNLP: The default value for the training argument `--report_to`") for m in debug)
