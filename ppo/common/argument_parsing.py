@@ -213,18 +213,16 @@ def split_argument_file(argv, valid, fixed_fields, problems):
         return {}, argv[0], argv[1:]
 
 
-class CollectingParser:
-    """PaddleNLP's `PdArgumentParser` whose argparse errors raise ArgumentError instead of
-    printing the usage and exiting."""
+def collecting_parser(dataclass_types):
+    """PaddleNLP's `PdArgumentParser` for `dataclass_types` whose argparse errors raise
+    ArgumentError (collected with the other problems) instead of printing the usage and exiting."""
+    from paddlenlp.trainer import PdArgumentParser
 
-    def __new__(cls, dataclass_types):
-        from paddlenlp.trainer import PdArgumentParser
+    class Parser(PdArgumentParser):
+        def error(self, message):
+            raise ArgumentError(f"command line: {message}")
 
-        class Parser(PdArgumentParser):
-            def error(self, message):
-                raise ArgumentError(f"command line: {message}")
-
-        return Parser(dataclass_types)
+    return Parser(dataclass_types)
 
 
 def run_validation(validate, parsed, problems):
@@ -254,7 +252,7 @@ def parse_arguments(dataclass_types, argv=None, validate=None):
     except ArgumentError as err:
         problems.append(str(err))
         cli_data = {}
-    parser = CollectingParser(dataclass_types)
+    parser = collecting_parser(dataclass_types)
     file_argv = usable_arguments(parser, file_data, path, problems)
     tokens = file_argv + usable_arguments(parser, cli_data, "command line", problems)
     parsed = None
