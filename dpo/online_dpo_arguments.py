@@ -11,13 +11,12 @@ One training step is one round. Defaults live here only.
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from paddlenlp.trainer import TrainingArguments
-
 from ppo.algos import DPO_LOSS_TYPES
 from ppo.algos.preference import PAIR_LOSS_TYPES
 from ppo.common import paddlenlp_keys as pk
-from ppo.common.args_common import LogprobArguments
-from ppo.common.validation import check_sizes
+from ppo.common import validation
+from ppo.common.argument_groups import GenerationArguments, LogprobArguments, PaddleNLPTrainingArguments
+from ppo.common.argument_problems import problem_scope
 from ppo.ppo_arguments import DataArgument as PPODataArgument
 from ppo.ppo_arguments import ModelArgument as PPOModelArgument
 
@@ -32,9 +31,10 @@ class ModelArgument(PPOModelArgument):
     """`run_ppo.py`'s model arguments; online DPO has no critic."""
 
     def __post_init__(self):
-        super().__post_init__()
-        if self.reward_critic_model_name_or_path:
-            raise ValueError("reward_critic_model_name_or_path: online DPO trains no critic; remove it")
+        with problem_scope() as problems:
+            super().__post_init__()
+            if self.reward_critic_model_name_or_path:
+                problems.append("reward_critic_model_name_or_path: online DPO trains no critic; remove it")
 
 
 @dataclass
@@ -42,13 +42,14 @@ class DataArgument(PPODataArgument):
     """`run_ppo.py`'s data arguments; the supervised term is `sft_loss_ratio` on the chosen answers."""
 
     def __post_init__(self):
-        if self.ptx_datasets:
-            raise ValueError("ptx_datasets: online DPO has no ptx loss; sft_loss_ratio adds the NLL of the chosen answers")
+        with problem_scope() as problems:
+            if self.ptx_datasets:
+                problems.append("ptx_datasets: online DPO has no ptx loss; sft_loss_ratio adds the NLL of the chosen answers")
 
 
 @dataclass
-class OnlineDPOTrainingArguments(LogprobArguments, TrainingArguments):
-    paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.arguments
+class OnlineDPOTrainingArguments(LogprobArguments, GenerationArguments, PaddleNLPTrainingArguments):
+    paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.argument_parsing
     # rollout (PaddleNLP PPO names)
     per_device_prompt_batch_size: int = field(default=16, metadata={"help": "Prompts per round."})
     rollout_n: int = field(default=4, metadata={"help": "Answers sampled per prompt each round (k >= 2)."})
@@ -58,7 +59,6 @@ class OnlineDPOTrainingArguments(LogprobArguments, TrainingArguments):
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling threshold."})
     top_k: int = field(default=0, metadata={"help": "Top-k sampling; 0 disables it."})
     repetition_penalty: float = field(default=1.0, metadata={"help": "Repetition penalty (1.0 = none)."})
-    use_fusemt: bool = field(default=True, metadata={"help": "Use the fast rollout engine (False: PaddleNLP generate)."})
     missing_eos_penalty: float = field(
         default=0.0, metadata={"help": "Subtracted from the score of answers that end without EOS (TRL's OnlineDPOConfig)."}
     )
@@ -88,19 +88,35 @@ class OnlineDPOTrainingArguments(LogprobArguments, TrainingArguments):
         default=True, metadata={"help": "AdamW as one C++ op over all parameters on float32 CPU parameters (as run_ppo.py)."}
     )
     num_sample_generations: int = field(default=10, metadata={"help": "Every this many rounds, log sampled pairs (0: never)."})
-    eval_max_new_tokens: int = field(default=0, metadata={"help": "Generation length in evaluation (0: max_dec_len)."})
     dataloader_shuffle: bool = field(default=True, metadata={"help": "Draw the prompts of each epoch in a seeded random order."})
 
     def __post_init__(self):
-        super().__post_init__()
-        check_sizes(self)
-        problems = pk.ppo_value_problems(self)
+        with problem_scope() as problems:
+            super().__post_init__()
+            problems += self.round_problems() + self.loss_problems()
+            if not self.paddlenlp_refused:
+                problems += pk.ppo_value_problems(self) + self.parallel_problems()
+
+    def round_problems(self):
+        """Pairs need two answers per prompt; margins, refresh period and round count in range."""
+        problems = []
         if self.rollout_n < 2:
             problems.append(f"rollout_n must be >= 2 (a pair needs two answers per prompt), got {self.rollout_n}")
         if self.pair_selection not in PAIR_SELECTIONS:
             problems.append(f"pair_selection must be one of {PAIR_SELECTIONS}, got {self.pair_selection!r}")
         if self.pair_margin < 0:
             problems.append(f"pair_margin must be >= 0, got {self.pair_margin}")
+        if self.ref_update_rounds < 0:
+            problems.append(f"ref_update_rounds must be >= 0 (0: fixed reference), got {self.ref_update_rounds}")
+        if self.ref_update_rounds and self.loss_type in NO_REFERENCE_LOSSES:
+            problems.append(f"ref_update_rounds refreshes the reference; loss_type {self.loss_type} uses none")
+        if self.max_steps <= 0:
+            problems.append(f"max_steps is the number of rounds and must be positive, got {self.max_steps}")
+        return problems
+
+    def loss_problems(self):
+        """The loss type and its coefficients."""
+        problems = []
         if self.loss_type not in ONLINE_LOSS_TYPES:
             problems.append(f"loss_type must be one of {ONLINE_LOSS_TYPES}, got {self.loss_type!r}")
         if self.beta <= 0:
@@ -113,15 +129,7 @@ class OnlineDPOTrainingArguments(LogprobArguments, TrainingArguments):
             problems.append(f"sft_loss_ratio {self.sft_loss_ratio} and pref_loss_ratio {self.pref_loss_ratio} must be >= 0, not both 0")
         if self.loss_type == "orpo" and self.sft_loss_ratio:
             problems.append("orpo already includes the NLL of the chosen answers; leave sft_loss_ratio at 0")
-        if self.ref_update_rounds < 0:
-            problems.append(f"ref_update_rounds must be >= 0 (0: fixed reference), got {self.ref_update_rounds}")
-        if self.ref_update_rounds and self.loss_type in NO_REFERENCE_LOSSES:
-            problems.append(f"ref_update_rounds refreshes the reference; loss_type {self.loss_type} uses none")
-        if self.max_steps <= 0:
-            problems.append(f"max_steps is the number of rounds and must be positive, got {self.max_steps}")
-        problems += self.parallel_problems()
-        if problems:
-            raise ValueError("; ".join(problems))
+        return problems
 
     def parallel_problems(self):
         """Settings this loop does not run: it trains on one process (no tensor, pipeline or sharding
@@ -148,3 +156,22 @@ class OnlineDPOTrainingArguments(LogprobArguments, TrainingArguments):
     @property
     def saves_checkpoints(self):
         return str(getattr(self.save_strategy, "value", self.save_strategy)) == "steps"
+
+
+def validate_arguments(model_args, data_args, training_args):
+    """Every cross-group and file-system problem of an online DPO run, before any model loads."""
+    model_dirs = [(f"{n}_model_name_or_path", getattr(model_args, f"{n}_model_name_or_path")) for n in ("actor", "reference")]
+    score_dirs = [] if model_args.external_scores else [("reward_model_name_or_path", model_args.reward_model_name_or_path)]
+    problems = validation.size_problems(model_args, data_args, training_args)
+    problems += validation.required_problems(model_args, ["actor_model_name_or_path"])
+    if not model_args.external_scores:
+        problems += validation.required_problems(
+            model_args, ["reward_model_name_or_path"], " unless use_rm_server or use_rule_reward is set")
+    shared_reference = model_args.use_lora and model_args.reference_model_name_or_path in (None, "", model_args.actor_model_name_or_path)
+    if training_args.ref_update_rounds and shared_reference:
+        problems.append("ref_update_rounds with use_lora: the reference is the policy with its adapter off and cannot be "
+                        "refreshed; set ref_update_rounds 0 or give a reference_model_name_or_path")
+    problems += validation.model_dir_problems(model_dirs, score_dirs)
+    problems += validation.output_dir_problems(training_args.output_dir, model_dirs + score_dirs)
+    problems += validation.dtype_device_problems(training_args)
+    return problems

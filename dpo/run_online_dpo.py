@@ -20,40 +20,23 @@ sys.path.insert(0, ROOT)
 import dataclasses  # noqa: E402
 import logging  # noqa: E402
 
-import paddle  # noqa: E402
+from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 
-from dpo.online_dpo_arguments import DataArgument, ModelArgument, OnlineDPOTrainingArguments  # noqa: E402
-from dpo.online_dpo_trainer import OnlineDPOTrainer  # noqa: E402
-from dpo.online_scoring import AnswerScorer  # noqa: E402
-from ppo.common.args_common import split_specs  # noqa: E402
-from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
-from ppo.common.process_exit import run_and_exit  # noqa: E402
-from ppo.common.validation import validate_run  # noqa: E402
-from ppo.data import PromptOnlyDataset  # noqa: E402
-from ppo.models.loading import enable_recompute, load_overrides, load_tokenizer, training_dtype  # noqa: E402
-from ppo.models.ppo_models import build_ppo_models  # noqa: E402
-from ppo.reward_client import RewardServerClient  # noqa: E402
-from ppo.scorers import WeightedScorer  # noqa: E402
+with quiet_third_party_warnings():
+    import paddle  # noqa: E402
+    from dpo.online_dpo_arguments import DataArgument, ModelArgument, OnlineDPOTrainingArguments, validate_arguments  # noqa: E402
+    from dpo.online_dpo_trainer import OnlineDPOTrainer  # noqa: E402
+    from dpo.online_scoring import AnswerScorer  # noqa: E402
+    from ppo.common.argument_groups import split_specs  # noqa: E402
+    from ppo.common.argument_parsing import parse_arguments, save_resolved_arguments  # noqa: E402
+    from ppo.common.process_exit import run_and_exit  # noqa: E402
+    from ppo.data import PromptOnlyDataset  # noqa: E402
+    from ppo.models.loading import enable_recompute, load_overrides, load_tokenizer, training_dtype  # noqa: E402
+    from ppo.models.ppo_models import build_ppo_models  # noqa: E402
+    from ppo.reward_client import RewardServerClient  # noqa: E402
+    from ppo.scorers import WeightedScorer  # noqa: E402
 
 logger = logging.getLogger("dpo.online")
-
-
-def check_run(model_args, data_args, training_args):
-    """Problems that need more than one argument group, then the model directories: before any model loads."""
-    if not model_args.actor_model_name_or_path:
-        raise ValueError("actor_model_name_or_path (the policy to train) is required")
-    external = model_args.use_rm_server or model_args.use_rule_reward
-    if not external and not model_args.reward_model_name_or_path:
-        raise ValueError("reward_model_name_or_path is required unless use_rm_server or use_rule_reward is set")
-    shared_reference = model_args.use_lora and model_args.reference_model_name_or_path in (None, "", model_args.actor_model_name_or_path)
-    if training_args.ref_update_rounds and shared_reference:
-        raise ValueError("ref_update_rounds with use_lora: the reference is the policy with its adapter off and cannot be "
-                         "refreshed; set ref_update_rounds 0 or give a reference_model_name_or_path")
-    validate_run(
-        (model_args, data_args, training_args),
-        model_dirs=[(f"{n}_model_name_or_path", getattr(model_args, f"{n}_model_name_or_path")) for n in ("actor", "reference")],
-        score_model_dirs=[] if external else [("reward_model_name_or_path", model_args.reward_model_name_or_path)],
-    )
 
 
 def build_datasets(data_args, training_args, tokenizer, require_label):
@@ -85,8 +68,8 @@ def build_scorer(model_args, training_args, tokenizer, reward_model):
 
 def build_trainer(argv=None):
     """Parse arguments, check them, load data and models; returns a ready `OnlineDPOTrainer`."""
-    model_args, data_args, training_args = parse_arguments((ModelArgument, DataArgument, OnlineDPOTrainingArguments), argv)
-    check_run(model_args, data_args, training_args)
+    classes = (ModelArgument, DataArgument, OnlineDPOTrainingArguments)
+    model_args, data_args, training_args = parse_arguments(classes, argv, validate=validate_arguments)
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
     paddle.seed(training_args.seed)
     tokenizer = load_tokenizer(model_args.actor_model_name_or_path)

@@ -59,7 +59,7 @@ from .prompt_sampler import PromptSampler
 from .rollout import RolloutEngine, SamplingParams
 
 logger = logging.getLogger("ppo")
-K3_NAMES = ("k3", "low_var_kl")
+from .algos.kl import K3_NAMES  # noqa: E402
 
 
 class NonFiniteError(RuntimeError):

@@ -63,6 +63,7 @@ import time  # noqa: E402
 from flask import Flask, Response, request  # noqa: E402
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge  # noqa: E402
 
+from ppo.common.argument_help import OneMessageArgumentParser  # noqa: E402
 from ppo.scorers import ScorerError, WeightedScorer  # noqa: E402
 
 logger = logging.getLogger("ppo.reward_server")
@@ -279,7 +280,7 @@ def create_app(
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = OneMessageArgumentParser(
         description="Rule-based HTTP reward server (PaddleNLP contract).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

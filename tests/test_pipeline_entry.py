@@ -16,7 +16,8 @@ import numpy as np
 import paddle
 import pytest
 
-from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, check_pipeline_run, pipe_classes
+from ppo.common.validation import pipeline_problems
+from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, pipe_classes
 from tests.tp_launch import launch_run, step_values
 
 MICRO, ACCUMULATE, STEPS = 4, 2, 3
@@ -219,11 +220,10 @@ def test_pipeline_refusals(tmp_path):
     from paddlenlp.transformers import LlamaConfig, Qwen2Config
 
     args = SimpleNamespace(pipeline_parallel_degree=2, pipeline_parallel_config="", tensor_parallel_degree=1)
-    with pytest.raises(ValueError, match="use_lora with pipeline_parallel_degree 2"):
-        check_pipeline_run(args, use_lora=True)
-    with pytest.raises(ValueError, match="add disable_p2p_cache_shape to pipeline_parallel_config"):
-        check_pipeline_run(args)
-    check_pipeline_run(SimpleNamespace(pipeline_parallel_degree=2, pipeline_parallel_config="disable_p2p_cache_shape", tensor_parallel_degree=1))
+    lora, cache = pipeline_problems(args, use_lora=True)
+    assert lora.startswith("use_lora with pipeline_parallel_degree 2") and "add disable_p2p_cache_shape to pipeline_parallel_config" in cache
+    assert pipeline_problems(SimpleNamespace(pipeline_parallel_degree=2, pipeline_parallel_config="disable_p2p_cache_shape")) == []
+    assert pipeline_problems(SimpleNamespace(pipeline_parallel_degree=1, pipeline_parallel_config=""), use_lora=True) == []
     with pytest.raises(ValueError, match="tie_word_embeddings=true"):
         pipe_classes(Qwen2Config(tie_word_embeddings=True))
     assert pipe_classes(Qwen2Config(tie_word_embeddings=False))[1] == "Qwen2ForCausalLM"

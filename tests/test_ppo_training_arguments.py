@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from ppo.common import paddlenlp_keys as pk
-from ppo.common.arguments import ArgumentError, parse_arguments
+from ppo.common.argument_parsing import ArgumentError, parse_arguments
 from tests.test_paddlenlp_dropin import CPU_OVERRIDES, YAML_UNSUPPORTED, entry_classes, fixture, metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

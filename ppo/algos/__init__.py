@@ -15,7 +15,7 @@ from .advantage import (
     reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
-from .kl import KL_ESTIMATORS, AdaptiveKLController, kl_penalty, kl_shaped_rewards, last_token_mask
+from .kl import K3_NAMES, KL_ESTIMATOR_NAMES, KL_ESTIMATORS, AdaptiveKLController, kl_penalty, kl_shaped_rewards, last_token_mask
 from .losses import (
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_AGG_MODES,
@@ -71,6 +71,8 @@ __all__ = [
     "whiten_with_statistics",
     # kl
     "KL_ESTIMATORS",
+    "KL_ESTIMATOR_NAMES",
+    "K3_NAMES",
     "kl_penalty",
     "kl_shaped_rewards",
     "last_token_mask",

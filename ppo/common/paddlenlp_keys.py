@@ -53,7 +53,11 @@ RENAMED = {
     "dataset_name_or_path": (
         "train_datasets", _sft_train, "a directory with train.json (and dev.json) of src/tgt lines, read as Jsonfile"
     ),
-    "src_length": ("max_prompt_len", _same, "longest prompt in tokens; longer prompts keep their last tokens"),
+    "src_length": ("truncate_prompt_len", _same, "longest prompt in tokens; longer prompts keep their last tokens"),
+    "max_prompt_len": (
+        "truncate_prompt_len", _same, "DPO: longest prompt in tokens; longer prompts keep their last tokens (PPO/GRPO's "
+        "own max_prompt_len drops them)",
+    ),
     "lora": ("use_lora", _same, "train a LoRA adapter"),
 }
 

@@ -45,6 +45,8 @@ def finish_trainer_run(trainer, args, tokenizer):
     trainer.add_callback(guard)
     trainer.add_callback(CheckpointRotationCallback())
     train_metrics = {}
+    if not args.do_train:
+        logger.warning("do_train is false: this run only evaluates (do_eval); nothing is trained or saved")
     if args.do_train:
         checkpoint = last_checkpoint(args)
         if args.overwrite_output_dir and not args.resume_from_checkpoint and trainer.is_world_process_zero():

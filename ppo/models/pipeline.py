@@ -307,25 +307,13 @@ def save_pipeline_merged(model, path):
     logger.info(f"pipeline stages merged into {path} ({len(state)} tensors, {plain_class_name})")
 
 
-def check_pipeline_run(training_args, use_lora=False):
-    """Start-up refusals of a `pipeline_parallel_degree > 1` run of the `Trainer` entry points,
-    each naming the argument to change; a `logprob_chunk_size` (SFT) is logged as unused."""
-    from paddlenlp.trainer.trainer_utils import split_parallel_config
-
+def log_pipeline_settings(training_args):
+    """Log once at start what a `pipeline_parallel_degree > 1` run of the `Trainer` entry points
+    does not use (`logprob_chunk_size`). Its refusals are checked with the other arguments
+    (`ppo.common.validation.pipeline_problems`)."""
     degree = training_args.pipeline_parallel_degree
     if getattr(training_args, "logprob_chunk_size", 0):
         logger.warning(
             f"logprob_chunk_size={training_args.logprob_chunk_size} is not used with pipeline_parallel_degree {degree}: "
             "the last stage's LM head computes full [micro-batch, seq, vocab] logits for the loss"
-        )
-    if use_lora:
-        raise ValueError(
-            f"use_lora with pipeline_parallel_degree {degree}: LoRA layers on pipeline stages are not implemented here; "
-            "set use_lora false or use tensor_parallel_degree"
-        )
-    if "disable_p2p_cache_shape" not in split_parallel_config(training_args.pipeline_parallel_config):
-        raise ValueError(
-            f"pipeline_parallel_degree {degree}: batches here are padded to their longest row, so the activations sent "
-            "between stages change shape from one micro-batch to the next; add disable_p2p_cache_shape to "
-            f"pipeline_parallel_config (now {training_args.pipeline_parallel_config!r})"
         )

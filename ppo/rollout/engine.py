@@ -41,6 +41,10 @@ logger = logging.getLogger("ppo.rollout")
 _U_MAX = 1.0 - 2.0 ** -20  # uniforms are drawn in [0, _U_MAX] so u * total < total in float32
 
 
+EVAL_MODES = ("", "single", "tensor_parallel")
+"""Generation layouts of a tensor-parallel model (PaddleNLP's `eval_mode`); see `RolloutEngine`."""
+
+
 class RolloutEngine:
     """Fast generation for PPO / GRPO / evaluation.
 
@@ -71,8 +75,8 @@ class RolloutEngine:
 
     def __init__(self, model, eos_token_id, pad_token_id, use_fusemt=True, use_custom_ops=True, fuse_gate_up=None,
                  tokenizer=None, compact_ratio=0.5, decode_layout="auto", keep_buffers=True, eval_mode=""):
-        if eval_mode not in ("", "single", "tensor_parallel"):
-            raise ValueError(f"eval_mode must be '', 'single' or 'tensor_parallel', got {eval_mode!r}")
+        if eval_mode not in EVAL_MODES:  # the run's arguments are checked at start (ppo/ppo_arguments.py); a guard for code callers
+            raise ValueError(f"eval_mode must be one of {EVAL_MODES}, got {eval_mode!r}")
         self.sharded = eval_mode == "tensor_parallel"
         self.model = model
         self.eos_token_id = int(eos_token_id)
