@@ -10,7 +10,6 @@ One step, top to bottom (`train_step`):
 GRPO and the other critic-free estimators are an `adv_estimator` choice.
 """
 import contextlib
-import json
 import logging
 import math
 import os
@@ -38,6 +37,7 @@ from .algos.normalizer import RunningMeanStd
 from .checkpoint import list_checkpoints, load_checkpoint, prepare_output_dir, save_checkpoint, save_final_models
 from .common.divergence import DivergenceDetector, DivergenceError
 from .common.metrics import MetricAccumulator, reduce_across_ranks
+from .common.jsonl_trace import append_rows
 from .common.tracking import RunTracker, keep_rows_up_to
 from .evaluation import decode_responses, evaluate_generation
 from .experience import (
@@ -678,9 +678,7 @@ class PPOTrainer:
              "group_id": int(exp.group_ids.numpy()[i])}
             for i in range(min(n * max(1, self.args.rollout_n), len(exp)))
         ]
-        with open(os.path.join(self.args.output_dir, "samples.jsonl"), "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+        append_rows(os.path.join(self.args.output_dir, "samples.jsonl"), rows)
         table = "\n".join(f"  {r['score']:+.3f} | {r['prompt']!r} -> {r['response']!r}" for r in rows[: n])
         logger.info(f"step {self.step} samples (score | prompt -> response):\n{table}")
 
