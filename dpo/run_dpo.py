@@ -25,6 +25,7 @@ from dpo.dpo_trainer import LOSS_TYPES, DPOTrainer, KTOCollator, needs_reference
 from ppo.algos.preference import PAIR_LOSS_TYPES  # noqa: E402
 from ppo.common.args_common import DatasetArguments, DivergenceArguments, LogprobArguments, ModelCommonArguments, split_specs  # noqa: E402
 from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
+from ppo.common.output_lock import acquire_output_dir  # noqa: E402
 from ppo.common.process_exit import run_and_exit  # noqa: E402
 from ppo.common.run_setup import finish_trainer_run  # noqa: E402
 from ppo.common.validation import validate_run  # noqa: E402
@@ -195,6 +196,7 @@ def main(argv=None, training_arguments=None):
         (model_args, data_args, training_args),
         model_dirs=[(n, getattr(model_args, n)) for n in ("model_name_or_path", "ref_model_name_or_path")],
     )
+    acquire_output_dir(training_args.output_dir)  # one run per output_dir
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
     trainer = build_trainer(model_args, data_args, training_args)
     return finish_trainer_run(trainer, training_args, trainer.tokenizer)

@@ -31,6 +31,7 @@ from ppo.models.pipeline import check_pipeline_run  # noqa: E402
 from ppo.ppo_trainer import PPOTrainer  # noqa: E402
 from ppo.reward_client import RewardServerClient  # noqa: E402
 from ppo.scorers import WeightedScorer  # noqa: E402
+from ppo.common.output_lock import acquire_output_dir  # noqa: E402
 from ppo.common.process_exit import run_and_exit  # noqa: E402
 
 logger = logging.getLogger("ppo")
@@ -64,6 +65,7 @@ def build_trainer(argv=None):
                     for n in ("actor", "reference", "reward_critic")],
         score_model_dirs=[] if external_scores else [("reward_model_name_or_path", model_args.reward_model_name_or_path)],
     )
+    acquire_output_dir(training_args.output_dir, dist_rank() == 0)  # one run per output_dir
     if dist_rank() == 0:
         save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
         for message in inert_setting_messages(training_args):

@@ -28,6 +28,7 @@ from ppo.models.pipeline import check_pipeline_run  # noqa: E402
 from ppo.models.score_model import AutoModelForScore  # noqa: E402
 from ppo.models.score_model_pipe import load_score_pipe  # noqa: E402
 from rm.reward_trainer import LOSS_TYPES, RewardTrainer  # noqa: E402
+from ppo.common.output_lock import acquire_output_dir  # noqa: E402
 from ppo.common.process_exit import run_and_exit  # noqa: E402
 
 
@@ -64,6 +65,7 @@ def main(argv=None):
     if not model_args.model_name_or_path:
         raise ValueError("model_name_or_path is required")
     validate_run((model_args, data_args, training_args), model_dirs=[("model_name_or_path", model_args.model_name_or_path)])
+    acquire_output_dir(training_args.output_dir)  # one run per output_dir
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
 
     tokenizer = load_tokenizer(model_args.model_name_or_path)

@@ -26,6 +26,7 @@ from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
 from ppo.models.loading import apply_lora, load_causal_lm, load_overrides, load_tokenizer  # noqa: E402
 from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, check_pipeline_run, load_pipe  # noqa: E402
 from sft.sft_trainer import SFTTrainer  # noqa: E402
+from ppo.common.output_lock import acquire_output_dir  # noqa: E402
 from ppo.common.process_exit import run_and_exit  # noqa: E402
 
 
@@ -55,6 +56,7 @@ def main(argv=None):
     if not model_args.model_name_or_path:
         raise ValueError("model_name_or_path is required")
     validate_run((model_args, data_args, training_args), model_dirs=[("model_name_or_path", model_args.model_name_or_path)])
+    acquire_output_dir(training_args.output_dir)  # one run per output_dir
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
 
     tokenizer = load_tokenizer(model_args.model_name_or_path)
