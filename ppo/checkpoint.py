@@ -26,6 +26,7 @@ import shutil
 import paddle
 import paddle.distributed as dist
 
+from .common.resume_check import check_ppo_checkpoint
 from .common.validation import weights_problem
 from .models.loading import unwrap_parallel
 from .models.pipeline import is_pipeline_model, pipeline_group, save_pipeline_merged
@@ -311,13 +312,17 @@ def load_model_weights(model, path):
     raise FileNotFoundError(f"{path}: no model weights ({' or '.join(candidates)})")
 
 
-def load_checkpoint(path, models, optimizers, schedulers):
+def load_checkpoint(path, models, optimizers, schedulers, run_facts=None):
     """Restore weights, optimiser and scheduler states from `path`; returns the trainer state dict.
-    A checkpoint saved without optimiser states (its state has `"optimizer_states": false`,
-    PaddleNLP's `ignore_save_lr_and_optim`) leaves the optimisers fresh."""
+    Before anything loads, the checkpoint is compared with the run (model shapes, and the
+    `run_facts` of `ppo.common.resume_check.ppo_run_facts`): a difference raises
+    CheckpointMismatchError naming it. A checkpoint saved without optimiser states (its state
+    has `"optimizer_states": false`, PaddleNLP's `ignore_save_lr_and_optim`) leaves the
+    optimisers fresh."""
     rank = dist.get_rank()
     with open(os.path.join(path, STATE_FILE)) as f:
         trainer_state = json.load(f)
+    check_ppo_checkpoint(path, models, run_facts or {}, trainer_state)
     for name, model in models.items():
         if model is not None:
             load_model_weights(model, os.path.join(path, name))

@@ -38,6 +38,7 @@ from .checkpoint import list_checkpoints, load_checkpoint, prepare_output_dir, s
 from .common.divergence import DivergenceDetector, DivergenceError
 from .common.metrics import MetricAccumulator, reduce_across_ranks
 from .common.jsonl_trace import append_rows
+from .common.resume_check import CheckpointMismatchError, ppo_run_facts
 from .common.tracking import RunTracker, keep_rows_up_to
 from .evaluation import decode_responses, evaluate_generation
 from .experience import (
@@ -692,6 +693,7 @@ class PPOTrainer:
             "reward_normalizer": self.reward_normalizer.state_dict() if self.reward_normalizer else None,
             "kl_controller": self.kl_controller.state_dict() if self.kl_controller else None,
             "divergence": self.divergence.state_dict(),
+            "run": ppo_run_facts(self.args),  # compared on resume (ppo.common.resume_check)
         }
 
     def save(self):
@@ -717,9 +719,11 @@ class PPOTrainer:
             try:
                 state = load_checkpoint(
                     path, self._models_for_checkpoint(), {"policy": self.actor_optimizer, "value": self.critic_optimizer},
-                    {"policy": self.actor_scheduler, "value": self.critic_scheduler},
+                    {"policy": self.actor_scheduler, "value": self.critic_scheduler}, ppo_run_facts(self.args),
                 )
                 break
+            except CheckpointMismatchError:  # another run's checkpoint: never fall back past it
+                raise
             except Exception as err:  # a damaged checkpoint: fall back to the one before it
                 if i == len(candidates) - 1:
                     raise

@@ -5,6 +5,7 @@ import os
 from ..checkpoint import clear_previous_run, last_complete_trainer_checkpoint
 from ..models.pipeline import save_pipeline_merged
 from .divergence import DivergenceError
+from .resume_check import check_model_checkpoint
 from .tracking import interval_weighted_mean
 from .trainer_callbacks import CheckpointRotationCallback, DivergenceCallback, TrackerCallback, rename_trainer_logs
 
@@ -50,6 +51,8 @@ def finish_trainer_run(trainer, args, tokenizer):
         if args.overwrite_output_dir and not args.resume_from_checkpoint and trainer.is_world_process_zero():
             clear_previous_run(args.output_dir)
         _barrier()
+        if checkpoint is not None:  # another model's checkpoint is refused before anything loads
+            check_model_checkpoint(checkpoint, trainer.model)
         tracker_cb.resuming = checkpoint is not None
         result = trainer.train(resume_from_checkpoint=checkpoint)
         train_metrics = dict(result.metrics)
