@@ -47,9 +47,9 @@ from .experience import (
     merge_rows,
     response_logprobs,
     response_values,
-    reward_model_scores,
 )
 from .models.causal_lm import answer_nll
+from .models.reward_tokens import reward_scores
 from .grad_sync import prepare_step, squared_grad_norm
 from .models.pipeline import pipeline_group
 from .models.tensor_parallel import model_parallel_group
@@ -81,9 +81,10 @@ class PPOTrainer:
 
     def __init__(
         self, args, models, tokenizer, train_dataset, eval_dataset=None, ptx_dataset=None, reward_client=None, eval_long_answer_len=5,
-        rule_scorer=None,
+        rule_scorer=None, reward_retokenizer=None,
     ):
         self.args, self.models, self.tokenizer = args, models, tokenizer
+        self.reward_retokenizer = reward_retokenizer  # ppo.models.reward_tokens: the reward model's own tokenizer
         self.train_dataset, self.eval_dataset, self.ptx_dataset = train_dataset, eval_dataset, ptx_dataset
         self.reward_client = reward_client
         self.rule_scorer = rule_scorer  # ppo.scorers.WeightedScorer when use_rule_reward
@@ -237,7 +238,7 @@ class PPOTrainer:
                 if self.pipes is not None:
                     scores = self.pipes.reward_scores(exp)
                 else:
-                    scores = in_chunks(lambda e: reward_model_scores(self.models.reward, e), exp, self._chunk())
+                    scores = in_chunks(lambda e: reward_scores(self.models.reward, e, self.reward_retokenizer), exp, self._chunk())
             raw, source = None, "the reward model"
         if not bool(paddle.isfinite(scores).all()):
             bad = np.flatnonzero(~np.isfinite(scores.numpy()))

@@ -26,6 +26,7 @@ from ppo.common.validation import validate_run  # noqa: E402
 from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
 from ppo.models.loading import enable_recompute, load_overrides, load_tokenizer, training_dtype  # noqa: E402
 from ppo.models.ppo_models import build_ppo_models  # noqa: E402
+from ppo.models.reward_tokens import retokenizer_for_run  # noqa: E402
 from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments  # noqa: E402
 from ppo.models.pipeline import check_pipeline_run  # noqa: E402
 from ppo.ppo_trainer import PPOTrainer  # noqa: E402
@@ -76,6 +77,7 @@ def build_trainer(argv=None):
     # data before models: a bad record fails in seconds, not after the models load
     train, evaluation, ptx = build_datasets(data_args, training_args, tokenizer, require_label=external_scores)
     pipelined = training_args.pipeline_parallel_degree > 1
+    retokenizer = retokenizer_for_run(model_args, training_args.use_critic, tokenizer, pipeline=pipelined)
     if pipelined:
         check_pipeline_run(training_args, model_args.use_lora)
     models = build_ppo_models(
@@ -100,7 +102,7 @@ def build_trainer(argv=None):
         rule_scorer = WeightedScorer(model_args.rule_reward_scorers, model_args.rule_reward_weights)
     return PPOTrainer(
         training_args, models, tokenizer, train, evaluation, ptx, reward_client=client,
-        eval_long_answer_len=data_args.eval_long_answer_len, rule_scorer=rule_scorer,
+        eval_long_answer_len=data_args.eval_long_answer_len, rule_scorer=rule_scorer, reward_retokenizer=retokenizer,
     )
 
 
