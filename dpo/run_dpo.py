@@ -26,6 +26,7 @@ from ppo.algos.preference import PAIR_LOSS_TYPES  # noqa: E402
 from ppo.common.args_common import DatasetArguments, DivergenceArguments, LogprobArguments, ModelCommonArguments, split_specs  # noqa: E402
 from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
 from ppo.common.output_lock import acquire_output_dir  # noqa: E402
+from ppo.common.startup_checks import check_token_and_position_limits  # noqa: E402
 from ppo.common.process_exit import run_and_exit  # noqa: E402
 from ppo.common.run_setup import finish_trainer_run  # noqa: E402
 from ppo.common.validation import validate_run  # noqa: E402
@@ -139,6 +140,8 @@ def build_trainer(model_args, data_args, training_args):
     path = model_args.model_name_or_path
     extra = load_overrides(model_args, training_args, pipeline_entry="dpo")
     tokenizer = load_tokenizer(path)
+    check_token_and_position_limits(tokenizer, [(n, getattr(model_args, n)) for n in ("model_name_or_path", "ref_model_name_or_path")],
+                                    data_args.max_length, "max_length")
     if training_args.pipeline_parallel_degree > 1:
         model, ref_model = load_pipeline_models(model_args, training_args, extra)
     else:

@@ -33,6 +33,7 @@ from ppo.ppo_trainer import PPOTrainer  # noqa: E402
 from ppo.reward_client import RewardServerClient  # noqa: E402
 from ppo.scorers import WeightedScorer  # noqa: E402
 from ppo.common.output_lock import acquire_output_dir  # noqa: E402
+from ppo.common.startup_checks import check_token_and_position_limits  # noqa: E402
 from ppo.common.process_exit import run_and_exit  # noqa: E402
 
 logger = logging.getLogger("ppo")
@@ -74,6 +75,9 @@ def build_trainer(argv=None):
     paddle.seed(training_args.seed + training_args.dataset_rank)  # tensor-parallel ranks draw alike
 
     tokenizer = load_tokenizer(model_args.actor_model_name_or_path)
+    check_token_and_position_limits(tokenizer, [(f"{n}_model_name_or_path", getattr(model_args, f"{n}_model_name_or_path"))
+                                                for n in ("actor", "reference")],
+                                    data_args.max_prompt_len + training_args.max_dec_len, "max_prompt_len + max_dec_len")
     # data before models: a bad record fails in seconds, not after the models load
     train, evaluation, ptx = build_datasets(data_args, training_args, tokenizer, require_label=external_scores)
     pipelined = training_args.pipeline_parallel_degree > 1

@@ -29,6 +29,7 @@ from ppo.models.score_model import AutoModelForScore  # noqa: E402
 from ppo.models.score_model_pipe import load_score_pipe  # noqa: E402
 from rm.reward_trainer import LOSS_TYPES, RewardTrainer  # noqa: E402
 from ppo.common.output_lock import acquire_output_dir  # noqa: E402
+from ppo.common.startup_checks import check_token_and_position_limits  # noqa: E402
 from ppo.common.process_exit import run_and_exit  # noqa: E402
 
 
@@ -69,6 +70,9 @@ def main(argv=None):
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
 
     tokenizer = load_tokenizer(model_args.model_name_or_path)
+    check_token_and_position_limits(
+        tokenizer, [("model_name_or_path", model_args.model_name_or_path)], data_args.max_length, "max_length"
+    )
     score_settings = dict(
         score_type="reward", do_normalize=model_args.normalize_score_during_training, normalizer_type=model_args.normalizer_type,
         normalizer_momentum=model_args.normalizer_momentum, **load_overrides(model_args, training_args, pipeline_entry="rm"),

@@ -27,6 +27,7 @@ from ppo.models.loading import apply_lora, load_causal_lm, load_overrides, load_
 from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, check_pipeline_run, load_pipe  # noqa: E402
 from sft.sft_trainer import SFTTrainer  # noqa: E402
 from ppo.common.output_lock import acquire_output_dir  # noqa: E402
+from ppo.common.startup_checks import check_token_and_position_limits  # noqa: E402
 from ppo.common.process_exit import run_and_exit  # noqa: E402
 
 
@@ -60,6 +61,9 @@ def main(argv=None):
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
 
     tokenizer = load_tokenizer(model_args.model_name_or_path)
+    check_token_and_position_limits(
+        tokenizer, [("model_name_or_path", model_args.model_name_or_path)], data_args.max_length, "max_length"
+    )
     overrides = load_overrides(model_args, training_args, pipeline_entry="sft")
     if training_args.pipeline_parallel_degree > 1:
         check_pipeline_run(training_args, model_args.use_lora)
