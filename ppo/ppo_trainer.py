@@ -39,6 +39,7 @@ from .common.divergence import DivergenceDetector, DivergenceError
 from .common.metrics import MetricAccumulator, reduce_across_ranks
 from .common.jsonl_trace import append_rows
 from .common.resume_check import CheckpointMismatchError, ppo_run_facts
+from .common.run_guard import RunInterrupted, interrupted_message, stop_requests
 from .common.tracking import RunTracker, keep_rows_up_to
 from .evaluation import decode_responses, evaluate_generation
 from .experience import (
@@ -745,6 +746,11 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ loop
     def train(self):
+        """Run the loop; a SIGTERM / SIGINT saves at the next step boundary (`ppo.common.run_guard`)."""
+        with stop_requests() as self.stop_request:
+            return self.train_loop()
+
+    def train_loop(self):
         args = self.args
         resumed = self.maybe_resume()
         self.tracker = RunTracker(args.output_dir, args.logging_dir, use_visualdl="visualdl" in args.report_to,
@@ -774,6 +780,8 @@ class PPOTrainer:
                 self.tracker.log(self.evaluate(), step=self.step)
             if args.saves_checkpoints and args.save_steps and self.step % args.save_steps == 0 and self.step != self.max_steps:
                 self.save()
+            if self.stop_request.should_stop(self.world_size):
+                return self.stop_on_signal()
         bar.close()
         if args.saves_checkpoints:
             self.save()
@@ -807,6 +815,13 @@ class PPOTrainer:
         where = f"the last good checkpoint is {kept[-1][1]}" if kept else "no checkpoint was saved before it"
         self.tracker.finish(steps=self.step, diverged=self.divergence_log)
         raise DivergenceError(f"stopped: {'; '.join(messages)}; {where} (stop_on_divergence=False lets the run go on)")
+
+    def stop_on_signal(self):
+        """Save a checkpoint at this step, write `summary.json` and raise RunInterrupted."""
+        self.save()
+        saved = os.path.join(self.args.output_dir, f"checkpoint-{self.step}")
+        self.tracker.finish(steps=self.step, interrupted=self.stop_request.signal_name)
+        raise RunInterrupted(interrupted_message(self.stop_request, self.step, saved), self.stop_request.signum)
 
     def actor_fingerprints(self):
         """One number per rank summarising the (whole, merged) actor weights; equal on every rank

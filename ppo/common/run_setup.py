@@ -7,7 +7,10 @@ from ..models.pipeline import save_pipeline_merged
 from .divergence import DivergenceError
 from .resume_check import check_model_checkpoint
 from .tracking import interval_weighted_mean
-from .trainer_callbacks import CheckpointRotationCallback, DivergenceCallback, TrackerCallback, rename_trainer_logs
+from .run_guard import RunInterrupted, interrupted_message, stop_requests
+from .trainer_callbacks import (
+    CheckpointRotationCallback, DivergenceCallback, StopOnSignalCallback, TrackerCallback, rename_trainer_logs,
+)
 
 logger = logging.getLogger("ppo")
 
@@ -34,6 +37,12 @@ def _barrier():
         dist.barrier()
 
 
+def raise_interrupted(trainer, tracker_cb, request, step, output_dir):
+    """After a run stopped on a signal (its checkpoint saved): write `summary.json`, raise RunInterrupted."""
+    tracker_cb.tracker.finish(global_step=trainer.state.global_step, interrupted=request.signal_name)
+    raise RunInterrupted(interrupted_message(request, step, os.path.join(output_dir, f"checkpoint-{step}")), request.signum)
+
+
 def finish_trainer_run(trainer, args, tokenizer):
     """Train (resuming when a complete checkpoint exists; a fresh run with `overwrite_output_dir`
     first removes the old run's checkpoints), save model and tokenizer, run a final evaluation
@@ -54,7 +63,12 @@ def finish_trainer_run(trainer, args, tokenizer):
         if checkpoint is not None:  # another model's checkpoint is refused before anything loads
             check_model_checkpoint(checkpoint, trainer.model)
         tracker_cb.resuming = checkpoint is not None
-        result = trainer.train(resume_from_checkpoint=checkpoint)
+        with stop_requests() as request:  # SIGTERM / SIGINT: save at the end of the step, then stop
+            stopper = StopOnSignalCallback(request)
+            trainer.add_callback(stopper)
+            result = trainer.train(resume_from_checkpoint=checkpoint)
+        if stopper.stopped_at is not None:
+            raise_interrupted(trainer, tracker_cb, request, stopper.stopped_at, args.output_dir)
         train_metrics = dict(result.metrics)
         if checkpoint is not None and tracker_cb.tracker.enabled:  # the Trainer averages the resumed part only
             whole_run = interval_weighted_mean(tracker_cb.tracker.metrics_path, tracker_cb.loss_name)

@@ -122,3 +122,18 @@ class DivergenceCallback(TrainerCallback):
         logs = logs or {}
         if "loss" in logs:
             self._judge(state.global_step, {self.loss_name: logs["loss"]}, control)
+
+
+class StopOnSignalCallback(TrainerCallback):
+    """Honour a SIGTERM / SIGINT (`ppo.common.run_guard.StopRequest`) at the end of the step it
+    arrived in: the Trainer saves a checkpoint there and stops; `stopped_at` holds that step."""
+
+    def __init__(self, request):
+        self.request = request
+        self.stopped_at = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.request.should_stop(args.world_size):
+            control.should_save = True
+            control.should_training_stop = True
+            self.stopped_at = state.global_step
