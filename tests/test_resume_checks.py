@@ -86,3 +86,22 @@ def test_sft_checkpoint_without_optimizer_states_resumes_with_a_fresh_optimizer(
         assert resumed[step]["lr"] == pytest.approx(expected[step]["lr"], rel=1e-6)
     summary = json.load(open(os.path.join(out, "summary.json")))
     assert summary["global_step"] == 4
+
+
+def test_rerunning_a_finished_sft_run_changes_nothing(tiny_model_dir, tiny_data_dir, tmp_path, caplog):
+    out = str(tmp_path / "sft")
+    run_sft(sft_argv(tiny_model_dir, tiny_data_dir, out, "--max_steps", "2"))
+    before = open(os.path.join(out, "metrics.jsonl")).read()
+    weights = open(os.path.join(out, "model_state.pdparams"), "rb").read()
+    summary = run_sft(sft_argv(tiny_model_dir, tiny_data_dir, out, "--max_steps", "2"))
+    assert "holds a finished run (step 2 of max_steps=2): nothing to train" in caplog.text
+    assert open(os.path.join(out, "metrics.jsonl")).read() == before  # no extra step, no repeated rows
+    assert open(os.path.join(out, "model_state.pdparams"), "rb").read() == weights
+    assert summary is None or summary["global_step"] == 2
+
+
+def test_tiny_configs_resume_when_the_same_command_runs_again():
+    import glob
+
+    for path in glob.glob(os.path.join(os.path.dirname(__file__), "..", "config", "tiny", "*.json")):
+        assert json.load(open(path)).get("overwrite_output_dir", False) is False, path
