@@ -39,7 +39,8 @@ from .common.divergence import DivergenceDetector, DivergenceError
 from .common.metrics import MetricAccumulator, reduce_across_ranks
 from .common.jsonl_trace import append_rows
 from .common.resume_check import CheckpointMismatchError, ppo_run_facts
-from .common.run_guard import RunInterrupted, interrupted_message, stop_requests
+from .reward_client import RewardServerError
+from .common.run_guard import FlatRewardWatch, RunInterrupted, interrupted_message, stop_requests
 from .common.tracking import RunTracker, keep_rows_up_to
 from .evaluation import decode_responses, evaluate_generation
 from .experience import (
@@ -747,6 +748,7 @@ class PPOTrainer:
     # ------------------------------------------------------------------ loop
     def train(self):
         """Run the loop; a SIGTERM / SIGINT saves at the next step boundary (`ppo.common.run_guard`)."""
+        self.flat_rewards = FlatRewardWatch()
         with stop_requests() as self.stop_request:
             return self.train_loop()
 
@@ -764,11 +766,15 @@ class PPOTrainer:
         bar = tqdm(total=self.max_steps, initial=self.step, desc="ppo", disable=not self.is_main or args.disable_tqdm)
         start = time.time()
         while self.step < self.max_steps:
-            metrics, exp = self.train_step()
+            try:
+                metrics, exp = self.train_step()
+            except RewardServerError as err:  # the server is gone for good (retries spent): keep the work
+                self.save_before_stopping(err)
             self.step += 1
             bar.update(1)
             bar.set_postfix(score=f"{metrics['objective/scores']:.3f}", len=f"{metrics['response_length/mean']:.1f}")
             diverged = self.step_divergence(metrics)
+            self.flat_rewards.check(self.step, metrics)  # warns once (ppo.common.run_guard)
             first = args.logging_first_step and self.step == 1
             if self.step % args.logging_steps == 0 or self.step == self.max_steps or diverged or first:
                 self.tracker.log(metrics, step=self.step)
@@ -815,6 +821,16 @@ class PPOTrainer:
         where = f"the last good checkpoint is {kept[-1][1]}" if kept else "no checkpoint was saved before it"
         self.tracker.finish(steps=self.step, diverged=self.divergence_log)
         raise DivergenceError(f"stopped: {'; '.join(messages)}; {where} (stop_on_divergence=False lets the run go on)")
+
+    def save_before_stopping(self, err):
+        """Save a checkpoint of the last completed step (one process only: the ranks may not all have
+        failed at one point) and raise RewardServerError saying where it is."""
+        if self.world_size > 1 or self.step == 0:
+            raise err
+        self.save()
+        saved = os.path.join(self.args.output_dir, f"checkpoint-{self.step}")
+        raise RewardServerError(f"{err}; saved {saved} (after step {self.step}) before stopping: run the same command "
+                                "again once the reward server is back", url=err.url, attempts=err.attempts) from err
 
     def stop_on_signal(self):
         """Save a checkpoint at this step, write `summary.json` and raise RunInterrupted."""

@@ -83,3 +83,24 @@ def test_sft_sigint_saves_through_the_callback_and_resumes(tiny_model_dir, tiny_
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert [r["step"] for r in rows(out) if "loss/sft" in r] == list(range(1, step + 3))
     assert json.load(open(os.path.join(out, "summary.json")))["global_step"] == step + 2
+
+
+def test_reward_server_gone_for_good_saves_before_the_run_stops(tiny_model_dir, tiny_data_dir, tmp_path):
+    import pytest
+
+    from ppo.reward_client import RewardServerError
+    from ppo.run_ppo import main as run_ppo
+    from tests.test_grpo import grpo_argv
+    from tests.test_reward_client import FakeServer, ok
+
+    server = FakeServer()  # healthy, scores two steps, then answers 500 to everything
+    server.script = [(200, {"status": "ok"}, 0), ok([0.0, 1.0] * 8), ok([1.0, 0.0] * 8)]
+    out = str(tmp_path / "grpo")
+    try:
+        with pytest.raises(RewardServerError, match=r"saved .*checkpoint-2 \(after step 2\) before stopping"):
+            run_ppo(grpo_argv(tiny_model_dir, tiny_data_dir, out, server.url, "--max_steps", "5",
+                              "--reward_server_retries", "0"))
+    finally:
+        server.stop()
+    assert [s for s, _ in list_checkpoints(out)] == [2]
+    assert [r["step"] for r in rows(out)] == [1, 2]

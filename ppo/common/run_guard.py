@@ -80,3 +80,27 @@ def interrupted_message(request, step, saved_path):
     """What `RunInterrupted` says: the signal, the step, where it saved and how to resume."""
     return (f"stopped by {request.signal_name} after step {step}: saved {saved_path}; run the same command again "
             "(with overwrite_output_dir false) to resume from it")
+
+
+class FlatRewardWatch:
+    """Warn once when every group's rewards were all equal (`grpo/frac_reward_zero_std` 1.0)
+    for `patience` steps in a row: group-relative advantages are then zero everywhere and the
+    policy does not learn (a scorer that answers a constant, or a task too easy or too hard)."""
+
+    def __init__(self, patience=3):
+        self.patience = patience
+        self.run_length = 0
+        self.warned = False
+
+    def check(self, step, metrics):
+        """The warning for `metrics` of `step` (once per run; None otherwise)."""
+        flat = metrics.get("grpo/frac_reward_zero_std")
+        self.run_length = self.run_length + 1 if flat is not None and float(flat) >= 1.0 else 0
+        if self.warned or self.run_length < self.patience:
+            return None
+        self.warned = True
+        message = (f"steps {step - self.patience + 1}-{step}: every reward in every group was equal, so every GRPO "
+                   "advantage is zero and the policy learns nothing from these steps; check the scorer (a constant "
+                   "reward?), or make the groups differ (more rollout_n, a higher temperature, harder or easier prompts)")
+        logger.warning(message)
+        return message
