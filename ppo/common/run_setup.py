@@ -106,6 +106,8 @@ def finish_trainer_run(trainer, args, tokenizer):
     train_metrics = {}
     if args.do_train:
         checkpoint = last_checkpoint(args)
+        if checkpoint is not None:  # another model's checkpoint is refused before anything loads
+            check_model_checkpoint(checkpoint, trainer.model)
         done = finished_summary(args, checkpoint)
         if done is not None:
             logger.warning(f"{args.output_dir} holds a finished run (step {done['global_step']} of max_steps="
@@ -114,8 +116,6 @@ def finish_trainer_run(trainer, args, tokenizer):
         if args.overwrite_output_dir and not args.resume_from_checkpoint and trainer.is_world_process_zero():
             clear_previous_run(args.output_dir)
         _barrier()
-        if checkpoint is not None:  # another model's checkpoint is refused before anything loads
-            check_model_checkpoint(checkpoint, trainer.model)
         train_metrics = train_or_resume(trainer, args, tracker_cb, guard, checkpoint)
         if args.pipeline_parallel_degree > 1:  # one plain checkpoint from the stages, loadable on one process
             save_pipeline_merged(trainer.model, args.output_dir)
