@@ -46,6 +46,7 @@ from ppo.models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE, causal_lm_token_log
 from ppo.models.loading import find_lora_model, lora_disabled
 from ppo.models.pipeline import pipeline_group, wrapped_pipeline
 from ppo.models.preference_pipe import PreferenceCriterion, PreferencePolicyInputs, kl_sides, pipeline_answer_logps
+from ppo.common.trainer_resume import FreshOptimizerResumeMixin
 from ppo.models.tensor_parallel import DatasetOrderMixin
 
 LOSS_TYPES = DPO_LOSS_TYPES + PAIR_LOSS_TYPES + ("kto",)
@@ -103,7 +104,7 @@ def answer_logprobs(model, input_ids, attention_mask, labels, chunk_size=DEFAULT
     return masked_sum(tok, mask, axis=-1), mask.astype("float32").sum(axis=-1), tok, mask
 
 
-class DPOTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
+class DPOTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMixin, Trainer):
     """`Trainer` for the DPO family on `PreferenceDataset` batches (`KTOCollator` for KTO).
 
     `ref_model`: a frozen reference model, or None (LoRA policy with the adapter

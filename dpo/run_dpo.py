@@ -23,6 +23,8 @@ with quiet_third_party_warnings():
     from dpo.dpo_trainer import DPOTrainer, KTOCollator, needs_reference  # noqa: E402
     from ppo.common.argument_groups import split_specs  # noqa: E402
     from ppo.common.argument_parsing import parse_arguments, save_resolved_arguments  # noqa: E402
+    from ppo.common.output_lock import acquire_output_dir  # noqa: E402
+    from ppo.common.startup_checks import check_token_and_position_limits  # noqa: E402
     from ppo.common.process_exit import run_and_exit  # noqa: E402
     from ppo.common.run_setup import finish_trainer_run  # noqa: E402
     from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
@@ -61,6 +63,8 @@ def build_trainer(model_args, data_args, training_args):
     path = model_args.model_name_or_path
     extra = load_overrides(model_args, training_args, pipeline_entry="dpo")
     tokenizer = load_tokenizer(path)
+    check_token_and_position_limits(tokenizer, [(n, getattr(model_args, n)) for n in ("model_name_or_path", "ref_model_name_or_path")],
+                                    data_args.max_length, "max_length")
     if training_args.pipeline_parallel_degree > 1:
         model, ref_model = load_pipeline_models(model_args, training_args, extra)
     else:
@@ -112,6 +116,7 @@ def main(argv=None, training_arguments=None):
     `DPOTrainingArguments` (e.g. `dpo/run_kto.py`'s, whose `loss_type` defaults to kto)."""
     classes = (ModelArgument, DataArgument, training_arguments or DPOTrainingArguments)
     model_args, data_args, training_args = parse_arguments(classes, argv, validate=validate_arguments)
+    acquire_output_dir(training_args.output_dir)  # one run per output_dir
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
     trainer = build_trainer(model_args, data_args, training_args)
     return finish_trainer_run(trainer, training_args, trainer.tokenizer)

@@ -10,7 +10,6 @@ One step, top to bottom (`train_step`):
 GRPO and the other critic-free estimators are an `adv_estimator` choice.
 """
 import contextlib
-import json
 import logging
 import math
 import os
@@ -38,6 +37,10 @@ from .algos.normalizer import RunningMeanStd
 from .checkpoint import list_checkpoints, load_checkpoint, prepare_output_dir, save_checkpoint, save_final_models
 from .common.divergence import DivergenceDetector, DivergenceError
 from .common.metrics import MetricAccumulator, reduce_across_ranks
+from .common.jsonl_trace import append_rows
+from .common.resume_check import CheckpointMismatchError, ppo_run_facts
+from .reward_client import RewardServerError
+from .common.run_guard import FlatRewardWatch, RunInterrupted, interrupted_message, stop_requests
 from .common.tracking import RunTracker, keep_rows_up_to
 from .evaluation import decode_responses, evaluate_generation
 from .experience import (
@@ -46,9 +49,9 @@ from .experience import (
     merge_rows,
     response_logprobs,
     response_values,
-    reward_model_scores,
 )
 from .models.causal_lm import answer_nll
+from .models.reward_tokens import reward_scores
 from .grad_sync import prepare_step, squared_grad_norm
 from .models.pipeline import pipeline_group
 from .models.tensor_parallel import model_parallel_group
@@ -80,9 +83,10 @@ class PPOTrainer:
 
     def __init__(
         self, args, models, tokenizer, train_dataset, eval_dataset=None, ptx_dataset=None, reward_client=None, eval_long_answer_len=5,
-        rule_scorer=None,
+        rule_scorer=None, reward_retokenizer=None,
     ):
         self.args, self.models, self.tokenizer = args, models, tokenizer
+        self.reward_retokenizer = reward_retokenizer  # ppo.models.reward_tokens: the reward model's own tokenizer
         self.train_dataset, self.eval_dataset, self.ptx_dataset = train_dataset, eval_dataset, ptx_dataset
         self.reward_client = reward_client
         self.rule_scorer = rule_scorer  # ppo.scorers.WeightedScorer when use_rule_reward
@@ -236,7 +240,7 @@ class PPOTrainer:
                 if self.pipes is not None:
                     scores = self.pipes.reward_scores(exp)
                 else:
-                    scores = in_chunks(lambda e: reward_model_scores(self.models.reward, e), exp, self._chunk())
+                    scores = in_chunks(lambda e: reward_scores(self.models.reward, e, self.reward_retokenizer), exp, self._chunk())
             raw, source = None, "the reward model"
         if not bool(paddle.isfinite(scores).all()):
             bad = np.flatnonzero(~np.isfinite(scores.numpy()))
@@ -678,9 +682,7 @@ class PPOTrainer:
              "group_id": int(exp.group_ids.numpy()[i])}
             for i in range(min(n * max(1, self.args.rollout_n), len(exp)))
         ]
-        with open(os.path.join(self.args.output_dir, "samples.jsonl"), "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+        append_rows(os.path.join(self.args.output_dir, "samples.jsonl"), rows)
         table = "\n".join(f"  {r['score']:+.3f} | {r['prompt']!r} -> {r['response']!r}" for r in rows[: n])
         logger.info(f"step {self.step} samples (score | prompt -> response):\n{table}")
 
@@ -694,6 +696,7 @@ class PPOTrainer:
             "reward_normalizer": self.reward_normalizer.state_dict() if self.reward_normalizer else None,
             "kl_controller": self.kl_controller.state_dict() if self.kl_controller else None,
             "divergence": self.divergence.state_dict(),
+            "run": ppo_run_facts(self.args),  # compared on resume (ppo.common.resume_check)
         }
 
     def save(self):
@@ -719,9 +722,11 @@ class PPOTrainer:
             try:
                 state = load_checkpoint(
                     path, self._models_for_checkpoint(), {"policy": self.actor_optimizer, "value": self.critic_optimizer},
-                    {"policy": self.actor_scheduler, "value": self.critic_scheduler},
+                    {"policy": self.actor_scheduler, "value": self.critic_scheduler}, ppo_run_facts(self.args),
                 )
                 break
+            except CheckpointMismatchError:  # another run's checkpoint: never fall back past it
+                raise
             except Exception as err:  # a damaged checkpoint: fall back to the one before it
                 if i == len(candidates) - 1:
                     raise
@@ -742,6 +747,12 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ loop
     def train(self):
+        """Run the loop; a SIGTERM / SIGINT saves at the next step boundary (`ppo.common.run_guard`)."""
+        self.flat_rewards = FlatRewardWatch()
+        with stop_requests() as self.stop_request:
+            return self.train_loop()
+
+    def train_loop(self):
         args = self.args
         resumed = self.maybe_resume()
         self.tracker = RunTracker(args.output_dir, args.logging_dir, use_visualdl="visualdl" in args.report_to,
@@ -755,11 +766,15 @@ class PPOTrainer:
         bar = tqdm(total=self.max_steps, initial=self.step, desc="ppo", disable=not self.is_main or args.disable_tqdm)
         start = time.time()
         while self.step < self.max_steps:
-            metrics, exp = self.train_step()
+            try:
+                metrics, exp = self.train_step()
+            except RewardServerError as err:  # the server is gone for good (retries spent): keep the work
+                self.save_before_stopping(err)
             self.step += 1
             bar.update(1)
             bar.set_postfix(score=f"{metrics['objective/scores']:.3f}", len=f"{metrics['response_length/mean']:.1f}")
             diverged = self.step_divergence(metrics)
+            self.flat_rewards.check(self.step, metrics)  # warns once (ppo.common.run_guard)
             first = args.logging_first_step and self.step == 1
             if self.step % args.logging_steps == 0 or self.step == self.max_steps or diverged or first:
                 self.tracker.log(metrics, step=self.step)
@@ -771,6 +786,8 @@ class PPOTrainer:
                 self.tracker.log(self.evaluate(), step=self.step)
             if args.saves_checkpoints and args.save_steps and self.step % args.save_steps == 0 and self.step != self.max_steps:
                 self.save()
+            if self.stop_request.should_stop(self.world_size):
+                return self.stop_on_signal()
         bar.close()
         if args.saves_checkpoints:
             self.save()
@@ -804,6 +821,23 @@ class PPOTrainer:
         where = f"the last good checkpoint is {kept[-1][1]}" if kept else "no checkpoint was saved before it"
         self.tracker.finish(steps=self.step, diverged=self.divergence_log)
         raise DivergenceError(f"stopped: {'; '.join(messages)}; {where} (stop_on_divergence=False lets the run go on)")
+
+    def save_before_stopping(self, err):
+        """Save a checkpoint of the last completed step (one process only: the ranks may not all have
+        failed at one point) and raise RewardServerError saying where it is."""
+        if self.world_size > 1 or self.step == 0:
+            raise err
+        self.save()
+        saved = os.path.join(self.args.output_dir, f"checkpoint-{self.step}")
+        raise RewardServerError(f"{err}; saved {saved} (after step {self.step}) before stopping: run the same command "
+                                "again once the reward server is back", url=err.url, attempts=err.attempts) from err
+
+    def stop_on_signal(self):
+        """Save a checkpoint at this step, write `summary.json` and raise RunInterrupted."""
+        self.save()
+        saved = os.path.join(self.args.output_dir, f"checkpoint-{self.step}")
+        self.tracker.finish(steps=self.step, interrupted=self.stop_request.signal_name)
+        raise RunInterrupted(interrupted_message(self.stop_request, self.step, saved), self.stop_request.signum)
 
     def actor_fingerprints(self):
         """One number per rank summarising the (whole, merged) actor weights; equal on every rank

@@ -15,7 +15,9 @@ the URL and reads ``score``):
   "scores_per_function": {name: [float]}}``, one score per item, in order;
   ``score`` is the weighted total (``--weights``, 1 each by default) and
   ``scores_per_function`` (only with several scorers) each scorer's raw scores.
-- ``GET /health`` -> 200 ``{"status": "ok", "scorer": NAME}`` (never needs a token).
+- ``GET /health`` -> 200 ``{"status": "ok", "scorer": NAME, "token_required": bool}`` (never needs a
+  token); with a token required it adds ``token_accepted`` for the request's own header (and
+  ``token_problem`` when refused), so a client finds a wrong token at start.
 - With ``--token`` (or the ``PPO_REWARD_SERVER_TOKEN`` environment variable) set,
   ``POST /`` needs the header ``Authorization: Bearer <token>``; without it the
   answer is HTTP 401, ``error_code`` 4010.
@@ -244,8 +246,14 @@ def create_app(
         return _error_response(status, code, msg)
 
     @app.get("/health")
-    def _health():
-        return _json_response({"status": "ok", "scorer": scorer_name})
+    def _health():  # never needs a token; says whether the one sent (if any) would be accepted
+        payload = {"status": "ok", "scorer": scorer_name, "token_required": bool(token)}
+        if token:
+            reason = check_token(request.headers.get("Authorization"), token)
+            payload["token_accepted"] = reason is None
+            if reason:
+                payload["token_problem"] = reason
+        return _json_response(payload)
 
     @app.post("/")
     def _score():

@@ -34,6 +34,9 @@ with quiet_third_party_warnings():
     from ppo.ppo_trainer import PPOTrainer  # noqa: E402
     from ppo.reward_client import RewardServerClient  # noqa: E402
     from ppo.scorers import WeightedScorer  # noqa: E402
+    from ppo.models.reward_tokens import retokenizer_for_run  # noqa: E402
+    from ppo.common.output_lock import acquire_output_dir  # noqa: E402
+    from ppo.common.startup_checks import check_token_and_position_limits  # noqa: E402
 
 logger = logging.getLogger("ppo")
 
@@ -57,6 +60,7 @@ def build_trainer(argv=None):
     classes = (ModelArgument, DataArgument, PPOTrainingArguments)
     model_args, data_args, training_args = parse_arguments(classes, argv, validate=validate_arguments)
     external_scores = model_args.external_scores
+    acquire_output_dir(training_args.output_dir, dist_rank() == 0)  # one run per output_dir
     if dist_rank() == 0:
         save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
         for message in inert_setting_messages(training_args):
@@ -64,9 +68,13 @@ def build_trainer(argv=None):
     paddle.seed(training_args.seed + training_args.dataset_rank)  # tensor-parallel ranks draw alike
 
     tokenizer = load_tokenizer(model_args.actor_model_name_or_path)
+    check_token_and_position_limits(tokenizer, [(f"{n}_model_name_or_path", getattr(model_args, f"{n}_model_name_or_path"))
+                                                for n in ("actor", "reference")],
+                                    data_args.max_prompt_len + training_args.max_dec_len, "max_prompt_len + max_dec_len")
     # data before models: a bad record fails in seconds, not after the models load
     train, evaluation, ptx = build_datasets(data_args, training_args, tokenizer, require_label=external_scores)
     pipelined = training_args.pipeline_parallel_degree > 1
+    retokenizer = retokenizer_for_run(model_args, training_args.use_critic, tokenizer, pipeline=pipelined)
     if pipelined:
         log_pipeline_settings(training_args)
     models = build_ppo_models(
@@ -91,7 +99,7 @@ def build_trainer(argv=None):
         rule_scorer = WeightedScorer(model_args.rule_reward_scorers, model_args.rule_reward_weights)
     return PPOTrainer(
         training_args, models, tokenizer, train, evaluation, ptx, reward_client=client,
-        eval_long_answer_len=data_args.eval_long_answer_len, rule_scorer=rule_scorer,
+        eval_long_answer_len=data_args.eval_long_answer_len, rule_scorer=rule_scorer, reward_retokenizer=retokenizer,
     )
 
 

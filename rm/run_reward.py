@@ -17,6 +17,8 @@ from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 with quiet_third_party_warnings():
     from ppo.common.argument_groups import split_specs  # noqa: E402
     from ppo.common.argument_parsing import parse_arguments, save_resolved_arguments  # noqa: E402
+    from ppo.common.output_lock import acquire_output_dir  # noqa: E402
+    from ppo.common.startup_checks import check_token_and_position_limits  # noqa: E402
     from ppo.common.process_exit import run_and_exit  # noqa: E402
     from ppo.common.run_setup import finish_trainer_run  # noqa: E402
     from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
@@ -32,9 +34,13 @@ with quiet_third_party_warnings():
 def main(argv=None):
     classes = (ModelArgument, DataArgument, RewardTrainingArguments)
     model_args, data_args, training_args = parse_arguments(classes, argv, validate=validate_arguments)
+    acquire_output_dir(training_args.output_dir)  # one run per output_dir
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
 
     tokenizer = load_tokenizer(model_args.model_name_or_path)
+    check_token_and_position_limits(
+        tokenizer, [("model_name_or_path", model_args.model_name_or_path)], data_args.max_length, "max_length"
+    )
     score_settings = dict(
         score_type="reward", do_normalize=model_args.normalize_score_during_training, normalizer_type=model_args.normalizer_type,
         normalizer_momentum=model_args.normalizer_momentum, **load_overrides(model_args, training_args, pipeline_entry="rm"),

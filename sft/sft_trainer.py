@@ -6,10 +6,11 @@ from paddlenlp.trainer import Trainer
 from ppo.common.step_tokens import count_step_tokens, step_token_scale
 from ppo.evaluation import GenerationEvalMixin
 from ppo.models.causal_lm import answer_nll
+from ppo.common.trainer_resume import FreshOptimizerResumeMixin
 from ppo.models.tensor_parallel import DatasetOrderMixin
 
 
-class SFTTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
+class SFTTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMixin, Trainer):
     """`Trainer` whose loss is the masked token-mean NLL of the answer tokens. Under pipeline
     parallelism the model is a pipeline stage whose last stage computes that loss itself
     (`ppo.models.pipeline`); the `Trainer`'s pipeline steps run it.

@@ -5,6 +5,8 @@ import logging
 import os
 import sys
 
+from .run_guard import RunInterrupted
+
 USAGE_ERROR_EXIT_CODE = 2  # argparse's and the shell's "wrong usage" status
 
 
@@ -28,7 +30,8 @@ def exit_on_usage_error(error):
 def run_and_exit(main):
     """Run an entry point's `main()`. An argument or data error (`usage_error_types`) ends the
     process with its message on stderr and exit status 2, without a traceback; any other
-    exception propagates with its traceback.
+    exception propagates with its traceback. RunInterrupted (a run that saved on SIGTERM /
+    SIGINT) prints its message and exits with its code (128 + the signal number).
 
     In a multi-process run every rank then waits for the others (a barrier) and leaves after the
     interpreter's exit handlers (files, loggers) but without the C++ teardown of Paddle's gloo
@@ -37,6 +40,11 @@ def run_and_exit(main):
     `paddle.distributed.launch`, no traceback)."""
     try:
         main()
+    except RunInterrupted as stop:  # saved on SIGTERM / SIGINT: one line, no traceback
+        atexit._run_exitfuncs()  # the output_dir lock, open files
+        logging.shutdown()
+        print(f"error: {stop}", file=sys.stderr, flush=True)
+        os._exit(stop.exit_code)
     except Exception as error:  # noqa: BLE001 - re-raised unless it is a usage error
         if isinstance(error, usage_error_types()):
             exit_on_usage_error(error)

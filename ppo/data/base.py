@@ -604,7 +604,11 @@ class TokenizedDataset(Dataset):
 
     def _log_stats(self) -> None:
         parts = ", ".join(f"{k}={v}" for k, v in self.stats.items())
-        _logger().info(f"{type(self).__name__}: {parts} (max_length={self.max_length})")
+        message = f"{type(self).__name__}: {parts} (max_length={self.max_length})"
+        if self.stats.get("dropped_empty_answer"):  # data that is probably broken: say so louder
+            _logger().warning(f"{message}: {self.stats['dropped_empty_answer']} samples had an empty answer and were dropped")
+        else:
+            _logger().info(message)
 
     def format_sample_prompt(self, sample: RawSample) -> Tuple[str, str]:
         """`(prompt_text, final_user_turn)` for a raw sample."""
