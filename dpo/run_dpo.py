@@ -1,12 +1,13 @@
-"""The DPO family (DPO, cDPO, IPO, hinge, SimPO, ORPO, KTO, kto_pair, sppo_hard, nca_pair, dpop),
-full or LoRA, from a JSON or YAML argument file.
+"""The preference-loss family (`ppo.algos.PREFERENCE_LOSSES`: DPO, cDPO, IPO, hinge, SimPO, ORPO,
+CPO, R-DPO, KTO, kto_pair, sppo_hard, nca_pair, dpop on pairs; RRHF, LiPO-lambda, PRO on ranked
+lists; unpaired KTO; NPO on rejected answers), full or LoRA, from a JSON or YAML argument file.
 
     python -m paddle.distributed.launch dpo/run_dpo.py config/tiny/dpo_argument.json [--flag value ...]
 
-Trains on preference pairs (`PreferenceDataset`; KTO turns each pair into one
-desirable and one undesirable example). The reference model is a frozen copy of
-`ref_model_name_or_path` (default: `model_name_or_path`), or, with `use_lora`,
-the policy with its adapter disabled; SimPO, ORPO and `reference_free` load none.
+Trains on the data kind the loss names (`ppo.data.PREFERENCE_DATASETS`); data of another kind
+is refused, naming the loss, before any model loads. The reference model is a frozen copy of
+`ref_model_name_or_path` (default: `model_name_or_path`), or, with `use_lora`, the policy with
+its adapter disabled; losses without one (and `reference_free`) load none.
 Writes the model (or adapter) to `output_dir` with `metrics.jsonl`, `summary.json`,
 `resolved_arguments.json` and VisualDL logs under `logging_dir`.
 """
@@ -21,15 +22,17 @@ from typing import List, Optional  # noqa: E402
 
 from paddlenlp.trainer import TrainingArguments  # noqa: E402
 
-from dpo.dpo_trainer import LOSS_TYPES, DPOTrainer, KTOCollator, needs_reference  # noqa: E402
-from ppo.algos.preference import PAIR_LOSS_TYPES  # noqa: E402
+from dpo.dpo_trainer import LOSS_TYPES, DPOTrainer, KTOCollator, UnpairedKTOCollator  # noqa: E402
+from dpo.preference_objective import loss_argument_problems, needs_reference, unused_hyperparameters  # noqa: E402
+from paddlenlp.utils.log import logger  # noqa: E402
+from ppo.algos import DATA_KINDS, get_preference_loss  # noqa: E402
 from ppo.common.args_common import DatasetArguments, DivergenceArguments, LogprobArguments, ModelCommonArguments, split_specs  # noqa: E402
 from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
 from ppo.common.process_exit import run_and_exit  # noqa: E402
 from ppo.common.run_setup import finish_trainer_run  # noqa: E402
 from ppo.common.validation import validate_run  # noqa: E402
 from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
-from ppo.data import PreferenceDataset, PromptOnlyDataset  # noqa: E402
+from ppo.data import PREFERENCE_DATASETS, PromptOnlyDataset  # noqa: E402
 from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, check_pipeline_run, load_pipe  # noqa: E402
 from ppo.models.preference_pipe import PreferencePolicyInputs  # noqa: E402
 from ppo.models.loading import (  # noqa: E402
@@ -68,7 +71,9 @@ class DataArgument(DatasetArguments):
 
 @dataclass
 class DPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArguments):
-    loss_type: str = field(default="sigmoid", metadata={"help": f"Preference loss: {' | '.join(LOSS_TYPES)}."})
+    loss_type: str = field(
+        default="sigmoid", metadata={"help": f"Preference loss (README's loss table): {' | '.join(LOSS_TYPES)}."}
+    )
     beta: float = field(
         default=0.1, metadata={"help": "Inverse temperature of the implicit reward (ORPO: the weight lambda of the odds-ratio term)."}
     )
@@ -86,6 +91,9 @@ class DPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
     reference_free: bool = field(
         default=False, metadata={"help": "sigmoid/ipo/hinge against a uniform reference (log-probs 0): no reference model."}
     )
+    rdpo_alpha: float = field(
+        default=0.01, metadata={"help": "rdpo: weight alpha of the length difference |y_chosen| - |y_rejected| (tokens)."}
+    )
     desirable_weight: float = field(default=1.0, metadata={"help": "KTO weight of the desirable (chosen) examples."})
     undesirable_weight: float = field(default=1.0, metadata={"help": "KTO weight of the undesirable (rejected) examples."})
     eval_with_do_generation: bool = field(
@@ -95,26 +103,22 @@ class DPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
 
     def __post_init__(self):
         super().__post_init__()
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+        problems = loss_argument_problems(self)
         if self.beta <= 0:
-            raise ValueError(f"beta must be positive, got {self.beta}")
+            problems.append(f"beta must be positive, got {self.beta}")
         if not 0.0 <= self.label_smoothing < 0.5:
-            raise ValueError(f"label_smoothing must lie in [0, 0.5), got {self.label_smoothing}")
-        if self.label_smoothing and self.loss_type not in ("sigmoid", "simpo"):
-            raise ValueError(f"label_smoothing applies to sigmoid and simpo only, not {self.loss_type!r}")
+            problems.append(f"label_smoothing must lie in [0, 0.5), got {self.label_smoothing}")
         if self.pref_loss_ratio < 0:
-            raise ValueError(f"pref_loss_ratio must be >= 0, got {self.pref_loss_ratio}")
-        if self.pref_loss_ratio == 0 and self.sft_loss_ratio == 0:
-            raise ValueError("pref_loss_ratio and sft_loss_ratio are both 0: nothing to train")
-        if self.loss_type in PAIR_LOSS_TYPES and self.reference_free:
-            raise ValueError(f"{self.loss_type} needs a reference model; reference_free applies to sigmoid, ipo and hinge")
+            problems.append(f"pref_loss_ratio must be >= 0, got {self.pref_loss_ratio}")
         if self.sft_loss_ratio < 0:
-            raise ValueError(f"sft_loss_ratio must be >= 0, got {self.sft_loss_ratio}")
-        if self.loss_type == "orpo" and self.sft_loss_ratio:
-            raise ValueError("orpo already includes the NLL of the chosen answers; leave sft_loss_ratio at 0")
-        if self.loss_type == "kto" and self.reference_free:
-            raise ValueError("kto needs a reference model; reference_free applies to sigmoid, ipo and hinge")
+            problems.append(f"sft_loss_ratio must be >= 0, got {self.sft_loss_ratio}")
+        if self.pref_loss_ratio == 0 and self.sft_loss_ratio == 0:
+            problems.append("pref_loss_ratio and sft_loss_ratio are both 0: nothing to train")
+        if problems:
+            raise ValueError("; ".join(problems))
+        unused = unused_hyperparameters(self)
+        if unused:
+            logger.warning(f"loss_type {self.loss_type!r} does not use {', '.join(unused)} (set away from the default): ignored")
 
 
 def load_pipeline_models(model_args, training_args, overrides):
@@ -131,13 +135,41 @@ def load_pipeline_models(model_args, training_args, overrides):
     return model, freeze(set_dropout_off(reference))
 
 
+KL_COLLATORS = {"pairs": KTOCollator, "unpaired": UnpairedKTOCollator}
+"""The collator adding KTO's mismatched pairs, per data kind (for losses with the `kl_point` fact)."""
+
+
+def build_preference_datasets(data_args, training_args, tokenizer):
+    """`(train, eval or None, collator)` of the loss's data kind; data of another kind raises
+    ValueError naming the loss (before any model loads)."""
+    loss = get_preference_loss(training_args.loss_type)
+    dataset_class = PREFERENCE_DATASETS[loss.data]
+    kwargs = dict(max_length=data_args.max_length, truncate_prompt_to=data_args.max_prompt_len,
+                  **data_args.dataset_kwargs(tokenizer, training_args.seed))
+    datasets = []
+    for specs in (split_specs(data_args.train_datasets), split_specs(data_args.eval_datasets)):
+        try:
+            datasets.append(dataset_class(specs, **kwargs) if specs else None)
+        except ValueError as e:
+            raise ValueError(f"loss_type {loss.name!r} trains on {loss.data} ({DATA_KINDS[loss.data]}): {e}") from e
+    collator = datasets[0].get_collator()
+    if loss.kl_point:
+        collator = KL_COLLATORS[loss.data](collator, max_length=data_args.max_length)
+    return datasets[0], datasets[1], collator
+
+
 def build_trainer(model_args, data_args, training_args):
-    """Models, datasets and the `DPOTrainer` for parsed arguments."""
+    """Datasets, then models, then the `DPOTrainer` for parsed arguments."""
     if not model_args.model_name_or_path:
         raise ValueError("model_name_or_path is required")
     path = model_args.model_name_or_path
-    extra = load_overrides(model_args, training_args, pipeline_entry="dpo")
     tokenizer = load_tokenizer(path)
+    train_dataset, eval_dataset, collator = build_preference_datasets(data_args, training_args, tokenizer)
+    gen_specs = split_specs(data_args.eval_generation_datasets)
+    eval_prompts = None
+    if gen_specs and training_args.eval_with_do_generation:
+        eval_prompts = PromptOnlyDataset(gen_specs, max_prompt_len=data_args.max_length, **data_args.dataset_kwargs(tokenizer, training_args.seed))
+    extra = load_overrides(model_args, training_args, pipeline_entry="dpo")
     if training_args.pipeline_parallel_degree > 1:
         model, ref_model = load_pipeline_models(model_args, training_args, extra)
     else:
@@ -145,28 +177,10 @@ def build_trainer(model_args, data_args, training_args):
         if model_args.use_lora and not is_lora_model(model):
             model = apply_lora(model, base_model_name_or_path=path, **model_args.lora_settings())
         set_dropout_off(model)
-        # the reference: none for SimPO/ORPO/reference_free; a LoRA policy with its adapter off; else a frozen copy
+        # the reference: none when the loss needs none; a LoRA policy with its adapter off; else a frozen copy
         ref_model = None
         if needs_reference(training_args.loss_type, training_args.reference_free):
             ref_model = load_reference(model, path, model_args.ref_model_name_or_path, training_dtype(training_args), **extra)
-
-    data_kwargs = data_args.dataset_kwargs(tokenizer, training_args.seed)
-    train_dataset = PreferenceDataset(
-        split_specs(data_args.train_datasets), max_length=data_args.max_length, truncate_prompt_to=data_args.max_prompt_len, **data_kwargs
-    )
-    eval_specs = split_specs(data_args.eval_datasets)
-    eval_dataset = (
-        PreferenceDataset(eval_specs, max_length=data_args.max_length, truncate_prompt_to=data_args.max_prompt_len, **data_kwargs)
-        if eval_specs
-        else None
-    )
-    gen_specs = split_specs(data_args.eval_generation_datasets)
-    eval_prompts = None
-    if gen_specs and training_args.eval_with_do_generation:
-        eval_prompts = PromptOnlyDataset(gen_specs, max_prompt_len=data_args.max_length, **data_kwargs)
-    collator = train_dataset.get_collator()
-    if training_args.loss_type == "kto":
-        collator = KTOCollator(collator, max_length=data_args.max_length)
 
     return DPOTrainer(
         model=model,
