@@ -10,6 +10,13 @@ from ppo.common.arguments import REPO_ROOT
 from ppo.common.arguments import read_json_arguments, valid_field_names
 
 
+def is_preference_loss_config(name):
+    """`<loss_type>_argument.json` for a registered preference loss (run by dpo/run_dpo.py)."""
+    from ppo.algos import PREFERENCE_LOSSES
+
+    return name.rsplit("_argument", 1)[0] in PREFERENCE_LOSSES
+
+
 def entry_dataclasses(name):
     if name.startswith("audit"):
         from rm.audit_reward import AuditArgument
@@ -21,7 +28,7 @@ def entry_dataclasses(name):
         from rm.run_reward import DataArgument, ModelArgument, RewardTrainingArguments as T
     elif name.startswith(("ppo", "grpo", "rloo", "reinforce")):
         from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments as T
-    elif name.startswith(("dpo", "simpo", "orpo", "kto", "ipo", "hinge")):
+    elif name.startswith(("dpo", "simpo", "orpo", "kto", "ipo", "hinge")) or is_preference_loss_config(name):
         from dpo.run_dpo import DataArgument, ModelArgument
         import dpo.run_dpo as run_dpo
 
