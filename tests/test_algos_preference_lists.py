@@ -165,6 +165,15 @@ def test_kto_unpaired_weights_and_accuracy():
     assert stats["rewards/accuracies"] == 0.5 and stats["rewards/chosen"] == 1.0 and stats["rewards/rejected"] == 1.0
 
 
+def test_bco_hand_computed():
+    """beta 1, log-ratios [1, -1], labels [1, 0]: delta 0, both on their side: -log s(1).
+    Log-ratios [1, 1]: delta 1, L = log 2; accuracy 0 (z > delta for neither)."""
+    loss, stats = run("bco", [[1.0], [-1.0]], reference=[[0.0], [0.0]], scores=[[1], [0]], beta=1.0)
+    assert loss == pytest.approx(nlogsig(1.0)) and stats["rewards/accuracies"] == 1.0 and stats["rewards/margins"] == 2.0
+    loss, stats = run("bco", [[1.0], [1.0]], reference=[[0.0], [0.0]], scores=[[1], [0]], beta=1.0)
+    assert loss == pytest.approx(LN2) and stats["bco/delta"] == 1.0 and stats["rewards/accuracies"] == 0.5
+
+
 def test_npo_hand_computed():
     """pi = ref: (2 / beta) log 2; beta 0.5, log-ratio 2: -(2 / 0.5) log s(-1)."""
     assert run("npo", [[-4.0]], reference=[[-4.0]], beta=0.5)[0] == pytest.approx(4 * LN2)

@@ -17,7 +17,7 @@ import paddle.nn.functional as F
 
 from .preference import _per_token, kto_loss
 
-__all__ = ["rrhf_loss", "lipo_lambda_loss", "pro_loss", "kto_unpaired_loss", "npo_loss", "list_preference_stats"]
+__all__ = ["rrhf_loss", "lipo_lambda_loss", "pro_loss", "kto_unpaired_loss", "bco_loss", "npo_loss", "list_preference_stats"]
 
 _NEG = -1e30
 
@@ -156,6 +156,30 @@ def kto_unpaired_loss(x, hp):
     agree = ((logps - ref) > 0) == desirable
     stats["rewards/accuracies"] = agree.astype(logps.dtype).mean().detach()
     return loss, stats
+
+
+def bco_loss(x, hp):
+    """BCO (Jung et al. 2024, "Binary Classifier Optimization for LLM alignment") on unpaired
+    binary feedback ``[N, 1]``: a logistic classifier on the implicit reward ``z = beta (pi - ref)``
+    shifted by ``delta``: ``L = mean -log s(z - delta)`` (desirable) / ``-log s(-(z - delta))``
+    (undesirable). ``delta`` is the detached batch mean of ``z`` (TRL's ``BCOTrainer`` keeps a
+    running mean over batches instead; the underlying-distribution-matching weights are not used).
+    Hand check: beta 1, log-ratios [1, -1], labels [1, 0] -> delta 0, ``L = -log s(1)``.
+    ``rewards/accuracies`` = fraction with ``z > delta`` matching the label; ``bco/delta``.
+    """
+    if x.reference is None:
+        raise ValueError("bco needs reference log-probs")
+    z = hp["beta"] * (x.policy.reshape([-1]) - x.reference.reshape([-1]).detach())
+    delta = paddle.mean(z).detach()
+    desirable = x.scores.reshape([-1]) > 0
+    losses = paddle.where(desirable, -F.log_sigmoid(z - delta), -F.log_sigmoid(delta - z))
+    weights = desirable.astype(z.dtype)
+    rewards = z.detach()
+    chosen = paddle.sum(rewards * weights) / paddle.clip(paddle.sum(weights), min=1.0)
+    rejected = paddle.sum(rewards * (1.0 - weights)) / paddle.clip(paddle.sum(1.0 - weights), min=1.0)
+    stats = {"rewards/chosen": chosen, "rewards/rejected": rejected, "rewards/margins": chosen - rejected,
+             "rewards/accuracies": ((rewards > delta) == desirable).astype(z.dtype).mean(), "bco/delta": delta}
+    return paddle.mean(losses), stats
 
 
 def npo_loss(x, hp):

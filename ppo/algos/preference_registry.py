@@ -7,7 +7,7 @@ whether it needs a reference model, adds its own NLL term, normalises by length,
 KL reference point, which hyperparameters it reads) and never branch on a loss name.
 Source: verl ``core_algos`` (losses chosen from registries); TRL ``DPOConfig.loss_type``.
 """
-from .preference_lists import kto_unpaired_loss, lipo_lambda_loss, npo_loss, pro_loss, rrhf_loss
+from .preference_lists import bco_loss, kto_unpaired_loss, lipo_lambda_loss, npo_loss, pro_loss, rrhf_loss
 from .preference_pairs import (
     cpo_loss,
     dpo_sigmoid_loss,
@@ -127,6 +127,7 @@ PREFERENCE_LOSSES = {
                        ("beta", "desirable_weight", "undesirable_weight"), kl_point=True),
         PreferenceLoss("kto_unpaired", kto_unpaired_loss, "unpaired", "required", "Ethayarajh et al. 2024 (KTO)",
                        ("beta", "desirable_weight", "undesirable_weight"), kl_point=True),
+        PreferenceLoss("bco", bco_loss, "unpaired", "required", "Jung et al. 2024 (BCO)"),
         PreferenceLoss("rrhf", rrhf_loss, "lists", "none", "Yuan et al. 2023 (RRHF)", (), nll_term=True, length_normalised=True),
         PreferenceLoss("lipo", lipo_lambda_loss, "lists", "required", "Liu et al. 2024 (LiPO-lambda)"),
         PreferenceLoss("pro", pro_loss, "lists", "none", "Song et al. 2023 (PRO)", (), length_normalised=True),
