@@ -229,7 +229,8 @@ class DPOTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
         for pairs)."""
         if self.loss_fn.data != "pairs":
             return inputs["input_ids"], inputs["attention_mask"], inputs["labels"], inputs["scores"], inputs["valid"]
-        rows = [paddle.concat([inputs[f"better_{k}"], inputs[f"worse_{k}"]], axis=0) for k in ("input_ids", "attention_mask", "labels")]
+        keys = ("input_ids", "attention_mask", "labels")
+        rows = [paddle.concat([inputs[f"better_{k}"], inputs[f"worse_{k}"]], axis=0) for k in keys]
         return (*rows, None, None)
 
     def preference_loss(self, model, inputs):
@@ -334,7 +335,8 @@ class DPOTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
                 B = float((inputs["scores"] if "scores" in inputs else inputs["better_input_ids"]).shape[0])
                 present.update(k for k in keys if k in stats)
                 zero = paddle.zeros([], "float32")
-                sums = sums + paddle.stack([stats.get(k, zero).astype("float32").reshape([]) * B for k in keys] + [paddle.full([], B)])
+                weighted = [stats.get(k, zero).astype("float32").reshape([]) * B for k in keys]
+                sums = sums + paddle.stack(weighted + [paddle.full([], B)])
         if was_training:
             self.model.train()
         if self.args.world_size > 1:

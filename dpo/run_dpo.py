@@ -168,7 +168,8 @@ def build_trainer(model_args, data_args, training_args):
     gen_specs = split_specs(data_args.eval_generation_datasets)
     eval_prompts = None
     if gen_specs and training_args.eval_with_do_generation:
-        eval_prompts = PromptOnlyDataset(gen_specs, max_prompt_len=data_args.max_length, **data_args.dataset_kwargs(tokenizer, training_args.seed))
+        data_kwargs = data_args.dataset_kwargs(tokenizer, training_args.seed)
+        eval_prompts = PromptOnlyDataset(gen_specs, max_prompt_len=data_args.max_length, **data_kwargs)
     extra = load_overrides(model_args, training_args, pipeline_entry="dpo")
     if training_args.pipeline_parallel_degree > 1:
         model, ref_model = load_pipeline_models(model_args, training_args, extra)

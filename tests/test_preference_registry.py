@@ -42,10 +42,10 @@ def test_facts_are_consistent():
         get_preference_loss("dpo")
 
 
-def synthetic_inputs(loss, rng, B=3):
+def synthetic_inputs(loss, rng, B=3, dtype="float64"):
     """Random inputs of `loss`'s data kind (with everything any loss may read)."""
     K = {"pairs": 2, "lists": 4, "unpaired": 1, "rejected": 1}[loss.data]
-    t = lambda a: paddle.to_tensor(np.asarray(a, "float64"))  # noqa: E731
+    t = lambda a: paddle.to_tensor(np.asarray(a, dtype))  # noqa: E731
     scores = {"lists": rng.integers(0, 3, (B, K)), "unpaired": rng.integers(0, 2, (B, 1))}.get(loss.data)
     return PreferenceInputs(
         t(rng.normal(size=(B, K)) - 8), reference=t(rng.normal(size=(B, K)) - 8), lengths=t(rng.integers(1, 9, (B, K))),
@@ -65,6 +65,14 @@ def test_every_loss_runs_with_one_signature(name):
     assert "rewards/rejected" in stats and all(s.shape == [] for s in stats.values())
     if loss.data != "rejected":
         assert {"rewards/chosen", "rewards/accuracies", "rewards/margins"} <= set(stats)
+
+
+@pytest.mark.parametrize("name", list(PREFERENCE_LOSSES))
+def test_every_loss_keeps_float32(name):
+    loss = PREFERENCE_LOSSES[name]
+    value, stats = loss(synthetic_inputs(loss, np.random.default_rng(2), dtype="float32"), {})
+    assert value.dtype == paddle.float32 and np.isfinite(value.numpy())
+    assert all(s.dtype == paddle.float32 and np.isfinite(s.numpy()) for s in stats.values()), stats
 
 
 def test_dpo_loss_is_the_registry_entry():
