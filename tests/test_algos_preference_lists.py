@@ -1,5 +1,5 @@
 """Tests for the listwise, unpaired and rejected-only preference losses (RRHF, LiPO-lambda, PRO,
-unpaired KTO, NPO) and the new pair losses (CPO, R-DPO): hand-derived cases, loops against the
+DRO, unpaired KTO, BCO, NPO) and the new pair losses (CPO, R-DPO): hand-derived cases, loops against the
 vectorised code, garbage at padding answers, inputs not mutated."""
 import math
 
@@ -83,6 +83,14 @@ def test_pro_hand_computed():
     assert loss == pytest.approx(expected) and stats["rewards/accuracies"] == 1.0
 
 
+def test_dro_hand_computed():
+    """r = [1, 0], rho = 0, tau 1: V = 0.5, L = 1/2 (0.25 + 0.25) / 2 = 0.125.
+    tau 0.5, rho = [2, 0]: residuals [0, 0] -> L = 0 (the policy already fits the rewards)."""
+    loss, stats = run("dro", [[-3.0, -5.0]], reference=[[-3.0, -5.0]], scores=[[1, 0]], beta=1.0)
+    assert loss == pytest.approx(0.125) and stats["dro/value"] == 0.5
+    assert run("dro", [[-1.0, -5.0]], reference=[[-3.0, -5.0]], scores=[[1, 0]], beta=0.5)[0] == pytest.approx(0.0)
+
+
 # ---------------------------------------------------------------- loops against the vectorised code
 
 def loop_rrhf(p, s, v):
@@ -131,11 +139,16 @@ def test_list_losses_match_loops():
     sv = 0.3 * (pol - ref)
     lipo = np.mean([loop_lipo(sv[b], scores[b], valid[b]) for b in range(4)])
     assert run("lipo", pol, ref, scores=scores, valid=valid, beta=0.3)[0] == pytest.approx(lipo, rel=1e-10)
+    dro = []
+    for b in range(4):
+        res = [scores[b, k] - 0.3 * (pol[b, k] - ref[b, k]) for k in range(5) if valid[b, k]]
+        dro.append(0.5 * np.mean([(v - np.mean(res)) ** 2 for v in res]))
+    assert run("dro", pol, ref, scores=scores, valid=valid, beta=0.3)[0] == pytest.approx(np.mean(dro), rel=1e-10)
     pro = np.mean([loop_pro(p[b], scores[b], valid[b]) for b in range(4)])
     assert run("pro", pol, lengths=lengths, scores=scores, valid=valid)[0] == pytest.approx(pro, rel=1e-10)
 
 
-@pytest.mark.parametrize("name", ["rrhf", "lipo", "pro"])
+@pytest.mark.parametrize("name", ["rrhf", "lipo", "pro", "dro"])
 def test_garbage_at_padding_answers_changes_nothing_and_inputs_kept(name):
     rng = np.random.default_rng(4)
     pol, ref, lengths, scores, valid = random_lists(rng)

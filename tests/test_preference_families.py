@@ -11,10 +11,11 @@ import pytest
 
 from dpo import run_dpo
 
-NEW_LOSSES = ("cpo", "rdpo", "kto_unpaired", "bco", "rrhf", "lipo", "pro", "npo")
+NEW_LOSSES = ("cpo", "rdpo", "kto_unpaired", "bco", "rrhf", "lipo", "pro", "dro", "npo")
 LEARNING_SIGN = {  # the metric that shows learning, and its direction (+1 rising)
     "cpo": ("rewards/accuracies", 1), "rdpo": ("rewards/accuracies", 1), "kto_unpaired": ("rewards/margins", 1),
-    "rrhf": ("rewards/margins", 1), "bco": ("rewards/margins", 1), "lipo": ("rewards/accuracies", 1), "pro": ("rewards/accuracies", 1),
+    "rrhf": ("rewards/margins", 1), "bco": ("rewards/margins", 1), "dro": ("rewards/margins", 1),
+    "lipo": ("rewards/accuracies", 1), "pro": ("rewards/accuracies", 1),
     "npo": ("rewards/rejected", -1),
 }
 

@@ -17,7 +17,7 @@ import paddle.nn.functional as F
 
 from .preference import _per_token, kto_loss
 
-__all__ = ["rrhf_loss", "lipo_lambda_loss", "pro_loss", "kto_unpaired_loss", "bco_loss", "npo_loss", "list_preference_stats"]
+__all__ = ["rrhf_loss", "lipo_lambda_loss", "pro_loss", "kto_unpaired_loss", "bco_loss", "dro_list_loss", "npo_loss", "list_preference_stats"]
 
 _NEG = -1e30
 
@@ -140,6 +140,31 @@ def pro_loss(x, hp):
     terms = paddle.logsumexp(masked, axis=-1) - r
     per_list = paddle.sum(paddle.where(valid, terms, paddle.zeros_like(terms)), axis=-1)
     return paddle.mean(per_list), list_preference_stats(r, scores, valid)
+
+
+def dro_list_loss(x, hp):
+    """DRO (Richemond et al. 2024, "Offline Regularised Reinforcement Learning for LLM
+    Alignment") on lists whose ``scores`` are rewards: with ``rho = pi - ref`` and
+    ``tau = beta``, ``L(theta, V) = 1/2 E[(r - V(x) - tau rho)^2]``. The paper learns ``V`` with
+    a value network from single answers; with K answers per prompt the minimising ``V`` is the
+    list mean ``V_b = mean_k (r_k - tau rho_k)`` (detached: at the minimum dL/dV = 0, so the
+    policy gradient is the same), giving
+    ``L = mean_b 1/(2 n_b) sum_{k valid} (r_k - tau rho_k - V_b)^2``. Rewards ``tau rho``.
+    Hand check: r = [1, 0], rho = 0, tau 1 -> V = 0.5, ``L = 0.125``.
+    """
+    if x.reference is None:
+        raise ValueError("dro needs reference log-probs")
+    valid = _valid(x)
+    zeros = paddle.zeros_like(x.policy)
+    weights = valid.astype(x.policy.dtype)
+    tau_rho = hp["beta"] * paddle.where(valid, x.policy - x.reference.detach(), zeros)
+    residual = paddle.where(valid, x.scores.astype(zeros.dtype), zeros) - tau_rho
+    count = paddle.clip(paddle.sum(weights, axis=-1), min=1.0)
+    value = (paddle.sum(residual * weights, axis=-1) / count).detach()
+    per_list = 0.5 * paddle.sum(weights * (residual - value.unsqueeze(-1)) ** 2, axis=-1) / count
+    stats = list_preference_stats(tau_rho, x.scores, valid)
+    stats["dro/value"] = paddle.mean(value)
+    return paddle.mean(per_list), stats
 
 
 def kto_unpaired_loss(x, hp):

@@ -7,7 +7,7 @@ whether it needs a reference model, adds its own NLL term, normalises by length,
 KL reference point, which hyperparameters it reads) and never branch on a loss name.
 Source: verl ``core_algos`` (losses chosen from registries); TRL ``DPOConfig.loss_type``.
 """
-from .preference_lists import bco_loss, kto_unpaired_loss, lipo_lambda_loss, npo_loss, pro_loss, rrhf_loss
+from .preference_lists import bco_loss, dro_list_loss, kto_unpaired_loss, lipo_lambda_loss, npo_loss, pro_loss, rrhf_loss
 from .preference_pairs import (
     cpo_loss,
     dpo_sigmoid_loss,
@@ -131,6 +131,7 @@ PREFERENCE_LOSSES = {
         PreferenceLoss("rrhf", rrhf_loss, "lists", "none", "Yuan et al. 2023 (RRHF)", (), nll_term=True, length_normalised=True),
         PreferenceLoss("lipo", lipo_lambda_loss, "lists", "required", "Liu et al. 2024 (LiPO-lambda)"),
         PreferenceLoss("pro", pro_loss, "lists", "none", "Song et al. 2023 (PRO)", (), length_normalised=True),
+        PreferenceLoss("dro", dro_list_loss, "lists", "required", "Richemond et al. 2024 (DRO), value per list"),
         PreferenceLoss("npo", npo_loss, "rejected", "required", "Zhang et al. 2024 (NPO)"),
     )
 }
