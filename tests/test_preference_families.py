@@ -113,3 +113,26 @@ def test_ranked_and_unpaired_batches(tiny):
     assert [float(unpaired[i]["scores"][0]) for i in range(4)] == [1.0, 0.0, 1.0, 0.0]
     rejected = RejectedOnlyDataset(f"trl-unpaired:1.0:{tiny.data}/unpaired_eval.jsonl", **kw)
     assert len(rejected) == 12 and rejected.stats["skipped_desirable"] == 12
+
+
+@pytest.mark.parametrize("loss_type", ["lipo", "kto_unpaired"])
+def test_lora_policy_is_its_own_reference(tiny, monkeypatch, loss_type):
+    """With `use_lora` no reference model loads: the reference log-probs (and KTO's KL point)
+    come from the policy with its adapter off, and the base weights stay fixed."""
+    seen = {}
+    real_finish = run_dpo.finish_trainer_run
+
+    def finish(trainer, args, tokenizer):
+        base = {k: v.numpy().copy() for k, v in trainer.model.state_dict().items() if "lora" not in k}
+        summary = real_finish(trainer, args, tokenizer)
+        seen.update(trainer=trainer, base=base, after={k: trainer.model.state_dict()[k].numpy() for k in base})
+        return summary
+
+    monkeypatch.setattr(run_dpo, "finish_trainer_run", finish)
+    out = str(tiny.root / f"lora_{loss_type}")
+    run_dpo.main(config_argv(tiny, loss_type, out, use_lora=True, lora_rank=8, learning_rate=3e-2, max_steps=8))
+    assert seen["trainer"].ref_model is None and type(seen["trainer"].model).__name__ == "LoRAModel"
+    assert all(np.array_equal(seen["base"][k], seen["after"][k]) for k in seen["base"])
+    train = [r for r in read_metrics(out) if "loss/total" in r]
+    assert all(math.isfinite(r["rewards/margins"]) for r in train)
+    assert any(abs(r["rewards/chosen"]) > 1e-4 for r in train), train
