@@ -8,7 +8,7 @@ has K = 1.
 """
 import paddle
 
-from ppo.algos import PREFERENCE_HYPERPARAMETERS, PreferenceInputs, get_preference_loss, masked_mean
+from ppo.algos import PREFERENCE_HYPERPARAMETERS, PREFERENCE_LOSSES, PreferenceInputs, get_preference_loss, masked_mean
 
 __all__ = ["needs_reference", "loss_argument_problems", "unused_hyperparameters", "positive_answers", "preference_objective"]
 
@@ -24,13 +24,8 @@ def needs_reference(loss_type, reference_free=False):
 
 
 def _users(name):
-    return ", ".join(e.name for e in _all_losses() if name in e.hyperparameters)
-
-
-def _all_losses():
-    from ppo.algos import PREFERENCE_LOSSES
-
-    return PREFERENCE_LOSSES.values()
+    """The losses that read hyperparameter `name`, comma-separated."""
+    return ", ".join(e.name for e in PREFERENCE_LOSSES.values() if name in e.hyperparameters)
 
 
 def loss_argument_problems(args):
@@ -40,7 +35,7 @@ def loss_argument_problems(args):
     try:
         loss = get_preference_loss(args.loss_type)
     except ValueError:
-        return [f"loss_type must be one of {tuple(e.name for e in _all_losses())}, got {args.loss_type!r}"]
+        return [f"loss_type must be one of {tuple(PREFERENCE_LOSSES)}, got {args.loss_type!r}"]
     problems = []
     for name in unused_hyperparameters(args):
         default = PREFERENCE_HYPERPARAMETERS[name]

@@ -1,6 +1,6 @@
 """The preference-loss family (`ppo.algos.PREFERENCE_LOSSES`: DPO, cDPO, IPO, hinge, SimPO, ORPO,
-CPO, R-DPO, KTO, kto_pair, sppo_hard, nca_pair, dpop on pairs; RRHF, LiPO-lambda, PRO on ranked
-lists; unpaired KTO; NPO on rejected answers), full or LoRA, from a JSON or YAML argument file.
+CPO, R-DPO, KTO, kto_pair, sppo_hard, nca_pair, dpop on pairs; RRHF, LiPO-lambda, PRO, DRO on
+ranked lists; unpaired KTO and BCO; NPO on rejected answers), full or LoRA, from a JSON or YAML argument file.
 
     python -m paddle.distributed.launch dpo/run_dpo.py config/tiny/dpo_argument.json [--flag value ...]
 
