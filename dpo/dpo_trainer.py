@@ -1,6 +1,6 @@
 """The preference-loss family on the PaddleNLP `Trainer`: every `loss_type` of
-`ppo.algos.PREFERENCE_LOSSES` (the DPO family on pairs, RRHF / LiPO / PRO on ranked lists,
-KTO on unpaired labels, NPO on rejected answers), chosen by the registry's facts.
+`ppo.algos.PREFERENCE_LOSSES` (the DPO family on pairs, RRHF / LiPO / PRO / DRO on ranked
+lists, KTO / BCO on unpaired labels, NPO on rejected answers), chosen by the registry's facts.
 
 One training step on a batch of B prompts with K answers each (pairs: K = 2):
 
