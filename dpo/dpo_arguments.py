@@ -6,8 +6,10 @@ start-up pass (see `ppo.common.validation`), run by `parse_arguments` before any
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+import logging
+
 from dpo.dpo_trainer import LOSS_TYPES
-from ppo.algos.preference import PAIR_LOSS_TYPES
+from dpo.preference_objective import loss_argument_problems, unused_hyperparameters
 from ppo.common.argument_groups import (
     DatasetArguments,
     DivergenceArguments,
@@ -19,6 +21,8 @@ from ppo.common.argument_groups import (
 )
 from ppo.common.argument_problems import problem_scope
 from ppo.common.trainer_entry_checks import trainer_entry_problems
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,7 +44,9 @@ class DataArgument(PromptTruncationArguments, DatasetArguments):
 
 @dataclass
 class DPOTrainingArguments(DivergenceArguments, LogprobArguments, EvalGenerationArguments, PaddleNLPTrainingArguments):
-    loss_type: str = field(default="sigmoid", metadata={"help": f"Preference loss: {' | '.join(LOSS_TYPES)}."})
+    loss_type: str = field(
+        default="sigmoid", metadata={"help": f"Preference loss (the table in docs/algorithms.md): {' | '.join(LOSS_TYPES)}."}
+    )
     beta: float = field(
         default=0.1, metadata={"help": "Inverse temperature of the implicit reward (ORPO: the weight lambda of the odds-ratio term)."}
     )
@@ -55,6 +61,9 @@ class DPOTrainingArguments(DivergenceArguments, LogprobArguments, EvalGeneration
         default=1.0, metadata={"help": "Weight of the preference loss (PaddleNLP: loss = pref_loss_ratio * pref + sft_loss_ratio * NLL)."}
     )
     dpop_lambda: float = field(default=50.0, metadata={"help": "dpop: weight of the penalty max(0, ref_c - pi_c) (PaddleNLP default 50)."})
+    rdpo_alpha: float = field(
+        default=0.01, metadata={"help": "rdpo: weight alpha of the length difference |y_chosen| - |y_rejected| (tokens)."}
+    )
     reference_free: bool = field(
         default=False, metadata={"help": "sigmoid/ipo/hinge against a uniform reference (log-probs 0): no reference model."}
     )
@@ -67,28 +76,24 @@ class DPOTrainingArguments(DivergenceArguments, LogprobArguments, EvalGeneration
             problems += self.preference_loss_problems()
 
     def preference_loss_problems(self):
-        """The loss type exists and its weights, label smoothing and reference settings fit it."""
-        problems = []
-        if self.loss_type not in LOSS_TYPES:
-            problems.append(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+        """The loss type exists, its hyperparameters and reference settings fit its registry facts
+        (`dpo.preference_objective.loss_argument_problems`), and the weights are in range; a
+        hyperparameter of another loss set away from its default is logged as unused."""
+        problems = loss_argument_problems(self)
         if self.beta <= 0:
             problems.append(f"beta must be positive, got {self.beta}")
         if not 0.0 <= self.label_smoothing < 0.5:
             problems.append(f"label_smoothing must lie in [0, 0.5), got {self.label_smoothing}")
-        if self.label_smoothing and self.loss_type not in ("sigmoid", "simpo"):
-            problems.append(f"label_smoothing applies to sigmoid and simpo only, not {self.loss_type!r}")
         if self.pref_loss_ratio < 0:
             problems.append(f"pref_loss_ratio must be >= 0, got {self.pref_loss_ratio}")
-        if self.pref_loss_ratio == 0 and self.sft_loss_ratio == 0:
-            problems.append("pref_loss_ratio and sft_loss_ratio are both 0: nothing to train")
-        if self.loss_type in PAIR_LOSS_TYPES and self.reference_free:
-            problems.append(f"{self.loss_type} needs a reference model; reference_free applies to sigmoid, ipo and hinge")
         if self.sft_loss_ratio < 0:
             problems.append(f"sft_loss_ratio must be >= 0, got {self.sft_loss_ratio}")
-        if self.loss_type == "orpo" and self.sft_loss_ratio:
-            problems.append("orpo already includes the NLL of the chosen answers; leave sft_loss_ratio at 0")
-        if self.loss_type == "kto" and self.reference_free:
-            problems.append("kto needs a reference model; reference_free applies to sigmoid, ipo and hinge")
+        if self.pref_loss_ratio == 0 and self.sft_loss_ratio == 0:
+            problems.append("pref_loss_ratio and sft_loss_ratio are both 0: nothing to train")
+        if not problems:
+            unused = unused_hyperparameters(self)
+            if unused:
+                logger.warning(f"loss_type {self.loss_type!r} does not use {', '.join(unused)} (set away from the default): ignored")
         return problems
 
 

@@ -1,12 +1,13 @@
-"""The DPO family (DPO, cDPO, IPO, hinge, SimPO, ORPO, KTO, kto_pair, sppo_hard, nca_pair, dpop),
-full or LoRA, from a JSON or YAML argument file.
+"""The preference-loss family (`ppo.algos.PREFERENCE_LOSSES`: DPO, cDPO, IPO, hinge, SimPO, ORPO,
+CPO, R-DPO, KTO, kto_pair, sppo_hard, nca_pair, dpop on pairs; RRHF, LiPO-lambda, PRO, DRO on
+ranked lists; unpaired KTO and BCO; NPO on rejected answers), full or LoRA, from a JSON or YAML argument file.
 
     python -m paddle.distributed.launch dpo/run_dpo.py config/tiny/dpo_argument.json [--flag value ...]
 
-Trains on preference pairs (`PreferenceDataset`; KTO turns each pair into one
-desirable and one undesirable example). The reference model is a frozen copy of
-`ref_model_name_or_path` (default: `model_name_or_path`), or, with `use_lora`,
-the policy with its adapter disabled; SimPO, ORPO and `reference_free` load none.
+Trains on the data kind the loss names (`ppo.data.PREFERENCE_DATASETS`); data of another kind
+is refused, naming the loss, before any model loads. The reference model is a frozen copy of
+`ref_model_name_or_path` (default: `model_name_or_path`), or, with `use_lora`, the policy with
+its adapter disabled; losses without one (and `reference_free`) load none.
 Writes the model (or adapter) to `output_dir` with `metrics.jsonl`, `summary.json`,
 `resolved_arguments.json` and VisualDL logs under `logging_dir`.
 """
@@ -20,7 +21,9 @@ from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 
 with quiet_third_party_warnings():
     from dpo.dpo_arguments import DataArgument, DPOTrainingArguments, ModelArgument, validate_arguments  # noqa: E402, F401
-    from dpo.dpo_trainer import DPOTrainer, KTOCollator, needs_reference  # noqa: E402
+    from dpo.dpo_trainer import DPOTrainer, KTOCollator, UnpairedKTOCollator  # noqa: E402
+    from dpo.preference_objective import needs_reference  # noqa: E402
+    from ppo.algos import DATA_KINDS, get_preference_loss  # noqa: E402
     from ppo.common.argument_groups import split_specs  # noqa: E402
     from ppo.common.argument_parsing import parse_arguments, save_resolved_arguments  # noqa: E402
     from ppo.common.output_lock import acquire_output_dir  # noqa: E402
@@ -28,7 +31,8 @@ with quiet_third_party_warnings():
     from ppo.common.process_exit import run_and_exit  # noqa: E402
     from ppo.common.run_setup import finish_trainer_run  # noqa: E402
     from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
-    from ppo.data import PreferenceDataset, PromptOnlyDataset  # noqa: E402
+    from ppo.data import PREFERENCE_DATASETS, PromptOnlyDataset  # noqa: E402
+    from ppo.data.base import DataError  # noqa: E402
     from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, load_pipe, log_pipeline_settings  # noqa: E402
     from ppo.models.preference_pipe import PreferencePolicyInputs  # noqa: E402
     from ppo.models.loading import (  # noqa: E402
@@ -58,13 +62,42 @@ def load_pipeline_models(model_args, training_args, overrides):
     return model, freeze(set_dropout_off(reference))
 
 
+KL_COLLATORS = {"pairs": KTOCollator, "unpaired": UnpairedKTOCollator}
+"""The collator adding KTO's mismatched pairs, per data kind (for losses with the `kl_point` fact)."""
+
+
+def build_preference_datasets(data_args, training_args, tokenizer):
+    """`(train, eval or None, collator)` of the loss's data kind; data of another kind raises
+    ValueError naming the loss (before any model loads)."""
+    loss = get_preference_loss(training_args.loss_type)
+    dataset_class = PREFERENCE_DATASETS[loss.data]
+    kwargs = dict(max_length=data_args.max_length, truncate_prompt_to=data_args.truncate_prompt_len,
+                  **data_args.dataset_kwargs(tokenizer, training_args.seed))
+    datasets = []
+    for specs in (split_specs(data_args.train_datasets), split_specs(data_args.eval_datasets)):
+        try:
+            datasets.append(dataset_class(specs, **kwargs) if specs else None)
+        except ValueError as e:
+            raise DataError(f"loss_type {loss.name!r} trains on {loss.data} ({DATA_KINDS[loss.data]}): {e}") from e
+    collator = datasets[0].get_collator()
+    if loss.kl_point:
+        collator = KL_COLLATORS[loss.data](collator, max_length=data_args.max_length)
+    return datasets[0], datasets[1], collator
+
+
 def build_trainer(model_args, data_args, training_args):
     """Models, datasets and the `DPOTrainer` for parsed (and validated) arguments."""
     path = model_args.model_name_or_path
-    extra = load_overrides(model_args, training_args, pipeline_entry="dpo")
     tokenizer = load_tokenizer(path)
     check_token_and_position_limits(tokenizer, [(n, getattr(model_args, n)) for n in ("model_name_or_path", "ref_model_name_or_path")],
                                     data_args.max_length, "max_length")
+    train_dataset, eval_dataset, collator = build_preference_datasets(data_args, training_args, tokenizer)
+    gen_specs = split_specs(data_args.eval_generation_datasets)
+    eval_prompts = None
+    if gen_specs and training_args.eval_with_do_generation:
+        data_kwargs = data_args.dataset_kwargs(tokenizer, training_args.seed)
+        eval_prompts = PromptOnlyDataset(gen_specs, max_prompt_len=data_args.max_length, **data_kwargs)
+    extra = load_overrides(model_args, training_args, pipeline_entry="dpo")
     if training_args.pipeline_parallel_degree > 1:
         model, ref_model = load_pipeline_models(model_args, training_args, extra)
     else:
@@ -72,28 +105,10 @@ def build_trainer(model_args, data_args, training_args):
         if model_args.use_lora and not is_lora_model(model):
             model = apply_lora(model, base_model_name_or_path=path, **model_args.lora_settings())
         set_dropout_off(model)
-        # the reference: none for SimPO/ORPO/reference_free; a LoRA policy with its adapter off; else a frozen copy
+        # the reference: none when the loss needs none; a LoRA policy with its adapter off; else a frozen copy
         ref_model = None
         if needs_reference(training_args.loss_type, training_args.reference_free):
             ref_model = load_reference(model, path, model_args.ref_model_name_or_path, training_dtype(training_args), **extra)
-
-    data_kwargs = data_args.dataset_kwargs(tokenizer, training_args.seed)
-    train_dataset = PreferenceDataset(
-        split_specs(data_args.train_datasets), max_length=data_args.max_length, truncate_prompt_to=data_args.truncate_prompt_len, **data_kwargs
-    )
-    eval_specs = split_specs(data_args.eval_datasets)
-    eval_dataset = (
-        PreferenceDataset(eval_specs, max_length=data_args.max_length, truncate_prompt_to=data_args.truncate_prompt_len, **data_kwargs)
-        if eval_specs
-        else None
-    )
-    gen_specs = split_specs(data_args.eval_generation_datasets)
-    eval_prompts = None
-    if gen_specs and training_args.eval_with_do_generation:
-        eval_prompts = PromptOnlyDataset(gen_specs, max_prompt_len=data_args.max_length, **data_kwargs)
-    collator = train_dataset.get_collator()
-    if training_args.loss_type == "kto":
-        collator = KTOCollator(collator, max_length=data_args.max_length)
 
     return DPOTrainer(
         model=model,

@@ -10,6 +10,13 @@ from ppo.common.argument_parsing import REPO_ROOT
 from ppo.common.argument_parsing import read_json_arguments, valid_field_names
 
 
+def is_preference_loss_config(name):
+    """`<loss_type>_argument.json` for a registered preference loss (run by dpo/run_dpo.py)."""
+    from ppo.algos import PREFERENCE_LOSSES
+
+    return name.rsplit("_argument", 1)[0] in PREFERENCE_LOSSES
+
+
 def entry_dataclasses(name):
     if name.startswith("audit"):
         from rm.audit_arguments import AuditArgument
@@ -23,7 +30,7 @@ def entry_dataclasses(name):
         from dpo.online_dpo_arguments import DataArgument, ModelArgument, OnlineDPOTrainingArguments as T
     elif name.startswith(("ppo", "grpo", "rloo", "reinforce")):
         from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments as T
-    elif name.startswith(("dpo", "simpo", "orpo", "kto", "ipo", "hinge")):
+    elif name.startswith(("dpo", "simpo", "orpo", "kto", "ipo", "hinge")) or is_preference_loss_config(name):
         from dpo.dpo_arguments import DataArgument, DPOTrainingArguments as T, ModelArgument
     else:
         raise AssertionError(f"no entry point known for config {name}")

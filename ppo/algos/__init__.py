@@ -59,6 +59,15 @@ from .preference import (
     pairwise_reward_loss,
     tokenwise_pairwise_reward_loss,
 )
+from .preference_registry import (
+    DATA_KINDS,
+    PREFERENCE_HYPERPARAMETERS,
+    PREFERENCE_LOSSES,
+    PreferenceInputs,
+    PreferenceLoss,
+    get_preference_loss,
+    preference_loss_table,
+)
 
 __all__ = [
     # masked
@@ -114,6 +123,13 @@ __all__ = [
     "kto_kl_reference_point",
     "kto_loss",
     "log1mexp",
+    "DATA_KINDS",
+    "PREFERENCE_HYPERPARAMETERS",
+    "PREFERENCE_LOSSES",
+    "PreferenceInputs",
+    "PreferenceLoss",
+    "get_preference_loss",
+    "preference_loss_table",
     # shaping
     "overlong_penalty",
     "truncated_completion_mask",
