@@ -9,7 +9,6 @@ One step, top to bottom (`train_step`):
   6. reduce metrics across ranks (in one place).
 GRPO and the other critic-free estimators are an `adv_estimator` choice.
 """
-import contextlib
 import json
 import logging
 import math
@@ -40,21 +39,13 @@ from .common.divergence import DivergenceDetector, DivergenceError
 from .common.metrics import MetricAccumulator, reduce_across_ranks
 from .common.tracking import RunTracker, keep_rows_up_to
 from .evaluation import decode_responses, evaluate_generation
-from .experience import (
-    experience_from_rollout,
-    in_chunks,
-    merge_rows,
-    response_logprobs,
-    response_values,
-    reward_model_scores,
-)
-from .models.causal_lm import answer_nll
+from .experience import experience_from_rollout, merge_rows, response_logprobs, response_values
 from .grad_sync import prepare_step, squared_grad_norm
 from .models.pipeline import pipeline_group
 from .models.tensor_parallel import model_parallel_group
 from .offload import OffloadPlan, parse_offload_level
-from .pipeline_passes import PipelinePasses
 from .optim import build_optimizer, build_scheduler
+from .passes import UpdateLosses, build_model_passes
 from .prompt_sampler import PromptSampler
 from .rollout import RolloutEngine, SamplingParams
 
@@ -75,9 +66,6 @@ def first_non_finite(named_tensors):
 
 
 class PPOTrainer:
-    pipes = None
-    """`PipelinePasses` under pipeline_parallel_degree > 1: every model pass goes through it."""
-
     def __init__(
         self, args, models, tokenizer, train_dataset, eval_dataset=None, ptx_dataset=None, reward_client=None, eval_long_answer_len=5,
         rule_scorer=None,
@@ -114,11 +102,11 @@ class PPOTrainer:
             )
         self.actor, self.actor_optimizer = self._wrap(models.actor, self.actor_optimizer)
         self.critic, self.critic_optimizer = self._wrap(models.critic, self.critic_optimizer)
-        self.pipes = PipelinePasses(self) if args.pipeline_parallel_degree > 1 else None
-
-        generation_model = self.models.actor if self.pipes is None else self.pipes.generation_copy
+        self.passes = build_model_passes(  # every model pass of a step, whatever the parallel strategy
+            args, models, self.actor, self.critic, (self.actor_optimizer, self.critic_optimizer), tokenizer.pad_token_id
+        )
         self.engine = RolloutEngine(
-            generation_model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+            self.passes.generation_model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
             use_fusemt=args.use_fusemt, eval_mode=args.eval_mode,
         )
         self.sampling = SamplingParams(
@@ -157,7 +145,6 @@ class PPOTrainer:
         self.score_stats = {}
         self.divergence = DivergenceDetector(args.divergence_factor, args.divergence_window)
         self.grad_norms = {}  # model name -> gradient norm of its last optimiser step (before clipping)
-        self.first_forward = None  # the update's first forward, kept from compute_advantages (see update_forward)
         self.diverged = {}  # metric name -> first divergence message of the current step
         self.divergence_log = []  # every divergence message of the run (summary.json "diverged")
 
@@ -183,15 +170,9 @@ class PPOTrainer:
         return paddle.DataParallel(model), optimizer
 
     def generation_weights(self):
-        """Context giving the model the rollout engine and the evaluation generate with: the
-        actor, or under pipeline parallelism the engine's copy filled with all the actor's
-        stages for the block and released after it."""
-        if self.pipes is None:
-            return contextlib.nullcontext(self.models.actor)
-        return self.pipes.generation_weights()
-
-    def _chunk(self):
-        return max(self.args.per_device_eval_batch_size, self.args.per_device_train_batch_size)
+        """Context giving the model the rollout engine and the evaluation generate with, holding
+        the actor's current weights (see `ModelPasses.generation_weights`)."""
+        return self.passes.generation_weights()
 
     def _models_for_checkpoint(self):
         return {"policy": self.models.actor, "value": self.models.critic}
@@ -233,10 +214,7 @@ class PPOTrainer:
             scores = paddle.to_tensor(values, dtype="float32")
         else:
             with paddle.no_grad(), self.offload.scope("reward"):
-                if self.pipes is not None:
-                    scores = self.pipes.reward_scores(exp)
-                else:
-                    scores = in_chunks(lambda e: reward_model_scores(self.models.reward, e), exp, self._chunk())
+                scores = self.passes.reward_scores(exp)
             raw, source = None, "the reward model"
         if not bool(paddle.isfinite(scores).all()):
             bad = np.flatnonzero(~np.isfinite(scores.numpy()))
@@ -345,37 +323,24 @@ class PPOTrainer:
         args = self.args
         exp.require("scored")
         mask = exp.response_mask
-
-        def logprobs_under(model, name):
-            if self.pipes is not None:
-                return self.pipes.logprobs(name, exp)
-            one_chunk = lambda e: response_logprobs(model, e, args.temperature, args.logprob_chunk_size)[0]  # noqa: E731
-            return in_chunks(one_chunk, exp, self._chunk())
-
-        def values():
-            if self.pipes is not None:
-                return self.pipes.values(exp)
-            return in_chunks(lambda e: response_values(self.models.critic, e), exp, self._chunk())
-
         need_ref = args.kl_coeff != 0 or args.kl_loss_coeff != 0
         reuse = self.first_update_forward_reusable(len(exp))
         with paddle.no_grad():
             if need_ref:  # a LoRA actor with its adapter disabled is the reference: both on the device
                 with self.offload.scope("reference", *(() if self.models.reference is not None else ("actor",))):
-                    with self.models.reference_mode() as ref:
-                        exp.ref_logprobs = logprobs_under(ref, "reference")
+                    exp.ref_logprobs = self.passes.logprobs("reference", exp)
             if exp.old_logprobs is None and not reuse:
                 with self.offload.scope("actor"):
-                    exp.old_logprobs = logprobs_under(self.models.actor, "actor")
-            if self.models.critic is not None and not reuse:  # no-grad passes use the unwrapped models
+                    exp.old_logprobs = self.passes.logprobs("actor", exp)
+            if self.models.critic is not None and not reuse:
                 with self.offload.scope("critic"):
-                    exp.values = values()
-        if reuse:
-            self.first_forward = self.update_forward(exp)
+                    exp.values = self.passes.values(exp)
+        if reuse:  # the update's first forward, kept by the passes for its first micro-batch
+            first_forward = self.passes.keep_first_forward(exp)
             if exp.old_logprobs is None:  # else the rollout's own log-probs (use_rollout_logprobs)
-                exp.old_logprobs = self.first_forward["logprobs"].detach()
+                exp.old_logprobs = first_forward["logprobs"].detach()
             if self.critic is not None:
-                exp.values = self.first_forward["values"].detach()
+                exp.values = first_forward["values"].detach()
         if not need_ref:
             exp.ref_logprobs = exp.old_logprobs
         with paddle.no_grad():
@@ -425,29 +390,8 @@ class PPOTrainer:
         args = self.args
         return (
             bool(args.reuse_first_update_forward) and n_rows <= args.per_device_train_batch_size and not self.offload.enabled
-            and self.pipes is None  # the pipeline schedule's forward stays inside the schedule
+            and self.passes.first_forward_reusable()
         )
-
-    def update_forward(self, mb):
-        """The training forward of one micro-batch, with gradients: actor log-probs and entropy
-        `[N, Tr]`, critic values `[N, Tr]` (None without a critic)."""
-        self.actor.train()
-        logprobs, entropy = response_logprobs(self.actor, mb, self.args.temperature, self.args.logprob_chunk_size,
-                                              with_entropy=True)
-        values = None
-        if self.critic is not None:
-            self.critic.train()
-            values = response_values(self.critic, mb)
-        return {"logprobs": logprobs, "entropy": entropy, "values": values}
-
-    def take_first_forward(self, rows):
-        """The kept first forward (see `first_update_forward_reusable`) gathered to `rows`; None
-        when there is none. Handed out once."""
-        kept, self.first_forward = self.first_forward, None
-        if kept is None:
-            return None
-        index = paddle.to_tensor(np.asarray(rows, dtype="int64"))
-        return {k: (None if v is None else paddle.gather(v, index)) for k, v in kept.items()}
 
     def minibatch_plan(self, n_rows, epoch):
         """Shuffled row indices split into optimiser steps of `grad_accum` micro-batches."""
@@ -502,11 +446,15 @@ class PPOTrainer:
         """This rank's next supervised batch (`input_ids`, `attention_mask`, `labels`, `[n, T]`)."""
         return self.ptx_dataset.get_collator()([self.ptx_dataset[i] for i in self.ptx_sampler.next_indices()])
 
-    def ptx_loss(self):
-        batch = self.next_ptx_batch()
-        ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
-        loss, _ = answer_nll(self.actor, ids, mask, labels, self.args.logprob_chunk_size)
-        return loss
+    def update_losses(self, num_tokens, num_seqs):
+        """The losses of one optimiser step for `ModelPasses.backward_step`, normalised by the
+        step's global `num_tokens` / `num_seqs`."""
+        return UpdateLosses(
+            actor=lambda mb, forward: self.actor_loss(mb, num_tokens, num_seqs, forward),
+            critic=(lambda mb, forward: self.critic_loss(mb, num_tokens, num_seqs, forward)) if self.critic is not None else None,
+            next_ptx_batch=self.next_ptx_batch if self.ptx_sampler is not None else None,
+            ptx_coeff=self.args.ptx_coeff,
+        )
 
     def critic_loss(self, mb, num_tokens, num_seqs, forward=None):
         values = response_values(self.critic, mb) if forward is None else forward["values"]
@@ -559,36 +507,18 @@ class PPOTrainer:
                 mask = response_mask[rows]
                 num_tokens = self.global_count(mask.sum())
                 num_seqs = self.global_count((mask.sum(-1) > 0).sum())
-                actor_total = critic_total = 0.0
-                if self.pipes is not None:  # every micro-batch through the pipeline schedule
-                    actor_total, critic_total, micro_stats = self.pipes.backward_step(exp, plan, num_tokens, num_seqs)
-                    for stats in micro_stats:
-                        acc.add(stats)
-                    stats, plan = micro_stats[-1], []
-                for mb_rows in plan:
-                    mb = exp.select(mb_rows)
-                    forward = self.take_first_forward(mb_rows)  # only ever the first micro-batch
-                    loss, stats = self.actor_loss(mb, num_tokens, num_seqs, forward)
-                    if self.ptx_sampler is not None:
-                        ptx = self.ptx_loss()
-                        loss = loss + args.ptx_coeff * ptx / len(plan)
-                        stats["loss/ptx"] = ptx.detach()
-                    loss.backward()
-                    actor_total += float(loss)
+                losses = self.update_losses(num_tokens, num_seqs)
+                actor_total, critic_total, micro_stats = self.passes.backward_step(exp, plan, losses)
+                for stats in micro_stats:
                     acc.add(stats)
-                    if self.critic is not None:
-                        vloss, vstats = self.critic_loss(mb, num_tokens, num_seqs, forward)
-                        vloss.backward()
-                        critic_total += float(vloss)
-                        acc.add(vstats)
                 bad = self.optimizer_step(self.actor_optimizer, self.actor, actor_total, "actor")
                 if self.critic is not None:
                     bad = bad or self.optimizer_step(self.critic_optimizer, self.critic, critic_total, "critic")
                 judged = {f"train/{name}_grad_norm": norm for name, norm in self.grad_norms.items()}
                 acc.add(judged)
                 judged["loss/policy_avg"] = actor_total
-                if "policy/approxkl_avg" in stats:  # the last micro-batch's KL(old || current policy)
-                    judged["policy/approxkl_avg"] = float(stats["policy/approxkl_avg"])
+                if "policy/approxkl_avg" in micro_stats[-1]:  # the last micro-batch's KL(old || current policy)
+                    judged["policy/approxkl_avg"] = float(micro_stats[-1]["policy/approxkl_avg"])
                 if self.critic is not None:
                     judged["loss/value_avg"] = critic_total
                 for name, message in self.divergence.check(self.step + 1, judged).items():  # every optimiser step
@@ -818,8 +748,7 @@ class PPOTrainer:
             value += float(t.numpy()[0])
         else:
             value += sum(split)
-        if self.pipes is not None:  # each stage holds other layers: the whole model's number is their sum
-            value = self.pipes.group_sum(value)
+        value = self.passes.group_sum(value)  # pipeline stages hold other layers: their sum
         if self.world_size == 1:
             return [value]
         gathered = []
