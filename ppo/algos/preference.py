@@ -148,20 +148,53 @@ def _smoothed_sigmoid_loss(z, label_smoothing):
     return loss
 
 
+def _reference_logps(pc, pr, ref_chosen_logps, ref_rejected_logps, reference_free, loss_type):
+    """The reference's summed log-probs `[B]` (detached), zeros when `reference_free`."""
+    if reference_free:
+        return paddle.zeros_like(pc), paddle.zeros_like(pr)
+    if ref_chosen_logps is None or ref_rejected_logps is None:
+        raise ValueError(f"loss_type {loss_type!r} needs reference log-probs unless reference_free=True")
+    return ref_chosen_logps.detach(), ref_rejected_logps.detach()
+
+
+def _reference_margin_loss(loss_type, pc, pr, rc, rr, beta, label_smoothing, chosen_lengths, rejected_lengths):
+    """sigmoid / ipo / hinge (see `dpo_loss`) from the four summed log-probs `[B]` (reference
+    ones already detached or zero): `(mean loss, chosen rewards [B], rejected rewards [B])`."""
+    if loss_type == "ipo" and chosen_lengths is not None and rejected_lengths is not None:
+        pc = _per_token(pc, chosen_lengths, "ipo")
+        rc = _per_token(rc, chosen_lengths, "ipo")
+        pr = _per_token(pr, rejected_lengths, "ipo")
+        rr = _per_token(rr, rejected_lengths, "ipo")
+    h = (pc - pr) - (rc - rr)
+    if loss_type == "sigmoid":
+        losses = _smoothed_sigmoid_loss(beta * h, label_smoothing)
+    elif loss_type == "ipo":
+        losses = (h - 1.0 / (2.0 * beta)) ** 2
+    else:
+        losses = F.relu(1.0 - beta * h)
+    return paddle.mean(losses), beta * (pc - rc), beta * (pr - rr)
+
+
+def _orpo_loss(ac, ar, lam, policy_chosen_nll, stats):
+    """ORPO's loss (see `dpo_loss`) from mean log-probs `ac`, `ar` `[B]`; adds its stats to `stats`."""
+    # log(1 - p) with a stable log1mexp; mean log-probs above ORPO_MAX_MEAN_LOGP
+    # (p > 0.999999, e.g. exactly 0) are clamped there, so log(1 - p) >= -13.8
+    # and loss and gradient stay finite (the clamped part gets no gradient).
+    ac_c = paddle.clip(ac, max=ORPO_MAX_MEAN_LOGP)
+    ar_c = paddle.clip(ar, max=ORPO_MAX_MEAN_LOGP)
+    log_odds = (ac - ar) - (log1mexp(ac_c) - log1mexp(ar_c))
+    loss = -lam * paddle.mean(F.log_sigmoid(log_odds))
+    stats["orpo/log_odds_ratio"] = paddle.mean(log_odds).detach()
+    if policy_chosen_nll is not None:
+        loss = loss + policy_chosen_nll
+        stats["orpo/nll_loss"] = policy_chosen_nll.detach()
+    return loss
+
+
 def dpo_loss(
-    policy_chosen_logps,
-    policy_rejected_logps,
-    ref_chosen_logps=None,
-    ref_rejected_logps=None,
-    beta=0.1,
-    loss_type="sigmoid",
-    label_smoothing=0.0,
-    simpo_gamma=0.5,
-    chosen_lengths=None,
-    rejected_lengths=None,
-    reference_free=False,
-    policy_chosen_nll=None,
-    orpo_lambda=None,
+    policy_chosen_logps, policy_rejected_logps, ref_chosen_logps=None, ref_rejected_logps=None, beta=0.1, loss_type="sigmoid",
+    label_smoothing=0.0, simpo_gamma=0.5, chosen_lengths=None, rejected_lengths=None, reference_free=False,
+    policy_chosen_nll=None, orpo_lambda=None,
 ):
     """DPO-family preference loss on sequence log-probs.
 
@@ -200,28 +233,10 @@ def dpo_loss(
     pc, pr = policy_chosen_logps, policy_rejected_logps
     stats = {}
     if loss_type in ("sigmoid", "ipo", "hinge"):
-        if reference_free:
-            rc = paddle.zeros_like(pc)
-            rr = paddle.zeros_like(pr)
-        else:
-            if ref_chosen_logps is None or ref_rejected_logps is None:
-                raise ValueError(f"loss_type {loss_type!r} needs reference log-probs unless reference_free=True")
-            rc, rr = ref_chosen_logps.detach(), ref_rejected_logps.detach()
-        if loss_type == "ipo" and chosen_lengths is not None and rejected_lengths is not None:
-            pc = _per_token(pc, chosen_lengths, "ipo")
-            rc = _per_token(rc, chosen_lengths, "ipo")
-            pr = _per_token(pr, rejected_lengths, "ipo")
-            rr = _per_token(rr, rejected_lengths, "ipo")
-        h = (pc - pr) - (rc - rr)
-        if loss_type == "sigmoid":
-            losses = _smoothed_sigmoid_loss(beta * h, label_smoothing)
-        elif loss_type == "ipo":
-            losses = (h - 1.0 / (2.0 * beta)) ** 2
-        else:
-            losses = F.relu(1.0 - beta * h)
-        chosen_rewards = beta * (pc - rc)
-        rejected_rewards = beta * (pr - rr)
-        loss = paddle.mean(losses)
+        rc, rr = _reference_logps(pc, pr, ref_chosen_logps, ref_rejected_logps, reference_free, loss_type)
+        loss, chosen_rewards, rejected_rewards = _reference_margin_loss(
+            loss_type, pc, pr, rc, rr, beta, label_smoothing, chosen_lengths, rejected_lengths
+        )
     else:
         ac = _per_token(pc, chosen_lengths, loss_type)
         ar = _per_token(pr, rejected_lengths, loss_type)
@@ -231,18 +246,7 @@ def dpo_loss(
             z = beta * (ac - ar) - simpo_gamma
             loss = paddle.mean(_smoothed_sigmoid_loss(z, label_smoothing))
         else:
-            lam = beta if orpo_lambda is None else orpo_lambda
-            # log(1 - p) with a stable log1mexp; mean log-probs above ORPO_MAX_MEAN_LOGP
-            # (p > 0.999999, e.g. exactly 0) are clamped there, so log(1 - p) >= -13.8
-            # and loss and gradient stay finite (the clamped part gets no gradient).
-            ac_c = paddle.clip(ac, max=ORPO_MAX_MEAN_LOGP)
-            ar_c = paddle.clip(ar, max=ORPO_MAX_MEAN_LOGP)
-            log_odds = (ac - ar) - (log1mexp(ac_c) - log1mexp(ar_c))
-            loss = -lam * paddle.mean(F.log_sigmoid(log_odds))
-            stats["orpo/log_odds_ratio"] = paddle.mean(log_odds).detach()
-            if policy_chosen_nll is not None:
-                loss = loss + policy_chosen_nll
-                stats["orpo/nll_loss"] = policy_chosen_nll.detach()
+            loss = _orpo_loss(ac, ar, beta if orpo_lambda is None else orpo_lambda, policy_chosen_nll, stats)
     stats.update(_dpo_stats(chosen_rewards, rejected_rewards))
     return loss, stats
 
