@@ -77,8 +77,9 @@ class PolicyUpdate:
                     loss_scale_factor=self.args.loss_scale)
 
     def actor_loss(self, mb, num_tokens, num_seqs, forward=None):
-        """pg_loss_coeff * policy loss - entropy_coeff * entropy + kl_loss_coeff * KL; `forward`:
-        the micro-batch's `update_forward` outputs when already computed."""
+        """pg_loss_coeff * policy loss - entropy_coeff * entropy + kl_loss_coeff * KL and its stats;
+        `forward`: the micro-batch's training forward (`{"logprobs", "entropy"}`, `[n, Tr]`) as the
+        passes computed it; None runs it here on the trained actor."""
         args = self.args
         agg = self._agg(num_tokens, num_seqs)
         if forward is None:
@@ -119,6 +120,8 @@ class PolicyUpdate:
         )
 
     def critic_loss(self, mb, num_tokens, num_seqs, forward=None):
+        """The clipped value loss and its stats; `forward`: `{"values": [n, Tr]}` as the passes
+        computed them; None runs the trained critic here."""
         values = response_values(self.critic, mb) if forward is None else forward["values"]
         return value_loss(values, mb.values, mb.returns, mb.response_mask, self.args.clip_range_value,
                           **self._agg(num_tokens, num_seqs))
