@@ -213,13 +213,25 @@ def score_batch(scorer, src, tgt, response):
         raise RequestError(500, ERR_SCORER_BAD_VALUE if err.bad_value else ERR_SCORER_RAISED, str(err)) from None
 
 
+def checked_request_body(request, token, max_body_bytes):
+    """The body bytes of a scoring `request` (Flask's), after the bearer `token` (when set) and
+    the size limit; a RequestError (401 / 413) otherwise."""
+    if token:
+        reason = check_token(request.headers.get("Authorization"), token)
+        if reason:
+            raise RequestError(401, ERR_UNAUTHORIZED, reason)
+    if request.content_length is not None and request.content_length > max_body_bytes:
+        raise RequestError(
+            413,
+            ERR_BODY_TOO_LARGE,
+            f"request body has {request.content_length} bytes, more than max_body_bytes={max_body_bytes}",
+        )
+    return request.get_data(cache=False)  # raises RequestEntityTooLarge past the limit
+
+
 def create_app(
-    scorer_name=DEFAULT_SCORER,
-    max_body_bytes=DEFAULT_MAX_BODY_BYTES,
-    max_batch=DEFAULT_MAX_BATCH,
-    log_interval_s=DEFAULT_LOG_INTERVAL_S,
-    weights=None,
-    token=None,
+    scorer_name=DEFAULT_SCORER, max_body_bytes=DEFAULT_MAX_BODY_BYTES, max_batch=DEFAULT_MAX_BATCH,
+    log_interval_s=DEFAULT_LOG_INTERVAL_S, weights=None, token=None,
 ):
     """The Flask app scoring with the scorer(s) registered as `scorer_name` (or `module:function`);
     `scorer_name` may list several, comma-separated, combined with `weights` (see `WeightedScorer`).
@@ -259,17 +271,7 @@ def create_app(
     def _score():
         n_items = 0
         try:
-            if token:
-                reason = check_token(request.headers.get("Authorization"), token)
-                if reason:
-                    raise RequestError(401, ERR_UNAUTHORIZED, reason)
-            if request.content_length is not None and request.content_length > max_body_bytes:
-                raise RequestError(
-                    413,
-                    ERR_BODY_TOO_LARGE,
-                    f"request body has {request.content_length} bytes, more than max_body_bytes={max_body_bytes}",
-                )
-            body = request.get_data(cache=False)  # raises RequestEntityTooLarge past the limit
+            body = checked_request_body(request, token, max_body_bytes)
             src, tgt, response = parse_request(body, max_batch)
             n_items = len(src)
             scores, per_function = score_batch(scorer, src, tgt, response)

@@ -45,6 +45,28 @@ EVAL_MODES = ("", "single", "tensor_parallel")
 """Generation layouts of a tensor-parallel model (PaddleNLP's `eval_mode`); see `RolloutEngine`."""
 
 
+def prompt_presence(input_ids, attention_mask, vocab_size):
+    """`[B, V]` uint8: 1 where token v occurs among row b's real prompt tokens (the
+    repetition penalty's starting set)."""
+    B = input_ids.shape[0]
+    presence = paddle.zeros([B * vocab_size], dtype="int32")
+    flat = (paddle.arange(B, dtype="int64").unsqueeze(1) * vocab_size + input_ids).reshape([-1])
+    real = paddle.nonzero(attention_mask.reshape([-1]) > 0).reshape([-1])
+    if real.shape[0] > 0:
+        idx = paddle.gather(flat, real)
+        presence = paddle.scatter(presence, idx, paddle.ones(idx.shape, dtype="int32"), overwrite=True)
+    return presence.reshape([B, vocab_size]).astype("uint8")
+
+
+def step_uniforms(draw, steps, rows, place):
+    """`[steps, rows]` float32 uniforms in [0, _U_MAX], one per sampled token: columns
+    `[row_offset, row_offset + rows)` of the `[steps, total_rows]` draw from `seed`
+    (`draw = (seed, row_offset, total_rows)`, see `RolloutEngine.generate`)."""
+    seed, offset, total = draw
+    u = np.random.default_rng(seed).random((steps, total), dtype=np.float32)[:, offset : offset + rows]
+    return paddle.to_tensor(np.minimum(np.ascontiguousarray(u), np.float32(_U_MAX)), place=place)
+
+
 class RolloutEngine:
     """Fast generation for PPO / GRPO / evaluation.
 
@@ -271,13 +293,7 @@ class RolloutEngine:
         place = input_ids.place
         cos, sin = rotary_tables(W, Tp + N, dtype)
         k_cache, v_cache = self._kv_buffers(len(W.layers), B, W.num_kv_heads, W.head_dim, Tp + N, dtype)
-        cache = {
-            "k": k_cache,
-            "v": v_cache,
-            "cos": cos,
-            "sin": sin,
-            "scale": 1.0 / math.sqrt(W.head_dim),
-        }
+        cache = {"k": k_cache, "v": v_cache, "cos": cos, "sin": sin, "scale": 1.0 / math.sqrt(W.head_dim)}
         key_mask = attention_mask.astype("int32")
         pos_prefill = (paddle.cumsum(attention_mask, axis=1) - 1).clip(min=0)
         pos = attention_mask.sum(axis=1) - 1  # position id of each row's latest token
@@ -287,24 +303,8 @@ class RolloutEngine:
         out_logprobs = paddle.zeros([B, N], dtype="float32")
         lengths = paddle.zeros([B], dtype="int64")
         use_penalty = p.repetition_penalty != 1.0
-        V = W.vocab_size
-        if use_penalty:
-            presence = paddle.zeros([B * V], dtype="int32")
-            flat = (paddle.arange(B, dtype="int64").unsqueeze(1) * V + input_ids).reshape([-1])
-            real = paddle.nonzero(attention_mask.reshape([-1]) > 0).reshape([-1])
-            if real.shape[0] > 0:
-                idx = paddle.gather(flat, real)
-                presence = paddle.scatter(presence, idx, paddle.ones(idx.shape, dtype="int32"), overwrite=True)
-            presence = presence.reshape([B, V]).astype("uint8")
-        else:
-            presence = paddle.zeros([1, 1], dtype="uint8")
-        if p.do_sample:
-            seed, offset, total = draw
-            u = np.random.default_rng(seed).random((N, total), dtype=np.float32)[:, offset : offset + B]
-            u = np.minimum(np.ascontiguousarray(u), np.float32(_U_MAX))
-            uniforms = paddle.to_tensor(u, place=place)
-        else:
-            uniforms = paddle.zeros([N, B], dtype="float32")
+        presence = prompt_presence(input_ids, attention_mask, W.vocab_size) if use_penalty else paddle.zeros([1, 1], "uint8")
+        uniforms = step_uniforms(draw, N, B, place) if p.do_sample else paddle.zeros([N, B], dtype="float32")
         flat_seqs = [t for s in stop_seqs for t in s]
         seq_lens = [len(s) for s in stop_seqs]
 
