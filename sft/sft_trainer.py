@@ -3,7 +3,7 @@ plus held-out exact-match evaluation by greedy generation."""
 import paddle
 from paddlenlp.trainer import Trainer
 
-from ppo.common.step_tokens import count_step_tokens, step_token_scale
+from ppo.common.step_tokens import STEP_TOKENS_KEY, count_step_tokens, step_token_scale
 from ppo.evaluation import GenerationEvalMixin
 from ppo.models.causal_lm import answer_nll
 from ppo.common.trainer_resume import FreshOptimizerResumeMixin
@@ -37,8 +37,9 @@ class SFTTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMix
         labels = inputs["labels"]
         loss, logprobs = answer_nll(model, inputs["input_ids"], inputs["attention_mask"], labels, self.args.logprob_chunk_size,
                                     position_ids=inputs.get("position_ids"))  # packed rows (zero_padding) carry their own
-        scale = step_token_scale(inputs, self.args.gradient_accumulation_steps, self.args.dataset_world_size)
-        if scale is not None:  # the summed NLL x scale (the pipeline's last stage computes the same)
+        if STEP_TOKENS_KEY in inputs:  # training batches carry their step's token count (get_train_dataloader)
+            scale = step_token_scale(inputs, self.args.gradient_accumulation_steps, self.args.dataset_world_size)
+            # the summed NLL x scale (the pipeline's last stage computes the same)
             loss = -paddle.sum(logprobs * (labels[:, 1:] >= 0).astype(logprobs.dtype)) * scale
         return (loss, {"logprobs": logprobs}) if return_outputs else loss
 
