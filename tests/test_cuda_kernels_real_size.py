@@ -9,7 +9,6 @@ import ctypes
 import math
 import os
 
-import numpy as np
 import pytest
 
 import cuda_ctypes
@@ -114,31 +113,35 @@ def test_decode_attention_real_size(cu, B, nh, nkv, hd, S, cols):
     assert (got[~live] == 0).all()
 
 
-@pytest.mark.parametrize("B,T,nh,nkv,hd", [(2, 1024, 32, 8, 128), (2, 1030, 16, 2, 64)])
-def test_prefill_attention_real_size(cu, B, T, nh, nkv, hd):
+@pytest.mark.parametrize("B,T,t0,nh,nkv,hd", [(2, 1024, 0, 32, 8, 128), (2, 1030, 0, 16, 2, 64),
+                                              (3, 100, 300, 28, 4, 128)])
+def test_prefill_attention_real_size(cu, B, T, t0, nh, nkv, hd):
+    """T tokens written at slots t0.. and attended causally over the cache (t0 > 0: a chunked
+    prefill after cached keys); left padding in the prompt slots, a partial last query tile."""
     torch, libs = cu
-    g = torch.Generator(device="cuda").manual_seed(T)
-    W = (nh + 2 * nkv) * hd
+    g = torch.Generator(device="cuda").manual_seed(T + t0)
+    W, n = (nh + 2 * nkv) * hd, t0 + T
     qkv = torch.randn(B, T, W, device="cuda", generator=g).bfloat16()
-    kc = torch.zeros(1, B, nkv, hd, T, device="cuda").bfloat16()
-    vc = torch.zeros(1, B, nkv, T, hd, device="cuda").bfloat16()
-    cos, sin = _rope_tables(torch, T, hd)
-    mask = torch.ones(B, T, dtype=torch.int32, device="cuda")
+    kc = torch.randn(1, B, nkv, hd, n, device="cuda", generator=g).bfloat16()
+    vc = torch.randn(1, B, nkv, n, hd, device="cuda", generator=g).bfloat16()
+    cos, sin = _rope_tables(torch, n, hd)
+    mask = torch.ones(B, n, dtype=torch.int32, device="cuda")  # key mask over every slot (Tp = n)
     mask[1, :100] = 0
-    pos = (mask.cumsum(1) - 1).clamp(min=0).long()
+    pos = ((mask.cumsum(1) - 1).clamp(min=0)[:, t0:]).contiguous()
     fin = torch.zeros(B, dtype=torch.int32, device="cuda")
     out = torch.empty(B, T, nh * hd, device="cuda").bfloat16()
-    _run_attention(torch, libs["attention"], qkv, kc, vc, cos, sin, pos, mask, fin, out, nh, nkv, hd, 0, False)
+    _run_attention(torch, libs["attention"], qkv, kc, vc, cos, sin, pos, mask, fin, out, nh, nkv, hd, t0, False)
     c, s_ = cos[pos].float()[:, None], sin[pos].float()[:, None]  # [B, 1, T, hd]
     qf = qkv.float()
     q = _rope(torch, qf[..., : nh * hd].view(B, T, nh, hd).transpose(1, 2), c, s_)
     k = _rope(torch, qf[..., nh * hd: (nh + nkv) * hd].view(B, T, nkv, hd).transpose(1, 2), c, s_)
     v = qf[..., (nh + nkv) * hd:].view(B, T, nkv, hd).transpose(1, 2)
-    torch.testing.assert_close(kc[0].float().transpose(-1, -2), k.bfloat16().float(), atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(vc[0].float(), v, atol=0, rtol=0)
-    causal = torch.ones(T, T, dtype=torch.bool, device="cuda").tril()
-    allowed = causal[None] & mask.bool()[:, None, :]
-    ref = _attention_reference(torch, q, k.bfloat16().float(), v, allowed, 1 / math.sqrt(hd))
+    k_all, v_all = kc[0].float().transpose(-1, -2), vc[0].float()  # [B, nkv, n, hd] after the write
+    torch.testing.assert_close(k_all[:, :, t0:], k.bfloat16().float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(v_all[:, :, t0:], v, atol=0, rtol=0)
+    query_slot = torch.arange(t0, n, device="cuda")[:, None]
+    allowed = (torch.arange(n, device="cuda")[None] <= query_slot)[None] & mask.bool()[:, None, :]
+    ref = _attention_reference(torch, q, k_all, v_all, allowed, 1 / math.sqrt(hd))
     torch.testing.assert_close(out.float().view(B, T, nh, hd).transpose(1, 2), ref, atol=2e-2, rtol=2e-2)
 
 

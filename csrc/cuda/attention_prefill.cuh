@@ -26,6 +26,150 @@ constexpr size_t prefill_smem_bytes() {
          + 3 * PF_ROWS * 4;                                         // m, l, corr per row
 }
 
+// The kernel's shared memory regions (all 128-byte aligned).
+template <typename T, int HD>
+struct PrefillSmem {
+  static constexpr int SCR = HD > PF_KEYS ? HD : PF_KEYS;
+  T* k;      // [HD][PF_KEYS] K^T tile; first the Q staging area [PF_ROWS][HD]
+  T* v;      // [PF_KEYS][HD]
+  float* scr;  // [warp][16][SCR]: S, then P V
+  T* p;      // [warp][16][PF_KEYS]
+  float *o, *m, *l, *corr;  // [PF_ROWS][HD], then [PF_ROWS] each
+  __device__ explicit PrefillSmem(unsigned char* base) {
+    k = reinterpret_cast<T*>(base);
+    v = k + HD * PF_KEYS;
+    scr = reinterpret_cast<float*>(v + PF_KEYS * HD);
+    p = reinterpret_cast<T*>(scr + PF_WARPS * 16 * SCR);
+    o = reinterpret_cast<float*>(p + PF_WARPS * 16 * PF_KEYS);
+    m = o + PF_ROWS * HD;
+    l = m + PF_ROWS;
+    corr = l + PF_ROWS;
+  }
+};
+
+// RoPE'd, scaled Q of rows i0.. (zeros past the last query) staged as [PF_ROWS][HD] in sm.k;
+// O = 0, running max -inf, running sum 0.
+template <typename T, int HD>
+__device__ void stage_q(const PrefillSmem<T, HD>& sm, const T* __restrict__ qkv, const T* __restrict__ bias,
+                        const T* __restrict__ cos, const T* __restrict__ sin, const int64_t* __restrict__ pos,
+                        const Geom& g, int64_t b, int64_t h, int64_t i0, int64_t rows) {
+  for (int e = threadIdx.x; e < PF_ROWS * HD; e += PF_WARPS * 32) {
+    const int r = e / HD, d = e % HD;
+    float v = 0.f;
+    if (r < rows) {
+      const int64_t i = i0 + r, pp = clip_pos(pos[b * g.Tq + i], g.P);
+      v = rope_at(qkv, bias, g, b, i, q_off(g, h), d, cos + pp * HD, sin + pp * HD) * g.scale;
+    }
+    sm.k[e] = ppo_cuda::from_f<T>(v);
+    sm.o[e] = 0.f;
+  }
+  if (threadIdx.x < PF_ROWS) {
+    sm.m[threadIdx.x] = -INFINITY;
+    sm.l[threadIdx.x] = 0.f;
+  }
+}
+
+// Keys j0..j0+63 of the cache slab: K^T [HD][PF_KEYS] and V [PF_KEYS][HD] (zeros past S).
+template <typename T, int HD>
+__device__ void load_kv_tile(const PrefillSmem<T, HD>& sm, const T* __restrict__ kt, const T* __restrict__ vv,
+                             int64_t S, int64_t j0) {
+  for (int e = threadIdx.x; e < HD * PF_KEYS; e += PF_WARPS * 32) {
+    const int d = e / PF_KEYS, c = e % PF_KEYS;  // K^T: keys contiguous
+    sm.k[e] = j0 + c < S ? kt[d * S + j0 + c] : ppo_cuda::from_f<T>(0.f);
+    const int c2 = e / HD, d2 = e % HD;  // V: dims contiguous
+    sm.v[e] = j0 + c2 < S ? vv[(j0 + c2) * HD + d2] : ppo_cuda::from_f<T>(0.f);
+  }
+}
+
+// One warp's online-softmax step over its 16 rows of scr (two lanes per row, 32 keys each):
+// P (rounded to T) into p, and the row's new max, sum and rescale factor.
+template <typename T, int HD>
+__device__ void softmax_rows(const PrefillSmem<T, HD>& sm, const int32_t* __restrict__ mask, const Geom& g,
+                             int64_t b, int64_t i0, int64_t rows, int64_t j0) {
+  constexpr int SCR = PrefillSmem<T, HD>::SCR;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 1, half = lane & 1;
+  const int row = warp * 16 + r;
+  const float* scr = sm.scr + warp * 16 * SCR;
+  T* p = sm.p + warp * 16 * PF_KEYS;
+  float s[32], tmax = -INFINITY;
+#pragma unroll
+  for (int c = 0; c < 32; ++c) {
+    const int64_t j = j0 + half * 32 + c;
+    const bool ok = row < rows && j <= g.t0 + i0 + row && (j >= g.Tp || mask[b * g.Tp + j]);
+    s[c] = ok ? scr[r * SCR + half * 32 + c] : -INFINITY;
+    tmax = fmaxf(tmax, s[c]);
+  }
+  tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+  const float m_old = sm.m[row], m_new = fmaxf(m_old, tmax);
+  float sum = 0.f;
+#pragma unroll
+  for (int c = 0; c < 32; ++c) {
+    const float pc = s[c] == -INFINITY ? 0.f : __expf(s[c] - m_new);
+    sum += pc;
+    p[r * PF_KEYS + half * 32 + c] = ppo_cuda::from_f<T>(pc);
+  }
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  const float corr = m_old == -INFINITY ? 0.f : __expf(m_old - m_new);
+  __syncwarp();  // both lanes of a row have read m before it is written
+  if (half == 0) {
+    sm.m[row] = m_new;
+    sm.l[row] = sm.l[row] * corr + sum;
+    sm.corr[row] = corr;
+  }
+  __syncwarp();
+}
+
+// One warp: scr = Q K^T (its 16 rows x 64 keys) on tensor cores.
+template <typename T, int HD, typename QFrag>
+__device__ void qk_tile(const PrefillSmem<T, HD>& sm, const QFrag (&qf)[HD / 16]) {
+  namespace wmma = nvcuda::wmma;
+  constexpr int SCR = PrefillSmem<T, HD>::SCR;
+  float* scr = sm.scr + (threadIdx.x >> 5) * 16 * SCR;
+#pragma unroll
+  for (int n = 0; n < PF_KEYS / 16; ++n) {
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.f);
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> kf;
+      wmma::load_matrix_sync(kf, sm.k + kk * 16 * PF_KEYS + n * 16, PF_KEYS);
+      wmma::mma_sync(acc, qf[kk], kf, acc);
+    }
+    wmma::store_matrix_sync(scr + n * 16, acc, SCR, wmma::mem_row_major);
+  }
+  __syncwarp();
+}
+
+// One warp: scr = P V on tensor cores, then O = O * corr + scr for its 16 rows.
+template <typename T, int HD>
+__device__ void pv_update(const PrefillSmem<T, HD>& sm) {
+  namespace wmma = nvcuda::wmma;
+  constexpr int SCR = PrefillSmem<T, HD>::SCR;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float* scr = sm.scr + warp * 16 * SCR;
+  const T* p = sm.p + warp * 16 * PF_KEYS;
+#pragma unroll
+  for (int n = 0; n < HD / 16; ++n) {
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.f);
+#pragma unroll
+    for (int kk = 0; kk < PF_KEYS / 16; ++kk) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> pf;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> vf;
+      wmma::load_matrix_sync(pf, p + kk * 16, PF_KEYS);
+      wmma::load_matrix_sync(vf, sm.v + kk * 16 * HD + n * 16, HD);
+      wmma::mma_sync(acc, pf, vf, acc);
+    }
+    wmma::store_matrix_sync(scr + n * 16, acc, SCR, wmma::mem_row_major);
+  }
+  __syncwarp();
+  for (int e = lane; e < 16 * HD; e += 32) {
+    const int r = e / HD, d = e % HD, row = warp * 16 + r;
+    sm.o[row * HD + d] = sm.o[row * HD + d] * sm.corr[row] + scr[r * SCR + d];
+  }
+  __syncwarp();
+}
+
 template <typename T, int HD>
 __global__ void __launch_bounds__(PF_WARPS * 32)
     prefill_mma_kernel(const T* __restrict__ qkv, const T* __restrict__ bias, const T* __restrict__ kc,
@@ -33,128 +177,34 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
                        const int64_t* __restrict__ pos, const int32_t* __restrict__ mask,
                        const int32_t* __restrict__ fin, T* __restrict__ out, Geom g) {
   namespace wmma = nvcuda::wmma;
-  constexpr int SCR = HD > PF_KEYS ? HD : PF_KEYS;
   extern __shared__ __align__(128) unsigned char smem[];
-  T* k_sh = reinterpret_cast<T*>(smem);                              // [HD][PF_KEYS]; Q staging first
-  T* v_sh = k_sh + HD * PF_KEYS;                                     // [PF_KEYS][HD]
-  float* scr_all = reinterpret_cast<float*>(v_sh + PF_KEYS * HD);    // [warp][16][SCR]
-  T* p_all = reinterpret_cast<T*>(scr_all + PF_WARPS * 16 * SCR);    // [warp][16][PF_KEYS]
-  float* o_sh = reinterpret_cast<float*>(p_all + PF_WARPS * 16 * PF_KEYS);  // [PF_ROWS][HD]
-  float* m_sh = o_sh + PF_ROWS * HD;
-  float* l_sh = m_sh + PF_ROWS;
-  float* c_sh = l_sh + PF_ROWS;
+  const PrefillSmem<T, HD> sm(smem);
   const int64_t i0 = static_cast<int64_t>(blockIdx.x) * PF_ROWS, h = blockIdx.y, b = blockIdx.z;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int64_t D = g.nh * HD;
-  const int64_t rows = min(static_cast<int64_t>(PF_ROWS), g.Tq - i0);
+  const int64_t D = g.nh * HD, rows = min(static_cast<int64_t>(PF_ROWS), g.Tq - i0);
   if (fin[b]) {
-    for (int64_t e = tid; e < rows * HD; e += PF_WARPS * 32)
+    for (int64_t e = threadIdx.x; e < rows * HD; e += PF_WARPS * 32)
       out[(b * g.Tq + i0 + e / HD) * D + h * HD + e % HD] = ppo_cuda::from_f<T>(0.f);
     return;
   }
-  // RoPE'd, scaled Q of the block's rows, staged in k_sh as [PF_ROWS][HD] (zeros past Tq)
-  T* q_stage = k_sh;
-  for (int e = tid; e < PF_ROWS * HD; e += PF_WARPS * 32) {
-    const int r = e / HD, d = e % HD;
-    float v = 0.f;
-    if (r < rows) {
-      const int64_t i = i0 + r, pp = clip_pos(pos[b * g.Tq + i], g.P);
-      v = rope_at(qkv, bias, g, b, i, q_off(g, h), d, cos + pp * HD, sin + pp * HD) * g.scale;
-    }
-    q_stage[e] = ppo_cuda::from_f<T>(v);
-  }
-  for (int e = tid; e < PF_ROWS * HD; e += PF_WARPS * 32) o_sh[e] = 0.f;
-  if (tid < PF_ROWS) {
-    m_sh[tid] = -INFINITY;
-    l_sh[tid] = 0.f;
-  }
+  stage_q(sm, qkv, bias, cos, sin, pos, g, b, h, i0, rows);
   __syncthreads();
   wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> qf[HD / 16];
 #pragma unroll
-  for (int kk = 0; kk < HD / 16; ++kk) wmma::load_matrix_sync(qf[kk], q_stage + warp * 16 * HD + kk * 16, HD);
-  __syncthreads();  // k_sh is overwritten by the first key tile
-  float* scr = scr_all + warp * 16 * SCR;
-  T* p_sh = p_all + warp * 16 * PF_KEYS;
-  const int64_t kv = h / g.grp, slab = ((g.layer * g.B + b) * g.nkv + kv) * g.S * HD;
-  const int64_t n_keys = g.t0 + i0 + rows;  // keys of the block's last query
-  for (int64_t j0 = 0; j0 < n_keys; j0 += PF_KEYS) {
-    for (int e = tid; e < HD * PF_KEYS; e += PF_WARPS * 32) {
-      const int d = e / PF_KEYS, c = e % PF_KEYS;  // K^T: keys contiguous
-      k_sh[e] = j0 + c < g.S ? kc[slab + d * g.S + j0 + c] : ppo_cuda::from_f<T>(0.f);
-      const int c2 = e / HD, d2 = e % HD;          // V: dims contiguous
-      v_sh[e] = j0 + c2 < g.S ? vc[slab + (j0 + c2) * HD + d2] : ppo_cuda::from_f<T>(0.f);
-    }
+  for (int kk = 0; kk < HD / 16; ++kk) wmma::load_matrix_sync(qf[kk], sm.k + (threadIdx.x >> 5) * 16 * HD + kk * 16, HD);
+  __syncthreads();  // sm.k is overwritten by the first key tile
+  const int64_t slab = ((g.layer * g.B + b) * g.nkv + h / g.grp) * g.S * HD;
+  for (int64_t j0 = 0; j0 < g.t0 + i0 + rows; j0 += PF_KEYS) {  // up to the block's last query's keys
+    load_kv_tile(sm, kc + slab, vc + slab, g.S, j0);
     __syncthreads();
-    // S = Q K^T for the warp's 16 rows x 64 keys -> scr [16][SCR]
-#pragma unroll
-    for (int n = 0; n < PF_KEYS / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::fill_fragment(acc, 0.f);
-#pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> kf;
-        wmma::load_matrix_sync(kf, k_sh + kk * 16 * PF_KEYS + n * 16, PF_KEYS);
-        wmma::mma_sync(acc, qf[kk], kf, acc);
-      }
-      wmma::store_matrix_sync(scr + n * 16, acc, SCR, wmma::mem_row_major);
-    }
-    __syncwarp();
-    {  // online softmax: two lanes per row, 32 keys each
-      const int r = lane >> 1, half = lane & 1, row = warp * 16 + r;
-      const int64_t i = i0 + row;
-      float s[32], tmax = -INFINITY;
-#pragma unroll
-      for (int c = 0; c < 32; ++c) {
-        const int64_t j = j0 + half * 32 + c;
-        const bool ok = row < rows && j <= g.t0 + i && (j >= g.Tp || mask[b * g.Tp + j]);
-        s[c] = ok ? scr[r * SCR + half * 32 + c] : -INFINITY;
-        tmax = fmaxf(tmax, s[c]);
-      }
-      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-      const float m_old = m_sh[row], m_new = fmaxf(m_old, tmax);
-      float sum = 0.f;
-#pragma unroll
-      for (int c = 0; c < 32; ++c) {
-        const float p = s[c] == -INFINITY ? 0.f : __expf(s[c] - m_new);
-        sum += p;
-        p_sh[r * PF_KEYS + half * 32 + c] = ppo_cuda::from_f<T>(p);
-      }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      const float corr = m_old == -INFINITY ? 0.f : __expf(m_old - m_new);
-      __syncwarp();  // both lanes of a row read m_sh before it is written
-      if (half == 0) {
-        m_sh[row] = m_new;
-        l_sh[row] = l_sh[row] * corr + sum;
-        c_sh[row] = corr;
-      }
-    }
-    __syncwarp();
-    // scr = P V (16 x HD), then O = O * corr + scr
-#pragma unroll
-    for (int n = 0; n < HD / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::fill_fragment(acc, 0.f);
-#pragma unroll
-      for (int kk = 0; kk < PF_KEYS / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> pf;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> vf;
-        wmma::load_matrix_sync(pf, p_sh + kk * 16, PF_KEYS);
-        wmma::load_matrix_sync(vf, v_sh + kk * 16 * HD + n * 16, HD);
-        wmma::mma_sync(acc, pf, vf, acc);
-      }
-      wmma::store_matrix_sync(scr + n * 16, acc, SCR, wmma::mem_row_major);
-    }
-    __syncwarp();
-    for (int e = lane; e < 16 * HD; e += 32) {
-      const int r = e / HD, d = e % HD, row = warp * 16 + r;
-      o_sh[row * HD + d] = o_sh[row * HD + d] * c_sh[row] + scr[r * SCR + d];
-    }
-    __syncthreads();  // k_sh / v_sh are overwritten by the next tile
+    qk_tile(sm, qf);
+    softmax_rows(sm, mask, g, b, i0, rows, j0);
+    pv_update(sm);
+    __syncthreads();  // sm.k / sm.v are overwritten by the next tile
   }
-  for (int64_t e = tid; e < rows * HD; e += PF_WARPS * 32) {
+  for (int64_t e = threadIdx.x; e < rows * HD; e += PF_WARPS * 32) {
     const int r = static_cast<int>(e / HD), d = static_cast<int>(e % HD);
-    const float l = l_sh[r];
-    out[(b * g.Tq + i0 + r) * D + h * HD + d] = ppo_cuda::from_f<T>(l > 0.f ? o_sh[r * HD + d] / l : 0.f);
+    const float l = sm.l[r];
+    out[(b * g.Tq + i0 + r) * D + h * HD + d] = ppo_cuda::from_f<T>(l > 0.f ? sm.o[r * HD + d] / l : 0.f);
   }
 }
 
