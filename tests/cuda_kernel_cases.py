@@ -81,6 +81,9 @@ ATTENTION = [
     ("prefill_fused_mqa", 3, 4, 4, 0, 4, 1, 8, 1, (2,), None, False, False),
     ("decode_cols_hd64", 5, 1, 5, 20, 4, 2, 64, 0, (3,), None, False, True),
     ("decode_cols_long_hd256", 1, 1, 9, 130, 2, 1, 256, 0, (), None, True, True),  # > 128 keys: two chunks
+    # > 512 keys (a float32 tile): the cache split across blocks and merged; 16-byte and scalar loads
+    ("decode_split_k", 1, 1, 6, 1100, 2, 1, 8, 0, (), None, False, False),
+    ("decode_split_gqa4_fused", 2, 1, 5, 1030, 4, 1, 8, 1, (1,), None, True, False),
 ]
 
 

@@ -63,12 +63,13 @@ def _attention_reference(torch, q, k, v, allowed, scale):
 
 
 def _run_attention(torch, lib, qkv, kc, vc, cos, sin, pos, mask, fin, out, nh, nkv, hd, t0, cols):
+    code = {torch.bfloat16: BF16, torch.float16: cuda_ctypes.DTYPE["float16"]}[qkv.dtype]
     B = qkv.shape[-1] if cols else qkv.shape[0]
     Tq = qkv.shape[1] if qkv.dim() == 3 else 1
     ws_bytes = ctypes.c_int64(-1)
-    assert lib.ppo_cuda_attention_workspace_bytes(BF16, B, Tq, nh, nkv, hd, t0, ctypes.byref(ws_bytes)) == 0
+    assert lib.ppo_cuda_attention_workspace_bytes(code, B, Tq, nh, nkv, hd, t0, ctypes.byref(ws_bytes)) == 0
     ws = torch.empty(max(ws_bytes.value, 1), dtype=torch.uint8, device="cuda")
-    st = lib.ppo_cuda_attention_ws(BF16, qkv.data_ptr(), None, kc.data_ptr(), vc.data_ptr(), cos.data_ptr(),
+    st = lib.ppo_cuda_attention_ws(code, qkv.data_ptr(), None, kc.data_ptr(), vc.data_ptr(), cos.data_ptr(),
                                    sin.data_ptr(), pos.data_ptr(), mask.data_ptr(), fin.data_ptr(), out.data_ptr(), B,
                                    Tq, nh, nkv, hd, kc.shape[-1], mask.shape[1], cos.shape[0], 0, t0, 0,
                                    1.0 / math.sqrt(hd), int(cols), ws.data_ptr(), ws_bytes.value, _stream(torch))
@@ -77,9 +78,13 @@ def _run_attention(torch, lib, qkv, kc, vc, cos, sin, pos, mask, fin, out, nh, n
     return ws_bytes.value
 
 
-@pytest.mark.parametrize("B,nh,nkv,hd,S,cols", [(4, 32, 8, 128, 4104, False), (3, 16, 2, 64, 5001, False),
+# S a multiple of 8: the 16-byte-load kernel; S = 4097: its scalar-load instantiation
+@pytest.mark.parametrize("B,nh,nkv,hd,S,cols", [(4, 32, 8, 128, 4104, False), (3, 16, 2, 64, 5000, False),
                                                 (5, 28, 4, 128, 4097, True)])
 def test_decode_attention_real_size(cu, B, nh, nkv, hd, S, cols):
+    """One new token per row over S - 1 cached keys: RoPE'd K/V written at slot S - 1, attention
+    over every slot with left-padded prompt slots masked; a finished row gives zeros and leaves
+    its cache alone."""
     torch, libs = cu
     g = torch.Generator(device="cuda").manual_seed(B * S)
     W, t0, Tp = (nh + 2 * nkv) * hd, S - 1, 64
@@ -97,7 +102,8 @@ def test_decode_attention_real_size(cu, B, nh, nkv, hd, S, cols):
     kc0 = kc.clone()
     x = qkv.t().contiguous() if cols else qkv
     ws = _run_attention(torch, libs["attention"], x, kc, vc, cos, sin, pos, mask, fin, out, nh, nkv, hd, t0, cols)
-    assert ws > 0  # a few rows over thousands of keys: the cache is split across blocks
+    if 2 * torch.cuda.get_device_properties(0).multi_processor_count > B * nkv:  # one block per KV group
+        assert ws > 0  # a few rows over thousands of keys: the cache is split across blocks
     got = (out.t() if cols else out).float().reshape(B, nh, hd)
     c, s_ = cos[pos[:, 0]].float()[:, None], sin[pos[:, 0]].float()[:, None]
     qf = qkv.float()
@@ -113,23 +119,26 @@ def test_decode_attention_real_size(cu, B, nh, nkv, hd, S, cols):
     assert (got[~live] == 0).all()
 
 
-@pytest.mark.parametrize("B,T,t0,nh,nkv,hd", [(2, 1024, 0, 32, 8, 128), (2, 1030, 0, 16, 2, 64),
-                                              (3, 100, 300, 28, 4, 128)])
-def test_prefill_attention_real_size(cu, B, T, t0, nh, nkv, hd):
+@pytest.mark.parametrize("B,T,t0,nh,nkv,hd,dtype", [(2, 1024, 0, 32, 8, 128, "bfloat16"),
+                                                    (2, 1030, 0, 16, 2, 64, "bfloat16"),
+                                                    (3, 100, 300, 28, 4, 128, "bfloat16"),
+                                                    (2, 1024, 0, 32, 8, 128, "float16")])
+def test_prefill_attention_real_size(cu, B, T, t0, nh, nkv, hd, dtype):
     """T tokens written at slots t0.. and attended causally over the cache (t0 > 0: a chunked
     prefill after cached keys); left padding in the prompt slots, a partial last query tile."""
     torch, libs = cu
+    dt = getattr(torch, dtype)
     g = torch.Generator(device="cuda").manual_seed(T + t0)
     W, n = (nh + 2 * nkv) * hd, t0 + T
-    qkv = torch.randn(B, T, W, device="cuda", generator=g).bfloat16()
-    kc = torch.randn(1, B, nkv, hd, n, device="cuda", generator=g).bfloat16()
-    vc = torch.randn(1, B, nkv, n, hd, device="cuda", generator=g).bfloat16()
-    cos, sin = _rope_tables(torch, n, hd)
+    qkv = torch.randn(B, T, W, device="cuda", generator=g).to(dt)
+    kc = torch.randn(1, B, nkv, hd, n, device="cuda", generator=g).to(dt)
+    vc = torch.randn(1, B, nkv, n, hd, device="cuda", generator=g).to(dt)
+    cos, sin = (t.to(dt) for t in _rope_tables(torch, n, hd))
     mask = torch.ones(B, n, dtype=torch.int32, device="cuda")  # key mask over every slot (Tp = n)
     mask[1, :100] = 0
     pos = ((mask.cumsum(1) - 1).clamp(min=0)[:, t0:]).contiguous()
     fin = torch.zeros(B, dtype=torch.int32, device="cuda")
-    out = torch.empty(B, T, nh * hd, device="cuda").bfloat16()
+    out = torch.empty(B, T, nh * hd, device="cuda").to(dt)
     _run_attention(torch, libs["attention"], qkv, kc, vc, cos, sin, pos, mask, fin, out, nh, nkv, hd, t0, False)
     c, s_ = cos[pos].float()[:, None], sin[pos].float()[:, None]  # [B, 1, T, hd]
     qf = qkv.float()
@@ -137,7 +146,7 @@ def test_prefill_attention_real_size(cu, B, T, t0, nh, nkv, hd):
     k = _rope(torch, qf[..., nh * hd: (nh + nkv) * hd].view(B, T, nkv, hd).transpose(1, 2), c, s_)
     v = qf[..., (nh + nkv) * hd:].view(B, T, nkv, hd).transpose(1, 2)
     k_all, v_all = kc[0].float().transpose(-1, -2), vc[0].float()  # [B, nkv, n, hd] after the write
-    torch.testing.assert_close(k_all[:, :, t0:], k.bfloat16().float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(k_all[:, :, t0:], k.to(dt).float(), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(v_all[:, :, t0:], v, atol=0, rtol=0)
     query_slot = torch.arange(t0, n, device="cuda")[:, None]
     allowed = (torch.arange(n, device="cuda")[None] <= query_slot)[None] & mask.bool()[:, None, :]

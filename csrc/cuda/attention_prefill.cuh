@@ -190,7 +190,8 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
   __syncthreads();
   wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> qf[HD / 16];
 #pragma unroll
-  for (int kk = 0; kk < HD / 16; ++kk) wmma::load_matrix_sync(qf[kk], sm.k + (threadIdx.x >> 5) * 16 * HD + kk * 16, HD);
+  for (int kk = 0; kk < HD / 16; ++kk)
+    wmma::load_matrix_sync(qf[kk], sm.k + (threadIdx.x >> 5) * 16 * HD + kk * 16, HD);
   __syncthreads();  // sm.k is overwritten by the first key tile
   const int64_t slab = ((g.layer * g.B + b) * g.nkv + h / g.grp) * g.S * HD;
   for (int64_t j0 = 0; j0 < g.t0 + i0 + rows; j0 += PF_KEYS) {  // up to the block's last query's keys

@@ -31,8 +31,9 @@ enum Kind : int32_t { KIND_TOPK = 0, KIND_TOPP = 1, KIND_DRAW = 2 };
 // Per-row state of the sampler, carried between its kernels.
 struct RowState {
   float lse, mw, z, u;  // log-sum-exp of raw/T; max of work/T; sum exp(work/T - mw); the uniform
-  int32_t done, kind, by_count, strict;  // token written; search kind; criterion on counts; ">" not ">="
-  uint32_t prefix, lo_key, pick_key, found;  // key bits fixed so far; set floor; tie key to pick
+  int32_t done, kind;      // token written (or finished row); the current search (Kind)
+  int32_t idle, pad;       // levels of the current search to skip (it ended at its first level)
+  uint32_t prefix, lo_key, pick_key, pad2;  // key bits fixed so far; set floor; tie key to pick
   // the set searched: keys > lo_key plus the first lo_ties ids whose key == lo_key
   unsigned long long lo_ties, above_c, above_m, target, set_c, set_m, mass_k, pick_rank;
 };

@@ -21,7 +21,7 @@ __global__ void radix_hist_kernel(const T* __restrict__ logits, const uint8_t* _
                                   int level) {
   const int64_t b = blockIdx.x, c = blockIdx.y;
   const RowState s = W.rows[b];
-  if (s.done) return;
+  if (s.done || s.idle) return;
   __shared__ unsigned int hc[BINS];
   __shared__ unsigned long long hm[BINS];
   const int shift = level_shift(level), nb = 1 << level_bits(level), hi = shift + level_bits(level);
@@ -89,7 +89,8 @@ __device__ __forceinline__ unsigned long long search_target(const RowState& s, c
                                                             unsigned long long set_m) {
   if (s.kind == KIND_TOPK) return static_cast<unsigned long long>(P.top_k);
   if (s.kind == KIND_TOPP) {
-    const unsigned long long t = static_cast<unsigned long long>(static_cast<double>(P.top_p) * static_cast<double>(set_m));
+    const double want = static_cast<double>(P.top_p) * static_cast<double>(set_m);
+    const unsigned long long t = static_cast<unsigned long long>(want);
     return t < 1 ? 1 : t;
   }
   return static_cast<unsigned long long>(static_cast<double>(s.u) * static_cast<double>(set_m));
@@ -101,6 +102,10 @@ __global__ void radix_select_kernel(const __grid_constant__ Params P, Work W, in
   const int64_t b = blockIdx.x;
   RowState s = W.rows[b];
   if (s.done) return;
+  if (s.idle) {  // the search ended at its first level: this level has nothing to do
+    if (threadIdx.x == 0) W.rows[b].idle = s.idle - 1;
+    return;
+  }
   const int shift = level_shift(level), nb = 1 << level_bits(level), hi = shift + level_bits(level);
   const int per = nb / THREADS, base = static_cast<int>(threadIdx.x) * per;
   const bool bonus = s.lo_ties > 0 && (s.lo_key >> hi) == (s.prefix >> hi);
@@ -137,6 +142,7 @@ __global__ void radix_select_kernel(const __grid_constant__ Params P, Work W, in
   if (d < 0) {  // only at level 0: the whole set does not meet the target
     if (threadIdx.x == 0) {
       finish_search(s, P, false, 0u, 0ull, 0ull);
+      s.idle = LEVELS - 1;  // the next search starts with the next search's first launch
       W.rows[b] = s;
     }
     return;
