@@ -69,10 +69,24 @@ __device__ void stage_q(const PrefillSmem<T, HD>& sm, const T* __restrict__ qkv,
   }
 }
 
-// Keys j0..j0+63 of the cache slab: K^T [HD][PF_KEYS] and V [PF_KEYS][HD] (zeros past S).
+// Keys j0..j0+63 of the cache slab: K^T [HD][PF_KEYS] and V [PF_KEYS][HD] (zeros past S); with
+// `vec` (S a multiple of 8, 16-byte aligned caches) in 16-byte pieces.
 template <typename T, int HD>
 __device__ void load_kv_tile(const PrefillSmem<T, HD>& sm, const T* __restrict__ kt, const T* __restrict__ vv,
-                             int64_t S, int64_t j0) {
+                             int64_t S, int64_t j0, bool vec) {
+  if (vec) {
+    constexpr int N = 8;  // 16-bit values in 16 bytes
+    const int4 zero = make_int4(0, 0, 0, 0);
+    for (int e = threadIdx.x; e < HD * PF_KEYS / N; e += PF_WARPS * 32) {
+      const int d = e / (PF_KEYS / N), c = e % (PF_KEYS / N) * N;  // j0 + c < S implies j0 + c + N <= S
+      *reinterpret_cast<int4*>(sm.k + d * PF_KEYS + c) =
+          j0 + c < S ? *reinterpret_cast<const int4*>(kt + d * S + j0 + c) : zero;
+      const int c2 = e / (HD / N), d2 = e % (HD / N) * N;
+      *reinterpret_cast<int4*>(sm.v + c2 * HD + d2) =
+          j0 + c2 < S ? *reinterpret_cast<const int4*>(vv + (j0 + c2) * HD + d2) : zero;
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < HD * PF_KEYS; e += PF_WARPS * 32) {
     const int d = e / PF_KEYS, c = e % PF_KEYS;  // K^T: keys contiguous
     sm.k[e] = j0 + c < S ? kt[d * S + j0 + c] : ppo_cuda::from_f<T>(0.f);
@@ -175,7 +189,7 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
     prefill_mma_kernel(const T* __restrict__ qkv, const T* __restrict__ bias, const T* __restrict__ kc,
                        const T* __restrict__ vc, const T* __restrict__ cos, const T* __restrict__ sin,
                        const int64_t* __restrict__ pos, const int32_t* __restrict__ mask,
-                       const int32_t* __restrict__ fin, T* __restrict__ out, Geom g) {
+                       const int32_t* __restrict__ fin, T* __restrict__ out, Geom g, bool kv_vec) {
   namespace wmma = nvcuda::wmma;
   extern __shared__ __align__(128) unsigned char smem[];
   const PrefillSmem<T, HD> sm(smem);
@@ -195,7 +209,7 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
   __syncthreads();  // sm.k is overwritten by the first key tile
   const int64_t slab = ((g.layer * g.B + b) * g.nkv + h / g.grp) * g.S * HD;
   for (int64_t j0 = 0; j0 < g.t0 + i0 + rows; j0 += PF_KEYS) {  // up to the block's last query's keys
-    load_kv_tile(sm, kc + slab, vc + slab, g.S, j0);
+    load_kv_tile(sm, kc + slab, vc + slab, g.S, j0, kv_vec);
     __syncthreads();
     qk_tile(sm, qf);
     softmax_rows(sm, mask, g, b, i0, rows, j0);
@@ -219,11 +233,13 @@ bool launch_prefill_mma(const T* pq, const T* pb, const T* kc, const T* vc, cons
     return false;
   } else {
     if (g.cols || g.Tq < 16 || (g.hd != 64 && g.hd != 128) || g.B > 65535) return false;
+    const bool kv_vec = g.S % 8 == 0 && reinterpret_cast<uintptr_t>(kc) % 16 == 0 &&
+                        reinterpret_cast<uintptr_t>(vc) % 16 == 0;
     const dim3 grid(static_cast<unsigned>((g.Tq + PF_ROWS - 1) / PF_ROWS), static_cast<unsigned>(g.nh),
                     static_cast<unsigned>(g.B));
     auto run = [&](auto kernel, size_t smem) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-      kernel<<<grid, PF_WARPS * 32, smem, stream>>>(pq, pb, kc, vc, pc, ps, pos, mask, fin, out, g);
+      kernel<<<grid, PF_WARPS * 32, smem, stream>>>(pq, pb, kc, vc, pc, ps, pos, mask, fin, out, g, kv_vec);
     };
     if (g.hd == 64) run(prefill_mma_kernel<T, 64>, prefill_smem_bytes<64>());
     else run(prefill_mma_kernel<T, 128>, prefill_smem_bytes<128>());
