@@ -63,11 +63,11 @@ def test_kernels_build_standalone_and_reject_bad_arguments(kernel_libs):
 
 def test_sampler_split_plan_and_workspace(kernel_libs):
     """Host-only queries of the multi-block sampler (no CUDA call): blocks per row grow with the
-    vocabulary (about 4,096 entries each, at most 64), the workspace with the rows."""
+    vocabulary (about 4,096 entries each, at most 64 of at most 16,384), the workspace with the rows."""
     lib = cuda_ctypes.load_all(kernel_libs["sampling"])
     per_row = lib.ppo_cuda_sample_blocks_per_row
-    assert [per_row(v) for v in (37, 4096, 4097, 128256, 151936, 10**7)] == [1, 1, 2, 32, 38, 64]
-    assert per_row(0) == -1
+    assert [per_row(v) for v in (37, 4096, 4097, 128256, 151936, 2**20)] == [1, 1, 2, 32, 38, 64]
+    assert per_row(0) == -1 and per_row(2**20 + 1) == -1  # PPO_CUDA_MAX_VOCAB
     ws = lib.ppo_cuda_sample_workspace_bytes
     assert ws(0, 128256) == 0 and ws(-1, 5) == -1 and ws(4, 0) == -1
     assert ws(64, 128256) > ws(1, 128256) > 2 * 2048 * 8  # two radix histograms per row at least
@@ -76,6 +76,8 @@ def test_sampler_split_plan_and_workspace(kernel_libs):
     args = [2, *[n] * 7, 2, 128256, 2, 0, 1.0, 50, 0.9, 1.0, 1, 0, n, 0, 0]
     assert lib.ppo_cuda_sample_ws(*args, n, 0, n) == cuda_ctypes.CUDA_ERROR_INVALID_VALUE
     assert lib.ppo_cuda_sample_ws(*args, n, ws(2, 128256), n) == cuda_ctypes.CUDA_ERROR_INVALID_VALUE
+    args[9] = 2**20 + 1  # a vocabulary above PPO_CUDA_MAX_VOCAB
+    assert lib.ppo_cuda_sample(*args, n) == cuda_ctypes.CUDA_ERROR_INVALID_VALUE
 
 
 def test_attention_split_plan(kernel_libs):

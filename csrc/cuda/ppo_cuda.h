@@ -18,6 +18,7 @@
 
 #define PPO_CUDA_MAX_HEAD_DIM 256      // attention: head_dim must be even and at most this
 #define PPO_CUDA_MAX_SUPPRESS 64       // sample: suppressed token ids
+#define PPO_CUDA_MAX_VOCAB 1048576     // sample: vocabulary entries (64 blocks of 16,384 per row)
 #define PPO_CUDA_MAX_STOP_IDS 64       // update: stop token ids
 #define PPO_CUDA_MAX_STOP_SEQS 32      // update: stop sequences
 #define PPO_CUDA_MAX_STOP_TOKENS 256   // update: tokens of all stop sequences together

@@ -9,7 +9,7 @@
 //                 (counts), the top-p cut (mass >= top_p * kept mass), and the drawn rank
 //                 (mass > u * kept mass); ties at a key are ranked by id. Then chunk_weight +
 //                 pick find the j-th id holding the drawn key. No pass per kept token, no cap.
-// Masses are probabilities in 2^-48 fixed point summed as integers: the result does not depend
+// Masses are probabilities in 2^-47 fixed point summed as integers: the result does not depend
 // on the order of additions, so the token never depends on thread timing.
 #include "sampling_parts.cuh"
 
@@ -212,7 +212,7 @@ int launch(const T* logits, const uint8_t* presence, const int64_t* rows, const 
 bool make_params(Params& P, int64_t B, int64_t V, int64_t B0, int64_t step, float temperature, int64_t top_k,
                  float top_p, float penalty, int do_sample, int64_t pad_id, const int64_t* suppress,
                  int64_t n_suppress, int cols, const uint8_t* presence) {
-  if (B < 0 || V <= 0 || V > 0x7fffffff || B0 <= 0 || step < 0 || !(temperature > 0.f) || n_suppress < 0 ||
+  if (B < 0 || V <= 0 || V > MAX_VOCAB || B0 <= 0 || step < 0 || !(temperature > 0.f) || n_suppress < 0 ||
       n_suppress > MAX_SUPPRESS || (n_suppress > 0 && suppress == nullptr) || B > 0x7fffffff)
     return false;
   P.V = V;
@@ -240,11 +240,13 @@ bool make_params(Params& P, int64_t B, int64_t V, int64_t B0, int64_t step, floa
 }  // namespace
 
 extern "C" int64_t ppo_cuda_sample_workspace_bytes(int64_t B, int64_t V) {
-  if (B < 0 || V <= 0) return -1;
+  if (B < 0 || V <= 0 || V > MAX_VOCAB) return -1;
   return static_cast<int64_t>(workspace_bytes(B, V));
 }
 
-extern "C" int64_t ppo_cuda_sample_blocks_per_row(int64_t V) { return V <= 0 ? -1 : blocks_per_row(V); }
+extern "C" int64_t ppo_cuda_sample_blocks_per_row(int64_t V) {
+  return V <= 0 || V > MAX_VOCAB ? -1 : blocks_per_row(V);
+}
 
 extern "C" int ppo_cuda_sample_ws(int dtype, const void* logits, const uint8_t* presence, const int64_t* rows,
                                   const float* uniforms, const int32_t* finished, int64_t* tokens, float* logprobs,

@@ -14,7 +14,10 @@ constexpr int64_t CHUNK_TARGET = 4096;   // vocabulary entries per block, about
 constexpr int64_t MAX_BLOCKS_PER_ROW = 64;
 constexpr int LEVELS = 3;                 // radix levels over the 31 bits of a non-negative float
 constexpr int BINS = 2048;                // 2^11: the widest level
-constexpr float MASS_SCALE_F = 281474976710656.0f;  // 2^48: probability -> fixed point
+constexpr float MASS_SCALE_F = 140737488355328.0f;  // 2^47: probability -> fixed point
+constexpr int64_t MAX_CHUNK = 16384;  // per block: keeps the 32-bit shared histogram sums exact
+constexpr int64_t MAX_VOCAB = MAX_BLOCKS_PER_ROW * MAX_CHUNK;
+static_assert(MAX_VOCAB == PPO_CUDA_MAX_VOCAB, "ppo_cuda.h states the sampler's vocabulary limit");
 
 // Blocks per row for a vocabulary of V entries (1..64) and the chunk each block covers.
 inline int64_t blocks_per_row(int64_t V) {
@@ -110,7 +113,7 @@ __device__ __forceinline__ uint32_t prob_key(float w, float T, float mw, float z
   const float p = __fdiv_rn(__expf(__fsub_rn(__fdiv_rn(w, T), mw)), z);
   return __float_as_uint(p);
 }
-// p * 2^48 is exact in float (a power-of-two scale of p <= 1), truncated to an integer.
+// p * 2^47 is exact in float (a power-of-two scale of p <= 1), truncated to an integer.
 __device__ __forceinline__ unsigned long long key_mass(uint32_t key) {
   return __float2ull_rz(__uint_as_float(key) * MASS_SCALE_F);
 }

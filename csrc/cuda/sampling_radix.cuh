@@ -14,7 +14,9 @@ using namespace ppo_sample;
 
 // Per (row, chunk): histogram of the digit at `level` of the keys in the set that match the bits
 // fixed so far; counts and fixed-point masses added into the row's global histogram (integer
-// atomics: the sums do not depend on their order).
+// atomics: the sums do not depend on their order). Shared memory holds only 32-bit sums (native
+// shared atomics, no compare-and-swap loops): a mass m <= 2^47 as m >> 16 and m & 0xffff, whose
+// sums over a chunk of at most 16,384 entries (probabilities summing to about 1) fit 32 bits.
 template <typename T>
 __global__ void radix_hist_kernel(const T* __restrict__ logits, const uint8_t* __restrict__ presence,
                                   const int64_t* __restrict__ rows, const __grid_constant__ Params P, Work W,
@@ -22,12 +24,12 @@ __global__ void radix_hist_kernel(const T* __restrict__ logits, const uint8_t* _
   const int64_t b = blockIdx.x, c = blockIdx.y;
   const RowState s = W.rows[b];
   if (s.done || s.idle) return;
-  __shared__ unsigned int hc[BINS];
-  __shared__ unsigned long long hm[BINS];
+  __shared__ unsigned int hc[BINS], hm_hi[BINS], hm_lo[BINS];
   const int shift = level_shift(level), nb = 1 << level_bits(level), hi = shift + level_bits(level);
   for (int d = threadIdx.x; d < nb; d += THREADS) {
     hc[d] = 0u;
-    hm[d] = 0ull;
+    hm_hi[d] = 0u;
+    hm_lo[d] = 0u;
   }
   __syncthreads();
   const RowView<T> row = row_view(logits, presence, rows, P, b);
@@ -36,8 +38,10 @@ __global__ void radix_hist_kernel(const T* __restrict__ logits, const uint8_t* _
     const uint32_t key = prob_key(row.work(v), P.temperature, s.mw, s.z);
     if (key <= s.lo_key || (key >> hi) != (s.prefix >> hi)) continue;
     const int d = static_cast<int>((key >> shift) & static_cast<uint32_t>(nb - 1));
+    const unsigned long long mass = key_mass(key);
     atomicAdd(&hc[d], 1u);
-    atomicAdd(&hm[d], key_mass(key));
+    atomicAdd(&hm_hi[d], static_cast<unsigned int>(mass >> 16));
+    atomicAdd(&hm_lo[d], static_cast<unsigned int>(mass & 0xffffull));
   }
   __syncthreads();
   unsigned long long* gc = W.hist_c + b * BINS;
@@ -45,7 +49,7 @@ __global__ void radix_hist_kernel(const T* __restrict__ logits, const uint8_t* _
   for (int d = threadIdx.x; d < nb; d += THREADS)
     if (hc[d]) {
       atomicAdd(&gc[d], static_cast<unsigned long long>(hc[d]));
-      atomicAdd(&gm[d], hm[d]);
+      atomicAdd(&gm[d], (static_cast<unsigned long long>(hm_hi[d]) << 16) + hm_lo[d]);
     }
 }
 
