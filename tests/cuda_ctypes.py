@@ -35,6 +35,19 @@ LAUNCHERS = {
 }
 
 
+# the other extern "C" functions of the kernel files: workspace-taking launchers and host-only
+# plan queries (ppo_cuda.h); restype int unless named in INT64_RESULT
+EXTRA = {
+    "ppo_cuda_attention_ws": LAUNCHERS["attention"][1][:-1] + [P, I64, P],
+    "ppo_cuda_attention_workspace_bytes": [INT, I64, I64, I64, I64, I64, I64, P],
+    "ppo_cuda_attention_split_plan": [I64, I64, I64, I64, P],
+    "ppo_cuda_sample_ws": LAUNCHERS["sampling"][1][:-1] + [P, I64, P],
+    "ppo_cuda_sample_workspace_bytes": [I64, I64],
+    "ppo_cuda_sample_blocks_per_row": [I64],
+}
+INT64_RESULT = {"ppo_cuda_attention_split_plan", "ppo_cuda_sample_workspace_bytes", "ppo_cuda_sample_blocks_per_row"}
+
+
 def check_cuda_module():
     """csrc/check_cuda.py as a module (csrc/ is not a package)."""
     path = os.path.join(REPO, "csrc", "check_cuda.py")
@@ -51,6 +64,17 @@ def load(lib_path, kernel):
     fn.argtypes = argtypes
     fn.restype = ctypes.c_int
     return fn
+
+
+def load_all(lib_path):
+    """The library with every launcher and query it defines typed (LAUNCHERS and EXTRA)."""
+    lib = ctypes.CDLL(lib_path)
+    for symbol, argtypes in [v for v in LAUNCHERS.values()] + list(EXTRA.items()):
+        if hasattr(lib, symbol):
+            fn = getattr(lib, symbol)
+            fn.argtypes = argtypes
+            fn.restype = ctypes.c_int64 if symbol in INT64_RESULT else ctypes.c_int
+    return lib
 
 
 def host_int64(values):

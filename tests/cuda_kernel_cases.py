@@ -81,6 +81,9 @@ ATTENTION = [
     ("prefill_fused_mqa", 3, 4, 4, 0, 4, 1, 8, 1, (2,), None, False, False),
     ("decode_cols_hd64", 5, 1, 5, 20, 4, 2, 64, 0, (3,), None, False, True),
     ("decode_cols_long_hd256", 1, 1, 9, 130, 2, 1, 256, 0, (), None, True, True),  # > 128 keys: two chunks
+    # > 512 keys (a float32 tile): the cache split across blocks and merged; 16-byte and scalar loads
+    ("decode_split_k", 1, 1, 6, 1100, 2, 1, 8, 0, (), None, False, False),
+    ("decode_split_gqa4_fused", 2, 1, 5, 1030, 4, 1, 8, 1, (1,), None, True, False),
 ]
 
 
@@ -151,6 +154,33 @@ def _sample_cases():
     return out
 
 
+# several blocks per row (9,000 entries: 3 chunks of the CUDA sampler); logits on a 1/256 grid,
+# so many are equal: ties broken by id across chunks (greedy) and inside the top-k / top-p sets
+SAMPLE_MULTI_BLOCK = [
+    # name, temperature, top_k, top_p, penalty, do_sample, suppress
+    ("multiblock_greedy_ties", 1.0, 0, 1.0, 1.2, False, [4]),
+    ("multiblock_top_k_top_p_ties", 0.9, 300, 0.85, 1.1, True, [4]),
+]
+
+
+def _sample_multi_block_cases():
+    out = []
+    for seed, (name, temperature, top_k, top_p, penalty, do_sample, suppress) in enumerate(SAMPLE_MULTI_BLOCK):
+        r = _rng(250 + seed)
+        B, B0, V, N = 6, 8, 9000, 2
+        logits = _coarse(r.standard_normal((B, V)) * 3.0)
+        logits[:, [10, 4500, 8999]] = logits.max() + 1  # the same largest logit in every chunk
+        fin = np.zeros(B, "int32")
+        fin[2] = 1
+        inp = {"logits": logits, "presence": (r.random((B0, V)) < 0.1).astype("uint8"),
+               "rows": r.permutation(B0)[:B].astype("int64"),
+               "uniforms": np.minimum(r.random((N, B0), dtype=np.float32), 1 - 2 ** -20), "finished": fin}
+        attrs = dict(step=1, temperature=temperature, top_k=top_k, top_p=top_p, penalty=penalty,
+                     do_sample=do_sample, pad_id=3, suppress=suppress, cols=False)
+        out.append(dict(name=f"sample_{name}", op="sample", attrs=attrs, inputs=inp))
+    return out
+
+
 def _update_cases():
     out = []
     for min_new, update_presence in ((0, True), (0, False), (100, True)):
@@ -183,7 +213,8 @@ def _update_cases():
 
 def make_cases():
     """Every case: dict(name, op, attrs, inputs={name: ndarray}) (no outputs)."""
-    return _rms_cases() + _swiglu_cases() + _pack_cases() + _attention_cases() + _sample_cases() + _update_cases()
+    return (_rms_cases() + _swiglu_cases() + _pack_cases() + _attention_cases() + _sample_cases()
+            + _sample_multi_block_cases() + _update_cases())
 
 
 def cpu_outputs(case):

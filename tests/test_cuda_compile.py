@@ -61,6 +61,56 @@ def test_kernels_build_standalone_and_reject_bad_arguments(kernel_libs):
     assert upd(0, 65) == INVALID  # more than 64 stop ids
 
 
+def test_sampler_split_plan_and_workspace(kernel_libs):
+    """Host-only queries of the multi-block sampler (no CUDA call): blocks per row grow with the
+    vocabulary (about 4,096 entries each, at most 64 of at most 16,384), the workspace with the rows."""
+    lib = cuda_ctypes.load_all(kernel_libs["sampling"])
+    per_row = lib.ppo_cuda_sample_blocks_per_row
+    assert [per_row(v) for v in (37, 4096, 4097, 128256, 151936, 2**20)] == [1, 1, 2, 32, 38, 64]
+    assert per_row(0) == -1 and per_row(2**20 + 1) == -1  # PPO_CUDA_MAX_VOCAB
+    ws = lib.ppo_cuda_sample_workspace_bytes
+    assert ws(0, 128256) == 0 and ws(-1, 5) == -1 and ws(4, 0) == -1
+    assert ws(64, 128256) > ws(1, 128256) > 2 * 2048 * 8  # two radix histograms per row at least
+    n = None
+    # valid arguments but no workspace: refused before any CUDA call
+    args = [2, *[n] * 7, 2, 128256, 2, 0, 1.0, 50, 0.9, 1.0, 1, 0, n, 0, 0]
+    assert lib.ppo_cuda_sample_ws(*args, n, 0, n) == cuda_ctypes.CUDA_ERROR_INVALID_VALUE
+    assert lib.ppo_cuda_sample_ws(*args, n, ws(2, 128256), n) == cuda_ctypes.CUDA_ERROR_INVALID_VALUE
+    args[9] = 2**20 + 1  # a vocabulary above PPO_CUDA_MAX_VOCAB
+    assert lib.ppo_cuda_sample(*args, n) == cuda_ctypes.CUDA_ERROR_INVALID_VALUE
+
+
+def test_attention_split_plan(kernel_libs):
+    """Split-K plan: chunks are whole tiles, cover every key, none is empty, at most 64 of them,
+    and there are about two blocks per SM when the rows and heads alone leave the GPU idle."""
+    import ctypes
+
+    lib = cuda_ctypes.load_all(kernel_libs["attention"])
+
+    def plan(keys, blocks, tile=1024, sms=132):
+        chunk = ctypes.c_int64(0)
+        n = lib.ppo_cuda_attention_split_plan(keys, blocks, tile, sms, ctypes.byref(chunk))
+        assert chunk.value % tile == 0 and n * chunk.value >= keys and (n - 1) * chunk.value < keys and 1 <= n <= 64
+        return n, chunk.value
+
+    assert plan(2048, 32 * 8) == (2, 1024)  # B32 x 8 KV groups: 256 blocks, two chunks
+    assert plan(8192, 8 * 8) == (4, 2048)  # B8 x 8 KV groups, 8k cache: 4 chunks -> 256 blocks
+    assert plan(1024, 8 * 1024 * 8) == (1, 1024)  # prefill: enough blocks without splitting
+    assert plan(5, 1, tile=128) == (1, 128)  # fewer keys than a tile
+    assert plan(10**6, 1) == (62, 16384)  # capped at 64 chunks
+    assert lib.ppo_cuda_attention_split_plan(0, 1, 128, 132, None) == -1
+    bytes_ = ctypes.c_int64(-1)
+    INVALID = cuda_ctypes.CUDA_ERROR_INVALID_VALUE
+    assert lib.ppo_cuda_attention_workspace_bytes(9, 2, 1, 4, 2, 8, 0, ctypes.byref(bytes_)) == INVALID
+    assert lib.ppo_cuda_attention_workspace_bytes(0, 2, 1, 4, 3, 8, 0, ctypes.byref(bytes_)) == INVALID
+    assert lib.ppo_cuda_attention_workspace_bytes(0, 2, 1, 4, 2, 8, 0, None) == INVALID
+    assert lib.ppo_cuda_attention_workspace_bytes(0, 0, 1, 4, 2, 8, 0, ctypes.byref(bytes_)) == 0
+    assert bytes_.value == 0
+    n = None
+    att_ws = lambda hd: lib.ppo_cuda_attention_ws(0, *[n] * 10, 2, 1, 2, 1, hd, 4, 3, 8, 0, 0, 0, 0.1, 0, n, 0, n)
+    assert att_ws(258) == INVALID  # head_dim above 256, refused before any CUDA call
+
+
 def test_a_warning_fails_the_check(tmp_path):
     bad = tmp_path / "bad.cu"
     bad.write_text("__global__ void k(float* x) { int unused = 3; if (threadIdx.x < 2) x[0] = 1.f; }\n")

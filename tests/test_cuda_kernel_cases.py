@@ -46,6 +46,9 @@ def test_cases_cover_padding_finished_rows_and_both_layouts():
     assert any((c["inputs"]["key_mask"] == 0).all(axis=1).any() for c in att)  # a fully padded row
     assert any(c["inputs"]["finished"].any() for c in att)
     assert any(c["attrs"]["t0"] + 1 > 128 for c in att)  # more keys than one chunk of the CUDA kernel
+    # more keys than two float32 tiles of the split-K kernel (split and merged), 16-byte and scalar loads
+    long = [c for c in att if c["attrs"]["t0"] + 1 > 1024]
+    assert {c["inputs"]["k_cache"].shape[-1] % 4 == 0 for c in long} == {True, False}
     smp = [c for c in STORED if c["op"] == "sample"]
     assert all(c["inputs"]["finished"].any() for c in smp)
     for c in smp:  # finished rows: pad token, log-prob 0

@@ -52,12 +52,18 @@ std::vector<paddle::Tensor> AttentionCUDA(const paddle::Tensor& qkv_in, paddle::
   std::vector<int64_t> out_shape = cols ? std::vector<int64_t>{D, B}
                                         : (qs.size() == 3 ? std::vector<int64_t>{B, Tq, D} : std::vector<int64_t>{B, D});
   auto out = paddle::empty(out_shape, qkv.dtype(), qkv.place());
+  // the split-K partial states, from Paddle's allocator (no cudaMalloc inside the launcher)
+  int64_t ws_bytes = 0;
+  PPO_CUDA_CALL("rollout_attention", ppo_cuda_attention_workspace_bytes(dt, B, Tq, num_heads, num_kv_heads,
+                                                                        head_dim, t0, &ws_bytes));
+  auto workspace = paddle::empty({ws_bytes > 0 ? ws_bytes : 1}, paddle::DataType::UINT8, qkv.place());
   PPO_CUDA_CALL("rollout_attention",
-                ppo_cuda_attention(dt, ppo_cuda_bind::cptr(qkv), bias_in ? ppo_cuda_bind::cptr(bias) : nullptr,
-                                   ppo_cuda_bind::mptr(k_cache), ppo_cuda_bind::mptr(v_cache), ppo_cuda_bind::cptr(cos),
-                                   ppo_cuda_bind::cptr(sin), pos.data<int64_t>(), key_mask.data<int32_t>(),
-                                   finished.data<int32_t>(), ppo_cuda_bind::mptr(out), B, Tq, num_heads, num_kv_heads,
-                                   head_dim, S, key_mask.shape()[1], cos.shape()[0], layer, t0, layout, scale,
-                                   cols ? 1 : 0, qkv.stream()));
+                ppo_cuda_attention_ws(dt, ppo_cuda_bind::cptr(qkv), bias_in ? ppo_cuda_bind::cptr(bias) : nullptr,
+                                      ppo_cuda_bind::mptr(k_cache), ppo_cuda_bind::mptr(v_cache),
+                                      ppo_cuda_bind::cptr(cos), ppo_cuda_bind::cptr(sin), pos.data<int64_t>(),
+                                      key_mask.data<int32_t>(), finished.data<int32_t>(), ppo_cuda_bind::mptr(out),
+                                      B, Tq, num_heads, num_kv_heads, head_dim, S, key_mask.shape()[1],
+                                      cos.shape()[0], layer, t0, layout, scale, cols ? 1 : 0,
+                                      workspace.data<uint8_t>(), ws_bytes, qkv.stream()));
   return {out};
 }

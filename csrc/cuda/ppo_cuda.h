@@ -18,7 +18,7 @@
 
 #define PPO_CUDA_MAX_HEAD_DIM 256      // attention: head_dim must be even and at most this
 #define PPO_CUDA_MAX_SUPPRESS 64       // sample: suppressed token ids
-#define PPO_CUDA_MAX_KEEP 1024         // sample: top-k / top-p keep at most this many tokens
+#define PPO_CUDA_MAX_VOCAB 1048576     // sample: vocabulary entries (64 blocks of 16,384 per row)
 #define PPO_CUDA_MAX_STOP_IDS 64       // update: stop token ids
 #define PPO_CUDA_MAX_STOP_SEQS 32      // update: stop sequences
 #define PPO_CUDA_MAX_STOP_TOKENS 256   // update: tokens of all stop sequences together
@@ -53,6 +53,22 @@ int ppo_cuda_attention(int dtype, const void* qkv, const void* bias, void* k_cac
                        void* out, int64_t B, int64_t Tq, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                        int64_t S, int64_t Tp, int64_t P, int64_t layer, int64_t t0, int64_t layout, float scale,
                        int cols, cudaStream_t stream);
+// ppo_cuda_attention with a caller-owned device workspace of at least the bytes that
+// ppo_cuda_attention_workspace_bytes gives for the same sizes on the current device (0 when the
+// cache is not split; ppo_cuda_attention allocates it with cudaMallocAsync on `stream`).
+int ppo_cuda_attention_ws(int dtype, const void* qkv, const void* bias, void* k_cache, void* v_cache,
+                          const void* cos, const void* sin, const int64_t* pos, const int32_t* key_mask,
+                          const int32_t* finished, void* out, int64_t B, int64_t Tq, int64_t num_heads,
+                          int64_t num_kv_heads, int64_t head_dim, int64_t S, int64_t Tp, int64_t P, int64_t layer,
+                          int64_t t0, int64_t layout, float scale, int cols, void* workspace,
+                          int64_t workspace_bytes, cudaStream_t stream);
+int ppo_cuda_attention_workspace_bytes(int dtype, int64_t B, int64_t Tq, int64_t num_heads, int64_t num_kv_heads,
+                                       int64_t head_dim, int64_t t0, int64_t* bytes);
+// Host-only split plan (no CUDA call): how many chunks of `*chunk` keys (a multiple of `tile`)
+// the longest query's `max_keys` keys are cut into so that `base_blocks` blocks per chunk give
+// about two blocks per SM (at most 64 chunks, at least one tile each); -1 for invalid sizes.
+int64_t ppo_cuda_attention_split_plan(int64_t max_keys, int64_t base_blocks, int64_t tile, int64_t sm_count,
+                                      int64_t* chunk);
 
 // One token per row b of logits ([B, V], or [V, B] with cols): repetition penalty from
 // presence uint8 [B0, V] (row rows[b]; may be NULL when penalty == 1), suppressed ids (host
@@ -64,6 +80,19 @@ int ppo_cuda_sample(int dtype, const void* logits, const uint8_t* presence, cons
                     int64_t V, int64_t B0, int64_t step, float temperature, int64_t top_k, float top_p,
                     float penalty, int do_sample, int64_t pad_id, const int64_t* suppress, int64_t n_suppress,
                     int cols, cudaStream_t stream);
+
+// ppo_cuda_sample with a caller-owned device workspace of at least
+// ppo_cuda_sample_workspace_bytes(B, V) bytes (no allocation: what a CUDA graph capture wants);
+// ppo_cuda_sample allocates it with cudaMallocAsync on `stream`. Any top-k, any nucleus size.
+int ppo_cuda_sample_ws(int dtype, const void* logits, const uint8_t* presence, const int64_t* rows,
+                       const float* uniforms, const int32_t* finished, int64_t* tokens, float* logprobs, int64_t B,
+                       int64_t V, int64_t B0, int64_t step, float temperature, int64_t top_k, float top_p,
+                       float penalty, int do_sample, int64_t pad_id, const int64_t* suppress, int64_t n_suppress,
+                       int cols, void* workspace, int64_t workspace_bytes, cudaStream_t stream);
+// Host-only queries of the sampler's plan (no CUDA call): workspace bytes for B rows of V
+// entries, and how many blocks share one row (-1 for invalid sizes).
+int64_t ppo_cuda_sample_workspace_bytes(int64_t B, int64_t V);
+int64_t ppo_cuda_sample_blocks_per_row(int64_t V);
 
 // Per live row b (finished[b] == 0), r = rows[b]: out_tokens/out_logprobs [B0, N] at [r, step],
 // lengths[r] = step + 1, pos[b] += 1, presence [B0, V] (may be NULL) marks the token; from

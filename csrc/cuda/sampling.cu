@@ -1,210 +1,222 @@
-// Plain-CUDA twin of csrc/cpu/sampling.cc (same contract; API in ppo_cuda.h). One block per row.
-// Greedy: block argmax. Unfiltered sampling: a chunked block scan walks the vocabulary in id order. top-k / top-p:
-// the kept tokens are found in rank order by repeated block arg-max (at most MAX_KEEP = 1024
-// tokens: top_k is capped there, and a top-p nucleus that would need more is cut at 1024).
-#include "common.cuh"
+// Plain-CUDA twin of csrc/cpu/sampling.cc (same contract; API in ppo_cuda.h), several blocks per
+// row (sampling_parts.cuh: blocks_per_row). Kernels, in stream order:
+//   chunk_stats   (row, chunk): online max/sum-exp of raw/T and work/T, greedy arg-max.
+//   row_begin     (row): merges them: log-sum-exp, greedy token, the sampler's row state.
+//   unfiltered:   chunk_weight (fixed-point mass per chunk), pick (the chunk where u * total is
+//                 crossed, then an exact block scan inside it): the first id in id order.
+//   top-k/top-p:  up to three radix searches over the probability's float bits (3 levels of
+//                 11/10/10 bits; radix_hist + radix_select per level): the k-th largest key
+//                 (counts), the top-p cut (mass >= top_p * kept mass), and the drawn rank
+//                 (mass > u * kept mass); ties at a key are ranked by id. Then chunk_weight +
+//                 pick find the j-th id holding the drawn key. No pass per kept token, no cap.
+// Masses are probabilities in 2^-47 fixed point summed as integers: the result does not depend
+// on the order of additions, so the token never depends on thread timing.
+#include "sampling_parts.cuh"
 
 namespace {
 
-constexpr int THREADS = 256;
-constexpr int MAX_KEEP = PPO_CUDA_MAX_KEEP;
-constexpr int MAX_SUPPRESS = PPO_CUDA_MAX_SUPPRESS;
-
-struct Params {
-  int64_t V, B0, step, top_k, pad_id, n_suppress;
-  float temperature, top_p, penalty;
-  bool do_sample, use_penalty, cols;
-  int64_t suppress[MAX_SUPPRESS];
-};
+using namespace ppo_sample;
+using u64 = unsigned long long;
 
 template <typename T>
-__device__ __forceinline__ float raw_at(const T* logits, const Params& P, int64_t B, int64_t b, int64_t v) {
-  return ppo_cuda::to_f(logits[P.cols ? v * B + b : b * P.V + v]);
-}
-
-// the penalised / suppressed logit the sampler works on
-template <typename T>
-__device__ __forceinline__ float work_at(const T* logits, const uint8_t* presence, const Params& P, int64_t B,
-                                         int64_t b, int64_t r, int64_t v) {
-  float x = raw_at(logits, P, B, b, v);
-  if (P.use_penalty && presence[r * P.V + v]) x = x > 0.f ? x / P.penalty : x * P.penalty;
-  for (int64_t s = 0; s < P.n_suppress; ++s)
-    if (P.suppress[s] == v) x = -INFINITY;
-  return x;
+__device__ __forceinline__ RowView<T> row_view(const T* logits, const uint8_t* presence, const int64_t* rows,
+                                               const Params& P, int64_t b) {
+  return RowView<T>{logits, P.use_penalty ? presence + rows[b] * P.V : nullptr, &P, b};
 }
 
 template <typename T>
-__global__ void sample_kernel(const T* __restrict__ logits, const uint8_t* __restrict__ presence,
-                              const int64_t* __restrict__ rows, const float* __restrict__ uniforms,
-                              const int32_t* __restrict__ fin, int64_t* __restrict__ tokens,
-                              float* __restrict__ logprobs, int64_t B, Params P) {
-  const int64_t b = blockIdx.x;
-  if (fin[b]) {
-    if (threadIdx.x == 0) {
-      tokens[b] = P.pad_id;
-      logprobs[b] = 0.f;
+__global__ void chunk_stats_kernel(const T* __restrict__ logits, const uint8_t* __restrict__ presence,
+                                   const int64_t* __restrict__ rows, const int32_t* __restrict__ fin,
+                                   const __grid_constant__ Params P, Work W) {
+  const int64_t b = blockIdx.x, c = blockIdx.y;
+  if (fin[b]) return;
+  const RowView<T> row = row_view(logits, presence, rows, P, b);
+  const int64_t v0 = c * P.chunk, v1 = min(P.V, v0 + P.chunk);
+  float m_raw = -INFINITY, s_raw = 0.f, m_w = -INFINITY, s_w = 0.f, bv = -INFINITY;
+  int64_t bi = INT64_MAX;
+  for (int64_t v = v0 + threadIdx.x; v < v1; v += THREADS) {
+    merge_softmax(m_raw, s_raw, row.raw(v) / P.temperature, 1.f);
+    const float w = row.work(v);
+    if (P.do_sample) {
+      if (w != -INFINITY) merge_softmax(m_w, s_w, w / P.temperature, 1.f);
+    } else if (ppo_cuda::better(w, v, bv, bi)) {
+      bv = w;
+      bi = v;
     }
+  }
+  const float M_raw = ppo_cuda::block_max(m_raw);
+  const float S_raw = ppo_cuda::block_sum(m_raw == -INFINITY ? 0.f : s_raw * __expf(m_raw - M_raw));
+  const float M_w = ppo_cuda::block_max(m_w);
+  const float S_w = ppo_cuda::block_sum(m_w == -INFINITY ? 0.f : s_w * __expf(m_w - M_w));
+  const ppo_cuda::ArgBest best = ppo_cuda::block_argbest(bv, bi);
+  if (threadIdx.x == 0) W.stats[b * P.nblk + c] = ChunkStats{M_raw, S_raw, M_w, S_w, best.v, 0, best.i};
+}
+
+// One thread per row: merges the chunk statistics; writes finished and greedy rows' outputs.
+template <typename T>
+__global__ void row_begin_kernel(const T* __restrict__ logits, const int64_t* __restrict__ rows,
+                                 const float* __restrict__ uniforms, const int32_t* __restrict__ fin,
+                                 int64_t* __restrict__ tokens, float* __restrict__ logprobs,
+                                 const __grid_constant__ Params P, Work W) {
+  const int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (b >= P.B) return;
+  RowState s{};
+  if (fin[b]) {
+    tokens[b] = P.pad_id;
+    logprobs[b] = 0.f;
+    s.done = 1;
+    W.rows[b] = s;
     return;
   }
-  const int64_t r = rows[b];
-  const float T_ = P.temperature;
-  // log-sum-exp of the raw logits at this temperature
-  float m = -INFINITY;
-  for (int64_t v = threadIdx.x; v < P.V; v += blockDim.x) m = fmaxf(m, raw_at(logits, P, B, b, v) / T_);
-  m = ppo_cuda::block_max(m);
-  float se = 0.f;
-  for (int64_t v = threadIdx.x; v < P.V; v += blockDim.x) se += __expf(raw_at(logits, P, B, b, v) / T_ - m);
-  se = ppo_cuda::block_sum(se);
-  const float lse = m + logf(se);
-
-  __shared__ int64_t tok_sh;
-  if (!P.do_sample) {
-    float bv = -INFINITY;
-    int64_t bi = INT64_MAX;
-    for (int64_t v = threadIdx.x; v < P.V; v += blockDim.x) {
-      const float x = work_at(logits, presence, P, B, b, r, v);
-      if (ppo_cuda::better(x, v, bv, bi)) {
-        bv = x;
-        bi = v;
-      }
+  float m_raw = -INFINITY, s_raw = 0.f, m_w = -INFINITY, s_w = 0.f, bv = -INFINITY;
+  int64_t bi = INT64_MAX;
+  for (int64_t c = 0; c < P.nblk; ++c) {
+    const ChunkStats cs = W.stats[b * P.nblk + c];
+    merge_softmax(m_raw, s_raw, cs.m_raw, cs.s_raw);
+    merge_softmax(m_w, s_w, cs.m_work, cs.s_work);
+    if (ppo_cuda::better(cs.best_v, cs.best_i, bv, bi)) {
+      bv = cs.best_v;
+      bi = cs.best_i;
     }
-    const ppo_cuda::ArgBest best = ppo_cuda::block_argbest(bv, bi);
-    if (threadIdx.x == 0) tok_sh = best.i;
-  } else {
-    float mw = -INFINITY;
-    for (int64_t v = threadIdx.x; v < P.V; v += blockDim.x) mw = fmaxf(mw, work_at(logits, presence, P, B, b, r, v) / T_);
-    mw = ppo_cuda::block_max(mw);
-    float z = 0.f;
-    for (int64_t v = threadIdx.x; v < P.V; v += blockDim.x) z += __expf(work_at(logits, presence, P, B, b, r, v) / T_ - mw);
-    z = ppo_cuda::block_sum(z);
-    auto prob = [&](int64_t v) {
-      const float w = work_at(logits, presence, P, B, b, r, v);
-      return w == -INFINITY ? 0.f : __expf(w / T_ - mw) / z;
+  }
+  s.lse = m_raw + logf(s_raw);
+  s.mw = m_w;
+  s.z = s_w;
+  s.u = uniforms[P.step * P.B0 + rows[b]];
+  s.kind = P.use_top_k ? KIND_TOPK : KIND_TOPP;
+  if (!P.do_sample) {
+    const int64_t t = bi == INT64_MAX ? 0 : bi;
+    tokens[b] = t;
+    logprobs[b] = RowView<T>{logits, nullptr, &P, b}.raw(t) / P.temperature - s.lse;
+    s.done = 1;
+  }
+  W.rows[b] = s;
+}
+
+// Per (row, chunk): sum of an entry weight over the chunk: its fixed-point mass (TIE false) or
+// 1 where its key is the row's pick_key (TIE true).
+template <typename T, bool TIE>
+__global__ void chunk_weight_kernel(const T* __restrict__ logits, const uint8_t* __restrict__ presence,
+                                    const int64_t* __restrict__ rows, const __grid_constant__ Params P, Work W) {
+  const int64_t b = blockIdx.x, c = blockIdx.y;
+  const RowState s = W.rows[b];
+  if (s.done) return;
+  const RowView<T> row = row_view(logits, presence, rows, P, b);
+  const int64_t v0 = c * P.chunk, v1 = min(P.V, v0 + P.chunk);
+  u64 sum = 0;
+  for (int64_t v = v0 + threadIdx.x; v < v1; v += THREADS) {
+    const uint32_t key = prob_key(row.work(v), P.temperature, s.mw, s.z);
+    sum += TIE ? (key == s.pick_key ? 1ull : 0ull) : key_mass(key);
+  }
+  const u64 excl = block_exclusive_scan(sum, false);
+  if (threadIdx.x == THREADS - 1) W.chunk_w[b * P.nblk + c] = excl + sum;
+}
+
+// Per row: the first id whose cumulative weight (id order) exceeds the target: u * total mass
+// (TIE false: unfiltered sampling), or pick_rank - 1 (TIE true: the pick_rank-th id with pick_key).
+// Writes the token and its raw log-prob.
+template <typename T, bool TIE>
+__global__ void pick_kernel(const T* __restrict__ logits, const uint8_t* __restrict__ presence,
+                            const int64_t* __restrict__ rows, int64_t* __restrict__ tokens,
+                            float* __restrict__ logprobs, const __grid_constant__ Params P, Work W) {
+  const int64_t b = blockIdx.x;
+  const RowState s = W.rows[b];
+  if (s.done) return;
+  __shared__ int64_t chunk_sh, picked;
+  __shared__ u64 rem_sh;
+  if (threadIdx.x == 0) {
+    u64 total = 0;
+    for (int64_t c = 0; c < P.nblk; ++c) total += W.chunk_w[b * P.nblk + c];
+    const u64 target = TIE ? s.pick_rank - 1 : static_cast<u64>(static_cast<double>(s.u) * static_cast<double>(total));
+    u64 cum = 0;
+    int64_t chunk = -1;
+    for (int64_t c = 0; c < P.nblk && chunk < 0; ++c) {
+      const u64 w = W.chunk_w[b * P.nblk + c];
+      if (cum + w > target) chunk = c;
+      else cum += w;
+    }
+    chunk_sh = chunk;
+    rem_sh = target - cum;
+    picked = -1;
+  }
+  __syncthreads();
+  const int64_t chunk = chunk_sh;
+  const u64 rem = rem_sh;
+  if (chunk >= 0) {
+    const RowView<T> row = row_view(logits, presence, rows, P, b);
+    const int64_t v0 = chunk * P.chunk, v1 = min(P.V, v0 + P.chunk);
+    const int64_t seg = (v1 - v0 + THREADS - 1) / THREADS;
+    const int64_t a0 = min(v1, v0 + threadIdx.x * seg), a1 = min(v1, a0 + seg);
+    auto weight = [&](int64_t v) -> u64 {
+      const uint32_t key = prob_key(row.work(v), P.temperature, s.mw, s.z);
+      return TIE ? (key == s.pick_key ? 1ull : 0ull) : key_mass(key);
     };
-    const float u = uniforms[P.step * P.B0 + r];
-    const bool filter = (P.top_k > 0 && P.top_k < P.V) || P.top_p < 1.0f;
-    if (!filter) {
-      // total mass in id order, then the first id whose running mass exceeds u * total
-      float total = 0.f;
-      for (int64_t v = threadIdx.x; v < P.V; v += blockDim.x) total += prob(v);
-      total = ppo_cuda::block_sum(total);
-      const float target = u * total;
-      __shared__ float scan[THREADS];
-      __shared__ float carry;
-      __shared__ int64_t found;
-      __shared__ int64_t last_nz;
-      if (threadIdx.x == 0) {
-        carry = 0.f;
-        found = -1;
-        last_nz = 0;
-      }
-      __syncthreads();
-      for (int64_t v0 = 0; v0 < P.V; v0 += blockDim.x) {
-        const int64_t v = v0 + threadIdx.x;
-        const float pv = v < P.V ? prob(v) : 0.f;
-        scan[threadIdx.x] = pv;
-        __syncthreads();
-        for (int o = 1; o < blockDim.x; o <<= 1) {  // Hillis-Steele inclusive scan
-          const float add = threadIdx.x >= o ? scan[threadIdx.x - o] : 0.f;
-          __syncthreads();
-          scan[threadIdx.x] += add;
-          __syncthreads();
+    u64 sum = 0;
+    for (int64_t v = a0; v < a1; ++v) sum += weight(v);
+    u64 run = block_exclusive_scan(sum, false);
+    if (run <= rem && rem < run + sum) {  // exactly one thread: the integer ranges partition the chunk
+      for (int64_t v = a0; v < a1; ++v) {
+        run += weight(v);
+        if (run > rem) {
+          picked = v;
+          break;
         }
-        const float c = carry + scan[threadIdx.x];
-        const bool hit = v < P.V && pv > 0.f && c > target && (threadIdx.x == 0 || carry + scan[threadIdx.x - 1] <= target);
-        if (v < P.V && pv > 0.f) atomicMax(reinterpret_cast<unsigned long long*>(&last_nz), static_cast<unsigned long long>(v));
-        __syncthreads();
-        if (hit && found < 0) found = v;
-        __syncthreads();
-        if (threadIdx.x == blockDim.x - 1) carry = c;
-        __syncthreads();
-        if (found >= 0) break;
-      }
-      if (threadIdx.x == 0) tok_sh = found >= 0 ? found : last_nz;
-    } else {
-      __shared__ int64_t kept_id[MAX_KEEP];
-      __shared__ float kept_p[MAX_KEEP];
-      const int64_t K = (P.top_k > 0 && P.top_k < P.V) ? min(P.top_k, static_cast<int64_t>(MAX_KEEP))
-                                                       : min(P.V, static_cast<int64_t>(MAX_KEEP));
-      // select tokens in rank order (prob desc, id asc), strictly after the previous pick
-      float prev_p = INFINITY;
-      int64_t prev_i = -1;
-      int64_t n_sel = 0;
-      float mass = 0.f;
-      const bool need_all_k = P.top_k > 0 && P.top_k < P.V;
-      for (int64_t k = 0; k < K; ++k) {
-        float bv = -INFINITY;
-        int64_t bi = INT64_MAX;
-        for (int64_t v = threadIdx.x; v < P.V; v += blockDim.x) {
-          const float pv = prob(v);
-          const bool after = pv < prev_p || (pv == prev_p && v > prev_i);
-          if (after && ppo_cuda::better(pv, v, bv, bi)) {
-            bv = pv;
-            bi = v;
-          }
-        }
-        const ppo_cuda::ArgBest best = ppo_cuda::block_argbest(bv, bi);
-        if (best.i == INT64_MAX || best.v <= 0.f) break;
-        if (threadIdx.x == 0) {
-          kept_id[k] = best.i;
-          kept_p[k] = best.v;
-        }
-        prev_p = best.v;
-        prev_i = best.i;
-        mass += best.v;
-        n_sel = k + 1;
-        // without top-k, stop once the nucleus is complete (mass before the next token >= top_p)
-        if (!need_all_k && P.top_p < 1.0f && !(mass < P.top_p)) break;
-      }
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        const float mass_k = need_all_k ? mass : 1.0f;
-        int64_t kept = n_sel;
-        if (P.top_p < 1.0f) {
-          float before = 0.f;
-          kept = 0;
-          for (int64_t k = 0; k < n_sel; ++k) {
-            if (k > 0 && !(before < P.top_p)) break;
-            before += kept_p[k] / mass_k;
-            kept = k + 1;
-          }
-        }
-        float total = 0.f;
-        for (int64_t k = 0; k < kept; ++k) total += kept_p[k] / mass_k;
-        const float target = u * total;
-        float c = 0.f;
-        int64_t t = kept > 0 ? kept_id[kept - 1] : 0;  // kept == 0 only when every token has probability 0
-        for (int64_t k = 0; k < kept; ++k) {
-          c += kept_p[k] / mass_k;
-          if (c > target) {
-            t = kept_id[k];
-            break;
-          }
-        }
-        tok_sh = t;
       }
     }
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    const int64_t t = tok_sh;
+    const int64_t t = picked >= 0 ? picked : 0;  // -1 only when every probability is 0
     tokens[b] = t;
-    logprobs[b] = raw_at(logits, P, B, b, t) / T_ - lse;
+    logprobs[b] = RowView<T>{logits, nullptr, &P, b}.raw(t) / P.temperature - s.lse;
   }
 }
 
 }  // namespace
 
-extern "C" int ppo_cuda_sample(int dtype, const void* logits, const uint8_t* presence, const int64_t* rows,
-                               const float* uniforms, const int32_t* finished, int64_t* tokens, float* logprobs,
-                               int64_t B, int64_t V, int64_t B0, int64_t step, float temperature, int64_t top_k,
-                               float top_p, float penalty, int do_sample, int64_t pad_id, const int64_t* suppress,
-                               int64_t n_suppress, int cols, cudaStream_t stream) {
-  if (B < 0 || V <= 0 || B0 <= 0 || step < 0 || !(temperature > 0.f) || n_suppress < 0 ||
+#include "sampling_radix.cuh"
+
+namespace {
+
+int64_t n_searches(const Params& P) { return (P.use_top_k ? 1 : 0) + (P.use_top_p ? 1 : 0) + 1; }
+
+template <typename T>
+int launch(const T* logits, const uint8_t* presence, const int64_t* rows, const float* uniforms,
+           const int32_t* fin, int64_t* tokens, float* logprobs, const Params& P, Work W, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(P.B), static_cast<unsigned>(P.nblk));
+  const unsigned row_blocks = static_cast<unsigned>((P.B + 127) / 128);
+  chunk_stats_kernel<T><<<grid, THREADS, 0, stream>>>(logits, presence, rows, fin, P, W);
+  row_begin_kernel<T><<<row_blocks, 128, 0, stream>>>(logits, rows, uniforms, fin, tokens, logprobs, P, W);
+  if (!P.do_sample) return ppo_cuda::status(cudaGetLastError());
+  if (!P.use_top_k && !P.use_top_p) {
+    chunk_weight_kernel<T, false><<<grid, THREADS, 0, stream>>>(logits, presence, rows, P, W);
+    pick_kernel<T, false><<<static_cast<unsigned>(P.B), THREADS, 0, stream>>>(logits, presence, rows, tokens,
+                                                                             logprobs, P, W);
+    return ppo_cuda::status(cudaGetLastError());
+  }
+  // hist_c and hist_m are adjacent (B * BINS * 8 bytes is a multiple of 256): one memset
+  const cudaError_t e = cudaMemsetAsync(W.hist_c, 0, static_cast<size_t>(P.B) * BINS * 8 * 2, stream);
+  if (e != cudaSuccess) return ppo_cuda::status(e);
+  for (int64_t s = 0; s < n_searches(P); ++s)
+    for (int level = 0; level < LEVELS; ++level) {
+      radix_hist_kernel<T><<<grid, THREADS, 0, stream>>>(logits, presence, rows, P, W, level);
+      radix_select_kernel<<<static_cast<unsigned>(P.B), THREADS, 0, stream>>>(P, W, level);
+    }
+  chunk_weight_kernel<T, true><<<grid, THREADS, 0, stream>>>(logits, presence, rows, P, W);
+  pick_kernel<T, true><<<static_cast<unsigned>(P.B), THREADS, 0, stream>>>(logits, presence, rows, tokens, logprobs,
+                                                                          P, W);
+  return ppo_cuda::status(cudaGetLastError());
+}
+
+// Validates the arguments into P; false when they break ppo_cuda.h's contract.
+bool make_params(Params& P, int64_t B, int64_t V, int64_t B0, int64_t step, float temperature, int64_t top_k,
+                 float top_p, float penalty, int do_sample, int64_t pad_id, const int64_t* suppress,
+                 int64_t n_suppress, int cols, const uint8_t* presence) {
+  if (B < 0 || V <= 0 || V > MAX_VOCAB || B0 <= 0 || step < 0 || !(temperature > 0.f) || n_suppress < 0 ||
       n_suppress > MAX_SUPPRESS || (n_suppress > 0 && suppress == nullptr) || B > 0x7fffffff)
-    return ppo_cuda::invalid();
-  Params P;
+    return false;
   P.V = V;
+  P.B = B;
   P.B0 = B0;
   P.step = step;
   P.top_k = top_k;
@@ -215,15 +227,68 @@ extern "C" int ppo_cuda_sample(int dtype, const void* logits, const uint8_t* pre
   P.do_sample = do_sample != 0;
   P.use_penalty = penalty != 1.0f;
   P.cols = cols != 0;
+  P.use_top_k = top_k > 0 && top_k < V;
+  P.use_top_p = top_p < 1.0f;
+  P.nblk = blocks_per_row(V);
+  P.chunk = chunk_size(V);
   P.n_suppress = 0;
   for (int64_t s = 0; s < n_suppress; ++s)
     if (suppress[s] >= 0 && suppress[s] < V) P.suppress[P.n_suppress++] = suppress[s];
-  if (P.use_penalty && presence == nullptr) return ppo_cuda::invalid();
+  return !(P.use_penalty && presence == nullptr);
+}
+
+}  // namespace
+
+extern "C" int64_t ppo_cuda_sample_workspace_bytes(int64_t B, int64_t V) {
+  if (B < 0 || V <= 0 || V > MAX_VOCAB) return -1;
+  return static_cast<int64_t>(workspace_bytes(B, V));
+}
+
+extern "C" int64_t ppo_cuda_sample_blocks_per_row(int64_t V) {
+  return V <= 0 || V > MAX_VOCAB ? -1 : blocks_per_row(V);
+}
+
+extern "C" int ppo_cuda_sample_ws(int dtype, const void* logits, const uint8_t* presence, const int64_t* rows,
+                                  const float* uniforms, const int32_t* finished, int64_t* tokens, float* logprobs,
+                                  int64_t B, int64_t V, int64_t B0, int64_t step, float temperature, int64_t top_k,
+                                  float top_p, float penalty, int do_sample, int64_t pad_id, const int64_t* suppress,
+                                  int64_t n_suppress, int cols, void* workspace, int64_t workspace_bytes_,
+                                  cudaStream_t stream) {
+  Params P;
+  if (!make_params(P, B, V, B0, step, temperature, top_k, top_p, penalty, do_sample, pad_id, suppress, n_suppress,
+                   cols, presence))
+    return ppo_cuda::invalid();
+  if (dtype < PPO_CUDA_FLOAT32 || dtype > PPO_CUDA_BFLOAT16) return ppo_cuda::invalid();
   if (B == 0) return 0;
+  if (workspace == nullptr || workspace_bytes_ < static_cast<int64_t>(workspace_bytes(B, V)))
+    return ppo_cuda::invalid();
+  const Work W = carve(workspace, B, V);
+  int rc = 0;
   PPO_CUDA_DISPATCH(dtype, [&] {
-    sample_kernel<scalar_t><<<static_cast<unsigned>(B), THREADS, 0, stream>>>(
-        static_cast<const scalar_t*>(logits), P.use_penalty ? presence : nullptr, rows, uniforms, finished, tokens,
-        logprobs, B, P);
+    rc = launch(static_cast<const scalar_t*>(logits), P.use_penalty ? presence : nullptr, rows, uniforms, finished,
+                tokens, logprobs, P, W, stream);
   });
-  return ppo_cuda::status(cudaGetLastError());
+  return rc;
+}
+
+extern "C" int ppo_cuda_sample(int dtype, const void* logits, const uint8_t* presence, const int64_t* rows,
+                               const float* uniforms, const int32_t* finished, int64_t* tokens, float* logprobs,
+                               int64_t B, int64_t V, int64_t B0, int64_t step, float temperature, int64_t top_k,
+                               float top_p, float penalty, int do_sample, int64_t pad_id, const int64_t* suppress,
+                               int64_t n_suppress, int cols, cudaStream_t stream) {
+  Params P;
+  if (!make_params(P, B, V, B0, step, temperature, top_k, top_p, penalty, do_sample, pad_id, suppress, n_suppress,
+                   cols, presence) ||
+      dtype < PPO_CUDA_FLOAT32 || dtype > PPO_CUDA_BFLOAT16)
+    return ppo_cuda::invalid();
+  if (B == 0) return 0;
+  const size_t bytes = workspace_bytes(B, V);
+  void* ws = nullptr;
+  cudaError_t e = cudaMallocAsync(&ws, bytes, stream);
+  if (e != cudaSuccess) return ppo_cuda::status(e);
+  const int rc = ppo_cuda_sample_ws(dtype, logits, presence, rows, uniforms, finished, tokens, logprobs, B, V, B0,
+                                    step, temperature, top_k, top_p, penalty, do_sample, pad_id, suppress, n_suppress,
+                                    cols, ws, static_cast<int64_t>(bytes), stream);
+  e = cudaFreeAsync(ws, stream);
+  return rc != 0 ? rc : ppo_cuda::status(e);
 }

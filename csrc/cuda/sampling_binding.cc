@@ -31,11 +31,16 @@ std::vector<paddle::Tensor> SampleCUDA(const paddle::Tensor& logits_in, const pa
              "rollout_sample: presence must be uint8 [B0, V]");
   auto tokens = paddle::empty({B}, paddle::DataType::INT64, logits.place());
   auto logprobs = paddle::empty({B}, paddle::DataType::FLOAT32, logits.place());
+  // the sampler's device workspace from Paddle's allocator (no cudaMalloc inside the launcher)
+  const int64_t ws_bytes = ppo_cuda_sample_workspace_bytes(B, V);
+  PD_CHECK(ws_bytes >= 0, "rollout_sample: empty vocabulary");
+  auto workspace = paddle::empty({ws_bytes > 0 ? ws_bytes : 1}, paddle::DataType::UINT8, logits.place());
   PPO_CUDA_CALL("rollout_sample",
-                ppo_cuda_sample(dt, ppo_cuda_bind::cptr(logits), use_penalty ? presence.data<uint8_t>() : nullptr,
-                                rows.data<int64_t>(), uniforms.data<float>(), finished.data<int32_t>(),
-                                tokens.data<int64_t>(), logprobs.data<float>(), B, V, uniforms.shape()[1], step,
-                                temperature, top_k, top_p, penalty, do_sample ? 1 : 0, pad_id, suppress.data(),
-                                static_cast<int64_t>(suppress.size()), cols ? 1 : 0, logits.stream()));
+                ppo_cuda_sample_ws(dt, ppo_cuda_bind::cptr(logits), use_penalty ? presence.data<uint8_t>() : nullptr,
+                                   rows.data<int64_t>(), uniforms.data<float>(), finished.data<int32_t>(),
+                                   tokens.data<int64_t>(), logprobs.data<float>(), B, V, uniforms.shape()[1], step,
+                                   temperature, top_k, top_p, penalty, do_sample ? 1 : 0, pad_id, suppress.data(),
+                                   static_cast<int64_t>(suppress.size()), cols ? 1 : 0, workspace.data<uint8_t>(),
+                                   ws_bytes, logits.stream()));
   return {tokens, logprobs};
 }
