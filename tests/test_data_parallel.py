@@ -9,7 +9,7 @@ import json
 import numpy as np
 
 from tests.test_tensor_parallel import assert_same_steps, assert_same_weights, assert_weights_moved, ppo_argv
-from tests.tp_launch import launch_run
+from tests.tp_launch import launch_run, read_jsonl
 
 
 def one_and_two_process_runs(script, argv, tmp_path, per_process_sizes):
@@ -45,22 +45,47 @@ def test_sft_dp2_matches_one_process(tiny_model_dir, tiny_data_dir, tmp_path):
 
 def test_ppo_dp2_matches_one_process(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path):
     """PPO with a reward model and a critic: each data rank rolls out its half of the global
-    prompt batch (the prompt order is shared), and the update's token-mean losses are taken over
-    the global token count, so the two layouts give the same losses, gradient norms and weights.
-    `top_k 1` makes each draw the most likely token (the rollouts do not depend on the random
-    streams, which are seeded per data rank), and `normalize_advantage false` keeps the
-    per-rank whitening out (it whitens over the rank's own rows)."""
+    prompt batch (the prompt order is shared, and each row draws its own columns of one set of
+    uniforms), advantages are whitened with statistics over both ranks, and the update's
+    token-mean losses are taken over the global token count, so the two layouts give the same
+    samples, losses, gradient norms and weights."""
     argv = ["config/tiny/ppo_argument.json", *ppo_argv(
-        tiny_model_dir, tiny_data_dir, "--reward_model_name_or_path", tiny_rm_dir, "--top_k", "1",
-        "--normalize_advantage", "false", "--normalize_reward", "false", "--overwrite_output_dir", "true",
+        tiny_model_dir, tiny_data_dir, "--reward_model_name_or_path", tiny_rm_dir, "--temperature", "1.5",
+        "--normalize_advantage", "true", "--overwrite_output_dir", "true",
         "--update_iters", "2", "--gradient_accumulation_steps", "1",
         "--learning_rate", "1e-3", "--critic_learning_rate", "1e-3", "--kl_coeff", "0.1", "--entropy_coeff", "0.01",
     )]
     out1, out2 = one_and_two_process_runs(  # one micro-batch per optimiser step in both layouts
         "ppo/run_ppo.py", argv, tmp_path, {"--per_device_prompt_batch_size": 8, "--per_device_train_batch_size": 8})
-    for key in ("loss/policy_avg", "loss/value_avg", "objective/scores", "objective/kl", "policy/entropy_avg",
-                "train/actor_grad_norm", "train/critic_grad_norm"):
+    assert_same_rl_runs(out1, out2, ("loss/value_avg", "train/critic_grad_norm"), ("policy", "value"), tiny_model_dir)
+
+
+def test_grpo_dp2_matches_one_process(tiny_model_dir, tiny_data_dir, tmp_path):
+    """GRPO (rule rewards on the response length, so groups differ; a k3 KL loss): groups stay
+    on their rank, and the same samples give the same losses and weights."""
+    argv = ["config/tiny/grpo_rule_argument.json", *ppo_argv(
+        tiny_model_dir, tiny_data_dir, "--rollout_n", "4", "--gradient_accumulation_steps", "1", "--learning_rate", "1e-3",
+        "--kl_loss_coeff", "0.05", "--rule_reward_scorers", "tests.rule_reward_helpers:_len_scorer",
+        "--overwrite_output_dir", "true",
+    )]
+    out1, out2 = one_and_two_process_runs(
+        "ppo/run_ppo.py", argv, tmp_path, {"--per_device_prompt_batch_size": 4, "--per_device_train_batch_size": 16})
+    assert_same_rl_runs(out1, out2, ("loss/kl",), ("policy",), tiny_model_dir)
+
+
+def assert_same_rl_runs(out1, out2, extra_keys, models, start_dir):
+    """Same per-step metrics and saved models; rank 0's logged samples are the first rows of the
+    one-process run's samples of the same step (the global batch in order)."""
+    for key in ("loss/policy_avg", "objective/scores", "objective/kl", "policy/entropy_avg", "train/actor_grad_norm",
+                *extra_keys):
         assert_same_steps(out1, out2, key, 2)
-    for name in ("policy", "value"):
+    for name in models:
         assert_same_weights(f"{out1}/{name}", f"{out2}/{name}")
-    assert_weights_moved(tiny_model_dir, f"{out2}/policy")
+    assert_weights_moved(start_dir, f"{out2}/policy")
+    one, dp = ({}, {})
+    for rows, out in ((one, out1), (dp, out2)):
+        for r in read_jsonl(f"{out}/samples.jsonl"):
+            rows.setdefault(r["step"], []).append(r["response"])
+    assert sorted(dp) == sorted(one) and dp
+    for step, responses in dp.items():
+        assert responses == one[step][: len(responses)], step

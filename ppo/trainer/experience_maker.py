@@ -9,7 +9,16 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from ..algos import group_zero_std_fraction, kl_shaped_rewards, masked_whiten, overlong_penalty, truncated_completion_mask
+from ..algos import (
+    group_zero_std_fraction,
+    kl_shaped_rewards,
+    masked_centered_square_sum,
+    masked_sum,
+    masked_whiten,
+    overlong_penalty,
+    truncated_completion_mask,
+    whiten_with_statistics,
+)
 from ..evaluation import decode_responses
 from ..experience import experience_from_rollout, merge_rows
 from .update import K3_NAMES
@@ -29,9 +38,12 @@ class ExperienceMaking:
         batch = self.collate_prompts([self.train_dataset[i] for i in indices])
         input_ids = paddle.repeat_interleave(batch["input_ids"], n, axis=0)
         prompt_mask = paddle.repeat_interleave(batch["attention_mask"], n, axis=0)
-        seed = self.args.seed + 1_000_003 * self.gen_batches + 7919 * self.data_rank  # tensor-parallel ranks sample alike
+        # one draw for the global batch, each data rank keeping its rows' columns: a row samples the
+        # same tokens whatever the data-parallel layout (tensor-parallel ranks of a data rank alike)
+        seed, rows = self.args.seed + 1_000_003 * self.gen_batches, input_ids.shape[0]
         with self.offload.scope("actor"), self.generation_weights():
-            out = self.engine.generate(input_ids, prompt_mask, self.sampling, seed=seed)
+            out = self.engine.generate(input_ids, prompt_mask, self.sampling, seed=seed, row_offset=self.data_rank * rows,
+                                       total_rows=self.data_world * rows)
         group_base = (self.gen_batches * self.data_world + self.data_rank) * len(indices)
         self.gen_batches += 1
         exp = experience_from_rollout(batch, out, self.tokenizer.eos_token_id, repeat=n, group_base=group_base)
@@ -219,8 +231,25 @@ class ExperienceMaking:
                 gae_lambda=args.gae_lambda, scale_by_std=args.scale_reward_std,
             )
             if args.normalize_advantage:
-                exp.advantages = masked_whiten(exp.advantages, mask)
+                exp.advantages = self.whitened_over_ranks(exp.advantages, mask)
         return kl
+
+    def whitened_over_ranks(self, x, mask):
+        """`masked_whiten(x, mask)` with the mean and (unbiased) variance of every data rank's
+        masked tokens, so that data parallelism whitens as one process would. `[N, Tr]`."""
+        if self.world_size == 1:
+            return masked_whiten(x, mask)
+        copies = self.world_size / self.data_world  # tensor-/pipeline-parallel ranks hold the same rows
+        count, total = self.summed_over_ranks([mask.astype("float32").sum(), masked_sum(x, mask)], copies)
+        mean = total / max(count, 1e-8)
+        (squares,) = self.summed_over_ranks([masked_centered_square_sum(x, mask, mean)], copies)
+        return whiten_with_statistics(x, mask, mean, squares / max(count - 1.0, 1.0))
+
+    def summed_over_ranks(self, scalars, copies):
+        """Python floats: each scalar tensor summed over every rank, divided by `copies`."""
+        t = paddle.to_tensor([float(v) for v in scalars], dtype="float64")
+        dist.all_reduce(t)
+        return (t.numpy() / copies).tolist()
 
     def experience_stats(self, exp, kl_sum, kl_coeff):
         """The step's `objective/*`, `response_length/*` (and `grpo/*` for per-group estimators)
