@@ -28,7 +28,7 @@ from ppo.common.arguments import parse_arguments  # noqa: E402
 from ppo.common.validation import validate_run  # noqa: E402
 from ppo.data import PromptOnlyDataset  # noqa: E402
 from ppo.models.loading import load_tokenizer  # noqa: E402
-from ppo.models.score_model import AutoModelForScore  # noqa: E402
+from ppo.models.adapters import load_merged_score_model  # noqa: E402
 
 PROBES = ("empty", "eos_only", "prompt_echo", "repeated_token", "truncated_half", "very_long")
 
@@ -108,7 +108,7 @@ def main(argv=None):
         raise ValueError("model_name_or_path and eval_datasets are required")
     validate_run((args,), score_model_dirs=[("model_name_or_path", args.model_name_or_path)])
     tokenizer = load_tokenizer(args.model_name_or_path)
-    model = AutoModelForScore.from_pretrained(args.model_name_or_path)
+    model = load_merged_score_model(args.model_name_or_path)
     model.eval()
     dataset = PromptOnlyDataset(
         split_specs(args.eval_datasets), tokenizer, prompt_template=args.prompt_template, max_prompt_len=args.max_prompt_len
