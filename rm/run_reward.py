@@ -28,7 +28,7 @@ from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
 from ppo.data import PreferenceDataset  # noqa: E402
 from ppo.models.loading import apply_lora, load_overrides, load_tokenizer  # noqa: E402
 from ppo.models.pipeline import check_pipeline_run  # noqa: E402
-from ppo.models.adapters import SCORE_HEAD_MODULES, load_merged_score_model  # noqa: E402
+from ppo.models.adapters import load_merged_score_model, score_lora_settings  # noqa: E402
 from ppo.models.score_model_pipe import load_score_pipe  # noqa: E402
 from rm.reward_trainer import LOSS_TYPES, RewardTrainer  # noqa: E402
 from ppo.common.process_exit import run_and_exit  # noqa: E402
@@ -84,8 +84,7 @@ def main(argv=None):
         model = load_merged_score_model(model_args.model_name_or_path, **score_settings)
     if model_args.use_lora:  # the adapter saves the LoRA matrices, the score head and (file) the normaliser
         model = apply_lora(
-            model, base_model_name_or_path=model_args.model_name_or_path, trainable_modules=SCORE_HEAD_MODULES,
-            **model_args.lora_settings(),
+            model, base_model_name_or_path=model_args.model_name_or_path, **score_lora_settings(model_args.lora_settings()),
         )
     data_kwargs = dict(data_args.dataset_kwargs(tokenizer, training_args.seed), max_length=data_args.max_length)
     train_dataset = PreferenceDataset(split_specs(data_args.train_datasets), **data_kwargs)

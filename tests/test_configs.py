@@ -11,6 +11,7 @@ from ppo.common.arguments import read_json_arguments, valid_field_names
 
 
 def entry_dataclasses(name):
+    name = name.removeprefix("lora_")  # config/tiny/lora_<stage>_argument.json: the LoRA walkthrough
     if name.startswith("audit"):
         from rm.audit_reward import AuditArgument
 

@@ -134,3 +134,10 @@ def test_ppo_models_from_adapters(adapters):
         reference.eval()
         np.testing.assert_allclose(reference(ids)[0].numpy(), sft(ids)[0].numpy(), atol=1e-5)
     np.testing.assert_allclose(end_scores(models.critic), end_scores(models.reward), atol=1e-5)  # fresh adapter: B = 0
+
+
+def test_merged_model_is_plain_and_trainable(adapters):
+    merged = load_merged_causal_lm(adapters["sft"])
+    names = [n for n, _ in merged.named_parameters()]
+    assert not any("lora" in n for n in names) and not any(n.endswith("proj.bias") for n in names)  # no biases added
+    assert all(not p.stop_gradient for p in merged.parameters())

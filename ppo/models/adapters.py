@@ -26,6 +26,11 @@ MAX_CHAIN = 16
 MERGE_TOOL = "python sft/merge_lora.py --lora_path ADAPTER --output_dir MERGED"
 
 
+def score_lora_settings(lora_settings):
+    """`lora_settings` (an `apply_lora` keyword dict) with the score head added to its trainable modules."""
+    return {**lora_settings, "trainable_modules": SCORE_HEAD_MODULES + list(lora_settings.get("trainable_modules") or [])}
+
+
 def adapter_chain(path):
     """`(base_dir, [adapter dirs, the base's first])` of the adapter chain ending at `path`
     (an empty list when `path` is a full model directory)."""
@@ -61,9 +66,29 @@ def refuse_tensor_parallel(path, config_overrides, what):
 
 
 def merge_lora_model(lora_model):
-    """The plain model of `lora_model` with the adapter merged into its weights."""
+    """The plain model of `lora_model` with the adapter merged into its weights: each LoRA layer
+    becomes the plain `nn.Linear` it wrapped (without a bias when it had none, unlike
+    `LoRAModel.restore_original_model`), and every weight is trainable again, as in a freshly
+    loaded model."""
+    import paddle.nn as nn
+    from paddlenlp.peft.lora.lora_layers import LoRALinear
+
     lora_model.merge()
-    return lora_model.restore_original_model()
+    model = lora_model.model
+    for name, layer in list(model.named_sublayers()):
+        if not isinstance(layer, LoRALinear):
+            continue
+        parent = model
+        for part in name.split(".")[:-1]:
+            parent = getattr(parent, part)
+        plain = nn.Linear(layer.weight.shape[0], layer.weight.shape[1], bias_attr=False if layer.bias is None else None)
+        plain.weight = layer.weight
+        if layer.bias is not None:
+            plain.bias = layer.bias
+        setattr(parent, name.split(".")[-1], plain)
+    for param in model.parameters():
+        param.stop_gradient = False
+    return model
 
 
 def wrap_with_adapter(model, adapter_dir):

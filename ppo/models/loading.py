@@ -210,6 +210,12 @@ def load_reference(policy, policy_path, ref_path=None, dtype="float32", **overri
     """A frozen reference model, or None when `policy` is a LoRA model whose disabled
     adapter serves as the reference (one copy of the base weights)."""
     if is_lora_model(policy) and (not ref_path or ref_path == policy_path):
+        if policy.lora_config.trainable_modules:
+            raise ValueError(
+                f"lora_trainable_modules {policy.lora_config.trainable_modules}: the reference is the policy with its LoRA "
+                "adapter off, and whole weights trained with the adapter would move the reference too; leave it empty "
+                "(or set a separate reference model)"
+            )
         return None
     reference = freeze(set_dropout_off(load_causal_lm(ref_path or policy_path, dtype=dtype, **overrides)))
     if is_lora_model(reference):

@@ -19,7 +19,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .adapters import MERGE_TOOL, SCORE_HEAD_MODULES, load_merged_causal_lm, load_merged_score_model
+from .adapters import MERGE_TOOL, load_merged_causal_lm, load_merged_score_model, score_lora_settings
 from .loading import apply_lora, freeze, is_lora_dir, load_causal_lm, load_reference, lora_disabled, set_dropout_off
 
 
@@ -80,7 +80,7 @@ def build_critic(model_args, dtype="float32", **extra):
     )
     if is_lora_dir(critic_path):
         critic = apply_lora(
-            critic, base_model_name_or_path=critic_path, trainable_modules=SCORE_HEAD_MODULES, **model_args.lora_settings()
+            critic, base_model_name_or_path=critic_path, **score_lora_settings(model_args.lora_settings())
         )
     return set_dropout_off(critic)
 
