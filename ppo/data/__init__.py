@@ -3,8 +3,8 @@ kinds and their collators (PaddleNLP `llm/alignment/ppo/data` / safe-rlhf shape)
 
 Importing this package registers the built-in raw datasets: `PKU-SafeRLHF/train`
 (aliases `PKU-SafeRLHF`, `safe-rlhf`), `PKU-SafeRLHF/test`, `PKU-SafeRLHF/safety`,
-`PKU-SafeRLHF/safety/test`, `alpaca`, `Jsonfile`, `json` and `paddlenlp-dpo` (PaddleNLP's DPO format); all read local
-files. A dataset name that is a path to a .json/.jsonl file (`ppo-kk/train.jsonl`)
+`PKU-SafeRLHF/safety/test`, `alpaca`, `Jsonfile`, `json`, `paddlenlp-dpo` (PaddleNLP's DPO format) and TRL's
+formats `trl-preference`, `trl-messages`, `trl-prompt` (`trl_formats`); all read local files. A dataset name that is a path to a .json/.jsonl file (`ppo-kk/train.jsonl`)
 reads that file as `Jsonfile`, as PaddleNLP's `train_datasets` does.
 """
 from .base import (
@@ -49,6 +49,7 @@ from .preference import PreferenceCollator, PreferenceDataset
 from .safety_preference import SafetyPreferenceCollator, SafetyPreferenceDataset
 from .prompt_only import PromptOnlyCollator, PromptOnlyDataset
 from .demo import DEMO_TEMPLATE, demo_dataset_specs
+from .trl_formats import TRLMessagesDataset, TRLPreferenceDataset, TRLPromptDataset
 
 __all__ = [
     "PaddleNLPPreferenceDataset",
@@ -84,6 +85,9 @@ __all__ = [
     "SupervisedCollator",
     "SupervisedDataset",
     "TokenizedDataset",
+    "TRLMessagesDataset",
+    "TRLPreferenceDataset",
+    "TRLPromptDataset",
     "UnknownDatasetError",
     "demo_dataset_specs",
     "format_prompt",
