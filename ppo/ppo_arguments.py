@@ -12,6 +12,7 @@ from paddlenlp.trainer import TrainingArguments
 from .algos import ADV_ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES, get_adv_estimator
 from .common import paddlenlp_keys as pk
 from .common.args_common import RECOMPUTE_GRANULARITIES, DatasetArguments, DivergenceArguments, LogprobArguments, ModelCommonArguments
+from .common.report_writers import LOOP_PACKAGES, missing_report_packages
 from .common.validation import check_sizes
 
 DEFAULT_RULE_SCORER = "math"
@@ -87,6 +88,7 @@ class DataArgument(DatasetArguments):
 @dataclass
 class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArguments):
     paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.arguments
+    report_packages: ClassVar[dict] = LOOP_PACKAGES  # report_to -> pip package of the loop's own writers
     stop_on_divergence: bool = field(
         default=True,
         metadata={"help": "Stop the run (keeping the last checkpoint) when the KL, a loss or a gradient norm diverges."},
@@ -271,8 +273,10 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
         """PaddleNLP TrainingArguments values the PPO loop does not run, in one ValueError
         (`report_to all` resolves to the installed integrations only here)."""
         problems = pk.ppo_value_problems(self)
-        if any(name != "visualdl" for name in self.report_to):
-            problems.append(f"report_to {self.report_to}: the PPO/GRPO loop reports to visualdl (and metrics.jsonl) only")
+        unknown = [name for name in self.report_to if name not in LOOP_PACKAGES and name != "none"]
+        if unknown:
+            problems.append(f"report_to {unknown}: the PPO/GRPO loop reports to {sorted(LOOP_PACKAGES)} (and metrics.jsonl)")
+        problems += missing_report_packages(self.report_to, self.report_packages)
         if self.bf16 or self.fp16:
             if str(self.fp16_opt_level).upper() != "O2":
                 problems.append(

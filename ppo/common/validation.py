@@ -190,9 +190,18 @@ def check_model_dir(arg_name, path, need_score_head=False):
 
 
 def validate_run(arg_objects, model_dirs=(), score_model_dirs=()):
-    """The start-up checks of one entry point: sizes of every argument object, then each
-    `(argument name, path)` in `model_dirs` and (score head required) `score_model_dirs`."""
+    """The start-up checks of one entry point: sizes of every argument object, the packages its
+    `report_to` needs (`report_packages` of the arguments' class, PaddleNLP's Trainer integrations
+    by default), then each `(argument name, path)` in `model_dirs` and (score head required)
+    `score_model_dirs`."""
+    from .report_writers import TRAINER_PACKAGES, missing_report_packages
+
     check_sizes(*arg_objects)
+    for args in arg_objects:
+        if getattr(args, "report_to", None):
+            problems = missing_report_packages(args.report_to, getattr(args, "report_packages", TRAINER_PACKAGES))
+            if problems:
+                raise ValueError("; ".join(problems))
     for name, path in model_dirs:
         check_model_dir(name, path)
     for name, path in score_model_dirs:
