@@ -141,3 +141,14 @@ def test_merged_model_is_plain_and_trainable(adapters):
     names = [n for n, _ in merged.named_parameters()]
     assert not any("lora" in n for n in names) and not any(n.endswith("proj.bias") for n in names)  # no biases added
     assert all(not p.stop_gradient for p in merged.parameters())
+
+
+def test_whole_weight_training_refused_with_the_adapter_off_reference(adapters):
+    from ppo.models.ppo_models import build_ppo_models
+    from ppo.ppo_arguments import ModelArgument
+
+    args = ModelArgument(actor_model_name_or_path=adapters["sft"], reward_model_name_or_path=adapters["rm"], use_lora=True,
+                         lora_rank=4, lora_trainable_modules="lm_head.*")
+    assert args.lora_settings()["trainable_modules"] == ["lm_head.*"]
+    with pytest.raises(ValueError, match=r"also trains whole weights \['lm_head.\*'\].*would move the reference too"):
+        build_ppo_models(args, use_critic=False)

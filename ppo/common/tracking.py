@@ -51,7 +51,7 @@ def to_float(value):
 
 
 class RunTracker:
-    """Append metrics to `output_dir/metrics.jsonl` and to VisualDL under `logging_dir`."""
+    """Append metrics to `output_dir/metrics.jsonl` and to the `report_to` dashboards under `logging_dir`."""
 
     def __init__(self, output_dir, logging_dir=None, use_visualdl=True, enabled=True, resume=False, run_name=None, report_to=None):
         """`report_to` (default: visualdl when `use_visualdl`): the dashboards each row also goes to

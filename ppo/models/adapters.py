@@ -60,8 +60,9 @@ def refuse_tensor_parallel(path, config_overrides, what):
     """Merging adapters in memory needs whole (unsplit) LoRA layers: refuse tensor parallel."""
     if int(config_overrides.get("tensor_parallel_degree", 1) or 1) > 1:
         raise ValueError(
-            f"{what}={path}: a chain of LoRA adapters (or a score-model adapter) with tensor_parallel_degree > 1 is not "
-            f"implemented here; merge it into a full model first ({MERGE_TOOL}) and pass the merged directory"
+            f"{what}={path}: merging a LoRA adapter in memory (an adapter chain, a score-model adapter, or an adapter "
+            f"given with use_lora) with tensor_parallel_degree > 1 is not implemented here; merge it into a full model "
+            f"first ({MERGE_TOOL}) and pass the merged directory"
         )
 
 
@@ -158,7 +159,7 @@ def load_merged_causal_lm(path, dtype="float32", **config_overrides):
     """A plain causal LM from a full directory or an adapter chain (every adapter merged)."""
     from .loading import load_causal_lm
 
-    if is_lora_dir(path) and is_lora_dir(lora_base_path(path)):
+    if is_lora_dir(path):
         refuse_tensor_parallel(path, config_overrides, "causal LM")
     model = load_causal_lm(path, dtype=dtype, **config_overrides)
     return merge_lora_model(model) if is_lora_model(model) else model

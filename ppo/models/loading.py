@@ -212,9 +212,10 @@ def load_reference(policy, policy_path, ref_path=None, dtype="float32", **overri
     if is_lora_model(policy) and (not ref_path or ref_path == policy_path):
         if policy.lora_config.trainable_modules:
             raise ValueError(
-                f"lora_trainable_modules {policy.lora_config.trainable_modules}: the reference is the policy with its LoRA "
-                "adapter off, and whole weights trained with the adapter would move the reference too; leave it empty "
-                "(or set a separate reference model)"
+                f"{policy_path}: the LoRA adapter also trains whole weights {policy.lora_config.trainable_modules} "
+                "(lora_trainable_modules); the reference is the policy with its adapter off, and those weights would move "
+                "the reference too. Set a separate reference model, or train a fresh adapter without lora_trainable_modules "
+                "(an adapter given as the model with use_lora is merged first in PPO/GRPO)"
             )
         return None
     reference = freeze(set_dropout_off(load_causal_lm(ref_path or policy_path, dtype=dtype, **overrides)))
