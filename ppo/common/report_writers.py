@@ -53,7 +53,8 @@ class WandbWriter:
         import wandb
 
         os.makedirs(logging_dir, exist_ok=True)
-        self.run = wandb.init(project=os.getenv("WANDB_PROJECT", "paddle-align"), name=run_name, dir=logging_dir, reinit=True)
+        self.run = wandb.init(project=os.getenv("WANDB_PROJECT", "paddle-align"), name=run_name, dir=logging_dir,
+                              reinit="finish_previous")
 
     def write(self, scalars, step):
         self.run.log(dict(scalars), step=step)
