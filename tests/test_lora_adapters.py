@@ -161,3 +161,18 @@ def test_adapter_reward_model_refused_under_pipeline_parallel(adapters):
     args = ModelArgument(actor_model_name_or_path=adapters["base"], reward_model_name_or_path=adapters["rm"])
     with pytest.raises(ValueError, match=r"reward_model_name_or_path=.*pipeline_parallel_degree > 1 .*sft/merge_lora.py"):
         build_ppo_models(args, use_critic=True, pipeline=True)
+
+
+def test_adapters_naming_each_other_are_refused_before_loading(adapters, tmp_path):
+    import shutil
+
+    loop = [str(tmp_path / "a"), str(tmp_path / "b")]
+    for this, other in zip(loop, loop[::-1]):
+        shutil.copytree(adapters["sft"], this)
+        config = json.load(open(os.path.join(this, "lora_config.json")))
+        config["base_model_name_or_path"] = other
+        json.dump(config, open(os.path.join(this, "lora_config.json"), "w"))
+    with pytest.raises(ValueError, match="name each other as base_model_name_or_path in a loop"):
+        check_model_dir("actor_model_name_or_path", loop[0])
+    with pytest.raises(ValueError, match="in a loop"):
+        adapter_chain(loop[0])
