@@ -32,10 +32,10 @@ from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
 from ppo.data import PreferenceDataset, PromptOnlyDataset  # noqa: E402
 from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, check_pipeline_run, load_pipe  # noqa: E402
 from ppo.models.preference_pipe import PreferencePolicyInputs  # noqa: E402
+from ppo.models.adapters import load_merged_causal_lm  # noqa: E402
 from ppo.models.loading import (  # noqa: E402
     apply_lora,
     freeze,
-    is_lora_model,
     load_causal_lm,
     load_overrides,
     load_reference,
@@ -141,9 +141,10 @@ def build_trainer(model_args, data_args, training_args):
     if training_args.pipeline_parallel_degree > 1:
         model, ref_model = load_pipeline_models(model_args, training_args, extra)
     else:
-        model = load_causal_lm(path, **extra)
-        if model_args.use_lora and not is_lora_model(model):
-            model = apply_lora(model, base_model_name_or_path=path, **model_args.lora_settings())
+        if model_args.use_lora:  # an SFT adapter is merged first and a fresh adapter trained (as TRL does)
+            model = apply_lora(load_merged_causal_lm(path, **extra), base_model_name_or_path=path, **model_args.lora_settings())
+        else:
+            model = load_causal_lm(path, **extra)
         set_dropout_off(model)
         # the reference: none for SimPO/ORPO/reference_free; a LoRA policy with its adapter off; else a frozen copy
         ref_model = None

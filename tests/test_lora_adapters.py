@@ -176,3 +176,21 @@ def test_adapters_naming_each_other_are_refused_before_loading(adapters, tmp_pat
         check_model_dir("actor_model_name_or_path", loop[0])
     with pytest.raises(ValueError, match="in a loop"):
         adapter_chain(loop[0])
+
+
+def test_lora_dpo_on_the_sft_adapter_has_the_sft_model_as_reference(adapters, tiny_data_dir, tmp_path):
+    from dpo.run_dpo import DataArgument, DPOTrainingArguments, ModelArgument, build_trainer
+    from ppo.common.arguments import parse_arguments
+    from ppo.models.loading import lora_disabled
+
+    argv = ["config/tiny/dpo_argument.json", "--model_name_or_path", adapters["sft"], "--use_lora", "true", "--lora_rank", "4",
+            "--train_datasets", f"PKU-SafeRLHF/train:1.0:{tiny_data_dir}/preference.jsonl", "--eval_datasets", "",
+            "--output_dir", str(tmp_path / "dpo"), "--logging_dir", str(tmp_path / "dpo" / "vdl")]
+    trainer = build_trainer(*parse_arguments((ModelArgument, DataArgument, DPOTrainingArguments), argv))
+    sft = load_merged_causal_lm(adapters["sft"])
+    sft.eval()
+    ids = paddle.to_tensor(PROBE)
+    with paddle.no_grad(), lora_disabled(trainer.model) as reference:
+        reference.eval()
+        np.testing.assert_allclose(reference(ids)[0].numpy(), sft(ids)[0].numpy(), atol=1e-5)
+    assert all("lora" in n for n, p in trainer.model.named_parameters() if not p.stop_gradient)

@@ -215,7 +215,7 @@ def load_reference(policy, policy_path, ref_path=None, dtype="float32", **overri
                 f"{policy_path}: the LoRA adapter also trains whole weights {policy.lora_config.trainable_modules} "
                 "(lora_trainable_modules); the reference is the policy with its adapter off, and those weights would move "
                 "the reference too. Set a separate reference model, or train a fresh adapter without lora_trainable_modules "
-                "(an adapter given as the model with use_lora is merged first in PPO/GRPO)"
+                "(an adapter given as the model with use_lora is merged first in PPO/GRPO and DPO)"
             )
         return None
     reference = freeze(set_dropout_off(load_causal_lm(ref_path or policy_path, dtype=dtype, **overrides)))
