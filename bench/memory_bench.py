@@ -141,6 +141,7 @@ def run_case(model_dir, case, chunk_size, batch, prompt_len, seq_len, warmup=Tru
     from ppo.models.score_model import AutoModelForScore
     from ppo.offload import OffloadPlan
     from ppo.optim import build_optimizer, build_scheduler
+    from ppo.passes import build_model_passes
     from ppo.ppo_arguments import PPOTrainingArguments
     from ppo.ppo_trainer import PPOTrainer
 
@@ -187,6 +188,7 @@ def run_case(model_dir, case, chunk_size, batch, prompt_len, seq_len, warmup=Tru
             self.actor, self.critic, self.critic_optimizer = actor, critic, None
             if critic is not None:
                 self.critic_optimizer = build_optimizer(critic, schedule, 0.0, 1.0, 0.9, 0.999, 1e-8)
+            self.passes = build_model_passes(args, models, actor, critic, (self.actor_optimizer, self.critic_optimizer), 0)
 
     def one_step(exp):
         trainer.actor.eval()

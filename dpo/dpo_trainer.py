@@ -1,20 +1,19 @@
-"""The DPO family on the PaddleNLP `Trainer`: DPO (sigmoid / cDPO), IPO, hinge (SLiC),
-SimPO, ORPO, KTO and PaddleNLP's kto_pair, sppo_hard, nca_pair and dpop, with the loss
-math of `ppo/algos/preference.py`.
+"""The preference-loss family on the PaddleNLP `Trainer`: every `loss_type` of
+`ppo.algos.PREFERENCE_LOSSES` (the DPO family on pairs, RRHF / LiPO / PRO / DRO on ranked
+lists, KTO / BCO on unpaired labels, NPO on rejected answers), chosen by the registry's facts.
 
-One training step on a `PreferenceDataset` batch of B pairs:
+One training step on a batch of B prompts with K answers each (pairs: K = 2):
 
-1. chosen and rejected sequences are stacked to `[2B, T]` and go through the policy
-   in one forward; sequence log-prob = sum over answer tokens of
+1. every answer sequence of the batch is stacked to `[B * K, T]` (answer-major: a pair
+   batch is its chosen rows, then its rejected rows) and goes through the policy in one
+   forward; sequence log-prob = sum over answer tokens of
    `log_softmax(logits[:, :-1])` at `labels[:, 1:]` (answer = `labels != -100`);
-2. the reference log-probs come from one more forward without gradients: through a
-   frozen reference model, or through the policy itself with its LoRA adapter
-   disabled (`use_lora`: one copy of the base weights). SimPO, ORPO and
-   `reference_free` need no reference;
-3. the preference loss (`dpo_loss`, `pair_loss`, or `kto_loss` for KTO; logged as
-   `loss/dpo`, ORPO's own NLL term included, `beta` being ORPO's lambda) times
-   `pref_loss_ratio`, plus
-   `sft_loss_ratio * NLL` of the chosen answers (token mean, `loss/sft`) when asked;
+2. the reference log-probs come from one more forward without gradients (when the loss's
+   `needs_reference` fact says so): through a frozen reference model, or through the policy
+   itself with its LoRA adapter disabled (`use_lora`: one copy of the base weights);
+3. the registry loss (`dpo.preference_objective`; logged as `loss/dpo`, its own NLL term
+   included) times `pref_loss_ratio`, plus `sft_loss_ratio * NLL` of the chosen / best /
+   desirable answers (token mean, `loss/sft`) when asked;
 4. the detached statistics are summed on device and averaged into the next
    Trainer log (one host transfer per log, reduced across ranks there).
 
@@ -32,29 +31,19 @@ import paddle
 import paddle.distributed as dist
 from paddlenlp.trainer import Trainer
 
-from ppo.algos import (
-    DPO_LOSS_TYPES,
-    dpo_loss,
-    kto_kl_reference_point,
-    kto_loss,
-    masked_sum,
-)
-from ppo.algos.preference import PAIR_LOSS_TYPES, pair_loss
+from dpo.preference_objective import needs_reference, preference_objective
+from ppo.algos import PREFERENCE_LOSSES, get_preference_loss, kto_kl_reference_point, masked_sum
 from ppo.data import IGNORE_INDEX, right_padding
 from ppo.evaluation import GenerationEvalMixin
 from ppo.models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE, causal_lm_token_logprobs
 from ppo.models.loading import find_lora_model, lora_disabled
 from ppo.models.pipeline import pipeline_group, wrapped_pipeline
 from ppo.models.preference_pipe import PreferenceCriterion, PreferencePolicyInputs, kl_sides, pipeline_answer_logps
+from ppo.common.trainer_resume import FreshOptimizerResumeMixin
 from ppo.models.tensor_parallel import DatasetOrderMixin
 
-LOSS_TYPES = DPO_LOSS_TYPES + PAIR_LOSS_TYPES + ("kto",)
-REFERENCE_FREE_TYPES = ("simpo", "orpo")
-
-
-def needs_reference(loss_type, reference_free=False):
-    """Whether `loss_type` uses reference log-probs (SimPO, ORPO and reference-free DPO do not)."""
-    return loss_type not in REFERENCE_FREE_TYPES and not reference_free
+LOSS_TYPES = tuple(PREFERENCE_LOSSES)
+__all__ = ["LOSS_TYPES", "DPOTrainer", "KTOCollator", "answer_logprobs", "needs_reference"]
 
 
 class KTOCollator:
@@ -77,9 +66,14 @@ class KTOCollator:
         start = int(np.argmax(answer)) if answer.any() else len(ids)
         return ids[:start], ids[start:]
 
+    @staticmethod
+    def examples(samples):
+        """`(input_ids, labels)` of the batch's examples in row order (chosen rows, then rejected)."""
+        return [(s[f"{side}_input_ids"], s[f"{side}_labels"]) for side in ("better", "worse") for s in samples]
+
     def __call__(self, samples):
         batch = self.base(samples)
-        parts = [self._split(s[f"{side}_input_ids"], s[f"{side}_labels"]) for side in ("better", "worse") for s in samples]
+        parts = [self._split(ids, labels) for ids, labels in self.examples(samples)]
         ids, labels = [], []
         for j, (prompt, _) in enumerate(parts):
             answer = parts[j - 1][1]
@@ -94,6 +88,15 @@ class KTOCollator:
         return batch
 
 
+class UnpairedKTOCollator(KTOCollator):
+    """`KTOCollator` over unpaired examples (`AnswerSetCollator` batches with one answer per
+    prompt): example j gets the completion of example j-1, cyclically."""
+
+    @staticmethod
+    def examples(samples):
+        return [(s["input_ids"][0], s["labels"][0]) for s in samples]
+
+
 def answer_logprobs(model, input_ids, attention_mask, labels, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE):
     """Per-sequence summed answer log-probs `[N]`, answer lengths `[N]`, and the
     per-token log-probs `[N, T-1]` with their mask (for the NLL term). The LM head runs over
@@ -103,7 +106,7 @@ def answer_logprobs(model, input_ids, attention_mask, labels, chunk_size=DEFAULT
     return masked_sum(tok, mask, axis=-1), mask.astype("float32").sum(axis=-1), tok, mask
 
 
-class DPOTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
+class DPOTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMixin, Trainer):
     """`Trainer` for the DPO family on `PreferenceDataset` batches (`KTOCollator` for KTO).
 
     `ref_model`: a frozen reference model, or None (LoRA policy with the adapter
@@ -124,6 +127,7 @@ class DPOTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
     ):
         super().__init__(*args, **kwargs)
         self.ref_model = ref_model
+        self.loss_fn = get_preference_loss(self.args.loss_type)
         self.use_reference = needs_reference(self.args.loss_type, self.args.reference_free)
         if self.use_reference and ref_model is None and find_lora_model(self.model) is None:
             raise ValueError(f"loss_type {self.args.loss_type!r} needs a ref_model or a LoRA policy")
@@ -147,7 +151,7 @@ class DPOTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
         prepare = self.model._prepare_pipeline_inputs_func
         if not isinstance(prepare, PreferencePolicyInputs):
             raise TypeError(f"a pipeline DPO policy needs PreferencePolicyInputs, got {type(prepare).__name__}")
-        kto = self.args.loss_type == "kto"
+        kto = self.loss_fn.kl_point
         self.model._loss_fn = [PreferenceCriterion(self.preference_objective, self.record_stats, self.use_reference, kto)]
         if self.use_reference:
             prepare.reference = lambda micro: pipeline_answer_logps(self.reference_pipeline(), micro)
@@ -184,7 +188,7 @@ class DPOTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
         logps, lengths = self.pipeline_batch_logps(policy, inputs)
         ref = self.pipeline_batch_logps(self.reference_pipeline(), inputs)[0] if self.use_reference else None
         kl_point = None
-        if self.args.loss_type == "kto":
+        if self.loss_fn.kl_point:
             sides = kl_sides(inputs)
             kl_point = self.rank_mean_kl_point(
                 self.pipeline_batch_logps(policy, sides, "kl_")[0], self.pipeline_batch_logps(self.reference_pipeline(), sides, "kl_")[0]
@@ -220,67 +224,32 @@ class DPOTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
 
     # ---- loss ------------------------------------------------------------
 
+    def answer_rows(self, inputs):
+        """`(input_ids, attention_mask, labels)` `[N, T]` of a batch's answers, answer-major (a
+        pair batch: chosen rows then rejected rows), and its `(scores, valid)` `[B, K]` (None
+        for pairs)."""
+        if self.loss_fn.data != "pairs":
+            return inputs["input_ids"], inputs["attention_mask"], inputs["labels"], inputs["scores"], inputs["valid"]
+        keys = ("input_ids", "attention_mask", "labels")
+        rows = [paddle.concat([inputs[f"better_{k}"], inputs[f"worse_{k}"]], axis=0) for k in keys]
+        return (*rows, None, None)
+
     def preference_loss(self, model, inputs):
         """`(loss, stats)` of one preference batch; stats are detached scalars."""
-        ids = paddle.concat([inputs["better_input_ids"], inputs["worse_input_ids"]], axis=0)
-        mask = paddle.concat([inputs["better_attention_mask"], inputs["worse_attention_mask"]], axis=0)
-        labels = paddle.concat([inputs["better_labels"], inputs["worse_labels"]], axis=0)
-        # 1. policy: one forward over [2B, T]
+        ids, mask, labels, scores, valid = self.answer_rows(inputs)
+        # 1. policy: one forward over every answer of the batch [N, T]
         logps, lengths, _, _ = answer_logprobs(model, ids, mask, labels, self.args.logprob_chunk_size)
         # 2. reference: one forward without gradients
         ref = self.reference_logprobs(model, ids, mask, labels) if self.use_reference else None
-        kl_point = self.kl_reference_point(model, inputs) if self.args.loss_type == "kto" else None
-        return self.preference_objective(logps, lengths, ref, kl_point)
+        kl_point = self.kl_reference_point(model, inputs) if self.loss_fn.kl_point else None
+        return self.preference_objective(logps, lengths, ref, kl_point, scores, valid)
 
-    def preference_objective(self, logps, lengths, ref, kl_point=None):
-        """`(loss, stats)` from summed answer log-probs `[2B]` (chosen rows first), answer
-        lengths `[2B]`, the reference's log-probs `[2B]` (None without a reference) and KTO's
-        KL reference point (a scalar; KTO only). Stats are detached scalars."""
-        args = self.args
-        B = logps.shape[0] // 2
-        nll = -logps[:B].sum() / paddle.clip(lengths[:B].sum(), min=1e-8)  # token mean over the chosen answers
-        if args.loss_type == "kto":
-            is_desirable = paddle.concat([paddle.ones([B], "int64"), paddle.zeros([B], "int64")])
-            loss, stats = kto_loss(
-                logps,
-                ref,
-                is_desirable,
-                kl_point,
-                beta=args.beta,
-                desirable_weight=args.desirable_weight,
-                undesirable_weight=args.undesirable_weight,
-            )
-            ratio = (logps - ref).detach()  # pairs share the prompt: accuracy per pair
-            stats["rewards/accuracies"] = (ratio[:B] > ratio[B:]).astype("float32").mean()
-        elif args.loss_type in PAIR_LOSS_TYPES:
-            loss, stats = pair_loss(
-                logps[:B], logps[B:], ref[:B], ref[B:], beta=args.beta, loss_type=args.loss_type, dpop_lambda=args.dpop_lambda
-            )
-        else:
-            loss, stats = dpo_loss(
-                logps[:B],
-                logps[B:],
-                None if ref is None else ref[:B],
-                None if ref is None else ref[B:],
-                beta=args.beta,
-                loss_type=args.loss_type,
-                label_smoothing=args.label_smoothing,
-                simpo_gamma=args.simpo_gamma,
-                chosen_lengths=lengths[:B],
-                rejected_lengths=lengths[B:],
-                reference_free=args.reference_free,
-                policy_chosen_nll=nll if args.loss_type == "orpo" else None,
-            )
-        stats["loss/dpo"] = loss.detach()
-        if args.pref_loss_ratio != 1.0:
-            loss = args.pref_loss_ratio * loss  # PaddleNLP's DPOCriterion: pref_loss_ratio * preference loss
-        stats["logps/chosen"] = logps[:B].detach().mean()
-        stats["logps/rejected"] = logps[B:].detach().mean()
-        # 4. NLL on the chosen answers
-        if args.sft_loss_ratio > 0:
-            loss = loss + args.sft_loss_ratio * nll
-            stats["loss/sft"] = nll.detach()
-        return loss, stats
+    def preference_objective(self, logps, lengths, ref, kl_point=None, scores=None, valid=None):
+        """`(loss, stats)` from summed answer log-probs `[N]` (answer-major rows; pairs: chosen
+        rows first), answer lengths `[N]`, the reference's log-probs `[N]` (None without a
+        reference), KTO's KL reference point (a scalar) and, off pairs, `scores`/`valid` `[B, K]`:
+        `dpo.preference_objective.preference_objective` with this run's arguments."""
+        return preference_objective(self.args, logps, lengths, ref, kl_point, scores, valid)
 
     def compute_loss(self, model, inputs, return_outputs=False):
         loss, stats = self.preference_loss(model, inputs)
@@ -354,7 +323,9 @@ class DPOTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
         was_training = self.model.training
         self.model.eval()
         keys = ("loss/dpo", "rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected")
-        sums = paddle.zeros([len(keys) + 1], "float32")  # pair-weighted sums, then the pair count
+        names = ("loss", "preference_accuracy", "reward_margin", "rewards/chosen", "rewards/rejected")
+        sums = paddle.zeros([len(keys) + 1], "float32")  # prompt-weighted sums, then the prompt count
+        present = set()
         with paddle.no_grad():
             for inputs in dataloader:
                 inputs = self._prepare_inputs(inputs)
@@ -362,13 +333,15 @@ class DPOTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
                     _, stats = self.pipeline_preference_loss(inputs)
                 else:
                     _, stats = self.preference_loss(self.model, inputs)
-                B = float(inputs["better_input_ids"].shape[0])
-                sums = sums + paddle.stack([stats[k].astype("float32").reshape([]) * B for k in keys] + [paddle.full([], B)])
+                B = float((inputs["scores"] if "scores" in inputs else inputs["better_input_ids"]).shape[0])
+                present.update(k for k in keys if k in stats)
+                zero = paddle.zeros([], "float32")
+                weighted = [stats.get(k, zero).astype("float32").reshape([]) * B for k in keys]
+                sums = sums + paddle.stack(weighted + [paddle.full([], B)])
         if was_training:
             self.model.train()
         if self.args.world_size > 1:
             dist.all_reduce(sums)
         total = sums.numpy().tolist()
         mean = [v / max(total[-1], 1.0) for v in total[:-1]]
-        names = ("loss", "preference_accuracy", "reward_margin", "rewards/chosen", "rewards/rejected")
-        return {f"{prefix}/{n}": v for n, v in zip(names, mean)}
+        return {f"{prefix}/{n}": v for n, v, k in zip(names, mean, keys) if k in present}

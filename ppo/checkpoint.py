@@ -20,12 +20,16 @@ import glob
 import json
 import logging
 import os
+import pickle
+import random
 import re
 import shutil
 
+import numpy as np
 import paddle
 import paddle.distributed as dist
 
+from .common.resume_check import check_ppo_checkpoint
 from .common.validation import weights_problem
 from .models.loading import unwrap_parallel
 from .models.pipeline import is_pipeline_model, pipeline_group, save_pipeline_merged
@@ -239,6 +243,8 @@ def save_checkpoint(output_dir, step, models, optimizers, schedulers, state, tok
         if opt is not None:
             opt_state = rename_optimizer_state(opt.state_dict(), _param_names(models[name]))
             paddle.save(opt_state, os.path.join(tmp, f"{name}_optimizer.rank{rank}.pdopt"))
+    with open(os.path.join(tmp, f"rng_state.rank{rank}.pkl"), "wb") as f:
+        pickle.dump(random_states(), f)
     barrier()
     if is_main_process():
         sched_states = {name: s.state_dict() for name, s in schedulers.items() if s is not None}
@@ -276,6 +282,28 @@ def save_final_models(output_dir, models, tokenizer):
     barrier()
 
 
+def random_states():
+    """This process's random generators (Python, NumPy, Paddle's), as PaddleNLP's Trainer saves
+    them in `rng_state.pth`: a resumed run then samples what the uninterrupted run would have."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "paddle": paddle.get_rng_state(),
+            "cpu": paddle.framework.core.default_cpu_generator().get_state()}
+
+
+def restore_random_states(file):
+    """Restore what `random_states` saved into `file`; a checkpoint without it (written before
+    they were saved) leaves the generators as they are, with a warning."""
+    if not os.path.isfile(file):
+        logger.warning(f"{file} not found: the random generators are not restored, so sampling differs from the "
+                       "uninterrupted run's")
+        return
+    with open(file, "rb") as f:
+        states = pickle.load(f)
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    paddle.set_rng_state(states["paddle"])
+    paddle.framework.core.default_cpu_generator().set_state(states["cpu"])
+
+
 def _param_names(model):
     """`{runtime parameter name: structured name}`; runtime names differ between processes."""
     inner = unwrap_parallel(model)
@@ -311,13 +339,17 @@ def load_model_weights(model, path):
     raise FileNotFoundError(f"{path}: no model weights ({' or '.join(candidates)})")
 
 
-def load_checkpoint(path, models, optimizers, schedulers):
+def load_checkpoint(path, models, optimizers, schedulers, run_facts=None):
     """Restore weights, optimiser and scheduler states from `path`; returns the trainer state dict.
-    A checkpoint saved without optimiser states (its state has `"optimizer_states": false`,
-    PaddleNLP's `ignore_save_lr_and_optim`) leaves the optimisers fresh."""
+    Before anything loads, the checkpoint is compared with the run (model shapes, and the
+    `run_facts` of `ppo.common.resume_check.ppo_run_facts`): a difference raises
+    CheckpointMismatchError naming it. A checkpoint saved without optimiser states (its state
+    has `"optimizer_states": false`, PaddleNLP's `ignore_save_lr_and_optim`) leaves the
+    optimisers fresh."""
     rank = dist.get_rank()
     with open(os.path.join(path, STATE_FILE)) as f:
         trainer_state = json.load(f)
+    check_ppo_checkpoint(path, models, run_facts or {}, trainer_state)
     for name, model in models.items():
         if model is not None:
             load_model_weights(model, os.path.join(path, name))
@@ -329,6 +361,7 @@ def load_checkpoint(path, models, optimizers, schedulers):
             state = paddle.load(os.path.join(path, f"{name}_optimizer.rank{rank}.pdopt"))
             to_runtime = {v: k for k, v in _param_names(models[name]).items()}
             opt.set_state_dict(rename_optimizer_state(state, to_runtime))
+    restore_random_states(os.path.join(path, f"rng_state.rank{rank}.pkl"))
     with open(os.path.join(path, "schedulers.json")) as f:
         sched_states = json.load(f)
     for name, sched in schedulers.items():

@@ -1,23 +1,38 @@
 """Arguments of `run_ppo.py` (PPO, GRPO, RLOO, REINFORCE++), PaddleNLP's names kept.
 
 Defaults live here only; every field has a help; nothing is rewritten after
-`__post_init__` validates it.
+`__post_init__` checks it (`ppo_argument_checks.py`: the checks; `validate_arguments` those
+that need several groups or the file system, run by `parse_arguments` before any model loads).
 """
 import math
 from dataclasses import dataclass, field
 from typing import ClassVar, List, Optional
 
-from paddlenlp.trainer import TrainingArguments
-
-from .algos import ADV_ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES, get_adv_estimator
+from .algos import ADV_ESTIMATORS, LOSS_AGG_MODES, get_adv_estimator
+from .algos.kl import KL_ESTIMATOR_NAMES
 from .common import paddlenlp_keys as pk
-from .common.args_common import RECOMPUTE_GRANULARITIES, DatasetArguments, DivergenceArguments, LogprobArguments, ModelCommonArguments
-from .common.report_writers import LOOP_PACKAGES, missing_report_packages
-from .common.validation import check_sizes
+from .common.argument_groups import (
+    RECOMPUTE_GRANULARITIES,
+    DatasetArguments,
+    DivergenceArguments,
+    GenerationArguments,
+    LogprobArguments,
+    ModelCommonArguments,
+    PaddleNLPTrainingArguments,
+)
+from .common.argument_problems import problem_scope
+from .ppo_argument_checks import (  # noqa: F401  (validate_arguments: the entry point's start-up pass)
+    batch_problems,
+    estimator_problems,
+    kl_problems,
+    loss_problems,
+    paddlenlp_setting_problems,
+    score_source_problems,
+    validate_arguments,
+)
+from .rollout.engine import EVAL_MODES
 
 DEFAULT_RULE_SCORER = "math"
-KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "kl", "mse", "low_var_kl")
-EVAL_MODES = ("", "single", "tensor_parallel")
 
 
 @dataclass
@@ -60,35 +75,33 @@ class ModelArgument(ModelCommonArguments):
     )
 
     def __post_init__(self):
-        if self.use_rule_reward:
-            if self.use_rm_server:
-                raise ValueError("use_rule_reward and use_rm_server both set: choose one source of scores")
-            if self.reward_model_name_or_path:
-                raise ValueError(
-                    f"use_rule_reward is set but reward_model_name_or_path={self.reward_model_name_or_path!r} too: "
-                    "choose one source of scores"
-                )
-            if not self.rule_reward_scorers:
+        with problem_scope() as problems:
+            super().__post_init__()
+            if self.use_rule_reward and not self.rule_reward_scorers:
                 self.rule_reward_scorers = DEFAULT_RULE_SCORER  # PaddleNLP's use_rule_reward scores GSM8K answers
-            from .scorers import parse_scorer_list
+            problems += score_source_problems(self)
 
-            parse_scorer_list(self.rule_reward_scorers, self.rule_reward_weights)  # bad lists / weights fail here
-        elif self.rule_reward_scorers or self.rule_reward_weights:
-            raise ValueError("rule_reward_scorers / rule_reward_weights are only used with use_rule_reward true")
+    @property
+    def external_scores(self):
+        """Scores come from a reward server or rule scorers, not a reward model."""
+        return self.use_rm_server or self.use_rule_reward
 
 
 @dataclass
 class DataArgument(DatasetArguments):
     ptx_datasets: List[str] = field(default_factory=list, metadata={"help": "Supervised datasets for the ptx loss."})
-    max_prompt_len: int = field(default=256, metadata={"help": "Prompts longer than this many tokens are dropped."})
+    max_prompt_len: int = field(
+        default=256,
+        metadata={"help": "Prompts longer than this many tokens are dropped, not truncated (verl's filter_overlong_prompts; "
+                  "SFT and the DPO family truncate with truncate_prompt_len instead)."},
+    )
     prompt_key: str = field(default="src", metadata={"help": "Jsonfile key of the prompt (PaddleNLP name; src)."})
     response_key: str = field(default="tgt", metadata={"help": "Jsonfile key of the reference answer (PaddleNLP name; tgt)."})
 
 
 @dataclass
-class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArguments):
-    paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.arguments
-    report_packages: ClassVar[dict] = LOOP_PACKAGES  # report_to -> pip package of the loop's own writers
+class PPOTrainingArguments(DivergenceArguments, LogprobArguments, GenerationArguments, PaddleNLPTrainingArguments):
+    paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.argument_parsing
     stop_on_divergence: bool = field(
         default=True,
         metadata={"help": "Stop the run (keeping the last checkpoint) when the KL, a loss or a gradient norm diverges."},
@@ -102,7 +115,6 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling threshold."})
     top_k: int = field(default=0, metadata={"help": "Top-k sampling; 0 disables it."})
     repetition_penalty: float = field(default=1.0, metadata={"help": "Repetition penalty (1.0 = none)."})
-    use_fusemt: bool = field(default=True, metadata={"help": "Use the fast rollout engine (False: PaddleNLP generate)."})
     use_rollout_logprobs: bool = field(
         default=True, metadata={"help": "Reuse the engine's sampling log-probs as old log-probs when they equal a forward pass."}
     )
@@ -184,7 +196,6 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
     max_nan_skips: int = field(default=3, metadata={"help": "Consecutive non-finite steps tolerated before the run stops."})
     # traces and evaluation
     num_sample_generations: int = field(default=10, metadata={"help": "Every this many steps, log a table of samples (0: never)."})
-    eval_max_new_tokens: int = field(default=0, metadata={"help": "Generation length in evaluation (0: max_dec_len)."})
     eval_mode: str = field(
         default="",
         metadata={"help": "Generation layout under tensor parallel: single (whole weights gathered from the tensor-parallel "
@@ -208,85 +219,18 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
     )
 
     def __post_init__(self):
-        super().__post_init__()
-        check_sizes(self)  # before the divisibility check below divides by them
-        if self.adv_estimator not in ADV_ESTIMATORS:
-            raise ValueError(f"adv_estimator must be one of {sorted(ADV_ESTIMATORS)}, got {self.adv_estimator!r}")
-        estimator = get_adv_estimator(self.adv_estimator)
-        for name in ("kl_estimator", "kl_loss_type"):
-            if getattr(self, name) not in KL_ESTIMATOR_NAMES:
-                raise ValueError(f"{name} must be one of {KL_ESTIMATOR_NAMES}, got {getattr(self, name)!r}")
-        if self.loss_agg_mode not in LOSS_AGG_MODES:
-            raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {self.loss_agg_mode!r}")
-        if self.loss_scale_factor is not None and not self.loss_scale_factor > 0:
-            raise ValueError(f"loss_scale_factor must be positive, got {self.loss_scale_factor}")
-        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-            raise ValueError(
-                f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, got {self.importance_sampling_level!r}"
-            )
-        if self.eval_mode not in EVAL_MODES:
-            raise ValueError(f"eval_mode must be one of {EVAL_MODES}, got {self.eval_mode!r}")
-        from .offload import parse_offload_level
-
-        parse_offload_level(self.offload_level)  # unknown words fail here, before any model loads
-        if estimator.per_group and self.rollout_n < estimator.min_group_size:
-            raise ValueError(
-                f"adv_estimator {self.adv_estimator} needs rollout_n >= {estimator.min_group_size} (a group), got {self.rollout_n}"
-            )
-        if self.dynamic_sampling and not estimator.per_group:
-            raise ValueError(f"dynamic_sampling drops zero-variance groups; adv_estimator {self.adv_estimator} has no groups")
-        if self.normalize_advantage is None:
-            self.normalize_advantage = estimator.whitens
-        if self.kl_clamp is not None:
-            if not self.kl_clamp > 0:
-                raise ValueError(f"kl_clamp must be positive, got {self.kl_clamp}")
-            uses_k3 = [n for n in ("kl_estimator", "kl_loss_type") if getattr(self, n) in ("k3", "low_var_kl")]
-            if not uses_k3:
-                raise ValueError("kl_clamp clamps the k3 (low_var_kl) estimator; neither kl_estimator nor kl_loss_type is k3")
-        if self.target_kl is not None:
-            if not self.target_kl > 0 or not self.kl_horizon > 0:
-                raise ValueError(f"target_kl and kl_horizon must be positive, got {self.target_kl}, {self.kl_horizon}")
-            if not self.kl_coeff > 0:
-                raise ValueError("target_kl adapts kl_coeff (the reward KL penalty), which must start positive")
-        if self.enable_overlong_reward_buffer and not 0 < self.overlong_reward_buffer <= self.max_dec_len:
-            raise ValueError(
-                f"overlong_reward_buffer must be in (0, max_dec_len={self.max_dec_len}], got {self.overlong_reward_buffer}"
-            )
-        rollout = self.per_device_prompt_batch_size * self.rollout_n
-        micro = self.per_device_train_batch_size * self.gradient_accumulation_steps
-        if rollout % micro:
-            raise ValueError(
-                f"per_device_prompt_batch_size*rollout_n ({rollout}) must be a multiple of "
-                f"per_device_train_batch_size*gradient_accumulation_steps ({micro})"
-            )
-        if self.max_steps == 0:
-            raise ValueError("max_steps 0 would train no step; give a positive max_steps, or -1 with num_train_epochs")
-        if self.max_steps < 0 and self.num_train_epochs <= 0:
-            raise ValueError(f"max_steps -1 trains num_train_epochs epochs, which must be > 0, got {self.num_train_epochs}")
-        if self.critic_recompute_granularity not in RECOMPUTE_GRANULARITIES:
-            raise ValueError(
-                f"critic_recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, got {self.critic_recompute_granularity!r}"
-            )
-        self.check_paddlenlp_settings()
-
-    def check_paddlenlp_settings(self):
-        """PaddleNLP TrainingArguments values the PPO loop does not run, in one ValueError
-        (`report_to all` resolves to the installed integrations only here)."""
-        problems = pk.ppo_value_problems(self)
-        unknown = [name for name in self.report_to if name not in LOOP_PACKAGES and name != "none"]
-        if unknown:
-            problems.append(f"report_to {unknown}: the PPO/GRPO loop reports to {sorted(LOOP_PACKAGES)} (and metrics.jsonl)")
-        problems += missing_report_packages(self.report_to, self.report_packages)
-        if self.bf16 or self.fp16:
-            if str(self.fp16_opt_level).upper() != "O2":
-                problems.append(
-                    f"fp16_opt_level {self.fp16_opt_level!r} with bf16/fp16: PaddleNLP's O1 autocasts float32 models; the PPO "
-                    "loop loads the models in bf16/fp16 with float32 master weights in the optimizer, which is O2: set O2"
-                )
-            if self.amp_master_grad:
-                problems.append("amp_master_grad (PaddleNLP: float32 gradients for the master weights) is not supported by the PPO loop")
-        if problems:
-            raise ValueError("; ".join(dict.fromkeys(problems)))
+        with problem_scope() as problems:
+            super().__post_init__()
+            problems += estimator_problems(self) + kl_problems(self) + loss_problems(self) + batch_problems(self)
+            if self.eval_mode not in EVAL_MODES:
+                problems.append(f"eval_mode must be one of {EVAL_MODES}, got {self.eval_mode!r}")
+            if self.critic_recompute_granularity not in RECOMPUTE_GRANULARITIES:
+                problems.append(f"critic_recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, "
+                                f"got {self.critic_recompute_granularity!r}")
+            if not self.paddlenlp_refused:
+                problems += paddlenlp_setting_problems(self)
+            if self.normalize_advantage is None and self.adv_estimator in ADV_ESTIMATORS:
+                self.normalize_advantage = get_adv_estimator(self.adv_estimator).whitens
 
     @property
     def release_gradients(self):
@@ -339,3 +283,4 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArgume
                 f"{global_batch} trains no step"
             )
         return total
+

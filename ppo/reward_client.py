@@ -202,6 +202,12 @@ class RewardServerClient:
                 url=self.health_url,
                 status=resp.status_code,
             )
+        if payload.get("token_required") and payload.get("token_accepted") is False:
+            raise RewardServerError(
+                f"reward server {self.url} requires a token and refuses this client's: {payload.get('token_problem')}; "
+                f"set reward_server_token (or ${TOKEN_ENV}) to the server's token",
+                url=self.health_url, status=401,
+            )
         return payload
 
 

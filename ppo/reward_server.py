@@ -15,7 +15,9 @@ the URL and reads ``score``):
   "scores_per_function": {name: [float]}}``, one score per item, in order;
   ``score`` is the weighted total (``--weights``, 1 each by default) and
   ``scores_per_function`` (only with several scorers) each scorer's raw scores.
-- ``GET /health`` -> 200 ``{"status": "ok", "scorer": NAME}`` (never needs a token).
+- ``GET /health`` -> 200 ``{"status": "ok", "scorer": NAME, "token_required": bool}`` (never needs a
+  token); with a token required it adds ``token_accepted`` for the request's own header (and
+  ``token_problem`` when refused), so a client finds a wrong token at start.
 - With ``--token`` (or the ``PPO_REWARD_SERVER_TOKEN`` environment variable) set,
   ``POST /`` needs the header ``Authorization: Bearer <token>``; without it the
   answer is HTTP 401, ``error_code`` 4010.
@@ -63,6 +65,7 @@ import time  # noqa: E402
 from flask import Flask, Response, request  # noqa: E402
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge  # noqa: E402
 
+from ppo.common.argument_help import OneMessageArgumentParser  # noqa: E402
 from ppo.scorers import ScorerError, WeightedScorer  # noqa: E402
 
 logger = logging.getLogger("ppo.reward_server")
@@ -210,13 +213,25 @@ def score_batch(scorer, src, tgt, response):
         raise RequestError(500, ERR_SCORER_BAD_VALUE if err.bad_value else ERR_SCORER_RAISED, str(err)) from None
 
 
+def checked_request_body(request, token, max_body_bytes):
+    """The body bytes of a scoring `request` (Flask's), after the bearer `token` (when set) and
+    the size limit; a RequestError (401 / 413) otherwise."""
+    if token:
+        reason = check_token(request.headers.get("Authorization"), token)
+        if reason:
+            raise RequestError(401, ERR_UNAUTHORIZED, reason)
+    if request.content_length is not None and request.content_length > max_body_bytes:
+        raise RequestError(
+            413,
+            ERR_BODY_TOO_LARGE,
+            f"request body has {request.content_length} bytes, more than max_body_bytes={max_body_bytes}",
+        )
+    return request.get_data(cache=False)  # raises RequestEntityTooLarge past the limit
+
+
 def create_app(
-    scorer_name=DEFAULT_SCORER,
-    max_body_bytes=DEFAULT_MAX_BODY_BYTES,
-    max_batch=DEFAULT_MAX_BATCH,
-    log_interval_s=DEFAULT_LOG_INTERVAL_S,
-    weights=None,
-    token=None,
+    scorer_name=DEFAULT_SCORER, max_body_bytes=DEFAULT_MAX_BODY_BYTES, max_batch=DEFAULT_MAX_BATCH,
+    log_interval_s=DEFAULT_LOG_INTERVAL_S, weights=None, token=None,
 ):
     """The Flask app scoring with the scorer(s) registered as `scorer_name` (or `module:function`);
     `scorer_name` may list several, comma-separated, combined with `weights` (see `WeightedScorer`).
@@ -243,24 +258,20 @@ def create_app(
         return _error_response(status, code, msg)
 
     @app.get("/health")
-    def _health():
-        return _json_response({"status": "ok", "scorer": scorer_name})
+    def _health():  # never needs a token; says whether the one sent (if any) would be accepted
+        payload = {"status": "ok", "scorer": scorer_name, "token_required": bool(token)}
+        if token:
+            reason = check_token(request.headers.get("Authorization"), token)
+            payload["token_accepted"] = reason is None
+            if reason:
+                payload["token_problem"] = reason
+        return _json_response(payload)
 
     @app.post("/")
     def _score():
         n_items = 0
         try:
-            if token:
-                reason = check_token(request.headers.get("Authorization"), token)
-                if reason:
-                    raise RequestError(401, ERR_UNAUTHORIZED, reason)
-            if request.content_length is not None and request.content_length > max_body_bytes:
-                raise RequestError(
-                    413,
-                    ERR_BODY_TOO_LARGE,
-                    f"request body has {request.content_length} bytes, more than max_body_bytes={max_body_bytes}",
-                )
-            body = request.get_data(cache=False)  # raises RequestEntityTooLarge past the limit
+            body = checked_request_body(request, token, max_body_bytes)
             src, tgt, response = parse_request(body, max_batch)
             n_items = len(src)
             scores, per_function = score_batch(scorer, src, tgt, response)
@@ -279,7 +290,7 @@ def create_app(
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = OneMessageArgumentParser(
         description="Rule-based HTTP reward server (PaddleNLP contract).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

@@ -17,21 +17,26 @@ sys.path.insert(0, ROOT)
 
 import logging  # noqa: E402
 
-import paddle  # noqa: E402
+from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 
-from ppo.common.args_common import split_specs  # noqa: E402
-from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
-from ppo.common.paddlenlp_keys import inert_setting_messages  # noqa: E402
-from ppo.common.validation import validate_run  # noqa: E402
-from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
-from ppo.models.loading import enable_recompute, load_overrides, load_tokenizer, training_dtype  # noqa: E402
-from ppo.models.ppo_models import build_ppo_models  # noqa: E402
-from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments  # noqa: E402
-from ppo.models.pipeline import check_pipeline_run  # noqa: E402
-from ppo.ppo_trainer import PPOTrainer  # noqa: E402
-from ppo.reward_client import RewardServerClient  # noqa: E402
-from ppo.scorers import WeightedScorer  # noqa: E402
-from ppo.common.process_exit import run_and_exit  # noqa: E402
+with quiet_third_party_warnings():
+    import paddle  # noqa: E402
+
+    from ppo.common.argument_groups import split_specs  # noqa: E402
+    from ppo.common.argument_parsing import parse_arguments, save_resolved_arguments  # noqa: E402
+    from ppo.common.paddlenlp_keys import inert_setting_messages  # noqa: E402
+    from ppo.common.process_exit import run_and_exit  # noqa: E402
+    from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
+    from ppo.models.loading import enable_recompute, load_overrides, load_tokenizer, training_dtype  # noqa: E402
+    from ppo.models.pipeline import log_pipeline_settings  # noqa: E402
+    from ppo.models.ppo_models import build_ppo_models  # noqa: E402
+    from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments, validate_arguments  # noqa: E402
+    from ppo.ppo_trainer import PPOTrainer  # noqa: E402
+    from ppo.reward_client import RewardServerClient  # noqa: E402
+    from ppo.scorers import WeightedScorer  # noqa: E402
+    from ppo.models.reward_tokens import retokenizer_for_run  # noqa: E402
+    from ppo.common.output_lock import acquire_output_dir  # noqa: E402
+    from ppo.common.startup_checks import check_token_and_position_limits  # noqa: E402
 
 logger = logging.getLogger("ppo")
 
@@ -52,18 +57,10 @@ def build_datasets(data_args, training_args, tokenizer, require_label=False):
 
 def build_trainer(argv=None):
     """Parse arguments, load models and data, and return a ready `PPOTrainer`."""
-    model_args, data_args, training_args = parse_arguments((ModelArgument, DataArgument, PPOTrainingArguments), argv)
-    if not model_args.actor_model_name_or_path:
-        raise ValueError("actor_model_name_or_path is required")
-    external_scores = model_args.use_rm_server or model_args.use_rule_reward
-    if not external_scores and not model_args.reward_model_name_or_path:
-        raise ValueError("reward_model_name_or_path is required unless use_rm_server or use_rule_reward is set")
-    validate_run(
-        (model_args, data_args, training_args),
-        model_dirs=[(f"{n}_model_name_or_path", getattr(model_args, f"{n}_model_name_or_path"))
-                    for n in ("actor", "reference", "reward_critic")],
-        score_model_dirs=[] if external_scores else [("reward_model_name_or_path", model_args.reward_model_name_or_path)],
-    )
+    classes = (ModelArgument, DataArgument, PPOTrainingArguments)
+    model_args, data_args, training_args = parse_arguments(classes, argv, validate=validate_arguments)
+    external_scores = model_args.external_scores
+    acquire_output_dir(training_args.output_dir, dist_rank() == 0)  # one run per output_dir
     if dist_rank() == 0:
         save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
         for message in inert_setting_messages(training_args):
@@ -71,11 +68,15 @@ def build_trainer(argv=None):
     paddle.seed(training_args.seed + training_args.dataset_rank)  # tensor-parallel ranks draw alike
 
     tokenizer = load_tokenizer(model_args.actor_model_name_or_path)
+    check_token_and_position_limits(tokenizer, [(f"{n}_model_name_or_path", getattr(model_args, f"{n}_model_name_or_path"))
+                                                for n in ("actor", "reference")],
+                                    data_args.max_prompt_len + training_args.max_dec_len, "max_prompt_len + max_dec_len")
     # data before models: a bad record fails in seconds, not after the models load
     train, evaluation, ptx = build_datasets(data_args, training_args, tokenizer, require_label=external_scores)
     pipelined = training_args.pipeline_parallel_degree > 1
+    retokenizer = retokenizer_for_run(model_args, training_args.use_critic, tokenizer, pipeline=pipelined)
     if pipelined:
-        check_pipeline_run(training_args, model_args.use_lora)
+        log_pipeline_settings(training_args)
     models = build_ppo_models(
         model_args, training_args.use_critic, training_dtype(training_args), pipeline=pipelined,
         **load_overrides(model_args, training_args, pipeline_entry="ppo"),
@@ -98,7 +99,7 @@ def build_trainer(argv=None):
         rule_scorer = WeightedScorer(model_args.rule_reward_scorers, model_args.rule_reward_weights)
     return PPOTrainer(
         training_args, models, tokenizer, train, evaluation, ptx, reward_client=client,
-        eval_long_answer_len=data_args.eval_long_answer_len, rule_scorer=rule_scorer,
+        eval_long_answer_len=data_args.eval_long_answer_len, rule_scorer=rule_scorer, reward_retokenizer=retokenizer,
     )
 
 

@@ -17,31 +17,22 @@ os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import json  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from typing import List  # noqa: E402
 
-import numpy as np  # noqa: E402
-import paddle  # noqa: E402
+from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 
-from ppo.common.args_common import BEAVER_TEMPLATE, split_specs  # noqa: E402
-from ppo.common.arguments import parse_arguments  # noqa: E402
-from ppo.common.validation import validate_run  # noqa: E402
-from ppo.data import PromptOnlyDataset  # noqa: E402
-from ppo.models.loading import load_tokenizer  # noqa: E402
-from ppo.models.adapters import load_merged_score_model  # noqa: E402
+with quiet_third_party_warnings():
+    import numpy as np  # noqa: E402
+    import paddle  # noqa: E402
+
+    from ppo.common.argument_groups import split_specs  # noqa: E402
+    from ppo.common.argument_parsing import parse_arguments  # noqa: E402
+    from ppo.common.process_exit import run_and_exit  # noqa: E402
+    from ppo.data import PromptOnlyDataset  # noqa: E402
+    from ppo.models.loading import load_tokenizer  # noqa: E402
+    from ppo.models.adapters import load_merged_score_model  # noqa: E402
+    from rm.audit_arguments import AuditArgument, validate_arguments  # noqa: E402
 
 PROBES = ("empty", "eos_only", "prompt_echo", "repeated_token", "truncated_half", "very_long")
-
-
-@dataclass
-class AuditArgument:
-    model_name_or_path: str = field(default=None, metadata={"help": "Trained reward (score) model directory."})
-    eval_datasets: List[str] = field(default_factory=list, metadata={"help": "Held-out prompts with reference answers (tgt)."})
-    prompt_template: str = field(default=BEAVER_TEMPLATE, metadata={"help": "Prompt template with an {input} slot."})
-    max_prompt_len: int = field(default=256, metadata={"help": "Prompts longer than this are dropped."})
-    long_answer_tokens: int = field(default=32, metadata={"help": "Token count of the 'very_long' probe."})
-    batch_size: int = field(default=64, metadata={"help": "Sequences scored per forward pass."})
-    output_dir: str = field(default=None, metadata={"help": "Where audit.json goes (default: the model directory)."})
 
 
 def probe_answers(real_ids, src_ids, eos_id, long_tokens):
@@ -103,10 +94,7 @@ def audit(model, tokenizer, dataset, batch_size=64, long_answer_tokens=32):
 
 
 def main(argv=None):
-    (args,) = parse_arguments((AuditArgument,), argv)
-    if not args.model_name_or_path or not args.eval_datasets:
-        raise ValueError("model_name_or_path and eval_datasets are required")
-    validate_run((args,), score_model_dirs=[("model_name_or_path", args.model_name_or_path)])
+    (args,) = parse_arguments((AuditArgument,), argv, validate=validate_arguments)
     tokenizer = load_tokenizer(args.model_name_or_path)
     model = load_merged_score_model(args.model_name_or_path)
     model.eval()
@@ -123,4 +111,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_and_exit(main)

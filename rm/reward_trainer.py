@@ -7,6 +7,7 @@ from ppo.models.adapters import save_normalizer_stats
 from ppo.models.pipeline import wrapped_pipeline
 from ppo.models.score_model_pipe import pipeline_end_scores
 from ppo.models.score_model import LOSS_TYPES, pair_scores_loss  # noqa: F401 (LOSS_TYPES: rm/run_reward.py)
+from ppo.common.trainer_resume import FreshOptimizerResumeMixin
 from ppo.models.tensor_parallel import DatasetOrderMixin
 
 
@@ -31,7 +32,7 @@ def reward_loss(model, inputs, loss_type, regularization):
     )
 
 
-class RewardTrainer(DatasetOrderMixin, Trainer):
+class RewardTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, Trainer):
     """`Trainer` for score models on `PreferenceDataset` batches. Under pipeline parallelism
     the model is a stage of `ppo.models.score_model_pipe`, whose last stage computes the loss
     (`PairwiseRewardCriterion`) in the `Trainer`'s pipeline steps, and evaluation scores the

@@ -15,67 +15,41 @@ import sys
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle: 3-4x faster matmuls on AVX2-only CPUs
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dataclasses import dataclass, field  # noqa: E402
-from typing import Optional  # noqa: E402
+from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 
-from paddlenlp.trainer import TrainingArguments  # noqa: E402
-
-from ppo.common.args_common import DatasetArguments, DivergenceArguments, ModelCommonArguments, split_specs  # noqa: E402
-from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
-from ppo.common.run_setup import finish_trainer_run  # noqa: E402
-from ppo.common.validation import validate_run  # noqa: E402
-from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
-from ppo.data import PreferenceDataset  # noqa: E402
-from ppo.models.loading import apply_lora, load_overrides, load_tokenizer  # noqa: E402
-from ppo.models.pipeline import check_pipeline_run  # noqa: E402
-from ppo.models.adapters import load_merged_score_model, score_lora_settings  # noqa: E402
-from ppo.models.score_model_pipe import load_score_pipe  # noqa: E402
-from rm.reward_trainer import LOSS_TYPES, RewardTrainer  # noqa: E402
-from ppo.common.process_exit import run_and_exit  # noqa: E402
-
-
-@dataclass
-class ModelArgument(ModelCommonArguments):
-    model_name_or_path: str = field(default=None, metadata={"help": "Local causal-LM or score-model directory to start from."})
-    normalize_score_during_training: bool = field(
-        default=False, metadata={"help": "Normalise scores with the running statistics while training."}
-    )
-    normalizer_type: Optional[str] = field(
-        default=None, metadata={"help": "Score normaliser: RunningMeanStd | ExponentialMovingAverage | None."}
-    )
-    normalizer_momentum: float = field(default=0.9, metadata={"help": "Momentum of the ExponentialMovingAverage normaliser."})
-
-
-@dataclass
-class DataArgument(DatasetArguments):
-    pass
-
-
-@dataclass
-class RewardTrainingArguments(DivergenceArguments, TrainingArguments):
-    loss_type: str = field(default="sequence-wise", metadata={"help": f"Pairwise loss: {' | '.join(LOSS_TYPES)}."})
-    regularization: float = field(default=0.0, metadata={"help": "Weight of the squared-score regulariser."})
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+with quiet_third_party_warnings():
+    from ppo.common.argument_groups import split_specs  # noqa: E402
+    from ppo.common.argument_parsing import parse_arguments, save_resolved_arguments  # noqa: E402
+    from ppo.common.output_lock import acquire_output_dir  # noqa: E402
+    from ppo.common.startup_checks import check_token_and_position_limits  # noqa: E402
+    from ppo.common.process_exit import run_and_exit  # noqa: E402
+    from ppo.common.run_setup import finish_trainer_run  # noqa: E402
+    from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
+    from ppo.data import PreferenceDataset  # noqa: E402
+    from ppo.models.loading import apply_lora, load_overrides, load_tokenizer  # noqa: E402
+    from ppo.models.pipeline import log_pipeline_settings  # noqa: E402
+    from ppo.models.adapters import load_merged_score_model, score_lora_settings  # noqa: E402
+    from ppo.models.score_model_pipe import load_score_pipe  # noqa: E402
+    from rm.reward_arguments import DataArgument, ModelArgument, RewardTrainingArguments, validate_arguments  # noqa: E402
+    from rm.reward_trainer import RewardTrainer  # noqa: E402
 
 
 def main(argv=None):
-    model_args, data_args, training_args = parse_arguments((ModelArgument, DataArgument, RewardTrainingArguments), argv)
-    if not model_args.model_name_or_path:
-        raise ValueError("model_name_or_path is required")
-    validate_run((model_args, data_args, training_args), model_dirs=[("model_name_or_path", model_args.model_name_or_path)])
+    classes = (ModelArgument, DataArgument, RewardTrainingArguments)
+    model_args, data_args, training_args = parse_arguments(classes, argv, validate=validate_arguments)
+    acquire_output_dir(training_args.output_dir)  # one run per output_dir
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
 
     tokenizer = load_tokenizer(model_args.model_name_or_path)
+    check_token_and_position_limits(
+        tokenizer, [("model_name_or_path", model_args.model_name_or_path)], data_args.max_length, "max_length"
+    )
     score_settings = dict(
         score_type="reward", do_normalize=model_args.normalize_score_during_training, normalizer_type=model_args.normalizer_type,
         normalizer_momentum=model_args.normalizer_momentum, **load_overrides(model_args, training_args, pipeline_entry="rm"),
     )
     if training_args.pipeline_parallel_degree > 1:
-        check_pipeline_run(training_args, model_args.use_lora)
+        log_pipeline_settings(training_args)
         model = load_score_pipe(
             model_args.model_name_or_path, training_args.loss_type, training_args.regularization,
             training_args.gradient_accumulation_steps, **score_settings,

@@ -18,7 +18,7 @@ from ppo.evaluation import evaluate_generation  # noqa: E402
 from ppo.models.loading import load_causal_lm, load_tokenizer  # noqa: E402
 from ppo.models.adapters import load_merged_score_model  # noqa: E402
 
-STAGES = {"sft": "sft", "ppo": "ppo/policy", "grpo": "grpo/policy", "dpo": "dpo"}
+STAGES = {"sft": "sft", "ppo": "ppo/policy", "grpo": "grpo/policy", "dpo": "dpo", "online_dpo": "online_dpo/policy"}
 
 
 def main(argv=None):

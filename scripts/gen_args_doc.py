@@ -1,7 +1,7 @@
-"""Generate README's argument reference from the argument dataclasses.
+"""Generate the argument reference (docs/arguments.md) from the argument dataclasses.
 
-    python scripts/gen_args_doc.py          # rewrite the section of README.md in place
-    python scripts/gen_args_doc.py --check  # exit 1 when README.md is out of date
+    python scripts/gen_args_doc.py          # rewrite the section of docs/arguments.md in place
+    python scripts/gen_args_doc.py --check  # exit 1 when docs/arguments.md is out of date
 
 The section sits between `<!-- ARGS:BEGIN -->` and `<!-- ARGS:END -->`. Fields
 inherited from PaddleNLP's `TrainingArguments` are not repeated (they keep their
@@ -15,52 +15,45 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-README = os.path.join(ROOT, "README.md")
+from ppo.common import argument_help  # noqa: E402
+
+README = os.path.join(ROOT, "docs", "arguments.md")  # the generated reference (linked from README.md)
 BEGIN, END = "<!-- ARGS:BEGIN -->", "<!-- ARGS:END -->"
 
 
 def entry_points():
-    from dpo import run_dpo
-    from ppo import ppo_arguments
-    from rm import audit_reward, run_reward
-    from sft import run_sft
+    from dpo import dpo_arguments as dpo
+    from dpo import online_dpo_arguments as online
+    from ppo import ppo_arguments as ppo
+    from rm import audit_arguments as audit
+    from rm import reward_arguments as rm
+    from sft import sft_arguments as sft
 
-    dpo_training = next(
-        getattr(run_dpo, n) for n in dir(run_dpo) if n.endswith("TrainingArguments") and n != "TrainingArguments"
-    )
     return [
-        ("SFT — `sft/run_sft.py`", [run_sft.ModelArgument, run_sft.DataArgument, run_sft.SFTTrainingArguments]),
-        ("Reward model — `rm/run_reward.py`", [run_reward.ModelArgument, run_reward.DataArgument, run_reward.RewardTrainingArguments]),
-        ("Reward audit — `rm/audit_reward.py`", [audit_reward.AuditArgument]),
-        ("PPO / GRPO / RLOO / REINFORCE++ — `ppo/run_ppo.py`",
-         [ppo_arguments.ModelArgument, ppo_arguments.DataArgument, ppo_arguments.PPOTrainingArguments]),
-        ("DPO family — `dpo/run_dpo.py`", [run_dpo.ModelArgument, run_dpo.DataArgument, dpo_training]),
+        ("SFT — `sft/run_sft.py`", [sft.ModelArgument, sft.DataArgument, sft.SFTTrainingArguments]),
+        ("Reward model — `rm/run_reward.py`", [rm.ModelArgument, rm.DataArgument, rm.RewardTrainingArguments]),
+        ("Reward audit — `rm/audit_reward.py`", [audit.AuditArgument]),
+        ("PPO / GRPO / RLOO / REINFORCE++ — `ppo/run_ppo.py`", [ppo.ModelArgument, ppo.DataArgument, ppo.PPOTrainingArguments]),
+        ("DPO family — `dpo/run_dpo.py`", [dpo.ModelArgument, dpo.DataArgument, dpo.DPOTrainingArguments]),
+        ("Online / iterative DPO — `dpo/run_online_dpo.py`",
+         [online.ModelArgument, online.DataArgument, online.OnlineDPOTrainingArguments]),
     ]
 
 
 def default_text(f):
-    if f.default is not dataclasses.MISSING:
-        value = f.default
-    elif f.default_factory is not dataclasses.MISSING:
-        value = f.default_factory()
-    else:
-        value = None
-    value = getattr(value, "value", value)
-    text = repr(value) if isinstance(value, str) else str(value)
-    return text.replace("|", "\\|")
+    text = argument_help.default_text(f)
+    return ("None" if text == "required" else text).replace("|", "\\|")
 
 
 def own_fields(cls):
-    from paddlenlp.trainer import TrainingArguments
-
-    inherited = {f.name for f in dataclasses.fields(TrainingArguments)} if issubclass(cls, TrainingArguments) else set()
+    inherited = argument_help.inherited_from_paddlenlp(cls)
     return [f for f in dataclasses.fields(cls) if f.init and f.name not in inherited]
 
 
 def render():
     lines = []
     for title, classes in entry_points():
-        lines += [f"#### {title}", "", "| argument | default | meaning |", "|---|---|---|"]
+        lines += [f"## {title}", "", "| argument | default | meaning |", "|---|---|---|"]
         for cls in classes:
             for f in own_fields(cls):
                 help_text = f.metadata.get("help", "").replace("|", "\\|")
@@ -85,7 +78,7 @@ def main(argv=None):
     new = splice(text, render())
     if args.check:
         if new != text:
-            print("README.md argument reference is out of date: run python scripts/gen_args_doc.py")
+            print("docs/arguments.md is out of date: run python scripts/gen_args_doc.py")
             return 1
         return 0
     open(README, "w").write(new)

@@ -1,9 +1,11 @@
 """The tiny CPU pipeline, end to end: build the model and data, then
-SFT -> reward model -> reward audit -> PPO -> GRPO (with a reward server) -> DPO,
-each from its `config/tiny/*.json`, then one table of held-out results.
+SFT -> reward model -> reward audit -> PPO -> GRPO (with a reward server) -> DPO
+(-> online DPO with `--online-dpo`), each from its `config/tiny/*.json`, then one table
+of held-out results.
 
-    python scripts/quickstart.py            # continue: stages already done are skipped
-    python scripts/quickstart.py --restart  # start over
+    python scripts/quickstart.py               # continue: stages already done are skipped
+    python scripts/quickstart.py --restart     # start over
+    python scripts/quickstart.py --online-dpo  # also online DPO from the SFT model
 
 Every stage is the real entry script run as a subprocess, exactly as a user runs
 it; the first failing stage stops the pipeline with its log path. Results go to
@@ -91,6 +93,7 @@ def start_reward_server(port):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--restart", action="store_true", help="delete outputs/tiny and run every stage again")
+    parser.add_argument("--online-dpo", action="store_true", help="also run online DPO (config/tiny/online_dpo_argument.json)")
     args = parser.parse_args(argv)
     if args.restart and os.path.isdir(OUT):
         shutil.rmtree(OUT)
@@ -116,13 +119,18 @@ def main(argv=None):
     else:
         walls["grpo"] = run_stage("grpo", [])
     walls["dpo"] = run_stage("dpo", [PY, "dpo/run_dpo.py", "config/tiny/dpo_argument.json"])
-    walls["evaluate"] = run_stage("evaluate", [PY, "scripts/evaluate_stages.py", "--output", "outputs/tiny/evaluation.json"])
+    stages = ("sft", "ppo", "grpo", "dpo")
+    if args.online_dpo:
+        walls["online_dpo"] = run_stage("online_dpo", [PY, "dpo/run_online_dpo.py", "config/tiny/online_dpo_argument.json"])
+        stages += ("online_dpo",)
+    evaluate = "evaluate_with_online_dpo" if args.online_dpo else "evaluate"  # its own marker: evaluated after online DPO
+    walls["evaluate"] = run_stage(evaluate, [PY, "scripts/evaluate_stages.py", "--output", "outputs/tiny/evaluation.json"])
 
     evaluation = json.load(open(os.path.join(OUT, "evaluation.json")))
     audit = json.load(open(os.path.join(OUT, "rm", "audit.json")))
     rm_summary = json.load(open(os.path.join(OUT, "rm", "summary.json")))
     rows = []
-    for stage in ("sft", "ppo", "grpo", "dpo"):
+    for stage in stages:
         e = evaluation[stage]
         rows.append({"stage": stage, **e, "wall_s": walls[stage]})
     summary = {
@@ -138,10 +146,10 @@ def main(argv=None):
 
 
 def print_table(summary):
-    head = f"{'stage':<6} {'accuracy':>8} {'acc(len>=5)':>11} {'acc(len<5)':>10} {'mean RM score':>13} {'resp len':>8} {'wall s':>7}"
+    head = f"{'stage':<10} {'accuracy':>8} {'acc(len>=5)':>11} {'acc(len<5)':>10} {'mean RM score':>13} {'resp len':>8} {'wall s':>7}"
     print("\n" + head + "\n" + "-" * len(head))
     for r in summary["stages"]:
-        print(f"{r['stage']:<6} {r['accuracy']:>8.3f} {r['accuracy_long']:>11.3f} {r['accuracy_short']:>10.3f} "
+        print(f"{r['stage']:<10} {r['accuracy']:>8.3f} {r['accuracy_long']:>11.3f} {r['accuracy_short']:>10.3f} "
               f"{r['mean_reward']:>13.3f} {r['response_length']:>8.2f} {r['wall_s']:>7.0f}")
     rm = summary["reward_model"]
     print(f"reward model: held-out pairwise accuracy {rm['pairwise_accuracy']:.3f}; empty/EOS-only answers below the real "

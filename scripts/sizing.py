@@ -1,6 +1,6 @@
-"""Memory per GPU of PPO / GRPO layouts, from the model shapes (the README's sizing table).
+"""Memory per GPU of PPO / GRPO layouts, from the model shapes (the sizing table of docs/distributed.md).
 
-    python scripts/sizing.py            # prints the markdown table the README holds
+    python scripts/sizing.py            # prints the markdown table docs/distributed.md holds
 
 Per GPU, in GiB, for bf16 mixed-precision AdamW (ZeRO's accounting, Rajbhandari et al.
 2020): a trained model costs 2 bytes of bf16 weights + 2 of bf16 gradients + 12 of fp32
@@ -18,7 +18,7 @@ master weights and Adam moments per parameter; a frozen model (reference, reward
 * rollout: the rollout engine gathers the whole actor on every rank (`bf16`, not divided
   by `tp`) for generation; PaddleNLP `generate` (`use_fusemt false`) keeps the slices.
 
-The layouts in `LAYOUTS` are the ones the README recommends; `PUBLISHED` are PaddleNLP's own
+The layouts in `LAYOUTS` are the ones docs/distributed.md recommends; `PUBLISHED` are PaddleNLP's own
 configs (`llm/config/llama/ppo_argument.json`: PPO Llama 7B with TP 8;
 `llm/config/qwen/grpo_argument.json`: GRPO Qwen2.5-7B with TP 4 x sharding stage 1 over 2).
 """
@@ -119,7 +119,7 @@ def fits(layout, gpu_gib=GPU_GIB):
 
 
 def table(layouts=None):
-    """The README's markdown table (one row per layout)."""
+    """The markdown table of docs/distributed.md (one row per layout)."""
     rows = [
         "| Recipe | Model | Params | Layout (GPUs) | Weights | Grads | Optimizer | Frozen models | Activations | "
         "Train total | + engine rollout | Rollout with |",

@@ -11,24 +11,40 @@ adapter) is merged first. A causal-LM adapter gives a directory that
 (rm/run_reward.py with `use_lora`) one that `AutoModelForScore.from_pretrained(output_dir)`
 loads, with its score head and normaliser statistics.
 """
-import argparse
 import os
 import sys
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ppo.models.loading import is_lora_dir, merge_lora_to_dir  # noqa: E402
+from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
+
+with quiet_third_party_warnings():
+    from ppo.common.argument_help import OneMessageArgumentParser  # noqa: E402
+    from ppo.common.argument_problems import joined_problems  # noqa: E402
+    from ppo.common.validation import output_dir_problems  # noqa: E402
+    from ppo.models.loading import is_lora_dir, merge_lora_to_dir  # noqa: E402
+
+
+def merge_problems(args):
+    """Every problem of the merge's arguments: no adapter at lora_path, an output_dir that is an input."""
+    problems = []
+    if not is_lora_dir(args.lora_path):
+        problems.append(f"lora_path={args.lora_path}: no lora_config.json; is this a LoRA adapter directory?")
+    inputs = [("lora_path", args.lora_path), ("base_model_name_or_path", args.base_model_name_or_path)]
+    return problems + output_dir_problems(args.output_dir, inputs)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--lora_path", required=True, help="directory written by a use_lora run (holds lora_config.json)")
-    parser.add_argument("--output_dir", required=True, help="where the merged model and tokenizer go")
-    parser.add_argument("--base_model_name_or_path", default=None, help="override the base model recorded in the adapter")
+    parser = OneMessageArgumentParser(description=__doc__.split("\n")[0])
+    path = os.path.expanduser
+    parser.add_argument("--lora_path", required=True, type=path, help="directory written by a use_lora run (holds lora_config.json)")
+    parser.add_argument("--output_dir", required=True, type=path, help="where the merged model and tokenizer go")
+    parser.add_argument("--base_model_name_or_path", default=None, type=path, help="override the base model recorded in the adapter")
     args = parser.parse_args(argv)
-    if not is_lora_dir(args.lora_path):
-        parser.error(f"{args.lora_path}: no lora_config.json; is this a LoRA adapter directory?")
+    problems = merge_problems(args)
+    if problems:
+        parser.error(joined_problems(problems))
     merge_lora_to_dir(args.lora_path, args.output_dir, args.base_model_name_or_path)
     print(f"merged {args.lora_path} into {args.output_dir}")
 

@@ -12,57 +12,39 @@ import sys
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle: 3-4x faster matmuls on AVX2-only CPUs
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dataclasses import dataclass, field  # noqa: E402
-from typing import Optional  # noqa: E402
+from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 
-from paddlenlp.trainer import TrainingArguments  # noqa: E402
-
-from ppo.common.args_common import DatasetArguments, DivergenceArguments, LogprobArguments, ModelCommonArguments, split_specs  # noqa: E402
-from ppo.common.arguments import parse_arguments, save_resolved_arguments  # noqa: E402
-from ppo.common.run_setup import finish_trainer_run  # noqa: E402
-from ppo.common.validation import validate_run  # noqa: E402
-from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
-from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
-from ppo.models.loading import apply_lora, load_causal_lm, load_overrides, load_tokenizer  # noqa: E402
-from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, check_pipeline_run, load_pipe  # noqa: E402
-from sft.sft_trainer import SFTTrainer  # noqa: E402
-from ppo.common.process_exit import run_and_exit  # noqa: E402
-
-
-@dataclass
-class ModelArgument(ModelCommonArguments):
-    model_name_or_path: str = field(default=None, metadata={"help": "Local model directory (or LoRA adapter) to fine-tune."})
-
-
-@dataclass
-class DataArgument(DatasetArguments):
-    eval_max_new_tokens: int = field(default=32, metadata={"help": "Generation length for held-out exact-match evaluation."})
-    max_prompt_len: Optional[int] = field(
-        default=None, metadata={"help": "Prompts longer than this many tokens keep their last ones (PaddleNLP src_length); none: whole."}
-    )
-
-
-@dataclass
-class SFTTrainingArguments(DivergenceArguments, LogprobArguments, TrainingArguments):
-    eval_with_do_generation: bool = field(
-        default=True, metadata={"help": "Also greedy-decode eval prompts and report exact-match accuracy."}
-    )
-    use_fusemt: bool = field(default=True, metadata={"help": "Use the fast rollout engine for evaluation generation."})
+with quiet_third_party_warnings():
+    from ppo.common.argument_groups import split_specs  # noqa: E402
+    from ppo.common.argument_parsing import parse_arguments, save_resolved_arguments  # noqa: E402
+    from ppo.common.output_lock import acquire_output_dir  # noqa: E402
+    from ppo.common.startup_checks import check_token_and_position_limits  # noqa: E402
+    from ppo.common.process_exit import run_and_exit  # noqa: E402
+    from ppo.common.run_setup import finish_trainer_run  # noqa: E402
+    from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
+    from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
+    from ppo.models.loading import apply_lora, load_causal_lm, load_overrides, load_tokenizer  # noqa: E402
+    from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, load_pipe, log_pipeline_settings  # noqa: E402
+    from sft.sft_arguments import DataArgument, ModelArgument, SFTTrainingArguments, validate_arguments  # noqa: E402
+    from sft.sft_trainer import SFTTrainer  # noqa: E402
 
 
 def main(argv=None):
-    model_args, data_args, training_args = parse_arguments((ModelArgument, DataArgument, SFTTrainingArguments), argv)
-    if not model_args.model_name_or_path:
-        raise ValueError("model_name_or_path is required")
-    validate_run((model_args, data_args, training_args), model_dirs=[("model_name_or_path", model_args.model_name_or_path)])
+    classes = (ModelArgument, DataArgument, SFTTrainingArguments)
+    model_args, data_args, training_args = parse_arguments(classes, argv, validate=validate_arguments)
+    acquire_output_dir(training_args.output_dir)  # one run per output_dir
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
 
     tokenizer = load_tokenizer(model_args.model_name_or_path)
+    check_token_and_position_limits(
+        tokenizer, [("model_name_or_path", model_args.model_name_or_path)], data_args.max_length, "max_length"
+    )
     overrides = load_overrides(model_args, training_args, pipeline_entry="sft")
     if training_args.pipeline_parallel_degree > 1:
-        check_pipeline_run(training_args, model_args.use_lora)
+        log_pipeline_settings(training_args)
         model = load_pipe(
-            model_args.model_name_or_path, AnswerNLLCriterion(), CausalLMPipelineInputs(training_args.gradient_accumulation_steps),
+            model_args.model_name_or_path, AnswerNLLCriterion(),
+            CausalLMPipelineInputs(training_args.gradient_accumulation_steps, training_args.dataset_world_size),
             **overrides,
         )
     else:
@@ -71,11 +53,11 @@ def main(argv=None):
         model = apply_lora(model, base_model_name_or_path=model_args.model_name_or_path, **model_args.lora_settings())
     data_kwargs = data_args.dataset_kwargs(tokenizer, training_args.seed)
     train_dataset = SupervisedDataset(
-        split_specs(data_args.train_datasets), max_length=data_args.max_length, truncate_prompt_to=data_args.max_prompt_len, **data_kwargs
+        split_specs(data_args.train_datasets), max_length=data_args.max_length, truncate_prompt_to=data_args.truncate_prompt_len, **data_kwargs
     )
     eval_specs = split_specs(data_args.eval_datasets)
     eval_dataset = (
-        SupervisedDataset(eval_specs, max_length=data_args.max_length, truncate_prompt_to=data_args.max_prompt_len, **data_kwargs)
+        SupervisedDataset(eval_specs, max_length=data_args.max_length, truncate_prompt_to=data_args.truncate_prompt_len, **data_kwargs)
         if eval_specs
         else None
     )
@@ -88,11 +70,11 @@ def main(argv=None):
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
-        data_collator=train_dataset.get_collator(),
+        data_collator=train_dataset.get_collator(packed_length=data_args.max_length if data_args.zero_padding else None),
         tokenizer=tokenizer,
         callbacks=[TrackerCallback(training_args.output_dir, loss_name="loss/sft")],
         eval_prompt_dataset=eval_prompts,
-        eval_max_new_tokens=data_args.eval_max_new_tokens,
+        eval_max_new_tokens=training_args.eval_new_tokens(),
         eval_long_answer_len=data_args.eval_long_answer_len,
         use_fusemt=training_args.use_fusemt,
     )

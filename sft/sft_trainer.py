@@ -3,12 +3,14 @@ plus held-out exact-match evaluation by greedy generation."""
 import paddle
 from paddlenlp.trainer import Trainer
 
+from ppo.common.step_tokens import count_step_tokens, step_token_scale
 from ppo.evaluation import GenerationEvalMixin
 from ppo.models.causal_lm import answer_nll
+from ppo.common.trainer_resume import FreshOptimizerResumeMixin
 from ppo.models.tensor_parallel import DatasetOrderMixin
 
 
-class SFTTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
+class SFTTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMixin, Trainer):
     """`Trainer` whose loss is the masked token-mean NLL of the answer tokens. Under pipeline
     parallelism the model is a pipeline stage whose last stage computes that loss itself
     (`ppo.models.pipeline`); the `Trainer`'s pipeline steps run it.
@@ -22,10 +24,22 @@ class SFTTrainer(DatasetOrderMixin, GenerationEvalMixin, Trainer):
         super().__init__(*args, **kwargs)
         self.setup_generation_eval(eval_prompt_dataset, eval_max_new_tokens, eval_long_answer_len, use_fusemt)
 
+    def get_train_dataloader(self):
+        """The Trainer's loader, each batch carrying its optimiser step's answer-token count
+        over every data rank (`ppo.common.step_tokens`)."""
+        loader = super().get_train_dataloader()
+        return count_step_tokens(loader, self.args.gradient_accumulation_steps, self.args.dataset_world_size)
+
     def compute_loss(self, model, inputs, return_outputs=False):
-        loss, logprobs = answer_nll(
-            model, inputs["input_ids"], inputs["attention_mask"], inputs["labels"], self.args.logprob_chunk_size
-        )
+        """Answer-token NLL: in training, this micro-batch's share of the token mean over the
+        whole optimiser step on every data rank (`step_token_scale`), so that data parallelism
+        and gradient accumulation change nothing; elsewhere the batch's own token mean."""
+        labels = inputs["labels"]
+        loss, logprobs = answer_nll(model, inputs["input_ids"], inputs["attention_mask"], labels, self.args.logprob_chunk_size,
+                                    position_ids=inputs.get("position_ids"))  # packed rows (zero_padding) carry their own
+        scale = step_token_scale(inputs, self.args.gradient_accumulation_steps, self.args.dataset_world_size)
+        if scale is not None:  # the summed NLL x scale (the pipeline's last stage computes the same)
+            loss = -paddle.sum(logprobs * (labels[:, 1:] >= 0).astype(logprobs.dtype)) * scale
         return (loss, {"logprobs": logprobs}) if return_outputs else loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):

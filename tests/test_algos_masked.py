@@ -110,3 +110,23 @@ def test_gradient_zero_at_masked_positions():
     x.stop_gradient = False
     masked_mean(x, t(M)).backward()
     np.testing.assert_allclose(x.grad.numpy(), np.asarray(M) * 0.25)
+
+
+def test_pooled_statistics_over_two_halves_whiten_like_the_whole_batch():
+    """The data-parallel reduction: each rank contributes (count, sum), then its centered square
+    sum around the pooled mean; whitening each half with the pooled mean and the unbiased
+    variance gives the whole batch's `masked_whiten`. Hand case: x = [1, 2, 3, 10] (mask drops
+    10) split [1, 2] | [3, 10]: n = 3, mean = 2, squares 1 + 0 + 1 = 2, var = 2 / 2 = 1."""
+    from ppo.algos import masked_centered_square_sum, whiten_with_statistics
+
+    x = np.array([[1.0, 2.0], [3.0, 10.0]])
+    m = np.array([[1.0, 1.0], [1.0, 0.0]])
+    halves = [(t(x[i : i + 1]), t(m[i : i + 1])) for i in range(2)]
+    count = sum(float(hm.sum()) for _, hm in halves)
+    mean = sum(float(masked_sum(hx, hm)) for hx, hm in halves) / count
+    squares = sum(float(masked_centered_square_sum(hx, hm, mean)) for hx, hm in halves)
+    assert (count, mean, squares) == (3.0, 2.0, 2.0)
+    var = squares / (count - 1)
+    pooled = np.concatenate([whiten_with_statistics(hx, hm, mean, var).numpy() for hx, hm in halves])
+    np.testing.assert_allclose(pooled, masked_whiten(t(x), t(m)).numpy(), rtol=1e-12)
+    np.testing.assert_allclose(pooled, [[-1 / np.sqrt(1 + 1e-8), 0.0], [1 / np.sqrt(1 + 1e-8), 0.0]], rtol=1e-12)

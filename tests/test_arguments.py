@@ -5,7 +5,7 @@ from typing import List, Optional
 
 import pytest
 
-from ppo.common.arguments import ArgumentError, parse_arguments, save_resolved_arguments
+from ppo.common.argument_parsing import ArgumentError, parse_arguments, save_resolved_arguments
 
 
 @dataclass
@@ -65,3 +65,112 @@ def test_resolved_arguments_written(tmp_path):
     path = save_resolved_arguments(str(tmp_path), m, d)
     data = json.load(open(path))
     assert data["ToyDataArgs"]["max_length"] == 5 and data["ToyModelArgs"]["use_lora"] is False
+
+
+# ---------------------------------------------------------------- file and value problems (issue 28)
+
+
+@dataclass
+class ToyTrainArgs:
+    rollout_n: int = field(default=1, metadata={"help": "samples"})
+    output_dir: str = field(default="out", metadata={"help": "where"})
+    temperature: float = field(default=1.0, metadata={"help": "temperature"})
+
+
+TOY = (ToyModelArgs, ToyDataArgs, ToyTrainArgs)
+
+
+def test_utf8_bom_is_accepted(tmp_path):
+    p = tmp_path / "bom.json"
+    p.write_bytes(b"\xef\xbb\xbf" + json.dumps({"max_length": 12}).encode())
+    _, d, _ = parse_arguments(TOY, [str(p)])
+    assert d.max_length == 12
+
+
+def test_bad_byte_is_reported_by_line(tmp_path):
+    p = tmp_path / "latin.json"
+    p.write_bytes(b'{\n  "max_length": 12,\n  "model_name_or_path": "caf\xe9"\n}')
+    with pytest.raises(ArgumentError, match=r"latin.json: line 3, column 29: byte 0xe9 is not UTF-8"):
+        parse_arguments(TOY, [str(p)])
+
+
+def test_key_given_twice_names_the_key_and_both_lines(tmp_path):
+    p = tmp_path / "twice.json"
+    p.write_text('{\n  "rollout_n": 4,\n  "max_length": 8,\n  "rollout_n": 8\n}')
+    with pytest.raises(ArgumentError, match=r"twice.json: key given twice \(keep one\): 'rollout_n' on lines 2 and 4"):
+        parse_arguments(TOY, [str(p)])
+    y = tmp_path / "twice.yaml"
+    y.write_text("rollout_n: 4\nmax_length: 8\nrollout_n: 8\n")
+    with pytest.raises(ArgumentError, match=r"twice.yaml: key given twice \(keep one\): 'rollout_n' on lines 1 and 3"):
+        parse_arguments(TOY, [str(y)])
+
+
+def test_list_for_a_scalar_names_the_key_and_the_expected_type(tmp_path):
+    path = write(tmp_path, {"rollout_n": [4, 8], "temperature": "hot", "max_length": 8})
+    with pytest.raises(ArgumentError) as info:
+        parse_arguments(TOY, [path])
+    lines = str(info.value).splitlines()
+    assert lines[0] == "2 arguments cannot be used:"
+    assert lines[1].endswith("args.json: rollout_n: expected an integer, got a list [4, 8]")
+    assert lines[2].endswith("args.json: temperature: expected a number, got 'hot'")
+
+
+def test_argument_file_named_txt_or_a_directory_says_so(tmp_path):
+    txt = tmp_path / "args.txt"
+    txt.write_text("{}")
+    with pytest.raises(ArgumentError, match=r"args.txt: argument files are read by their extension and must end in "
+                                            r"\.json, \.yaml or \.yml \(rename it, e.g. to .*args\.json\)"):
+        parse_arguments(TOY, [str(txt)])
+    with pytest.raises(ArgumentError, match=rf"{tmp_path} is a directory; give the argument file inside it"):
+        parse_arguments(TOY, [str(tmp_path), "--max_length", "3"])
+
+
+def test_tilde_is_expanded_in_path_arguments(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "cfg.json").write_text(json.dumps({"model_name_or_path": "~/models/sft", "output_dir": "~/runs/a"}))
+    m, _, t = parse_arguments(TOY, ["~/cfg.json"])
+    assert m.model_name_or_path == f"{tmp_path}/models/sft" and t.output_dir == f"{tmp_path}/runs/a"
+    m, _, t = parse_arguments(TOY, ["--output_dir=~/runs/b", "--model_name_or_path", "~/m"])
+    assert m.model_name_or_path == f"{tmp_path}/m" and t.output_dir == f"{tmp_path}/runs/b"
+    from ppo.data.base import parse_dataset_spec  # dataset specs: the path part, when the dataset is read
+
+    assert parse_dataset_spec(["Jsonfile:1:~/d.jsonl", "~/e.jsonl"]) == [
+        ("Jsonfile", 1.0, f"{tmp_path}/d.jsonl"), ("Jsonfile", 1.0, f"{tmp_path}/e.jsonl")]
+
+
+def test_unknown_keys_values_and_dataclass_checks_come_in_one_error(tmp_path):
+    """A problem in every stage: an unknown key (file), a bad value (command line), a dataclass
+    refusal (`__post_init__`) and the entry point's validate pass."""
+
+    @dataclass
+    class Checked:
+        lr: float = field(default=1e-3, metadata={"help": "lr"})
+
+        def __post_init__(self):
+            from ppo.common.argument_problems import problem_scope
+
+            with problem_scope() as problems:
+                if self.lr <= 0:
+                    problems.append(f"lr must be positive, got {self.lr}")
+
+    path = write(tmp_path, {"max_lenght": 3, "lr": -1})
+    with pytest.raises(ArgumentError) as info:
+        parse_arguments((ToyModelArgs, ToyDataArgs, Checked), [path, "--max_length", "x"],
+                        validate=lambda m, d, c: [f"validate saw lr={c.lr}"])
+    assert str(info.value).splitlines()[1:] == [
+        f"  {path}: unknown argument 'max_lenght'; did you mean 'max_length'?",
+        "  command line: max_length: expected an integer, got 'x'",
+        "  lr must be positive, got -1.0",
+        "  validate saw lr=-1.0",
+    ]
+    with pytest.raises(ArgumentError, match="lr must be positive, got -2"):
+        Checked(lr=-2)  # built in code: raised at once
+
+
+def test_help_lists_every_field_and_exits_0(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_arguments(TOY, ["--max_length", "3", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "ToyDataArgs:\n  --train_datasets List[str] (default: ['a'])\n      datasets" in out
+    assert "  --rollout_n int (default: 1)\n      samples" in out

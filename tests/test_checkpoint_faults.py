@@ -39,8 +39,8 @@ elif where == "replace_policy":  # checkpoint written, tmp-policy copied, not ye
     ckpt.replace_dir_atomically = die_at_nth(lambda tmp, final: final.endswith("policy"), ckpt.replace_dir_atomically)
 elif where == "rename_into_policy":  # policy moved to policy.old, tmp-policy not yet moved in
     ckpt.os.rename = die_at_nth(lambda src, dst: dst.endswith(os.sep + "policy"), os.rename)
-import ppo.ppo_trainer
-ppo.ppo_trainer.save_checkpoint = ckpt.save_checkpoint
+import ppo.trainer.loop
+ppo.trainer.loop.save_checkpoint = ckpt.save_checkpoint
 from ppo.run_ppo import main
 main(sys.argv[4:])
 """

@@ -155,7 +155,7 @@ def test_sft_loss_matches_full_logits(model, chunk):
 
 def test_dpo_answer_logprobs_and_ptx_loss_chunked_equal_full(model):
     from dpo.dpo_trainer import answer_logprobs
-    from ppo.ppo_trainer import PPOTrainer
+    from ppo.passes.plain import ptx_nll
 
     inputs = sft_batch(model, seed=3)
     args = (inputs["input_ids"], inputs["attention_mask"], inputs["labels"])
@@ -166,10 +166,7 @@ def test_dpo_answer_logprobs_and_ptx_loss_chunked_equal_full(model):
         np.testing.assert_allclose(b.numpy().astype("float64"), a.numpy().astype("float64"), rtol=1e-5, atol=1e-5)
     assert (full[1].numpy() == [7, 4, 2]).all()  # answer tokens 3..9, 3..6, 3..4
 
-    losses = []
-    for chunk in (0, 4):
-        trainer = SimpleNamespace(args=ppo_args(chunk), actor=model, next_ptx_batch=lambda: inputs)
-        losses.append(float(PPOTrainer.ptx_loss(trainer)))
+    losses = [float(ptx_nll(model, inputs, chunk)) for chunk in (0, 4)]
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
     assert losses[0] > 0
 

@@ -6,27 +6,33 @@ import os
 
 import pytest
 
-from ppo.common.arguments import REPO_ROOT
-from ppo.common.arguments import read_json_arguments, valid_field_names
+from ppo.common.argument_parsing import REPO_ROOT
+from ppo.common.argument_parsing import read_json_arguments, valid_field_names
+
+
+def is_preference_loss_config(name):
+    """`<loss_type>_argument.json` for a registered preference loss (run by dpo/run_dpo.py)."""
+    from ppo.algos import PREFERENCE_LOSSES
+
+    return name.rsplit("_argument", 1)[0] in PREFERENCE_LOSSES
 
 
 def entry_dataclasses(name):
     name = name.removeprefix("lora_")  # config/tiny/lora_<stage>_argument.json: the LoRA walkthrough
     if name.startswith("audit"):
-        from rm.audit_reward import AuditArgument
+        from rm.audit_arguments import AuditArgument
 
         return (AuditArgument,)
     if name.startswith("sft"):
-        from sft.run_sft import DataArgument, ModelArgument, SFTTrainingArguments as T
+        from sft.sft_arguments import DataArgument, ModelArgument, SFTTrainingArguments as T
     elif name.startswith("rm"):
-        from rm.run_reward import DataArgument, ModelArgument, RewardTrainingArguments as T
+        from rm.reward_arguments import DataArgument, ModelArgument, RewardTrainingArguments as T
+    elif name.startswith("online_dpo"):
+        from dpo.online_dpo_arguments import DataArgument, ModelArgument, OnlineDPOTrainingArguments as T
     elif name.startswith(("ppo", "grpo", "rloo", "reinforce")):
         from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments as T
-    elif name.startswith(("dpo", "simpo", "orpo", "kto", "ipo", "hinge")):
-        from dpo.run_dpo import DataArgument, ModelArgument
-        import dpo.run_dpo as run_dpo
-
-        T = next(getattr(run_dpo, n) for n in dir(run_dpo) if n.endswith("TrainingArguments") and n != "TrainingArguments")
+    elif name.startswith(("dpo", "simpo", "orpo", "kto", "ipo", "hinge")) or is_preference_loss_config(name):
+        from dpo.dpo_arguments import DataArgument, DPOTrainingArguments as T, ModelArgument
     else:
         raise AssertionError(f"no entry point known for config {name}")
     return ModelArgument, DataArgument, T
@@ -59,7 +65,7 @@ def test_config_keys_and_types(path):
 
 @pytest.mark.parametrize("path", [p for p in CONFIGS if "/tiny/" in p], ids=os.path.basename)
 def test_tiny_configs_instantiate(path, tmp_path):
-    from ppo.common.arguments import parse_arguments
+    from ppo.common.argument_parsing import parse_arguments
 
     classes = entry_dataclasses(os.path.basename(path))
     parsed = parse_arguments(classes, [path, "--output_dir", str(tmp_path)])

@@ -290,6 +290,25 @@ def test_malformed_json_line(tmp_path):
     assert str(e.value).startswith(f"{path}, line 3: malformed JSON")
 
 
+def test_utf8_byte_order_mark_is_accepted_in_jsonl_and_json(tmp_path):
+    jsonl = tmp_path / "bom.jsonl"
+    jsonl.write_bytes(b"\xef\xbb\xbf" + (json.dumps(PKU_RECORD) + "\n").encode() * 2)
+    assert len(RawDataset.load("PKU-SafeRLHF/train", str(jsonl))) == 2
+    alpaca = tmp_path / "bom.json"
+    alpaca.write_bytes(b"\xef\xbb\xbf" + json.dumps([{"instruction": "Reverse: ab", "input": "", "output": "ba"}]).encode())
+    assert RawDataset.load("alpaca", str(alpaca))[0]["answer"] == "ba"
+
+
+def test_bad_byte_is_reported_by_line_and_column(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    good = (json.dumps(PKU_RECORD) + "\n").encode()
+    path.write_bytes(good * 2 + b'{"prompt": "caf\xe9 au lait"}\n' + good)
+    with pytest.raises(DataError) as e:
+        RawDataset.load("PKU-SafeRLHF/train", str(path))
+    assert (e.value.path, e.value.line) == (str(path), 3)
+    assert "byte 0xe9 at column 16" in str(e.value) and str(e.value).startswith(f"{path}, line 3: not UTF-8 text")
+
+
 @pytest.mark.parametrize(
     "change, field, reason",
     [

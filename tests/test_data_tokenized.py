@@ -99,7 +99,7 @@ def test_sft_demo_prompt_ids_and_labels(tmp_path, tiny_tokenizer):
     assert item["input_ids"].tolist() == prompt + answer
     assert item["labels"].tolist() == [IGNORE_INDEX] * 12 + answer
     assert item["input_ids"].dtype == np.int64 and item["labels"].dtype == np.int64
-    assert ds.stats == {"raw": 1, "dropped_prompt_too_long": 0, "truncated_answer": 0, "kept": 1}
+    assert ds.stats == {"raw": 1, "dropped_prompt_too_long": 0, "truncated_answer": 0, "dropped_empty_answer": 0, "kept": 1}
 
 
 def test_sft_default_template_and_multi_turn(tiny_tokenizer):
@@ -141,7 +141,7 @@ def test_sft_over_long_drop_and_truncation(tmp_path, tiny_tokenizer):
     # prompt lengths 9, 12, 15, 16, 17 (7 + n); answers n + 1 with EOS; max_length 16
     records = [reverse(s) for s in ("ab", "k3x9q", "abcdefgh", "abcdefghi", "abcdefghij")]
     ds = SupervisedDataset(jsonfile(tmp_path, records), tok, max_length=16, prompt_template=DEMO_TEMPLATE)
-    assert ds.stats == {"raw": 5, "dropped_prompt_too_long": 2, "truncated_answer": 2, "kept": 3}
+    assert ds.stats == {"raw": 5, "dropped_prompt_too_long": 2, "truncated_answer": 2, "dropped_empty_answer": 0, "kept": 3}
     fits, cut4, cut1 = (ds[i]["input_ids"].tolist() for i in range(3))
     assert len(fits) == 12 and fits[-1] == tok.eos_token_id  # whole answer fits: EOS kept
     assert cut4 == ids(tok, "USER: Reverse: k3x9q ASSISTANT:") + ids(tok, "q9x3", add_special_tokens=False)
@@ -200,6 +200,25 @@ def test_preference_collator_common_length(tiny_tokenizer):
     ] * (width - n)
 
 
+def test_empty_answers_are_dropped_with_counts_and_refused_when_none_remain(tmp_path, tiny_tokenizer, caplog):
+    tok = tiny_tokenizer
+    sft = [{"input": "Reverse: ab", "answer": "ba"}, {"input": "Reverse: abc", "answer": ""},
+           {"input": "Reverse: k3x9q", "answer": "  "}]
+    ds = SupervisedDataset(raw_json(tmp_path, sft), tok, max_length=32, prompt_template=DEMO_TEMPLATE)
+    assert ds.stats["dropped_empty_answer"] == 2 and len(ds) == 1
+    assert "2 samples had an empty answer and were dropped" in caplog.text
+    pku = {"prompt": "Reverse: ab", "response_0": "", "response_1": "ab", "better_response_id": 0}
+    path = write_lines(tmp_path / "pku.jsonl", [json.dumps(pku), json.dumps({**pku, "response_0": "ba", "response_1": ""}),
+                                                json.dumps({**pku, "response_0": "ba"})])
+    pairs = PreferenceDataset(f"PKU-SafeRLHF/train:1:{path}", tok, max_length=32, prompt_template=DEMO_TEMPLATE)
+    assert pairs.stats["dropped_empty_answer"] == 1 and len(pairs) == 2  # an empty worse answer is a preference
+    chosen_empty = write_lines(tmp_path / "empty.jsonl", [json.dumps({**pku, "prompt": f"Reverse: {c}"}) for c in "abc"])
+    with pytest.raises(ValueError, match=r"has no samples: all 3 records were dropped \(dropped_empty_answer=3\)"):
+        PreferenceDataset(f"PKU-SafeRLHF/train:1:{chosen_empty}", tok, max_length=32, prompt_template=DEMO_TEMPLATE)
+    with pytest.raises(ValueError, match=r"dropped_empty_answer=1"):
+        SupervisedDataset(raw_json(tmp_path, sft[1:2], name="e.jsonl"), tok, max_length=32, prompt_template=DEMO_TEMPLATE)
+
+
 def test_preference_over_long_and_identical_pairs(tmp_path, tiny_tokenizer):
     tok = tiny_tokenizer
     records = [
@@ -214,6 +233,7 @@ def test_preference_over_long_and_identical_pairs(tmp_path, tiny_tokenizer):
         "dropped_prompt_too_long": 1,
         "truncated_answers": 3,
         "dropped_identical_pair": 1,
+        "dropped_empty_answer": 0,
         "kept": 2,
     }
     last = ds[1]

@@ -164,14 +164,6 @@ def test_lora_sft_term_and_generation_eval(tiny, monkeypatch):
     reference log-probs equal the base model's); `sft_loss_ratio` logs `loss/sft`;
     generation eval prompts add exact-match metrics. (LoRA on this random 1-layer
     model learns the preference too slowly to assert a rising accuracy.)"""
-    try:
-        from ppo.rollout import RolloutEngine  # noqa: F401
-    except ImportError:  # the rollout engine is not built yet: check the wiring only
-
-        def fake_generation(model, tokenizer, dataset, **kwargs):
-            return {"eval/accuracy": 0.0, "eval/accuracy_short": 0.0}, [{"prompt": "p", "response": "", "label": "x"}]
-
-        monkeypatch.setattr("dpo.dpo_trainer.evaluate_generation", fake_generation)
     trainer, out, before, after = run(
         tiny,
         monkeypatch,

@@ -180,7 +180,7 @@ def test_adapters_naming_each_other_are_refused_before_loading(adapters, tmp_pat
 
 def test_lora_dpo_on_the_sft_adapter_has_the_sft_model_as_reference(adapters, tiny_data_dir, tmp_path):
     from dpo.run_dpo import DataArgument, DPOTrainingArguments, ModelArgument, build_trainer
-    from ppo.common.arguments import parse_arguments
+    from ppo.common.argument_parsing import parse_arguments
     from ppo.models.loading import lora_disabled
 
     argv = ["config/tiny/dpo_argument.json", "--model_name_or_path", adapters["sft"], "--use_lora", "true", "--lora_rank", "4",

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ppo.common import paddlenlp_keys as pk
-from ppo.common.arguments import ArgumentError, parse_arguments
+from ppo.common.argument_parsing import ArgumentError, parse_arguments
 from ppo.data import DataError, PaddleNLPPreferenceDataset, RawDataset, parse_dataset_spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,14 +31,14 @@ def entry_classes(kind):
 
         return ModelArgument, DataArgument, PPOTrainingArguments
     if kind == "sft":
-        from sft.run_sft import DataArgument, ModelArgument, SFTTrainingArguments
+        from sft.sft_arguments import DataArgument, ModelArgument, SFTTrainingArguments
 
         return ModelArgument, DataArgument, SFTTrainingArguments
     if kind == "rm":
-        from rm.run_reward import DataArgument, ModelArgument, RewardTrainingArguments
+        from rm.reward_arguments import DataArgument, ModelArgument, RewardTrainingArguments
 
         return ModelArgument, DataArgument, RewardTrainingArguments
-    from dpo.run_dpo import DataArgument, DPOTrainingArguments, ModelArgument
+    from dpo.dpo_arguments import DataArgument, DPOTrainingArguments, ModelArgument
     from dpo.run_kto import KTOTrainingArguments
 
     return ModelArgument, DataArgument, KTOTrainingArguments if kind == "kto" else DPOTrainingArguments
@@ -77,7 +77,7 @@ def test_grpo_files_parse_with_mapped_keys(name):
 def test_sft_files_parse_with_mapped_keys(name, tmp_path):
     model, data, train = parse(name)
     assert data.train_datasets == ["Jsonfile:1:./data/train.json"]  # dataset_name_or_path
-    assert data.max_prompt_len == 1024 and data.max_length == 2048  # src_length, max_length
+    assert data.truncate_prompt_len == 1024 and data.max_length == 2048  # src_length, max_length
     assert train.num_train_epochs == 3 and not train.eval_with_do_generation
     # with a dev.json beside train.json, dataset_name_or_path gives the eval set too
     (tmp_path / "train.json").write_text("")
@@ -111,7 +111,7 @@ def test_dpo_family_files_parse_with_mapped_keys(name, loss_type, beta):
     assert train.loss_type == loss_type and train.beta == beta
     assert data.train_datasets == [f"{pk.PADDLENLP_DPO_DATASET}:1:./data/train.jsonl"]  # train_dataset_path
     assert data.eval_datasets == [f"{pk.PADDLENLP_DPO_DATASET}:1:./data/dev.jsonl"]  # dev_dataset_path
-    assert data.max_length == 4096 and data.max_prompt_len == 2048  # max_seq_len, max_prompt_len
+    assert data.max_length == 4096 and data.truncate_prompt_len == 2048  # max_seq_len, max_prompt_len (truncates here)
     assert model.recompute_granularity == "full" and not train.recompute
     if name.startswith("llama/simpo"):
         assert train.simpo_gamma == 1.0
@@ -485,7 +485,7 @@ def test_sft_file_runs_on_a_dataset_directory(tiny_model_dir, tiny_data_dir, tmp
     check_two_steps(out, "loss/sft")
     resolved = json.load(open(f"{out}/resolved_arguments.json"))
     assert resolved["DataArgument"]["eval_datasets"] == [f"Jsonfile:1:{data_dir}/dev.json"]
-    assert resolved["DataArgument"]["max_prompt_len"] == 48
+    assert resolved["DataArgument"]["truncate_prompt_len"] == 48
 
 
 def test_rm_file_runs(tiny_model_dir, tiny_data_dir, tmp_path):
@@ -535,13 +535,12 @@ def test_dpo_family_files_run(name, flags, loss_key, tiny_model_dir, tiny_data_d
 def test_readme_section_covers_the_key_table():
     from ppo.models.loading import GPU_ONLY_SWITCHES
 
-    text = open(os.path.join(ROOT, "README.md")).read()
-    section = text[text.index("## Coming from PaddleNLP"):text.index("## Arguments")]
+    section = open(os.path.join(ROOT, "docs", "paddlenlp.md")).read()
     keys = [*pk.RENAMED, *pk.FIXED_VALUE, *pk.UNSUPPORTED, *GPU_ONLY_SWITCHES, *pk.VALUE_ALIASES]
     keys += ["recompute", "critic_recompute", "recompute_granularity", "critic_recompute_granularity", "rslora_plus",
              "pref_loss_ratio", "dpop_lambda", "kto_pair", "sppo_hard", "nca_pair", "dpop", "tensor_parallel_output"]
     missing = [k for k in keys if f"`{k}" not in section]
-    assert not missing, f"README 'Coming from PaddleNLP' lacks {missing}"
+    assert not missing, f"docs/paddlenlp.md lacks {missing}"
     for paddlenlp_value, ours in pk.RL_ALGORITHMS.items():
         assert f"`{paddlenlp_value}`" in section and f"`{ours}`" in section
 

@@ -16,7 +16,8 @@ import numpy as np
 import paddle
 import pytest
 
-from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, check_pipeline_run, pipe_classes
+from ppo.common.validation import pipeline_problems
+from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, pipe_classes
 from tests.tp_launch import launch_run, step_values
 
 MICRO, ACCUMULATE, STEPS = 4, 2, 3
@@ -91,10 +92,13 @@ def test_sft_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path, layou
     assert [json.loads(line)["response"] for line in open(os.path.join(out2, "eval_samples.jsonl"))] == [
         json.loads(line)["response"] for line in open(os.path.join(out1, "eval_samples.jsonl"))
     ]
-    assert_same_saved_weights(out1, out2, two_layer_model_dir)
+    # atol 1e-5: Adam divides each gradient by its own running scale, so a near-zero gradient's
+    # float rounding (a micro-batch's summed NLL x its step weight on the last stage, against the
+    # plain trainer's) moves its element by a few 1e-6 after 3 steps
+    assert_same_saved_weights(out1, out2, two_layer_model_dir, atol=1e-5)
     assert json.load(open(os.path.join(out2, "config.json")))["architectures"] == ["LlamaForCausalLM"]
     reloaded = LlamaForCausalLM.from_pretrained(out2)  # the plain class, one process
-    np.testing.assert_allclose(reloaded.lm_head.weight.numpy(), saved_weights(out1)["lm_head.weight"], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(reloaded.lm_head.weight.numpy(), saved_weights(out1)["lm_head.weight"], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("layout", ["pp2", pytest.param("tp2_pp2", marks=pytest.mark.slow)])
@@ -216,11 +220,10 @@ def test_pipeline_refusals(tmp_path):
     from paddlenlp.transformers import LlamaConfig, Qwen2Config
 
     args = SimpleNamespace(pipeline_parallel_degree=2, pipeline_parallel_config="", tensor_parallel_degree=1)
-    with pytest.raises(ValueError, match="use_lora with pipeline_parallel_degree 2"):
-        check_pipeline_run(args, use_lora=True)
-    with pytest.raises(ValueError, match="add disable_p2p_cache_shape to pipeline_parallel_config"):
-        check_pipeline_run(args)
-    check_pipeline_run(SimpleNamespace(pipeline_parallel_degree=2, pipeline_parallel_config="disable_p2p_cache_shape", tensor_parallel_degree=1))
+    lora, cache = pipeline_problems(args, use_lora=True)
+    assert lora.startswith("use_lora with pipeline_parallel_degree 2") and "add disable_p2p_cache_shape to pipeline_parallel_config" in cache
+    assert pipeline_problems(SimpleNamespace(pipeline_parallel_degree=2, pipeline_parallel_config="disable_p2p_cache_shape")) == []
+    assert pipeline_problems(SimpleNamespace(pipeline_parallel_degree=1, pipeline_parallel_config=""), use_lora=True) == []
     with pytest.raises(ValueError, match="tie_word_embeddings=true"):
         pipe_classes(Qwen2Config(tie_word_embeddings=True))
     assert pipe_classes(Qwen2Config(tie_word_embeddings=False))[1] == "Qwen2ForCausalLM"

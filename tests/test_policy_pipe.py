@@ -154,17 +154,17 @@ def test_nested_generation_blocks_gather_once(tiny_model_dir):
     from types import SimpleNamespace
 
     from ppo.models.policy_pipe import plain_copy_of
-    from ppo.pipeline_passes import PipelinePasses
+    from ppo.passes.pipeline import PipelinePasses
 
     source = load_causal_lm(tiny_model_dir)
     passes = object.__new__(PipelinePasses)
-    passes.trainer = SimpleNamespace(models=SimpleNamespace(actor=source))
-    passes.generation_copy, passes.generation_filled = plain_copy_of(source), False
-    filled = lambda: all(p._is_initialized() for p in passes.generation_copy.parameters())  # noqa: E731
+    passes.models = SimpleNamespace(actor=source)
+    passes.generation_model, passes.generation_filled = plain_copy_of(source), False
+    filled = lambda: all(p._is_initialized() for p in passes.generation_model.parameters())  # noqa: E731
     with passes.generation_weights() as outer:
         with passes.generation_weights() as inner:
             assert inner is outer and filled()
         assert filled()  # the inner block did not release what the outer one holds
-    assert not any(p._is_initialized() for p in passes.generation_copy.parameters())
+    assert not any(p._is_initialized() for p in passes.generation_model.parameters())
     with passes.generation_weights():
         assert filled()  # a later block fills it again

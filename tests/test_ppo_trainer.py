@@ -218,10 +218,10 @@ def test_reused_first_update_forward_matches_a_separate_old_policy_pass(estimato
                                                                         tiny_data_dir, tmp_path, monkeypatch):
     """With every row in one micro-batch, the update's first forward doubles as the old-policy
     (and old-value) pass: one actor/critic forward fewer per step, the same metrics and weights."""
-    import ppo.ppo_trainer as trainer_module
+    import ppo.passes.plain as passes_module  # every model pass of a one-process step
 
     calls = {"logprobs": 0, "values": 0}
-    real_logprobs, real_values = trainer_module.response_logprobs, trainer_module.response_values
+    real_logprobs, real_values = passes_module.response_logprobs, passes_module.response_values
 
     def counted(name, fn):
         def wrapper(*a, **k):
@@ -229,8 +229,8 @@ def test_reused_first_update_forward_matches_a_separate_old_policy_pass(estimato
             return fn(*a, **k)
         return wrapper
 
-    monkeypatch.setattr(trainer_module, "response_logprobs", counted("logprobs", real_logprobs))
-    monkeypatch.setattr(trainer_module, "response_values", counted("values", real_values))
+    monkeypatch.setattr(passes_module, "response_logprobs", counted("logprobs", real_logprobs))
+    monkeypatch.setattr(passes_module, "response_values", counted("values", real_values))
     extra = ["--per_device_train_batch_size", "8", "--update_iters", "2", "--kl_coeff", "0.1",
              "--use_rollout_logprobs", rollout_logprobs]
     if estimator == "grpo":

@@ -94,7 +94,7 @@ def ok(scores):
 
 def test_scores_from_real_server(reverse_server):
     with RewardServerClient(reverse_server.url, **FAST) as client:
-        assert client.check_health() == {"status": "ok", "scorer": "reverse"}
+        assert client.check_health() == {"status": "ok", "scorer": "reverse", "token_required": False}
         scores = client.score(["Reverse: abc", "Reverse: 123"], ["cba", "321"], ["cba", "312"])
         assert scores == [1.0, 0.0]
         assert all(isinstance(x, float) for x in scores)

@@ -114,7 +114,7 @@ def post(server, body, **kwargs):
 def test_health(reverse_server):
     resp = requests.get(reverse_server.url + "/health", timeout=REQUEST_TIMEOUT_S)
     assert resp.status_code == 200
-    assert resp.json() == {"status": "ok", "scorer": "reverse"}
+    assert resp.json() == {"status": "ok", "scorer": "reverse", "token_required": False}
 
 
 def test_contract(reverse_server):

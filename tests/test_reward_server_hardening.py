@@ -50,6 +50,25 @@ def test_token_guards_scoring_but_not_health():
     assert resp.status_code == 200 and resp.get_json()["score"] == [1.0]
 
 
+def test_health_check_finds_a_wrong_or_missing_token_at_start(monkeypatch):
+    monkeypatch.delenv("PPO_REWARD_SERVER_TOKEN", raising=False)
+    app = create_app("reverse", token="s3cret").test_client()
+    assert app.get("/health").get_json() == {"status": "ok", "scorer": "reverse", "token_required": True,
+                                             "token_accepted": False, "token_problem": app.get("/health").get_json()["token_problem"]}
+    assert app.get("/health", headers={"Authorization": "Bearer s3cret"}).get_json()["token_accepted"] is True
+    assert create_app("reverse").test_client().get("/health").get_json()["token_required"] is False
+    server = ServerProcess("--scorer", "reverse", "--token", "s3cret")
+    try:
+        for token, why in [("nope", "wrong bearer token"), (None, "missing")]:
+            with RewardServerClient(server.url, timeout=5.0, max_retries=0, token=token) as client:
+                with pytest.raises(RewardServerError, match=rf"requires a token and refuses this client's: .*{why}"):
+                    client.check_health()
+        with RewardServerClient(server.url, timeout=5.0, max_retries=0, token="s3cret") as client:
+            assert client.check_health()["token_accepted"] is True
+    finally:
+        server.cleanup()
+
+
 def test_client_sends_the_token_from_its_argument_or_the_environment(monkeypatch):
     monkeypatch.setenv("PPO_REWARD_SERVER_TOKEN", "from-env")
     server = ServerProcess("--scorer", "reverse")  # the server reads the same variable

@@ -319,6 +319,32 @@ def test_seed_reproducibility(llama, prompts, backend):
     assert not np.array_equal(a.response_ids.numpy(), c.response_ids.numpy())
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_of_a_split_batch_sample_like_the_whole_batch(llama, prompts, backend):
+    """Data-parallel ranks generating rows [0, k) and [k, B) of one global batch (same seed)
+    draw the tokens the whole batch draws in one call; a call with no split is unchanged."""
+    _, model = llama
+    ids, mask = prompts
+    p = SamplingParams(max_new_tokens=10, temperature=1.3, top_p=0.95)
+    eng = _engine(model, backend)
+    whole = eng.generate(ids, mask, p, seed=11)
+    B, k = ids.shape[0], ids.shape[0] // 2
+    assert B >= 2
+    np.testing.assert_array_equal(eng.generate(ids, mask, p, seed=11, row_offset=0, total_rows=B).response_ids.numpy(),
+                                  whole.response_ids.numpy())
+    parts = [eng.generate(ids[rows], mask[rows], p, seed=11, row_offset=rows.start, total_rows=B) for rows in
+             (slice(0, k), slice(k, B))]
+    width = whole.response_ids.shape[1]
+    for rows, part in zip((slice(0, k), slice(k, B)), parts):
+        got = part.response_ids.numpy()
+        np.testing.assert_array_equal(got, whole.response_ids.numpy()[rows][:, : got.shape[1]])
+        assert got.shape[1] == width or not whole.response_mask.numpy()[rows][:, got.shape[1]:].any()
+    alone = eng.generate(ids[k:], mask[k:], p, seed=11)  # without the offset the rows draw other uniforms
+    assert not np.array_equal(alone.response_ids.numpy()[:, :4], whole.response_ids.numpy()[k:, :4])
+    with pytest.raises(ValueError, match="do not fit"):
+        eng.generate(ids, mask, p, seed=11, row_offset=1, total_rows=B)
+
+
 def test_custom_and_fallback_sample_identically(llama, prompts):
     _, model = llama
     ids, mask = prompts

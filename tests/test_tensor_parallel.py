@@ -24,13 +24,13 @@ def saved_weights(path):
     return {k: v.numpy() for k, v in paddle.load(os.path.join(path, "model_state.pdparams")).items()}
 
 
-def assert_same_weights(dir_tp1, dir_tp2):
+def assert_same_weights(dir_tp1, dir_tp2, atol=WEIGHT_ATOL):
     """Same keys, same full shapes, values within float tolerance; the TP=2 checkpoint is merged."""
     a, b = saved_weights(dir_tp1), saved_weights(dir_tp2)
     assert sorted(a) == sorted(b)
     for key in a:
         assert a[key].shape == b[key].shape, key
-        np.testing.assert_allclose(b[key], a[key], atol=WEIGHT_ATOL, rtol=0, err_msg=key)
+        np.testing.assert_allclose(b[key], a[key], atol=atol, rtol=0, err_msg=key)
     config = json.load(open(os.path.join(dir_tp2, "config.json")))
     assert config.get("tensor_parallel_degree", 1) == 1
 

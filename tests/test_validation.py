@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from ppo.common.validation import check_model_dir, check_sizes, weights_problem
+from ppo.common.validation import check_model_dir, size_problems, weights_problem
 from ppo.models.score_model import AutoModelForScore
 
 
@@ -33,15 +33,13 @@ class Args:
         self.__dict__.update(kw)
 
 
-def test_check_sizes_names_every_bad_argument():
-    check_sizes(Args(per_device_train_batch_size=1, rollout_n=2, save_total_limit=None, min_dec_len=0))
-    with pytest.raises(ValueError) as err:
-        check_sizes(Args(per_device_train_batch_size=-1, gradient_accumulation_steps=0), Args(rollout_n=0, max_dec_len=0))
-    msg = str(err.value)
-    for part in ("per_device_train_batch_size=-1", "gradient_accumulation_steps=0", "rollout_n=0", "max_dec_len=0"):
-        assert part in msg
-    with pytest.raises(ValueError, match=r"reward_server_timeout=0 \(must be > 0\); divergence_factor=1.0 \(must be > 1\)"):
-        check_sizes(Args(reward_server_timeout=0, divergence_factor=1.0))
+def test_size_problems_names_every_bad_argument():
+    assert size_problems(Args(per_device_train_batch_size=1, rollout_n=2, save_total_limit=None, min_dec_len=0)) == []
+    problems = size_problems(Args(per_device_train_batch_size=-1, gradient_accumulation_steps=0), Args(rollout_n=0, max_dec_len=0))
+    assert problems == ["per_device_train_batch_size=-1 (must be an integer >= 1)", "gradient_accumulation_steps=0 (must be an integer >= 1)",
+                        "rollout_n=0 (must be an integer >= 1)", "max_dec_len=0 (must be an integer >= 1)"]
+    assert size_problems(Args(reward_server_timeout=0, divergence_factor=1.0)) == [
+        "reward_server_timeout=0 (must be > 0)", "divergence_factor=1.0 (must be > 1)"]
 
 
 def ppo_argv(model, rm, data, out, *extra):
@@ -135,3 +133,90 @@ def test_trainer_entry_points_validate_before_loading(entry, tiny_data_dir, tmp_
         main(argv)
     with pytest.raises(ValueError, match=r"per_device_train_batch_size=0"):
         main(argv + ["--per_device_train_batch_size", "0"])
+
+
+# ---------------------------------------------------------------- one start-up pass per entry point (issues 28, 32)
+
+
+def entry_argv(config, model, data, out, *extra):
+    return [f"config/tiny/{config}_argument.json", "--model_name_or_path", model, "--train_datasets", data,
+            "--output_dir", out, *extra]
+
+
+def test_output_dir_equal_to_the_input_model_is_refused(tiny_model_dir, tiny_data_dir, monkeypatch):
+    """rm/run_reward.py with output_dir == model_name_or_path used to replace the SFT model."""
+    from rm.run_reward import main as run_rm
+    from sft.run_sft import main as run_sft
+
+    never_load(monkeypatch)
+    preference = f"PKU-SafeRLHF/train:1.0:{tiny_data_dir}/preference.jsonl"
+    with pytest.raises(ValueError, match=rf"output_dir={tiny_model_dir} is the input model directory of model_name_or_path"):
+        run_rm(entry_argv("rm", tiny_model_dir, preference, tiny_model_dir))
+    with pytest.raises(ValueError, match=r"output_dir=.* is the input model directory of model_name_or_path"):
+        run_sft(entry_argv("sft", tiny_model_dir, f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl", tiny_model_dir + "/"))
+
+
+def test_ppo_output_dir_equal_to_an_input_model_is_refused(tiny_model_dir, tiny_rm_dir, tiny_data_dir, monkeypatch):
+    from ppo.run_ppo import build_trainer
+
+    never_load(monkeypatch)
+    with pytest.raises(ValueError, match=rf"output_dir={tiny_rm_dir} is the input model directory of reward_model_name_or_path"):
+        build_trainer(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tiny_rm_dir))
+
+
+def test_do_train_false_is_refused_unless_evaluating(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
+    from dpo.run_dpo import main as run_dpo
+
+    never_load(monkeypatch)
+    argv = entry_argv("dpo", tiny_model_dir, f"PKU-SafeRLHF/train:1.0:{tiny_data_dir}/preference.jsonl", str(tmp_path / "o"))
+    with pytest.raises(ValueError, match="do_train is false or missing: the run would train and save nothing"):
+        run_dpo(argv + ["--do_train", "false", "--do_eval", "false", "--evaluation_strategy", "no"])
+    with pytest.raises(ValueError, match="do_train false with do_eval true evaluates only, but no eval_datasets"):
+        run_dpo(argv[1:] + ["--do_train", "false", "--do_eval", "true"])  # no argument file: no eval datasets
+    with pytest.raises(ValueError, match="do_predict true: prediction on a test set is not implemented here"):
+        run_dpo(argv + ["--do_predict", "true"])
+
+
+def test_do_train_false_with_do_eval_only_evaluates_and_says_so(tiny_model_dir, tiny_data_dir, tmp_path, caplog):
+    from sft.run_sft import main as run_sft
+
+    out = tmp_path / "eval-only"
+    data = f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl"
+    with caplog.at_level("WARNING", logger="ppo"):
+        run_sft(entry_argv("sft", tiny_model_dir, data, str(out), "--do_train", "false", "--do_eval", "true",
+                                     "--eval_datasets", f"Jsonfile:1.0:{tiny_data_dir}/test.jsonl", "--max_steps", "1"))
+    assert "do_train is false: this run only evaluates (do_eval); nothing is trained or saved" in caplog.text
+    summary = json.load(open(out / "summary.json"))
+    assert summary["global_step"] == 0 and summary["final"]["eval/loss"] > 0, summary
+    assert not (out / "model_state.pdparams").exists() and not (out / "config.json").exists()
+
+
+def test_bf16_on_a_cpu_build_is_refused_naming_dtype_and_device(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
+    import paddle
+
+    from sft.run_sft import main as run_sft
+
+    never_load(monkeypatch)
+    monkeypatch.setattr(paddle, "is_compiled_with_cuda", lambda: False)
+    argv = entry_argv("sft", tiny_model_dir, f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl", str(tmp_path / "o"))
+    with pytest.raises(ValueError, match=r"bf16 true: this Paddle build runs on the CPU only \(device cpu\), which has no "
+                                         r"bf16 training kernels; set bf16 false"):
+        run_sft(argv + ["--bf16", "true"])
+    with pytest.raises(ValueError, match=r"fp16 true: this Paddle build runs on the CPU only \(device cpu\)"):
+        run_sft(argv + ["--fp16", "true"])
+
+
+def test_paddlenlp_s_own_refusal_joins_the_other_problems(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
+    from sft.run_sft import main as run_sft
+
+    never_load(monkeypatch)
+    argv = entry_argv("sft", tiny_model_dir, f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl", str(tmp_path / "o"),
+                      "--load_best_model_at_end", "true", "--evaluation_strategy", "steps", "--save_strategy", "steps",
+                      "--eval_steps", "3", "--save_steps", "5", "--lora_rank", "0", "--recompute_granularity", "some")
+    with pytest.raises(ValueError) as info:
+        run_sft(argv)
+    lines = str(info.value).splitlines()
+    assert lines[0] == "3 arguments cannot be used:", lines
+    assert any(line.strip().startswith("PaddleNLP TrainingArguments refused the values: --load_best_model_at_end") for line in lines)
+    assert "  recompute_granularity must be one of ('full', 'full_attn', 'core_attn'), got 'some'" in lines
+    assert "  lora_rank=0 (must be an integer >= 1)" in lines

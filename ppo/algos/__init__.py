@@ -15,7 +15,7 @@ from .advantage import (
     reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
-from .kl import KL_ESTIMATORS, AdaptiveKLController, kl_penalty, kl_shaped_rewards, last_token_mask
+from .kl import K3_NAMES, KL_ESTIMATOR_NAMES, KL_ESTIMATORS, AdaptiveKLController, kl_penalty, kl_shaped_rewards, last_token_mask
 from .losses import (
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_AGG_MODES,
@@ -32,7 +32,15 @@ from .losses import (
 )
 from .lm_head import token_logprobs_from_hidden
 from .vocab_parallel import vocab_parallel_logprobs_from_hidden, vocab_parallel_token_logprobs
-from .masked import last_nonzero_index, masked_mean, masked_sum, masked_var, masked_whiten
+from .masked import (
+    last_nonzero_index,
+    masked_centered_square_sum,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    whiten_with_statistics,
+)
 from .normalizer import (
     NORMALIZERS,
     ExponentialMovingAverage,
@@ -51,6 +59,15 @@ from .preference import (
     pairwise_reward_loss,
     tokenwise_pairwise_reward_loss,
 )
+from .preference_registry import (
+    DATA_KINDS,
+    PREFERENCE_HYPERPARAMETERS,
+    PREFERENCE_LOSSES,
+    PreferenceInputs,
+    PreferenceLoss,
+    get_preference_loss,
+    preference_loss_table,
+)
 
 __all__ = [
     # masked
@@ -59,8 +76,12 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "masked_centered_square_sum",
+    "whiten_with_statistics",
     # kl
     "KL_ESTIMATORS",
+    "KL_ESTIMATOR_NAMES",
+    "K3_NAMES",
     "kl_penalty",
     "kl_shaped_rewards",
     "last_token_mask",
@@ -102,6 +123,13 @@ __all__ = [
     "kto_kl_reference_point",
     "kto_loss",
     "log1mexp",
+    "DATA_KINDS",
+    "PREFERENCE_HYPERPARAMETERS",
+    "PREFERENCE_LOSSES",
+    "PreferenceInputs",
+    "PreferenceLoss",
+    "get_preference_loss",
+    "preference_loss_table",
     # shaping
     "overlong_penalty",
     "truncated_completion_mask",

@@ -14,10 +14,17 @@ import paddle
 
 from .masked import _float_mask, _zero_outside, last_nonzero_index
 
-__all__ = ["AdaptiveKLController", "KL_ESTIMATORS", "kl_penalty", "kl_shaped_rewards", "last_token_mask"]
+__all__ = [
+    "AdaptiveKLController", "K3_NAMES", "KL_ESTIMATORS", "KL_ESTIMATOR_NAMES", "kl_penalty", "kl_shaped_rewards",
+    "last_token_mask",
+]
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 _KL_ALIASES = {"k1": "k1", "kl": "k1", "k2": "k2", "mse": "k2", "k3": "k3", "low_var_kl": "k3"}
+KL_ESTIMATOR_NAMES = tuple(_KL_ALIASES)
+"""Every name `kl_penalty` accepts: ours (k1, k2, k3) and verl's (kl, mse, low_var_kl)."""
+K3_NAMES = tuple(name for name, kind in _KL_ALIASES.items() if kind == "k3")
+"""The names of the k3 estimator, the only one a `clamp` applies to."""
 
 
 def _canonical_kl(kind):

@@ -128,6 +128,17 @@ def _head_grads(grad_h_parts, grad_w, weight, need_h, need_w):
     return grad_h, (grad_w if need_w else None), None
 
 
+def _counted_positions(hidden, labels, mask):
+    """`hidden` as `[M_all, H]`, `labels` as `[M_all]` int64, and the indices `[M]` of the
+    positions that count (label >= 0 and, with a mask, mask != 0)."""
+    flat_h = hidden.reshape([-1, hidden.shape[-1]])
+    flat_y = labels.reshape([-1]).astype("int64")
+    keep = flat_y >= 0
+    if mask is not None:
+        keep = paddle.logical_and(keep, mask.reshape([-1]) != 0)
+    return flat_h, flat_y, paddle.nonzero(keep).reshape([-1])
+
+
 def token_logprobs_from_hidden(
     hidden, lm_head_weight, labels, mask=None, temperature=1.0, chunk_size=1024, transpose_y=False, with_entropy=False,
     kernels=None,
@@ -158,13 +169,7 @@ def token_logprobs_from_hidden(
     and ``entropy_from_logits`` for the two quantities.
     """
     out_shape = list(labels.shape)
-    H = hidden.shape[-1]
-    flat_h = hidden.reshape([-1, H])
-    flat_y = labels.reshape([-1]).astype("int64")
-    keep = flat_y >= 0
-    if mask is not None:
-        keep = paddle.logical_and(keep, mask.reshape([-1]) != 0)
-    index = paddle.nonzero(keep).reshape([-1])
+    flat_h, flat_y, index = _counted_positions(hidden, labels, mask)
     total = flat_y.shape[0]
     if index.shape[0] == 0:  # nothing counts: zeros that still belong to the graph
         zero = paddle.zeros(out_shape, "float32") + paddle.sum(flat_h[:0]).astype("float32")

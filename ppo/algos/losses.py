@@ -96,19 +96,30 @@ def _detached(x):
     return x.detach()
 
 
+def _policy_log_ratio(logprobs, old_logprobs, m, importance_sampling_level):
+    """Log importance ratio `[B, T]` per token: `logp - old` clamped to [-20, 20], or (GSPO,
+    "sequence") each row's masked mean log-ratio, clamped to at most 10, carried by the
+    gradient of `logp - sg(logp)` (see `ppo_policy_loss`)."""
+    if importance_sampling_level == "sequence":
+        seq_log_ratio = masked_mean(logprobs - old_logprobs, m, axis=-1).detach().unsqueeze(-1)
+        return paddle.clip(logprobs - logprobs.detach() + seq_log_ratio, max=10.0)
+    return paddle.clip(logprobs - old_logprobs, min=-20.0, max=20.0)
+
+
+def _dual_clipped(clipped, advantages, dual_clip, m):
+    """Token losses `[B, T]` with the dual clip `min(L, -c * A)` where `A < 0` (none when
+    `dual_clip` is None) and the masked fraction of tokens it bounds."""
+    if dual_clip is None:
+        return clipped, paddle.zeros([], dtype=clipped.dtype)
+    pg3 = -advantages * dual_clip
+    neg = advantages < 0
+    token_loss = paddle.where(neg, paddle.minimum(clipped, pg3), clipped)
+    return token_loss, masked_mean(paddle.logical_and(neg, clipped > pg3).astype(clipped.dtype), m)
+
+
 def ppo_policy_loss(
-    logprobs,
-    old_logprobs,
-    advantages,
-    mask,
-    clip_range_ratio=0.2,
-    clip_range_ratio_low=None,
-    clip_range_ratio_high=None,
-    dual_clip=None,
-    loss_agg_mode="token-mean",
-    num_tokens=None,
-    num_seqs=None,
-    importance_sampling_level="token",
+    logprobs, old_logprobs, advantages, mask, clip_range_ratio=0.2, clip_range_ratio_low=None, clip_range_ratio_high=None,
+    dual_clip=None, loss_agg_mode="token-mean", num_tokens=None, num_seqs=None, importance_sampling_level="token",
     loss_scale_factor=None,
 ):
     """Clipped PPO surrogate loss with optional asymmetric (DAPO) and dual clip.
@@ -148,24 +159,12 @@ def ppo_policy_loss(
     m = _float_mask(mask, logprobs)
     old_logprobs = old_logprobs.detach().astype(logprobs.dtype)
     advantages = advantages.detach().astype(logprobs.dtype)
-    if importance_sampling_level == "sequence":
-        seq_log_ratio = masked_mean(logprobs - old_logprobs, m, axis=-1).detach().unsqueeze(-1)
-        log_ratio = paddle.clip(logprobs - logprobs.detach() + seq_log_ratio, max=10.0)
-    else:
-        log_ratio = paddle.clip(logprobs - old_logprobs, min=-20.0, max=20.0)
-    ratio = paddle.exp(log_ratio)
+    ratio = paddle.exp(_policy_log_ratio(logprobs, old_logprobs, m, importance_sampling_level))
     pg1 = -advantages * ratio
     pg2 = -advantages * paddle.clip(ratio, min=1.0 - low, max=1.0 + high)
     clipped = paddle.maximum(pg1, pg2)
     clipfrac = masked_mean((pg2 > pg1).astype(logprobs.dtype), m)
-    if dual_clip is not None:
-        pg3 = -advantages * dual_clip
-        neg = advantages < 0
-        token_loss = paddle.where(neg, paddle.minimum(clipped, pg3), clipped)
-        dual_frac = masked_mean(paddle.logical_and(neg, clipped > pg3).astype(logprobs.dtype), m)
-    else:
-        token_loss = clipped
-        dual_frac = paddle.zeros([], dtype=logprobs.dtype)
+    token_loss, dual_frac = _dual_clipped(clipped, advantages, dual_clip, m)
     loss = aggregate_loss(token_loss, m, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
                           loss_scale_factor=loss_scale_factor)
     diff = _zero_outside(logprobs - old_logprobs, m)

@@ -11,7 +11,10 @@ Conventions used throughout ``ppo.algos``:
 """
 import paddle
 
-__all__ = ["last_nonzero_index", "masked_mean", "masked_sum", "masked_var", "masked_whiten"]
+__all__ = [
+    "last_nonzero_index", "masked_centered_square_sum", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
+    "whiten_with_statistics",
+]
 
 
 def _float_mask(mask, x):
@@ -86,12 +89,31 @@ def masked_whiten(x, mask, shift_mean=True, eps=1e-8):
     unspecified; here they are zeroed).
     """
     m = _float_mask(mask, x)
-    mean = masked_mean(x, m)
-    var = masked_var(x, m, unbiased=True)
+    return whiten_with_statistics(x, m, masked_mean(x, m), masked_var(x, m, unbiased=True), shift_mean, eps)
+
+
+def whiten_with_statistics(x, mask, mean, var, shift_mean=True, eps=1e-8):
+    """``masked_whiten`` with given statistics (e.g. taken over several ranks' batches).
+
+    Formula: ``y = (x - mean) / sqrt(var + eps)`` (``+ mean`` with ``shift_mean=False``), 0
+    outside the mask. Shapes: ``x``, ``mask`` ``[B, T]``, ``mean``/``var`` scalars -> ``[B, T]``.
+    """
+    m = _float_mask(mask, x)
+    mean, var = (v if isinstance(v, paddle.Tensor) else paddle.to_tensor(v, dtype=x.dtype) for v in (mean, var))
     whitened = (x - mean) * paddle.rsqrt(var + eps)
     if not shift_mean:
         whitened = whitened + mean
     return _zero_outside(whitened, m)
+
+
+def masked_centered_square_sum(x, mask, mean):
+    """``sum_i mask_i * (x_i - mean)^2`` (scalar): one rank's part of a variance over ranks.
+
+    Shapes: ``x``, ``mask`` ``[B, T]``, ``mean`` scalar -> scalar.
+    """
+    m = _float_mask(mask, x)
+    centered = _zero_outside(x - mean, m)
+    return paddle.sum(centered * centered * m)
 
 
 def last_nonzero_index(mask):

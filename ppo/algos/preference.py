@@ -148,6 +148,14 @@ def _smoothed_sigmoid_loss(z, label_smoothing):
     return loss
 
 
+def _stack_pair(chosen, rejected):
+    """``[B, 2]`` from two ``[B]`` tensors (or lists); None when either is None."""
+    if chosen is None or rejected is None:
+        return None
+    as_tensor = lambda v: v if isinstance(v, paddle.Tensor) else paddle.to_tensor(v)  # noqa: E731
+    return paddle.stack([as_tensor(chosen), as_tensor(rejected)], axis=-1)
+
+
 def dpo_loss(
     policy_chosen_logps,
     policy_rejected_logps,
@@ -163,88 +171,34 @@ def dpo_loss(
     policy_chosen_nll=None,
     orpo_lambda=None,
 ):
-    """DPO-family preference loss on sequence log-probs.
+    """DPO-family preference loss on summed sequence log-probs ``[B]``: the registry entry
+    ``PREFERENCE_LOSSES[loss_type]`` (``ppo.algos.preference_registry``) on the pairs.
 
-    Inputs are summed log-probs ``[B]``. With ``h = (pi_c - pi_r) - (ref_c - ref_r)``
-    (``ref`` terms 0 when ``reference_free``):
-
-    * ``sigmoid`` (DPO; cDPO with ``label_smoothing = e``):
-      ``L = -(1 - e) log s(beta h) - e log s(-beta h)``;
-    * ``ipo``: ``L = (h - 1 / (2 beta))^2``; when lengths are given the four log-probs
-      are first divided by them (TRL averages log-probs for IPO);
-    * ``hinge`` (SLiC): ``L = relu(1 - beta h)``;
-    * ``simpo`` (no reference; ``a = logp / length``):
-      ``L = -(1-e) log s(beta (a_c - a_r) - gamma) - e log s(-(...))`` with
-      ``gamma = simpo_gamma``;
-    * ``orpo`` (no reference; ``a = logp / length``):
-      ``log_odds = (a_c - a_r) - (log(1 - exp(a_c)) - log(1 - exp(a_r)))``,
-      ``L = -lambda * log s(log_odds)`` plus ``policy_chosen_nll`` (the chosen-response
-      NLL, already averaged) when given; ``lambda = orpo_lambda`` or, if None, ``beta``
-      (TRL's ``ORPOConfig.beta`` is the paper's lambda). ``log(1 - exp(a))`` uses the
-      stable :func:`log1mexp` on ``min(a, -1e-6)``: TRL's ``log1p(-exp(a))`` is NaN in
-      float32 for ``a`` within ~6e-8 of 0, and ``a = 0`` (every token certain) would
-      give ``log 0``; the clamp keeps ``log(1 - p) >= -13.8`` and leaves the clamped
-      part without gradient.
-
-    Implicit rewards for the stats: ``beta * (pi - ref)`` for sigmoid/ipo/hinge,
-    ``beta * a`` for simpo/orpo. Stats: ``rewards/chosen``, ``rewards/rejected``,
-    ``rewards/accuracies`` (``chosen > rejected``), ``rewards/margins``; ``orpo`` adds
-    ``orpo/log_odds_ratio`` and ``orpo/nll_loss``.
-    Returns ``(mean loss over pairs, stats)``. Unknown ``loss_type`` raises ``ValueError``.
-    Source: Rafailov et al. 2023 (DPO); Azar et al. 2023 (IPO); Zhao et al. 2023 (SLiC);
-    Meng et al. 2024 (SimPO); Hong et al. 2024 (ORPO); TRL ``DPOTrainer.dpo_loss``,
-    ``CPOTrainer.cpo_loss`` (simpo) and ``ORPOTrainer.odds_ratio_loss``.
+    With ``h = (pi_c - pi_r) - (ref_c - ref_r)`` (``ref`` terms 0 when ``reference_free``):
+    ``sigmoid`` (DPO; cDPO with ``label_smoothing = e``): ``-(1 - e) log s(beta h) - e log s(-beta h)``;
+    ``ipo``: ``(h - 1 / (2 beta))^2`` (log-probs divided by the lengths when given);
+    ``hinge`` (SLiC): ``relu(1 - beta h)``; ``simpo`` (``a = logp / length``):
+    ``-log s(beta (a_c - a_r) - simpo_gamma)`` (smoothed like cDPO); ``orpo``: ``-lambda log s(log_odds)``
+    plus ``policy_chosen_nll`` (``lambda = orpo_lambda`` or ``beta``). Each formula in full sits
+    in the docstring of its function in ``ppo.algos.preference_pairs``.
+    Returns ``(mean loss over pairs, stats)`` with ``rewards/{chosen,rejected,accuracies,margins}``.
+    Unknown ``loss_type`` raises ``ValueError``.
+    Source: Rafailov et al. 2023; Azar et al. 2023; Zhao et al. 2023; Meng et al. 2024;
+    Hong et al. 2024; TRL ``DPOTrainer.dpo_loss``, ``CPOTrainer.cpo_loss``, ``ORPOTrainer.odds_ratio_loss``.
     """
     if loss_type not in DPO_LOSS_TYPES:
         raise ValueError(f"Unknown DPO loss_type {loss_type!r}; valid types: {list(DPO_LOSS_TYPES)}")
-    pc, pr = policy_chosen_logps, policy_rejected_logps
-    stats = {}
-    if loss_type in ("sigmoid", "ipo", "hinge"):
-        if reference_free:
-            rc = paddle.zeros_like(pc)
-            rr = paddle.zeros_like(pr)
-        else:
-            if ref_chosen_logps is None or ref_rejected_logps is None:
-                raise ValueError(f"loss_type {loss_type!r} needs reference log-probs unless reference_free=True")
-            rc, rr = ref_chosen_logps.detach(), ref_rejected_logps.detach()
-        if loss_type == "ipo" and chosen_lengths is not None and rejected_lengths is not None:
-            pc = _per_token(pc, chosen_lengths, "ipo")
-            rc = _per_token(rc, chosen_lengths, "ipo")
-            pr = _per_token(pr, rejected_lengths, "ipo")
-            rr = _per_token(rr, rejected_lengths, "ipo")
-        h = (pc - pr) - (rc - rr)
-        if loss_type == "sigmoid":
-            losses = _smoothed_sigmoid_loss(beta * h, label_smoothing)
-        elif loss_type == "ipo":
-            losses = (h - 1.0 / (2.0 * beta)) ** 2
-        else:
-            losses = F.relu(1.0 - beta * h)
-        chosen_rewards = beta * (pc - rc)
-        rejected_rewards = beta * (pr - rr)
-        loss = paddle.mean(losses)
-    else:
-        ac = _per_token(pc, chosen_lengths, loss_type)
-        ar = _per_token(pr, rejected_lengths, loss_type)
-        chosen_rewards = beta * ac
-        rejected_rewards = beta * ar
-        if loss_type == "simpo":
-            z = beta * (ac - ar) - simpo_gamma
-            loss = paddle.mean(_smoothed_sigmoid_loss(z, label_smoothing))
-        else:
-            lam = beta if orpo_lambda is None else orpo_lambda
-            # log(1 - p) with a stable log1mexp; mean log-probs above ORPO_MAX_MEAN_LOGP
-            # (p > 0.999999, e.g. exactly 0) are clamped there, so log(1 - p) >= -13.8
-            # and loss and gradient stay finite (the clamped part gets no gradient).
-            ac_c = paddle.clip(ac, max=ORPO_MAX_MEAN_LOGP)
-            ar_c = paddle.clip(ar, max=ORPO_MAX_MEAN_LOGP)
-            log_odds = (ac - ar) - (log1mexp(ac_c) - log1mexp(ar_c))
-            loss = -lam * paddle.mean(F.log_sigmoid(log_odds))
-            stats["orpo/log_odds_ratio"] = paddle.mean(log_odds).detach()
-            if policy_chosen_nll is not None:
-                loss = loss + policy_chosen_nll
-                stats["orpo/nll_loss"] = policy_chosen_nll.detach()
-    stats.update(_dpo_stats(chosen_rewards, rejected_rewards))
-    return loss, stats
+    from .preference_registry import PREFERENCE_LOSSES, PreferenceInputs
+
+    inputs = PreferenceInputs(
+        _stack_pair(policy_chosen_logps, policy_rejected_logps),
+        reference=_stack_pair(ref_chosen_logps, ref_rejected_logps),
+        lengths=_stack_pair(chosen_lengths, rejected_lengths),
+        nll=policy_chosen_nll,
+    )
+    hp = dict(beta=beta, label_smoothing=label_smoothing, simpo_gamma=simpo_gamma, reference_free=reference_free,
+              orpo_lambda=orpo_lambda)
+    return PREFERENCE_LOSSES[loss_type](inputs, hp)
 
 
 def kto_kl_reference_point(policy_kl_logps, ref_kl_logps):
@@ -317,46 +271,28 @@ def pair_loss(
     loss_type="kto_pair",
     dpop_lambda=50.0,
 ):
-    """PaddleNLP's reference-based pair losses on summed sequence log-probs ``[B]``.
+    """PaddleNLP's reference-based pair losses on summed sequence log-probs ``[B]``: the
+    registry entry ``PREFERENCE_LOSSES[loss_type]`` on the pairs.
 
-    With ``a = pi_c - ref_c``, ``b = pi_r - ref_r`` (chosen / rejected log-ratios) and
-    ``h = a - b``; ``s`` = sigmoid:
-
-    * ``kto_pair`` (HALOs eq. 7): ``K_c = max(0, mean(a))``, ``K_r = max(0, mean(b))``;
-      the 2B terms ``1 - s(beta (a_i - K_r))`` and ``1 - s(beta (K_c - b_i))`` are
-      averaged (each half's KL point comes from the other half, not detached);
-    * ``sppo_hard`` (SPPO with hard win probability 1/0):
-      ``L_i = (a_i - 1/(2 beta))^2 + (b_i + 1/(2 beta))^2``;
-    * ``nca_pair`` (NCA): ``L_i = -log s(beta a_i) - 0.5 log s(-beta a_i) - 0.5 log s(-beta b_i)``;
-    * ``dpop`` (DPO-Positive / Smaug):
-      ``L_i = -log s(beta (h_i - lambda max(0, ref_c - pi_c)))`` with ``lambda = dpop_lambda``.
-
-    Returns ``(mean loss, stats)`` with ``rewards/{chosen,rejected,accuracies,margins}``
-    from the implicit rewards ``beta a``, ``beta b``. Reference log-probs are detached.
-    Unknown ``loss_type`` raises ``ValueError``.
-    Hand check (B=1, beta=1, a=0, b=0): kto_pair 0.5; sppo_hard 0.5; nca_pair
-    2 log 2; dpop (lambda=1, pi_c - ref_c = -1, pi_r = ref_r) ``-log s(-2)``.
-    Source: PaddleNLP ``paddlenlp/trl/dpo_criterion.py::DPOCriterion.dpo_loss``;
-    Ethayarajh et al. 2024 (KTO/HALOs); Wu et al. 2024 (SPPO); Chen et al. 2024 (NCA);
-    Pal et al. 2024 (DPO-Positive).
+    With ``a = pi_c - ref_c``, ``b = pi_r - ref_r``, ``h = a - b``, ``s`` = sigmoid:
+    ``kto_pair``: ``K_c = max(0, mean a)``, ``K_r = max(0, mean b)``, mean of the 2B terms
+    ``1 - s(beta (a_i - K_r))`` and ``1 - s(beta (K_c - b_i))``; ``sppo_hard``:
+    ``(a_i - 1/(2 beta))^2 + (b_i + 1/(2 beta))^2``; ``nca_pair``:
+    ``-log s(beta a_i) - 0.5 log s(-beta a_i) - 0.5 log s(-beta b_i)``; ``dpop``:
+    ``-log s(beta (h_i - lambda max(0, ref_c - pi_c)))``, ``lambda = dpop_lambda``.
+    Returns ``(mean loss, stats)`` with ``rewards/{chosen,rejected,accuracies,margins}`` from
+    ``beta a``, ``beta b``. Unknown ``loss_type`` raises ``ValueError``.
+    Hand check (B=1, beta=1, a=0, b=0): kto_pair 0.5; sppo_hard 0.5; nca_pair 2 log 2.
+    Source: PaddleNLP ``paddlenlp/trl/dpo_criterion.py::DPOCriterion.dpo_loss``.
     """
     if loss_type not in PAIR_LOSS_TYPES:
         raise ValueError(f"Unknown pair loss_type {loss_type!r}; valid types: {list(PAIR_LOSS_TYPES)}")
-    rc, rr = ref_chosen_logps.detach(), ref_rejected_logps.detach()
-    a = policy_chosen_logps - rc
-    b = policy_rejected_logps - rr
-    if loss_type == "kto_pair":
-        chosen_kl = paddle.clip(paddle.mean(a), min=0.0)
-        rejected_kl = paddle.clip(paddle.mean(b), min=0.0)
-        losses = paddle.concat([1.0 - F.sigmoid(beta * (a - rejected_kl)), 1.0 - F.sigmoid(beta * (chosen_kl - b))], axis=0)
-    elif loss_type == "sppo_hard":
-        losses = (a - 0.5 / beta) ** 2 + (b + 0.5 / beta) ** 2
-    elif loss_type == "nca_pair":
-        losses = -F.log_sigmoid(beta * a) - 0.5 * F.log_sigmoid(-beta * a) - 0.5 * F.log_sigmoid(-beta * b)
-    else:
-        positive_reg = paddle.clip(rc - policy_chosen_logps, min=0.0)
-        losses = -F.log_sigmoid(beta * ((a - b) - dpop_lambda * positive_reg))
-    return paddle.mean(losses), _dpo_stats(beta * a, beta * b)
+    from .preference_registry import PREFERENCE_LOSSES, PreferenceInputs
+
+    inputs = PreferenceInputs(
+        _stack_pair(policy_chosen_logps, policy_rejected_logps), reference=_stack_pair(ref_chosen_logps, ref_rejected_logps)
+    )
+    return PREFERENCE_LOSSES[loss_type](inputs, dict(beta=beta, dpop_lambda=dpop_lambda))
 
 
 __all__ += ["PAIR_LOSS_TYPES", "pair_loss"]

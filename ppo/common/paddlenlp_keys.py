@@ -13,7 +13,7 @@ dataclasses are read as they are; the rest fall in one of these groups:
 - `UNSUPPORTED`: PaddleNLP features with no implementation here; refused with one
   line on what the key does in PaddleNLP.
 
-README's "Coming from PaddleNLP" section is checked against this table.
+docs/paddlenlp.md is checked against this table.
 """
 import os
 
@@ -53,7 +53,11 @@ RENAMED = {
     "dataset_name_or_path": (
         "train_datasets", _sft_train, "a directory with train.json (and dev.json) of src/tgt lines, read as Jsonfile"
     ),
-    "src_length": ("max_prompt_len", _same, "longest prompt in tokens; longer prompts keep their last tokens"),
+    "src_length": ("truncate_prompt_len", _same, "longest prompt in tokens; longer prompts keep their last tokens"),
+    "max_prompt_len": (
+        "truncate_prompt_len", _same, "DPO: longest prompt in tokens; longer prompts keep their last tokens (PPO/GRPO's "
+        "own max_prompt_len drops them)",
+    ),
     "lora": ("use_lora", _same, "train a LoRA adapter"),
 }
 

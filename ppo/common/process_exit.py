@@ -1,18 +1,54 @@
-"""How an entry point's process ends after a multi-process run."""
+"""How an entry point's process ends: argument and data errors as one message, exit code 2;
+after a multi-process run, without the C++ teardown that can abort a finished rank."""
 import atexit
 import logging
 import os
 import sys
 
+from .run_guard import RunInterrupted
+
+USAGE_ERROR_EXIT_CODE = 2  # argparse's and the shell's "wrong usage" status
+
+
+def usage_error_types():
+    """The errors that mean "the arguments or the data are wrong" (no traceback helps there)."""
+    from ..data.base import DataError, UnknownDatasetError
+    from .argument_problems import ArgumentError
+
+    return ArgumentError, DataError, UnknownDatasetError
+
+
+def exit_on_usage_error(error):
+    """Print `error` as one message on stderr (no traceback) and exit with status 2."""
+    program = os.path.basename(sys.argv[0] or "run")
+    sys.stdout.flush()
+    sys.stderr.write(f"{program}: error: {error}\n")
+    sys.stderr.flush()
+    raise SystemExit(USAGE_ERROR_EXIT_CODE)
+
 
 def run_and_exit(main):
-    """Run an entry point's `main()`. In a multi-process run every rank then waits for the
-    others (a barrier) and leaves after the interpreter's exit handlers (files, loggers) but
-    without the C++ teardown of Paddle's gloo groups and stores: their destruction order across
-    processes can abort a rank after the run has finished and written everything (SIGABRT: exit
-    status 250 from `paddle.distributed.launch`, no traceback). An exception in `main` propagates
-    as usual."""
-    main()
+    """Run an entry point's `main()`. An argument or data error (`usage_error_types`) ends the
+    process with its message on stderr and exit status 2, without a traceback; any other
+    exception propagates with its traceback. RunInterrupted (a run that saved on SIGTERM /
+    SIGINT) prints its message and exits with its code (128 + the signal number).
+
+    In a multi-process run every rank then waits for the others (a barrier) and leaves after the
+    interpreter's exit handlers (files, loggers) but without the C++ teardown of Paddle's gloo
+    groups and stores: their destruction order across processes can abort a rank after the run
+    has finished and written everything (SIGABRT: exit status 250 from
+    `paddle.distributed.launch`, no traceback)."""
+    try:
+        main()
+    except RunInterrupted as stop:  # saved on SIGTERM / SIGINT: one line, no traceback
+        atexit._run_exitfuncs()  # the output_dir lock, open files
+        logging.shutdown()
+        print(f"error: {stop}", file=sys.stderr, flush=True)
+        os._exit(stop.exit_code)
+    except Exception as error:  # noqa: BLE001 - re-raised unless it is a usage error
+        if isinstance(error, usage_error_types()):
+            exit_on_usage_error(error)
+        raise
     import paddle.distributed as dist
 
     if dist.is_initialized() and dist.get_world_size() > 1:

@@ -1,12 +1,18 @@
 """Train / save / evaluate / summarise for the `Trainer`-based entry points (SFT, RM, DPO)."""
+import json
 import logging
 import os
 
 from ..checkpoint import clear_previous_run, last_complete_trainer_checkpoint
 from ..models.pipeline import save_pipeline_merged
 from .divergence import DivergenceError
+from .resume_check import check_model_checkpoint
 from .tracking import interval_weighted_mean
-from .trainer_callbacks import CheckpointRotationCallback, DivergenceCallback, TrackerCallback, rename_trainer_logs
+from .trainer_resume import saved_global_step
+from .run_guard import RunInterrupted, interrupted_message, stop_requests
+from .trainer_callbacks import (
+    CheckpointRotationCallback, DivergenceCallback, StopOnSignalCallback, TrackerCallback, rename_trainer_logs,
+)
 
 logger = logging.getLogger("ppo")
 
@@ -33,10 +39,63 @@ def _barrier():
         dist.barrier()
 
 
+def raise_interrupted(trainer, tracker_cb, request, step, output_dir):
+    """After a run stopped on a signal (its checkpoint saved): write `summary.json`, raise RunInterrupted."""
+    tracker_cb.tracker.finish(global_step=trainer.state.global_step, interrupted=request.signal_name)
+    raise RunInterrupted(interrupted_message(request, step, os.path.join(output_dir, f"checkpoint-{step}")), request.signum)
+
+
+def finished_summary(args, checkpoint):
+    """The `summary.json` of a run in `output_dir` that already trained to `max_steps` (its newest
+    checkpoint at that step, its final model and summary written); None otherwise."""
+    path = os.path.join(args.output_dir, "summary.json")
+    if checkpoint is None or args.max_steps <= 0 or saved_global_step(checkpoint) < args.max_steps or not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        summary = json.load(f)
+    if summary.get("global_step", 0) < args.max_steps or "interrupted" in summary or summary.get("diverged"):
+        return None
+    return summary
+
+
+def train_or_resume(trainer, args, tracker_cb, guard, checkpoint):
+    """`trainer.train`, resuming from `checkpoint`; returns the train metrics. A checkpoint already
+    at `max_steps` (a run that stopped before its final save) is loaded without training (the
+    Trainer would train one step more). Raises RunInterrupted after a SIGTERM / SIGINT save and
+    DivergenceError when the divergence guard stopped the run."""
+    tracker_cb.resuming = checkpoint is not None
+    if checkpoint is not None and 0 < args.max_steps <= saved_global_step(checkpoint):
+        logger.warning(f"{checkpoint} is already at max_steps={args.max_steps}: loading it without training")
+        trainer._load_from_checkpoint(checkpoint)
+        trainer.state.global_step = saved_global_step(checkpoint)
+        return {}
+    with stop_requests() as request:  # SIGTERM / SIGINT: save at the end of the step, then stop
+        stopper = StopOnSignalCallback(request)
+        trainer.add_callback(stopper)
+        result = trainer.train(resume_from_checkpoint=checkpoint)
+    if stopper.stopped_at is not None:
+        raise_interrupted(trainer, tracker_cb, request, stopper.stopped_at, args.output_dir)
+    train_metrics = dict(result.metrics)
+    if checkpoint is not None and tracker_cb.tracker.enabled:  # the Trainer averages the resumed part only
+        whole_run = interval_weighted_mean(tracker_cb.tracker.metrics_path, tracker_cb.loss_name)
+        if whole_run is not None:
+            train_metrics["train_loss"] = whole_run
+    if guard.diverged and args.stop_on_divergence:
+        kept = last_complete_trainer_checkpoint(args.output_dir, need_optimizer=not args.ignore_save_lr_and_optim)
+        tracker_cb.tracker.finish(
+            train=rename_trainer_logs(train_metrics, tracker_cb.loss_name), global_step=trainer.state.global_step,
+            diverged=guard.diverged,
+        )
+        where = f"the last good checkpoint is {kept}" if kept else "no checkpoint was saved before it"
+        raise DivergenceError(f"stopped: {'; '.join(guard.diverged)}; {where} (stop_on_divergence=False lets the run go on)")
+    return train_metrics
+
+
 def finish_trainer_run(trainer, args, tokenizer):
     """Train (resuming when a complete checkpoint exists; a fresh run with `overwrite_output_dir`
     first removes the old run's checkpoints), save model and tokenizer, run a final evaluation
-    when there is eval data, and write `summary.json`. Returns the summary.
+    when there is eval data, and write `summary.json`. Returns the summary. A run that already
+    finished in `output_dir` is left as it is (its summary returned, nothing retrained).
 
     When the divergence guard stopped the run (`stop_on_divergence`), nothing is saved over
     the last checkpoint: `summary.json` names the divergence and DivergenceError is raised."""
@@ -45,28 +104,21 @@ def finish_trainer_run(trainer, args, tokenizer):
     trainer.add_callback(guard)
     trainer.add_callback(CheckpointRotationCallback())
     train_metrics = {}
+    if not args.do_train:
+        logger.warning("do_train is false: this run only evaluates (do_eval); nothing is trained or saved")
     if args.do_train:
         checkpoint = last_checkpoint(args)
+        if checkpoint is not None:  # another model's checkpoint is refused before anything loads
+            check_model_checkpoint(checkpoint, trainer.model)
+        done = finished_summary(args, checkpoint)
+        if done is not None:
+            logger.warning(f"{args.output_dir} holds a finished run (step {done['global_step']} of max_steps="
+                           f"{args.max_steps}): nothing to train; overwrite_output_dir true starts afresh")
+            return done
         if args.overwrite_output_dir and not args.resume_from_checkpoint and trainer.is_world_process_zero():
             clear_previous_run(args.output_dir)
         _barrier()
-        tracker_cb.resuming = checkpoint is not None
-        result = trainer.train(resume_from_checkpoint=checkpoint)
-        train_metrics = dict(result.metrics)
-        if checkpoint is not None and tracker_cb.tracker.enabled:  # the Trainer averages the resumed part only
-            whole_run = interval_weighted_mean(tracker_cb.tracker.metrics_path, tracker_cb.loss_name)
-            if whole_run is not None:
-                train_metrics["train_loss"] = whole_run
-        if guard.diverged and args.stop_on_divergence:
-            kept = last_complete_trainer_checkpoint(args.output_dir, need_optimizer=not args.ignore_save_lr_and_optim)
-            tracker_cb.tracker.finish(
-                train=rename_trainer_logs(train_metrics, tracker_cb.loss_name), global_step=trainer.state.global_step,
-                diverged=guard.diverged,
-            )
-            where = f"the last good checkpoint is {kept}" if kept else "no checkpoint was saved before it"
-            raise DivergenceError(
-                f"stopped: {'; '.join(guard.diverged)}; {where} (stop_on_divergence=False lets the run go on)"
-            )
+        train_metrics = train_or_resume(trainer, args, tracker_cb, guard, checkpoint)
         if args.pipeline_parallel_degree > 1:  # one plain checkpoint from the stages, loadable on one process
             save_pipeline_merged(trainer.model, args.output_dir)
         else:

@@ -10,16 +10,16 @@ import math
 import os
 import time
 
+from .jsonl_trace import append_rows, read_rows, write_rows
+
 
 def keep_rows_up_to(path, step):
     """Drop the rows of the JSON-lines file `path` whose `step` is after `step` (a resumed
     run logs them again); a file that does not exist is left alone. Returns the kept count."""
     if not os.path.exists(path):
         return 0
-    with open(path) as f:
-        kept = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= step]
-    with open(path, "w") as f:
-        f.writelines(kept)
+    kept = [row for row in read_rows(path) if row.get("step", 0) <= step]
+    write_rows(path, kept)
     return len(kept)
 
 
@@ -27,15 +27,11 @@ def interval_weighted_mean(path, name):
     """Mean of `name` over all steps, from the JSON-lines file `path` whose rows each hold the
     average since the previous row (as Trainer logs do): sum(v_i * (step_i - step_{i-1})) / last step.
     None when no row has `name`."""
-    if not os.path.exists(path):
-        return None
     total, prev = 0.0, 0
-    with open(path) as f:
-        for line in f:
-            row = json.loads(line) if line.strip() else {}
-            if name in row and row["step"] > prev:
-                total += row[name] * (row["step"] - prev)
-                prev = row["step"]
+    for row in read_rows(path, repair=False):
+        if name in row and row["step"] > prev:
+            total += row[name] * (row["step"] - prev)
+            prev = row["step"]
     return total / prev if prev else None
 
 
@@ -76,12 +72,9 @@ class RunTracker:
         self.writer = ReportWriters(report_to, logging_dir or os.path.join(output_dir, "visualdl"), run_name)
 
     def _reload(self):
-        """On resume, keep earlier lines and recover final/best values from them."""
-        with open(self.metrics_path) as f:
-            for line in f:
-                if line.strip():
-                    record = json.loads(line)
-                    self._remember({k: v for k, v in record.items() if k != "step"})
+        """On resume, keep earlier lines (a torn last line is cut off) and recover final/best values."""
+        for record in read_rows(self.metrics_path):
+            self._remember({k: v for k, v in record.items() if k != "step"})
 
     def truncate_after(self, step):
         """Drop lines logged after `step` (a resumed run repeats them)."""
@@ -106,8 +99,7 @@ class RunTracker:
             record[name] = value if isinstance(value, (str, bool)) else to_float(value)
         if not self.enabled:
             return record
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_rows(self.metrics_path, [record])
         self._remember({k: v for k, v in record.items() if k != "step"})
         if self.writer is not None:
             self.writer.write(record, step)

@@ -12,7 +12,7 @@ from paddlenlp.trainer import TrainerCallback
 
 from ..checkpoint import rotate_checkpoints
 from .divergence import DivergenceDetector
-from .tracking import RunTracker
+from .tracking import RunTracker, interval_weighted_mean
 
 logger = logging.getLogger("ppo")
 
@@ -60,7 +60,11 @@ class TrackerCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.tracker is None:
             self.on_train_begin(args, state, control)
-        metrics = rename_trainer_logs(logs or {}, self.loss_name)
+        logs = logs or {}
+        if self.resuming and "train_loss" in logs and self.tracker.enabled:  # the Trainer averages the resumed part only
+            whole_run = interval_weighted_mean(self.tracker.metrics_path, self.loss_name)
+            logs = dict(logs, train_loss=whole_run) if whole_run is not None else logs
+        metrics = rename_trainer_logs(logs, self.loss_name)
         if metrics:
             self.tracker.log(metrics, step=state.global_step)
 
@@ -122,3 +126,18 @@ class DivergenceCallback(TrainerCallback):
         logs = logs or {}
         if "loss" in logs:
             self._judge(state.global_step, {self.loss_name: logs["loss"]}, control)
+
+
+class StopOnSignalCallback(TrainerCallback):
+    """Honour a SIGTERM / SIGINT (`ppo.common.run_guard.StopRequest`) at the end of the step it
+    arrived in: the Trainer saves a checkpoint there and stops; `stopped_at` holds that step."""
+
+    def __init__(self, request):
+        self.request = request
+        self.stopped_at = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.request.should_stop(args.world_size):
+            control.should_save = True
+            control.should_training_stop = True
+            self.stopped_at = state.global_step

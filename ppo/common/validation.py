@@ -1,9 +1,12 @@
 """Start-up checks of parsed arguments, run by every entry point before any model is loaded.
 
-`check_sizes` refuses sizes and counts that would otherwise fail deep inside a run
+Each check returns a list of problems (empty when fine); an entry point's
+`validate_arguments` (in its argument module) joins them, and `parse_arguments` reports
+them with the unknown keys and bad values in one message.
+
+`size_problems` refuses sizes and counts that would otherwise fail deep inside a run
 (`ZeroDivisionError`, Paddle shape errors) or, worse, let it finish without
-training (`per_device_train_batch_size -1` gives no mini-batches). It names every
-bad argument at once.
+training (`per_device_train_batch_size -1` gives no mini-batches).
 
 `check_model_dir` checks a model directory the way `from_pretrained` would read
 it, but with errors that name the argument and the path: the directory exists
@@ -31,6 +34,7 @@ MIN_VALUES = {
     "max_gen_batches": 1,
     "max_nan_skips": 0,
     "max_prompt_len": 1,
+    "truncate_prompt_len": 1,
     "max_length": 1,
     "eval_max_new_tokens": 0,
     "eval_long_answer_len": 0,
@@ -51,8 +55,8 @@ SHARD_INDEX_FILES = ("model_state.pdparams.index.json", "model.safetensors.index
 LORA_WEIGHT_FILE = "lora_model_state.pdparams"
 
 
-def check_sizes(*arg_objects):
-    """Raise one ValueError naming every size/count argument below its minimum."""
+def size_problems(*arg_objects):
+    """One problem per size/count argument of `arg_objects` below its minimum."""
     problems = []
     for args in arg_objects:
         for name, minimum in MIN_VALUES.items():
@@ -65,8 +69,7 @@ def check_sizes(*arg_objects):
             value = getattr(args, name, None)
             if value is not None and not value > bound:
                 problems.append(f"{name}={value!r} (must be > {bound:g})")
-    if problems:
-        raise ValueError("invalid argument(s): " + "; ".join(problems))
+    return problems
 
 
 def looks_local(path):
@@ -192,20 +195,68 @@ def check_model_dir(arg_name, path, need_score_head=False, _adapters=()):
         )
 
 
-def validate_run(arg_objects, model_dirs=(), score_model_dirs=()):
-    """The start-up checks of one entry point: sizes of every argument object, the packages its
-    `report_to` needs (`report_packages` of the arguments' class, PaddleNLP's Trainer integrations
-    by default), then each `(argument name, path)` in `model_dirs` and (score head required)
-    `score_model_dirs`."""
-    from .report_writers import TRAINER_PACKAGES, missing_report_packages
+def model_dir_problems(model_dirs=(), score_model_dirs=()):
+    """One problem per `(argument name, path)` that is no loadable model directory; the paths
+    of `score_model_dirs` must hold a score model."""
+    problems = []
+    for pairs, need_score_head in ((model_dirs, False), (score_model_dirs, True)):
+        for name, path in pairs:
+            try:
+                check_model_dir(name, path, need_score_head=need_score_head)
+            except ValueError as err:
+                problems.append(str(err))
+    return problems
 
-    check_sizes(*arg_objects)
-    for args in arg_objects:
-        if getattr(args, "report_to", None):
-            problems = missing_report_packages(args.report_to, getattr(args, "report_packages", TRAINER_PACKAGES))
-            if problems:
-                raise ValueError("; ".join(problems))
-    for name, path in model_dirs:
-        check_model_dir(name, path)
-    for name, path in score_model_dirs:
-        check_model_dir(name, path, need_score_head=True)
+
+def required_problems(args, names, why=""):
+    """One problem per argument of `names` that `args` leaves empty."""
+    return [f"{name} is required{why}" for name in names if not getattr(args, name, None)]
+
+
+def same_directory(a, b):
+    return bool(a) and bool(b) and os.path.realpath(a) == os.path.realpath(b)
+
+
+def output_dir_problems(output_dir, input_dirs):
+    """A problem when `output_dir` is one of the input model directories `(argument name,
+    path)`: saving there would replace the model the run starts from."""
+    return [
+        f"output_dir={output_dir} is the input model directory of {name}: the run would overwrite that model; "
+        "choose another output_dir"
+        for name, path in input_dirs if same_directory(output_dir, path)
+    ]
+
+
+def dtype_device_problems(training_args):
+    """bf16/fp16 training on a Paddle build without a GPU (or other accelerator) is refused,
+    naming the dtype and the device: the CPU kernels fail after the models load."""
+    import paddle
+
+    dtype = "bf16" if getattr(training_args, "bf16", False) else "fp16" if getattr(training_args, "fp16", False) else None
+    if dtype is None:
+        return []
+    accelerated = paddle.is_compiled_with_cuda() or paddle.is_compiled_with_xpu() or bool(paddle.device.get_all_custom_device_type())
+    if accelerated:
+        return []
+    return [f"{dtype} true: this Paddle build runs on the CPU only (device {paddle.device.get_device()}), which has no "
+            f"{dtype} training kernels; set {dtype} false to train in float32"]
+
+
+def pipeline_problems(training_args, use_lora=False):
+    """Refusals of a `pipeline_parallel_degree > 1` run, each naming the argument to change."""
+    degree = getattr(training_args, "pipeline_parallel_degree", 1)
+    if degree <= 1:
+        return []
+    from paddlenlp.trainer.trainer_utils import split_parallel_config
+
+    problems = []
+    if use_lora:
+        problems.append(f"use_lora with pipeline_parallel_degree {degree}: LoRA layers on pipeline stages are not "
+                        "implemented here; set use_lora false or use tensor_parallel_degree")
+    if "disable_p2p_cache_shape" not in split_parallel_config(training_args.pipeline_parallel_config):
+        problems.append(
+            f"pipeline_parallel_degree {degree}: batches here are padded to their longest row, so the activations sent "
+            "between stages change shape from one micro-batch to the next; add disable_p2p_cache_shape to "
+            f"pipeline_parallel_config (now {training_args.pipeline_parallel_config!r})"
+        )
+    return problems

@@ -3,8 +3,10 @@ kinds and their collators (PaddleNLP `llm/alignment/ppo/data` / safe-rlhf shape)
 
 Importing this package registers the built-in raw datasets: `PKU-SafeRLHF/train`
 (aliases `PKU-SafeRLHF`, `safe-rlhf`), `PKU-SafeRLHF/test`, `PKU-SafeRLHF/safety`,
-`PKU-SafeRLHF/safety/test`, `alpaca`, `Jsonfile`, `json`, `paddlenlp-dpo` (PaddleNLP's DPO format) and TRL's
-formats `trl-preference`, `trl-messages`, `trl-prompt` (`trl_formats`); all read local files. A dataset name that is a path to a .json/.jsonl file (`ppo-kk/train.jsonl`)
+`PKU-SafeRLHF/safety/test`, `alpaca`, `Jsonfile`, `json`, `paddlenlp-dpo` (PaddleNLP's DPO format),
+`paddlenlp-ranked`, `paddlenlp-unpaired` and `trl-unpaired` (`feedback_formats.py`), and TRL's formats
+`trl-preference`, `trl-messages`, `trl-prompt` (`trl_formats.py`); all read local
+files. A dataset name that is a path to a .json/.jsonl file (`ppo-kk/train.jsonl`)
 reads that file as `Jsonfile`, as PaddleNLP's `train_datasets` does.
 """
 from .base import (
@@ -48,10 +50,26 @@ from .supervised import SupervisedCollator, SupervisedDataset
 from .preference import PreferenceCollator, PreferenceDataset
 from .safety_preference import SafetyPreferenceCollator, SafetyPreferenceDataset
 from .prompt_only import PromptOnlyCollator, PromptOnlyDataset
+from .feedback_formats import PaddleNLPRankedDataset, PaddleNLPUnpairedDataset, TRLUnpairedDataset
+from .answer_sets import (
+    PREFERENCE_DATASETS,
+    AnswerSetCollator,
+    RankedPreferenceDataset,
+    RejectedOnlyDataset,
+    UnpairedPreferenceDataset,
+)
 from .demo import DEMO_TEMPLATE, demo_dataset_specs
 from .trl_formats import TRLMessagesDataset, TRLPreferenceDataset, TRLPromptDataset
 
 __all__ = [
+    "PREFERENCE_DATASETS",
+    "AnswerSetCollator",
+    "RankedPreferenceDataset",
+    "RejectedOnlyDataset",
+    "UnpairedPreferenceDataset",
+    "PaddleNLPRankedDataset",
+    "PaddleNLPUnpairedDataset",
+    "TRLUnpairedDataset",
     "PaddleNLPPreferenceDataset",
     "DEFAULT_TEMPLATE",
     "DEMO_TEMPLATE",

@@ -121,7 +121,9 @@ class RawSample(TypedDict, total=False):
     - `SupervisedDataset`: `input` (or `dialogue`), `answer`;
     - `PreferenceDataset`: `input`, `answer`, `other_answer`, `better`;
     - `SafetyPreferenceDataset`: `input`, `answer`, `other_answer`, `safer`, `is_safe`, `is_other_safe`;
-    - `PromptOnlyDataset`: `input` (`label` is passed on to the reward server).
+    - `PromptOnlyDataset`: `input` (`label` is passed on to the reward server);
+    - `RankedPreferenceDataset`: `input`, `answers`, `answer_scores`; `UnpairedPreferenceDataset`:
+      `input`, `answer`, `desirable` (`ppo/data/answer_sets.py`).
 
     Multi-turn: `input` is the list of user turns and `dialogue` the alternating
     user/assistant turns ending with the final user turn (odd length); the answer
@@ -146,6 +148,12 @@ class RawSample(TypedDict, total=False):
     """Whether `other_answer` is safe."""
     label: NotRequired[Optional[str]]
     """A reference answer (e.g. the `tgt` a rule-based reward server checks against)."""
+    answers: NotRequired[List[str]]
+    """k >= 2 answers to the same prompt (ranked preference data, with `answer_scores`)."""
+    answer_scores: NotRequired[List[float]]
+    """One score per entry of `answers`; higher is better."""
+    desirable: NotRequired[bool]
+    """Whether `answer` is desirable (unpaired binary feedback, e.g. KTO's thumbs up / down)."""
 
 
 def sample_conversation(sample: RawSample) -> Tuple[str, List[Tuple[str, str]]]:
@@ -606,7 +614,11 @@ class TokenizedDataset(Dataset):
 
     def _log_stats(self) -> None:
         parts = ", ".join(f"{k}={v}" for k, v in self.stats.items())
-        _logger().info(f"{type(self).__name__}: {parts} (max_length={self.max_length})")
+        message = f"{type(self).__name__}: {parts} (max_length={self.max_length})"
+        if self.stats.get("dropped_empty_answer"):  # data that is probably broken: say so louder
+            _logger().warning(f"{message}: {self.stats['dropped_empty_answer']} samples had an empty answer and were dropped")
+        else:
+            _logger().info(message)
 
     def format_sample_prompt(self, sample: RawSample) -> Tuple[str, str]:
         """`(prompt_text, final_user_turn)` for a raw sample (a rendered conversational sample

@@ -21,14 +21,17 @@ class PreferenceDataset(PromptTruncationMixin, TokenizedDataset):
     answer is cut to fit `max_length` (`truncated_answers` counts answers; a cut
     answer loses its EOS). A pair whose two sequences are identical after
     tokenisation/truncation carries no preference and is dropped
-    (`dropped_identical_pair`).
+    (`dropped_identical_pair`). A pair whose better answer is empty (or only whitespace)
+    would teach the model to answer nothing and is dropped (`dropped_empty_answer`, logged as
+    a warning); no pair left is an error. An empty worse answer is kept: "an empty answer is
+    worse" is a preference worth learning.
 
     Constructor: `PreferenceDataset(datasets, tokenizer, max_length=512,
     prompt_template=DEFAULT_TEMPLATE, use_chat_template=False, seed=42)`.
     """
 
     REQUIRED_FIELDS = ("answer", "other_answer", "better")
-    STAT_KEYS = ("dropped_prompt_too_long", "truncated_answers", "dropped_identical_pair")
+    STAT_KEYS = ("dropped_prompt_too_long", "truncated_answers", "dropped_identical_pair", "dropped_empty_answer")
 
     def order_answers(self, raw_sample: RawSample) -> Tuple[str, str, dict]:
         """`(better_answer, worse_answer, extra_item_fields)`."""
@@ -37,6 +40,9 @@ class PreferenceDataset(PromptTruncationMixin, TokenizedDataset):
 
     def preprocess(self, raw_sample: RawSample) -> Optional[dict]:
         better, worse, extra = self.order_answers(raw_sample)
+        if not better.strip():
+            self._count("dropped_empty_answer")
+            return None
         prompt, _ = self.format_sample_prompt(raw_sample)
         prompt_ids = self.cut_prompt(self.tokenize_prompt(prompt), self.truncate_prompt_to)
         item = {}

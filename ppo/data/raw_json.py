@@ -3,18 +3,20 @@
 Record fields: `input` (string, or list of user turns) and/or `dialogue`
 (alternating user/assistant turns ending with a user turn), optional `answer`,
 `other_answer`, `label` (strings) and `better`, `safer`, `is_safe`,
-`is_other_safe` (booleans). Other fields are ignored (logged once).
+`is_other_safe`, `desirable` (booleans); a ranked record gives `answers` (k >= 2 strings)
+with `answer_scores` (k numbers, higher = better). Other fields are ignored (logged once).
 """
 from __future__ import annotations
 
 from .base import RawSample, _logger
+from .feedback_formats import ranked_fields
 from .readers import LocalFileDataset, Record
 
 __all__ = ["RawJsonDataset"]
 
 STR_FIELDS = ("answer", "other_answer", "label")
-BOOL_FIELDS = ("better", "safer", "is_safe", "is_other_safe")
-KNOWN_FIELDS = {"input", "dialogue", *STR_FIELDS, *BOOL_FIELDS}
+BOOL_FIELDS = ("better", "safer", "is_safe", "is_other_safe", "desirable")
+KNOWN_FIELDS = {"input", "dialogue", "answers", "answer_scores", *STR_FIELDS, *BOOL_FIELDS}
 
 
 class RawJsonDataset(LocalFileDataset):
@@ -61,4 +63,6 @@ class RawJsonDataset(LocalFileDataset):
             value = record.get_bool(field, required=False)
             if value is not None:
                 sample[field] = value
+        if record.has("answers") or record.has("answer_scores"):
+            sample["answers"], sample["answer_scores"] = ranked_fields(record, "answers", "answer_scores")
         return sample

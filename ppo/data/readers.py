@@ -141,11 +141,19 @@ def read_records(path: str, split: str = "train") -> Iterator[Record]:
 
 
 def _read_text(path: str) -> str:
+    """The UTF-8 text of `path`; a leading byte-order mark (as some editors write) is dropped,
+    and a byte that is not UTF-8 is reported by line and column."""
+    with open(path, "rb") as f:
+        raw = f.read()
     try:
-        with open(path, "r", encoding="utf-8") as f:
-            return f.read()
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise DataError(f"not UTF-8 text ({e.reason} at byte {e.start})", path=path) from None
+        line = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DataError(
+            f"not UTF-8 text: byte 0x{raw[e.start]:02x} at column {column} ({e.reason}); save the file as UTF-8",
+            path=path, line=line,
+        ) from None
 
 
 def _as_record(obj: Any, path: str, line: int, unit: str = "line") -> Record:

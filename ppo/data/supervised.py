@@ -19,15 +19,20 @@ class SupervisedDataset(PromptTruncationMixin, TokenizedDataset):
     `>= max_length` tokens is dropped (`dropped_prompt_too_long`); otherwise the
     answer is cut so the sequence has at most `max_length` tokens
     (`truncated_answer`); a cut answer loses its EOS (EOS stays last only if it fits).
+    A sample whose answer is empty (or only whitespace) teaches nothing but EOS and is
+    dropped (`dropped_empty_answer`, logged as a warning; no sample left is an error).
 
     Constructor: `SupervisedDataset(datasets, tokenizer, max_length=512,
     prompt_template=DEFAULT_TEMPLATE, use_chat_template=False, seed=42)`.
     """
 
     REQUIRED_FIELDS = ("answer",)
-    STAT_KEYS = ("dropped_prompt_too_long", "truncated_answer")
+    STAT_KEYS = ("dropped_prompt_too_long", "truncated_answer", "dropped_empty_answer")
 
     def preprocess(self, raw_sample: RawSample) -> Optional[dict]:
+        if not raw_sample["answer"].strip():
+            self._count("dropped_empty_answer")
+            return None
         prompt, _ = self.format_sample_prompt(raw_sample)
         prompt_ids = self.cut_prompt(self.tokenize_prompt(prompt), self.truncate_prompt_to)
         answer_ids = self.tokenize_answer(raw_sample["answer"])
@@ -42,7 +47,13 @@ class SupervisedDataset(PromptTruncationMixin, TokenizedDataset):
             "labels": np.asarray([IGNORE_INDEX] * len(prompt_ids) + fitted, dtype="int64"),  # [L]
         }
 
-    def get_collator(self, return_tensors: str = "pd") -> "SupervisedCollator":
+    def get_collator(self, return_tensors: str = "pd", packed_length: Optional[int] = None):
+        """`SupervisedCollator`, or with `packed_length` a `PackedSupervisedCollator` packing each
+        batch into rows of at most that many tokens (`zero_padding`)."""
+        if packed_length:
+            from .packing import PackedSupervisedCollator
+
+            return PackedSupervisedCollator(self._pad_token_id(), packed_length, return_tensors)
         return SupervisedCollator(self._pad_token_id(), return_tensors)
 
 

@@ -118,16 +118,8 @@ def _shifted(labels, mask):
 
 
 def causal_lm_token_logprobs(
-    model,
-    input_ids,
-    attention_mask,
-    labels,
-    mask=None,
-    position_ids=None,
-    temperature=1.0,
-    chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE,
-    with_entropy=False,
-    first_counted=1,
+    model, input_ids, attention_mask, labels, mask=None, position_ids=None, temperature=1.0, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE,
+    with_entropy=False, first_counted=1,
 ):
     """Log-prob (and entropy) of each counted token given the tokens before it.
 
@@ -174,6 +166,15 @@ def causal_lm_token_logprobs(
 
         packed = _forward_through_head(model, head_fn, input_ids, attention_mask, position_ids)
         return packed[:, :-1, 0], (packed[:, :-1, 1] if with_entropy else None)
+    return _full_logits_logprobs(
+        model, input_ids, attention_mask, position_ids, shifted_labels, shifted_mask, temperature, with_entropy, first_counted
+    )
+
+
+def _full_logits_logprobs(model, input_ids, attention_mask, position_ids, shifted_labels, shifted_mask, temperature,
+                          with_entropy, first_counted):
+    """`causal_lm_token_logprobs` from full `[N, T, V]` logits, normalised from output column
+    `first_counted - 1` on (the columns before it are 0); labels and mask already shifted."""
     start = max(first_counted, 1) - 1  # first output column that can count
     logits = causal_lm_logits(model, input_ids, attention_mask, position_ids)[:, start:-1]
     targets = shifted_labels[:, start:-1]
@@ -214,9 +215,12 @@ def _vocab_parallel_logprobs(model, split_head, input_ids, attention_mask, label
     return packed[:, :-1, 0], (packed[:, :-1, 1] if with_entropy else None)
 
 
-def answer_nll(model, input_ids, attention_mask, labels, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE):
+def answer_nll(model, input_ids, attention_mask, labels, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE, position_ids=None):
     """Token-mean negative log-likelihood of the answer tokens (`labels [N, T]`, -100 off the
     answer; position t predicts token t + 1) and the token log-probs `[N, T-1]`: the SFT loss
-    and PPO's ptx loss."""
-    logprobs, _ = causal_lm_token_logprobs(model, input_ids, attention_mask, labels, chunk_size=chunk_size)
+    and PPO's ptx loss. `position_ids` (default: from a `[N, T]` mask) must be given with a
+    4-D mask (packed rows, `ppo.data.packing`)."""
+    logprobs, _ = causal_lm_token_logprobs(
+        model, input_ids, attention_mask, labels, position_ids=position_ids, chunk_size=chunk_size
+    )
     return -masked_mean(logprobs, labels[:, 1:] >= 0), logprobs

@@ -27,6 +27,7 @@ import os
 import paddle
 import paddle.distributed as dist
 
+from ..common.step_tokens import step_token_scale
 from ..algos import masked_mean, token_logprobs
 from .causal_lm import position_ids_from_mask
 
@@ -127,10 +128,11 @@ class CausalLMPipelineInputs:
 
     first_stage_keys = ("input_ids", "attention_mask")
 
-    def __init__(self, accumulate_steps):
+    def __init__(self, accumulate_steps, dataset_world_size=1):
         if accumulate_steps < 1:
             raise ValueError(f"accumulate_steps must be >= 1, got {accumulate_steps}")
         self.accumulate_steps = accumulate_steps
+        self.dataset_world_size = dataset_world_size
 
     def first_stage(self, batch):
         mask = batch["attention_mask"]
@@ -164,7 +166,18 @@ class CausalLMPipelineInputs:
         width = max(int(b["input_ids"].shape[1]) for b in inputs)
         inputs = [self.right_pad(b, width) for b in inputs]
         firsts = [self.first_stage(b) for b in inputs]
-        return [tuple(list(column) for column in zip(*firsts)), [self.last_stage(b) for b in inputs]]
+        return [tuple(list(column) for column in zip(*firsts)), [self.training_labels(b) for b in inputs]]
+
+    def training_labels(self, batch):
+        """The last stage's labels of a training micro-batch; `[labels, weight]` when the batch
+        carries its optimiser step's token count (`ppo.common.step_tokens`): the weight makes
+        the schedule's mean over micro-batches, averaged over data ranks, the token mean of the
+        whole step, as the plain SFT loss computes it."""
+        scale = step_token_scale(batch, self.accumulate_steps, self.dataset_world_size)
+        if scale is None:
+            return self.last_stage(batch)
+        labels = self.last_stage(batch)
+        return [labels, paddle.full([int(labels.shape[0]), 1], scale, dtype="float32")]
 
     def evaluation_batches(self, batch):
         rows = int(batch["input_ids"].shape[0])
@@ -294,25 +307,13 @@ def save_pipeline_merged(model, path):
     logger.info(f"pipeline stages merged into {path} ({len(state)} tensors, {plain_class_name})")
 
 
-def check_pipeline_run(training_args, use_lora=False):
-    """Start-up refusals of a `pipeline_parallel_degree > 1` run of the `Trainer` entry points,
-    each naming the argument to change; a `logprob_chunk_size` (SFT) is logged as unused."""
-    from paddlenlp.trainer.trainer_utils import split_parallel_config
-
+def log_pipeline_settings(training_args):
+    """Log once at start what a `pipeline_parallel_degree > 1` run of the `Trainer` entry points
+    does not use (`logprob_chunk_size`). Its refusals are checked with the other arguments
+    (`ppo.common.validation.pipeline_problems`)."""
     degree = training_args.pipeline_parallel_degree
     if getattr(training_args, "logprob_chunk_size", 0):
         logger.warning(
             f"logprob_chunk_size={training_args.logprob_chunk_size} is not used with pipeline_parallel_degree {degree}: "
             "the last stage's LM head computes full [micro-batch, seq, vocab] logits for the loss"
-        )
-    if use_lora:
-        raise ValueError(
-            f"use_lora with pipeline_parallel_degree {degree}: LoRA layers on pipeline stages are not implemented here; "
-            "set use_lora false or use tensor_parallel_degree"
-        )
-    if "disable_p2p_cache_shape" not in split_parallel_config(training_args.pipeline_parallel_config):
-        raise ValueError(
-            f"pipeline_parallel_degree {degree}: batches here are padded to their longest row, so the activations sent "
-            "between stages change shape from one micro-batch to the next; add disable_p2p_cache_shape to "
-            f"pipeline_parallel_config (now {training_args.pipeline_parallel_config!r})"
         )

@@ -56,10 +56,8 @@ def build_ppo_models(model_args, use_critic, dtype="float32", pipeline=False, **
 
     reference = load_reference(actor, actor_path, model_args.reference_model_name_or_path, dtype, **extra)
 
-    reward = None
+    reward = None  # the model paths were checked at start (ppo.ppo_argument_checks.model_path_problems)
     if not (model_args.use_rm_server or model_args.use_rule_reward):
-        if not model_args.reward_model_name_or_path:
-            raise ValueError("reward_model_name_or_path is required unless use_rm_server or use_rule_reward is set")
         reward = freeze(set_dropout_off(load_merged_score_model(model_args.reward_model_name_or_path, dtype=dtype, **extra)))
 
     critic = None
@@ -104,14 +102,10 @@ def build_ppo_pipes(model_args, use_critic, dtype="float32", **extra):
     reference = freeze(set_dropout_off(load_pipe(model_args.reference_model_name_or_path or actor_path, None, None, dtype=dtype, **extra)))
     reward = None
     if not (model_args.use_rm_server or model_args.use_rule_reward):
-        if not model_args.reward_model_name_or_path:
-            raise ValueError("reward_model_name_or_path is required unless use_rm_server or use_rule_reward is set")
         reward = freeze(set_dropout_off(load_plain_score_pipe(model_args.reward_model_name_or_path, dtype=dtype, **extra)))
     critic = None
     if use_critic:
         critic_path = model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path
-        if not critic_path:
-            raise ValueError("the gae estimator needs a critic: set reward_critic_model_name_or_path or reward_model_name_or_path")
         critic = set_dropout_off(load_plain_score_pipe(
             critic_path, dtype=dtype, score_type="critic", do_normalize=False, normalizer_type=None, **extra
         ))

@@ -41,6 +41,32 @@ logger = logging.getLogger("ppo.rollout")
 _U_MAX = 1.0 - 2.0 ** -20  # uniforms are drawn in [0, _U_MAX] so u * total < total in float32
 
 
+EVAL_MODES = ("", "single", "tensor_parallel")
+"""Generation layouts of a tensor-parallel model (PaddleNLP's `eval_mode`); see `RolloutEngine`."""
+
+
+def prompt_presence(input_ids, attention_mask, vocab_size):
+    """`[B, V]` uint8: 1 where token v occurs among row b's real prompt tokens (the
+    repetition penalty's starting set)."""
+    B = input_ids.shape[0]
+    presence = paddle.zeros([B * vocab_size], dtype="int32")
+    flat = (paddle.arange(B, dtype="int64").unsqueeze(1) * vocab_size + input_ids).reshape([-1])
+    real = paddle.nonzero(attention_mask.reshape([-1]) > 0).reshape([-1])
+    if real.shape[0] > 0:
+        idx = paddle.gather(flat, real)
+        presence = paddle.scatter(presence, idx, paddle.ones(idx.shape, dtype="int32"), overwrite=True)
+    return presence.reshape([B, vocab_size]).astype("uint8")
+
+
+def step_uniforms(draw, steps, rows, place):
+    """`[steps, rows]` float32 uniforms in [0, _U_MAX], one per sampled token: columns
+    `[row_offset, row_offset + rows)` of the `[steps, total_rows]` draw from `seed`
+    (`draw = (seed, row_offset, total_rows)`, see `RolloutEngine.generate`)."""
+    seed, offset, total = draw
+    u = np.random.default_rng(seed).random((steps, total), dtype=np.float32)[:, offset : offset + rows]
+    return paddle.to_tensor(np.minimum(np.ascontiguousarray(u), np.float32(_U_MAX)), place=place)
+
+
 class RolloutEngine:
     """Fast generation for PPO / GRPO / evaluation.
 
@@ -71,8 +97,8 @@ class RolloutEngine:
 
     def __init__(self, model, eos_token_id, pad_token_id, use_fusemt=True, use_custom_ops=True, fuse_gate_up=None,
                  tokenizer=None, compact_ratio=0.5, decode_layout="auto", keep_buffers=True, eval_mode=""):
-        if eval_mode not in ("", "single", "tensor_parallel"):
-            raise ValueError(f"eval_mode must be '', 'single' or 'tensor_parallel', got {eval_mode!r}")
+        if eval_mode not in EVAL_MODES:  # the run's arguments are checked at start (ppo/ppo_arguments.py); a guard for code callers
+            raise ValueError(f"eval_mode must be one of {EVAL_MODES}, got {eval_mode!r}")
         self.sharded = eval_mode == "tensor_parallel"
         self.model = model
         self.eos_token_id = int(eos_token_id)
@@ -93,11 +119,19 @@ class RolloutEngine:
         return self.ops.name if self.use_fusemt else "paddlenlp_generate"
 
     # ------------------------------------------------------------------ public API
-    def generate(self, input_ids, attention_mask=None, params=None, seed=None):
+    def generate(self, input_ids, attention_mask=None, params=None, seed=None, row_offset=0, total_rows=None):
         """Generate responses for left-padded prompts; see RolloutOutput for what comes back.
 
         input_ids [B, Tp] int64 LEFT-padded; attention_mask [B, Tp] (1 = real token; default
-        input_ids != pad); seed makes sampling reproducible (None: fresh entropy)."""
+        input_ids != pad); seed makes sampling reproducible (None: fresh entropy).
+        `row_offset` / `total_rows`: these B rows are rows `[row_offset, row_offset + B)` of a
+        global batch of `total_rows` (default B) split over data-parallel ranks: the engine
+        draws the uniforms of the whole global batch from `seed` and keeps its rows' columns, so
+        a row samples the same tokens whichever rank generates it (PaddleNLP's `generate`,
+        `use_fusemt false`, draws from Paddle's global generator instead)."""
+        total_rows = input_ids.shape[0] if total_rows is None else total_rows
+        if not 0 <= row_offset <= total_rows - input_ids.shape[0]:
+            raise ValueError(f"rows [{row_offset}, {row_offset + input_ids.shape[0]}) do not fit a batch of {total_rows}")
         params = params or SamplingParams()
         lm = unwrap_model(self.model)
         place = _decoder(lm).embed_tokens.weight.place
@@ -127,7 +161,8 @@ class RolloutEngine:
         try:
             with paddle.no_grad():
                 if self.use_fusemt:
-                    return self._generate_engine(lm, input_ids, attention_mask, params, seed, stop_ids, stop_seqs)
+                    return self._generate_engine(lm, input_ids, attention_mask, params, (seed, row_offset, total_rows),
+                                                 stop_ids, stop_seqs)
                 return self._generate_paddlenlp(lm, input_ids, attention_mask, params, seed, stop_ids, stop_seqs)
         finally:
             if was_training:
@@ -243,7 +278,8 @@ class RolloutEngine:
         """Drop the KV-cache and packed-weight buffers kept between calls (keep_buffers)."""
         self._buffers.clear()
 
-    def _generate_engine(self, lm, input_ids, attention_mask, p, seed, stop_ids, stop_seqs):
+    def _generate_engine(self, lm, input_ids, attention_mask, p, draw, stop_ids, stop_seqs):
+        """`draw`: `(seed, row_offset, total_rows)` of the uniforms (see `generate`)."""
         t_start = time.perf_counter()
         ops = self.ops
         layout = self._layout(lm, input_ids.place)
@@ -257,13 +293,7 @@ class RolloutEngine:
         place = input_ids.place
         cos, sin = rotary_tables(W, Tp + N, dtype)
         k_cache, v_cache = self._kv_buffers(len(W.layers), B, W.num_kv_heads, W.head_dim, Tp + N, dtype)
-        cache = {
-            "k": k_cache,
-            "v": v_cache,
-            "cos": cos,
-            "sin": sin,
-            "scale": 1.0 / math.sqrt(W.head_dim),
-        }
+        cache = {"k": k_cache, "v": v_cache, "cos": cos, "sin": sin, "scale": 1.0 / math.sqrt(W.head_dim)}
         key_mask = attention_mask.astype("int32")
         pos_prefill = (paddle.cumsum(attention_mask, axis=1) - 1).clip(min=0)
         pos = attention_mask.sum(axis=1) - 1  # position id of each row's latest token
@@ -273,23 +303,8 @@ class RolloutEngine:
         out_logprobs = paddle.zeros([B, N], dtype="float32")
         lengths = paddle.zeros([B], dtype="int64")
         use_penalty = p.repetition_penalty != 1.0
-        V = W.vocab_size
-        if use_penalty:
-            presence = paddle.zeros([B * V], dtype="int32")
-            flat = (paddle.arange(B, dtype="int64").unsqueeze(1) * V + input_ids).reshape([-1])
-            real = paddle.nonzero(attention_mask.reshape([-1]) > 0).reshape([-1])
-            if real.shape[0] > 0:
-                idx = paddle.gather(flat, real)
-                presence = paddle.scatter(presence, idx, paddle.ones(idx.shape, dtype="int32"), overwrite=True)
-            presence = presence.reshape([B, V]).astype("uint8")
-        else:
-            presence = paddle.zeros([1, 1], dtype="uint8")
-        if p.do_sample:
-            rng = np.random.default_rng(seed)
-            u = np.minimum(rng.random((N, B), dtype=np.float32), np.float32(_U_MAX))
-            uniforms = paddle.to_tensor(u, place=place)
-        else:
-            uniforms = paddle.zeros([N, B], dtype="float32")
+        presence = prompt_presence(input_ids, attention_mask, W.vocab_size) if use_penalty else paddle.zeros([1, 1], "uint8")
+        uniforms = step_uniforms(draw, N, B, place) if p.do_sample else paddle.zeros([N, B], dtype="float32")
         flat_seqs = [t for s in stop_seqs for t in s]
         seq_lens = [len(s) for s in stop_seqs]
 

@@ -182,6 +182,104 @@ def _check_config(cfg):
         raise NotImplementedError("RolloutEngine: sliding-window attention is not supported; use use_fusemt=False")
 
 
+class _Packer:
+    """Casts to `compute_dtype` and packs projection weights into fused matrices: `[in, sum out]`
+    ("rows") or, with `cols`, `[sum out, in]` written by `pack_transposed` into buffers kept in
+    `workspace` (dict or None) under their call order."""
+
+    def __init__(self, compute_dtype, cols, pack_transposed, workspace):
+        self.compute_dtype, self.cols, self.pack_transposed, self.workspace = compute_dtype, cols, pack_transposed, workspace
+        self.calls = 0
+
+    def cast(self, t):
+        if t is None:
+            return None
+        if str(t.dtype).replace("paddle.", "") != self.compute_dtype:
+            return t.astype(self.compute_dtype)
+        return t
+
+    def buffer(self, shape, dtype):
+        key = self.calls
+        self.calls += 1
+        if self.workspace is None:
+            return paddle.empty(shape, dtype=dtype)
+        buf = self.workspace.get(key)
+        if buf is None or list(buf.shape) != list(shape) or buf.dtype != dtype:
+            buf = paddle.empty(shape, dtype=dtype)
+            self.workspace[key] = buf
+        return buf
+
+    def pack(self, ws):
+        ws = [self.cast(w) for w in ws]
+        if self.cols:
+            dst = self.buffer([sum(int(w.shape[1]) for w in ws), int(ws[0].shape[0])], ws[0].dtype)
+            return self.pack_transposed(dst, ws)
+        return ws[0] if len(ws) == 1 else paddle.concat(ws, axis=1)
+
+
+def _sharded_heads(cfg, lm, dec, tp, nh, nkv, cols):
+    """With `tp.sharded` (tensor-parallel slices kept): `(TensorParallelShard, heads per rank,
+    kv heads per rank)`; else `(None, nh, nkv)`."""
+    if not tp.sharded:
+        return None, nh, nkv
+    if cols:
+        raise ValueError("sharded tensor-parallel weights use the 'rows' layout")
+    degree = int(cfg.tensor_parallel_degree)
+    if nh % degree or nkv % degree:
+        raise ValueError(f"eval_mode tensor_parallel: {nh} heads / {nkv} kv heads do not split over {degree} ranks")
+    emb_w = dec.embed_tokens.weight
+    embed_sharded = bool(getattr(emb_w, "is_distributed", False))
+    vocab_start = int(cfg.tensor_parallel_rank) * int(emb_w.shape[0]) if embed_sharded else 0
+    shard = TensorParallelShard(tp.group, degree, vocab_start, embed_sharded,
+                                bool(getattr(lm.lm_head.weight, "is_distributed", False)))
+    return shard, nh // degree, nkv // degree
+
+
+def _layer_weights(layer, tp, packer, fuse_gate_up):
+    """One decoder layer's `LayerWeights` (fused q/k/v, gate/up fused unless kept apart)."""
+    attn, mlp, pack = layer.self_attn, layer.mlp, packer.pack
+    if hasattr(attn, "qkv_proj"):
+        qkv = pack([tp.weight(attn.qkv_proj, effective_weight(attn.qkv_proj))])  # slices: whole kv-head groups
+        qkv_bias = packer.cast(tp.bias(attn.qkv_proj))
+        layout_id = 1
+    else:
+        qkv = pack([tp.weight(lin, effective_weight(lin)) for lin in (attn.q_proj, attn.k_proj, attn.v_proj)])
+        bs = [tp.bias(attn.q_proj), tp.bias(attn.k_proj), tp.bias(attn.v_proj)]
+        qkv_bias = packer.cast(paddle.concat(bs)) if bs[0] is not None else None
+        layout_id = 0
+    if hasattr(mlp, "gate_up_fused_proj"):
+        gate_up, gate, up = pack([tp.weight(mlp.gate_up_fused_proj, effective_weight(mlp.gate_up_fused_proj), fused_parts=2)]), None, None
+    elif fuse_gate_up or packer.cols:
+        gate_up, gate, up = pack([tp.weight(lin, effective_weight(lin)) for lin in (mlp.gate_proj, mlp.up_proj)]), None, None
+    else:
+        gate_up, gate, up = (None, pack([tp.weight(mlp.gate_proj, effective_weight(mlp.gate_proj))]),
+                             pack([tp.weight(mlp.up_proj, effective_weight(mlp.up_proj))]))
+    if _bias(mlp.down_proj) is not None or _bias(attn.o_proj) is not None:
+        raise NotImplementedError("RolloutEngine: o_proj / MLP biases are not supported")
+    return LayerWeights(
+        ln_attn=packer.cast(layer.input_layernorm.weight), qkv=qkv, qkv_bias=qkv_bias, qkv_layout=layout_id,
+        o=pack([tp.weight(attn.o_proj, effective_weight(attn.o_proj))]),
+        ln_mlp=packer.cast(layer.post_attention_layernorm.weight), gate_up=gate_up, gate=gate, up=up,
+        down=pack([tp.weight(mlp.down_proj, effective_weight(mlp.down_proj))]),
+    )
+
+
+def _lm_head_weights(lm, tp, packer, shard):
+    """`(LM head weight, whether it is [V, H], vocabulary size)` (the whole vocabulary's size
+    when each rank keeps a slice of a sharded head)."""
+    head = lm.lm_head
+    transposed = bool(getattr(head, "transpose_y", False))
+    if _bias(head) is not None:
+        raise NotImplementedError("RolloutEngine: lm_head bias is not supported")
+    lm_w = packer.cast(tp.weight(head, effective_weight(head), transpose_y=transposed))
+    vocab = int(lm_w.shape[0] if transposed else lm_w.shape[1])
+    if shard is not None and shard.head_sharded:
+        vocab *= shard.degree
+    if packer.cols and not transposed:
+        lm_w, transposed = packer.pack([lm_w]), True
+    return lm_w, transposed, vocab
+
+
 def extract_weights(model, fuse_gate_up=False, compute_dtype=None, layout="rows", pack_transposed=None,
                     workspace=None, sharded=False):
     """Collect the weights for one generate() call (see module docstring). layout "cols" needs
@@ -201,111 +299,18 @@ def extract_weights(model, fuse_gate_up=False, compute_dtype=None, layout="rows"
     nh = cfg.num_attention_heads
     nkv = getattr(cfg, "num_key_value_heads", None) or nh
     hd = cfg.hidden_size // nh
-    shard = None
-    if tp.sharded:
-        if cols:
-            raise ValueError("sharded tensor-parallel weights use the 'rows' layout")
-        degree = int(cfg.tensor_parallel_degree)
-        if nh % degree or nkv % degree:
-            raise ValueError(f"eval_mode tensor_parallel: {nh} heads / {nkv} kv heads do not split over {degree} ranks")
-        nh, nkv = nh // degree, nkv // degree
-        emb_w = dec.embed_tokens.weight
-        embed_sharded = bool(getattr(emb_w, "is_distributed", False))
-        vocab_start = int(cfg.tensor_parallel_rank) * int(emb_w.shape[0]) if embed_sharded else 0
-        shard = TensorParallelShard(tp.group, degree, vocab_start, embed_sharded,
-                                    bool(getattr(lm.lm_head.weight, "is_distributed", False)))
-    eps = float(cfg.rms_norm_eps)
+    shard, nh, nkv = _sharded_heads(cfg, lm, dec, tp, nh, nkv, cols)
     embed = tp.weight(dec.embed_tokens)
     if compute_dtype is None:
         compute_dtype = "float32" if embed.place.is_cpu_place() else str(embed.dtype).replace("paddle.", "")
-
-    def cast(t):
-        if t is None:
-            return None
-        if str(t.dtype).replace("paddle.", "") != compute_dtype:
-            return t.astype(compute_dtype)
-        return t
-
-    counter = [0]
-
-    def buffer(shape, dtype):
-        key = counter[0]
-        counter[0] += 1
-        if workspace is None:
-            return paddle.empty(shape, dtype=dtype)
-        buf = workspace.get(key)
-        if buf is None or list(buf.shape) != list(shape) or buf.dtype != dtype:
-            buf = paddle.empty(shape, dtype=dtype)
-            workspace[key] = buf
-        return buf
-
-    def pack(ws):  # fused [in, sum out] ("rows") or [sum out, in] ("cols")
-        ws = [cast(w) for w in ws]
-        if cols:
-            dst = buffer([sum(int(w.shape[1]) for w in ws), int(ws[0].shape[0])], ws[0].dtype)
-            return pack_transposed(dst, ws)
-        return ws[0] if len(ws) == 1 else paddle.concat(ws, axis=1)
-
-    layers = []
-    for layer in dec.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        if hasattr(attn, "qkv_proj"):
-            qkv = pack([tp.weight(attn.qkv_proj, effective_weight(attn.qkv_proj))])  # slices: whole kv-head groups
-            qkv_bias = cast(tp.bias(attn.qkv_proj))
-            layout_id = 1
-        else:
-            qkv = pack([tp.weight(lin, effective_weight(lin)) for lin in (attn.q_proj, attn.k_proj, attn.v_proj)])
-            bs = [tp.bias(attn.q_proj), tp.bias(attn.k_proj), tp.bias(attn.v_proj)]
-            qkv_bias = cast(paddle.concat(bs)) if bs[0] is not None else None
-            layout_id = 0
-        if hasattr(mlp, "gate_up_fused_proj"):
-            gate_up, gate, up = pack([tp.weight(mlp.gate_up_fused_proj, effective_weight(mlp.gate_up_fused_proj), fused_parts=2)]), None, None
-        elif fuse_gate_up or cols:
-            gate_up, gate, up = pack([tp.weight(lin, effective_weight(lin)) for lin in (mlp.gate_proj, mlp.up_proj)]), None, None
-        else:
-            gate_up, gate, up = (None, pack([tp.weight(mlp.gate_proj, effective_weight(mlp.gate_proj))]),
-                                 pack([tp.weight(mlp.up_proj, effective_weight(mlp.up_proj))]))
-        if _bias(mlp.down_proj) is not None or _bias(attn.o_proj) is not None:
-            raise NotImplementedError("RolloutEngine: o_proj / MLP biases are not supported")
-        layers.append(
-            LayerWeights(
-                ln_attn=cast(layer.input_layernorm.weight),
-                qkv=qkv,
-                qkv_bias=qkv_bias,
-                qkv_layout=layout_id,
-                o=pack([tp.weight(attn.o_proj, effective_weight(attn.o_proj))]),
-                ln_mlp=cast(layer.post_attention_layernorm.weight),
-                gate_up=gate_up,
-                gate=gate,
-                up=up,
-                down=pack([tp.weight(mlp.down_proj, effective_weight(mlp.down_proj))]),
-            )
-        )
-    head = lm.lm_head
-    transposed = bool(getattr(head, "transpose_y", False))
-    if _bias(head) is not None:
-        raise NotImplementedError("RolloutEngine: lm_head bias is not supported")
-    lm_w = cast(tp.weight(head, effective_weight(head), transpose_y=transposed))
-    vocab = int(lm_w.shape[0] if transposed else lm_w.shape[1])
-    if shard is not None and shard.head_sharded:
-        vocab *= shard.degree
-    if cols and not transposed:
-        lm_w, transposed = pack([lm_w]), True
+    packer = _Packer(compute_dtype, cols, pack_transposed, workspace)
+    layers = [_layer_weights(layer, tp, packer, fuse_gate_up) for layer in dec.layers]
+    lm_w, transposed, vocab = _lm_head_weights(lm, tp, packer, shard)
     return ModelWeights(
-        embed=cast(embed),
-        layers=layers,
-        norm=cast(dec.norm.weight),
-        lm_head=lm_w,
-        lm_head_transposed=transposed,
-        eps=eps,
-        num_heads=nh,
-        num_kv_heads=nkv,
-        head_dim=hd,
-        vocab_size=vocab,
-        rotary=getattr(dec.layers[0].self_attn, "rotary_emb", None),
-        dtype=compute_dtype,
-        transposed=cols,
-        shard=shard,
+        embed=packer.cast(embed), layers=layers, norm=packer.cast(dec.norm.weight), lm_head=lm_w,
+        lm_head_transposed=transposed, eps=float(cfg.rms_norm_eps), num_heads=nh, num_kv_heads=nkv, head_dim=hd,
+        vocab_size=vocab, rotary=getattr(dec.layers[0].self_attn, "rotary_emb", None), dtype=compute_dtype,
+        transposed=cols, shard=shard,
     )
 
 

@@ -18,7 +18,9 @@ unless noted):
 - `preference_eval.jsonl`: the same schema on held-out strings;
 - `prompts.jsonl`: RL prompts with the correct `tgt`;
 - `test.jsonl`: held-out prompts with the correct `tgt`, strings in no train split;
-- `kk.jsonl`: a few Knights-and-Knaves records in PaddleNLP's ppo-kk format.
+- `kk.jsonl`: a few Knights-and-Knaves records in PaddleNLP's ppo-kk format;
+- `ranked*.jsonl`, `unpaired*.jsonl`: the preference strings as ranked lists and as
+  unpaired feedback (`ppo/tiny/feedback_data.py`).
 
 CLI: `python -m ppo.tiny.demo_data --output_dir data/reverse`
 """
@@ -190,6 +192,9 @@ def generate(
         "test.jsonl": [{"src": [reverse_prompt(s)], "tgt": [correct_answer(s)]} for s in test],
         "kk.jsonl": KK_RECORDS,
     }
+    from .feedback_data import feedback_splits
+
+    splits.update(feedback_splits(pref, pref_eval, seed))
     for name, records in splits.items():
         write_jsonl(os.path.join(output_dir, name), records)
     meta = {"seed": seed, "flaw_prob": flaw_prob, "degenerate_frac": degenerate_frac, "swap_frac": swap_frac}

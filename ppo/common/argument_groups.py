@@ -1,14 +1,21 @@
-"""Argument groups shared by several entry points (each entry point subclasses them).
+"""Argument groups shared by several entry points (each entry point's module subclasses them).
 
-Defaults live here and in the entry points' dataclasses only; every field has a help.
+Defaults live here and in the entry points' argument modules only; every field has a help
+and is declared once. Each group checks its own fields in `__post_init__` inside a
+`problem_scope`, so every problem of an instance is reported together (see
+`argument_problems`).
 """
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
+
+from paddlenlp.trainer import TrainingArguments
 
 from ..models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE
 from ..models.loading import DEFAULT_LORA_TARGETS
+from .argument_problems import PADDLENLP_REFUSALS, paddlenlp_refusal, problem_scope, report_problems
 
 RECOMPUTE_GRANULARITIES = ("full", "full_attn", "core_attn")
+DEFAULT_EVAL_MAX_NEW_TOKENS = 32
 BEAVER_TEMPLATE = "BEGINNING OF CONVERSATION: USER: {input} ASSISTANT:"
 
 
@@ -78,13 +85,16 @@ class ModelCommonArguments(LoRAArguments):
     )
 
     def __post_init__(self):
-        if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
-            raise ValueError(f"recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, got {self.recompute_granularity!r}")
-        if self.tensor_parallel_output:
-            raise ValueError(
-                "tensor_parallel_output true keeps the logits split over tensor-parallel ranks; the losses here need the "
-                "gathered logits: set it to false"
-            )
+        with problem_scope() as problems:
+            if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
+                problems.append(
+                    f"recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, got {self.recompute_granularity!r}"
+                )
+            if self.tensor_parallel_output:
+                problems.append(
+                    "tensor_parallel_output true keeps the logits split over tensor-parallel ranks; the losses here need "
+                    "the gathered logits: set it to false"
+                )
 
 
 @dataclass
@@ -117,9 +127,56 @@ class LogprobArguments:
     )
 
     def __post_init__(self):
-        super().__post_init__()
-        if self.logprob_chunk_size < 0:
-            raise ValueError(f"logprob_chunk_size must be >= 0 (0 = full logits), got {self.logprob_chunk_size}")
+        with problem_scope() as problems:
+            super().__post_init__()
+            if self.logprob_chunk_size < 0:
+                problems.append(f"logprob_chunk_size must be >= 0 (0 = full logits), got {self.logprob_chunk_size}")
+
+
+@dataclass
+class GenerationArguments:
+    """Generation by the rollout engine, shared by PPO/GRPO (rollouts and evaluation) and the
+    generation evaluation of SFT and the DPO family."""
+
+    use_fusemt: bool = field(
+        default=True,
+        metadata={"help": "Generate with the fast rollout engine (ppo/rollout/engine.py; PaddleNLP's name); false: "
+                  "PaddleNLP's generate."},
+    )
+    eval_max_new_tokens: int = field(
+        default=0,
+        metadata={"help": "Most new tokens per answer when evaluating by generation; 0: max_dec_len in PPO/GRPO, "
+                  f"{DEFAULT_EVAL_MAX_NEW_TOKENS} in SFT and the DPO family."},
+    )
+
+    def eval_new_tokens(self, default=None):
+        """`eval_max_new_tokens`, or `default` (SFT/DPO: DEFAULT_EVAL_MAX_NEW_TOKENS) when it is 0."""
+        return self.eval_max_new_tokens or (DEFAULT_EVAL_MAX_NEW_TOKENS if default is None else default)
+
+
+@dataclass
+class EvalGenerationArguments(GenerationArguments):
+    """SFT and the DPO family: greedy exact-match evaluation on held-out prompts."""
+
+    eval_with_do_generation: bool = field(
+        default=True,
+        metadata={"help": "Also greedy-decode the held-out prompts and report exact-match accuracy."},
+    )
+
+
+@dataclass
+class PaddleNLPTrainingArguments(TrainingArguments):
+    """PaddleNLP's `TrainingArguments`, whose own refusals in `__post_init__` join the
+    problem list of the entry point instead of stopping the parse. Placed last among the
+    bases of each entry point's training arguments (right before `TrainingArguments`)."""
+
+    def __post_init__(self):
+        self.paddlenlp_refused = False
+        try:
+            super().__post_init__()
+        except PADDLENLP_REFUSALS as error:
+            self.paddlenlp_refused = True  # the fields PaddleNLP normalises may be left raw: skip checks on them
+            report_problems([paddlenlp_refusal(error)])
 
 
 @dataclass
@@ -145,6 +202,18 @@ class DatasetArguments:
     def dataset_kwargs(self, tokenizer, seed):
         """Keyword arguments every tokenised dataset of a run is built with."""
         return dict(tokenizer=tokenizer, prompt_template=self.prompt_template, use_chat_template=self.use_chat_template, seed=seed)
+
+
+@dataclass
+class PromptTruncationArguments:
+    """SFT and the DPO family: long prompts are truncated (PPO/GRPO drop them with `max_prompt_len`)."""
+
+    truncate_prompt_len: Optional[int] = field(
+        default=None,
+        metadata={"help": "Prompts longer than this many tokens keep their last ones (truncated, never dropped; "
+                  "PaddleNLP's src_length and DPO max_prompt_len are read as this); none: whole prompts. "
+                  "PPO/GRPO's max_prompt_len drops long prompts instead."},
+    )
 
 
 def split_specs(specs):

@@ -1,0 +1,177 @@
+"""Arguments of `dpo/run_online_dpo.py` (online / iterative DPO).
+
+The policy, reference and score source use `run_ppo.py`'s names (`ModelArgument`:
+`actor_model_name_or_path`, `reference_model_name_or_path`, `reward_model_name_or_path`,
+`use_rm_server`, `use_rule_reward`, ...), the rollout PaddleNLP's PPO names
+(`per_device_prompt_batch_size`, `rollout_n`, `max_dec_len`, ...), the loss the DPO
+trainer's (`loss_type`, `beta`, `sft_loss_ratio`, ...); what neither has follows TRL's
+`OnlineDPOConfig` or is new (`pair_selection`, `pair_margin`, `ref_update_rounds`).
+One training step is one round. Defaults live here only.
+"""
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ppo.algos import DPO_LOSS_TYPES
+from ppo.algos.preference import PAIR_LOSS_TYPES
+from ppo.common import paddlenlp_keys as pk
+from ppo.common import validation
+from ppo.common.argument_groups import GenerationArguments, LogprobArguments, PaddleNLPTrainingArguments
+from ppo.common.argument_problems import problem_scope
+from ppo.ppo_arguments import DataArgument as PPODataArgument
+from ppo.ppo_arguments import ModelArgument as PPOModelArgument
+
+from .online_pairs import PAIR_SELECTIONS
+
+ONLINE_LOSS_TYPES = DPO_LOSS_TYPES + PAIR_LOSS_TYPES  # pair losses; KTO needs unpaired data
+NO_REFERENCE_LOSSES = ("simpo", "orpo")
+
+
+@dataclass
+class ModelArgument(PPOModelArgument):
+    """`run_ppo.py`'s model arguments; online DPO has no critic."""
+
+    def __post_init__(self):
+        with problem_scope() as problems:
+            super().__post_init__()
+            if self.reward_critic_model_name_or_path:
+                problems.append("reward_critic_model_name_or_path: online DPO trains no critic; remove it")
+
+
+@dataclass
+class DataArgument(PPODataArgument):
+    """`run_ppo.py`'s data arguments; the supervised term is `sft_loss_ratio` on the chosen answers."""
+
+    def __post_init__(self):
+        with problem_scope() as problems:
+            if self.ptx_datasets:
+                problems.append("ptx_datasets: online DPO has no ptx loss; sft_loss_ratio adds the NLL of the chosen answers")
+
+
+@dataclass
+class OnlineDPOTrainingArguments(LogprobArguments, GenerationArguments, PaddleNLPTrainingArguments):
+    paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.argument_parsing
+    # rollout (PaddleNLP PPO names)
+    per_device_prompt_batch_size: int = field(default=16, metadata={"help": "Prompts per round."})
+    rollout_n: int = field(default=4, metadata={"help": "Answers sampled per prompt each round (k >= 2)."})
+    max_dec_len: int = field(default=64, metadata={"help": "Most new tokens per answer."})
+    min_dec_len: int = field(default=1, metadata={"help": "EOS is suppressed until this many tokens were generated."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (the DPO log-probs use 1.0)."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling threshold."})
+    top_k: int = field(default=0, metadata={"help": "Top-k sampling; 0 disables it."})
+    repetition_penalty: float = field(default=1.0, metadata={"help": "Repetition penalty (1.0 = none)."})
+    missing_eos_penalty: float = field(
+        default=0.0, metadata={"help": "Subtracted from the score of answers that end without EOS (TRL's OnlineDPOConfig)."}
+    )
+    # pairs
+    pair_selection: str = field(
+        default="best_worst",
+        metadata={"help": f"{' | '.join(PAIR_SELECTIONS)}: the best against the worst answer of each prompt, or every "
+                  "pair whose score gap exceeds pair_margin. Prompts whose answers all score alike give no pair."},
+    )
+    pair_margin: float = field(default=0.0, metadata={"help": "Smallest score gap (exclusive) that makes a pair."})
+    # loss (the DPO trainer's names)
+    loss_type: str = field(default="sigmoid", metadata={"help": f"Preference loss: {' | '.join(ONLINE_LOSS_TYPES)}."})
+    beta: float = field(default=0.1, metadata={"help": "Inverse temperature of the implicit reward (ORPO: lambda)."})
+    label_smoothing: float = field(default=0.0, metadata={"help": "cDPO / robust SimPO label smoothing, in [0, 0.5)."})
+    simpo_gamma: float = field(default=0.5, metadata={"help": "SimPO target reward margin gamma."})
+    dpop_lambda: float = field(default=50.0, metadata={"help": "dpop: weight of the penalty max(0, ref_c - pi_c)."})
+    sft_loss_ratio: float = field(default=0.0, metadata={"help": "Weight of the NLL (token mean) of the chosen answers."})
+    pref_loss_ratio: float = field(default=1.0, metadata={"help": "Weight of the preference loss."})
+    # rounds
+    ref_update_rounds: int = field(
+        default=0,
+        metadata={"help": "Copy the policy into the reference every this many rounds (iterative DPO); 0: fixed reference."},
+    )
+    update_iters: int = field(default=1, metadata={"help": "Passes over each round's pairs."})
+    min_learning_rate: float = field(default=0.0, metadata={"help": "Learning rate floor for cosine/linear decay."})
+    use_fused_adamw: bool = field(
+        default=True, metadata={"help": "AdamW as one C++ op over all parameters on float32 CPU parameters (as run_ppo.py)."}
+    )
+    num_sample_generations: int = field(default=10, metadata={"help": "Every this many rounds, log sampled pairs (0: never)."})
+    dataloader_shuffle: bool = field(default=True, metadata={"help": "Draw the prompts of each epoch in a seeded random order."})
+
+    def __post_init__(self):
+        with problem_scope() as problems:
+            super().__post_init__()
+            problems += self.round_problems() + self.loss_problems()
+            if not self.paddlenlp_refused:
+                problems += pk.ppo_value_problems(self) + self.parallel_problems()
+
+    def round_problems(self):
+        """Pairs need two answers per prompt; margins, refresh period and round count in range."""
+        problems = []
+        if self.rollout_n < 2:
+            problems.append(f"rollout_n must be >= 2 (a pair needs two answers per prompt), got {self.rollout_n}")
+        if self.pair_selection not in PAIR_SELECTIONS:
+            problems.append(f"pair_selection must be one of {PAIR_SELECTIONS}, got {self.pair_selection!r}")
+        if self.pair_margin < 0:
+            problems.append(f"pair_margin must be >= 0, got {self.pair_margin}")
+        if self.ref_update_rounds < 0:
+            problems.append(f"ref_update_rounds must be >= 0 (0: fixed reference), got {self.ref_update_rounds}")
+        if self.ref_update_rounds and self.loss_type in NO_REFERENCE_LOSSES:
+            problems.append(f"ref_update_rounds refreshes the reference; loss_type {self.loss_type} uses none")
+        if self.max_steps <= 0:
+            problems.append(f"max_steps is the number of rounds and must be positive, got {self.max_steps}")
+        return problems
+
+    def loss_problems(self):
+        """The loss type and its coefficients."""
+        problems = []
+        if self.loss_type not in ONLINE_LOSS_TYPES:
+            problems.append(f"loss_type must be one of {ONLINE_LOSS_TYPES}, got {self.loss_type!r}")
+        if self.beta <= 0:
+            problems.append(f"beta must be positive, got {self.beta}")
+        if not 0.0 <= self.label_smoothing < 0.5:
+            problems.append(f"label_smoothing must lie in [0, 0.5), got {self.label_smoothing}")
+        if self.label_smoothing and self.loss_type not in ("sigmoid", "simpo"):
+            problems.append(f"label_smoothing applies to sigmoid and simpo only, not {self.loss_type!r}")
+        if self.sft_loss_ratio < 0 or self.pref_loss_ratio < 0 or self.sft_loss_ratio + self.pref_loss_ratio == 0:
+            problems.append(f"sft_loss_ratio {self.sft_loss_ratio} and pref_loss_ratio {self.pref_loss_ratio} must be >= 0, not both 0")
+        if self.loss_type == "orpo" and self.sft_loss_ratio:
+            problems.append("orpo already includes the NLL of the chosen answers; leave sft_loss_ratio at 0")
+        return problems
+
+    def parallel_problems(self):
+        """Settings this loop does not run: it trains on one process (no tensor, pipeline or sharding
+        parallelism) and in float32 or bf16/fp16 O2."""
+        problems = []
+        for name in ("tensor_parallel_degree", "pipeline_parallel_degree", "sharding_parallel_degree"):
+            if getattr(self, name, 1) > 1:
+                problems.append(f"{name} {getattr(self, name)}: online DPO runs on one process; set it to 1")
+        if (self.bf16 or self.fp16) and str(self.fp16_opt_level).upper() != "O2":
+            problems.append("bf16/fp16 load the models in half precision with float32 master weights (O2): set fp16_opt_level O2")
+        if any(name != "visualdl" for name in self.report_to):
+            problems.append(f"report_to {self.report_to}: the online DPO loop reports to visualdl (and metrics.jsonl) only")
+        return problems
+
+    @property
+    def uses_reference(self):
+        return self.loss_type not in NO_REFERENCE_LOSSES
+
+    @property
+    def evaluates(self):
+        strategy = str(getattr(self.evaluation_strategy, "value", self.evaluation_strategy))
+        return bool(self.do_eval) and strategy == "steps" and bool(self.eval_steps)
+
+    @property
+    def saves_checkpoints(self):
+        return str(getattr(self.save_strategy, "value", self.save_strategy)) == "steps"
+
+
+def validate_arguments(model_args, data_args, training_args):
+    """Every cross-group and file-system problem of an online DPO run, before any model loads."""
+    model_dirs = [(f"{n}_model_name_or_path", getattr(model_args, f"{n}_model_name_or_path")) for n in ("actor", "reference")]
+    score_dirs = [] if model_args.external_scores else [("reward_model_name_or_path", model_args.reward_model_name_or_path)]
+    problems = validation.size_problems(model_args, data_args, training_args)
+    problems += validation.required_problems(model_args, ["actor_model_name_or_path"])
+    if not model_args.external_scores:
+        problems += validation.required_problems(
+            model_args, ["reward_model_name_or_path"], " unless use_rm_server or use_rule_reward is set")
+    shared_reference = model_args.use_lora and model_args.reference_model_name_or_path in (None, "", model_args.actor_model_name_or_path)
+    if training_args.ref_update_rounds and shared_reference:
+        problems.append("ref_update_rounds with use_lora: the reference is the policy with its adapter off and cannot be "
+                        "refreshed; set ref_update_rounds 0 or give a reference_model_name_or_path")
+    problems += validation.model_dir_problems(model_dirs, score_dirs)
+    problems += validation.output_dir_problems(training_args.output_dir, model_dirs + score_dirs)
+    problems += validation.dtype_device_problems(training_args)
+    return problems

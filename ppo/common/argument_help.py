@@ -1,0 +1,93 @@
+"""`--help` of the entry points: every argument with its type, default and help text.
+
+The toolkit's own arguments come first, one section per dataclass; the fields inherited
+from PaddleNLP's `TrainingArguments` follow in a section of their own (they keep
+PaddleNLP's meaning and defaults).
+"""
+import argparse
+import dataclasses
+import os
+import sys
+import textwrap
+
+HELP_FLAGS = ("-h", "--help")
+
+
+def wants_help(argv):
+    return any(token in HELP_FLAGS for token in argv)
+
+
+def default_text(f):
+    """The field's default as it would be written in an argument file."""
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return "required"
+    value = getattr(value, "value", value)  # enums
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def type_text(f):
+    """`int`, `Optional[int]`, `List[str]`, ... as the field declares it."""
+    if getattr(f.type, "__origin__", None) is not None:
+        return str(f.type).replace("typing.", "")
+    return getattr(f.type, "__name__", None) or str(f.type)
+
+
+def field_lines(f, width=100):
+    """`--name TYPE (default: X)` and the help text indented under it."""
+    head = f"  --{f.name} {type_text(f)} (default: {default_text(f)})"
+    text = " ".join(str(f.metadata.get("help", "")).split())
+    body = textwrap.wrap(text, width=width, initial_indent="      ", subsequent_indent="      ") if text else []
+    return [head, *body]
+
+
+def inherited_from_paddlenlp(cls):
+    """Names of the fields `cls` inherits from PaddleNLP's `TrainingArguments` unchanged."""
+    try:
+        from paddlenlp.trainer import TrainingArguments
+    except ImportError:
+        return set()
+    if not issubclass(cls, TrainingArguments):
+        return set()
+    return {f.name for f in dataclasses.fields(TrainingArguments)}
+
+
+def help_text(dataclass_types, program=None):
+    """The `--help` page of an entry point parsing `dataclass_types`."""
+    program = program or os.path.basename(sys.argv[0] or "run.py")
+    lines = [
+        f"usage: {program} [ARGUMENT_FILE.json|.yaml] [--name value ...]",
+        "",
+        "Arguments come from an optional JSON/YAML file of {name: value}; --name value flags override it.",
+    ]
+    paddlenlp_fields = []
+    for cls in dataclass_types:
+        inherited = inherited_from_paddlenlp(cls)
+        own = [f for f in dataclasses.fields(cls) if f.init and f.name not in inherited]
+        paddlenlp_fields += [f for f in dataclasses.fields(cls) if f.init and f.name in inherited]
+        lines += ["", f"{cls.__name__}:"]
+        for f in own:
+            lines += field_lines(f)
+    if paddlenlp_fields:
+        lines += ["", "PaddleNLP TrainingArguments (PaddleNLP's meaning and defaults):"]
+        for f in paddlenlp_fields:
+            lines += field_lines(f)
+    return "\n".join(lines) + "\n"
+
+
+def print_help_and_exit(dataclass_types):
+    sys.stdout.write(help_text(dataclass_types))
+    sys.stdout.flush()
+    raise SystemExit(0)
+
+
+class OneMessageArgumentParser(argparse.ArgumentParser):
+    """`argparse` for the small command lines (reward server, LoRA merge): `--help` as usual;
+    an error is one `prog: error: message` line on stderr and exit status 2, without the
+    usage dump."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")

@@ -1,0 +1,43 @@
+"""Start-up checks shared by the `Trainer` entry points (SFT, RM, the DPO family), which run
+PaddleNLP's Trainer; PPO/GRPO has its own loop and checks (`ppo/ppo_argument_checks.py`)."""
+from .report_writers import TRAINER_PACKAGES, missing_report_packages
+from .validation import (
+    dtype_device_problems,
+    model_dir_problems,
+    output_dir_problems,
+    pipeline_problems,
+    required_problems,
+    size_problems,
+)
+
+
+def do_train_problems(training_args, has_eval_data):
+    """SFT/RM/DPO: `do_train` false trains and saves nothing, which is refused unless
+    `do_eval` asks for an evaluation-only run (with eval data); `do_predict` is not implemented."""
+    problems = []
+    if training_args.do_predict:
+        problems.append("do_predict true: prediction on a test set is not implemented here; use do_eval with eval_datasets")
+    if training_args.do_train:
+        return problems
+    if not training_args.do_eval:
+        problems.append("do_train is false or missing: the run would train and save nothing; set do_train true "
+                        "(or do_eval true with eval_datasets for an evaluation-only run)")
+    elif not has_eval_data:
+        problems.append("do_train false with do_eval true evaluates only, but no eval_datasets are given: nothing to do")
+    return problems
+
+
+def trainer_entry_problems(model_args, data_args, training_args, model_dirs):
+    """The checks every `Trainer` entry point (SFT, RM, DPO) shares: sizes, `model_name_or_path`
+    required, the model directories `(argument name, path)`, output_dir, dtype/device,
+    do_train and pipeline parallel."""
+    problems = size_problems(model_args, data_args, training_args)
+    problems += required_problems(model_args, ["model_name_or_path"])
+    problems += model_dir_problems(model_dirs)
+    problems += output_dir_problems(training_args.output_dir, model_dirs)
+    problems += dtype_device_problems(training_args)
+    has_eval = bool([s for s in data_args.eval_datasets if s] or [s for s in getattr(data_args, "eval_generation_datasets", []) if s])
+    problems += do_train_problems(training_args, has_eval)
+    problems += pipeline_problems(training_args, model_args.use_lora)
+    problems += missing_report_packages(training_args.report_to or [], TRAINER_PACKAGES)  # PaddleNLP's integrations
+    return problems

@@ -1,0 +1,84 @@
+"""The seam between a PPO / GRPO step and the parallel strategy: every pass a step runs
+through a model (generation, log-probs, values, scores, one optimiser step's gradients)
+behind one interface. `ppo.passes.plain.PlainPasses` runs the models as they are (one
+process, data parallel, sharding, tensor parallel); `ppo.passes.pipeline.PipelinePasses`
+runs them as fleet pipelines. The trainer builds one (`ppo.passes.build_model_passes`) and
+never asks which; the passes never call the trainer: the losses come in as `UpdateLosses`.
+
+The split follows verl's workers (an actor / critic / reference / reward worker each offering
+`compute_log_prob`, `compute_values`, `compute_rm_score`, `update_*` whatever the backend),
+with the losses kept in the trainer so both strategies optimise the same objective.
+
+Shapes: `N` rows of an experience, `Tr` response tokens, `n` rows of a micro-batch.
+"""
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+
+@dataclass(frozen=True)
+class UpdateLosses:
+    """The losses of one optimiser step, handed to `ModelPasses.backward_step`.
+
+    actor: `(micro_exp, {"logprobs": [n, Tr], "entropy": [n, Tr]}) -> (loss, stats)`, the
+        log-probs and entropies of the micro-batch under the actor being trained;
+    critic: `(micro_exp, {"values": [n, Tr]}) -> (loss, stats)`; None without a critic;
+    next_ptx_batch: `() -> {"input_ids", "attention_mask", "labels"}` (`[m, T]` each), the
+        next supervised batch, drawn once per micro-batch; None without ptx data;
+    ptx_coeff: the ptx NLL's weight, split evenly over the step's micro-batches.
+    Every loss is already normalised by the whole step's token (or sequence) count."""
+
+    actor: Callable
+    critic: Optional[Callable] = None
+    next_ptx_batch: Optional[Callable] = None
+    ptx_coeff: float = 0.0
+
+
+class ModelPasses:
+    """The passes of one PPO step. Subclasses implement every method; the no-gradient
+    passes run under the caller's `paddle.no_grad()`.
+
+    generation_model: the model the rollout engine is built with (filled with the actor's
+    weights inside `generation_weights`)."""
+
+    generation_model = None
+
+    def generation_weights(self):
+        """Context manager yielding the model to generate with, holding the actor's current
+        weights for the block (collective under pipeline parallelism; blocks may nest)."""
+        raise NotImplementedError
+
+    def logprobs(self, which, exp):
+        """Response log-probs `[N, Tr]` at the sampling temperature under the actor (`which`
+        "actor") or the reference ("reference"), 0 outside the response mask."""
+        raise NotImplementedError
+
+    def values(self, exp):
+        """Critic values `[N, Tr]`, 0 outside the response mask."""
+        raise NotImplementedError
+
+    def reward_scores(self, exp):
+        """Reward-model end scores `[N]` (float32)."""
+        raise NotImplementedError
+
+    def first_forward_reusable(self):
+        """Whether the update's first forward can be run ahead (`keep_first_forward`) and
+        double as the old-policy pass."""
+        raise NotImplementedError
+
+    def keep_first_forward(self, exp):
+        """The training forward over all of `exp`'s rows, with gradients, kept for the next
+        `backward_step`'s micro-batches: `{"logprobs", "entropy", "values"}` (`[N, Tr]`,
+        values None without a critic). Only when `first_forward_reusable()`."""
+        raise NotImplementedError
+
+    def backward_step(self, exp, plan, losses):
+        """Gradients of one optimiser step: `plan` lists its micro-batches' row indices into
+        `exp`, `losses` the `UpdateLosses`. Returns `(actor loss, critic loss or 0.0, stats)`:
+        the losses summed over the micro-batches as floats (equal on every rank of a pipeline
+        group), `stats` one dict per real micro-batch. The caller steps the optimisers."""
+        raise NotImplementedError
+
+    def group_sum(self, value):
+        """`value` (a float about this rank's weights) summed over the ranks that hold other
+        parts of the same model (the pipeline group); `value` itself when there are none."""
+        raise NotImplementedError

@@ -1,0 +1,113 @@
+"""`ModelPasses` over models that run whole in each process: one process, data parallel,
+sharding and tensor parallel (their wrappers sync gradients inside `backward` / the
+optimiser step). No-gradient passes use the unwrapped models in row chunks; the update's
+forwards use the wrapped (trained) ones."""
+import contextlib
+
+import numpy as np
+import paddle
+
+from ..experience import in_chunks, response_logprobs, response_values
+from ..models.reward_tokens import reward_scores
+from ..models.causal_lm import answer_nll
+from .base import ModelPasses
+
+
+def ptx_nll(model, batch, chunk_size):
+    """Token-mean NLL (a scalar) of a supervised batch's answer tokens under `model` (`batch`:
+    `input_ids`, `attention_mask`, `labels`, `[m, T]`): PPO's ptx loss."""
+    loss, _ = answer_nll(model, batch["input_ids"], batch["attention_mask"], batch["labels"], chunk_size)
+    return loss
+
+
+class PlainPasses(ModelPasses):
+    """models: `PPOModels` (unwrapped; `reference_mode()` gives the reference); actor /
+    critic: the trained models as wrapped for data parallel or fleet (the same objects on one
+    rank); temperature: the sampling temperature; logprob_chunk_size: tokens per LM-head chunk
+    (0: full logits); chunk_rows: rows per no-gradient forward; reward_retokenizer: the reward
+    model's own tokenizer for the rollouts when it differs from the actor's (else None)."""
+
+    def __init__(self, models, actor, critic, temperature, logprob_chunk_size, chunk_rows, reward_retokenizer=None):
+        self.models, self.actor, self.critic = models, actor, critic
+        self.temperature, self.logprob_chunk_size, self.chunk_rows = temperature, logprob_chunk_size, chunk_rows
+        self.generation_model = models.actor
+        self.kept_forward = None  # `keep_first_forward`'s result until the next backward_step takes it
+        self.reward_retokenizer = reward_retokenizer
+
+    def generation_weights(self):
+        return contextlib.nullcontext(self.models.actor)
+
+    # ---- no-gradient passes ----------------------------------------------------------
+    def logprobs(self, which, exp):
+        if which == "actor":
+            return self._logprobs_under(self.models.actor, exp)
+        with self.models.reference_mode() as reference:  # a LoRA actor with its adapter off
+            return self._logprobs_under(reference, exp)
+
+    def _logprobs_under(self, model, exp):
+        one_chunk = lambda e: response_logprobs(model, e, self.temperature, self.logprob_chunk_size)[0]  # noqa: E731
+        return in_chunks(one_chunk, exp, self.chunk_rows)
+
+    def values(self, exp):
+        return in_chunks(lambda e: response_values(self.models.critic, e), exp, self.chunk_rows)
+
+    def reward_scores(self, exp):
+        return in_chunks(lambda e: reward_scores(self.models.reward, e, self.reward_retokenizer), exp, self.chunk_rows)
+
+    # ---- update ------------------------------------------------------------------
+    def first_forward_reusable(self):
+        return True
+
+    def keep_first_forward(self, exp):
+        self.kept_forward = self.training_forward(exp)
+        return self.kept_forward
+
+    def training_forward(self, mb):
+        """The training forward of one micro-batch, with gradients: actor log-probs and entropy
+        `[n, Tr]`, critic values `[n, Tr]` (None without a critic)."""
+        self.actor.train()
+        logprobs, entropy = response_logprobs(self.actor, mb, self.temperature, self.logprob_chunk_size, with_entropy=True)
+        values = None
+        if self.critic is not None:
+            self.critic.train()
+            values = response_values(self.critic, mb)
+        return {"logprobs": logprobs, "entropy": entropy, "values": values}
+
+    def take_kept_forward(self, rows):
+        """The kept first forward gathered to `rows`; None when there is none. Handed out once."""
+        kept, self.kept_forward = self.kept_forward, None
+        if kept is None:
+            return None
+        index = paddle.to_tensor(np.asarray(rows, dtype="int64"))
+        return {k: (None if v is None else paddle.gather(v, index)) for k, v in kept.items()}
+
+    def backward_step(self, exp, plan, losses):
+        """Per micro-batch: the actor's loss (plus the ptx NLL of one supervised batch) and its
+        backward, then the critic's; the kept first forward serves the first micro-batch."""
+        actor_total = critic_total = 0.0
+        records = []
+        for rows in plan:
+            mb = exp.select(rows)
+            forward = self.take_kept_forward(rows)  # only ever the first micro-batch
+            if forward is None:
+                logprobs, entropy = response_logprobs(self.actor, mb, self.temperature, self.logprob_chunk_size,
+                                                      with_entropy=True)
+                forward = {"logprobs": logprobs, "entropy": entropy, "values": None}
+            loss, stats = losses.actor(mb, forward)
+            if losses.next_ptx_batch is not None:
+                ptx = ptx_nll(self.actor, losses.next_ptx_batch(), self.logprob_chunk_size)
+                loss = loss + losses.ptx_coeff * ptx / len(plan)
+                stats["loss/ptx"] = ptx.detach()
+            loss.backward()
+            actor_total += float(loss)
+            if losses.critic is not None:
+                values = forward["values"] if forward["values"] is not None else response_values(self.critic, mb)
+                vloss, vstats = losses.critic(mb, {"values": values})
+                vloss.backward()
+                critic_total += float(vloss)
+                stats = {**stats, **vstats}
+            records.append(stats)
+        return actor_total, critic_total, records
+
+    def group_sum(self, value):
+        return value

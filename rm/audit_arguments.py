@@ -1,0 +1,33 @@
+"""Arguments of `rm/audit_reward.py` (probing a trained reward model with degenerate answers).
+
+Defaults live here only; every field has a help. `validate_arguments` is the entry point's
+start-up pass, run by `parse_arguments` before the model loads.
+"""
+from dataclasses import dataclass, field
+from typing import List
+
+from ppo.common.argument_groups import BEAVER_TEMPLATE
+from ppo.common import validation
+
+
+@dataclass
+class AuditArgument:
+    model_name_or_path: str = field(default=None, metadata={"help": "Trained reward (score) model directory."})
+    eval_datasets: List[str] = field(default_factory=list, metadata={"help": "Held-out prompts with reference answers (tgt)."})
+    prompt_template: str = field(default=BEAVER_TEMPLATE, metadata={"help": "Prompt template with an {input} slot."})
+    max_prompt_len: int = field(
+        default=256, metadata={"help": "Prompts longer than this many tokens are dropped, not truncated (as in PPO/GRPO)."}
+    )
+    long_answer_tokens: int = field(default=32, metadata={"help": "Token count of the 'very_long' probe."})
+    batch_size: int = field(default=64, metadata={"help": "Sequences scored per forward pass."})
+    output_dir: str = field(
+        default=None, metadata={"help": "Where audit.json goes (default: the model directory; only audit.json is written)."}
+    )
+
+
+def validate_arguments(args):
+    """Every problem of an audit run: sizes, the required model and prompts, a score model."""
+    problems = validation.size_problems(args)
+    problems += validation.required_problems(args, ["model_name_or_path", "eval_datasets"])
+    problems += validation.model_dir_problems(score_model_dirs=[("model_name_or_path", args.model_name_or_path)])
+    return problems

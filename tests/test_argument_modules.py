@@ -1,0 +1,95 @@
+"""Argument modules: each entry point's dataclasses in a module of its own, a shared field
+declared once, the KL estimator names in one place, and `max_prompt_len` meaning one thing."""
+import dataclasses
+
+import pytest
+
+from dpo import dpo_arguments
+from ppo import ppo_arguments
+from ppo.common import argument_groups
+from ppo.common.argument_parsing import ArgumentError, parse_arguments
+from rm import audit_arguments, reward_arguments
+from sft import sft_arguments
+
+ENTRY_CLASSES = {
+    "sft": (sft_arguments.ModelArgument, sft_arguments.DataArgument, sft_arguments.SFTTrainingArguments),
+    "rm": (reward_arguments.ModelArgument, reward_arguments.DataArgument, reward_arguments.RewardTrainingArguments),
+    "ppo": (ppo_arguments.ModelArgument, ppo_arguments.DataArgument, ppo_arguments.PPOTrainingArguments),
+    "dpo": (dpo_arguments.ModelArgument, dpo_arguments.DataArgument, dpo_arguments.DPOTrainingArguments),
+    "audit": (audit_arguments.AuditArgument,),
+}
+
+
+def declaring_classes(name):
+    """Every class of ours (in any entry point's hierarchy) whose own body declares field `name`."""
+    found = set()
+    for classes in ENTRY_CLASSES.values():
+        for cls in classes:
+            for klass in cls.__mro__:
+                if klass.__module__.startswith(("ppo.", "sft.", "rm.", "dpo.")) and name in klass.__dict__.get("__annotations__", {}):
+                    found.add(f"{klass.__module__}.{klass.__qualname__}")
+    return found
+
+
+@pytest.mark.parametrize("name", ["use_fusemt", "eval_max_new_tokens", "eval_with_do_generation", "use_lora", "max_length",
+                                  "divergence_window", "logprob_chunk_size"])
+def test_shared_fields_are_declared_once(name):
+    assert len(declaring_classes(name)) == 1, declaring_classes(name)
+
+
+def test_entry_points_read_their_classes_from_the_argument_modules():
+    import dpo.run_dpo
+    import rm.audit_reward
+    import rm.run_reward
+    import sft.run_sft
+
+    assert sft.run_sft.SFTTrainingArguments is sft_arguments.SFTTrainingArguments
+    assert rm.run_reward.RewardTrainingArguments is reward_arguments.RewardTrainingArguments
+    assert dpo.run_dpo.DPOTrainingArguments is dpo_arguments.DPOTrainingArguments
+    assert rm.audit_reward.AuditArgument is audit_arguments.AuditArgument
+    for module in (sft_arguments, reward_arguments, dpo_arguments, ppo_arguments, audit_arguments):
+        assert callable(module.validate_arguments)
+
+
+def test_the_kl_estimator_names_have_one_home():
+    import paddle
+
+    import ppo.ppo_trainer
+    from ppo.algos import kl
+
+    assert ppo_arguments.KL_ESTIMATOR_NAMES is kl.KL_ESTIMATOR_NAMES and ppo.ppo_trainer.K3_NAMES is kl.K3_NAMES
+    assert set(kl.KL_ESTIMATOR_NAMES) == {"k1", "k2", "k3", "kl", "mse", "low_var_kl"} and set(kl.K3_NAMES) == {"k3", "low_var_kl"}
+    logp, ref = paddle.to_tensor([[-1.0, -2.0]]), paddle.to_tensor([[-1.5, -1.0]])
+    for name in kl.KL_ESTIMATOR_NAMES:  # every listed name is one kl_penalty computes
+        kl.kl_penalty(logp, ref, name, clamp=1.0 if name in kl.K3_NAMES else None)
+
+
+def test_kl_estimator_outside_the_list_is_refused_with_the_list(tmp_path):
+    with pytest.raises(ArgumentError, match=r"kl_loss_type must be one of \('k1', 'kl', 'k2', 'mse', 'k3', 'low_var_kl'\), got 'k4'"):
+        parse_arguments(ENTRY_CLASSES["ppo"], ["--output_dir", str(tmp_path), "--kl_loss_type", "k4"])
+
+
+def test_max_prompt_len_drops_and_truncate_prompt_len_truncates(tmp_path):
+    """PPO/GRPO and the audit keep `max_prompt_len` (drop long prompts); SFT and the DPO family
+    truncate with `truncate_prompt_len`, to which PaddleNLP's `src_length` and DPO
+    `max_prompt_len` keys map."""
+    out = ["--output_dir", str(tmp_path)]
+    _, ppo_data, _ = parse_arguments(ENTRY_CLASSES["ppo"], [*out, "--max_prompt_len", "40"])
+    assert ppo_data.max_prompt_len == 40 and not hasattr(ppo_data, "truncate_prompt_len")
+    for entry in ("sft", "dpo"):
+        for key in ("max_prompt_len", "src_length", "truncate_prompt_len"):
+            _, data, _ = parse_arguments(ENTRY_CLASSES[entry], [*out, f"--{key}", "24"])
+            assert data.truncate_prompt_len == 24 and not hasattr(data, "max_prompt_len"), (entry, key)
+    with pytest.raises(ArgumentError, match="command line: unknown argument 'truncate_prompt_len'; did you mean 'max_prompt_len'"):
+        parse_arguments(ENTRY_CLASSES["ppo"], [*out, "--truncate_prompt_len", "24"])
+    fields = {f.name: f for f in dataclasses.fields(argument_groups.PromptTruncationArguments)}
+    assert "keep their last ones" in fields["truncate_prompt_len"].metadata["help"]
+    assert "dropped, not truncated" in {f.name: f for f in dataclasses.fields(ppo_arguments.DataArgument)}["max_prompt_len"].metadata["help"]
+
+
+def test_eval_max_new_tokens_zero_means_the_entry_point_default(tmp_path):
+    _, _, sft = parse_arguments(ENTRY_CLASSES["sft"], ["--output_dir", str(tmp_path)])
+    _, _, sft_set = parse_arguments(ENTRY_CLASSES["sft"], ["--output_dir", str(tmp_path), "--eval_max_new_tokens", "7"])
+    assert sft.eval_new_tokens() == argument_groups.DEFAULT_EVAL_MAX_NEW_TOKENS == 32 and sft_set.eval_new_tokens() == 7
+    _, _, ppo = parse_arguments(ENTRY_CLASSES["ppo"], ["--output_dir", str(tmp_path), "--max_dec_len", "9"])
+    assert ppo.eval_max_new_tokens == 0 and ppo.eval_new_tokens(ppo.max_dec_len) == 9

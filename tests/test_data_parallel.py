@@ -1,0 +1,66 @@
+"""Data parallel equals one process: two CPU processes with `per_device_train_batch_size B`
+give the per-step losses and the final weights of one process with `2 B` (the same global
+batch), from the same checkpoint and data.
+
+The one-process runs go through the same launcher with one process, so both sides build
+their models, samplers and seeds the same way; only the data-parallel split differs."""
+import json
+
+import numpy as np
+
+from tests.test_tensor_parallel import assert_same_steps, assert_same_weights, assert_weights_moved, ppo_argv
+from tests.tp_launch import launch_run
+
+
+def one_and_two_process_runs(script, argv, tmp_path, per_process_sizes):
+    """`script` on one process with the sizes `{flag: global value}` and on two with half each."""
+    out1, out2 = str(tmp_path / "one"), str(tmp_path / "dp2")
+    sizes1 = [x for flag, value in per_process_sizes.items() for x in (flag, str(value))]
+    sizes2 = [x for flag, value in per_process_sizes.items() for x in (flag, str(value // 2))]
+    launch_run(script, [*argv, *sizes1, "--output_dir", out1, "--logging_dir", f"{out1}/vdl"], out1, nproc=1)
+    launch_run(script, [*argv, *sizes2, "--output_dir", out2, "--logging_dir", f"{out2}/vdl"], out2, nproc=2)
+    return out1, out2
+
+
+def test_sft_dp2_matches_one_process(tiny_model_dir, tiny_data_dir, tmp_path):
+    """SFT through PaddleNLP's Trainer: the answer-token NLL is a mean over the global batch's
+    tokens whichever way its rows are spread over ranks (gradient accumulation included)."""
+    argv = [
+        "config/tiny/sft_argument.json", "--model_name_or_path", tiny_model_dir,
+        "--train_datasets", f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl",
+        "--eval_datasets", f"Jsonfile:1.0:{tiny_data_dir}/test.jsonl",
+        "--max_steps", "3", "--gradient_accumulation_steps", "2", "--overwrite_output_dir", "true",
+        "--per_device_eval_batch_size", "8", "--logging_steps", "1", "--learning_rate", "1e-2",
+        "--eval_steps", "3", "--save_steps", "3", "--warmup_steps", "0", "--disable_tqdm", "true",
+        "--eval_max_new_tokens", "6",
+    ]
+    out1, out2 = one_and_two_process_runs("sft/run_sft.py", argv, tmp_path, {"--per_device_train_batch_size": 8})
+    assert_same_steps(out1, out2, "loss/sft", 3)
+    assert_same_weights(out1, out2)
+    assert_weights_moved(tiny_model_dir, out2)
+    s1, s2 = (json.load(open(f"{o}/summary.json"))["final_eval"] for o in (out1, out2))
+    np.testing.assert_allclose(s2["eval/loss"], s1["eval/loss"], rtol=2e-5)
+    assert s2["eval/accuracy"] == s1["eval/accuracy"]
+
+
+def test_ppo_dp2_matches_one_process(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path):
+    """PPO with a reward model and a critic: each data rank rolls out its half of the global
+    prompt batch (the prompt order is shared), and the update's token-mean losses are taken over
+    the global token count, so the two layouts give the same losses, gradient norms and weights.
+    `top_k 1` makes each draw the most likely token (the rollouts do not depend on the random
+    streams, which are seeded per data rank), and `normalize_advantage false` keeps the
+    per-rank whitening out (it whitens over the rank's own rows)."""
+    argv = ["config/tiny/ppo_argument.json", *ppo_argv(
+        tiny_model_dir, tiny_data_dir, "--reward_model_name_or_path", tiny_rm_dir, "--top_k", "1",
+        "--normalize_advantage", "false", "--normalize_reward", "false", "--overwrite_output_dir", "true",
+        "--update_iters", "2", "--gradient_accumulation_steps", "1",
+        "--learning_rate", "1e-3", "--critic_learning_rate", "1e-3", "--kl_coeff", "0.1", "--entropy_coeff", "0.01",
+    )]
+    out1, out2 = one_and_two_process_runs(  # one micro-batch per optimiser step in both layouts
+        "ppo/run_ppo.py", argv, tmp_path, {"--per_device_prompt_batch_size": 8, "--per_device_train_batch_size": 8})
+    for key in ("loss/policy_avg", "loss/value_avg", "objective/scores", "objective/kl", "policy/entropy_avg",
+                "train/actor_grad_norm", "train/critic_grad_norm"):
+        assert_same_steps(out1, out2, key, 2)
+    for name in ("policy", "value"):
+        assert_same_weights(f"{out1}/{name}", f"{out2}/{name}")
+    assert_weights_moved(tiny_model_dir, f"{out2}/policy")
