@@ -28,5 +28,10 @@ setup(
     packages=find_packages(include=["ppo", "ppo.*"]),
     python_requires=">=3.9",
     install_requires=read_requirements("requirements.txt"),
-    extras_require={"dev": ["pytest"]},
+    extras_require={
+        "dev": ["pytest"],
+        # report_to wandb / tensorboard; PaddleNLP's Trainer (SFT, RM, DPO) writes TensorBoard with tensorboardX
+        "wandb": ["wandb"],
+        "tensorboard": ["tensorboard", "tensorboardX"],
+    },
 )

@@ -29,16 +29,17 @@ with quiet_third_party_warnings():
     from ppo.common.output_lock import acquire_output_dir  # noqa: E402
     from ppo.common.startup_checks import check_token_and_position_limits  # noqa: E402
     from ppo.common.process_exit import run_and_exit  # noqa: E402
+    from paddlenlp.trainer.trainer_utils import set_seed  # noqa: E402
     from ppo.common.run_setup import finish_trainer_run  # noqa: E402
     from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
     from ppo.data import PREFERENCE_DATASETS, PromptOnlyDataset  # noqa: E402
     from ppo.data.base import DataError  # noqa: E402
     from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, load_pipe, log_pipeline_settings  # noqa: E402
     from ppo.models.preference_pipe import PreferencePolicyInputs  # noqa: E402
+    from ppo.models.adapters import load_merged_causal_lm  # noqa: E402
     from ppo.models.loading import (  # noqa: E402
         apply_lora,
         freeze,
-        is_lora_model,
         load_causal_lm,
         load_overrides,
         load_reference,
@@ -101,9 +102,10 @@ def build_trainer(model_args, data_args, training_args):
     if training_args.pipeline_parallel_degree > 1:
         model, ref_model = load_pipeline_models(model_args, training_args, extra)
     else:
-        model = load_causal_lm(path, **extra)
-        if model_args.use_lora and not is_lora_model(model):
-            model = apply_lora(model, base_model_name_or_path=path, **model_args.lora_settings())
+        if model_args.use_lora:  # an SFT adapter is merged first and a fresh adapter trained (as TRL does)
+            model = apply_lora(load_merged_causal_lm(path, **extra), base_model_name_or_path=path, **model_args.lora_settings())
+        else:
+            model = load_causal_lm(path, **extra)
         set_dropout_off(model)
         # the reference: none when the loss needs none; a LoRA policy with its adapter off; else a frozen copy
         ref_model = None
@@ -133,6 +135,7 @@ def main(argv=None, training_arguments=None):
     model_args, data_args, training_args = parse_arguments(classes, argv, validate=validate_arguments)
     acquire_output_dir(training_args.output_dir)  # one run per output_dir
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
+    set_seed(training_args.seed)  # fresh LoRA adapters and score heads start from the run's seed (PaddleNLP's llm scripts)
     trainer = build_trainer(model_args, data_args, training_args)
     return finish_trainer_run(trainer, training_args, trainer.tokenizer)
 

@@ -7,6 +7,7 @@ from .algos import ADV_ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES, g
 from .algos.kl import K3_NAMES, KL_ESTIMATOR_NAMES
 from .common import paddlenlp_keys as pk
 from .common import validation
+from .common.report_writers import LOOP_PACKAGES, missing_report_packages
 
 
 def score_source_problems(model_args):
@@ -102,8 +103,10 @@ def paddlenlp_setting_problems(args):
     """PaddleNLP TrainingArguments values the PPO loop does not run (`report_to all` resolves to
     the installed integrations only here)."""
     problems = pk.ppo_value_problems(args)
-    if any(name != "visualdl" for name in args.report_to):
-        problems.append(f"report_to {args.report_to}: the PPO/GRPO loop reports to visualdl (and metrics.jsonl) only")
+    unknown = [name for name in args.report_to if name not in LOOP_PACKAGES and name != "none"]
+    if unknown:
+        problems.append(f"report_to {unknown}: the PPO/GRPO loop reports to {sorted(LOOP_PACKAGES)} (and metrics.jsonl)")
+    problems += missing_report_packages(args.report_to, LOOP_PACKAGES)
     if args.bf16 or args.fp16:
         if str(args.fp16_opt_level).upper() != "O2":
             problems.append(

@@ -42,10 +42,15 @@ class ModelArgument(ModelCommonArguments):
         default=None, metadata={"help": "Frozen reference model; defaults to the actor's starting point."}
     )
     reward_model_name_or_path: Optional[str] = field(
-        default=None, metadata={"help": "Trained score model; empty when rewards come from a reward server."}
+        default=None,
+        metadata={"help": "Trained score model or score-model LoRA adapter (rm/run_reward.py); empty when rewards come "
+                  "from a reward server."},
     )
     reward_critic_model_name_or_path: Optional[str] = field(
-        default=None, metadata={"help": "Critic initialisation; defaults to the reward model (GAE only)."}
+        default=None,
+        metadata={"help": "Critic initialisation; defaults to the reward model (GAE only). Full weights train whole "
+                  "(weights + gradients + 2 AdamW moments, ~4x the weights); a score-model LoRA adapter is merged and "
+                  "the critic trains its own adapter and score head (one frozen copy of the weights)."},
     )
     use_rm_server: bool = field(default=False, metadata={"help": "Score responses with an HTTP reward server."})
     reward_server: str = field(default="http://127.0.0.1:8731", metadata={"help": "URL of the reward server."})

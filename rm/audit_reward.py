@@ -29,7 +29,7 @@ with quiet_third_party_warnings():
     from ppo.common.process_exit import run_and_exit  # noqa: E402
     from ppo.data import PromptOnlyDataset  # noqa: E402
     from ppo.models.loading import load_tokenizer  # noqa: E402
-    from ppo.models.score_model import AutoModelForScore  # noqa: E402
+    from ppo.models.adapters import load_merged_score_model  # noqa: E402
     from rm.audit_arguments import AuditArgument, validate_arguments  # noqa: E402
 
 PROBES = ("empty", "eos_only", "prompt_echo", "repeated_token", "truncated_half", "very_long")
@@ -96,7 +96,7 @@ def audit(model, tokenizer, dataset, batch_size=64, long_answer_tokens=32):
 def main(argv=None):
     (args,) = parse_arguments((AuditArgument,), argv, validate=validate_arguments)
     tokenizer = load_tokenizer(args.model_name_or_path)
-    model = AutoModelForScore.from_pretrained(args.model_name_or_path)
+    model = load_merged_score_model(args.model_name_or_path)
     model.eval()
     dataset = PromptOnlyDataset(
         split_specs(args.eval_datasets), tokenizer, prompt_template=args.prompt_template, max_prompt_len=args.max_prompt_len

@@ -3,6 +3,7 @@
 import paddle
 from paddlenlp.trainer import Trainer
 
+from ppo.models.adapters import save_normalizer_stats
 from ppo.models.pipeline import wrapped_pipeline
 from ppo.models.score_model_pipe import pipeline_end_scores
 from ppo.models.score_model import LOSS_TYPES, pair_scores_loss  # noqa: F401 (LOSS_TYPES: rm/run_reward.py)
@@ -40,6 +41,13 @@ class RewardTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, Trainer):
     def compute_loss(self, model, inputs, return_outputs=False):
         loss, stats = reward_loss(model, inputs, self.args.loss_type, self.args.regularization)
         return (loss, stats) if return_outputs else loss
+
+    def _save(self, output_dir=None, state_dict=None, merge_tensor_parallel=False):
+        """The `Trainer`'s save, plus a LoRA score model's normaliser statistics (not among
+        the adapter's trainable weights) in `score_normalizer.json`."""
+        super()._save(output_dir, state_dict=state_dict, merge_tensor_parallel=merge_tensor_parallel)
+        if self.args.should_save:
+            save_normalizer_stats(self.model, output_dir or self.args.output_dir)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
         """Pairwise accuracy and margin over the whole eval set (`rm/accuracy`, `rm/margin`, `rm/eval_loss`)."""

@@ -3,7 +3,10 @@
     python -m paddle.distributed.launch rm/run_reward.py config/tiny/rm_argument.json [--flag value ...]
 
 Saves a score model loadable with `AutoModelForScore.from_pretrained(output_dir)`
-(its normaliser statistics included), plus `metrics.jsonl`, `summary.json`,
+(its normaliser statistics included); with `use_lora`, a score-model adapter (LoRA matrices,
+score head, `score_normalizer.json`) on `model_name_or_path` (a full model or an SFT adapter,
+merged in memory) that ppo/run_ppo.py loads as reward model and critic and
+`sft/merge_lora.py` merges into a full score model; plus `metrics.jsonl`, `summary.json`,
 `resolved_arguments.json` and VisualDL logs.
 """
 import os
@@ -20,12 +23,13 @@ with quiet_third_party_warnings():
     from ppo.common.output_lock import acquire_output_dir  # noqa: E402
     from ppo.common.startup_checks import check_token_and_position_limits  # noqa: E402
     from ppo.common.process_exit import run_and_exit  # noqa: E402
+    from paddlenlp.trainer.trainer_utils import set_seed  # noqa: E402
     from ppo.common.run_setup import finish_trainer_run  # noqa: E402
     from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
     from ppo.data import PreferenceDataset  # noqa: E402
     from ppo.models.loading import apply_lora, load_overrides, load_tokenizer  # noqa: E402
     from ppo.models.pipeline import log_pipeline_settings  # noqa: E402
-    from ppo.models.score_model import AutoModelForScore  # noqa: E402
+    from ppo.models.adapters import load_merged_score_model, score_lora_settings  # noqa: E402
     from ppo.models.score_model_pipe import load_score_pipe  # noqa: E402
     from rm.reward_arguments import DataArgument, ModelArgument, RewardTrainingArguments, validate_arguments  # noqa: E402
     from rm.reward_trainer import RewardTrainer  # noqa: E402
@@ -36,6 +40,7 @@ def main(argv=None):
     model_args, data_args, training_args = parse_arguments(classes, argv, validate=validate_arguments)
     acquire_output_dir(training_args.output_dir)  # one run per output_dir
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
+    set_seed(training_args.seed)  # fresh LoRA adapters and score heads start from the run's seed (PaddleNLP's llm scripts)
 
     tokenizer = load_tokenizer(model_args.model_name_or_path)
     check_token_and_position_limits(
@@ -52,11 +57,10 @@ def main(argv=None):
             training_args.gradient_accumulation_steps, **score_settings,
         )
     else:
-        model = AutoModelForScore.from_pretrained(model_args.model_name_or_path, **score_settings)
-    if model_args.use_lora:
+        model = load_merged_score_model(model_args.model_name_or_path, **score_settings)
+    if model_args.use_lora:  # the adapter saves the LoRA matrices, the score head and (file) the normaliser
         model = apply_lora(
-            model, base_model_name_or_path=model_args.model_name_or_path, trainable_modules=["score_head"],
-            **model_args.lora_settings(),
+            model, base_model_name_or_path=model_args.model_name_or_path, **score_lora_settings(model_args.lora_settings()),
         )
     data_kwargs = dict(data_args.dataset_kwargs(tokenizer, training_args.seed), max_length=data_args.max_length)
     train_dataset = PreferenceDataset(split_specs(data_args.train_datasets), **data_kwargs)

@@ -16,7 +16,7 @@ sys.path.insert(0, ROOT)
 from ppo.data import PromptOnlyDataset  # noqa: E402
 from ppo.evaluation import evaluate_generation  # noqa: E402
 from ppo.models.loading import load_causal_lm, load_tokenizer  # noqa: E402
-from ppo.models.score_model import AutoModelForScore  # noqa: E402
+from ppo.models.adapters import load_merged_score_model  # noqa: E402
 
 STAGES = {"sft": "sft", "ppo": "ppo/policy", "grpo": "grpo/policy", "dpo": "dpo", "online_dpo": "online_dpo/policy"}
 
@@ -30,7 +30,7 @@ def main(argv=None):
     parser.add_argument("--max_new_tokens", type=int, default=12)
     parser.add_argument("--output", default="outputs/tiny/evaluation.json")
     args = parser.parse_args(argv)
-    reward = AutoModelForScore.from_pretrained(args.reward_model)
+    reward = load_merged_score_model(args.reward_model)
     reward.eval()
     results = {}
     for stage, sub in STAGES.items():

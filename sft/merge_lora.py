@@ -1,10 +1,15 @@
-"""Merge a LoRA adapter into its base model and save a full model directory.
+"""Merge a LoRA adapter (causal LM or score model) into its base model and save a full model directory.
 
     python sft/merge_lora.py --lora_path outputs/tiny/sft-lora --output_dir outputs/tiny/sft-merged
+    python sft/merge_lora.py --lora_path outputs/tiny/lora/rm --output_dir outputs/tiny/rm-merged
 
 The base model is read from the adapter's `lora_config.json`
-(`base_model_name_or_path`) unless `--base_model_name_or_path` is given. The
-result loads with `AutoModelForCausalLM.from_pretrained(output_dir)`.
+(`base_model_name_or_path`) unless `--base_model_name_or_path` is given (causal-LM
+adapters only); a base that is itself an adapter (a reward adapter trained on an SFT
+adapter) is merged first. A causal-LM adapter gives a directory that
+`AutoModelForCausalLM.from_pretrained(output_dir)` loads; a score-model adapter
+(rm/run_reward.py with `use_lora`) one that `AutoModelForScore.from_pretrained(output_dir)`
+loads, with its score head and normaliser statistics.
 """
 import os
 import sys

@@ -20,6 +20,7 @@ with quiet_third_party_warnings():
     from ppo.common.output_lock import acquire_output_dir  # noqa: E402
     from ppo.common.startup_checks import check_token_and_position_limits  # noqa: E402
     from ppo.common.process_exit import run_and_exit  # noqa: E402
+    from paddlenlp.trainer.trainer_utils import set_seed  # noqa: E402
     from ppo.common.run_setup import finish_trainer_run  # noqa: E402
     from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
     from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
@@ -34,6 +35,7 @@ def main(argv=None):
     model_args, data_args, training_args = parse_arguments(classes, argv, validate=validate_arguments)
     acquire_output_dir(training_args.output_dir)  # one run per output_dir
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
+    set_seed(training_args.seed)  # fresh LoRA adapters and score heads start from the run's seed (PaddleNLP's llm scripts)
 
     tokenizer = load_tokenizer(model_args.model_name_or_path)
     check_token_and_position_limits(

@@ -18,6 +18,7 @@ def is_preference_loss_config(name):
 
 
 def entry_dataclasses(name):
+    name = name.removeprefix("lora_")  # config/tiny/lora_<stage>_argument.json: the LoRA walkthrough
     if name.startswith("audit"):
         from rm.audit_arguments import AuditArgument
 

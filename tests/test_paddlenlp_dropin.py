@@ -137,7 +137,6 @@ YAML_UNSUPPORTED = {
         "per_device_logprob_batch_size", "per_device_reward_batch_size", "per_device_value_batch_size",
     },
     "qwen/ppo_argument.yaml": {
-        "report_to",  # wandb: the PPO loop reports to visualdl only
         "balance_batch", "use_remove_padding", "rollout_max_num_seqs", "global_batch_size",
         "global_mini_batch_size", "per_device_logprob_batch_size", "per_device_reward_batch_size",
         "per_device_value_batch_size",

@@ -159,13 +159,13 @@ def yaml_without_unsupported(name, tmp_path):
 def test_values_the_loop_does_not_run_are_refused_in_one_error_naming_each_key(tmp_path):
     with pytest.raises(ArgumentError) as info:
         parse_ppo(fixture("llama/ppo_argument.json"), "--output_dir", str(tmp_path), "--save_strategy", "epoch",
-                  "--evaluation_strategy", "epoch", "--report_to", "wandb", "--offload_optim", "true", "--do_predict", "true",
+                  "--evaluation_strategy", "epoch", "--report_to", "autonlp", "--offload_optim", "true", "--do_predict", "true",
                   "--load_best_model_at_end", "true", "--optim", "adafactor", "--metric_for_best_model", "loss")
     message = str(info.value)
     assert message.startswith("8 arguments cannot be used")
     for key, does in [("save_strategy: epoch", "saves a checkpoint at the end of every epoch"),
                       ("evaluation_strategy: epoch", "evaluates at the end of every epoch"),
-                      ("report_to: wandb", "Weights & Biases"), ("offload_optim: true", "pinned host memory"),
+                      ("report_to: autonlp", "Ray Tune"), ("offload_optim: true", "pinned host memory"),
                       ("do_predict: true", "prediction"), ("load_best_model_at_end: true", "best eval metric"),
                       ("optim: adafactor", "another optimizer"), ("metric_for_best_model: loss", "null (PaddleNLP's default)")]:
         (line,) = [ln for ln in message.splitlines() if f"'{key}'" in ln]
@@ -188,8 +188,8 @@ def test_amp_settings_the_loop_does_not_run_are_refused(tmp_path, monkeypatch):
         parse_ppo(*base, "--bf16", "true", "--fp16_opt_level", "O2", "--amp_master_grad", "true")
     from paddlenlp.trainer import integrations
 
-    monkeypatch.setattr(integrations, "get_available_reporting_integrations", lambda: ["visualdl", "tensorboard"])
-    with pytest.raises(ValueError, match=r"report_to \['visualdl', 'tensorboard'\]: the PPO/GRPO loop reports to visualdl"):
+    monkeypatch.setattr(integrations, "get_available_reporting_integrations", lambda: ["visualdl", "autonlp"])
+    with pytest.raises(ValueError, match=r"report_to \['autonlp'\]: the PPO/GRPO loop reports to \['tensorboard', 'visualdl', 'wandb'\]"):
         parse_ppo(*base, "--report_to", "all")
 
 
@@ -236,7 +236,7 @@ def test_release_grads_no_save_no_eval_report_to_none(tiny_model_dir, tiny_data_
     assert summary["run_name"] == json.load(open(f"{out}/summary.json"))["run_name"] == "qwen2.5-7b-kk-dataset-grpo"
     inert = [r.getMessage() for r in caplog.records if "does nothing in the PPO/GRPO loop" in r.getMessage()]
     assert len([m for m in inert if m.startswith("amp_custom_black_list=")]) == 1  # logged once
-    assert any(m.startswith("wandb_http_proxy=") and "report_to wandb only" in m for m in inert)
+    assert any(m.startswith("wandb_http_proxy=") and "WANDB_HTTPS_PROXY" in m for m in inert)
 
 
 def test_kept_grads_checkpoints_eval_and_visualdl(tiny_model_dir, tiny_data_dir, tmp_path):
@@ -277,7 +277,7 @@ def test_values_set_in_code_are_checked_after_parsing_too(tmp_path):
     from ppo.ppo_arguments import PPOTrainingArguments
 
     with pytest.raises(ValueError) as info:
-        PPOTrainingArguments(output_dir=str(tmp_path), save_strategy="epoch", report_to="tensorboard", use_async_save=True)
+        PPOTrainingArguments(output_dir=str(tmp_path), save_strategy="epoch", report_to="autonlp", use_async_save=True)
     message = str(info.value)
-    for key in ("'save_strategy: epoch'", "'report_to: ['tensorboard']'", "'use_async_save: True'"):
+    for key in ("'save_strategy: epoch'", "'report_to: ['autonlp']'", "'use_async_save: True'"):
         assert key in message, key

@@ -35,14 +35,22 @@ class LoRAArguments:
     rslora_plus: bool = field(
         default=False, metadata={"help": "PaddleNLP's rsLoRA+ preset: rslora, lora_plus_scale 4 and lora_alpha 4."}
     )
+    lora_trainable_modules: str = field(
+        default="",
+        metadata={"help": "Comma-separated regexes (matched in full) of weights trained whole and saved with the adapter, "
+                  "e.g. '.*embed_tokens.*,lm_head.*' (PEFT's modules_to_save; PaddleNLP's trainable_modules)."},
+    )
 
     def lora_settings(self):
-        """`apply_lora` keyword arguments: rank, alpha, targets, rslora and LoRA+ (the rslora_plus preset wins)."""
+        """`apply_lora` keyword arguments: rank, alpha, targets, rslora, LoRA+ (the rslora_plus preset wins) and
+        the whole-weight `trainable_modules` (None when empty)."""
+        trainable = [t.strip() for t in self.lora_trainable_modules.split(",") if t.strip()] or None
         if self.rslora_plus:
-            return dict(rank=self.lora_rank, alpha=4, target_modules=self.lora_target_modules, rslora=True, lora_plus_scale=4.0)
+            return dict(rank=self.lora_rank, alpha=4, target_modules=self.lora_target_modules, rslora=True, lora_plus_scale=4.0,
+                        trainable_modules=trainable)
         return dict(
             rank=self.lora_rank, alpha=self.lora_alpha, target_modules=self.lora_target_modules,
-            rslora=self.rslora, lora_plus_scale=self.lora_plus_scale,
+            rslora=self.rslora, lora_plus_scale=self.lora_plus_scale, trainable_modules=trainable,
         )
 
 

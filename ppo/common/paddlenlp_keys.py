@@ -132,7 +132,7 @@ def fixed_value_matches(key, value):
 # PaddleNLP's default null. Checked in the argument file and on the command line (one error with
 # every other problem) and again after parsing (`ppo_value_problems`).
 PPO_FIXED_VALUE = {
-    "report_to": (("visualdl", "none", "all"), "wandb / tensorboard send the metrics to Weights & Biases / TensorBoard"),
+    "report_to": (("visualdl", "wandb", "tensorboard", "none", "all"), "autonlp reports trials to Ray Tune (PaddleNLP's AutoNLP)"),
     "save_strategy": (("steps", "no"), "epoch saves a checkpoint at the end of every epoch"),
     "evaluation_strategy": (("steps", "no"), "epoch evaluates at the end of every epoch"),
     "logging_strategy": (("steps",), "no / epoch log never / once per epoch"),
@@ -191,8 +191,8 @@ PPO_INERT = {
         lambda a: bool(a.pipeline_parallel_config) and a.pipeline_parallel_degree <= 1,
         "PaddleNLP reads it only at pipeline_parallel_degree > 1",
     ),
-    "wandb_http_proxy": (lambda a: bool(a.wandb_http_proxy), "used by report_to wandb only, which the PPO loop does not support"),
-    "wandb_api_key": (lambda a: bool(a.wandb_api_key), "used by report_to wandb only, which the PPO loop does not support"),
+    "wandb_http_proxy": (lambda a: bool(a.wandb_http_proxy), "the PPO loop's wandb writer reads it from the environment: set WANDB_HTTPS_PROXY"),
+    "wandb_api_key": (lambda a: bool(a.wandb_api_key), "the PPO loop's wandb writer reads it from the environment: set WANDB_API_KEY (or wandb login)"),
     "sequence_parallel": (
         lambda a: bool(a.sequence_parallel),
         "PaddleNLP turns it off below tensor_parallel_degree 2; at 2 and above model loading refuses it (not implemented here)",

@@ -1,4 +1,4 @@
-"""Machine-readable run traces: `metrics.jsonl`, `summary.json` and VisualDL logs.
+"""Machine-readable run traces: `metrics.jsonl`, `summary.json` and VisualDL / W&B / TensorBoard logs.
 
 Every training entry point logs through one `RunTracker`, on the main process
 only. `metrics.jsonl` holds one JSON object per logged step; `summary.json`
@@ -47,9 +47,11 @@ def to_float(value):
 
 
 class RunTracker:
-    """Append metrics to `output_dir/metrics.jsonl` and to VisualDL under `logging_dir`."""
+    """Append metrics to `output_dir/metrics.jsonl` and to the `report_to` dashboards under `logging_dir`."""
 
-    def __init__(self, output_dir, logging_dir=None, use_visualdl=True, enabled=True, resume=False, run_name=None):
+    def __init__(self, output_dir, logging_dir=None, use_visualdl=True, enabled=True, resume=False, run_name=None, report_to=None):
+        """`report_to` (default: visualdl when `use_visualdl`): the dashboards each row also goes to
+        (`ppo.common.report_writers`: visualdl, wandb, tensorboard)."""
         self.output_dir = output_dir
         self.run_name = run_name  # PaddleNLP's run_name: VisualDL's display name and summary.json "run_name"
         self.enabled = enabled
@@ -64,10 +66,10 @@ class RunTracker:
             self._reload()
         else:
             open(self.metrics_path, "w").close()
-        if use_visualdl:
-            from visualdl import LogWriter
+        from .report_writers import ReportWriters
 
-            self.writer = LogWriter(logdir=logging_dir or os.path.join(output_dir, "visualdl"), display_name=run_name or "")
+        report_to = (["visualdl"] if use_visualdl else []) if report_to is None else report_to
+        self.writer = ReportWriters(report_to, logging_dir or os.path.join(output_dir, "visualdl"), run_name)
 
     def _reload(self):
         """On resume, keep earlier lines (a torn last line is cut off) and recover final/best values."""
@@ -100,9 +102,7 @@ class RunTracker:
         append_rows(self.metrics_path, [record])
         self._remember({k: v for k, v in record.items() if k != "step"})
         if self.writer is not None:
-            for name, value in record.items():
-                if name != "step" and isinstance(value, float) and math.isfinite(value):
-                    self.writer.add_scalar(tag=name, value=value, step=int(step))
+            self.writer.write(record, step)
         return record
 
     def finish(self, **extra):

@@ -1,5 +1,6 @@
 """Start-up checks shared by the `Trainer` entry points (SFT, RM, the DPO family), which run
 PaddleNLP's Trainer; PPO/GRPO has its own loop and checks (`ppo/ppo_argument_checks.py`)."""
+from .report_writers import TRAINER_PACKAGES, missing_report_packages
 from .validation import (
     dtype_device_problems,
     model_dir_problems,
@@ -38,4 +39,5 @@ def trainer_entry_problems(model_args, data_args, training_args, model_dirs):
     has_eval = bool([s for s in data_args.eval_datasets if s] or [s for s in getattr(data_args, "eval_generation_datasets", []) if s])
     problems += do_train_problems(training_args, has_eval)
     problems += pipeline_problems(training_args, model_args.use_lora)
+    problems += missing_report_packages(training_args.report_to or [], TRAINER_PACKAGES)  # PaddleNLP's integrations
     return problems

@@ -149,12 +149,13 @@ def is_score_config(config):
     return "score_type" in config or any(str(a).endswith("ForScore") for a in config.get("architectures") or [])
 
 
-def check_model_dir(arg_name, path, need_score_head=False):
+def check_model_dir(arg_name, path, need_score_head=False, _adapters=()):
     """Raise ValueError (naming `arg_name` and `path`) unless `path` is a loadable model directory.
 
     A LoRA adapter directory (`lora_config.json`) needs its adapter weights and a
     valid base model. With `need_score_head`, a full model must be a score model
-    (`config.json` with `score_type` or a `*ForScore` architecture).
+    (`config.json` with `score_type` or a `*ForScore` architecture), an adapter a
+    score-model adapter (its `config.json` with `score_type`).
     """
     if not path:
         return
@@ -170,7 +171,15 @@ def check_model_dir(arg_name, path, need_score_head=False):
         base = _read_json(lora_config, arg_name).get("base_model_name_or_path")
         if not base:
             raise ValueError(f"{arg_name}: {lora_config} has no base_model_name_or_path")
-        check_model_dir(f"{arg_name} (LoRA base model named in {lora_config})", base)
+        if need_score_head and "score_type" not in _read_json(os.path.join(path, "config.json"), arg_name):
+            raise ValueError(
+                f"{arg_name}={path}: a LoRA adapter without a trained score head (its config.json has no score_type); "
+                "pass a reward model or a score-model adapter trained with rm/run_reward.py"
+            )
+        if os.path.abspath(base) in _adapters + (os.path.abspath(path),):
+            raise ValueError(f"{arg_name}: LoRA adapters name each other as base_model_name_or_path in a loop ({lora_config})")
+        check_model_dir(f"{arg_name} (LoRA base model named in {lora_config})", base,
+                        _adapters=_adapters + (os.path.abspath(path),))
         return
     config_file = os.path.join(path, "config.json")
     if not os.path.isfile(config_file):

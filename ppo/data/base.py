@@ -573,6 +573,8 @@ class TokenizedDataset(Dataset):
     def _tokenize_all(self) -> List[dict]:
         from tqdm import tqdm
 
+        from .trl_formats import render_conversational
+
         data = []
         iterator = tqdm(
             range(len(self.rawdata)),
@@ -586,7 +588,7 @@ class TokenizedDataset(Dataset):
             if missing:
                 raise ValueError(f"{type(self).__name__} needs field(s) {missing}, but {self.where()} lacks them")
             try:
-                item = self.preprocess(sample)
+                item = self.preprocess(render_conversational(sample, self.tokenizer, self.use_chat_template))
             except (ValueError, TypeError) as e:
                 if isinstance(e, DataError):
                     raise
@@ -619,7 +621,10 @@ class TokenizedDataset(Dataset):
             _logger().info(message)
 
     def format_sample_prompt(self, sample: RawSample) -> Tuple[str, str]:
-        """`(prompt_text, final_user_turn)` for a raw sample."""
+        """`(prompt_text, final_user_turn)` for a raw sample (a rendered conversational sample
+        carries its `prompt_text`, see `ppo.data.trl_formats`)."""
+        if "prompt_text" in sample:
+            return sample["prompt_text"], sample["input"]
         final, history = sample_conversation(sample)
         prompt = format_prompt(
             final,

@@ -33,7 +33,7 @@ def load_tokenizer(path):
     """The tokenizer of `path`, or of the base model when `path` is a LoRA adapter."""
     from paddlenlp.transformers import AutoTokenizer
 
-    if is_lora_dir(path) and not os.path.isfile(os.path.join(path, "tokenizer_config.json")):
+    while is_lora_dir(path) and not os.path.isfile(os.path.join(path, "tokenizer_config.json")):
         path = lora_base_path(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
@@ -71,14 +71,18 @@ def apply_lora(
 
 def load_causal_lm(path, dtype="float32", base_model_name_or_path=None, **config_overrides):
     """A `CausalLM` from a model directory, or a `LoRAModel` from an adapter directory.
+    An adapter whose base is itself an adapter (see `ppo.models.adapters`) gets that chain
+    merged into the base weights in memory first.
     `config_overrides` (e.g. `use_flash_attention=True`) are set on the model config."""
     from paddlenlp.transformers import AutoModelForCausalLM
 
     if is_lora_dir(path):
         from paddlenlp.peft import LoRAModel
 
+        from .adapters import load_merged_causal_lm
+
         base_path = base_model_name_or_path or lora_base_path(path)
-        base = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype, **config_overrides)
+        base = load_merged_causal_lm(base_path, dtype=dtype, **config_overrides)
         return LoRAModel.from_pretrained(model=base, lora_path=path)
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **config_overrides)
 
@@ -206,6 +210,13 @@ def load_reference(policy, policy_path, ref_path=None, dtype="float32", **overri
     """A frozen reference model, or None when `policy` is a LoRA model whose disabled
     adapter serves as the reference (one copy of the base weights)."""
     if is_lora_model(policy) and (not ref_path or ref_path == policy_path):
+        if policy.lora_config.trainable_modules:
+            raise ValueError(
+                f"{policy_path}: the LoRA adapter also trains whole weights {policy.lora_config.trainable_modules} "
+                "(lora_trainable_modules); the reference is the policy with its adapter off, and those weights would move "
+                "the reference too. Set a separate reference model, or train a fresh adapter without lora_trainable_modules "
+                "(an adapter given as the model with use_lora is merged first in PPO/GRPO and DPO)"
+            )
         return None
     reference = freeze(set_dropout_off(load_causal_lm(ref_path or policy_path, dtype=dtype, **overrides)))
     if is_lora_model(reference):
@@ -266,11 +277,16 @@ def set_dropout_off(model):
 
 
 def merge_lora_to_dir(lora_dir, output_dir, base_model_name_or_path=None):
-    """Merge a LoRA adapter into its base weights and save a plain model directory
-    (weights and tokenizer) that `AutoModelForCausalLM.from_pretrained` loads."""
-    lora_model = load_causal_lm(lora_dir, base_model_name_or_path=base_model_name_or_path)
-    lora_model.merge()
-    merged = lora_model.restore_original_model()
+    """Merge a LoRA adapter (causal LM or score model, see `ppo.models.adapters`) into its
+    base weights and save a plain model directory (weights and tokenizer) that
+    `from_pretrained` loads. `base_model_name_or_path` overrides the causal-LM adapter's base."""
+    from .adapters import is_score_adapter, merge_adapter_to_dir, merge_lora_model
+
+    if base_model_name_or_path is None or is_score_adapter(lora_dir):
+        if base_model_name_or_path is not None:
+            raise ValueError(f"{lora_dir}: base_model_name_or_path overrides only a causal-LM adapter's base")
+        return merge_adapter_to_dir(lora_dir, output_dir)
+    merged = merge_lora_model(load_causal_lm(lora_dir, base_model_name_or_path=base_model_name_or_path))
     merged.save_pretrained(output_dir)
     load_tokenizer(lora_dir).save_pretrained(output_dir)
     return merged

@@ -1,19 +1,26 @@
 """The four models of PPO: actor, reference, reward (or a reward server) and critic.
 
-- actor: from the SFT model (or a LoRA adapter, or a fresh LoRA on the SFT model);
+- actor: from the SFT model; with `use_lora`, a fresh LoRA adapter on it (an SFT adapter
+  is merged into its base in memory first, as TRL does with a PEFT model); without
+  `use_lora`, an SFT adapter keeps training (its base with the adapter off is the reference);
 - reference: a frozen copy, or, with a LoRA actor, the actor itself with the
   adapter disabled (one copy of the base weights in memory);
-- reward: a frozen score model, absent when a reward server scores;
+- reward: a frozen score model, absent when a reward server scores; a score-model adapter
+  (rm/run_reward.py with `use_lora`) is merged into its base in memory;
 - critic: a score model (`score_type="critic"`) from `reward_critic_model_name_or_path`
   or the reward model; absent for critic-free estimators (GRPO, RLOO, REINFORCE++).
-Dropout is off in all of them.
+  From full weights it trains all of them (weights, gradients and two AdamW moments: about
+  4x the weights' bytes); from a score-model adapter it trains its own LoRA adapter and
+  score head on the merged reward weights (one frozen copy of the weights plus the adapter's
+  small state).
+Dropout is off in all of them. Adapter chains are described in `ppo.models.adapters`.
 """
 import contextlib
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .loading import apply_lora, freeze, is_lora_dir, is_lora_model, load_causal_lm, load_reference, lora_disabled, set_dropout_off
-from .score_model import AutoModelForScore
+from .adapters import MERGE_TOOL, load_merged_causal_lm, load_merged_score_model, score_lora_settings
+from .loading import apply_lora, freeze, is_lora_dir, load_causal_lm, load_reference, lora_disabled, set_dropout_off
 
 
 @dataclass
@@ -40,28 +47,40 @@ def build_ppo_models(model_args, use_critic, dtype="float32", pipeline=False, **
     if pipeline:
         return build_ppo_pipes(model_args, use_critic, dtype, **extra)
     actor_path = model_args.actor_model_name_or_path
-    actor = load_causal_lm(actor_path, dtype=dtype, **extra)
-    if model_args.use_lora and not is_lora_model(actor):
+    if model_args.use_lora:
+        actor = load_merged_causal_lm(actor_path, dtype=dtype, **extra)
         actor = apply_lora(actor, base_model_name_or_path=actor_path, **model_args.lora_settings())
+    else:
+        actor = load_causal_lm(actor_path, dtype=dtype, **extra)
     set_dropout_off(actor)
 
     reference = load_reference(actor, actor_path, model_args.reference_model_name_or_path, dtype, **extra)
 
     reward = None  # the model paths were checked at start (ppo.ppo_argument_checks.model_path_problems)
     if not (model_args.use_rm_server or model_args.use_rule_reward):
-        reward_path = model_args.reward_model_name_or_path
-        reward = freeze(set_dropout_off(AutoModelForScore.from_pretrained(reward_path, dtype=dtype, **extra)))
+        reward = freeze(set_dropout_off(load_merged_score_model(model_args.reward_model_name_or_path, dtype=dtype, **extra)))
 
     critic = None
     if use_critic:
-        critic_path = model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path
-        if is_lora_dir(critic_path):
-            raise ValueError(f"{critic_path}: a LoRA adapter cannot initialise the critic; merge it first (sft/merge_lora.py)")
-        critic = AutoModelForScore.from_pretrained(
-            critic_path, dtype=dtype, score_type="critic", do_normalize=False, normalizer_type=None, **extra
-        )
-        set_dropout_off(critic)
+        critic = build_critic(model_args, dtype, **extra)
     return PPOModels(actor=actor, reference=reference, reward=reward, critic=critic)
+
+
+def build_critic(model_args, dtype="float32", **extra):
+    """The critic from `reward_critic_model_name_or_path` or the reward model: full weights
+    train as they are; a score-model adapter is merged into its base and gets a fresh LoRA
+    adapter of `lora_settings()` with a trainable score head (see module docstring)."""
+    critic_path = model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path
+    if not critic_path:
+        raise ValueError("the gae estimator needs a critic: set reward_critic_model_name_or_path or reward_model_name_or_path")
+    critic = load_merged_score_model(
+        critic_path, dtype=dtype, score_type="critic", do_normalize=False, normalizer_type=None, **extra
+    )
+    if is_lora_dir(critic_path):
+        critic = apply_lora(
+            critic, base_model_name_or_path=critic_path, **score_lora_settings(model_args.lora_settings())
+        )
+    return set_dropout_off(critic)
 
 
 def build_ppo_pipes(model_args, use_critic, dtype="float32", **extra):
@@ -73,6 +92,12 @@ def build_ppo_pipes(model_args, use_critic, dtype="float32", **extra):
     from .score_model_pipe import load_plain_score_pipe
 
     actor_path = model_args.actor_model_name_or_path
+    for name in ("reward_model_name_or_path", "reward_critic_model_name_or_path"):
+        if is_lora_dir(getattr(model_args, name)):
+            raise ValueError(
+                f"{name}={getattr(model_args, name)}: a LoRA adapter with pipeline_parallel_degree > 1 is not implemented "
+                f"here; merge it into a full model first ({MERGE_TOOL})"
+            )
     actor = set_dropout_off(load_pipe(actor_path, None, None, dtype=dtype, **extra))
     reference = freeze(set_dropout_off(load_pipe(model_args.reference_model_name_or_path or actor_path, None, None, dtype=dtype, **extra)))
     reward = None

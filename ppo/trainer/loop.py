@@ -171,7 +171,7 @@ class TrainingLoop:
     def train_loop(self):
         args = self.args
         resumed = self.maybe_resume()
-        self.tracker = RunTracker(args.output_dir, args.logging_dir, use_visualdl="visualdl" in args.report_to,
+        self.tracker = RunTracker(args.output_dir, args.logging_dir, report_to=args.report_to,
                                   enabled=self.is_main, resume=resumed, run_name=args.run_name)
         if resumed:
             self.tracker.truncate_after(self.step)
