@@ -11,6 +11,7 @@ import paddle
 import paddle.distributed as dist
 
 from ..algos import entropy_bonus_from_token_entropy, kl_loss, masked_mean, ppo_policy_loss, value_loss
+from ..algos.kl import K3_NAMES
 from ..experience import response_logprobs, response_values
 from ..grad_sync import prepare_step, squared_grad_norm
 from ..models.pipeline import pipeline_group
@@ -18,7 +19,6 @@ from ..models.tensor_parallel import model_parallel_group
 from ..passes import UpdateLosses
 
 logger = logging.getLogger("ppo")
-K3_NAMES = ("k3", "low_var_kl")
 
 
 class NonFiniteError(RuntimeError):
