@@ -138,7 +138,8 @@ def test_trl_files_train_sft_rm_dpo_and_grpo(chat_model_dir, trl_data, tmp_path)
     run_reward(["config/tiny/rm_argument.json", "--model_name_or_path", chat_model_dir, "--train_datasets",
                 f"trl-rm:1.0:{trl_data['pairs']}", "--eval_datasets", "", *short_run_flags(out["rm"])])
     run_dpo(["config/tiny/dpo_argument.json", "--model_name_or_path", chat_model_dir, "--train_datasets",
-             f"trl-dpo:1.0:{trl_data['pairs_chat']}", "--eval_datasets", "", *short_run_flags(out["dpo"])])
+             f"trl-dpo:1.0:{trl_data['pairs_chat']}", "--eval_datasets", "", "--eval_generation_datasets", "",
+             *short_run_flags(out["dpo"])])
     run_ppo(["config/tiny/grpo_rule_argument.json", "--actor_model_name_or_path", chat_model_dir, "--train_datasets",
              f"trl-prompt:1.0:{trl_data['prompts_chat']}", "--eval_datasets", "", "--rollout_n", "4",
              "--per_device_prompt_batch_size", "4", "--max_dec_len", "6", "--num_sample_generations", "0",
