@@ -63,6 +63,15 @@ def test_held_out_strings_appear_in_no_training_split(data_dir):
         assert r["tgt"][0] == r["src"][0][len("Reverse: "):][::-1]
 
 
+def test_validation_prompts_are_the_preference_eval_strings_outside_test_and_train(data_dir):
+    valid = read(data_dir / "valid.jsonl")
+    assert [r["src"][0] for r in valid] == [r["prompt"] for r in read(data_dir / "preference_eval.jsonl")]
+    assert all(r["tgt"][0] == r["src"][0][len("Reverse: "):][::-1] for r in valid)
+    test = {r["src"][0] for r in read(data_dir / "test.jsonl")}
+    train = {r["src"][0] for r in read(data_dir / "sft.jsonl") + read(data_dir / "prompts.jsonl")}
+    assert not {r["src"][0] for r in valid} & (test | train)
+
+
 def test_preference_pairs_follow_pku_schema(data_dir):
     for r in read(data_dir / "preference.jsonl"):
         s = r["prompt"][len("Reverse: "):]

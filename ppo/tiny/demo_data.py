@@ -19,6 +19,8 @@ unless noted):
 - `preference_eval.jsonl`: the same schema on held-out strings;
 - `prompts.jsonl`: RL prompts with the correct `tgt`;
 - `test.jsonl`: held-out prompts with the correct `tgt`, strings in no train split;
+- `valid.jsonl`: the same for the strings of `preference_eval.jsonl` (in no train split
+  and not in the test split): what the training stages evaluate on while they train;
 - `kk.jsonl`: a few Knights-and-Knaves records in PaddleNLP's ppo-kk format.
 
 CLI: `python -m ppo.tiny.demo_data --output_dir data/reverse`
@@ -205,6 +207,7 @@ def generate(
         "preference_eval.jsonl": [preference_record(s, rng, 0.0, swap_frac, half_fix_frac) for s in pref_eval],
         "prompts.jsonl": [{"src": [reverse_prompt(s)], "tgt": [correct_answer(s)]} for s in prompts],
         "test.jsonl": [{"src": [reverse_prompt(s)], "tgt": [correct_answer(s)]} for s in test],
+        "valid.jsonl": [{"src": [reverse_prompt(s)], "tgt": [correct_answer(s)]} for s in pref_eval],
         "kk.jsonl": KK_RECORDS,
     }
     for name, records in splits.items():
