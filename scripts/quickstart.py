@@ -3,13 +3,17 @@ SFT -> reward model -> reward audit -> PPO -> GRPO (with a reward server) -> DPO
 (-> online DPO with `--online-dpo`), each from its `config/tiny/*.json`, then one table
 of held-out results.
 
-    python scripts/quickstart.py               # continue: stages already done are skipped
-    python scripts/quickstart.py --restart     # start over
+    python scripts/quickstart.py            # continue: stages already done are skipped
+    python scripts/quickstart.py --restart  # start over
+    python scripts/quickstart.py --seed 43  # every training seed 43, into outputs/tiny-seed43
     python scripts/quickstart.py --online-dpo  # also online DPO from the SFT model
 
 Every stage is the real entry script run as a subprocess, exactly as a user runs
-it; the first failing stage stops the pipeline with its log path. Results go to
-`outputs/tiny/quickstart_summary.json`.
+it; the first failing stage stops the pipeline with its log path. `--seed` sets
+the seed of the base model's initialisation and of every training stage (the
+demo data, held-out prompts included, stay the same); `--output_root` moves every
+path of the configs from `outputs/tiny` to another directory. Results go to
+`<output root>/quickstart_summary.json`.
 """
 import argparse
 import json
@@ -22,22 +26,38 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-OUT = os.path.join(ROOT, "outputs", "tiny")
+DEFAULT_ROOT = "outputs/tiny"  # the root every path in config/tiny/*.json is written under
 PY = sys.executable
 ENV = dict(os.environ, MKL_DEBUG_CPU_TYPE="5", PYTHONUNBUFFERED="1")
 
 
-def done_marker(stage):
-    return os.path.join(OUT, ".done", stage)
+def done_marker(out, stage):
+    return os.path.join(out, ".done", stage)
 
 
-def run_stage(stage, cmd, log_name=None):
+def config_command(script, config, root, seed=None):
+    """`[python, script, config, flags...]`: every `outputs/tiny/` path in the config moved
+    under `root` and, when `seed` is given, the config's `seed` set to it."""
+    values = json.load(open(os.path.join(ROOT, config)))
+    cmd = [PY, script, config]
+    if root != DEFAULT_ROOT:
+        for key, value in values.items():
+            if isinstance(value, str) and DEFAULT_ROOT + "/" in value:
+                cmd += [f"--{key}", value.replace(DEFAULT_ROOT + "/", root.rstrip("/") + "/")]
+    if seed is not None:
+        if "seed" not in values:
+            raise ValueError(f"{config} has no seed to set")
+        cmd += ["--seed", str(seed)]
+    return cmd
+
+
+def run_stage(out, stage, cmd, log_name=None):
     """Run one stage's command, streaming a progress line; raise naming the log on failure."""
-    if os.path.exists(done_marker(stage)):
+    if os.path.exists(done_marker(out, stage)):
         print(f"[quickstart] {stage}: already done, skipped (--restart to redo)")
-        return json.load(open(done_marker(stage)))["wall_s"]
-    os.makedirs(os.path.join(OUT, "logs"), exist_ok=True)
-    log_path = os.path.join(OUT, "logs", f"{log_name or stage}.log")
+        return json.load(open(done_marker(out, stage)))["wall_s"]
+    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
+    log_path = os.path.join(out, "logs", f"{log_name or stage}.log")
     print(f"[quickstart] {stage}: {' '.join(cmd[1:])}\n[quickstart]   log: {os.path.relpath(log_path, ROOT)}", flush=True)
     start = time.time()
     with open(log_path, "w") as log:
@@ -49,8 +69,8 @@ def run_stage(stage, cmd, log_name=None):
     if proc.returncode != 0:
         tail = open(log_path, errors="replace").read()[-2500:]
         raise SystemExit(f"[quickstart] stage '{stage}' failed (exit {proc.returncode}); see {log_path}\n{tail}")
-    os.makedirs(os.path.dirname(done_marker(stage)), exist_ok=True)
-    json.dump({"wall_s": wall}, open(done_marker(stage), "w"))
+    os.makedirs(os.path.dirname(done_marker(out, stage)), exist_ok=True)
+    json.dump({"wall_s": wall}, open(done_marker(out, stage), "w"))
     print(f"[quickstart] {stage}: done in {wall:.0f}s", flush=True)
     return wall
 
@@ -71,8 +91,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_reward_server(port):
-    log = open(os.path.join(OUT, "logs", "reward_server.log"), "w")
+def start_reward_server(out, port):
+    log_path = os.path.join(out, "logs", "reward_server.log")
+    log = open(log_path, "w")
     proc = subprocess.Popen([PY, "ppo/reward_server.py", "--port", str(port), "--scorer", "reverse"], cwd=ROOT, env=ENV,
                             stdout=log, stderr=subprocess.STDOUT)
     import requests
@@ -80,67 +101,81 @@ def start_reward_server(port):
     deadline = time.time() + 60
     while time.time() < deadline:  # wait quietly for the server to come up
         if proc.poll() is not None:
-            raise SystemExit(f"[quickstart] the reward server exited ({proc.returncode}); see outputs/tiny/logs/reward_server.log")
+            raise SystemExit(f"[quickstart] the reward server exited ({proc.returncode}); see {log_path}")
         try:
             if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
                 return proc
         except requests.RequestException:
             time.sleep(0.3)
     proc.terminate()
-    raise SystemExit("[quickstart] the reward server did not become healthy in 60 s; see outputs/tiny/logs/reward_server.log")
+    raise SystemExit(f"[quickstart] the reward server did not become healthy in 60 s; see {log_path}")
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--restart", action="store_true", help="delete outputs/tiny and run every stage again")
-    parser.add_argument("--online-dpo", action="store_true", help="also run online DPO (config/tiny/online_dpo_argument.json)")
-    args = parser.parse_args(argv)
-    if args.restart and os.path.isdir(OUT):
-        shutil.rmtree(OUT)
-    os.makedirs(OUT, exist_ok=True)
-    t0 = time.time()
+def run_stages(root, out, seed, online_dpo=False):
+    """Run every stage not yet done under `out` (the absolute `root`), online DPO too with
+    `online_dpo`; returns `{stage: wall seconds}`."""
+    seed_flags = [] if seed is None else ["--seed", str(seed)]
     walls = {}
-    walls["build"] = run_stage("build", [PY, "-c", (
-        "from ppo.tiny.factory import main as m; m(['--output_dir', 'outputs/tiny/base']);"
-        "from ppo.tiny.demo_data import main as d; d(['--output_dir', 'outputs/tiny/data'])")])
-    walls["sft"] = run_stage("sft", [PY, "sft/run_sft.py", "config/tiny/sft_argument.json"])
-    walls["rm"] = run_stage("rm", [PY, "rm/run_reward.py", "config/tiny/rm_argument.json"])
-    walls["audit"] = run_stage("audit", [PY, "rm/audit_reward.py", "config/tiny/audit_argument.json"])
-    walls["ppo"] = run_stage("ppo", [PY, "ppo/run_ppo.py", "config/tiny/ppo_argument.json"])
-    if not os.path.exists(done_marker("grpo")):
+    walls["build"] = run_stage(out, "build", [PY, "-c", (
+        f"from ppo.tiny.factory import main as m; m({['--output_dir', root + '/base'] + seed_flags!r});"
+        f"from ppo.tiny.demo_data import main as d; d({['--output_dir', root + '/data']!r})")])
+    walls["sft"] = run_stage(out, "sft", config_command("sft/run_sft.py", "config/tiny/sft_argument.json", root, seed))
+    walls["rm"] = run_stage(out, "rm", config_command("rm/run_reward.py", "config/tiny/rm_argument.json", root, seed))
+    walls["audit"] = run_stage(out, "audit", config_command("rm/audit_reward.py", "config/tiny/audit_argument.json", root))
+    walls["ppo"] = run_stage(out, "ppo", config_command("ppo/run_ppo.py", "config/tiny/ppo_argument.json", root, seed))
+    if not os.path.exists(done_marker(out, "grpo")):
         port = free_port()
-        server = start_reward_server(port)
+        server = start_reward_server(out, port)
         try:
-            walls["grpo"] = run_stage("grpo", [PY, "ppo/run_ppo.py", "config/tiny/grpo_argument.json",
-                                               "--reward_server", f"http://127.0.0.1:{port}"])
+            cmd = config_command("ppo/run_ppo.py", "config/tiny/grpo_argument.json", root, seed)
+            walls["grpo"] = run_stage(out, "grpo", cmd + ["--reward_server", f"http://127.0.0.1:{port}"])
         finally:
             server.terminate()
             server.wait(timeout=30)
     else:
-        walls["grpo"] = run_stage("grpo", [])
-    walls["dpo"] = run_stage("dpo", [PY, "dpo/run_dpo.py", "config/tiny/dpo_argument.json"])
-    stages = ("sft", "ppo", "grpo", "dpo")
-    if args.online_dpo:
-        walls["online_dpo"] = run_stage("online_dpo", [PY, "dpo/run_online_dpo.py", "config/tiny/online_dpo_argument.json"])
-        stages += ("online_dpo",)
-    evaluate = "evaluate_with_online_dpo" if args.online_dpo else "evaluate"  # its own marker: evaluated after online DPO
-    walls["evaluate"] = run_stage(evaluate, [PY, "scripts/evaluate_stages.py", "--output", "outputs/tiny/evaluation.json"])
+        walls["grpo"] = run_stage(out, "grpo", [])
+    walls["dpo"] = run_stage(out, "dpo", config_command("dpo/run_dpo.py", "config/tiny/dpo_argument.json", root, seed))
+    if online_dpo:
+        walls["online_dpo"] = run_stage(
+            out, "online_dpo", config_command("dpo/run_online_dpo.py", "config/tiny/online_dpo_argument.json", root, seed))
+    evaluate = "evaluate_with_online_dpo" if online_dpo else "evaluate"  # its own marker: evaluated after online DPO
+    walls["evaluate"] = run_stage(out, evaluate, [
+        PY, "scripts/evaluate_stages.py", "--runs_dir", root, "--test_data", f"{root}/data/test.jsonl",
+        "--reward_model", f"{root}/rm", "--output", f"{root}/evaluation.json"])
+    return walls
 
-    evaluation = json.load(open(os.path.join(OUT, "evaluation.json")))
-    audit = json.load(open(os.path.join(OUT, "rm", "audit.json")))
-    rm_summary = json.load(open(os.path.join(OUT, "rm", "summary.json")))
-    rows = []
-    for stage in stages:
-        e = evaluation[stage]
-        rows.append({"stage": stage, **e, "wall_s": walls[stage]})
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--restart", action="store_true", help="delete the output root and run every stage again")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the base model and of every training stage (default: the configs' own, 42)")
+    parser.add_argument("--output_root", default=None,
+                        help="directory for every output (default outputs/tiny, or outputs/tiny-seed<N> with --seed)")
+    parser.add_argument("--online-dpo", action="store_true", help="also run online DPO (config/tiny/online_dpo_argument.json)")
+    args = parser.parse_args(argv)
+    root = args.output_root or (DEFAULT_ROOT if args.seed is None else f"{DEFAULT_ROOT}-seed{args.seed}")
+    out = os.path.join(ROOT, root)
+    if args.restart and os.path.isdir(out):
+        shutil.rmtree(out)
+    os.makedirs(out, exist_ok=True)
+    t0 = time.time()
+    walls = run_stages(root, out, args.seed, args.online_dpo)
+    evaluation = json.load(open(os.path.join(out, "evaluation.json")))
+    audit = json.load(open(os.path.join(out, "rm", "audit.json")))
+    rm_summary = json.load(open(os.path.join(out, "rm", "summary.json")))
+    stages = ("sft", "ppo", "grpo", "dpo") + (("online_dpo",) if args.online_dpo else ())
+    rows = [{"stage": stage, **evaluation[stage], "wall_s": walls[stage]} for stage in stages]
     summary = {
+        "seed": args.seed,
+        "output_root": root,
         "stages": rows,
         "reward_model": {"pairwise_accuracy": rm_summary["final_eval"].get("rm/accuracy"), "wall_s": walls["rm"],
                          "empty_and_eos_below_real_frac": audit["empty_and_eos_below_real_frac"]},
         "total_wall_s": time.time() - t0,
         "stage_wall_s": walls,
     }
-    json.dump(summary, open(os.path.join(OUT, "quickstart_summary.json"), "w"), indent=2)
+    json.dump(summary, open(os.path.join(out, "quickstart_summary.json"), "w"), indent=2)
     print_table(summary)
     return summary
 
@@ -154,7 +189,7 @@ def print_table(summary):
     rm = summary["reward_model"]
     print(f"reward model: held-out pairwise accuracy {rm['pairwise_accuracy']:.3f}; empty/EOS-only answers below the real "
           f"answer on {100 * rm['empty_and_eos_below_real_frac']:.1f}% of prompts; trained in {rm['wall_s']:.0f}s")
-    print(f"total wall time {summary['total_wall_s']:.0f}s; summary in outputs/tiny/quickstart_summary.json")
+    print(f"total wall time {summary['total_wall_s']:.0f}s; summary in {summary['output_root']}/quickstart_summary.json")
 
 
 if __name__ == "__main__":

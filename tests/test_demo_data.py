@@ -1,5 +1,6 @@
 """The demo-task generator: correct labels, the demonstrator's flaw, disjoint held-out split."""
 import json
+import random
 
 import pytest
 
@@ -22,6 +23,24 @@ def test_flawed_answer_swaps_first_two_output_characters():
     assert demo_data.flawed_answer("k3x9q") == "9qx3k"
 
 
+def test_half_fixed_answer_repeats_one_of_the_first_two_characters():
+    rng = random.Random(0)
+    assert {demo_data.half_fixed_answer("q9x3k", rng) for _ in range(40)} == {"qqx3k", "99x3k"}
+
+
+def test_rejected_answers_mix_the_flaw_and_its_half_fixes_in_the_given_shares():
+    rng = random.Random(3)
+    strings = [s for s in (demo_data.sample_string(rng) for _ in range(3000)) if s[-1] != s[-2]]
+    rejected = [demo_data.rejected_answer(s, rng, 0.0, 0.0, half_fix_frac=0.3) for s in strings]
+    flaw = sum(r == demo_data.flawed_answer(s) for s, r in zip(strings, rejected)) / len(strings)
+    half = sum(r[0] == r[1] and r[2:] == s[::-1][2:] for s, r in zip(strings, rejected)) / len(strings)
+    assert abs(half - 0.3) < 0.03 and abs(flaw - 0.7) < 0.03 and abs(flaw + half - 1.0) < 1e-9
+    only_flaw = {demo_data.rejected_answer("k3x9q", rng, 0.0, 0.0, half_fix_frac=0.0) for _ in range(20)}
+    assert only_flaw == {"9qx3k"}
+    with pytest.raises(ValueError, match="half_fix_frac"):
+        demo_data.rejected_answer("k3x9q", rng, 0.0, 0.8, half_fix_frac=0.3)
+
+
 def test_sft_demonstrations_copy_the_flaw_only_on_long_strings(data_dir):
     records = read(data_dir / "sft.jsonl")
     short = [r for r in records if len(r["src"][0]) - len("Reverse: ") < 5]
@@ -42,6 +61,15 @@ def test_held_out_strings_appear_in_no_training_split(data_dir):
     assert not test_prompts & train
     for r in read(data_dir / "test.jsonl"):
         assert r["tgt"][0] == r["src"][0][len("Reverse: "):][::-1]
+
+
+def test_validation_prompts_are_the_preference_eval_strings_outside_test_and_train(data_dir):
+    valid = read(data_dir / "valid.jsonl")
+    assert [r["src"][0] for r in valid] == [r["prompt"] for r in read(data_dir / "preference_eval.jsonl")]
+    assert all(r["tgt"][0] == r["src"][0][len("Reverse: "):][::-1] for r in valid)
+    test = {r["src"][0] for r in read(data_dir / "test.jsonl")}
+    train = {r["src"][0] for r in read(data_dir / "sft.jsonl") + read(data_dir / "prompts.jsonl")}
+    assert not {r["src"][0] for r in valid} & (test | train)
 
 
 def test_preference_pairs_follow_pku_schema(data_dir):

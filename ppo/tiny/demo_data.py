@@ -12,12 +12,15 @@ unless noted):
 - `preference.jsonl`: PKU-SafeRLHF schema (`prompt, response_0, response_1,
   better_response_id, safer_response_id, is_response_0_safe, is_response_1_safe`):
   the correct answer versus the flawed one (first two characters swapped, on
-  strings of every length), versus a random adjacent swap for a `swap_frac` share,
-  and versus a degenerate answer (empty, truncated, repeated symbol) for a
-  `degenerate_frac` share of pairs;
+  strings of every length), versus a half-fixed flaw (one of the first two
+  characters written twice) for a `half_fix_frac` share, versus a random adjacent
+  swap for a `swap_frac` share, and versus a degenerate answer (empty, truncated,
+  repeated symbol) for a `degenerate_frac` share of pairs;
 - `preference_eval.jsonl`: the same schema on held-out strings;
 - `prompts.jsonl`: RL prompts with the correct `tgt`;
 - `test.jsonl`: held-out prompts with the correct `tgt`, strings in no train split;
+- `valid.jsonl`: the same for the strings of `preference_eval.jsonl` (in no train split
+  and not in the test split): what the training stages evaluate on while they train;
 - `kk.jsonl`: a few Knights-and-Knaves records in PaddleNLP's ppo-kk format;
 - `ranked*.jsonl`, `unpaired*.jsonl`: the preference strings as ranked lists and as
   unpaired feedback (`ppo/tiny/feedback_data.py`).
@@ -75,17 +78,32 @@ def degenerate_answer(answer, rng):
     return answer[0] * rng.randint(1, 2 * MAX_LEN)
 
 
-def rejected_answer(s, rng, degenerate_frac, swap_frac):
+def half_fixed_answer(answer, rng):
+    """`answer` with one of its first two characters written in both places: the near miss
+    between the flaw and the answer. With the flaw as the only near miss, a reward model
+    can rank pairs by looking at a single one of the first two characters."""
+    first = answer[rng.randint(0, 1)]
+    return first + first + answer[2:]
+
+
+def rejected_answer(s, rng, degenerate_frac, swap_frac, half_fix_frac=0.0):
     """The worse response of a preference pair for string `s`: a degenerate answer
-    (`degenerate_frac` of pairs), a random adjacent swap (`swap_frac` of the rest, and
-    wherever the first two output characters are equal), else the demonstrator's flaw
-    (first two output characters swapped) -- on short strings too, where it is the
-    same kind of mistake the reward model must learn to see."""
+    (`degenerate_frac` of pairs); of the rest, a random adjacent swap (`swap_frac`, and
+    wherever the first two output characters are equal), a half-fixed flaw
+    (`half_fix_frac`), else the demonstrator's flaw (first two output characters
+    swapped) -- on short strings too, where it is the same kind of mistake the reward
+    model must learn to see."""
+    if swap_frac + half_fix_frac > 1.0:
+        raise ValueError(f"swap_frac + half_fix_frac must be at most 1, got {swap_frac} + {half_fix_frac}")
     correct = correct_answer(s)
     if rng.random() < degenerate_frac:
         return degenerate_answer(correct, rng)
-    if correct[0] != correct[1] and rng.random() >= swap_frac:
-        return flawed_answer(s)
+    if correct[0] != correct[1]:
+        u = rng.random()
+        if u >= swap_frac + half_fix_frac:
+            return flawed_answer(s)
+        if u >= swap_frac:
+            return half_fixed_answer(correct, rng)
     return random_adjacent_swap(correct, rng)
 
 
@@ -107,9 +125,9 @@ def sample_unique_strings(rng, n, exclude=()):
     return out
 
 
-def preference_record(s, rng, degenerate_frac, swap_frac):
+def preference_record(s, rng, degenerate_frac, swap_frac, half_fix_frac=0.0):
     """A PKU-SafeRLHF-schema record; the better response sits at a random index."""
-    better, worse = correct_answer(s), rejected_answer(s, rng, degenerate_frac, swap_frac)
+    better, worse = correct_answer(s), rejected_answer(s, rng, degenerate_frac, swap_frac, half_fix_frac)
     better_id = rng.randint(0, 1)
     responses = [worse, worse]
     responses[better_id] = better
@@ -171,6 +189,7 @@ def generate(
     num_test=300,
     degenerate_frac=0.1,
     swap_frac=0.0,
+    half_fix_frac=0.3,
 ):
     """Write every split into `output_dir`; returns `{split: number of records}`."""
     if not 0.0 <= flaw_prob <= 1.0:
@@ -186,10 +205,11 @@ def generate(
 
     splits = {
         "sft.jsonl": [{"src": [reverse_prompt(s)], "tgt": [demonstrate(s, rng, flaw_prob)]} for s in sft],
-        "preference.jsonl": [preference_record(s, rng, degenerate_frac, swap_frac) for s in pref],
-        "preference_eval.jsonl": [preference_record(s, rng, 0.0, swap_frac) for s in pref_eval],
+        "preference.jsonl": [preference_record(s, rng, degenerate_frac, swap_frac, half_fix_frac) for s in pref],
+        "preference_eval.jsonl": [preference_record(s, rng, 0.0, swap_frac, half_fix_frac) for s in pref_eval],
         "prompts.jsonl": [{"src": [reverse_prompt(s)], "tgt": [correct_answer(s)]} for s in prompts],
         "test.jsonl": [{"src": [reverse_prompt(s)], "tgt": [correct_answer(s)]} for s in test],
+        "valid.jsonl": [{"src": [reverse_prompt(s)], "tgt": [correct_answer(s)]} for s in pref_eval],
         "kk.jsonl": KK_RECORDS,
     }
     from .feedback_data import feedback_splits
@@ -197,7 +217,8 @@ def generate(
     splits.update(feedback_splits(pref, pref_eval, seed))
     for name, records in splits.items():
         write_jsonl(os.path.join(output_dir, name), records)
-    meta = {"seed": seed, "flaw_prob": flaw_prob, "degenerate_frac": degenerate_frac, "swap_frac": swap_frac}
+    meta = {"seed": seed, "flaw_prob": flaw_prob, "degenerate_frac": degenerate_frac, "swap_frac": swap_frac,
+            "half_fix_frac": half_fix_frac}
     meta["alphabet"] = ALPHABET
     meta["counts"] = {name: len(records) for name, records in splits.items()}
     with open(os.path.join(output_dir, "meta.json"), "w") as f:
@@ -217,6 +238,7 @@ def main(argv=None):
     parser.add_argument("--num_test", type=int, default=300)
     parser.add_argument("--degenerate_frac", type=float, default=0.1)
     parser.add_argument("--swap_frac", type=float, default=0.0)
+    parser.add_argument("--half_fix_frac", type=float, default=0.3)
     args = parser.parse_args(argv)
     counts = generate(**vars(args))
     print(json.dumps({"output_dir": args.output_dir, "counts": counts}))

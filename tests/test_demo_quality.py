@@ -1,0 +1,87 @@
+"""The tiny demo's alignment quality: the quickstart's seed and output-root plumbing
+(fast), and a slow guard that runs the whole pipeline and holds every stage to a
+floor on the held-out prompts, printing the table either way."""
+import json
+import os
+
+import pytest
+
+from scripts import quickstart
+
+# (stage, lowest overall accuracy, highest overall accuracy, lowest accuracy on strings < 5)
+TARGET_FLOORS = [
+    ("sft", 0.0, 0.65, 0.99),  # SFT must keep the demonstrator's flaw, or the demo shows nothing
+    ("ppo", 0.97, 1.0, 0.98),
+    ("grpo", 0.97, 1.0, 0.98),
+    ("dpo", 0.97, 1.0, 0.98),
+]
+"""The floors the demo is meant to clear on every seed (PPO does not yet: 0.937-0.983 over the
+runs in README, short strings 0.921-1.000)."""
+
+FLOORS = [
+    ("sft", 0.0, 0.65, 0.99),
+    ("ppo", 0.92, 1.0, 0.90),
+    ("grpo", 0.95, 1.0, 0.95),
+    ("dpo", 0.95, 1.0, 0.95),
+]
+"""What the guard holds a run to today: just below the lowest of the measured runs (PPO on a
+learned reward model swings by a few points between runs). It catches a stage that breaks or
+falls well behind, not a loss of one or two points; raise it to TARGET_FLOORS once every seed
+clears those."""
+
+
+def floor_failures(rows, floors=FLOORS):
+    """Messages for every stage of `rows` (the summary's `stages`) outside its floor; a missing stage is one."""
+    by_stage = {r["stage"]: r for r in rows}
+    failures = []
+    for stage, low, high, short_low in floors:
+        r = by_stage.get(stage)
+        if r is None:
+            failures.append(f"{stage}: no result")
+            continue
+        if not low <= r["accuracy"] <= high:
+            failures.append(f"{stage}: accuracy {r['accuracy']:.3f} outside [{low}, {high}]")
+        if r["accuracy_short"] < short_low:
+            failures.append(f"{stage}: accuracy on strings < 5 {r['accuracy_short']:.3f} below {short_low}")
+    return failures
+
+
+def _row(stage, acc, short):
+    return {"stage": stage, "accuracy": acc, "accuracy_short": short}
+
+
+def test_floor_failures_names_each_stage_outside_its_floor():
+    good = [_row("sft", 0.46, 1.0), _row("ppo", 0.99, 1.0), _row("grpo", 0.97, 0.98), _row("dpo", 1.0, 1.0)]
+    assert floor_failures(good, TARGET_FLOORS) == []
+    bad = [_row("sft", 0.70, 1.0), _row("ppo", 0.96, 1.0), _row("grpo", 0.99, 0.97)]
+    assert floor_failures(bad, TARGET_FLOORS) == [
+        "sft: accuracy 0.700 outside [0.0, 0.65]",
+        "ppo: accuracy 0.960 outside [0.97, 1.0]",
+        "grpo: accuracy on strings < 5 0.970 below 0.98",
+        "dpo: no result",
+    ]
+
+
+def test_config_command_moves_every_output_path_and_sets_the_seed():
+    cmd = quickstart.config_command("ppo/run_ppo.py", "config/tiny/grpo_argument.json", "/tmp/root", seed=43)
+    flags = dict(zip(cmd[3::2], cmd[4::2]))
+    assert cmd[1:3] == ["ppo/run_ppo.py", "config/tiny/grpo_argument.json"]
+    assert flags["--actor_model_name_or_path"] == "/tmp/root/sft"
+    assert flags["--train_datasets"] == "Jsonfile:1.0:/tmp/root/data/prompts.jsonl"
+    assert flags["--output_dir"] == "/tmp/root/grpo"
+    assert flags["--seed"] == "43"
+    assert not any("outputs/tiny/" in part for part in cmd)
+    # the default root and seed add nothing: the config is run as written
+    assert quickstart.config_command("sft/run_sft.py", "config/tiny/sft_argument.json", "outputs/tiny") == [
+        quickstart.PY, "sft/run_sft.py", "config/tiny/sft_argument.json"]
+    with pytest.raises(ValueError, match="no seed"):
+        quickstart.config_command("rm/audit_reward.py", "config/tiny/audit_argument.json", "outputs/tiny", seed=1)
+
+
+@pytest.mark.slow
+def test_whole_tiny_pipeline_stays_above_its_floors(tmp_path):
+    summary = quickstart.main(["--output_root", str(tmp_path / "tiny")])  # prints the table
+    print(json.dumps(summary["stages"], indent=1))
+    assert os.path.isfile(tmp_path / "tiny" / "quickstart_summary.json")
+    failures = floor_failures(summary["stages"])
+    assert not failures, "; ".join(failures)
