@@ -33,6 +33,7 @@ import paddle.distributed as dist
 import paddle.nn.functional as F
 
 from .ops import get_ops
+from .paddlenlp_path import generate_with_paddlenlp
 from .params import RolloutOutput, SamplingParams
 from .weights import _decoder, extract_weights, rotary_tables, unwrap_model
 
@@ -371,62 +372,4 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------ PaddleNLP path (use_fusemt=False)
     def _generate_paddlenlp(self, lm, input_ids, attention_mask, p, seed, stop_ids, stop_seqs):
-        t_start = time.perf_counter()
-        B, Tp = input_ids.shape
-        N = p.max_new_tokens
-        if not stop_ids:
-            raise NotImplementedError("use_fusemt=False needs at least one stop token id (PaddleNLP's eos_token_id)")
-        if seed is not None:
-            paddle.seed(seed)
-        kwargs = dict(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=(paddle.cumsum(attention_mask, axis=1) - 1).clip(min=0),
-            max_new_tokens=N,
-            min_new_tokens=p.min_new_tokens,
-            decode_strategy="sampling" if p.do_sample else "greedy_search",
-            temperature=p.temperature,
-            top_k=p.top_k,
-            top_p=p.top_p,
-            repetition_penalty=p.repetition_penalty,
-            eos_token_id=stop_ids[0] if len(stop_ids) == 1 else stop_ids,
-            pad_token_id=self.pad_token_id,
-            use_cache=True,
-        )
-        gen = lm.generate(**kwargs)[0]  # [B, <= N] new tokens only, padded after EOS
-        gen_np = gen.numpy()
-        out = np.full((B, N), self.pad_token_id, dtype=np.int64)
-        lengths = np.zeros(B, dtype=np.int64)
-        stops = set(stop_ids)
-        for b in range(B):
-            row = gen_np[b]
-            n = len(row)
-            for t in range(len(row)):
-                done = t + 1 >= p.min_new_tokens and (
-                    int(row[t]) in stops
-                    or any(t + 1 >= len(s) and list(row[t + 1 - len(s): t + 1]) == s for s in stop_seqs)
-                )
-                if done:
-                    n = t + 1
-                    break
-            out[b, :n] = row[:n]
-            lengths[b] = n
-        t_gen = time.perf_counter() - t_start
-        Tr = max(int(lengths.max()), 1)
-        response_ids = paddle.to_tensor(out[:, :Tr], place=input_ids.place)
-        lengths_t = paddle.to_tensor(lengths, place=input_ids.place)
-        # per-token log-probs from one forward pass (PaddleNLP only reports their mean)
-        seq = paddle.concat([input_ids, response_ids], axis=1)
-        mask = paddle.concat([attention_mask, paddle.ones_like(response_ids)], axis=1)
-        logits = lm(input_ids=seq, attention_mask=mask,
-                    position_ids=(paddle.cumsum(mask, axis=1) - 1).clip(min=0), use_cache=False)
-        logits = logits[0] if isinstance(logits, (tuple, list)) else getattr(logits, "logits", logits)
-        logits = logits[:, Tp - 1: Tp - 1 + Tr].astype("float32") / p.temperature
-        lp = paddle.take_along_axis(F.log_softmax(logits, axis=-1), response_ids.unsqueeze(-1), axis=-1).squeeze(-1)
-        out_lp = paddle.zeros([B, N], dtype="float32")
-        out_lp[:, :Tr] = lp
-        out_tokens = paddle.to_tensor(out, place=input_ids.place)
-        res = self._finish(input_ids, attention_mask, out_tokens, out_lp, lengths_t, t_start, 0.0, int(gen.shape[1]),
-                           match=True)
-        res.stats["generate_s"] = t_gen
-        return res
+        return generate_with_paddlenlp(self, lm, input_ids, attention_mask, p, seed, stop_ids, stop_seqs)
