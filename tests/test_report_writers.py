@@ -153,3 +153,24 @@ def test_trainer_entry_points_name_the_integration_package(tiny_model_dir, tiny_
     with pytest.raises(ValueError, match="report_to tensorboard needs the tensorboardX package: pip install tensorboardX"):
         run_sft(sft_argv(tiny_model_dir, tiny_data_dir, str(tmp_path / "sft"), "--report_to", "tensorboard"))
     assert not os.path.exists(tmp_path / "sft" / "resolved_arguments.json")  # stopped before anything ran
+
+
+def test_sft_reports_to_tensorboard_through_paddlenlp_callback(tiny_model_dir, tiny_data_dir, tmp_path):
+    """PaddleNLP's TensorBoard callback (tensorboardX) writes the Trainer's loss under
+    `logging_dir`; its values are the losses of metrics.jsonl."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.test_sft import sft_argv
+    from sft.run_sft import main as run_sft
+
+    out = str(tmp_path / "sft")
+    # no evaluation: PaddleNLP's callback opens a second writer for an evaluation after training,
+    # whose event file would take the first one's name when both fall in the same second
+    run_sft(sft_argv(tiny_model_dir, tiny_data_dir, out, "--max_steps", "4", "--logging_steps", "2", "--eval_datasets", "",
+                     "--save_steps", "4", "--report_to", "tensorboard", "--logging_dir", f"{out}/logs"))
+    events = EventAccumulator(os.path.join(out, "logs"))
+    events.Reload()
+    losses = [e.value for e in events.Scalars("train/loss")]
+    jsonl = [row["loss/sft"] for row in metrics_rows(out) if "loss/sft" in row]
+    assert len(losses) == len(jsonl) == 2
+    np.testing.assert_allclose(losses, jsonl, rtol=1e-6)
