@@ -12,6 +12,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import paddle
@@ -46,7 +47,7 @@ elif mode == "save":  # the n-th paddle.save writes half its file, then the kill
 elif mode == "trace":  # the n-th trace append writes half a line, then the kill
     import ppo.common.jsonl_trace as trace
     import ppo.common.tracking as tracking
-    import ppo.ppo_trainer as ppo_trainer
+    import ppo.trainer.loop as loop
     original, calls = trace.append_rows, [0]
     def append_rows(path, rows):
         calls[0] += 1
@@ -56,7 +57,7 @@ elif mode == "trace":  # the n-th trace append writes half a line, then the kill
                 f.write(line[: len(line) // 2])
             die()
         return original(path, rows)
-    trace.append_rows = tracking.append_rows = ppo_trainer.append_rows = append_rows
+    trace.append_rows = tracking.append_rows = loop.append_rows = append_rows
 if entry == "ppo":
     from ppo.run_ppo import main
 else:
@@ -73,11 +74,20 @@ def attempt(entry, argv, mode="none", n=0):
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
-def kill_plan(seed, time_range, saves, appends):
+def timed_attempt(entry, argv):
+    """An unkilled attempt and its wall seconds (the machine's speed: kill times scale with it)."""
+    start = time.time()
+    proc = attempt(entry, argv)
+    return proc, time.time() - start
+
+
+def kill_plan(seed, wall_s, saves, appends):
+    """Kill moments for a run that takes `wall_s` when not killed: timed kills between 45% and
+    90% of it (after start-up, before the end, on a fast or a slow machine), the n-th save, the
+    n-th trace append."""
     rng = random.Random(seed)
-    return [("time", round(rng.uniform(*time_range), 2)), ("save", rng.randint(*saves)),
-            ("trace", rng.randint(*appends)), ("time", round(rng.uniform(*time_range), 2)),
-            ("save", rng.randint(*saves))]
+    timed = lambda: ("time", round(rng.uniform(0.45, 0.9) * wall_s, 2))  # noqa: E731
+    return [timed(), ("save", rng.randint(*saves)), ("trace", rng.randint(*appends)), timed(), ("save", rng.randint(*saves))]
 
 
 def metrics_without_timings(out):
@@ -115,8 +125,9 @@ def test_ppo_killed_at_random_moments_equals_an_uninterrupted_run(tiny_model_dir
                         "--logging_steps", "1", "--overwrite_output_dir", "false", "--save_total_limit", "2")
 
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    assert attempt("ppo", argv(straight)).returncode == 0
-    kills = run_killed_then_resumed("ppo", argv(resumed), kill_plan(28, (8.0, 14.0), (2, 14), (2, 8)))
+    proc, wall = timed_attempt("ppo", argv(straight))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kills = run_killed_then_resumed("ppo", argv(resumed), kill_plan(28, wall, (2, 14), (2, 8)))
     assert kills >= 3
     assert_same_run(straight, resumed, "policy")
     assert json.load(open(os.path.join(resumed, "summary.json")))["steps"] == 5
@@ -127,8 +138,9 @@ def test_sft_killed_at_random_moments_equals_an_uninterrupted_run(tiny_model_dir
         return sft_argv(tiny_model_dir, tiny_data_dir, out, "--save_steps", "1")
 
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    assert attempt("sft", argv(straight)).returncode == 0
-    kills = run_killed_then_resumed("sft", argv(resumed), kill_plan(29, (8.0, 14.0), (2, 16), (2, 5)))
+    proc, wall = timed_attempt("sft", argv(straight))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kills = run_killed_then_resumed("sft", argv(resumed), kill_plan(29, wall, (2, 16), (2, 5)))
     assert kills >= 3
     assert_same_run(straight, resumed, "")
     assert json.load(open(os.path.join(resumed, "summary.json")))["global_step"] == 6
