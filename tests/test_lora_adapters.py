@@ -185,6 +185,7 @@ def test_lora_dpo_on_the_sft_adapter_has_the_sft_model_as_reference(adapters, ti
 
     argv = ["config/tiny/dpo_argument.json", "--model_name_or_path", adapters["sft"], "--use_lora", "true", "--lora_rank", "4",
             "--train_datasets", f"PKU-SafeRLHF/train:1.0:{tiny_data_dir}/preference.jsonl", "--eval_datasets", "",
+            "--eval_generation_datasets", "",
             "--output_dir", str(tmp_path / "dpo"), "--logging_dir", str(tmp_path / "dpo" / "vdl")]
     trainer = build_trainer(*parse_arguments((ModelArgument, DataArgument, DPOTrainingArguments), argv))
     sft = load_merged_causal_lm(adapters["sft"])
