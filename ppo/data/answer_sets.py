@@ -66,15 +66,11 @@ class AnswerSetDataset(PromptTruncationMixin, TokenizedDataset):
         prompt_ids = self.cut_prompt(self.tokenize_prompt(prompt), self.truncate_prompt_to)
         ids, labels = [], []
         for answer in chosen[0]:
-            answer_ids = self.tokenize_answer(answer)
-            fitted = self.fit_answer(prompt_ids, answer_ids)
-            if fitted is None:
-                self._count("dropped_prompt_too_long")
+            sequence = self.answer_sequence(prompt_ids, answer, "truncated_answers")
+            if sequence is None:
                 return None
-            if len(fitted) < len(answer_ids):
-                self._count("truncated_answers")
-            ids.append(np.asarray(prompt_ids + fitted, dtype="int64"))
-            labels.append(np.asarray([IGNORE_INDEX] * len(prompt_ids) + fitted, dtype="int64"))
+            ids.append(sequence[0])
+            labels.append(sequence[1])
         return {"input_ids": ids, "labels": labels, "scores": np.asarray(chosen[1], dtype="float32")}
 
     def get_collator(self, return_tensors: str = "pd") -> "AnswerSetCollator":

@@ -47,15 +47,10 @@ class PreferenceDataset(PromptTruncationMixin, TokenizedDataset):
         prompt_ids = self.cut_prompt(self.tokenize_prompt(prompt), self.truncate_prompt_to)
         item = {}
         for key, answer in (("better", better), ("worse", worse)):
-            answer_ids = self.tokenize_answer(answer)
-            fitted = self.fit_answer(prompt_ids, answer_ids)
-            if fitted is None:
-                self._count("dropped_prompt_too_long")
+            sequence = self.answer_sequence(prompt_ids, answer, "truncated_answers")
+            if sequence is None:
                 return None
-            if len(fitted) < len(answer_ids):
-                self._count("truncated_answers")
-            item[f"{key}_input_ids"] = np.asarray(prompt_ids + fitted, dtype="int64")
-            item[f"{key}_labels"] = np.asarray([IGNORE_INDEX] * len(prompt_ids) + fitted, dtype="int64")
+            item[f"{key}_input_ids"], item[f"{key}_labels"] = sequence
         if np.array_equal(item["better_input_ids"], item["worse_input_ids"]):
             self._count("dropped_identical_pair")
             return None

@@ -9,7 +9,7 @@ from typing import Any, Callable, ClassVar, List, Optional, Tuple
 import numpy as np
 from paddle.io import Dataset
 
-from .base import DEFAULT_TEMPLATE, DataError, RawDataset, RawSample, _logger, sample_conversation
+from .base import DEFAULT_TEMPLATE, IGNORE_INDEX, DataError, RawDataset, RawSample, _logger, sample_conversation
 from .collate import format_prompt
 from .specs import parse_dataset_spec
 
@@ -191,6 +191,20 @@ class TokenizedDataset(Dataset):
         if room <= 0:
             return None
         return answer_ids[:room]
+
+    def answer_sequence(self, prompt_ids: List[int], answer: str, truncated_key: str):
+        """`(input_ids [L], labels [L])` int64 of the prompt followed by `answer` fitted to
+        `max_length` (labels -100 on the prompt), counting `truncated_key` when the answer was cut;
+        None (counted as `dropped_prompt_too_long`) when the prompt alone fills `max_length`."""
+        answer_ids = self.tokenize_answer(answer)
+        fitted = self.fit_answer(prompt_ids, answer_ids)
+        if fitted is None:
+            self._count("dropped_prompt_too_long")
+            return None
+        if len(fitted) < len(answer_ids):
+            self._count(truncated_key)
+        return (np.asarray(prompt_ids + fitted, dtype="int64"),
+                np.asarray([IGNORE_INDEX] * len(prompt_ids) + fitted, dtype="int64"))
 
     @abc.abstractmethod
     def preprocess(self, raw_sample: RawSample) -> Optional[dict]:
