@@ -128,3 +128,24 @@ def test_cost_training_run_reload_and_audit(tiny_model_dir, safety_data_dir, tmp
     np.testing.assert_allclose(report["pairwise_accuracy"], summary["final_eval"]["cost/accuracy"], atol=1e-6)
     np.testing.assert_allclose(report["sign_accuracy"], summary["final_eval"]["cost/sign_accuracy"], atol=1e-6)
     assert report["safe"]["count"] + report["unsafe"]["count"] == 128
+
+
+@pytest.mark.slow
+def test_tiny_cost_model_held_out_accuracy(tmp_path):
+    """config/tiny/cost_argument.json on the demo's full safety data, from the untrained tiny base
+    model (the config starts from the SFT model; the cost task needs no reversal skill): held-out
+    pairwise and sign accuracy >= 0.95, by the trainer's evaluation and by the cost audit."""
+    from ppo.tiny import factory, safety_data
+    from rm.audit_cost import main as run_audit
+    from rm.run_reward import main as run_reward
+
+    base, data, out = str(tmp_path / "base"), str(tmp_path / "data"), str(tmp_path / "cost")
+    factory.build_tiny(base, seed=42)
+    safety_data.generate(data)
+    run_reward(cost_argv(base, data, out))
+    final = json.load(open(f"{out}/summary.json"))["final_eval"]
+    print("tiny cost model, held-out:", {k: round(v, 4) for k, v in final.items() if k.startswith("cost/")})
+    assert final["cost/accuracy"] >= 0.95 and final["cost/sign_accuracy"] >= 0.95, final
+    report = run_audit(["config/tiny/cost_audit_argument.json", "--model_name_or_path", out, "--eval_datasets",
+                        f"PKU-SafeRLHF/safety/test:1.0:{data}/safety_preference_eval.jsonl"])
+    assert report["num_pairs"] == 300 and report["pairwise_accuracy"] >= 0.95 and report["sign_accuracy"] >= 0.95, report
