@@ -122,7 +122,7 @@ class DPOTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMix
         eval_prompt_dataset=None,
         eval_max_new_tokens=16,
         eval_long_answer_len=5,
-        use_fusemt=True,
+        use_rollout_engine=True,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
@@ -135,7 +135,7 @@ class DPOTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMix
             ref_model.eval()
             for p in ref_model.parameters():
                 p.stop_gradient = True
-        self.setup_generation_eval(eval_prompt_dataset, eval_max_new_tokens, eval_long_answer_len, use_fusemt)
+        self.setup_generation_eval(eval_prompt_dataset, eval_max_new_tokens, eval_long_answer_len, use_rollout_engine)
         self._stat_sums, self._stat_count = {}, 0
         self.pipelined = self.args.pipeline_parallel_degree > 1
         self._ref_pipeline = None

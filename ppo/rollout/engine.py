@@ -19,9 +19,9 @@ bookkeeping; and paddle.matmul for every projection (MKL on CPU, cuBLAS on GPU).
 everything is float32, and models with hidden size >= 384 decode in the transposed "cols"
 layout (weights packed [out, in] once per call, see weights.py).
 
-`use_fusemt=False` (PaddleNLP's name for its fused generation switch) routes to the model's own
-PaddleNLP `generate()` instead, with the same outputs (log-probs then come from one extra
-forward pass), for comparison.
+`use_rollout_engine=False` (the run argument `use_fusemt false`, PaddleNLP's name for its
+fused generation switch) routes to the model's own PaddleNLP `generate()` instead, with the same
+outputs (log-probs then come from one extra forward pass), for comparison.
 """
 import logging
 import math
@@ -75,7 +75,8 @@ class RolloutEngine:
         model: PaddleNLP LlamaForCausalLM / Qwen2ForCausalLM, possibly wrapped in
             paddlenlp.peft.LoRAModel and/or paddle.DataParallel.
         eos_token_id, pad_token_id: ids; pad should differ from eos (masks come from lengths anyway).
-        use_fusemt: True (default) runs this engine; False calls PaddleNLP `generate` instead.
+        use_rollout_engine: True (default) decodes with this engine's loop and kernels; False calls
+            PaddleNLP `generate` instead (the run argument `use_fusemt`).
         use_custom_ops: False forces the pure-Paddle kernels even when the compiled ops exist.
         fuse_gate_up: concatenate gate/up weights once per call (one matmul instead of two) in
             the "rows" layout. None (default): only when hidden_size <= 256. ("cols" always fuses.)
@@ -96,7 +97,7 @@ class RolloutEngine:
             the "rows" layout. Every rank draws the same tokens. No effect without tensor parallel.
     """
 
-    def __init__(self, model, eos_token_id, pad_token_id, use_fusemt=True, use_custom_ops=True, fuse_gate_up=None,
+    def __init__(self, model, eos_token_id, pad_token_id, use_rollout_engine=True, use_custom_ops=True, fuse_gate_up=None,
                  tokenizer=None, compact_ratio=0.5, decode_layout="auto", keep_buffers=True, eval_mode=""):
         if eval_mode not in EVAL_MODES:  # the run's arguments are checked at start (ppo/ppo_arguments.py); a guard for code callers
             raise ValueError(f"eval_mode must be one of {EVAL_MODES}, got {eval_mode!r}")
@@ -104,10 +105,10 @@ class RolloutEngine:
         self.model = model
         self.eos_token_id = int(eos_token_id)
         self.pad_token_id = int(pad_token_id)
-        self.use_fusemt = bool(use_fusemt)
+        self.use_rollout_engine = bool(use_rollout_engine)
         self.tokenizer = tokenizer
         self.compact_ratio = float(compact_ratio)
-        self.ops = get_ops(prefer_custom=use_custom_ops) if self.use_fusemt else None
+        self.ops = get_ops(prefer_custom=use_custom_ops) if self.use_rollout_engine else None
         self.fuse_gate_up = fuse_gate_up
         if decode_layout not in ("auto", "rows", "cols"):
             raise ValueError("decode_layout must be 'auto', 'rows' or 'cols'")
@@ -117,7 +118,7 @@ class RolloutEngine:
 
     @property
     def backend(self):
-        return self.ops.name if self.use_fusemt else "paddlenlp_generate"
+        return self.ops.name if self.use_rollout_engine else "paddlenlp_generate"
 
     # ------------------------------------------------------------------ public API
     def generate(self, input_ids, attention_mask=None, params=None, seed=None, row_offset=0, total_rows=None):
@@ -161,7 +162,7 @@ class RolloutEngine:
         lm.eval()
         try:
             with paddle.no_grad():
-                if self.use_fusemt:
+                if self.use_rollout_engine:
                     return self._generate_engine(lm, input_ids, attention_mask, params, (seed, row_offset, total_rows),
                                                  stop_ids, stop_seqs)
                 return self._generate_paddlenlp(lm, input_ids, attention_mask, params, seed, stop_ids, stop_seqs)
@@ -370,6 +371,6 @@ class RolloutEngine:
             attention_mask=paddle.concat([attention_mask, response_mask.astype("int64")], axis=1),
         )
 
-    # ------------------------------------------------------------------ PaddleNLP path (use_fusemt=False)
+    # ------------------------------------------------------------------ PaddleNLP path (use_rollout_engine=False)
     def _generate_paddlenlp(self, lm, input_ids, attention_mask, p, seed, stop_ids, stop_seqs):
         return generate_with_paddlenlp(self, lm, input_ids, attention_mask, p, seed, stop_ids, stop_seqs)
