@@ -9,6 +9,10 @@ from .common import paddlenlp_keys as pk
 from .common import validation
 from .common.report_writers import LOOP_PACKAGES, missing_report_packages
 
+EVAL_MODES = ("", "single", "tensor_parallel")
+"""Generation layouts of a tensor-parallel model (PaddleNLP's `eval_mode`): '' and single gather
+the whole weights on every rank, tensor_parallel keeps each rank's slices."""
+
 
 def score_source_problems(model_args):
     """One source of scores: a reward model, a reward server or rule scorers (with valid lists)."""
@@ -60,6 +64,14 @@ def kl_problems(args):
         if not args.kl_coeff > 0:
             problems.append("target_kl adapts kl_coeff (the reward KL penalty), which must start positive")
     return problems
+
+
+def generation_problems(args):
+    """The rollout engine's settings: `eval_mode` is a layout it has (the engine itself takes
+    the resulting `keep_tensor_parallel` flag and checks nothing at run time)."""
+    if args.eval_mode not in EVAL_MODES:
+        return [f"eval_mode must be one of {EVAL_MODES}, got {args.eval_mode!r}"]
+    return []
 
 
 def loss_problems(args):

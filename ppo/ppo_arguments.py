@@ -24,13 +24,13 @@ from .common.argument_problems import problem_scope
 from .ppo_argument_checks import (  # noqa: F401  (validate_arguments: the entry point's start-up pass)
     batch_problems,
     estimator_problems,
+    generation_problems,
     kl_problems,
     loss_problems,
     paddlenlp_setting_problems,
     score_source_problems,
     validate_arguments,
 )
-from .rollout.engine import EVAL_MODES
 
 DEFAULT_RULE_SCORER = "math"
 
@@ -222,8 +222,7 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, GenerationArgu
         with problem_scope() as problems:
             super().__post_init__()
             problems += estimator_problems(self) + kl_problems(self) + loss_problems(self) + batch_problems(self)
-            if self.eval_mode not in EVAL_MODES:
-                problems.append(f"eval_mode must be one of {EVAL_MODES}, got {self.eval_mode!r}")
+            problems += generation_problems(self)
             if self.critic_recompute_granularity not in RECOMPUTE_GRANULARITIES:
                 problems.append(f"critic_recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, "
                                 f"got {self.critic_recompute_granularity!r}")
@@ -252,6 +251,12 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, GenerationArgu
         """Whether the loop writes `checkpoint-<step>` (`save_strategy` steps); with `no` only the
         final models are saved."""
         return str(getattr(self.save_strategy, "value", self.save_strategy)) == "steps"
+
+    @property
+    def keep_tensor_parallel(self):
+        """`eval_mode tensor_parallel`: generate from each rank's tensor-parallel slices instead of
+        the gathered weights (`RolloutEngine(keep_tensor_parallel=...)`)."""
+        return self.eval_mode == "tensor_parallel"
 
     @property
     def estimator(self):

@@ -63,7 +63,7 @@ class PPOTrainer(ExperienceMaking, PolicyUpdate, TrainingLoop):
         )
         self.engine = RolloutEngine(
             self.passes.generation_model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-            use_rollout_engine=args.use_fusemt, eval_mode=args.eval_mode,
+            use_rollout_engine=args.use_fusemt, keep_tensor_parallel=args.keep_tensor_parallel,
         )
         self.sampling = SamplingParams(
             max_new_tokens=args.max_dec_len, min_new_tokens=args.min_dec_len, temperature=args.temperature,

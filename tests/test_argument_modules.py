@@ -95,3 +95,24 @@ def test_eval_max_new_tokens_zero_means_the_entry_point_default(tmp_path):
     assert sft.eval_new_tokens() == argument_groups.DEFAULT_EVAL_MAX_NEW_TOKENS == 32 and sft_set.eval_new_tokens() == 7
     _, _, ppo = parse_arguments(ENTRY_CLASSES["ppo"], ["--output_dir", str(tmp_path), "--max_dec_len", "9"])
     assert ppo.eval_max_new_tokens == 0 and ppo.eval_new_tokens(ppo.max_dec_len) == 9
+
+
+def test_eval_mode_is_checked_with_the_other_arguments_and_the_engine_takes_a_flag(tmp_path):
+    """`eval_mode` is refused in the start-up pass, in the same error as the other problems; the
+    rollout engine takes the resulting `keep_tensor_parallel` flag and has no check of its own."""
+    import inspect
+
+    from ppo.rollout import RolloutEngine
+
+    with pytest.raises(ArgumentError) as info:
+        parse_arguments(ENTRY_CLASSES["ppo"], ["--output_dir", str(tmp_path), "--eval_mode", "pipeline",
+                                               "--kl_loss_type", "k4"])
+    lines = str(info.value).splitlines()
+    assert lines[0].startswith("2 arguments cannot be used"), lines
+    assert "  eval_mode must be one of ('', 'single', 'tensor_parallel'), got 'pipeline'" in lines
+    assert any("kl_loss_type must be one of" in line for line in lines)
+    layouts = {mode: parse_arguments(ENTRY_CLASSES["ppo"], ["--output_dir", str(tmp_path), "--eval_mode", mode])[2]
+               for mode in ("", "single", "tensor_parallel")}
+    assert {mode: args.keep_tensor_parallel for mode, args in layouts.items()} == {"": False, "single": False, "tensor_parallel": True}
+    parameters = inspect.signature(RolloutEngine).parameters
+    assert "eval_mode" not in parameters and parameters["keep_tensor_parallel"].default is False

@@ -9,7 +9,7 @@ def build_model_passes(args, models, actor, critic, optimizers, pad_token_id, re
     `actor` / `critic`: the trained models as wrapped for data parallel or fleet;
     `optimizers`: `(actor optimizer, critic optimizer or None)`, wrapped alike; `args`: the
     PPO training arguments (`pipeline_parallel_degree`, `temperature`, `logprob_chunk_size`,
-    batch sizes, `gradient_accumulation_steps`, `eval_mode`, `tensor_parallel_degree`);
+    batch sizes, `gradient_accumulation_steps`, `keep_tensor_parallel` (eval_mode), `tensor_parallel_degree`);
     `reward_retokenizer`: re-encodes rollouts for a reward model with another tokenizer
     (`ppo.models.reward_tokens`; the pipeline run refuses one at start)."""
     if args.pipeline_parallel_degree > 1:
@@ -19,7 +19,7 @@ def build_model_passes(args, models, actor, critic, optimizers, pad_token_id, re
             models, actor, critic, optimizers, temperature=args.temperature,
             micro_batches=args.gradient_accumulation_steps, micro_rows=args.per_device_train_batch_size,
             pad_token_id=pad_token_id,
-            keep_tensor_parallel=args.eval_mode == "tensor_parallel" and args.tensor_parallel_degree > 1,
+            keep_tensor_parallel=args.keep_tensor_parallel and args.tensor_parallel_degree > 1,
         )
     chunk_rows = max(args.per_device_eval_batch_size, args.per_device_train_batch_size)
     return PlainPasses(models, actor, critic, args.temperature, args.logprob_chunk_size, chunk_rows, reward_retokenizer)

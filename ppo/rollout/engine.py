@@ -42,10 +42,6 @@ logger = logging.getLogger("ppo.rollout")
 _U_MAX = 1.0 - 2.0 ** -20  # uniforms are drawn in [0, _U_MAX] so u * total < total in float32
 
 
-EVAL_MODES = ("", "single", "tensor_parallel")
-"""Generation layouts of a tensor-parallel model (PaddleNLP's `eval_mode`); see `RolloutEngine`."""
-
-
 def prompt_presence(input_ids, attention_mask, vocab_size):
     """`[B, V]` uint8: 1 where token v occurs among row b's real prompt tokens (the
     repetition penalty's starting set)."""
@@ -90,18 +86,18 @@ class RolloutEngine:
             ~2x the model size per call). free_buffers() releases them.
         tokenizer: needed only for SamplingParams.stop_strings.
         compact_ratio: compact the batch when active rows <= compact_ratio * current rows.
-        eval_mode: generation layout of a tensor-parallel model (PaddleNLP's name): "single" or ''
-            (default) gathers the whole weights on every rank for each call; "tensor_parallel"
-            keeps each rank's slices (heads, MLP columns/rows, vocabulary), all-reduces after
-            o_proj, down_proj and the embedding, and all-gathers the logits before sampling, in
-            the "rows" layout. Every rank draws the same tokens. No effect without tensor parallel.
+        keep_tensor_parallel: generation layout of a tensor-parallel model (the run argument
+            `eval_mode`, PaddleNLP's name): False (default; eval_mode single or '') gathers the
+            whole weights on every rank for each call; True (eval_mode tensor_parallel) keeps each
+            rank's slices (heads, MLP columns/rows, vocabulary), all-reduces after o_proj,
+            down_proj and the embedding, and all-gathers the logits before sampling, in the
+            "rows" layout. Every rank draws the same tokens. No effect without tensor parallel.
     """
 
     def __init__(self, model, eos_token_id, pad_token_id, use_rollout_engine=True, use_custom_ops=True, fuse_gate_up=None,
-                 tokenizer=None, compact_ratio=0.5, decode_layout="auto", keep_buffers=True, eval_mode=""):
-        if eval_mode not in EVAL_MODES:  # the run's arguments are checked at start (ppo/ppo_arguments.py); a guard for code callers
-            raise ValueError(f"eval_mode must be one of {EVAL_MODES}, got {eval_mode!r}")
-        self.sharded = eval_mode == "tensor_parallel"
+                 tokenizer=None, compact_ratio=0.5, decode_layout="auto", keep_buffers=True,
+                 keep_tensor_parallel=False):
+        self.sharded = bool(keep_tensor_parallel)
         self.model = model
         self.eos_token_id = int(eos_token_id)
         self.pad_token_id = int(pad_token_id)
@@ -183,7 +179,8 @@ class RolloutEngine:
         nothing and the per-call packing and the extra transposes cost)."""
         if self.sharded and getattr(lm.config, "tensor_parallel_degree", 1) > 1:
             if self.decode_layout == "cols":
-                raise ValueError("RolloutEngine: eval_mode tensor_parallel runs the 'rows' layout; use decode_layout auto or rows")
+                raise ValueError("RolloutEngine: keep_tensor_parallel (eval_mode tensor_parallel) runs the 'rows' layout; "
+                                 "use decode_layout auto or rows")
             return "rows"
         if self.decode_layout != "auto":
             return self.decode_layout
