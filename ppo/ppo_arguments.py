@@ -19,6 +19,9 @@ from .common.argument_groups import (
     LogprobArguments,
     ModelCommonArguments,
     PaddleNLPTrainingArguments,
+    RolloutArguments,
+    RolloutLoopArguments,
+    default_override,
 )
 from .common.argument_problems import problem_scope
 from .ppo_argument_checks import (  # noqa: F401  (validate_arguments: the entry point's start-up pass)
@@ -100,21 +103,15 @@ class DataArgument(DatasetArguments):
 
 
 @dataclass
-class PPOTrainingArguments(DivergenceArguments, LogprobArguments, GenerationArguments, PaddleNLPTrainingArguments):
+class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArguments, LogprobArguments, GenerationArguments,
+                           PaddleNLPTrainingArguments):
+    """The rollout (`RolloutArguments`) and the loop's optimiser (`RolloutLoopArguments`) are
+    shared with online DPO; the fields below are PPO/GRPO's own."""
+
     paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.argument_parsing
-    stop_on_divergence: bool = field(
-        default=True,
-        metadata={"help": "Stop the run (keeping the last checkpoint) when the KL, a loss or a gradient norm diverges."},
-    )
+    # an RL run that diverges is stopped by default (DivergenceArguments: off for SFT/RM/DPO)
+    stop_on_divergence: bool = default_override(DivergenceArguments, "stop_on_divergence", True)
     # rollout
-    per_device_prompt_batch_size: int = field(default=16, metadata={"help": "Prompts per rank per step."})
-    rollout_n: int = field(default=1, metadata={"help": "Samples per prompt (the group size of GRPO/RLOO)."})
-    max_dec_len: int = field(default=64, metadata={"help": "Most new tokens per response."})
-    min_dec_len: int = field(default=1, metadata={"help": "EOS is suppressed until this many tokens were generated."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (log-probs use it too)."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling threshold."})
-    top_k: int = field(default=0, metadata={"help": "Top-k sampling; 0 disables it."})
-    repetition_penalty: float = field(default=1.0, metadata={"help": "Repetition penalty (1.0 = none)."})
     use_rollout_logprobs: bool = field(
         default=True, metadata={"help": "Reuse the engine's sampling log-probs as old log-probs when they equal a forward pass."}
     )
@@ -134,9 +131,6 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, GenerationArgu
     )
     kl_horizon: float = field(default=10000, metadata={"help": "Adaptive KL controller horizon, in samples."})
     clip_range_score: float = field(default=10.0, metadata={"help": "Scores are clipped to +-this before shaping."})
-    missing_eos_penalty: float = field(
-        default=0.0, metadata={"help": "Subtracted from the score of responses that end without EOS."}
-    )
     enable_overlong_reward_buffer: bool = field(
         default=False, metadata={"help": "DAPO soft overlong punishment: penalise responses in the last overlong_reward_buffer tokens."}
     )
@@ -157,7 +151,6 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, GenerationArgu
     dynamic_sampling: bool = field(default=False, metadata={"help": "GRPO: drop zero-variance groups and refill the batch."})
     max_gen_batches: int = field(default=4, metadata={"help": "Most rollout batches dynamic sampling draws per step."})
     # update
-    update_iters: int = field(default=1, metadata={"help": "PPO epochs over each rollout batch."})
     clip_range_ratio: float = field(default=0.2, metadata={"help": "PPO ratio clip."})
     clip_range_ratio_low: Optional[float] = field(default=None, metadata={"help": "Lower ratio clip (default clip_range_ratio)."})
     clip_range_ratio_high: Optional[float] = field(default=None, metadata={"help": "Upper ratio clip (default clip_range_ratio)."})
@@ -178,14 +171,7 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, GenerationArgu
     critic_lr_scheduler_type: str = field(default="constant", metadata={"help": "Critic scheduler: constant | linear | cosine."})
     critic_warmup_ratio: float = field(default=0.0, metadata={"help": "Critic warm-up ratio."})
     critic_max_grad_norm: float = field(default=1.0, metadata={"help": "Critic gradient clipping norm."})
-    min_learning_rate: float = field(default=0.0, metadata={"help": "Actor learning rate floor for cosine/linear decay."})
     critic_min_learning_rate: float = field(default=0.0, metadata={"help": "Critic learning rate floor."})
-    use_fused_adamw: bool = field(
-        default=True,
-        metadata={"help": "Actor and critic AdamW steps as one C++ op over all parameters with the gradient clip folded "
-                  "in (csrc/cpu/train_adamw.cc; float32 CPU parameters, same state and results as Paddle's AdamW); "
-                  "elsewhere, and under fleet's optimizer wrappers, Paddle's own step runs."},
-    )
     reuse_first_update_forward: bool = field(
         default=True,
         metadata={"help": "When the first optimiser step of an update takes every rollout row in one micro-batch "
@@ -195,7 +181,6 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, GenerationArgu
     )
     max_nan_skips: int = field(default=3, metadata={"help": "Consecutive non-finite steps tolerated before the run stops."})
     # traces and evaluation
-    num_sample_generations: int = field(default=10, metadata={"help": "Every this many steps, log a table of samples (0: never)."})
     eval_mode: str = field(
         default="",
         metadata={"help": "Generation layout under tensor parallel: single (whole weights gathered from the tensor-parallel "
@@ -213,9 +198,6 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, GenerationArgu
     critic_recompute: bool = field(default=False, metadata={"help": "Activation recompute in the critic (recompute: the actor)."})
     critic_recompute_granularity: str = field(
         default="full", metadata={"help": "What critic_recompute recomputes: full | full_attn | core_attn."}
-    )
-    dataloader_shuffle: bool = field(
-        default=True, metadata={"help": "Draw the prompts of each epoch in a seeded random order (False: file order)."}
     )
 
     def __post_init__(self):

@@ -1,10 +1,11 @@
 """Argument modules: each entry point's dataclasses in a module of its own, a shared field
-declared once, the KL estimator names in one place, and `max_prompt_len` meaning one thing."""
+declared once (an entry point's own default through `default_override`), the KL estimator names
+in one place, and `max_prompt_len` meaning one thing."""
 import dataclasses
 
 import pytest
 
-from dpo import dpo_arguments
+from dpo import dpo_arguments, online_dpo_arguments
 from ppo import ppo_arguments
 from ppo.common import argument_groups
 from ppo.common.argument_parsing import ArgumentError, parse_arguments
@@ -16,25 +17,52 @@ ENTRY_CLASSES = {
     "rm": (reward_arguments.ModelArgument, reward_arguments.DataArgument, reward_arguments.RewardTrainingArguments),
     "ppo": (ppo_arguments.ModelArgument, ppo_arguments.DataArgument, ppo_arguments.PPOTrainingArguments),
     "dpo": (dpo_arguments.ModelArgument, dpo_arguments.DataArgument, dpo_arguments.DPOTrainingArguments),
+    "online_dpo": (online_dpo_arguments.ModelArgument, online_dpo_arguments.DataArgument,
+                   online_dpo_arguments.OnlineDPOTrainingArguments),
     "audit": (audit_arguments.AuditArgument,),
 }
 
 
 def declaring_classes(name):
-    """Every class of ours (in any entry point's hierarchy) whose own body declares field `name`."""
-    found = set()
+    """`{class path: help}` of every class of ours (in any entry point's hierarchy) whose own body
+    declares field `name`."""
+    found = {}
     for classes in ENTRY_CLASSES.values():
         for cls in classes:
             for klass in cls.__mro__:
                 if klass.__module__.startswith(("ppo.", "sft.", "rm.", "dpo.")) and name in klass.__dict__.get("__annotations__", {}):
-                    found.add(f"{klass.__module__}.{klass.__qualname__}")
+                    found[f"{klass.__module__}.{klass.__qualname__}"] = klass.__dataclass_fields__[name].metadata["help"]
     return found
 
 
+ROLLOUT_FIELDS = [f.name for f in dataclasses.fields(argument_groups.RolloutArguments)]
+LOOP_FIELDS = [f.name for f in dataclasses.fields(argument_groups.RolloutLoopArguments)]
+
+
 @pytest.mark.parametrize("name", ["use_fusemt", "eval_max_new_tokens", "eval_with_do_generation", "use_lora", "max_length",
-                                  "divergence_window", "logprob_chunk_size"])
+                                  "divergence_window", "logprob_chunk_size", "stop_on_divergence", *ROLLOUT_FIELDS,
+                                  *LOOP_FIELDS])
 def test_shared_fields_are_declared_once(name):
-    assert len(declaring_classes(name)) == 1, declaring_classes(name)
+    """One declaration, in a shared group; an entry point with its own default redeclares the
+    field with `default_override`, which keeps the group's help word for word."""
+    found = declaring_classes(name)
+    groups = [path for path in found if path.startswith("ppo.common.argument_groups.")]
+    assert len(groups) == 1 and len(set(found.values())) == 1, found
+
+
+def test_ppo_and_online_dpo_share_the_rollout_fields_and_keep_their_defaults(tmp_path):
+    """The fields online DPO declared a second time are the shared groups' now: same names,
+    same defaults, except `rollout_n` (PPO 1; online DPO 4, a pair needs two answers)."""
+    assert {"per_device_prompt_batch_size", "rollout_n", "max_dec_len", "temperature", "top_p", "top_k",
+            "repetition_penalty", "missing_eos_penalty", "update_iters", "use_fused_adamw"} <= set(ROLLOUT_FIELDS + LOOP_FIELDS)
+    out = ["--output_dir", str(tmp_path), "--max_steps", "1"]
+    ppo = parse_arguments(ENTRY_CLASSES["ppo"], out)[2]
+    online = parse_arguments(ENTRY_CLASSES["online_dpo"], out)[2]
+    differing = {n: (getattr(ppo, n), getattr(online, n)) for n in ROLLOUT_FIELDS + LOOP_FIELDS if getattr(ppo, n) != getattr(online, n)}
+    assert differing == {"rollout_n": (1, 4)}
+    assert parse_arguments(ENTRY_CLASSES["online_dpo"], [*out, "--rollout_n", "6", "--top_k", "5"])[2].top_k == 5
+    with pytest.raises(ArgumentError, match="rollout_n must be >= 2"):
+        parse_arguments(ENTRY_CLASSES["online_dpo"], [*out, "--rollout_n", "1"])
 
 
 def test_entry_points_read_their_classes_from_the_argument_modules():
