@@ -13,7 +13,6 @@ The parts live in `ppo/trainer/`: steps 1-4 in `experience_maker.py`, step 5 in 
 the step and the loop around it in `loop.py`. Every pass through a model goes through
 `self.passes` (`ppo.passes`), picked once here for the parallel strategy.
 """
-import paddle
 import paddle.distributed as dist
 
 from .algos import AdaptiveKLController
@@ -21,7 +20,7 @@ from .algos.normalizer import RunningMeanStd
 from .common.divergence import DivergenceDetector
 from .offload import OffloadPlan, parse_offload_level
 from .optim import build_optimizer, build_scheduler
-from .passes import build_model_passes
+from .passes import build_model_passes, wrap_for_ranks
 from .prompt_sampler import PromptSampler
 from .rollout import RolloutEngine, SamplingParams
 from .trainer.experience_maker import ExperienceMaking
@@ -55,8 +54,8 @@ class PPOTrainer(ExperienceMaking, PolicyUpdate, TrainingLoop):
 
         self.max_steps = args.total_steps(len(train_dataset), self.data_world)
         self.build_optimizers(self.max_steps)
-        self.actor, self.actor_optimizer = self._wrap(models.actor, self.actor_optimizer)
-        self.critic, self.critic_optimizer = self._wrap(models.critic, self.critic_optimizer)
+        self.actor, self.actor_optimizer = wrap_for_ranks(args, models.actor, self.actor_optimizer)
+        self.critic, self.critic_optimizer = wrap_for_ranks(args, models.critic, self.critic_optimizer)
         self.passes = build_model_passes(  # every model pass of a step, whatever the parallel strategy
             args, models, self.actor, self.critic, (self.actor_optimizer, self.critic_optimizer), tokenizer.pad_token_id,
             reward_retokenizer=reward_retokenizer,  # ppo.models.reward_tokens: the reward model's own tokenizer
@@ -137,16 +136,6 @@ class PPOTrainer(ExperienceMaking, PolicyUpdate, TrainingLoop):
     def data_world(self):
         """How many ranks read different data (PaddleNLP's dataset world size)."""
         return self.args.dataset_world_size
-
-    def _wrap(self, model, optimizer):
-        """Data parallel or fleet (sharding / tensor parallel) wrappers; identity on one rank."""
-        if model is None or self.world_size == 1:
-            return model, optimizer
-        from paddle.distributed import fleet
-
-        if self.args.use_hybrid_parallel:
-            return fleet.distributed_model(model), fleet.distributed_optimizer(optimizer)
-        return paddle.DataParallel(model), optimizer
 
     def generation_weights(self):
         """Context giving the model the rollout engine and the evaluation generate with, holding

@@ -144,3 +144,18 @@ def test_eval_mode_is_checked_with_the_other_arguments_and_the_engine_takes_a_fl
     assert {mode: args.keep_tensor_parallel for mode, args in layouts.items()} == {"": False, "single": False, "tensor_parallel": True}
     parameters = inspect.signature(RolloutEngine).parameters
     assert "eval_mode" not in parameters and parameters["keep_tensor_parallel"].default is False
+
+
+def test_the_paddlenlp_key_table_names_each_renamed_key_s_target():
+    """docs/paddlenlp.md's renamed-keys table agrees with `paddlenlp_keys.RENAMED`: `src_length`
+    and DPO's `max_prompt_len` are read as `truncate_prompt_len` (PPO/GRPO keep `max_prompt_len`)."""
+    import os
+
+    from ppo.common import paddlenlp_keys as pk
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rows = [line.split("|")[1:3] for line in open(os.path.join(root, "docs", "paddlenlp.md"), encoding="utf-8")
+            if line.startswith("| `")]
+    for key, (target, *_) in pk.RENAMED.items():
+        assert any(f"`{key}`" in theirs and f"`{target}`" in ours for theirs, ours in rows), (key, target)
+    assert pk.RENAMED["src_length"][0] == pk.RENAMED["max_prompt_len"][0] == "truncate_prompt_len"

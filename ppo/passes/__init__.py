@@ -1,7 +1,24 @@
 """The model passes of a PPO step behind one interface (`ModelPasses`), built once per trainer
-by `build_model_passes`: plain models, or fleet pipelines under `pipeline_parallel_degree > 1`."""
+by `build_model_passes`: plain models, or fleet pipelines under `pipeline_parallel_degree > 1`;
+`wrap_for_ranks` wraps the trained models and optimisers for the run's ranks first."""
+import paddle
+import paddle.distributed as dist
+
 from .base import ModelPasses, UpdateLosses
 from .plain import PlainPasses
+
+
+def wrap_for_ranks(args, model, optimizer):
+    """`(model, optimizer)` wrapped for the run's ranks: fleet's wrappers under hybrid parallel
+    (sharding, tensor or pipeline parallel), `paddle.DataParallel` for data parallel alone, as
+    they are on one rank or when `model` is None."""
+    if model is None or dist.get_world_size() == 1:
+        return model, optimizer
+    if args.use_hybrid_parallel:
+        from paddle.distributed import fleet
+
+        return fleet.distributed_model(model), fleet.distributed_optimizer(optimizer)
+    return paddle.DataParallel(model), optimizer
 
 
 def build_model_passes(args, models, actor, critic, optimizers, pad_token_id, reward_retokenizer=None):
@@ -25,4 +42,4 @@ def build_model_passes(args, models, actor, critic, optimizers, pad_token_id, re
     return PlainPasses(models, actor, critic, args.temperature, args.logprob_chunk_size, chunk_rows, reward_retokenizer)
 
 
-__all__ = ["ModelPasses", "PlainPasses", "UpdateLosses", "build_model_passes"]
+__all__ = ["ModelPasses", "PlainPasses", "UpdateLosses", "build_model_passes", "wrap_for_ranks"]
