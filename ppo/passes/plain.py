@@ -24,7 +24,8 @@ class PlainPasses(ModelPasses):
     """models: `PPOModels` (unwrapped; `reference_mode()` gives the reference); actor /
     critic: the trained models as wrapped for data parallel or fleet (the same objects on one
     rank); temperature: the sampling temperature; logprob_chunk_size: tokens per LM-head chunk
-    (0: full logits); chunk_rows: rows per no-gradient forward; reward_retokenizer: the reward
+    (0: full logits); chunk_rows: rows per no-gradient forward, `{"logprob", "value", "reward"}`
+    (PaddleNLP's `per_device_<name>_batch_size`); reward_retokenizer: the reward
     model's own tokenizer for the rollouts when it differs from the actor's (else None)."""
 
     def __init__(self, models, actor, critic, temperature, logprob_chunk_size, chunk_rows, reward_retokenizer=None):
@@ -46,13 +47,14 @@ class PlainPasses(ModelPasses):
 
     def _logprobs_under(self, model, exp):
         one_chunk = lambda e: response_logprobs(model, e, self.temperature, self.logprob_chunk_size)[0]  # noqa: E731
-        return in_chunks(one_chunk, exp, self.chunk_rows)
+        return in_chunks(one_chunk, exp, self.chunk_rows["logprob"])
 
     def values(self, exp):
-        return in_chunks(lambda e: response_values(self.models.critic, e), exp, self.chunk_rows)
+        return in_chunks(lambda e: response_values(self.models.critic, e), exp, self.chunk_rows["value"])
 
     def reward_scores(self, exp):
-        return in_chunks(lambda e: reward_scores(self.models.reward, e, self.reward_retokenizer), exp, self.chunk_rows)
+        return in_chunks(lambda e: reward_scores(self.models.reward, e, self.reward_retokenizer), exp,
+                         self.chunk_rows["reward"])
 
     # ---- update ------------------------------------------------------------------
     def first_forward_reusable(self):
