@@ -42,6 +42,15 @@ def _same(value, _data):
     return value
 
 
+def _task_file(value, _data):
+    from ..data.task_files import task_file_specs
+
+    return task_file_specs(value) if value else None
+
+
+TASK_FILE = "a JSON list of {filepath, prob} sources (PaddleNLP's task_ppo.json), mixed by weight (docs/data.md)"
+
+
 # PaddleNLP key -> (our key, value translation, what it is)
 RENAMED = {
     "rl_algorithm": ("adv_estimator", _rl_algorithm, "ppo -> gae (with critic), grpo, reinforce_plus_plus -> reinforce_pp, rloo"),
@@ -59,6 +68,9 @@ RENAMED = {
         "own max_prompt_len drops them)",
     ),
     "lora": ("use_lora", _same, "train a LoRA adapter"),
+    "train_task_config": ("train_datasets", _task_file, TASK_FILE),
+    "eval_task_config": ("eval_datasets", _task_file, TASK_FILE),
+    "ptx_task_config": ("ptx_datasets", _task_file, TASK_FILE),
 }
 
 
