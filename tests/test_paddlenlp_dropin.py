@@ -129,15 +129,15 @@ def test_dpo_lora_files_parse_with_rslora_plus(name):
 
 YAML_UNSUPPORTED = {
     "qwen/grpo_argument.yaml": {
-        "balance_batch", "use_remove_padding", "rollout_max_num_seqs", "global_batch_size",
+        "balance_batch", "rollout_max_num_seqs", "global_batch_size",
         "per_device_logprob_batch_size", "per_device_reward_batch_size", "per_device_value_batch_size",
     },
     "qwen/reinforce_plus_plus_argument.yaml": {
-        "balance_batch", "use_remove_padding", "rollout_max_num_seqs", "global_batch_size",
+        "balance_batch", "rollout_max_num_seqs", "global_batch_size",
         "per_device_logprob_batch_size", "per_device_reward_batch_size", "per_device_value_batch_size",
     },
     "qwen/ppo_argument.yaml": {
-        "balance_batch", "use_remove_padding", "rollout_max_num_seqs", "global_batch_size",
+        "balance_batch", "rollout_max_num_seqs", "global_batch_size",
         "global_mini_batch_size", "per_device_logprob_batch_size", "per_device_reward_batch_size",
         "per_device_value_batch_size",
     },

@@ -95,7 +95,6 @@ switch that `FIXED_VALUE` keeps off."""
 # PaddleNLP key -> what it does in PaddleNLP
 UNSUPPORTED = {
     "balance_batch": "reorders rollout samples so every data-parallel rank gets a similar token count",
-    "use_remove_padding": "runs the policy on unpadded (varlen) sequences",
     "rollout_max_num_seqs": "caps the sequences the inference engine decodes concurrently",
     "global_batch_size": "prompts per step over all ranks (here: per_device_prompt_batch_size per rank)",
     "per_device_logprob_batch_size": "micro-batch of the log-prob forward passes",
