@@ -102,7 +102,7 @@ def packed_token_logprobs(model, packed, counted, temperature=1.0, chunk_size=0,
     rows: `counted [N, T]` (nonzero where a token counts; a row's first real token never does)
     -> `(logprobs [N, T], entropy [N, T] or None)` in input alignment (column t: the log-prob of
     the token at t given the tokens before it), float32, 0 where not counted."""
-    mask = packed.to_packed(counted, 0).numpy()
+    mask = packed.to_packed(counted, 0).numpy().astype("float32")
     N, T = packed.valid.shape
     mask.reshape(-1)[packed.index.reshape(N, T)[np.arange(N), packed.first]] = 0  # no sample's first token counts
     mask = paddle.to_tensor(mask)
