@@ -191,4 +191,14 @@ def validate_arguments(model_args, data_args, training_args):
     problems += validation.output_dir_problems(training_args.output_dir, model_dirs + score_dirs)
     problems += validation.dtype_device_problems(training_args)
     problems += validation.pipeline_problems(training_args, model_args.use_lora)
+    problems += remove_padding_problems(training_args)
     return problems
+
+
+def remove_padding_problems(args):
+    """`use_remove_padding` packs rows with a 4-D attention mask, which pipeline stages do not take."""
+    if args.use_remove_padding and args.pipeline_parallel_degree > 1:
+        return [f"use_remove_padding with pipeline_parallel_degree {args.pipeline_parallel_degree}: packed rows carry a "
+                "4-D attention mask, which the pipeline stages do not take; set use_remove_padding false or "
+                "pipeline_parallel_degree 1"]
+    return []

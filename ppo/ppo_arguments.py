@@ -163,6 +163,13 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, GenerationArgu
     use_rollout_logprobs: bool = field(
         default=True, metadata={"help": "Reuse the engine's sampling log-probs as old log-probs when they equal a forward pass."}
     )
+    use_remove_padding: bool = field(
+        default=False,
+        metadata={"help": "PaddleNLP's name: the actor, reference and critic passes (old/reference log-probs, values and "
+                  "the update) run on the rollouts' real tokens packed into rows with a block-diagonal causal mask "
+                  "instead of padded rows (same results, no work on pad tokens); the reward model's pass stays padded. "
+                  "Not with pipeline_parallel_degree > 1."},
+    )
     # reward shaping
     adv_estimator: str = field(default="gae", metadata={"help": f"Advantage estimator: {' | '.join(ADV_ESTIMATORS)}."})
     kl_coeff: float = field(default=0.02, metadata={"help": "KL penalty coefficient in the per-token reward."})

@@ -175,7 +175,7 @@ def test_value_and_reward_passes_use_their_own_sizes(tiny_model_dir, tiny_rm_dir
     exp = trainer.rollout(trainer.sampler.next_indices())
     seen = {"value": [], "reward": []}
     real_values, real_scores = plain.response_values, plain.reward_scores
-    monkeypatch.setattr(plain, "response_values", lambda m, e: (seen["value"].append(len(e)), real_values(m, e))[1])
+    monkeypatch.setattr(plain, "response_values", lambda m, e, **k: (seen["value"].append(len(e)), real_values(m, e, **k))[1])
     monkeypatch.setattr(plain, "reward_scores", lambda m, e, r: (seen["reward"].append(len(e)), real_scores(m, e, r))[1])
     with paddle.no_grad():
         values, scores = trainer.passes.values(exp), trainer.passes.reward_scores(exp)

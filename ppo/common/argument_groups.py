@@ -216,6 +216,19 @@ class PromptTruncationArguments:
     )
 
 
+@dataclass
+class ZeroPaddingArguments:
+    """SFT, the reward model and the DPO family: packed batches (PaddleNLP's `zero_padding`)."""
+
+    zero_padding: bool = field(
+        default=False,
+        metadata={"help": "Pack each batch's samples into rows of at most max_length tokens (per-sample position ids, "
+                  "block-diagonal causal mask): the same losses and gradients as padding, without the pad tokens' work "
+                  "(PaddleNLP's name; SFT, the reward model's sequence-wise loss and the DPO family; not with pipeline "
+                  "parallel)."},
+    )
+
+
 def split_specs(specs):
     """Dataset specs from a list argument; an empty list gives None."""
     specs = [s for s in (specs or []) if s]

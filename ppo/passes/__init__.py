@@ -31,7 +31,8 @@ def build_model_passes(args, models, actor, critic, optimizers, pad_token_id, re
             keep_tensor_parallel=args.eval_mode == "tensor_parallel" and args.tensor_parallel_degree > 1,
         )
     chunk_rows = {which: args.pass_rows(which) for which in ("logprob", "value", "reward")}
-    return PlainPasses(models, actor, critic, args.temperature, args.logprob_chunk_size, chunk_rows, reward_retokenizer)
+    return PlainPasses(models, actor, critic, args.temperature, args.logprob_chunk_size, chunk_rows, reward_retokenizer,
+                       remove_padding=args.use_remove_padding)
 
 
 __all__ = ["ModelPasses", "PlainPasses", "UpdateLosses", "build_model_passes"]
