@@ -25,7 +25,7 @@ class PlainPasses(ModelPasses):
     critic: the trained models as wrapped for data parallel or fleet (the same objects on one
     rank); temperature: the sampling temperature; logprob_chunk_size: tokens per LM-head chunk
     (0: full logits); chunk_rows: rows per no-gradient forward, `{"logprob", "value", "reward"}`
-    (PaddleNLP's `per_device_<name>_batch_size`); reward_retokenizer: the reward
+    (PaddleNLP's `per_device_<name>_batch_size`) or one number for all three; reward_retokenizer: the reward
     model's own tokenizer for the rollouts when it differs from the actor's (else None);
     remove_padding: the actor, reference and critic passes run on the rows' real tokens packed
     together (`use_remove_padding`, `ppo.models.unpadded`); the reward model's stay padded."""
@@ -33,7 +33,8 @@ class PlainPasses(ModelPasses):
     def __init__(self, models, actor, critic, temperature, logprob_chunk_size, chunk_rows, reward_retokenizer=None,
                  remove_padding=False):
         self.models, self.actor, self.critic = models, actor, critic
-        self.temperature, self.logprob_chunk_size, self.chunk_rows = temperature, logprob_chunk_size, chunk_rows
+        self.temperature, self.logprob_chunk_size = temperature, logprob_chunk_size
+        self.chunk_rows = chunk_rows if isinstance(chunk_rows, dict) else dict.fromkeys(("logprob", "value", "reward"), chunk_rows)
         self.generation_model = models.actor
         self.kept_forward = None  # `keep_first_forward`'s result until the next backward_step takes it
         self.reward_retokenizer = reward_retokenizer
