@@ -246,3 +246,18 @@ def test_balance_batch_on_two_ranks_evens_tokens_and_trains_as_one_process(tiny_
     for r in rows:
         assert 1.0 <= r["rollout/rank_token_imbalance"] <= r["rollout/rank_token_imbalance_before"]
     assert any(r["rollout/rank_token_imbalance"] < r["rollout/rank_token_imbalance_before"] for r in rows)
+
+
+def test_knobs_that_cannot_act_say_so_once():
+    from types import SimpleNamespace
+
+    from ppo.common.paddlenlp_keys import batch_knob_messages
+
+    args = SimpleNamespace(balance_batch=True, dataset_world_size=1, per_device_reward_batch_size=4)
+    assert batch_knob_messages(SimpleNamespace(external_scores=True), args) == [
+        "balance_batch does nothing with one data-parallel rank: it holds every rollout row",
+        "per_device_reward_batch_size does nothing here: scores come from a reward server or rule scorers, not a "
+        "reward-model forward",
+    ]
+    acting = SimpleNamespace(balance_batch=True, dataset_world_size=2, per_device_reward_batch_size=4)
+    assert batch_knob_messages(SimpleNamespace(external_scores=False), acting) == []
