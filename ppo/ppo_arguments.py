@@ -31,6 +31,7 @@ from .ppo_argument_checks import (  # noqa: F401  (validate_arguments: the entry
     kl_problems,
     loss_problems,
     paddlenlp_setting_problems,
+    prompt_batch_problems,
     score_source_problems,
     validate_arguments,
 )
@@ -112,8 +113,58 @@ class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArg
     # an RL run that diverges is stopped by default (DivergenceArguments: off for SFT/RM/DPO)
     stop_on_divergence: bool = default_override(DivergenceArguments, "stop_on_divergence", True)
     # rollout
+    # None: filled from global_batch_size in __post_init__ (PaddleNLP), else 16
+    per_device_prompt_batch_size: Optional[int] = default_override(RolloutArguments, "per_device_prompt_batch_size", None)
+    global_batch_size: int = field(
+        default=-1,
+        metadata={"help": "PaddleNLP: prompts per step over all data-parallel ranks (sets per_device_prompt_batch_size to "
+                  "this / data-parallel ranks); -1: per_device_prompt_batch_size on every rank."},
+    )
+    global_mini_batch_size: int = field(
+        default=-1,
+        metadata={"help": "PaddleNLP: prompts per optimiser step over all data-parallel ranks, so each rollout batch gives "
+                  "global_batch_size / this optimiser steps per update_iters epoch (gradient_accumulation_steps derived); "
+                  "-1: the whole global batch when global_batch_size is set, else steps of per_device_train_batch_size "
+                  "x gradient_accumulation_steps rows."},
+    )
+    global_gen_batch_size: int = field(
+        default=-1,
+        metadata={"help": "DAPO dynamic_sampling: prompts generated per draw over all data-parallel ranks (at least the "
+                  "global batch; the groups whose scores vary fill the global batch); -1: the global batch."},
+    )
+    per_device_logprob_batch_size: int = field(
+        default=-1,
+        metadata={"help": "Rows per no-gradient log-prob forward (old policy, reference); -1: "
+                  "max(per_device_train_batch_size, per_device_eval_batch_size)."},
+    )
+    per_device_reward_batch_size: int = field(
+        default=-1,
+        metadata={"help": "Rows per reward-model forward; -1: max(per_device_train_batch_size, per_device_eval_batch_size)."},
+    )
+    per_device_value_batch_size: int = field(
+        default=-1,
+        metadata={"help": "Rows per no-gradient critic forward (old values); -1: "
+                  "max(per_device_train_batch_size, per_device_eval_batch_size)."},
+    )
+    rollout_max_num_seqs: int = field(
+        default=-1,
+        metadata={"help": "Most sequences the rollout engine decodes at once: a larger rollout batch is decoded in chunks "
+                  "of this many rows, with the same tokens (each row's draws follow its global row index); -1: all."},
+    )
+    balance_batch: bool = field(
+        default=False,
+        metadata={"help": "Reorder each step's rollout groups over the data-parallel ranks so that every rank gets a "
+                  "similar token count (greedy longest-first, equal group counts) before the log-prob passes."},
+    )
     use_rollout_logprobs: bool = field(
         default=True, metadata={"help": "Reuse the engine's sampling log-probs as old log-probs when they equal a forward pass."}
+    )
+    use_remove_padding: bool = field(
+        default=False,
+        metadata={"help": "PaddleNLP's name: the actor, reference and critic passes (old/reference log-probs, values and "
+                  "the update) run on the rollouts' real tokens packed into rows with a block-diagonal causal mask "
+                  "instead of padded rows (same results, no work on pad tokens); the reward model's pass stays padded. "
+                  "Not with pipeline_parallel_degree > 1."},
     )
     # reward shaping
     adv_estimator: str = field(default="gae", metadata={"help": f"Advantage estimator: {' | '.join(ADV_ESTIMATORS)}."})
@@ -203,6 +254,10 @@ class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArg
     def __post_init__(self):
         with problem_scope() as problems:
             super().__post_init__()
+            problems += prompt_batch_problems(self)
+            if self.per_device_prompt_batch_size is None:  # PaddleNLP's global_batch_size, else our default
+                gbs, ranks = self.global_batch_size, self.dataset_world_size
+                self.per_device_prompt_batch_size = gbs // ranks if gbs > 0 and gbs % ranks == 0 else 16
             problems += estimator_problems(self) + kl_problems(self) + loss_problems(self) + batch_problems(self)
             problems += generation_problems(self)
             if self.critic_recompute_granularity not in RECOMPUTE_GRANULARITIES:
@@ -248,6 +303,37 @@ class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArg
     @property
     def use_critic(self):
         return self.estimator.needs_critic
+
+    @property
+    def mini_batch_prompts(self):
+        """Prompts per optimiser step over all data-parallel ranks (`global_mini_batch_size`, or
+        the global batch when only `global_batch_size` is set); None: no mini-batch size given."""
+        if self.global_mini_batch_size > 0:
+            return self.global_mini_batch_size
+        return self.global_batch_size if self.global_batch_size > 0 else None
+
+    @property
+    def update_micro_rows(self):
+        """Rows per update micro-batch: `per_device_train_batch_size`, at most one optimiser step's rows."""
+        mini = self.mini_batch_prompts
+        if mini is None:
+            return self.per_device_train_batch_size
+        return max(1, min(self.per_device_train_batch_size, mini * self.rollout_n // self.dataset_world_size))
+
+    @property
+    def update_accumulation_steps(self):
+        """Micro-batches per optimiser step: derived from the mini-batch size when one is given
+        (PaddleNLP), else `gradient_accumulation_steps`."""
+        mini = self.mini_batch_prompts
+        if mini is None:
+            return self.gradient_accumulation_steps
+        return max(1, mini * self.rollout_n // self.dataset_world_size // self.update_micro_rows)
+
+    def pass_rows(self, which):
+        """Rows per no-gradient forward of `which` (logprob | reward | value): its
+        `per_device_<which>_batch_size`, or (-1) max(per_device_train_batch_size, per_device_eval_batch_size)."""
+        rows = getattr(self, f"per_device_{which}_batch_size")
+        return rows if rows > 0 else max(self.per_device_eval_batch_size, self.per_device_train_batch_size)
 
     @property
     def loss_scale(self):

@@ -63,6 +63,7 @@ class PPOTrainer(ExperienceMaking, PolicyUpdate, TrainingLoop):
         self.engine = RolloutEngine(
             self.passes.generation_model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
             use_rollout_engine=args.use_fusemt, keep_tensor_parallel=args.keep_tensor_parallel,
+            max_num_seqs=args.rollout_max_num_seqs,
         )
         self.sampling = SamplingParams(
             max_new_tokens=args.max_dec_len, min_new_tokens=args.min_dec_len, temperature=args.temperature,
@@ -103,9 +104,9 @@ class PPOTrainer(ExperienceMaking, PolicyUpdate, TrainingLoop):
     def build_samplers(self):
         """This data rank's prompt sampler (and the ptx data's, with `ptx_coeff > 0`)."""
         args = self.args
-        self.sampler = PromptSampler(
-            len(self.train_dataset), args.per_device_prompt_batch_size, self.data_rank, self.data_world, args.seed,
-            shuffle=args.dataloader_shuffle,
+        draw = args.global_gen_batch_size // self.data_world if args.global_gen_batch_size > 0 else args.per_device_prompt_batch_size
+        self.sampler = PromptSampler(  # DAPO's generation batch (global_gen_batch_size) when it has one
+            len(self.train_dataset), draw, self.data_rank, self.data_world, args.seed, shuffle=args.dataloader_shuffle,
         )
         self.ptx_sampler = None
         if self.ptx_dataset is not None and args.ptx_coeff > 0:

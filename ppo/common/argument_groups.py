@@ -177,7 +177,11 @@ class RolloutArguments:
     """Sampling prompts and responses with the rollout engine: PPO/GRPO (`run_ppo.py`) and online
     DPO (`run_online_dpo.py`, where one step is one round), with PaddleNLP's PPO names."""
 
-    per_device_prompt_batch_size: int = field(default=16, metadata={"help": "Prompts per rank per step (online DPO: per round)."})
+    per_device_prompt_batch_size: int = field(
+        default=16,
+        metadata={"help": "Prompts per data-parallel rank per step (online DPO: per round); PPO/GRPO's default None: "
+                  "global_batch_size / data-parallel ranks, or 16."},
+    )
     rollout_n: int = field(
         default=1,
         metadata={"help": "Samples per prompt: the group size of GRPO/RLOO; online DPO's answers per prompt (>= 2)."},
@@ -270,6 +274,19 @@ class PromptTruncationArguments:
         metadata={"help": "Prompts longer than this many tokens keep their last ones (truncated, never dropped; "
                   "PaddleNLP's src_length and DPO max_prompt_len are read as this); none: whole prompts. "
                   "PPO/GRPO's max_prompt_len drops long prompts instead."},
+    )
+
+
+@dataclass
+class ZeroPaddingArguments:
+    """SFT, the reward model and the DPO family: packed batches (PaddleNLP's `zero_padding`)."""
+
+    zero_padding: bool = field(
+        default=False,
+        metadata={"help": "Pack each batch's samples into rows of at most max_length tokens (per-sample position ids, "
+                  "block-diagonal causal mask): the same losses and gradients as padding, without the pad tokens' work "
+                  "(PaddleNLP's name; SFT, the reward model's sequence-wise loss and the DPO family; not with pipeline "
+                  "parallel)."},
     )
 
 

@@ -1,11 +1,15 @@
 """The model passes of a PPO step behind one interface (`ModelPasses`), built once per trainer
 by `build_model_passes`: plain models, or fleet pipelines under `pipeline_parallel_degree > 1`;
 `wrap_for_ranks` wraps the trained models and optimisers for the run's ranks first."""
+import logging
+
 import paddle
 import paddle.distributed as dist
 
 from .base import ModelPasses, UpdateLosses
 from .plain import PlainPasses
+
+logger = logging.getLogger("ppo")
 
 
 def wrap_for_ranks(args, model, optimizer):
@@ -32,14 +36,20 @@ def build_model_passes(args, models, actor, critic, optimizers, pad_token_id, re
     if args.pipeline_parallel_degree > 1:
         from .pipeline import PipelinePasses
 
+        sized = [f"per_device_{w}_batch_size" for w in ("logprob", "reward", "value") if getattr(args, f"per_device_{w}_batch_size") > 0]
+        if sized:
+            logger.info(f"{', '.join(sized)} do nothing under pipeline parallel: the no-gradient passes run the rollout "
+                        "batch through the pipeline schedule")
+
         return PipelinePasses(
             models, actor, critic, optimizers, temperature=args.temperature,
-            micro_batches=args.gradient_accumulation_steps, micro_rows=args.per_device_train_batch_size,
+            micro_batches=args.update_accumulation_steps, micro_rows=args.update_micro_rows,
             pad_token_id=pad_token_id,
             keep_tensor_parallel=args.keep_tensor_parallel and args.tensor_parallel_degree > 1,
         )
-    chunk_rows = max(args.per_device_eval_batch_size, args.per_device_train_batch_size)
-    return PlainPasses(models, actor, critic, args.temperature, args.logprob_chunk_size, chunk_rows, reward_retokenizer)
+    chunk_rows = {which: args.pass_rows(which) for which in ("logprob", "value", "reward")}
+    return PlainPasses(models, actor, critic, args.temperature, args.logprob_chunk_size, chunk_rows, reward_retokenizer,
+                       remove_padding=args.use_remove_padding)
 
 
 __all__ = ["ModelPasses", "PlainPasses", "UpdateLosses", "build_model_passes", "wrap_for_ranks"]

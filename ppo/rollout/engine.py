@@ -34,7 +34,7 @@ import paddle.nn.functional as F
 
 from .ops import get_ops
 from .paddlenlp_path import generate_with_paddlenlp
-from .params import RolloutOutput, SamplingParams
+from .params import RolloutOutput, SamplingParams, merge_outputs
 from .weights import _decoder, extract_weights, rotary_tables, unwrap_model
 
 logger = logging.getLogger("ppo.rollout")
@@ -96,7 +96,7 @@ class RolloutEngine:
 
     def __init__(self, model, eos_token_id, pad_token_id, use_rollout_engine=True, use_custom_ops=True, fuse_gate_up=None,
                  tokenizer=None, compact_ratio=0.5, decode_layout="auto", keep_buffers=True,
-                 keep_tensor_parallel=False):
+                 keep_tensor_parallel=False, max_num_seqs=-1):
         self.sharded = bool(keep_tensor_parallel)
         self.model = model
         self.eos_token_id = int(eos_token_id)
@@ -111,6 +111,7 @@ class RolloutEngine:
         self.decode_layout = decode_layout
         self.keep_buffers = bool(keep_buffers)
         self._buffers = {}
+        self.max_num_seqs = int(max_num_seqs)
 
     @property
     def backend(self):
@@ -130,6 +131,11 @@ class RolloutEngine:
         total_rows = input_ids.shape[0] if total_rows is None else total_rows
         if not 0 <= row_offset <= total_rows - input_ids.shape[0]:
             raise ValueError(f"rows [{row_offset}, {row_offset + input_ids.shape[0]}) do not fit a batch of {total_rows}")
+        B, cap = input_ids.shape[0], self.max_num_seqs  # PaddleNLP's rollout_max_num_seqs: decode in chunks of rows
+        if 0 < cap < B:
+            rows = lambda t, s: None if t is None else t[s : s + cap]  # noqa: E731
+            return merge_outputs([self.generate(rows(input_ids, s), rows(attention_mask, s), params, seed, row_offset + s,
+                                                total_rows) for s in range(0, B, cap)], self.pad_token_id)
         params = params or SamplingParams()
         lm = unwrap_model(self.model)
         place = _decoder(lm).embed_tokens.weight.place
