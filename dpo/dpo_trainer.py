@@ -119,18 +119,19 @@ class DPOTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMix
     `ref_model`: a frozen reference model, or None (LoRA policy with the adapter
     disabled, or a loss that needs no reference). `eval_prompt_dataset` (a
     `PromptOnlyDataset` with reference answers) adds greedy exact-match metrics to
-    every evaluation, as in `SFTTrainer`.
+    every evaluation, as in `SFTTrainer`. `packed_length` (`zero_padding`): every answer
+    log-prob pass runs packed into rows of at most that many tokens (see `answer_logprobs`).
     """
 
     def __init__(
         self,
         *args,
         ref_model=None,
+        packed_length=None,
         eval_prompt_dataset=None,
         eval_max_new_tokens=16,
         eval_long_answer_len=5,
         use_fusemt=True,
-        packed_length=None,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
