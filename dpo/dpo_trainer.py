@@ -127,11 +127,11 @@ class DPOTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMix
         self,
         *args,
         ref_model=None,
-        packed_length=None,
         eval_prompt_dataset=None,
         eval_max_new_tokens=16,
         eval_long_answer_len=5,
         use_fusemt=True,
+        packed_length=None,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
