@@ -119,7 +119,8 @@ class DPOTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMix
     `ref_model`: a frozen reference model, or None (LoRA policy with the adapter
     disabled, or a loss that needs no reference). `eval_prompt_dataset` (a
     `PromptOnlyDataset` with reference answers) adds greedy exact-match metrics to
-    every evaluation, as in `SFTTrainer`.
+    every evaluation, as in `SFTTrainer`. `packed_length` (`zero_padding`): every answer
+    log-prob pass runs packed into rows of at most that many tokens (see `answer_logprobs`).
     """
 
     def __init__(

@@ -181,3 +181,29 @@ def test_a_ppo_step_with_remove_padding_logs_the_padded_step(tiny_model_dir, tin
         assert diff.max() < 5e-4, name
         moved += int((diff > 1e-5 + 1e-4 * np.abs(padded_weights[name])).sum())
     assert moved <= 3
+
+
+def test_lora_grpo_steps_with_remove_padding_log_the_padded_steps(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path):
+    """GRPO with a LoRA actor (the reference is the actor with its adapter off), two steps
+    packed and padded: the same KL, entropy and loss metrics."""
+    from ppo.run_ppo import build_trainer
+    from tests.test_ppo_trainer import read_metrics
+
+    def run(name, *extra):
+        out = str(tmp_path / name)
+        trainer = build_trainer([
+            "config/tiny/lora_grpo_argument.json", "--actor_model_name_or_path", tiny_model_dir,
+            "--train_datasets", f"Jsonfile:1.0:{tiny_data_dir}/prompts.jsonl", "--eval_datasets", "",
+            "--use_rm_server", "false", "--reward_model_name_or_path", tiny_rm_dir, "--output_dir", out, "--logging_dir", f"{out}/vdl", "--max_steps", "2", "--evaluation_strategy", "no",
+            "--per_device_prompt_batch_size", "4", "--rollout_n", "4", "--per_device_train_batch_size", "8",
+            "--max_dec_len", "8", "--save_steps", "0", "--num_sample_generations", "0", "--disable_tqdm", "true",
+            "--use_rollout_logprobs", "false", "--kl_loss_coeff", "0.1", "--learning_rate", "1e-2", *extra,
+        ])
+        trainer.train()
+        return [r for r in read_metrics(out) if "loss/policy_avg" in r]
+
+    padded, packed = run("padded"), run("packed", "--use_remove_padding", "true")
+    assert len(padded) == len(packed) == 2
+    assert padded[1]["objective/kl"] > 1e-6  # the second step's actor moved away from its reference
+    for key in ("loss/policy_avg", "objective/kl", "objective/entropy", "policy/approxkl_avg", "response_length/mean"):
+        np.testing.assert_allclose([r[key] for r in packed], [r[key] for r in padded], rtol=1e-4, atol=1e-6, err_msg=key)

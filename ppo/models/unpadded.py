@@ -1,7 +1,7 @@
 """Padded rows repacked without their padding (PaddleNLP's `use_remove_padding` and
 `zero_padding` for already padded batches): the real tokens of each row of a `[N, T]` batch
 are laid side by side into `R <= N` rows of at most `capacity` tokens (first-fit decreasing,
-`ppo.data.packing.pack_rows`), each sample with its own position ids `0..len-1` and a
+`ppo.data.packing.place_samples`), each sample with its own position ids `0..len-1` and a
 block-diagonal causal mask (`ppo.data.packing.block_causal_mask`), so every sample is computed
 as alone in its padded row and only the pad tokens' work disappears.
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 
-from ..data.packing import block_causal_mask, pack_rows
+from ..data.packing import block_causal_mask, place_samples
 from .causal_lm import causal_lm_token_logprobs
 
 __all__ = ["PackedRows", "pack_padded", "packed_token_logprobs"]
@@ -72,24 +72,20 @@ def pack_padded(input_ids, attention_mask, capacity=None):
     gaps = np.nonzero(real.sum(axis=1) != (np.where(lengths > 0, T - real[:, ::-1].argmax(axis=1), 0) - first))[0]
     if len(gaps):
         raise ValueError(f"row {int(gaps[0])} has padding between its real tokens; rows cannot be packed")
-    rows = pack_rows([max(int(n), 1) for n in lengths], capacity or T)
-    L = max(sum(max(int(lengths[i]), 1) for i in row) for row in rows)
+    sizes = [max(int(n), 1) for n in lengths]  # an empty row keeps one (padding) cell
+    rows, row_of, starts, L = place_samples(sizes, capacity or T)
     packed_ids = np.zeros([len(rows), L], dtype="int64")
     positions = np.zeros([len(rows), L], dtype="int64")
     segments = np.full([len(rows), L], -1, dtype="int64")
     index = np.zeros([N, T], dtype="int64")
-    ends = np.zeros([N], dtype="int64")
-    for r, row in enumerate(rows):
-        start = 0
-        for number, n in enumerate(row):
-            size = int(lengths[n])
-            cols = np.arange(first[n], first[n] + size)
-            packed_ids[r, start:start + size] = ids[n, cols]
-            positions[r, start:start + size] = np.arange(size)
-            segments[r, start:start + size] = number
-            index[n, cols] = r * L + start + np.arange(size)
-            ends[n] = r * L + start + max(size - 1, 0)
-            start += max(size, 1)
+    for n in range(N):
+        r, start, size = row_of[n], starts[n], int(lengths[n])
+        cols = np.arange(first[n], first[n] + size)
+        packed_ids[r, start:start + size] = ids[n, cols]
+        positions[r, start:start + size] = np.arange(size)
+        segments[r, start:start + size] = n
+        index[n, cols] = r * L + start + np.arange(size)
+    ends = row_of * L + starts + np.maximum(lengths - 1, 0)
     return PackedRows(
         input_ids=paddle.to_tensor(packed_ids), position_ids=paddle.to_tensor(positions),
         attention_mask=paddle.to_tensor(block_causal_mask(segments)), index=index.reshape(-1), valid=real,
