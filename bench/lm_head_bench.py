@@ -27,7 +27,7 @@ import paddle  # noqa: E402
 
 from ppo.algos import token_logprobs_from_hidden  # noqa: E402
 from ppo.models import fused_train_ops as F  # noqa: E402
-from ppo.rollout import ops as ops_lib  # noqa: E402
+from ppo import kernels  # noqa: E402
 
 
 def time_case(rows, hidden, vocab, chunk_size, kernels, repeats):
@@ -58,7 +58,7 @@ def main():
     parser.add_argument("--chunk_size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    if not ops_lib.ops_available():
+    if not kernels.ops_available():
         sys.exit("custom C++ ops are not built: run csrc/build_ops.py first")
     results = []
     for vocab in args.vocab:

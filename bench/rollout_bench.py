@@ -243,7 +243,7 @@ def main(argv=None):
     logging.getLogger("paddlenlp").setLevel(logging.ERROR)
     import paddle
 
-    from ppo.rollout.ops import ops_available, unavailable_reason
+    from ppo.kernels import ops_available, unavailable_reason
 
     paddle.set_device("cpu") if not paddle.is_compiled_with_cuda() else None
     names = ["tiny", "30m"] if args.config == "all" else [args.config]

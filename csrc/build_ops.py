@@ -5,7 +5,7 @@
     python csrc/build_ops.py --check    # exit 0 if the built library is up to date, 1 otherwise
 
 The library goes to `csrc/build/ppo_rollout_ops/ppo_rollout_ops.so` (git-ignored) and is
-loaded from there by `ppo.rollout.ops` (so nothing is installed into site-packages; any
+loaded from there by `ppo.kernels` (so nothing is installed into site-packages; any
 process that imports `ppo` from this checkout finds it). The C++ CPU kernels in `cpu/` are
 always built; only when `paddle.is_compiled_with_cuda()` are the plain-CUDA kernels
 `cuda/*.cu` (API `cuda/ppo_cuda.h`, no Paddle headers) and their thin Paddle bindings

@@ -18,6 +18,7 @@ from ppo.common.argument_groups import (
     ModelCommonArguments,
     PaddleNLPTrainingArguments,
     PromptTruncationArguments,
+    ZeroPaddingArguments,
 )
 from ppo.common.argument_problems import problem_scope
 from ppo.common.trainer_entry_checks import trainer_entry_problems
@@ -35,7 +36,7 @@ class ModelArgument(ModelCommonArguments):
 
 
 @dataclass
-class DataArgument(PromptTruncationArguments, DatasetArguments):
+class DataArgument(ZeroPaddingArguments, PromptTruncationArguments, DatasetArguments):
     eval_generation_datasets: List[str] = field(
         default_factory=list,
         metadata={"help": "Prompt datasets with reference answers (e.g. Jsonfile with tgt) for greedy exact-match evaluation."},

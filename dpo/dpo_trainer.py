@@ -36,6 +36,7 @@ from ppo.algos import PREFERENCE_LOSSES, get_preference_loss, kto_kl_reference_p
 from ppo.data import IGNORE_INDEX, right_padding
 from ppo.evaluation import GenerationEvalMixin
 from ppo.models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE, causal_lm_token_logprobs
+from ppo.models.unpadded import pack_padded, packed_token_logprobs
 from ppo.models.loading import find_lora_model, lora_disabled
 from ppo.models.pipeline import pipeline_group, wrapped_pipeline
 from ppo.models.preference_pipe import PreferenceCriterion, PreferencePolicyInputs, kl_sides, pipeline_answer_logps
@@ -97,11 +98,17 @@ class UnpairedKTOCollator(KTOCollator):
         return [(s["input_ids"][0], s["labels"][0]) for s in samples]
 
 
-def answer_logprobs(model, input_ids, attention_mask, labels, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE):
+def answer_logprobs(model, input_ids, attention_mask, labels, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE, packed_length=None):
     """Per-sequence summed answer log-probs `[N]`, answer lengths `[N]`, and the
     per-token log-probs `[N, T-1]` with their mask (for the NLL term). The LM head runs over
-    the answer tokens only, `chunk_size` at a time (0: full logits)."""
-    tok, _ = causal_lm_token_logprobs(model, input_ids, attention_mask, labels, chunk_size=chunk_size)
+    the answer tokens only, `chunk_size` at a time (0: full logits). `packed_length`
+    (`zero_padding`): the rows' real tokens run packed into rows of at most that many tokens
+    (`ppo.models.unpadded`), with the same results."""
+    if packed_length:
+        packed = pack_padded(input_ids, attention_mask, capacity=packed_length)
+        tok = packed_token_logprobs(model, packed, labels != IGNORE_INDEX, chunk_size=chunk_size)[0][:, 1:]
+    else:
+        tok, _ = causal_lm_token_logprobs(model, input_ids, attention_mask, labels, chunk_size=chunk_size)
     mask = labels[:, 1:] != IGNORE_INDEX
     return masked_sum(tok, mask, axis=-1), mask.astype("float32").sum(axis=-1), tok, mask
 
@@ -112,7 +119,8 @@ class DPOTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMix
     `ref_model`: a frozen reference model, or None (LoRA policy with the adapter
     disabled, or a loss that needs no reference). `eval_prompt_dataset` (a
     `PromptOnlyDataset` with reference answers) adds greedy exact-match metrics to
-    every evaluation, as in `SFTTrainer`.
+    every evaluation, as in `SFTTrainer`. `packed_length` (`zero_padding`): every answer
+    log-prob pass runs packed into rows of at most that many tokens (see `answer_logprobs`).
     """
 
     def __init__(
@@ -122,11 +130,13 @@ class DPOTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMix
         eval_prompt_dataset=None,
         eval_max_new_tokens=16,
         eval_long_answer_len=5,
-        use_fusemt=True,
+        use_rollout_engine=True,
+        packed_length=None,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
         self.ref_model = ref_model
+        self.packed_length = packed_length
         self.loss_fn = get_preference_loss(self.args.loss_type)
         self.use_reference = needs_reference(self.args.loss_type, self.args.reference_free)
         if self.use_reference and ref_model is None and find_lora_model(self.model) is None:
@@ -135,7 +145,7 @@ class DPOTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMix
             ref_model.eval()
             for p in ref_model.parameters():
                 p.stop_gradient = True
-        self.setup_generation_eval(eval_prompt_dataset, eval_max_new_tokens, eval_long_answer_len, use_fusemt)
+        self.setup_generation_eval(eval_prompt_dataset, eval_max_new_tokens, eval_long_answer_len, use_rollout_engine)
         self._stat_sums, self._stat_count = {}, 0
         self.pipelined = self.args.pipeline_parallel_degree > 1
         self._ref_pipeline = None
@@ -197,19 +207,23 @@ class DPOTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMix
 
     # ---- log-probs -------------------------------------------------------
 
+    def answer_logprobs(self, model, input_ids, attention_mask, labels):
+        """`answer_logprobs` with this run's `logprob_chunk_size` and packing (`zero_padding`)."""
+        return answer_logprobs(model, input_ids, attention_mask, labels, self.args.logprob_chunk_size, self.packed_length)
+
     def reference_logprobs(self, model, input_ids, attention_mask, labels):
         """Summed answer log-probs `[N]` under the reference, without gradients."""
         with paddle.no_grad():
             if self.ref_model is not None:
-                return answer_logprobs(self.ref_model, input_ids, attention_mask, labels, self.args.logprob_chunk_size)[0]
+                return self.answer_logprobs(self.ref_model, input_ids, attention_mask, labels)[0]
             with lora_disabled(model) as lora_model:
-                return answer_logprobs(lora_model, input_ids, attention_mask, labels, self.args.logprob_chunk_size)[0]
+                return self.answer_logprobs(lora_model, input_ids, attention_mask, labels)[0]
 
     def kl_reference_point(self, model, inputs):
         """KTO's z0 from the batch's mismatched pairs (no gradients), averaged across ranks."""
         ids, mask, labels = inputs["kl_input_ids"], inputs["kl_attention_mask"], inputs["kl_labels"]
         with paddle.no_grad():
-            policy_kl = answer_logprobs(model, ids, mask, labels, self.args.logprob_chunk_size)[0]
+            policy_kl = self.answer_logprobs(model, ids, mask, labels)[0]
         return self.rank_mean_kl_point(policy_kl, self.reference_logprobs(model, ids, mask, labels))
 
     def rank_mean_kl_point(self, policy_kl, reference_kl):
@@ -238,7 +252,7 @@ class DPOTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMix
         """`(loss, stats)` of one preference batch; stats are detached scalars."""
         ids, mask, labels, scores, valid = self.answer_rows(inputs)
         # 1. policy: one forward over every answer of the batch [N, T]
-        logps, lengths, _, _ = answer_logprobs(model, ids, mask, labels, self.args.logprob_chunk_size)
+        logps, lengths, _, _ = self.answer_logprobs(model, ids, mask, labels)
         # 2. reference: one forward without gradients
         ref = self.reference_logprobs(model, ids, mask, labels) if self.use_reference else None
         kl_point = self.kl_reference_point(model, inputs) if self.loss_fn.kl_point else None

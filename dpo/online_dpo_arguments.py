@@ -3,7 +3,8 @@
 The policy, reference and score source use `run_ppo.py`'s names (`ModelArgument`:
 `actor_model_name_or_path`, `reference_model_name_or_path`, `reward_model_name_or_path`,
 `use_rm_server`, `use_rule_reward`, ...), the rollout PaddleNLP's PPO names
-(`per_device_prompt_batch_size`, `rollout_n`, `max_dec_len`, ...), the loss the DPO
+(`per_device_prompt_batch_size`, `rollout_n`, `max_dec_len`, ...: the shared `RolloutArguments`
+of `ppo/common/argument_groups.py`, with `rollout_n` 4 by default), the loss the DPO
 trainer's (`loss_type`, `beta`, `sft_loss_ratio`, ...); what neither has follows TRL's
 `OnlineDPOConfig` or is new (`pair_selection`, `pair_margin`, `ref_update_rounds`).
 One training step is one round. Defaults live here only.
@@ -15,7 +16,14 @@ from ppo.algos import DPO_LOSS_TYPES
 from ppo.algos.preference import PAIR_LOSS_TYPES
 from ppo.common import paddlenlp_keys as pk
 from ppo.common import validation
-from ppo.common.argument_groups import GenerationArguments, LogprobArguments, PaddleNLPTrainingArguments
+from ppo.common.argument_groups import (
+    GenerationArguments,
+    LogprobArguments,
+    PaddleNLPTrainingArguments,
+    RolloutArguments,
+    RolloutLoopArguments,
+    default_override,
+)
 from ppo.common.argument_problems import problem_scope
 from ppo.ppo_arguments import DataArgument as PPODataArgument
 from ppo.ppo_arguments import ModelArgument as PPOModelArgument
@@ -48,20 +56,14 @@ class DataArgument(PPODataArgument):
 
 
 @dataclass
-class OnlineDPOTrainingArguments(LogprobArguments, GenerationArguments, PaddleNLPTrainingArguments):
+class OnlineDPOTrainingArguments(RolloutLoopArguments, RolloutArguments, LogprobArguments, GenerationArguments,
+                                 PaddleNLPTrainingArguments):
+    """The rollout (`RolloutArguments`) and the loop's optimiser (`RolloutLoopArguments`) are
+    `run_ppo.py`'s; the fields below are online DPO's own."""
+
     paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.argument_parsing
-    # rollout (PaddleNLP PPO names)
-    per_device_prompt_batch_size: int = field(default=16, metadata={"help": "Prompts per round."})
-    rollout_n: int = field(default=4, metadata={"help": "Answers sampled per prompt each round (k >= 2)."})
-    max_dec_len: int = field(default=64, metadata={"help": "Most new tokens per answer."})
-    min_dec_len: int = field(default=1, metadata={"help": "EOS is suppressed until this many tokens were generated."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (the DPO log-probs use 1.0)."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling threshold."})
-    top_k: int = field(default=0, metadata={"help": "Top-k sampling; 0 disables it."})
-    repetition_penalty: float = field(default=1.0, metadata={"help": "Repetition penalty (1.0 = none)."})
-    missing_eos_penalty: float = field(
-        default=0.0, metadata={"help": "Subtracted from the score of answers that end without EOS (TRL's OnlineDPOConfig)."}
-    )
+    # a pair needs two answers per prompt: 4 samples by default (run_ppo.py: 1)
+    rollout_n: int = default_override(RolloutArguments, "rollout_n", 4)
     # pairs
     pair_selection: str = field(
         default="best_worst",
@@ -82,13 +84,6 @@ class OnlineDPOTrainingArguments(LogprobArguments, GenerationArguments, PaddleNL
         default=0,
         metadata={"help": "Copy the policy into the reference every this many rounds (iterative DPO); 0: fixed reference."},
     )
-    update_iters: int = field(default=1, metadata={"help": "Passes over each round's pairs."})
-    min_learning_rate: float = field(default=0.0, metadata={"help": "Learning rate floor for cosine/linear decay."})
-    use_fused_adamw: bool = field(
-        default=True, metadata={"help": "AdamW as one C++ op over all parameters on float32 CPU parameters (as run_ppo.py)."}
-    )
-    num_sample_generations: int = field(default=10, metadata={"help": "Every this many rounds, log sampled pairs (0: never)."})
-    dataloader_shuffle: bool = field(default=True, metadata={"help": "Draw the prompts of each epoch in a seeded random order."})
 
     def __post_init__(self):
         with problem_scope() as problems:

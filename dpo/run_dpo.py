@@ -124,7 +124,8 @@ def build_trainer(model_args, data_args, training_args):
         eval_prompt_dataset=eval_prompts,
         eval_max_new_tokens=training_args.eval_new_tokens(),
         eval_long_answer_len=data_args.eval_long_answer_len,
-        use_fusemt=training_args.use_fusemt,
+        use_rollout_engine=training_args.use_fusemt,
+        packed_length=data_args.max_length if data_args.zero_padding else None,
     )
 
 

@@ -45,7 +45,7 @@ def reward_model_score_fn(reward_model):
 
 
 def evaluate_generation(
-    model, tokenizer, dataset, batch_size=64, max_new_tokens=16, use_fusemt=True, long_answer_len=5,
+    model, tokenizer, dataset, batch_size=64, max_new_tokens=16, use_rollout_engine=True, long_answer_len=5,
     reward_model=None, engine=None, score_fn=None, indices=None,
 ):
     """Greedy-decode the prompts of `dataset` (a `PromptOnlyDataset` with labels).
@@ -60,7 +60,7 @@ def evaluate_generation(
     from .rollout import RolloutEngine, SamplingParams
 
     if engine is None:
-        engine = RolloutEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, use_fusemt=use_fusemt)
+        engine = RolloutEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, use_rollout_engine=use_rollout_engine)
     if score_fn is None and reward_model is not None:
         score_fn = reward_model_score_fn(reward_model)
     params = SamplingParams(max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False)
@@ -100,11 +100,11 @@ class GenerationEvalMixin:
     `eval_prompt_dataset` (a `PromptOnlyDataset` with reference answers), with the
     answers written to `output_dir/eval_samples.jsonl` by the main process."""
 
-    def setup_generation_eval(self, eval_prompt_dataset=None, eval_max_new_tokens=16, eval_long_answer_len=5, use_fusemt=True):
+    def setup_generation_eval(self, eval_prompt_dataset=None, eval_max_new_tokens=16, eval_long_answer_len=5, use_rollout_engine=True):
         self.eval_prompt_dataset = eval_prompt_dataset
         self.eval_max_new_tokens = eval_max_new_tokens
         self.eval_long_answer_len = eval_long_answer_len
-        self.use_fusemt = use_fusemt
+        self.use_rollout_engine = use_rollout_engine
 
     def generation_weights(self):
         """Context giving the model to generate with: the trained model, or under pipeline
@@ -134,7 +134,7 @@ class GenerationEvalMixin:
                 self.eval_prompt_dataset,
                 batch_size=self.args.per_device_eval_batch_size,
                 max_new_tokens=self.eval_max_new_tokens,
-                use_fusemt=self.use_fusemt,
+                use_rollout_engine=self.use_rollout_engine,
                 long_answer_len=self.eval_long_answer_len,
             )
         if self.is_world_process_zero():

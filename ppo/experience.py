@@ -17,6 +17,7 @@ import numpy as np
 import paddle
 
 from .models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE, causal_lm_token_logprobs, last_token_index, position_ids_from_mask
+from .models.unpadded import pack_padded, packed_token_logprobs
 
 STAGES = ("rollout", "scored", "complete")
 
@@ -121,25 +122,38 @@ def response_slice(tensor, prompt_len, response_len):
     return tensor[:, prompt_len - 1 : prompt_len - 1 + response_len]
 
 
-def response_logprobs(model, exp, temperature, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE, with_entropy=False):
+def response_logprobs(model, exp, temperature, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE, with_entropy=False,
+                      remove_padding=False):
     """Log-probs `[N, Tr]` of the response tokens under `model` at `temperature` and, with
     `with_entropy`, the entropy `[N, Tr]` of each predicting distribution (else None); both 0
     outside the response mask. The LM head runs over response tokens only, `chunk_size` at a
-    time (0: full logits)."""
+    time (0: full logits). `remove_padding`: the model runs on the rows' real tokens packed
+    together (`ppo.models.unpadded`), with the same results."""
     P = exp.prompt_len
     mask = paddle.concat([paddle.zeros([len(exp), P], "float32"), exp.response_mask.astype("float32")], axis=1)
+    Tr = exp.response_ids.shape[1]
+    if remove_padding:
+        packed = pack_padded(exp.sequences, exp.attention_mask)
+        logprobs, entropy = packed_token_logprobs(model, packed, mask, temperature, chunk_size, with_entropy)
+        return logprobs[:, P:P + Tr], (entropy[:, P:P + Tr] if with_entropy else None)
     logprobs, entropy = causal_lm_token_logprobs(
         model, exp.sequences, exp.attention_mask, exp.sequences, mask=mask, position_ids=exp.position_ids,
         temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, first_counted=P,
     )
-    Tr = exp.response_ids.shape[1]
     return response_slice(logprobs, P, Tr), (response_slice(entropy, P, Tr) if with_entropy else None)
 
 
-def response_values(critic, exp):
-    """Critic values `[N, Tr]`: the value of the state before each response token."""
-    out = critic(input_ids=exp.sequences, attention_mask=exp.attention_mask, position_ids=exp.position_ids)
-    return response_slice(out.scores, exp.prompt_len, exp.response_ids.shape[1]) * exp.response_mask
+def response_values(critic, exp, remove_padding=False):
+    """Critic values `[N, Tr]`: the value of the state before each response token.
+    `remove_padding`: the critic runs on the rows' real tokens packed together."""
+    if remove_padding:
+        packed = pack_padded(exp.sequences, exp.attention_mask)
+        out = critic(input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=packed.position_ids,
+                     ends=packed.ends)
+        scores = packed.to_padded(out.scores)
+    else:
+        scores = critic(input_ids=exp.sequences, attention_mask=exp.attention_mask, position_ids=exp.position_ids).scores
+    return response_slice(scores, exp.prompt_len, exp.response_ids.shape[1]) * exp.response_mask
 
 
 def reward_model_scores(reward_model, exp):

@@ -45,7 +45,7 @@ class FusedAdamW(paddle.optimizer.AdamW):
         self.fused_steps = 0
 
     def _fused_reason(self, params):
-        from ppo.rollout import ops
+        from ppo import kernels
 
         if not self.fused:
             return "off"
@@ -57,8 +57,8 @@ class FusedAdamW(paddle.optimizer.AdamW):
             return "tensor betas"
         if any(p.dtype != paddle.float32 or not p.place.is_cpu_place() for p in params):
             return "non-float32 or non-CPU parameters"
-        if not ops.ops_available():
-            return f"ops unavailable: {ops.unavailable_reason()}"
+        if not kernels.ops_available():
+            return f"ops unavailable: {kernels.unavailable_reason()}"
         return None
 
     @paddle.no_grad()

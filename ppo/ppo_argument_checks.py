@@ -9,6 +9,10 @@ from .common import paddlenlp_keys as pk
 from .common import validation
 from .common.report_writers import LOOP_PACKAGES, missing_report_packages
 
+EVAL_MODES = ("", "single", "tensor_parallel")
+"""Generation layouts of a tensor-parallel model (PaddleNLP's `eval_mode`): '' and single gather
+the whole weights on every rank, tensor_parallel keeps each rank's slices."""
+
 
 def score_source_problems(model_args):
     """One source of scores: a reward model, a reward server or rule scorers (with valid lists)."""
@@ -62,6 +66,14 @@ def kl_problems(args):
     return problems
 
 
+def generation_problems(args):
+    """The rollout engine's settings: `eval_mode` is a layout it has (the engine itself takes
+    the resulting `keep_tensor_parallel` flag and checks nothing at run time)."""
+    if args.eval_mode not in EVAL_MODES:
+        return [f"eval_mode must be one of {EVAL_MODES}, got {args.eval_mode!r}"]
+    return []
+
+
 def loss_problems(args):
     """Loss aggregation, its scale, the importance-sampling level, offloading and the DAPO buffer."""
     problems = []
@@ -83,15 +95,63 @@ def loss_problems(args):
     return problems
 
 
+def prompt_batch_problems(args):
+    """PaddleNLP's `global_batch_size` splits evenly over the data-parallel ranks and agrees
+    with `per_device_prompt_batch_size` when both are given (before the latter is filled in)."""
+    gbs, ranks, per_rank = args.global_batch_size, args.dataset_world_size, args.per_device_prompt_batch_size
+    if gbs == -1:
+        return []
+    if gbs <= 0:
+        return [f"global_batch_size must be positive (or -1: per_device_prompt_batch_size per rank), got {gbs}"]
+    if gbs % ranks:
+        return [f"global_batch_size {gbs} does not split over {ranks} data-parallel ranks"]
+    if per_rank is not None and per_rank * ranks != gbs:
+        return [f"global_batch_size {gbs} over {ranks} data-parallel rank(s) gives {gbs // ranks} prompts per rank, but "
+                f"per_device_prompt_batch_size is {per_rank}: give one of them"]
+    return []
+
+
+def mini_batch_problems(args):
+    """PaddleNLP's `global_mini_batch_size` / `global_gen_batch_size` and the micro-batch sizes
+    of the no-gradient passes and the rollout engine."""
+    problems = [f"{name} must be positive or -1, got {getattr(args, name)}"
+                for name in ("global_mini_batch_size", "global_gen_batch_size", "per_device_logprob_batch_size",
+                             "per_device_reward_batch_size", "per_device_value_batch_size", "rollout_max_num_seqs")
+                if getattr(args, name) == 0 or getattr(args, name) < -1]
+    ranks, mini = args.dataset_world_size, args.mini_batch_prompts
+    global_prompts = args.per_device_prompt_batch_size * ranks
+    if prompt_batch_problems(args):
+        return problems  # the global batch itself is wrong (reported by prompt_batch_problems)
+    if mini is not None and mini > 0:
+        if mini % ranks or global_prompts % mini:
+            problems.append(f"global_mini_batch_size {mini} must split over {ranks} data-parallel rank(s) and divide the "
+                            f"global batch of {global_prompts} prompts")
+        elif (mini // ranks * args.rollout_n) % args.update_micro_rows:
+            problems.append(f"global_mini_batch_size {mini} x rollout_n {args.rollout_n} gives {mini // ranks * args.rollout_n} "
+                            f"rows per rank per optimiser step, not a multiple of per_device_train_batch_size "
+                            f"{args.per_device_train_batch_size}")
+        elif args.gradient_accumulation_steps not in (1, args.update_accumulation_steps):
+            problems.append(f"gradient_accumulation_steps {args.gradient_accumulation_steps} disagrees with the "
+                            f"{args.update_accumulation_steps} micro-batches of {args.update_micro_rows} rows that "
+                            f"global_mini_batch_size {mini} x rollout_n {args.rollout_n} gives per rank: leave it out")
+    gen = args.global_gen_batch_size
+    if gen > 0 and not args.dynamic_sampling:
+        problems.append(f"global_gen_batch_size {gen} is DAPO's generation batch: it acts with dynamic_sampling only")
+    elif gen > 0 and (gen % ranks or gen < global_prompts):
+        problems.append(f"global_gen_batch_size {gen} must split over {ranks} data-parallel rank(s) and be at least the "
+                        f"global batch of {global_prompts} prompts")
+    return problems
+
+
 def batch_problems(args):
     """The rollout batch splits into whole optimiser steps, and the run has a step to train
     (sizes below their minimum are reported by `validation.size_problems`)."""
-    problems = []
+    problems = mini_batch_problems(args)
     rollout = args.per_device_prompt_batch_size * args.rollout_n
-    micro = args.per_device_train_batch_size * args.gradient_accumulation_steps
-    if rollout > 0 and micro > 0 and rollout % micro:
-        problems.append(f"per_device_prompt_batch_size*rollout_n ({rollout}) must be a multiple of "
-                        f"per_device_train_batch_size*gradient_accumulation_steps ({micro})")
+    micro = args.update_micro_rows * args.update_accumulation_steps
+    if not problems and rollout > 0 and micro > 0 and rollout % micro:
+        problems.append(f"per_device_prompt_batch_size*rollout_n ({rollout}) must be a multiple of the rows of one "
+                        f"optimiser step, per_device_train_batch_size*gradient_accumulation_steps ({micro})")
     if args.max_steps == 0:
         problems.append("max_steps 0 would train no step; give a positive max_steps, or -1 with num_train_epochs")
     if args.max_steps < 0 and args.num_train_epochs <= 0:
@@ -143,4 +203,14 @@ def validate_arguments(model_args, data_args, training_args):
     problems += validation.output_dir_problems(training_args.output_dir, model_dirs + score_dirs)
     problems += validation.dtype_device_problems(training_args)
     problems += validation.pipeline_problems(training_args, model_args.use_lora)
+    problems += remove_padding_problems(training_args)
     return problems
+
+
+def remove_padding_problems(args):
+    """`use_remove_padding` packs rows with a 4-D attention mask, which pipeline stages do not take."""
+    if args.use_remove_padding and args.pipeline_parallel_degree > 1:
+        return [f"use_remove_padding with pipeline_parallel_degree {args.pipeline_parallel_degree}: packed rows carry a "
+                "4-D attention mask, which the pipeline stages do not take; set use_remove_padding false or "
+                "pipeline_parallel_degree 1"]
+    return []

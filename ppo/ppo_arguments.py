@@ -19,18 +19,22 @@ from .common.argument_groups import (
     LogprobArguments,
     ModelCommonArguments,
     PaddleNLPTrainingArguments,
+    RolloutArguments,
+    RolloutLoopArguments,
+    default_override,
 )
 from .common.argument_problems import problem_scope
 from .ppo_argument_checks import (  # noqa: F401  (validate_arguments: the entry point's start-up pass)
     batch_problems,
     estimator_problems,
+    generation_problems,
     kl_problems,
     loss_problems,
     paddlenlp_setting_problems,
+    prompt_batch_problems,
     score_source_problems,
     validate_arguments,
 )
-from .rollout.engine import EVAL_MODES
 
 DEFAULT_RULE_SCORER = "math"
 
@@ -100,23 +104,67 @@ class DataArgument(DatasetArguments):
 
 
 @dataclass
-class PPOTrainingArguments(DivergenceArguments, LogprobArguments, GenerationArguments, PaddleNLPTrainingArguments):
+class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArguments, LogprobArguments, GenerationArguments,
+                           PaddleNLPTrainingArguments):
+    """The rollout (`RolloutArguments`) and the loop's optimiser (`RolloutLoopArguments`) are
+    shared with online DPO; the fields below are PPO/GRPO's own."""
+
     paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.argument_parsing
-    stop_on_divergence: bool = field(
-        default=True,
-        metadata={"help": "Stop the run (keeping the last checkpoint) when the KL, a loss or a gradient norm diverges."},
-    )
+    # an RL run that diverges is stopped by default (DivergenceArguments: off for SFT/RM/DPO)
+    stop_on_divergence: bool = default_override(DivergenceArguments, "stop_on_divergence", True)
     # rollout
-    per_device_prompt_batch_size: int = field(default=16, metadata={"help": "Prompts per rank per step."})
-    rollout_n: int = field(default=1, metadata={"help": "Samples per prompt (the group size of GRPO/RLOO)."})
-    max_dec_len: int = field(default=64, metadata={"help": "Most new tokens per response."})
-    min_dec_len: int = field(default=1, metadata={"help": "EOS is suppressed until this many tokens were generated."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (log-probs use it too)."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling threshold."})
-    top_k: int = field(default=0, metadata={"help": "Top-k sampling; 0 disables it."})
-    repetition_penalty: float = field(default=1.0, metadata={"help": "Repetition penalty (1.0 = none)."})
+    # None: filled from global_batch_size in __post_init__ (PaddleNLP), else 16
+    per_device_prompt_batch_size: Optional[int] = default_override(RolloutArguments, "per_device_prompt_batch_size", None)
+    global_batch_size: int = field(
+        default=-1,
+        metadata={"help": "PaddleNLP: prompts per step over all data-parallel ranks (sets per_device_prompt_batch_size to "
+                  "this / data-parallel ranks); -1: per_device_prompt_batch_size on every rank."},
+    )
+    global_mini_batch_size: int = field(
+        default=-1,
+        metadata={"help": "PaddleNLP: prompts per optimiser step over all data-parallel ranks, so each rollout batch gives "
+                  "global_batch_size / this optimiser steps per update_iters epoch (gradient_accumulation_steps derived); "
+                  "-1: the whole global batch when global_batch_size is set, else steps of per_device_train_batch_size "
+                  "x gradient_accumulation_steps rows."},
+    )
+    global_gen_batch_size: int = field(
+        default=-1,
+        metadata={"help": "DAPO dynamic_sampling: prompts generated per draw over all data-parallel ranks (at least the "
+                  "global batch; the groups whose scores vary fill the global batch); -1: the global batch."},
+    )
+    per_device_logprob_batch_size: int = field(
+        default=-1,
+        metadata={"help": "Rows per no-gradient log-prob forward (old policy, reference); -1: "
+                  "max(per_device_train_batch_size, per_device_eval_batch_size)."},
+    )
+    per_device_reward_batch_size: int = field(
+        default=-1,
+        metadata={"help": "Rows per reward-model forward; -1: max(per_device_train_batch_size, per_device_eval_batch_size)."},
+    )
+    per_device_value_batch_size: int = field(
+        default=-1,
+        metadata={"help": "Rows per no-gradient critic forward (old values); -1: "
+                  "max(per_device_train_batch_size, per_device_eval_batch_size)."},
+    )
+    rollout_max_num_seqs: int = field(
+        default=-1,
+        metadata={"help": "Most sequences the rollout engine decodes at once: a larger rollout batch is decoded in chunks "
+                  "of this many rows, with the same tokens (each row's draws follow its global row index); -1: all."},
+    )
+    balance_batch: bool = field(
+        default=False,
+        metadata={"help": "Reorder each step's rollout groups over the data-parallel ranks so that every rank gets a "
+                  "similar token count (greedy longest-first, equal group counts) before the log-prob passes."},
+    )
     use_rollout_logprobs: bool = field(
         default=True, metadata={"help": "Reuse the engine's sampling log-probs as old log-probs when they equal a forward pass."}
+    )
+    use_remove_padding: bool = field(
+        default=False,
+        metadata={"help": "PaddleNLP's name: the actor, reference and critic passes (old/reference log-probs, values and "
+                  "the update) run on the rollouts' real tokens packed into rows with a block-diagonal causal mask "
+                  "instead of padded rows (same results, no work on pad tokens); the reward model's pass stays padded. "
+                  "Not with pipeline_parallel_degree > 1."},
     )
     # reward shaping
     adv_estimator: str = field(default="gae", metadata={"help": f"Advantage estimator: {' | '.join(ADV_ESTIMATORS)}."})
@@ -134,9 +182,6 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, GenerationArgu
     )
     kl_horizon: float = field(default=10000, metadata={"help": "Adaptive KL controller horizon, in samples."})
     clip_range_score: float = field(default=10.0, metadata={"help": "Scores are clipped to +-this before shaping."})
-    missing_eos_penalty: float = field(
-        default=0.0, metadata={"help": "Subtracted from the score of responses that end without EOS."}
-    )
     enable_overlong_reward_buffer: bool = field(
         default=False, metadata={"help": "DAPO soft overlong punishment: penalise responses in the last overlong_reward_buffer tokens."}
     )
@@ -157,7 +202,6 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, GenerationArgu
     dynamic_sampling: bool = field(default=False, metadata={"help": "GRPO: drop zero-variance groups and refill the batch."})
     max_gen_batches: int = field(default=4, metadata={"help": "Most rollout batches dynamic sampling draws per step."})
     # update
-    update_iters: int = field(default=1, metadata={"help": "PPO epochs over each rollout batch."})
     clip_range_ratio: float = field(default=0.2, metadata={"help": "PPO ratio clip."})
     clip_range_ratio_low: Optional[float] = field(default=None, metadata={"help": "Lower ratio clip (default clip_range_ratio)."})
     clip_range_ratio_high: Optional[float] = field(default=None, metadata={"help": "Upper ratio clip (default clip_range_ratio)."})
@@ -178,14 +222,7 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, GenerationArgu
     critic_lr_scheduler_type: str = field(default="constant", metadata={"help": "Critic scheduler: constant | linear | cosine."})
     critic_warmup_ratio: float = field(default=0.0, metadata={"help": "Critic warm-up ratio."})
     critic_max_grad_norm: float = field(default=1.0, metadata={"help": "Critic gradient clipping norm."})
-    min_learning_rate: float = field(default=0.0, metadata={"help": "Actor learning rate floor for cosine/linear decay."})
     critic_min_learning_rate: float = field(default=0.0, metadata={"help": "Critic learning rate floor."})
-    use_fused_adamw: bool = field(
-        default=True,
-        metadata={"help": "Actor and critic AdamW steps as one C++ op over all parameters with the gradient clip folded "
-                  "in (csrc/cpu/train_adamw.cc; float32 CPU parameters, same state and results as Paddle's AdamW); "
-                  "elsewhere, and under fleet's optimizer wrappers, Paddle's own step runs."},
-    )
     reuse_first_update_forward: bool = field(
         default=True,
         metadata={"help": "When the first optimiser step of an update takes every rollout row in one micro-batch "
@@ -195,7 +232,6 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, GenerationArgu
     )
     max_nan_skips: int = field(default=3, metadata={"help": "Consecutive non-finite steps tolerated before the run stops."})
     # traces and evaluation
-    num_sample_generations: int = field(default=10, metadata={"help": "Every this many steps, log a table of samples (0: never)."})
     eval_mode: str = field(
         default="",
         metadata={"help": "Generation layout under tensor parallel: single (whole weights gathered from the tensor-parallel "
@@ -214,16 +250,16 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, GenerationArgu
     critic_recompute_granularity: str = field(
         default="full", metadata={"help": "What critic_recompute recomputes: full | full_attn | core_attn."}
     )
-    dataloader_shuffle: bool = field(
-        default=True, metadata={"help": "Draw the prompts of each epoch in a seeded random order (False: file order)."}
-    )
 
     def __post_init__(self):
         with problem_scope() as problems:
             super().__post_init__()
+            problems += prompt_batch_problems(self)
+            if self.per_device_prompt_batch_size is None:  # PaddleNLP's global_batch_size, else our default
+                gbs, ranks = self.global_batch_size, self.dataset_world_size
+                self.per_device_prompt_batch_size = gbs // ranks if gbs > 0 and gbs % ranks == 0 else 16
             problems += estimator_problems(self) + kl_problems(self) + loss_problems(self) + batch_problems(self)
-            if self.eval_mode not in EVAL_MODES:
-                problems.append(f"eval_mode must be one of {EVAL_MODES}, got {self.eval_mode!r}")
+            problems += generation_problems(self)
             if self.critic_recompute_granularity not in RECOMPUTE_GRANULARITIES:
                 problems.append(f"critic_recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, "
                                 f"got {self.critic_recompute_granularity!r}")
@@ -254,6 +290,12 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, GenerationArgu
         return str(getattr(self.save_strategy, "value", self.save_strategy)) == "steps"
 
     @property
+    def keep_tensor_parallel(self):
+        """`eval_mode tensor_parallel`: generate from each rank's tensor-parallel slices instead of
+        the gathered weights (`RolloutEngine(keep_tensor_parallel=...)`)."""
+        return self.eval_mode == "tensor_parallel"
+
+    @property
     def estimator(self):
         """The registry entry (`ppo.algos.AdvEstimator`) of `adv_estimator`."""
         return get_adv_estimator(self.adv_estimator)
@@ -261,6 +303,37 @@ class PPOTrainingArguments(DivergenceArguments, LogprobArguments, GenerationArgu
     @property
     def use_critic(self):
         return self.estimator.needs_critic
+
+    @property
+    def mini_batch_prompts(self):
+        """Prompts per optimiser step over all data-parallel ranks (`global_mini_batch_size`, or
+        the global batch when only `global_batch_size` is set); None: no mini-batch size given."""
+        if self.global_mini_batch_size > 0:
+            return self.global_mini_batch_size
+        return self.global_batch_size if self.global_batch_size > 0 else None
+
+    @property
+    def update_micro_rows(self):
+        """Rows per update micro-batch: `per_device_train_batch_size`, at most one optimiser step's rows."""
+        mini = self.mini_batch_prompts
+        if mini is None:
+            return self.per_device_train_batch_size
+        return max(1, min(self.per_device_train_batch_size, mini * self.rollout_n // self.dataset_world_size))
+
+    @property
+    def update_accumulation_steps(self):
+        """Micro-batches per optimiser step: derived from the mini-batch size when one is given
+        (PaddleNLP), else `gradient_accumulation_steps`."""
+        mini = self.mini_batch_prompts
+        if mini is None:
+            return self.gradient_accumulation_steps
+        return max(1, mini * self.rollout_n // self.dataset_world_size // self.update_micro_rows)
+
+    def pass_rows(self, which):
+        """Rows per no-gradient forward of `which` (logprob | reward | value): its
+        `per_device_<which>_batch_size`, or (-1) max(per_device_train_batch_size, per_device_eval_batch_size)."""
+        rows = getattr(self, f"per_device_{which}_batch_size")
+        return rows if rows > 0 else max(self.per_device_eval_batch_size, self.per_device_train_batch_size)
 
     @property
     def loss_scale(self):

@@ -13,7 +13,6 @@ The parts live in `ppo/trainer/`: steps 1-4 in `experience_maker.py`, step 5 in 
 the step and the loop around it in `loop.py`. Every pass through a model goes through
 `self.passes` (`ppo.passes`), picked once here for the parallel strategy.
 """
-import paddle
 import paddle.distributed as dist
 
 from .algos import AdaptiveKLController
@@ -21,7 +20,7 @@ from .algos.normalizer import RunningMeanStd
 from .common.divergence import DivergenceDetector
 from .offload import OffloadPlan, parse_offload_level
 from .optim import build_optimizer, build_scheduler
-from .passes import build_model_passes
+from .passes import build_model_passes, wrap_for_ranks
 from .prompt_sampler import PromptSampler
 from .rollout import RolloutEngine, SamplingParams
 from .trainer.experience_maker import ExperienceMaking
@@ -55,15 +54,16 @@ class PPOTrainer(ExperienceMaking, PolicyUpdate, TrainingLoop):
 
         self.max_steps = args.total_steps(len(train_dataset), self.data_world)
         self.build_optimizers(self.max_steps)
-        self.actor, self.actor_optimizer = self._wrap(models.actor, self.actor_optimizer)
-        self.critic, self.critic_optimizer = self._wrap(models.critic, self.critic_optimizer)
+        self.actor, self.actor_optimizer = wrap_for_ranks(args, models.actor, self.actor_optimizer)
+        self.critic, self.critic_optimizer = wrap_for_ranks(args, models.critic, self.critic_optimizer)
         self.passes = build_model_passes(  # every model pass of a step, whatever the parallel strategy
             args, models, self.actor, self.critic, (self.actor_optimizer, self.critic_optimizer), tokenizer.pad_token_id,
             reward_retokenizer=reward_retokenizer,  # ppo.models.reward_tokens: the reward model's own tokenizer
         )
         self.engine = RolloutEngine(
             self.passes.generation_model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-            use_fusemt=args.use_fusemt, eval_mode=args.eval_mode,
+            use_rollout_engine=args.use_fusemt, keep_tensor_parallel=args.keep_tensor_parallel,
+            max_num_seqs=args.rollout_max_num_seqs,
         )
         self.sampling = SamplingParams(
             max_new_tokens=args.max_dec_len, min_new_tokens=args.min_dec_len, temperature=args.temperature,
@@ -104,9 +104,9 @@ class PPOTrainer(ExperienceMaking, PolicyUpdate, TrainingLoop):
     def build_samplers(self):
         """This data rank's prompt sampler (and the ptx data's, with `ptx_coeff > 0`)."""
         args = self.args
-        self.sampler = PromptSampler(
-            len(self.train_dataset), args.per_device_prompt_batch_size, self.data_rank, self.data_world, args.seed,
-            shuffle=args.dataloader_shuffle,
+        draw = args.global_gen_batch_size // self.data_world if args.global_gen_batch_size > 0 else args.per_device_prompt_batch_size
+        self.sampler = PromptSampler(  # DAPO's generation batch (global_gen_batch_size) when it has one
+            len(self.train_dataset), draw, self.data_rank, self.data_world, args.seed, shuffle=args.dataloader_shuffle,
         )
         self.ptx_sampler = None
         if self.ptx_dataset is not None and args.ptx_coeff > 0:
@@ -137,16 +137,6 @@ class PPOTrainer(ExperienceMaking, PolicyUpdate, TrainingLoop):
     def data_world(self):
         """How many ranks read different data (PaddleNLP's dataset world size)."""
         return self.args.dataset_world_size
-
-    def _wrap(self, model, optimizer):
-        """Data parallel or fleet (sharding / tensor parallel) wrappers; identity on one rank."""
-        if model is None or self.world_size == 1:
-            return model, optimizer
-        from paddle.distributed import fleet
-
-        if self.args.use_hybrid_parallel:
-            return fleet.distributed_model(model), fleet.distributed_optimizer(optimizer)
-        return paddle.DataParallel(model), optimizer
 
     def generation_weights(self):
         """Context giving the model the rollout engine and the evaluation generate with, holding

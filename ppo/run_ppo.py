@@ -24,7 +24,7 @@ with quiet_third_party_warnings():
 
     from ppo.common.argument_groups import split_specs  # noqa: E402
     from ppo.common.argument_parsing import parse_arguments, save_resolved_arguments  # noqa: E402
-    from ppo.common.paddlenlp_keys import inert_setting_messages  # noqa: E402
+    from ppo.common.paddlenlp_keys import batch_knob_messages, inert_setting_messages  # noqa: E402
     from ppo.common.process_exit import run_and_exit  # noqa: E402
     from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
     from ppo.models.loading import enable_recompute, load_overrides, load_tokenizer, training_dtype  # noqa: E402
@@ -63,7 +63,7 @@ def build_trainer(argv=None):
     acquire_output_dir(training_args.output_dir, dist_rank() == 0)  # one run per output_dir
     if dist_rank() == 0:
         save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
-        for message in inert_setting_messages(training_args):
+        for message in inert_setting_messages(training_args) + batch_knob_messages(model_args, training_args):
             logger.warning(message)
     paddle.seed(training_args.seed + training_args.dataset_rank)  # tensor-parallel ranks draw alike
 

@@ -6,7 +6,13 @@ start-up pass (see `ppo.common.validation`), run by `parse_arguments` before any
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ppo.common.argument_groups import DatasetArguments, DivergenceArguments, ModelCommonArguments, PaddleNLPTrainingArguments
+from ppo.common.argument_groups import (
+    DatasetArguments,
+    DivergenceArguments,
+    ModelCommonArguments,
+    PaddleNLPTrainingArguments,
+    ZeroPaddingArguments,
+)
 from ppo.common.argument_problems import problem_scope
 from ppo.common.trainer_entry_checks import trainer_entry_problems
 from rm.reward_trainer import LOSS_TYPES
@@ -34,7 +40,7 @@ class ModelArgument(ModelCommonArguments):
 
 
 @dataclass
-class DataArgument(DatasetArguments):
+class DataArgument(ZeroPaddingArguments, DatasetArguments):
     pass
 
 
@@ -97,4 +103,14 @@ def safety_labels_of(name):
 def validate_arguments(model_args, data_args, training_args):
     """Every problem of a reward-model run that needs several argument groups or the file system."""
     problems = trainer_entry_problems(model_args, data_args, training_args, [("model_name_or_path", model_args.model_name_or_path)])
-    return problems + score_type_problems(model_args, data_args, training_args)
+    problems += score_type_problems(model_args, data_args, training_args)
+    return problems + packing_problems(data_args, training_args)
+
+
+def packing_problems(data_args, training_args):
+    """`zero_padding` with the token-wise loss, which reads scores at the shorter answer's padding."""
+    if data_args.zero_padding and training_args.loss_type == "token-wise":
+        return ["zero_padding with loss_type token-wise: the token-wise loss reads the shorter answer's scores at its "
+                "padding positions up to the longer answer's end (as safe-rlhf does), which packed rows do not compute; "
+                "set loss_type sequence-wise or zero_padding false"]
+    return []

@@ -9,23 +9,31 @@ from ppo.models.score_model_pipe import pipeline_end_scores
 from ppo.models.score_model import LOSS_TYPES, pair_scores_loss  # noqa: F401 (LOSS_TYPES: rm/run_reward.py)
 from ppo.common.trainer_resume import FreshOptimizerResumeMixin
 from ppo.models.tensor_parallel import DatasetOrderMixin
+from ppo.models.unpadded import pack_padded
 
 
-def score_pairs(model, inputs):
-    """One forward over better and worse sequences stacked to `[2B, T]`.
+def score_pairs(model, inputs, packed_length=None):
+    """One forward over better and worse sequences stacked to `[2B, T]`; with `packed_length`
+    (`zero_padding`) over their real tokens packed into rows of at most that many tokens
+    (`ppo.models.unpadded`), the scores gathered back to `[2B, T]` (0 on padding).
 
-    Returns `(better_output, worse_output, batch_size)` with `scores [B, T]`, `end_scores [B]`.
+    Returns `(scores [2B, T], end_scores [2B], B)`, the better rows first.
     """
     B = inputs["better_input_ids"].shape[0]
     input_ids = paddle.concat([inputs["better_input_ids"], inputs["worse_input_ids"]], axis=0)
     attention_mask = paddle.concat([inputs["better_attention_mask"], inputs["worse_attention_mask"]], axis=0)
-    out = model(input_ids=input_ids, attention_mask=attention_mask)
-    return out.scores, out.end_scores, B
+    if not packed_length:
+        out = model(input_ids=input_ids, attention_mask=attention_mask)
+        return out.scores, out.end_scores, B
+    packed = pack_padded(input_ids, attention_mask, capacity=packed_length)
+    out = model(input_ids=packed.input_ids, attention_mask=packed.attention_mask, position_ids=packed.position_ids,
+                ends=packed.ends)
+    return packed.to_padded(out.scores), out.end_scores, B
 
 
-def reward_loss(model, inputs, loss_type, regularization):
+def reward_loss(model, inputs, loss_type, regularization, packed_length=None):
     """`(loss, stats)` of one preference batch with `rm/loss`, `rm/accuracy`, `rm/margin`."""
-    scores, end_scores, B = score_pairs(model, inputs)
+    scores, end_scores, B = score_pairs(model, inputs, packed_length)
     return pair_scores_loss(
         scores, end_scores, inputs["better_input_ids"], inputs["worse_input_ids"], inputs["better_attention_mask"],
         inputs["worse_attention_mask"], loss_type, regularization,
@@ -36,10 +44,15 @@ class RewardTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, Trainer):
     """`Trainer` for score models on `PreferenceDataset` batches. Under pipeline parallelism
     the model is a stage of `ppo.models.score_model_pipe`, whose last stage computes the loss
     (`PairwiseRewardCriterion`) in the `Trainer`'s pipeline steps, and evaluation scores the
-    pairs through the pipeline (`pipeline_end_scores`)."""
+    pairs through the pipeline (`pipeline_end_scores`). `packed_length` (`zero_padding`): each
+    batch's sequences run packed into rows of at most that many tokens (see `score_pairs`)."""
+
+    def __init__(self, *args, packed_length=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.packed_length = packed_length
 
     def compute_loss(self, model, inputs, return_outputs=False):
-        loss, stats = reward_loss(model, inputs, self.args.loss_type, self.args.regularization)
+        loss, stats = reward_loss(model, inputs, self.args.loss_type, self.args.regularization, self.packed_length)
         return (loss, stats) if return_outputs else loss
 
     def _save(self, output_dir=None, state_dict=None, merge_tensor_parallel=False):
@@ -61,7 +74,7 @@ class RewardTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, Trainer):
                 if pipelined:
                     end_scores, B = pipeline_end_scores(wrapped_pipeline(self), inputs), inputs["better_input_ids"].shape[0]
                 else:
-                    _, end_scores, B = score_pairs(self.model, inputs)
+                    _, end_scores, B = score_pairs(self.model, inputs, self.packed_length)
                 diff = end_scores[:B] - end_scores[B:]
                 correct += float((diff > 0).astype("float32").sum())
                 margin += float(diff.sum())

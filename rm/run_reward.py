@@ -84,6 +84,7 @@ def main(argv=None):
         data_collator=train_dataset.get_collator(),
         tokenizer=tokenizer,
         callbacks=[TrackerCallback(training_args.output_dir, loss_name=loss_name)],
+        packed_length=data_args.max_length if data_args.zero_padding else None,
     )
     return finish_trainer_run(trainer, training_args, tokenizer)
 

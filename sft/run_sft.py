@@ -78,7 +78,7 @@ def main(argv=None):
         eval_prompt_dataset=eval_prompts,
         eval_max_new_tokens=training_args.eval_new_tokens(),
         eval_long_answer_len=data_args.eval_long_answer_len,
-        use_fusemt=training_args.use_fusemt,
+        use_rollout_engine=training_args.use_fusemt,
     )
     finish_trainer_run(trainer, training_args, tokenizer)
 

@@ -13,6 +13,7 @@ from ppo.common.argument_groups import (
     ModelCommonArguments,
     PaddleNLPTrainingArguments,
     PromptTruncationArguments,
+    ZeroPaddingArguments,
 )
 from ppo.common.trainer_entry_checks import trainer_entry_problems
 
@@ -23,13 +24,8 @@ class ModelArgument(ModelCommonArguments):
 
 
 @dataclass
-class DataArgument(PromptTruncationArguments, DatasetArguments):
-    zero_padding: bool = field(
-        default=False,
-        metadata={"help": "Pack each batch's samples into rows of at most max_length tokens (per-sample position ids, "
-                  "block-diagonal causal mask): the same loss and gradients as padding, without the pad tokens' work "
-                  "(PaddleNLP's name; not with pipeline parallel)."},
-    )
+class DataArgument(ZeroPaddingArguments, PromptTruncationArguments, DatasetArguments):
+    pass
 
 
 @dataclass
@@ -39,8 +35,4 @@ class SFTTrainingArguments(DivergenceArguments, LogprobArguments, EvalGeneration
 
 def validate_arguments(model_args, data_args, training_args):
     """Every problem of an SFT run that needs several argument groups or the file system."""
-    problems = trainer_entry_problems(model_args, data_args, training_args, [("model_name_or_path", model_args.model_name_or_path)])
-    if data_args.zero_padding and training_args.pipeline_parallel_degree > 1:
-        problems.append("zero_padding packs rows with a 4-D attention mask, which the pipeline stages do not take: "
-                        "set zero_padding false or pipeline_parallel_degree 1")
-    return problems
+    return trainer_entry_problems(model_args, data_args, training_args, [("model_name_or_path", model_args.model_name_or_path)])

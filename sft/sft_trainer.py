@@ -20,9 +20,9 @@ class SFTTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMix
     `eval/response_length` to every evaluation.
     """
 
-    def __init__(self, *args, eval_prompt_dataset=None, eval_max_new_tokens=16, eval_long_answer_len=5, use_fusemt=True, **kwargs):
+    def __init__(self, *args, eval_prompt_dataset=None, eval_max_new_tokens=16, eval_long_answer_len=5, use_rollout_engine=True, **kwargs):
         super().__init__(*args, **kwargs)
-        self.setup_generation_eval(eval_prompt_dataset, eval_max_new_tokens, eval_long_answer_len, use_fusemt)
+        self.setup_generation_eval(eval_prompt_dataset, eval_max_new_tokens, eval_long_answer_len, use_rollout_engine)
 
     def get_train_dataloader(self):
         """The Trainer's loader, each batch carrying its optimiser step's answer-token count

@@ -26,11 +26,13 @@ def engine_prompts(vocab_size):
 
 
 def run_engine(model, eval_mode, ids, mask):
-    """`{name: array}`: greedy and sampled generations of `RolloutEngine(model, eval_mode=...)`."""
+    """`{name: array}`: greedy and sampled generations of `RolloutEngine(model, keep_tensor_parallel=...)`
+    for the run argument `eval_mode`."""
     from ppo.rollout import RolloutEngine, SamplingParams
     from ppo.rollout.weights import extract_weights
 
-    engine = RolloutEngine(model, eos_token_id=2, pad_token_id=0, eval_mode=eval_mode, decode_layout="rows")
+    engine = RolloutEngine(model, eos_token_id=2, pad_token_id=0, keep_tensor_parallel=eval_mode == "tensor_parallel",
+                          decode_layout="rows")
     out = {}
     for kind, params, seed in (("greedy", SamplingParams(max_new_tokens=NEW_TOKENS, do_sample=False), None),
                                ("sampled", SamplingParams(max_new_tokens=NEW_TOKENS, do_sample=True), 7)):

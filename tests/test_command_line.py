@@ -88,6 +88,35 @@ def test_five_independent_mistakes_are_one_message_exit_2_without_traceback(tmp_
     assert not os.path.exists(tmp_path / "out")  # refused before anything is written
 
 
+DPO_FIVE_MISTAKES = {
+    "lose_type": "ipo",  # 1. unknown key (loss_type)
+    "label_smoothing": 0.7,  # 2. out of range (the dataclass check)
+    "per_device_train_batch_size": -2,  # 3. negative batch size
+    "model_name_or_path": "no_model_here",  # 4. no such directory (the file-system check)
+    "do_train": False,  # 5. a run that would train and save nothing
+}
+
+
+def test_dpo_five_independent_mistakes_are_one_message_exit_2_without_traceback(tmp_path):
+    """The same for a Trainer entry point (SFT, RM and DPO share its start-up pass)."""
+    config = dict(DPO_FIVE_MISTAKES, model_name_or_path=str(tmp_path / "no_model_here"), output_dir=str(tmp_path / "out"),
+                  train_datasets=["PKU-SafeRLHF/train:1:data.jsonl"])
+    path = tmp_path / "five.json"
+    path.write_text(json.dumps(config))
+    done = run(["dpo/run_dpo.py", str(path)])
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Warning" not in done.stderr
+    error = done.stderr.strip()
+    assert error.startswith("run_dpo.py: error: 5 arguments cannot be used:"), error
+    lines = error.splitlines()[1:]
+    assert len(lines) == 5, error
+    for expected in (f"{path}: unknown argument 'lose_type'; did you mean 'loss_type'?",
+                     "label_smoothing must lie in [0, 0.5), got 0.7", "per_device_train_batch_size=-2 (must be an integer >= 1)",
+                     f"model_name_or_path={tmp_path / 'no_model_here'}: no such directory", "do_train is false or missing"):
+        assert sum(expected in line for line in lines) == 1, (expected, error)
+    assert not os.path.exists(tmp_path / "out")
+
+
 def test_small_command_lines_give_one_line_errors(tmp_path, tiny_model_dir):
     done = run(["sft/merge_lora.py", "--lora_path", tiny_model_dir, "--output_dir", tiny_model_dir])
     assert done.returncode == 2 and "Traceback" not in done.stderr and "usage:" not in done.stderr

@@ -104,7 +104,8 @@ def test_cost_run_refuses_records_missing_safety_fields_before_loading(tiny_mode
 
 
 @pytest.mark.parametrize("loss_type,lora", [("token-wise", []), ("sequence-wise", []),
-                                             ("token-wise", ["--use_lora", "true", "--lora_rank", "4"])])
+                                             ("token-wise", ["--use_lora", "true", "--lora_rank", "4"]),
+                                             ("sequence-wise", ["--zero_padding", "true"])])
 def test_cost_training_run_reload_and_audit(tiny_model_dir, safety_data_dir, tmp_path, loss_type, lora):
     from ppo.models.adapters import load_merged_score_model
     from rm.audit_cost import main as run_audit
@@ -113,7 +114,7 @@ def test_cost_training_run_reload_and_audit(tiny_model_dir, safety_data_dir, tmp
     out = str(tmp_path / "cost")
     run_reward(cost_argv(tiny_model_dir, safety_data_dir, out, "--loss_type", loss_type, "--max_steps", "30",
                          "--logging_steps", "5", "--eval_steps", "15", "--save_steps", "30", "--warmup_steps", "2",
-                         "--learning_rate", "0.01" if lora else "0.001", *lora))
+                         "--learning_rate", "0.01" if "--use_lora" in lora else "0.001", *lora))
     lines = [json.loads(ln) for ln in open(f"{out}/metrics.jsonl")]
     losses = [r["cost/loss"] for r in lines if "cost/loss" in r]
     assert len(losses) == 6 and all(np.isfinite(losses)) and np.mean(losses[-2:]) < losses[0] - 0.1, losses

@@ -7,9 +7,9 @@ import paddle
 import pytest
 
 from ppo.optim import FusedAdamW
-from ppo.rollout import ops
+from ppo import kernels
 
-ops.ensure_built()
+kernels.ensure_built()
 
 
 def model_and_data(seed=0):

@@ -98,3 +98,13 @@ def test_sft_with_zero_padding_trains_like_padding(tiny_model_dir, tiny_data_dir
     np.testing.assert_allclose(packed_losses, padded_losses, rtol=1e-5)
     for key in padded:
         np.testing.assert_allclose(packed[key], padded[key], rtol=1e-4, atol=1e-5, err_msg=key)
+
+
+def test_place_samples_gives_rows_and_columns():
+    """Lengths 6, 3, 4 into rows of 10 (the layout above): 6 at row 0 column 0, 4 after it, 3 alone."""
+    from ppo.data.packing import place_samples
+
+    rows, row_of, start, width = place_samples([6, 3, 4], 10)
+    assert rows == [[0, 2], [1]] and width == 10
+    np.testing.assert_array_equal(row_of, [0, 1, 0])
+    np.testing.assert_array_equal(start, [0, 0, 6])

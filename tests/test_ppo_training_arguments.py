@@ -206,7 +206,7 @@ def grpo_yaml_run(tiny_model_dir, tiny_data_dir, tmp_path, name, *flags):
     trainer = build_trainer([
         yaml_without_unsupported("qwen/grpo_argument.yaml", tmp_path), *CPU_OVERRIDES, "--sequence_parallel", "false",
         "--output_dir", out, "--logging_dir", f"{out}/vdl", "--max_steps", "2", "--max_length", "96", "--max_prompt_len", "80",
-        "--max_dec_len", "6", "--min_dec_len", "1", "--rollout_n", "4", "--per_device_prompt_batch_size", "4",
+        "--max_dec_len", "6", "--min_dec_len", "1", "--rollout_n", "4", "--global_batch_size", "4",
         "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "8", "--num_sample_generations", "0",
         "--recompute", "false", "--use_rm_server", "false", "--use_rule_reward", "true", "--rule_reward_scorers", "test_rule_len",
         "--actor_model_name_or_path", tiny_model_dir, "--train_datasets", f"{tiny_data_dir}/prompts.jsonl",

@@ -156,12 +156,12 @@ def test_greedy_matches_paddlenlp_fused_projections_gqa(prompts, backend):
     assert np.abs((lp - out.response_logprobs.numpy()) * out.response_mask.numpy()).max() < 1e-4
 
 
-def test_use_fusemt_false_gives_same_greedy_tokens(llama, prompts):
+def test_paddlenlp_generate_gives_same_greedy_tokens(llama, prompts):
     _, model = llama
     ids, mask = prompts
     p = SamplingParams(max_new_tokens=16, min_new_tokens=0, do_sample=False)
     fast = RolloutEngine(model, EOS, PAD).generate(ids, mask, p)
-    slow_engine = RolloutEngine(model, EOS, PAD, use_fusemt=False)
+    slow_engine = RolloutEngine(model, EOS, PAD, use_rollout_engine=False)
     assert slow_engine.backend == "paddlenlp_generate"
     slow = slow_engine.generate(ids, mask, p)
     np.testing.assert_array_equal(fast.response_ids.numpy(), slow.response_ids.numpy())

@@ -9,9 +9,9 @@ import pytest
 
 from ppo.algos import token_logprobs_from_hidden
 from ppo.models import fused_train_ops as F
-from ppo.rollout import ops as ops_lib
+from ppo import kernels
 
-ops_lib.ensure_built()  # builds the ops when missing: these tests never skip
+kernels.ensure_built()  # builds the ops when missing: these tests never skip
 
 
 def np_stats(z, y):

@@ -7,9 +7,9 @@ import paddle
 import pytest
 
 from ppo.models import fused_train_ops as F
-from ppo.rollout import ops
+from ppo import kernels
 
-ops.ensure_built()
+kernels.ensure_built()
 
 
 def value_and_grads(fn, inputs, upstream_seed=0):

@@ -10,9 +10,9 @@ from paddlenlp.transformers.qwen2 import modeling as qwen2_modeling
 
 from ppo.models import train_patch
 from ppo.models.causal_lm import position_ids_from_mask
-from ppo.rollout import ops
+from ppo import kernels
 
-ops.ensure_built()  # the patch runs the C++ kernels of csrc/cpu/train_ops.cc here
+kernels.ensure_built()  # the patch runs the C++ kernels of csrc/cpu/train_ops.cc here
 
 
 @pytest.fixture(autouse=True)
@@ -98,7 +98,7 @@ def test_whole_model_same_logits_loss_and_gradients(kind, fuse_ffn, monkeypatch)
 
     ref_logits, ref_loss, ref_grads = step()
     assert train_patch.apply_train_patch()
-    assert llama_modeling.swiglu is train_patch.fused_swiglu and ops.ops_available()
+    assert llama_modeling.swiglu is train_patch.fused_swiglu and kernels.ops_available()
     logits, loss, grads = step()
     swiglu_op = "train_swiglu_fused" if fuse_ffn else "train_swiglu"
     assert called == {"train_rms_norm", "train_rope", "train_sdpa", swiglu_op}  # every layer op ran as a kernel

@@ -1,9 +1,10 @@
 """Argument groups shared by several entry points (each entry point's module subclasses them).
 
 Defaults live here and in the entry points' argument modules only; every field has a help
-and is declared once. Each group checks its own fields in `__post_init__` inside a
-`problem_scope`, so every problem of an instance is reported together (see
-`argument_problems`).
+and is declared once. An entry point whose default of a shared field differs redeclares it
+with `default_override` (same help, its own default, a comment saying why). Each group checks
+its own fields in `__post_init__` inside a `problem_scope`, so every problem of an instance is
+reported together (see `argument_problems`).
 """
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -97,6 +98,13 @@ class ModelCommonArguments(LoRAArguments):
                 )
 
 
+def default_override(group, name, default):
+    """Field `name` of the argument group `group` with another default (its help kept): how an
+    entry point gives a shared field its own default without declaring it a second time."""
+    shared = group.__dataclass_fields__[name]
+    return field(default=default, metadata=dict(shared.metadata))
+
+
 @dataclass
 class DivergenceArguments:
     stop_on_divergence: bool = field(
@@ -165,6 +173,59 @@ class EvalGenerationArguments(GenerationArguments):
 
 
 @dataclass
+class RolloutArguments:
+    """Sampling prompts and responses with the rollout engine: PPO/GRPO (`run_ppo.py`) and online
+    DPO (`run_online_dpo.py`, where one step is one round), with PaddleNLP's PPO names."""
+
+    per_device_prompt_batch_size: int = field(
+        default=16,
+        metadata={"help": "Prompts per data-parallel rank per step (online DPO: per round); PPO/GRPO's default None: "
+                  "global_batch_size / data-parallel ranks, or 16."},
+    )
+    rollout_n: int = field(
+        default=1,
+        metadata={"help": "Samples per prompt: the group size of GRPO/RLOO; online DPO's answers per prompt (>= 2)."},
+    )
+    max_dec_len: int = field(default=64, metadata={"help": "Most new tokens per response."})
+    min_dec_len: int = field(default=1, metadata={"help": "EOS is suppressed until this many tokens were generated."})
+    temperature: float = field(
+        default=1.0,
+        metadata={"help": "Sampling temperature (PPO/GRPO compute the log-probs with it too; online DPO's DPO log-probs use 1.0)."},
+    )
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling threshold."})
+    top_k: int = field(default=0, metadata={"help": "Top-k sampling; 0 disables it."})
+    repetition_penalty: float = field(default=1.0, metadata={"help": "Repetition penalty (1.0 = none)."})
+    missing_eos_penalty: float = field(
+        default=0.0, metadata={"help": "Subtracted from the score of responses that end without EOS (TRL)."}
+    )
+    num_sample_generations: int = field(
+        default=10,
+        metadata={"help": "Every this many steps, log a table of samples (online DPO: of sampled pairs; 0: never)."},
+    )
+    dataloader_shuffle: bool = field(
+        default=True, metadata={"help": "Draw the prompts of each epoch in a seeded random order (False: file order)."}
+    )
+
+
+@dataclass
+class RolloutLoopArguments:
+    """The optimisation of the loops that run outside PaddleNLP's Trainer: PPO/GRPO and online DPO."""
+
+    update_iters: int = field(
+        default=1, metadata={"help": "Passes over each rollout batch (PPO epochs; online DPO: over each round's pairs)."}
+    )
+    min_learning_rate: float = field(
+        default=0.0, metadata={"help": "Learning-rate floor for cosine/linear decay (PPO: the actor's)."}
+    )
+    use_fused_adamw: bool = field(
+        default=True,
+        metadata={"help": "AdamW steps (PPO: actor and critic) as one C++ op over all parameters with the gradient clip "
+                  "folded in (csrc/cpu/train_adamw.cc; float32 CPU parameters, same state and results as Paddle's "
+                  "AdamW); elsewhere, and under fleet's optimizer wrappers, Paddle's own step runs."},
+    )
+
+
+@dataclass
 class PaddleNLPTrainingArguments(TrainingArguments):
     """PaddleNLP's `TrainingArguments`, whose own refusals in `__post_init__` join the
     problem list of the entry point instead of stopping the parse. Placed last among the
@@ -213,6 +274,19 @@ class PromptTruncationArguments:
         metadata={"help": "Prompts longer than this many tokens keep their last ones (truncated, never dropped; "
                   "PaddleNLP's src_length and DPO max_prompt_len are read as this); none: whole prompts. "
                   "PPO/GRPO's max_prompt_len drops long prompts instead."},
+    )
+
+
+@dataclass
+class ZeroPaddingArguments:
+    """SFT, the reward model and the DPO family: packed batches (PaddleNLP's `zero_padding`)."""
+
+    zero_padding: bool = field(
+        default=False,
+        metadata={"help": "Pack each batch's samples into rows of at most max_length tokens (per-sample position ids, "
+                  "block-diagonal causal mask): the same losses and gradients as padding, without the pad tokens' work "
+                  "(PaddleNLP's name; SFT, the reward model's sequence-wise loss and the DPO family; not with pipeline "
+                  "parallel)."},
     )
 
 

@@ -42,6 +42,15 @@ def _same(value, _data):
     return value
 
 
+def _task_file(value, _data):
+    from ..data.task_files import task_file_specs
+
+    return task_file_specs(value) if value else None
+
+
+TASK_FILE = "a JSON list of {filepath, prob} sources (PaddleNLP's task_ppo.json), mixed by weight (docs/data.md)"
+
+
 # PaddleNLP key -> (our key, value translation, what it is)
 RENAMED = {
     "rl_algorithm": ("adv_estimator", _rl_algorithm, "ppo -> gae (with critic), grpo, reinforce_plus_plus -> reinforce_pp, rloo"),
@@ -59,6 +68,9 @@ RENAMED = {
         "own max_prompt_len drops them)",
     ),
     "lora": ("use_lora", _same, "train a LoRA adapter"),
+    "train_task_config": ("train_datasets", _task_file, TASK_FILE),
+    "eval_task_config": ("eval_datasets", _task_file, TASK_FILE),
+    "ptx_task_config": ("ptx_datasets", _task_file, TASK_FILE),
 }
 
 
@@ -78,14 +90,12 @@ def extra_mapped_keys(paddlenlp_key, value, valid):
 
 # PaddleNLP key -> (the value we run with, what another value would do in PaddleNLP)
 FIXED_VALUE = {
-    "zero_padding": (False, "packs several samples into one sequence without padding"),
+    "zero_padding": (False, "packs several samples into one sequence without padding (here: SFT, reward model and the DPO family; PPO/GRPO: use_remove_padding)"),
     "lazy": (False, "reads the dataset lazily (streaming) instead of loading it"),
     "benchmark": (False, "DPO benchmark mode: logs throughput and skips evaluation"),
     "autotuner_benchmark": (False, "stops after a few steps to time a parallel configuration"),
     "virtual_pp_degree": (1, "interleaves virtual pipeline stages"),
     "rollout_quant_type": ("", "quantises the rollout engine's weights (e.g. weight_only_int8)"),
-    "global_gen_batch_size": (-1, "a separate generation batch for DAPO dynamic sampling"),
-    "global_mini_batch_size": (-1, "splits each rollout batch into several optimiser mini-batches"),
     "use_fp32_compute": (True, "false computes log-probs, advantages and losses in the bf16/fp16 training dtype"),
 }
 """A `None` value: any value is accepted because the key only acts together with a
@@ -94,13 +104,6 @@ switch that `FIXED_VALUE` keeps off."""
 
 # PaddleNLP key -> what it does in PaddleNLP
 UNSUPPORTED = {
-    "balance_batch": "reorders rollout samples so every data-parallel rank gets a similar token count",
-    "use_remove_padding": "runs the policy on unpadded (varlen) sequences",
-    "rollout_max_num_seqs": "caps the sequences the inference engine decodes concurrently",
-    "global_batch_size": "prompts per step over all ranks (here: per_device_prompt_batch_size per rank)",
-    "per_device_logprob_batch_size": "micro-batch of the log-prob forward passes",
-    "per_device_reward_batch_size": "micro-batch of the reward model's forward passes",
-    "per_device_value_batch_size": "micro-batch of the critic's forward passes",
 }
 
 
@@ -315,3 +318,14 @@ def inert_setting_messages(args):
         for name, (when, why) in PPO_INERT.items()
         if when is not None and hasattr(args, name) and when(args)
     ]
+
+
+def batch_knob_messages(model_args, args):
+    """One line per PaddleNLP batch knob of the PPO arguments that is set where it cannot act."""
+    out = []
+    if args.balance_batch and args.dataset_world_size == 1:
+        out.append("balance_batch does nothing with one data-parallel rank: it holds every rollout row")
+    if args.per_device_reward_batch_size > 0 and model_args.external_scores:
+        out.append("per_device_reward_batch_size does nothing here: scores come from a reward server or rule scorers, "
+                   "not a reward-model forward")
+    return out

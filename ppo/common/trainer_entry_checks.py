@@ -27,10 +27,18 @@ def do_train_problems(training_args, has_eval_data):
     return problems
 
 
+def zero_padding_problems(data_args, training_args):
+    """`zero_padding` packs rows with a 4-D attention mask, which pipeline stages do not take."""
+    if getattr(data_args, "zero_padding", False) and training_args.pipeline_parallel_degree > 1:
+        return ["zero_padding packs rows with a 4-D attention mask, which the pipeline stages do not take: "
+                "set zero_padding false or pipeline_parallel_degree 1"]
+    return []
+
+
 def trainer_entry_problems(model_args, data_args, training_args, model_dirs):
     """The checks every `Trainer` entry point (SFT, RM, DPO) shares: sizes, `model_name_or_path`
     required, the model directories `(argument name, path)`, output_dir, dtype/device,
-    do_train and pipeline parallel."""
+    do_train, pipeline parallel (and `zero_padding` with it)."""
     problems = size_problems(model_args, data_args, training_args)
     problems += required_problems(model_args, ["model_name_or_path"])
     problems += model_dir_problems(model_dirs)
@@ -39,5 +47,6 @@ def trainer_entry_problems(model_args, data_args, training_args, model_dirs):
     has_eval = bool([s for s in data_args.eval_datasets if s] or [s for s in getattr(data_args, "eval_generation_datasets", []) if s])
     problems += do_train_problems(training_args, has_eval)
     problems += pipeline_problems(training_args, model_args.use_lora)
+    problems += zero_padding_problems(data_args, training_args)
     problems += missing_report_packages(training_args.report_to or [], TRAINER_PACKAGES)  # PaddleNLP's integrations
     return problems

@@ -16,6 +16,13 @@ def _render_template(template: str, text: str) -> str:
     return template.replace("{input}", text)
 
 
+def chat_template_answer_header(tokenizer: Any) -> str:
+    """What the tokenizer's chat template writes between a user turn and the assistant's answer
+    (ChatML: `<|im_end|>\n<|im_start|>assistant`), stripped; "" when it writes nothing there."""
+    probe = tokenizer.apply_chat_template([["\x00"]], tokenize=False)
+    return probe.split("\x00", 1)[1].strip() if "\x00" in probe else ""
+
+
 def format_prompt(
     input: str,  # noqa: A002 - the PaddleNLP/safe-rlhf name
     tokenizer: Any = None,
@@ -48,6 +55,13 @@ def format_prompt(
                 f"use_chat_template=True but the tokenizer ({type(tokenizer).__name__}, "
                 f"{getattr(tokenizer, 'name_or_path', '?')}) has no chat template; "
                 "set one (tokenizer.init_chat_template(...) or chat_template.json) or use a text template"
+            )
+        header = chat_template_answer_header(tokenizer)
+        if header and header in input:  # e.g. PaddleNLP's ppo-kk prompts, already in ChatML
+            raise ValueError(
+                f"the prompt is already formatted with a chat template (it contains {header!r}); use_chat_template "
+                "would template it twice: set use_chat_template false and prompt_template '{input}' to use it as it is "
+                "(as PaddleNLP's RLHFDataset does)"
             )
         conversation = [[u, a] for u, a in pairs] + [[input]]
         return tokenizer.apply_chat_template(conversation, tokenize=False)

@@ -16,7 +16,7 @@ import paddle
 
 from .base import IGNORE_INDEX, CollatorBase
 
-__all__ = ["pack_rows", "PackedSupervisedCollator"]
+__all__ = ["pack_rows", "place_samples", "block_causal_mask", "PackedSupervisedCollator"]
 
 
 def pack_rows(lengths: List[int], capacity: int) -> List[List[int]]:
@@ -37,6 +37,22 @@ def pack_rows(lengths: List[int], capacity: int) -> List[List[int]]:
             rows.append([index])
             room.append(capacity - size)
     return rows
+
+
+def place_samples(lengths: List[int], capacity: int):
+    """Where each sample goes when packed (`pack_rows`, in each row's order): `(rows, row_of
+    [n], start [n], width)`, rows the sample indices per row, `row_of` / `start` each sample's
+    row and first column, `width` the longest row's token count."""
+    rows = pack_rows(lengths, capacity)
+    row_of, start = np.zeros(len(lengths), dtype="int64"), np.zeros(len(lengths), dtype="int64")
+    width = 0
+    for r, row in enumerate(rows):
+        column = 0
+        for index in row:
+            row_of[index], start[index] = r, column
+            column += lengths[index]
+        width = max(width, column)
+    return rows, row_of, start, width
 
 
 def block_causal_mask(segments: np.ndarray) -> np.ndarray:
@@ -60,22 +76,18 @@ class PackedSupervisedCollator(CollatorBase):
         self.max_length = int(max_length)
 
     def __call__(self, samples: List[dict]) -> dict:
-        rows = pack_rows([len(s["input_ids"]) for s in samples], self.max_length)
-        width = max(sum(len(samples[i]["input_ids"]) for i in row) for row in rows)
+        sizes = [len(s["input_ids"]) for s in samples]
+        rows, row_of, starts, width = place_samples(sizes, self.max_length)
         ids = np.full([len(rows), width], self.pad_token_id, dtype="int64")
         labels = np.full([len(rows), width], IGNORE_INDEX, dtype="int64")
         positions = np.zeros([len(rows), width], dtype="int64")
         segments = np.full([len(rows), width], -1, dtype="int64")
-        for r, row in enumerate(rows):
-            start = 0
-            for number, index in enumerate(row):
-                sample_ids, sample_labels = samples[index]["input_ids"], samples[index]["labels"]
-                end = start + len(sample_ids)
-                ids[r, start:end], labels[r, start:end] = sample_ids, sample_labels
-                labels[r, start] = IGNORE_INDEX  # the previous sample's last token must not predict it
-                positions[r, start:end] = np.arange(len(sample_ids))
-                segments[r, start:end] = number
-                start = end
+        for index, sample in enumerate(samples):
+            r, start, end = row_of[index], starts[index], starts[index] + sizes[index]
+            ids[r, start:end], labels[r, start:end] = sample["input_ids"], sample["labels"]
+            labels[r, start] = IGNORE_INDEX  # the previous sample's last token must not predict it
+            positions[r, start:end] = np.arange(sizes[index])
+            segments[r, start:end] = index
         mask = block_causal_mask(segments)
         return {
             "input_ids": self._tensor(ids),

@@ -7,7 +7,7 @@ Paddle ops. The tests check kernel against twin and the twin against finite diff
 """
 import paddle
 
-from ppo.rollout import ops as _ops_lib
+from ppo import kernels
 
 
 def _run(name, *args):
@@ -16,7 +16,7 @@ def _run(name, *args):
 
 def kernels_usable(*tensors):
     """True when the C++ training kernels can take these tensors (library loaded, float32, CPU)."""
-    if not _ops_lib.ops_available():
+    if not kernels.ops_available():
         return False
     return all(t.dtype == paddle.float32 and t.place.is_cpu_place() for t in tensors)
 

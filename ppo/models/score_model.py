@@ -110,8 +110,10 @@ class ScoreModelMixin:
         std = paddle.sqrt(self.normalizer_var + 1e-8)
         return (scores - self.normalizer_mean) / std
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, **kwargs):
-        """Per-token and end scores of `input_ids [B, T]`."""
+    def forward(self, input_ids, attention_mask=None, position_ids=None, ends=None, **kwargs):
+        """Per-token and end scores of `input_ids [B, T]`. Packed rows (`ppo.models.unpadded`: a
+        `[B, 1, T, T]` mask, position ids given) name each sample's last token as a flat cell
+        `ends [S]` of `[B*T]`; `end_scores` and `end_index` are then `[S]`."""
         if attention_mask is None:
             attention_mask = paddle.ones_like(input_ids)
         if position_ids is None:
@@ -121,8 +123,12 @@ class ScoreModelMixin:
         )
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         scores = self.score_head(hidden).squeeze(-1).astype("float32")  # [B, T]
-        end_index = last_token_index(attention_mask)
-        end_scores = paddle.take_along_axis(scores, end_index.unsqueeze(-1), axis=-1).squeeze(-1)
+        if ends is not None:
+            end_index = ends if isinstance(ends, paddle.Tensor) else paddle.to_tensor(ends, dtype="int64")
+            end_scores = paddle.gather(scores.reshape([-1]), end_index)
+        else:
+            end_index = last_token_index(attention_mask)
+            end_scores = paddle.take_along_axis(scores, end_index.unsqueeze(-1), axis=-1).squeeze(-1)
         if self.training and self.config.normalizer_type:  # statistics always kept, applied if do_normalize
             self.update_normalizer(end_scores)
         return ScoreModelOutput(scores=self.normalize(scores), end_scores=self.normalize(end_scores), end_index=end_index)

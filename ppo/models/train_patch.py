@@ -135,9 +135,9 @@ def apply_train_patch():
     llama.swiglu = fused_swiglu
     _ORIGINALS["qwen2_mlp"] = qwen2.Qwen2MLP.forward
     qwen2.Qwen2MLP.forward = _qwen2_mlp_forward
-    from ppo.rollout import ops
+    from ppo import kernels
 
-    how = "C++ kernels (csrc/cpu/train_ops.cc)" if ops.ops_available() else f"pure-Paddle twins ({ops.unavailable_reason()})"
+    how = "C++ kernels (csrc/cpu/train_ops.cc)" if kernels.ops_available() else f"pure-Paddle twins ({kernels.unavailable_reason()})"
     logger.warning(f"train patch on: RMSNorm, RoPE, SwiGLU and attention of PaddleNLP's Llama/Qwen2 run as fused ops, {how} "
                    "(use_train_patch false turns it off)")
     return True

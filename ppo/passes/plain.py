@@ -24,15 +24,21 @@ class PlainPasses(ModelPasses):
     """models: `PPOModels` (unwrapped; `reference_mode()` gives the reference); actor /
     critic: the trained models as wrapped for data parallel or fleet (the same objects on one
     rank); temperature: the sampling temperature; logprob_chunk_size: tokens per LM-head chunk
-    (0: full logits); chunk_rows: rows per no-gradient forward; reward_retokenizer: the reward
-    model's own tokenizer for the rollouts when it differs from the actor's (else None)."""
+    (0: full logits); chunk_rows: rows per no-gradient forward, `{"logprob", "value", "reward"}`
+    (PaddleNLP's `per_device_<name>_batch_size`) or one number for all three; reward_retokenizer: the reward
+    model's own tokenizer for the rollouts when it differs from the actor's (else None);
+    remove_padding: the actor, reference and critic passes run on the rows' real tokens packed
+    together (`use_remove_padding`, `ppo.models.unpadded`); the reward model's stay padded."""
 
-    def __init__(self, models, actor, critic, temperature, logprob_chunk_size, chunk_rows, reward_retokenizer=None):
+    def __init__(self, models, actor, critic, temperature, logprob_chunk_size, chunk_rows, reward_retokenizer=None,
+                 remove_padding=False):
         self.models, self.actor, self.critic = models, actor, critic
-        self.temperature, self.logprob_chunk_size, self.chunk_rows = temperature, logprob_chunk_size, chunk_rows
+        self.temperature, self.logprob_chunk_size = temperature, logprob_chunk_size
+        self.chunk_rows = chunk_rows if isinstance(chunk_rows, dict) else dict.fromkeys(("logprob", "value", "reward"), chunk_rows)
         self.generation_model = models.actor
         self.kept_forward = None  # `keep_first_forward`'s result until the next backward_step takes it
         self.reward_retokenizer = reward_retokenizer
+        self.remove_padding = remove_padding
 
     def generation_weights(self):
         return contextlib.nullcontext(self.models.actor)
@@ -45,14 +51,21 @@ class PlainPasses(ModelPasses):
             return self._logprobs_under(reference, exp)
 
     def _logprobs_under(self, model, exp):
-        one_chunk = lambda e: response_logprobs(model, e, self.temperature, self.logprob_chunk_size)[0]  # noqa: E731
-        return in_chunks(one_chunk, exp, self.chunk_rows)
+        return in_chunks(lambda e: self._actor_forward(model, e, with_entropy=False)[0], exp, self.chunk_rows["logprob"])
 
     def values(self, exp):
-        return in_chunks(lambda e: response_values(self.models.critic, e), exp, self.chunk_rows)
+        return in_chunks(lambda e: self._critic_forward(self.models.critic, e), exp, self.chunk_rows["value"])
+
+    def _actor_forward(self, model, exp, with_entropy=True):
+        return response_logprobs(model, exp, self.temperature, self.logprob_chunk_size, with_entropy=with_entropy,
+                                 remove_padding=self.remove_padding)
+
+    def _critic_forward(self, model, exp):
+        return response_values(model, exp, remove_padding=self.remove_padding)
 
     def reward_scores(self, exp):
-        return in_chunks(lambda e: reward_scores(self.models.reward, e, self.reward_retokenizer), exp, self.chunk_rows)
+        return in_chunks(lambda e: reward_scores(self.models.reward, e, self.reward_retokenizer), exp,
+                         self.chunk_rows["reward"])
 
     # ---- update ------------------------------------------------------------------
     def first_forward_reusable(self):
@@ -66,11 +79,11 @@ class PlainPasses(ModelPasses):
         """The training forward of one micro-batch, with gradients: actor log-probs and entropy
         `[n, Tr]`, critic values `[n, Tr]` (None without a critic)."""
         self.actor.train()
-        logprobs, entropy = response_logprobs(self.actor, mb, self.temperature, self.logprob_chunk_size, with_entropy=True)
+        logprobs, entropy = self._actor_forward(self.actor, mb)
         values = None
         if self.critic is not None:
             self.critic.train()
-            values = response_values(self.critic, mb)
+            values = self._critic_forward(self.critic, mb)
         return {"logprobs": logprobs, "entropy": entropy, "values": values}
 
     def take_kept_forward(self, rows):
@@ -90,8 +103,7 @@ class PlainPasses(ModelPasses):
             mb = exp.select(rows)
             forward = self.take_kept_forward(rows)  # only ever the first micro-batch
             if forward is None:
-                logprobs, entropy = response_logprobs(self.actor, mb, self.temperature, self.logprob_chunk_size,
-                                                      with_entropy=True)
+                logprobs, entropy = self._actor_forward(self.actor, mb)
                 forward = {"logprobs": logprobs, "entropy": entropy, "values": None}
             loss, stats = losses.actor(mb, forward)
             if losses.next_ptx_batch is not None:
@@ -101,7 +113,7 @@ class PlainPasses(ModelPasses):
             loss.backward()
             actor_total += float(loss)
             if losses.critic is not None:
-                values = forward["values"] if forward["values"] is not None else response_values(self.critic, mb)
+                values = forward["values"] if forward["values"] is not None else self._critic_forward(self.critic, mb)
                 vloss, vstats = losses.critic(mb, {"values": values})
                 vloss.backward()
                 critic_total += float(vloss)

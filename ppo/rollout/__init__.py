@@ -5,10 +5,11 @@
     out = engine.generate(input_ids, attention_mask, SamplingParams(max_new_tokens=16), seed=0)
 
 See engine.py for the design, params.py for the exact semantics of every setting and output,
-and csrc/build_ops.py for the custom ops (`python csrc/build_ops.py`).
+ops.py for the op set it runs, and ppo/kernels/ for the compiled library
+(`python csrc/build_ops.py`).
 """
 from .engine import RolloutEngine
-from .ops import ensure_built, get_ops, ops_available
+from .ops import get_ops
 from .params import RolloutOutput, SamplingParams
 
-__all__ = ["RolloutEngine", "SamplingParams", "RolloutOutput", "get_ops", "ops_available", "ensure_built"]
+__all__ = ["RolloutEngine", "SamplingParams", "RolloutOutput", "get_ops"]

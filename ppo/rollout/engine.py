@@ -19,9 +19,9 @@ bookkeeping; and paddle.matmul for every projection (MKL on CPU, cuBLAS on GPU).
 everything is float32, and models with hidden size >= 384 decode in the transposed "cols"
 layout (weights packed [out, in] once per call, see weights.py).
 
-`use_fusemt=False` (PaddleNLP's name for its fused generation switch) routes to the model's own
-PaddleNLP `generate()` instead, with the same outputs (log-probs then come from one extra
-forward pass), for comparison.
+`use_rollout_engine=False` (the run argument `use_fusemt false`, PaddleNLP's name for its
+fused generation switch) routes to the model's own PaddleNLP `generate()` instead, with the same
+outputs (log-probs then come from one extra forward pass), for comparison.
 """
 import logging
 import math
@@ -34,16 +34,12 @@ import paddle.nn.functional as F
 
 from .ops import get_ops
 from .paddlenlp_path import generate_with_paddlenlp
-from .params import RolloutOutput, SamplingParams
+from .params import RolloutOutput, SamplingParams, merge_outputs
 from .weights import _decoder, extract_weights, rotary_tables, unwrap_model
 
 logger = logging.getLogger("ppo.rollout")
 
 _U_MAX = 1.0 - 2.0 ** -20  # uniforms are drawn in [0, _U_MAX] so u * total < total in float32
-
-
-EVAL_MODES = ("", "single", "tensor_parallel")
-"""Generation layouts of a tensor-parallel model (PaddleNLP's `eval_mode`); see `RolloutEngine`."""
 
 
 def prompt_presence(input_ids, attention_mask, vocab_size):
@@ -75,7 +71,8 @@ class RolloutEngine:
         model: PaddleNLP LlamaForCausalLM / Qwen2ForCausalLM, possibly wrapped in
             paddlenlp.peft.LoRAModel and/or paddle.DataParallel.
         eos_token_id, pad_token_id: ids; pad should differ from eos (masks come from lengths anyway).
-        use_fusemt: True (default) runs this engine; False calls PaddleNLP `generate` instead.
+        use_rollout_engine: True (default) decodes with this engine's loop and kernels; False calls
+            PaddleNLP `generate` instead (the run argument `use_fusemt`).
         use_custom_ops: False forces the pure-Paddle kernels even when the compiled ops exist.
         fuse_gate_up: concatenate gate/up weights once per call (one matmul instead of two) in
             the "rows" layout. None (default): only when hidden_size <= 256. ("cols" always fuses.)
@@ -89,35 +86,36 @@ class RolloutEngine:
             ~2x the model size per call). free_buffers() releases them.
         tokenizer: needed only for SamplingParams.stop_strings.
         compact_ratio: compact the batch when active rows <= compact_ratio * current rows.
-        eval_mode: generation layout of a tensor-parallel model (PaddleNLP's name): "single" or ''
-            (default) gathers the whole weights on every rank for each call; "tensor_parallel"
-            keeps each rank's slices (heads, MLP columns/rows, vocabulary), all-reduces after
-            o_proj, down_proj and the embedding, and all-gathers the logits before sampling, in
-            the "rows" layout. Every rank draws the same tokens. No effect without tensor parallel.
+        keep_tensor_parallel: generation layout of a tensor-parallel model (the run argument
+            `eval_mode`, PaddleNLP's name): False (default; eval_mode single or '') gathers the
+            whole weights on every rank for each call; True (eval_mode tensor_parallel) keeps each
+            rank's slices (heads, MLP columns/rows, vocabulary), all-reduces after o_proj,
+            down_proj and the embedding, and all-gathers the logits before sampling, in the
+            "rows" layout. Every rank draws the same tokens. No effect without tensor parallel.
     """
 
-    def __init__(self, model, eos_token_id, pad_token_id, use_fusemt=True, use_custom_ops=True, fuse_gate_up=None,
-                 tokenizer=None, compact_ratio=0.5, decode_layout="auto", keep_buffers=True, eval_mode=""):
-        if eval_mode not in EVAL_MODES:  # the run's arguments are checked at start (ppo/ppo_arguments.py); a guard for code callers
-            raise ValueError(f"eval_mode must be one of {EVAL_MODES}, got {eval_mode!r}")
-        self.sharded = eval_mode == "tensor_parallel"
+    def __init__(self, model, eos_token_id, pad_token_id, use_rollout_engine=True, use_custom_ops=True, fuse_gate_up=None,
+                 tokenizer=None, compact_ratio=0.5, decode_layout="auto", keep_buffers=True,
+                 keep_tensor_parallel=False, max_num_seqs=-1):
+        self.sharded = bool(keep_tensor_parallel)
         self.model = model
         self.eos_token_id = int(eos_token_id)
         self.pad_token_id = int(pad_token_id)
-        self.use_fusemt = bool(use_fusemt)
+        self.use_rollout_engine = bool(use_rollout_engine)
         self.tokenizer = tokenizer
         self.compact_ratio = float(compact_ratio)
-        self.ops = get_ops(prefer_custom=use_custom_ops) if self.use_fusemt else None
+        self.ops = get_ops(prefer_custom=use_custom_ops) if self.use_rollout_engine else None
         self.fuse_gate_up = fuse_gate_up
         if decode_layout not in ("auto", "rows", "cols"):
             raise ValueError("decode_layout must be 'auto', 'rows' or 'cols'")
         self.decode_layout = decode_layout
         self.keep_buffers = bool(keep_buffers)
         self._buffers = {}
+        self.max_num_seqs = int(max_num_seqs)
 
     @property
     def backend(self):
-        return self.ops.name if self.use_fusemt else "paddlenlp_generate"
+        return self.ops.name if self.use_rollout_engine else "paddlenlp_generate"
 
     # ------------------------------------------------------------------ public API
     def generate(self, input_ids, attention_mask=None, params=None, seed=None, row_offset=0, total_rows=None):
@@ -133,6 +131,11 @@ class RolloutEngine:
         total_rows = input_ids.shape[0] if total_rows is None else total_rows
         if not 0 <= row_offset <= total_rows - input_ids.shape[0]:
             raise ValueError(f"rows [{row_offset}, {row_offset + input_ids.shape[0]}) do not fit a batch of {total_rows}")
+        B, cap = input_ids.shape[0], self.max_num_seqs  # PaddleNLP's rollout_max_num_seqs: decode in chunks of rows
+        if 0 < cap < B:
+            rows = lambda t, s: None if t is None else t[s : s + cap]  # noqa: E731
+            return merge_outputs([self.generate(rows(input_ids, s), rows(attention_mask, s), params, seed, row_offset + s,
+                                                total_rows) for s in range(0, B, cap)], self.pad_token_id)
         params = params or SamplingParams()
         lm = unwrap_model(self.model)
         place = _decoder(lm).embed_tokens.weight.place
@@ -161,7 +164,7 @@ class RolloutEngine:
         lm.eval()
         try:
             with paddle.no_grad():
-                if self.use_fusemt:
+                if self.use_rollout_engine:
                     return self._generate_engine(lm, input_ids, attention_mask, params, (seed, row_offset, total_rows),
                                                  stop_ids, stop_seqs)
                 return self._generate_paddlenlp(lm, input_ids, attention_mask, params, seed, stop_ids, stop_seqs)
@@ -182,7 +185,8 @@ class RolloutEngine:
         nothing and the per-call packing and the extra transposes cost)."""
         if self.sharded and getattr(lm.config, "tensor_parallel_degree", 1) > 1:
             if self.decode_layout == "cols":
-                raise ValueError("RolloutEngine: eval_mode tensor_parallel runs the 'rows' layout; use decode_layout auto or rows")
+                raise ValueError("RolloutEngine: keep_tensor_parallel (eval_mode tensor_parallel) runs the 'rows' layout; "
+                                 "use decode_layout auto or rows")
             return "rows"
         if self.decode_layout != "auto":
             return self.decode_layout
@@ -370,6 +374,6 @@ class RolloutEngine:
             attention_mask=paddle.concat([attention_mask, response_mask.astype("int64")], axis=1),
         )
 
-    # ------------------------------------------------------------------ PaddleNLP path (use_fusemt=False)
+    # ------------------------------------------------------------------ PaddleNLP path (use_rollout_engine=False)
     def _generate_paddlenlp(self, lm, input_ids, attention_mask, p, seed, stop_ids, stop_seqs):
         return generate_with_paddlenlp(self, lm, input_ids, attention_mask, p, seed, stop_ids, stop_seqs)

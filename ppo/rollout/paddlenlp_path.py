@@ -1,6 +1,6 @@
-"""The rollout engine's `use_fusemt false` path: PaddleNLP's own `generate`, its output cut at
-the stop tokens / sequences, and the per-token log-probs from one forward pass (PaddleNLP
-reports only their mean)."""
+"""The rollout engine's `use_rollout_engine=False` path (argument `use_fusemt false`): PaddleNLP's
+own `generate`, its output cut at the stop tokens / sequences, and the per-token log-probs from
+one forward pass (PaddleNLP reports only their mean)."""
 import time
 
 import numpy as np
@@ -42,7 +42,7 @@ def generate_with_paddlenlp(engine, lm, input_ids, attention_mask, p, seed, stop
     t_start = time.perf_counter()
     B, N = input_ids.shape[0], p.max_new_tokens
     if not stop_ids:
-        raise NotImplementedError("use_fusemt=False needs at least one stop token id (PaddleNLP's eos_token_id)")
+        raise NotImplementedError("PaddleNLP's generate (use_fusemt false) needs at least one stop token id (its eos_token_id)")
     if seed is not None:
         paddle.seed(seed)
     gen = lm.generate(

@@ -77,3 +77,33 @@ class RolloutOutput:
     """tokens (generated, summed over rows), decode_steps, prefill_s (weights, caches and the prompt
     pass), wall_s, tokens_per_s (tokens / wall_s), backend ("custom", "paddle" or
     "paddlenlp_generate"; the last also reports generate_s, the time before the log-prob pass)."""
+
+
+def merge_outputs(parts, pad_token_id):
+    """One `RolloutOutput` from the outputs of consecutive row chunks of one prompt batch (same
+    prompt columns): responses right-padded to the longest (`pad_token_id`, mask and log-probs 0),
+    stats summed (wall_s, tokens) or taken at their largest (decode_steps)."""
+    Tp = parts[0].sequences.shape[1] - parts[0].response_ids.shape[1]
+    Tr = max(p.response_ids.shape[1] for p in parts)
+
+    def right(t, value):
+        extra = Tr - t.shape[1]
+        return t if extra == 0 else paddle.concat([t, paddle.full([t.shape[0], extra], value, t.dtype)], axis=1)
+
+    response_ids = paddle.concat([right(p.response_ids, pad_token_id) for p in parts], axis=0)
+    response_mask = paddle.concat([right(p.response_mask, 0.0) for p in parts], axis=0)
+    prompt_ids = paddle.concat([p.sequences[:, :Tp] for p in parts], axis=0)
+    prompt_mask = paddle.concat([p.attention_mask[:, :Tp] for p in parts], axis=0)
+    stats = {k: sum(p.stats.get(k, 0) for p in parts) for k in ("tokens", "prefill_s", "wall_s")}
+    stats.update(decode_steps=max(p.stats.get("decode_steps", 0) for p in parts), backend=parts[0].stats.get("backend"),
+                 tokens_per_s=stats["tokens"] / stats["wall_s"] if stats["wall_s"] > 0 else 0.0, chunks=len(parts))
+    return RolloutOutput(
+        sequences=paddle.concat([prompt_ids, response_ids], axis=1),
+        response_ids=response_ids,
+        response_mask=response_mask,
+        response_logprobs=paddle.concat([right(p.response_logprobs, 0.0) for p in parts], axis=0),
+        response_lengths=paddle.concat([p.response_lengths for p in parts], axis=0),
+        logprobs_match_forward=all(p.logprobs_match_forward for p in parts),
+        stats=stats,
+        attention_mask=paddle.concat([prompt_mask, response_mask.astype(prompt_mask.dtype)], axis=1),
+    )

@@ -6,12 +6,13 @@ import paddle
 def custom_and_fallback_ops():
     """(custom, fallback) op sets; builds the library with `python csrc/build_ops.py` when it is
     missing or stale, and raises if the custom ops still cannot be used (tests never skip)."""
+    from .. import kernels
     from . import ops
 
-    ops.ensure_built()
+    kernels.ensure_built()
     custom = ops.get_ops(prefer_custom=True)
     if custom.name != "custom":
-        raise RuntimeError(f"custom rollout ops unavailable: {ops.unavailable_reason()}")
+        raise RuntimeError(f"custom rollout ops unavailable: {kernels.unavailable_reason()}")
     return custom, ops.FallbackOps()
 
 

@@ -173,13 +173,16 @@ class TensorParallelGather:
             return merge(parts, kind)
 
 
+_USE_PADDLENLP = "generate with PaddleNLP's generate: RolloutEngine(use_rollout_engine=False), argument use_fusemt false"
+
+
 def _check_config(cfg):
     if getattr(cfg, "alibi", False):
-        raise NotImplementedError("RolloutEngine: alibi models are not supported; use use_fusemt=False")
+        raise NotImplementedError("RolloutEngine: alibi models are not supported; " + _USE_PADDLENLP)
     if getattr(cfg, "use_long_sequence_strategies", False):
-        raise NotImplementedError("RolloutEngine: long-sequence strategies are not supported; use use_fusemt=False")
+        raise NotImplementedError("RolloutEngine: long-sequence strategies are not supported; " + _USE_PADDLENLP)
     if getattr(cfg, "use_sliding_window", False):
-        raise NotImplementedError("RolloutEngine: sliding-window attention is not supported; use use_fusemt=False")
+        raise NotImplementedError("RolloutEngine: sliding-window attention is not supported; " + _USE_PADDLENLP)
 
 
 class _Packer:

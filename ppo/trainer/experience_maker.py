@@ -21,6 +21,7 @@ from ..algos import (
 )
 from ..evaluation import decode_responses
 from ..experience import experience_from_rollout, merge_rows
+from .balance import balance_rows
 from .update import K3_NAMES
 
 logger = logging.getLogger("ppo")
@@ -148,6 +149,13 @@ class ExperienceMaking:
             draws += 1
         chosen = (kept + spare)[:want]
         return merge_rows([e.select(g) for e, g in chosen], self.tokenizer.pad_token_id), draws
+
+    def balanced_across_ranks(self, exp):
+        """With `balance_batch` and several data ranks, `exp`'s groups reordered over the ranks
+        for even token counts (`ppo.trainer.balance`) and its stats; else `exp` and `{}`."""
+        if not self.args.balance_batch or self.data_world == 1:
+            return exp, {}
+        return balance_rows(exp, self.data_rank, self.data_world, self.args.rollout_n, self.tokenizer.pad_token_id)
 
     def check_groups(self, exp):
         """Each group is `rollout_n` consecutive rows of one prompt, and no group id is on

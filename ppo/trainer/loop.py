@@ -34,11 +34,12 @@ class TrainingLoop:
         t_start = time.time()
         self.actor.eval()
         exp, draws = self.sample_with_dynamic_filter()  # 1.-2. rollout and scores (groups that vary)
+        exp, balance_stats = self.balanced_across_ranks(exp)  # balance_batch: even token counts over data ranks
         t_rollout = time.time()
         stats = self.compute_advantages(exp)  # 3.-4. log-probs, values, shaped rewards, advantages
         t_logprob = time.time()
         acc = MetricAccumulator()
-        acc.add(stats)
+        acc.add({**stats, **balance_stats})
         self.actor.train()
         if self.critic is not None:
             self.critic.train()

@@ -53,15 +53,16 @@ class PolicyUpdate:
         micro-batch with the rollout-time weights (so its forward is the old-policy pass)."""
         args = self.args
         return (
-            bool(args.reuse_first_update_forward) and n_rows <= args.per_device_train_batch_size and not self.offload.enabled
+            bool(args.reuse_first_update_forward) and n_rows <= args.update_micro_rows and not self.offload.enabled
             and self.passes.first_forward_reusable()
         )
 
     def minibatch_plan(self, n_rows, epoch):
-        """This step's and `epoch`'s shuffled optimiser steps of `gradient_accumulation_steps`
-        micro-batches (see `minibatch_plan`)."""
+        """This step's and `epoch`'s shuffled optimiser steps of `update_accumulation_steps`
+        micro-batches of `update_micro_rows` rows (see `minibatch_plan`; PaddleNLP's
+        `global_mini_batch_size` sets both)."""
         seed = self.args.seed + 10007 * self.step + 101 * epoch + self.data_rank
-        return minibatch_plan(n_rows, self.args.per_device_train_batch_size, self.args.gradient_accumulation_steps, seed)
+        return minibatch_plan(n_rows, self.args.update_micro_rows, self.args.update_accumulation_steps, seed)
 
     def global_count(self, value):
         """Sum of `value` over ranks divided by the world size (the per-rank share that makes
