@@ -3,6 +3,7 @@
     python csrc/check_cuda.py                 # install the tools if needed, compile, exit 1 on an error
     python csrc/check_cuda.py --no-bindings   # only the plain-CUDA kernels (smaller download)
     python csrc/check_cuda.py --print-tools   # print the cache directory and exit
+    python csrc/check_cuda.py --no-cache      # compile everything, reusing no cached object
 
 1. Tools. `nvcc`, the CUDA runtime headers and CCCL come from PyPI (NVIDIA's `nvidia-cuda-nvcc`,
    `nvidia-cuda-runtime`, `nvidia-cuda-cccl` wheels, pinned below) and are installed with
@@ -23,6 +24,10 @@
    (the CPU wheel's libpaddle lacks the CUDA symbols); instead `nm` checks that every `...CUDA`
    function a dispatcher calls is defined by a binding with the same signature, and every
    `ppo_cuda_*` launcher a binding calls is defined by a kernel object.
+4. Reuse. An object whose compile read exactly the same inputs before (same command, same
+   csrc/ sources and headers, same Paddle version and host compiler: `ObjectCache`) is taken
+   from `~/.cache/paddle-align/cuda-objects` instead of compiled again; the symbol check still
+   runs on every object. A CI run with unchanged CUDA sources takes seconds instead of minutes.
 
 The GPU kernel tests (tests/test_cuda_kernels.py) use `nvcc_command` / `build_kernel_library`
 from here to build each kernel as its own shared library.
@@ -176,7 +181,7 @@ def _run(cmd):
     return proc.returncode, (proc.stdout + proc.stderr).strip()
 
 
-def compile_kernels(tools_dir, out_dir, sources=None, archs=ARCHS, jobs=2):
+def compile_kernels(tools_dir, out_dir, sources=None, archs=ARCHS, jobs=2, cache=None):
     """Compile each plain-CUDA file for each arch; returns a list of (label, ok, output)."""
     nvcc = nvcc_path(tools_dir)
     inc = [os.path.join(_cuda_root(tools_dir), "include")]
@@ -186,7 +191,7 @@ def compile_kernels(tools_dir, out_dir, sources=None, archs=ARCHS, jobs=2):
             obj = os.path.join(out_dir, f"{os.path.basename(src)}.sm_{arch}.o")
             cmd = nvcc_command(nvcc, src, obj, arch, include_dirs=inc)
             todo.append((f"{os.path.relpath(src, CSRC)} sm_{arch}", cmd))
-    return _run_all(todo, jobs)
+    return _run_all(todo, jobs, cache)
 
 
 def _paddle_include_dirs():
@@ -204,11 +209,15 @@ def _cuda_include_dirs(tools_dir):
     return dirs + ([cccl] if os.path.isdir(cccl) else [])
 
 
-def compile_bindings(tools_dir, out_dir, sources=None, jobs=2, cxx=None):
+def host_cxx():
+    return os.environ.get("CXX") or "c++"
+
+
+def compile_bindings(tools_dir, out_dir, sources=None, jobs=2, cxx=None, cache=None):
     """Compile the Paddle-side C++ of a CUDA build (see the module docstring); (label, ok, output) list."""
     import sysconfig
 
-    cxx = cxx or os.environ.get("CXX") or "c++"
+    cxx = cxx or host_cxx()
     system = _paddle_include_dirs() + _cuda_include_dirs(tools_dir) + [sysconfig.get_paths()["include"]]
     flags = ["-std=c++17", "-O0", "-fPIC", "-Wall", "-Werror", "-DPADDLE_WITH_CUDA", "-DEIGEN_USE_GPU",
              "-DPADDLE_WITH_CUSTOM_KERNEL", "-D_GLIBCXX_USE_CXX11_ABI=1", "-DPPO_WITH_CUDA"]
@@ -218,7 +227,7 @@ def compile_bindings(tools_dir, out_dir, sources=None, jobs=2, cxx=None):
     for src in sources or binding_sources():
         obj = os.path.join(out_dir, os.path.relpath(src, CSRC).replace(os.sep, "_") + ".o")
         todo.append((os.path.relpath(src, CSRC), [cxx, *flags, "-c", "-o", obj, src]))
-    return _run_all(todo, jobs)
+    return _run_all(todo, jobs, cache)
 
 
 def _symbols(obj, kind):
@@ -250,10 +259,63 @@ def check_symbols(out_dir):
     return results
 
 
-def _run_all(todo, jobs):
+def _run_all(todo, jobs, cache=None):
+    """Run each (label, command) of `todo`, `jobs` at a time; with a `cache` (see `ObjectCache`),
+    a command whose inputs it has compiled before gets that object back instead."""
+    run = cache.run if cache else _run
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        results = list(pool.map(lambda item: _run(item[1]), todo))
+        results = list(pool.map(lambda item: run(item[1]), todo))
     return [(label, rc == 0, out) for (label, _), (rc, out) in zip(todo, results)]
+
+
+class ObjectCache:
+    """Objects of successful compiles, outside the checkout (`~/.cache/paddle-align/cuda-objects`),
+    keyed by everything the compile reads: the command line (the checkout's, the output's and
+    Paddle's folders replaced by placeholders, Paddle's version and the host compiler's
+    `--version` added), the contents of every file under csrc/cpu, csrc/cuda and csrc/*.h, and
+    the source file itself. The same key gives the same object, so a hit is the compile's result;
+    any edit of a source or header misses and compiles again. Failed compiles are never stored."""
+
+    def __init__(self, root, out_dir, paddle_root, cxx):
+        try:
+            import paddle
+
+            version = paddle.__version__
+        except ImportError:  # --no-bindings on a machine without Paddle: no Paddle header is read
+            version = None
+        self.root, self.out_dir = root, out_dir
+        self.subst = [(out_dir, "<out>"), (CSRC, "<csrc>")] + ([(paddle_root, f"<paddle {version}>")] if paddle_root else [])
+        h = hashlib.sha256(_run([cxx, "--version"])[1].encode())
+        for path in sorted(glob.glob(os.path.join(CSRC, "*.h")) + glob.glob(os.path.join(CSRC, "cpu", "*"))
+                           + glob.glob(os.path.join(CSRC, "cuda", "*"))):
+            h.update(os.path.relpath(path, CSRC).encode() + b"\0" + open(path, "rb").read())
+        self.sources_digest = h.hexdigest()
+        self.hits = 0
+
+    def key(self, cmd):
+        text = json.dumps([self._placeholders(c) for c in cmd])
+        src = open(cmd[-1], "rb").read()  # the source is the last argument (`-c -o OBJ SRC`)
+        return hashlib.sha256((text + self.sources_digest).encode() + src).hexdigest()[:32]
+
+    def _placeholders(self, arg):
+        for path, name in self.subst:
+            arg = arg.replace(path, name)
+        return arg
+
+    def run(self, cmd):
+        obj = cmd[cmd.index("-o") + 1]
+        cached = os.path.join(self.root, self.key(cmd) + ".o")
+        if os.path.exists(cached):
+            shutil.copyfile(cached, obj)
+            self.hits += 1
+            return 0, ""
+        rc, out = _run(cmd)
+        if rc == 0:
+            os.makedirs(self.root, exist_ok=True)
+            tmp = f"{cached}.{os.getpid()}.tmp"
+            shutil.copyfile(obj, tmp)
+            os.replace(tmp, cached)
+        return rc, out
 
 
 def build_kernel_library(src, out_dir, arch, nvcc=None, werror=True):
@@ -284,6 +346,8 @@ def main(argv=None):
     parser.add_argument("--tools", default=None, help="tool cache directory (default: $PPO_CUDA_TOOLS or ~/.cache/...)")
     parser.add_argument("--jobs", type=int, default=2, help="parallel compiles")
     parser.add_argument("--print-tools", action="store_true", help="print the tool cache directory and exit")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="compile everything (default: reuse objects of identical compiles, see ObjectCache)")
     args = parser.parse_args(argv)
     with_bindings = not args.no_bindings
     tools = os.path.abspath(args.tools) if args.tools else default_tools_dir(with_bindings)
@@ -297,15 +361,19 @@ def main(argv=None):
         print(f"[check_cuda] ERROR: cannot install the CUDA tools from PyPI: {e}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="ppo-cuda-check-") as out_dir:
-        ok = _report(compile_kernels(tools, out_dir, jobs=args.jobs), print)
+        cache = None if args.no_cache else ObjectCache(
+            os.path.join(os.path.expanduser("~"), ".cache", "paddle-align", "cuda-objects"), out_dir,
+            _paddle_include_dirs()[0] if with_bindings else None, host_cxx())
+        ok = _report(compile_kernels(tools, out_dir, jobs=args.jobs, cache=cache), print)
         if with_bindings:
-            ok = _report(compile_bindings(tools, out_dir, jobs=args.jobs), print) and ok
+            ok = _report(compile_bindings(tools, out_dir, jobs=args.jobs, cache=cache), print) and ok
             if ok:
                 ok = _report(check_symbols(out_dir), print)
     n_k = len(kernel_sources()) * len(ARCHS)
     n_b = len(binding_sources()) if with_bindings else 0
     status = "passed" if ok else "FAILED"
-    print(f"[check_cuda] {status}: {n_k} kernel compiles (sm_{', sm_'.join(ARCHS)}), {n_b} binding compiles, "
+    reused = f" ({cache.hits} objects of identical compiles reused)" if cache else ""
+    print(f"[check_cuda] {status}: {n_k} kernel compiles (sm_{', sm_'.join(ARCHS)}), {n_b} binding compiles{reused}, "
           f"{time.time() - t0:.0f} s")
     return 0 if ok else 1
 

@@ -1,15 +1,19 @@
 """Worker for tests/test_pipeline_models.py: one process, fleet at pp_degree=1.
 
-`python tests/pipeline_pp1_worker.py MODEL_TYPE DIR` builds a small real-shaped checkpoint of
-MODEL_TYPE (GQA; Qwen2 with tied embeddings) in DIR, loads it as the plain causal LM and as PaddleNLP's `*ForCausalLMPipe`, and prints one JSON
-line: max |logits difference| and max |grad difference| over the parameters taken in order
-(same count and shapes asserted). Runs in its own process because `fleet.init` is global.
+`python tests/pipeline_pp1_worker.py DIR CASE...` runs each CASE (`llama`, `qwen2`, `qwen2:tied`)
+in turn: it builds a small real-shaped checkpoint of the model type (GQA) in DIR/CASE, loads it
+as the plain causal LM and as PaddleNLP's `*ForCausalLMPipe`, and prints one line per case:
+`RESULT CASE {json}` with max |logits difference| and max |grad difference| over the parameters
+taken in order (same count and shapes asserted), or `FAILED CASE error text` when the case
+raised. Runs in its own process because `fleet.init` is global (one init serves every case:
+all are pp_degree=1); the cases share it so the test pays one process start-up, not three.
 
-Qwen2 is tested untied unless the third argument is `tied`: with tie_word_embeddings
+Qwen2 is tested untied unless the case is `qwen2:tied`: with tie_word_embeddings
 paddlenlp 3.0.0b4's Qwen2ForCausalLMPipe adds its LM head as a SharedLayerDesc without a
 forward_func, so PipelineLayer runs the shared *embedding* on the hidden states
 ("embedding input only support int32 and int64, but get float32")."""
 import json
+import os
 import sys
 
 import numpy as np
@@ -23,10 +27,7 @@ if not hasattr(dist.ParallelEnv(), "_device_id"):
     dist.ParallelEnv._device_id = 0
 
 
-def main(model_type, out_dir, tied):
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 1}
-    fleet.init(is_collective=True, strategy=strategy)
+def run_case(model_type, out_dir, tied):
     from paddlenlp.transformers import (LlamaForCausalLM, LlamaForCausalLMPipe, Qwen2ForCausalLM,
                                         Qwen2ForCausalLMPipe)
 
@@ -61,8 +62,22 @@ def main(model_type, out_dir, tied):
     out["n_grads"] = len(pa)
     out["grad_diff"] = max(float((a.grad - b.grad).abs().max()) for a, b in zip(pa, pb))
     out["grad_max"] = max(float(a.grad.abs().max()) for a in pa)
-    print("RESULT " + json.dumps(out))
+    return out
+
+
+def main(out_dir, cases):
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 1}
+    fleet.init(is_collective=True, strategy=strategy)
+    for case in cases:
+        model_type, _, variant = case.partition(":")
+        try:
+            out = run_case(model_type, os.path.join(out_dir, case.replace(":", "_")), tied=variant == "tied")
+        except Exception as e:  # noqa: BLE001 - reported per case; the test decides what was expected
+            print(f"FAILED {case} {type(e).__name__}: {e}".replace("\n", " "), flush=True)
+            continue
+        print(f"RESULT {case} " + json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], tied=sys.argv[3:] == ["tied"])
+    main(sys.argv[1], sys.argv[2:])

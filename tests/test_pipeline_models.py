@@ -1,6 +1,7 @@
 """PaddleNLP's pipeline causal LMs at pp_degree=1 equal the plain models from the same checkpoint.
 
-Each case runs tests/pipeline_pp1_worker.py in its own process (fleet.init is process-global)."""
+The pp_degree=1 cases run together in one process of tests/pipeline_pp1_worker.py (fleet.init
+is process-global, and one init serves them all), once per test session."""
 import json
 import os
 import subprocess
@@ -11,20 +12,37 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_worker(tmp_path, model_type, *extra):
+PP1_CASES = ("llama", "qwen2", "qwen2:tied")  # the failing tied case last
+
+
+@pytest.fixture(scope="module")
+def pp1_worker(tmp_path_factory):
+    """The worker's process over PP1_CASES: `(proc, {case: ("RESULT" or "FAILED", rest of its line)})`."""
     env = dict(os.environ, PYTHONPATH=REPO, MKL_DEBUG_CPU_TYPE="5")
-    return subprocess.run([sys.executable, os.path.join(REPO, "tests", "pipeline_pp1_worker.py"), model_type,
-                           str(tmp_path / "ckpt"), *extra], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "pipeline_pp1_worker.py"),
+                           str(tmp_path_factory.mktemp("pp1_ckpt")), *PP1_CASES], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    cases = {}
+    for line in proc.stdout.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind in ("RESULT", "FAILED"):
+            case, _, text = rest.partition(" ")
+            cases[case] = (kind, text)
+    return proc, cases
+
+
+def case_result(pp1_worker, case):
+    proc, cases = pp1_worker
+    assert proc.returncode == 0 and case in cases, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return cases[case]
 
 
 @pytest.mark.parametrize("model_type,pipe_class", [("llama", "LlamaForCausalLMPipe"),
                                                    ("qwen2", "Qwen2ForCausalLMPipe")])
-def test_policy_pipe_pp1_matches_plain(tmp_path, model_type, pipe_class):
-    proc = run_worker(tmp_path, model_type)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-3000:]
-    res = json.loads(lines[-1][len("RESULT "):])
+def test_policy_pipe_pp1_matches_plain(pp1_worker, model_type, pipe_class):
+    kind, text = case_result(pp1_worker, model_type)
+    assert kind == "RESULT", text
+    res = json.loads(text)
     assert res["pipe_class"] == pipe_class
     assert res["logits_shape"][:2] == [2, 12]
     assert res["logits_diff"] <= 1e-5
@@ -32,13 +50,13 @@ def test_policy_pipe_pp1_matches_plain(tmp_path, model_type, pipe_class):
     assert res["grad_diff"] <= 1e-5
 
 
-def test_qwen2_pipe_tied_embeddings_fails_in_paddlenlp_3_0_0b4(tmp_path):
+def test_qwen2_pipe_tied_embeddings_fails_in_paddlenlp_3_0_0b4(pp1_worker):
     """Pins the known PaddleNLP defect: a tied Qwen2 pipe runs the embedding on hidden states.
 
     When this starts passing the forward, the tied case can join the equivalence test above."""
-    proc = run_worker(tmp_path, "qwen2", "tied")
-    assert proc.returncode != 0
-    assert "embedding input only support int32 and int64" in proc.stderr + proc.stdout
+    kind, text = case_result(pp1_worker, "qwen2:tied")
+    assert kind == "FAILED"
+    assert "embedding input only support int32 and int64" in text
 
 
 def test_llama_pipe_pp2_on_two_cpu_processes_matches_plain(tmp_path):

@@ -157,9 +157,12 @@ def ppo_argv(actor_dir, data_dir, *extra):
     ]
 
 
-def compare_rl_runs(run, argv, tmp_path, keys, models):
-    out1, out2 = str(tmp_path / "tp1"), str(tmp_path / "tp2")
-    run([*argv, "--output_dir", out1, "--logging_dir", f"{out1}/vdl"])
+def compare_rl_runs(run, argv, tmp_path, keys, models, out1=None):
+    """A TP=2 launch of `argv` against the TP=1 run of `argv` in `out1` (run here when None)."""
+    out2 = str(tmp_path / "tp2")
+    if out1 is None:
+        out1 = str(tmp_path / "tp1")
+        run([*argv, "--output_dir", out1, "--logging_dir", f"{out1}/vdl"])
     launch_run("ppo/run_ppo.py", [*argv, "--output_dir", out2, "--logging_dir", f"{out2}/vdl", "--tensor_parallel_degree", "2"], out2)
     for key in keys:
         assert_same_steps(out1, out2, key, 2)
@@ -192,32 +195,39 @@ def test_ppo_tp2_matches_tp1(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_pat
     compare_rl_runs(run_ppo, argv, tmp_path, keys, ("policy", "value"))
 
 
-def test_grpo_tp2_matches_tp1(tiny_model_dir, tiny_data_dir, tmp_path):
+GRPO_KEYS = ("loss/policy_avg", "objective/scores", "loss/kl", "policy/entropy_avg", "train/actor_grad_norm")
+
+
+def grpo_argv(model_dir, data_dir, *extra):
+    return ["config/tiny/grpo_rule_argument.json", *ppo_argv(
+        model_dir, data_dir, "--per_device_prompt_batch_size", "4", "--rollout_n", "4",
+        "--per_device_train_batch_size", "8", "--learning_rate", "1e-3", "--kl_loss_coeff", "0.05",
+        "--rule_reward_scorers", "tests.rule_reward_helpers:_len_scorer", *extra,  # response length: groups vary
+    )]
+
+
+@pytest.fixture(scope="module")
+def grpo_tp1_run(tiny_model_dir, tiny_data_dir, tmp_path_factory):
+    """The TP=1 GRPO run both GRPO comparisons below are held to (run once: eval_mode, the one
+    argument they differ in, has no effect without tensor parallel)."""
+    from ppo.run_ppo import main as run_ppo
+
+    out1 = str(tmp_path_factory.mktemp("grpo_tp1"))
+    run_ppo([*grpo_argv(tiny_model_dir, tiny_data_dir), "--output_dir", out1, "--logging_dir", f"{out1}/vdl"])
+    return out1
+
+
+def test_grpo_tp2_matches_tp1(tiny_model_dir, tiny_data_dir, grpo_tp1_run, tmp_path):
     """Critic-free, rule rewards in process (response length, so advantages are not all zero),
     a k3 KL loss against the split reference."""
-    from ppo.run_ppo import main as run_ppo
-
-    argv = ["config/tiny/grpo_rule_argument.json", *ppo_argv(
-        tiny_model_dir, tiny_data_dir, "--per_device_prompt_batch_size", "4", "--rollout_n", "4",
-        "--per_device_train_batch_size", "8", "--learning_rate", "1e-3", "--kl_loss_coeff", "0.05",
-        "--rule_reward_scorers", "tests.rule_reward_helpers:_len_scorer",  # response length: groups vary
-    )]
-    keys = ("loss/policy_avg", "objective/scores", "loss/kl", "policy/entropy_avg", "train/actor_grad_norm")
-    compare_rl_runs(run_ppo, argv, tmp_path, keys, ("policy",))
+    compare_rl_runs(None, grpo_argv(tiny_model_dir, tiny_data_dir), tmp_path, GRPO_KEYS, ("policy",), out1=grpo_tp1_run)
 
 
-def test_grpo_tp2_with_sharded_rollout_matches_tp1(tiny_model_dir, tiny_data_dir, tmp_path):
+def test_grpo_tp2_with_sharded_rollout_matches_tp1(tiny_model_dir, tiny_data_dir, grpo_tp1_run, tmp_path):
     """eval_mode tensor_parallel: each rank generates from its own slices; same rollouts,
     metrics and weights as the TP=1 run."""
-    from ppo.run_ppo import main as run_ppo
-
-    argv = ["config/tiny/grpo_rule_argument.json", *ppo_argv(
-        tiny_model_dir, tiny_data_dir, "--per_device_prompt_batch_size", "4", "--rollout_n", "4",
-        "--per_device_train_batch_size", "8", "--learning_rate", "1e-3", "--kl_loss_coeff", "0.05",
-        "--rule_reward_scorers", "tests.rule_reward_helpers:_len_scorer", "--eval_mode", "tensor_parallel",
-    )]
-    keys = ("loss/policy_avg", "objective/scores", "loss/kl", "policy/entropy_avg", "train/actor_grad_norm")
-    compare_rl_runs(run_ppo, argv, tmp_path, keys, ("policy",))
+    argv = grpo_argv(tiny_model_dir, tiny_data_dir, "--eval_mode", "tensor_parallel")
+    compare_rl_runs(None, argv, tmp_path, GRPO_KEYS, ("policy",), out1=grpo_tp1_run)
 
 
 def test_grpo_tp2_resumes_from_its_merged_checkpoint(tiny_model_dir, tiny_data_dir, tmp_path):
