@@ -15,8 +15,6 @@ import sys
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import json  # noqa: E402
-
 from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 
 with quiet_third_party_warnings():
@@ -31,7 +29,7 @@ with quiet_third_party_warnings():
     from ppo.models.adapters import load_merged_score_model  # noqa: E402
     from ppo.models.loading import load_tokenizer  # noqa: E402
     from rm.audit_arguments import CostAuditArgument, validate_cost_audit_arguments  # noqa: E402
-    from rm.audit_reward import score_sequences  # noqa: E402
+    from rm.audit_reward import score_sequences, write_report  # noqa: E402
 
 
 def label_summary(costs, unsafe):
@@ -71,12 +69,7 @@ def main(argv=None):
     model = load_merged_score_model(args.model_name_or_path)
     model.eval()
     report = audit_costs(model, dataset, tokenizer.pad_token_id, args.batch_size)
-    out_dir = args.output_dir or args.model_name_or_path
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "cost_audit.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    print(json.dumps(report, indent=2))
-    return report
+    return write_report(report, args.output_dir or args.model_name_or_path, "cost_audit.json")
 
 
 if __name__ == "__main__":
