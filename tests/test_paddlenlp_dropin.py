@@ -663,3 +663,14 @@ def test_qwen_yaml_files_run_two_steps(name, tiny_model_dir, tiny_rm_dir, tiny_d
         assert all(np.isfinite(r["loss/value_avg"]) for r in rows)
     else:
         assert trainer.engine.max_num_seqs == (3 if estimator == "grpo" else 32)  # rollout_max_num_seqs
+
+
+def test_zero_padding_refusal_names_where_packing_works(tmp_path):
+    """Online DPO gets the PPO family's refusal of zero_padding: it must not claim "the DPO family" packs there."""
+    from dpo.online_dpo_arguments import DataArgument, ModelArgument, OnlineDPOTrainingArguments
+
+    with pytest.raises(ArgumentError) as info:
+        parse_arguments((ModelArgument, DataArgument, OnlineDPOTrainingArguments),
+                        ["--zero_padding", "true", "--output_dir", str(tmp_path / "o")])
+    assert "'zero_padding: true' is not supported here" in str(info.value)
+    assert "dpo/run_dpo.py and dpo/run_kto.py" in str(info.value) and "online DPO runs padded" in str(info.value)

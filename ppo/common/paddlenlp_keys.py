@@ -90,7 +90,7 @@ def extra_mapped_keys(paddlenlp_key, value, valid):
 
 # PaddleNLP key -> (the value we run with, what another value would do in PaddleNLP)
 FIXED_VALUE = {
-    "zero_padding": (False, "packs several samples into one sequence without padding (here: SFT, reward model and the DPO family; PPO/GRPO: use_remove_padding)"),
+    "zero_padding": (False, "packs several samples into one sequence without padding (here: SFT, the reward model, dpo/run_dpo.py and dpo/run_kto.py; PPO/GRPO: use_remove_padding; online DPO runs padded)"),
     "lazy": (False, "reads the dataset lazily (streaming) instead of loading it"),
     "benchmark": (False, "DPO benchmark mode: logs throughput and skips evaluation"),
     "autotuner_benchmark": (False, "stops after a few steps to time a parallel configuration"),
