@@ -101,3 +101,16 @@ def test_a_negative_prob_names_the_task_file_and_entry(tmp_path):
     with pytest.raises(ArgumentError) as info:
         parse_arguments(CLASSES, ["--train_task_config", task, "--output_dir", str(tmp_path / "o")])
     assert f"{task}: entry 1: prob must be a number >= 0, got -0.5" in str(info.value)
+
+
+def test_sft_and_online_dpo_read_task_files_too(two_sources, tmp_path):
+    """docs/data.md: the train and eval task files also feed SFT and online DPO (src/tgt records)."""
+    from dpo import online_dpo_arguments as online
+    from sft import sft_arguments as sft
+
+    expected = task_file_specs(two_sources)
+    for classes in ((sft.ModelArgument, sft.DataArgument, sft.SFTTrainingArguments),
+                    (online.ModelArgument, online.DataArgument, online.OnlineDPOTrainingArguments)):
+        _, data, _ = parse_arguments(classes, ["--train_task_config", two_sources, "--eval_task_config", two_sources,
+                                               "--output_dir", str(tmp_path / "o"), "--max_steps", "1"])
+        assert data.train_datasets == expected and data.eval_datasets == expected
