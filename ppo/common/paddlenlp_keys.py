@@ -12,6 +12,8 @@ dataclasses are read as they are; the rest fall in one of these groups:
   any other, saying what it would do.
 - `UNSUPPORTED`: PaddleNLP features with no implementation here; refused with one
   line on what the key does in PaddleNLP.
+- `PPO_ONLY`: PaddleNLP's RL batch and packing knobs, fields of `run_ppo.py` only; another
+  entry point (online DPO included) refuses them saying so, not as unknown keys.
 
 docs/paddlenlp.md is checked against this table.
 """
@@ -86,6 +88,14 @@ def extra_mapped_keys(paddlenlp_key, value, valid):
         if os.path.isfile(dev):
             return {"eval_datasets": [f"Jsonfile:1:{dev}"]}
     return {}
+
+
+PPO_ONLY = (
+    "global_batch_size", "global_mini_batch_size", "global_gen_batch_size", "per_device_logprob_batch_size",
+    "per_device_reward_batch_size", "per_device_value_batch_size", "rollout_max_num_seqs", "balance_batch",
+    "use_remove_padding",
+)
+"""PaddleNLP RL keys that are `PPOTrainingArguments` fields (ppo/run_ppo.py) and no other entry point's."""
 
 
 # PaddleNLP key -> (the value we run with, what another value would do in PaddleNLP)
