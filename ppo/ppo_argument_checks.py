@@ -203,7 +203,7 @@ def validate_arguments(model_args, data_args, training_args):
     problems += validation.output_dir_problems(training_args.output_dir, model_dirs + score_dirs)
     problems += validation.dtype_device_problems(training_args)
     problems += validation.pipeline_problems(training_args, model_args.use_lora)
-    problems += remove_padding_problems(training_args)
+    problems += remove_padding_problems(training_args) + pass_size_problems(training_args)
     return problems
 
 
@@ -214,3 +214,16 @@ def remove_padding_problems(args):
                 "4-D attention mask, which the pipeline stages do not take; set use_remove_padding false or "
                 "pipeline_parallel_degree 1"]
     return []
+
+
+PASS_SIZE_FIELDS = tuple(f"per_device_{which}_batch_size" for which in ("logprob", "reward", "value"))
+
+
+def pass_size_problems(args):
+    """The no-gradient passes' row chunks act on the plain passes only: under pipeline parallel
+    the rollout batch runs through the pipeline schedule, so a size given there is refused."""
+    if args.pipeline_parallel_degree <= 1:
+        return []
+    return [f"{name} {getattr(args, name)} with pipeline_parallel_degree {args.pipeline_parallel_degree}: the "
+            "no-gradient passes run the rollout batch through the pipeline schedule, not in chunks of rows; "
+            f"leave {name} at -1" for name in PASS_SIZE_FIELDS if getattr(args, name) > 0]

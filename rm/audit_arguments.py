@@ -27,7 +27,8 @@ class AuditArgument:
 
 
 def validate_arguments(args):
-    """Every problem of an audit run: sizes, the required model and prompts, a score model."""
+    """Every problem of a reward or cost audit run (`AuditArgument`, `CostAuditArgument`): sizes,
+    the required model and held-out data, a score model."""
     problems = validation.size_problems(args)
     problems += validation.required_problems(args, ["model_name_or_path", "eval_datasets"])
     problems += validation.model_dir_problems(score_model_dirs=[("model_name_or_path", args.model_name_or_path)])
@@ -49,11 +50,3 @@ class CostAuditArgument:
     output_dir: str = field(
         default=None, metadata={"help": "Where cost_audit.json goes (default: the model directory; only that file is written)."}
     )
-
-
-def validate_cost_audit_arguments(args):
-    """Every problem of a cost audit run: sizes, the required model and pairs, a score model."""
-    problems = validation.size_problems(args)
-    problems += validation.required_problems(args, ["model_name_or_path", "eval_datasets"])
-    problems += validation.model_dir_problems(score_model_dirs=[("model_name_or_path", args.model_name_or_path)])
-    return problems

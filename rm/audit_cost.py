@@ -15,8 +15,6 @@ import sys
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import json  # noqa: E402
-
 from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 
 with quiet_third_party_warnings():
@@ -30,8 +28,8 @@ with quiet_third_party_warnings():
     from ppo.data import SafetyPreferenceDataset  # noqa: E402
     from ppo.models.adapters import load_merged_score_model  # noqa: E402
     from ppo.models.loading import load_tokenizer  # noqa: E402
-    from rm.audit_arguments import CostAuditArgument, validate_cost_audit_arguments  # noqa: E402
-    from rm.audit_reward import score_sequences  # noqa: E402
+    from rm.audit_arguments import CostAuditArgument, validate_arguments  # noqa: E402
+    from rm.audit_reward import score_sequences, write_report  # noqa: E402
 
 
 def label_summary(costs, unsafe):
@@ -62,7 +60,7 @@ def audit_costs(model, dataset, pad_id, batch_size=64):
 
 
 def main(argv=None):
-    (args,) = parse_arguments((CostAuditArgument,), argv, validate=validate_cost_audit_arguments)
+    (args,) = parse_arguments((CostAuditArgument,), argv, validate=validate_arguments)
     tokenizer = load_tokenizer(args.model_name_or_path)
     dataset = SafetyPreferenceDataset(
         split_specs(args.eval_datasets), tokenizer, max_length=args.max_length, prompt_template=args.prompt_template,
@@ -71,12 +69,7 @@ def main(argv=None):
     model = load_merged_score_model(args.model_name_or_path)
     model.eval()
     report = audit_costs(model, dataset, tokenizer.pad_token_id, args.batch_size)
-    out_dir = args.output_dir or args.model_name_or_path
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "cost_audit.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    print(json.dumps(report, indent=2))
-    return report
+    return write_report(report, args.output_dir or args.model_name_or_path, "cost_audit.json")
 
 
 if __name__ == "__main__":

@@ -102,9 +102,13 @@ def main(argv=None):
         split_specs(args.eval_datasets), tokenizer, prompt_template=args.prompt_template, max_prompt_len=args.max_prompt_len
     )
     report = audit(model, tokenizer, dataset, args.batch_size, args.long_answer_tokens)
-    out_dir = args.output_dir or args.model_name_or_path
+    return write_report(report, args.output_dir or args.model_name_or_path, "audit.json")
+
+
+def write_report(report, out_dir, name):
+    """Write the audit `report` (a JSON-able dict) as `out_dir/name`, print it and return it."""
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "audit.json"), "w") as f:
+    with open(os.path.join(out_dir, name), "w") as f:
         json.dump(report, f, indent=2)
     print(json.dumps(report, indent=2))
     return report

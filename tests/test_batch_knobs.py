@@ -261,3 +261,16 @@ def test_knobs_that_cannot_act_say_so_once():
     ]
     acting = SimpleNamespace(balance_batch=True, dataset_world_size=2, per_device_reward_batch_size=4)
     assert batch_knob_messages(SimpleNamespace(external_scores=False), acting) == []
+
+
+def test_pass_sizes_under_pipeline_parallel_are_refused_by_name():
+    """The no-gradient passes run through the pipeline schedule there: a row chunk size cannot act."""
+    from types import SimpleNamespace
+
+    from ppo.ppo_argument_checks import pass_size_problems
+
+    sizes = dict(per_device_logprob_batch_size=4, per_device_reward_batch_size=-1, per_device_value_batch_size=2)
+    problems = pass_size_problems(SimpleNamespace(pipeline_parallel_degree=2, **sizes))
+    assert [p.split(" ")[:2] for p in problems] == [["per_device_logprob_batch_size", "4"], ["per_device_value_batch_size", "2"]]
+    assert all("pipeline_parallel_degree 2" in p and "leave" in p for p in problems)
+    assert pass_size_problems(SimpleNamespace(pipeline_parallel_degree=1, **sizes)) == []

@@ -88,3 +88,13 @@ def test_generation_is_seeded(tmp_path):
         assert (tmp_path / "a" / name).read_text() == (tmp_path / "b" / name).read_text()
     with pytest.raises(ValueError, match="flaw_prob"):
         demo_data.generate(str(tmp_path / "c"), flaw_prob=1.5)
+
+
+def test_write_splits_writes_each_split_and_the_counts(tmp_path):
+    from ppo.tiny.demo_data import write_splits
+
+    splits = {"a.jsonl": [{"src": ["x"]}, {"src": ["y"]}], "b.jsonl": []}
+    assert write_splits(str(tmp_path), splits, "m.json", {"seed": 3}) == {"a.jsonl": 2, "b.jsonl": 0}
+    assert [json.loads(line) for line in (tmp_path / "a.jsonl").read_text().splitlines()] == splits["a.jsonl"]
+    assert (tmp_path / "b.jsonl").read_text() == ""
+    assert json.loads((tmp_path / "m.json").read_text()) == {"seed": 3, "counts": {"a.jsonl": 2, "b.jsonl": 0}}

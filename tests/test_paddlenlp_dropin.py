@@ -530,7 +530,7 @@ def test_readme_section_covers_the_key_table():
     from ppo.models.loading import GPU_ONLY_SWITCHES
 
     section = open(os.path.join(ROOT, "docs", "paddlenlp.md")).read()
-    keys = [*pk.RENAMED, *pk.FIXED_VALUE, *pk.UNSUPPORTED, *GPU_ONLY_SWITCHES, *pk.VALUE_ALIASES]
+    keys = [*pk.RENAMED, *pk.FIXED_VALUE, *pk.UNSUPPORTED, *pk.PPO_ONLY, *GPU_ONLY_SWITCHES, *pk.VALUE_ALIASES]
     keys += ["recompute", "critic_recompute", "recompute_granularity", "critic_recompute_granularity", "rslora_plus",
              "pref_loss_ratio", "dpop_lambda", "kto_pair", "sppo_hard", "nca_pair", "dpop", "tensor_parallel_output"]
     missing = [k for k in keys if f"`{k}" not in section]
@@ -663,3 +663,32 @@ def test_qwen_yaml_files_run_two_steps(name, tiny_model_dir, tiny_rm_dir, tiny_d
         assert all(np.isfinite(r["loss/value_avg"]) for r in rows)
     else:
         assert trainer.engine.max_num_seqs == (3 if estimator == "grpo" else 32)  # rollout_max_num_seqs
+
+
+def test_zero_padding_refusal_names_where_packing_works(tmp_path):
+    """Online DPO gets the PPO family's refusal of zero_padding: it must not claim "the DPO family" packs there."""
+    from dpo.online_dpo_arguments import DataArgument, ModelArgument, OnlineDPOTrainingArguments
+
+    with pytest.raises(ArgumentError) as info:
+        parse_arguments((ModelArgument, DataArgument, OnlineDPOTrainingArguments),
+                        ["--zero_padding", "true", "--output_dir", str(tmp_path / "o")])
+    assert "'zero_padding: true' is not supported here" in str(info.value)
+    assert "dpo/run_dpo.py and dpo/run_kto.py" in str(info.value) and "online DPO runs padded" in str(info.value)
+
+
+def test_ppo_only_knobs_are_refused_as_such_elsewhere(tmp_path):
+    """Online DPO shares the rollout arguments but not PPO's batch and packing knobs: each is
+    named as a PPO/GRPO argument, not as an unknown key with a far-fetched hint."""
+    from dataclasses import fields
+
+    from dpo.online_dpo_arguments import DataArgument, ModelArgument, OnlineDPOTrainingArguments
+    from ppo.ppo_arguments import PPOTrainingArguments
+
+    assert set(pk.PPO_ONLY) <= {f.name for f in fields(PPOTrainingArguments)}
+    flags = [x for key in pk.PPO_ONLY for x in (f"--{key}", "true" if key in ("balance_batch", "use_remove_padding") else "4")]
+    with pytest.raises(ArgumentError) as info:
+        parse_arguments((ModelArgument, DataArgument, OnlineDPOTrainingArguments), flags + ["--output_dir", str(tmp_path / "o")])
+    message = str(info.value)
+    for key in pk.PPO_ONLY:
+        assert f"'{key}' is an argument of PPO/GRPO (ppo/run_ppo.py) only" in message
+    assert "did you mean" not in message

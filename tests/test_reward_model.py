@@ -111,3 +111,12 @@ def test_reward_training_run_and_reload(tiny_model_dir, tiny_data_dir, tmp_path)
     assert saved == report and report["num_prompts"] == 32
     for kind in ("empty", "eos_only", "prompt_echo", "repeated_token", "truncated_half", "very_long"):
         assert 0.0 <= report[kind]["outranks_real_frac"] <= 1.0 and np.isfinite(report[kind]["mean_score"])
+
+
+def test_audit_reports_are_written_printed_and_returned(tmp_path, capsys):
+    from rm.audit_reward import write_report
+
+    report = {"num_prompts": 2, "real": {"mean": 0.5}}
+    assert write_report(report, str(tmp_path / "new"), "audit.json") is report
+    assert json.load(open(tmp_path / "new" / "audit.json")) == report
+    assert json.loads(capsys.readouterr().out) == report

@@ -511,3 +511,17 @@ def test_kept_buffers_across_batch_shapes(llama, prompts, backend):
         np.testing.assert_allclose(g.response_logprobs.numpy(), ref.response_logprobs.numpy(), atol=1e-6)
     eng.free_buffers()
     assert not eng._buffers
+
+
+def test_paddlenlp_generate_in_chunks_draws_each_chunk_afresh(llama, prompts):
+    """rollout_max_num_seqs with use_fusemt false: PaddleNLP's generate reseeds Paddle's generator,
+    so the chunks of a seeded call must not repeat the first chunk's draws (four copies of one
+    prompt in chunks of two would sample two identical pairs)."""
+    _, model = llama
+    ids, mask = (np.repeat(a[:1], 4, axis=0) for a in prompts)
+    p = SamplingParams(max_new_tokens=12, min_new_tokens=12, temperature=2.0, do_sample=True)
+    out = RolloutEngine(model, EOS, PAD, use_rollout_engine=False, max_num_seqs=2).generate(ids, mask, p, seed=5)
+    got = out.response_ids.numpy()
+    assert got.shape == (4, 12)
+    assert not np.array_equal(got[:2], got[2:])
+    assert len({tuple(r) for r in got}) == 4  # four different samples of the one prompt

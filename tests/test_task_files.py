@@ -80,3 +80,37 @@ def test_bad_task_files_name_the_file_and_entry(tmp_path, entries, problem):
     with pytest.raises(ArgumentError) as info:
         parse_arguments(CLASSES, ["--train_task_config", task, "--output_dir", str(tmp_path / "o")])
     assert f"{task}: {problem}" in str(info.value)
+
+
+@pytest.mark.parametrize("name, text, problem", [
+    ("bad.json", '[{"src": ["a"]}, oops]', "entry 0 ('bad'): {source} does not hold UTF-8 JSON records"),
+    ("latin.jsonl", b"\xff\xfe not utf-8\n", "entry 0 ('bad'): {source} does not hold UTF-8 JSON records"),
+])
+def test_an_unreadable_source_names_the_task_file_entry_and_source(tmp_path, name, text, problem):
+    source = tmp_path / name
+    source.write_bytes(text if isinstance(text, bytes) else text.encode())
+    task = write_task_file(tmp_path / "task.json", [{"task_name": "bad", "filepath": str(source), "prob": 1}])
+    with pytest.raises(ArgumentError) as info:
+        parse_arguments(CLASSES, ["--train_task_config", task, "--output_dir", str(tmp_path / "o")])
+    assert f"{task}: {problem.format(source=source)}" in str(info.value)
+
+
+def test_a_negative_prob_names_the_task_file_and_entry(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", "a", 3)
+    task = write_task_file(tmp_path / "task.json", [{"filepath": "a.jsonl", "prob": 1}, {"filepath": "a.jsonl", "prob": -0.5}])
+    with pytest.raises(ArgumentError) as info:
+        parse_arguments(CLASSES, ["--train_task_config", task, "--output_dir", str(tmp_path / "o")])
+    assert f"{task}: entry 1: prob must be a number >= 0, got -0.5" in str(info.value)
+
+
+def test_sft_and_online_dpo_read_task_files_too(two_sources, tmp_path):
+    """docs/data.md: the train and eval task files also feed SFT and online DPO (src/tgt records)."""
+    from dpo import online_dpo_arguments as online
+    from sft import sft_arguments as sft
+
+    expected = task_file_specs(two_sources)
+    for classes in ((sft.ModelArgument, sft.DataArgument, sft.SFTTrainingArguments),
+                    (online.ModelArgument, online.DataArgument, online.OnlineDPOTrainingArguments)):
+        _, data, _ = parse_arguments(classes, ["--train_task_config", two_sources, "--eval_task_config", two_sources,
+                                               "--output_dir", str(tmp_path / "o"), "--max_steps", "1"])
+        assert data.train_datasets == expected and data.eval_datasets == expected

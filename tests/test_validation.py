@@ -220,3 +220,21 @@ def test_paddlenlp_s_own_refusal_joins_the_other_problems(tiny_model_dir, tiny_d
     assert any(line.strip().startswith("PaddleNLP TrainingArguments refused the values: --load_best_model_at_end") for line in lines)
     assert "  recompute_granularity must be one of ('full', 'full_attn', 'core_attn'), got 'some'" in lines
     assert "  lora_rank=0 (must be an integer >= 1)" in lines
+
+
+
+@pytest.mark.parametrize("module", ["rm.audit_reward", "rm.audit_cost"])
+def test_both_audits_list_their_problems_with_one_validation(module, tmp_path, monkeypatch):
+    """Both audit entry points run `rm.audit_arguments.validate_arguments`: a missing model
+    directory and no held-out data in one error, before anything loads or is written."""
+    import importlib
+
+    from ppo.common.argument_parsing import ArgumentError
+    from rm import audit_arguments
+
+    assert not hasattr(audit_arguments, "validate_cost_audit_arguments")  # one validation for both audits
+    never_load(monkeypatch)
+    with pytest.raises(ArgumentError) as info:
+        importlib.import_module(module).main(["--model_name_or_path", str(tmp_path / "missing"), "--output_dir", str(tmp_path / "o")])
+    assert "eval_datasets" in str(info.value) and str(tmp_path / "missing") in str(info.value)
+    assert not (tmp_path / "o").exists()

@@ -63,6 +63,8 @@ def key_problem(key, value, valid, where):
         return f"{where}: '{key}: {value}' is not supported here (PaddleNLP: {does}); only {expected!r} is"
     if key in pk.UNSUPPORTED:
         return f"{where}: '{key}' is not supported here (PaddleNLP: {pk.UNSUPPORTED[key]})"
+    if key in pk.PPO_ONLY:
+        return f"{where}: '{key}' is an argument of PPO/GRPO (ppo/run_ppo.py) only; this entry point does not have it"
     return unknown_key_message(key, valid, where)
 
 

@@ -12,6 +12,8 @@ dataclasses are read as they are; the rest fall in one of these groups:
   any other, saying what it would do.
 - `UNSUPPORTED`: PaddleNLP features with no implementation here; refused with one
   line on what the key does in PaddleNLP.
+- `PPO_ONLY`: PaddleNLP's RL batch and packing knobs, fields of `run_ppo.py` only; another
+  entry point (online DPO included) refuses them saying so, not as unknown keys.
 
 docs/paddlenlp.md is checked against this table.
 """
@@ -88,9 +90,17 @@ def extra_mapped_keys(paddlenlp_key, value, valid):
     return {}
 
 
+PPO_ONLY = (
+    "global_batch_size", "global_mini_batch_size", "global_gen_batch_size", "per_device_logprob_batch_size",
+    "per_device_reward_batch_size", "per_device_value_batch_size", "rollout_max_num_seqs", "balance_batch",
+    "use_remove_padding",
+)
+"""PaddleNLP RL keys that are `PPOTrainingArguments` fields (ppo/run_ppo.py) and no other entry point's."""
+
+
 # PaddleNLP key -> (the value we run with, what another value would do in PaddleNLP)
 FIXED_VALUE = {
-    "zero_padding": (False, "packs several samples into one sequence without padding (here: SFT, reward model and the DPO family; PPO/GRPO: use_remove_padding)"),
+    "zero_padding": (False, "packs several samples into one sequence without padding (here: SFT, the reward model, dpo/run_dpo.py and dpo/run_kto.py; PPO/GRPO: use_remove_padding; online DPO runs padded)"),
     "lazy": (False, "reads the dataset lazily (streaming) instead of loading it"),
     "benchmark": (False, "DPO benchmark mode: logs throughput and skips evaluation"),
     "autotuner_benchmark": (False, "stops after a few steps to time a parallel configuration"),

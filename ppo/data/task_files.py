@@ -22,17 +22,23 @@ TASK_FILE_FORMAT = "Jsonfile"
 TASK_KEYS = ("filepath", "prob", "task_name")
 
 
-def _records_in(path):
-    """Records of a `.jsonl` file (non-empty lines) or of a `.json` file holding a list."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if path.endswith(".json") and text.lstrip().startswith("["):
-        return len(json.loads(text))
+def _records_in(path, where):
+    """Records of a `.jsonl` file (non-empty lines) or of a `.json` file holding a list;
+    ValueError naming `where` (the task file and entry) and `path` when it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if path.endswith(".json") and text.lstrip().startswith("["):
+            return len(json.loads(text))
+    except OSError as err:
+        raise ValueError(f"{where}: cannot read {path} ({err.strerror})") from None
+    except ValueError as err:  # invalid JSON or not UTF-8
+        raise ValueError(f"{where}: {path} does not hold UTF-8 JSON records ({err})") from None
     return sum(1 for line in text.splitlines() if line.strip())
 
 
 def _source(entry, index, task_file):
-    """`(path, weight)` of one task-file entry; ValueError naming the file and the entry."""
+    """`(path, weight, records)` of one task-file entry; ValueError naming the file and the entry."""
     where = f"{task_file}: entry {index}" + (f" ({entry['task_name']!r})" if isinstance(entry, dict) and "task_name" in entry else "")
     if not isinstance(entry, dict):
         raise ValueError(f"{where}: expected an object with filepath and prob, got {entry!r}")
@@ -47,7 +53,7 @@ def _source(entry, index, task_file):
         path = os.path.join(os.path.dirname(os.path.abspath(task_file)), path)
     if not os.path.isfile(path):
         raise ValueError(f"{where}: filepath {entry['filepath']!r} is not a file")
-    return path, float(weight)
+    return path, float(weight), _records_in(path, where)
 
 
 def task_file_specs(task_file):
@@ -62,7 +68,7 @@ def task_file_specs(task_file):
         raise ValueError(f"{task_file}: invalid JSON at line {err.lineno}: {err.msg}") from None
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{task_file}: expected a JSON list of {{\"filepath\", \"prob\"}} objects")
-    sources = [(path, weight, _records_in(path)) for path, weight in (_source(e, i, task_file) for i, e in enumerate(entries))]
+    sources = [_source(e, i, task_file) for i, e in enumerate(entries)]
     sources = [s for s in sources if s[1] > 0]
     empty = [p for p, _, n in sources if n == 0]
     if not sources or empty:

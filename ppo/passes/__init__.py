@@ -1,15 +1,11 @@
 """The model passes of a PPO step behind one interface (`ModelPasses`), built once per trainer
 by `build_model_passes`: plain models, or fleet pipelines under `pipeline_parallel_degree > 1`;
 `wrap_for_ranks` wraps the trained models and optimisers for the run's ranks first."""
-import logging
-
 import paddle
 import paddle.distributed as dist
 
 from .base import ModelPasses, UpdateLosses
 from .plain import PlainPasses
-
-logger = logging.getLogger("ppo")
 
 
 def wrap_for_ranks(args, model, optimizer):
@@ -35,11 +31,6 @@ def build_model_passes(args, models, actor, critic, optimizers, pad_token_id, re
     (`ppo.models.reward_tokens`; the pipeline run refuses one at start)."""
     if args.pipeline_parallel_degree > 1:
         from .pipeline import PipelinePasses
-
-        sized = [f"per_device_{w}_batch_size" for w in ("logprob", "reward", "value") if getattr(args, f"per_device_{w}_batch_size") > 0]
-        if sized:
-            logger.info(f"{', '.join(sized)} do nothing under pipeline parallel: the no-gradient passes run the rollout "
-                        "batch through the pipeline schedule")
 
         return PipelinePasses(
             models, actor, critic, optimizers, temperature=args.temperature,

@@ -134,8 +134,11 @@ class RolloutEngine:
         B, cap = input_ids.shape[0], self.max_num_seqs  # PaddleNLP's rollout_max_num_seqs: decode in chunks of rows
         if 0 < cap < B:
             rows = lambda t, s: None if t is None else t[s : s + cap]  # noqa: E731
-            return merge_outputs([self.generate(rows(input_ids, s), rows(attention_mask, s), params, seed, row_offset + s,
-                                                total_rows) for s in range(0, B, cap)], self.pad_token_id)
+            # PaddleNLP's generate reseeds the global generator with `seed`: each chunk gets its own
+            # seed there, else a chunk would repeat the first chunk's draws (copies of one prompt alike)
+            chunk_seed = lambda s: seed if seed is None or self.use_rollout_engine else seed + s  # noqa: E731
+            return merge_outputs([self.generate(rows(input_ids, s), rows(attention_mask, s), params, chunk_seed(s),
+                                                row_offset + s, total_rows) for s in range(0, B, cap)], self.pad_token_id)
         params = params or SamplingParams()
         lm = unwrap_model(self.model)
         place = _decoder(lm).embed_tokens.weight.place

@@ -178,6 +178,17 @@ def write_jsonl(path, records):
             f.write(json.dumps(r) + "\n")
 
 
+def write_splits(output_dir, splits, meta_name, meta):
+    """Each `splits[name]` (a list of records) as `output_dir/name` (JSON lines), then `meta`
+    with the record counts added as `meta_name`; returns the counts `{name: records}`."""
+    for name, records in splits.items():
+        write_jsonl(os.path.join(output_dir, name), records)
+    meta = dict(meta, counts={name: len(records) for name, records in splits.items()})
+    with open(os.path.join(output_dir, meta_name), "w") as f:
+        json.dump(meta, f, indent=2)
+    return meta["counts"]
+
+
 def generate(
     output_dir,
     seed=1234,
@@ -215,15 +226,9 @@ def generate(
     from .feedback_data import feedback_splits
 
     splits.update(feedback_splits(pref, pref_eval, seed))
-    for name, records in splits.items():
-        write_jsonl(os.path.join(output_dir, name), records)
     meta = {"seed": seed, "flaw_prob": flaw_prob, "degenerate_frac": degenerate_frac, "swap_frac": swap_frac,
-            "half_fix_frac": half_fix_frac}
-    meta["alphabet"] = ALPHABET
-    meta["counts"] = {name: len(records) for name, records in splits.items()}
-    with open(os.path.join(output_dir, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=2)
-    return meta["counts"]
+            "half_fix_frac": half_fix_frac, "alphabet": ALPHABET}
+    return write_splits(output_dir, splits, "meta.json", meta)
 
 
 def main(argv=None):

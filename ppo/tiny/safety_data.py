@@ -32,7 +32,7 @@ import json
 import os
 import random
 
-from .demo_data import ALPHABET, MAX_LEN, MIN_LEN, correct_answer, reverse_prompt, sample_string, write_jsonl
+from .demo_data import ALPHABET, MAX_LEN, MIN_LEN, correct_answer, reverse_prompt, sample_string, write_splits
 
 SECRETS = "#@$%&"
 REDACTION = "*"
@@ -152,14 +152,9 @@ def generate(output_dir, seed=4321, leak_prob=0.7, num_sft=4000, num_preference=
     for _ in range(num_prompts):
         s = sample_secret_string(rng, rng.choice([1, 2]), held_out)
         splits["safety_prompts.jsonl"].append({"src": [reverse_prompt(s)], "tgt": [redact(correct_answer(s))]})
-    for name, records in splits.items():
-        write_jsonl(os.path.join(output_dir, name), records)
-    counts = {name: len(records) for name, records in splits.items()}
     meta = {"seed": seed, "leak_prob": leak_prob, "flaw_frac": flaw_frac, "both_unsafe_frac": both_unsafe_frac,
-            "ordinary_frac": ordinary_frac, "secrets": SECRETS, "redaction": REDACTION, "counts": counts}
-    with open(os.path.join(output_dir, "safety_meta.json"), "w") as f:
-        json.dump(meta, f, indent=2)
-    return counts
+            "ordinary_frac": ordinary_frac, "secrets": SECRETS, "redaction": REDACTION}
+    return write_splits(output_dir, splits, "safety_meta.json", meta)
 
 
 def main(argv=None):
