@@ -25,10 +25,12 @@ class PlainPasses(ModelPasses):
     critic: the trained models as wrapped for data parallel or fleet (the same objects on one
     rank); temperature: the sampling temperature; logprob_chunk_size: tokens per LM-head chunk
     (0: full logits); chunk_rows: rows per no-gradient forward; reward_retokenizer: the reward
-    model's own tokenizer for the rollouts when it differs from the actor's (else None)."""
+    model's own tokenizer for the rollouts when it differs from the actor's (else None);
+    cost_critic: PPO-Lagrangian's trained cost critic, wrapped as `critic` (else None)."""
 
-    def __init__(self, models, actor, critic, temperature, logprob_chunk_size, chunk_rows, reward_retokenizer=None):
-        self.models, self.actor, self.critic = models, actor, critic
+    def __init__(self, models, actor, critic, temperature, logprob_chunk_size, chunk_rows, reward_retokenizer=None,
+                 cost_critic=None):
+        self.models, self.actor, self.critic, self.cost_critic = models, actor, critic, cost_critic
         self.temperature, self.logprob_chunk_size, self.chunk_rows = temperature, logprob_chunk_size, chunk_rows
         self.generation_model = models.actor
         self.kept_forward = None  # `keep_first_forward`'s result until the next backward_step takes it
@@ -53,6 +55,12 @@ class PlainPasses(ModelPasses):
 
     def reward_scores(self, exp):
         return in_chunks(lambda e: reward_scores(self.models.reward, e, self.reward_retokenizer), exp, self.chunk_rows)
+
+    def cost_scores(self, exp):
+        return in_chunks(lambda e: reward_scores(self.models.cost, e), exp, self.chunk_rows)
+
+    def cost_values(self, exp):
+        return in_chunks(lambda e: response_values(self.models.cost_critic, e), exp, self.chunk_rows)
 
     # ---- update ------------------------------------------------------------------
     def first_forward_reusable(self):
@@ -83,8 +91,10 @@ class PlainPasses(ModelPasses):
 
     def backward_step(self, exp, plan, losses):
         """Per micro-batch: the actor's loss (plus the ptx NLL of one supervised batch) and its
-        backward, then the critic's; the kept first forward serves the first micro-batch."""
-        actor_total = critic_total = 0.0
+        backward, then the critic's (and the cost critic's); the kept first forward serves the
+        first micro-batch."""
+        actor_total = 0.0
+        totals = {name: 0.0 for name in ("critic", "cost_critic") if getattr(losses, name) is not None}
         records = []
         for rows in plan:
             mb = exp.select(rows)
@@ -102,12 +112,20 @@ class PlainPasses(ModelPasses):
             actor_total += float(loss)
             if losses.critic is not None:
                 values = forward["values"] if forward["values"] is not None else response_values(self.critic, mb)
-                vloss, vstats = losses.critic(mb, {"values": values})
-                vloss.backward()
-                critic_total += float(vloss)
-                stats = {**stats, **vstats}
+                stats = {**stats, **self.value_backward(losses.critic, mb, values, totals, "critic")}
+            if losses.cost_critic is not None:
+                values = response_values(self.cost_critic, mb)
+                stats = {**stats, **self.value_backward(losses.cost_critic, mb, values, totals, "cost_critic")}
             records.append(stats)
-        return actor_total, critic_total, records
+        return actor_total, totals, records
+
+    @staticmethod
+    def value_backward(loss_fn, mb, values, totals, name):
+        """Backward of one critic's loss on `values` `[n, Tr]`, added to `totals[name]`; its stats."""
+        vloss, vstats = loss_fn(mb, {"values": values})
+        vloss.backward()
+        totals[name] += float(vloss)
+        return vstats
 
     def group_sum(self, value):
         return value
