@@ -181,3 +181,18 @@ def test_model_parallel_with_a_cost_model_is_refused_by_name(name):
     setattr(training_args, name, 2)
     (problem,) = lagrangian_problems(model_args, training_args)
     assert f"cost_model_name_or_path (PPO-Lagrangian) with {name} > 1 is not implemented" in problem
+
+
+def test_lora_actor_with_a_cost_model(tiny_model_dir, tiny_rm_dir, tiny_rm_dir_cost, tiny_data_dir, tmp_path):
+    """use_lora: the actor trains an adapter (the reference is the adapter off), the full-weight
+    cost critic trains whole as the reward critic does, and the multiplier moves."""
+    out = str(tmp_path / "lora")
+    trainer = build_trainer(safe_argv(tiny_model_dir, tiny_rm_dir, tiny_rm_dir_cost, tiny_data_dir, out, "--max_steps", "2",
+                                      "--use_lora", "true", "--lora_rank", "4", "--lora_alpha", "8"))
+    assert trainer.models.reference is None  # the LoRA actor with its adapter off
+    trainer.train()
+    rows = [r for r in read_metrics(out) if "lagrange/lambda" in r]
+    assert len(rows) == 2 and rows[1]["lagrange/lambda"] != rows[0]["lagrange/lambda"]
+    assert np.isfinite(rows[-1]["loss/cost_value_avg"])
+    assert os.path.isfile(os.path.join(out, "policy", "lora_model_state.pdparams"))
+    assert os.path.isfile(os.path.join(out, "cost_value", "model_state.pdparams"))
