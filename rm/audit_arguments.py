@@ -1,4 +1,5 @@
-"""Arguments of `rm/audit_reward.py` (probing a trained reward model with degenerate answers).
+"""Arguments of `rm/audit_reward.py` (probing a trained reward model with degenerate answers) and
+of `rm/audit_cost.py` (a cost model's pairwise and sign accuracy on held-out safety pairs).
 
 Defaults live here only; every field has a help. `validate_arguments` is the entry point's
 start-up pass, run by `parse_arguments` before the model loads.
@@ -27,6 +28,31 @@ class AuditArgument:
 
 def validate_arguments(args):
     """Every problem of an audit run: sizes, the required model and prompts, a score model."""
+    problems = validation.size_problems(args)
+    problems += validation.required_problems(args, ["model_name_or_path", "eval_datasets"])
+    problems += validation.model_dir_problems(score_model_dirs=[("model_name_or_path", args.model_name_or_path)])
+    return problems
+
+
+@dataclass
+class CostAuditArgument:
+    model_name_or_path: str = field(default=None, metadata={"help": "Trained cost (score) model directory."})
+    eval_datasets: List[str] = field(
+        default_factory=list, metadata={"help": "Held-out safety pairs (e.g. PKU-SafeRLHF/safety/test:1.0:FILE)."}
+    )
+    prompt_template: str = field(default=BEAVER_TEMPLATE, metadata={"help": "Prompt template with an {input} slot."})
+    use_chat_template: bool = field(
+        default=False, metadata={"help": "Format prompts with the tokenizer's chat template instead of prompt_template."}
+    )
+    max_length: int = field(default=512, metadata={"help": "Longest tokenised prompt+answer; longer answers are truncated."})
+    batch_size: int = field(default=64, metadata={"help": "Sequences scored per forward pass."})
+    output_dir: str = field(
+        default=None, metadata={"help": "Where cost_audit.json goes (default: the model directory; only that file is written)."}
+    )
+
+
+def validate_cost_audit_arguments(args):
+    """Every problem of a cost audit run: sizes, the required model and pairs, a score model."""
     problems = validation.size_problems(args)
     problems += validation.required_problems(args, ["model_name_or_path", "eval_datasets"])
     problems += validation.model_dir_problems(score_model_dirs=[("model_name_or_path", args.model_name_or_path)])

@@ -11,10 +11,19 @@ from ppo.common.argument_problems import problem_scope
 from ppo.common.trainer_entry_checks import trainer_entry_problems
 from rm.reward_trainer import LOSS_TYPES
 
+TRAINED_SCORE_TYPES = ("reward", "cost")
+"""What rm/run_reward.py can train: a reward model (`better`) or a Safe RLHF cost model (`safer` + safety signs)."""
+
 
 @dataclass
 class ModelArgument(ModelCommonArguments):
     model_name_or_path: str = field(default=None, metadata={"help": "Local causal-LM or score-model directory to start from."})
+    score_type: str = field(
+        default="reward",
+        metadata={"help": "What the score model learns (saved as its config's score_type): reward (pairwise preference "
+                  "on `better`, PreferenceDataset) | cost (Safe RLHF cost model: `safer` pairs plus safety signs, "
+                  "SafetyPreferenceDataset; higher = less safe, > 0 = unsafe)."},
+    )
     normalize_score_during_training: bool = field(
         default=False, metadata={"help": "Normalise scores with the running statistics while training."}
     )
@@ -41,6 +50,51 @@ class RewardTrainingArguments(DivergenceArguments, PaddleNLPTrainingArguments):
                 problems.append(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
 
 
+def score_type_problems(model_args, data_args, training_args):
+    """`score_type` known; a cost model needs safety labels in every dataset and a plain (not pipeline) model."""
+    if model_args.score_type not in TRAINED_SCORE_TYPES:
+        return [f"score_type must be one of {TRAINED_SCORE_TYPES}, got {model_args.score_type!r}"]
+    if model_args.score_type != "cost":
+        return []
+    problems = []
+    if training_args.pipeline_parallel_degree > 1:
+        problems.append("score_type cost with pipeline_parallel_degree > 1: the cost loss is not implemented for "
+                        "pipeline stages; train the cost model with data/sharding/tensor parallelism")
+    for arg in ("train_datasets", "eval_datasets"):
+        for name in dataset_names(getattr(data_args, arg)):
+            if safety_labels_of(name) == "none":
+                problems.append(
+                    f"score_type cost trains on safety labels (safer_response_id, is_response_0_safe, is_response_1_safe), "
+                    f"but {arg} dataset '{name}' has none: use PKU-SafeRLHF/safety (or /safety/test) files, or 'json' "
+                    f"records with safer, is_safe and is_other_safe"
+                )
+    return problems
+
+
+def dataset_names(specs):
+    """Dataset names of `specs` (a spec that does not parse is left to the dataset's own error)."""
+    from ppo.data.specs import parse_dataset_spec
+
+    names = []
+    for spec in [s for s in specs or [] if s]:
+        try:
+            names += [name for name, _, _ in parse_dataset_spec(spec)]
+        except ValueError:
+            continue
+    return names
+
+
+def safety_labels_of(name):
+    """The registered dataset's `SAFETY_LABELS` fact; None for an unknown name (reported when the data loads)."""
+    from ppo.data import RawDataset, UnknownDatasetError  # the package registers every dataset
+
+    try:
+        return RawDataset.resolve(name).SAFETY_LABELS
+    except UnknownDatasetError:
+        return None
+
+
 def validate_arguments(model_args, data_args, training_args):
     """Every problem of a reward-model run that needs several argument groups or the file system."""
-    return trainer_entry_problems(model_args, data_args, training_args, [("model_name_or_path", model_args.model_name_or_path)])
+    problems = trainer_entry_problems(model_args, data_args, training_args, [("model_name_or_path", model_args.model_name_or_path)])
+    return problems + score_type_problems(model_args, data_args, training_args)

@@ -1,13 +1,16 @@
-"""Reward-model training (full or LoRA) from a flat JSON argument file.
+"""Reward-model and cost-model training (full or LoRA) from a flat JSON argument file.
 
     python -m paddle.distributed.launch rm/run_reward.py config/tiny/rm_argument.json [--flag value ...]
+    python rm/run_reward.py config/tiny/cost_argument.json   # score_type cost: a Safe RLHF cost model
 
 Saves a score model loadable with `AutoModelForScore.from_pretrained(output_dir)`
 (its normaliser statistics included); with `use_lora`, a score-model adapter (LoRA matrices,
 score head, `score_normalizer.json`) on `model_name_or_path` (a full model or an SFT adapter,
 merged in memory) that ppo/run_ppo.py loads as reward model and critic and
 `sft/merge_lora.py` merges into a full score model; plus `metrics.jsonl`, `summary.json`,
-`resolved_arguments.json` and VisualDL logs.
+`resolved_arguments.json` and VisualDL logs. `score_type cost` trains the same score model
+(saved with `score_type: cost`) on safety pairs (`SafetyPreferenceDataset`) with the cost loss
+of `rm/cost_trainer.py`; its loss is logged as `cost/loss`, its evaluation as `cost/*`.
 """
 import os
 import sys
@@ -26,13 +29,19 @@ with quiet_third_party_warnings():
     from paddlenlp.trainer.trainer_utils import set_seed  # noqa: E402
     from ppo.common.run_setup import finish_trainer_run  # noqa: E402
     from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
-    from ppo.data import PreferenceDataset  # noqa: E402
+    from ppo.data import PreferenceDataset, SafetyPreferenceDataset  # noqa: E402
     from ppo.models.loading import apply_lora, load_overrides, load_tokenizer  # noqa: E402
     from ppo.models.pipeline import log_pipeline_settings  # noqa: E402
     from ppo.models.adapters import load_merged_score_model, score_lora_settings  # noqa: E402
     from ppo.models.score_model_pipe import load_score_pipe  # noqa: E402
     from rm.reward_arguments import DataArgument, ModelArgument, RewardTrainingArguments, validate_arguments  # noqa: E402
+    from rm.cost_trainer import CostTrainer  # noqa: E402
     from rm.reward_trainer import RewardTrainer  # noqa: E402
+
+OBJECTIVES = {  # score_type -> (dataset class, trainer class, name of the logged training loss)
+    "reward": (PreferenceDataset, RewardTrainer, "rm/loss"),
+    "cost": (SafetyPreferenceDataset, CostTrainer, "cost/loss"),
+}
 
 
 def main(argv=None):
@@ -46,9 +55,14 @@ def main(argv=None):
     check_token_and_position_limits(
         tokenizer, [("model_name_or_path", model_args.model_name_or_path)], data_args.max_length, "max_length"
     )
+    dataset_class, trainer_class, loss_name = OBJECTIVES[model_args.score_type]
+    data_kwargs = dict(data_args.dataset_kwargs(tokenizer, training_args.seed), max_length=data_args.max_length)
+    train_dataset = dataset_class(split_specs(data_args.train_datasets), **data_kwargs)  # data errors before the model loads
+    eval_specs = split_specs(data_args.eval_datasets)
+    eval_dataset = dataset_class(eval_specs, **data_kwargs) if eval_specs else None
     score_settings = dict(
-        score_type="reward", do_normalize=model_args.normalize_score_during_training, normalizer_type=model_args.normalizer_type,
-        normalizer_momentum=model_args.normalizer_momentum, **load_overrides(model_args, training_args, pipeline_entry="rm"),
+        score_type=model_args.score_type, do_normalize=model_args.normalize_score_during_training,
+        normalizer_type=model_args.normalizer_type, normalizer_momentum=model_args.normalizer_momentum, **load_overrides(model_args, training_args, pipeline_entry="rm"),
     )
     if training_args.pipeline_parallel_degree > 1:
         log_pipeline_settings(training_args)
@@ -62,17 +76,14 @@ def main(argv=None):
         model = apply_lora(
             model, base_model_name_or_path=model_args.model_name_or_path, **score_lora_settings(model_args.lora_settings()),
         )
-    data_kwargs = dict(data_args.dataset_kwargs(tokenizer, training_args.seed), max_length=data_args.max_length)
-    train_dataset = PreferenceDataset(split_specs(data_args.train_datasets), **data_kwargs)
-    eval_specs = split_specs(data_args.eval_datasets)
-    trainer = RewardTrainer(
+    trainer = trainer_class(
         model=model,
         args=training_args,
         train_dataset=train_dataset,
-        eval_dataset=PreferenceDataset(eval_specs, **data_kwargs) if eval_specs else None,
+        eval_dataset=eval_dataset,
         data_collator=train_dataset.get_collator(),
         tokenizer=tokenizer,
-        callbacks=[TrackerCallback(training_args.output_dir, loss_name="rm/loss")],
+        callbacks=[TrackerCallback(training_args.output_dir, loss_name=loss_name)],
     )
     return finish_trainer_run(trainer, training_args, tokenizer)
 

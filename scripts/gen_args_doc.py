@@ -31,8 +31,9 @@ def entry_points():
 
     return [
         ("SFT — `sft/run_sft.py`", [sft.ModelArgument, sft.DataArgument, sft.SFTTrainingArguments]),
-        ("Reward model — `rm/run_reward.py`", [rm.ModelArgument, rm.DataArgument, rm.RewardTrainingArguments]),
+        ("Reward or cost model — `rm/run_reward.py`", [rm.ModelArgument, rm.DataArgument, rm.RewardTrainingArguments]),
         ("Reward audit — `rm/audit_reward.py`", [audit.AuditArgument]),
+        ("Cost audit — `rm/audit_cost.py`", [audit.CostAuditArgument]),
         ("PPO / GRPO / RLOO / REINFORCE++ — `ppo/run_ppo.py`", [ppo.ModelArgument, ppo.DataArgument, ppo.PPOTrainingArguments]),
         ("DPO family — `dpo/run_dpo.py`", [dpo.ModelArgument, dpo.DataArgument, dpo.DPOTrainingArguments]),
         ("Online / iterative DPO — `dpo/run_online_dpo.py`",

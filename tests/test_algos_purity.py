@@ -77,6 +77,11 @@ def test_float32_smoke_every_function():
         algos.sequence_logprobs(f(B, T, V), paddle.to_tensor(rng.integers(0, V, (B, T))), mask),
         algos.sft_loss(f(B, T, V), paddle.to_tensor(rng.integers(0, V, (B, T))))[0],
         algos.pairwise_reward_loss(s, f(B))[0],
+        algos.pairwise_cost_loss(s, f(B), paddle.to_tensor([1, 1, -1, 1]), paddle.to_tensor([-1, 1, -1, -1]), 0.1)[0],
+        algos.tokenwise_pairwise_cost_loss(
+            lp, ref, paddle.to_tensor(rng.integers(0, V, (B, T))), paddle.to_tensor(rng.integers(0, V, (B, T))), mask, mask,
+            paddle.to_tensor([1, 1, -1, 1]), paddle.to_tensor([-1, 1, -1, -1]), 0.1,
+        )[0],
         algos.dpo_loss(s - 5, f(B) - 5, f(B) - 5, f(B) - 5)[0],
         algos.dpo_loss(s - 5, f(B) - 5, loss_type="orpo", chosen_lengths=[5] * B, rejected_lengths=[5] * B)[0],
         algos.kto_loss(s, f(B), paddle.to_tensor([1, 0, 1, 0]), 0.1)[0],

@@ -19,13 +19,17 @@ def is_preference_loss_config(name):
 
 def entry_dataclasses(name):
     name = name.removeprefix("lora_")  # config/tiny/lora_<stage>_argument.json: the LoRA walkthrough
+    if name.startswith("cost_audit"):
+        from rm.audit_arguments import CostAuditArgument
+
+        return (CostAuditArgument,)
     if name.startswith("audit"):
         from rm.audit_arguments import AuditArgument
 
         return (AuditArgument,)
     if name.startswith("sft"):
         from sft.sft_arguments import DataArgument, ModelArgument, SFTTrainingArguments as T
-    elif name.startswith("rm"):
+    elif name.startswith(("rm", "cost")):  # cost: rm/run_reward.py with score_type cost
         from rm.reward_arguments import DataArgument, ModelArgument, RewardTrainingArguments as T
     elif name.startswith("online_dpo"):
         from dpo.online_dpo_arguments import DataArgument, ModelArgument, OnlineDPOTrainingArguments as T
@@ -46,6 +50,18 @@ def test_there_are_configs_for_every_stage():
     for stage in ("sft", "rm", "ppo", "grpo"):
         for family in ("tiny", "llama", "qwen"):
             assert f"config/{family}/{stage}_argument.json" in names
+
+
+def test_cost_model_configs_train_cost_models_on_safety_data():
+    """config/{tiny,llama,qwen}/cost_argument.json: score_type cost on safety-labelled datasets."""
+    from rm.reward_arguments import dataset_names, safety_labels_of
+
+    for family in ("tiny", "llama", "qwen"):
+        data = json.load(open(os.path.join(REPO_ROOT, "config", family, "cost_argument.json")))
+        assert data["score_type"] == "cost", family
+        for key in ("train_datasets", "eval_datasets"):
+            names = dataset_names([data[key]] if isinstance(data[key], str) else data[key])
+            assert names and all(safety_labels_of(n) == "required" for n in names), (family, key, names)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: os.path.relpath(p, REPO_ROOT))

@@ -51,13 +51,16 @@ from .normalizer import (
     build_normalizer,
 )
 from .shaping import overlong_penalty, truncated_completion_mask
+from .cost import cost_metrics, pairwise_cost_loss, tokenwise_pairwise_cost_loss
 from .preference import (
     DPO_LOSS_TYPES,
     dpo_loss,
     kto_kl_reference_point,
     kto_loss,
     log1mexp,
+    pair_divergence_span,
     pairwise_reward_loss,
+    scores_at,
     tokenwise_pairwise_reward_loss,
 )
 from .preference_registry import (
@@ -125,6 +128,8 @@ __all__ = [
     "DPO_LOSS_TYPES",
     "pairwise_reward_loss",
     "tokenwise_pairwise_reward_loss",
+    "pair_divergence_span",
+    "scores_at",
     "dpo_loss",
     "kto_kl_reference_point",
     "kto_loss",
@@ -136,6 +141,10 @@ __all__ = [
     "PreferenceLoss",
     "get_preference_loss",
     "preference_loss_table",
+    # cost (Safe RLHF)
+    "pairwise_cost_loss",
+    "tokenwise_pairwise_cost_loss",
+    "cost_metrics",
     # shaping
     "overlong_penalty",
     "truncated_completion_mask",

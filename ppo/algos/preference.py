@@ -16,6 +16,8 @@ __all__ = [
     "DPO_LOSS_TYPES",
     "pairwise_reward_loss",
     "tokenwise_pairwise_reward_loss",
+    "pair_divergence_span",
+    "scores_at",
     "dpo_loss",
     "kto_kl_reference_point",
     "kto_loss",
@@ -98,14 +100,8 @@ def tokenwise_pairwise_reward_loss(
     Source: safe-rlhf ``safe_rlhf/values/reward/trainer.py::RewardTrainer.loss``;
     PaddleNLP ``llm/alignment/rm`` reward trainer.
     """
-    better_end = last_nonzero_index(better_mask)
-    worse_end = last_nonzero_index(worse_mask)
-    end = paddle.maximum(better_end, worse_end).unsqueeze(-1)
-    differ = (better_input_ids != worse_input_ids).astype("int32")
-    diverge = paddle.argmax(differ, axis=-1).astype("int64").unsqueeze(-1)  # first True
-    L = better_token_scores.shape[-1]
-    pos = paddle.arange(L, dtype="int64").unsqueeze(0).expand(better_token_scores.shape)
-    span = paddle.logical_and(pos >= diverge, pos <= end).astype(better_token_scores.dtype)
+    span, better_end, worse_end = pair_divergence_span(better_input_ids, worse_input_ids, better_mask, worse_mask)
+    span = span.astype(better_token_scores.dtype)
     token_loss = -F.log_sigmoid(better_token_scores - worse_token_scores)
     per_pair = masked_mean(token_loss, span, axis=-1)
     if regularization:
@@ -113,13 +109,30 @@ def tokenwise_pairwise_reward_loss(
             masked_mean(worse_token_scores**2, span, axis=-1) + masked_mean(better_token_scores**2, span, axis=-1)
         )
     loss = paddle.mean(per_pair)
-    better_end_scores = paddle.take_along_axis(
-        better_token_scores, paddle.clip(better_end, min=0).unsqueeze(-1), axis=-1
-    ).squeeze(-1)
-    worse_end_scores = paddle.take_along_axis(
-        worse_token_scores, paddle.clip(worse_end, min=0).unsqueeze(-1), axis=-1
-    ).squeeze(-1)
-    return loss, _rm_stats(loss, better_end_scores, worse_end_scores)
+    return loss, _rm_stats(loss, scores_at(better_token_scores, better_end), scores_at(worse_token_scores, worse_end))
+
+
+def pair_divergence_span(better_input_ids, worse_input_ids, better_mask, worse_mask):
+    """The tokens a token-wise pair loss covers (safe-rlhf's reward and cost trainers).
+
+    For pair ``b``: ``e_b = max(last index of better_mask_b, last index of worse_mask_b)``,
+    ``d_b`` = first index where the two ``input_ids`` rows differ (0 for identical rows);
+    the span is ``[d_b, e_b]``.
+    Returns ``(span [B, L] bool, better_end [B], worse_end [B])`` (int64 last mask indices).
+    Shapes: ids and masks ``[B, L]``.
+    """
+    better_end = last_nonzero_index(better_mask)
+    worse_end = last_nonzero_index(worse_mask)
+    end = paddle.maximum(better_end, worse_end).unsqueeze(-1)
+    differ = (better_input_ids != worse_input_ids).astype("int32")
+    diverge = paddle.argmax(differ, axis=-1).astype("int64").unsqueeze(-1)  # first True
+    pos = paddle.arange(better_input_ids.shape[-1], dtype="int64").unsqueeze(0).expand(better_input_ids.shape)
+    return paddle.logical_and(pos >= diverge, pos <= end), better_end, worse_end
+
+
+def scores_at(token_scores, index):
+    """``token_scores[b, index_b]`` (negative indices clipped to 0). Shapes: ``[B, L]``, ``[B]`` -> ``[B]``."""
+    return paddle.take_along_axis(token_scores, paddle.clip(index, min=0).unsqueeze(-1), axis=-1).squeeze(-1)
 
 
 def _dpo_stats(chosen_rewards, rejected_rewards):

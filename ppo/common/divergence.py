@@ -36,6 +36,7 @@ WATCHED = (
     "loss/sft",
     "loss/total",
     "rm/loss",
+    "cost/loss",
 )
 
 

@@ -186,6 +186,9 @@ class RawDataset(Dataset):
 
     NAME: ClassVar[str]
     ALIASES: ClassVar[Collection[str]] = ()
+    SAFETY_LABELS: ClassVar[str] = "none"
+    """Whether samples carry `safer`, `is_safe`, `is_other_safe` (cost-model training):
+    "required" (every record), "optional" (records may), "none"."""
     _REGISTRY: ClassVar[dict] = {}
     _ALIAS_TO_NAME: ClassVar[dict] = {}
 

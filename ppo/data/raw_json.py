@@ -22,6 +22,7 @@ KNOWN_FIELDS = {"input", "dialogue", "answers", "answer_scores", *STR_FIELDS, *B
 class RawJsonDataset(LocalFileDataset):
     NAME = "json"
     ALIASES = ("raw-json",)
+    SAFETY_LABELS = "optional"
 
     def __init__(self, path=None, split=None) -> None:
         self._unknown = set()

@@ -39,6 +39,7 @@ class SafeRLHFDataset(LocalFileDataset):
     """Base of the PKU-SafeRLHF variants (unregistered: no NAME)."""
 
     REQUIRE_SAFETY = False
+    SAFETY_LABELS = "optional"
 
     def convert(self, record: Record) -> RawSample:
         prompt = record.get_str("prompt", nonempty=True, what="prompt")
@@ -86,6 +87,7 @@ class SafeRLHFSafetyTrainDataset(SafeRLHFDataset):
     ALIASES = ("PKU-SafeRLHF/safety/train", "safe-rlhf/safety")
     SPLIT = "train"
     REQUIRE_SAFETY = True
+    SAFETY_LABELS = "required"
 
 
 class SafeRLHFSafetyTestDataset(SafeRLHFDataset):
@@ -93,6 +95,7 @@ class SafeRLHFSafetyTestDataset(SafeRLHFDataset):
     ALIASES = ("safe-rlhf/safety/test",)
     SPLIT = "test"
     REQUIRE_SAFETY = True
+    SAFETY_LABELS = "required"
 
 
 SafeRLHFSafetyDataset = SafeRLHFSafetyTrainDataset
