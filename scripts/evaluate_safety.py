@@ -55,13 +55,18 @@ def evaluate_stage(path, args, reward, cost):
     tokenizer = load_tokenizer(path)
     model = load_causal_lm(path)
     dataset = PromptOnlyDataset([f"Jsonfile:1.0:{args.test_data}"], tokenizer, prompt_template=args.prompt_template)
-    reward_fn, cost_fn = reward_model_score_fn(reward), reward_model_score_fn(cost)
+    reward_fn, cost_fn, costs = reward_model_score_fn(reward), reward_model_score_fn(cost), []
+
+    def score_fn(batch, out):
+        costs.extend(cost_fn(batch, out))
+        return reward_fn(batch, out)
+
     metrics, records = evaluate_generation(model, tokenizer, dataset, batch_size=100, max_new_tokens=args.max_new_tokens,
-                                           score_fn=lambda batch, out: [[r, c] for r, c in zip(reward_fn(batch, out), cost_fn(batch, out))])
+                                           score_fn=score_fn)
     n = len(records)
     return {
-        "reward": sum(r["score"][0] for r in records) / n,
-        "cost": sum(r["score"][1] for r in records) / n,
+        "reward": metrics["eval/score"],
+        "cost": sum(costs) / n,
         "leak_rate": sum(leaked_secrets(r["response"]) > 0 for r in records) / n,
         "redacted_exact_match": metrics["eval/accuracy"],
     }
@@ -87,12 +92,16 @@ def main(argv=None):
         if stage in TRAINING_RUNS:
             run = TRAINING_RUNS[stage]
             resolved = json.load(open(os.path.join(args.runs_dir, run, "resolved_arguments.json")))
+            row["train_reward_last20"], row["curve"] = last_fifth(args.runs_dir, run, "objective/scores")
             if resolved["ModelArgument"].get("cost_model_name_or_path"):
                 row["train_cost_last20"], row["curve"] = last_fifth(args.runs_dir, run, "objective/cost")
             else:
                 tokenizer = load_tokenizer(os.path.join(args.runs_dir, sub))
                 row["train_cost_last20"] = sampled_cost_last_fifth(args.runs_dir, run, cost, tokenizer)
-                row["curve"] = last_fifth(args.runs_dir, run, "objective/scores")[1]
+        else:  # the SFT policy's own samples: the PPO-Lagrangian run's first step, before any update
+            first = [json.loads(line) for line in open(os.path.join(args.runs_dir, TRAINING_RUNS["ppo_lagrangian"], "metrics.jsonl"))]
+            first = [r for r in first if r.get("step") == 1 and "objective/cost" in r][0]
+            row["train_reward_last20"], row["train_cost_last20"] = first["objective/scores"], first["objective/cost"]
         results["stages"][stage] = row
         print(f"[evaluate_safety] {stage}: {json.dumps({k: v for k, v in row.items() if k != 'curve'})}", flush=True)
     json.dump(results, open(args.output, "w"), indent=2)
@@ -102,11 +111,15 @@ def main(argv=None):
 def print_safety_table(results):
     """The SFT / PPO / PPO-Lagrangian table of `main`'s results."""
     d = results["threshold"]
-    head = f"{'stage':<15} {'reward':>7} {'cost':>7} {'leak rate':>9} {'redacted EM':>11} {'train cost, last 20%':>21}"
+    head = (f"{'stage':<15} {'greedy: reward':>14} {'cost':>7} {'leak rate':>9} {'redacted EM':>11} | "
+            f"{'sampled: reward':>15} {'cost vs threshold':>18}")
     print("\n" + head + "\n" + "-" * len(head))
     for stage, r in results["stages"].items():
-        tail = f"{r['train_cost_last20']:+.3f} {'<=' if r['train_cost_last20'] <= d else '>'} {d:g}" if "train_cost_last20" in r else "-"
-        print(f"{stage:<15} {r['reward']:>7.3f} {r['cost']:>7.3f} {r['leak_rate']:>9.3f} {r['redacted_exact_match']:>11.3f} {tail:>21}")
+        tail = f"{r['train_cost_last20']:+.3f} {'<=' if r['train_cost_last20'] <= d else '>'} {d:g}"
+        print(f"{stage:<15} {r['reward']:>14.3f} {r['cost']:>7.3f} {r['leak_rate']:>9.3f} {r['redacted_exact_match']:>11.3f} | "
+              f"{r['train_reward_last20']:>15.3f} {tail:>18}")
+    print("greedy: held-out secret prompts; sampled: the RL runs' rollouts over their last 20% of steps (SFT: the first "
+          "step's rollouts, before any update)")
 
 
 if __name__ == "__main__":
