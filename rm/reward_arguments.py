@@ -65,8 +65,8 @@ def score_type_problems(model_args, data_args, training_args):
             if safety_labels_of(name) == "none":
                 problems.append(
                     f"score_type cost trains on safety labels (safer_response_id, is_response_0_safe, is_response_1_safe), "
-                    f"but {arg} dataset '{name}' has none: use PKU-SafeRLHF/safety (or /safety/test) files, or 'json' "
-                    f"records with safer, is_safe and is_other_safe"
+                    f"but {arg} dataset '{name}' has none: use PKU-SafeRLHF/safety (or /safety/test) files, 'json' "
+                    f"records with safer, is_safe and is_other_safe, or a RawDataset subclass declaring SAFETY_LABELS"
                 )
     return problems
 

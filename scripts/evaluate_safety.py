@@ -21,7 +21,7 @@ from ppo.models.adapters import load_merged_score_model  # noqa: E402
 from ppo.models.loading import load_causal_lm, load_tokenizer  # noqa: E402
 from ppo.tiny.safety_data import leaked_secrets  # noqa: E402
 
-STAGES = {"sft": "sft_safety", "ppo": "ppo_safety/policy", "ppo_lagrangian": "safe_ppo/policy"}
+STAGES = {"sft": "sft-safety", "ppo": "ppo_safety/policy", "ppo_lagrangian": "safe_ppo/policy"}
 TRAINING_RUNS = {"ppo": "ppo_safety", "ppo_lagrangian": "safe_ppo"}
 
 

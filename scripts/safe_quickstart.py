@@ -14,7 +14,7 @@ import os
 SAFE_STAGES = (
     ("sft_safety", "sft/run_sft.py", "config/tiny/sft_safety_argument.json", []),
     ("rm_helpful", "rm/run_reward.py", "config/tiny/rm_helpful_argument.json", []),
-    ("cost", "rm/run_reward.py", "config/tiny/cost_argument.json", ["--model_name_or_path", "{root}/sft_safety"]),
+    ("cost", "rm/run_reward.py", "config/tiny/cost_argument.json", ["--model_name_or_path", "{root}/sft-safety"]),
     ("ppo_safety", "ppo/run_ppo.py", "config/tiny/ppo_safety_argument.json", []),
     ("safe_ppo", "ppo/run_ppo.py", "config/tiny/safe_ppo_argument.json", []),
 )

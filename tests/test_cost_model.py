@@ -103,14 +103,17 @@ def test_cost_run_refuses_records_missing_safety_fields_before_loading(tiny_mode
         run_reward.main(argv)
 
 
-@pytest.mark.parametrize("loss_type", ["token-wise", "sequence-wise"])
-def test_cost_training_run_reload_and_audit(tiny_model_dir, safety_data_dir, tmp_path, loss_type):
+@pytest.mark.parametrize("loss_type,lora", [("token-wise", []), ("sequence-wise", []),
+                                             ("token-wise", ["--use_lora", "true", "--lora_rank", "4"])])
+def test_cost_training_run_reload_and_audit(tiny_model_dir, safety_data_dir, tmp_path, loss_type, lora):
+    from ppo.models.adapters import load_merged_score_model
     from rm.audit_cost import main as run_audit
     from rm.run_reward import main as run_reward
 
     out = str(tmp_path / "cost")
     run_reward(cost_argv(tiny_model_dir, safety_data_dir, out, "--loss_type", loss_type, "--max_steps", "30",
-                         "--logging_steps", "5", "--eval_steps", "15", "--save_steps", "30", "--warmup_steps", "2"))
+                         "--logging_steps", "5", "--eval_steps", "15", "--save_steps", "30", "--warmup_steps", "2",
+                         "--learning_rate", "0.01" if lora else "0.001", *lora))
     lines = [json.loads(ln) for ln in open(f"{out}/metrics.jsonl")]
     losses = [r["cost/loss"] for r in lines if "cost/loss" in r]
     assert len(losses) == 6 and all(np.isfinite(losses)) and np.mean(losses[-2:]) < losses[0] - 0.1, losses
@@ -119,8 +122,7 @@ def test_cost_training_run_reload_and_audit(tiny_model_dir, safety_data_dir, tmp
     summary = json.load(open(f"{out}/summary.json"))
     for key in ("cost/accuracy", "cost/sign_accuracy", "cost/margin", "cost/eval_loss", "cost/mean", "cost/std"):
         assert key in summary["final_eval"], key
-    model = AutoModelForScore.from_pretrained(out)
-    assert model.config.score_type == "cost"
+    assert load_merged_score_model(out).config.score_type == "cost"  # a full score model or a LoRA adapter
     report = run_audit(["--model_name_or_path", out, "--eval_datasets",
                         f"PKU-SafeRLHF/safety/test:1.0:{safety_data_dir}/safety_preference_eval.jsonl",
                         "--prompt_template", "USER: {input} ASSISTANT:", "--output_dir", str(tmp_path / "audit")])
@@ -128,3 +130,24 @@ def test_cost_training_run_reload_and_audit(tiny_model_dir, safety_data_dir, tmp
     np.testing.assert_allclose(report["pairwise_accuracy"], summary["final_eval"]["cost/accuracy"], atol=1e-6)
     np.testing.assert_allclose(report["sign_accuracy"], summary["final_eval"]["cost/sign_accuracy"], atol=1e-6)
     assert report["safe"]["count"] + report["unsafe"]["count"] == 128
+
+
+@pytest.mark.slow
+def test_tiny_cost_model_held_out_accuracy(tmp_path):
+    """config/tiny/cost_argument.json on the demo's full safety data, from the untrained tiny base
+    model (the config starts from the SFT model; the cost task needs no reversal skill): held-out
+    pairwise and sign accuracy >= 0.95, by the trainer's evaluation and by the cost audit."""
+    from ppo.tiny import factory, safety_data
+    from rm.audit_cost import main as run_audit
+    from rm.run_reward import main as run_reward
+
+    base, data, out = str(tmp_path / "base"), str(tmp_path / "data"), str(tmp_path / "cost")
+    factory.build_tiny(base, seed=42)
+    safety_data.generate(data)
+    run_reward(cost_argv(base, data, out))
+    final = json.load(open(f"{out}/summary.json"))["final_eval"]
+    print("tiny cost model, held-out:", {k: round(v, 4) for k, v in final.items() if k.startswith("cost/")})
+    assert final["cost/accuracy"] >= 0.95 and final["cost/sign_accuracy"] >= 0.95, final
+    report = run_audit(["config/tiny/cost_audit_argument.json", "--model_name_or_path", out, "--eval_datasets",
+                        f"PKU-SafeRLHF/safety/test:1.0:{data}/safety_preference_eval.jsonl"])
+    assert report["num_pairs"] == 300 and report["pairwise_accuracy"] >= 0.95 and report["sign_accuracy"] >= 0.95, report

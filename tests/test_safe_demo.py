@@ -21,7 +21,7 @@ def test_stages_run_in_order_with_the_safety_sft_model(tmp_path):
     walls, evaluation = run_safe_stages("runs", out, None, fake_stage, config_command, "python")
     assert [s for s, _ in ran] == ["safety_data", "sft_safety", "rm_helpful", "cost", "ppo_safety", "safe_ppo", "evaluate_safety"]
     cmds = dict(ran)
-    assert cmds["cost"][-2:] == ["--model_name_or_path", "runs/sft_safety"]  # the cost model starts from the safety SFT
+    assert cmds["cost"][-2:] == ["--model_name_or_path", "runs/sft-safety"]  # the cost model starts from the safety SFT
     assert "config/tiny/safe_ppo_argument.json" in cmds["safe_ppo"]
     threshold = json.load(open("config/tiny/safe_ppo_argument.json"))["threshold"]
     assert cmds["evaluate_safety"][cmds["evaluate_safety"].index("--threshold") + 1] == str(threshold)
