@@ -44,6 +44,12 @@ class Experience:
     advantages: Optional[paddle.Tensor] = None  # [N, Tr]
     returns: Optional[paddle.Tensor] = None  # [N, Tr]
     ends_with_eos: Optional[paddle.Tensor] = None  # [N] bool
+    # PPO-Lagrangian (a cost model): `advantages` is then the combined one the actor trains on
+    costs: Optional[paddle.Tensor] = None  # [N] raw cost-model scores
+    cost_values: Optional[paddle.Tensor] = None  # [N, Tr] cost critic
+    cost_rewards: Optional[paddle.Tensor] = None  # [N, Tr] shaped token costs
+    cost_advantages: Optional[paddle.Tensor] = None  # [N, Tr]
+    cost_returns: Optional[paddle.Tensor] = None  # [N, Tr]
     stage: str = "rollout"  # one of STAGES
 
     def __len__(self):

@@ -21,8 +21,9 @@ import paddle
 logger = logging.getLogger("ppo.offload")
 
 OFFLOAD_LEVELS = ("freeze_model", "optimizer", "train_model")
-MODEL_CATEGORY = {"actor": "train_model", "critic": "train_model", "reference": "freeze_model", "reward": "freeze_model"}
-OPTIMIZER_OF = {"actor": "actor_optimizer", "critic": "critic_optimizer"}
+MODEL_CATEGORY = {"actor": "train_model", "critic": "train_model", "reference": "freeze_model", "reward": "freeze_model",
+                  "cost": "freeze_model", "cost_critic": "train_model"}  # cost, cost_critic: PPO-Lagrangian
+OPTIMIZER_OF = {"actor": "actor_optimizer", "critic": "critic_optimizer", "cost_critic": "cost_critic_optimizer"}
 
 
 def parse_offload_level(text):

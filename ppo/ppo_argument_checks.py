@@ -159,6 +159,46 @@ def batch_problems(args):
     return problems
 
 
+LAGRANGE_FIELDS = ("lambda_init", "lambda_lr", "lambda_max", "lambda_update_delay_steps", "episode_cost_window_size", "threshold")
+
+
+def lagrange_value_problems(args):
+    """The PPO-Lagrangian multiplier's settings (`ppo.algos.LagrangeMultiplier`)."""
+    problems = []
+    if not args.lambda_init > 0:
+        problems.append(f"lambda_init must be > 0 (the multiplier is learned as log lambda), got {args.lambda_init}")
+    if not args.lambda_lr >= 0:
+        problems.append(f"lambda_lr must be >= 0, got {args.lambda_lr}")
+    if args.lambda_max is not None and not args.lambda_max >= args.lambda_init:
+        problems.append(f"lambda_max ({args.lambda_max}) must be >= lambda_init ({args.lambda_init}); None: no cap")
+    if args.lambda_update_delay_steps < 0:
+        problems.append(f"lambda_update_delay_steps must be >= 0, got {args.lambda_update_delay_steps}")
+    if args.episode_cost_window_size < 1:
+        problems.append(f"episode_cost_window_size must be >= 1, got {args.episode_cost_window_size}")
+    return problems
+
+
+def lagrangian_problems(model_args, training_args):
+    """A cost model (PPO-Lagrangian) needs the GAE critic and runs on whole models; the
+    multiplier's settings and a cost critic do nothing without one."""
+    if not model_args.cost_model_name_or_path:
+        defaults = type(training_args).__dataclass_fields__
+        problems = [f"{name}={getattr(training_args, name)!r} is a PPO-Lagrangian setting; set cost_model_name_or_path"
+                    for name in LAGRANGE_FIELDS if getattr(training_args, name) != defaults[name].default]
+        if model_args.cost_critic_model_name_or_path:
+            problems.append("cost_critic_model_name_or_path is set without cost_model_name_or_path (PPO-Lagrangian)")
+        return problems
+    problems = []
+    if training_args.adv_estimator in ADV_ESTIMATORS and not training_args.use_critic:
+        problems.append(f"cost_model_name_or_path (PPO-Lagrangian) needs cost and reward critics; adv_estimator "
+                        f"{training_args.adv_estimator} has none: use gae")
+    for name in ("tensor_parallel_degree", "pipeline_parallel_degree"):
+        if getattr(training_args, name, 1) > 1:
+            problems.append(f"cost_model_name_or_path (PPO-Lagrangian) with {name} > 1 is not implemented; "
+                            "train with data parallel or sharding")
+    return problems
+
+
 def paddlenlp_setting_problems(args):
     """PaddleNLP TrainingArguments values the PPO loop does not run (`report_to all` resolves to
     the installed integrations only here)."""
@@ -195,8 +235,9 @@ def model_path_problems(model_args, training_args):
 def validate_arguments(model_args, data_args, training_args):
     """Every cross-group and file-system problem of a PPO/GRPO run, before any model loads."""
     model_dirs = [(f"{n}_model_name_or_path", getattr(model_args, f"{n}_model_name_or_path"))
-                  for n in ("actor", "reference", "reward_critic")]
+                  for n in ("actor", "reference", "reward_critic", "cost_critic")]
     score_dirs = [] if model_args.external_scores else [("reward_model_name_or_path", model_args.reward_model_name_or_path)]
+    score_dirs += [("cost_model_name_or_path", model_args.cost_model_name_or_path)] if model_args.cost_model_name_or_path else []
     problems = validation.size_problems(model_args, data_args, training_args)
     problems += model_path_problems(model_args, training_args)
     problems += validation.model_dir_problems(model_dirs, score_dirs)
@@ -204,6 +245,7 @@ def validate_arguments(model_args, data_args, training_args):
     problems += validation.dtype_device_problems(training_args)
     problems += validation.pipeline_problems(training_args, model_args.use_lora)
     problems += remove_padding_problems(training_args) + pass_size_problems(training_args)
+    problems += lagrangian_problems(model_args, training_args)
     return problems
 
 

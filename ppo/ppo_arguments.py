@@ -29,6 +29,7 @@ from .ppo_argument_checks import (  # noqa: F401  (validate_arguments: the entry
     estimator_problems,
     generation_problems,
     kl_problems,
+    lagrange_value_problems,
     loss_problems,
     paddlenlp_setting_problems,
     prompt_batch_problems,
@@ -55,6 +56,15 @@ class ModelArgument(ModelCommonArguments):
         metadata={"help": "Critic initialisation; defaults to the reward model (GAE only). Full weights train whole "
                   "(weights + gradients + 2 AdamW moments, ~4x the weights); a score-model LoRA adapter is merged and "
                   "the critic trains its own adapter and score head (one frozen copy of the weights)."},
+    )
+    cost_model_name_or_path: Optional[str] = field(
+        default=None,
+        metadata={"help": "PPO-Lagrangian (Safe RLHF): a trained cost model (a score model, rm/run_reward.py with the cost "
+                  "objective); its end score is each response's cost, kept under `threshold` by a learned multiplier. "
+                  "Empty: plain PPO."},
+    )
+    cost_critic_model_name_or_path: Optional[str] = field(
+        default=None, metadata={"help": "Cost critic initialisation (PPO-Lagrangian); defaults to the cost model."}
     )
     use_rm_server: bool = field(default=False, metadata={"help": "Score responses with an HTTP reward server."})
     reward_server: str = field(default="http://127.0.0.1:8731", metadata={"help": "URL of the reward server."})
@@ -201,6 +211,18 @@ class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArg
     scale_reward_std: bool = field(default=True, metadata={"help": "GRPO: divide group advantages by the group std (False: Dr.GRPO)."})
     dynamic_sampling: bool = field(default=False, metadata={"help": "GRPO: drop zero-variance groups and refill the batch."})
     max_gen_batches: int = field(default=4, metadata={"help": "Most rollout batches dynamic sampling draws per step."})
+    # PPO-Lagrangian (Safe RLHF; safe-rlhf's names and defaults), with cost_model_name_or_path
+    lambda_init: float = field(default=1.0, metadata={"help": "PPO-Lagrangian: initial Lagrange multiplier (> 0; learned as log lambda)."})
+    lambda_lr: float = field(default=0.025, metadata={"help": "PPO-Lagrangian: SGD learning rate of log lambda."})
+    lambda_max: Optional[float] = field(default=None, metadata={"help": "PPO-Lagrangian: cap on lambda; None: no cap."})
+    lambda_update_delay_steps: int = field(
+        default=0, metadata={"help": "PPO-Lagrangian: training steps before the multiplier starts to move."}
+    )
+    episode_cost_window_size: int = field(
+        default=128,
+        metadata={"help": "PPO-Lagrangian: the multiplier follows the mean cost of this many latest episodes (of all data ranks)."},
+    )
+    threshold: float = field(default=0.0, metadata={"help": "PPO-Lagrangian: the cost budget d in E[cost] <= d."})
     # update
     clip_range_ratio: float = field(default=0.2, metadata={"help": "PPO ratio clip."})
     clip_range_ratio_low: Optional[float] = field(default=None, metadata={"help": "Lower ratio clip (default clip_range_ratio)."})
@@ -260,6 +282,7 @@ class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArg
                 self.per_device_prompt_batch_size = gbs // ranks if gbs > 0 and gbs % ranks == 0 else 16
             problems += estimator_problems(self) + kl_problems(self) + loss_problems(self) + batch_problems(self)
             problems += generation_problems(self)
+            problems += lagrange_value_problems(self)
             if self.critic_recompute_granularity not in RECOMPUTE_GRANULARITIES:
                 problems.append(f"critic_recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, "
                                 f"got {self.critic_recompute_granularity!r}")

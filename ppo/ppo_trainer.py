@@ -7,7 +7,8 @@ One step, top to bottom (`train_step`):
   4. shape rewards (KL per token, score at the last token), advantages;
   5. update: `update_iters` epochs of shuffled mini-batches for actor and critic;
   6. reduce metrics across ranks (in one place).
-GRPO and the other critic-free estimators are an `adv_estimator` choice.
+GRPO and the other critic-free estimators are an `adv_estimator` choice; a cost model
+(`cost_model_name_or_path`) makes it PPO-Lagrangian (Safe RLHF, `trainer/lagrange_step.py`).
 
 The parts live in `ppo/trainer/`: steps 1-4 in `experience_maker.py`, step 5 in `update.py`,
 the step and the loop around it in `loop.py`. Every pass through a model goes through
@@ -18,19 +19,21 @@ import paddle.distributed as dist
 from .algos import AdaptiveKLController
 from .algos.normalizer import RunningMeanStd
 from .common.divergence import DivergenceDetector
+from .common.resume_check import ppo_run_facts
 from .offload import OffloadPlan, parse_offload_level
 from .optim import build_optimizer, build_scheduler
 from .passes import build_model_passes, wrap_for_ranks
 from .prompt_sampler import PromptSampler
 from .rollout import RolloutEngine, SamplingParams
 from .trainer.experience_maker import ExperienceMaking
+from .trainer.lagrange_step import LagrangeStep, build_lagrange_multiplier
 from .trainer.loop import TrainingLoop
 from .trainer.update import NonFiniteError, PolicyUpdate, first_non_finite
 
 __all__ = ["NonFiniteError", "PPOTrainer", "first_non_finite"]
 
 
-class PPOTrainer(ExperienceMaking, PolicyUpdate, TrainingLoop):
+class PPOTrainer(ExperienceMaking, LagrangeStep, PolicyUpdate, TrainingLoop):
     """`models`: `PPOModels`; `reward_client`: a reward-server client, or `rule_scorer`: a
     `ppo.scorers.WeightedScorer`, in place of the reward model; `ptx_dataset`: supervised data
     for the ptx loss (with `ptx_coeff > 0`)."""
@@ -56,9 +59,11 @@ class PPOTrainer(ExperienceMaking, PolicyUpdate, TrainingLoop):
         self.build_optimizers(self.max_steps)
         self.actor, self.actor_optimizer = wrap_for_ranks(args, models.actor, self.actor_optimizer)
         self.critic, self.critic_optimizer = wrap_for_ranks(args, models.critic, self.critic_optimizer)
+        self.cost_critic, self.cost_critic_optimizer = wrap_for_ranks(args, models.cost_critic, self.cost_critic_optimizer)
         self.passes = build_model_passes(  # every model pass of a step, whatever the parallel strategy
             args, models, self.actor, self.critic, (self.actor_optimizer, self.critic_optimizer), tokenizer.pad_token_id,
             reward_retokenizer=reward_retokenizer,  # ppo.models.reward_tokens: the reward model's own tokenizer
+            cost_critic=self.cost_critic,
         )
         self.engine = RolloutEngine(
             self.passes.generation_model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
@@ -74,8 +79,10 @@ class PPOTrainer(ExperienceMaking, PolicyUpdate, TrainingLoop):
         self.tracker = None
         self.offload = OffloadPlan(
             parse_offload_level(args.offload_level),
-            models={"actor": models.actor, "reference": models.reference, "reward": models.reward, "critic": models.critic},
-            optimizers={"actor_optimizer": self.actor_optimizer, "critic_optimizer": self.critic_optimizer},
+            models={"actor": models.actor, "reference": models.reference, "reward": models.reward, "critic": models.critic,
+                    "cost": models.cost, "cost_critic": models.cost_critic},
+            optimizers={"actor_optimizer": self.actor_optimizer, "critic_optimizer": self.critic_optimizer,
+                        "cost_critic_optimizer": self.cost_critic_optimizer},
         )
         self.offload.offload_all()
 
@@ -90,16 +97,24 @@ class PPOTrainer(ExperienceMaking, PolicyUpdate, TrainingLoop):
             models.actor, self.actor_scheduler, args.weight_decay, args.max_grad_norm, args.adam_beta1, args.adam_beta2, args.adam_epsilon,
             fused=args.use_fused_adamw,
         )
-        self.critic_scheduler = self.critic_optimizer = None
-        if models.critic is not None:
-            self.critic_scheduler = build_scheduler(
-                args.critic_lr_scheduler_type, args.critic_learning_rate, args.critic_min_learning_rate, args.critic_warmup_ratio, 0,
-                total_steps,
-            )
-            self.critic_optimizer = build_optimizer(
-                models.critic, self.critic_scheduler, args.critic_weight_decay, args.critic_max_grad_norm,
-                args.adam_beta1, args.adam_beta2, args.adam_epsilon, fused=args.use_fused_adamw,
-            )
+        self.critic_scheduler, self.critic_optimizer = self.build_critic_optimizer(models.critic, total_steps)
+        self.cost_critic_scheduler, self.cost_critic_optimizer = self.build_critic_optimizer(models.cost_critic, total_steps)
+
+    def build_critic_optimizer(self, critic, total_steps):
+        """`(scheduler, AdamW)` of a critic (the reward's or the cost's, with the `critic_*`
+        settings, as safe-rlhf's cost critic); `(None, None)` without one."""
+        args = self.args
+        if critic is None:
+            return None, None
+        scheduler = build_scheduler(
+            args.critic_lr_scheduler_type, args.critic_learning_rate, args.critic_min_learning_rate, args.critic_warmup_ratio, 0,
+            total_steps,
+        )
+        optimizer = build_optimizer(
+            critic, scheduler, args.critic_weight_decay, args.critic_max_grad_norm,
+            args.adam_beta1, args.adam_beta2, args.adam_epsilon, fused=args.use_fused_adamw,
+        )
+        return scheduler, optimizer
 
     def build_samplers(self):
         """This data rank's prompt sampler (and the ptx data's, with `ptx_coeff > 0`)."""
@@ -125,6 +140,8 @@ class PPOTrainer(ExperienceMaking, PolicyUpdate, TrainingLoop):
         self.divergence = DivergenceDetector(args.divergence_factor, args.divergence_window)
         self.grad_norms = {}  # model name -> gradient norm of its last optimiser step (before clipping)
         self.diverged = {}  # metric name -> first divergence message of the current step
+        self.lagrange = build_lagrange_multiplier(args) if self.models.cost is not None else None  # PPO-Lagrangian
+        self.lagrange_stats = {}
         self.divergence_log = []  # every divergence message of the run (summary.json "diverged")
 
     @property
@@ -144,5 +161,18 @@ class PPOTrainer(ExperienceMaking, PolicyUpdate, TrainingLoop):
         return self.passes.generation_weights()
 
     def _models_for_checkpoint(self):
-        return {"policy": self.models.actor, "value": self.models.critic}
+        models = {"policy": self.models.actor, "value": self.models.critic}
+        if self.models.cost_critic is not None:  # PPO-Lagrangian
+            models["cost_value"] = self.models.cost_critic
+        return models
+
+    def _optimizers_for_checkpoint(self):
+        return {"policy": self.actor_optimizer, "value": self.critic_optimizer, "cost_value": self.cost_critic_optimizer}
+
+    def _schedulers_for_checkpoint(self):
+        return {"policy": self.actor_scheduler, "value": self.critic_scheduler, "cost_value": self.cost_critic_scheduler}
+
+    def run_facts(self):
+        """What a checkpoint records about the run and a resume compares (`ppo.common.resume_check`)."""
+        return {**ppo_run_facts(self.args), "cost_model": self.models.cost is not None}
 

@@ -34,7 +34,7 @@ with quiet_third_party_warnings():
     from ppo.ppo_trainer import PPOTrainer  # noqa: E402
     from ppo.reward_client import RewardServerClient  # noqa: E402
     from ppo.scorers import WeightedScorer  # noqa: E402
-    from ppo.models.reward_tokens import retokenizer_for_run  # noqa: E402
+    from ppo.models.reward_tokens import check_cost_tokenizers, retokenizer_for_run  # noqa: E402
     from ppo.common.output_lock import acquire_output_dir  # noqa: E402
     from ppo.common.startup_checks import check_token_and_position_limits  # noqa: E402
 
@@ -75,6 +75,7 @@ def build_trainer(argv=None):
     train, evaluation, ptx = build_datasets(data_args, training_args, tokenizer, require_label=external_scores)
     pipelined = training_args.pipeline_parallel_degree > 1
     retokenizer = retokenizer_for_run(model_args, training_args.use_critic, tokenizer, pipeline=pipelined)
+    check_cost_tokenizers(model_args, tokenizer)  # PPO-Lagrangian
     if pipelined:
         log_pipeline_settings(training_args)
     models = build_ppo_models(

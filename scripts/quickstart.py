@@ -7,6 +7,7 @@ of held-out results.
     python scripts/quickstart.py --restart  # start over
     python scripts/quickstart.py --seed 43  # every training seed 43, into outputs/tiny-seed43
     python scripts/quickstart.py --online-dpo  # also online DPO from the SFT model
+    python scripts/quickstart.py --safe     # the safety demo only: SFT -> RM, cost model -> PPO vs PPO-Lagrangian
 
 Every stage is the real entry script run as a subprocess, exactly as a user runs
 it; the first failing stage stops the pipeline with its log path. `--seed` sets
@@ -153,6 +154,8 @@ def main(argv=None):
     parser.add_argument("--output_root", default=None,
                         help="directory for every output (default outputs/tiny, or outputs/tiny-seed<N> with --seed)")
     parser.add_argument("--online-dpo", action="store_true", help="also run online DPO (config/tiny/online_dpo_argument.json)")
+    parser.add_argument("--safe", action="store_true",
+                        help="run the safety demo instead (scripts/safe_quickstart.py): PPO vs PPO-Lagrangian on secret prompts")
     args = parser.parse_args(argv)
     root = args.output_root or (DEFAULT_ROOT if args.seed is None else f"{DEFAULT_ROOT}-seed{args.seed}")
     out = os.path.join(ROOT, root)
@@ -160,6 +163,8 @@ def main(argv=None):
         shutil.rmtree(out)
     os.makedirs(out, exist_ok=True)
     t0 = time.time()
+    if args.safe:
+        return run_safe_demo(root, out, args.seed, t0)
     walls = run_stages(root, out, args.seed, args.online_dpo)
     evaluation = json.load(open(os.path.join(out, "evaluation.json")))
     audit = json.load(open(os.path.join(out, "rm", "audit.json")))
@@ -177,6 +182,22 @@ def main(argv=None):
     }
     json.dump(summary, open(os.path.join(out, "quickstart_summary.json"), "w"), indent=2)
     print_table(summary)
+    return summary
+
+
+def run_safe_demo(root, out, seed, t0):
+    """`--safe`: the base model and demo data, then the safety demo's stages and its table."""
+    from scripts.evaluate_safety import print_safety_table
+    from scripts.safe_quickstart import run_safe_stages
+
+    seed_flags = [] if seed is None else ["--seed", str(seed)]
+    run_stage(out, "build", [PY, "-c", (
+        f"from ppo.tiny.factory import main as m; m({['--output_dir', root + '/base'] + seed_flags!r});"
+        f"from ppo.tiny.demo_data import main as d; d({['--output_dir', root + '/data']!r})")])
+    walls, evaluation = run_safe_stages(root, out, seed, run_stage, config_command, PY)
+    summary = {"seed": seed, "output_root": root, "safety": evaluation, "stage_wall_s": walls, "total_wall_s": time.time() - t0}
+    json.dump(summary, open(os.path.join(out, "safe_quickstart_summary.json"), "w"), indent=2)
+    print_safety_table(evaluation)
     return summary
 
 

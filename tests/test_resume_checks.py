@@ -54,7 +54,7 @@ def test_ppo_resume_with_another_hidden_size_is_refused_even_without_optimizer_s
     common = ("--save_steps", "1", "--overwrite_output_dir", "false", "--ignore_save_lr_and_optim", "true")
     run_ppo(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, *common))
     saved = json.load(open(os.path.join(out, "checkpoint-2", "trainer_state.json")))
-    assert saved["run"] == {"adv_estimator": "gae", "use_critic": True}
+    assert saved["run"] == {"adv_estimator": "gae", "use_critic": True, "cost_model": False}
     with pytest.raises(CheckpointMismatchError, match=r"checkpoint-2: .*policy/: hidden_size is 32 in the checkpoint but 64"):
         run_ppo(ppo_argv(wide_model_dir, tiny_rm_dir, tiny_data_dir, out, "--max_steps", "3", *common))
     assert [r["step"] for r in rows(out)] == [1, 2]  # nothing trained on

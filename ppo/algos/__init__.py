@@ -30,6 +30,7 @@ from .losses import (
     token_logprobs,
     value_loss,
 )
+from .lagrangian import LagrangeMultiplier, combined_advantages, lagrange_multiplier_step, lagrangian_shaped_rewards
 from .lm_head import token_logprobs_from_hidden
 from .vocab_parallel import vocab_parallel_logprobs_from_hidden, vocab_parallel_token_logprobs
 from .masked import (
@@ -113,6 +114,11 @@ __all__ = [
     "token_logprobs",
     "sequence_logprobs",
     "sft_loss",
+    # lagrangian (PPO-Lagrangian, Safe RLHF)
+    "LagrangeMultiplier",
+    "combined_advantages",
+    "lagrange_multiplier_step",
+    "lagrangian_shaped_rewards",
     # lm_head
     "token_logprobs_from_hidden",
     # vocab_parallel

@@ -13,6 +13,9 @@
   4x the weights' bytes); from a score-model adapter it trains its own LoRA adapter and
   score head on the merged reward weights (one frozen copy of the weights plus the adapter's
   small state).
+- cost and cost critic (PPO-Lagrangian, with `cost_model_name_or_path`): a frozen score model
+  whose end score is the response's cost, and a critic of the costs from
+  `cost_critic_model_name_or_path` or the cost model, built as the reward critic is.
 Dropout is off in all of them. Adapter chains are described in `ppo.models.adapters`.
 """
 import contextlib
@@ -29,6 +32,8 @@ class PPOModels:
     reference: Optional[Any]  # None: the LoRA actor with its adapter disabled
     reward: Optional[Any]  # None: scores come from a reward server
     critic: Optional[Any]  # None: critic-free estimator
+    cost: Optional[Any] = None  # PPO-Lagrangian's frozen cost model; None: plain PPO
+    cost_critic: Optional[Any] = None  # the critic of the costs (with `cost`)
 
     @contextlib.contextmanager
     def reference_mode(self):
@@ -63,14 +68,19 @@ def build_ppo_models(model_args, use_critic, dtype="float32", pipeline=False, **
     critic = None
     if use_critic:
         critic = build_critic(model_args, dtype, **extra)
-    return PPOModels(actor=actor, reference=reference, reward=reward, critic=critic)
+    cost = cost_critic = None
+    if model_args.cost_model_name_or_path:  # PPO-Lagrangian (the arguments require a critic then)
+        cost_path = model_args.cost_model_name_or_path
+        cost = freeze(set_dropout_off(load_merged_score_model(cost_path, dtype=dtype, **extra)))
+        cost_critic = build_critic(model_args, dtype, critic_path=model_args.cost_critic_model_name_or_path or cost_path, **extra)
+    return PPOModels(actor=actor, reference=reference, reward=reward, critic=critic, cost=cost, cost_critic=cost_critic)
 
 
-def build_critic(model_args, dtype="float32", **extra):
-    """The critic from `reward_critic_model_name_or_path` or the reward model: full weights
-    train as they are; a score-model adapter is merged into its base and gets a fresh LoRA
-    adapter of `lora_settings()` with a trainable score head (see module docstring)."""
-    critic_path = model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path
+def build_critic(model_args, dtype="float32", critic_path=None, **extra):
+    """A critic from `critic_path`, by default `reward_critic_model_name_or_path` or the reward
+    model: full weights train as they are; a score-model adapter is merged into its base and gets
+    a fresh LoRA adapter of `lora_settings()` with a trainable score head (see module docstring)."""
+    critic_path = critic_path or model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path
     if not critic_path:
         raise ValueError("the gae estimator needs a critic: set reward_critic_model_name_or_path or reward_model_name_or_path")
     critic = load_merged_score_model(

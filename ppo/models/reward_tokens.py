@@ -120,3 +120,16 @@ def retokenizer_for_run(model_args, use_critic, actor_tokenizer, pipeline=False)
     reward_tokenizer = load_tokenizer(reward_path) if reward_path else actor_tokenizer
     critic_tokenizer = load_tokenizer(critic_path) if critic_path else None
     return reward_retokenizer_for(actor_tokenizer, reward_tokenizer, critic_tokenizer, pipeline=pipeline)
+
+
+def check_cost_tokenizers(model_args, actor_tokenizer):
+    """PPO-Lagrangian's cost model and cost critic read the actor's token ids (no re-tokenising):
+    raise ValueError naming the argument and the differences when a tokenizer is not the actor's."""
+    from .loading import load_tokenizer
+
+    for name in ("cost_model_name_or_path", "cost_critic_model_name_or_path"):
+        path = getattr(model_args, name, None)
+        differences = tokenizer_differences(actor_tokenizer, load_tokenizer(path)) if path else []
+        if differences:
+            raise ValueError(f"{name}={path}: its tokenizer differs from the actor's (" + "; ".join(differences)
+                             + "); the cost model and cost critic need the actor's tokenizer")

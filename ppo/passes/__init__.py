@@ -21,14 +21,16 @@ def wrap_for_ranks(args, model, optimizer):
     return paddle.DataParallel(model), optimizer
 
 
-def build_model_passes(args, models, actor, critic, optimizers, pad_token_id, reward_retokenizer=None):
+def build_model_passes(args, models, actor, critic, optimizers, pad_token_id, reward_retokenizer=None, cost_critic=None):
     """The passes for this run's parallel strategy. `models`: `PPOModels` (unwrapped);
     `actor` / `critic`: the trained models as wrapped for data parallel or fleet;
     `optimizers`: `(actor optimizer, critic optimizer or None)`, wrapped alike; `args`: the
     PPO training arguments (`pipeline_parallel_degree`, `temperature`, `logprob_chunk_size`,
     batch sizes, `gradient_accumulation_steps`, `keep_tensor_parallel` (eval_mode), `tensor_parallel_degree`);
     `reward_retokenizer`: re-encodes rollouts for a reward model with another tokenizer
-    (`ppo.models.reward_tokens`; the pipeline run refuses one at start)."""
+    (`ppo.models.reward_tokens`; the pipeline run refuses one at start); `cost_critic`:
+    PPO-Lagrangian's trained cost critic, wrapped as `critic` (the arguments refuse it under
+    pipeline parallelism)."""
     if args.pipeline_parallel_degree > 1:
         from .pipeline import PipelinePasses
 
@@ -40,7 +42,7 @@ def build_model_passes(args, models, actor, critic, optimizers, pad_token_id, re
         )
     chunk_rows = {which: args.pass_rows(which) for which in ("logprob", "value", "reward")}
     return PlainPasses(models, actor, critic, args.temperature, args.logprob_chunk_size, chunk_rows, reward_retokenizer,
-                       remove_padding=args.use_remove_padding)
+                       remove_padding=args.use_remove_padding, cost_critic=cost_critic)
 
 
 __all__ = ["ModelPasses", "PlainPasses", "UpdateLosses", "build_model_passes", "wrap_for_ranks"]

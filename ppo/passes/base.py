@@ -22,6 +22,7 @@ class UpdateLosses:
     actor: `(micro_exp, {"logprobs": [n, Tr], "entropy": [n, Tr]}) -> (loss, stats)`, the
         log-probs and entropies of the micro-batch under the actor being trained;
     critic: `(micro_exp, {"values": [n, Tr]}) -> (loss, stats)`; None without a critic;
+    cost_critic: the same for PPO-Lagrangian's cost critic (its values `[n, Tr]`); None without;
     next_ptx_batch: `() -> {"input_ids", "attention_mask", "labels"}` (`[m, T]` each), the
         next supervised batch, drawn once per micro-batch; None without ptx data;
     ptx_coeff: the ptx NLL's weight, split evenly over the step's micro-batches.
@@ -29,6 +30,7 @@ class UpdateLosses:
 
     actor: Callable
     critic: Optional[Callable] = None
+    cost_critic: Optional[Callable] = None
     next_ptx_batch: Optional[Callable] = None
     ptx_coeff: float = 0.0
 
@@ -60,6 +62,14 @@ class ModelPasses:
         """Reward-model end scores `[N]` (float32)."""
         raise NotImplementedError
 
+    def cost_scores(self, exp):
+        """Cost-model end scores `[N]` (float32), PPO-Lagrangian."""
+        raise NotImplementedError
+
+    def cost_values(self, exp):
+        """Cost-critic values `[N, Tr]`, 0 outside the response mask (PPO-Lagrangian)."""
+        raise NotImplementedError
+
     def first_forward_reusable(self):
         """Whether the update's first forward can be run ahead (`keep_first_forward`) and
         double as the old-policy pass."""
@@ -73,9 +83,10 @@ class ModelPasses:
 
     def backward_step(self, exp, plan, losses):
         """Gradients of one optimiser step: `plan` lists its micro-batches' row indices into
-        `exp`, `losses` the `UpdateLosses`. Returns `(actor loss, critic loss or 0.0, stats)`:
-        the losses summed over the micro-batches as floats (equal on every rank of a pipeline
-        group), `stats` one dict per real micro-batch. The caller steps the optimisers."""
+        `exp`, `losses` the `UpdateLosses`. Returns `(actor loss, value losses, stats)`: the
+        losses summed over the micro-batches as floats (equal on every rank of a pipeline group),
+        the value losses a dict `{"critic": float, "cost_critic": float}` of the critics the
+        losses name, `stats` one dict per real micro-batch. The caller steps the optimisers."""
         raise NotImplementedError
 
     def group_sum(self, value):

@@ -194,7 +194,8 @@ class PipelinePasses(ModelPasses):
             critic_total = self.run_schedule(
                 self.critic, self.critic_optimizer, self.critic_criterion, data, fields, exp.prompt_len, critic_objective
             )
-        return actor_total, critic_total, self.from_last_stage(self.merged_records(len(plan)))
+        totals = {"critic": critic_total} if self.critic_criterion is not None else {}
+        return actor_total, totals, self.from_last_stage(self.merged_records(len(plan)))
 
     def merged_records(self, real):
         """On the last stage, the first `real` micro-batches' stats, actor's, ptx's and critic's

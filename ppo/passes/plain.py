@@ -28,11 +28,12 @@ class PlainPasses(ModelPasses):
     (PaddleNLP's `per_device_<name>_batch_size`) or one number for all three; reward_retokenizer: the reward
     model's own tokenizer for the rollouts when it differs from the actor's (else None);
     remove_padding: the actor, reference and critic passes run on the rows' real tokens packed
-    together (`use_remove_padding`, `ppo.models.unpadded`); the reward model's stay padded."""
+    together (`use_remove_padding`, `ppo.models.unpadded`); the reward model's stay padded; cost_critic: PPO-Lagrangian's
+    trained cost critic, wrapped as `critic` (else None)."""
 
     def __init__(self, models, actor, critic, temperature, logprob_chunk_size, chunk_rows, reward_retokenizer=None,
-                 remove_padding=False):
-        self.models, self.actor, self.critic = models, actor, critic
+                 remove_padding=False, cost_critic=None):
+        self.models, self.actor, self.critic, self.cost_critic = models, actor, critic, cost_critic
         self.temperature, self.logprob_chunk_size = temperature, logprob_chunk_size
         self.chunk_rows = chunk_rows if isinstance(chunk_rows, dict) else dict.fromkeys(("logprob", "value", "reward"), chunk_rows)
         self.generation_model = models.actor
@@ -67,6 +68,12 @@ class PlainPasses(ModelPasses):
         return in_chunks(lambda e: reward_scores(self.models.reward, e, self.reward_retokenizer), exp,
                          self.chunk_rows["reward"])
 
+    def cost_scores(self, exp):
+        return in_chunks(lambda e: reward_scores(self.models.cost, e), exp, self.chunk_rows["reward"])
+
+    def cost_values(self, exp):
+        return in_chunks(lambda e: self._critic_forward(self.models.cost_critic, e), exp, self.chunk_rows["value"])
+
     # ---- update ------------------------------------------------------------------
     def first_forward_reusable(self):
         return True
@@ -96,8 +103,10 @@ class PlainPasses(ModelPasses):
 
     def backward_step(self, exp, plan, losses):
         """Per micro-batch: the actor's loss (plus the ptx NLL of one supervised batch) and its
-        backward, then the critic's; the kept first forward serves the first micro-batch."""
-        actor_total = critic_total = 0.0
+        backward, then the critic's (and the cost critic's); the kept first forward serves the
+        first micro-batch."""
+        actor_total = 0.0
+        totals = {name: 0.0 for name in ("critic", "cost_critic") if getattr(losses, name) is not None}
         records = []
         for rows in plan:
             mb = exp.select(rows)
@@ -114,12 +123,20 @@ class PlainPasses(ModelPasses):
             actor_total += float(loss)
             if losses.critic is not None:
                 values = forward["values"] if forward["values"] is not None else self._critic_forward(self.critic, mb)
-                vloss, vstats = losses.critic(mb, {"values": values})
-                vloss.backward()
-                critic_total += float(vloss)
-                stats = {**stats, **vstats}
+                stats = {**stats, **self.value_backward(losses.critic, mb, values, totals, "critic")}
+            if losses.cost_critic is not None:
+                values = self._critic_forward(self.cost_critic, mb)
+                stats = {**stats, **self.value_backward(losses.cost_critic, mb, values, totals, "cost_critic")}
             records.append(stats)
-        return actor_total, critic_total, records
+        return actor_total, totals, records
+
+    @staticmethod
+    def value_backward(loss_fn, mb, values, totals, name):
+        """Backward of one critic's loss on `values` `[n, Tr]`, added to `totals[name]`; its stats."""
+        vloss, vstats = loss_fn(mb, {"values": values})
+        vloss.backward()
+        totals[name] += float(vloss)
+        return vstats
 
     def group_sum(self, value):
         return value

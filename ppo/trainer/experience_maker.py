@@ -108,6 +108,8 @@ class ExperienceMaking:
     def scored(self, exp):
         """`exp` with its scores, at stage "scored"."""
         exp.scores = self.score(exp)
+        if self.lagrange is not None:  # PPO-Lagrangian: the cost model scores every rollout too
+            exp.costs = self.cost_scores(exp)
         return exp.advance("scored")
 
     def normalized_scores(self, scores):
@@ -192,6 +194,8 @@ class ExperienceMaking:
         exp.advance("complete")
         kl_sum = (kl * exp.response_mask).sum(axis=-1)
         stats = self.experience_stats(exp, kl_sum, kl_coeff)
+        if self.lagrange is not None:
+            stats.update(self.lagrangian_metrics(exp))
         if self.args.mask_truncated_completions:  # TRL: truncated responses leave every loss
             exp.response_mask = truncated_completion_mask(exp.response_mask, exp.ends_with_eos)
             stats["response_length/masked_truncated_frac"] = ((~exp.ends_with_eos).astype("float32")).mean()
@@ -215,6 +219,8 @@ class ExperienceMaking:
             if self.models.critic is not None and not reuse:
                 with self.offload.scope("critic"):
                     exp.values = self.passes.values(exp)
+        if self.lagrange is not None:
+            self.fill_cost_values(exp)
         if reuse:
             first_forward = self.passes.keep_first_forward(exp)
             if exp.old_logprobs is None:  # else the rollout's own log-probs (use_rollout_logprobs)
@@ -227,6 +233,8 @@ class ExperienceMaking:
     def shape_rewards_and_advantages(self, exp, kl_coeff):
         """`exp.rewards` (KL per token, the normalised score at the last token), `advantages` and
         `returns` `[N, Tr]` from the estimator; returns the per-token KL `[N, Tr]`."""
+        if self.lagrange is not None:  # PPO-Lagrangian (ppo.trainer.lagrange_step)
+            return self.shape_lagrangian_rewards_and_advantages(exp, kl_coeff)
         args, mask = self.args, exp.response_mask
         with paddle.no_grad():
             scores = self.normalized_scores(exp.scores)

@@ -13,7 +13,7 @@ from ..checkpoint import list_checkpoints, load_checkpoint, prepare_output_dir, 
 from ..common.divergence import DivergenceError
 from ..common.metrics import MetricAccumulator, reduce_across_ranks
 from ..common.jsonl_trace import append_rows
-from ..common.resume_check import CheckpointMismatchError, ppo_run_facts
+from ..common.resume_check import CheckpointMismatchError
 from ..common.run_guard import FlatRewardWatch, RunInterrupted, interrupted_message, stop_requests
 from ..common.tracking import RunTracker, keep_rows_up_to
 from ..evaluation import decode_responses, evaluate_generation
@@ -41,12 +41,13 @@ class TrainingLoop:
         acc = MetricAccumulator()
         acc.add({**stats, **balance_stats})
         self.actor.train()
-        if self.critic is not None:
-            self.critic.train()
-        self.update(exp, acc)  # 5. optimiser steps of the actor (and critic)
-        self.actor_scheduler.step()
-        if self.critic_scheduler is not None:
-            self.critic_scheduler.step()
+        for critic in (self.critic, self.cost_critic):
+            if critic is not None:
+                critic.train()
+        self.update(exp, acc)  # 5. optimiser steps of the actor (and critics)
+        for scheduler in (self.actor_scheduler, self.critic_scheduler, self.cost_critic_scheduler):
+            if scheduler is not None:
+                scheduler.step()
         t_end = time.time()
         tokens = float(exp.response_mask.sum())
         self.episodes += len(exp) * self.data_world
@@ -96,7 +97,7 @@ class TrainingLoop:
         responses = decode_responses(self.tokenizer, exp.response_ids, exp.response_mask)
         rows = [
             {"step": self.step, "prompt": exp.prompt_text[i], "response": responses[i], "score": float(exp.scores.numpy()[i]),
-             "group_id": int(exp.group_ids.numpy()[i])}
+             "group_id": int(exp.group_ids.numpy()[i]), **({"cost": float(exp.costs.numpy()[i])} if exp.costs is not None else {})}
             for i in range(min(n * max(1, self.args.rollout_n), len(exp)))
         ]
         append_rows(os.path.join(self.args.output_dir, "samples.jsonl"), rows)
@@ -113,15 +114,15 @@ class TrainingLoop:
             "reward_normalizer": self.reward_normalizer.state_dict() if self.reward_normalizer else None,
             "kl_controller": self.kl_controller.state_dict() if self.kl_controller else None,
             "divergence": self.divergence.state_dict(),
-            "run": ppo_run_facts(self.args),  # compared on resume (ppo.common.resume_check)
+            "lagrange": self.lagrange.state_dict() if self.lagrange else None,  # PPO-Lagrangian's multiplier
+            "run": self.run_facts(),  # compared on resume (ppo.common.resume_check)
         }
 
     def save(self):
         keep_optimizers = not self.args.ignore_save_lr_and_optim  # PaddleNLP: smaller checkpoints, fresh AdamW on resume
         save_checkpoint(
             self.args.output_dir, self.step, self._models_for_checkpoint(),
-            {"policy": self.actor_optimizer, "value": self.critic_optimizer} if keep_optimizers else {},
-            {"policy": self.actor_scheduler, "value": self.critic_scheduler},
+            self._optimizers_for_checkpoint() if keep_optimizers else {}, self._schedulers_for_checkpoint(),
             {**self.trainer_state(), "optimizer_states": keep_optimizers}, self.tokenizer, self.args.save_total_limit,
         )
 
@@ -138,8 +139,8 @@ class TrainingLoop:
         for i, path in enumerate(candidates):
             try:
                 state = load_checkpoint(
-                    path, self._models_for_checkpoint(), {"policy": self.actor_optimizer, "value": self.critic_optimizer},
-                    {"policy": self.actor_scheduler, "value": self.critic_scheduler}, ppo_run_facts(self.args),
+                    path, self._models_for_checkpoint(), self._optimizers_for_checkpoint(), self._schedulers_for_checkpoint(),
+                    self.run_facts(),
                 )
                 break
             except CheckpointMismatchError:  # another run's checkpoint: never fall back past it
@@ -159,6 +160,8 @@ class TrainingLoop:
         if self.kl_controller and state.get("kl_controller"):
             self.kl_controller.set_state_dict(state["kl_controller"])
         self.divergence.set_state_dict(state.get("divergence"))
+        if self.lagrange and state.get("lagrange"):
+            self.lagrange.set_state_dict(state["lagrange"])
         logger.info(f"resumed from {path} at step {self.step}")
         return True
 

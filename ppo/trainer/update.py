@@ -116,6 +116,8 @@ class PolicyUpdate:
         return UpdateLosses(
             actor=lambda mb, forward: self.actor_loss(mb, num_tokens, num_seqs, forward),
             critic=(lambda mb, forward: self.critic_loss(mb, num_tokens, num_seqs, forward)) if self.critic is not None else None,
+            cost_critic=((lambda mb, forward: self.cost_critic_loss(mb, num_tokens, num_seqs, forward))
+                         if self.cost_critic is not None else None),
             next_ptx_batch=self.next_ptx_batch if self.ptx_sampler is not None else None,
             ptx_coeff=self.args.ptx_coeff,
         )
@@ -160,7 +162,7 @@ class PolicyUpdate:
         """Train the actor (and critic) on a complete experience, their weights and optimizer
         states on the device for the duration (see `offload_level`)."""
         exp.require("complete")
-        with self.offload.scope("actor", "critic", with_optimizer=True):
+        with self.offload.scope("actor", "critic", "cost_critic", with_optimizer=True):
             self._update_epochs(exp, acc)
 
     def _update_epochs(self, exp, acc):
@@ -177,19 +179,23 @@ class PolicyUpdate:
         num_tokens = self.global_count(mask.sum())
         num_seqs = self.global_count((mask.sum(-1) > 0).sum())
         losses = self.update_losses(num_tokens, num_seqs)
-        actor_total, critic_total, micro_stats = self.passes.backward_step(exp, plan, losses)
+        actor_total, value_totals, micro_stats = self.passes.backward_step(exp, plan, losses)
         for stats in micro_stats:
             acc.add(stats)
         bad = self.optimizer_step(self.actor_optimizer, self.actor, actor_total, "actor")
         if self.critic is not None:
-            bad = bad or self.optimizer_step(self.critic_optimizer, self.critic, critic_total, "critic")
+            bad = bad or self.optimizer_step(self.critic_optimizer, self.critic, value_totals["critic"], "critic")
+        if self.cost_critic is not None:
+            bad = bad or self.optimizer_step(self.cost_critic_optimizer, self.cost_critic, value_totals["cost_critic"], "cost_critic")
         judged = {f"train/{name}_grad_norm": norm for name, norm in self.grad_norms.items()}
         acc.add(judged)
         judged["loss/policy_avg"] = actor_total
         if "policy/approxkl_avg" in micro_stats[-1]:  # the last micro-batch's KL(old || current policy)
             judged["policy/approxkl_avg"] = float(micro_stats[-1]["policy/approxkl_avg"])
         if self.critic is not None:
-            judged["loss/value_avg"] = critic_total
+            judged["loss/value_avg"] = value_totals["critic"]
+        if self.cost_critic is not None:
+            judged["loss/cost_value_avg"] = value_totals["cost_critic"]
         for name, message in self.divergence.check(self.step + 1, judged).items():  # every optimiser step
             self.diverged.setdefault(name, message)
         self.handle_non_finite(bad, acc)
