@@ -112,7 +112,8 @@ def update_grads(models, remove_padding, exp, keep_first):
     plan = [[0, 2, 4], [1, 3, 5]]
     if keep_first:
         runner.keep_first_forward(exp.select(list(range(len(exp)))))
-    actor_loss, critic_loss, _ = runner.backward_step(exp, plan, update_losses(exp))
+    actor_loss, value_totals, _ = runner.backward_step(exp, plan, update_losses(exp))
+    critic_loss = value_totals["critic"]
     grads = {f"{who}.{n}": p.grad.numpy().copy() for who, m in (("actor", models.actor), ("critic", models.critic))
              for n, p in m.named_parameters() if p.grad is not None}
     return actor_loss, critic_loss, grads
