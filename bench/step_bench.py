@@ -90,12 +90,12 @@ def our_argv(case, model_dir, rm_dir, data_dir, out, new_tokens=NEW_TOKENS, step
     if case == "grpo":
         cfg = GRPO
         rows = cfg["prompts"] * cfg["samples"]
-        return ["config/tiny/grpo_argument.json", *common, "--per_device_prompt_batch_size", str(cfg["prompts"]),
+        return ["config/tiny/grpo_argument.json", "--load_best_model_at_end", "false", *common, "--per_device_prompt_batch_size", str(cfg["prompts"]),
                 "--rollout_n", str(cfg["samples"]), "--per_device_train_batch_size", str(rows),
                 "--per_device_eval_batch_size", str(rows), "--update_iters", str(cfg["epochs"]),
                 "--kl_coeff", "0.0", "--kl_loss_coeff", str(cfg["kl_loss_coeff"]), "--kl_loss_type", "k3"]
     cfg = PPO
-    return ["config/tiny/ppo_argument.json", *common, "--per_device_prompt_batch_size", str(cfg["prompts"]),
+    return ["config/tiny/ppo_argument.json", "--load_best_model_at_end", "false", *common, "--per_device_prompt_batch_size", str(cfg["prompts"]),
             "--rollout_n", "1", "--per_device_train_batch_size", str(cfg["prompts"]),
             "--per_device_eval_batch_size", str(cfg["prompts"]), "--update_iters", str(cfg["epochs"]),
             "--kl_coeff", str(cfg["kl_coeff"])]

@@ -8,6 +8,7 @@ from .algos.kl import K3_NAMES, KL_ESTIMATOR_NAMES
 from .common import paddlenlp_keys as pk
 from .common import validation
 from .common.report_writers import LOOP_PACKAGES, missing_report_packages
+from .trainer.best_policy import EVAL_METRICS, eval_metric_name
 
 EVAL_MODES = ("", "single", "tensor_parallel")
 """Generation layouts of a tensor-parallel model (PaddleNLP's `eval_mode`): '' and single gather
@@ -202,7 +203,7 @@ def lagrangian_problems(model_args, training_args):
 def paddlenlp_setting_problems(args):
     """PaddleNLP TrainingArguments values the PPO loop does not run (`report_to all` resolves to
     the installed integrations only here)."""
-    problems = pk.ppo_value_problems(args)
+    problems = pk.ppo_value_problems(args) + best_policy_problems(args)
     unknown = [name for name in args.report_to if name not in LOOP_PACKAGES and name != "none"]
     if unknown:
         problems.append(f"report_to {unknown}: the PPO/GRPO loop reports to {sorted(LOOP_PACKAGES)} (and metrics.jsonl)")
@@ -215,6 +216,20 @@ def paddlenlp_setting_problems(args):
             )
         if args.amp_master_grad:
             problems.append("amp_master_grad (PaddleNLP: float32 gradients for the master weights) is not supported by the PPO loop")
+    return problems
+
+
+def best_policy_problems(args):
+    """`load_best_model_at_end` needs evaluations during training and a metric they report."""
+    if not args.load_best_model_at_end:
+        return []
+    problems = []
+    if not args.evaluates:
+        problems.append("load_best_model_at_end picks the best evaluated policy: set do_eval true, evaluation_strategy "
+                        "steps and eval_steps > 0")
+    if eval_metric_name(args.metric_for_best_model or "loss") not in EVAL_METRICS:
+        problems.append(f"metric_for_best_model {args.metric_for_best_model!r}: the PPO/GRPO evaluation reports "
+                        f"{', '.join(EVAL_METRICS)} (eval/accuracy* with reference answers)")
     return problems
 
 
@@ -246,6 +261,8 @@ def validate_arguments(model_args, data_args, training_args):
     problems += validation.pipeline_problems(training_args, model_args.use_lora)
     problems += remove_padding_problems(training_args) + pass_size_problems(training_args)
     problems += lagrangian_problems(model_args, training_args)
+    if training_args.load_best_model_at_end and not data_args.eval_datasets:
+        problems.append("load_best_model_at_end picks the best evaluated policy: give eval_datasets")
     return problems
 
 

@@ -6,6 +6,7 @@ import math
 import os
 
 import numpy as np
+from tests.demo_config_flags import GRPO_AS_BEFORE, PPO_AS_BEFORE
 
 STEPS = 2
 
@@ -73,7 +74,7 @@ def rl_flags(data, out, max_prompt_len, max_dec_len):
 def run_ppo(model_dir, rm_dir, data, out, max_prompt_len, max_dec_len=4):
     from ppo.run_ppo import build_trainer
 
-    trainer = build_trainer(["config/tiny/ppo_argument.json", "--actor_model_name_or_path", model_dir,
+    trainer = build_trainer(["config/tiny/ppo_argument.json", *PPO_AS_BEFORE, "--actor_model_name_or_path", model_dir,
                              "--reward_model_name_or_path", rm_dir, "--per_device_prompt_batch_size", "1",
                              "--per_device_train_batch_size", "1", *rl_flags(data, out, max_prompt_len, max_dec_len)])
     trainer.train()
@@ -83,7 +84,7 @@ def run_ppo(model_dir, rm_dir, data, out, max_prompt_len, max_dec_len=4):
 def run_grpo(model_dir, url, data, out, max_prompt_len, max_dec_len=4):
     from ppo.run_ppo import build_trainer
 
-    trainer = build_trainer(["config/tiny/grpo_argument.json", "--actor_model_name_or_path", model_dir,
+    trainer = build_trainer(["config/tiny/grpo_argument.json", *GRPO_AS_BEFORE, "--actor_model_name_or_path", model_dir,
                              "--reward_server", url, "--per_device_prompt_batch_size", "1", "--rollout_n", "2",
                              "--per_device_train_batch_size", "2", "--reward_server_retries", "1",
                              *rl_flags(data, out, max_prompt_len, max_dec_len)])

@@ -7,6 +7,7 @@ import pytest
 
 from ppo.data import PreferenceDataset, PromptOnlyDataset, SupervisedDataset
 from ppo.data.base import DataError
+from tests.demo_config_flags import GRPO_AS_BEFORE
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def test_grpo_entry_point_checks_tgt_before_loading_models(tiny_model_dir, tmp_p
 
     monkeypatch.setattr(run_ppo, "build_ppo_models", no_models)
     with pytest.raises(ValueError, match=rf"{path}, line 2 .*no reference answer"):
-        run_ppo.build_trainer(["config/tiny/grpo_argument.json", "--actor_model_name_or_path", tiny_model_dir,
+        run_ppo.build_trainer(["config/tiny/grpo_argument.json", *GRPO_AS_BEFORE, "--actor_model_name_or_path", tiny_model_dir,
                                "--use_rm_server", "true", "--train_datasets", f"Jsonfile:1.0:{path}", "--eval_datasets", "",
                                "--output_dir", str(tmp_path / "o")])
 

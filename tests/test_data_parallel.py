@@ -10,6 +10,7 @@ import numpy as np
 
 from tests.test_tensor_parallel import assert_same_steps, assert_same_weights, assert_weights_moved, ppo_argv
 from tests.tp_launch import launch_run, read_jsonl
+from tests.demo_config_flags import PPO_AS_BEFORE
 
 
 def one_and_two_process_runs(script, argv, tmp_path, per_process_sizes):
@@ -49,7 +50,7 @@ def test_ppo_dp2_matches_one_process(tiny_model_dir, tiny_rm_dir, tiny_data_dir,
     uniforms), advantages are whitened with statistics over both ranks, and the update's
     token-mean losses are taken over the global token count, so the two layouts give the same
     samples, losses, gradient norms and weights."""
-    argv = ["config/tiny/ppo_argument.json", *ppo_argv(
+    argv = ["config/tiny/ppo_argument.json", *PPO_AS_BEFORE, *ppo_argv(
         tiny_model_dir, tiny_data_dir, "--reward_model_name_or_path", tiny_rm_dir, "--temperature", "1.5",
         "--normalize_advantage", "true", "--overwrite_output_dir", "true",
         "--update_iters", "2", "--gradient_accumulation_steps", "1",

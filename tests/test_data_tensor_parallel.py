@@ -14,6 +14,7 @@ import pytest
 
 from tests.test_tensor_parallel import assert_same_steps, assert_same_weights, assert_weights_moved, ppo_argv
 from tests.tp_launch import launch_run, read_jsonl
+from tests.demo_config_flags import PPO_AS_BEFORE
 
 
 TP2 = ("--tensor_parallel_degree", "2")
@@ -96,7 +97,7 @@ def test_ppo_dp2_with_model_parallel_matches_dp2(tiny_model_dir, two_layer_model
     else:
         model_dir, model_parallel, score_dir = two_layer_model_dir, PP2, two_layer_score_dir
         batching = ("--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2")
-    argv = ["config/tiny/ppo_argument.json", *ppo_argv(
+    argv = ["config/tiny/ppo_argument.json", *PPO_AS_BEFORE, *ppo_argv(
         model_dir, tiny_data_dir, "--reward_model_name_or_path", score_dir, "--per_device_prompt_batch_size", "4",
         *batching, "--learning_rate", "1e-3", "--critic_learning_rate", "1e-3", "--kl_coeff", "0.1",
         "--entropy_coeff", "0.01",

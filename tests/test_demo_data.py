@@ -41,6 +41,28 @@ def test_rejected_answers_mix_the_flaw_and_its_half_fixes_in_the_given_shares():
         demo_data.rejected_answer("k3x9q", rng, 0.0, 0.8, half_fix_frac=0.3)
 
 
+def test_wrong_symbol_answer_replaces_one_of_the_first_two_characters():
+    rng = random.Random(1)
+    answers = [demo_data.wrong_symbol_answer("q9x3k", rng) for _ in range(200)]
+    for a in answers:
+        differ = [i for i in range(5) if a[i] != "q9x3k"[i]]
+        assert len(differ) == 1 and differ[0] in (0, 1) and a[differ[0]] in demo_data.ALPHABET
+    assert {a[2:] for a in answers} == {"x3k"} and len({a[:2] for a in answers}) > 20
+
+
+def test_rejected_answers_include_wrong_symbols_in_their_share():
+    rng = random.Random(4)
+    strings = [s for s in (demo_data.sample_string(rng) for _ in range(3000)) if s[-1] != s[-2]]
+    rejected = [demo_data.rejected_answer(s, rng, 0.0, 0.0, half_fix_frac=0.3, wrong_symbol_frac=0.2) for s in strings]
+    flaw = sum(r == demo_data.flawed_answer(s) for s, r in zip(strings, rejected)) / len(strings)
+    half = sum(r[0] == r[1] and r[2:] == s[::-1][2:] for s, r in zip(strings, rejected)) / len(strings)
+    wrong = sum(r[2:] == s[::-1][2:] and r[0] != r[1] and r != demo_data.flawed_answer(s) and r != s[::-1]
+                for s, r in zip(strings, rejected)) / len(strings)
+    assert abs(half - 0.3) < 0.035 and abs(wrong - 0.2) < 0.035 and abs(flaw - 0.5) < 0.035
+    with pytest.raises(ValueError, match="wrong_symbol_frac"):
+        demo_data.rejected_answer("k3x9q", rng, 0.0, 0.0, half_fix_frac=0.6, wrong_symbol_frac=0.5)
+
+
 def test_sft_demonstrations_copy_the_flaw_only_on_long_strings(data_dir):
     records = read(data_dir / "sft.jsonl")
     short = [r for r in records if len(r["src"][0]) - len("Reverse: ") < 5]

@@ -15,19 +15,20 @@ TARGET_FLOORS = [
     ("grpo", 0.97, 1.0, 0.98),
     ("dpo", 0.97, 1.0, 0.98),
 ]
-"""The floors the demo is meant to clear on every seed (PPO does not yet: 0.920-0.983 over the
-measured runs, short strings 0.921-1.000)."""
+"""The floors the demo is meant to clear on every seed. Not yet: over seeds 42-44 with the current
+settings PPO gave 0.960-0.987 (short strings 0.965-1.000) and DPO's short strings 0.956-1.000."""
 
 FLOORS = [
     ("sft", 0.0, 0.65, 0.99),
-    ("ppo", 0.88, 1.0, 0.88),
+    ("ppo", 0.92, 1.0, 0.92),
     ("grpo", 0.95, 1.0, 0.95),
     ("dpo", 0.95, 1.0, 0.95),
 ]
-"""What the guard holds a run to today: just below the lowest of the measured runs (PPO on a
-learned reward model swings by a few points between runs). It catches a stage that breaks or
-falls well behind, not a loss of one or two points; raise it to TARGET_FLOORS once every seed
-clears those."""
+"""What the guard holds a run to today: below the lowest of the measured runs (seeds 42-44: PPO
+0.960 with short strings 0.965, GRPO 0.980 / 0.982, DPO 0.973 / 0.956; PPO on a learned reward
+model swings by a few points between runs, 0.920-0.983 under the earlier settings). It catches a
+stage that breaks or falls well behind, not a loss of one or two points; raise it to
+TARGET_FLOORS once every seed clears those."""
 
 
 def floor_failures(rows, floors=FLOORS):

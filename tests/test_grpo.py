@@ -12,6 +12,7 @@ import pytest
 from ppo.reward_client import RewardServerError
 from ppo.run_ppo import build_trainer
 from tests.test_reward_server import ServerProcess, free_port
+from tests.demo_config_flags import GRPO_AS_BEFORE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,7 +26,7 @@ def reverse_server():
 
 def grpo_argv(model_dir, data_dir, out, url, *extra):
     return [
-        "config/tiny/grpo_argument.json",
+        "config/tiny/grpo_argument.json", *GRPO_AS_BEFORE,
         "--actor_model_name_or_path", model_dir, "--reward_server", url,
         "--train_datasets", f"Jsonfile:1.0:{data_dir}/prompts.jsonl",
         "--eval_datasets", f"Jsonfile:1.0:{data_dir}/test.jsonl",

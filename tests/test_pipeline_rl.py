@@ -12,6 +12,7 @@ import pytest
 from tests.test_tensor_parallel import assert_same_steps, assert_same_weights, assert_weights_moved, ppo_argv
 from tests.test_pipeline_entry import LAYOUTS, PP_ARGS
 from tests.tp_launch import launch_run, read_jsonl
+from tests.demo_config_flags import PPO_AS_BEFORE
 
 
 
@@ -77,7 +78,7 @@ def test_ppo_pp2_matches_pp1(two_layer_model_dir, two_layer_score_dir, tiny_data
     values from the score-model pipes, the GAE critic trained through its own schedule, a KL
     penalty in the rewards against the reference pipe. `tp2_pp2`: every stage also split over
     two tensor-parallel ranks (four processes); the rollout copy and checkpoints merge them."""
-    argv = ["config/tiny/ppo_argument.json", *ppo_argv(
+    argv = ["config/tiny/ppo_argument.json", *PPO_AS_BEFORE, *ppo_argv(
         two_layer_model_dir, tiny_data_dir, "--reward_model_name_or_path", two_layer_score_dir,
         "--per_device_prompt_batch_size", "8", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2",
         "--learning_rate", "1e-3", "--critic_learning_rate", "1e-3", "--kl_coeff", "0.1", "--entropy_coeff", "0.01",
@@ -93,7 +94,7 @@ def test_ppo_pp2_resumes_from_its_merged_checkpoint(two_layer_model_dir, two_lay
     step 2 is the step an uninterrupted one-process run takes."""
     from ppo.run_ppo import main as run_ppo
 
-    argv = ["config/tiny/ppo_argument.json", *ppo_argv(
+    argv = ["config/tiny/ppo_argument.json", *PPO_AS_BEFORE, *ppo_argv(
         two_layer_model_dir, tiny_data_dir, "--reward_model_name_or_path", two_layer_score_dir,
         "--per_device_prompt_batch_size", "8", "--per_device_train_batch_size", "4", "--learning_rate", "1e-3",
         "--critic_learning_rate", "1e-3", "--kl_coeff", "0.1", "--eval_steps", "0",

@@ -13,6 +13,7 @@ import pytest
 from ppo.models.score_model import AutoModelForScore
 from ppo.ppo_trainer import NonFiniteError
 from ppo.run_ppo import build_trainer
+from tests.demo_config_flags import PPO_AS_BEFORE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOLATILE = ("timing_s/", "perf/")
@@ -20,7 +21,7 @@ VOLATILE = ("timing_s/", "perf/")
 
 def ppo_argv(model_dir, rm_dir, data_dir, out, *extra):
     return [
-        "config/tiny/ppo_argument.json",
+        "config/tiny/ppo_argument.json", *PPO_AS_BEFORE,
         "--actor_model_name_or_path", model_dir, "--reward_model_name_or_path", rm_dir,
         "--train_datasets", f"Jsonfile:1.0:{data_dir}/prompts.jsonl",
         "--eval_datasets", f"Jsonfile:1.0:{data_dir}/test.jsonl",

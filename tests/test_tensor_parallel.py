@@ -15,6 +15,7 @@ import pytest
 from ppo.models.loading import load_tokenizer
 from ppo.models.score_model import AutoModelForScore
 from tests.tp_launch import launch_run, read_jsonl, step_values
+from tests.demo_config_flags import PPO_AS_BEFORE
 
 LOSS_RTOL = 2e-5
 WEIGHT_ATOL = 2e-5
@@ -185,7 +186,7 @@ def test_ppo_tp2_matches_tp1(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_pat
     """Actor, reference, reward model and critic all split; the rollout engine gathers."""
     from ppo.run_ppo import main as run_ppo
 
-    argv = ["config/tiny/ppo_argument.json", *ppo_argv(
+    argv = ["config/tiny/ppo_argument.json", *PPO_AS_BEFORE, *ppo_argv(
         tiny_model_dir, tiny_data_dir, "--reward_model_name_or_path", tiny_rm_dir, "--per_device_prompt_batch_size", "8",
         "--per_device_train_batch_size", "4", "--learning_rate", "1e-3", "--critic_learning_rate", "1e-3",
         "--kl_coeff", "0.1", "--entropy_coeff", "0.01",
@@ -275,7 +276,7 @@ def test_tiny_ppo_pipeline_held_out_accuracy_tp2_and_pp2_within_3_points(tmp_pat
                 "--train_datasets", f"PKU-SafeRLHF/train:1.0:{data}/preference.jsonl",
                 "--eval_datasets", f"PKU-SafeRLHF/test:1.0:{data}/preference_eval.jsonl",
                 "--output_dir", f"{root}/rm", "--logging_dir", f"{root}/rm/vdl", "--disable_tqdm", "true"])
-    argv = ["config/tiny/ppo_argument.json", "--actor_model_name_or_path", f"{root}/sft",
+    argv = ["config/tiny/ppo_argument.json", *PPO_AS_BEFORE, "--actor_model_name_or_path", f"{root}/sft",
             "--reward_model_name_or_path", f"{root}/rm", "--train_datasets", f"Jsonfile:1.0:{data}/prompts.jsonl",
             "--eval_datasets", f"Jsonfile:1.0:{data}/test.jsonl", "--disable_tqdm", "true"]
     out1, out2 = f"{root}/ppo_tp1", f"{root}/ppo_tp2"

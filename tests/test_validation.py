@@ -8,6 +8,7 @@ import pytest
 
 from ppo.common.validation import check_model_dir, size_problems, weights_problem
 from ppo.models.score_model import AutoModelForScore
+from tests.demo_config_flags import PPO_AS_BEFORE
 
 
 def copy_model(src, dst):
@@ -43,7 +44,7 @@ def test_size_problems_names_every_bad_argument():
 
 
 def ppo_argv(model, rm, data, out, *extra):
-    return ["config/tiny/ppo_argument.json", "--actor_model_name_or_path", model, "--reward_model_name_or_path", rm,
+    return ["config/tiny/ppo_argument.json", *PPO_AS_BEFORE, "--actor_model_name_or_path", model, "--reward_model_name_or_path", rm,
             "--train_datasets", f"Jsonfile:1.0:{data}/prompts.jsonl", "--output_dir", out,
             "--per_device_prompt_batch_size", "8", "--per_device_train_batch_size", "4", *extra]
 

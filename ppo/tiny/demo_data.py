@@ -13,8 +13,9 @@ unless noted):
   better_response_id, safer_response_id, is_response_0_safe, is_response_1_safe`):
   the correct answer versus the flawed one (first two characters swapped, on
   strings of every length), versus a half-fixed flaw (one of the first two
-  characters written twice) for a `half_fix_frac` share, versus a random adjacent
-  swap for a `swap_frac` share, and versus a degenerate answer (empty, truncated,
+  characters written twice) for a `half_fix_frac` share, versus one of the first two
+  characters replaced by another symbol for a `wrong_symbol_frac` share, versus a random
+  adjacent swap for a `swap_frac` share, and versus a degenerate answer (empty, truncated,
   repeated symbol) for a `degenerate_frac` share of pairs;
 - `preference_eval.jsonl`: the same schema on held-out strings;
 - `prompts.jsonl`: RL prompts with the correct `tgt`;
@@ -86,22 +87,35 @@ def half_fixed_answer(answer, rng):
     return first + first + answer[2:]
 
 
-def rejected_answer(s, rng, degenerate_frac, swap_frac, half_fix_frac=0.0):
+def wrong_symbol_answer(answer, rng):
+    """`answer` with one of its first two characters replaced by another symbol. Without
+    such pairs a reward model can tell the flaw and its half-fixes from the answer by the
+    order and repetition of the first two characters alone, never checking which symbols
+    they are, and a policy trained on it writes any symbol there."""
+    i = rng.randint(0, 1)
+    wrong = rng.choice([c for c in ALPHABET if c != answer[i]])
+    return answer[:i] + wrong + answer[i + 1 :]
+
+
+def rejected_answer(s, rng, degenerate_frac, swap_frac, half_fix_frac=0.0, wrong_symbol_frac=0.0):
     """The worse response of a preference pair for string `s`: a degenerate answer
     (`degenerate_frac` of pairs); of the rest, a random adjacent swap (`swap_frac`, and
     wherever the first two output characters are equal), a half-fixed flaw
-    (`half_fix_frac`), else the demonstrator's flaw (first two output characters
-    swapped) -- on short strings too, where it is the same kind of mistake the reward
-    model must learn to see."""
-    if swap_frac + half_fix_frac > 1.0:
-        raise ValueError(f"swap_frac + half_fix_frac must be at most 1, got {swap_frac} + {half_fix_frac}")
+    (`half_fix_frac`), a wrong symbol in the first two places (`wrong_symbol_frac`), else
+    the demonstrator's flaw (first two output characters swapped) -- on short strings too,
+    where it is the same kind of mistake the reward model must learn to see."""
+    if swap_frac + half_fix_frac + wrong_symbol_frac > 1.0:
+        raise ValueError(f"swap_frac + half_fix_frac + wrong_symbol_frac must be at most 1, got {swap_frac} + "
+                         f"{half_fix_frac} + {wrong_symbol_frac}")
     correct = correct_answer(s)
     if rng.random() < degenerate_frac:
         return degenerate_answer(correct, rng)
     if correct[0] != correct[1]:
         u = rng.random()
-        if u >= swap_frac + half_fix_frac:
+        if u >= swap_frac + half_fix_frac + wrong_symbol_frac:
             return flawed_answer(s)
+        if u >= swap_frac + half_fix_frac:
+            return wrong_symbol_answer(correct, rng)
         if u >= swap_frac:
             return half_fixed_answer(correct, rng)
     return random_adjacent_swap(correct, rng)
@@ -125,9 +139,9 @@ def sample_unique_strings(rng, n, exclude=()):
     return out
 
 
-def preference_record(s, rng, degenerate_frac, swap_frac, half_fix_frac=0.0):
+def preference_record(s, rng, degenerate_frac, swap_frac, half_fix_frac=0.0, wrong_symbol_frac=0.0):
     """A PKU-SafeRLHF-schema record; the better response sits at a random index."""
-    better, worse = correct_answer(s), rejected_answer(s, rng, degenerate_frac, swap_frac, half_fix_frac)
+    better, worse = correct_answer(s), rejected_answer(s, rng, degenerate_frac, swap_frac, half_fix_frac, wrong_symbol_frac)
     better_id = rng.randint(0, 1)
     responses = [worse, worse]
     responses[better_id] = better
@@ -201,6 +215,7 @@ def generate(
     degenerate_frac=0.1,
     swap_frac=0.0,
     half_fix_frac=0.3,
+    wrong_symbol_frac=0.2,
 ):
     """Write every split into `output_dir`; returns `{split: number of records}`."""
     if not 0.0 <= flaw_prob <= 1.0:
@@ -216,8 +231,10 @@ def generate(
 
     splits = {
         "sft.jsonl": [{"src": [reverse_prompt(s)], "tgt": [demonstrate(s, rng, flaw_prob)]} for s in sft],
-        "preference.jsonl": [preference_record(s, rng, degenerate_frac, swap_frac, half_fix_frac) for s in pref],
-        "preference_eval.jsonl": [preference_record(s, rng, 0.0, swap_frac, half_fix_frac) for s in pref_eval],
+        "preference.jsonl": [preference_record(s, rng, degenerate_frac, swap_frac, half_fix_frac, wrong_symbol_frac)
+                             for s in pref],
+        "preference_eval.jsonl": [preference_record(s, rng, 0.0, swap_frac, half_fix_frac, wrong_symbol_frac)
+                                  for s in pref_eval],
         "prompts.jsonl": [{"src": [reverse_prompt(s)], "tgt": [correct_answer(s)]} for s in prompts],
         "test.jsonl": [{"src": [reverse_prompt(s)], "tgt": [correct_answer(s)]} for s in test],
         "valid.jsonl": [{"src": [reverse_prompt(s)], "tgt": [correct_answer(s)]} for s in pref_eval],
@@ -227,7 +244,7 @@ def generate(
 
     splits.update(feedback_splits(pref, pref_eval, seed))
     meta = {"seed": seed, "flaw_prob": flaw_prob, "degenerate_frac": degenerate_frac, "swap_frac": swap_frac,
-            "half_fix_frac": half_fix_frac, "alphabet": ALPHABET}
+            "half_fix_frac": half_fix_frac, "wrong_symbol_frac": wrong_symbol_frac, "alphabet": ALPHABET}
     return write_splits(output_dir, splits, "meta.json", meta)
 
 
@@ -244,6 +261,7 @@ def main(argv=None):
     parser.add_argument("--degenerate_frac", type=float, default=0.1)
     parser.add_argument("--swap_frac", type=float, default=0.0)
     parser.add_argument("--half_fix_frac", type=float, default=0.3)
+    parser.add_argument("--wrong_symbol_frac", type=float, default=0.2)
     args = parser.parse_args(argv)
     counts = generate(**vars(args))
     print(json.dumps({"output_dir": args.output_dir, "counts": counts}))

@@ -20,6 +20,7 @@ from ..evaluation import decode_responses, evaluate_generation
 from ..experience import experience_from_rollout
 from ..models.tensor_parallel import model_parallel_group
 from ..reward_client import RewardServerError
+from .best_policy import BestPolicy, eval_metric_name
 
 logger = logging.getLogger("ppo")
 
@@ -181,8 +182,11 @@ class TrainingLoop:
             self.tracker.truncate_after(self.step)
         if self.is_main:  # samples of steps after the checkpoint are logged again
             keep_rows_up_to(os.path.join(args.output_dir, "samples.jsonl"), self.step)
+        self.best_policy = None
+        if args.load_best_model_at_end:  # PaddleNLP's names; checked in ppo.ppo_argument_checks
+            self.best_policy = BestPolicy(eval_metric_name(args.metric_for_best_model), args.greater_is_better is not False)
         if args.evaluates and self.step == 0 and self.eval_dataset is not None:
-            self.tracker.log(self.evaluate(), step=0)
+            self.log_evaluation()
         bar = tqdm(total=self.max_steps, initial=self.step, desc="ppo", disable=not self.is_main or args.disable_tqdm)
         start = time.time()
         while self.step < self.max_steps:
@@ -203,12 +207,13 @@ class TrainingLoop:
             if self.is_main and args.num_sample_generations and self.step % args.num_sample_generations == 0:
                 self.log_samples(exp)
             if args.evaluates and self.eval_dataset is not None and (self.step % args.eval_steps == 0 or self.step == self.max_steps):
-                self.tracker.log(self.evaluate(), step=self.step)
+                self.log_evaluation()
             if args.saves_checkpoints and args.save_steps and self.step % args.save_steps == 0 and self.step != self.max_steps:
                 self.save()
             if self.stop_request.should_stop(self.world_size):
                 return self.stop_on_signal()
         bar.close()
+        extra = self.restore_best_policy()
         if args.saves_checkpoints:
             self.save()
         else:  # save_strategy no: the final models only, no checkpoint-<step>
@@ -216,8 +221,27 @@ class TrainingLoop:
         fingerprints = self.actor_fingerprints()
         if len(set(fingerprints)) > 1:
             logger.warning(f"actor weights differ across ranks: {fingerprints}")
-        extra = {"diverged": self.divergence_log} if self.divergence_log else {}
+        if self.divergence_log:
+            extra["diverged"] = self.divergence_log
         return self.tracker.finish(steps=self.step, train_wall_s=time.time() - start, actor_fingerprints=fingerprints, **extra)
+
+    def log_evaluation(self):
+        """Evaluate, log the metrics at this step and, with `load_best_model_at_end`, keep the
+        actor's weights when they are the best evaluated so far."""
+        metrics = self.evaluate()
+        self.tracker.log(metrics, step=self.step)
+        if self.best_policy is not None:
+            with self.offload.scope("actor"):
+                self.best_policy.consider(self.step, metrics, self.models.actor)
+
+    def restore_best_policy(self):
+        """Put the best evaluated weights back into the actor before the final save (with
+        `load_best_model_at_end`); returns the summary's `best_policy` entry ({} without)."""
+        if self.best_policy is None:
+            return {}
+        with self.offload.scope("actor"):
+            self.best_policy.restore(self.models.actor)
+        return self.best_policy.summary()
 
     def step_divergence(self, metrics):
         """This step's divergence messages (KL per step, gradient norms and losses per optimiser
