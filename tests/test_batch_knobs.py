@@ -12,6 +12,7 @@ from ppo.common.argument_parsing import ArgumentError, parse_arguments
 from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments
 from ppo.trainer.balance import balanced_partition, imbalance, trim_padding
 from tests.rule_reward_helpers import read_metrics
+from tests.demo_config_flags import PPO_AS_BEFORE
 from tests.test_data_parallel import one_and_two_process_runs
 from tests.test_tensor_parallel import assert_same_steps, assert_same_weights, assert_weights_moved, ppo_argv
 
@@ -167,7 +168,8 @@ def test_value_and_reward_passes_use_their_own_sizes(tiny_model_dir, tiny_rm_dir
     from ppo.run_ppo import build_trainer
 
     trainer = build_trainer([
-        "config/tiny/ppo_argument.json", *ppo_argv(tiny_model_dir, tiny_data_dir), "--reward_model_name_or_path", tiny_rm_dir,
+        "config/tiny/ppo_argument.json", *PPO_AS_BEFORE, *ppo_argv(tiny_model_dir, tiny_data_dir),
+        "--reward_model_name_or_path", tiny_rm_dir,
         "--output_dir", str(tmp_path / "ppo"), "--logging_dir", str(tmp_path / "ppo" / "vdl"), "--per_device_prompt_batch_size", "6", "--per_device_train_batch_size", "6",
         "--per_device_value_batch_size", "4", "--per_device_reward_batch_size", "5", "--per_device_logprob_batch_size", "2",
     ])
