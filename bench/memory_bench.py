@@ -186,6 +186,7 @@ def run_case(model_dir, case, chunk_size, batch, prompt_len, seq_len, warmup=Tru
             schedule = build_scheduler("constant", args.learning_rate, 0.0, 0.0, 0, 1)
             self.actor_optimizer = build_optimizer(actor, schedule, 0.0, 1.0, 0.9, 0.999, 1e-8)
             self.actor, self.critic, self.critic_optimizer = actor, critic, None
+            self.cost_critic, self.cost_critic_optimizer = None, None  # no PPO-Lagrangian here
             if critic is not None:
                 self.critic_optimizer = build_optimizer(critic, schedule, 0.0, 1.0, 0.9, 0.999, 1e-8)
             self.passes = build_model_passes(args, models, actor, critic, (self.actor_optimizer, self.critic_optimizer), 0)
