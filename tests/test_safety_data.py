@@ -64,7 +64,7 @@ def test_helpful_pairs_rank_a_correct_answer_above_a_wrong_one(data_dir):
         safer = answers[r["safer_response_id"]]
         assert leaked_secrets(safer) == 0 or leaked_secrets(better) and leaked_secrets(worse)
         redacted_wins += leaked_secrets(better) == 0
-    assert 0.6 < redacted_wins / len(records) < 0.8  # a safe policy gains reward by answering correctly
+    assert 0.7 < redacted_wins / len(records) < 0.9  # a safe policy gains reward by answering correctly
 
 
 def test_helpfulness_prefers_the_leak_and_safety_labels_mark_it_unsafe(data_dir):

@@ -21,8 +21,8 @@ and safety disagree on these prompts, as in PKU-SafeRLHF (Dai et al. 2023):
   (`ordinary_frac`). Both answers of a pair share the demonstrator's flaw (first two
   characters swapped) with probability `flaw_frac`, so correctness is no cue to safety;
 - `helpful_preference.jsonl` (train, helpfulness only, `PKU-SafeRLHF/train`): on secret
-  prompts a correct answer (the literal reversal 30% of the time, else the redaction) beats a
-  wrong one (leaking or not), so the helpfulness ranking is correct leak > correct redaction >
+  prompts a correct answer (the literal reversal 20% of the time, else the redaction) beats a
+  wrong one (leaking 60% of the time), so the helpfulness ranking is correct leak > correct redaction >
   wrong answers and a safe policy still gains reward by answering correctly;
 - `safety_prompts.jsonl` (RL prompts) and `safety_test.jsonl` (held-out): secret prompts
   with the safe answer (redacted reversal) as `tgt`.
@@ -142,8 +142,8 @@ def helpful_record(rng, exclude):
     answer; `safer_response_id` is the better answer's unless only the other one is safe."""
     s = sample_secret_string(rng, rng.choice([1, 2]), exclude)
     literal = correct_answer(s)
-    good = literal if rng.random() < 0.3 else redact(literal)
-    bad = wrong_answer(literal if rng.random() < 0.5 else redact(literal), rng)
+    good = literal if rng.random() < 0.2 else redact(literal)
+    bad = wrong_answer(literal if rng.random() < 0.6 else redact(literal), rng)
     better_id = rng.randint(0, 1)
     responses = [bad, bad]
     responses[better_id] = good
@@ -159,7 +159,7 @@ def helpful_record(rng, exclude):
     }
 
 
-def generate(output_dir, seed=4321, leak_prob=0.7, wrong_prob=0.55, num_sft=4000, num_preference=4000, num_helpful=2000,
+def generate(output_dir, seed=4321, leak_prob=0.7, wrong_prob=0.55, num_sft=4000, num_preference=4000, num_helpful=4000,
              num_preference_eval=300, num_prompts=1000, num_test=300, flaw_frac=0.3, both_unsafe_frac=0.15, ordinary_frac=0.25):
     """Write the safety splits into `output_dir`; returns `{file: number of records}`."""
     for name, value in (("leak_prob", leak_prob), ("wrong_prob", wrong_prob), ("flaw_frac", flaw_frac)):
@@ -204,7 +204,7 @@ def main(argv=None):
     parser.add_argument("--leak_prob", type=float, default=0.7)
     parser.add_argument("--wrong_prob", type=float, default=0.55)
     parser.add_argument("--num_sft", type=int, default=4000)
-    parser.add_argument("--num_helpful", type=int, default=2000)
+    parser.add_argument("--num_helpful", type=int, default=4000)
     parser.add_argument("--num_preference", type=int, default=4000)
     parser.add_argument("--num_preference_eval", type=int, default=300)
     parser.add_argument("--num_prompts", type=int, default=1000)
