@@ -43,8 +43,9 @@ def config_command(script, config, root, seed=None):
     cmd = [PY, script, config]
     if root != DEFAULT_ROOT:
         for key, value in values.items():
-            if isinstance(value, str) and DEFAULT_ROOT + "/" in value:
-                cmd += [f"--{key}", value.replace(DEFAULT_ROOT + "/", root.rstrip("/") + "/")]
+            items = value if isinstance(value, list) else [value]
+            if any(isinstance(v, str) and DEFAULT_ROOT + "/" in v for v in items):  # a list goes as one nargs flag
+                cmd += [f"--{key}"] + [v.replace(DEFAULT_ROOT + "/", root.rstrip("/") + "/") for v in items]
     if seed is not None:
         if "seed" not in values:
             raise ValueError(f"{config} has no seed to set")

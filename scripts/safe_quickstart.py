@@ -1,10 +1,10 @@
 """The safety demo of the tiny pipeline (`python scripts/quickstart.py --safe`): secret
 prompts (`ppo.tiny.safety_data`) whose most helpful answer leaks a secret symbol.
 
-SFT on the demo and safety demonstrations (leaking 70% of the time) -> a helpfulness reward
-model (the leaking answer wins) -> a cost model (leaks cost > 0, redactions < 0) -> plain PPO
-on the reward -> PPO-Lagrangian on reward and cost (`config/tiny/safe_ppo_argument.json`,
-threshold 0) -> one table: reward, cost, leak rate of each stage's greedy answers to the held-out
+SFT on the demo and sloppy safety demonstrations (55% wrong, 70% leaking) -> a helpfulness
+reward model (correct leak > correct redaction > wrong answers) -> a cost model (leaks cost > 0,
+redactions < 0) -> plain PPO on the reward -> PPO-Lagrangian on reward and cost
+(`config/tiny/safe_ppo_argument.json`, threshold 0) -> one table: reward, cost, leak rate of each stage's greedy answers to the held-out
 secret prompts, and each RL run's mean training cost over its last 20% of steps against the
 threshold (`scripts/evaluate_safety.py`).
 """

@@ -1,7 +1,8 @@
 """PPO-Lagrangian (Safe RLHF) end to end on tiny models: a cost model whose every cost is the
 constant c (zero score head, bias c) moves lambda by the hand formula (up above the threshold,
 down below it), the cost critic trains and is saved, frozen models stay put, a stopped and
-resumed run repeats the uninterrupted multiplier trajectory, and bad settings are refused
+resumed run (and, slow, one killed with SIGKILL at random moments) repeats the
+uninterrupted multiplier trajectory, and bad settings are refused
 before any model loads."""
 import json
 import math
@@ -144,6 +145,27 @@ def test_resume_repeats_the_multiplier_trajectory(tiny_model_dir, tiny_rm_dir, t
     for ra, rb in zip(a, b):
         for k in keys:
             np.testing.assert_allclose(ra[k], rb[k], rtol=1e-6, atol=1e-7, err_msg=f"step {ra['step']} {k}")
+
+
+@pytest.mark.slow  # real SIGKILLs of subprocesses; the in-process stop above covers the resume logic by default
+def test_kill_9_at_random_moments_repeats_the_multiplier_trajectory(tiny_model_dir, tiny_rm_dir, tiny_rm_dir_cost,
+                                                                    tiny_data_dir, tmp_path):
+    """PPO-Lagrangian killed with SIGKILL mid-step, mid-save and mid-trace-write, rerun each time,
+    ends with the uninterrupted run's weights and metrics: the same lambda at every step."""
+    from tests.test_random_kills import assert_same_run, kill_plan, metrics_without_timings, run_killed_then_resumed, timed_attempt
+
+    def argv(out):
+        return safe_argv(tiny_model_dir, tiny_rm_dir, tiny_rm_dir_cost, tiny_data_dir, out, "--max_steps", "5",
+                         "--save_steps", "1", "--logging_steps", "1", "--overwrite_output_dir", "false",
+                         "--save_total_limit", "2", "--episode_cost_window_size", "12", "--threshold", "-0.1")
+
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    proc, wall = timed_attempt("ppo", argv(straight))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert run_killed_then_resumed("ppo", argv(resumed), kill_plan(31, wall, (2, 14), (2, 8))) >= 3
+    assert_same_run(straight, resumed, "policy")
+    lambdas = [r["lagrange/lambda"] for r in metrics_without_timings(resumed) if "lagrange/lambda" in r]
+    assert len(lambdas) == 5 and len(set(lambdas)) == 5  # the multiplier moved every step, identically
 
 
 @pytest.mark.parametrize("extra,message", [

@@ -45,3 +45,11 @@ def test_table_compares_the_sampled_cost_with_the_threshold(capsys):
                                                       "ppo_lagrangian": {**row, "train_cost_last20": -0.25}}})
     text = capsys.readouterr().out
     assert "+2.500 > 0" in text and "-0.250 <= 0" in text
+
+
+def test_list_valued_dataset_paths_move_under_the_output_root():
+    cmd = config_command("rm/run_reward.py", "config/tiny/rm_helpful_argument.json", "runs")
+    i = cmd.index("--train_datasets")
+    assert cmd[i + 1:i + 3] == ["PKU-SafeRLHF/train:1.0:runs/data/safety_preference.jsonl",
+                                "PKU-SafeRLHF/train:1.0:runs/data/helpful_preference.jsonl"]
+    assert cmd[i + 3].startswith("--") and not any("outputs/tiny/" in c for c in cmd)

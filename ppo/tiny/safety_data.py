@@ -6,9 +6,10 @@ The demo task reverses strings (`ppo.tiny.demo_data`: `Reverse: k3x9q` -> `q9x3k
 secret; the safe answer writes the redaction mark `*` in its place: `q9*3k`. Helpfulness
 and safety disagree on these prompts, as in PKU-SafeRLHF (Dai et al. 2023):
 
-- `safety_sft.jsonl`: the flawed demonstrator on secret prompts leaks every secret with
-  probability `leak_prob` (default 0.7, so supervised learning copies the leak), else
-  redacts; Jsonfile records `{"src": [...], "tgt": [...]}`;
+- `safety_sft.jsonl`: the sloppy demonstrator on secret prompts answers wrong (first two
+  characters swapped) with probability `wrong_prob` (default 0.55) and leaks every secret with
+  probability `leak_prob` (default 0.7), else redacts: supervised learning copies a mostly wrong,
+  mostly leaking policy whose reward both RL runs can raise; Jsonfile records `{"src": [...], "tgt": [...]}`;
 - `safety_preference.jsonl` (train) and `safety_preference_eval.jsonl` (held-out strings):
   PKU-SafeRLHF records. `better_response_id` is the helpfulness label (more characters of
   the literal reversal: the leaking answer wins), `safer_response_id` and
@@ -19,6 +20,10 @@ and safety disagree on these prompts, as in PKU-SafeRLHF (Dai et al. 2023):
   ordinary prompts, the answer vs the same answer with an injected secret symbol
   (`ordinary_frac`). Both answers of a pair share the demonstrator's flaw (first two
   characters swapped) with probability `flaw_frac`, so correctness is no cue to safety;
+- `helpful_preference.jsonl` (train, helpfulness only, `PKU-SafeRLHF/train`): on secret
+  prompts a correct answer (the literal reversal 20% of the time, else the redaction) beats a
+  wrong one (leaking 60% of the time), so the helpfulness ranking is correct leak > correct redaction >
+  wrong answers and a safe policy still gains reward by answering correctly;
 - `safety_prompts.jsonl` (RL prompts) and `safety_test.jsonl` (held-out): secret prompts
   with the safe answer (redacted reversal) as `tgt`.
 
@@ -115,16 +120,49 @@ def safety_record(rng, exclude, flaw_frac, both_unsafe_frac, ordinary_frac):
     }
 
 
-def demonstrate_secret(s, rng, leak_prob):
-    """The flawed demonstrator on a secret prompt: the literal reversal (leaks) with probability `leak_prob`."""
+def wrong_answer(answer, rng):
+    """A wrong answer: the demonstrator's flaw (first two characters swapped), or, when those
+    two are equal, the first character replaced by another demo character."""
+    if answer[0] != answer[1]:
+        return swap_first_two(answer)
+    return rng.choice([c for c in ALPHABET if c != answer[0]]) + answer[1:]
+
+
+def demonstrate_secret(s, rng, leak_prob, wrong_prob):
+    """The sloppy demonstrator on a secret prompt: a wrong answer with probability `wrong_prob`;
+    either way it leaks (the literal characters) with probability `leak_prob`, else redacts."""
+    answer = correct_answer(s)
+    answer = answer if rng.random() < leak_prob else redact(answer)
+    return wrong_answer(answer, rng) if rng.random() < wrong_prob else answer
+
+
+def helpful_record(rng, exclude):
+    """A helpfulness-only PKU-SafeRLHF record on a secret prompt: a correct answer (leaking or
+    redacted) beats a wrong one (leaking or redacted), and a correct redaction beats any wrong
+    answer; `safer_response_id` is the better answer's unless only the other one is safe."""
+    s = sample_secret_string(rng, rng.choice([1, 2]), exclude)
     literal = correct_answer(s)
-    return literal if rng.random() < leak_prob else redact(literal)
+    good = literal if rng.random() < 0.2 else redact(literal)
+    bad = wrong_answer(literal if rng.random() < 0.6 else redact(literal), rng)
+    better_id = rng.randint(0, 1)
+    responses = [bad, bad]
+    responses[better_id] = good
+    safe = [leaked_secrets(a) == 0 for a in responses]
+    return {
+        "prompt": reverse_prompt(s),
+        "response_0": responses[0],
+        "response_1": responses[1],
+        "better_response_id": better_id,
+        "safer_response_id": better_id if safe[better_id] or not safe[1 - better_id] else 1 - better_id,
+        "is_response_0_safe": safe[0],
+        "is_response_1_safe": safe[1],
+    }
 
 
-def generate(output_dir, seed=4321, leak_prob=0.7, num_sft=4000, num_preference=4000, num_preference_eval=300,
-             num_prompts=1000, num_test=300, flaw_frac=0.3, both_unsafe_frac=0.15, ordinary_frac=0.25):
+def generate(output_dir, seed=4321, leak_prob=0.7, wrong_prob=0.55, num_sft=4000, num_preference=4000, num_helpful=4000,
+             num_preference_eval=300, num_prompts=1000, num_test=300, flaw_frac=0.3, both_unsafe_frac=0.15, ordinary_frac=0.25):
     """Write the safety splits into `output_dir`; returns `{file: number of records}`."""
-    for name, value in (("leak_prob", leak_prob), ("flaw_frac", flaw_frac)):
+    for name, value in (("leak_prob", leak_prob), ("wrong_prob", wrong_prob), ("flaw_frac", flaw_frac)):
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"{name} must lie in [0, 1], got {value}")
     if both_unsafe_frac < 0 or ordinary_frac < 0 or both_unsafe_frac + ordinary_frac > 1.0:
@@ -145,14 +183,16 @@ def generate(output_dir, seed=4321, leak_prob=0.7, num_sft=4000, num_preference=
         ],
         "safety_sft.jsonl": [],
         "safety_prompts.jsonl": [],
+        "helpful_preference.jsonl": [],
     }
     for _ in range(num_sft):
         s = sample_secret_string(rng, rng.choice([1, 2]), held_out)
-        splits["safety_sft.jsonl"].append({"src": [reverse_prompt(s)], "tgt": [demonstrate_secret(s, rng, leak_prob)]})
+        splits["safety_sft.jsonl"].append({"src": [reverse_prompt(s)], "tgt": [demonstrate_secret(s, rng, leak_prob, wrong_prob)]})
     for _ in range(num_prompts):
         s = sample_secret_string(rng, rng.choice([1, 2]), held_out)
         splits["safety_prompts.jsonl"].append({"src": [reverse_prompt(s)], "tgt": [redact(correct_answer(s))]})
-    meta = {"seed": seed, "leak_prob": leak_prob, "flaw_frac": flaw_frac, "both_unsafe_frac": both_unsafe_frac,
+    splits["helpful_preference.jsonl"] = [helpful_record(rng, held_out) for _ in range(num_helpful)]
+    meta = {"seed": seed, "leak_prob": leak_prob, "wrong_prob": wrong_prob, "flaw_frac": flaw_frac, "both_unsafe_frac": both_unsafe_frac,
             "ordinary_frac": ordinary_frac, "secrets": SECRETS, "redaction": REDACTION}
     return write_splits(output_dir, splits, "safety_meta.json", meta)
 
@@ -162,7 +202,9 @@ def main(argv=None):
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--seed", type=int, default=4321)
     parser.add_argument("--leak_prob", type=float, default=0.7)
+    parser.add_argument("--wrong_prob", type=float, default=0.55)
     parser.add_argument("--num_sft", type=int, default=4000)
+    parser.add_argument("--num_helpful", type=int, default=4000)
     parser.add_argument("--num_preference", type=int, default=4000)
     parser.add_argument("--num_preference_eval", type=int, default=300)
     parser.add_argument("--num_prompts", type=int, default=1000)
