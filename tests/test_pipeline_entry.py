@@ -116,8 +116,10 @@ def test_reward_model_pp2_matches_pp1(two_layer_score_dir, tiny_data_dir, tmp_pa
     )
     out1, out2 = run_plain_and_pipeline(run_reward, "rm/run_reward.py", argv, tmp_path, *LAYOUTS[layout])
     assert_same_steps(out1, out2, "rm/loss")
+    # atol 1e-6: rm/margin is a difference of scores and can sit near 0 (7.9e-4 with the tiny RM's
+    # schedule), where the schedules' ~1e-7 float differences exceed any relative tolerance
     for key in ("rm/accuracy", "rm/margin", "rm/eval_loss"):
-        np.testing.assert_allclose(final_eval(out2, key), final_eval(out1, key), rtol=1e-4, atol=1e-7, err_msg=key)
+        np.testing.assert_allclose(final_eval(out2, key), final_eval(out1, key), rtol=1e-4, atol=1e-6, err_msg=key)
     # atol: AdamW's first steps divide tiny gradients by their own size, so float differences
     # of the two schedules' sums (~1e-7 relative in the losses) reach ~1e-5 in some weights
     # (8e-5 in 3 of 1024 q_proj entries when the tensor-parallel slices sum them too, 1.6e-4 in
