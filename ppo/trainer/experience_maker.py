@@ -242,13 +242,20 @@ class ExperienceMaking:
                 scores, exp.old_logprobs, exp.ref_logprobs, mask, kl_coeff, args.clip_range_score, kind=args.kl_estimator,
                 clamp=args.kl_clamp if args.kl_estimator in K3_NAMES else None,
             )
-            exp.advantages, exp.returns = self.estimator(
-                exp.rewards, mask, values=exp.values, group_size=args.rollout_n, gamma=args.gamma,
-                gae_lambda=args.gae_lambda, scale_by_std=args.scale_reward_std,
-            )
-            if args.normalize_advantage:
-                exp.advantages = self.whitened_over_ranks(exp.advantages, mask)
+            exp.advantages, exp.returns = self.advantages_and_returns(exp.rewards, exp.values, mask)
         return kl
+
+    def advantages_and_returns(self, rewards, values, mask):
+        """`(advantages, returns)` `[N, Tr]` of token `rewards` (and critic `values`, or None) from
+        the run's estimator, whitened over the data ranks with `normalize_advantage`."""
+        args = self.args
+        advantages, returns = self.estimator(
+            rewards, mask, values=values, group_size=args.rollout_n, gamma=args.gamma, gae_lambda=args.gae_lambda,
+            scale_by_std=args.scale_reward_std,
+        )
+        if args.normalize_advantage:
+            advantages = self.whitened_over_ranks(advantages, mask)
+        return advantages, returns
 
     def whitened_over_ranks(self, x, mask):
         """`masked_whiten(x, mask)` with the mean and (unbiased) variance of every data rank's

@@ -28,8 +28,8 @@ def build_lagrange_multiplier(args):
 
 class LagrangeStep:
     """The PPO-Lagrangian parts of `PPOTrainer`. Reads `args`, `passes`, `offload`, `models`,
-    `estimator`, `step`, `world_size`, `data_rank`, `data_world`; keeps `lagrange` (a
-    `LagrangeMultiplier`, None without a cost model) and `lagrange_stats`."""
+    `step`, `world_size`, `data_rank`, `data_world` and ExperienceMaking's `advantages_and_returns`;
+    keeps `lagrange` (a `LagrangeMultiplier`, None without a cost model) and `lagrange_stats`."""
 
     def cost_scores(self, exp):
         """Cost-model end scores `[N]`; a non-finite cost stops the run naming the row."""
@@ -74,15 +74,8 @@ class LagrangeStep:
                 scores, exp.costs, exp.old_logprobs, exp.ref_logprobs, mask, kl_coeff, args.clip_range_score,
                 kind=args.kl_estimator, clamp=args.kl_clamp if args.kl_estimator in K3_NAMES else None,
             )
-            estimate = lambda rewards, values: self.estimator(  # noqa: E731
-                rewards, mask, values=values, group_size=args.rollout_n, gamma=args.gamma, gae_lambda=args.gae_lambda,
-                scale_by_std=args.scale_reward_std,
-            )
-            reward_advantages, exp.returns = estimate(exp.rewards, exp.values)
-            exp.cost_advantages, exp.cost_returns = estimate(exp.cost_rewards, exp.cost_values)
-            if args.normalize_advantage:
-                reward_advantages = self.whitened_over_ranks(reward_advantages, mask)
-                exp.cost_advantages = self.whitened_over_ranks(exp.cost_advantages, mask)
+            reward_advantages, exp.returns = self.advantages_and_returns(exp.rewards, exp.values, mask)
+            exp.cost_advantages, exp.cost_returns = self.advantages_and_returns(exp.cost_rewards, exp.cost_values, mask)
             self.lagrange_stats = self.update_multiplier(exp.costs)
             exp.advantages = combined_advantages(reward_advantages, exp.cost_advantages, self.lagrange.value)
         return kl
