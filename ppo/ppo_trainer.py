@@ -14,6 +14,8 @@ The parts live in `ppo/trainer/`: steps 1-4 in `experience_maker.py`, step 5 in 
 the step and the loop around it in `loop.py`. Every pass through a model goes through
 `self.passes` (`ppo.passes`), picked once here for the parallel strategy.
 """
+import logging
+
 import paddle.distributed as dist
 
 from .algos import AdaptiveKLController
@@ -29,6 +31,8 @@ from .trainer.experience_maker import ExperienceMaking
 from .trainer.lagrange_step import LagrangeStep, build_lagrange_multiplier
 from .trainer.loop import TrainingLoop
 from .trainer.update import NonFiniteError, PolicyUpdate, first_non_finite
+
+logger = logging.getLogger("ppo")
 
 __all__ = ["NonFiniteError", "PPOTrainer", "first_non_finite"]
 
@@ -129,6 +133,8 @@ class PPOTrainer(ExperienceMaking, LagrangeStep, PolicyUpdate, TrainingLoop):
                 len(self.ptx_dataset), args.per_device_train_batch_size, self.data_rank, self.data_world, args.seed + 1
             )
         self.collate_prompts = self.train_dataset.get_collator()
+        if args.balance_batch and self.data_world == 1:  # PaddleNLP's YAML files set it on one process too
+            logger.info("balance_batch: one data-parallel rank, nothing to balance (it reorders rollout groups over ranks)")
 
     def init_step_state(self):
         """The state one training step reads and updates besides models and optimisers:

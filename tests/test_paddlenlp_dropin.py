@@ -6,6 +6,7 @@ the model/data paths and sizes (and the GPU/cluster settings a 1-CPU test cannot
 have) with command-line overrides.
 """
 import json
+import logging
 import math
 import os
 import threading
@@ -631,7 +632,7 @@ QWEN_YAML_RUNS = {
 
 
 @pytest.mark.parametrize("name", sorted(QWEN_YAML_RUNS))
-def test_qwen_yaml_files_run_two_steps(name, tiny_model_dir, tiny_rm_dir, tiny_data_dir, post_only_server, tmp_path):
+def test_qwen_yaml_files_run_two_steps(name, tiny_model_dir, tiny_rm_dir, tiny_data_dir, post_only_server, tmp_path, caplog):
     """PaddleNLP's current Qwen RL files, models, data and sizes swapped for tiny ones on the
     command line: global_batch_size 4 prompts, the file's mini-batch, micro-batch and rollout
     knobs acting (GRPO / REINFORCE++: one optimiser step of two micro-batches of 4 rows; PPO:
@@ -642,14 +643,17 @@ def test_qwen_yaml_files_run_two_steps(name, tiny_model_dir, tiny_rm_dir, tiny_d
     out = str(tmp_path / "run")
     models = (["--critic_model_name_or_path", tiny_rm_dir, "--use_rule_reward", "false", "--reward_model_name_or_path", tiny_rm_dir]
               if estimator == "gae" else ["--reward_server", post_only_server.address])
-    trainer = build_trainer([
-        qwen_yaml(name, tmp_path), *CPU_OVERRIDES, "--sequence_parallel", "false", "--recompute", "false",
-        "--output_dir", out, "--logging_dir", f"{out}/vdl", "--max_steps", "2", "--max_length", "96", "--max_prompt_len", "80",
-        "--max_dec_len", "6", "--min_dec_len", "1", "--global_batch_size", "4", "--per_device_eval_batch_size", "8",
-        "--evaluation_strategy", "no", "--do_eval", "false", "--save_steps", "0", "--offload_level", "",
-        "--num_sample_generations", "0", "--report_to", "visualdl", "--actor_model_name_or_path", tiny_model_dir,
-        "--train_datasets", f"{tiny_data_dir}/prompts.jsonl", "--eval_datasets", f"{tiny_data_dir}/test.jsonl", *models, *flags,
-    ])
+    with caplog.at_level(logging.INFO, logger="ppo"):
+        trainer = build_trainer([
+            qwen_yaml(name, tmp_path), *CPU_OVERRIDES, "--sequence_parallel", "false", "--recompute", "false",
+            "--output_dir", out, "--logging_dir", f"{out}/vdl", "--max_steps", "2", "--max_length", "96", "--max_prompt_len", "80",
+            "--max_dec_len", "6", "--min_dec_len", "1", "--global_batch_size", "4", "--per_device_eval_batch_size", "8",
+            "--evaluation_strategy", "no", "--do_eval", "false", "--save_steps", "0", "--offload_level", "",
+            "--num_sample_generations", "0", "--report_to", "visualdl", "--actor_model_name_or_path", tiny_model_dir,
+            "--train_datasets", f"{tiny_data_dir}/prompts.jsonl", "--eval_datasets", f"{tiny_data_dir}/test.jsonl", *models, *flags,
+        ])
+    # one process: the file's balance_batch has nothing to balance, and says so
+    assert any(r.getMessage().startswith("balance_batch: one data-parallel rank") for r in caplog.records)
     args = trainer.args
     assert args.adv_estimator == estimator and args.per_device_prompt_batch_size == 4 and args.balance_batch
     assert args.use_remove_padding and trainer.passes.remove_padding  # the file as it is: packed rows
