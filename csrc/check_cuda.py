@@ -25,8 +25,9 @@
    function a dispatcher calls is defined by a binding with the same signature, and every
    `ppo_cuda_*` launcher a binding calls is defined by a kernel object.
 4. Reuse. An object whose compile read exactly the same inputs before (same command, same
-   csrc/ sources and headers, same Paddle version and host compiler: `ObjectCache`) is taken
-   from `~/.cache/paddle-align/cuda-objects` instead of compiled again; the symbol check still
+   csrc/ sources and headers, same Paddle version and host compiler: `object_cache.ObjectCache`)
+   is taken from `~/.cache/paddle-align/cuda-objects` (or `$PPO_CUDA_OBJECT_CACHE`) instead of
+   compiled again; the symbol check still
    runs on every object. A CI run with unchanged CUDA sources takes seconds instead of minutes.
 
 The GPU kernel tests (tests/test_cuda_kernels.py) use `nvcc_command` / `build_kernel_library`
@@ -46,6 +47,10 @@ import time
 import zipfile
 
 CSRC = os.path.dirname(os.path.abspath(__file__))
+if CSRC not in sys.path:
+    sys.path.insert(0, CSRC)
+from object_cache import ObjectCache, cache_dir, run_command as _run  # noqa: E402
+
 CUDA_DIR = os.path.join(CSRC, "cuda")
 ARCHS = ("80", "90")
 
@@ -176,11 +181,6 @@ def nvcc_command(nvcc, src, out, arch, shared=False, include_dirs=(), werror=Tru
     return cmd
 
 
-def _run(cmd):
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    return proc.returncode, (proc.stdout + proc.stderr).strip()
-
-
 def compile_kernels(tools_dir, out_dir, sources=None, archs=ARCHS, jobs=2, cache=None):
     """Compile each plain-CUDA file for each arch; returns a list of (label, ok, output)."""
     nvcc = nvcc_path(tools_dir)
@@ -259,6 +259,12 @@ def check_symbols(out_dir):
     return results
 
 
+def cached_inputs():
+    """The files whose contents key every cached object (see `object_cache.ObjectCache`)."""
+    return (glob.glob(os.path.join(CSRC, "*.h")) + glob.glob(os.path.join(CSRC, "cpu", "*"))
+            + glob.glob(os.path.join(CSRC, "cuda", "*")))
+
+
 def _run_all(todo, jobs, cache=None):
     """Run each (label, command) of `todo`, `jobs` at a time; with a `cache` (see `ObjectCache`),
     a command whose inputs it has compiled before gets that object back instead."""
@@ -266,56 +272,6 @@ def _run_all(todo, jobs, cache=None):
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         results = list(pool.map(lambda item: run(item[1]), todo))
     return [(label, rc == 0, out) for (label, _), (rc, out) in zip(todo, results)]
-
-
-class ObjectCache:
-    """Objects of successful compiles, outside the checkout (`~/.cache/paddle-align/cuda-objects`),
-    keyed by everything the compile reads: the command line (the checkout's, the output's and
-    Paddle's folders replaced by placeholders, Paddle's version and the host compiler's
-    `--version` added), the contents of every file under csrc/cpu, csrc/cuda and csrc/*.h, and
-    the source file itself. The same key gives the same object, so a hit is the compile's result;
-    any edit of a source or header misses and compiles again. Failed compiles are never stored."""
-
-    def __init__(self, root, out_dir, paddle_root, cxx):
-        try:
-            import paddle
-
-            version = paddle.__version__
-        except ImportError:  # --no-bindings on a machine without Paddle: no Paddle header is read
-            version = None
-        self.root, self.out_dir = root, out_dir
-        self.subst = [(out_dir, "<out>"), (CSRC, "<csrc>")] + ([(paddle_root, f"<paddle {version}>")] if paddle_root else [])
-        h = hashlib.sha256(_run([cxx, "--version"])[1].encode())
-        for path in sorted(glob.glob(os.path.join(CSRC, "*.h")) + glob.glob(os.path.join(CSRC, "cpu", "*"))
-                           + glob.glob(os.path.join(CSRC, "cuda", "*"))):
-            h.update(os.path.relpath(path, CSRC).encode() + b"\0" + open(path, "rb").read())
-        self.sources_digest = h.hexdigest()
-        self.hits = 0
-
-    def key(self, cmd):
-        text = json.dumps([self._placeholders(c) for c in cmd])
-        src = open(cmd[-1], "rb").read()  # the source is the last argument (`-c -o OBJ SRC`)
-        return hashlib.sha256((text + self.sources_digest).encode() + src).hexdigest()[:32]
-
-    def _placeholders(self, arg):
-        for path, name in self.subst:
-            arg = arg.replace(path, name)
-        return arg
-
-    def run(self, cmd):
-        obj = cmd[cmd.index("-o") + 1]
-        cached = os.path.join(self.root, self.key(cmd) + ".o")
-        if os.path.exists(cached):
-            shutil.copyfile(cached, obj)
-            self.hits += 1
-            return 0, ""
-        rc, out = _run(cmd)
-        if rc == 0:
-            os.makedirs(self.root, exist_ok=True)
-            tmp = f"{cached}.{os.getpid()}.tmp"
-            shutil.copyfile(obj, tmp)
-            os.replace(tmp, cached)
-        return rc, out
 
 
 def build_kernel_library(src, out_dir, arch, nvcc=None, werror=True):
@@ -362,8 +318,7 @@ def main(argv=None):
         return 2
     with tempfile.TemporaryDirectory(prefix="ppo-cuda-check-") as out_dir:
         cache = None if args.no_cache else ObjectCache(
-            os.path.join(os.path.expanduser("~"), ".cache", "paddle-align", "cuda-objects"), out_dir,
-            _paddle_include_dirs()[0] if with_bindings else None, host_cxx())
+            cache_dir("cuda-objects", "PPO_CUDA_OBJECT_CACHE"), cached_inputs(), {out_dir: "<out>"}, [host_cxx()])
         ok = _report(compile_kernels(tools, out_dir, jobs=args.jobs, cache=cache), print)
         if with_bindings:
             ok = _report(compile_bindings(tools, out_dir, jobs=args.jobs, cache=cache), print) and ok

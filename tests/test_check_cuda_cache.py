@@ -1,6 +1,6 @@
-"""csrc/check_cuda.py's object cache (`ObjectCache`): a hit hands back the object an identical
-compile made, any change of the command or the source misses, and a failed compile is never
-stored. Uses the host C++ compiler on a tiny file (no CUDA tools needed)."""
+"""csrc/check_cuda.py's use of the object cache (`object_cache.ObjectCache`): a hit hands back
+the object an identical compile made, any change of the command or the source misses, and a
+failed compile is never stored. Uses the host C++ compiler on a tiny file (no CUDA tools needed)."""
 import os
 import shutil
 
@@ -11,6 +11,11 @@ import cuda_ctypes
 check = cuda_ctypes.check_cuda_module()
 CXX = shutil.which(check.host_cxx())
 pytestmark = pytest.mark.skipif(CXX is None, reason="no host C++ compiler")
+
+
+def new_cache(root, out_dir):
+    """The cache as check_cuda's main() makes it: the temporary output folder as a placeholder."""
+    return check.ObjectCache(str(root), check.cached_inputs(), {str(out_dir): "<out>"}, [CXX])
 
 
 def compile_cmd(src, obj, *flags):
@@ -24,7 +29,7 @@ def test_hits_reuse_the_object_and_any_change_misses(tmp_path):
     src = tmp_path / "src" / "f.cc"
     src.write_text("int f() { return 1; }\n")
     obj = str(out / "f.o")
-    cache = check.ObjectCache(str(tmp_path / "cache"), str(out), None, CXX)
+    cache = new_cache(tmp_path / "cache", out)
     assert cache.run(compile_cmd(str(src), obj)) == (0, "") and cache.hits == 0
     first = open(obj, "rb").read()
     os.remove(obj)
@@ -32,7 +37,7 @@ def test_hits_reuse_the_object_and_any_change_misses(tmp_path):
     assert open(obj, "rb").read() == first  # the stored object, copied back
     # another output folder of the same compile (a new temporary dir per run): still a hit
     (tmp_path / "out2").mkdir()
-    other = check.ObjectCache(str(tmp_path / "cache"), str(tmp_path / "out2"), None, CXX)
+    other = new_cache(tmp_path / "cache", tmp_path / "out2")
     assert other.key(compile_cmd(str(src), str(tmp_path / "out2" / "f.o"))) == cache.key(compile_cmd(str(src), obj))
     keys = {cache.key(compile_cmd(str(src), obj)), cache.key(compile_cmd(str(src), obj, "-O2"))}
     src.write_text("int f() { return 2; }\n")
@@ -43,7 +48,7 @@ def test_hits_reuse_the_object_and_any_change_misses(tmp_path):
 def test_a_failed_compile_is_not_stored(tmp_path):
     src = tmp_path / "bad.cc"
     src.write_text("int f() { return }\n")
-    cache = check.ObjectCache(str(tmp_path / "cache"), str(tmp_path), None, CXX)
+    cache = new_cache(tmp_path / "cache", tmp_path)
     rc, out = cache.run(compile_cmd(str(src), str(tmp_path / "bad.o")))
     assert rc != 0 and "error" in out
     assert not os.path.exists(tmp_path / "cache") or not os.listdir(tmp_path / "cache")
