@@ -178,9 +178,10 @@ def paddle_setup(with_cuda, cxx_flags, cache_root):
                 self.compiler.spawn = functools.partial(_cached_spawn, self.compiler.spawn, cache)
             super().build_extensions()
 
+    nvcc_flags = ["-O3", "--use_fast_math"] + defines if with_cuda else []
     ext = (CUDAExtension if with_cuda else CppExtension)(
         sources=_sources(with_cuda), include_dirs=[], library_dirs=[], extra_link_args=[],
-        extra_compile_args={"cxx": cxx_flags + defines + relative, "nvcc": ["-O3", "--use_fast_math"] + defines if with_cuda else []})
+        extra_compile_args={"cxx": cxx_flags + defines + relative, "nvcc": nvcc_flags})
     setup(name=NAME, ext_modules=[ext],
           cmdclass={"build_ext": CachedBuildExtension.with_options(output_dir=LIB_DIR, no_python_abi_suffix=True)})
     if cache is not None:
