@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 
+PPO_STEPS = 36  # the LoRA PPO run's length; held-out greedy scores are taken at 0 and here
+
+
 def run_entry(main, config, *overrides):
     main([config, *overrides, "--disable_tqdm", "true"])
 
@@ -33,6 +36,26 @@ def write_verbose_pairs(data_dir, root):
     return {name: str(root / f"pairs_{name}.jsonl") for name in files}
 
 
+def reference_answer_score(rm_dir, data_dir, template="USER: {input} ASSISTANT:"):
+    """The reward model's mean score of test.jsonl's right answers, tokenised as PPO's held-out
+    evaluation scores a greedy answer (the prompt with BOS, the answer, EOS)."""
+    import paddle
+
+    from ppo.models.adapters import load_merged_score_model
+    from ppo.models.loading import load_tokenizer
+
+    tokenizer, model = load_tokenizer(rm_dir), load_merged_score_model(rm_dir)
+    model.eval()
+    scores = []
+    for row in map(json.loads, open(f"{data_dir}/test.jsonl")):
+        ids = tokenizer(template.format(input=row["src"][0]))["input_ids"]
+        ids += tokenizer(row["tgt"][0], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        with paddle.no_grad():
+            x = paddle.to_tensor([ids])
+            scores.append(float(model(input_ids=x, attention_mask=paddle.ones_like(x)).end_scores.numpy().ravel()[0]))
+    return sum(scores) / len(scores)
+
+
 @pytest.fixture(scope="module")
 def lora_runs(tiny_model_dir, tiny_data_dir, tmp_path_factory):
     """The whole LoRA flow on the fixtures' tiny model; returns the output directories."""
@@ -43,9 +66,13 @@ def lora_runs(tiny_model_dir, tiny_data_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("lora_flow")
     pairs = write_verbose_pairs(tiny_data_dir, tmp_path_factory.mktemp("pairs"))
     out = {name: str(root / name) for name in ("sft", "rm", "ppo", "grpo")}
-    # seed 2: the fixture-sized SFT adapter's greedy answers leave headroom under the learned reward (with seeds 1
-    # and 42 they already score near its top and 12 PPO steps change little; seed 3 gains +0.6, seed 2 +1.8)
-    common = ["--lora_rank", "8", "--lora_alpha", "16", "--evaluation_strategy", "no", "--seed", "2"]
+    # The fixture-sized flow is chaotic: a change of environment moves where the SFT adapter lands (the commit that
+    # picked seed 2 for +1.8 gives 2.15 -> 2.08 in a later virtual environment, and this file's seed 2 3.088 -> 3.088).
+    # The reward model learns answer length (a right answer against it written twice); some seeds' SFT adapters
+    # already answer at that length: seeds 1, 2, 7 and 42 there score at or above the right answers and PPO has
+    # nothing to raise. Seed 3 starts 2.4 below the right answers; 36 PPO steps take its greedy held-out score
+    # 0.62 -> 0.81 (12) -> 1.71 (24) -> 2.78 (36). test_lora_ppo_raises_the_learned_reward checks the headroom first.
+    common = ["--lora_rank", "8", "--lora_alpha", "16", "--evaluation_strategy", "no", "--seed", "3"]
     run_entry(run_sft, "config/tiny/lora_sft_argument.json", "--model_name_or_path", tiny_model_dir,
               "--train_datasets", f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl", "--eval_datasets", f"Jsonfile:1.0:{tiny_data_dir}/test.jsonl",
               "--output_dir", out["sft"], "--logging_dir", f"{out['sft']}/vdl", "--max_steps", "150", "--warmup_steps", "10",
@@ -58,15 +85,15 @@ def lora_runs(tiny_model_dir, tiny_data_dir, tmp_path_factory):
     prompts = ["--train_datasets", f"Jsonfile:1.0:{tiny_data_dir}/prompts.jsonl", "--eval_datasets", f"Jsonfile:1.0:{tiny_data_dir}/test.jsonl"]
     run_entry(run_ppo, "config/tiny/lora_ppo_argument.json", "--actor_model_name_or_path", out["sft"],
               "--reward_model_name_or_path", out["rm"], *prompts, "--output_dir", out["ppo"], "--logging_dir", f"{out['ppo']}/vdl",
-              "--max_steps", "12", "--per_device_prompt_batch_size", "16", "--per_device_train_batch_size", "16", "--learning_rate", "2e-3",
-              "--max_dec_len", "8", "--save_steps", "12", "--num_sample_generations", "0", *common,
-              "--evaluation_strategy", "steps", "--eval_steps", "12")  # greedy held-out scores at steps 0 and 12
+              "--max_steps", str(PPO_STEPS), "--per_device_prompt_batch_size", "16", "--per_device_train_batch_size", "16",
+              "--learning_rate", "2e-3", "--max_dec_len", "8", "--save_steps", str(PPO_STEPS), "--num_sample_generations", "0", *common,
+              "--evaluation_strategy", "steps", "--eval_steps", str(PPO_STEPS))  # greedy held-out scores at 0 and PPO_STEPS
     run_entry(run_ppo, "config/tiny/lora_grpo_argument.json", "--actor_model_name_or_path", out["sft"], *prompts,
               "--use_rm_server", "false", "--use_rule_reward", "true", "--rule_reward_scorers", "reverse",
               "--output_dir", out["grpo"], "--logging_dir", f"{out['grpo']}/vdl", "--max_steps", "3",
               "--per_device_prompt_batch_size", "4", "--rollout_n", "4", "--per_device_train_batch_size", "16",
               "--max_dec_len", "8", "--save_steps", "3", "--num_sample_generations", "0", *common)
-    return {"root": str(root), **out}
+    return {"root": str(root), "data": tiny_data_dir, **out}
 
 
 def test_one_base_model_directory_on_disk(lora_runs, tiny_model_dir):
@@ -90,9 +117,14 @@ def test_lora_ppo_raises_the_learned_reward(lora_runs):
     from ppo.models.loading import load_causal_lm, load_tokenizer
 
     rows = read_metrics(lora_runs["ppo"])
-    assert len([r for r in rows if "objective/scores" in r]) == 12
-    held_out = {r["step"]: r["eval/score"] for r in rows if "eval/score" in r}  # the reward model's mean score
-    assert sorted(held_out) == [0, 12] and held_out[12] > held_out[0] + 0.5, held_out
+    assert len([r for r in rows if "objective/scores" in r]) == PPO_STEPS
+    held_out = {r["step"]: r["eval/score"] for r in rows if "eval/score" in r}  # the reward model's greedy mean score
+    assert sorted(held_out) == [0, PPO_STEPS], held_out
+    # precondition: the SFT adapter's greedy answers score well under the right answers (3x the gain asked), else
+    # the fixture, not PPO, is what failed
+    right = reference_answer_score(lora_runs["rm"], lora_runs["data"])
+    assert held_out[0] < right - 1.5, f"fixture without headroom: SFT greedy {held_out[0]:.3f}, right answers {right:.3f}"
+    assert held_out[PPO_STEPS] > held_out[0] + 0.5, (held_out, right)
     policy = load_causal_lm(os.path.join(lora_runs["ppo"], "policy"))  # the saved adapter chain reloads
     critic = load_merged_score_model(os.path.join(lora_runs["ppo"], "value"))
     assert critic.config.score_type == "critic" and load_tokenizer(os.path.join(lora_runs["ppo"], "policy")).pad_token_id is not None
