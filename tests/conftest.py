@@ -13,6 +13,19 @@ if ROOT not in sys.path:
 
 import pytest  # noqa: E402
 
+SUMMARY_PROPERTY = "print_in_summary"
+"""A test's `record_property(SUMMARY_PROPERTY, text)` prints `text` at the end of the run, passed or
+failed (captured output is shown only for failures, and pytest-xdist workers' output not at all)."""
+
+
+def pytest_terminal_summary(terminalreporter):
+    for outcome in ("passed", "failed"):
+        for report in terminalreporter.stats.get(outcome, []):
+            for name, text in getattr(report, "user_properties", []):
+                if name == SUMMARY_PROPERTY:
+                    terminalreporter.write_sep("-", f"{report.nodeid} ({outcome})")
+                    terminalreporter.write_line(str(text))
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
