@@ -1,8 +1,8 @@
 """Test helper: the rollout engine on a tensor-parallel (TP=2) model, both generation layouts.
 
-    python -m paddle.distributed.launch --nproc_per_node 2 tests/tp_entry.py tests/engine_tp_worker.py MODEL_DIR OUT
+    python -m paddle.distributed.launch --nproc_per_node 2 tests/tp_entry.py tests/engine_tp_worker.py MODEL_DIR OUT [MODEL_DIR OUT ...]
 
-Each rank loads MODEL_DIR split by PaddleNLP's tensor-parallel mappings and writes
+For each MODEL_DIR OUT pair in turn (one launch serves several models), each rank loads MODEL_DIR split by PaddleNLP's tensor-parallel mappings and writes
 `OUT/rank{r}.npz`: for eval_mode `single` and `tensor_parallel`, greedy tokens / log-probs /
 lengths and sampled (seed 7) tokens / log-probs of `engine_prompts()`, plus the out-dimension of
 this rank's fused q/k/v matrix as the sharded engine holds it.
@@ -46,7 +46,7 @@ def run_engine(model, eval_mode, ids, mask):
     return out
 
 
-def main(model_dir, out_dir):
+def main(*model_and_out_dirs):
     import paddle
     import paddle.distributed as dist
     from paddle.distributed import fleet
@@ -58,16 +58,18 @@ def main(model_dir, out_dir):
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 2, "pp_degree": 1}
     fleet.init(is_collective=True, strategy=strategy)
     rank = dist.get_rank()
-    model = load_causal_lm(model_dir, tensor_parallel_degree=2, tensor_parallel_rank=rank, tensor_parallel_output=False)
-    model.eval()
-    ids, mask = engine_prompts(model.config.vocab_size)
-    results = {}
-    for eval_mode in ("single", "tensor_parallel"):
-        results.update(run_engine(model, eval_mode, ids, mask))
-    os.makedirs(out_dir, exist_ok=True)
-    np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **results)
+    assert model_and_out_dirs and len(model_and_out_dirs) % 2 == 0, "usage: MODEL_DIR OUT [MODEL_DIR OUT ...]"
+    for model_dir, out_dir in zip(model_and_out_dirs[::2], model_and_out_dirs[1::2]):
+        model = load_causal_lm(model_dir, tensor_parallel_degree=2, tensor_parallel_rank=rank, tensor_parallel_output=False)
+        model.eval()
+        ids, mask = engine_prompts(model.config.vocab_size)
+        results = {}
+        for eval_mode in ("single", "tensor_parallel"):
+            results.update(run_engine(model, eval_mode, ids, mask))
+        os.makedirs(out_dir, exist_ok=True)
+        np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **results)
 
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:])

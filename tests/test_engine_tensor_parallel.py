@@ -30,15 +30,30 @@ def build_model_dir(path, fused):
     return model
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["split_projections", "fused_qkv_gate_up"])
-def test_sharded_and_gathered_engines_match_tp1(fused, tmp_path):
-    model_dir, out = str(tmp_path / "model"), str(tmp_path / "out")
-    model = build_model_dir(model_dir, fused)
+FUSED = {"split_projections": False, "fused_qkv_gate_up": True}
+
+
+@pytest.fixture(scope="module")
+def tp2_engine_outputs(tmp_path_factory):
+    """`{variant: (model, TP=2 output dir)}`: both models through ONE two-process launch (the
+    worker takes several model/output pairs and loads and runs each on its own)."""
+    root = tmp_path_factory.mktemp("engine_tp2")
+    models, args = {}, []
+    for name, fused in FUSED.items():
+        model_dir, out = str(root / name / "model"), str(root / name / "out")
+        models[name] = (build_model_dir(model_dir, fused), out)
+        args += [model_dir, out]
+    launch_run("tests/engine_tp_worker.py", args, str(root / "launch_out"))
+    return models
+
+
+@pytest.mark.parametrize("variant", list(FUSED))
+def test_sharded_and_gathered_engines_match_tp1(variant, tp2_engine_outputs):
+    model, out = tp2_engine_outputs[variant]
     model.eval()
     ids, mask = engine_prompts(model.config.vocab_size)
     reference = run_engine(model, "single", ids, mask)  # one process: nothing to gather or shard
     assert reference["single_qkv_out"] == (4 + 2 * 2) * 16
-    launch_run("tests/engine_tp_worker.py", [model_dir, out], out)
     ranks = [dict(np.load(os.path.join(out, f"rank{r}.npz"))) for r in (0, 1)]
     for mode in ("single", "tensor_parallel"):
         for rank in ranks:

@@ -59,11 +59,18 @@ def entry_argv(config, model_dir, train, evaluation, *extra):
     ]
 
 
-def run_plain_and_pipeline(main, script, argv, tmp_path, parallel=PP_ARGS, nproc=2):
-    """`main(argv)` in this process and `script` with the `parallel` arguments (pipeline_parallel_degree
-    2) on `nproc` processes; returns their output directories."""
-    out1, out2 = str(tmp_path / "pp1"), str(tmp_path / "pp2")
+def run_plain(main, argv, out1):
     main([*argv, "--output_dir", out1, "--logging_dir", f"{out1}/vdl"])
+    return out1
+
+
+def run_plain_and_pipeline(main, script, argv, tmp_path, parallel=PP_ARGS, nproc=2, out1=None):
+    """`main(argv)` in this process (unless its output `out1` is given) and `script` with the
+    `parallel` arguments (pipeline_parallel_degree 2) on `nproc` processes; returns their output
+    directories."""
+    out2 = str(tmp_path / "pp2")
+    if out1 is None:
+        out1 = run_plain(main, argv, str(tmp_path / "pp1"))
     launch_run(script, [*argv, "--output_dir", out2, "--logging_dir", f"{out2}/vdl", *parallel], out2, nproc=nproc)
     return out1, out2
 
@@ -72,19 +79,29 @@ def final_eval(out, key):
     return json.load(open(os.path.join(out, "summary.json")))["final_eval"][key]
 
 
+def sft_argv(model_dir, data_dir):
+    return entry_argv(
+        "config/tiny/sft_argument.json", model_dir, f"Jsonfile:1.0:{data_dir}/sft.jsonl",
+        f"Jsonfile:0.9:{data_dir}/test.jsonl", "--eval_max_new_tokens", "6",
+    )
+
+
+@pytest.fixture(scope="module")
+def sft_pp1(two_layer_model_dir, tiny_data_dir, tmp_path_factory):
+    """The one-process SFT run both layouts below are held to (same arguments: run once)."""
+    from sft.run_sft import main as run_sft
+
+    return run_plain(run_sft, sft_argv(two_layer_model_dir, tiny_data_dir), str(tmp_path_factory.mktemp("sft_pp1")))
+
+
 @pytest.mark.parametrize("layout", ["pp2", "tp2_pp2"])
-def test_sft_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path, layout):
+def test_sft_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, sft_pp1, tmp_path, layout):
     """PP=2 on two processes, and TP=2 x PP=2 on four (each stage's weights split in two, merged
     back for the generation evaluation and the saved checkpoint)."""
     from paddlenlp.transformers import LlamaForCausalLM
 
-    from sft.run_sft import main as run_sft
-
-    argv = entry_argv(
-        "config/tiny/sft_argument.json", two_layer_model_dir, f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl",
-        f"Jsonfile:0.9:{tiny_data_dir}/test.jsonl", "--eval_max_new_tokens", "6",
-    )
-    out1, out2 = run_plain_and_pipeline(run_sft, "sft/run_sft.py", argv, tmp_path, *LAYOUTS[layout])
+    argv = sft_argv(two_layer_model_dir, tiny_data_dir)
+    out1, out2 = run_plain_and_pipeline(None, "sft/run_sft.py", argv, tmp_path, *LAYOUTS[layout], out1=sft_pp1)
     assert_same_steps(out1, out2, "loss/sft")
     np.testing.assert_allclose(final_eval(out2, "eval/loss"), final_eval(out1, "eval/loss"), rtol=1e-5)
     for key in ("eval/accuracy", "eval/response_length"):  # greedy decoding of the stages gathered on each rank

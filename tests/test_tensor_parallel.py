@@ -209,8 +209,9 @@ def grpo_argv(model_dir, data_dir, *extra):
 
 @pytest.fixture(scope="module")
 def grpo_tp1_run(tiny_model_dir, tiny_data_dir, tmp_path_factory):
-    """The TP=1 GRPO run both GRPO comparisons below are held to (run once: eval_mode, the one
-    argument they differ in, has no effect without tensor parallel)."""
+    """The TP=1 GRPO run the three GRPO tests below are held to (run once: eval_mode, the one
+    argument the two comparisons differ in, has no effect without tensor parallel; the resume
+    test's `--eval_steps 0` only drops evaluations, see there)."""
     from ppo.run_ppo import main as run_ppo
 
     out1 = str(tmp_path_factory.mktemp("grpo_tp1"))
@@ -231,18 +232,15 @@ def test_grpo_tp2_with_sharded_rollout_matches_tp1(tiny_model_dir, tiny_data_dir
     compare_rl_runs(None, argv, tmp_path, GRPO_KEYS, ("policy",), out1=grpo_tp1_run)
 
 
-def test_grpo_tp2_resumes_from_its_merged_checkpoint(tiny_model_dir, tiny_data_dir, tmp_path):
+def test_grpo_tp2_resumes_from_its_merged_checkpoint(tiny_model_dir, tiny_data_dir, grpo_tp1_run, tmp_path):
     """A TP=2 run stopped after step 1 saves a merged checkpoint; resuming it at TP=2 splits the
-    weights again and step 2 is the step an uninterrupted TP=1 run takes."""
-    from ppo.run_ppo import main as run_ppo
+    weights again and step 2 is the step an uninterrupted TP=1 run takes.
 
-    argv = ["config/tiny/grpo_rule_argument.json", *ppo_argv(
-        tiny_model_dir, tiny_data_dir, "--per_device_prompt_batch_size", "4", "--rollout_n", "4",
-        "--per_device_train_batch_size", "8", "--learning_rate", "1e-3", "--kl_loss_coeff", "0.05", "--eval_steps", "0",
-        "--rule_reward_scorers", "tests.rule_reward_helpers:_len_scorer",
-    )]
-    out1, out2 = str(tmp_path / "tp1"), str(tmp_path / "tp2")
-    run_ppo([*argv, "--output_dir", out1, "--logging_dir", f"{out1}/vdl"])
+    The uninterrupted run is `grpo_tp1_run`: the same arguments but for `--eval_steps 0` here,
+    and its evaluations (before step 1 and after step 2) leave the training steps alone (each
+    rollout's seed comes from the run seed and the generation count, not from a shared stream)."""
+    argv = grpo_argv(tiny_model_dir, tiny_data_dir, "--eval_steps", "0")
+    out1, out2 = grpo_tp1_run, str(tmp_path / "tp2")
     tp2 = [*argv, "--output_dir", out2, "--logging_dir", f"{out2}/vdl", "--tensor_parallel_degree", "2"]
     launch_run("ppo/run_ppo.py", [*tp2, "--max_steps", "1"], out2)
     assert os.path.isdir(os.path.join(out2, "checkpoint-1", "policy"))
