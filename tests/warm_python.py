@@ -26,6 +26,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import types
 
 SELF = os.path.abspath(__file__)
 ROOT = os.path.dirname(os.path.dirname(SELF))
@@ -82,6 +83,27 @@ def _zygote(preload, env):
     if preload not in _zygotes or _zygotes[preload].proc.poll() is not None:
         _zygotes[preload] = _Zygote(preload, env)
     return _zygotes[preload]
+
+
+def rebind(original, replacement, packages=("ppo", "sft", "rm", "dpo", "paddlenlp")):
+    """Points the module globals and function defaults that hold `original` in the loaded modules of
+    `packages` at `replacement`: what they hold in a real process that imports them after a test's
+    patch (`from x import f`, `def g(save=paddle.save)`), where a zygote child has them loaded before."""
+    def defaults(fn):
+        fn = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
+        if isinstance(fn, types.FunctionType) and fn.__defaults__:
+            fn.__defaults__ = tuple(replacement if d is original else d for d in fn.__defaults__)
+        if isinstance(fn, types.FunctionType) and fn.__kwdefaults__:
+            fn.__kwdefaults__ = {k: replacement if d is original else d for k, d in fn.__kwdefaults__.items()}
+
+    for name, module in list(sys.modules.items()):
+        if module is None or name.split(".")[0] not in packages:
+            continue
+        for key, value in list(vars(module).items()):
+            if value is original:
+                setattr(module, key, replacement)
+            for member in vars(value).values() if isinstance(value, type) else [value]:
+                defaults(member)
 
 
 def _servable(cmd, kw):
@@ -203,6 +225,15 @@ def popen(cmd, cwd=None, env=None, stdout=None, stderr=None, text=False, preload
 
 # ---- the zygote side ----
 
+def _reap():
+    """Waits for the waiters that have finished (their CPU time then counts in the zygote's children's)."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
 def _serve(sock_path, preload, base_path):
     """Import `preload`, then fork a waiter per request; returns (in the runner child only) the request."""
     own_path0 = sys.path[0]
@@ -220,9 +251,9 @@ def _serve(sock_path, preload, base_path):
     listener.listen(16)
     listener.settimeout(1.0)
     parent = os.getppid()
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # waiters are reaped by the kernel
     open(os.path.join(os.path.dirname(sock_path), "ready"), "w").close()
     while os.getppid() == parent:
+        _reap()
         try:
             conn, _ = listener.accept()
         except socket.timeout:
@@ -241,7 +272,6 @@ def _serve(sock_path, preload, base_path):
             conn.close()
             continue
         if os.fork() == 0:  # the waiter: forks the runner, reports its pid and exit status
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             listener.close()
             pid = os.fork()
             if pid == 0:
@@ -271,7 +301,6 @@ def _serve(sock_path, preload, base_path):
 def _run_request(request, base_path, printed):
     """Runs the command in this (runner) process as `python ARGV...` would, then exits."""
     import runpy
-    import types
 
     request = json.loads(request)
     os.chdir(request["cwd"])
