@@ -82,8 +82,8 @@ def test_import_time_environment_and_other_interpreters_take_a_real_process():
     assert done.stdout != f"{os.getpid()}\n"  # served by the zygote: a grandchild of it
     for other in (["/bin/echo", "hi"], [sys.executable, "-u", "-c", "pass"],
                   [sys.executable, "-m", "paddle.distributed.launch", "--help"]):
-        assert warm_python._servable(other, {}) is False
-    assert warm_python._servable(cmd, {"input": "x"}) is False
+        assert warm_python._servable(other, ENV, {}) is False
+    assert warm_python._servable(cmd, ENV, {"input": "x"}) is False
 
 
 def test_a_tiny_sft_run_trains_like_a_real_process_bit_for_bit(tiny_model_dir, tiny_data_dir, tmp_path):

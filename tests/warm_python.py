@@ -8,14 +8,19 @@ runs the script as `__main__` and exits as `python` would (SystemExit codes, exi
 traceback of an uncaught exception, -N when killed by signal N). `run` and `Popen` mirror
 subprocess's; they fall back to a real subprocess for what a fork cannot reproduce: another
 interpreter, interpreter options, `paddle.distributed`, stdin data, unknown keyword arguments,
-or an environment that differs from the zygote's in variables read while importing
-(`IMPORT_TIME_ENV`). WARM_PYTHON=0 turns the zygote off.
+or an environment that differs from this process's in variables read while importing
+(`IMPORT_TIME_ENV`; a zygote is started with the first command's). WARM_PYTHON=0 turns it off.
+The zygote collects and freezes its objects before forking (gc.freeze): a child's collections
+then do not copy its heap.
 
 What a child does not reproduce: warnings printed while importing the preloaded modules outside
 the entry scripts' `quiet_third_party_warnings` (a fresh `python -c "import paddle"` prints
-them), and `sys.modules` holding the preloaded modules before the script imports them.
+them), a hash seed of its own (children share the zygote's), and `sys.modules` holding the
+preloaded modules before the script imports them: a test that patches a function before the
+import that binds it calls `rebind` after patching.
 """
 import atexit
+import gc
 import locale
 import json
 import os
@@ -27,6 +32,8 @@ import subprocess
 import sys
 import tempfile
 import types
+
+import paddle  # noqa: F401  (os.environ then holds what Paddle's import sets, OMP_NUM_THREADS among them)
 
 SELF = os.path.abspath(__file__)
 ROOT = os.path.dirname(os.path.dirname(SELF))
@@ -58,9 +65,6 @@ class _Zygote:
                 raise RuntimeError("warm_python zygote died: " + open(os.path.join(self.dir, "err")).read()[-3000:])
             select.select([], [], [], 0.05)
 
-    def serves(self, env):
-        return self.proc.poll() is None and _import_time_env(env) == _import_time_env(self.env)
-
     def stop(self):
         if self.proc.poll() is None:
             self.proc.kill()
@@ -79,10 +83,12 @@ atexit.register(stop_all)
 
 
 def _zygote(preload, env):
-    """The zygote importing `preload`, started with `env` by the first command that asks for it."""
-    if preload not in _zygotes or _zygotes[preload].proc.poll() is not None:
-        _zygotes[preload] = _Zygote(preload, env)
-    return _zygotes[preload]
+    """The zygote importing `preload` with `env`'s import-time variables, started by the first command
+    that asks for it."""
+    key = (preload, tuple(sorted(_import_time_env(env).items())))
+    if key not in _zygotes or _zygotes[key].proc.poll() is not None:
+        _zygotes[key] = _Zygote(preload, env)
+    return _zygotes[key]
 
 
 def rebind(original, replacement, packages=("ppo", "sft", "rm", "dpo", "paddlenlp")):
@@ -106,10 +112,14 @@ def rebind(original, replacement, packages=("ppo", "sft", "rm", "dpo", "paddlenl
                 defaults(member)
 
 
-def _servable(cmd, kw):
+def _servable(cmd, env, kw):
+    """Whether a zygote child runs `cmd` as `python` would: this interpreter, no option but -c/-m, no
+    distributed launch, and the import-time variables of this process (else the test sets them)."""
     if os.environ.get("WARM_PYTHON", "1") == "0" or kw or len(cmd) < 2:
         return False
-    if os.path.realpath(cmd[0]) != os.path.realpath(sys.executable):
+    if _import_time_env(env) != _import_time_env(os.environ):
+        return False
+    if os.path.abspath(cmd[0]) != os.path.abspath(sys.executable):  # (a symlink to it leaves the venv)
         return False
     if cmd[1] == "-m":
         return len(cmd) > 2 and not cmd[2].startswith(FALLBACK_MODULES)
@@ -176,7 +186,7 @@ class Popen:
         self.send_signal(signal.SIGTERM)
 
     def _read(self, name):
-        f = self._files.get(name)
+        f = self._files.pop(name, None)
         if f is None:
             return None
         f.seek(0)
@@ -189,17 +199,13 @@ class Popen:
         return self._read("stdout"), self._read("stderr")
 
 
-def _real(cmd, cwd, env, kw, popen):
-    return (subprocess.Popen if popen else subprocess.run)(cmd, cwd=cwd, env=env, **kw)
-
-
 def run(cmd, cwd=None, env=None, capture_output=False, text=False, timeout=None, check=False, stdout=None,
         stderr=None, preload=PRELOAD, **kw):
     """`subprocess.run(cmd, ...)`, in a zygote child where it can be run faithfully."""
     if capture_output:
         stdout = stderr = subprocess.PIPE
     env = dict(os.environ if env is None else env)
-    if not _servable(cmd, kw) or not _zygote(preload, env).serves(env):
+    if not _servable(cmd, env, kw):
         return subprocess.run(cmd, cwd=cwd, env=env, text=text, timeout=timeout, check=check, stdout=stdout,
                               stderr=stderr, **kw)
     proc = Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=text, preload=preload)
@@ -218,7 +224,7 @@ def run(cmd, cwd=None, env=None, capture_output=False, text=False, timeout=None,
 def popen(cmd, cwd=None, env=None, stdout=None, stderr=None, text=False, preload=PRELOAD, **kw):
     """`subprocess.Popen(cmd, ...)`, in a zygote child where it can be run faithfully."""
     env = dict(os.environ if env is None else env)
-    if not _servable(cmd, kw) or not _zygote(preload, env).serves(env):
+    if not _servable(cmd, env, kw):
         return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=text, **kw)
     return Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=text, preload=preload)
 
@@ -246,6 +252,8 @@ def _serve(sock_path, preload, base_path):
     for fd, start in zip((1, 2), out_start):
         printed.append(os.pread(fd, os.lseek(fd, 0, os.SEEK_CUR) - start, start))
     base_path += [p for p in sys.path if p not in base_path and p not in (ROOT, own_path0)]
+    gc.collect()
+    gc.freeze()  # the children's collections then skip these objects (no copy of the heap on write)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(sock_path)
     listener.listen(16)
