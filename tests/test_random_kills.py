@@ -29,7 +29,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KILLER = r"""
 import json, os, signal, sys, threading
 sys.path.insert(0, sys.argv[1])
-from tests.warm_python import rebind
 mode, n, entry, argv = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
 
 def die():
@@ -39,6 +38,7 @@ if mode == "time":  # a random moment
     threading.Timer(float(n), die).start()
 elif mode == "save":  # the n-th paddle.save writes half its file, then the kill
     import paddle
+    from tests.warm_python import rebind
     original, calls = paddle.save, [0]
     def save(obj, path, *args, **kwargs):
         calls[0] += 1
@@ -50,6 +50,7 @@ elif mode == "save":  # the n-th paddle.save writes half its file, then the kill
     paddle.save = save
     rebind(original, save)
 elif mode == "trace":  # the n-th trace append writes half a line, then the kill
+    from tests.warm_python import rebind
     import ppo.common.jsonl_trace as trace
     import ppo.common.tracking as tracking
     import ppo.trainer.loop as loop
