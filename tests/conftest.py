@@ -82,3 +82,10 @@ def tiny_data_dir(tmp_path_factory):
     demo_data.generate(path, seed=3, num_sft=256, num_preference=128, num_preference_eval=32, num_prompts=128, num_test=32,
                        wrong_symbol_frac=0.0)
     return path
+
+
+def pytest_sessionfinish(session):
+    """Stops the zygotes of tests/warm_python.py (started by the first test running an entry script)."""
+    warm_python = sys.modules.get("tests.warm_python")
+    if warm_python is not None:
+        warm_python.stop_all()

@@ -1,10 +1,9 @@
-"""Saves that survive a kill at any instant (PPO): real subprocesses killed with SIGKILL at
+"""Saves that survive a kill at any instant (PPO): real processes (children of tests/warm_python.py's zygote) killed with SIGKILL at
 chosen points of a save, then rerun with the same arguments; and a fresh run over an old
 one's output directory (`overwrite_output_dir`)."""
 import json
 import os
 import signal
-import subprocess
 import sys
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 
 from ppo.checkpoint import list_checkpoints
 from tests.test_ppo_trainer import ppo_argv, read_metrics
+from tests.warm_python import run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -20,6 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KILLER = r"""
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
+from tests.warm_python import rebind
 import ppo.checkpoint as ckpt
 where, n = sys.argv[2], int(sys.argv[3])
 calls = [0]
@@ -34,9 +35,13 @@ def die_at_nth(match, original):
     return wrapped
 
 if where == "save_checkpoint":  # before checkpoint-<step> is written
-    ckpt.save_checkpoint = die_at_nth(lambda *a: True, ckpt.save_checkpoint)
+    original = ckpt.save_checkpoint
+    ckpt.save_checkpoint = die_at_nth(lambda *a: True, original)
+    rebind(original, ckpt.save_checkpoint)
 elif where == "replace_policy":  # checkpoint written, tmp-policy copied, not yet moved
-    ckpt.replace_dir_atomically = die_at_nth(lambda tmp, final: final.endswith("policy"), ckpt.replace_dir_atomically)
+    original = ckpt.replace_dir_atomically
+    ckpt.replace_dir_atomically = die_at_nth(lambda tmp, final: final.endswith("policy"), original)
+    rebind(original, ckpt.replace_dir_atomically)
 elif where == "rename_into_policy":  # policy moved to policy.old, tmp-policy not yet moved in
     ckpt.os.rename = die_at_nth(lambda src, dst: dst.endswith(os.sep + "policy"), os.rename)
 import ppo.trainer.loop
@@ -49,7 +54,7 @@ main(sys.argv[4:])
 def run_ppo(argv, kill_where=None, kill_at=0):
     cmd = [sys.executable, "-c", KILLER, REPO, kill_where or "none", str(kill_at), *argv]
     env = dict(os.environ, MKL_DEBUG_CPU_TYPE="5")
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
 def policy_weights(path):

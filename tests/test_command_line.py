@@ -3,10 +3,11 @@
 traceback; third-party import warnings are not printed."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+
+from tests import warm_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,7 +42,7 @@ sys.stdout.write("RESULT" + json.dumps(out))
 
 def run(args, **kw):
     env = dict(os.environ, MKL_DEBUG_CPU_TYPE="5")
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600, **kw)
+    return warm_python.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600, **kw)
 
 
 def test_help_of_every_entry_point_lists_fields_with_help_and_exits_0():

@@ -1,6 +1,6 @@
 """SIGTERM / SIGINT: the run saves a checkpoint at the next step boundary, says where, exits
 128 + the signal number, and the same command resumes from that checkpoint (PPO and SFT, real
-entry scripts in subprocesses)."""
+entry scripts in child processes of tests/warm_python.py's zygote)."""
 import json
 import os
 import signal
@@ -11,6 +11,7 @@ import time
 from ppo.checkpoint import list_checkpoints
 from tests.test_ppo_trainer import ppo_argv
 from tests.test_trainer_faults import sft_argv
+from tests.warm_python import popen, run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, MKL_DEBUG_CPU_TYPE="5")
@@ -31,8 +32,8 @@ def with_max_steps(argv, steps):
 
 def signal_after_first_step(script, argv, out, signum, timeout=600):
     """Start `script argv`, send `signum` once `metrics.jsonl` has a row; returns the finished process."""
-    proc = subprocess.Popen([sys.executable, script, *argv], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = popen([sys.executable, script, *argv], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                 text=True)
     deadline = time.time() + timeout
     while not rows(out) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.2)
@@ -58,8 +59,7 @@ def test_ppo_sigterm_saves_at_the_step_boundary_and_resumes(tiny_model_dir, tiny
     assert not os.path.exists(os.path.join(out, "run.lock"))
     assert [r["step"] for r in rows(out)] == list(range(1, step + 1))
     argv = with_max_steps(argv, step + 2)
-    rerun = subprocess.run([sys.executable, "ppo/run_ppo.py", *argv], cwd=REPO, env=ENV, capture_output=True, text=True,
-                           timeout=600)
+    rerun = run([sys.executable, "ppo/run_ppo.py", *argv], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert f"resumed from {path} at step {step}" in rerun.stderr
     assert [r["step"] for r in rows(out)] == list(range(1, step + 3))
@@ -78,8 +78,7 @@ def test_sft_sigint_saves_through_the_callback_and_resumes(tiny_model_dir, tiny_
     assert json.load(open(os.path.join(out, "summary.json")))["interrupted"] == "SIGINT"
     assert not os.path.exists(os.path.join(out, "model_state.pdparams"))  # no final model from a stopped run
     argv = with_max_steps(argv, step + 2)
-    rerun = subprocess.run([sys.executable, "sft/run_sft.py", *argv], cwd=REPO, env=ENV, capture_output=True, text=True,
-                           timeout=600)
+    rerun = run([sys.executable, "sft/run_sft.py", *argv], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert [r["step"] for r in rows(out) if "loss/sft" in r] == list(range(1, step + 3))
     assert json.load(open(os.path.join(out, "summary.json")))["global_step"] == step + 2

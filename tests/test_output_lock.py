@@ -11,6 +11,7 @@ import pytest
 from ppo.common.output_lock import LOCK_NAME, OutputDirLockedError, acquire_output_dir, release_output_dir
 from tests.test_ppo_trainer import ppo_argv
 from tests.test_trainer_faults import sft_argv
+from tests.warm_python import run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,7 +79,7 @@ def test_stale_lock_is_taken_over_with_a_warning(tmp_path, caplog):
 
 def run_entry(script, argv):
     env = dict(os.environ, MKL_DEBUG_CPU_TYPE="5")
-    return subprocess.run([sys.executable, script, *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return run([sys.executable, script, *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_entry_points_refuse_a_busy_output_dir_before_loading(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path, live_process):

@@ -2,9 +2,11 @@
 uninterrupted one: the same final weights and the same metrics (timings aside), for PPO and SFT
 on the tiny model.
 
-Every attempt is a real subprocess killed with SIGKILL: after a random delay (mid-step or
-anywhere), inside the n-th `paddle.save` after half its file is written (mid-save), or inside
-the n-th trace append after half a line is written (mid-write). The kill plan comes from a
+Every attempt is a real process killed with SIGKILL: after a random delay (mid-step or anywhere;
+a fresh `python`, start-up included, like the timed unkilled run the delays scale with), inside
+the n-th `paddle.save` after half its file is written (mid-save), or inside the n-th trace append
+after half a line is written (mid-write); those and the later unkilled runs are children of
+tests/warm_python.py's zygote. The kill plan comes from a
 seeded generator, so a failure reproduces."""
 import json
 import os
@@ -20,6 +22,7 @@ import pytest
 
 from tests.test_ppo_trainer import ppo_argv
 from tests.test_trainer_faults import sft_argv
+from tests.warm_python import run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,6 +38,7 @@ if mode == "time":  # a random moment
     threading.Timer(float(n), die).start()
 elif mode == "save":  # the n-th paddle.save writes half its file, then the kill
     import paddle
+    from tests.warm_python import rebind
     original, calls = paddle.save, [0]
     def save(obj, path, *args, **kwargs):
         calls[0] += 1
@@ -44,7 +48,9 @@ elif mode == "save":  # the n-th paddle.save writes half its file, then the kill
                 f.truncate(os.path.getsize(path) // 2)
             die()
     paddle.save = save
+    rebind(original, save)
 elif mode == "trace":  # the n-th trace append writes half a line, then the kill
+    from tests.warm_python import rebind
     import ppo.common.jsonl_trace as trace
     import ppo.common.tracking as tracking
     import ppo.trainer.loop as loop
@@ -58,6 +64,7 @@ elif mode == "trace":  # the n-th trace append writes half a line, then the kill
             die()
         return original(path, rows)
     trace.append_rows = tracking.append_rows = loop.append_rows = append_rows
+    rebind(original, append_rows)
 if entry == "ppo":
     from ppo.run_ppo import main
 else:
@@ -70,14 +77,13 @@ TIMING_WORDS = ("timing", "time", "perf/", "per_second", "runtime", "tokens_per_
 
 def attempt(entry, argv, mode="none", n=0):
     cmd = [sys.executable, "-c", KILLER, REPO, mode, str(n), entry, *argv]
-    env = dict(os.environ, MKL_DEBUG_CPU_TYPE="5")
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return (subprocess.run if mode in ("time", "timed") else run)(cmd, cwd=REPO, env=dict(os.environ, MKL_DEBUG_CPU_TYPE="5"), capture_output=True, text=True, timeout=600)
 
 
 def timed_attempt(entry, argv):
     """An unkilled attempt and its wall seconds (the machine's speed: kill times scale with it)."""
     start = time.time()
-    proc = attempt(entry, argv)
+    proc = attempt(entry, argv, "timed")
     return proc, time.time() - start
 
 

@@ -5,7 +5,6 @@ compiled custom ops ("custom", built on demand; "custom_cols" = the same ops in 
 decode layout the CPU path uses for larger models) and the pure-Paddle fallback ("paddle")."""
 import logging
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 
 from ppo.rollout import RolloutEngine, SamplingParams
 from ppo.rollout.testing import custom_and_fallback_ops
+from tests import warm_python
 
 PAD, EOS = 3, 2
 BACKENDS = ["custom", "paddle"]
@@ -480,9 +480,9 @@ def test_missing_ops_fall_back_with_one_notice(tmp_path):
         "    assert e.backend == 'paddle'\n"
         "    e.generate(ids, None, SamplingParams(max_new_tokens=3), seed=0)\n"
     )
-    env = dict(os.environ, PPO_ROLLOUT_OPS_LIB=str(tmp_path / "missing.so"),
-               PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    env = dict(os.environ, PPO_ROLLOUT_OPS_LIB=str(tmp_path / "missing.so"))
+    res = warm_python.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stderr.count("custom ops unavailable") == 1
 

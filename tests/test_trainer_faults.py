@@ -1,14 +1,15 @@
 """Trainer-based runs (SFT; RM and DPO share `finish_trainer_run`) killed with SIGKILL in real
-subprocesses: auto-resume keeps the metrics written before the kill, a checkpoint cut short
+processes (children of tests/warm_python.py's zygote): auto-resume keeps the metrics written before the kill, a checkpoint cut short
 is skipped for the complete one before it, and `save_total_limit` holds in one process."""
 import json
 import os
 import signal
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+
+from tests.warm_python import run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -16,6 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KILLER = r"""
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
+from tests.warm_python import rebind
 suffix, n = sys.argv[2], int(sys.argv[3])
 import paddle
 original, calls = paddle.save, [0]
@@ -28,6 +30,7 @@ def save(obj, path, *args, **kwargs):
     return original(obj, path, *args, **kwargs)
 
 paddle.save = save
+rebind(original, save)
 from sft.run_sft import main
 main(sys.argv[4:])
 """
@@ -45,7 +48,7 @@ def sft_argv(model_dir, data_dir, out, *extra):
 def run_sft(argv, kill_suffix="never", kill_at=0):
     cmd = [sys.executable, "-c", KILLER, REPO, kill_suffix, str(kill_at), *argv]
     env = dict(os.environ, MKL_DEBUG_CPU_TYPE="5")
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
 def loss_rows(out):
