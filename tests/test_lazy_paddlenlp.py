@@ -23,6 +23,8 @@ LOADED = "[m for m in %r if m in sys.modules]" % (HEAVY,)
 def test_entry_points_start_without_the_deferred_packages_and_load_them_on_first_use():
     out = fresh(
         "import json, sys\n"
+        "import ppo\n"
+        "assert not [m for m in sys.modules if m.startswith('paddlenlp')]  # nothing registered before PaddleNLP's import\n"
         "import ppo.run_ppo, sft.run_sft, dpo.run_dpo, rm.run_reward\n"
         f"before = {LOADED}\n"
         "from paddlenlp.metrics import ChunkEvaluator\n"

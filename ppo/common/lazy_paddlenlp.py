@@ -2,9 +2,9 @@
 
 `import paddlenlp` (3.0.0b4) runs every subpackage's `__init__` eagerly: the task flows, data
 augmentation, the serving package and the metrics pull in scikit-learn, SciPy's statistics and
-seqeval, about a third of the CPU time of starting any entry point. `defer_unused_packages()`,
-called by `ppo/__init__.py` before anything imports PaddleNLP, registers those subpackages as
-deferred modules: a deferred module runs its real `__init__` the first time code outside
+seqeval, about a third of the CPU time of starting any entry point. `defer_on_import()`,
+called by `ppo/__init__.py`, waits for the import of PaddleNLP (nothing is registered in a
+process that never imports it) and then registers those subpackages as deferred modules: a deferred module runs its real `__init__` the first time code outside
 PaddleNLP's own import reads one of its names, and from then on it is the real module. Submodules
 (`paddlenlp.metrics.squad`) import as usual. While PaddleNLP itself is being imported, a name
 read from a deferred package (`from .taskflow import Taskflow`, `from ..metrics import
@@ -12,6 +12,7 @@ ChunkEvaluator`) is bound to a forwarding stand-in that loads the package when c
 
 Only PaddleNLP versions in `VERSIONS` are touched; `PPO_EAGER_PADDLENLP=1` turns it off.
 """
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -85,7 +86,7 @@ def defer_unused_packages():
     other versions, or with `PPO_EAGER_PADDLENLP=1`. Returns the names deferred."""
     if "paddlenlp" in sys.modules or os.environ.get("PPO_EAGER_PADDLENLP") == "1":
         return []
-    spec = importlib.util.find_spec("paddlenlp")
+    spec = importlib.machinery.PathFinder.find_spec("paddlenlp")
     if spec is None or spec.origin is None or _installed_version() not in VERSIONS:
         return []
     package_dir = os.path.dirname(spec.origin)
@@ -96,3 +97,21 @@ def defer_unused_packages():
             names.append(f"paddlenlp.{sub}")
     return names
 
+
+
+class _DeferWhenPaddleNLPImports:
+    """A `sys.meta_path` entry that runs `defer_unused_packages()` when `paddlenlp` is first
+    imported, then removes itself and lets the usual finders import it."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "paddlenlp":
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            defer_unused_packages()
+        return None
+
+
+def defer_on_import():
+    """Defer PaddleNLP's unused subpackages at its first import (now, if never imported yet)."""
+    if "paddlenlp" not in sys.modules and not any(isinstance(f, _DeferWhenPaddleNLPImports) for f in sys.meta_path):
+        sys.meta_path.insert(0, _DeferWhenPaddleNLPImports())
