@@ -14,8 +14,9 @@ is everything it reads:
   headers csrc/*.h, ...), and the source file itself.
 
 The same key gives the same object, so a hit is the result the compile would give; any edit of
-a source or header misses and compiles again. Failed compiles are never stored. Debug
-information inside a reused object names the folder of the checkout that first compiled it.
+a source or header misses and compiles again. Failed compiles are never stored. `build_ops.py`
+maps csrc/ and the venv to relative names in its objects (`-ffile-prefix-map`); a reused CUDA
+object's debug information names the folder of the checkout that first compiled it.
 """
 import functools
 import hashlib

@@ -98,7 +98,6 @@ def defer_unused_packages():
     return names
 
 
-
 class _DeferWhenPaddleNLPImports:
     """A `sys.meta_path` entry that runs `defer_unused_packages()` when `paddlenlp` is first
     imported, then removes itself and lets the usual finders import it."""
@@ -112,6 +111,7 @@ class _DeferWhenPaddleNLPImports:
 
 
 def defer_on_import():
-    """Defer PaddleNLP's unused subpackages at its first import (now, if never imported yet)."""
+    """Defer PaddleNLP's unused subpackages when it is first imported (a `sys.meta_path` hook;
+    nothing happens in a process that never imports it, or when it is already imported)."""
     if "paddlenlp" not in sys.modules and not any(isinstance(f, _DeferWhenPaddleNLPImports) for f in sys.meta_path):
         sys.meta_path.insert(0, _DeferWhenPaddleNLPImports())
