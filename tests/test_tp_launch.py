@@ -53,7 +53,7 @@ def test_a_signature_split_over_two_logs_is_not_retried(tmp_path):
 
 
 class FakeRun:
-    """Stands in for subprocess.run: the first call fails in the rendezvous (writing a worker log
+    """Stands in for warm_python.run (the launcher in a zygote child): the first call fails in the rendezvous (writing a worker log
     and a stale file into `out`), later calls succeed; records each call's timeout."""
 
     def __init__(self, out, fail_times=1):
@@ -80,7 +80,7 @@ def test_a_retry_is_logged_counted_on_a_clean_out_within_one_time_cap(tmp_path, 
     out = str(tmp_path / "run")
     os.makedirs(out)
     fake = FakeRun(out)
-    monkeypatch.setattr(tp_launch.subprocess, "run", fake)
+    monkeypatch.setattr(tp_launch.warm_python, "run", fake)
     monkeypatch.setattr(tp_launch, "RETRIES", [])
     assert tp_launch.launch_run("ppo/run_ppo.py", [], out) == out
     assert len(fake.timeouts) == 2 and fake.seen_stale == [False, False]  # the retry started on an empty out/
@@ -93,12 +93,12 @@ def test_retries_are_limited_per_session_and_per_launch(tmp_path, monkeypatch):
     out = str(tmp_path / "run")
     os.makedirs(out)
     monkeypatch.setattr(tp_launch, "RETRIES", [("x", "r")] * tp_launch.MAX_RETRIES_PER_SESSION)
-    monkeypatch.setattr(tp_launch.subprocess, "run", FakeRun(out))
+    monkeypatch.setattr(tp_launch.warm_python, "run", FakeRun(out))
     with pytest.raises(AssertionError, match="launch retries in one session"):
         tp_launch.launch_run("ppo/run_ppo.py", [], out)
     monkeypatch.setattr(tp_launch, "RETRIES", [])
     twice = FakeRun(out, fail_times=2)  # a second rendezvous failure of the same launch is not retried
-    monkeypatch.setattr(tp_launch.subprocess, "run", twice)
+    monkeypatch.setattr(tp_launch.warm_python, "run", twice)
     with pytest.raises(AssertionError):
         tp_launch.launch_run("ppo/run_ppo.py", [], out)
     assert len(twice.timeouts) == 2

@@ -1,7 +1,9 @@
 """tests/warm_python.py: a command run in a zygote child gives what a real `python` process
 gives (output, exit status, trained weights and metrics), and falls back to a real process where
 a fork would not be faithful."""
+import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -100,3 +102,82 @@ def test_a_tiny_sft_run_trains_like_a_real_process_bit_for_bit(tiny_model_dir, t
         np.testing.assert_array_equal(a[key].numpy(), b[key].numpy(), err_msg=key)
     assert metrics_without_timings(outs["warm"]) == metrics_without_timings(outs["real"])
     assert len(metrics_without_timings(outs["warm"])) >= 3
+
+
+LAUNCH_PROBE = """import sys
+preloaded = "paddlenlp" in sys.modules
+import json, os
+import paddle.distributed as dist
+import paddlenlp.utils.distributed as nlp_dist
+rank = dist.get_rank()
+record = {"preloaded": preloaded, "rank": rank, "world": dist.get_world_size(), "nlp_world": nlp_dist.world_size,
+          "trainer_id": os.environ["PADDLE_TRAINER_ID"], "socket": os.environ.get("WARM_LAUNCH_SOCK")}
+json.dump(record, open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w"))
+sys.exit(int(sys.argv[2]) if rank == 1 else 0)
+"""
+
+
+def launch_probe(tmp_path, exit_code="0"):
+    from tests.tp_launch import launch_run
+
+    script, out = tmp_path / "probe.py", tmp_path / "out"
+    script.write_text(LAUNCH_PROBE)
+    out.mkdir()
+    launch_run(str(script), [str(out), exit_code], str(out))
+    return [json.load(open(out / f"rank{rank}.json")) for rank in (0, 1)]
+
+
+def test_launch_workers_run_in_zygote_children_with_their_own_ranks(tmp_path):
+    records = launch_probe(tmp_path)
+    assert [r["rank"] for r in records] == [0, 1] and [r["trainer_id"] for r in records] == ["0", "1"]
+    for r in records:
+        assert r["preloaded"] is True  # PaddleNLP imported before the script ran: a zygote child
+        assert r["world"] == 2 and r["nlp_world"] == 2  # what was read while importing is refreshed
+        assert r["socket"] is None  # the script's own children start cold
+
+
+def test_launch_workers_start_cold_with_warm_python_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("WARM_PYTHON", "0")
+    records = launch_probe(tmp_path)
+    assert [(r["preloaded"], r["rank"], r["nlp_world"]) for r in records] == [(False, 0, 2), (False, 1, 2)]
+
+
+def test_a_failing_warm_launch_worker_fails_the_launch(tmp_path):
+    with pytest.raises(AssertionError, match="workerlog.1"):
+        launch_probe(tmp_path, exit_code="3")
+
+
+SLEEPER = """import os, sys, time
+open(sys.argv[1], "w").write(str(os.getpid()))
+time.sleep(120)
+"""
+
+
+def gone_within(pid, seconds=30):
+    """Whether process `pid` (a zygote child, reaped by its waiter) disappears within `seconds`."""
+    for _ in range(seconds * 10):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        select.select([], [], [], 0.1)
+    return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_launch_worker_signalled_or_killed_takes_its_zygote_child_along(signum, tmp_path):
+    from tests import warm_client
+
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    pid_file = tmp_path / "pid"
+    env = dict(ENV, **{warm_client.SOCKET_ENV: warm_python.launch_socket(ENV)})
+    client = subprocess.Popen([sys.executable, "tests/tp_entry.py", str(tmp_path / "sleeper.py"), str(pid_file)],
+                              cwd=REPO, env=env)
+    while not pid_file.exists() or not pid_file.read_text():
+        assert client.poll() is None
+        select.select([], [], [], 0.05)
+    runner = int(pid_file.read_text())
+    assert runner != client.pid  # the sleeper runs in the zygote's child, not in the launcher's worker
+    client.send_signal(signum)
+    assert client.wait(timeout=60) == -signum  # the worker dies of the signal, as its child did
+    assert gone_within(runner)

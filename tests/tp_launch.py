@@ -3,13 +3,17 @@
 `launch_run(script, argv, out, nproc)` runs `python -m paddle.distributed.launch
 --nproc_per_node nproc tests/tp_entry.py script argv` (the CPU stand-ins of the
 model-parallel collectives installed, see `tests/tp_cpu_collectives.py`) and fails with the
-workers' log tails when a rank fails."""
+workers' log tails when a rank fails. The launcher and its workers' runs are children of
+tests/warm_python.py's zygote (Paddle and the entry modules imported once per test process);
+the workers themselves stay the launcher's processes (tests/warm_client.py). WARM_PYTHON=0
+starts every process cold."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
+
+from tests import warm_client, warm_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENTRY = os.path.join(REPO, "tests", "tp_entry.py")
@@ -80,8 +84,11 @@ def launch_run(script, argv, out, nproc=2):
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir", log_dir,
            ENTRY, script, *argv]
     env = dict(os.environ, MKL_DEBUG_CPU_TYPE="5")
+    sock_path = warm_python.launch_socket(env)
+    if sock_path:  # the workers run in children of a zygote with the imports done (tests/tp_entry.py)
+        env[warm_client.SOCKET_ENV] = sock_path
     start = time.time()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    proc = warm_python.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, launcher=True)
     if proc.returncode != 0 and failed_in_group_rendezvous(log_dir):  # nothing of the run written yet
         RETRIES.append((script, "gloo group rendezvous failed"))
         print(f"[tp_launch] retry {len(RETRIES)} of this session: {script} failed in the gloo group rendezvous; "
@@ -89,7 +96,7 @@ def launch_run(script, argv, out, nproc=2):
         assert len(RETRIES) <= MAX_RETRIES_PER_SESSION, f"{len(RETRIES)} launch retries in one session: {RETRIES}"
         _clean(out)
         remaining = max(LAUNCH_TIMEOUT_S - (time.time() - start), 1)
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=remaining)
+        proc = warm_python.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=remaining, launcher=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(log_dir)
     return out
 

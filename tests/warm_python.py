@@ -35,18 +35,20 @@ import types
 
 import paddle  # noqa: F401  (os.environ then holds what Paddle's import sets, OMP_NUM_THREADS among them)
 
+try:
+    from tests.warm_client import IMPORT_TIME_ENV, import_time_env, send_request, zygote_env_path
+except ImportError:  # run as the zygote's script: tests/ is sys.path[0]
+    from warm_client import IMPORT_TIME_ENV, import_time_env, send_request, zygote_env_path
+
 SELF = os.path.abspath(__file__)
 ROOT = os.path.dirname(os.path.dirname(SELF))
 PRELOAD = ("ppo.run_ppo", "sft.run_sft", "sft.merge_lora", "rm.run_reward", "rm.audit_reward", "dpo.run_dpo",
-           "dpo.run_online_dpo", "ppo.reward_server")
-IMPORT_TIME_ENV = ("FLAGS_", "MKL_", "OMP_", "KMP_", "CUDA_", "NVIDIA_", "PADDLE", "PYTHON", "GLOG_", "LD_", "PPNLP",
-                   "HF_", "LANG", "LC_", "OPENBLAS", "NCCL_", "XPU_", "MALLOC", "JEMALLOC")
+           "dpo.run_online_dpo", "ppo.reward_server", "tp_cpu_collectives")
 FALLBACK_MODULES = ("paddle.distributed",)
 _zygotes = {}
 
 
-def _import_time_env(env):
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)}
+_import_time_env = import_time_env
 
 
 class _Zygote:
@@ -54,6 +56,7 @@ class _Zygote:
         self.dir = tempfile.mkdtemp(prefix="warm_python_")
         self.sock_path = os.path.join(self.dir, "sock")
         self.env = env
+        json.dump(_import_time_env(env), open(zygote_env_path(self.sock_path), "w"))
         out, err = (open(os.path.join(self.dir, name), "w+b") for name in ("out", "err"))
         self.proc = subprocess.Popen([sys.executable, SELF, self.sock_path, ",".join(preload)],
                                      cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
@@ -91,6 +94,14 @@ def _zygote(preload, env):
     return _zygotes[key]
 
 
+def launch_socket(env, preload=PRELOAD):
+    """The socket of the zygote for `env` (started now if needed), for `paddle.distributed.launch`
+    workers to run in (tests/tp_entry.py with WARM_LAUNCH_SOCK); None with WARM_PYTHON=0."""
+    if os.environ.get("WARM_PYTHON", "1") == "0":
+        return None
+    return _zygote(preload, dict(env)).sock_path
+
+
 def rebind(original, replacement, packages=("ppo", "sft", "rm", "dpo", "paddlenlp")):
     """Points the module globals and function defaults that hold `original` in the loaded modules of
     `packages` at `replacement`: what they hold in a real process that imports them after a test's
@@ -112,9 +123,10 @@ def rebind(original, replacement, packages=("ppo", "sft", "rm", "dpo", "paddlenl
                 defaults(member)
 
 
-def _servable(cmd, env, kw):
+def _servable(cmd, env, kw, launcher=False):
     """Whether a zygote child runs `cmd` as `python` would: this interpreter, no option but -c/-m, no
-    distributed launch, and the import-time variables of this process (else the test sets them)."""
+    distributed launch unless `launcher` (tests/tp_launch.py's, whose workers are zygote children
+    too), and the import-time variables of this process (else the test sets them)."""
     if os.environ.get("WARM_PYTHON", "1") == "0" or kw or len(cmd) < 2:
         return False
     if _import_time_env(env) != _import_time_env(os.environ):
@@ -122,7 +134,7 @@ def _servable(cmd, env, kw):
     if os.path.abspath(cmd[0]) != os.path.abspath(sys.executable):  # (a symlink to it leaves the venv)
         return False
     if cmd[1] == "-m":
-        return len(cmd) > 2 and not cmd[2].startswith(FALLBACK_MODULES)
+        return len(cmd) > 2 and (launcher or not cmd[2].startswith(FALLBACK_MODULES))
     return cmd[1] == "-c" and len(cmd) > 2 or not cmd[1].startswith("-")
 
 
@@ -136,14 +148,9 @@ class Popen:
         zygote = _zygote(preload, env)
         fds = [self._target("stdout", stdout, 1), None]
         fds[1] = fds[0] if stderr == subprocess.STDOUT else self._target("stderr", stderr, 2)
-        request = json.dumps({"argv": cmd[1:], "cwd": os.path.abspath(cwd or os.getcwd()), "env": env}).encode()
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.connect(zygote.sock_path)
-        socket.send_fds(self._sock, [struct.pack("!Q", len(request))], fds)
-        self._sock.sendall(request)
+        self._sock, self._reply = send_request(zygote.sock_path, cmd[1:], cwd or os.getcwd(), env, fds)
         for fd in self._close:
             os.close(fd)
-        self._reply = self._sock.makefile("r")
         self.pid = int(self._reply.readline())
         self.stdout = self.stderr = None
 
@@ -200,12 +207,13 @@ class Popen:
 
 
 def run(cmd, cwd=None, env=None, capture_output=False, text=False, timeout=None, check=False, stdout=None,
-        stderr=None, preload=PRELOAD, **kw):
-    """`subprocess.run(cmd, ...)`, in a zygote child where it can be run faithfully."""
+        stderr=None, preload=PRELOAD, launcher=False, **kw):
+    """`subprocess.run(cmd, ...)`, in a zygote child where it can be run faithfully (`launcher`: a
+    `paddle.distributed.launch` command too)."""
     if capture_output:
         stdout = stderr = subprocess.PIPE
     env = dict(os.environ if env is None else env)
-    if not _servable(cmd, env, kw):
+    if not _servable(cmd, env, kw, launcher):
         return subprocess.run(cmd, cwd=cwd, env=env, text=text, timeout=timeout, check=check, stdout=stdout,
                               stderr=stderr, **kw)
     proc = Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=text, preload=preload)
@@ -238,6 +246,20 @@ def _reap():
             pass
     except ChildProcessError:
         pass
+
+
+def _wait_runner(pid, conn, kill_on_disconnect):
+    """The wait status of the runner `pid`; with `kill_on_disconnect`, SIGKILL it first if the
+    caller's end of `conn` closes (a launch worker killed by its launcher)."""
+    if not kill_on_disconnect:
+        return os.waitpid(pid, 0)[1]
+    pidfd = os.pidfd_open(pid)
+    while not select.select([pidfd, conn], [], [])[0].count(pidfd):
+        if not conn.recv(1):  # the caller went away: its child goes too
+            os.kill(pid, signal.SIGKILL)
+            break
+    os.close(pidfd)
+    return os.waitpid(pid, 0)[1]
 
 
 def _serve(sock_path, preload, base_path):
@@ -296,7 +318,7 @@ def _serve(sock_path, preload, base_path):
                 for fd in fds:
                     os.close(fd)
                 conn.sendall(b"%d\n" % pid)
-                _, status = os.waitpid(pid, 0)
+                status = _wait_runner(pid, conn, json.loads(data).get("kill_on_disconnect", False))
                 conn.sendall(b"%d\n" % os.waitstatus_to_exitcode(status))
             finally:
                 os._exit(0)
