@@ -274,14 +274,15 @@ def _run_all(todo, jobs, cache=None):
     return [(label, rc == 0, out) for (label, _), (rc, out) in zip(todo, results)]
 
 
-def build_kernel_library(src, out_dir, arch, nvcc=None, werror=True):
+def build_kernel_library(src, out_dir, arch, nvcc=None, werror=True, cache=None):
     """Build one plain-CUDA file as a shared library (for ctypes); returns its path. Raises
-    RuntimeError with nvcc's output when it does not compile."""
+    RuntimeError with nvcc's output when it does not compile. With a `cache` (an `ObjectCache`
+    whose paths map `out_dir`), the library of an identical earlier build is copied instead."""
     nvcc = nvcc or shutil.which("nvcc")
     if not nvcc:
         raise RuntimeError("nvcc not found")
     out = os.path.join(out_dir, f"lib{os.path.splitext(os.path.basename(src))[0]}_sm{arch}.so")
-    rc, text = _run(nvcc_command(nvcc, src, out, arch, shared=True, werror=werror))
+    rc, text = (cache.run if cache else _run)(nvcc_command(nvcc, src, out, arch, shared=True, werror=werror))
     if rc != 0:
         raise RuntimeError(f"nvcc failed on {src}:\n{text}")
     return out

@@ -22,9 +22,14 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def kernel_libs(tmp_path_factory):
+    """Each kernel file built as a standalone library, reusing the libraries of identical earlier
+    builds as check_cuda.py reuses its objects (same sources, headers, flags and compilers)."""
     out = str(tmp_path_factory.mktemp("cuda_libs"))
     nvcc = check.nvcc_path(TOOLS)
-    return {k: check.build_kernel_library(os.path.join(cuda_ctypes.CUDA_DIR, f"{k}.cu"), out, "80", nvcc=nvcc)
+    cache = check.ObjectCache(check.cache_dir("cuda-objects", "PPO_CUDA_OBJECT_CACHE"), check.cached_inputs(),
+                              {out: "<out>"}, [check.host_cxx()])
+    return {k: check.build_kernel_library(os.path.join(cuda_ctypes.CUDA_DIR, f"{k}.cu"), out, "80", nvcc=nvcc,
+                                          cache=cache)
             for k in cuda_ctypes.LAUNCHERS}
 
 

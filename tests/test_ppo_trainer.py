@@ -3,8 +3,6 @@ NaN skipping, a LoRA actor sharing its base weights with the reference, and
 2-process data-parallel / sharding runs."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import paddle
@@ -14,8 +12,8 @@ from ppo.models.score_model import AutoModelForScore
 from ppo.ppo_trainer import NonFiniteError
 from ppo.run_ppo import build_trainer
 from tests.demo_config_flags import PPO_AS_BEFORE
+from tests.tp_launch import launch_run
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOLATILE = ("timing_s/", "perf/")
 
 
@@ -162,12 +160,7 @@ def test_lora_actor_shares_base_weights_with_reference(tiny_model_dir, tiny_rm_d
 def run_two_processes(mode, tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path):
     out = str(tmp_path / mode)
     extra = ["--sharding", "stage1", "--sharding_parallel_degree", "2"] if mode == "sharding_stage1" else []
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", f"{out}/launch",
-           "ppo/run_ppo.py", *ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, *extra)]
-    env = dict(os.environ, MKL_DEBUG_CPU_TYPE="5")
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    logs = "".join(open(os.path.join(out, "launch", f)).read()[-3000:] for f in os.listdir(f"{out}/launch") if f.startswith("workerlog"))
-    assert proc.returncode == 0, proc.stdout[-2000:] + logs
+    launch_run("ppo/run_ppo.py", ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, *extra), out)  # fails with the logs
     summary = json.load(open(os.path.join(out, "summary.json")))
     fps = summary["actor_fingerprints"]
     assert len(fps) == 2 and fps[0] == fps[1]
