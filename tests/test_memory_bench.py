@@ -20,8 +20,8 @@ def bench():
 @pytest.mark.parametrize("case, recompute", [("ppo", False), ("grpo", False), ("ppo", True)])
 def test_step_full_and_chunked_agree(bench, case, recompute, tmp_path):
     model_dir = bench.build_model_dir(str(tmp_path / "qwen"), num_layers=1, vocab_size=512)
-    full = bench.run_case(model_dir, case, 0, batch=8, prompt_len=8, seq_len=20, recompute=recompute)
-    chunked = bench.run_case(model_dir, case, 5, batch=8, prompt_len=8, seq_len=20, recompute=recompute)
+    full = bench.run_case(model_dir, case, 0, batch=8, prompt_len=8, seq_len=20, warmup=False, recompute=recompute)
+    chunked = bench.run_case(model_dir, case, 5, batch=8, prompt_len=8, seq_len=20, warmup=False, recompute=recompute)
     assert full["recompute"] is chunked["recompute"] is recompute
     assert full["response_tokens"] == chunked["response_tokens"] > 8 * 8
     assert abs(full["loss_policy"] - chunked["loss_policy"]) < 1e-5
