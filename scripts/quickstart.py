@@ -8,6 +8,7 @@ of held-out results.
     python scripts/quickstart.py --seed 43  # every training seed 43, into outputs/tiny-seed43
     python scripts/quickstart.py --online-dpo  # also online DPO from the SFT model
     python scripts/quickstart.py --safe     # the safety demo only: SFT -> RM, cost model -> PPO vs PPO-Lagrangian
+    python scripts/quickstart.py --stop-after rm  # only the stages up to the reward model (no table)
 
 Every stage is the real entry script run as a subprocess, exactly as a user runs
 it; the first failing stage stops the pipeline with its log path. `--seed` sets
@@ -113,16 +114,26 @@ def start_reward_server(out, port):
     raise SystemExit(f"[quickstart] the reward server did not become healthy in 60 s; see {log_path}")
 
 
-def run_stages(root, out, seed, online_dpo=False):
+STOP_STAGES = ("build", "sft", "rm")
+
+
+def run_stages(root, out, seed, online_dpo=False, stop_after=None):
     """Run every stage not yet done under `out` (the absolute `root`), online DPO too with
-    `online_dpo`; returns `{stage: wall seconds}`."""
+    `online_dpo`, only up to `stop_after` (one of STOP_STAGES) when given; returns
+    `{stage: wall seconds}`."""
     seed_flags = [] if seed is None else ["--seed", str(seed)]
     walls = {}
     walls["build"] = run_stage(out, "build", [PY, "-c", (
         f"from ppo.tiny.factory import main as m; m({['--output_dir', root + '/base'] + seed_flags!r});"
         f"from ppo.tiny.demo_data import main as d; d({['--output_dir', root + '/data']!r})")])
+    if stop_after == "build":
+        return walls
     walls["sft"] = run_stage(out, "sft", config_command("sft/run_sft.py", "config/tiny/sft_argument.json", root, seed))
+    if stop_after == "sft":
+        return walls
     walls["rm"] = run_stage(out, "rm", config_command("rm/run_reward.py", "config/tiny/rm_argument.json", root, seed))
+    if stop_after == "rm":
+        return walls
     walls["audit"] = run_stage(out, "audit", config_command("rm/audit_reward.py", "config/tiny/audit_argument.json", root))
     walls["ppo"] = run_stage(out, "ppo", config_command("ppo/run_ppo.py", "config/tiny/ppo_argument.json", root, seed))
     if not os.path.exists(done_marker(out, "grpo")):
@@ -155,6 +166,8 @@ def main(argv=None):
     parser.add_argument("--output_root", default=None,
                         help="directory for every output (default outputs/tiny, or outputs/tiny-seed<N> with --seed)")
     parser.add_argument("--online-dpo", action="store_true", help="also run online DPO (config/tiny/online_dpo_argument.json)")
+    parser.add_argument("--stop-after", choices=STOP_STAGES, default=None,
+                        help="run the stages up to this one (and those it needs) and stop, without the table")
     parser.add_argument("--safe", action="store_true",
                         help="run the safety demo instead (scripts/safe_quickstart.py): PPO vs PPO-Lagrangian on secret prompts")
     args = parser.parse_args(argv)
@@ -166,7 +179,10 @@ def main(argv=None):
     t0 = time.time()
     if args.safe:
         return run_safe_demo(root, out, args.seed, t0)
-    walls = run_stages(root, out, args.seed, args.online_dpo)
+    walls = run_stages(root, out, args.seed, args.online_dpo, args.stop_after)
+    if args.stop_after:
+        print(f"[quickstart] stopped after {args.stop_after} (run again without --stop-after for the rest)")
+        return {"stage_wall_s": walls}
     evaluation = json.load(open(os.path.join(out, "evaluation.json")))
     audit = json.load(open(os.path.join(out, "rm", "audit.json")))
     rm_summary = json.load(open(os.path.join(out, "rm", "summary.json")))

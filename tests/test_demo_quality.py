@@ -8,6 +8,7 @@ import pytest
 
 from scripts import quickstart
 from tests.conftest import SUMMARY_PROPERTY
+from tests.shared_demo import demo_through_reward_model
 
 # (stage, lowest overall accuracy, highest overall accuracy, lowest accuracy on strings < 5)
 TARGET_FLOORS = [
@@ -80,12 +81,27 @@ def test_config_command_moves_every_output_path_and_sets_the_seed():
         quickstart.config_command("rm/audit_reward.py", "config/tiny/audit_argument.json", "outputs/tiny", seed=1)
 
 
+@pytest.mark.parametrize("stop_after, stages", [("build", ["build"]), ("sft", ["build", "sft"]),
+                                                ("rm", ["build", "sft", "rm"])])
+def test_stop_after_runs_only_the_stages_up_to_it(stop_after, stages, tmp_path, monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(quickstart, "run_stage", lambda out, stage, cmd, log_name=None: ran.append(stage) or 1.0)
+    result = quickstart.main(["--output_root", str(tmp_path / "tiny"), "--stop-after", stop_after])
+    assert ran == stages and result == {"stage_wall_s": {s: 1.0 for s in stages}}
+    assert f"stopped after {stop_after}" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        quickstart.main(["--stop-after", "ppo"])  # not a stage to stop after: argparse names the choices
+
+
 @pytest.mark.slow
-def test_whole_tiny_pipeline_stays_above_its_floors(tmp_path, capsys, record_property):
-    summary = quickstart.main(["--output_root", str(tmp_path / "tiny")])  # prints the table
+def test_whole_tiny_pipeline_stays_above_its_floors(tmp_path_factory, capsys, record_property):
+    """The whole quickstart, its SFT and reward-model stages shared with the TP/PP accuracy test
+    (`tests/shared_demo.py`: whichever test comes first trains them, the other waits)."""
+    root = demo_through_reward_model(tmp_path_factory)
+    summary = quickstart.main(["--output_root", root])  # the remaining stages; prints the table
     table = capsys.readouterr().out.split("\n\n")[-1]  # print_table's block ends the output
     record_property(SUMMARY_PROPERTY, f"the demo's held-out table (floors {FLOORS}):\n{table}")
     print(table + json.dumps(summary["stages"], indent=1))
-    assert os.path.isfile(tmp_path / "tiny" / "quickstart_summary.json")
+    assert os.path.isfile(os.path.join(root, "quickstart_summary.json"))
     failures = floor_failures(summary["stages"])
     assert not failures, "; ".join(failures)
