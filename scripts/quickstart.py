@@ -10,7 +10,10 @@ of held-out results.
     python scripts/quickstart.py --safe     # the safety demo only: SFT -> RM, cost model -> PPO vs PPO-Lagrangian
 
 Every stage is the real entry script run as a subprocess, exactly as a user runs
-it; the first failing stage stops the pipeline with its log path. `--seed` sets
+it, scheduled by `scripts/stage_scheduler.py` on `--jobs` cores (default all): SFT and
+the reward model alone with every core as threads, then PPO, the audit, GRPO and DPO side
+by side one core each; the first failing stage stops the pipeline (and the stages
+running beside it) with its log path. `--seed` sets
 the seed of the base model's initialisation and of every training stage (the
 demo data, held-out prompts included, stay the same); `--output_root` moves every
 path of the configs from `outputs/tiny` to another directory. Results go to
@@ -27,13 +30,11 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from scripts.stage_scheduler import Stage, done_marker, last_progress, run_dag, stage_env  # noqa: E402
+
 DEFAULT_ROOT = "outputs/tiny"  # the root every path in config/tiny/*.json is written under
 PY = sys.executable
 ENV = dict(os.environ, MKL_DEBUG_CPU_TYPE="5", PYTHONUNBUFFERED="1")
-
-
-def done_marker(out, stage):
-    return os.path.join(out, ".done", stage)
 
 
 def config_command(script, config, root, seed=None):
@@ -77,27 +78,17 @@ def run_stage(out, stage, cmd, log_name=None):
     return wall
 
 
-def last_progress(log_path):
-    """The newest progress-bar or step line of a log, shortened."""
-    try:
-        text = open(log_path, errors="replace").read()[-4000:]
-    except OSError:
-        return ""
-    pieces = [p for p in text.replace("\r", "\n").split("\n") if "%|" in p or "step" in p]
-    return pieces[-1].strip()[-110:] if pieces else ""
-
-
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def start_reward_server(out, port):
-    log_path = os.path.join(out, "logs", "reward_server.log")
+def start_reward_server(log_dir, port):
+    log_path = os.path.join(log_dir, "reward_server.log")
     log = open(log_path, "w")
-    proc = subprocess.Popen([PY, "ppo/reward_server.py", "--port", str(port), "--scorer", "reverse"], cwd=ROOT, env=ENV,
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([PY, "ppo/reward_server.py", "--port", str(port), "--scorer", "reverse"], cwd=ROOT,
+                            env=stage_env(ENV, 1), stdout=log, stderr=subprocess.STDOUT)
     import requests
 
     deadline = time.time() + 60
@@ -113,37 +104,47 @@ def start_reward_server(out, port):
     raise SystemExit(f"[quickstart] the reward server did not become healthy in 60 s; see {log_path}")
 
 
-def run_stages(root, out, seed, online_dpo=False):
-    """Run every stage not yet done under `out` (the absolute `root`), online DPO too with
-    `online_dpo`; returns `{stage: wall seconds}`."""
+def pipeline_stages(root, out, seed, online_dpo=False):
+    """The quickstart's stage table, in priority order: build -> SFT -> reward model -> PPO and
+    the reward audit (which only reports: nothing waits for it), GRPO (with its reward server)
+    and DPO from the SFT model (-> online DPO) -> evaluation. SFT -> reward model -> PPO is the
+    critical path: SFT and the reward model run alone on every core; on two cores PPO then runs
+    beside GRPO, DPO and the audit, which follow each other on the other core."""
     seed_flags = [] if seed is None else ["--seed", str(seed)]
-    walls = {}
-    walls["build"] = run_stage(out, "build", [PY, "-c", (
-        f"from ppo.tiny.factory import main as m; m({['--output_dir', root + '/base'] + seed_flags!r});"
-        f"from ppo.tiny.demo_data import main as d; d({['--output_dir', root + '/data']!r})")])
-    walls["sft"] = run_stage(out, "sft", config_command("sft/run_sft.py", "config/tiny/sft_argument.json", root, seed))
-    walls["rm"] = run_stage(out, "rm", config_command("rm/run_reward.py", "config/tiny/rm_argument.json", root, seed))
-    walls["audit"] = run_stage(out, "audit", config_command("rm/audit_reward.py", "config/tiny/audit_argument.json", root))
-    walls["ppo"] = run_stage(out, "ppo", config_command("ppo/run_ppo.py", "config/tiny/ppo_argument.json", root, seed))
-    if not os.path.exists(done_marker(out, "grpo")):
-        port = free_port()
-        server = start_reward_server(out, port)
-        try:
-            cmd = config_command("ppo/run_ppo.py", "config/tiny/grpo_argument.json", root, seed)
-            walls["grpo"] = run_stage(out, "grpo", cmd + ["--reward_server", f"http://127.0.0.1:{port}"])
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
-    else:
-        walls["grpo"] = run_stage(out, "grpo", [])
-    walls["dpo"] = run_stage(out, "dpo", config_command("dpo/run_dpo.py", "config/tiny/dpo_argument.json", root, seed))
+    build = [PY, "-c", (f"from ppo.tiny.factory import main as m; m({['--output_dir', root + '/base'] + seed_flags!r});"
+                        f"from ppo.tiny.demo_data import main as d; d({['--output_dir', root + '/data']!r})")]
+    stages = [
+        Stage("build", build),
+        Stage("sft", config_command("sft/run_sft.py", "config/tiny/sft_argument.json", root, seed), ("build",), alone=True),
+        Stage("rm", config_command("rm/run_reward.py", "config/tiny/rm_argument.json", root, seed), ("sft",), alone=True),
+        Stage("ppo", config_command("ppo/run_ppo.py", "config/tiny/ppo_argument.json", root, seed), ("rm",)),
+        Stage("grpo", config_command("ppo/run_ppo.py", "config/tiny/grpo_argument.json", root, seed), ("sft",),
+              setup=reward_server_setup),
+        Stage("dpo", config_command("dpo/run_dpo.py", "config/tiny/dpo_argument.json", root, seed), ("sft",)),
+        Stage("audit", config_command("rm/audit_reward.py", "config/tiny/audit_argument.json", root), ("rm",)),
+    ]
     if online_dpo:
-        walls["online_dpo"] = run_stage(
-            out, "online_dpo", config_command("dpo/run_online_dpo.py", "config/tiny/online_dpo_argument.json", root, seed))
+        stages.append(Stage("online_dpo", config_command(
+            "dpo/run_online_dpo.py", "config/tiny/online_dpo_argument.json", root, seed), ("sft",)))
     evaluate = "evaluate_with_online_dpo" if online_dpo else "evaluate"  # its own marker: evaluated after online DPO
-    walls["evaluate"] = run_stage(out, evaluate, [
+    stages.append(Stage(evaluate, [
         PY, "scripts/evaluate_stages.py", "--runs_dir", root, "--test_data", f"{root}/data/test.jsonl",
-        "--reward_model", f"{root}/rm", "--output", f"{root}/evaluation.json"])
+        "--reward_model", f"{root}/rm", "--output", f"{root}/evaluation.json"], tuple(s.name for s in stages), alone=True))
+    return stages
+
+
+def reward_server_setup(log_dir):
+    """GRPO's reward server on a free port: `(["--reward_server", url], server process)`."""
+    port = free_port()
+    return ["--reward_server", f"http://127.0.0.1:{port}"], start_reward_server(log_dir, port)
+
+
+def run_stages(root, out, seed, online_dpo=False, jobs=None):
+    """Run every stage not yet done under `out` (the absolute `root`) on `jobs` cores (default
+    all), online DPO too with `online_dpo`; returns `{stage: wall seconds}`."""
+    walls = run_dag(out, pipeline_stages(root, out, seed, online_dpo), jobs or os.cpu_count() or 1, ENV, ROOT)
+    if "evaluate_with_online_dpo" in walls:
+        walls["evaluate"] = walls.pop("evaluate_with_online_dpo")
     return walls
 
 
@@ -154,6 +155,9 @@ def main(argv=None):
                         help="seed of the base model and of every training stage (default: the configs' own, 42)")
     parser.add_argument("--output_root", default=None,
                         help="directory for every output (default outputs/tiny, or outputs/tiny-seed<N> with --seed)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="cores to use: independent stages run side by side, each with its share as threads "
+                             "(default: every core, here %(default)s)")
     parser.add_argument("--online-dpo", action="store_true", help="also run online DPO (config/tiny/online_dpo_argument.json)")
     parser.add_argument("--safe", action="store_true",
                         help="run the safety demo instead (scripts/safe_quickstart.py): PPO vs PPO-Lagrangian on secret prompts")
@@ -166,7 +170,7 @@ def main(argv=None):
     t0 = time.time()
     if args.safe:
         return run_safe_demo(root, out, args.seed, t0)
-    walls = run_stages(root, out, args.seed, args.online_dpo)
+    walls = run_stages(root, out, args.seed, args.online_dpo, args.jobs)
     evaluation = json.load(open(os.path.join(out, "evaluation.json")))
     audit = json.load(open(os.path.join(out, "rm", "audit.json")))
     rm_summary = json.load(open(os.path.join(out, "rm", "summary.json")))

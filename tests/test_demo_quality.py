@@ -1,12 +1,15 @@
-"""The tiny demo's alignment quality: the quickstart's seed and output-root plumbing
-(fast), and a slow guard that runs the whole pipeline and holds every stage to a
+"""The tiny demo's alignment quality: the quickstart's seed and output-root plumbing and its
+stage scheduler on fake stages (fast), and a slow guard that runs the whole pipeline and holds every stage to a
 floor on the held-out prompts, printing the table either way."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from scripts import quickstart
+from scripts.stage_scheduler import Stage, check_table, next_starts, run_dag, stage_env
 from tests.conftest import SUMMARY_PROPERTY
 
 # (stage, lowest overall accuracy, highest overall accuracy, lowest accuracy on strings < 5)
@@ -78,6 +81,95 @@ def test_config_command_moves_every_output_path_and_sets_the_seed():
         quickstart.PY, "sft/run_sft.py", "config/tiny/sft_argument.json"]
     with pytest.raises(ValueError, match="no seed"):
         quickstart.config_command("rm/audit_reward.py", "config/tiny/audit_argument.json", "outputs/tiny", seed=1)
+
+
+def simulate(stages, jobs, walls):
+    """The scheduler's decisions on a fake clock: `[(stage, start, threads)]`, `walls` {stage: seconds}."""
+    done, running, clock, starts = set(), {}, 0.0, []
+    while len(done) < len(stages):
+        for stage, threads in next_starts(stages, done, {n: t for n, (t, _) in running.items()}, jobs):
+            running[stage.name] = (threads, clock + walls[stage.name])
+            starts.append((stage.name, clock, threads))
+        name = min(running, key=lambda n: running[n][1])
+        clock = running.pop(name)[1]
+        done.add(name)
+    return starts
+
+
+def test_the_quickstart_schedule_on_two_cores_runs_sft_and_rm_alone_then_the_rest_side_by_side():
+    stages = quickstart.pipeline_stages("/tmp/root", "/tmp/root", 43)
+    walls = {"build": 5, "sft": 70, "rm": 80, "ppo": 75, "audit": 10, "grpo": 60, "dpo": 35, "evaluate": 10}
+    starts = simulate(stages, 2, walls)
+    assert starts == [("build", 0, 2), ("sft", 5, 2), ("rm", 75, 2), ("ppo", 155, 1), ("grpo", 155, 1),
+                      ("dpo", 215, 1), ("audit", 230, 1), ("evaluate", 250, 2)]
+    # the threads do not depend on which stage finishes first: GRPO slower than PPO changes the order only
+    assert {(n, t) for n, _, t in simulate(stages, 2, dict(walls, grpo=200, ppo=20))} == {(n, t) for n, _, t in starts}
+    # one core: one stage at a time in table order; four: the four after the reward model together
+    assert [(n, t) for n, _, t in simulate(stages, 1, walls)] == [(s.name, 1) for s in stages]
+    assert [(n, s, t) for n, s, t in simulate(stages, 4, walls) if n in ("ppo", "audit", "grpo", "dpo")] == [
+        ("ppo", 155, 1), ("grpo", 155, 1), ("dpo", 155, 1), ("audit", 155, 1)]
+    grpo = next(s for s in stages if s.name == "grpo")
+    assert grpo.deps == ("sft",) and grpo.setup is quickstart.reward_server_setup
+
+
+def test_free_cores_are_split_among_the_stages_starting_together():
+    stages = [Stage("a", []), Stage("b", [], ("a",)), Stage("c", [], ("a",)), Stage("d", [], ("a",))]
+    assert [(s.name, t) for s, t in next_starts(stages, set(), {}, 5)] == [("a", 5)]
+    assert [(s.name, t) for s, t in next_starts(stages, {"a"}, {}, 5)] == [("b", 2), ("c", 2), ("d", 1)]
+    assert [(s.name, t) for s, t in next_starts(stages, {"a"}, {"b": 2}, 3)] == [("c", 1)]
+    assert next_starts(stages, {"a"}, {"b": 1, "c": 1}, 2) == []
+    with pytest.raises(ValueError, match="'b' depends on \\['z'\\]"):
+        check_table([Stage("a", []), Stage("b", [], ("z",))])
+
+
+def test_stage_threads_go_to_omp_and_mkl_unless_the_user_set_omp_num_threads():
+    assert stage_env({"X": "1"}, 2, user_env={})["OMP_NUM_THREADS"] == "2"
+    assert stage_env({"X": "1"}, 2, user_env={})["MKL_NUM_THREADS"] == "2"
+    kept = stage_env({"OMP_NUM_THREADS": "3"}, 2, user_env={"OMP_NUM_THREADS": "3"})
+    assert kept["OMP_NUM_THREADS"] == "3" and "MKL_NUM_THREADS" not in kept
+
+
+def fake(name, deps=(), alone=False, body="pass", setup=None):
+    """A stage that records its start, threads and end in `<cwd>/trace`."""
+    code = (f"import os, time; t = open('trace', 'a'); t.write('{name} start ' + os.environ['OMP_NUM_THREADS'] + '\\n'); "
+            f"t.flush(); {body}; open('trace', 'a').write('{name} end\\n')")
+    return Stage(name, [sys.executable, "-c", code], tuple(deps), alone, setup)
+
+
+def test_run_dag_runs_stages_after_their_dependencies_and_resumes_from_the_done_markers(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    stages = [fake("a", alone=True), fake("b", ["a"], body="time.sleep(0.5)"), fake("c", ["a"], body="time.sleep(0.5)"),
+              fake("d", ["b", "c"], alone=True)]
+    walls = run_dag(str(tmp_path), stages, 2, dict(os.environ), str(tmp_path), poll_s=0.05)
+    assert list(walls) == ["a", "b", "c", "d"] and all(w > 0 for w in walls.values())
+    trace = (tmp_path / "trace").read_text().split("\n")[:-1]
+    assert trace[:2] == ["a start 2", "a end"] and trace[-2:] == ["d start 2", "d end"]
+    assert sorted(trace[2:4]) == ["b start 1", "c start 1"]  # side by side, one core each
+    assert json.load(open(tmp_path / ".done" / "b"))["threads"] == 1
+    os.remove(tmp_path / ".done" / "d")
+    (tmp_path / "trace").unlink()
+    assert run_dag(str(tmp_path), stages, 2, dict(os.environ), str(tmp_path), poll_s=0.05)["b"] == walls["b"]
+    assert (tmp_path / "trace").read_text() == "d start 2\nd end\n"  # only the stage without its marker ran
+
+
+def test_the_first_failing_stage_stops_the_others_and_their_helpers(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    helpers = []
+
+    def setup(log_dir):
+        helpers.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]))
+        return ["--flag"], helpers[-1]
+
+    slow = fake("slow", body="open('slow.pid', 'w').write(str(os.getpid())); time.sleep(600)", setup=setup)
+    bad = fake("bad", body="time.sleep(0.3); raise SystemExit(3)")
+    after = fake("after", ["bad", "slow"])
+    with pytest.raises(SystemExit, match=r"stage 'bad' failed \(exit 3\); see .*logs/bad.log"):
+        run_dag(str(tmp_path), [slow, bad, after], 2, dict(os.environ), str(tmp_path), poll_s=0.05)
+    assert helpers[0].poll() is not None  # the reward-server-like helper was terminated
+    with pytest.raises(ProcessLookupError):
+        os.kill(int((tmp_path / "slow.pid").read_text()), 0)
+    assert not (tmp_path / ".done" / "slow").exists() and not (tmp_path / ".done" / "bad").exists()
+    assert "after start" not in (tmp_path / "trace").read_text()
 
 
 @pytest.mark.slow
