@@ -162,6 +162,8 @@ def main(argv=None):
     parser.add_argument("--safe", action="store_true",
                         help="run the safety demo instead (scripts/safe_quickstart.py): PPO vs PPO-Lagrangian on secret prompts")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
     root = args.output_root or (DEFAULT_ROOT if args.seed is None else f"{DEFAULT_ROOT}-seed{args.seed}")
     out = os.path.join(ROOT, root)
     if args.restart and os.path.isdir(out):

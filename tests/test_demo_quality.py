@@ -19,8 +19,10 @@ TARGET_FLOORS = [
     ("grpo", 0.97, 1.0, 0.98),
     ("dpo", 0.97, 1.0, 0.98),
 ]
-"""The floors the demo is meant to clear on every seed. Not yet: over seeds 42-44 with the current
-settings PPO gave 0.960-0.987 (short strings 0.965-1.000) and DPO's short strings 0.956-1.000."""
+"""The floors the demo is meant to clear on every seed (a little below the issue's goal of 0.98 with
+short strings at 0.99, for run-to-run noise). Not yet: over seeds 42-44 with the two-core schedule
+and its settings PPO gave 0.953-1.000 (short strings 0.947-1.000), GRPO 0.957-1.000 and DPO
+0.960-0.997 (seed 43 lowest in both)."""
 
 FLOORS = [
     ("sft", 0.0, 0.65, 0.99),
@@ -28,11 +30,11 @@ FLOORS = [
     ("grpo", 0.95, 1.0, 0.95),
     ("dpo", 0.95, 1.0, 0.95),
 ]
-"""What the guard holds a run to today: below the lowest of the measured runs (seeds 42-44: PPO
-0.960 with short strings 0.965, GRPO 0.980 / 0.982, DPO 0.973 / 0.956; PPO on a learned reward
-model swings by a few points between runs, 0.920-0.983 under the earlier settings). It catches a
-stage that breaks or falls well behind, not a loss of one or two points; raise it to
-TARGET_FLOORS once every seed clears those."""
+"""What the guard holds a run to today: below the lowest of the measured runs (seeds 42-44 on the
+two-core schedule: PPO 0.953 with short strings 0.947, GRPO 0.957 / 1.000, DPO 0.960 / 0.991;
+PPO on a learned reward model swings by a few points between seeds, and a reward-model setting
+that helped seed 42 gave seed 43 PPO 0.867). It catches a stage that breaks or falls well behind,
+not a loss of one or two points; raise it to TARGET_FLOORS once every seed clears those."""
 
 
 def floor_failures(rows, floors=FLOORS):
@@ -120,6 +122,13 @@ def test_free_cores_are_split_among_the_stages_starting_together():
     assert next_starts(stages, {"a"}, {"b": 1, "c": 1}, 2) == []
     with pytest.raises(ValueError, match="'b' depends on \\['z'\\]"):
         check_table([Stage("a", []), Stage("b", [], ("z",))])
+
+
+def test_jobs_below_one_is_one_clear_error(capsys):
+    with pytest.raises(SystemExit):
+        quickstart.main(["--jobs", "0", "--output_root", "/tmp/never-made"])
+    assert "--jobs must be at least 1, got 0" in capsys.readouterr().err
+    assert not os.path.exists("/tmp/never-made")
 
 
 def test_stage_threads_go_to_omp_and_mkl_unless_the_user_set_omp_num_threads():
