@@ -104,7 +104,7 @@ def start_reward_server(log_dir, port):
     raise SystemExit(f"[quickstart] the reward server did not become healthy in 60 s; see {log_path}")
 
 
-def pipeline_stages(root, out, seed, online_dpo=False):
+def pipeline_stages(root, seed, online_dpo=False):
     """The quickstart's stage table, in priority order: build -> SFT -> reward model -> PPO and
     the reward audit (which only reports: nothing waits for it), GRPO (with its reward server)
     and DPO from the SFT model (-> online DPO) -> evaluation. SFT -> reward model -> PPO is the
@@ -142,7 +142,7 @@ def reward_server_setup(log_dir):
 def run_stages(root, out, seed, online_dpo=False, jobs=None):
     """Run every stage not yet done under `out` (the absolute `root`) on `jobs` cores (default
     all), online DPO too with `online_dpo`; returns `{stage: wall seconds}`."""
-    walls = run_dag(out, pipeline_stages(root, out, seed, online_dpo), jobs or os.cpu_count() or 1, ENV, ROOT)
+    walls = run_dag(out, pipeline_stages(root, seed, online_dpo), jobs or os.cpu_count() or 1, ENV, ROOT)
     if "evaluate_with_online_dpo" in walls:
         walls["evaluate"] = walls.pop("evaluate_with_online_dpo")
     return walls

@@ -18,7 +18,7 @@ import json
 import os
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
@@ -28,7 +28,6 @@ class Stage:
     deps: tuple = ()
     alone: bool = False  # run with nothing beside it (all cores)
     setup: object = None  # callable(log_dir) -> (extra args, helper process terminated with the stage)
-    extra: list = field(default_factory=list)
 
 
 def done_marker(out, stage):

@@ -99,7 +99,7 @@ def simulate(stages, jobs, walls):
 
 
 def test_the_quickstart_schedule_on_two_cores_runs_sft_and_rm_alone_then_the_rest_side_by_side():
-    stages = quickstart.pipeline_stages("/tmp/root", "/tmp/root", 43)
+    stages = quickstart.pipeline_stages("/tmp/root", 43)
     walls = {"build": 5, "sft": 70, "rm": 80, "ppo": 75, "audit": 10, "grpo": 60, "dpo": 35, "evaluate": 10}
     starts = simulate(stages, 2, walls)
     assert starts == [("build", 0, 2), ("sft", 5, 2), ("rm", 75, 2), ("ppo", 155, 1), ("grpo", 155, 1),
@@ -110,6 +110,9 @@ def test_the_quickstart_schedule_on_two_cores_runs_sft_and_rm_alone_then_the_res
     assert [(n, t) for n, _, t in simulate(stages, 1, walls)] == [(s.name, 1) for s in stages]
     assert [(n, s, t) for n, s, t in simulate(stages, 4, walls) if n in ("ppo", "audit", "grpo", "dpo")] == [
         ("ppo", 155, 1), ("grpo", 155, 1), ("dpo", 155, 1), ("audit", 155, 1)]
+    online = quickstart.pipeline_stages("/tmp/root", 43, online_dpo=True)
+    assert [s.name for s in online][-2:] == ["online_dpo", "evaluate_with_online_dpo"]
+    assert set(online[-1].deps) == {s.name for s in online[:-1]} and online[-2].deps == ("sft",)
     grpo = next(s for s in stages if s.name == "grpo")
     assert grpo.deps == ("sft",) and grpo.setup is quickstart.reward_server_setup
 
