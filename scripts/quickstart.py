@@ -11,7 +11,10 @@ of held-out results.
     python scripts/quickstart.py --stop-after rm  # only the stages up to the reward model (no table)
 
 Every stage is the real entry script run as a subprocess, exactly as a user runs
-it; the first failing stage stops the pipeline with its log path. `--seed` sets
+it, scheduled by `scripts/stage_scheduler.py` on `--jobs` cores (default all), one
+thread each (`--stage-threads`): after SFT the reward model runs beside GRPO and DPO,
+then PPO beside the audit; the first failing stage stops the pipeline (and the stages
+running beside it) with its log path. `--seed` sets
 the seed of the base model's initialisation and of every training stage (the
 demo data, held-out prompts included, stay the same); `--output_root` moves every
 path of the configs from `outputs/tiny` to another directory. Results go to
@@ -28,13 +31,11 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from scripts.stage_scheduler import Stage, done_marker, last_progress, run_dag, stage_env  # noqa: E402
+
 DEFAULT_ROOT = "outputs/tiny"  # the root every path in config/tiny/*.json is written under
 PY = sys.executable
 ENV = dict(os.environ, MKL_DEBUG_CPU_TYPE="5", PYTHONUNBUFFERED="1")
-
-
-def done_marker(out, stage):
-    return os.path.join(out, ".done", stage)
 
 
 def config_command(script, config, root, seed=None):
@@ -78,27 +79,17 @@ def run_stage(out, stage, cmd, log_name=None):
     return wall
 
 
-def last_progress(log_path):
-    """The newest progress-bar or step line of a log, shortened."""
-    try:
-        text = open(log_path, errors="replace").read()[-4000:]
-    except OSError:
-        return ""
-    pieces = [p for p in text.replace("\r", "\n").split("\n") if "%|" in p or "step" in p]
-    return pieces[-1].strip()[-110:] if pieces else ""
-
-
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def start_reward_server(out, port):
-    log_path = os.path.join(out, "logs", "reward_server.log")
+def start_reward_server(log_dir, port):
+    log_path = os.path.join(log_dir, "reward_server.log")
     log = open(log_path, "w")
-    proc = subprocess.Popen([PY, "ppo/reward_server.py", "--port", str(port), "--scorer", "reverse"], cwd=ROOT, env=ENV,
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([PY, "ppo/reward_server.py", "--port", str(port), "--scorer", "reverse"], cwd=ROOT,
+                            env=stage_env(ENV, 1), stdout=log, stderr=subprocess.STDOUT)
     import requests
 
     deadline = time.time() + 60
@@ -114,47 +105,65 @@ def start_reward_server(out, port):
     raise SystemExit(f"[quickstart] the reward server did not become healthy in 60 s; see {log_path}")
 
 
+def pipeline_stages(root, seed, online_dpo=False):
+    """The quickstart's stage table, in priority order: build -> SFT -> reward model -> PPO and
+    the reward audit (which only reports: nothing waits for it), GRPO (with its reward server)
+    and DPO from the SFT model (-> online DPO) -> evaluation. SFT -> reward model -> PPO is the
+    critical path; with one thread per stage on two cores the reward model runs beside GRPO and
+    then DPO, and PPO beside the audit."""
+    seed_flags = [] if seed is None else ["--seed", str(seed)]
+    build = [PY, "-c", (f"from ppo.tiny.factory import main as m; m({['--output_dir', root + '/base'] + seed_flags!r});"
+                        f"from ppo.tiny.demo_data import main as d; d({['--output_dir', root + '/data']!r})")]
+    stages = [
+        Stage("build", build),
+        Stage("sft", config_command("sft/run_sft.py", "config/tiny/sft_argument.json", root, seed), ("build",), alone=True),
+        Stage("rm", config_command("rm/run_reward.py", "config/tiny/rm_argument.json", root, seed), ("sft",)),
+        Stage("ppo", config_command("ppo/run_ppo.py", "config/tiny/ppo_argument.json", root, seed), ("rm",)),
+        Stage("grpo", config_command("ppo/run_ppo.py", "config/tiny/grpo_argument.json", root, seed), ("sft",),
+              setup=reward_server_setup),
+        Stage("dpo", config_command("dpo/run_dpo.py", "config/tiny/dpo_argument.json", root, seed), ("sft",)),
+        Stage("audit", config_command("rm/audit_reward.py", "config/tiny/audit_argument.json", root), ("rm",)),
+    ]
+    if online_dpo:
+        stages.append(Stage("online_dpo", config_command(
+            "dpo/run_online_dpo.py", "config/tiny/online_dpo_argument.json", root, seed), ("sft",)))
+    evaluate = "evaluate_with_online_dpo" if online_dpo else "evaluate"  # its own marker: evaluated after online DPO
+    stages.append(Stage(evaluate, [
+        PY, "scripts/evaluate_stages.py", "--runs_dir", root, "--test_data", f"{root}/data/test.jsonl",
+        "--reward_model", f"{root}/rm", "--output", f"{root}/evaluation.json"], tuple(s.name for s in stages), alone=True))
+    return stages
+
+
+def reward_server_setup(log_dir):
+    """GRPO's reward server on a free port: `(["--reward_server", url], server process)`."""
+    port = free_port()
+    return ["--reward_server", f"http://127.0.0.1:{port}"], start_reward_server(log_dir, port)
+
+
 STOP_STAGES = ("build", "sft", "rm")
 
 
-def run_stages(root, out, seed, online_dpo=False, stop_after=None):
-    """Run every stage not yet done under `out` (the absolute `root`), online DPO too with
-    `online_dpo`, only up to `stop_after` (one of STOP_STAGES) when given; returns
-    `{stage: wall seconds}`."""
-    seed_flags = [] if seed is None else ["--seed", str(seed)]
-    walls = {}
-    walls["build"] = run_stage(out, "build", [PY, "-c", (
-        f"from ppo.tiny.factory import main as m; m({['--output_dir', root + '/base'] + seed_flags!r});"
-        f"from ppo.tiny.demo_data import main as d; d({['--output_dir', root + '/data']!r})")])
-    if stop_after == "build":
-        return walls
-    walls["sft"] = run_stage(out, "sft", config_command("sft/run_sft.py", "config/tiny/sft_argument.json", root, seed))
-    if stop_after == "sft":
-        return walls
-    walls["rm"] = run_stage(out, "rm", config_command("rm/run_reward.py", "config/tiny/rm_argument.json", root, seed))
-    if stop_after == "rm":
-        return walls
-    walls["audit"] = run_stage(out, "audit", config_command("rm/audit_reward.py", "config/tiny/audit_argument.json", root))
-    walls["ppo"] = run_stage(out, "ppo", config_command("ppo/run_ppo.py", "config/tiny/ppo_argument.json", root, seed))
-    if not os.path.exists(done_marker(out, "grpo")):
-        port = free_port()
-        server = start_reward_server(out, port)
-        try:
-            cmd = config_command("ppo/run_ppo.py", "config/tiny/grpo_argument.json", root, seed)
-            walls["grpo"] = run_stage(out, "grpo", cmd + ["--reward_server", f"http://127.0.0.1:{port}"])
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
-    else:
-        walls["grpo"] = run_stage(out, "grpo", [])
-    walls["dpo"] = run_stage(out, "dpo", config_command("dpo/run_dpo.py", "config/tiny/dpo_argument.json", root, seed))
-    if online_dpo:
-        walls["online_dpo"] = run_stage(
-            out, "online_dpo", config_command("dpo/run_online_dpo.py", "config/tiny/online_dpo_argument.json", root, seed))
-    evaluate = "evaluate_with_online_dpo" if online_dpo else "evaluate"  # its own marker: evaluated after online DPO
-    walls["evaluate"] = run_stage(out, evaluate, [
-        PY, "scripts/evaluate_stages.py", "--runs_dir", root, "--test_data", f"{root}/data/test.jsonl",
-        "--reward_model", f"{root}/rm", "--output", f"{root}/evaluation.json"])
+def up_to(stages, last):
+    """The stages `last` needs (itself included), in table order."""
+    by_name, needed, todo = {s.name: s for s in stages}, set(), [last]
+    while todo:
+        name = todo.pop()
+        if name not in needed:
+            needed.add(name)
+            todo += list(by_name[name].deps)
+    return [s for s in stages if s.name in needed]
+
+
+def run_stages(root, out, seed, online_dpo=False, jobs=None, stage_threads=1, stop_after=None):
+    """Run every stage not yet done under `out` (the absolute `root`) on `jobs` cores (default
+    all) with `stage_threads` threads each, online DPO too with `online_dpo`, only those up to
+    `stop_after` when given; returns `{stage: wall seconds}`."""
+    stages = pipeline_stages(root, seed, online_dpo)
+    if stop_after:
+        stages = up_to(stages, stop_after)
+    walls = run_dag(out, stages, jobs or os.cpu_count() or 1, ENV, ROOT, max_threads=stage_threads)
+    if "evaluate_with_online_dpo" in walls:
+        walls["evaluate"] = walls.pop("evaluate_with_online_dpo")
     return walls
 
 
@@ -165,12 +174,20 @@ def main(argv=None):
                         help="seed of the base model and of every training stage (default: the configs' own, 42)")
     parser.add_argument("--output_root", default=None,
                         help="directory for every output (default outputs/tiny, or outputs/tiny-seed<N> with --seed)")
-    parser.add_argument("--online-dpo", action="store_true", help="also run online DPO (config/tiny/online_dpo_argument.json)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="cores to use: independent stages run side by side (default: every core, here %(default)s)")
+    parser.add_argument("--stage-threads", type=int, default=1,
+                        help="at most this many threads per stage, from its share of the cores (default 1: the "
+                             "README's table was measured so; thread counts change the numerics)")
     parser.add_argument("--stop-after", choices=STOP_STAGES, default=None,
                         help="run the stages up to this one (and those it needs) and stop, without the table")
+    parser.add_argument("--online-dpo", action="store_true", help="also run online DPO (config/tiny/online_dpo_argument.json)")
     parser.add_argument("--safe", action="store_true",
                         help="run the safety demo instead (scripts/safe_quickstart.py): PPO vs PPO-Lagrangian on secret prompts")
     args = parser.parse_args(argv)
+    for flag, value in (("--jobs", args.jobs), ("--stage-threads", args.stage_threads)):
+        if value < 1:
+            parser.error(f"{flag} must be at least 1, got {value}")
     root = args.output_root or (DEFAULT_ROOT if args.seed is None else f"{DEFAULT_ROOT}-seed{args.seed}")
     out = os.path.join(ROOT, root)
     if args.restart and os.path.isdir(out):
@@ -179,7 +196,7 @@ def main(argv=None):
     t0 = time.time()
     if args.safe:
         return run_safe_demo(root, out, args.seed, t0)
-    walls = run_stages(root, out, args.seed, args.online_dpo, args.stop_after)
+    walls = run_stages(root, out, args.seed, args.online_dpo, args.jobs, args.stage_threads, args.stop_after)
     if args.stop_after:
         print(f"[quickstart] stopped after {args.stop_after} (run again without --stop-after for the rest)")
         return {"stage_wall_s": walls}

@@ -1,12 +1,15 @@
-"""The tiny demo's alignment quality: the quickstart's seed and output-root plumbing
-(fast), and a slow guard that runs the whole pipeline and holds every stage to a
+"""The tiny demo's alignment quality: the quickstart's seed and output-root plumbing and its
+stage scheduler on fake stages (fast), and a slow guard that runs the whole pipeline and holds every stage to a
 floor on the held-out prompts, printing the table either way."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from scripts import quickstart
+from scripts.stage_scheduler import Stage, check_table, next_starts, run_dag, stage_env
 from tests.conftest import SUMMARY_PROPERTY
 from tests.shared_demo import demo_through_reward_model
 
@@ -17,8 +20,10 @@ TARGET_FLOORS = [
     ("grpo", 0.97, 1.0, 0.98),
     ("dpo", 0.97, 1.0, 0.98),
 ]
-"""The floors the demo is meant to clear on every seed. Not yet: over seeds 42-44 with the current
-settings PPO gave 0.960-0.987 (short strings 0.965-1.000) and DPO's short strings 0.956-1.000."""
+"""The floors the demo is meant to clear on every seed (a little below the issue's goal of 0.98 with
+short strings at 0.99, for run-to-run noise). Not yet: over seeds 42-44 with the two-core schedule
+and its settings PPO gave 0.953-1.000 (short strings 0.947-1.000), GRPO 0.957-1.000 and DPO
+0.960-0.997 (seed 43 lowest in both)."""
 
 FLOORS = [
     ("sft", 0.0, 0.65, 0.99),
@@ -26,11 +31,11 @@ FLOORS = [
     ("grpo", 0.95, 1.0, 0.95),
     ("dpo", 0.95, 1.0, 0.95),
 ]
-"""What the guard holds a run to today: below the lowest of the measured runs (seeds 42-44: PPO
-0.960 with short strings 0.965, GRPO 0.980 / 0.982, DPO 0.973 / 0.956; PPO on a learned reward
-model swings by a few points between runs, 0.920-0.983 under the earlier settings). It catches a
-stage that breaks or falls well behind, not a loss of one or two points; raise it to
-TARGET_FLOORS once every seed clears those."""
+"""What the guard holds a run to today: below the lowest of the measured runs (seeds 42-44 on the
+two-core schedule: PPO 0.953 with short strings 0.947, GRPO 0.957 / 1.000, DPO 0.960 / 0.991;
+PPO on a learned reward model swings by a few points between seeds, and a reward-model setting
+that helped seed 42 gave seed 43 PPO 0.867). It catches a stage that breaks or falls well behind,
+not a loss of one or two points; raise it to TARGET_FLOORS once every seed clears those."""
 
 
 def floor_failures(rows, floors=FLOORS):
@@ -81,11 +86,123 @@ def test_config_command_moves_every_output_path_and_sets_the_seed():
         quickstart.config_command("rm/audit_reward.py", "config/tiny/audit_argument.json", "outputs/tiny", seed=1)
 
 
+def simulate(stages, jobs, walls, max_threads=None):
+    """The scheduler's decisions on a fake clock: `[(stage, start, threads)]`, `walls` {stage: seconds}."""
+    done, running, clock, starts = set(), {}, 0.0, []
+    while len(done) < len(stages):
+        for stage, threads in next_starts(stages, done, {n: t for n, (t, _) in running.items()}, jobs, max_threads):
+            running[stage.name] = (threads, clock + walls[stage.name])
+            starts.append((stage.name, clock, threads))
+        name = min(running, key=lambda n: running[n][1])
+        clock = running.pop(name)[1]
+        done.add(name)
+    return starts
+
+
+def test_the_quickstart_schedule_on_two_cores_puts_the_reward_model_beside_grpo_and_dpo():
+    stages = quickstart.pipeline_stages("/tmp/root", 43)
+    walls = {"build": 5, "sft": 95, "rm": 110, "ppo": 70, "audit": 10, "grpo": 60, "dpo": 35, "evaluate": 10}
+    starts = simulate(stages, 2, walls, max_threads=1)
+    assert starts == [("build", 0, 1), ("sft", 5, 1), ("rm", 100, 1), ("grpo", 100, 1), ("dpo", 160, 1),
+                      ("ppo", 210, 1), ("audit", 210, 1), ("evaluate", 280, 1)]
+    # one thread per stage whatever finishes first: a slower GRPO changes the order only
+    assert {(n, t) for n, _, t in simulate(stages, 2, dict(walls, grpo=200), 1)} == {(n, t) for n, _, t in starts}
+    # one core: one stage at a time in table order; four: everything after SFT that is ready together
+    assert [n for n, _, _ in simulate(stages, 1, walls, 1)] == [s.name for s in stages]
+    assert [(n, s) for n, s, _ in simulate(stages, 4, walls, 1) if n in ("rm", "grpo", "dpo")] == [
+        ("rm", 100), ("grpo", 100), ("dpo", 100)]
+    # without the cap, SFT (alone) takes every core
+    assert simulate(stages, 2, walls)[1] == ("sft", 5, 2)
+    online = quickstart.pipeline_stages("/tmp/root", 43, online_dpo=True)
+    assert [s.name for s in online][-2:] == ["online_dpo", "evaluate_with_online_dpo"]
+    assert set(online[-1].deps) == {s.name for s in online[:-1]} and online[-2].deps == ("sft",)
+    grpo = next(s for s in stages if s.name == "grpo")
+    assert grpo.deps == ("sft",) and grpo.setup is quickstart.reward_server_setup
+
+
+def test_free_cores_are_split_among_the_stages_starting_together():
+    stages = [Stage("a", []), Stage("b", [], ("a",)), Stage("c", [], ("a",)), Stage("d", [], ("a",))]
+    assert [(s.name, t) for s, t in next_starts(stages, set(), {}, 5)] == [("a", 5)]
+    assert [(s.name, t) for s, t in next_starts(stages, {"a"}, {}, 5)] == [("b", 2), ("c", 2), ("d", 1)]
+    assert [(s.name, t) for s, t in next_starts(stages, {"a"}, {"b": 2}, 3)] == [("c", 1)]
+    assert next_starts(stages, {"a"}, {"b": 1, "c": 1}, 2) == []
+    # a cap of one thread: as many stages as cores, one thread each
+    assert [(s.name, t) for s, t in next_starts(stages, {"a"}, {}, 5, max_threads=1)] == [("b", 1), ("c", 1), ("d", 1)]
+    assert [(s.name, t) for s, t in next_starts(stages, set(), {}, 5, max_threads=1)] == [("a", 1)]
+    with pytest.raises(ValueError, match="'b' depends on \\['z'\\]"):
+        check_table([Stage("a", []), Stage("b", [], ("z",))])
+
+
+def test_jobs_below_one_is_one_clear_error(capsys):
+    with pytest.raises(SystemExit):
+        quickstart.main(["--jobs", "0", "--output_root", "/tmp/never-made"])
+    assert "--jobs must be at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        quickstart.main(["--stage-threads", "0", "--output_root", "/tmp/never-made"])
+    assert "--stage-threads must be at least 1, got 0" in capsys.readouterr().err
+    assert not os.path.exists("/tmp/never-made")
+
+
+def test_stage_threads_go_to_omp_and_mkl_unless_the_user_set_omp_num_threads():
+    assert stage_env({"X": "1"}, 2, user_env={})["OMP_NUM_THREADS"] == "2"
+    assert stage_env({"X": "1"}, 2, user_env={})["MKL_NUM_THREADS"] == "2"
+    kept = stage_env({"OMP_NUM_THREADS": "3"}, 2, user_env={"OMP_NUM_THREADS": "3"})
+    assert kept["OMP_NUM_THREADS"] == "3" and "MKL_NUM_THREADS" not in kept
+
+
+def fake(name, deps=(), alone=False, body="pass", setup=None):
+    """A stage that records its start, threads and end in `<cwd>/trace`."""
+    code = (f"import os, time; t = open('trace', 'a'); t.write('{name} start ' + os.environ['OMP_NUM_THREADS'] + '\\n'); "
+            f"t.flush(); {body}; open('trace', 'a').write('{name} end\\n')")
+    return Stage(name, [sys.executable, "-c", code], tuple(deps), alone, setup)
+
+
+def test_run_dag_runs_stages_after_their_dependencies_and_resumes_from_the_done_markers(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    stages = [fake("a", alone=True), fake("b", ["a"], body="time.sleep(0.5)"), fake("c", ["a"], body="time.sleep(0.5)"),
+              fake("d", ["b", "c"], alone=True)]
+    walls = run_dag(str(tmp_path), stages, 2, dict(os.environ), str(tmp_path), poll_s=0.05)
+    assert list(walls) == ["a", "b", "c", "d"] and all(w > 0 for w in walls.values())
+    trace = (tmp_path / "trace").read_text().split("\n")[:-1]
+    assert trace[:2] == ["a start 2", "a end"] and trace[-2:] == ["d start 2", "d end"]
+    assert sorted(trace[2:4]) == ["b start 1", "c start 1"]  # side by side, one core each
+    assert json.load(open(tmp_path / ".done" / "b"))["threads"] == 1
+    os.remove(tmp_path / ".done" / "d")
+    (tmp_path / "trace").unlink()
+    assert run_dag(str(tmp_path), stages, 2, dict(os.environ), str(tmp_path), poll_s=0.05)["b"] == walls["b"]
+    assert (tmp_path / "trace").read_text() == "d start 2\nd end\n"  # only the stage without its marker ran
+
+
+def test_the_first_failing_stage_stops_the_others_and_their_helpers(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    helpers = []
+
+    def setup(log_dir):
+        helpers.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]))
+        return ["--flag"], helpers[-1]
+
+    slow = fake("slow", body="open('slow.pid', 'w').write(str(os.getpid())); time.sleep(600)", setup=setup)
+    bad = fake("bad", body="time.sleep(0.3); raise SystemExit(3)")
+    after = fake("after", ["bad", "slow"])
+    with pytest.raises(SystemExit, match=r"stage 'bad' failed \(exit 3\); see .*logs/bad.log"):
+        run_dag(str(tmp_path), [slow, bad, after], 2, dict(os.environ), str(tmp_path), poll_s=0.05)
+    assert helpers[0].poll() is not None  # the reward-server-like helper was terminated
+    with pytest.raises(ProcessLookupError):
+        os.kill(int((tmp_path / "slow.pid").read_text()), 0)
+    assert not (tmp_path / ".done" / "slow").exists() and not (tmp_path / ".done" / "bad").exists()
+    assert "after start" not in (tmp_path / "trace").read_text()
+
+
 @pytest.mark.parametrize("stop_after, stages", [("build", ["build"]), ("sft", ["build", "sft"]),
                                                 ("rm", ["build", "sft", "rm"])])
 def test_stop_after_runs_only_the_stages_up_to_it(stop_after, stages, tmp_path, monkeypatch, capsys):
     ran = []
-    monkeypatch.setattr(quickstart, "run_stage", lambda out, stage, cmd, log_name=None: ran.append(stage) or 1.0)
+
+    def fake_dag(out, table, jobs, env, cwd, max_threads=None):
+        ran.extend(s.name for s in table)
+        return {s.name: 1.0 for s in table}
+
+    monkeypatch.setattr(quickstart, "run_dag", fake_dag)
     result = quickstart.main(["--output_root", str(tmp_path / "tiny"), "--stop-after", stop_after])
     assert ran == stages and result == {"stage_wall_s": {s: 1.0 for s in stages}}
     assert f"stopped after {stop_after}" in capsys.readouterr().out
