@@ -276,11 +276,15 @@ class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArg
     def __post_init__(self):
         with problem_scope() as problems:
             super().__post_init__()
-            problems += prompt_batch_problems(self)
+            # PaddleNLP sets the parallel layout (dataset_world_size) late in its __post_init__: after
+            # a refusal the batch checks that split over data-parallel ranks cannot run
+            ranks = None if self.paddlenlp_refused else self.dataset_world_size
+            problems += prompt_batch_problems(self) if ranks else []
             if self.per_device_prompt_batch_size is None:  # PaddleNLP's global_batch_size, else our default
-                gbs, ranks = self.global_batch_size, self.dataset_world_size
-                self.per_device_prompt_batch_size = gbs // ranks if gbs > 0 and gbs % ranks == 0 else 16
-            problems += estimator_problems(self) + kl_problems(self) + loss_problems(self) + batch_problems(self)
+                gbs = self.global_batch_size
+                self.per_device_prompt_batch_size = gbs // ranks if ranks and gbs > 0 and gbs % ranks == 0 else 16
+            problems += estimator_problems(self) + kl_problems(self) + loss_problems(self)
+            problems += batch_problems(self) if ranks else []
             problems += generation_problems(self)
             problems += lagrange_value_problems(self)
             if self.critic_recompute_granularity not in RECOMPUTE_GRANULARITIES:

@@ -57,6 +57,20 @@ def test_arguments_that_cannot_pick_a_policy_are_refused(tiny_model_dir, tiny_da
     assert "metric_for_best_model 'loss': the PPO/GRPO evaluation reports eval/score, eval/accuracy" in message
 
 
+def test_save_steps_off_the_evaluation_grid_is_paddlenlps_one_error(tiny_model_dir, tiny_data_dir, tmp_path):
+    """PaddleNLP refuses save_steps that are not a multiple of eval_steps under load_best_model_at_end
+    before it sets the parallel layout: its refusal and our other problems come as one error
+    (the batch checks over data-parallel ranks were an AttributeError traceback)."""
+    argv = rule_argv(tiny_model_dir, tiny_data_dir, str(tmp_path / "o"), "--rule_reward_scorers", "reverse",
+                     "--load_best_model_at_end", "true", "--evaluation_strategy", "steps", "--eval_steps", "10",
+                     "--save_steps", "25", "--metric_for_best_model", "accuracy", "--kl_estimator", "k9")
+    with pytest.raises(ValueError) as info:
+        build_trainer(argv)
+    message = str(info.value)
+    assert "PaddleNLP TrainingArguments refused the values" in message and "round multiple of the evaluation" in message
+    assert "k9" in message  # our own checks still run and join the same error
+
+
 def test_grpo_run_saves_the_best_evaluated_policy(tiny_model_dir, tiny_data_dir, tmp_path):
     from ppo.models.loading import load_causal_lm
 
