@@ -20,22 +20,14 @@ TARGET_FLOORS = [
     ("grpo", 0.97, 1.0, 0.98),
     ("dpo", 0.97, 1.0, 0.98),
 ]
-"""The floors the demo is meant to clear on every seed (a little below the issue's goal of 0.98 with
-short strings at 0.99, for run-to-run noise). Not yet: over seeds 42-44 with the two-core schedule
-and its settings PPO gave 0.953-1.000 (short strings 0.947-1.000), GRPO 0.957-1.000 and DPO
-0.960-0.997 (seed 43 lowest in both)."""
+"""The guard's floors as the demo-quality issue sets them (a little below its goal of 0.98 with
+short strings at 0.99 on every seed, which seed 43 misses: PPO 0.963, DPO 0.977)."""
 
-FLOORS = [
-    ("sft", 0.0, 0.65, 0.99),
-    ("ppo", 0.92, 1.0, 0.92),
-    ("grpo", 0.95, 1.0, 0.95),
-    ("dpo", 0.95, 1.0, 0.95),
-]
-"""What the guard holds a run to today: below the lowest of the measured runs (seeds 42-44 on the
-two-core schedule: PPO 0.953 with short strings 0.947, GRPO 0.957 / 1.000, DPO 0.960 / 0.991;
-PPO on a learned reward model swings by a few points between seeds, and a reward-model setting
-that helped seed 42 gave seed 43 PPO 0.867). It catches a stage that breaks or falls well behind,
-not a loss of one or two points; raise it to TARGET_FLOORS once every seed clears those."""
+FLOORS = TARGET_FLOORS
+"""What the guard holds its run (the configs' seed, 42) to. With one thread per stage that run is
+reproducible here: PPO 0.993, GRPO 1.000, DPO 0.990, short strings 1.000, reward model 0.920, the
+same in every run of 2026-11-26 (one stage after another, the stage scheduler, the slow suite).
+A change that moves the numerics moves these numbers; a fall below the floors fails the suite."""
 
 
 def floor_failures(rows, floors=FLOORS):
