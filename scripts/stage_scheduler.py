@@ -2,12 +2,13 @@
 
 A stage starts once every stage it depends on is done. Ready stages start in the table's order
 while cores are free; the free cores are split evenly among the stages that start together, and
-each gets that many OpenMP/MKL threads (`OMP_NUM_THREADS`, `MKL_NUM_THREADS`), so a stage that
-runs alone gets every core. A stage marked `alone` (the critical path's SFT and reward model)
-waits until nothing else runs, and nothing starts beside it. The thread count of every stage is
-then fixed by the table and the core count, not by which stage happens to finish first: with the
-quickstart's table each stage always gets the same threads, and with them the same numerics.
-A user's own `OMP_NUM_THREADS` is passed on unchanged.
+each gets that many OpenMP/MKL threads (`OMP_NUM_THREADS`, `MKL_NUM_THREADS`), at most
+`max_threads` (the quickstart's `--stage-threads`, default 1: a capped stage leaves the rest of
+its share free for the next ready stage). A stage marked `alone` (the quickstart's SFT and
+evaluation) waits until nothing else runs, and nothing starts beside it. The thread count of
+every stage is then fixed by the table, the core count and the cap, not by which stage happens
+to finish first, and with it the stage's numerics. An `OMP_NUM_THREADS` already in the
+environment is passed on unchanged.
 
 Each stage writes `<out>/logs/<name>.log` and, when done, `<out>/.done/<name>` (`{"wall_s": ...}`);
 a stage with that marker is skipped, so a stopped run continues where it was. The first stage to
