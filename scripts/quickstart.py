@@ -31,7 +31,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from scripts.stage_scheduler import Stage, done_marker, last_progress, run_dag, stage_env  # noqa: E402
+from scripts.stage_scheduler import Stage, run_dag, stage_env  # noqa: E402
 
 DEFAULT_ROOT = "outputs/tiny"  # the root every path in config/tiny/*.json is written under
 PY = sys.executable
@@ -55,28 +55,10 @@ def config_command(script, config, root, seed=None):
     return cmd
 
 
-def run_stage(out, stage, cmd, log_name=None):
-    """Run one stage's command, streaming a progress line; raise naming the log on failure."""
-    if os.path.exists(done_marker(out, stage)):
-        print(f"[quickstart] {stage}: already done, skipped (--restart to redo)")
-        return json.load(open(done_marker(out, stage)))["wall_s"]
-    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
-    log_path = os.path.join(out, "logs", f"{log_name or stage}.log")
-    print(f"[quickstart] {stage}: {' '.join(cmd[1:])}\n[quickstart]   log: {os.path.relpath(log_path, ROOT)}", flush=True)
-    start = time.time()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=log, stderr=subprocess.STDOUT)
-        while proc.poll() is None:
-            time.sleep(5)
-            print(f"[quickstart]   {stage}: {time.time() - start:5.0f}s  {last_progress(log_path)}", flush=True)
-    wall = time.time() - start
-    if proc.returncode != 0:
-        tail = open(log_path, errors="replace").read()[-2500:]
-        raise SystemExit(f"[quickstart] stage '{stage}' failed (exit {proc.returncode}); see {log_path}\n{tail}")
-    os.makedirs(os.path.dirname(done_marker(out, stage)), exist_ok=True)
-    json.dump({"wall_s": wall}, open(done_marker(out, stage), "w"))
-    print(f"[quickstart] {stage}: done in {wall:.0f}s", flush=True)
-    return wall
+def run_stage(out, stage, cmd):
+    """Run one stage's command on its own (the safety demo's stages, one after another) through
+    the stage scheduler: same log, progress lines, done marker and failure message."""
+    return run_dag(out, [Stage(stage, cmd)], 1, ENV, ROOT, max_threads=1)[stage]
 
 
 def free_port():

@@ -214,3 +214,14 @@ def test_whole_tiny_pipeline_stays_above_its_floors(tmp_path_factory, capsys, re
     assert os.path.isfile(os.path.join(root, "quickstart_summary.json"))
     failures = floor_failures(summary["stages"])
     assert not failures, "; ".join(failures)
+
+
+def test_run_stage_runs_one_command_through_the_scheduler_and_skips_it_once_done(tmp_path, capsys):
+    cmd = [sys.executable, "-c", "print('stage ran')"]
+    wall = quickstart.run_stage(str(tmp_path), "one", cmd)
+    assert wall > 0 and json.load(open(tmp_path / ".done" / "one"))["wall_s"] == wall
+    assert (tmp_path / "logs" / "one.log").read_text() == "stage ran\n"
+    assert quickstart.run_stage(str(tmp_path), "one", [sys.executable, "-c", "raise SystemExit(3)"]) == wall
+    assert "one: already done, skipped" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=r"stage 'two' failed \(exit 3\)"):
+        quickstart.run_stage(str(tmp_path), "two", [sys.executable, "-c", "raise SystemExit(3)"])

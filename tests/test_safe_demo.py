@@ -12,7 +12,7 @@ def test_stages_run_in_order_with_the_safety_sft_model(tmp_path):
     out = str(tmp_path)
     ran = []
 
-    def fake_stage(out_dir, stage, cmd, log_name=None):
+    def fake_stage(out_dir, stage, cmd):
         ran.append((stage, cmd))
         if stage == "evaluate_safety":
             json.dump({"threshold": 0.0, "stages": {}}, open(os.path.join(out_dir, "safety_evaluation.json"), "w"))

@@ -36,9 +36,9 @@ import types
 import paddle  # noqa: F401  (os.environ then holds what Paddle's import sets, OMP_NUM_THREADS among them)
 
 try:
-    from tests.warm_client import IMPORT_TIME_ENV, import_time_env, send_request, zygote_env_path
+    from tests.warm_client import import_time_env, send_request, zygote_env_path
 except ImportError:  # run as the zygote's script: tests/ is sys.path[0]
-    from warm_client import IMPORT_TIME_ENV, import_time_env, send_request, zygote_env_path
+    from warm_client import import_time_env, send_request, zygote_env_path
 
 SELF = os.path.abspath(__file__)
 ROOT = os.path.dirname(os.path.dirname(SELF))
@@ -48,15 +48,13 @@ FALLBACK_MODULES = ("paddle.distributed",)
 _zygotes = {}
 
 
-_import_time_env = import_time_env
-
 
 class _Zygote:
     def __init__(self, preload, env):
         self.dir = tempfile.mkdtemp(prefix="warm_python_")
         self.sock_path = os.path.join(self.dir, "sock")
         self.env = env
-        json.dump(_import_time_env(env), open(zygote_env_path(self.sock_path), "w"))
+        json.dump(import_time_env(env), open(zygote_env_path(self.sock_path), "w"))
         out, err = (open(os.path.join(self.dir, name), "w+b") for name in ("out", "err"))
         self.proc = subprocess.Popen([sys.executable, SELF, self.sock_path, ",".join(preload)],
                                      cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
@@ -88,7 +86,7 @@ atexit.register(stop_all)
 def _zygote(preload, env):
     """The zygote importing `preload` with `env`'s import-time variables, started by the first command
     that asks for it."""
-    key = (preload, tuple(sorted(_import_time_env(env).items())))
+    key = (preload, tuple(sorted(import_time_env(env).items())))
     if key not in _zygotes or _zygotes[key].proc.poll() is not None:
         _zygotes[key] = _Zygote(preload, env)
     return _zygotes[key]
@@ -129,7 +127,7 @@ def _servable(cmd, env, kw, launcher=False):
     too), and the import-time variables of this process (else the test sets them)."""
     if os.environ.get("WARM_PYTHON", "1") == "0" or kw or len(cmd) < 2:
         return False
-    if _import_time_env(env) != _import_time_env(os.environ):
+    if import_time_env(env) != import_time_env(os.environ):
         return False
     if os.path.abspath(cmd[0]) != os.path.abspath(sys.executable):  # (a symlink to it leaves the venv)
         return False
@@ -253,8 +251,8 @@ def _wait_runner(pid, conn, kill_on_disconnect):
     caller's end of `conn` closes (a launch worker killed by its launcher)."""
     if not kill_on_disconnect:
         return os.waitpid(pid, 0)[1]
-    pidfd = os.pidfd_open(pid)
-    while not select.select([pidfd, conn], [], [])[0].count(pidfd):
+    pidfd = os.pidfd_open(pid)  # readable when the runner exits
+    while pidfd not in select.select([pidfd, conn], [], [])[0]:
         if not conn.recv(1):  # the caller went away: its child goes too
             os.kill(pid, signal.SIGKILL)
             break
