@@ -48,7 +48,6 @@ FALLBACK_MODULES = ("paddle.distributed",)
 _zygotes = {}
 
 
-
 class _Zygote:
     def __init__(self, preload, env):
         self.dir = tempfile.mkdtemp(prefix="warm_python_")
