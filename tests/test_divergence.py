@@ -56,6 +56,20 @@ def test_gradient_norm_fires_on_the_second_jump_in_a_row():
     assert det.check(11, {"loss/value_avg": 1.0}) == {} and det.check(12, {"loss/value_avg": 50.0})  # losses: at once
 
 
+def test_gradient_norm_jumps_within_one_step_count_once():
+    """PPO's update epochs over one rollout batch all meet its rare tokens: their jumps are one
+    spike; a jump at the next step fires."""
+    det = DivergenceDetector(factor=10.0, window=5, floor=1.0)
+    for step in range(1, 6):
+        assert det.check(step, {"train/actor_grad_norm": 0.5}) == {}
+    assert det.check(6, {"train/actor_grad_norm": 27.0}) == {}  # update epoch 1 of step 6
+    assert det.check(6, {"train/actor_grad_norm": 25.0}) == {}  # epoch 2, the same batch
+    assert det.check(7, {"train/actor_grad_norm": 0.4}) == {}  # back to its level
+    assert det.check(8, {"train/actor_grad_norm": 30.0}) == {}
+    msg = det.check(9, {"train/actor_grad_norm": 31.0})["train/actor_grad_norm"]
+    assert msg.startswith("step 9: train/actor_grad_norm = 31, 31x its recent level 1")
+
+
 def weights_of(path):
     return {k: v.numpy() for k, v in paddle.load(os.path.join(path, "model_state.pdparams")).items()}
 

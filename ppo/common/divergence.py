@@ -17,8 +17,10 @@ has no history to compare with).
 
 Gradient norms (names ending in `grad_norm`) are measured before clipping, and the
 clipped step they feed moves the weights by a bounded amount: one spike of them (a
-critic meeting a few extreme returns) is not divergence. They fire on the second
-consecutive jump; a non-finite value, and every other metric, fires at once.
+critic meeting a few extreme returns, a k3 KL term meeting one rare sampled token) is
+not divergence. They fire on a jump at the step after a jump; the optimiser steps of
+one step (PPO's update epochs over one rollout batch) meet the same batch, so their
+jumps count as one. A non-finite value, and every other metric, fires at once.
 """
 import math
 from collections import defaultdict, deque
@@ -52,7 +54,7 @@ class DivergenceDetector:
             raise ValueError(f"need factor > 1, window >= 1, floor >= 0; got {factor}, {window}, {floor}")
         self.factor, self.floor, self.watched = float(factor), float(floor), tuple(watched)
         self.history = defaultdict(lambda: deque(maxlen=window))
-        self.jumped = set()  # clipped metrics whose last value jumped (they fire on the next jump)
+        self.jumped = {}  # clipped metric -> step of its pending jump (it fires on a jump at a later step)
 
     def check(self, step, metrics):
         """`{metric name: message}` for each watched metric in `metrics` (name -> number) that
@@ -70,16 +72,15 @@ class DivergenceDetector:
             if past:
                 baseline = max(median(past), self.floor)
                 if abs(value) > self.factor * baseline:
-                    if name.endswith("grad_norm") and name not in self.jumped:
-                        self.jumped.add(name)  # one clipped spike: judged again at the next value
-                        continue
+                    if name.endswith("grad_norm") and self.jumped.setdefault(name, step) == step:
+                        continue  # one clipped spike (or its batch again, in a later update epoch)
                     again = " for the second step in a row" if name.endswith("grad_norm") else ""
                     messages[name] = (
                         f"step {step}: {name} = {value:.4g}, {abs(value) / baseline:.3g}x its recent level "
                         f"{baseline:.4g} (threshold {self.factor:g}x){again}"
                     )
                     continue
-            self.jumped.discard(name)
+            self.jumped.pop(name, None)
             past.append(abs(value))
         return messages
 
