@@ -11,6 +11,7 @@ from paddle.io import Dataset
 
 from .base import DEFAULT_TEMPLATE, IGNORE_INDEX, DataError, RawDataset, RawSample, _logger, sample_conversation
 from .collate import format_prompt
+from .encode import encode_text
 from .specs import parse_dataset_spec
 
 # --------------------------------------------------------------------------- tokenised datasets
@@ -162,15 +163,13 @@ class TokenizedDataset(Dataset):
 
     def tokenize_prompt(self, prompt: str) -> List[int]:
         """Prompt ids: `tokenizer(prompt)["input_ids"]` (no special tokens added after a chat template)."""
-        if self.use_chat_template:
-            return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        return list(self.tokenizer(prompt)["input_ids"])
+        return encode_text(self.tokenizer, prompt, add_special_tokens=not self.use_chat_template)
 
     def tokenize_answer(self, answer: str) -> List[int]:
         """Answer ids: `tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos_token_id]`."""
         if self.tokenizer.eos_token_id is None:
             raise ValueError(f"the tokenizer ({type(self.tokenizer).__name__}) has no EOS token to end answers with")
-        return list(self.tokenizer(answer, add_special_tokens=False)["input_ids"]) + [self.tokenizer.eos_token_id]
+        return encode_text(self.tokenizer, answer, add_special_tokens=False) + [self.tokenizer.eos_token_id]
 
     def cut_prompt(self, prompt_ids: List[int], limit: Optional[int]) -> List[int]:
         """The last `limit` prompt ids (PaddleNLP's `src_length` / DPO `max_prompt_len`: the end
