@@ -25,8 +25,8 @@ short strings at 0.99 on every seed, which seed 43 misses in PPO: 0.977)."""
 
 FLOORS = TARGET_FLOORS
 """What the guard holds its run (the configs' seed, 42) to. With one thread per stage that run is
-reproducible here: PPO 0.997, GRPO 0.997, DPO 0.997, short strings 1.000, reward model 0.920
-(2026-11-26, k3 KL loss clamped at 10, DPO at 450 steps; before the clamp PPO
+reproducible here: PPO 0.997, GRPO 1.000, DPO 0.997, short strings 1.000, reward model 0.920
+(2026-11-26, k3 KL loss clamped at 10, GRPO at 130 steps (0.997 at 100), DPO at 450 steps; before the clamp PPO
 1.000, and before the KL loss and the longer DPO PPO 0.993 and DPO 0.990 in every run that day:
 one stage after another, the stage scheduler, the slow suite).
 A change that moves the numerics moves these numbers; a fall below the floors fails the suite."""
