@@ -90,71 +90,177 @@ def last_progress(log_path):
     return pieces[-1].strip()[-100:] if pieces else ""
 
 
-class _Running:
+LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stage_launcher.py")
+
+
+def can_prestart(stage):
+    """Whether `stage` runs a Python script (`[python, script.py, args...]`) that
+    `stage_launcher.py` can start ahead of time."""
+    return len(stage.cmd) >= 2 and str(stage.cmd[1]).endswith(".py")
+
+
+class _Prestarted:
+    """A stage's process started ahead through `stage_launcher.py` with `threads` threads:
+    importing, then waiting (no CPU) for `release(args)`."""
+
     def __init__(self, stage, out, threads, env, cwd):
+        self.stage, self.threads = stage, threads
+        self.log_path = os.path.join(out, "logs", f"{stage.name}.log")
+        self.ready_file = os.path.join(out, "logs", f".{stage.name}.imported")
+        if os.path.exists(self.ready_file):
+            os.remove(self.ready_file)
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([stage.cmd[0], LAUNCHER, stage.cmd[1], self.ready_file], cwd=cwd, env=env,
+                                     stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT, text=True)
+
+    def imported(self):
+        return os.path.exists(self.ready_file)
+
+    def release(self, args):
+        """Run the script with `args`; a process that already died fails as the stage."""
+        try:
+            self.proc.stdin.write(json.dumps({"argv": [str(a) for a in args]}) + "\n")
+            self.proc.stdin.close()
+        except OSError:  # BrokenPipeError: it exited; its exit status reports it
+            pass
+
+    def stop(self):
+        _terminate(self.proc)
+        self.log.close()
+
+
+def _terminate(proc):
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+class _Running:
+    def __init__(self, stage, out, threads, env, cwd, prestarted=None):
         self.stage, self.threads, self.helper = stage, threads, None
         self.log_path = os.path.join(out, "logs", f"{stage.name}.log")
         cmd = list(stage.cmd)
         if stage.setup is not None:
             extra, self.helper = stage.setup(os.path.join(out, "logs"))
             cmd += extra
-        print(f"[quickstart] {stage.name} ({threads} thread{'s' * (threads > 1)}): {' '.join(cmd[1:])}\n"
+        ahead = " (started ahead)" if prestarted is not None else ""
+        print(f"[quickstart] {stage.name} ({threads} thread{'s' * (threads > 1)}){ahead}: {' '.join(cmd[1:])}\n"
               f"[quickstart]   log: {self.log_path}", flush=True)
-        self.log = open(self.log_path, "w")
         self.start = time.time()
-        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        if prestarted is not None:
+            self.log, self.proc = prestarted.log, prestarted.proc
+            prestarted.release(cmd[2:])
+        else:
+            self.log = open(self.log_path, "w")
+            self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def stop(self):
         for p in (self.proc, self.helper):
-            if p is not None and p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            _terminate(p)
         self.log.close()
 
 
-def run_dag(out, stages, jobs, base_env, cwd, poll_s=1.0, progress_s=5.0, max_threads=None):
+def next_prestart(stages, done, running, prestarted, jobs, max_waiting):
+    """The next stage to start ahead, or None: the first stage of the table not done, running or
+    started ahead whose script `can_prestart`, while a core is free beside the running stages,
+    no other started-ahead process is still importing and fewer than `max_waiting` wait."""
+    if len(prestarted) >= max_waiting or sum(running.values()) >= jobs:
+        return None
+    if any(not p.imported() for p in prestarted.values()):
+        return None
+    taken = done | set(running) | set(prestarted)
+    return next((s for s in stages if s.name not in taken and can_prestart(s)), None)
+
+
+class _Dag:
+    """One run of `run_dag`: its running and started-ahead processes and finished stages."""
+
+    def __init__(self, out, stages, jobs, base_env, cwd, max_threads, prestart):
+        self.out, self.stages, self.jobs, self.base_env, self.cwd = out, stages, jobs, base_env, cwd
+        self.max_threads, self.prestart = max_threads, prestart
+        self.walls, self.done, self.running, self.prestarted = {}, set(), {}, {}
+
+    def threads_running(self):
+        return {n: r.threads for n, r in self.running.items()}
+
+    def start_ready(self):
+        for stage, threads in next_starts(self.stages, self.done, self.threads_running(), self.jobs, self.max_threads):
+            ahead = self.prestarted.pop(stage.name, None)
+            if ahead is not None and ahead.threads != threads:  # its thread count is fixed at its start
+                ahead.stop()
+                ahead = None
+            env = stage_env(self.base_env, threads)
+            self.running[stage.name] = _Running(stage, self.out, threads, env, self.cwd, ahead)
+
+    def start_ahead(self):
+        stage = self.prestart and next_prestart(self.stages, self.done, self.threads_running(), self.prestarted,
+                                                self.jobs, self.prestart)
+        if stage:
+            threads = self.max_threads or 1
+            self.prestarted[stage.name] = _Prestarted(stage, self.out, threads, stage_env(self.base_env, threads), self.cwd)
+
+    def collect(self):
+        """Record the stages that ended; the first that failed (or died while waiting) stops the run."""
+        for name, ahead in list(self.prestarted.items()):
+            if ahead.proc.poll() is not None:
+                ahead.stop()
+                del self.prestarted[name]
+                fail(name, ahead.proc.returncode, ahead.log_path, "while it was started ahead")
+        for name, r in list(self.running.items()):
+            if r.proc.poll() is None:
+                continue
+            wall = time.time() - r.start
+            r.stop()
+            del self.running[name]
+            if r.proc.returncode != 0:
+                fail(name, r.proc.returncode, r.log_path)
+            json.dump({"wall_s": wall, "threads": r.threads}, open(done_marker(self.out, name), "w"))
+            self.walls[name] = wall
+            self.done.add(name)
+            print(f"[quickstart] {name}: done in {wall:.0f}s", flush=True)
+
+    def stop_all(self):
+        for p in list(self.running.values()) + list(self.prestarted.values()):
+            p.stop()
+
+
+def fail(name, code, log_path, when=""):
+    tail = open(log_path, errors="replace").read()[-2500:]
+    raise SystemExit(f"[quickstart] stage '{name}' failed (exit {code}){' ' + when if when else ''}; "
+                     f"see {log_path}\n{tail}")
+
+
+def run_dag(out, stages, jobs, base_env, cwd, poll_s=0.2, progress_s=5.0, max_threads=None, prestart=0):
     """Run every stage of `stages` (in priority order) not done yet under `out` on `jobs` cores,
     each with at most `max_threads` threads; returns `{name: wall seconds}` in table order, the
-    skipped stages' from their markers."""
+    skipped stages' from their markers. With `prestart` > 0 and `max_threads` 1, up to that many
+    stages wait started ahead (`stage_launcher.py`), imported on a core no stage uses, one at a
+    time in table order; a stage's wall time counts from its start."""
     check_table(stages)
     if jobs < 1:
         raise ValueError(f"--jobs must be at least 1, not {jobs}")
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     os.makedirs(os.path.join(out, ".done"), exist_ok=True)
-    walls, done, running = {}, set(), {}
+    dag = _Dag(out, stages, jobs, base_env, cwd, max_threads, prestart if max_threads == 1 else 0)
     for s in stages:
         if os.path.exists(done_marker(out, s.name)):
-            walls[s.name] = json.load(open(done_marker(out, s.name)))["wall_s"]
-            done.add(s.name)
+            dag.walls[s.name] = json.load(open(done_marker(out, s.name)))["wall_s"]
+            dag.done.add(s.name)
             print(f"[quickstart] {s.name}: already done, skipped (--restart to redo)")
     last_report = time.time()
     try:
-        while len(done) < len(stages):
-            for stage, threads in next_starts(stages, done, {n: r.threads for n, r in running.items()}, jobs, max_threads):
-                running[stage.name] = _Running(stage, out, threads, stage_env(base_env, threads), cwd)
+        while len(dag.done) < len(stages):
+            dag.start_ready()
+            dag.start_ahead()
             time.sleep(poll_s)
-            for name, r in list(running.items()):
-                if r.proc.poll() is None:
-                    continue
-                wall = time.time() - r.start
-                r.stop()
-                del running[name]
-                if r.proc.returncode != 0:
-                    tail = open(r.log_path, errors="replace").read()[-2500:]
-                    raise SystemExit(f"[quickstart] stage '{name}' failed (exit {r.proc.returncode}); "
-                                     f"see {r.log_path}\n{tail}")
-                json.dump({"wall_s": wall, "threads": r.threads}, open(done_marker(out, name), "w"))
-                walls[name] = wall
-                done.add(name)
-                print(f"[quickstart] {name}: done in {wall:.0f}s", flush=True)
-            if running and time.time() - last_report >= progress_s:
+            dag.collect()
+            if dag.running and time.time() - last_report >= progress_s:
                 last_report = time.time()
-                for name, r in running.items():
+                for name, r in dag.running.items():
                     print(f"[quickstart]   {name}: {last_report - r.start:5.0f}s  {last_progress(r.log_path)}", flush=True)
     finally:
-        for r in running.values():
-            r.stop()
-    return {s.name: walls[s.name] for s in stages}
+        dag.stop_all()
+    return {s.name: dag.walls[s.name] for s in stages}

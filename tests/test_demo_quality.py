@@ -193,7 +193,7 @@ def test_the_first_failing_stage_stops_the_others_and_their_helpers(tmp_path, mo
 def test_stop_after_runs_only_the_stages_up_to_it(stop_after, stages, tmp_path, monkeypatch, capsys):
     ran = []
 
-    def fake_dag(out, table, jobs, env, cwd, max_threads=None):
+    def fake_dag(out, table, jobs, env, cwd, max_threads=None, prestart=0):
         ran.extend(s.name for s in table)
         return {s.name: 1.0 for s in table}
 
