@@ -32,7 +32,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from scripts.stage_scheduler import Stage, run_dag, stage_env  # noqa: E402
+from scripts.stage_scheduler import Stage, run_dag, sigterm_stops_stages, stage_env  # noqa: E402
 
 DEFAULT_ROOT = "outputs/tiny"  # the root every path in config/tiny/*.json is written under
 PY = sys.executable
@@ -182,9 +182,10 @@ def main(argv=None):
         shutil.rmtree(out)
     os.makedirs(out, exist_ok=True)
     t0 = time.time()
-    if args.safe:
-        return run_safe_demo(root, out, args.seed, t0)
-    walls = run_stages(root, out, args.seed, args.online_dpo, args.jobs, args.stage_threads, args.stop_after)
+    with sigterm_stops_stages():
+        if args.safe:
+            return run_safe_demo(root, out, args.seed, t0)
+        walls = run_stages(root, out, args.seed, args.online_dpo, args.jobs, args.stage_threads, args.stop_after)
     if args.stop_after:
         print(f"[quickstart] stopped after {args.stop_after} (run again without --stop-after for the rest)")
         return {"stage_wall_s": walls}

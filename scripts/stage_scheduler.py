@@ -15,9 +15,12 @@ a stage with that marker is skipped, so a stopped run continues where it was. Th
 fail terminates every other running stage (and their helper processes) and stops the run with an
 error naming its log.
 """
+import contextlib
 import json
 import os
+import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 
@@ -231,6 +234,29 @@ def fail(name, code, log_path, when=""):
     tail = open(log_path, errors="replace").read()[-2500:]
     raise SystemExit(f"[quickstart] stage '{name}' failed (exit {code}){' ' + when if when else ''}; "
                      f"see {log_path}\n{tail}")
+
+
+SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
+
+
+def _exit_on_sigterm(signum, frame):
+    print("[quickstart] stopped by SIGTERM; run the same command again to continue", flush=True)
+    raise SystemExit(SIGTERM_EXIT_CODE)
+
+
+@contextlib.contextmanager
+def sigterm_stops_stages():
+    """Inside the block SIGTERM raises SystemExit, so `run_dag` terminates its running and
+    started-ahead stages and their helpers on the way out (a training stage saves a checkpoint
+    on SIGTERM) instead of leaving them running. Only in the main thread (elsewhere: unchanged)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_dag(out, stages, jobs, base_env, cwd, poll_s=0.2, progress_s=5.0, max_threads=None, prestart=0):

@@ -103,3 +103,47 @@ def test_next_prestart_takes_the_table_order_on_a_free_core_one_import_at_a_time
     assert next_prestart(stages, {"build"}, {"sft": 1}, {"rm": fake_ahead(), "ppo": fake_ahead()}, 3, 2) is None  # cap
     assert next_prestart(stages, {"build"}, {"sft": 1, "x": 1}, {}, 2, 2) is None  # no free core
     assert next_prestart(stages, {"build", "sft", "rm"}, {}, {}, 2, 2).name == "ppo"
+
+
+DRIVER = """import os, subprocess, sys
+sys.path.insert(0, {root!r})
+from scripts.stage_scheduler import Stage, run_dag, sigterm_stops_stages
+
+def helper(log_dir):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    open("helper.pid", "w").write(str(proc.pid))
+    return [], proc
+
+slow = Stage("slow", [sys.executable, "-c", "import os, time; open('slow.pid', 'w').write(str(os.getpid())); time.sleep(600)"],
+             setup=helper)
+waiting = Stage("waiting", [sys.executable, {script!r}], ("slow",))
+with sigterm_stops_stages():
+    run_dag(".", [slow, waiting], 2, dict(os.environ), ".", poll_s=0.05, max_threads=1, prestart=2)
+"""
+
+
+def gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return open(f"/proc/{pid}/stat").read().split()[2] == "Z"  # a zombie: ended, not yet reaped
+
+
+def test_sigterm_to_the_scheduler_stops_its_stages_helpers_and_started_ahead_processes(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = write_script(tmp_path, "waiting.py")
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER.format(root=root, script=script)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    imported = tmp_path / "logs" / ".waiting.imported"
+    for _ in range(600):
+        if imported.exists() and (tmp_path / "slow.pid").exists():
+            break
+        time.sleep(0.05)
+    waiting_pid = next(i["pid"] for i in lines(tmp_path / "imports") if i["name"] == "__prestart__")
+    proc.terminate()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + 15 and "stopped by SIGTERM" in out
+    pids = [int((tmp_path / "slow.pid").read_text()), int((tmp_path / "helper.pid").read_text()), waiting_pid]
+    assert all(gone(pid) for pid in pids), pids
+    assert not (tmp_path / "ran").exists() and not (tmp_path / ".done" / "slow").exists()
