@@ -103,11 +103,10 @@ def can_prestart(stage):
 
 
 class _Prestarted:
-    """A stage's process started ahead through `stage_launcher.py` with `threads` threads:
+    """A stage's process started ahead through `stage_launcher.py` with one thread (`env`):
     importing, then waiting (no CPU) for `release(args)`."""
 
-    def __init__(self, stage, out, threads, env, cwd):
-        self.stage, self.threads = stage, threads
+    def __init__(self, stage, out, env, cwd):
         self.log_path = os.path.join(out, "logs", f"{stage.name}.log")
         self.ready_file = os.path.join(out, "logs", f".{stage.name}.imported")
         if os.path.exists(self.ready_file):
@@ -191,10 +190,7 @@ class _Dag:
 
     def start_ready(self):
         for stage, threads in next_starts(self.stages, self.done, self.threads_running(), self.jobs, self.max_threads):
-            ahead = self.prestarted.pop(stage.name, None)
-            if ahead is not None and ahead.threads != threads:  # its thread count is fixed at its start
-                ahead.stop()
-                ahead = None
+            ahead = self.prestarted.pop(stage.name, None)  # one thread, as every stage when prestarting
             env = stage_env(self.base_env, threads)
             self.running[stage.name] = _Running(stage, self.out, threads, env, self.cwd, ahead)
 
@@ -202,8 +198,7 @@ class _Dag:
         stage = self.prestart and next_prestart(self.stages, self.done, self.threads_running(), self.prestarted,
                                                 self.jobs, self.prestart)
         if stage:
-            threads = self.max_threads or 1
-            self.prestarted[stage.name] = _Prestarted(stage, self.out, threads, stage_env(self.base_env, threads), self.cwd)
+            self.prestarted[stage.name] = _Prestarted(stage, self.out, stage_env(self.base_env, 1), self.cwd)
 
     def collect(self):
         """Record the stages that ended; the first that failed (or died while waiting) stops the run."""
