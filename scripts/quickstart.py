@@ -88,6 +88,11 @@ def start_reward_server(log_dir, port):
     raise SystemExit(f"[quickstart] the reward server did not become healthy in 60 s; see {log_path}")
 
 
+EXIT_WITHOUT_TEARDOWN = "import os, sys; sys.stdout.flush(); sys.stderr.flush(); os._exit(0)"
+"""The build's last statement: its files are written and closed, and the interpreter's teardown
+with Paddle loaded (about 1.2 s) would hold up SFT (`stage_launcher.py` ends the other stages so)."""
+
+
 def pipeline_stages(root, seed, online_dpo=False):
     """The quickstart's stage table, in priority order: build -> SFT -> reward model -> PPO and
     the reward audit (which only reports: nothing waits for it), GRPO (with its reward server)
@@ -96,7 +101,8 @@ def pipeline_stages(root, seed, online_dpo=False):
     then DPO, and PPO beside the audit."""
     seed_flags = [] if seed is None else ["--seed", str(seed)]
     build = [PY, "-c", (f"from ppo.tiny.factory import main as m; m({['--output_dir', root + '/base'] + seed_flags!r});"
-                        f"from ppo.tiny.demo_data import main as d; d({['--output_dir', root + '/data']!r})")]
+                        f"from ppo.tiny.demo_data import main as d; d({['--output_dir', root + '/data']!r});"
+                        f"{EXIT_WITHOUT_TEARDOWN}")]
     stages = [
         Stage("build", build),
         Stage("sft", config_command("sft/run_sft.py", "config/tiny/sft_argument.json", root, seed), ("build",), alone=True),

@@ -58,6 +58,34 @@ def test_the_launcher_ends_without_running_the_script_when_stdin_closes_empty(tm
                           input="", capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and (tmp_path / "ready").exists() and not (tmp_path / "ran").exists()
 
+FINISHING = """unclosed = open('unclosed.txt', 'w')
+    unclosed.write('buffered ' * 1000)  # never flushed or closed by the script
+    binary = open('unclosed.bin', 'wb')
+    binary.write(bytes(range(256)))
+    sys.kept_open = (unclosed, binary)  # still referenced at the end, as a logger's stream is
+    import atexit, threading
+    atexit.register(lambda: open('atexit.txt', 'w').write('ran'))
+    threading.Thread(target=lambda: (time.sleep(0.3), open('thread.txt', 'w').write('joined'))).start()
+    sys.stderr.write('no newline at the end')
+    {end}"""
+
+
+@pytest.mark.parametrize("end, code", [("pass", 0), ("raise SystemExit(0)", 0), ("raise SystemExit(4)", 4),
+                                       ("raise RuntimeError('boom')", 1)])
+def test_the_launcher_ends_the_script_with_what_teardown_would_have_written(tmp_path, end, code):
+    """A finished script skips the interpreter's teardown but loses nothing teardown would write:
+    open files' buffers, non-daemon threads, atexit handlers, stderr; other ends keep their status."""
+    script = write_script(tmp_path, "stage.py", body=FINISHING.format(end=end))
+    done = subprocess.run([sys.executable, LAUNCHER, script, str(tmp_path / "ready")], cwd=tmp_path,
+                          input=json.dumps({"argv": []}) + "\n", capture_output=True, text=True, timeout=60)
+    assert done.returncode == code
+    assert (tmp_path / "unclosed.txt").read_text() == "buffered " * 1000
+    assert (tmp_path / "unclosed.bin").read_bytes() == bytes(range(256))
+    assert (tmp_path / "atexit.txt").read_text() == "ran" and (tmp_path / "thread.txt").read_text() == "joined"
+    assert done.stderr.startswith("no newline at the end")
+    assert ("RuntimeError: boom" in done.stderr) == (code == 1)
+
+
 
 def test_run_dag_imports_the_next_stage_while_its_dependency_runs_and_starts_it_after(tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
