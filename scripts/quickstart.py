@@ -96,9 +96,9 @@ with Paddle loaded (about 1.2 s) would hold up SFT (`stage_launcher.py` ends the
 def pipeline_stages(root, seed, online_dpo=False):
     """The quickstart's stage table, in priority order: build -> SFT -> reward model -> PPO and
     the reward audit (which only reports: nothing waits for it), GRPO (with its reward server)
-    and DPO from the SFT model (-> online DPO) -> evaluation. SFT -> reward model -> PPO is the
-    critical path; with one thread per stage on two cores the reward model runs beside GRPO and
-    then DPO, and PPO beside the audit."""
+    and DPO from the SFT model (-> online DPO) -> evaluation (SFT's, GRPO's and DPO's beside PPO,
+    PPO's after it). SFT -> reward model -> PPO is the critical path; with one thread per stage on
+    two cores the reward model runs beside GRPO and then DPO, and PPO beside the audit."""
     seed_flags = [] if seed is None else ["--seed", str(seed)]
     build = [PY, "-c", (f"from ppo.tiny.factory import main as m; m({['--output_dir', root + '/base'] + seed_flags!r});"
                         f"from ppo.tiny.demo_data import main as d; d({['--output_dir', root + '/data']!r});"
@@ -116,10 +116,14 @@ def pipeline_stages(root, seed, online_dpo=False):
     if online_dpo:
         stages.append(Stage("online_dpo", config_command(
             "dpo/run_online_dpo.py", "config/tiny/online_dpo_argument.json", root, seed), ("sft",)))
-    evaluate = "evaluate_with_online_dpo" if online_dpo else "evaluate"  # its own marker: evaluated after online DPO
-    stages.append(Stage(evaluate, [
-        PY, "scripts/evaluate_stages.py", "--runs_dir", root, "--test_data", f"{root}/data/test.jsonl",
-        "--reward_model", f"{root}/rm", "--output", f"{root}/evaluation.json"], tuple(s.name for s in stages), alone=True))
+    evaluate = [PY, "scripts/evaluate_stages.py", "--runs_dir", root, "--test_data", f"{root}/data/test.jsonl",
+                "--reward_model", f"{root}/rm"]
+    early = f"{root}/evaluation_sft_grpo_dpo.json"
+    stages.append(Stage("evaluate_sft_grpo_dpo", evaluate + ["--stages", "sft,grpo,dpo", "--output", early],
+                        ("sft", "rm", "grpo", "dpo")))  # beside PPO, off the critical path
+    final = "evaluate_with_online_dpo" if online_dpo else "evaluate"  # its own marker: evaluated after online DPO
+    stages.append(Stage(final, evaluate + ["--stages", "ppo,online_dpo", "--include", early, "--output",
+                                           f"{root}/evaluation.json"], tuple(s.name for s in stages), alone=True))
     return stages
 
 
