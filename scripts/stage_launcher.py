@@ -60,7 +60,6 @@ def main(argv=None):
     except SystemExit as stop:
         if stop.code not in (None, 0):
             raise
-    exit_without_teardown()
 
 
 FILE_TYPES = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom, io.FileIO)
@@ -92,3 +91,4 @@ def exit_without_teardown():
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()  # reached only when the script finished with status 0
