@@ -88,9 +88,9 @@ def start_reward_server(log_dir, port):
     raise SystemExit(f"[quickstart] the reward server did not become healthy in 60 s; see {log_path}")
 
 
-EXIT_WITHOUT_TEARDOWN = "import os, sys; sys.stdout.flush(); sys.stderr.flush(); os._exit(0)"
-"""The build's last statement: its files are written and closed, and the interpreter's teardown
-with Paddle loaded (about 1.2 s) would hold up SFT (`stage_launcher.py` ends the other stages so)."""
+EXIT_WITHOUT_TEARDOWN = "from scripts.stage_launcher import exit_without_teardown; exit_without_teardown()"
+"""The build's last statement (it runs in the repository root): the interpreter's teardown with
+Paddle loaded (about 1.2 s) would hold up SFT; the same end as the stages `stage_launcher.py` runs."""
 
 
 def pipeline_stages(root, seed, online_dpo=False):

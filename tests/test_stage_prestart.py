@@ -58,6 +58,7 @@ def test_the_launcher_ends_without_running_the_script_when_stdin_closes_empty(tm
                           input="", capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and (tmp_path / "ready").exists() and not (tmp_path / "ran").exists()
 
+
 FINISHING = """unclosed = open('unclosed.txt', 'w')
     unclosed.write('buffered ' * 1000)  # never flushed or closed by the script
     binary = open('unclosed.bin', 'wb')
@@ -84,7 +85,6 @@ def test_the_launcher_ends_the_script_with_what_teardown_would_have_written(tmp_
     assert (tmp_path / "atexit.txt").read_text() == "ran" and (tmp_path / "thread.txt").read_text() == "joined"
     assert done.stderr.startswith("no newline at the end")
     assert ("RuntimeError: boom" in done.stderr) == (code == 1)
-
 
 
 def test_run_dag_imports_the_next_stage_while_its_dependency_runs_and_starts_it_after(tmp_path, monkeypatch):
