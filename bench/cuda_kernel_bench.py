@@ -12,6 +12,7 @@ warm-up), their ratio, and the ratio to the HBM bound (bytes that must move / --
 Ratios are comparable only within one run on one card; the JSON names the card.
 """
 import argparse
+import concurrent.futures
 import ctypes
 import importlib.util
 import json
@@ -37,6 +38,7 @@ SIGNATURES = {
     "ppo_cuda_rms_norm": [INT, P, P, P, P, I64, I64, F32, INT, P],
     "ppo_cuda_swiglu": [INT, P, P, P, I64, I64, INT, P],
 }
+GRAPH = False  # --graph: decode calls are also captured in a CUDA graph and replayed
 HBM_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12, "A100": 2.0e12}
 
 
@@ -59,17 +61,33 @@ def find_nvcc(check):
     return found
 
 
-def build(check, nvcc, kernel, out_dir):
-    """The kernel file's shared library, its launchers typed from SIGNATURES."""
+def build(check, nvcc, kernel, out_dir, extra=(), tag=""):
+    """The kernel file's shared library, its launchers typed from SIGNATURES (a plain library from
+    `$PPO_CUDA_LIBDIR` when a GPU check script built it there)."""
     arch = "%d%d" % torch.cuda.get_device_capability()
-    lib = ctypes.CDLL(check.build_kernel_library(os.path.join(REPO, "csrc", "cuda", f"{kernel}.cu"), out_dir, arch,
-                                                 nvcc=nvcc, werror=False))
+    path = os.path.join(os.environ.get("PPO_CUDA_LIBDIR", "-"), f"lib{kernel}_sm{arch}.so")
+    if tag or not os.path.exists(path):
+        path = check.build_kernel_library(os.path.join(REPO, "csrc", "cuda", f"{kernel}.cu"), out_dir, arch, nvcc=nvcc,
+                                          werror=False, extra=extra, tag=tag)
+    lib = ctypes.CDLL(path)
     for name, args in SIGNATURES.items():
         if hasattr(lib, name):
             getattr(lib, name).argtypes = args
             # ppo_cuda_sample_workspace_bytes returns the size; every other launcher a status code
             getattr(lib, name).restype = ctypes.c_int64 if name == "ppo_cuda_sample_workspace_bytes" else ctypes.c_int
     return lib
+
+
+# Builds of attention.cu with other tuning macros (csrc/cuda/attention_mma.cuh), timed beside the default.
+ATTENTION_VARIANTS = {
+    "cuda_cores": ["-DPPO_ATTENTION_NO_MMA"],
+    "stages3": ["-DPPO_MMA_NST_DECODE=3", "-DPPO_MMA_NST_PREFILL=3"],
+    "decode_blocks_per_sm3": ["-DPPO_MMA_DECODE_BLOCKS_PER_SM=3"],
+    "decode_blocks_per_sm12": ["-DPPO_MMA_DECODE_BLOCKS_PER_SM=12"],
+    "ahead1": ["-DPPO_MMA_AHEAD=1"],
+}
+DECODE_SHAPES = [(32, 32, 8, 128, 2048), (64, 14, 2, 64, 2048), (8, 64, 8, 128, 8192), (128, 32, 8, 128, 1024)]
+PREFILL_SHAPES = [(8, 32, 8, 128, 1024), (4, 28, 4, 128, 2048)]
 
 
 def timeit(fn, iters, warm=5):
@@ -135,7 +153,25 @@ def bench_decode(lib, B, nh, nkv, hd, n_ctx, bw, iters):
     theirs = timeit(lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True), iters)
     bound = 2 * B * nkv * n_ctx * hd * 2 / bw
     return {"shape": dict(B=B, nh=nh, nkv=nkv, hd=hd, n_ctx=n_ctx), "max_abs_err_vs_fp32": err,
-            **compare(timeit(call, iters), theirs, bound, torch_op="sdpa enable_gqa")}
+            **compare(timeit(call, iters), theirs, bound, torch_op="sdpa enable_gqa"),
+            **({"graph_replay_s": graph_time(call, iters)} if GRAPH else {})}
+
+
+def graph_time(call, iters):
+    """Median time of `call` (its three launches: K/V write, attention, merge) captured in a CUDA
+    graph and replayed: what the launches cost once a decode step is captured; None if capture fails."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            call()  # warm-up outside the capture (first-use driver work)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            assert call() == 0
+        return timeit(graph.replay, iters)
+    except Exception as e:  # noqa: BLE001 - reported in the JSON, the bench goes on
+        return f"capture failed: {e}"
 
 
 def bench_prefill(lib, B, nh, nkv, hd, T, iters):
@@ -253,11 +289,43 @@ def bench_sample(lib, B, V, bw, iters):
     return res
 
 
+def _row_line(kernel, row):
+    shape = ",".join(f"{k}{v}" for k, v in row.get("shape", {}).items())
+    err = row.get("max_abs_err_vs_fp32", row.get("logprob_err", float("nan")))
+    bound = f" bound x{row['ours_over_bound']:.2f}" if "ours_over_bound" in row else ""
+    if isinstance(row.get("graph_replay_s"), float):
+        bound += f" graph {row['graph_replay_s'] * 1e6:.1f} us"
+    elif "graph_replay_s" in row:
+        bound += f" graph: {row['graph_replay_s']}"
+    tf = f" {row['ours_TFLOPs']:.0f}/{row['torch_TFLOPs']:.0f} TFLOP/s" if "ours_TFLOPs" in row else ""
+    return (f"{kernel:<26} {shape:<34} ours {row['ours_s'] * 1e6:9.1f} us  torch {row['torch_s'] * 1e6:9.1f} us  "
+            f"x{row['ours_over_torch']:.2f}{bound}{tf} err {err:.2g}")
+
+
+def table_lines(res):
+    """One line per kernel and shape: times, ours / torch, ours / HBM bound, error."""
+    lines = [f"{res['device']}, torch {res['torch']}, {res['dtype']}"]
+    for kernel in ("attention_decode", "attention_prefill", "rms_norm", "swiglu"):
+        lines += [_row_line(kernel, row) for row in res.get(kernel, [])]
+    for entry in res.get("sample", []):
+        for mode, row in entry.items():
+            if mode != "shape":
+                lines.append(_row_line(f"sample_{mode}", dict(row, shape=entry["shape"])))
+    for v, got in res.get("attention_variants", {}).items():
+        lines += [_row_line(f"{v}:{k}", row) for k in ("decode", "prefill") for row in got[k]]
+    return lines
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="also write the JSON here")
     ap.add_argument("--bw", type=float, default=None, help="HBM bytes/s (default: from the card's name)")
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--graph", action="store_true",
+                    help="only the decode shapes, each also captured in a CUDA graph and replayed")
+    ap.add_argument("--table", action="store_true", help="print one line per kernel and shape instead of the JSON")
+    ap.add_argument("--variants", nargs="*", default=[], choices=sorted(ATTENTION_VARIANTS),
+                    help="also time these builds of attention.cu (tuning macros) on the attention shapes")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("no CUDA GPU")
@@ -266,22 +334,37 @@ def main(argv=None):
     check = _check_cuda()
     nvcc = find_nvcc(check)
     tmp = tempfile.mkdtemp(prefix="cuda-kernel-bench-")
-    libs = {k: build(check, nvcc, k, tmp) for k in ("attention", "rms_norm", "swiglu", "sampling")}
+    names = ("attention", "rms_norm", "swiglu", "sampling")
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        libs = dict(zip(names, pool.map(lambda k: build(check, nvcc, k, tmp), names)))
+        variants = dict(zip(a.variants, pool.map(
+            lambda v: build(check, nvcc, "attention", tmp, ATTENTION_VARIANTS[v], "_" + v), a.variants)))
     res = {"device": name, "torch": torch.__version__, "hbm_bytes_per_s": bw, "dtype": "bfloat16"}
-    res["attention_decode"] = [bench_decode(libs["attention"], *s, bw, a.iters) for s in
-                               [(32, 32, 8, 128, 2048), (64, 14, 2, 64, 2048), (8, 64, 8, 128, 8192),
-                                (128, 32, 8, 128, 1024)]]
-    res["attention_prefill"] = [bench_prefill(libs["attention"], *s, a.iters) for s in
-                                [(8, 32, 8, 128, 1024), (4, 28, 4, 128, 2048)]]
+    global GRAPH
+    GRAPH = a.graph
+    res["attention_decode"] = [bench_decode(libs["attention"], *s, bw, a.iters) for s in DECODE_SHAPES]
+    if a.graph:
+        print(text_of(res, a))
+        return
+    res["attention_prefill"] = [bench_prefill(libs["attention"], *s, a.iters) for s in PREFILL_SHAPES]
     res["rms_norm"] = [bench_rms(libs["rms_norm"], t, H, add, bw, a.iters) for t, H, add in
                        [(64, 4096, False), (8192, 4096, False), (8192, 4096, True)]]
     res["swiglu"] = [bench_swiglu(libs["swiglu"], t, I, bw, a.iters) for t, I in [(64, 11008), (8192, 11008)]]
     res["sample"] = [bench_sample(libs["sampling"], B, V, bw, a.iters) for B, V in [(64, 128256), (256, 151936)]]
+    res["attention_variants"] = {
+        v: {"flags": ATTENTION_VARIANTS[v],
+            "decode": [bench_decode(lib, *s, bw, a.iters) for s in DECODE_SHAPES],
+            "prefill": [bench_prefill(lib, *s, a.iters) for s in PREFILL_SHAPES]} for v, lib in variants.items()}
+    print(text_of(res, a))
+
+
+def text_of(res, a):
+    """The JSON (also written to --out), or the table with --table."""
     text = json.dumps(res, indent=1)
     if a.out:
         with open(a.out, "w") as f:
             f.write(text)
-    print(text)
+    return text if not a.table else "\n".join(table_lines(res))
 
 
 if __name__ == "__main__":

@@ -171,12 +171,13 @@ def binding_sources():
     return bindings + sorted(glob.glob(os.path.join(CSRC, "cpu", "*.cc")))
 
 
-def nvcc_command(nvcc, src, out, arch, shared=False, include_dirs=(), werror=True):
+def nvcc_command(nvcc, src, out, arch, shared=False, include_dirs=(), werror=True, extra=()):
     """The nvcc command line for one plain-CUDA file: an object (`-c`) or, with `shared`, a
     standalone shared library exposing its extern "C" launcher (the GPU tests load it).
-    `werror`: every warning an error (the compile check; GPU tests with another nvcc turn it off)."""
+    `werror`: every warning an error (the compile check; GPU tests with another nvcc turn it off).
+    `extra`: more flags (a bench's `-D` variants of a kernel's tuning macros)."""
     cmd = [nvcc, "-std=c++17", "-O3", f"-arch=sm_{arch}", *(NVCC_WARNINGS if werror else []), "-Xcompiler", "-fPIC"]
-    cmd += [f"-I{d}" for d in include_dirs]
+    cmd += [f"-I{d}" for d in include_dirs] + list(extra)
     cmd += ["-shared", "-o", out, src] if shared else ["-c", "-o", out, src]
     return cmd
 
@@ -274,15 +275,17 @@ def _run_all(todo, jobs, cache=None):
     return [(label, rc == 0, out) for (label, _), (rc, out) in zip(todo, results)]
 
 
-def build_kernel_library(src, out_dir, arch, nvcc=None, werror=True, cache=None):
+def build_kernel_library(src, out_dir, arch, nvcc=None, werror=True, cache=None, extra=(), tag=""):
     """Build one plain-CUDA file as a shared library (for ctypes); returns its path. Raises
     RuntimeError with nvcc's output when it does not compile. With a `cache` (an `ObjectCache`
-    whose paths map `out_dir`), the library of an identical earlier build is copied instead."""
+    whose paths map `out_dir`), the library of an identical earlier build is copied instead.
+    `extra` flags and a `tag` in the file name build a variant beside the plain library."""
     nvcc = nvcc or shutil.which("nvcc")
     if not nvcc:
         raise RuntimeError("nvcc not found")
-    out = os.path.join(out_dir, f"lib{os.path.splitext(os.path.basename(src))[0]}_sm{arch}.so")
-    rc, text = (cache.run if cache else _run)(nvcc_command(nvcc, src, out, arch, shared=True, werror=werror))
+    out = os.path.join(out_dir, f"lib{os.path.splitext(os.path.basename(src))[0]}{tag}_sm{arch}.so")
+    cmd = nvcc_command(nvcc, src, out, arch, shared=True, werror=werror, extra=extra)
+    rc, text = (cache.run if cache else _run)(cmd)
     if rc != 0:
         raise RuntimeError(f"nvcc failed on {src}:\n{text}")
     return out

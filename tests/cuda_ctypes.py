@@ -4,6 +4,7 @@ Each csrc/cuda/<kernel>.cu is built on its own as a shared library (csrc/check_c
 `build_kernel_library`); `load(path, symbol)` returns the launcher with its argument types set,
 so a wrong argument count or type is a ctypes error rather than garbage on the device.
 """
+import concurrent.futures
 import ctypes
 import importlib.util
 import os
@@ -55,6 +56,30 @@ def check_cuda_module():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+_built = {}
+
+
+def kernel_libraries(kernels, out_dir, arch, nvcc):
+    """{kernel: path} of csrc/cuda/<kernel>.cu built as shared libraries for sm_<arch>, compiled in
+    parallel once per process (the test modules share them). With `$PPO_CUDA_LIBDIR` set (a GPU
+    check script builds there first), a library already there is used as it is."""
+    prebuilt = os.environ.get("PPO_CUDA_LIBDIR")
+    check = check_cuda_module()
+
+    def one(kernel):
+        if (kernel, arch) not in _built:
+            path = os.path.join(prebuilt, f"lib{kernel}_sm{arch}.so") if prebuilt else None
+            if not (path and os.path.exists(path)):
+                # warnings are the compile check's business (csrc/check_cuda.py); another nvcc may add its own
+                path = check.build_kernel_library(os.path.join(CUDA_DIR, f"{kernel}.cu"), prebuilt or out_dir, arch,
+                                                  nvcc=nvcc, werror=False)
+            _built[(kernel, arch)] = path
+        return kernel, _built[(kernel, arch)]
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(kernels)) as pool:
+        return dict(pool.map(one, kernels))
 
 
 def load(lib_path, kernel):

@@ -118,14 +118,9 @@ def gpu(tmp_path_factory):
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found (PATH, $CUDA_HOME/bin, or `python csrc/check_cuda.py`'s cache)")
-    check = cuda_ctypes.check_cuda_module()
     out = str(tmp_path_factory.mktemp("cuda_kernels"))
-    fns = {}
-    for kernel in cuda_ctypes.LAUNCHERS:
-        # warnings are the compile check's business (csrc/check_cuda.py); another nvcc may add its own
-        lib = check.build_kernel_library(os.path.join(cuda_ctypes.CUDA_DIR, f"{kernel}.cu"), out, dev.arch, nvcc=nvcc,
-                                         werror=False)
-        fns[kernel] = cuda_ctypes.load(lib, kernel)
+    libs = cuda_ctypes.kernel_libraries(list(cuda_ctypes.LAUNCHERS), out, dev.arch, nvcc)
+    fns = {kernel: cuda_ctypes.load(libs[kernel], kernel) for kernel in cuda_ctypes.LAUNCHERS}
     print(f"[cuda kernels] {dev.name} on sm_{dev.arch}, nvcc {nvcc}")
     return dev, fns
 

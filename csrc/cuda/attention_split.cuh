@@ -1,6 +1,8 @@
-// Split-K ("flash-decoding") attention over the cache, included by attention.cu. One block serves
-// the `hpb` q heads of one KV group that share its K/V (GQA: K and V are read once for all of
-// them), for one (row, query) and one chunk of the cache; the chunks' partial softmax states
+// Split-K ("flash-decoding") attention over the cache on CUDA cores, included by attention.cu: the
+// float32 path and the fallback of the tensor-core kernel (other head sizes, unaligned caches,
+// pre-sm_80 GPUs). One block serves the `hpb` q heads of one KV group that share its K/V (GQA: K
+// and V are read once for all of them; the kernel is compiled for H = 1, 2, 4, 8 heads, so MHA
+// does not pay for 8), for one (row, query) and one chunk of the cache; the chunks' partial softmax states
 // (max, sum, unnormalised output) are merged by merge_kernel (Dao et al., "Flash-Decoding for
 // long-context inference", 2023; FlashInfer's merge_state). K^T [hd, S]: each thread scores KPT
 // adjacent keys with one 16-byte load per dimension; V [S, hd]: each thread accumulates DV
@@ -12,7 +14,7 @@
 namespace {
 
 constexpr int SPLIT_THREADS = 128;
-constexpr int MAX_HPB = 8;        // q heads per block
+constexpr int MAX_HPB = 8;        // q heads per block, at most
 constexpr int MAX_TILE = 1024;    // keys per tile: SPLIT_THREADS * KPT
 
 struct Split {
@@ -38,19 +40,19 @@ __device__ __forceinline__ void load_f(const T* __restrict__ p, float (&out)[N])
   }
 }
 
-// Block-wide max (IS_MAX) or sum of v[h] for each head h < MAX_HPB; every thread gets all.
-template <bool IS_MAX>
-__device__ __forceinline__ void heads_reduce(float (&v)[MAX_HPB]) {
-  __shared__ float sh[MAX_HPB][SPLIT_THREADS / 32];
+// Block-wide max (IS_MAX) or sum of v[h] for each head h < H; every thread gets all.
+template <bool IS_MAX, int H>
+__device__ __forceinline__ void heads_reduce(float (&v)[H]) {
+  __shared__ float sh[H][SPLIT_THREADS / 32];
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
 #pragma unroll
-  for (int h = 0; h < MAX_HPB; ++h) {
+  for (int h = 0; h < H; ++h) {
     float x = IS_MAX ? ppo_cuda::warp_max(v[h]) : ppo_cuda::warp_sum(v[h]);
     if (lane == 0) sh[h][wid] = x;
   }
   __syncthreads();
 #pragma unroll
-  for (int h = 0; h < MAX_HPB; ++h) {
+  for (int h = 0; h < H; ++h) {
     float x = sh[h][0];
     for (int w = 1; w < SPLIT_THREADS / 32; ++w) x = IS_MAX ? fmaxf(x, sh[h][w]) : x + sh[h][w];
     v[h] = x;
@@ -61,32 +63,29 @@ __device__ __forceinline__ void heads_reduce(float (&v)[MAX_HPB]) {
 // Where one (row, query)'s output and one split's partial state of head h live.
 struct SplitOut {
   int64_t z, b, i, split;
-  __device__ int64_t out_at(const Geom& g, int64_t h, int64_t d) const {
-    return g.cols ? (h * g.hd + d) * g.B + b : (b * g.Tq + i) * g.nh * g.hd + h * g.hd + d;
-  }
+  __device__ int64_t out_at(const Geom& g, int64_t h, int64_t d) const { return out_index(g, b, i, h, d); }
   __device__ float* part_at(const Geom& g, const Split& sp, int64_t h) const {
-    return sp.part + ((z * g.nh + h) * sp.splits + split) * (g.hd + 2);
+    return part_ptr(g, sp.part, sp.splits, z, h, split);
   }
 };
 
 // Scores s[k][h] of the KPT keys jt.. for the block's heads (q pre-scaled in q_sh), -inf where a
 // key is past j_end or masked; tmax[h]: this thread's max.
-template <typename T, int KPT>
+template <typename T, int KPT, int H>
 __device__ __forceinline__ void score_keys(const T* __restrict__ kt, const float (*q_sh)[PPO_CUDA_MAX_HEAD_DIM],
                                            const int32_t* __restrict__ mask, const Geom& g, int64_t b, int hpb,
-                                           int64_t jt, int64_t j_end, float (&s)[KPT][MAX_HPB],
-                                           float (&tmax)[MAX_HPB]) {
+                                           int64_t jt, int64_t j_end, float (&s)[KPT][H], float (&tmax)[H]) {
 #pragma unroll
   for (int k = 0; k < KPT; ++k)
 #pragma unroll
-    for (int h = 0; h < MAX_HPB; ++h) s[k][h] = 0.f;
+    for (int h = 0; h < H; ++h) s[k][h] = 0.f;
   if (jt < j_end) {
 #pragma unroll 4
     for (int64_t d = 0; d < g.hd; ++d) {  // unrolled: several 16-byte loads in flight per thread
       float kf[KPT];
       load_f<T, KPT>(kt + d * g.S + jt, kf);  // jt + KPT <= S: S % KPT == 0 and jt % KPT == 0
 #pragma unroll
-      for (int h = 0; h < MAX_HPB; ++h)
+      for (int h = 0; h < H; ++h)
         if (h < hpb) {
           const float qd = q_sh[h][d];
 #pragma unroll
@@ -95,13 +94,13 @@ __device__ __forceinline__ void score_keys(const T* __restrict__ kt, const float
     }
   }
 #pragma unroll
-  for (int h = 0; h < MAX_HPB; ++h) tmax[h] = -INFINITY;
+  for (int h = 0; h < H; ++h) tmax[h] = -INFINITY;
 #pragma unroll
   for (int k = 0; k < KPT; ++k) {
     const int64_t j = jt + k;
     const bool ok = j < j_end && (j >= g.Tp || mask[b * g.Tp + j]);
 #pragma unroll
-    for (int h = 0; h < MAX_HPB; ++h) {
+    for (int h = 0; h < H; ++h) {
       s[k][h] = ok ? s[k][h] : -INFINITY;
       tmax[h] = fmaxf(tmax[h], s[k][h]);
     }
@@ -110,13 +109,13 @@ __device__ __forceinline__ void score_keys(const T* __restrict__ kt, const float
 
 // Online-softmax step of one tile (block-wide): new running max m, sum l, the rescaled
 // accumulators, and the tile's probabilities in p_sh[h * MAX_TILE + key] (published by the barriers).
-template <int KPT, int DV>
-__device__ __forceinline__ void softmax_tile(float (&s)[KPT][MAX_HPB], float (&tmax)[MAX_HPB], float (&m)[MAX_HPB],
-                                             float (&l)[MAX_HPB], float (&acc)[MAX_HPB][DV], float* p_sh) {
-  heads_reduce<true>(tmax);
-  float corr[MAX_HPB], tsum[MAX_HPB];
+template <int KPT, int DV, int H>
+__device__ __forceinline__ void softmax_tile(float (&s)[KPT][H], float (&tmax)[H], float (&m)[H],
+                                             float (&l)[H], float (&acc)[H][DV], float* p_sh) {
+  heads_reduce<true, H>(tmax);
+  float corr[H], tsum[H];
 #pragma unroll
-  for (int h = 0; h < MAX_HPB; ++h) {
+  for (int h = 0; h < H; ++h) {
     const float nm = fmaxf(m[h], tmax[h]);
     corr[h] = m[h] == -INFINITY ? 0.f : __expf(m[h] - nm);
     m[h] = nm;
@@ -128,9 +127,9 @@ __device__ __forceinline__ void softmax_tile(float (&s)[KPT][MAX_HPB], float (&t
       p_sh[h * MAX_TILE + threadIdx.x * KPT + k] = p;
     }
   }
-  heads_reduce<false>(tsum);
+  heads_reduce<false, H>(tsum);
 #pragma unroll
-  for (int h = 0; h < MAX_HPB; ++h) {
+  for (int h = 0; h < H; ++h) {
     l[h] = l[h] * corr[h] + tsum[h];
 #pragma unroll
     for (int e = 0; e < DV; ++e) acc[h][e] *= corr[h];
@@ -138,14 +137,14 @@ __device__ __forceinline__ void softmax_tile(float (&s)[KPT][MAX_HPB], float (&t
 }
 
 // acc[h][e] += sum over this thread's keys jj (ks, ks + nks, ...) of p[h][jj] * V[tile0 + jj][dg*DV + e].
-template <typename T, int DV>
+template <typename T, int DV, int H>
 __device__ __forceinline__ void accumulate_pv(const T* __restrict__ vv, const float* p_sh, int64_t hd, int64_t tile0,
-                                              int tile_len, int dg, int ks, int nks, float (&acc)[MAX_HPB][DV]) {
+                                              int tile_len, int dg, int ks, int nks, float (&acc)[H][DV]) {
   for (int jj = ks; jj < tile_len; jj += nks) {
     float vf[DV];
     load_f<T, DV>(vv + (tile0 + jj) * hd + dg * DV, vf);
 #pragma unroll
-    for (int h = 0; h < MAX_HPB; ++h) {
+    for (int h = 0; h < H; ++h) {
       const float p = p_sh[h * MAX_TILE + jj];
 #pragma unroll
       for (int e = 0; e < DV; ++e) acc[h][e] = fmaf(p, vf[e], acc[h][e]);
@@ -155,14 +154,14 @@ __device__ __forceinline__ void accumulate_pv(const T* __restrict__ vv, const fl
 
 // Sums the key slices' accumulators (through red, nks * hpb * hd floats) and writes each head's
 // output (one split) or partial state (several splits).
-template <typename T, int DV>
-__device__ __forceinline__ void write_heads(const float (&m)[MAX_HPB], const float (&l)[MAX_HPB],
-                                            const float (&acc)[MAX_HPB][DV], float* red, T* __restrict__ out,
+template <typename T, int DV, int H>
+__device__ __forceinline__ void write_heads(const float (&m)[H], const float (&l)[H],
+                                            const float (&acc)[H][DV], float* red, T* __restrict__ out,
                                             const Geom& g, const Split& sp, const SplitOut& at, int64_t h0, int hpb,
                                             int dg, int ks, int nks) {
   if (ks < nks)
 #pragma unroll
-    for (int h = 0; h < MAX_HPB; ++h)
+    for (int h = 0; h < H; ++h)
       if (h < hpb)
 #pragma unroll
         for (int e = 0; e < DV; ++e) red[(ks * hpb + h) * g.hd + dg * DV + e] = acc[h][e];
@@ -174,7 +173,7 @@ __device__ __forceinline__ void write_heads(const float (&m)[MAX_HPB], const flo
     for (int k = 0; k < nks; ++k) a += red[(k * hpb + h) * g.hd + d];
     float mh = m[0], lh = l[0];
 #pragma unroll
-    for (int hh = 1; hh < MAX_HPB; ++hh)
+    for (int hh = 1; hh < H; ++hh)
       if (hh == h) mh = m[hh], lh = l[hh];
     if (sp.splits == 1) {
       out[at.out_at(g, h0 + h, d)] = ppo_cuda::from_f<T>(mh == -INFINITY ? 0.f : a / lh);
@@ -203,7 +202,7 @@ __device__ void write_empty(T* __restrict__ out, const Geom& g, const Split& sp,
   }
 }
 
-template <typename T, int KPT, int DV>
+template <typename T, int KPT, int DV, int H>
 __global__ void __launch_bounds__(SPLIT_THREADS)
     split_attend_kernel(const T* __restrict__ qkv, const T* __restrict__ bias, const T* __restrict__ kc,
                         const T* __restrict__ vc, const T* __restrict__ cos, const T* __restrict__ sin,
@@ -214,8 +213,8 @@ __global__ void __launch_bounds__(SPLIT_THREADS)
   const int64_t j_begin = blockIdx.z * sp.chunk, j_end = min(g.t0 + i + 1, j_begin + sp.chunk);
   const SplitOut at{z, b, i, static_cast<int64_t>(blockIdx.z)};
   const int hpb = static_cast<int>(sp.hpb), tid = threadIdx.x;
-  __shared__ float q_sh[MAX_HPB][PPO_CUDA_MAX_HEAD_DIM];
-  __shared__ float big[MAX_HPB * MAX_TILE];  // probabilities of a tile, then the key slices' outputs
+  __shared__ float q_sh[H][PPO_CUDA_MAX_HEAD_DIM];
+  __shared__ float big[H * MAX_TILE];  // probabilities of a tile, then the key slices' outputs
   if (fin[b] || j_begin >= j_end) {
     write_empty(out, g, sp, at, h0, hpb);
     return;
@@ -230,23 +229,23 @@ __global__ void __launch_bounds__(SPLIT_THREADS)
   const int ndg = static_cast<int>(g.hd) / DV, nks = SPLIT_THREADS / ndg;
   const int dg = tid % ndg, ks = tid / ndg;
   constexpr int TILE = SPLIT_THREADS * KPT;
-  float m[MAX_HPB], l[MAX_HPB], acc[MAX_HPB][DV];
+  float m[H], l[H], acc[H][DV];
 #pragma unroll
-  for (int h = 0; h < MAX_HPB; ++h) {
+  for (int h = 0; h < H; ++h) {
     m[h] = -INFINITY;
     l[h] = 0.f;
 #pragma unroll
     for (int e = 0; e < DV; ++e) acc[h][e] = 0.f;
   }
   for (int64_t tile0 = j_begin; tile0 < j_end; tile0 += TILE) {
-    float s[KPT][MAX_HPB], tmax[MAX_HPB];
-    score_keys<T, KPT>(kc + slab, q_sh, mask, g, b, hpb, tile0 + static_cast<int64_t>(tid) * KPT, j_end, s, tmax);
-    softmax_tile<KPT, DV>(s, tmax, m, l, acc, big);
+    float s[KPT][H], tmax[H];
+    score_keys<T, KPT, H>(kc + slab, q_sh, mask, g, b, hpb, tile0 + static_cast<int64_t>(tid) * KPT, j_end, s, tmax);
+    softmax_tile<KPT, DV, H>(s, tmax, m, l, acc, big);
     const int tile_len = static_cast<int>(min(static_cast<int64_t>(TILE), j_end - tile0));
-    if (ks < nks) accumulate_pv<T, DV>(vc + slab, big, g.hd, tile0, tile_len, dg, ks, nks, acc);
+    if (ks < nks) accumulate_pv<T, DV, H>(vc + slab, big, g.hd, tile0, tile_len, dg, ks, nks, acc);
     __syncthreads();  // `big` is rewritten by the next tile
   }
-  write_heads<T, DV>(m, l, acc, big, out, g, sp, at, h0, hpb, dg, ks, nks);  // nks * hpb * hd <= MAX_HPB * MAX_TILE
+  write_heads<T, DV, H>(m, l, acc, big, out, g, sp, at, h0, hpb, dg, ks, nks);  // nks * hpb * hd <= H * MAX_TILE
 }
 
 // out[(row, query), head] from the splits' partial states (one block per (row, query), head).

@@ -24,6 +24,54 @@ __device__ __forceinline__ RowView<T> row_view(const T* logits, const uint8_t* p
   return RowView<T>{logits, P.use_penalty ? presence + rows[b] * P.V : nullptr, &P, b};
 }
 
+// Adds x to an online (max, sum exp(x - max)): one exponential per entry, one more per new max.
+__device__ __forceinline__ void add_softmax(float& m, float& s, float x) {
+  if (x == -INFINITY) return;
+  if (x > m) {
+    s = s * __expf(m - x) + 1.f;  // m == -inf: s == 0
+    m = x;
+  } else {
+    s += __expf(x - m);
+  }
+}
+
+// One (row, chunk)'s or one thread's share of the first pass.
+struct Stats {
+  float m_raw, s_raw, m_w, s_w, bv;
+  int64_t bi;
+};
+
+__device__ __forceinline__ void merge_stats(Stats& a, const Stats& b) {
+  merge_softmax(a.m_raw, a.s_raw, b.m_raw, b.s_raw);
+  merge_softmax(a.m_w, a.s_w, b.m_w, b.s_w);
+  if (ppo_cuda::better(b.bv, b.bi, a.bv, a.bi)) {
+    a.bv = b.bv;
+    a.bi = b.bi;
+  }
+}
+
+// The warp's merged Stats, in every lane.
+__device__ __forceinline__ Stats warp_stats(Stats st) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const Stats other{__shfl_xor_sync(0xffffffffu, st.m_raw, o), __shfl_xor_sync(0xffffffffu, st.s_raw, o),
+                      __shfl_xor_sync(0xffffffffu, st.m_w, o),   __shfl_xor_sync(0xffffffffu, st.s_w, o),
+                      __shfl_xor_sync(0xffffffffu, st.bv, o),    __shfl_xor_sync(0xffffffffu, st.bi, o)};
+    merge_stats(st, other);
+  }
+  return st;
+}
+
+// The block's merged Stats, in thread 0 (a shuffle tree per warp, then one thread over the warps).
+__device__ __forceinline__ Stats block_stats(Stats st) {
+  __shared__ Stats sh[THREADS / 32];
+  st = warp_stats(st);
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = st;
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int w = 1; w < THREADS / 32; ++w) merge_stats(st, sh[w]);
+  return st;
+}
+
 template <typename T>
 __global__ void chunk_stats_kernel(const T* __restrict__ logits, const uint8_t* __restrict__ presence,
                                    const int64_t* __restrict__ rows, const int32_t* __restrict__ fin,
@@ -32,62 +80,61 @@ __global__ void chunk_stats_kernel(const T* __restrict__ logits, const uint8_t* 
   if (fin[b]) return;
   const RowView<T> row = row_view(logits, presence, rows, P, b);
   const int64_t v0 = c * P.chunk, v1 = min(P.V, v0 + P.chunk);
-  float m_raw = -INFINITY, s_raw = 0.f, m_w = -INFINITY, s_w = 0.f, bv = -INFINITY;
-  int64_t bi = INT64_MAX;
-  for (int64_t v = v0 + threadIdx.x; v < v1; v += THREADS) {
-    merge_softmax(m_raw, s_raw, row.raw(v) / P.temperature, 1.f);
-    const float w = row.work(v);
-    if (P.do_sample) {
-      if (w != -INFINITY) merge_softmax(m_w, s_w, w / P.temperature, 1.f);
-    } else if (ppo_cuda::better(w, v, bv, bi)) {
-      bv = w;
-      bi = v;
+  const bool same = row.presence == nullptr && P.n_suppress == 0;  // work == raw
+  Stats st{-INFINITY, 0.f, -INFINITY, 0.f, -INFINITY, INT64_MAX};
+  for_each_entry(row, v0, v1, [&](int64_t v, float x, bool live) {
+    if (!live) return;
+    add_softmax(st.m_raw, st.s_raw, x * P.inv_t);
+    const float w = same ? x : row.work_of(v, x);
+    if (!P.do_sample) {
+      if (ppo_cuda::better(w, v, st.bv, st.bi)) st.bv = w, st.bi = v;
+    } else if (!same) {
+      add_softmax(st.m_w, st.s_w, w * P.inv_t);
     }
-  }
-  const float M_raw = ppo_cuda::block_max(m_raw);
-  const float S_raw = ppo_cuda::block_sum(m_raw == -INFINITY ? 0.f : s_raw * __expf(m_raw - M_raw));
-  const float M_w = ppo_cuda::block_max(m_w);
-  const float S_w = ppo_cuda::block_sum(m_w == -INFINITY ? 0.f : s_w * __expf(m_w - M_w));
-  const ppo_cuda::ArgBest best = ppo_cuda::block_argbest(bv, bi);
-  if (threadIdx.x == 0) W.stats[b * P.nblk + c] = ChunkStats{M_raw, S_raw, M_w, S_w, best.v, 0, best.i};
+  });
+  if (P.do_sample && same) st.m_w = st.m_raw, st.s_w = st.s_raw;
+  st = block_stats(st);
+  if (threadIdx.x == 0) W.stats[b * P.nblk + c] = ChunkStats{st.m_raw, st.s_raw, st.m_w, st.s_w, st.bv, 0, st.bi};
 }
 
-// One thread per row: merges the chunk statistics; writes finished and greedy rows' outputs.
+constexpr int ROWS_PER_BEGIN_BLOCK = 4;  // row_begin: one warp per row
+
+// One warp per row: merges the chunk statistics (a lane per chunk); writes finished and greedy
+// rows' outputs and the sampler's row state.
 template <typename T>
 __global__ void row_begin_kernel(const T* __restrict__ logits, const int64_t* __restrict__ rows,
                                  const float* __restrict__ uniforms, const int32_t* __restrict__ fin,
                                  int64_t* __restrict__ tokens, float* __restrict__ logprobs,
                                  const __grid_constant__ Params P, Work W) {
-  const int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t b = blockIdx.x * static_cast<int64_t>(ROWS_PER_BEGIN_BLOCK) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
   if (b >= P.B) return;
   RowState s{};
   if (fin[b]) {
-    tokens[b] = P.pad_id;
-    logprobs[b] = 0.f;
-    s.done = 1;
-    W.rows[b] = s;
+    if (lane == 0) {
+      tokens[b] = P.pad_id;
+      logprobs[b] = 0.f;
+      s.done = 1;
+      W.rows[b] = s;
+    }
     return;
   }
-  float m_raw = -INFINITY, s_raw = 0.f, m_w = -INFINITY, s_w = 0.f, bv = -INFINITY;
-  int64_t bi = INT64_MAX;
-  for (int64_t c = 0; c < P.nblk; ++c) {
+  Stats st{-INFINITY, 0.f, -INFINITY, 0.f, -INFINITY, INT64_MAX};
+  for (int64_t c = lane; c < P.nblk; c += 32) {
     const ChunkStats cs = W.stats[b * P.nblk + c];
-    merge_softmax(m_raw, s_raw, cs.m_raw, cs.s_raw);
-    merge_softmax(m_w, s_w, cs.m_work, cs.s_work);
-    if (ppo_cuda::better(cs.best_v, cs.best_i, bv, bi)) {
-      bv = cs.best_v;
-      bi = cs.best_i;
-    }
+    merge_stats(st, Stats{cs.m_raw, cs.s_raw, cs.m_work, cs.s_work, cs.best_v, cs.best_i});
   }
-  s.lse = m_raw + logf(s_raw);
-  s.mw = m_w;
-  s.z = s_w;
+  st = warp_stats(st);
+  if (lane != 0) return;
+  s.lse = st.m_raw + logf(st.s_raw);
+  s.mw = st.m_w;
+  s.inv_z = 1.f / st.s_w;
   s.u = uniforms[P.step * P.B0 + rows[b]];
   s.kind = P.use_top_k ? KIND_TOPK : KIND_TOPP;
   if (!P.do_sample) {
-    const int64_t t = bi == INT64_MAX ? 0 : bi;
+    const int64_t t = st.bi == INT64_MAX ? 0 : st.bi;
     tokens[b] = t;
-    logprobs[b] = RowView<T>{logits, nullptr, &P, b}.raw(t) / P.temperature - s.lse;
+    logprobs[b] = RowView<T>{logits, nullptr, &P, b}.raw(t) * P.inv_t - s.lse;
     s.done = 1;
   }
   W.rows[b] = s;
@@ -104,12 +151,33 @@ __global__ void chunk_weight_kernel(const T* __restrict__ logits, const uint8_t*
   const RowView<T> row = row_view(logits, presence, rows, P, b);
   const int64_t v0 = c * P.chunk, v1 = min(P.V, v0 + P.chunk);
   u64 sum = 0;
-  for (int64_t v = v0 + threadIdx.x; v < v1; v += THREADS) {
-    const uint32_t key = prob_key(row.work(v), P.temperature, s.mw, s.z);
+  for_each_entry(row, v0, v1, [&](int64_t v, float x, bool live) {
+    if (!live) return;
+    const uint32_t key = prob_key(row.work_of(v, x), P.inv_t, s.mw, s.inv_z);
     sum += TIE ? (key == s.pick_key ? 1ull : 0ull) : key_mass(key);
-  }
+  });
   const u64 excl = block_exclusive_scan(sum, false);
   if (threadIdx.x == THREADS - 1) W.chunk_w[b * P.nblk + c] = excl + sum;
+}
+
+// Calls f(v, x) for v = a0..a1-1 in order (x the raw logit) until it returns true; 16-byte loads
+// with P.vec (a0 a multiple of 8).
+template <typename T, typename F>
+__device__ __forceinline__ void segment_entries(const RowView<T>& row, int64_t a0, int64_t a1, F&& f) {
+  constexpr int N = 16 / sizeof(T);
+  if (!row.P->vec) {
+    for (int64_t v = a0; v < a1; ++v)
+      if (f(v, row.raw(v))) return;
+    return;
+  }
+  const T* base = row.logits + row.b * row.P->V;
+  for (int64_t v = a0; v < a1; v += N) {
+    const int4 raw = *reinterpret_cast<const int4*>(base + v);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      if (v + i < a1 && f(v + i, ppo_cuda::to_f(e[i]))) return;
+  }
 }
 
 // Per row: the first id whose cumulative weight (id order) exceeds the target: u * total mass
@@ -145,30 +213,30 @@ __global__ void pick_kernel(const T* __restrict__ logits, const uint8_t* __restr
   if (chunk >= 0) {
     const RowView<T> row = row_view(logits, presence, rows, P, b);
     const int64_t v0 = chunk * P.chunk, v1 = min(P.V, v0 + P.chunk);
-    const int64_t seg = (v1 - v0 + THREADS - 1) / THREADS;
+    const int64_t seg = ((v1 - v0 + THREADS - 1) / THREADS + 7) / 8 * 8;  // 16-byte aligned segments
     const int64_t a0 = min(v1, v0 + threadIdx.x * seg), a1 = min(v1, a0 + seg);
-    auto weight = [&](int64_t v) -> u64 {
-      const uint32_t key = prob_key(row.work(v), P.temperature, s.mw, s.z);
+    auto weight = [&](int64_t v, float x) -> u64 {
+      const uint32_t key = prob_key(row.work_of(v, x), P.inv_t, s.mw, s.inv_z);
       return TIE ? (key == s.pick_key ? 1ull : 0ull) : key_mass(key);
     };
     u64 sum = 0;
-    for (int64_t v = a0; v < a1; ++v) sum += weight(v);
+    segment_entries(row, a0, a1, [&](int64_t v, float x) {
+      sum += weight(v, x);
+      return false;
+    });
     u64 run = block_exclusive_scan(sum, false);
-    if (run <= rem && rem < run + sum) {  // exactly one thread: the integer ranges partition the chunk
-      for (int64_t v = a0; v < a1; ++v) {
-        run += weight(v);
-        if (run > rem) {
-          picked = v;
-          break;
-        }
-      }
-    }
+    if (run <= rem && rem < run + sum)  // exactly one thread: the integer ranges partition the chunk
+      segment_entries(row, a0, a1, [&](int64_t v, float x) {
+        run += weight(v, x);
+        if (run > rem) picked = v;
+        return run > rem;
+      });
   }
   __syncthreads();
   if (threadIdx.x == 0) {
     const int64_t t = picked >= 0 ? picked : 0;  // -1 only when every probability is 0
     tokens[b] = t;
-    logprobs[b] = RowView<T>{logits, nullptr, &P, b}.raw(t) / P.temperature - s.lse;
+    logprobs[b] = RowView<T>{logits, nullptr, &P, b}.raw(t) * P.inv_t - s.lse;
   }
 }
 
@@ -182,11 +250,13 @@ int64_t n_searches(const Params& P) { return (P.use_top_k ? 1 : 0) + (P.use_top_
 
 template <typename T>
 int launch(const T* logits, const uint8_t* presence, const int64_t* rows, const float* uniforms,
-           const int32_t* fin, int64_t* tokens, float* logprobs, const Params& P, Work W, cudaStream_t stream) {
+           const int32_t* fin, int64_t* tokens, float* logprobs, Params P, Work W, cudaStream_t stream) {
+  P.vec = !P.cols && reinterpret_cast<uintptr_t>(logits) % 16 == 0 && (P.V * sizeof(T)) % 16 == 0;
   const dim3 grid(static_cast<unsigned>(P.B), static_cast<unsigned>(P.nblk));
-  const unsigned row_blocks = static_cast<unsigned>((P.B + 127) / 128);
+  const unsigned row_blocks = static_cast<unsigned>((P.B + ROWS_PER_BEGIN_BLOCK - 1) / ROWS_PER_BEGIN_BLOCK);
   chunk_stats_kernel<T><<<grid, THREADS, 0, stream>>>(logits, presence, rows, fin, P, W);
-  row_begin_kernel<T><<<row_blocks, 128, 0, stream>>>(logits, rows, uniforms, fin, tokens, logprobs, P, W);
+  row_begin_kernel<T><<<row_blocks, 32 * ROWS_PER_BEGIN_BLOCK, 0, stream>>>(logits, rows, uniforms, fin, tokens,
+                                                                            logprobs, P, W);
   if (!P.do_sample) return ppo_cuda::status(cudaGetLastError());
   if (!P.use_top_k && !P.use_top_p) {
     chunk_weight_kernel<T, false><<<grid, THREADS, 0, stream>>>(logits, presence, rows, P, W);
@@ -222,6 +292,8 @@ bool make_params(Params& P, int64_t B, int64_t V, int64_t B0, int64_t step, floa
   P.top_k = top_k;
   P.pad_id = pad_id;
   P.temperature = temperature;
+  P.inv_t = 1.f / temperature;
+  P.vec = false;  // set per dtype by launch
   P.top_p = top_p;
   P.penalty = penalty;
   P.do_sample = do_sample != 0;

@@ -24,7 +24,8 @@ inline int64_t blocks_per_row(int64_t V) {
   const int64_t n = (V + CHUNK_TARGET - 1) / CHUNK_TARGET;
   return n < 1 ? 1 : (n > MAX_BLOCKS_PER_ROW ? MAX_BLOCKS_PER_ROW : n);
 }
-inline int64_t chunk_size(int64_t V) { return (V + blocks_per_row(V) - 1) / blocks_per_row(V); }
+// A multiple of 8 entries (a chunk starts on a 16-byte boundary of a row), at most MAX_CHUNK.
+inline int64_t chunk_size(int64_t V) { return ((V + blocks_per_row(V) - 1) / blocks_per_row(V) + 7) / 8 * 8; }
 
 __host__ __device__ constexpr int level_shift(int level) { return level == 0 ? 20 : (level == 1 ? 10 : 0); }
 __host__ __device__ constexpr int level_bits(int level) { return level == 0 ? 11 : 10; }
@@ -33,7 +34,7 @@ enum Kind : int32_t { KIND_TOPK = 0, KIND_TOPP = 1, KIND_DRAW = 2 };
 
 // Per-row state of the sampler, carried between its kernels.
 struct RowState {
-  float lse, mw, z, u;  // log-sum-exp of raw/T; max of work/T; sum exp(work/T - mw); the uniform
+  float lse, mw, inv_z, u;  // log-sum-exp of raw/T; max of work/T; 1 / sum exp(work/T - mw); the uniform
   int32_t done, kind;      // token written (or finished row); the current search (Kind)
   int32_t idle, pad;       // levels of the current search to skip (it ended at its first level)
   uint32_t prefix, lo_key, pick_key, pad2;  // key bits fixed so far; set floor; tie key to pick
@@ -82,8 +83,9 @@ inline Work carve(void* base, int64_t B, int64_t V) {
 
 struct Params {
   int64_t V, B, B0, step, top_k, pad_id, n_suppress, nblk, chunk;
-  float temperature, top_p, penalty;
+  float temperature, inv_t, top_p, penalty;  // inv_t = 1 / temperature: every kernel scales by it
   bool do_sample, use_penalty, cols, use_top_k, use_top_p;
+  bool vec;  // rows layout, aligned, rows of a multiple of 16 bytes: 16-byte loads of 16 / sizeof(T) entries
   int64_t suppress[MAX_SUPPRESS];
 };
 
@@ -97,8 +99,9 @@ struct RowView {
   __device__ float raw(int64_t v) const {
     return ppo_cuda::to_f(logits[P->cols ? v * P->B + b : b * P->V + v]);
   }
-  __device__ float work(int64_t v) const {
-    float x = raw(v);
+  __device__ float work(int64_t v) const { return work_of(v, raw(v)); }
+  // the penalised, suppressed logit of entry v whose raw logit is x
+  __device__ float work_of(int64_t v, float x) const {
     if (presence && presence[v]) x = x > 0.f ? x / P->penalty : x * P->penalty;
     for (int64_t s = 0; s < P->n_suppress; ++s)
       if (P->suppress[s] == v) x = -INFINITY;
@@ -106,12 +109,39 @@ struct RowView {
   }
 };
 
-// p = exp(work/T - mw) / z as its float bits (a non-negative float orders like its bits); the
-// same explicit roundings everywhere, so every kernel computes the same key for an entry.
-__device__ __forceinline__ uint32_t prob_key(float w, float T, float mw, float z) {
+// Calls f(v, x, live) for the entries v0..v1-1 of row b that this thread owns (x its raw logit);
+// every lane of a warp makes the same number of calls (live false on the calls past the range),
+// so f may use warp-wide intrinsics. With P.vec each lane reads 16 / sizeof(T) adjacent entries
+// with one 16-byte load (v0 is a multiple of 8: chunk_size); otherwise one entry per call.
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_entry(const RowView<T>& row, int64_t v0, int64_t v1, F&& f) {
+  constexpr int N = 16 / sizeof(T);
+  if (row.P->vec) {
+    const T* base = row.logits + row.b * row.P->V;
+    const int64_t nv = (v1 - v0 + N - 1) / N;  // the last vector may be partial
+#pragma unroll 2
+    for (int64_t k0 = 0; k0 < nv; k0 += THREADS) {
+      const int64_t k = k0 + threadIdx.x, v = v0 + k * N;
+      int4 raw = make_int4(0, 0, 0, 0);
+      if (k < nv) raw = *reinterpret_cast<const int4*>(base + v);  // v + N <= V: V * sizeof(T) % 16 == 0
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < N; ++i) f(v + i, ppo_cuda::to_f(e[i]), k < nv && v + i < v1);
+    }
+    return;
+  }
+  for (int64_t v0t = v0; v0t < v1; v0t += THREADS) {
+    const int64_t v = v0t + threadIdx.x;
+    f(v, v < v1 ? row.raw(v) : 0.f, v < v1);
+  }
+}
+
+// p = exp(work/T - mw) / z as its float bits (a non-negative float orders like its bits), as
+// exp(w * inv_t - mw) * inv_z: the same operations in every kernel, so each computes the same
+// key for an entry (mw = max of w * inv_t over the row, so the largest entry's p is exactly 1).
+__device__ __forceinline__ uint32_t prob_key(float w, float inv_t, float mw, float inv_z) {
   if (w == -INFINITY) return 0u;
-  const float p = __fdiv_rn(__expf(__fsub_rn(__fdiv_rn(w, T), mw)), z);
-  return __float_as_uint(p);
+  return __float_as_uint(__expf(w * inv_t - mw) * inv_z);
 }
 // p * 2^47 is exact in float (a power-of-two scale of p <= 1), truncated to an integer.
 __device__ __forceinline__ unsigned long long key_mass(uint32_t key) {
