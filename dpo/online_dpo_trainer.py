@@ -83,7 +83,7 @@ class OnlineDPOTrainer:
         self.optimizer = build_optimizer(self.policy, self.scheduler, args.weight_decay, args.max_grad_norm, args.adam_beta1,
                                          args.adam_beta2, args.adam_epsilon, fused=args.use_fused_adamw)
         self.engine = RolloutEngine(self.policy, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                                    use_rollout_engine=args.use_fusemt)
+                                    use_rollout_engine=args.use_fusemt, kernels=args.rollout_kernels)
         self.sampling = SamplingParams(max_new_tokens=args.max_dec_len, min_new_tokens=args.min_dec_len,
                                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                        repetition_penalty=args.repetition_penalty, do_sample=True)

@@ -71,7 +71,7 @@ class PPOTrainer(ExperienceMaking, LagrangeStep, PolicyUpdate, TrainingLoop):
         )
         self.engine = RolloutEngine(
             self.passes.generation_model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-            use_rollout_engine=args.use_fusemt, keep_tensor_parallel=args.keep_tensor_parallel,
+            use_rollout_engine=args.use_fusemt, kernels=args.rollout_kernels, keep_tensor_parallel=args.keep_tensor_parallel,
             max_num_seqs=args.rollout_max_num_seqs,
         )
         self.sampling = SamplingParams(

@@ -71,7 +71,7 @@ def test_greedy_matches_paddlenlp_generate(shaped, backend):
                              pad_token_id=tok.pad_token_id)[0].numpy()
     kw = {"decode_layout": "cols"} if backend == "custom_cols" else {}
     eng = RolloutEngine(model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                        use_custom_ops=backend != "paddle", **kw)
+                        kernels="paddle" if backend == "paddle" else "custom", **kw)
     assert eng.backend == backend.replace("_cols", "")
     out = eng.generate(ids, mask, SamplingParams(max_new_tokens=NEW_TOKENS, min_new_tokens=0, do_sample=False))
     got, lens = out.response_ids.numpy(), out.response_lengths.numpy()

@@ -78,7 +78,7 @@ def _engine(model, backend, **kw):
     (compiled ops, the transposed decode layout used on CPU for hidden >= 384), "paddle" (fallback)."""
     if backend == "custom_cols":
         kw.setdefault("decode_layout", "cols")
-    eng = RolloutEngine(model, eos_token_id=EOS, pad_token_id=PAD, use_custom_ops=backend != "paddle", **kw)
+    eng = RolloutEngine(model, eos_token_id=EOS, pad_token_id=PAD, kernels="paddle" if backend == "paddle" else "custom", **kw)
     assert eng.backend == backend.replace("_cols", "")
     return eng
 

@@ -13,6 +13,7 @@ from paddlenlp.trainer import TrainingArguments
 
 from ..models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE
 from ..models.loading import DEFAULT_LORA_TARGETS
+from ..rollout.ops import KERNEL_MODES
 from .argument_problems import PADDLENLP_REFUSALS, paddlenlp_refusal, problem_scope, report_problems
 
 RECOMPUTE_GRANULARITIES = ("full", "full_attn", "core_attn")
@@ -205,6 +206,23 @@ class RolloutArguments:
     dataloader_shuffle: bool = field(
         default=True, metadata={"help": "Draw the prompts of each epoch in a seeded random order (False: file order)."}
     )
+    rollout_kernels: str = field(
+        default="auto",
+        metadata={"help": "Kernels of the rollout engine (use_fusemt true): auto = the compiled ones of csrc/, each first run "
+                  "once on a small fixed input against Paddle's plain ops on the model's device and dtype, with the pure-Paddle "
+                  "path (ppo/rollout/fallback.py) for any that disagrees, raises or gives NaN (one warning names it); "
+                  "custom = the compiled kernels unchecked (an error when they are not built); paddle = the pure-Paddle "
+                  "path for every op."},
+    )
+
+    def __post_init__(self):
+        with problem_scope() as problems:
+            super().__post_init__()
+            if self.rollout_kernels not in KERNEL_MODES:
+                problems.append(f"rollout_kernels must be one of {KERNEL_MODES}, got {self.rollout_kernels!r}")
+            elif self.rollout_kernels != "auto" and not getattr(self, "use_fusemt", True):
+                problems.append(f"rollout_kernels {self.rollout_kernels} picks the rollout engine's kernels, and use_fusemt "
+                                "false generates with PaddleNLP's generate instead: set use_fusemt true or rollout_kernels auto")
 
 
 @dataclass

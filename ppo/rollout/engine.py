@@ -15,8 +15,8 @@ One `generate()` call:
 
 The per-step work is a handful of kernels (ops.py, compiled from csrc/): RMSNorm (+ residual
 add), SwiGLU, attention over the cache (RoPE and the in-place K/V write included), sampling,
-bookkeeping; and paddle.matmul for every projection (MKL on CPU, cuBLAS on GPU). On CPU
-everything is float32, and models with hidden size >= 384 decode in the transposed "cols"
+bookkeeping; and paddle.matmul for every projection (MKL on CPU, cuBLAS on GPU); which of
+them run compiled is `kernels` (ops.py, kernel_check.py). On CPU everything is float32, and models with hidden size >= 384 decode in the transposed "cols"
 layout (weights packed [out, in] once per call, see weights.py).
 
 `use_rollout_engine=False` (the run argument `use_fusemt false`, PaddleNLP's name for its
@@ -35,7 +35,7 @@ import paddle.nn.functional as F
 from .ops import get_ops
 from .paddlenlp_path import generate_with_paddlenlp
 from .params import RolloutOutput, SamplingParams, merge_outputs
-from .weights import _decoder, extract_weights, rotary_tables, unwrap_model
+from .weights import _decoder, compute_dtype_of, extract_weights, rotary_tables, unwrap_model
 
 logger = logging.getLogger("ppo.rollout")
 
@@ -73,7 +73,9 @@ class RolloutEngine:
         eos_token_id, pad_token_id: ids; pad should differ from eos (masks come from lengths anyway).
         use_rollout_engine: True (default) decodes with this engine's loop and kernels; False calls
             PaddleNLP `generate` instead (the run argument `use_fusemt`).
-        use_custom_ops: False forces the pure-Paddle kernels even when the compiled ops exist.
+        kernels: the run argument `rollout_kernels` (ops.py): "auto" (default) checks each compiled
+            kernel once on the model's device and dtype (here, and again if the model moves) and
+            runs the pure-Paddle twin of any that fails; "custom" unchecked; "paddle" no kernels.
         fuse_gate_up: concatenate gate/up weights once per call (one matmul instead of two) in
             the "rows" layout. None (default): only when hidden_size <= 256. ("cols" always fuses.)
         decode_layout: "cols" = every matrix packed transposed once per call and the decode step
@@ -94,7 +96,7 @@ class RolloutEngine:
             "rows" layout. Every rank draws the same tokens. No effect without tensor parallel.
     """
 
-    def __init__(self, model, eos_token_id, pad_token_id, use_rollout_engine=True, use_custom_ops=True, fuse_gate_up=None,
+    def __init__(self, model, eos_token_id, pad_token_id, use_rollout_engine=True, kernels="auto", fuse_gate_up=None,
                  tokenizer=None, compact_ratio=0.5, decode_layout="auto", keep_buffers=True,
                  keep_tensor_parallel=False, max_num_seqs=-1):
         self.sharded = bool(keep_tensor_parallel)
@@ -104,7 +106,9 @@ class RolloutEngine:
         self.use_rollout_engine = bool(use_rollout_engine)
         self.tokenizer = tokenizer
         self.compact_ratio = float(compact_ratio)
-        self.ops = get_ops(prefer_custom=use_custom_ops) if self.use_rollout_engine else None
+        self.kernels, self.ops, self._ops_where = kernels, None, None
+        if self.use_rollout_engine:
+            self._select_ops(unwrap_model(model))
         self.fuse_gate_up = fuse_gate_up
         if decode_layout not in ("auto", "rows", "cols"):
             raise ValueError("decode_layout must be 'auto', 'rows' or 'cols'")
@@ -176,6 +180,15 @@ class RolloutEngine:
                 lm.train()
 
     # ------------------------------------------------------------------ engine path
+    def _select_ops(self, lm):
+        """The op set of `kernels` for where `lm` computes now (its embedding's place; float32 on
+        CPU, else its dtype); "auto" checks the kernels there once per process."""
+        embed = _decoder(lm).embed_tokens.weight
+        where = (str(embed.place), compute_dtype_of(embed))
+        if where != self._ops_where:
+            self.ops, self._ops_where = get_ops(self.kernels, embed.place, where[1]), where
+        return self.ops
+
     def _gate_up_fused(self, lm):
         if self.fuse_gate_up is not None:
             return bool(self.fuse_gate_up)
@@ -289,7 +302,7 @@ class RolloutEngine:
     def _generate_engine(self, lm, input_ids, attention_mask, p, draw, stop_ids, stop_seqs):
         """`draw`: `(seed, row_offset, total_rows)` of the uniforms (see `generate`)."""
         t_start = time.perf_counter()
-        ops = self.ops
+        ops = self._select_ops(lm)
         layout = self._layout(lm, input_ids.place)
         W = extract_weights(lm, fuse_gate_up=self._gate_up_fused(lm), layout=layout,
                             pack_transposed=ops.pack_transposed,

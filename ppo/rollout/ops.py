@@ -1,9 +1,17 @@
 """The rollout engine's op set: the compiled kernels of csrc/ or their pure-Paddle twins (fallback.py).
 
-`get_ops()` returns an object with the seven rollout ops as methods. With the compiled library
-loaded (`ppo.kernels`, built by `python csrc/build_ops.py`) the methods call the C++/CUDA
-kernels; otherwise they call the pure-Paddle implementations and ONE warning says so (the
-engine is then slower, never silently).
+`get_ops(kernels, place, dtype)` returns an object with the seven rollout ops (`ROLLOUT_OPS`) as
+methods, chosen by the run argument `rollout_kernels` (`KERNEL_MODES`):
+
+- "paddle": the pure-Paddle twins for every op (`FallbackOps`);
+- "custom": the compiled C++/CUDA kernels (`CustomOps`), unchecked; an error when the library
+  cannot be loaded;
+- "auto" (default): the compiled kernels, each first run once on small fixed inputs against
+  Paddle's plain ops (kernel_check.py); an op whose kernel disagrees, raises or gives NaN runs
+  its pure-Paddle twin instead (`MixedOps`), with one warning naming it.
+
+Without the compiled library (`ppo.kernels`, built by `python csrc/build_ops.py`) "auto" runs the
+pure-Paddle twins and ONE warning says so (the engine is then slower, never silently).
 """
 import logging
 
@@ -11,6 +19,9 @@ from ..kernels import ops_available, unavailable_reason
 from . import fallback
 
 logger = logging.getLogger("ppo.rollout")
+
+KERNEL_MODES = ("auto", "custom", "paddle")
+ROLLOUT_OPS = ("rms_norm", "add_rms_norm", "swiglu", "pack_transposed", "attention", "sample", "update")
 
 _noticed = {"fallback": False}
 
@@ -73,16 +84,44 @@ class FallbackOps:
     update = staticmethod(fallback.update)
 
 
-def get_ops(prefer_custom=True):
-    """CustomOps when the library is loaded, else FallbackOps (with one logged notice)."""
-    if prefer_custom and ops_available():
-        return CustomOps()
-    if prefer_custom and not _noticed["fallback"]:
-        _noticed["fallback"] = True
-        logger.warning(
-            "ppo.rollout: custom ops unavailable (%s); the rollout engine runs its pure-Paddle fallback, "
-            "which is slower. Build them with `python csrc/build_ops.py`.",
-            unavailable_reason(),
-        )
-    return FallbackOps()
+class MixedOps:
+    """Per-op choice: the compiled kernel of every op in `ROLLOUT_OPS` except those named in
+    `fallback_ops`, which run their pure-Paddle twins (the ops whose kernel failed its check)."""
 
+    name = "mixed"
+
+    def __init__(self, custom, fallback_ops):
+        self.fallback_ops = tuple(op for op in ROLLOUT_OPS if op in fallback_ops)
+        for op in ROLLOUT_OPS:
+            setattr(self, op, getattr(FallbackOps, op) if op in self.fallback_ops else getattr(custom, op))
+
+
+def get_ops(kernels="auto", place=None, dtype="float32"):
+    """The op set for `rollout_kernels` = `kernels` (see the module docstring). "auto" checks the
+    kernels where the engine runs them: on `place` (None: Paddle's current device) in `dtype`
+    (the engine's compute dtype), once per process for each (kernel set, place, dtype)."""
+    if kernels not in KERNEL_MODES:
+        raise ValueError(f"rollout_kernels must be one of {KERNEL_MODES}, got {kernels!r}")
+    if kernels == "paddle":
+        return FallbackOps()
+    if not ops_available():
+        if kernels == "custom":
+            raise RuntimeError(f"rollout_kernels custom: the compiled rollout ops cannot be used ({unavailable_reason()}); "
+                               "build them with `python csrc/build_ops.py` or set rollout_kernels auto or paddle")
+        if not _noticed["fallback"]:
+            _noticed["fallback"] = True
+            logger.warning(
+                "ppo.rollout: custom ops unavailable (%s); the rollout engine runs its pure-Paddle fallback, "
+                "which is slower. Build them with `python csrc/build_ops.py`.",
+                unavailable_reason(),
+            )
+        return FallbackOps()
+    custom = CustomOps()
+    if kernels == "custom":
+        return custom
+    from .kernel_check import failed_kernels
+
+    failed = failed_kernels(custom, place, dtype)
+    if not failed:
+        return custom
+    return FallbackOps() if len(failed) == len(ROLLOUT_OPS) else MixedOps(custom, failed)

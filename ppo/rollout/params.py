@@ -75,8 +75,9 @@ class RolloutOutput:
     """[B, Tp + Tr] int64: the prompt's attention mask followed by response_mask -- what the
     trainer's forward over `sequences` needs (position ids = cumsum(mask) - 1)."""
     """tokens (generated, summed over rows), decode_steps, prefill_s (weights, caches and the prompt
-    pass), wall_s, tokens_per_s (tokens / wall_s), backend ("custom", "paddle" or
-    "paddlenlp_generate"; the last also reports generate_s, the time before the log-prob pass)."""
+    pass), wall_s, tokens_per_s (tokens / wall_s), backend ("custom", "mixed" (compiled kernels but
+    for those that failed their start-up check, see ops.py), "paddle" or "paddlenlp_generate"; the
+    last also reports generate_s, the time before the log-prob pass)."""
 
 
 def merge_outputs(parts, pad_token_id):

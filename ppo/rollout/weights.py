@@ -283,6 +283,12 @@ def _lm_head_weights(lm, tp, packer, shard):
     return lm_w, transposed, vocab
 
 
+def compute_dtype_of(weight):
+    """The dtype the engine computes in for a model whose embedding is `weight`: float32 on CPU
+    (the CPU kernels' dtype), the model's own dtype on other devices."""
+    return "float32" if weight.place.is_cpu_place() else str(weight.dtype).replace("paddle.", "")
+
+
 def extract_weights(model, fuse_gate_up=False, compute_dtype=None, layout="rows", pack_transposed=None,
                     workspace=None, sharded=False):
     """Collect the weights for one generate() call (see module docstring). layout "cols" needs
@@ -305,7 +311,7 @@ def extract_weights(model, fuse_gate_up=False, compute_dtype=None, layout="rows"
     shard, nh, nkv = _sharded_heads(cfg, lm, dec, tp, nh, nkv, cols)
     embed = tp.weight(dec.embed_tokens)
     if compute_dtype is None:
-        compute_dtype = "float32" if embed.place.is_cpu_place() else str(embed.dtype).replace("paddle.", "")
+        compute_dtype = compute_dtype_of(embed)
     packer = _Packer(compute_dtype, cols, pack_transposed, workspace)
     layers = [_layer_weights(layer, tp, packer, fuse_gate_up) for layer in dec.layers]
     lm_w, transposed, vocab = _lm_head_weights(lm, tp, packer, shard)
