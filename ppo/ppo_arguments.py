@@ -19,6 +19,7 @@ from .common.argument_groups import (
     LogprobArguments,
     ModelCommonArguments,
     PaddleNLPTrainingArguments,
+    PromptFieldArguments,
     RolloutArguments,
     RolloutLoopArguments,
     default_override,
@@ -102,15 +103,13 @@ class ModelArgument(ModelCommonArguments):
 
 
 @dataclass
-class DataArgument(DatasetArguments):
+class DataArgument(PromptFieldArguments, DatasetArguments):
     ptx_datasets: List[str] = field(default_factory=list, metadata={"help": "Supervised datasets for the ptx loss."})
     max_prompt_len: int = field(
         default=256,
         metadata={"help": "Prompts longer than this many tokens are dropped, not truncated (verl's filter_overlong_prompts; "
                   "SFT and the DPO family truncate with truncate_prompt_len instead)."},
     )
-    prompt_key: str = field(default="src", metadata={"help": "Jsonfile key of the prompt (PaddleNLP name; src)."})
-    response_key: str = field(default="tgt", metadata={"help": "Jsonfile key of the reference answer (PaddleNLP name; tgt)."})
 
 
 @dataclass
