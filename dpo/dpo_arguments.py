@@ -63,7 +63,7 @@ class DPOTrainingArguments(DivergenceArguments, LogprobArguments, EvalGeneration
     )
     dpop_lambda: float = field(default=50.0, metadata={"help": "dpop: weight of the penalty max(0, ref_c - pi_c) (PaddleNLP default 50)."})
     rdpo_alpha: float = field(
-        default=0.01, metadata={"help": "rdpo: weight alpha of the length difference |y_chosen| - |y_rejected| (tokens)."}
+        default=0.01, metadata={"help": "rdpo: alpha in -log s(beta h + alpha (|y_chosen| - |y_rejected|)), lengths in tokens."}
     )
     reference_free: bool = field(
         default=False, metadata={"help": "sigmoid/ipo/hinge against a uniform reference (log-probs 0): no reference model."}

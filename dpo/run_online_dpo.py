@@ -42,7 +42,7 @@ logger = logging.getLogger("dpo.online")
 def build_datasets(data_args, training_args, tokenizer, require_label):
     """Train prompts (each with its reference answer when a server or rule scores against it)
     and eval prompts."""
-    common = data_args.dataset_kwargs(tokenizer, training_args.seed)
+    common = dict(data_args.dataset_kwargs(tokenizer, training_args.seed), **data_args.prompt_field_keys())
     train = PromptOnlyDataset(split_specs(data_args.train_datasets), max_prompt_len=data_args.max_prompt_len,
                               require_label=require_label, **common)
     eval_specs = split_specs(data_args.eval_datasets)

@@ -19,6 +19,7 @@ from .common.argument_groups import (
     LogprobArguments,
     ModelCommonArguments,
     PaddleNLPTrainingArguments,
+    PromptFieldArguments,
     RolloutArguments,
     RolloutLoopArguments,
     default_override,
@@ -102,15 +103,13 @@ class ModelArgument(ModelCommonArguments):
 
 
 @dataclass
-class DataArgument(DatasetArguments):
+class DataArgument(PromptFieldArguments, DatasetArguments):
     ptx_datasets: List[str] = field(default_factory=list, metadata={"help": "Supervised datasets for the ptx loss."})
     max_prompt_len: int = field(
         default=256,
         metadata={"help": "Prompts longer than this many tokens are dropped, not truncated (verl's filter_overlong_prompts; "
                   "SFT and the DPO family truncate with truncate_prompt_len instead)."},
     )
-    prompt_key: str = field(default="src", metadata={"help": "Jsonfile key of the prompt (PaddleNLP name; src)."})
-    response_key: str = field(default="tgt", metadata={"help": "Jsonfile key of the reference answer (PaddleNLP name; tgt)."})
 
 
 @dataclass
@@ -178,7 +177,11 @@ class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArg
     )
     # reward shaping
     adv_estimator: str = field(default="gae", metadata={"help": f"Advantage estimator: {' | '.join(ADV_ESTIMATORS)}."})
-    kl_coeff: float = field(default=0.02, metadata={"help": "KL penalty coefficient in the per-token reward."})
+    kl_coeff: float = field(
+        default=0.02,
+        metadata={"help": "KL penalty coefficient in the per-token reward (PPO-Lagrangian: also added to the per-token cost, "
+                  "as safe-rlhf)."},
+    )
     kl_estimator: str = field(default="k1", metadata={"help": f"KL estimator in the reward: {' | '.join(KL_ESTIMATOR_NAMES)}."})
     kl_loss_coeff: float = field(default=0.0, metadata={"help": "Weight of the KL term in the policy loss (GRPO)."})
     kl_loss_type: str = field(
@@ -213,14 +216,15 @@ class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArg
     max_gen_batches: int = field(default=4, metadata={"help": "Most rollout batches dynamic sampling draws per step."})
     # PPO-Lagrangian (Safe RLHF; safe-rlhf's names and defaults), with cost_model_name_or_path
     lambda_init: float = field(default=1.0, metadata={"help": "PPO-Lagrangian: initial Lagrange multiplier (> 0; learned as log lambda)."})
-    lambda_lr: float = field(default=0.025, metadata={"help": "PPO-Lagrangian: SGD learning rate of log lambda."})
+    lambda_lr: float = field(default=0.1, metadata={"help": "PPO-Lagrangian: SGD learning rate of log lambda."})
     lambda_max: Optional[float] = field(default=None, metadata={"help": "PPO-Lagrangian: cap on lambda; None: no cap."})
     lambda_update_delay_steps: int = field(
         default=0, metadata={"help": "PPO-Lagrangian: training steps before the multiplier starts to move."}
     )
     episode_cost_window_size: int = field(
         default=128,
-        metadata={"help": "PPO-Lagrangian: the multiplier follows the mean cost of this many latest episodes (of all data ranks)."},
+        metadata={"help": "PPO-Lagrangian: the multiplier follows the mean cost of this many latest episodes of all data ranks "
+                  "together (safe-rlhf: this many per rank; set N times it on N data ranks to match)."},
     )
     threshold: float = field(default=0.0, metadata={"help": "PPO-Lagrangian: the cost budget d in E[cost] <= d."})
     # update

@@ -45,11 +45,13 @@ def build_datasets(data_args, training_args, tokenizer, require_label=False):
     """Train prompts (each with its reference answer when `require_label`: a reward server
     scores against it), eval prompts and ptx data."""
     common = data_args.dataset_kwargs(tokenizer, training_args.seed)
+    keys = data_args.prompt_field_keys()  # the prompt data's field names; ptx data keeps its format's
     train = PromptOnlyDataset(
-        split_specs(data_args.train_datasets), max_prompt_len=data_args.max_prompt_len, require_label=require_label, **common
+        split_specs(data_args.train_datasets), max_prompt_len=data_args.max_prompt_len, require_label=require_label, **keys,
+        **common,
     )
     eval_specs = split_specs(data_args.eval_datasets)
-    evaluation = PromptOnlyDataset(eval_specs, max_prompt_len=data_args.max_prompt_len, **common) if eval_specs else None
+    evaluation = PromptOnlyDataset(eval_specs, max_prompt_len=data_args.max_prompt_len, **keys, **common) if eval_specs else None
     ptx_specs = split_specs(data_args.ptx_datasets)
     ptx = SupervisedDataset(ptx_specs, max_length=data_args.max_length, **common) if ptx_specs else None
     return train, evaluation, ptx

@@ -58,14 +58,14 @@ def tiny_model_dir(tmp_path_factory):
     return path
 
 
-def save_score_model(base_dir, path):
-    """A score model on `base_dir`'s causal LM (random head, seed 5) with its tokenizer, saved in `path`."""
+def save_score_model(base_dir, path, seed=5):
+    """A score model on `base_dir`'s causal LM (random head, seed `seed`) with its tokenizer, saved in `path`."""
     import paddle
 
     from ppo.models.loading import load_tokenizer
     from ppo.models.score_model import AutoModelForScore
 
-    paddle.seed(5)
+    paddle.seed(seed)
     AutoModelForScore.from_pretrained(base_dir).save_pretrained(path)
     load_tokenizer(base_dir).save_pretrained(path)
     return path
@@ -75,6 +75,12 @@ def save_score_model(base_dir, path):
 def tiny_rm_dir(tiny_model_dir, tmp_path_factory):
     """A score model on the tiny Llama (random head, seed 5) with its tokenizer."""
     return save_score_model(tiny_model_dir, str(tmp_path_factory.mktemp("tiny_rm")))
+
+
+@pytest.fixture(scope="session")
+def tiny_rm_dir_cost(tiny_model_dir, tmp_path_factory):
+    """A random score model on the tiny Llama (head seed 9) used as a cost model: costs vary by response."""
+    return save_score_model(tiny_model_dir, str(tmp_path_factory.mktemp("random_cost")), seed=9)
 
 
 @pytest.fixture(scope="session")

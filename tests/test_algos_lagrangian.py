@@ -1,9 +1,9 @@
 """Tests for ppo.algos.lagrangian (PPO-Lagrangian, Safe RLHF): the multiplier step, its delay,
-window and clamp, the combined advantage, the half-and-half KL shaping and cost advantages
+window and clamp, the combined advantage, the KL shaping (the full penalty on rewards and costs) and cost advantages
 through the existing GAE.
 
 Checked line by line against safe-rlhf's `safe_rlhf/algorithms/ppo_lag/trainer.py`
-(`PPOLagTrainer`) as published:
+(`PPOLagTrainer`, the main branch; align-anything's `ppo_lag` trainer has the same shaping):
 - `__init__`: `log_lambda = Parameter(log(lambda_init))`, `log_lambda_optimizer = SGD([log_lambda],
   lr=lambda_lr)`, `log_lambda_max = log(lambda_max) if lambda_max else None`,
   `episode_costs = deque(maxlen=episode_cost_window_size)` -> `LagrangeMultiplier.__init__`;
@@ -16,8 +16,10 @@ Checked line by line against safe-rlhf's `safe_rlhf/algorithms/ppo_lag/trainer.p
 - `actor_loss_fn`: `multiplier = log_lambda.exp().item(); advantages = (reward_advantages -
   multiplier * cost_advantages) / (1.0 + multiplier)` -> `combined_advantages`;
 - `add_kl_divergence_regularization`: `kl_penalty_rewards = -kl_coeff * (log_probs -
-  ref_log_probs)`, rewards get `0.5 * kl_penalty_rewards` plus the reward at the end index,
-  costs get `-0.5 * kl_penalty_rewards` plus the cost -> `lagrangian_shaped_rewards`;
+  ref_log_probs)`, rewards get `kl_penalty_rewards` plus the reward at the end index,
+  costs get `-kl_penalty_rewards` plus the cost -> `lagrangian_shaped_rewards` (safe-rlhf then
+  clamps the token rewards and costs to +-clip_range_score; here the score and cost are clipped
+  before they are added);
 - cost advantages and returns: the same `get_advantages_and_returns` (GAE) as the reward's
   -> `gae_advantages_and_returns` on the token costs and the cost critic's values.
 """
@@ -175,12 +177,12 @@ def shaped_example(garbage=0.0):
     lp = t([[-1.0, -2.0, garbage], [-1.0, garbage, garbage]])
     ref = t([[-1.5, -1.7, -garbage], [-1.0, 7 * garbage, garbage]])
     mask = t([[1, 1, 0], [1, 0, 0]], "int64")
-    return lagrangian_shaped_rewards(t([3.0, 20.0]), t([-2.0, 0.5]), lp, ref, mask, 0.2, 10.0)
+    return lagrangian_shaped_rewards(t([3.0, 20.0]), t([-2.0, 0.5]), lp, ref, mask, 0.1, 10.0)
 
 
-def test_half_kl_on_rewards_and_costs_hand_computed():
-    """kl_coeff 0.2, so 0.1 * kl on each side: rewards row 0 = [-0.1*0.5, -0.1*(-0.3) + 3] =
-    [-0.05, 3.03]; costs row 0 = [+0.05, -0.03 - 2] = [0.05, -2.03]; row 1 score clipped 20 -> 10."""
+def test_full_kl_on_rewards_and_costs_hand_computed():
+    """kl_coeff 0.1 on each side: rewards row 0 = [-0.1*0.5, -0.1*(-0.3) + 3] = [-0.05, 3.03];
+    costs row 0 = [+0.05, -0.03 - 2] = [0.05, -2.03]; row 1 score clipped 20 -> 10."""
     rewards, costs, kl = shaped_example()
     np.testing.assert_allclose(rewards.numpy(), [[-0.05, 3.03, 0.0], [10.0, 0.0, 0.0]], rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(costs.numpy(), [[0.05, -2.03, 0.0], [0.5, 0.0, 0.0]], rtol=1e-12, atol=1e-15)
@@ -205,8 +207,8 @@ def test_cost_gae_hand_computed():
 
 def test_kl_weight_in_the_combined_advantage_does_not_depend_on_lambda():
     """GAE is linear in the rewards, so with zero values, gamma = gae_lambda = 1 the combined
-    advantage is that of the token reward -0.5 * kl_coeff * kl + (score - lambda cost) / (1 + lambda)
-    at the last token, for every lambda."""
+    advantage is that of the token reward -kl_coeff * kl + (score - lambda cost) / (1 + lambda)
+    at the last token, for every lambda (kl_coeff 0.1: the KL weight of plain PPO's reward)."""
     rewards, costs, kl = shaped_example()
     mask = t([[1, 1, 0], [1, 0, 0]], "int64")
     zeros = paddle.zeros_like(rewards)
@@ -218,3 +220,33 @@ def test_kl_weight_in_the_combined_advantage_does_not_depend_on_lambda():
         direct = -0.1 * kl + last * end.reshape([-1, 1])
         expect, _ = gae_advantages_and_returns(zeros, direct, mask, 1.0, 1.0)
         np.testing.assert_allclose(combined_advantages(ar, ac, lam).numpy(), expect.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_full_kl_at_half_the_coefficient_is_the_former_half_kl_exactly():
+    """The shipped Safe RLHF configs halved kl_coeff when the shaping moved from half the KL on
+    each side to the full KL: kl_coeff 0.05 now gives bit for bit the token rewards and costs
+    that 0.5 * 0.1 gave (0.5 * 0.1 == 0.05 in binary floating point), e.g. row 0 rewards
+    [-0.05 * 0.5, -0.05 * (-0.3) + 3] = [-0.025, 3.015], costs [0.025, -2.015]."""
+    from ppo.algos.kl import kl_shaped_rewards
+
+    lp, ref = t([[-1.0, -2.0, 0.0], [-1.0, 0.0, 0.0]]), t([[-1.5, -1.7, 0.0], [-1.0, 0.0, 0.0]])
+    mask = t([[1, 1, 0], [1, 0, 0]], "int64")
+    scores, costs = t([3.0, 20.0]), t([-2.0, 0.5])
+    rewards, token_costs, _ = lagrangian_shaped_rewards(scores, costs, lp, ref, mask, 0.05, 10.0)
+    former_rewards, _ = kl_shaped_rewards(scores, lp, ref, mask, 0.5 * 0.1, 10.0)
+    former_costs, _ = kl_shaped_rewards(costs, lp, ref, mask, -0.5 * 0.1, 10.0)
+    np.testing.assert_array_equal(rewards.numpy(), former_rewards.numpy())
+    np.testing.assert_array_equal(token_costs.numpy(), former_costs.numpy())
+    np.testing.assert_allclose(rewards.numpy()[0], [-0.025, 3.015, 0.0], rtol=1e-12)
+    np.testing.assert_allclose(token_costs.numpy()[0], [0.025, -2.015, 0.0], rtol=1e-12)
+
+
+def test_rewards_match_plain_ppo_shaping_at_the_same_coefficient():
+    """safe-rlhf's PPO-Lagrangian reward is plain PPO's KL-shaped reward: the same kl_coeff gives
+    the same token rewards (a safe-rlhf config ported unchanged gets safe-rlhf's KL)."""
+    from ppo.algos.kl import kl_shaped_rewards
+
+    rewards, _, _ = shaped_example()
+    lp, ref = t([[-1.0, -2.0, 0.0], [-1.0, 0.0, 0.0]]), t([[-1.5, -1.7, 0.0], [-1.0, 0.0, 0.0]])
+    plain, _ = kl_shaped_rewards(t([3.0, 20.0]), lp, ref, t([[1, 1, 0], [1, 0, 0]], "int64"), 0.1, 10.0)
+    np.testing.assert_array_equal(rewards.numpy(), plain.numpy())

@@ -203,13 +203,31 @@ def test_cpo_hand_computed():
 
 
 def test_rdpo_length_term():
-    """beta 1, h = 1: alpha 0.5 and chosen 2 tokens longer -> z = 0, log 2; rejected longer -> z = 2;
-    alpha 0 is DPO."""
+    """R-DPO, L = -log s(beta h + alpha (|y_c| - |y_r|)). beta 1, h = (-1 - -2) - 0 = 1, alpha 0.5:
+    chosen 2 tokens longer -> z = 1 + 0.5 * 2 = 2, L = -log s(2) = 0.1269 (the longer chosen answer
+    already carries margin, so the loss is smaller than DPO's -log s(1) = 0.3133); rejected 2 tokens
+    longer -> z = 1 - 1 = 0, L = log 2 = 0.6931; alpha 0 is DPO."""
     pol, ref = [[-1.0, -2.0]], [[0.0, 0.0]]
-    assert run("rdpo", pol, ref, [[4, 2]], beta=1.0, rdpo_alpha=0.5)[0] == pytest.approx(LN2)
-    assert run("rdpo", pol, ref, [[2, 4]], beta=1.0, rdpo_alpha=0.5)[0] == pytest.approx(nlogsig(2.0))
+    assert run("rdpo", pol, ref, [[4, 2]], beta=1.0, rdpo_alpha=0.5)[0] == pytest.approx(0.126928, abs=1e-6)
+    assert run("rdpo", pol, ref, [[4, 2]], beta=1.0, rdpo_alpha=0.5)[0] == pytest.approx(nlogsig(2.0))
+    assert run("rdpo", pol, ref, [[2, 4]], beta=1.0, rdpo_alpha=0.5)[0] == pytest.approx(LN2)
     dpo, _ = dpo_loss(t([-1.0]), t([-2.0]), t([0.0]), t([0.0]), beta=1.0)
     assert run("rdpo", pol, ref, [[4, 2]], beta=1.0, rdpo_alpha=0.0)[0] == pytest.approx(float(dpo.numpy()))
+
+
+def test_rdpo_gradient_pushes_less_when_chosen_is_longer():
+    """d L / d pi_c = -beta (1 - s(z)): with the chosen answer longer (z = 2) the push is
+    1 - s(2) = 0.1192, with it shorter (z = 0) it is 1 - s(0) = 0.5, DPO's (z = 1) 0.2689 in between."""
+    def grad(lengths):
+        pol = t([[-1.0, -2.0]])
+        pol.stop_gradient = False
+        x = PreferenceInputs(pol, t([[0.0, 0.0]]), t(lengths), None, None, None, None)
+        loss, _ = PREFERENCE_LOSSES["rdpo"](x, {"beta": 1.0, "rdpo_alpha": 0.5, "reference_free": False})
+        loss.backward()
+        return float(pol.grad.numpy()[0, 0])
+    assert grad([[4, 2]]) == pytest.approx(-0.119203, abs=1e-6)
+    assert grad([[2, 4]]) == pytest.approx(-0.5, abs=1e-6)
+    assert grad([[3, 3]]) == pytest.approx(-0.268941, abs=1e-6)
 
 
 def test_missing_inputs_are_errors():

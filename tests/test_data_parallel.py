@@ -74,6 +74,28 @@ def test_grpo_dp2_matches_one_process(tiny_model_dir, tiny_data_dir, tmp_path):
     assert_same_rl_runs(out1, out2, ("loss/kl",), ("policy",), tiny_model_dir)
 
 
+def test_ppo_lagrangian_dp2_matches_one_process(tiny_model_dir, tiny_rm_dir, tiny_rm_dir_cost, tiny_data_dir, tmp_path):
+    """PPO-Lagrangian with a cost model whose costs vary by response: each data rank scores its
+    half of the prompts, the episode costs of both ranks are gathered in data-rank order into
+    one window, and every rank moves lambda by the same step. The window (12) is shorter than a
+    step's 16 episodes, so it keeps the last 12 of the global batch in order: a rank using its own
+    costs, or the ranks in another order, would move lambda differently from one process."""
+    argv = ["config/tiny/ppo_argument.json", *PPO_AS_BEFORE, *ppo_argv(
+        tiny_model_dir, tiny_data_dir, "--reward_model_name_or_path", tiny_rm_dir, "--cost_model_name_or_path", tiny_rm_dir_cost,
+        "--lambda_lr", "0.5", "--episode_cost_window_size", "12", "--threshold", "0.0", "--temperature", "1.5",
+        "--normalize_advantage", "true", "--overwrite_output_dir", "true", "--update_iters", "1",
+        "--gradient_accumulation_steps", "1", "--learning_rate", "1e-3", "--critic_learning_rate", "1e-3", "--kl_coeff", "0.1",
+    )]
+    out1, out2 = one_and_two_process_runs(
+        "ppo/run_ppo.py", argv, tmp_path, {"--per_device_prompt_batch_size": 16, "--per_device_train_batch_size": 16})
+    keys = ("lagrange/lambda", "lagrange/episode_cost", "objective/cost", "loss/cost_value_avg", "train/cost_critic_grad_norm")
+    assert_same_rl_runs(out1, out2, keys, ("policy", "value", "cost_value"), tiny_model_dir)
+    rows = [r for r in read_jsonl(f"{out2}/metrics.jsonl") if "lagrange/lambda" in r]
+    assert [r["step"] for r in rows] == [1, 2] and rows[1]["lagrange/lambda"] != rows[0]["lagrange/lambda"] != 1.0
+    # step 1: the window's 12 costs are not the batch's 16, so its mean differs from objective/cost
+    assert abs(rows[0]["lagrange/episode_cost"] - rows[0]["objective/cost"]) > 1e-4
+
+
 def assert_same_rl_runs(out1, out2, extra_keys, models, start_dir):
     """Same per-step metrics and saved models; rank 0's logged samples are the first rows of the
     one-process run's samples of the same step (the global batch in order)."""

@@ -7,15 +7,18 @@ before any model loads."""
 import json
 import math
 import os
+import types
 
 import numpy as np
 import paddle
 import pytest
 
+from ppo.algos import LagrangeMultiplier
 from ppo.common.argument_parsing import ArgumentError
 from ppo.models.loading import load_tokenizer
 from ppo.models.score_model import AutoModelForScore
 from ppo.run_ppo import build_trainer
+from ppo.trainer.lagrange_step import LagrangeStep
 from tests.test_ppo_trainer import ppo_argv, read_metrics, weights
 
 COST = 0.5
@@ -106,14 +109,40 @@ def test_combined_advantage_feeds_the_actor(tiny_model_dir, tiny_rm_dir, tiny_rm
     assert abs(reward_adv[mask > 0].mean()) < 1e-4 and abs(reward_adv[mask > 0].std(ddof=1) - 1) < 1e-3
 
 
-@pytest.fixture(scope="module")
-def tiny_rm_dir_cost(tiny_model_dir, tmp_path_factory):
-    """A random score model (head seed 9) used as a cost model."""
-    path = str(tmp_path_factory.mktemp("random_cost"))
-    paddle.seed(9)
-    AutoModelForScore.from_pretrained(tiny_model_dir).save_pretrained(path)
-    load_tokenizer(tiny_model_dir).save_pretrained(path)
-    return path
+class _StepWithoutModels(LagrangeStep):
+    """`LagrangeStep` with no models: scores pass through, and the advantages are the token
+    rewards themselves (returns = rewards + values), so the combined advantage is hand-computable."""
+
+    def __init__(self, lambda_lr):
+        self.args = types.SimpleNamespace(clip_range_score=10.0, kl_estimator="k1", kl_clamp=None)
+        self.lagrange = LagrangeMultiplier(1.0, lambda_lr, threshold=0.0)
+        self.step, self.world_size = 0, 1
+
+    def normalized_scores(self, scores):
+        return scores
+
+    def advantages_and_returns(self, rewards, values, mask):
+        return rewards * mask.astype(rewards.dtype), rewards + values
+
+
+def test_multiplier_moves_before_the_actor_advantage_uses_it():
+    """safe-rlhf's order: update lambda from the window (this step's costs included), then the
+    actor's advantage uses the moved lambda. One response of two tokens, log-probs equal to the
+    reference's (KL 0), score 1, cost 2: A_R = [0, 1], A_C = [0, 2]. lambda 1, lambda_lr 0.5,
+    threshold 0, J_C = 2: log lambda' = 0 + 0.5 * 2 * 1 = 1, lambda' = e; the last token's
+    advantage is (1 - 2e) / (1 + e) = -1.1931757 (the stale lambda 1 would give (1 - 2) / 2 = -0.5)."""
+    step = _StepWithoutModels(lambda_lr=0.5)
+    logp = paddle.to_tensor([[-1.0, -2.0]], dtype="float64")
+    exp = types.SimpleNamespace(
+        response_mask=paddle.to_tensor([[1, 1]], dtype="int64"), scores=paddle.to_tensor([1.0], dtype="float64"),
+        costs=paddle.to_tensor([2.0], dtype="float64"), old_logprobs=logp, ref_logprobs=logp.clone(),
+        values=paddle.zeros([1, 2], dtype="float64"), cost_values=paddle.zeros([1, 2], dtype="float64"),
+    )
+    step.shape_lagrangian_rewards_and_advantages(exp, kl_coeff=0.1)
+    assert step.lagrange.value == pytest.approx(math.e, rel=1e-12)
+    assert step.lagrange_stats == {"lagrange/lambda": pytest.approx(math.e, rel=1e-12), "lagrange/episode_cost": 2.0}
+    np.testing.assert_allclose(exp.advantages.numpy(), [[0.0, (1 - 2 * math.e) / (1 + math.e)]], rtol=1e-12, atol=1e-15)
+    assert exp.advantages.numpy()[0, 1] == pytest.approx(-1.1931757, abs=1e-7)
 
 
 def test_resume_repeats_the_multiplier_trajectory(tiny_model_dir, tiny_rm_dir, tiny_rm_dir_cost, tiny_data_dir, tmp_path):

@@ -50,22 +50,24 @@ def combined_advantages(reward_advantages, cost_advantages, multiplier):
 
 
 def lagrangian_shaped_rewards(scores, costs, logprobs, ref_logprobs, mask, kl_coeff, clip_range_score, kind="k1", clamp=None):
-    """Token rewards and token costs of PPO-Lagrangian: half the KL penalty on each.
+    """Token rewards and token costs of PPO-Lagrangian: the full KL penalty on each.
 
     Formula (``kl_t`` and the clipped score at the last token as in ``kl_shaped_rewards``):
-    ``r_t = -0.5 * kl_coeff * kl_t + [t == last] * clip(score)``,
-    ``c_t = +0.5 * kl_coeff * kl_t + [t == last] * clip(cost)``. In the combined advantage the
-    KL terms add up to ``-0.5 * kl_coeff * kl_t`` whatever lambda is:
-    ``(-0.5 k - lambda * 0.5 k) / (1 + lambda) = -0.5 k``.
+    ``r_t = -kl_coeff * kl_t + [t == last] * clip(score)``,
+    ``c_t = +kl_coeff * kl_t + [t == last] * clip(cost)``. In the combined advantage the
+    KL terms add up to ``-kl_coeff * kl_t`` whatever lambda is:
+    ``(-k - lambda * k) / (1 + lambda) = -k``, the same KL weight plain PPO's reward carries.
     Shapes: ``scores``, ``costs`` ``[B]``; ``logprobs``, ``ref_logprobs``, ``mask`` ``[B, T]``;
     returns ``(rewards [B, T], token_costs [B, T], kl_per_token [B, T])``, 0 outside the mask.
-    Source: safe-rlhf ``PPOLagTrainer.add_kl_divergence_regularization`` (``0.5 *`` and
-    ``-0.5 * kl_penalty_rewards``; the score clip is this repository's, on the score before it
-    is added, as in ``kl_shaped_rewards``).
+    Source: safe-rlhf ``PPOLagTrainer.add_kl_divergence_regularization``
+    (``kl_penalty_rewards = -kl_coeff * (log_probs - ref_log_probs)``; rewards scatter-add the
+    reward onto ``kl_penalty_rewards``, costs the cost onto ``-kl_penalty_rewards``); the score
+    clip is this repository's, on the score before it is added, as in ``kl_shaped_rewards``
+    (safe-rlhf clamps the token rewards and costs after).
     """
-    half = 0.5 * float(kl_coeff)
-    rewards, kl = kl_shaped_rewards(scores, logprobs, ref_logprobs, mask, half, clip_range_score, kind=kind, clamp=clamp)
-    token_costs, _ = kl_shaped_rewards(costs, logprobs, ref_logprobs, mask, -half, clip_range_score, kind=kind, clamp=clamp)
+    coeff = float(kl_coeff)
+    rewards, kl = kl_shaped_rewards(scores, logprobs, ref_logprobs, mask, coeff, clip_range_score, kind=kind, clamp=clamp)
+    token_costs, _ = kl_shaped_rewards(costs, logprobs, ref_logprobs, mask, -coeff, clip_range_score, kind=kind, clamp=clamp)
     return rewards, token_costs, kl
 
 

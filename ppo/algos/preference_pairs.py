@@ -141,15 +141,20 @@ def cpo_loss(x, hp):
 
 def rdpo_loss(x, hp):
     """R-DPO (Park et al. 2024, "Disentangling Length from Quality in DPO"):
-    ``L = -log s(beta h - alpha (|y_c| - |y_r|))`` with ``h`` DPO's log-ratio margin,
+    ``L = -log s(beta h + alpha (|y_c| - |y_r|))`` with ``h`` DPO's log-ratio margin,
     ``|y|`` the answer token counts and ``alpha = rdpo_alpha``. Rewards ``beta (pi - ref)``.
+
+    The regularised objective maximises ``r - alpha |y|`` under the KL penalty, so the reward
+    implied by the policy is ``beta log(pi / ref) + alpha |y|`` (plus a prompt-only term): a
+    longer chosen answer already carries part of the margin, so the policy needs less of its
+    own log-ratio margin to fit it and gains nothing from preferring length.
     """
     if x.lengths is None:
         raise ValueError("rdpo needs the answer lengths")
     pc, pr, rc, rr = _pair_logps(x, hp, "rdpo", False)
     lc, lr = _columns(x.lengths.astype(pc.dtype))
     beta = hp["beta"]
-    z = beta * ((pc - pr) - (rc - rr)) - hp["rdpo_alpha"] * (lc - lr)
+    z = beta * ((pc - pr) - (rc - rr)) + hp["rdpo_alpha"] * (lc - lr)
     return paddle.mean(-F.log_sigmoid(z)), _dpo_stats(beta * (pc - rc), beta * (pr - rr))
 
 

@@ -284,6 +284,28 @@ class DatasetArguments:
 
 
 @dataclass
+class PromptFieldArguments:
+    """PPO/GRPO and online DPO: the record fields of the prompt data (PaddleNLP's and verl's names)."""
+
+    prompt_key: Optional[str] = field(
+        default=None,
+        metadata={"help": "Field of the prompt in train_datasets / eval_datasets records (PaddleNLP: src), read as the "
+                  "format's prompt field (Jsonfile src, json input, alpaca instruction, trl-prompt / PKU-SafeRLHF "
+                  "prompt); none: each format's own. ptx_datasets keep their own names."},
+    )
+    response_key: Optional[str] = field(
+        default=None,
+        metadata={"help": "Field of the reference answer in train_datasets / eval_datasets records (PaddleNLP: tgt), read "
+                  "as Jsonfile tgt or trl-prompt solution (the label a reward server or rule checks) or alpaca output; "
+                  "none: each format's own. Formats without a single answer field refuse it."},
+    )
+
+    def prompt_field_keys(self):
+        """`prompt_key` / `response_key` as keyword arguments of a prompt dataset."""
+        return dict(prompt_key=self.prompt_key, response_key=self.response_key)
+
+
+@dataclass
 class PromptTruncationArguments:
     """SFT and the DPO family: long prompts are truncated (PPO/GRPO drop them with `max_prompt_len`)."""
 

@@ -15,6 +15,7 @@ __all__ = ["AlpacaDataset"]
 class AlpacaDataset(LocalFileDataset):
     NAME = "alpaca"
     ALIASES = ("stanford-alpaca", "tatsu-lab/alpaca")
+    FIELD_ROLES = {"prompt": "instruction", "response": "output"}
     SEPARATOR = "\n"
     """Between the instruction and a non-empty input (safe-rlhf's own alpaca uses a space)."""
 

@@ -48,6 +48,7 @@ def ranked_fields(record: Record, answers_field: str, scores_field: str) -> Tupl
 class PaddleNLPRankedDataset(LocalFileDataset):
     NAME = "paddlenlp-ranked"
     ALIASES = ("paddlenlp-listwise",)
+    FIELD_ROLES = {"prompt": "src"}  # 'response' holds the ranked answers
 
     def convert(self, record: Record) -> RawSample:
         sample = paddlenlp_prompt_sample(record)
@@ -59,6 +60,7 @@ class PaddleNLPRankedDataset(LocalFileDataset):
 class PaddleNLPUnpairedDataset(LocalFileDataset):
     NAME = "paddlenlp-unpaired"
     ALIASES = ("paddlenlp-kto-unpaired",)
+    FIELD_ROLES = {"prompt": "src"}  # the judged answer is no reference answer
 
     def convert(self, record: Record) -> RawSample:
         sample = paddlenlp_prompt_sample(record)
@@ -76,6 +78,7 @@ class PaddleNLPUnpairedDataset(LocalFileDataset):
 class TRLUnpairedDataset(LocalFileDataset):
     NAME = "trl-unpaired"
     ALIASES = ("trl-kto",)
+    FIELD_ROLES = {"prompt": "prompt"}  # the judged completion is no reference answer
 
     def convert(self, record: Record) -> RawSample:
         prompt = record.get_str("prompt", nonempty=True)

@@ -20,17 +20,19 @@ __all__ = ["JsonDataset"]
 class JsonDataset(LocalFileDataset):
     NAME = "Jsonfile"
     ALIASES = ("jsonfile", "json-src-tgt")
+    FIELD_ROLES = {"prompt": "src", "response": "tgt"}
 
-    def __init__(self, path=None, split=None, use_rm_server: bool = False) -> None:
-        """`use_rm_server=True` (PaddleNLP's flag) requires every record to carry its `tgt`."""
+    def __init__(self, path=None, split=None, use_rm_server: bool = False, prompt_key=None, response_key=None) -> None:
+        """`use_rm_server=True` (PaddleNLP's flag) requires every record to carry its `tgt`;
+        `prompt_key` / `response_key` read `src` / `tgt` from other fields (PaddleNLP's names)."""
         self.use_rm_server = use_rm_server
-        super().__init__(path, split)
+        super().__init__(path, split, prompt_key=prompt_key, response_key=response_key)
 
     def convert(self, record: Record) -> RawSample:
         src = record.get_user_turns("src")
         tgt = record.get_str_list("tgt", required=self.use_rm_server or len(src) > 1, allow_str=True)
         if tgt is not None and len(tgt) not in (len(src), len(src) - 1):
-            raise record.error(f"expected {len(src)} assistant turns (one per 'src' turn), got {len(tgt)}", "tgt")
+            raise record.error(f"expected {len(src)} assistant turns (one per {record.key('src')!r} turn), got {len(tgt)}", "tgt")
         if len(src) == 1:
             sample = RawSample(input=src[0])
         else:
@@ -43,5 +45,5 @@ class JsonDataset(LocalFileDataset):
             sample["answer"] = tgt[-1]
             sample["label"] = tgt[-1]
         elif self.use_rm_server:
-            raise record.error("use_rm_server needs the final answer (the last 'tgt' turn)", "tgt")
+            raise record.error(f"use_rm_server needs the final answer (the last {record.key('tgt')!r} turn)", "tgt")
         return sample

@@ -29,7 +29,7 @@ def paddlenlp_prompt_sample(record: Record) -> RawSample:
     src = record.get_user_turns("src")
     tgt = record.get_str_list("tgt", required=False, allow_str=True) or []
     if len(tgt) != len(src) - 1:
-        raise record.error(f"expected {len(src) - 1} assistant turns (one fewer than 'src'), got {len(tgt)}", "tgt")
+        raise record.error(f"expected {len(src) - 1} assistant turns (one fewer than {record.key('src')!r}), got {len(tgt)}", "tgt")
     if len(src) == 1:
         return RawSample(input=src[0])
     dialogue = []
@@ -42,6 +42,7 @@ def paddlenlp_prompt_sample(record: Record) -> RawSample:
 class PaddleNLPPreferenceDataset(LocalFileDataset):
     NAME = "paddlenlp-dpo"
     ALIASES = ("paddlenlp-preference", "paddlenlp-kto")
+    FIELD_ROLES = {"prompt": "src"}  # 'response' holds the two answers compared
 
     def convert(self, record: Record) -> RawSample:
         sample = paddlenlp_prompt_sample(record)

@@ -33,20 +33,25 @@ class PromptOnlyDataset(TokenizedDataset):
         seed: int = 42,
         max_prompt_len: Optional[int] = None,
         require_label: bool = False,
+        prompt_key: Optional[str] = None,
+        response_key: Optional[str] = None,
     ) -> None:
         self.require_label = require_label  # a reward server needs every prompt's reference answer
+        self.response_key = response_key
         self.longest_prompt = 0
         self.max_prompt_len = max_length if max_prompt_len is None else max_prompt_len
         if self.max_prompt_len is not None and (not isinstance(self.max_prompt_len, int) or self.max_prompt_len <= 0):
             raise ValueError(f"max_prompt_len must be a positive int, got {self.max_prompt_len!r}")
         self._seen = set()
-        super().__init__(datasets, tokenizer, max_length, prompt_template, use_chat_template, seed)
+        super().__init__(datasets, tokenizer, max_length, prompt_template, use_chat_template, seed,
+                         prompt_key=prompt_key, response_key=response_key)
         del self._seen
 
     def preprocess(self, raw_sample: RawSample) -> Optional[dict]:
         prompt, src = self.format_sample_prompt(raw_sample)
         if self.require_label and raw_sample.get("label") is None:
-            raise ValueError("no reference answer ('tgt'); the reward server (use_rm_server) needs one for every prompt")
+            where = f"'{self.response_key}', the response_key" if self.response_key else "'tgt'"
+            raise ValueError(f"no reference answer ({where}); the reward server (use_rm_server) needs one for every prompt")
         if prompt in self._seen:
             self._count("duplicates_removed")
             return None

@@ -23,15 +23,16 @@ class RawJsonDataset(LocalFileDataset):
     NAME = "json"
     ALIASES = ("raw-json",)
     SAFETY_LABELS = "optional"
+    FIELD_ROLES = {"prompt": "input"}  # answer and label are both answers here: no single response field
 
-    def __init__(self, path=None, split=None) -> None:
+    def __init__(self, path=None, split=None, prompt_key=None, response_key=None) -> None:
         self._unknown = set()
-        super().__init__(path, split)
+        super().__init__(path, split, prompt_key=prompt_key, response_key=response_key)
         if self._unknown:
             _logger().warning(f"{self.path}: ignored field(s) {sorted(self._unknown)} (not RawSample fields)")
 
     def convert(self, record: Record) -> RawSample:
-        self._unknown.update(set(record.data) - KNOWN_FIELDS)
+        self._unknown.update(set(record.data) - (KNOWN_FIELDS - set(record.keys)) - set(record.keys.values()))
         sample = RawSample()
         dialogue = record.get_str_list("dialogue", required=False)
         inp = record.get("input", (str, list), required=dialogue is None)

@@ -11,35 +11,45 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, ClassVar, Dict, Iterator, List, Optional, Tuple
 
 from .base import DataError, RawDataset, RawSample
 
-__all__ = ["Record", "read_records", "resolve_path", "LocalFileDataset"]
+__all__ = ["Record", "read_records", "resolve_path", "LocalFileDataset", "field_keys"]
 
 JSONL_EXTENSIONS = (".jsonl", ".jsonlines", ".ndjson")
 
 
 class Record:
-    """One input record: its data plus where it came from, with typed field getters."""
+    """One input record: its data plus where it came from, with typed field getters.
 
-    __slots__ = ("data", "path", "line", "unit")
+    `keys` maps a field name of the record's format to the name this file uses for it (set
+    from `prompt_key` / `response_key`): every getter, `has` and `error` take the format's
+    name and read, or name in the error, the file's."""
 
-    def __init__(self, data: dict, path: str, line: int, unit: str = "line") -> None:
+    __slots__ = ("data", "path", "line", "unit", "keys")
+
+    def __init__(self, data: dict, path: str, line: int, unit: str = "line", keys: Optional[dict] = None) -> None:
         self.data, self.path, self.line, self.unit = data, path, line, unit
+        self.keys = keys or {}
+
+    def key(self, field: str) -> str:
+        """The name this record gives the format's field `field`."""
+        return self.keys.get(field, field)
 
     def error(self, reason: str, field: Optional[str] = None) -> DataError:
-        return DataError(reason, path=self.path, line=self.line, field=field, unit=self.unit)
+        return DataError(reason, path=self.path, line=self.line, field=None if field is None else self.key(field), unit=self.unit)
 
     def has(self, field: str) -> bool:
-        return self.data.get(field) is not None
+        return self.data.get(self.key(field)) is not None
 
     def get(self, field: str, types: Tuple[type, ...], required: bool = True, default: Any = None) -> Any:
-        if field not in self.data or self.data[field] is None:
+        key = self.key(field)
+        if key not in self.data or self.data[key] is None:
             if required:
                 raise self.error("missing field", field)
             return default
-        value = self.data[field]
+        value = self.data[key]
         if bool not in types and isinstance(value, bool) and int in types:
             raise self.error(f"expected {_type_names(types)}, got bool {value!r}", field)
         if not isinstance(value, types):
@@ -259,18 +269,29 @@ class LocalFileDataset(RawDataset):
     """A raw dataset read from a local file or directory, every record converted at load time.
 
     Subclasses set `NAME`/`ALIASES`, optionally `SPLIT` (the split taken from a
-    `DatasetDict` or the `{split}.jsonl` looked for in a plain directory), and
-    implement `convert(record) -> RawSample` using the `Record` getters, so that
+    `DatasetDict` or the `{split}.jsonl` looked for in a plain directory) and `FIELD_ROLES`,
+    and implement `convert(record) -> RawSample` using the `Record` getters, so that
     a bad record raises `DataError` with file, line and field while loading.
+
+    `prompt_key` / `response_key` (PaddleNLP's and verl's names) read the format's prompt field
+    and reference-answer field (`FIELD_ROLES["prompt"]`, `FIELD_ROLES["response"]`, e.g.
+    Jsonfile's `src` and `tgt`) from the fields they name; None keeps the format's names. A key
+    for a role the format has no single field for is a `DataError` naming the key.
     """
 
     SPLIT = "train"
+    FIELD_ROLES: ClassVar[Dict[str, str]] = {}
+    """`{"prompt": field, "response": field}`: the fields `prompt_key` / `response_key` rename."""
 
-    def __init__(self, path: Optional[str] = None, split: Optional[str] = None) -> None:
+    def __init__(self, path: Optional[str] = None, split: Optional[str] = None, prompt_key: Optional[str] = None,
+                 response_key: Optional[str] = None) -> None:
         name = getattr(type(self), "NAME", type(self).__name__)
+        self.field_keys = field_keys(type(self), name, prompt=prompt_key, response=response_key)
         self.split = split or self.SPLIT
         self.path = resolve_path(path, name, self.split)
         records = list(read_records(self.path, self.split))
+        for record in records:
+            record.keys = self.field_keys
         self.data: List[RawSample] = [self.convert(record) for record in records]
         self.locations: List[str] = [f"{r.path}, {r.unit} {r.line}" for r in records]  # for later error messages
 
@@ -282,3 +303,27 @@ class LocalFileDataset(RawDataset):
 
     def __len__(self) -> int:
         return len(self.data)
+
+
+def field_keys(cls: type, name: str, **keys: Optional[str]) -> Dict[str, str]:
+    """`{format field: file field}` for the given role keys (`prompt=`, `response=`) of the
+    dataset class `cls` registered as `name`; a key for a role `cls` has no field for, or an
+    empty key, raises `DataError` naming the `<role>_key` argument."""
+    roles = getattr(cls, "FIELD_ROLES", {})
+    out = {}
+    for role, key in keys.items():
+        if key is None:
+            continue
+        if not isinstance(key, str) or not key.strip():
+            raise DataError(f"expected a field name, got {key!r}", field=f"{role}_key")
+        own = roles.get(role)
+        if own is None:
+            readers = sorted(n for n, c in RawDataset._REGISTRY.items() if getattr(c, "FIELD_ROLES", {}).get(role))
+            raise DataError(
+                f"{role}_key {key!r}: dataset '{name}' has no single {role} field to read from another key "
+                f"({role}_key applies to {', '.join(readers)}); leave {role}_key unset for it",
+                field=f"{role}_key",
+            )
+        if key != own:
+            out[own] = key
+    return out

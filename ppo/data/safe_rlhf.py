@@ -40,6 +40,7 @@ class SafeRLHFDataset(LocalFileDataset):
 
     REQUIRE_SAFETY = False
     SAFETY_LABELS = "optional"
+    FIELD_ROLES = {"prompt": "prompt"}  # two responses (response_0, response_1): no single response field
 
     def convert(self, record: Record) -> RawSample:
         prompt = record.get_str("prompt", nonempty=True, what="prompt")

@@ -28,6 +28,8 @@ class TokenizedDataset(Dataset):
         prompt_template: text template with `{input}`; default the Beaver template.
         use_chat_template: format prompts with `tokenizer.apply_chat_template` instead.
         seed: seed of the proportional sub-sampling.
+        prompt_key, response_key: read each raw dataset's prompt / reference-answer field from
+            these fields (`LocalFileDataset`); None keeps every format's own names.
 
     Mixing (as safe-rlhf): a dataset of n samples with proportion p contributes
     `round(n * p)` samples: for p <= 1 a seeded sample without replacement; for p > 1
@@ -57,6 +59,8 @@ class TokenizedDataset(Dataset):
         prompt_template: str = DEFAULT_TEMPLATE,
         use_chat_template: bool = False,
         seed: int = 42,
+        prompt_key: Optional[str] = None,
+        response_key: Optional[str] = None,
     ) -> None:
         super().__init__()
         if max_length is not None and (not isinstance(max_length, int) or max_length <= 0):
@@ -71,7 +75,8 @@ class TokenizedDataset(Dataset):
         self.use_chat_template = use_chat_template
         self.seed = seed
         self.dataset_specs = parse_dataset_spec(datasets)
-        self.raw_datasets = [RawDataset.load(name, path) for name, _, path in self.dataset_specs]
+        self.raw_datasets = [load_raw_dataset(name, path, prompt_key=prompt_key, response_key=response_key)
+                             for name, _, path in self.dataset_specs]
         self.rawdata, self.sources = merge_raw_datasets(
             self.raw_datasets,
             [p for _, p, _ in self.dataset_specs],
@@ -254,6 +259,18 @@ class PromptTruncationMixin:
             raise ValueError(f"truncate_prompt_to must be a positive int, got {truncate_prompt_to!r}")
         self.truncate_prompt_to = truncate_prompt_to
         super().__init__(*args, **kwargs)
+
+
+def load_raw_dataset(name: str, path: Optional[str], **keys: Optional[str]) -> RawDataset:
+    """`RawDataset.load(name, path)`, with the field keys that are set (`prompt_key=`,
+    `response_key=`); a dataset class without `FIELD_ROLES` (not a `LocalFileDataset`) takes no
+    such key, and is a `DataError` naming it."""
+    keys = {k: v for k, v in keys.items() if v is not None}
+    cls = RawDataset.resolve(name)
+    if keys and getattr(cls, "FIELD_ROLES", None) is None:
+        raise DataError(f"dataset '{name}' ({cls.__qualname__}) does not read {' / '.join(sorted(keys))}: leave it unset",
+                        field=sorted(keys)[0])
+    return RawDataset.load(name, path, **keys)
 
 
 def mix_raw_datasets(datasets: Any, seed: int = 42) -> Tuple[List[RawSample], List[Tuple[str, int]]]:

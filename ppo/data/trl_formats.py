@@ -73,6 +73,7 @@ def prompt_sample(record: Record, field: str = "prompt") -> RawSample:
 class TRLPreferenceDataset(LocalFileDataset):
     NAME = "trl-preference"
     ALIASES = ("trl-dpo", "trl-rm")
+    FIELD_ROLES = {"prompt": "prompt"}  # chosen and rejected: no single response field
 
     def convert(self, record: Record) -> RawSample:
         if not record.has("prompt"):
@@ -107,10 +108,11 @@ class TRLMessagesDataset(LocalFileDataset):
 class TRLPromptDataset(LocalFileDataset):
     NAME = "trl-prompt"
     ALIASES = ("trl-rl",)
+    FIELD_ROLES = {"prompt": "prompt", "response": LABEL_FIELDS[0]}  # response_key: the only reference field read
 
     def convert(self, record: Record) -> RawSample:
         sample = prompt_sample(record)
-        for field in LABEL_FIELDS:
+        for field in LABEL_FIELDS[:1] if record.keys.get(LABEL_FIELDS[0]) else LABEL_FIELDS:
             if record.has(field):
                 sample["label"] = record.get_str(field)
                 break

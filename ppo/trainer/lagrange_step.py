@@ -1,6 +1,6 @@
 """PPO-Lagrangian (Safe RLHF, Dai et al. 2023) inside a PPO step, with a cost model
 (`cost_model_name_or_path`): the cost of each response, the cost critic's values, the token
-rewards and token costs (half the KL penalty on each), reward and cost advantages from the same
+rewards and token costs (the full KL penalty on each), reward and cost advantages from the same
 GAE, the multiplier's update from the windowed episode cost, and the combined advantage
 `(A_R - lambda * A_C) / (1 + lambda)` the actor trains on; the cost critic's clipped value loss
 in the update. The math is `ppo.algos.lagrangian`; every model pass goes through `self.passes`.
@@ -64,7 +64,7 @@ class LagrangeStep:
         return {"lagrange/lambda": self.lagrange.value, "lagrange/episode_cost": episode_cost}
 
     def shape_lagrangian_rewards_and_advantages(self, exp, kl_coeff):
-        """`exp.rewards` / `cost_rewards` (half the KL each, score / cost at the last token),
+        """`exp.rewards` / `cost_rewards` (the full KL each, score / cost at the last token),
         `returns` / `cost_returns`, `cost_advantages` and the combined `advantages` `[N, Tr]`,
         after one multiplier update; returns the per-token KL `[N, Tr]`."""
         args, mask = self.args, exp.response_mask
