@@ -184,6 +184,8 @@ class RolloutEngine:
         """The op set of `kernels` for where `lm` computes now (its embedding's place; float32 on
         CPU, else its dtype); "auto" checks the kernels there once per process."""
         embed = _decoder(lm).embed_tokens.weight
+        if not embed._is_initialized():  # a pipeline stage's placeholder: its weights arrive when it generates
+            return self.ops
         where = (str(embed.place), compute_dtype_of(embed))
         if where != self._ops_where:
             self.ops, self._ops_where = get_ops(self.kernels, embed.place, where[1]), where
