@@ -7,10 +7,23 @@ PaddleNLP's meaning and defaults).
 import argparse
 import dataclasses
 import os
+import re
 import sys
 import textwrap
 
 HELP_FLAGS = ("-h", "--help")
+
+NEGATIVE_NUMBER = re.compile(r"^-(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?$")
+"""A command-line word that is a negative number, exponent forms included (`-1e-07`, `-2.5E+3`).
+argparse's own pattern (`^-\d+$|^-\d*\.\d+$`) leaves out exponents, so `--learning_rate -1e-4`
+read `-1e-4` as an unknown flag ("expected one argument")."""
+
+
+def accept_negative_numbers(parser):
+    """Make `parser` (an argparse parser without flags that look like numbers) take every
+    negative number as a value, exponent forms included; returns it."""
+    parser._negative_number_matcher = NEGATIVE_NUMBER
+    return parser
 
 
 def wants_help(argv):
@@ -87,7 +100,11 @@ def print_help_and_exit(dataclass_types):
 class OneMessageArgumentParser(argparse.ArgumentParser):
     """`argparse` for the small command lines (reward server, LoRA merge): `--help` as usual;
     an error is one `prog: error: message` line on stderr and exit status 2, without the
-    usage dump."""
+    usage dump. Negative numbers in exponent form are values (`NEGATIVE_NUMBER`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        accept_negative_numbers(self)
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")

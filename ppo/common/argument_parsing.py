@@ -27,7 +27,7 @@ from .argument_files import (  # noqa: F401  (REPO_ROOT, load_argument_file: par
     load_argument_file,
     resolve_config_path,
 )
-from .argument_help import wants_help, print_help_and_exit
+from .argument_help import accept_negative_numbers, print_help_and_exit, wants_help
 from .argument_problems import ArgumentError, collecting_problems, joined_problems
 
 logger = logging.getLogger("ppo")
@@ -217,14 +217,15 @@ def split_argument_file(argv, valid, fixed_fields, problems):
 
 def collecting_parser(dataclass_types):
     """PaddleNLP's `PdArgumentParser` for `dataclass_types` whose argparse errors raise
-    ArgumentError (collected with the other problems) instead of printing the usage and exiting."""
+    ArgumentError (collected with the other problems) instead of printing the usage and exiting,
+    and which reads negative numbers in exponent form (`-1e-07`) as values."""
     from paddlenlp.trainer import PdArgumentParser
 
     class Parser(PdArgumentParser):
         def error(self, message):
             raise ArgumentError(f"command line: {message}")
 
-    return Parser(dataclass_types)
+    return accept_negative_numbers(Parser(dataclass_types))
 
 
 def run_validation(validate, parsed, problems):
