@@ -20,6 +20,11 @@ sys.path.insert(0, ROOT)
 import dataclasses  # noqa: E402
 import logging  # noqa: E402
 
+from ppo.common.argument_table import check_early  # noqa: E402
+
+if __name__ == "__main__":
+    check_early("online-dpo")  # --help and the argument file's own errors, before Paddle and PaddleNLP load
+
 from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 
 with quiet_third_party_warnings():

@@ -17,6 +17,11 @@ sys.path.insert(0, ROOT)
 
 import logging  # noqa: E402
 
+from ppo.common.argument_table import check_early  # noqa: E402
+
+if __name__ == "__main__":
+    check_early("ppo")  # --help and the argument file's own errors, before Paddle and PaddleNLP load
+
 from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 
 with quiet_third_party_warnings():

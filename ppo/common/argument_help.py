@@ -10,6 +10,7 @@ import os
 import re
 import sys
 import textwrap
+import typing
 
 HELP_FLAGS = ("-h", "--help")
 
@@ -42,16 +43,18 @@ def default_text(f):
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def type_text(f):
-    """`int`, `Optional[int]`, `List[str]`, ... as the field declares it."""
-    if getattr(f.type, "__origin__", None) is not None:
-        return str(f.type).replace("typing.", "")
-    return getattr(f.type, "__name__", None) or str(f.type)
+def type_text(annotation):
+    """`int`, `Optional[int]`, `List[str]`, ... as the field declares it (`annotation`: its
+    resolved type hint; PaddleNLP's parser rewrites `Field.type` in place, dropping `Optional`)."""
+    if getattr(annotation, "__origin__", None) is not None:
+        return str(annotation).replace("typing.", "")
+    return getattr(annotation, "__name__", None) or str(annotation)
 
 
-def field_lines(f, width=100):
-    """`--name TYPE (default: X)` and the help text indented under it."""
-    head = f"  --{f.name} {type_text(f)} (default: {default_text(f)})"
+def field_lines(f, annotation=None, width=100):
+    """`--name TYPE (default: X)` and the help text indented under it (`annotation`: the field's
+    type hint, default `f.type`)."""
+    head = f"  --{f.name} {type_text(f.type if annotation is None else annotation)} (default: {default_text(f)})"
     text = " ".join(str(f.metadata.get("help", "")).split())
     body = textwrap.wrap(text, width=width, initial_indent="      ", subsequent_indent="      ") if text else []
     return [head, *body]
@@ -68,27 +71,44 @@ def inherited_from_paddlenlp(cls):
     return {f.name for f in dataclasses.fields(TrainingArguments)}
 
 
-def help_text(dataclass_types, program=None):
-    """The `--help` page of an entry point parsing `dataclass_types`."""
+def usage_line(program=None):
+    """The first line of an entry point's `--help` page (`program`: default the running script)."""
     program = program or os.path.basename(sys.argv[0] or "run.py")
+    return f"usage: {program} [ARGUMENT_FILE.json|.yaml] [--name value ...]\n"
+
+
+def help_text(dataclass_types, program=None):
+    """The `--help` page of an entry point parsing `dataclass_types`: `usage_line` and `help_body`."""
+    return usage_line(program) + help_body(dataclass_types)
+
+
+def help_body(dataclass_types):
+    """The `--help` page after its usage line: every argument with its type, default and help."""
     lines = [
-        f"usage: {program} [ARGUMENT_FILE.json|.yaml] [--name value ...]",
         "",
         "Arguments come from an optional JSON/YAML file of {name: value}; --name value flags override it.",
     ]
     paddlenlp_fields = []
     for cls in dataclass_types:
         inherited = inherited_from_paddlenlp(cls)
+        hints = typing.get_type_hints(cls)
         own = [f for f in dataclasses.fields(cls) if f.init and f.name not in inherited]
-        paddlenlp_fields += [f for f in dataclasses.fields(cls) if f.init and f.name in inherited]
+        paddlenlp_fields += [(f, hints.get(f.name)) for f in dataclasses.fields(cls) if f.init and f.name in inherited]
         lines += ["", f"{cls.__name__}:"]
         for f in own:
-            lines += field_lines(f)
+            lines += field_lines(f, hints.get(f.name))
     if paddlenlp_fields:
         lines += ["", "PaddleNLP TrainingArguments (PaddleNLP's meaning and defaults):"]
-        for f in paddlenlp_fields:
-            lines += field_lines(f)
+        for f, annotation in paddlenlp_fields:
+            lines += field_lines(f, annotation)
     return "\n".join(lines) + "\n"
+
+
+def doc_summary(doc):
+    """The first paragraph of a module docstring as one line: a script's `--help` description
+    (its first line alone may stop mid-sentence)."""
+    paragraph = (doc or "").strip().split("\n\n")[0]
+    return " ".join(paragraph.split())
 
 
 def print_help_and_exit(dataclass_types):
