@@ -1,16 +1,19 @@
 """`--help` and argument errors before Paddle loads (the stored argument table), the scripts'
-`--help` descriptions.
+`--help` descriptions, and the installed `paddle-align` command.
 
 Each check runs the scripts in a fresh interpreter (not the tests' warm one, which has Paddle
 loaded) and asserts that neither Paddle nor PaddleNLP was imported: that is what makes `--help`
 and argument errors take a fraction of a second instead of the several seconds of those imports.
 """
 import ast
+import configparser
 import glob
 import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from ppo.common import argument_table
 from ppo.common.argument_help import doc_summary, help_text
@@ -113,3 +116,34 @@ def test_script_descriptions_are_whole_sentences():
             first_line = ast.get_docstring(ast.parse(text)).split("\n")[0]
             assert first_line.endswith("."), (path, first_line)
     assert doc_summary("One line\ngoes on.\n\n    usage") == "One line goes on."
+
+
+def test_paddle_align_runs_every_entry_point_by_its_command():
+    from ppo import cli
+
+    setup = open(os.path.join(ROOT, "setup.py")).read()
+    assert '"console_scripts": ["paddle-align=ppo.cli:main"]' in setup
+    assert "argument_table.json" in setup  # installed with the package
+    assert entry_point("grpo").script == entry_point("ppo").script == "ppo/run_ppo.py"
+    assert all(os.path.isfile(os.path.join(ROOT, e.script)) for e in ENTRY_POINTS)
+    done = subprocess.run([sys.executable, "-m", "ppo.cli", "--help"], cwd="/", capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 0
+    for e in ENTRY_POINTS:
+        assert f"  {e.command}" in done.stdout and e.script in done.stdout
+    runs = {}
+    for command in ("sft", "grpo", "reward-server"):  # from another directory, as an installed command runs
+        done = subprocess.run([sys.executable, "-m", "ppo.cli", command, "--help"], cwd="/", capture_output=True, text=True,
+                              timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+        runs[command] = (done.returncode, done.stdout)
+    assert runs["sft"][0] == 0 and "--truncate_prompt_len" in runs["sft"][1]
+    assert runs["grpo"][0] == 0 and "--adv_estimator" in runs["grpo"][1]
+    assert runs["reward-server"][0] == 0 and "--scorer" in runs["reward-server"][1]
+    assert cli.main(["no-such-command"]) == 2
+
+
+@pytest.mark.parametrize("command", ["sft", "ppo"])
+def test_paddle_align_passes_argument_errors_through(command, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "ppo.cli", command, "--no_such_flag", "1"], cwd=str(tmp_path),
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 2 and "unknown argument 'no_such_flag'" in done.stderr and "Traceback" not in done.stderr
