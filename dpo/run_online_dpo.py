@@ -110,9 +110,9 @@ def build_trainer(argv=None):
 
 def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s %(levelname)s: %(message)s")
-    summary = build_trainer(argv).train()
-    final = summary["final"]
-    print({k: round(v, 4) for k, v in final.items() if k.startswith(("eval/", "objective/scores", "rewards/accuracies"))})
+    trainer = build_trainer(argv)
+    summary = trainer.train()
+    print(trainer.closing_text(summary), flush=True)
     return summary
 
 

@@ -124,10 +124,11 @@ def build_trainer(argv=None):
 
 def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s %(levelname)s: %(message)s")
-    summary = build_trainer(argv).train()
+    trainer = build_trainer(argv)
+    summary = trainer.train()
     if dist_rank() == 0:
-        final = summary["final"]
-        print({k: round(v, 4) for k, v in final.items() if k.startswith(("eval/", "objective/scores", "response_length/mean"))})
+        print(trainer.closing_text(summary), flush=True)
+    return summary
 
 
 def dist_rank():
