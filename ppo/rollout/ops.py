@@ -5,14 +5,8 @@ loaded (`ppo.kernels`, built by `python csrc/build_ops.py`) the methods call the
 kernels; otherwise they call the pure-Paddle implementations and ONE warning says so (the
 engine is then slower, never silently).
 """
-import logging
-
-from ..kernels import ops_available, unavailable_reason
+from ..kernels import notice_fallback
 from . import fallback
-
-logger = logging.getLogger("ppo.rollout")
-
-_noticed = {"fallback": False}
 
 
 class CustomOps:
@@ -75,14 +69,7 @@ class FallbackOps:
 
 def get_ops(prefer_custom=True):
     """CustomOps when the library is loaded, else FallbackOps (with one logged notice)."""
-    if prefer_custom and ops_available():
+    if prefer_custom and notice_fallback():  # the library's one notice says why when it is missing
         return CustomOps()
-    if prefer_custom and not _noticed["fallback"]:
-        _noticed["fallback"] = True
-        logger.warning(
-            "ppo.rollout: custom ops unavailable (%s); the rollout engine runs its pure-Paddle fallback, "
-            "which is slower. Build them with `python csrc/build_ops.py`.",
-            unavailable_reason(),
-        )
     return FallbackOps()
 
