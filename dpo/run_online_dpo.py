@@ -82,7 +82,6 @@ def build_scorer(model_args, training_args, tokenizer, reward_model):
     if model_args.use_rm_server:
         client = RewardServerClient(model_args.reward_server, timeout=model_args.reward_server_timeout,
                                     max_retries=model_args.reward_server_retries, token=model_args.reward_server_token)
-        client.check_health()
     elif model_args.use_rule_reward:
         if ":" in model_args.rule_reward_scorers and os.getcwd() not in sys.path:
             sys.path.append(os.getcwd())  # `module:function` scorers next to where the run starts

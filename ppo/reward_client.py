@@ -236,12 +236,11 @@ def startup_problem(url, token=None, timeout=STARTUP_TIMEOUT_S):
     port = urllib.parse.urlsplit(url).port or 8731
     try:
         with RewardServerClient(url, timeout=timeout, max_retries=0, token=token) as client:
-            client._session.get(client.health_url, timeout=timeout)  # reachable at all? (the raw reason)
             client.check_health()
-    except (requests.ConnectionError, requests.Timeout) as err:
-        return (f"reward_server {url}: no reward server answers there ({_short_reason(err)}); start it first, e.g. "
-                f"python ppo/reward_server.py --port {port} --scorer NAME (use_rm_server true needs it)")
     except RewardServerError as err:
+        if err.status is None and ("ConnectionError" in str(err) or "Timeout" in str(err)):  # no answer at all
+            return (f"reward_server {url}: no reward server answers there ({_short_reason(err)}); start it first, e.g. "
+                    f"python ppo/reward_server.py --port {port} --scorer NAME (use_rm_server true needs it)")
         return f"reward_server {url}: {err}"
     return None
 

@@ -110,7 +110,6 @@ def build_trainer(argv=None):
             model_args.reward_server, timeout=model_args.reward_server_timeout, max_retries=model_args.reward_server_retries,
             token=model_args.reward_server_token,
         )
-        client.check_health()
     rule_scorer = None
     if model_args.use_rule_reward:
         if ":" in model_args.rule_reward_scorers and os.getcwd() not in sys.path:
