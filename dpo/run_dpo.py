@@ -109,7 +109,7 @@ def start_up(argv, training_arguments):
     tokenizer = startup.attempt(load_tokenizer, model_args.model_name_or_path)
     datasets = eval_prompts = None
     if tokenizer is not None:
-        datasets = build_preference_datasets(data_args, training_args, tokenizer, startup.attempt)
+        datasets = startup.attempt(build_preference_datasets, data_args, training_args, tokenizer, startup.attempt)
         gen_specs = split_specs(data_args.eval_generation_datasets)
         if gen_specs and training_args.eval_with_do_generation:
             eval_prompts = startup.attempt(PromptOnlyDataset, gen_specs, max_prompt_len=data_args.max_length,

@@ -57,8 +57,9 @@ def start_up(argv):
                                                          validate_arguments)
     tokenizer = startup.attempt(load_tokenizer, model_args.model_name_or_path)
     train_dataset = eval_dataset = None
-    if tokenizer is not None:
-        dataset_class = OBJECTIVES[model_args.score_type][0]
+    objective = OBJECTIVES.get(model_args.score_type)  # None: refused by the argument checks
+    if tokenizer is not None and objective is not None:
+        dataset_class = objective[0]
         data_kwargs = dict(data_args.dataset_kwargs(tokenizer, training_args.seed), max_length=data_args.max_length)
         train_dataset = startup.attempt(dataset_class, split_specs(data_args.train_datasets), **data_kwargs)
         eval_specs = split_specs(data_args.eval_datasets)

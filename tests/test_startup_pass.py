@@ -85,6 +85,23 @@ def test_sft_finds_bad_values_and_every_broken_data_file_before_the_model_loads(
     assert not os.path.exists(tmp_path / "out")
 
 
+@pytest.mark.parametrize("entry", ["rm.run_reward", "dpo.run_dpo"])
+def test_reward_model_and_dpo_list_every_broken_preference_file(entry, tiny_model_dir, tmp_path):
+    import importlib
+
+    missing, malformed, _ = broken_data(tmp_path)
+    config = "config/tiny/rm_argument.json" if entry.startswith("rm") else "config/tiny/dpo_argument.json"
+    argv = [config, "--model_name_or_path", tiny_model_dir, "--output_dir", str(tmp_path / "out"),
+            "--train_datasets", f"PKU-SafeRLHF/train:1.0:{missing}", "--eval_datasets", f"PKU-SafeRLHF/test:1.0:{malformed}",
+            "--eval_generation_datasets", ""][: 9 if entry.startswith("rm") else 11]
+    with pytest.raises(ArgumentError) as info:
+        importlib.import_module(entry).main(argv)
+    lines = str(info.value).splitlines()
+    assert lines[0] == "2 problems stop this run before any model loads:", lines
+    assert missing in lines[1] and "file not found" in lines[1]
+    assert lines[2].startswith(f"  {malformed}, line 2: malformed JSON") or f"{malformed}, line 2: malformed JSON" in lines[2]
+
+
 @dataclass
 class NeedsOutput:
     output_dir: str = field(metadata={"help": "required, as PaddleNLP's"})
