@@ -51,7 +51,8 @@ def time_case(rows, hidden, vocab, chunk_size, kernels, repeats):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from ppo.common.argument_help import doc_summary
+    parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("--rows", type=int, default=256, help="M, gathered positions")
     parser.add_argument("--hidden", type=int, default=256, help="H")
     parser.add_argument("--vocab", type=int, nargs="+", default=[100, 32000], help="V values")

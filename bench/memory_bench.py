@@ -230,7 +230,8 @@ def run_case(model_dir, case, chunk_size, batch, prompt_len, seq_len, warmup=Tru
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from ppo.common.argument_help import doc_summary
+    parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("--case", choices=["ppo", "grpo", "all"], default="all")
     parser.add_argument("--batch", type=int, default=8, help="sequences per step (a multiple of 4)")
     parser.add_argument("--seq_len", type=int, default=1024, help="prompt + response tokens")

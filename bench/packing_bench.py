@@ -170,7 +170,8 @@ def sft_bench(args, model):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from ppo.common.argument_help import doc_summary
+    parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("--steps", type=int, default=5, help="measured SFT steps per layout")
     parser.add_argument("--batch", type=int, default=8, help="SFT samples per step")
     parser.add_argument("--grpo_steps", type=int, default=3, help="measured GRPO update steps per layout (0: skip)")

@@ -231,7 +231,8 @@ def run_config(name, reps, decode, batch, prompt_len, new_tokens):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from ppo.common.argument_help import doc_summary
+    parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("--config", default="all", choices=["tiny", "30m", "all"])
     parser.add_argument("--reps", type=int, default=3, help="interleaved measured runs per side")
     parser.add_argument("--decode", default="sampling", choices=["sampling", "greedy_search"])

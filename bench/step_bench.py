@@ -173,7 +173,8 @@ def run_trl(py, case, model_dir, data_dir, steps, new_tokens=NEW_TOKENS, threads
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from ppo.common.argument_help import doc_summary
+    parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("--case", choices=["grpo", "ppo", "all"], default="all")
     parser.add_argument("--steps", type=int, default=5, help="measured steps after one warm-up step")
     parser.add_argument("--trl_python", default=None, help="interpreter with torch + transformers + trl for GRPO (default: /work/benchvenv, then this one)")

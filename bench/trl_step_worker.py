@@ -143,7 +143,7 @@ def run_ppo(model_dir, prompts, steps, new_tokens, cfg, out):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))  # no toolkit import here
     parser.add_argument("--case", choices=["grpo", "ppo"], required=True)
     parser.add_argument("--model_dir", required=True)
     parser.add_argument("--prompts", required=True, help="JSON lines with a `src` field")

@@ -22,10 +22,12 @@ import time
 import numpy as np
 import paddle
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ppo.algos import dpo_loss
 from ppo.algos.preference import PAIR_LOSS_TYPES, pair_loss
 from ppo.checkpoint import list_checkpoints, load_checkpoint, prepare_output_dir, save_checkpoint, save_final_models
+from ppo.common.console_report import closing_summary, evaluation_table, output_paths, step_line
 from ppo.common.metrics import MetricAccumulator
 from ppo.common.tracking import RunTracker, keep_rows_up_to
 from ppo.evaluation import decode_responses, evaluate_generation
@@ -37,6 +39,10 @@ from ppo.rollout import RolloutEngine, SamplingParams
 from .online_pairs import build_pairs, pair_batches
 
 logger = logging.getLogger("dpo.online")
+
+STEP_LINE_METRICS = ("objective/scores", "online_dpo/num_pairs", "online_dpo/score_gap", "loss/total", "loss/dpo",
+                     "loss/sft", "rewards/accuracies", "rewards/margins", "lr", "response_length/mean", "timing_s/step")
+"""The metrics of a round's console line (`console_report.step_line`)."""
 
 
 def preference_loss(args, policy_logps, ref_logps, lengths, chosen_nll):
@@ -264,6 +270,16 @@ class OnlineDPOTrainer:
         logger.info(f"resumed from {path} at round {self.step}")
         return True
 
+    def log_evaluation(self):
+        metrics = self.evaluate()
+        self.tracker.log(metrics, step=self.step)
+        logger.info(evaluation_table(self.step, metrics))
+
+    def closing_text(self, summary):
+        """The lines that end the run: what it reached and where its outputs are."""
+        paths = output_paths(self.args.output_dir, self.args.logging_dir, self.args.report_to, [("policy model", "policy")])
+        return closing_summary("online DPO finished", summary, paths)
+
     # ------------------------------------------------------------------ loop
     def train(self):
         """Run `max_steps` rounds; returns the summary written to `summary.json`."""
@@ -275,22 +291,24 @@ class OnlineDPOTrainer:
             self.tracker.truncate_after(self.step)
         keep_rows_up_to(os.path.join(args.output_dir, "samples.jsonl"), self.step)
         if args.evaluates and self.step == 0:
-            self.tracker.log(self.evaluate(), step=0)
+            self.log_evaluation()
         bar = tqdm(total=args.max_steps, initial=self.step, desc="online_dpo", disable=args.disable_tqdm)
         start = time.time()
-        while self.step < args.max_steps:
-            metrics, exp, pairs = self.train_step()
-            self.step += 1
-            bar.update(1)
-            bar.set_postfix(score=f"{metrics['objective/scores']:.3f}", pairs=int(metrics["online_dpo/num_pairs"]))
-            if self.step % args.logging_steps == 0 or self.step == args.max_steps:
-                self.tracker.log(metrics, step=self.step)
-            if args.num_sample_generations and self.step % args.num_sample_generations == 0 and len(pairs):
-                self.log_pairs(exp, pairs)
-            if args.evaluates and (self.step % args.eval_steps == 0 or self.step == args.max_steps):
-                self.tracker.log(self.evaluate(), step=self.step)
-            if args.saves_checkpoints and args.save_steps and self.step % args.save_steps == 0 and self.step != args.max_steps:
-                self.save()
+        with logging_redirect_tqdm():  # log lines above the progress bar, not through it
+            while self.step < args.max_steps:
+                metrics, exp, pairs = self.train_step()
+                self.step += 1
+                bar.update(1)
+                bar.set_postfix(score=f"{metrics['objective/scores']:.3f}", pairs=int(metrics["online_dpo/num_pairs"]))
+                if self.step % args.logging_steps == 0 or self.step == args.max_steps:
+                    self.tracker.log(metrics, step=self.step)
+                    logger.info(step_line(self.step, args.max_steps, metrics, STEP_LINE_METRICS))
+                if args.num_sample_generations and self.step % args.num_sample_generations == 0 and len(pairs):
+                    self.log_pairs(exp, pairs)
+                if args.evaluates and (self.step % args.eval_steps == 0 or self.step == args.max_steps):
+                    self.log_evaluation()
+                if args.saves_checkpoints and args.save_steps and self.step % args.save_steps == 0 and self.step != args.max_steps:
+                    self.save()
         bar.close()
         if args.saves_checkpoints:
             self.save()

@@ -17,6 +17,11 @@ import sys
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle: 3-4x faster matmuls on AVX2-only CPUs
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from ppo.common.argument_table import check_early  # noqa: E402
+
+if __name__ == "__main__":
+    check_early("dpo")  # --help and the argument file's own errors, before Paddle and PaddleNLP load
+
 from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 
 with quiet_third_party_warnings():
@@ -25,9 +30,9 @@ with quiet_third_party_warnings():
     from dpo.preference_objective import needs_reference  # noqa: E402
     from ppo.algos import DATA_KINDS, get_preference_loss  # noqa: E402
     from ppo.common.argument_groups import split_specs  # noqa: E402
-    from ppo.common.argument_parsing import parse_arguments, save_resolved_arguments  # noqa: E402
+    from ppo.common.argument_parsing import save_resolved_arguments  # noqa: E402
     from ppo.common.output_lock import acquire_output_dir  # noqa: E402
-    from ppo.common.startup_checks import check_token_and_position_limits  # noqa: E402
+    from ppo.common.startup_checks import StartupPass, token_and_position_problems  # noqa: E402
     from ppo.common.process_exit import run_and_exit  # noqa: E402
     from paddlenlp.trainer.trainer_utils import set_seed  # noqa: E402
     from ppo.common.run_setup import finish_trainer_run  # noqa: E402
@@ -67,37 +72,58 @@ KL_COLLATORS = {"pairs": KTOCollator, "unpaired": UnpairedKTOCollator}
 """The collator adding KTO's mismatched pairs, per data kind (for losses with the `kl_point` fact)."""
 
 
-def build_preference_datasets(data_args, training_args, tokenizer):
+def loss_kind_dataset(loss, dataset_class, specs, kwargs):
+    """`dataset_class(specs, **kwargs)`; data of another kind raises DataError naming the loss."""
+    try:
+        return dataset_class(specs, **kwargs)
+    except ValueError as e:
+        raise DataError(f"loss_type {loss.name!r} trains on {loss.data} ({DATA_KINDS[loss.data]}): {e}") from e
+
+
+def build_preference_datasets(data_args, training_args, tokenizer, attempt=None):
     """`(train, eval or None, collator)` of the loss's data kind; data of another kind raises
-    ValueError naming the loss (before any model loads)."""
+    DataError naming the loss (before any model loads). `attempt` (`StartupPass.attempt`) builds
+    each dataset, so that a problem in one still lets the other be checked (train None then)."""
+    attempt = attempt or (lambda build, *args: build(*args))
     loss = get_preference_loss(training_args.loss_type)
     dataset_class = PREFERENCE_DATASETS[loss.data]
     kwargs = dict(max_length=data_args.max_length, truncate_prompt_to=data_args.truncate_prompt_len,
                   **data_args.dataset_kwargs(tokenizer, training_args.seed))
-    datasets = []
-    for specs in (split_specs(data_args.train_datasets), split_specs(data_args.eval_datasets)):
-        try:
-            datasets.append(dataset_class(specs, **kwargs) if specs else None)
-        except ValueError as e:
-            raise DataError(f"loss_type {loss.name!r} trains on {loss.data} ({DATA_KINDS[loss.data]}): {e}") from e
-    collator = datasets[0].get_collator()
+    train, evaluation = [attempt(loss_kind_dataset, loss, dataset_class, specs, kwargs) if specs else None
+                         for specs in (split_specs(data_args.train_datasets), split_specs(data_args.eval_datasets))]
+    if train is None:
+        return None, evaluation, None
+    collator = train.get_collator()
     if loss.kl_point:
         collator = KL_COLLATORS[loss.data](collator, max_length=data_args.max_length)
-    return datasets[0], datasets[1], collator
+    return train, evaluation, collator
 
 
-def build_trainer(model_args, data_args, training_args):
-    """Models, datasets and the `DPOTrainer` for parsed (and validated) arguments."""
+def start_up(argv, training_arguments):
+    """Arguments, tokenizer, the datasets of the loss's kind, the generation-eval prompts and the
+    models' embedding and positions, checked before any model loads; one error lists every
+    problem. Returns `(model_args, data_args, training_args, tokenizer, datasets, eval_prompts)`."""
+    startup = StartupPass()
+    model_args, data_args, training_args = startup.parse((ModelArgument, DataArgument, training_arguments), argv,
+                                                         validate_arguments)
+    tokenizer = startup.attempt(load_tokenizer, model_args.model_name_or_path)
+    datasets = eval_prompts = None
+    if tokenizer is not None:
+        datasets = startup.attempt(build_preference_datasets, data_args, training_args, tokenizer, startup.attempt)
+        gen_specs = split_specs(data_args.eval_generation_datasets)
+        if gen_specs and training_args.eval_with_do_generation:
+            eval_prompts = startup.attempt(PromptOnlyDataset, gen_specs, max_prompt_len=data_args.max_length,
+                                           **data_args.dataset_kwargs(tokenizer, training_args.seed))
+        models = [(n, getattr(model_args, n)) for n in ("model_name_or_path", "ref_model_name_or_path")]
+        startup.add(token_and_position_problems(tokenizer, models, data_args.max_length, "max_length"))
+    startup.finish()
+    return model_args, data_args, training_args, tokenizer, datasets, eval_prompts
+
+
+def build_trainer(model_args, data_args, training_args, tokenizer, datasets, eval_prompts):
+    """Models and the `DPOTrainer` for arguments, tokenizer and datasets that passed `start_up`."""
     path = model_args.model_name_or_path
-    tokenizer = load_tokenizer(path)
-    check_token_and_position_limits(tokenizer, [(n, getattr(model_args, n)) for n in ("model_name_or_path", "ref_model_name_or_path")],
-                                    data_args.max_length, "max_length")
-    train_dataset, eval_dataset, collator = build_preference_datasets(data_args, training_args, tokenizer)
-    gen_specs = split_specs(data_args.eval_generation_datasets)
-    eval_prompts = None
-    if gen_specs and training_args.eval_with_do_generation:
-        data_kwargs = data_args.dataset_kwargs(tokenizer, training_args.seed)
-        eval_prompts = PromptOnlyDataset(gen_specs, max_prompt_len=data_args.max_length, **data_kwargs)
+    train_dataset, eval_dataset, collator = datasets
     extra = load_overrides(model_args, training_args, pipeline_entry="dpo")
     if training_args.pipeline_parallel_degree > 1:
         model, ref_model = load_pipeline_models(model_args, training_args, extra)
@@ -132,12 +158,12 @@ def build_trainer(model_args, data_args, training_args):
 def main(argv=None, training_arguments=None):
     """Parse `argv` (default `sys.argv[1:]`) and train; `training_arguments` replaces
     `DPOTrainingArguments` (e.g. `dpo/run_kto.py`'s, whose `loss_type` defaults to kto)."""
-    classes = (ModelArgument, DataArgument, training_arguments or DPOTrainingArguments)
-    model_args, data_args, training_args = parse_arguments(classes, argv, validate=validate_arguments)
+    model_args, data_args, training_args, tokenizer, datasets, eval_prompts = start_up(
+        argv, training_arguments or DPOTrainingArguments)
     acquire_output_dir(training_args.output_dir)  # one run per output_dir
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
     set_seed(training_args.seed)  # fresh LoRA adapters and score heads start from the run's seed (PaddleNLP's llm scripts)
-    trainer = build_trainer(model_args, data_args, training_args)
+    trainer = build_trainer(model_args, data_args, training_args, tokenizer, datasets, eval_prompts)
     return finish_trainer_run(trainer, training_args, trainer.tokenizer)
 
 

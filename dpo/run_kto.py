@@ -13,6 +13,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dataclasses import dataclass, field  # noqa: E402
 
+from ppo.common.argument_table import check_early  # noqa: E402
+
+if __name__ == "__main__":
+    check_early("kto")  # --help and the argument file's own errors, before Paddle and PaddleNLP load
+
 from dpo.dpo_arguments import DPOTrainingArguments  # noqa: E402
 from dpo.run_dpo import main as run_dpo_main  # noqa: E402
 from ppo.common.process_exit import run_and_exit  # noqa: E402

@@ -20,6 +20,11 @@ sys.path.insert(0, ROOT)
 import dataclasses  # noqa: E402
 import logging  # noqa: E402
 
+from ppo.common.argument_table import check_early  # noqa: E402
+
+if __name__ == "__main__":
+    check_early("online-dpo")  # --help and the argument file's own errors, before Paddle and PaddleNLP load
+
 from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 
 with quiet_third_party_warnings():
@@ -28,7 +33,10 @@ with quiet_third_party_warnings():
     from dpo.online_dpo_trainer import OnlineDPOTrainer  # noqa: E402
     from dpo.online_scoring import AnswerScorer  # noqa: E402
     from ppo.common.argument_groups import split_specs  # noqa: E402
-    from ppo.common.argument_parsing import parse_arguments, save_resolved_arguments  # noqa: E402
+    from ppo.common.argument_parsing import save_resolved_arguments  # noqa: E402
+    from ppo.common.startup_checks import StartupPass  # noqa: E402
+    from ppo.models.reward_tokens import embedding_limit_problems  # noqa: E402
+    from ppo.reward_client import run_server_problems  # noqa: E402
     from ppo.common.process_exit import run_and_exit  # noqa: E402
     from ppo.data import PromptOnlyDataset  # noqa: E402
     from ppo.models.loading import enable_recompute, load_overrides, load_tokenizer, training_dtype  # noqa: E402
@@ -39,15 +47,33 @@ with quiet_third_party_warnings():
 logger = logging.getLogger("dpo.online")
 
 
-def build_datasets(data_args, training_args, tokenizer, require_label):
+def build_datasets(data_args, training_args, tokenizer, require_label, attempt):
     """Train prompts (each with its reference answer when a server or rule scores against it)
-    and eval prompts."""
+    and eval prompts, each built through `attempt` (`StartupPass.attempt`)."""
     common = dict(data_args.dataset_kwargs(tokenizer, training_args.seed), **data_args.prompt_field_keys())
-    train = PromptOnlyDataset(split_specs(data_args.train_datasets), max_prompt_len=data_args.max_prompt_len,
-                              require_label=require_label, **common)
+    train = attempt(PromptOnlyDataset, split_specs(data_args.train_datasets), max_prompt_len=data_args.max_prompt_len,
+                    require_label=require_label, **common)
     eval_specs = split_specs(data_args.eval_datasets)
-    evaluation = PromptOnlyDataset(eval_specs, max_prompt_len=data_args.max_prompt_len, **common) if eval_specs else None
+    evaluation = attempt(PromptOnlyDataset, eval_specs, max_prompt_len=data_args.max_prompt_len, **common) if eval_specs else None
     return train, evaluation
+
+
+def start_up(argv):
+    """Arguments, tokenizer, prompts, the models' embedding and positions and the reward server,
+    checked before any model loads; one error lists every problem."""
+    startup = StartupPass()
+    model_args, data_args, training_args = startup.parse((ModelArgument, DataArgument, OnlineDPOTrainingArguments), argv,
+                                                         validate_arguments)
+    tokenizer = startup.attempt(load_tokenizer, model_args.actor_model_name_or_path)
+    datasets = None
+    if tokenizer is not None:
+        external = model_args.use_rm_server or model_args.use_rule_reward
+        datasets = build_datasets(data_args, training_args, tokenizer, external, startup.attempt)
+        startup.add(embedding_limit_problems(model_args, False, tokenizer, None,
+                                             data_args.max_prompt_len + training_args.max_dec_len))
+    startup.add(run_server_problems(model_args))
+    startup.finish()
+    return model_args, data_args, training_args, tokenizer, datasets
 
 
 def build_scorer(model_args, training_args, tokenizer, reward_model):
@@ -56,7 +82,6 @@ def build_scorer(model_args, training_args, tokenizer, reward_model):
     if model_args.use_rm_server:
         client = RewardServerClient(model_args.reward_server, timeout=model_args.reward_server_timeout,
                                     max_retries=model_args.reward_server_retries, token=model_args.reward_server_token)
-        client.check_health()
     elif model_args.use_rule_reward:
         if ":" in model_args.rule_reward_scorers and os.getcwd() not in sys.path:
             sys.path.append(os.getcwd())  # `module:function` scorers next to where the run starts
@@ -68,13 +93,9 @@ def build_scorer(model_args, training_args, tokenizer, reward_model):
 
 def build_trainer(argv=None):
     """Parse arguments, check them, load data and models; returns a ready `OnlineDPOTrainer`."""
-    classes = (ModelArgument, DataArgument, OnlineDPOTrainingArguments)
-    model_args, data_args, training_args = parse_arguments(classes, argv, validate=validate_arguments)
+    model_args, data_args, training_args, tokenizer, (train, evaluation) = start_up(argv)
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
     paddle.seed(training_args.seed)
-    tokenizer = load_tokenizer(model_args.actor_model_name_or_path)
-    external = model_args.use_rm_server or model_args.use_rule_reward
-    train, evaluation = build_datasets(data_args, training_args, tokenizer, require_label=external)  # data before models
     models = build_ppo_models(model_args, use_critic=False, dtype=training_dtype(training_args),
                               **load_overrides(model_args, training_args))
     if not training_args.uses_reference and models.reference is not None:
@@ -88,9 +109,9 @@ def build_trainer(argv=None):
 
 def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s %(levelname)s: %(message)s")
-    summary = build_trainer(argv).train()
-    final = summary["final"]
-    print({k: round(v, 4) for k, v in final.items() if k.startswith(("eval/", "objective/scores", "rewards/accuracies"))})
+    trainer = build_trainer(argv)
+    summary = trainer.train()
+    print(trainer.closing_text(summary), flush=True)
     return summary
 
 

@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import time
+import urllib.parse
 from typing import List, Sequence
 
 import requests
@@ -211,10 +212,52 @@ class RewardServerClient:
         return payload
 
 
+STARTUP_TIMEOUT_S = 10.0
+"""Longest wait for the reward server's answer in the start-up check (one attempt, no retries)."""
+
+
+def _short_reason(error):
+    """The part of a `requests` failure a user acts on (`connection refused`, a timeout)."""
+    text = str(error)
+    for phrase in ("Connection refused", "Name or service not known", "timed out", "No route to host"):
+        if phrase in text:
+            return phrase.lower()
+    return text[-300:]
+
+
+def startup_problem(url, token=None, timeout=STARTUP_TIMEOUT_S):
+    """None when a reward server answers at `url` and accepts `token` (or $PPO_REWARD_SERVER_TOKEN),
+    else one line saying what is wrong: checked once, without retries, before any model loads
+    (a wrong token is otherwise found at the first scoring request)."""
+    try:
+        url = normalize_url(url)
+    except ValueError as err:
+        return f"reward_server: {err}"
+    port = urllib.parse.urlsplit(url).port or 8731
+    try:
+        with RewardServerClient(url, timeout=timeout, max_retries=0, token=token) as client:
+            client.check_health()
+    except RewardServerError as err:
+        if err.status is None and ("ConnectionError" in str(err) or "Timeout" in str(err)):  # no answer at all
+            return (f"reward_server {url}: no reward server answers there ({_short_reason(err)}); start it first, e.g. "
+                    f"python ppo/reward_server.py --port {port} --scorer NAME (use_rm_server true needs it)")
+        return f"reward_server {url}: {err}"
+    return None
+
+
+def run_server_problems(model_args):
+    """`[startup_problem(...)]` of a run's `use_rm_server`, `reward_server`, `reward_server_token` and
+    `reward_server_timeout` (PPO/GRPO, online DPO); [] without a reward server."""
+    if not model_args.use_rm_server:
+        return []
+    timeout = min(model_args.reward_server_timeout, STARTUP_TIMEOUT_S)
+    return [p for p in [startup_problem(model_args.reward_server, model_args.reward_server_token, timeout)] if p]
+
+
 def score_once(url: str, src, tgt, response, **kwargs) -> List[float]:
     """Convenience: score one batch with a throw-away client."""
     with RewardServerClient(url, **kwargs) as client:
         return client.score(src, tgt, response)
 
 
-__all__ = ["RewardServerClient", "RewardServerError", "normalize_url", "score_once"]
+__all__ = ["RewardServerClient", "RewardServerError", "normalize_url", "run_server_problems", "score_once", "startup_problem"]

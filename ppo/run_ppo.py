@@ -17,13 +17,18 @@ sys.path.insert(0, ROOT)
 
 import logging  # noqa: E402
 
+from ppo.common.argument_table import check_early  # noqa: E402
+
+if __name__ == "__main__":
+    check_early("ppo")  # --help and the argument file's own errors, before Paddle and PaddleNLP load
+
 from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 
 with quiet_third_party_warnings():
     import paddle  # noqa: E402
 
     from ppo.common.argument_groups import split_specs  # noqa: E402
-    from ppo.common.argument_parsing import parse_arguments, save_resolved_arguments  # noqa: E402
+    from ppo.common.argument_parsing import save_resolved_arguments  # noqa: E402
     from ppo.common.paddlenlp_keys import batch_knob_messages, inert_setting_messages  # noqa: E402
     from ppo.common.process_exit import run_and_exit  # noqa: E402
     from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
@@ -34,50 +39,63 @@ with quiet_third_party_warnings():
     from ppo.ppo_trainer import PPOTrainer  # noqa: E402
     from ppo.reward_client import RewardServerClient  # noqa: E402
     from ppo.scorers import WeightedScorer  # noqa: E402
-    from ppo.models.reward_tokens import check_cost_tokenizers, retokenizer_for_run  # noqa: E402
+    from ppo.models.reward_tokens import check_cost_tokenizers, embedding_limit_problems, retokenizer_for_run  # noqa: E402
     from ppo.common.output_lock import acquire_output_dir  # noqa: E402
-    from ppo.common.startup_checks import check_token_and_position_limits  # noqa: E402
+    from ppo.common.startup_checks import StartupPass  # noqa: E402
+    from ppo.reward_client import run_server_problems  # noqa: E402
 
 logger = logging.getLogger("ppo")
 
 
-def build_datasets(data_args, training_args, tokenizer, require_label=False):
+def build_datasets(data_args, training_args, tokenizer, require_label=False, attempt=None):
     """Train prompts (each with its reference answer when `require_label`: a reward server
-    scores against it), eval prompts and ptx data."""
+    scores against it), eval prompts and ptx data. `attempt` (`StartupPass.attempt`) builds each,
+    so that a problem in one still lets the others be checked."""
+    attempt = attempt or (lambda build, *args, **kwargs: build(*args, **kwargs))
     common = data_args.dataset_kwargs(tokenizer, training_args.seed)
     keys = data_args.prompt_field_keys()  # the prompt data's field names; ptx data keeps its format's
-    train = PromptOnlyDataset(
-        split_specs(data_args.train_datasets), max_prompt_len=data_args.max_prompt_len, require_label=require_label, **keys,
-        **common,
-    )
+    train = attempt(PromptOnlyDataset, split_specs(data_args.train_datasets), max_prompt_len=data_args.max_prompt_len,
+                    require_label=require_label, **keys, **common)
     eval_specs = split_specs(data_args.eval_datasets)
-    evaluation = PromptOnlyDataset(eval_specs, max_prompt_len=data_args.max_prompt_len, **keys, **common) if eval_specs else None
+    evaluation = (attempt(PromptOnlyDataset, eval_specs, max_prompt_len=data_args.max_prompt_len, **keys, **common)
+                  if eval_specs else None)
     ptx_specs = split_specs(data_args.ptx_datasets)
-    ptx = SupervisedDataset(ptx_specs, max_length=data_args.max_length, **common) if ptx_specs else None
+    ptx = attempt(SupervisedDataset, ptx_specs, max_length=data_args.max_length, **common) if ptx_specs else None
     return train, evaluation, ptx
 
 
+def start_up(argv=None):
+    """The start-up pass, before any model loads: arguments, the actor's tokenizer, the datasets
+    (data files read and tokenised), the tokenizers of the reward and cost models, every model's
+    embedding and positions against its tokenizer, the reward server. Raises one error listing
+    every problem; returns `(model_args, data_args, training_args, tokenizer, datasets, retokenizer)`."""
+    startup = StartupPass()
+    model_args, data_args, training_args = startup.parse((ModelArgument, DataArgument, PPOTrainingArguments), argv,
+                                                         validate_arguments)
+    tokenizer = startup.attempt(load_tokenizer, model_args.actor_model_name_or_path)
+    datasets = retokenizer = None
+    if tokenizer is not None:
+        datasets = build_datasets(data_args, training_args, tokenizer, model_args.external_scores, startup.attempt)
+        retokenizer = startup.attempt(retokenizer_for_run, model_args, training_args.use_critic, tokenizer,
+                                      pipeline=training_args.pipeline_parallel_degree > 1)
+        startup.attempt(check_cost_tokenizers, model_args, tokenizer)  # PPO-Lagrangian
+        startup.add(embedding_limit_problems(model_args, training_args.use_critic, tokenizer, retokenizer,
+                                             data_args.max_prompt_len + training_args.max_dec_len))
+    startup.add(run_server_problems(model_args))
+    startup.finish()
+    return model_args, data_args, training_args, tokenizer, datasets, retokenizer
+
+
 def build_trainer(argv=None):
-    """Parse arguments, load models and data, and return a ready `PPOTrainer`."""
-    classes = (ModelArgument, DataArgument, PPOTrainingArguments)
-    model_args, data_args, training_args = parse_arguments(classes, argv, validate=validate_arguments)
-    external_scores = model_args.external_scores
+    """Parse and check the arguments (`start_up`), load the models and return a ready `PPOTrainer`."""
+    model_args, data_args, training_args, tokenizer, (train, evaluation, ptx), retokenizer = start_up(argv)
     acquire_output_dir(training_args.output_dir, dist_rank() == 0)  # one run per output_dir
     if dist_rank() == 0:
         save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
         for message in inert_setting_messages(training_args) + batch_knob_messages(model_args, training_args):
             logger.warning(message)
     paddle.seed(training_args.seed + training_args.dataset_rank)  # tensor-parallel ranks draw alike
-
-    tokenizer = load_tokenizer(model_args.actor_model_name_or_path)
-    check_token_and_position_limits(tokenizer, [(f"{n}_model_name_or_path", getattr(model_args, f"{n}_model_name_or_path"))
-                                                for n in ("actor", "reference")],
-                                    data_args.max_prompt_len + training_args.max_dec_len, "max_prompt_len + max_dec_len")
-    # data before models: a bad record fails in seconds, not after the models load
-    train, evaluation, ptx = build_datasets(data_args, training_args, tokenizer, require_label=external_scores)
     pipelined = training_args.pipeline_parallel_degree > 1
-    retokenizer = retokenizer_for_run(model_args, training_args.use_critic, tokenizer, pipeline=pipelined)
-    check_cost_tokenizers(model_args, tokenizer)  # PPO-Lagrangian
     if pipelined:
         log_pipeline_settings(training_args)
     models = build_ppo_models(
@@ -94,7 +112,6 @@ def build_trainer(argv=None):
             model_args.reward_server, timeout=model_args.reward_server_timeout, max_retries=model_args.reward_server_retries,
             token=model_args.reward_server_token,
         )
-        client.check_health()
     rule_scorer = None
     if model_args.use_rule_reward:
         if ":" in model_args.rule_reward_scorers and os.getcwd() not in sys.path:
@@ -108,10 +125,11 @@ def build_trainer(argv=None):
 
 def main(argv=None):
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s %(levelname)s: %(message)s")
-    summary = build_trainer(argv).train()
+    trainer = build_trainer(argv)
+    summary = trainer.train()
     if dist_rank() == 0:
-        final = summary["final"]
-        print({k: round(v, 4) for k, v in final.items() if k.startswith(("eval/", "objective/scores", "response_length/mean"))})
+        print(trainer.closing_text(summary), flush=True)
+    return summary
 
 
 def dist_rank():

@@ -18,6 +18,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import json  # noqa: E402
 
+from ppo.common.argument_table import check_early  # noqa: E402
+
+if __name__ == "__main__":
+    check_early("audit-reward")  # --help and the argument file's own errors, before Paddle and PaddleNLP load
+
 from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 
 with quiet_third_party_warnings():

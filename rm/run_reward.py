@@ -18,13 +18,18 @@ import sys
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle: 3-4x faster matmuls on AVX2-only CPUs
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from ppo.common.argument_table import check_early  # noqa: E402
+
+if __name__ == "__main__":
+    check_early("reward")  # --help and the argument file's own errors, before Paddle and PaddleNLP load
+
 from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 
 with quiet_third_party_warnings():
     from ppo.common.argument_groups import split_specs  # noqa: E402
-    from ppo.common.argument_parsing import parse_arguments, save_resolved_arguments  # noqa: E402
+    from ppo.common.argument_parsing import save_resolved_arguments  # noqa: E402
     from ppo.common.output_lock import acquire_output_dir  # noqa: E402
-    from ppo.common.startup_checks import check_token_and_position_limits  # noqa: E402
+    from ppo.common.startup_checks import StartupPass, token_and_position_problems  # noqa: E402
     from ppo.common.process_exit import run_and_exit  # noqa: E402
     from paddlenlp.trainer.trainer_utils import set_seed  # noqa: E402
     from ppo.common.run_setup import finish_trainer_run  # noqa: E402
@@ -44,22 +49,33 @@ OBJECTIVES = {  # score_type -> (dataset class, trainer class, name of the logge
 }
 
 
+def start_up(argv):
+    """Arguments, tokenizer, the preference datasets and the model's embedding and positions,
+    checked before the model loads; one error lists every problem."""
+    startup = StartupPass()
+    model_args, data_args, training_args = startup.parse((ModelArgument, DataArgument, RewardTrainingArguments), argv,
+                                                         validate_arguments)
+    tokenizer = startup.attempt(load_tokenizer, model_args.model_name_or_path)
+    train_dataset = eval_dataset = None
+    objective = OBJECTIVES.get(model_args.score_type)  # None: refused by the argument checks
+    if tokenizer is not None and objective is not None:
+        dataset_class = objective[0]
+        data_kwargs = dict(data_args.dataset_kwargs(tokenizer, training_args.seed), max_length=data_args.max_length)
+        train_dataset = startup.attempt(dataset_class, split_specs(data_args.train_datasets), **data_kwargs)
+        eval_specs = split_specs(data_args.eval_datasets)
+        eval_dataset = startup.attempt(dataset_class, eval_specs, **data_kwargs) if eval_specs else None
+        startup.add(token_and_position_problems(tokenizer, [("model_name_or_path", model_args.model_name_or_path)],
+                                                data_args.max_length, "max_length"))
+    startup.finish()
+    return model_args, data_args, training_args, tokenizer, train_dataset, eval_dataset
+
+
 def main(argv=None):
-    classes = (ModelArgument, DataArgument, RewardTrainingArguments)
-    model_args, data_args, training_args = parse_arguments(classes, argv, validate=validate_arguments)
+    model_args, data_args, training_args, tokenizer, train_dataset, eval_dataset = start_up(argv)
     acquire_output_dir(training_args.output_dir)  # one run per output_dir
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
     set_seed(training_args.seed)  # fresh LoRA adapters and score heads start from the run's seed (PaddleNLP's llm scripts)
-
-    tokenizer = load_tokenizer(model_args.model_name_or_path)
-    check_token_and_position_limits(
-        tokenizer, [("model_name_or_path", model_args.model_name_or_path)], data_args.max_length, "max_length"
-    )
-    dataset_class, trainer_class, loss_name = OBJECTIVES[model_args.score_type]
-    data_kwargs = dict(data_args.dataset_kwargs(tokenizer, training_args.seed), max_length=data_args.max_length)
-    train_dataset = dataset_class(split_specs(data_args.train_datasets), **data_kwargs)  # data errors before the model loads
-    eval_specs = split_specs(data_args.eval_datasets)
-    eval_dataset = dataset_class(eval_specs, **data_kwargs) if eval_specs else None
+    _, trainer_class, loss_name = OBJECTIVES[model_args.score_type]
     score_settings = dict(
         score_type=model_args.score_type, do_normalize=model_args.normalize_score_during_training,
         normalizer_type=model_args.normalizer_type, normalizer_momentum=model_args.normalizer_momentum, **load_overrides(model_args, training_args, pipeline_entry="rm"),

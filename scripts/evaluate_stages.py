@@ -36,7 +36,8 @@ def load_included(parser, path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from ppo.common.argument_help import doc_summary
+    parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("--runs_dir", default="outputs/tiny")
     parser.add_argument("--test_data", default="outputs/tiny/data/test.jsonl")
     parser.add_argument("--reward_model", default="outputs/tiny/rm")

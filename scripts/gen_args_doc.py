@@ -1,12 +1,14 @@
-"""Generate the argument reference (docs/arguments.md) from the argument dataclasses.
+"""Generate the argument reference (docs/arguments.md) and the stored argument table of `--help`
+(ppo/common/argument_table.json) from the argument dataclasses.
 
-    python scripts/gen_args_doc.py          # rewrite the section of docs/arguments.md in place
-    python scripts/gen_args_doc.py --check  # exit 1 when docs/arguments.md is out of date
+    python scripts/gen_args_doc.py          # rewrite both in place
+    python scripts/gen_args_doc.py --check  # exit 1 when either is out of date
 
 The section sits between `<!-- ARGS:BEGIN -->` and `<!-- ARGS:END -->`. Fields
 inherited from PaddleNLP's `TrainingArguments` are not repeated (they keep their
 PaddleNLP meaning and defaults); every field the toolkit adds is listed with its
-default and help.
+default and help. The entry points and their dataclasses come from
+`ppo/common/entry_points.py`.
 """
 import argparse
 import dataclasses
@@ -15,30 +17,25 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from ppo.common import argument_help  # noqa: E402
+from ppo.common import argument_help, argument_table  # noqa: E402
+from ppo.common.entry_points import entry_point  # noqa: E402
 
 README = os.path.join(ROOT, "docs", "arguments.md")  # the generated reference (linked from README.md)
 BEGIN, END = "<!-- ARGS:BEGIN -->", "<!-- ARGS:END -->"
 
+TITLES = {  # command -> its section title in docs/arguments.md (kto shares dpo's arguments)
+    "sft": "SFT — `sft/run_sft.py`",
+    "reward": "Reward or cost model — `rm/run_reward.py`",
+    "audit-reward": "Reward audit — `rm/audit_reward.py`",
+    "audit-cost": "Cost audit — `rm/audit_cost.py`",
+    "ppo": "PPO / GRPO / RLOO / REINFORCE++ — `ppo/run_ppo.py`",
+    "dpo": "DPO family — `dpo/run_dpo.py`",
+    "online-dpo": "Online / iterative DPO — `dpo/run_online_dpo.py`",
+}
+
 
 def entry_points():
-    from dpo import dpo_arguments as dpo
-    from dpo import online_dpo_arguments as online
-    from ppo import ppo_arguments as ppo
-    from rm import audit_arguments as audit
-    from rm import reward_arguments as rm
-    from sft import sft_arguments as sft
-
-    return [
-        ("SFT — `sft/run_sft.py`", [sft.ModelArgument, sft.DataArgument, sft.SFTTrainingArguments]),
-        ("Reward or cost model — `rm/run_reward.py`", [rm.ModelArgument, rm.DataArgument, rm.RewardTrainingArguments]),
-        ("Reward audit — `rm/audit_reward.py`", [audit.AuditArgument]),
-        ("Cost audit — `rm/audit_cost.py`", [audit.CostAuditArgument]),
-        ("PPO / GRPO / RLOO / REINFORCE++ — `ppo/run_ppo.py`", [ppo.ModelArgument, ppo.DataArgument, ppo.PPOTrainingArguments]),
-        ("DPO family — `dpo/run_dpo.py`", [dpo.ModelArgument, dpo.DataArgument, dpo.DPOTrainingArguments]),
-        ("Online / iterative DPO — `dpo/run_online_dpo.py`",
-         [online.ModelArgument, online.DataArgument, online.OnlineDPOTrainingArguments]),
-    ]
+    return [(title, argument_table.import_classes(entry_point(command))) for command, title in TITLES.items()]
 
 
 def default_text(f):
@@ -72,17 +69,24 @@ def splice(readme_text, body):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=argument_help.doc_summary(__doc__))
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args(argv)
     text = open(README).read()
     new = splice(text, render())
+    table = argument_table.table_text(argument_table.build_table())
+    with open(argument_table.TABLE_PATH, encoding="utf-8") if os.path.exists(argument_table.TABLE_PATH) else open(os.devnull) as f:
+        stored = f.read()
     if args.check:
-        if new != text:
-            print("docs/arguments.md is out of date: run python scripts/gen_args_doc.py")
+        stale = [name for name, fresh, old in (("docs/arguments.md", new, text), ("ppo/common/argument_table.json", table, stored))
+                 if fresh != old]
+        if stale:
+            print(f"{' and '.join(stale)} out of date: run python scripts/gen_args_doc.py")
             return 1
         return 0
     open(README, "w").write(new)
+    with open(argument_table.TABLE_PATH, "w", encoding="utf-8") as f:
+        f.write(table)
     return 0
 
 

@@ -166,7 +166,8 @@ def run_stages(root, out, seed, online_dpo=False, jobs=None, stage_threads=1, st
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from ppo.common.argument_help import doc_summary
+    parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("--restart", action="store_true", help="delete the output root and run every stage again")
     parser.add_argument("--seed", type=int, default=None,
                         help="seed of the base model and of every training stage (default: the configs' own, 42)")

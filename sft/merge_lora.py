@@ -17,13 +17,10 @@ import sys
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from ppo.common.argument_help import OneMessageArgumentParser, doc_summary  # noqa: E402
+from ppo.common.argument_problems import joined_problems  # noqa: E402
 from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
-
-with quiet_third_party_warnings():
-    from ppo.common.argument_help import OneMessageArgumentParser  # noqa: E402
-    from ppo.common.argument_problems import joined_problems  # noqa: E402
-    from ppo.common.validation import output_dir_problems  # noqa: E402
-    from ppo.models.loading import is_lora_dir, merge_lora_to_dir  # noqa: E402
+from ppo.common.validation import is_lora_dir, output_dir_problems  # noqa: E402
 
 
 def merge_problems(args):
@@ -36,7 +33,7 @@ def merge_problems(args):
 
 
 def main(argv=None):
-    parser = OneMessageArgumentParser(description=__doc__.split("\n")[0])
+    parser = OneMessageArgumentParser(description=doc_summary(__doc__))
     path = os.path.expanduser
     parser.add_argument("--lora_path", required=True, type=path, help="directory written by a use_lora run (holds lora_config.json)")
     parser.add_argument("--output_dir", required=True, type=path, help="where the merged model and tokenizer go")
@@ -45,6 +42,8 @@ def main(argv=None):
     problems = merge_problems(args)
     if problems:
         parser.error(joined_problems(problems))
+    with quiet_third_party_warnings():  # after the arguments: --help and their errors without Paddle
+        from ppo.models.loading import merge_lora_to_dir
     merge_lora_to_dir(args.lora_path, args.output_dir, args.base_model_name_or_path)
     print(f"merged {args.lora_path} into {args.output_dir}")
 

@@ -12,13 +12,18 @@ import sys
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle: 3-4x faster matmuls on AVX2-only CPUs
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from ppo.common.argument_table import check_early  # noqa: E402
+
+if __name__ == "__main__":
+    check_early("sft")  # --help and the argument file's own errors, before Paddle and PaddleNLP load
+
 from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 
 with quiet_third_party_warnings():
     from ppo.common.argument_groups import split_specs  # noqa: E402
-    from ppo.common.argument_parsing import parse_arguments, save_resolved_arguments  # noqa: E402
+    from ppo.common.argument_parsing import save_resolved_arguments  # noqa: E402
     from ppo.common.output_lock import acquire_output_dir  # noqa: E402
-    from ppo.common.startup_checks import check_token_and_position_limits  # noqa: E402
+    from ppo.common.startup_checks import StartupPass, token_and_position_problems  # noqa: E402
     from ppo.common.process_exit import run_and_exit  # noqa: E402
     from paddlenlp.trainer.trainer_utils import set_seed  # noqa: E402
     from ppo.common.run_setup import finish_trainer_run  # noqa: E402
@@ -30,17 +35,42 @@ with quiet_third_party_warnings():
     from sft.sft_trainer import SFTTrainer  # noqa: E402
 
 
+def build_datasets(data_args, training_args, tokenizer, attempt):
+    """`(train, eval or None, eval prompts or None)`, each built through `attempt`
+    (`StartupPass.attempt`): every data problem is found before the model loads."""
+    data_kwargs = data_args.dataset_kwargs(tokenizer, training_args.seed)
+    supervised = dict(max_length=data_args.max_length, truncate_prompt_to=data_args.truncate_prompt_len, **data_kwargs)
+    train = attempt(SupervisedDataset, split_specs(data_args.train_datasets), **supervised)
+    eval_specs = split_specs(data_args.eval_datasets)
+    evaluation = attempt(SupervisedDataset, eval_specs, **supervised) if eval_specs else None
+    prompts = None
+    if eval_specs and training_args.eval_with_do_generation:
+        prompts = attempt(PromptOnlyDataset, eval_specs, max_prompt_len=data_args.max_length, **data_kwargs)
+    return train, evaluation, prompts
+
+
+def start_up(argv):
+    """Arguments, tokenizer, datasets and the model's embedding and positions, checked before the
+    model loads; one error lists every problem."""
+    startup = StartupPass()
+    model_args, data_args, training_args = startup.parse((ModelArgument, DataArgument, SFTTrainingArguments), argv,
+                                                         validate_arguments)
+    tokenizer = startup.attempt(load_tokenizer, model_args.model_name_or_path)
+    datasets = None
+    if tokenizer is not None:
+        datasets = build_datasets(data_args, training_args, tokenizer, startup.attempt)
+        startup.add(token_and_position_problems(tokenizer, [("model_name_or_path", model_args.model_name_or_path)],
+                                                data_args.max_length, "max_length"))
+    startup.finish()
+    return model_args, data_args, training_args, tokenizer, datasets
+
+
 def main(argv=None):
-    classes = (ModelArgument, DataArgument, SFTTrainingArguments)
-    model_args, data_args, training_args = parse_arguments(classes, argv, validate=validate_arguments)
+    model_args, data_args, training_args, tokenizer, (train_dataset, eval_dataset, eval_prompts) = start_up(argv)
     acquire_output_dir(training_args.output_dir)  # one run per output_dir
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
     set_seed(training_args.seed)  # fresh LoRA adapters and score heads start from the run's seed (PaddleNLP's llm scripts)
 
-    tokenizer = load_tokenizer(model_args.model_name_or_path)
-    check_token_and_position_limits(
-        tokenizer, [("model_name_or_path", model_args.model_name_or_path)], data_args.max_length, "max_length"
-    )
     overrides = load_overrides(model_args, training_args, pipeline_entry="sft")
     if training_args.pipeline_parallel_degree > 1:
         log_pipeline_settings(training_args)
@@ -53,20 +83,6 @@ def main(argv=None):
         model = load_causal_lm(model_args.model_name_or_path, **overrides)
     if model_args.use_lora:
         model = apply_lora(model, base_model_name_or_path=model_args.model_name_or_path, **model_args.lora_settings())
-    data_kwargs = data_args.dataset_kwargs(tokenizer, training_args.seed)
-    train_dataset = SupervisedDataset(
-        split_specs(data_args.train_datasets), max_length=data_args.max_length, truncate_prompt_to=data_args.truncate_prompt_len, **data_kwargs
-    )
-    eval_specs = split_specs(data_args.eval_datasets)
-    eval_dataset = (
-        SupervisedDataset(eval_specs, max_length=data_args.max_length, truncate_prompt_to=data_args.truncate_prompt_len, **data_kwargs)
-        if eval_specs
-        else None
-    )
-    eval_prompts = None
-    if eval_specs and training_args.eval_with_do_generation:
-        eval_prompts = PromptOnlyDataset(eval_specs, max_prompt_len=data_args.max_length, **data_kwargs)
-
     trainer = SFTTrainer(
         model=model,
         args=training_args,

@@ -174,3 +174,28 @@ def test_help_lists_every_field_and_exits_0(capsys):
     out = capsys.readouterr().out
     assert "ToyDataArgs:\n  --train_datasets List[str] (default: ['a'])\n      datasets" in out
     assert "  --rollout_n int (default: 1)\n      samples" in out
+
+
+@dataclass
+class SignedArgs:
+    shift: float = field(default=0.0, metadata={"help": "a value that may be negative"})
+    shifts: List[float] = field(default_factory=list, metadata={"help": "values that may be negative"})
+
+
+@pytest.mark.parametrize("argv_tail", [["--shift=-1e-4"], ["--shift", "-1e-4"], ["--shift", "-0.0001"]])
+def test_negative_numbers_in_exponent_form_are_values(tmp_path, argv_tail):
+    """argparse alone reads `-1e-4` as an unknown flag ("expected one argument"); in a file, in
+    `--flag=value` and in `--flag value` form it is the value."""
+    path = write(tmp_path, {"shift": -1e-07, "shifts": [-2.5e-3, 1e-07, -3]})
+    (from_file,) = parse_arguments((SignedArgs,), [path])
+    assert from_file.shift == -1e-07 and from_file.shifts == [-2.5e-3, 1e-07, -3.0]
+    (from_flag,) = parse_arguments((SignedArgs,), [path, *argv_tail])
+    assert from_flag.shift == -1e-4
+
+
+def test_small_command_lines_take_negative_exponents_too():
+    from ppo.common.argument_help import OneMessageArgumentParser
+
+    parser = OneMessageArgumentParser()
+    parser.add_argument("--weights", nargs="+", type=float)
+    assert parser.parse_args(["--weights", "-1e-3", "2E+1"]).weights == [-1e-3, 20.0]

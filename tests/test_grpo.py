@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+from ppo.common.argument_problems import ArgumentError
 from ppo.reward_client import RewardServerError
 from ppo.run_ppo import build_trainer
 from tests.test_reward_server import ServerProcess, free_port
@@ -71,9 +72,9 @@ def test_dynamic_sampling_draws_up_to_max_gen_batches(tiny_model_dir, tiny_data_
     assert trainer.sampler.state_dict()["offset"] == 3 * 4
 
 
-def test_server_down_stops_with_a_clear_error(tiny_model_dir, tiny_data_dir, tmp_path):
+def test_server_down_stops_with_a_clear_error_before_the_models_load(tiny_model_dir, tiny_data_dir, tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(RewardServerError, match=url.replace(".", r"\.")):
+    with pytest.raises(ArgumentError, match=url.replace(".", r"\.") + ": no reward server answers there"):
         build_trainer(grpo_argv(tiny_model_dir, tiny_data_dir, str(tmp_path / "down"), url, "--reward_server_timeout", "2"))
 
 

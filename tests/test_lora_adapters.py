@@ -179,15 +179,14 @@ def test_adapters_naming_each_other_are_refused_before_loading(adapters, tmp_pat
 
 
 def test_lora_dpo_on_the_sft_adapter_has_the_sft_model_as_reference(adapters, tiny_data_dir, tmp_path):
-    from dpo.run_dpo import DataArgument, DPOTrainingArguments, ModelArgument, build_trainer
-    from ppo.common.argument_parsing import parse_arguments
+    from dpo.run_dpo import DPOTrainingArguments, build_trainer, start_up
     from ppo.models.loading import lora_disabled
 
     argv = ["config/tiny/dpo_argument.json", "--model_name_or_path", adapters["sft"], "--use_lora", "true", "--lora_rank", "4",
             "--train_datasets", f"PKU-SafeRLHF/train:1.0:{tiny_data_dir}/preference.jsonl", "--eval_datasets", "",
             "--eval_generation_datasets", "",
             "--output_dir", str(tmp_path / "dpo"), "--logging_dir", str(tmp_path / "dpo" / "vdl")]
-    trainer = build_trainer(*parse_arguments((ModelArgument, DataArgument, DPOTrainingArguments), argv))
+    trainer = build_trainer(*start_up(argv, DPOTrainingArguments))
     sft = load_merged_causal_lm(adapters["sft"])
     sft.eval()
     ids = paddle.to_tensor(PROBE)

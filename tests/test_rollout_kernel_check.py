@@ -217,9 +217,8 @@ def test_custom_and_paddle_modes_run_no_check(rollout_log, monkeypatch):
 
 
 def test_without_the_library_custom_is_an_error_and_auto_falls_back(monkeypatch):
-    monkeypatch.setattr(ops, "ops_available", lambda: False)
+    monkeypatch.setattr(ops, "notice_fallback", lambda: False)
     monkeypatch.setattr(ops, "unavailable_reason", lambda: "the library was removed")
-    monkeypatch.setattr(ops, "_noticed", {"fallback": True})
     with pytest.raises(RuntimeError, match=r"rollout_kernels custom: .*\(the library was removed\)"):
         ops.get_ops("custom")
     assert ops.get_ops("auto").name == "paddle" and kernel_check._VERDICTS == {}

@@ -101,9 +101,15 @@ def grpo_advantages(scores, group_size, scale_by_std=True, eps=1e-6):
     mean = paddle.mean(g, axis=1, keepdim=True)
     adv = g - mean
     if scale_by_std:
-        std = paddle.std(g, axis=1, unbiased=True, keepdim=True)
-        adv = adv / (std + eps)
+        adv = adv / (_unbiased_std(g, adv) + eps)
     return _zero_equal_groups(adv, g).reshape([-1])
+
+
+def _unbiased_std(g, centred):
+    """``paddle.std(g, axis=1, unbiased=True, keepdim=True)`` from ``centred = g - mean``, the same
+    sum of squares over ``n - 1`` (equal to the last bit), without ``paddle.var``'s integer
+    division of its element counts, which makes Paddle log a type-promotion warning."""
+    return paddle.sqrt(paddle.sum(centred**2, axis=1, keepdim=True) / (g.shape[1] - 1))
 
 
 def _zero_equal_groups(adv, g):

@@ -27,7 +27,7 @@ from .argument_files import (  # noqa: F401  (REPO_ROOT, load_argument_file: par
     load_argument_file,
     resolve_config_path,
 )
-from .argument_help import wants_help, print_help_and_exit
+from .argument_help import accept_negative_numbers, print_help_and_exit, wants_help
 from .argument_problems import ArgumentError, collecting_problems, joined_problems
 
 logger = logging.getLogger("ppo")
@@ -183,12 +183,13 @@ def value_problem(action, value, key, where):
     return None
 
 
-def usable_arguments(parser, data, where, problems):
+def usable_arguments(actions, data, where, problems):
     """`data` as `--key value` tokens, leaving out (and adding to `problems`) every value the
-    parser could not convert, so the other problems are still found."""
+    parser could not convert, so the other problems are still found. `actions`: the parser's
+    option actions by flag (`--name`)."""
     kept = {}
     for key, value in data.items():
-        action = parser._option_string_actions.get(f"--{key}")
+        action = actions.get(f"--{key}")
         problem = value_problem(action, value, key, where) if action is not None and value is not None else None
         if problem:
             problems.append(problem)
@@ -199,32 +200,30 @@ def usable_arguments(parser, data, where, problems):
 
 def split_argument_file(argv, valid, fixed_fields, problems):
     """(translated keys of the argument file, its path, the remaining argv) for `argv` whose
-    first word may name an argument file; a first word that cannot be one is a problem."""
+    first word may name an argument file; its unusable keys are added to `problems`. A first
+    word that cannot be one, or a file that cannot be read, raises ArgumentError at once: its
+    own error alone (every argument it holds would otherwise be reported missing too)."""
     if not argv or argv[0].startswith("--"):
         return {}, None, argv
     problem = argument_file_token_problem(argv[0])
     if problem:
-        problems.append(problem)
-        return {}, argv[0], argv[1:]
-    try:
-        path = resolve_config_path(argv[0])
-        data = translate_keys(load_argument_file(path), valid, path, problems, fixed_fields)
-        return expand_user_paths(data), path, argv[1:]
-    except ArgumentError as err:
-        problems.append(str(err))
-        return {}, argv[0], argv[1:]
+        raise ArgumentError(problem)
+    path = resolve_config_path(argv[0])
+    data = translate_keys(load_argument_file(path), valid, path, problems, fixed_fields)
+    return expand_user_paths(data), path, argv[1:]
 
 
 def collecting_parser(dataclass_types):
     """PaddleNLP's `PdArgumentParser` for `dataclass_types` whose argparse errors raise
-    ArgumentError (collected with the other problems) instead of printing the usage and exiting."""
+    ArgumentError (collected with the other problems) instead of printing the usage and exiting,
+    and which reads negative numbers in exponent form (`-1e-07`) as values."""
     from paddlenlp.trainer import PdArgumentParser
 
     class Parser(PdArgumentParser):
         def error(self, message):
             raise ArgumentError(f"command line: {message}")
 
-    return Parser(dataclass_types)
+    return accept_negative_numbers(Parser(dataclass_types))
 
 
 def run_validation(validate, parsed, problems):
@@ -238,25 +237,36 @@ def run_validation(validate, parsed, problems):
         logger.debug("start-up checks stopped on values already refused", exc_info=True)
 
 
-def parse_arguments(dataclass_types, argv=None, validate=None):
-    """Parse `[args.json|args.yaml] [--key value ...]` into one instance per dataclass type;
-    `validate(*instances) -> list[str]` is the entry point's start-up pass. Raise one
-    ArgumentError listing every problem; `--help` prints the arguments and exits 0."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if wants_help(argv):
-        print_help_and_exit(dataclass_types)
-    valid = set(valid_field_names(dataclass_types))
-    fixed_fields = {k for dt in dataclass_types for k in getattr(dt, "paddlenlp_fixed_fields", ())}
-    problems = []
+def read_arguments(argv, valid, fixed_fields, actions, problems):
+    """The `--key value` tokens of `argv` (`[args.json|args.yaml] [--key value ...]`, the command
+    line overriding the file) that `actions` (option actions by flag) can convert; every unknown
+    key and unconvertible value is added to `problems`. An argument file that cannot be read
+    raises ArgumentError with its own error alone."""
     file_data, path, argv = split_argument_file(argv, valid, fixed_fields, problems)
     try:
         cli_data = expand_user_paths(translate_keys(command_line_to_dict(argv), valid, "command line", problems, fixed_fields))
     except ArgumentError as err:
         problems.append(str(err))
         cli_data = {}
+    return usable_arguments(actions, file_data, path, problems) + usable_arguments(actions, cli_data, "command line", problems)
+
+
+def fixed_field_names(dataclass_types):
+    return {k for dt in dataclass_types for k in getattr(dt, "paddlenlp_fixed_fields", ())}
+
+
+def parse_collecting(dataclass_types, argv=None, validate=None):
+    """`(instances or None, problems)` for `[args.json|args.yaml] [--key value ...]`: one instance
+    per dataclass type (None when they could not be built) and every problem found, the entry
+    point's `validate(*instances) -> list[str]` pass included. An argument file that cannot be
+    read raises ArgumentError at once; `--help` prints the arguments and exits 0."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if wants_help(argv):
+        print_help_and_exit(dataclass_types)
+    problems = []
     parser = collecting_parser(dataclass_types)
-    file_argv = usable_arguments(parser, file_data, path, problems)
-    tokens = file_argv + usable_arguments(parser, cli_data, "command line", problems)
+    tokens = read_arguments(argv, set(valid_field_names(dataclass_types)), fixed_field_names(dataclass_types),
+                            parser._option_string_actions, problems)
     parsed = None
     with collecting_problems(problems):
         try:
@@ -267,9 +277,17 @@ def parse_arguments(dataclass_types, argv=None, validate=None):
             problems.append(str(err))
     if parsed is not None and validate is not None:
         run_validation(validate, parsed, problems)
+    return (None if parsed is None else tuple(parsed)), problems
+
+
+def parse_arguments(dataclass_types, argv=None, validate=None):
+    """Parse `[args.json|args.yaml] [--key value ...]` into one instance per dataclass type;
+    `validate(*instances) -> list[str]` is the entry point's start-up pass. Raise one
+    ArgumentError listing every problem; `--help` prints the arguments and exits 0."""
+    parsed, problems = parse_collecting(dataclass_types, argv, validate)
     if problems:
         raise ArgumentError(joined_problems(problems))
-    return tuple(parsed)
+    return parsed
 
 
 def arguments_to_dict(*instances):

@@ -17,12 +17,12 @@ class ArgumentError(ValueError):
     """A bad argument file, flag or combination of values; the message names every problem."""
 
 
-def joined_problems(problems):
-    """One message: the problem itself, or a count and one indented line per problem."""
+def joined_problems(problems, heading="arguments cannot be used"):
+    """One message: the problem itself, or a count, `heading` and one indented line per problem."""
     problems = list(dict.fromkeys(problems))
     if len(problems) == 1:
         return problems[0]
-    return f"{len(problems)} arguments cannot be used:\n  " + "\n  ".join(problems)
+    return f"{len(problems)} {heading}:\n  " + "\n  ".join(problems)
 
 
 def report_problems(problems):

@@ -3,8 +3,9 @@
 Importing Paddle and PaddleNLP warns about things a user cannot act on (no ccache for the
 C++ extension builder, setuptools replacing distutils, deprecations inside the libraries).
 The entry scripts import them inside `quiet_third_party_warnings()`; each distinct warning
-is logged once at debug level (`logging.getLogger("ppo")`), so nothing is lost; so is
-PaddleNLP's start-up notice about `report_to`'s future default.
+is logged once at debug level (`logging.getLogger("ppo")`), so nothing is lost; so are
+PaddleNLP's start-up notices, its debug lines and the lines that repeat a model load or save
+(`PADDLENLP_NOTICES`).
 """
 import logging
 import warnings
@@ -24,16 +25,28 @@ def quiet_third_party_warnings():
         logger.debug(f"warning while importing: {text}")
 
 
-PADDLENLP_NOTICES = ("The default value for the training argument `--report_to` will change in v5",)
-"""Messages PaddleNLP logs at INFO on every start that say nothing about this run."""
+PADDLENLP_NOTICES = (
+    "The default value for the training argument `--report_to` will change in v5",
+    # a model load: "Loading weights file PATH" is its one line; these repeat it
+    "We are using <class ", "Loading configuration file ", "Loaded weights file from disk",
+    "All model checkpoint weights were used", "All the weights of ",
+    # a save: "Model weights saved in PATH" is its one line
+    "Configuration saved in ", "tokenizer config file saved in ", "Special tokens file saved in ",
+    "The global seed is set to ", "max_steps is given, it will override", "[timelog] ",
+)
+"""Messages PaddleNLP logs at INFO that say nothing new about this run (start-up notices, the
+lines around the one line of each model load and save, the seed that resolved_arguments.json
+holds)."""
 
 
 class PaddleNLPNoticeFilter(logging.Filter):
-    """Moves `PADDLENLP_NOTICES` from PaddleNLP's console logger to ours at debug level."""
+    """Moves `PADDLENLP_NOTICES` and PaddleNLP's debug lines (its Trainer prints every training
+    argument at debug level: resolved_arguments.json holds them) from PaddleNLP's console logger
+    to ours at debug level."""
 
     def filter(self, record):
         text = record.getMessage()
-        if text.startswith(PADDLENLP_NOTICES):
+        if record.levelno < logging.INFO or text.startswith(PADDLENLP_NOTICES):
             logger.debug(f"PaddleNLP: {text}")
             return False
         return True

@@ -5,6 +5,7 @@ import os
 
 from ..checkpoint import clear_previous_run, last_complete_trainer_checkpoint
 from ..models.pipeline import save_pipeline_merged
+from .console_report import closing_summary, output_paths
 from .divergence import DivergenceError
 from .resume_check import check_model_checkpoint
 from .tracking import interval_weighted_mean
@@ -130,9 +131,21 @@ def finish_trainer_run(trainer, args, tokenizer):
     if tracker_cb.tracker is None:
         tracker_cb.on_train_begin(args, trainer.state, trainer.control)
     extra = {"diverged": guard.diverged} if guard.diverged else {}
-    return tracker_cb.tracker.finish(
+    summary = tracker_cb.tracker.finish(
         final_eval=rename_trainer_logs(eval_metrics, "eval/loss"),
         train=rename_trainer_logs(train_metrics, "train/loss"),
         global_step=trainer.state.global_step,
         **extra,
     )
+    if trainer.is_world_process_zero():
+        print(trainer_closing_text(trainer, args, summary), flush=True)
+    return summary
+
+
+def trainer_closing_text(trainer, args, summary):
+    """The lines that end an SFT / reward-model / DPO run (`console_report.closing_summary`): what
+    it reached and where its model (or adapter), checkpoint, metrics and VisualDL logs are."""
+    name = type(trainer).__name__.replace("Trainer", "") or "training"
+    model = "adapter (LoRA)" if os.path.isfile(os.path.join(args.output_dir, "lora_config.json")) else "model"
+    paths = output_paths(args.output_dir, args.logging_dir, args.report_to, [(model, "")] if args.do_train else [])
+    return closing_summary(f"{name} finished", summary, paths)

@@ -50,15 +50,81 @@ MIN_VALUES = {
 }
 FLOATS_ABOVE = {"reward_server_timeout": 0.0, "divergence_factor": 1.0}  # exclusive lower bounds
 
+VALUE_RANGES = {
+    # name: (low, low included, high, high included); None: no bound on that side
+    "learning_rate": (0.0, True, None, False),
+    "critic_learning_rate": (0.0, True, None, False),
+    "min_learning_rate": (0.0, True, None, False),
+    "critic_min_learning_rate": (0.0, True, None, False),
+    "weight_decay": (0.0, True, None, False),
+    "critic_weight_decay": (0.0, True, None, False),
+    "critic_warmup_ratio": (0.0, True, 1.0, True),
+    "warmup_steps": (0, True, None, False),
+    "adam_beta1": (0.0, True, 1.0, False),
+    "adam_beta2": (0.0, True, 1.0, False),
+    "adam_epsilon": (0.0, True, None, False),
+    "num_train_epochs": (0.0, True, None, False),
+    "temperature": (0.0, False, None, False),
+    "top_p": (0.0, False, 1.0, True),
+    "top_k": (0, True, None, False),
+    "repetition_penalty": (0.0, False, None, False),
+    "kl_coeff": (0.0, True, None, False),
+    "kl_loss_coeff": (0.0, True, None, False),
+    "clip_range_ratio": (0.0, False, None, False),
+    "clip_range_ratio_low": (0.0, False, None, False),
+    "clip_range_ratio_high": (0.0, False, None, False),
+    "dual_clip": (1.0, False, None, False),
+    "clip_range_value": (0.0, False, None, False),
+    "clip_range_score": (0.0, False, None, False),
+    "gamma": (0.0, True, 1.0, True),
+    "gae_lambda": (0.0, True, 1.0, True),
+    "entropy_coeff": (0.0, True, None, False),
+    "ptx_coeff": (0.0, True, None, False),
+    "pg_loss_coeff": (0.0, True, None, False),
+    "missing_eos_penalty": (0.0, True, None, False),
+    "overlong_penalty_factor": (0.0, True, None, False),
+}
+"""Ranges of the rates, coefficients and sampling settings. Out of range, each fails late (a
+negative learning rate after the models load, inside the scheduler) or trains the wrong way
+(a negative KL coefficient rewards drifting away from the reference); None is skipped. PaddleNLP
+checks `warmup_ratio` itself."""
+
 WEIGHT_FILES = ("model_state.pdparams", "model.safetensors")
 SHARD_INDEX_FILES = ("model_state.pdparams.index.json", "model.safetensors.index.json")
 LORA_WEIGHT_FILE = "lora_model_state.pdparams"
 
 
+def range_text(low, low_in, high, high_in):
+    """`>= 0`, `> 0` or `in (0, 1]` for a `VALUE_RANGES` entry."""
+    if high is None:
+        return f"{'>=' if low_in else '>'} {low:g}"
+    return f"in {'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
+
+
+def in_range(value, low, low_in, high, high_in):
+    above = value >= low if low_in else value > low
+    below = high is None or (value <= high if high_in else value < high)
+    return above and below
+
+
+def range_problems(args):
+    """One problem per argument of `VALUE_RANGES` that `args` holds outside its range."""
+    problems = []
+    for name, bounds in VALUE_RANGES.items():
+        value = getattr(args, name, None)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if not in_range(value, *bounds):
+            problems.append(f"{name}={value!r} (must be {range_text(*bounds)})")
+    return problems
+
+
 def size_problems(*arg_objects):
-    """One problem per size/count argument of `arg_objects` below its minimum."""
+    """One problem per size/count argument of `arg_objects` below its minimum and per rate,
+    coefficient or sampling setting outside its range (`VALUE_RANGES`)."""
     problems = []
     for args in arg_objects:
+        problems += range_problems(args)
         for name, minimum in MIN_VALUES.items():
             value = getattr(args, name, None)
             if value is None or isinstance(value, bool):
@@ -70,6 +136,11 @@ def size_problems(*arg_objects):
             if value is not None and not value > bound:
                 problems.append(f"{name}={value!r} (must be > {bound:g})")
     return problems
+
+
+def is_lora_dir(path):
+    """Whether `path` holds a LoRA adapter (its `lora_config.json`)."""
+    return bool(path) and os.path.isfile(os.path.join(path, "lora_config.json"))
 
 
 def looks_local(path):

@@ -68,6 +68,9 @@ class PromptOnlyDataset(TokenizedDataset):
             "label": raw_sample.get("label"),
         }
 
+    def length_limit(self) -> str:
+        return f"max_prompt_len={self.max_prompt_len}"  # what drops prompts here; max_length limits nothing
+
     def empty_reason(self) -> str:
         if self.stats["raw"] and self.stats["dropped_prompt_too_long"] + self.stats["duplicates_removed"] == self.stats["raw"]:
             return (

@@ -143,9 +143,13 @@ class TokenizedDataset(Dataset):
     def _count(self, key: str, n: int = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + n
 
+    def length_limit(self) -> str:
+        """The length limit that filtered or truncated the samples, as the log line names it."""
+        return f"max_length={self.max_length}"
+
     def _log_stats(self) -> None:
         parts = ", ".join(f"{k}={v}" for k, v in self.stats.items())
-        message = f"{type(self).__name__}: {parts} (max_length={self.max_length})"
+        message = f"{type(self).__name__}: {parts} ({self.length_limit()})"
         if self.stats.get("dropped_empty_answer"):  # data that is probably broken: say so louder
             _logger().warning(f"{message}: {self.stats['dropped_empty_answer']} samples had an empty answer and were dropped")
         else:

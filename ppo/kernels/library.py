@@ -98,6 +98,23 @@ def unavailable_reason():
     return _state["reason"]
 
 
+def notice_fallback():
+    """Log, once per process, that the ops cannot be used and why: every caller (the rollout
+    engine, the training patch, the fused AdamW) runs its pure-Paddle twin then. Returns whether
+    the ops can be used."""
+    if _try_load():
+        return True
+    if not _state.get("noticed"):
+        _state["noticed"] = True
+        import logging
+
+        reason = _state["reason"]
+        hint = "" if "build_ops.py" in str(reason) else "; build them with `python csrc/build_ops.py`"
+        logging.getLogger("ppo").warning(f"custom ops unavailable ({reason}): the rollout engine and the training kernels "
+                                         f"run their pure-Paddle twins, which are slower{hint}")
+    return False
+
+
 def ensure_built():
     """Build the library if needed (subprocess: `python csrc/build_ops.py`) and load it; raises
     if the ops still cannot be used. The op tests call this instead of skipping."""

@@ -10,15 +10,12 @@ import json
 import logging
 import os
 
+from ..common.validation import is_lora_dir  # noqa: F401  (re-exported: the models' callers import it from here)
 from .train_patch import patch_overrides
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_LORA_TARGETS = ".*(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj).*"
-
-
-def is_lora_dir(path):
-    return bool(path) and os.path.isfile(os.path.join(path, "lora_config.json"))
 
 
 def lora_base_path(lora_dir):

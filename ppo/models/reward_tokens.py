@@ -133,3 +133,28 @@ def check_cost_tokenizers(model_args, actor_tokenizer):
         if differences:
             raise ValueError(f"{name}={path}: its tokenizer differs from the actor's (" + "; ".join(differences)
                              + "); the cost model and cost critic need the actor's tokenizer")
+
+
+MODEL_ROLES_ON_ACTOR_IDS = ("actor", "reference", "reward_critic", "cost", "cost_critic")
+"""The models of a PPO run that read the actor's token ids (`<role>_model_name_or_path`)."""
+
+
+def embedding_limit_problems(model_args, use_critic, actor_tokenizer, retokenizer, sequence_length):
+    """`startup_checks.token_and_position_problems` for every model of a PPO run (or online DPO)
+    against the tokenizer that feeds it: the actor's for the actor, the reference, the critics
+    and the cost model; the reward model's own when rollouts are re-tokenised for it
+    (`retokenizer`), else the actor's. Read from the models' `config.json`, before they load."""
+    from ..common.startup_checks import token_and_position_problems
+
+    what = "max_prompt_len + max_dec_len"
+    on_actor_ids = [(f"{role}_model_name_or_path", getattr(model_args, f"{role}_model_name_or_path", None))
+                    for role in MODEL_ROLES_ON_ACTOR_IDS]
+    reward_path = None if (model_args.use_rm_server or model_args.use_rule_reward) else model_args.reward_model_name_or_path
+    if use_critic and not model_args.reward_critic_model_name_or_path and reward_path:
+        on_actor_ids.append(("reward_model_name_or_path (the critic starts from it)", reward_path))
+    problems = token_and_position_problems(actor_tokenizer, on_actor_ids, sequence_length, what)
+    if reward_path:
+        reward_tokenizer = retokenizer.reward_tokenizer if retokenizer is not None else actor_tokenizer
+        problems += token_and_position_problems(reward_tokenizer, [("reward_model_name_or_path", reward_path)],
+                                                sequence_length, what)
+    return problems

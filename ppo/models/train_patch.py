@@ -137,9 +137,9 @@ def apply_train_patch():
     qwen2.Qwen2MLP.forward = _qwen2_mlp_forward
     from ppo import kernels
 
-    how = "C++ kernels (csrc/cpu/train_ops.cc)" if kernels.ops_available() else f"pure-Paddle twins ({kernels.unavailable_reason()})"
-    logger.warning(f"train patch on: RMSNorm, RoPE, SwiGLU and attention of PaddleNLP's Llama/Qwen2 run as fused ops, {how} "
-                   "(use_train_patch false turns it off)")
+    how = "C++ kernels (csrc/cpu/train_ops.cc)" if kernels.notice_fallback() else "pure-Paddle twins"
+    logger.info(f"train patch on: RMSNorm, RoPE, SwiGLU and attention of PaddleNLP's Llama/Qwen2 run as fused ops, {how} "
+                "(use_train_patch false turns it off)")
     return True
 
 

@@ -64,6 +64,16 @@ def step_uniforms(draw, steps, rows, place):
     return paddle.to_tensor(np.minimum(np.ascontiguousarray(u), np.float32(_U_MAX)), place=place)
 
 
+def on_place(values, place, dtype):
+    """`values` (a tensor, array or list) as a `dtype` tensor on `place`; a tensor already there is
+    cast, not copied through `paddle.to_tensor` (which warns on a tensor argument)."""
+    if isinstance(values, paddle.Tensor):
+        if not values.place._equals(place):
+            values = values._copy_to(place, False)
+        return values.astype(dtype)
+    return paddle.to_tensor(values, dtype=dtype, place=place)
+
+
 class RolloutEngine:
     """Fast generation for PPO / GRPO / evaluation.
 
@@ -146,11 +156,11 @@ class RolloutEngine:
         params = params or SamplingParams()
         lm = unwrap_model(self.model)
         place = _decoder(lm).embed_tokens.weight.place
-        input_ids = paddle.to_tensor(input_ids, dtype="int64", place=place)
+        input_ids = on_place(input_ids, place, "int64")
         if attention_mask is None:
             attention_mask = (input_ids != self.pad_token_id).astype("int64")
         else:
-            attention_mask = paddle.to_tensor(attention_mask, place=place).astype("int64")
+            attention_mask = on_place(attention_mask, place, "int64")
         if len(input_ids.shape) != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
             raise ValueError(f"input_ids must be a non-empty [B, Tp] batch, got shape {input_ids.shape}")
         if attention_mask.shape != input_ids.shape:

@@ -13,17 +13,11 @@ methods, chosen by the run argument `rollout_kernels` (`KERNEL_MODES`):
 Without the compiled library (`ppo.kernels`, built by `python csrc/build_ops.py`) "auto" runs the
 pure-Paddle twins and ONE warning says so (the engine is then slower, never silently).
 """
-import logging
-
-from ..kernels import ops_available, unavailable_reason
+from ..kernels import notice_fallback, unavailable_reason
 from . import fallback
-
-logger = logging.getLogger("ppo.rollout")
 
 KERNEL_MODES = ("auto", "custom", "paddle")
 ROLLOUT_OPS = ("rms_norm", "add_rms_norm", "swiglu", "pack_transposed", "attention", "sample", "update")
-
-_noticed = {"fallback": False}
 
 
 class CustomOps:
@@ -104,17 +98,10 @@ def get_ops(kernels="auto", place=None, dtype="float32"):
         raise ValueError(f"rollout_kernels must be one of {KERNEL_MODES}, got {kernels!r}")
     if kernels == "paddle":
         return FallbackOps()
-    if not ops_available():
+    if not notice_fallback():  # the library's one notice says why it is missing (once per process)
         if kernels == "custom":
             raise RuntimeError(f"rollout_kernels custom: the compiled rollout ops cannot be used ({unavailable_reason()}); "
                                "build them with `python csrc/build_ops.py` or set rollout_kernels auto or paddle")
-        if not _noticed["fallback"]:
-            _noticed["fallback"] = True
-            logger.warning(
-                "ppo.rollout: custom ops unavailable (%s); the rollout engine runs its pure-Paddle fallback, "
-                "which is slower. Build them with `python csrc/build_ops.py`.",
-                unavailable_reason(),
-            )
         return FallbackOps()
     custom = CustomOps()
     if kernels == "custom":

@@ -225,7 +225,8 @@ def build_tokenizer(style, output_dir, vocab_size=1024, seed=0):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from ..common.argument_help import doc_summary
+    parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("--style", required=True, choices=sorted(BUILDERS))
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--vocab_size", type=int, default=1024, help="most BPE tokens (bytes + merges) before the special tokens")

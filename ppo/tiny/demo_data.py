@@ -249,7 +249,8 @@ def generate(
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from ..common.argument_help import doc_summary
+    parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--flaw_prob", type=float, default=0.7)

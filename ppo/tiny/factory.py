@@ -220,7 +220,8 @@ def build_real_shape(output_dir, shape, num_layers=1, seed=42, tokenizer_vocab_s
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from ..common.argument_help import doc_summary
+    parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("--output_dir", required=True, help="directory to write the model and tokenizer into")
     parser.add_argument("--hidden_size", type=int, default=128)
     parser.add_argument("--num_layers", type=int, default=2)

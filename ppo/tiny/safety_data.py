@@ -198,7 +198,8 @@ def generate(output_dir, seed=4321, leak_prob=0.7, wrong_prob=0.55, num_sft=4000
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    from ..common.argument_help import doc_summary
+    parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--seed", type=int, default=4321)
     parser.add_argument("--leak_prob", type=float, default=0.7)

@@ -8,8 +8,10 @@ import time
 import paddle
 import paddle.distributed as dist
 from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..checkpoint import list_checkpoints, load_checkpoint, prepare_output_dir, save_checkpoint, save_final_models
+from ..common.console_report import closing_summary, evaluation_table, number, output_paths, run_label, step_line
 from ..common.divergence import DivergenceError
 from ..common.metrics import MetricAccumulator, reduce_across_ranks
 from ..common.jsonl_trace import append_rows
@@ -173,7 +175,8 @@ class TrainingLoop:
         with stop_requests() as self.stop_request:
             return self.train_loop()
 
-    def train_loop(self):
+    def start_tracking(self):
+        """Resume (`maybe_resume`), open the run's traces and the best-policy keeper."""
         args = self.args
         resumed = self.maybe_resume()
         self.tracker = RunTracker(args.output_dir, args.logging_dir, report_to=args.report_to,
@@ -185,33 +188,37 @@ class TrainingLoop:
         self.best_policy = None
         if args.load_best_model_at_end:  # PaddleNLP's names; checked in ppo.ppo_argument_checks
             self.best_policy = BestPolicy(eval_metric_name(args.metric_for_best_model), args.greater_is_better is not False)
+
+    def train_loop(self):
+        args = self.args
+        self.start_tracking()
         if args.evaluates and self.step == 0 and self.eval_dataset is not None:
             self.log_evaluation()
-        bar = tqdm(total=self.max_steps, initial=self.step, desc="ppo", disable=not self.is_main or args.disable_tqdm)
+        bar = tqdm(total=self.max_steps, initial=self.step, desc=self.run_label, disable=not self.is_main or args.disable_tqdm)
         start = time.time()
-        while self.step < self.max_steps:
-            try:
-                metrics, exp = self.train_step()
-            except RewardServerError as err:  # the server is gone for good (retries spent): keep the work
-                self.save_before_stopping(err)
-            self.step += 1
-            bar.update(1)
-            bar.set_postfix(score=f"{metrics['objective/scores']:.3f}", len=f"{metrics['response_length/mean']:.1f}")
-            diverged = self.step_divergence(metrics)
-            self.flat_rewards.check(self.step, metrics)  # warns once (ppo.common.run_guard)
-            first = args.logging_first_step and self.step == 1
-            if self.step % args.logging_steps == 0 or self.step == self.max_steps or diverged or first:
-                self.tracker.log(metrics, step=self.step)
-            if diverged and args.stop_on_divergence:
-                return self.stop_diverged(diverged)
-            if self.is_main and args.num_sample_generations and self.step % args.num_sample_generations == 0:
-                self.log_samples(exp)
-            if args.evaluates and self.eval_dataset is not None and (self.step % args.eval_steps == 0 or self.step == self.max_steps):
-                self.log_evaluation()
-            if args.saves_checkpoints and args.save_steps and self.step % args.save_steps == 0 and self.step != self.max_steps:
-                self.save()
-            if self.stop_request.should_stop(self.world_size):
-                return self.stop_on_signal()
+        with logging_redirect_tqdm():  # log lines above the progress bar, not through it
+            while self.step < self.max_steps:
+                try:
+                    metrics, exp = self.train_step()
+                except RewardServerError as err:  # the server is gone for good (retries spent): keep the work
+                    self.save_before_stopping(err)
+                self.step += 1
+                bar.update(1)
+                bar.set_postfix(score=number(metrics["objective/scores"]), kl=number(metrics["objective/kl"]),
+                                len=f"{metrics['response_length/mean']:.1f}")
+                diverged = self.step_divergence(metrics)
+                self.flat_rewards.check(self.step, metrics)  # warns once (ppo.common.run_guard)
+                self.log_step(metrics, diverged)
+                if diverged and args.stop_on_divergence:
+                    return self.stop_diverged(diverged)
+                if self.is_main and args.num_sample_generations and self.step % args.num_sample_generations == 0:
+                    self.log_samples(exp)
+                if args.evaluates and self.eval_dataset is not None and (self.step % args.eval_steps == 0 or self.step == self.max_steps):
+                    self.log_evaluation()
+                if args.saves_checkpoints and args.save_steps and self.step % args.save_steps == 0 and self.step != self.max_steps:
+                    self.save()
+                if self.stop_request.should_stop(self.world_size):
+                    return self.stop_on_signal()
         bar.close()
         extra = self.restore_best_policy()
         if args.saves_checkpoints:
@@ -225,11 +232,35 @@ class TrainingLoop:
             extra["diverged"] = self.divergence_log
         return self.tracker.finish(steps=self.step, train_wall_s=time.time() - start, actor_fingerprints=fingerprints, **extra)
 
+    def closing_text(self, summary):
+        """The lines that end the run (`console_report.closing_summary`): what it reached and where
+        its models, checkpoint, metrics.jsonl, summary.json and VisualDL logs are."""
+        models = [(f"{name} model", name) for name, model in self._models_for_checkpoint().items() if model is not None]
+        paths = output_paths(self.args.output_dir, self.args.logging_dir, self.args.report_to, models)
+        return closing_summary(f"{self.run_label} finished", summary, paths)
+
+    def log_step(self, metrics, diverged):
+        """Every `logging_steps` (and the first with `logging_first_step`, the last, a diverged one):
+        the step's metrics to `metrics.jsonl` / VisualDL and one line to the console."""
+        args = self.args
+        first = args.logging_first_step and self.step == 1
+        if self.step % args.logging_steps == 0 or self.step == self.max_steps or diverged or first:
+            self.tracker.log(metrics, step=self.step)
+            if self.is_main:
+                logger.info(step_line(self.step, self.max_steps, metrics))
+
+    @property
+    def run_label(self):
+        """ppo, grpo, rloo, ... (`console_report.run_label`): the progress bar's and summary's name."""
+        return run_label(self.args.adv_estimator, self.lagrange is not None)
+
     def log_evaluation(self):
-        """Evaluate, log the metrics at this step and, with `load_best_model_at_end`, keep the
-        actor's weights when they are the best evaluated so far."""
+        """Evaluate, log the metrics at this step (and their table to the console) and, with
+        `load_best_model_at_end`, keep the actor's weights when they are the best evaluated so far."""
         metrics = self.evaluate()
         self.tracker.log(metrics, step=self.step)
+        if self.is_main:
+            logger.info(evaluation_table(self.step, metrics))
         if self.best_policy is not None:
             with self.offload.scope("actor"):
                 self.best_policy.consider(self.step, metrics, self.models.actor)
