@@ -47,9 +47,10 @@ with quiet_third_party_warnings():
 logger = logging.getLogger("dpo.online")
 
 
-def build_datasets(data_args, training_args, tokenizer, require_label, attempt):
+def build_datasets(data_args, training_args, tokenizer, require_label, attempt=None):
     """Train prompts (each with its reference answer when a server or rule scores against it)
     and eval prompts, each built through `attempt` (`StartupPass.attempt`)."""
+    attempt = attempt or (lambda build, *args, **kwargs: build(*args, **kwargs))
     common = dict(data_args.dataset_kwargs(tokenizer, training_args.seed), **data_args.prompt_field_keys())
     train = attempt(PromptOnlyDataset, split_specs(data_args.train_datasets), max_prompt_len=data_args.max_prompt_len,
                     require_label=require_label, **common)
