@@ -63,6 +63,9 @@ def parse_args(argv=None):
         args.ks_list = default_ks(args.num_samples) if args.ks is None else [int(k) for k in args.ks.split(",")]
     except ValueError as err:
         parser.error(f"--verifier/--weights/--ks: {err}")
+    if not args.scorer.judges_correctness:
+        parser.error(f"--verifier {args.verifier}: none of its scorers says which answers are correct (correct_at); "
+                     "add a verifier such as math_boxed, gsm8k, choice or reverse")
     if any(not 1 <= k <= args.num_samples for k in args.ks_list):
         parser.error(f"--ks: every k must be in [1, --num_samples={args.num_samples}], got {args.ks_list}")
     return args
