@@ -5,8 +5,10 @@ A scorer is a PURE function ``score(src: str, tgt: str, response: str) -> float`
 ``tgt``), ``response`` the decoded completion without the prompt. This is the
 triple PaddleNLP's trainer posts to its reward server (its
 ``request_reward_server`` decodes ``input_ids[:, :prompt_len]`` as src, the label
-ids as tgt and ``input_ids[:, prompt_len:]`` as response). A scorer has no state,
-does no I/O and may be called from many server threads at once.
+ids as tgt and ``input_ids[:, prompt_len:]`` as response). A scorer keeps no state
+that changes its answers and may be called from many server threads at once (``code``
+runs the answer in a sandboxed child process, ``math_boxed`` its sympy check in a
+worker process: see their modules).
 
 A scorer that cannot score an item (for example a label it cannot parse) raises
 an exception; the server then answers HTTP 500 naming the item. It never returns
