@@ -83,7 +83,8 @@ class ModelArgument(ModelCommonArguments):
     )
     rule_reward_scorers: str = field(
         default="",
-        metadata={"help": "use_rule_reward: comma-separated scorer names or module:function, e.g. kk,math; empty: math (as PaddleNLP's GSM8K rule)."},
+        metadata={"help": "use_rule_reward: comma-separated scorer names or module:function, e.g. kk,math, or a JSON object "
+                  "name -> weight or {\"weight\": w, option: value} (docs/verifiers.md); empty: math (the last number)."},
     )
     rule_reward_weights: str = field(
         default="", metadata={"help": "use_rule_reward: comma-separated weight per scorer (default 1 each); score = weighted sum."}
@@ -266,6 +267,11 @@ class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArg
                   "reshard at tensor_parallel_degree 1. Under pipeline parallel every stage is gathered on each rank "
                   "for the rollout first (its tensor-parallel slices merged, or kept with tensor_parallel)."},
     )
+    eval_num_samples: int = field(
+        default=0,
+        metadata={"help": "Sampled responses per eval prompt (rollout sampling) for eval/pass@k (k = 1, 2, 4, ..., n), "
+                  "eval/maj@n, eval/mean@n; correct by the rule scorers' verdict, else exact match. 0: greedy only."},
+    )
     offload_level: str = field(
         default="",
         metadata={"help": "Space-separated freeze_model optimizer train_model: kept in pinned host memory outside the step "
@@ -291,6 +297,8 @@ class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArg
             problems += batch_problems(self) if ranks else []
             problems += generation_problems(self)
             problems += lagrange_value_problems(self)
+            if self.eval_num_samples < 0:
+                problems.append(f"eval_num_samples must be >= 0 (0: greedy evaluation only), got {self.eval_num_samples}")
             if self.critic_recompute_granularity not in RECOMPUTE_GRANULARITIES:
                 problems.append(f"critic_recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, "
                                 f"got {self.critic_recompute_granularity!r}")

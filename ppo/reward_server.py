@@ -6,6 +6,7 @@ Run (from the repository root, or from inside ``ppo/`` as PaddleNLP users do)::
     cd ppo && python reward_server.py --scorer reverse
     python ppo/reward_server.py --scorer my_rewards:my_score   # your own function
     python ppo/reward_server.py --scorer kk,math --weights 1,0.5   # weighted sum of several
+    python ppo/reward_server.py --scorer '{"gsm8k": 1.0, "format": 0.2}'   # verifiers, as a JSON object
 
 Contract (PaddleNLP ``llm/alignment/ppo/reward_server.py``; its trainer posts to
 the URL and reads ``score``):
@@ -299,8 +300,9 @@ def parse_args(argv=None):
     parser.add_argument(
         "--scorer",
         default=DEFAULT_SCORER,
-        help="registered scorer name (kk, math, reverse) or 'module.path:function'; several, comma-separated, "
-        "are summed with --weights",
+        help="registered scorer name (kk, math, reverse, math_boxed, gsm8k, ...; docs/verifiers.md) or "
+        "'module.path:function'; several, comma-separated, are summed with --weights; or a JSON object "
+        "name -> weight or {\"weight\": w, option: value}",
     )
     parser.add_argument(
         "--weights", default=None, help="comma-separated weight per --scorer (default 1 each), e.g. 1,0.5"

@@ -22,6 +22,7 @@ from ..evaluation import decode_responses, evaluate_generation
 from ..experience import experience_from_rollout
 from ..models.tensor_parallel import model_parallel_group
 from ..reward_client import RewardServerError
+from ..sampled_eval import evaluate_sampled, sampled_eval_settings
 from .best_policy import BestPolicy, eval_metric_name
 
 logger = logging.getLogger("ppo")
@@ -92,6 +93,12 @@ class TrainingLoop:
                 long_answer_len=self.eval_long_answer_len, engine=self.engine, score_fn=score_fn,
                 indices=list(range(self.data_rank, len(self.eval_dataset), self.data_world)),
             )
+            if self.args.eval_num_samples:  # eval/pass@k, eval/maj@n, eval/mean@n over sampled responses
+                judge, params = sampled_eval_settings(self.args, self.sampling, self.rule_scorer)
+                metrics.update(evaluate_sampled(
+                    model, self.tokenizer, self.eval_dataset, judge, self.args.eval_num_samples, params,
+                    batch_size=self.args.per_device_eval_batch_size, seed=self.args.seed, engine=self.engine,
+                    indices=list(range(self.data_rank, len(self.eval_dataset), self.data_world)), prefix="eval/")[0])
         metrics.pop("eval/num_samples", None)
         return reduce_across_ranks(metrics)
 
