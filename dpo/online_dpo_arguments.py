@@ -17,6 +17,7 @@ from ppo.algos.preference import PAIR_LOSS_TYPES
 from ppo.common import paddlenlp_keys as pk
 from ppo.common import validation
 from ppo.common.argument_groups import (
+    DivergenceArguments,
     GenerationArguments,
     LogprobArguments,
     PaddleNLPTrainingArguments,
@@ -56,14 +57,16 @@ class DataArgument(PPODataArgument):
 
 
 @dataclass
-class OnlineDPOTrainingArguments(RolloutLoopArguments, RolloutArguments, LogprobArguments, GenerationArguments,
-                                 PaddleNLPTrainingArguments):
+class OnlineDPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArguments, LogprobArguments,
+                                 GenerationArguments, PaddleNLPTrainingArguments):
     """The rollout (`RolloutArguments`) and the loop's optimiser (`RolloutLoopArguments`) are
     `run_ppo.py`'s; the fields below are online DPO's own."""
 
     paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.argument_parsing
     # a pair needs two answers per prompt: 4 samples by default (run_ppo.py: 1)
     rollout_n: int = default_override(RolloutArguments, "rollout_n", 4)
+    # a round that diverges stops the run, as PPO's (DivergenceArguments: off for SFT/RM/DPO)
+    stop_on_divergence: bool = default_override(DivergenceArguments, "stop_on_divergence", True)
     # pairs
     pair_selection: str = field(
         default="best_worst",

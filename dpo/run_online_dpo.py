@@ -17,7 +17,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.join(ROOT, "dpo")]
 sys.path.insert(0, ROOT)
 
-import dataclasses  # noqa: E402
 import logging  # noqa: E402
 
 from ppo.common.argument_table import check_early  # noqa: E402
@@ -30,8 +29,7 @@ from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 with quiet_third_party_warnings():
     import paddle  # noqa: E402
     from dpo.online_dpo_arguments import DataArgument, ModelArgument, OnlineDPOTrainingArguments, validate_arguments  # noqa: E402
-    from dpo.online_dpo_trainer import OnlineDPOTrainer  # noqa: E402
-    from dpo.online_scoring import AnswerScorer  # noqa: E402
+    from dpo.online_dpo_trainer import build_online_dpo_trainer, without_unused_reference  # noqa: E402
     from ppo.common.argument_groups import split_specs  # noqa: E402
     from ppo.common.argument_parsing import save_resolved_arguments  # noqa: E402
     from ppo.common.startup_checks import StartupPass  # noqa: E402
@@ -77,8 +75,9 @@ def start_up(argv):
     return model_args, data_args, training_args, tokenizer, datasets
 
 
-def build_scorer(model_args, training_args, tokenizer, reward_model):
-    """The `AnswerScorer` over the reward model, the reward server or the rule scorers."""
+def score_sources(model_args):
+    """`(reward-server client, rule scorer)` of the run: one of them, or neither when the reward
+    model scores."""
     client = rule_scorer = None
     if model_args.use_rm_server:
         client = RewardServerClient(model_args.reward_server, timeout=model_args.reward_server_timeout,
@@ -87,25 +86,23 @@ def build_scorer(model_args, training_args, tokenizer, reward_model):
         if ":" in model_args.rule_reward_scorers and os.getcwd() not in sys.path:
             sys.path.append(os.getcwd())  # `module:function` scorers next to where the run starts
         rule_scorer = WeightedScorer(model_args.rule_reward_scorers, model_args.rule_reward_weights)
-    chunk = max(training_args.per_device_eval_batch_size, training_args.per_device_train_batch_size)
-    return AnswerScorer(tokenizer, reward_model=reward_model, reward_client=client, rule_scorer=rule_scorer,
-                        missing_eos_penalty=training_args.missing_eos_penalty, chunk_size=chunk)
+    return client, rule_scorer
 
 
 def build_trainer(argv=None):
-    """Parse arguments, check them, load data and models; returns a ready `OnlineDPOTrainer`."""
+    """Parse arguments, check them, load data and models; returns the run's ready
+    `ppo.trainer.loop.OnlineLoop`."""
     model_args, data_args, training_args, tokenizer, (train, evaluation) = start_up(argv)
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
     paddle.seed(training_args.seed)
     models = build_ppo_models(model_args, use_critic=False, dtype=training_dtype(training_args),
                               **load_overrides(model_args, training_args))
-    if not training_args.uses_reference and models.reference is not None:
-        models = dataclasses.replace(models, reference=None)  # SimPO / ORPO: the copy is not needed
+    models = without_unused_reference(models, training_args)  # SimPO / ORPO: the copy is not needed
     if training_args.recompute:
         enable_recompute(models.actor, model_args.recompute_granularity, model_args.recompute_use_reentrant)
-    scorer = build_scorer(model_args, training_args, tokenizer, models.reward)
-    return OnlineDPOTrainer(training_args, models, tokenizer, scorer, train, evaluation,
-                            eval_long_answer_len=data_args.eval_long_answer_len)
+    client, rule_scorer = score_sources(model_args)
+    return build_online_dpo_trainer(training_args, models, tokenizer, train, evaluation, reward_client=client,
+                                    rule_scorer=rule_scorer, eval_long_answer_len=data_args.eval_long_answer_len)
 
 
 def main(argv=None):

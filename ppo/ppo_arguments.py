@@ -257,7 +257,6 @@ class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArg
                   "gradients) also gives the old log-probs and values, instead of a separate no-grad pass first "
                   "(the weights are the same then; TRL and verl skip that pass in the same case)."},
     )
-    max_nan_skips: int = field(default=3, metadata={"help": "Consecutive non-finite steps tolerated before the run stops."})
     # traces and evaluation
     eval_mode: str = field(
         default="",
@@ -306,14 +305,6 @@ class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArg
                 problems += paddlenlp_setting_problems(self)
             if self.normalize_advantage is None and self.adv_estimator in ADV_ESTIMATORS:
                 self.normalize_advantage = get_adv_estimator(self.adv_estimator).whitens
-
-    @property
-    def release_gradients(self):
-        """Free gradients after each optimiser step (`release_grads`, or `enable_release_grads` in
-        `sharding_parallel_config`, as PaddleNLP) instead of keeping them as zeros."""
-        config = self.sharding_parallel_config
-        options = config.replace(",", " ").split() if isinstance(config, str) else list(config or ())
-        return bool(self.release_grads) or "enable_release_grads" in options
 
     @property
     def evaluates(self):

@@ -36,7 +36,7 @@ with quiet_third_party_warnings():
     from ppo.models.pipeline import log_pipeline_settings  # noqa: E402
     from ppo.models.ppo_models import build_ppo_models  # noqa: E402
     from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments, validate_arguments  # noqa: E402
-    from ppo.ppo_trainer import PPOTrainer  # noqa: E402
+    from ppo.ppo_trainer import build_ppo_trainer  # noqa: E402
     from ppo.reward_client import RewardServerClient  # noqa: E402
     from ppo.scorers import WeightedScorer  # noqa: E402
     from ppo.models.reward_tokens import check_cost_tokenizers, embedding_limit_problems, retokenizer_for_run  # noqa: E402
@@ -86,8 +86,9 @@ def start_up(argv=None):
     return model_args, data_args, training_args, tokenizer, datasets, retokenizer
 
 
-def build_trainer(argv=None):
-    """Parse and check the arguments (`start_up`), load the models and return a ready `PPOTrainer`."""
+def build_trainer(argv=None, strategy=None):
+    """Parse and check the arguments (`start_up`), load the models and return the run's ready
+    `ppo.trainer.loop.OnlineLoop`; `strategy`: the parallel strategy (default: the arguments')."""
     model_args, data_args, training_args, tokenizer, (train, evaluation, ptx), retokenizer = start_up(argv)
     acquire_output_dir(training_args.output_dir, dist_rank() == 0)  # one run per output_dir
     if dist_rank() == 0:
@@ -117,9 +118,10 @@ def build_trainer(argv=None):
         if ":" in model_args.rule_reward_scorers and os.getcwd() not in sys.path:
             sys.path.append(os.getcwd())  # `module:function` scorers next to where the run starts
         rule_scorer = WeightedScorer(model_args.rule_reward_scorers, model_args.rule_reward_weights)
-    return PPOTrainer(
+    return build_ppo_trainer(
         training_args, models, tokenizer, train, evaluation, ptx, reward_client=client,
         eval_long_answer_len=data_args.eval_long_answer_len, rule_scorer=rule_scorer, reward_retokenizer=retokenizer,
+        strategy=strategy,
     )
 
 

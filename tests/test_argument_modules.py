@@ -82,12 +82,12 @@ def test_entry_points_read_their_classes_from_the_argument_modules():
 def test_the_kl_estimator_names_have_one_home():
     import paddle
 
-    import ppo.trainer.experience_maker
-    import ppo.trainer.update
+    import ppo.trainer.advantages
+    import ppo.trainer.updater
     from ppo.algos import kl
 
     assert ppo_arguments.KL_ESTIMATOR_NAMES is kl.KL_ESTIMATOR_NAMES
-    assert ppo.trainer.update.K3_NAMES is kl.K3_NAMES and ppo.trainer.experience_maker.K3_NAMES is kl.K3_NAMES
+    assert ppo.trainer.updater.K3_NAMES is kl.K3_NAMES and ppo.trainer.advantages.K3_NAMES is kl.K3_NAMES
     assert set(kl.KL_ESTIMATOR_NAMES) == {"k1", "k2", "k3", "kl", "mse", "low_var_kl"} and set(kl.K3_NAMES) == {"k3", "low_var_kl"}
     logp, ref = paddle.to_tensor([[-1.0, -2.0]]), paddle.to_tensor([[-1.5, -1.0]])
     for name in kl.KL_ESTIMATOR_NAMES:  # every listed name is one kl_penalty computes

@@ -15,7 +15,7 @@ from .advantage import (
     reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
-from .kl import K3_NAMES, KL_ESTIMATOR_NAMES, KL_ESTIMATORS, AdaptiveKLController, kl_penalty, kl_shaped_rewards, last_token_mask
+from .kl import K3_NAMES, KL_ESTIMATOR_NAMES, KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_penalty, kl_shaped_rewards, last_token_mask
 from .losses import (
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_AGG_MODES,
@@ -90,6 +90,7 @@ __all__ = [
     "kl_shaped_rewards",
     "last_token_mask",
     "AdaptiveKLController",
+    "FixedKLController",
     # advantage
     "ADV_ESTIMATORS",
     "AdvEstimator",

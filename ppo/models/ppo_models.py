@@ -44,6 +44,15 @@ class PPOModels:
         with lora_disabled(self.actor) as base:
             yield base
 
+    def score_models(self):
+        """`{objective: frozen score model}` of the scored objectives a model scores: "reward"
+        (absent when a reward server or rule scorers score) and "cost" (PPO-Lagrangian)."""
+        return {name: model for name, model in (("reward", self.reward), ("cost", self.cost)) if model is not None}
+
+    def critic_models(self):
+        """`{objective: critic}` of the objectives with a critic: "reward" (GAE), "cost"."""
+        return {name: model for name, model in (("reward", self.critic), ("cost", self.cost_critic)) if model is not None}
+
 
 def build_ppo_models(model_args, use_critic, dtype="float32", pipeline=False, **extra):
     """Load the four models from `ModelArgument` paths (see module docstring);
