@@ -12,8 +12,7 @@ import tests.rule_reward_helpers  # noqa: F401  (registers the test_rule_* score
 from dpo.preference_objective import preference_objective
 from dpo.run_online_dpo import build_trainer, main
 from ppo.trainer.scoring import RewardServerScorer, ScoreModel
-from ppo.algos import dpo_loss
-from ppo.algos.preference import pair_loss
+from tests.preference_shims import dpo_loss, pair_loss
 
 VOLATILE = ("timing_s/", "perf/")
 

@@ -53,8 +53,6 @@ from .normalizer import (
 from .shaping import overlong_penalty, truncated_completion_mask
 from .cost import cost_metrics, pairwise_cost_loss, tokenwise_pairwise_cost_loss
 from .preference import (
-    DPO_LOSS_TYPES,
-    dpo_loss,
     kto_kl_reference_point,
     kto_loss,
     log1mexp,
@@ -126,12 +124,10 @@ __all__ = [
     "vocab_parallel_token_logprobs",
     "vocab_parallel_logprobs_from_hidden",
     # preference
-    "DPO_LOSS_TYPES",
     "pairwise_reward_loss",
     "tokenwise_pairwise_reward_loss",
     "pair_divergence_span",
     "scores_at",
-    "dpo_loss",
     "kto_kl_reference_point",
     "kto_loss",
     "log1mexp",
