@@ -224,12 +224,6 @@ def response_values(critic, exp, remove_padding=False):
     return response_slice(scores, exp.prompt_len, exp.response_ids.shape[1]) * exp.response_mask
 
 
-def reward_model_scores(reward_model, exp):
-    """End scores `[N]` of the full sequences under a score model."""
-    out = reward_model(input_ids=exp.sequences, attention_mask=exp.attention_mask, position_ids=exp.position_ids)
-    return out.end_scores.astype("float32")
-
-
 def in_chunks(fn, exp, chunk_size):
     """Apply `fn(sub_experience)` to row chunks of `exp` and concatenate the outputs."""
     n = len(exp)

@@ -135,7 +135,8 @@ def build_ppo_trainer(args, models, tokenizer, train_dataset, eval_dataset=None,
         retokenizers={"reward": reward_retokenizer} if reward_retokenizer is not None else {}))
     engine = RolloutEngine(passes.generation_model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                            use_rollout_engine=args.use_fusemt, kernels=args.rollout_kernels,
-                           keep_tensor_parallel=args.keep_tensor_parallel, max_num_seqs=args.rollout_max_num_seqs)
+                           keep_tensor_parallel=args.keep_tensor_parallel, max_num_seqs=args.rollout_max_num_seqs,
+                           tensor_parallel_group=strategy.generation_group())
     sampling = SamplingParams(max_new_tokens=args.max_dec_len, min_new_tokens=args.min_dec_len, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty, do_sample=True)
     trained = [actor, *critics.values()]

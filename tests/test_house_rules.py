@@ -31,7 +31,7 @@ def tracked_files():
 
 
 def our_modules():
-    """`{dotted name: path}` of every module of OUR_PACKAGES (symlinked folders such as rm/models skipped)."""
+    """`{dotted name: path}` of every module of OUR_PACKAGES (symlinked folders skipped)."""
     mods = {}
     for pkg in OUR_PACKAGES:
         for d, dirs, files in os.walk(os.path.join(ROOT, pkg)):

@@ -14,7 +14,7 @@ import pytest
 
 from ppo.common.argument_parsing import ArgumentError, parse_arguments
 from ppo.rollout import RolloutEngine, SamplingParams, fallback, kernel_check, ops
-from ppo.rollout.testing import custom_and_fallback_ops
+from tests.rollout_ops_helpers import custom_and_fallback_ops
 from tests.test_argument_modules import ENTRY_CLASSES
 
 PAD, EOS = 3, 2

@@ -1,15 +1,16 @@
 """`ModelPasses` through pipeline-parallel models (`pipeline_parallel_degree > 1`, see
 `ppo.models.policy_pipe`). Every rank of a pipeline group runs the same step on the same
-experience (the prompts, seeds and samples of a pipeline group agree). The only code that
+experience (the prompts, seeds and samples of a pipeline group agree). The only code here that
 touches fleet's private pipeline attributes is `fleet_forward_backward` (with its helper
-`set_micro_batches`) and `install_last_stage_loss` below."""
+`set_micro_batches`); the last stage's loss is installed by
+`ppo.models.pipeline.install_last_stage_loss`."""
 import contextlib
 import logging
 
 import paddle
 import paddle.distributed as dist
 
-from ..models.pipeline import answer_nll_from_logits, pipeline_group
+from ..models.pipeline import answer_nll_from_logits, install_last_stage_loss, pipeline_group
 from ..models.policy_pipe import (
     ExperienceCriterion,
     FrozenModelLoss,
@@ -27,12 +28,6 @@ from ..experience import loss_view
 from .base import ModelPasses
 
 logger = logging.getLogger(__name__)
-
-
-def install_last_stage_loss(pipe, criterion):
-    """Make `criterion` the loss fleet's schedule computes on `pipe`'s last stage (fleet reads
-    the pipeline layer's `_loss_fn` list)."""
-    pipe._loss_fn = [criterion]
 
 
 def set_micro_batches(model, count):
