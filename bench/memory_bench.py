@@ -43,9 +43,6 @@ import tempfile
 import time
 import warnings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 warnings.filterwarnings("ignore")
 

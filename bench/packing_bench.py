@@ -24,13 +24,9 @@ os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 from dpo.dpo_trainer import LOSS_TYPES
 from dpo.preference_arguments import PreferenceLossArguments
-from ppo.common.argument_groups import (
+from ppo.entry.argument_groups import (
     DatasetArguments,
     DivergenceArguments,
     EvalGenerationArguments,
@@ -19,7 +19,7 @@ from ppo.common.argument_groups import (
     ZeroPaddingArguments,
 )
 from ppo.common.argument_problems import problem_scope
-from ppo.common.trainer_entry_checks import trainer_entry_problems
+from ppo.entry.trainer_entry_checks import trainer_entry_problems
 
 
 @dataclass

@@ -40,7 +40,7 @@ from ppo.models.unpadded import pack_padded, packed_token_logprobs
 from ppo.models.loading import find_lora_model, lora_disabled
 from ppo.models.pipeline import install_last_stage_loss, pipeline_group, wrapped_pipeline
 from ppo.models.preference_pipe import PreferenceCriterion, PreferencePolicyInputs, kl_sides, pipeline_answer_logps
-from ppo.common.trainer_resume import FreshOptimizerResumeMixin
+from ppo.entry.trainer_resume import FreshOptimizerResumeMixin
 from ppo.models.tensor_parallel import DatasetOrderMixin
 
 LOSS_TYPES = tuple(PREFERENCE_LOSSES)

@@ -4,7 +4,7 @@ The policy, reference and score source use `run_ppo.py`'s names (`ModelArgument`
 `actor_model_name_or_path`, `reference_model_name_or_path`, `reward_model_name_or_path`,
 `use_rm_server`, `use_rule_reward`, ...), the rollout PaddleNLP's PPO names
 (`per_device_prompt_batch_size`, `rollout_n`, `max_dec_len`, ...: the shared `RolloutArguments`
-of `ppo/common/argument_groups.py`, with `rollout_n` 4 by default), the loss the DPO
+of `ppo/entry/argument_groups.py`, with `rollout_n` 4 by default), the loss the DPO
 trainer's (`loss_type`, `beta`, `sft_loss_ratio`, ...); what neither has follows TRL's
 `OnlineDPOConfig` or is new (`pair_selection`, `pair_margin`, `ref_update_rounds`).
 One training step is one round. Defaults live here only.
@@ -15,7 +15,7 @@ from typing import ClassVar
 from ppo.algos.preference_registry import PREFERENCE_LOSSES
 from ppo.common import paddlenlp_keys as pk
 from ppo.common import validation
-from ppo.common.argument_groups import (
+from ppo.entry.argument_groups import (
     DivergenceArguments,
     GenerationArguments,
     LogprobArguments,

@@ -10,12 +10,8 @@ with the DPO-family loss. Writes `output_dir/policy` (PaddleNLP layout),
 `resolved_arguments.json` and VisualDL logs.
 """
 import os
-import sys
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle: 3-4x faster matmuls on AVX2-only CPUs
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.join(ROOT, "dpo")]
-sys.path.insert(0, ROOT)
 
 import logging  # noqa: E402
 
@@ -30,7 +26,7 @@ with quiet_third_party_warnings():
     import paddle  # noqa: E402
     from dpo.online_dpo_arguments import DataArgument, ModelArgument, OnlineDPOTrainingArguments, validate_arguments  # noqa: E402
     from dpo.online_dpo_trainer import build_online_dpo_trainer, without_unused_reference  # noqa: E402
-    from ppo.common.argument_groups import split_specs  # noqa: E402
+    from ppo.entry.argument_groups import split_specs  # noqa: E402
     from ppo.common.argument_parsing import save_resolved_arguments  # noqa: E402
     from ppo.common.startup_checks import StartupPass  # noqa: E402
     from ppo.models.reward_tokens import embedding_limit_problems  # noqa: E402
@@ -39,8 +35,7 @@ with quiet_third_party_warnings():
     from ppo.data import PromptOnlyDataset  # noqa: E402
     from ppo.models.loading import enable_recompute, load_overrides, load_tokenizer, training_dtype  # noqa: E402
     from ppo.models.ppo_models import build_ppo_models  # noqa: E402
-    from ppo.reward_client import RewardServerClient  # noqa: E402
-    from ppo.scorers import WeightedScorer  # noqa: E402
+    from ppo.trainer.scoring import score_sources  # noqa: E402
 
 logger = logging.getLogger("dpo.online")
 
@@ -73,20 +68,6 @@ def start_up(argv):
     startup.add(run_server_problems(model_args))
     startup.finish()
     return model_args, data_args, training_args, tokenizer, datasets
-
-
-def score_sources(model_args):
-    """`(reward-server client, rule scorer)` of the run: one of them, or neither when the reward
-    model scores."""
-    client = rule_scorer = None
-    if model_args.use_rm_server:
-        client = RewardServerClient(model_args.reward_server, timeout=model_args.reward_server_timeout,
-                                    max_retries=model_args.reward_server_retries, token=model_args.reward_server_token)
-    elif model_args.use_rule_reward:
-        if ":" in model_args.rule_reward_scorers and os.getcwd() not in sys.path:
-            sys.path.append(os.getcwd())  # `module:function` scorers next to where the run starts
-        rule_scorer = WeightedScorer(model_args.rule_reward_scorers, model_args.rule_reward_weights)
-    return client, rule_scorer
 
 
 def build_trainer(argv=None):

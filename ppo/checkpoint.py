@@ -29,7 +29,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from .common.resume_check import check_ppo_checkpoint
+from .resume_check import check_ppo_checkpoint
 from .common.validation import weights_problem
 from .models.loading import unwrap_parallel
 
@@ -317,7 +317,7 @@ def load_model_weights(model, path, model_io):
 def load_checkpoint(path, models, optimizers, schedulers, run_facts, model_io):
     """Restore weights, optimiser and scheduler states from `path`; returns the trainer state dict.
     Before anything loads, the checkpoint is compared with the run (model shapes, and the
-    `run_facts` of `ppo.common.resume_check.ppo_run_facts`; `model_io`: the run's strategy,
+    `run_facts` of `ppo.resume_check.ppo_run_facts`; `model_io`: the run's strategy,
     which loads each model's weights): a difference raises
     CheckpointMismatchError naming it. A checkpoint saved without optimiser states (its state
     has `"optimizer_states": false`, PaddleNLP's `ignore_save_lr_and_optim`) leaves the

@@ -11,7 +11,7 @@ from typing import ClassVar, List, Optional
 from .algos import ADV_ESTIMATORS, LOSS_AGG_MODES, get_adv_estimator
 from .algos.kl import KL_ESTIMATOR_NAMES
 from .common import paddlenlp_keys as pk
-from .common.argument_groups import (
+from .entry.argument_groups import (
     RECOMPUTE_GRANULARITIES,
     DatasetArguments,
     DivergenceArguments,

@@ -22,7 +22,7 @@ from .algos import AdaptiveKLController, FixedKLController
 from .algos.normalizer import RunningMeanStd
 from .common.console_report import run_label
 from .common.divergence import DivergenceDetector
-from .common.resume_check import ppo_run_facts
+from .resume_check import ppo_run_facts
 from .offload import OffloadPlan, parse_offload_level
 from .optim import build_optimizer, build_scheduler
 from .prompt_sampler import PromptSampler

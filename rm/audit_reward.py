@@ -11,10 +11,8 @@ it outranks the real answer. An empty answer scoring as high as a real one is
 the failure that sinks PPO runs.
 """
 import os
-import sys
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import json  # noqa: E402
 
@@ -29,7 +27,7 @@ with quiet_third_party_warnings():
     import numpy as np  # noqa: E402
     import paddle  # noqa: E402
 
-    from ppo.common.argument_groups import split_specs  # noqa: E402
+    from ppo.entry.argument_groups import split_specs  # noqa: E402
     from ppo.common.argument_parsing import parse_arguments  # noqa: E402
     from ppo.common.process_exit import run_and_exit  # noqa: E402
     from ppo.data import PromptOnlyDataset  # noqa: E402

@@ -6,7 +6,7 @@ start-up pass (see `ppo.common.validation`), run by `parse_arguments` before any
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ppo.common.argument_groups import (
+from ppo.entry.argument_groups import (
     DatasetArguments,
     DivergenceArguments,
     ModelCommonArguments,
@@ -14,7 +14,7 @@ from ppo.common.argument_groups import (
     ZeroPaddingArguments,
 )
 from ppo.common.argument_problems import problem_scope
-from ppo.common.trainer_entry_checks import trainer_entry_problems
+from ppo.entry.trainer_entry_checks import trainer_entry_problems
 from rm.reward_trainer import LOSS_TYPES
 
 TRAINED_SCORE_TYPES = ("reward", "cost")

@@ -16,7 +16,6 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 from ppo.common import argument_help, argument_table  # noqa: E402
 from ppo.common.entry_points import entry_point  # noqa: E402
 

@@ -9,7 +9,6 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 README = os.path.join(ROOT, "docs", "algorithms.md")
 BEGIN, END = "<!-- LOSSES:BEGIN -->", "<!-- LOSSES:END -->"
 

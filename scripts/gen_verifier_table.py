@@ -9,7 +9,6 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 DOC = os.path.join(ROOT, "docs", "verifiers.md")
 BEGIN, END = "<!-- VERIFIERS:BEGIN -->", "<!-- VERIFIERS:END -->"
 

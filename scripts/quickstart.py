@@ -31,7 +31,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 from scripts.stage_scheduler import Stage, run_dag, sigterm_stops_stages, stage_env  # noqa: E402
 
 DEFAULT_ROOT = "outputs/tiny"  # the root every path in config/tiny/*.json is written under

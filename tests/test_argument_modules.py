@@ -7,7 +7,7 @@ import pytest
 
 from dpo import dpo_arguments, online_dpo_arguments
 from ppo import ppo_arguments
-from ppo.common import argument_groups
+from ppo.entry import argument_groups
 from ppo.common.argument_parsing import ArgumentError, parse_arguments
 from rm import audit_arguments, reward_arguments
 from sft import sft_arguments
@@ -46,7 +46,7 @@ def test_shared_fields_are_declared_once(name):
     """One declaration, in a shared group; an entry point with its own default redeclares the
     field with `default_override`, which keeps the group's help word for word."""
     found = declaring_classes(name)
-    groups = [path for path in found if path.startswith("ppo.common.argument_groups.")]
+    groups = [path for path in found if path.startswith("ppo.entry.argument_groups.")]
     assert len(groups) == 1 and len(set(found.values())) == 1, found
 
 

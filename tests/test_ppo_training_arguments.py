@@ -61,7 +61,7 @@ def slice_fields():
 def reads(sources, name):
     args_read = re.compile(r"args\.%s\b" % re.escape(name))
     self_read = re.compile(r"\bself\.%s\b" % re.escape(name))
-    own = (os.path.join("ppo", "ppo_arguments.py"), os.path.join("ppo", "common", "argument_groups.py"))
+    own = (os.path.join("ppo", "ppo_arguments.py"), os.path.join("ppo", "entry", "argument_groups.py"))
     found = [path for path, text in sources.items() if args_read.search(text) or (path in own and self_read.search(text))]
     return found + (["ppo/trainer/settings.py"] if name in slice_fields() else [])
 

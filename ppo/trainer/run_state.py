@@ -8,7 +8,7 @@ strategy (`ppo.strategy`), which knows how the models are split over the process
 import logging
 
 from ..checkpoint import list_checkpoints, load_checkpoint, prepare_output_dir, save_checkpoint, save_final_models
-from ..common.resume_check import CheckpointMismatchError
+from ..resume_check import CheckpointMismatchError
 
 logger = logging.getLogger("ppo")
 
@@ -18,7 +18,7 @@ class RunState:
     `tokenizer`: saved beside the models; `models` / `optimizers` / `schedulers`: `{checkpoint
     folder: object or None}` (the models unwrapped); `parts`: `{trainer_state key: object with
     state_dict / set_state_dict, or None}`; `run_facts`: what a resume compares
-    (`ppo.common.resume_check`)."""
+    (`ppo.resume_check`)."""
 
     def __init__(self, settings, strategy, tokenizer, models=None, optimizers=None, schedulers=None, parts=None,
                  run_facts=None):

@@ -118,6 +118,22 @@ class ScorePenalties:
         return scores, stats
 
 
+def score_sources(model_args):
+    """`(reward-server client, rule scorer)` of a run's model arguments (`use_rm_server`,
+    `use_rule_reward` with `rule_reward_scorers` / `rule_reward_weights`): one of them, or
+    neither when the reward model scores. A `module:function` scorer is found where the run starts."""
+    from ..reward_client import RewardServerClient
+    from ..scorers import WeightedScorer
+
+    client = rule_scorer = None
+    if model_args.use_rm_server:
+        client = RewardServerClient(model_args.reward_server, timeout=model_args.reward_server_timeout,
+                                    max_retries=model_args.reward_server_retries, token=model_args.reward_server_token)
+    elif model_args.use_rule_reward:
+        rule_scorer = WeightedScorer(model_args.rule_reward_scorers, model_args.rule_reward_weights)
+    return client, rule_scorer
+
+
 def checked(scores, raw, source, step):
     """`scores` when every one is finite in float32; else a ValueError naming `source`, the
     step and an item (`raw`: the source's own values, for the example)."""

@@ -14,7 +14,7 @@ from paddlenlp.trainer import TrainingArguments
 from ..models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE
 from ..models.loading import DEFAULT_LORA_TARGETS
 from ..rollout.ops import KERNEL_MODES
-from .argument_problems import PADDLENLP_REFUSALS, paddlenlp_refusal, problem_scope, report_problems
+from ..common.argument_problems import PADDLENLP_REFUSALS, paddlenlp_refusal, problem_scope, report_problems
 
 RECOMPUTE_GRANULARITIES = ("full", "full_attn", "core_attn")
 DEFAULT_EVAL_MAX_NEW_TOKENS = 32
