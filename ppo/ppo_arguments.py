@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar, List, Optional
 
-from .algos import ADV_ESTIMATORS, LOSS_AGG_MODES, get_adv_estimator
+from .algos import ADV_ESTIMATORS, LOSS_AGG_MODES
 from .algos.kl import KL_ESTIMATOR_NAMES
 from .common import paddlenlp_keys as pk
 from .entry.argument_groups import (
@@ -28,6 +28,7 @@ from .common.argument_problems import problem_scope
 from .ppo_argument_checks import (  # noqa: F401  (validate_arguments: the entry point's start-up pass)
     batch_problems,
     estimator_problems,
+    find_adv_estimator,
     generation_problems,
     kl_problems,
     lagrange_value_problems,
@@ -177,7 +178,10 @@ class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArg
                   "Not with pipeline_parallel_degree > 1."},
     )
     # reward shaping
-    adv_estimator: str = field(default="gae", metadata={"help": f"Advantage estimator: {' | '.join(ADV_ESTIMATORS)}."})
+    adv_estimator: str = field(default="gae", metadata={"help": f"Advantage estimator: {' | '.join(ADV_ESTIMATORS)} "
+                                                                "| module.path:NAME of a ppo.algos.AdvEstimator of your own."})
+    adv_estimator_settings: str = field(default="", metadata={"help": "The estimator's own settings (AdvEstimator.settings) "
+                                                                      "as a JSON object name -> value; empty: their defaults."})
     kl_coeff: float = field(
         default=0.02,
         metadata={"help": "KL penalty coefficient in the per-token reward (PPO-Lagrangian: also added to the per-token cost, "
@@ -303,8 +307,8 @@ class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArg
                                 f"got {self.critic_recompute_granularity!r}")
             if not self.paddlenlp_refused:
                 problems += paddlenlp_setting_problems(self)
-            if self.normalize_advantage is None and self.adv_estimator in ADV_ESTIMATORS:
-                self.normalize_advantage = get_adv_estimator(self.adv_estimator).whitens
+            if self.normalize_advantage is None and not estimator_problems(self):
+                self.normalize_advantage = self.estimator.whitens
 
     @property
     def evaluates(self):
@@ -328,11 +332,15 @@ class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArg
     @property
     def estimator(self):
         """The registry entry (`ppo.algos.AdvEstimator`) of `adv_estimator`."""
-        return get_adv_estimator(self.adv_estimator)
+        return find_adv_estimator(self.adv_estimator)
 
     @property
     def use_critic(self):
-        return self.estimator.needs_critic
+        """Whether the estimator trains a critic (False for one `estimator_problems` refused)."""
+        try:
+            return self.estimator.needs_critic
+        except ValueError:
+            return False
 
     @property
     def mini_batch_prompts(self):

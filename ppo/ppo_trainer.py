@@ -25,6 +25,7 @@ from .common.divergence import DivergenceDetector
 from .resume_check import ppo_run_facts
 from .offload import OffloadPlan, parse_offload_level
 from .optim import build_optimizer, build_scheduler
+from .ppo_argument_checks import estimator_settings
 from .prompt_sampler import PromptSampler
 from .rollout import RolloutEngine, SamplingParams
 from .strategy import PassSettings, build_strategy
@@ -172,7 +173,7 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
     scoring = Scoring(objectives)
     reference_scope = ("reference",) if models.reference is not None else ("reference", "actor")
     completion = AdvantageStage(passes, objectives, combiner, args.estimator, kl_control, offload, reference_scope, ranks, state,
-                                slice_of(AdvantageSettings, args))
+                                slice_of(AdvantageSettings, args), estimator_settings(args))
     rollout_settings = slice_of(RolloutSettings, args)
     rollout = Rollout(engine, sampling, sampler, train_dataset, tokenizer, passes, offload, state, ranks, rollout_settings)
     maker = ExperienceMaker(rollout, scoring, completion, actor.model, state, ranks, rollout_settings, tokenizer.pad_token_id)

@@ -15,7 +15,8 @@ bit-equal to them (six copies of -1.3 have a mean 1 ulp away), and dividing that
 rounding residue by a tiny std would turn it into a large advantage.
 
 :data:`ADV_ESTIMATORS` holds one :class:`AdvEstimator` per name; all share the
-call signature of :class:`AdvEstimator` ``.fn``.
+call signature of :class:`AdvEstimator` ``.fn``, followed by the entry's own ``settings``
+as keywords.
 """
 import paddle
 
@@ -254,25 +255,37 @@ class AdvEstimator:
     computed unless asked (group estimators are already relative to their group, as
     verl and TRL use GRPO/RLOO; REINFORCE++ whitens inside). An explicit
     ``normalize_advantage: true`` whitens any estimator's advantages, as PaddleNLP does.
+    ``settings``: the estimator's own arguments beyond the shared ones, name -> default
+    (``pass_at_k``: ``pass_k``, ``pass_k_threshold``); the caller passes exactly these as
+    keywords (unknown ones are an error), ``fn`` receives every one of them.
     """
 
-    __slots__ = ("name", "fn", "needs_critic", "per_group", "whitens", "min_group_size")
+    __slots__ = ("name", "fn", "needs_critic", "per_group", "whitens", "min_group_size", "settings")
 
-    def __init__(self, name, fn, needs_critic, per_group, whitens, min_group_size=1):
+    def __init__(self, name, fn, needs_critic, per_group, whitens, min_group_size=1, settings=None):
         self.name, self.fn = name, fn
         self.needs_critic, self.per_group, self.whitens = bool(needs_critic), bool(per_group), bool(whitens)
         self.min_group_size = int(min_group_size)
+        self.settings = dict(settings or {})
 
     def __repr__(self):
         return (f"AdvEstimator({self.name!r}, needs_critic={self.needs_critic}, per_group={self.per_group}, "
-                f"whitens={self.whitens}, min_group_size={self.min_group_size})")
+                f"whitens={self.whitens}, min_group_size={self.min_group_size}, settings={self.settings})")
 
-    def __call__(self, rewards, mask, values=None, group_size=1, gamma=1.0, gae_lambda=0.95, scale_by_std=True):
+    def settings_from(self, args):
+        """``{name: getattr(args, name)}`` for this entry's settings (e.g. the trainer's arguments)."""
+        return {name: getattr(args, name) for name in self.settings}
+
+    def __call__(self, rewards, mask, values=None, group_size=1, gamma=1.0, gae_lambda=0.95, scale_by_std=True,
+                 **settings):
         if self.needs_critic and values is None:
             raise ValueError(f"adv_estimator {self.name!r} needs critic values")
         if group_size < self.min_group_size:
             raise ValueError(f"adv_estimator {self.name!r} needs group_size >= {self.min_group_size}, got {group_size}")
-        return self.fn(rewards, mask, values, group_size, gamma, gae_lambda, scale_by_std)
+        unknown = sorted(set(settings) - set(self.settings))
+        if unknown:
+            raise ValueError(f"adv_estimator {self.name!r} takes no {unknown}; its settings: {sorted(self.settings)}")
+        return self.fn(rewards, mask, values, group_size, gamma, gae_lambda, scale_by_std, **{**self.settings, **settings})
 
 
 ADV_ESTIMATORS = {

@@ -26,12 +26,15 @@ from .groups import check_groups
 class AdvantageStage:
     """`passes`: the `ModelPasses`; `objectives`: the `ScoredObjective`s; `combiner`: the
     actor's advantage (`PlainCombiner` / `LagrangianCombiner`); `estimator`: the
-    `ppo.algos.AdvEstimator` entry; `kl_control`: a fixed or adaptive KL controller; `offload`:
-    the `OffloadPlan`; `reference_scope`: the offload names the reference pass needs;
-    `ranks`: the run's `Ranks`; `state`: the `RunState`; `settings`: `AdvantageSettings`."""
+    `ppo.algos.AdvEstimator` entry and `estimator_settings` its own settings (name -> value);
+    `kl_control`: a fixed or adaptive KL controller; `offload`: the `OffloadPlan`;
+    `reference_scope`: the offload names the reference pass needs; `ranks`: the run's `Ranks`;
+    `state`: the `RunState`; `settings`: `AdvantageSettings`."""
 
-    def __init__(self, passes, objectives, combiner, estimator, kl_control, offload, reference_scope, ranks, state, settings):
+    def __init__(self, passes, objectives, combiner, estimator, kl_control, offload, reference_scope, ranks, state, settings,
+                 estimator_settings=None):
         self.passes, self.objectives, self.combiner, self.estimator = passes, list(objectives), combiner, estimator
+        self.estimator_settings = dict(estimator_settings or {})
         self.kl_control, self.offload, self.reference_scope = kl_control, offload, reference_scope
         self.ranks, self.state, self.settings = ranks, state, settings
         self.combined = {}  # the combiner's metrics of the last step
@@ -121,7 +124,8 @@ class AdvantageStage:
         the run's estimator, whitened over the data ranks with `normalize_advantage`."""
         s = self.settings
         advantages, returns = self.estimator(rewards, mask, values=values, group_size=s.rollout_n, gamma=s.gamma,
-                                             gae_lambda=s.gae_lambda, scale_by_std=s.scale_reward_std)
+                                             gae_lambda=s.gae_lambda, scale_by_std=s.scale_reward_std,
+                                             **self.estimator_settings)
         if s.normalize_advantage:
             advantages = self.whitened_over_ranks(advantages, mask)
         return advantages, returns
