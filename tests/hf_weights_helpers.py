@@ -11,6 +11,7 @@ import paddle
 
 PAD = 0  # PaddleNLP's default pad_token_id for both configs; real tokens below avoid it
 IDS = np.array([[PAD, PAD, 5, 17, 42, 8, 33, 21], [7, 3, 49, 12, 26, 31, 2, 44]], dtype="int64")
+LONG_IDS = np.arange(1, 41, dtype="int64")[None] % 49 + 1  # 40 positions: past llama3's original 16
 MASK = (IDS != PAD).astype("int64")
 SIZES = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64)
@@ -39,13 +40,24 @@ def randomize(model, seed):
     return model
 
 
-def tiny_model(kind, fused=False, tied=False, dtype="float32", seed=0, **overrides):
-    """A PaddleNLP causal LM with random weights; `fused`: PaddleNLP's fused q/k/v and gate/up layers."""
+ROPE = {
+    "linear": {"rope_scaling_type": "linear", "rope_scaling_factor": 2.0},
+    "llama3": {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                "original_max_position_embeddings": 16}},
+}
+"""Rotary scalings PaddleNLP's Llama implements, as its config fields."""
+
+
+def tiny_model(kind, fused=False, tied=False, dtype="float32", seed=0, rope=None, **overrides):
+    """A PaddleNLP causal LM with random weights; `fused`: PaddleNLP's fused q/k/v and gate/up
+    layers; `rope`: a rotary scaling of `ROPE`."""
     from paddlenlp.transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
     config = config_of(kind, tied=tied, **overrides)
     config.fuse_attention_qkv = fused  # (the constructors drop these keywords in paddlenlp 3.0.0b4)
     config.fuse_attention_ffn = fused
+    for key, value in ROPE.get(rope, {}).items():
+        setattr(config, key, value)
     model = randomize({"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}[kind](config), seed)
     if dtype != "float32":
         model.to(dtype=dtype)

@@ -43,7 +43,8 @@ def write_json(obj, path):
 
 def is_hf_dir(path):
     """True when `path` holds a Hugging Face model directory: a `config.json` and safetensors whose
-    header says `format: pt` (what transformers writes; PaddleNLP writes `np`)."""
+    header says `format: pt` (what transformers writes; PaddleNLP writes `np`) or whose tensor
+    names carry transformers' `model.` prefix (PaddleNLP's start with `llama.` / `qwen2.`)."""
     if not path or not os.path.isfile(os.path.join(str(path), "config.json")):
         return False
     try:
@@ -53,7 +54,7 @@ def is_hf_dir(path):
     from safetensors import safe_open
 
     with safe_open(files[0], framework="np") as f:
-        return (f.metadata() or {}).get("format") == "pt"
+        return (f.metadata() or {}).get("format") == "pt" or any(k.startswith("model.") for k in f.keys())
 
 
 def state_numpy(model):
