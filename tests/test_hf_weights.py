@@ -200,6 +200,13 @@ def test_model_paths_may_name_a_hugging_face_directory(tmp_path, tiny_model_dir)
         score = str(tmp_path / "score")
         export_model(score_model("llama"), score)
         load_causal_lm(score)
+    from ppo.models.pipeline import refuse_hf_dir
+
+    with pytest.raises(ValueError, match="scripts/import_hf.py"):  # pipeline stages load PaddleNLP checkpoints
+        refuse_hf_dir(hf)
+    refuse_hf_dir(tiny_model_dir)
+    with pytest.raises(ValueError, match="tensor_parallel_degree > 1 convert it first"):
+        load_causal_lm(hf, tensor_parallel_degree=2, tensor_parallel_rank=0)
 
 
 def test_import_script_writes_our_layout(tmp_path, tiny_model_dir):

@@ -17,8 +17,6 @@ import json
 import os
 import shutil
 
-import numpy as np
-
 from . import hf_files, hf_format
 
 GENERATION_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
