@@ -136,10 +136,12 @@ def choose_settings(args, run, defaults, has_chat_template):
     template = args.prompt_template or run.get("prompt_template") or defaults["prompt_template"]
     if args.use_chat_template is not None:
         chat = args.use_chat_template == "true"
+    elif args.prompt_template is not None:
+        chat = False  # a template on the command line is the one to use
     elif run.get("use_chat_template") is not None:
         chat = bool(run["use_chat_template"])
     else:
-        chat = has_chat_template and args.prompt_template is None
+        chat = has_chat_template
     return sampling, template, chat
 
 

@@ -2,6 +2,7 @@
 rollout engine's own generations for the same prompt text (greedy, and sampled with the run's
 settings and a seed); the prompt is formatted with the run's template or the tokenizer's chat
 template; prompts come from flags, JSONL, text files and stdin; a score model is refused."""
+import argparse
 import io
 import json
 import os
@@ -150,3 +151,22 @@ def test_help_answers_before_paddle_is_imported():
     out = subprocess.run([sys.executable, "-c", code], cwd=chat.ROOT, capture_output=True, text=True)
     assert "--prompts_file" in out.stdout and "--repetition_penalty" in out.stdout
     assert out.stdout.strip().endswith("False")
+
+
+def test_settings_come_from_the_flags_then_the_run_then_the_training_defaults():
+    defaults = {"max_dec_len": 64, "min_dec_len": 1, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+                "repetition_penalty": 1.0, "prompt_template": BEAVER}
+    args = argparse.Namespace(prompt_template=None, use_chat_template=None, max_dec_len=None, min_dec_len=None,
+                                   temperature=0.5, top_k=None, top_p=None, repetition_penalty=None)
+    run = {"max_dec_len": 10, "temperature": 0.9, "top_k": None, "use_chat_template": True, "prompt_template": "Q: {input}"}
+    sampling, template, chat_on = chat.choose_settings(args, run, defaults, has_chat_template=False)
+    assert sampling == {"max_dec_len": 10, "min_dec_len": 1, "temperature": 0.5, "top_k": 0, "top_p": 1.0,
+                        "repetition_penalty": 1.0}
+    assert (template, chat_on) == ("Q: {input}", True)
+    args.prompt_template = "X {input}"  # a template flag wins over the run's chat template
+    assert chat.choose_settings(args, run, defaults, has_chat_template=True)[1:] == ("X {input}", False)
+    args.prompt_template = None  # no run: the tokenizer's chat template where it has one
+    assert chat.choose_settings(args, {}, defaults, has_chat_template=True)[1:] == (BEAVER, True)
+    assert chat.choose_settings(args, {}, defaults, has_chat_template=False)[1:] == (BEAVER, False)
+    sft_run = {"eval_max_new_tokens": 12, "max_dec_len": None}  # SFT/DPO: their held-out generation length
+    assert chat.choose_settings(args, sft_run, defaults, has_chat_template=False)[0]["max_dec_len"] == 12
