@@ -1,9 +1,9 @@
 """Answer prompts with a trained policy or LoRA adapter, through the rollout engine that trained it.
 
-    python scripts/chat.py --model outputs/tiny/ppo --prompt "Reverse: k3x9q"       # PPO's policy/
-    python scripts/chat.py --model outputs/tiny/sft --greedy --prompt "Reverse: ab1" --prompt "Reverse: 9cd"
+    python scripts/chat.py --model outputs/tiny/ppo --prompt "Reverse: a3b9c"       # PPO's policy/
+    python scripts/chat.py --model outputs/tiny/sft --greedy --prompt "Reverse: ab1j" --prompt "Reverse: 9cd04"
     python scripts/chat.py --model outputs/tiny/lora/ppo/policy --prompts_file prompts.jsonl --output answers.jsonl
-    echo "Reverse: k3x9q" | python scripts/chat.py --model outputs/tiny/dpo          # prompts from stdin
+    echo "Reverse: a3b9c" | python scripts/chat.py --model outputs/tiny/dpo          # prompts from stdin
 
 `--model` is what a stage wrote: a model directory in PaddleNLP's layout (`config.json`, weights,
 tokenizer), a LoRA adapter (`lora_config.json` naming its base; an adapter on an adapter is merged
