@@ -151,6 +151,9 @@ def test_help_answers_before_paddle_is_imported():
     out = subprocess.run([sys.executable, "-c", code], cwd=chat.ROOT, capture_output=True, text=True)
     assert "--prompts_file" in out.stdout and "--repetition_penalty" in out.stdout
     assert out.stdout.strip().endswith("False")
+    installed = subprocess.run([sys.executable, "-m", "ppo.cli", "chat", "--help"], cwd="/", capture_output=True, text=True,
+                               env=dict(os.environ, PYTHONPATH=chat.ROOT))  # paddle-align chat, as installed
+    assert installed.returncode == 0 and "--prompts_file" in installed.stdout
 
 
 def test_settings_come_from_the_flags_then_the_run_then_the_training_defaults():

@@ -163,3 +163,6 @@ def test_help_names_the_options_without_importing_matplotlib():
                           "try:\n    plot_metrics.main(['--help'])\nexcept SystemExit:\n    pass\n"
                           "print('matplotlib' in sys.modules)"], cwd=quickstart.ROOT, capture_output=True, text=True)
     assert "--output_dir" in out.stdout and out.stdout.strip().endswith("False")
+    installed = subprocess.run([sys.executable, "-m", "ppo.cli", "plot-metrics", "--help"], cwd="/", capture_output=True,
+                               text=True, env=dict(os.environ, PYTHONPATH=quickstart.ROOT))  # paddle-align plot-metrics
+    assert installed.returncode == 0 and "--output_dir" in installed.stdout
