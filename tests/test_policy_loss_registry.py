@@ -72,7 +72,7 @@ def test_ppo_clip_and_gspo_are_bit_identical_to_ppo_policy_loss(dtype, mode, dua
             assert stats[k].tobytes() == want_stats[k].numpy().tobytes(), (name, k)
 
 
-def verl_reference(x, old, adv, mask, level, dual_clip, eps=0.2):
+def verl_reference(x, old, adv, mask, level, dual_clip, low=0.1, high=0.28):
     """verl's compute_policy_loss_vanilla (core_algos.py:1159-1250: clamped log-ratio, max of the
     clipped and unclipped terms, the dual clip min(., -c A) for A < 0, token-mean) and
     compute_policy_loss_gspo (core_algos.py:1253-1326: log s = logp - sg(logp) + sg(mean_t d),
@@ -84,7 +84,7 @@ def verl_reference(x, old, adv, mask, level, dual_clip, eps=0.2):
         ratio = paddle.exp(paddle.clip(x - x.detach() + seq, max=10.0))
     else:
         ratio = paddle.exp(paddle.clip(d, -20.0, 20.0))
-    loss = paddle.maximum(-a * ratio, -a * paddle.clip(ratio, 1 - eps, 1 + eps))
+    loss = paddle.maximum(-a * ratio, -a * paddle.clip(ratio, 1 - low, 1 + high))
     if dual_clip is not None:
         loss = paddle.where(a < 0, paddle.minimum(loss, -a * dual_clip), loss)
     if level == "sequence":
@@ -96,12 +96,13 @@ def verl_reference(x, old, adv, mask, level, dual_clip, eps=0.2):
 
 @pytest.mark.parametrize("name,level,dual", [("ppo_clip", "token", None), ("ppo_clip", "token", 3.0), ("gspo", "sequence", None)])
 def test_ppo_clip_and_gspo_match_verl(name, level, dual):
-    lp, old, adv, mask, _ = random_batch(12)
+    lp, old, adv, mask, _ = random_batch(12, scale=0.3)
     x = leaf(lp)
     want = verl_reference(x, old, adv, mask, level, dual)
     want.backward()
     agg = "seq-mean-token-mean" if level == "sequence" else "token-mean"
-    loss, grad, _ = run(name, lp, old, adv, mask, loss_agg_mode=agg, dual_clip=dual)
+    loss, grad, _ = run(name, lp, old, adv, mask, loss_agg_mode=agg, dual_clip=dual, clip_range_ratio_low=0.1,
+                        clip_range_ratio_high=0.28)
     rtol = 1e-7 if level == "sequence" else 1e-12  # verl divides rows by n_b + 1e-8, we by n_b
     np.testing.assert_allclose(loss, want.numpy(), rtol=rtol)
     np.testing.assert_allclose(grad, x.grad.numpy(), rtol=rtol, atol=1e-15)
