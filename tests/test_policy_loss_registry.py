@@ -238,7 +238,7 @@ def test_gmpo_two_tokens_geometric_mean():
 
 
 def gmpo_reference(x, old, adv, mask, low=0.4, high=0.4):
-    """GMPO as the authors' train_zero_math_gmpo.py:673-688 (callsys/GMPO) and verl's
+    """GMPO as the authors' train_zero_math_gmpo.py:675-688 (callsys/GMPO) and verl's
     compute_policy_loss_geo_mean (core_algos.py:1635-1718) compute it, sequence by sequence:
     A_b = row mean of the advantages, d' = min(d, clip(d)) (A > 0) / max(d, clip(d)) (A < 0),
     s_b = exp(mean_t d'), loss = mean over rows of -A_b s_b. Paddle, so autograd gives the

@@ -86,7 +86,7 @@ def gmpo_token_losses(logprobs, old_logprobs, advantages, mask, gmpo_clip_low=0.
     also counts tokens outside the band that the ``min``/``max`` leaves alone),
     ``val/ratio`` / ``val/ratio_var`` of ``s`` on the row's tokens, ``policy/approxkl_avg``.
     Shapes: ``[B, T]`` inputs -> ``([B, T], stats)``.
-    Compared with: the authors' ``train_zero_math_gmpo.py:673-688`` (callsys/GMPO, the
+    Compared with: the authors' ``train_zero_math_gmpo.py:675-688`` (callsys/GMPO, the
     ``gmpo`` branch, one sequence per micro-batch), verl
     ``verl/trainer/ppo/core_algos.py:1635-1718`` (``compute_policy_loss_geo_mean``, mean over
     rows) and TRL ``trl/experimental/gmpo/gmpo_trainer.py:82-105``; they give these losses and

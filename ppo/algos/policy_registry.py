@@ -99,7 +99,7 @@ POLICY_LOSSES = {
         PolicyLoss("cispo", cispo_token_losses, {"cispo_clip_low": None, "cispo_clip_high": 4.0},
                    "MiniMax 2025 (MiniMax-M1, CISPO)", f"{_VERL}:1721; TRL grpo_trainer.py:3080"),
         PolicyLoss("gmpo", gmpo_token_losses, {"gmpo_clip_low": 0.4, "gmpo_clip_high": 0.4},
-                   "Zhao et al. 2025 (GMPO)", f"callsys/GMPO train_zero_math_gmpo.py:673; {_VERL}:1635",
+                   "Zhao et al. 2025 (GMPO)", f"callsys/GMPO train_zero_math_gmpo.py:675; {_VERL}:1635",
                    sequence_level=True, loss_agg_mode="seq-mean-token-mean"),
         PolicyLoss("clip_cov", clip_cov_token_losses,
                    {**_PPO_CLIP, "clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0},
