@@ -1,9 +1,9 @@
 """Clip-Cov and KL-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for
-Reasoning Language Models", Sec. 4): the policy entropy falls in proportion to the covariance
+Reasoning Language Models"): the policy entropy falls in proportion to the covariance
 between a token's log-prob and its advantage, so these losses act on the few tokens with the
 largest covariance.
 
-Token covariance (the paper's eq. for ``Cov(y_i)``): ``cov_t = (logp_t - mean(logp)) *
+Token covariance (the paper's ``Cov(y_i)``): ``cov_t = (logp_t - mean(logp)) *
 (A_t - mean(A))``, the means over the masked tokens of the call (a micro-batch, as in the
 authors' code). Both functions return ``(token_loss [B, T], stats)`` for the policy-loss
 registry (``ppo.algos.policy_registry``). Log-ratios are clamped to ``[-20, 20]`` before

@@ -27,7 +27,7 @@ def pass_at_k_advantages(scores, group_size, k, threshold=0.5, scale_by_std=True
     A response is correct when its score is above ``threshold``. In a group of ``n =
     group_size`` responses with ``n_neg`` incorrect ones, draw every k-subset ("k-group")
     and give it reward 1 when it holds a correct response, else 0. Over the ``C(n, k)``
-    k-groups (Chen et al. 2025, Sec. 3, the analytic derivation):
+    k-groups (Chen et al. 2025, the analytic derivation):
     ``rho = 1 - C(n_neg, k) / C(n, k)`` (mean k-group reward: the unbiased pass@k),
     ``sigma = sqrt(rho * (1 - rho))`` (their std, a Bernoulli's),
     ``A_pos = (1 - rho) / (sigma + eps)`` and

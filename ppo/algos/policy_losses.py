@@ -26,7 +26,7 @@ def cispo_token_losses(logprobs, old_logprobs, advantages, mask, cispo_clip_low=
     """CISPO: a clipped, stop-gradient importance weight times the log-prob (MiniMax-M1, 2025).
 
     Formula (MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning
-    Attention", eqs. 4-5): ``r = exp(logp - old)``, ``w = sg(clip(r, 1 - eps_low, 1 + eps_high))``,
+    Attention", the CISPO objective): ``r = exp(logp - old)``, ``w = sg(clip(r, 1 - eps_low, 1 + eps_high))``,
     token loss ``L = -w * A * logp`` (maximising ``sg(w) A log pi``), reduced by
     ``aggregate_loss`` (the paper: ``token-mean`` over the group's tokens). ``cispo_clip_low``
     = ``eps_low`` (None: no lower bound, as the paper runs it), ``cispo_clip_high`` =
@@ -63,7 +63,7 @@ def cispo_token_losses(logprobs, old_logprobs, advantages, mask, cispo_clip_low=
 def gmpo_token_losses(logprobs, old_logprobs, advantages, mask, gmpo_clip_low=0.4, gmpo_clip_high=0.4):
     """GMPO: the geometric mean of the token ratios, clipped per token in log space.
 
-    Formula (Zhao et al. 2025, "Geometric-Mean Policy Optimization", Sec. 3): per sequence
+    Formula (Zhao et al. 2025, "Geometric-Mean Policy Optimization", the GMPO objective): per sequence
     ``J = (prod_t |min(r_t A, clip(r_t, e^-c_l, e^c_h) A)|)^(1/|o|) * sgn(A)``, i.e. with
     ``d_t = logp_t - old_t``: ``d'_t = min(d_t, clip(d_t, -c_l, c_h))`` when ``A > 0``,
     ``max(d_t, clip(d_t, -c_l, c_h))`` when ``A < 0`` (a ratio moving the favoured way is

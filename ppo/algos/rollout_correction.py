@@ -89,8 +89,8 @@ def rollout_is_weights(old_logprobs, rollout_logprobs, mask, rollout_is="token",
     ``token_truncate`` / ``sequence_truncate`` with ``clip_min`` None, ``token_mask`` /
     ``sequence_mask``: weight 0 outside ``[clip_min, clip_max]``). verl's masking
     (``rollout_rs``) instead removes the tokens from the response mask (they leave the
-    normaliser too); verl's first version (``mismatch_helper.py``, mode ``"clip"``) zeroed the
-    weight as here and TRL does.
+    normaliser too); verl's first version (``verl/trainer/ppo/mismatch_helper.py`` of commit 21271aab,
+    ``rollout_is_mode="clip"``) zeroed the weight as here and TRL does.
     Shapes: ``[B, T]`` -> ``(weights [B, T], stats)``.
     """
     if rollout_is not in ("token", "sequence"):
