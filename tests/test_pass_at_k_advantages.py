@@ -123,6 +123,12 @@ def test_registered_estimator_settings_garbage_and_no_mutation():
     with pytest.raises(ValueError, match="takes no"):
         get_adv_estimator("grpo")(t(rewards), m, group_size=4, pass_k=2)
 
+    class Args:
+        pass_k, pass_k_threshold, rollout_n = 2, 0.3, 4
+
+    assert est.settings_from(Args) == {"pass_k": 2, "pass_k_threshold": 0.3}
+    assert get_adv_estimator("grpo").settings_from(Args) == {}
+
 
 def test_float32():
     got = pass_at_k_advantages(t([0, 1, 0, 0, 1, 1, 0, 1], "float32"), 4, 2)

@@ -266,6 +266,10 @@ class AdvEstimator:
         return (f"AdvEstimator({self.name!r}, needs_critic={self.needs_critic}, per_group={self.per_group}, "
                 f"whitens={self.whitens}, min_group_size={self.min_group_size}, settings={self.settings})")
 
+    def settings_from(self, args):
+        """``{name: getattr(args, name)}`` for this entry's settings (e.g. the trainer's arguments)."""
+        return {name: getattr(args, name) for name in self.settings}
+
     def __call__(self, rewards, mask, values=None, group_size=1, gamma=1.0, gae_lambda=0.95, scale_by_std=True,
                  **settings):
         if self.needs_critic and values is None:
