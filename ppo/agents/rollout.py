@@ -105,6 +105,9 @@ class AgentRollout:
         t_start = time.perf_counter()
         self._start_rows()
         lm = unwrap_model(self.engine.model)
+        positions = getattr(lm.config, "max_position_embeddings", None)
+        if positions is not None and self.args.max_total_len > positions:
+            raise ValueError(f"max_total_len={self.args.max_total_len} exceeds the model's max_position_embeddings={positions}")
         decoder = SlotDecoder(self.engine, lm, len(self.rows), self.args.max_total_len, self.params, seed, row_offset)
         while True:
             self._collect(block=False)
