@@ -11,7 +11,8 @@ token (EOS), at a stop string of the environment (``</tool_call>``) or after
 ``params.max_new_tokens`` tokens; ``params.min_new_tokens`` applies per turn. The turn's text
 then goes to ``env.step`` in a worker thread (one per waiting row) while the other rows keep
 decoding; when the answer is back its tokens (glue, answer, glue, from the format) are fed
-onto that row's cache in the next forward pass, chunk-prefilled, and the row samples again.
+onto that row's cache, chunk-prefilled (with the other answers that came back within
+``feed_interval`` decode steps, in one pass over those rows), and the row samples again.
 
 The episode ends when the environment says ``done``, after ``max_turns`` policy turns, when
 the trajectory would pass ``max_total_len`` tokens (both ``truncated``), or when ``env.step``
@@ -54,7 +55,7 @@ class _Row:
         self.traj = Trajectory(record=record)
         self.state, self.pending = "feed", []
         self.turn_ids, self.turn_lps = [], []
-        self.deadline = None
+        self.deadline, self.held_since = None, 0
         self.length = 0  # tokens of the trajectory's closed segments
 
     def extend(self, segments):
@@ -74,12 +75,14 @@ def _step_worker(env, text, index, results):
 class AgentRollout:
     """The loop of :func:`rollout_trajectories` (see the module docstring)."""
 
-    def __init__(self, engine, records, args, turn_format, params, env_factory=None, pause="row", step_timeout_s=600.0):
+    def __init__(self, engine, records, args, turn_format, params, env_factory=None, pause="row", step_timeout_s=600.0,
+                 feed_interval=4):
         if pause not in PAUSE_MODES:
             raise ValueError(f"pause must be one of {PAUSE_MODES}, got {pause!r}")
         self.engine, self.args, self.format, self.params = engine, args, turn_format, params
         self.tokenizer = turn_format.tokenizer
         self.pause, self.step_timeout_s = pause, float(step_timeout_s)
+        self.feed_interval, self.steps = max(int(feed_interval), 1), 0
         factory = env_factory or (lambda: make_environment(args.env_name, args.env_options))
         self.rows = [_Row(i, factory(), r) for i, r in enumerate(records)]
         self.role = environment_facts(args.env_name).observation_role if args.env_name else "tool"
@@ -120,6 +123,7 @@ class AgentRollout:
                 continue
             quiet = {r.index for r in self.rows if r.state == "feed" and len(r.turn_ids) < self.params.min_new_tokens}
             sampled = decoder.step(feeds, quiet)
+            self.steps += 1
             now = time.perf_counter()
             for index, (token, logprob) in sampled.items():
                 self._on_token(self.rows[index], token, logprob, now)
@@ -137,7 +141,8 @@ class AgentRollout:
     def _stats(decoder, trajectories, wall):
         tokens = sum(len(s.token_ids) for t in trajectories for s in t.policy_segments)
         return {"tokens": tokens, "fed_tokens": decoder.fed_tokens, "forward_passes": decoder.forward_passes,
-                "cache_slots": decoder.t, "wall_s": wall, "tokens_per_s": tokens / wall if wall > 0 else 0.0}
+                "chunk_passes": decoder.chunk_passes, "chunk_rows": decoder.chunk_rows, "cache_slots": decoder.t,
+                "wall_s": wall, "tokens_per_s": tokens / wall if wall > 0 else 0.0}
 
     # ------------------------------------------------------------------ policy tokens
     def _on_token(self, row, token, logprob, now):
@@ -229,24 +234,37 @@ class AgentRollout:
         row.extend(segments)
         row.traj.messages.append({"role": role, "content": observation})
         row.pending = row.pending + added  # the token that ended the turn is not in the cache yet
-        row.state = "hold" if self.pause == "batch" else "feed"
+        row.state, row.held_since = "hold", self.steps
 
     def _release_held(self):
-        if self.pause == "batch" and not any(r.state in ("feed", "wait") for r in self.rows):
-            for row in self.rows:
-                if row.state == "hold":
-                    row.state = "feed"
+        """Held answers go in: "batch", when no row decodes or waits; "row", when no row decodes
+        or the oldest has waited `feed_interval` steps (one chunked pass for the answers that
+        came back meanwhile, instead of one pass per answer)."""
+        held = [r for r in self.rows if r.state == "hold"]
+        if not held:
+            return
+        decoding = any(r.state == "feed" for r in self.rows)
+        if self.pause == "batch":
+            release = not decoding and not any(r.state == "wait" for r in self.rows)
+        else:
+            release = not decoding or self.steps - min(r.held_since for r in held) >= self.feed_interval
+        if release:
+            for row in held:
+                row.state = "feed"
 
 
 def rollout_trajectories(engine, records, args, turn_format, params, seed=None, row_offset=0, env_factory=None,
-                         pause="row", step_timeout_s=600.0):
+                         pause="row", step_timeout_s=600.0, feed_interval=4):
     """Run one multi-turn rollout of `records` (see the module docstring); returns an
-    :class:`AgentRolloutResult` (trajectories, the metrics dict, stats)."""
+    :class:`AgentRolloutResult` (trajectories, the metrics dict, stats). `env_factory`: builds
+    one environment per record (default: `args.env_name` with `args.env_options`);
+    `feed_interval`: answers that come back while other rows decode wait at most this many
+    decode steps, to be fed in one pass with the others that came back."""
     if not engine.use_rollout_engine:
         raise NotImplementedError(
             "multi-turn rollouts (env_name) need the rollout engine: PaddleNLP's generate (use_fusemt false) cannot "
             "feed a tool's answer onto a row's KV cache mid-generation; set use_fusemt true")
-    rollout = AgentRollout(engine, records, args, turn_format, params, env_factory, pause, step_timeout_s)
+    rollout = AgentRollout(engine, records, args, turn_format, params, env_factory, pause, step_timeout_s, feed_interval)
     was_training = unwrap_model(engine.model).training
     unwrap_model(engine.model).eval()
     try:

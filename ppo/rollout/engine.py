@@ -194,11 +194,12 @@ class RolloutEngine:
         big = lm.config.hidden_size >= 384
         return "cols" if (big and self.ops.name == "custom" and place.is_cpu_place()) else "rows"
 
-    def _forward(self, W, cache, ids, pos, key_mask, finished, t0, prefill, all_positions=False):
+    def _forward(self, W, cache, ids, pos, key_mask, finished, t0, prefill, all_positions=False, ops=None):
         """Run the decoder on ids ([B, T] prefill, [B] decode), writing K/V at cache slots t0..;
         returns float32 logits of the last position: [B, V], or [V, B] for a "cols" decode step
-        (`all_positions`: of every prefill position, [B, T, V])."""
-        ops = self.ops
+        (`all_positions`: of every prefill position, [B, T, V]). `ops`: another op set (the
+        multi-turn rollout's, which runs a few rows of the cache; default the engine's)."""
+        ops = ops or self.ops
         eps = W.eps
         cols = W.transposed and not prefill  # activations [H, B]: token b is column b
         tw = W.transposed

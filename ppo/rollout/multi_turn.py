@@ -3,13 +3,14 @@
 The engine's attention op writes the fed tokens of every unfinished row at the same cache
 slots ``t0 .. t0 + Tq - 1`` and attends over slots ``< t0 + Tq`` that the key mask allows,
 with per-row position ids. :class:`SlotDecoder` uses that to let each row of a batch do its own
-thing at each step, with one forward pass for the whole batch:
+thing at each step, with at most two forward passes (one chunk, one decode step):
 
-- a row that is decoding feeds its last sampled token;
+- a row that is decoding feeds its last sampled token, all such rows in one decode pass;
 - a row whose tool answered feeds the whole answer (glue, answer, glue, and the token that
-  ended its turn) in the same pass: a chunked prefill onto its existing cache, its tokens
-  placed at the END of the chunk (left-padded within the chunk), so the pass's last position
-  is every row's latest token and the engine's forward can stay as it is;
+  ended its turn) in one chunked-prefill pass onto its existing cache, over the rows that feed
+  a chunk only (their q/k/v are scattered into the batch for the attention kernel and gathered
+  back, so the pass costs what those rows' tokens cost), each row's tokens at the END of the
+  chunk (left-padded within it), so the pass's last position is every row's latest token;
 - a row that is waiting for its tool, or done, feeds nothing: the kernels skip it (its
   ``finished`` flag is set for the pass) and its key mask stays 0 on the slots the others use.
 
@@ -18,8 +19,8 @@ key mask (``[B, S]``: one bit per row and slot) says which slots hold a real tok
 and position ids come from the row's own token count, never from the slot. Attention sums
 over the same keys as a fresh prefill of the row's whole conversation, in slot order; the
 test compares the two. Rows never re-prefill their conversation; the price is slots that
-some rows leave empty (a waiting row's, and the padding of a chunk), which the attention
-kernels still skip over by mask. The cache grows (doubling) when the slots run out; rows that
+some rows leave empty (a waiting row's, the padding of a chunk, the other pass's slots), which
+the attention kernels still read past (masked) -- so the cache starts zeroed. The cache grows (doubling) when the slots run out; rows that
 are done are gathered out of the batch (``compact``), as the single-turn loop does.
 
 Sampling: each row draws from its own stream of uniforms (seed, global row index), one per
@@ -64,7 +65,7 @@ class SlotDecoder:
         self.t = 0  # next free slot
         self._allocate(batch_size, 8 * ((max_positions + 7) // 8))
         self.uniforms = self._uniform_table(batch_size, max_positions, seed, row_offset)
-        self.forward_passes, self.fed_tokens = 0, 0
+        self.forward_passes, self.fed_tokens, self.chunk_passes, self.chunk_rows = 0, 0, 0, 0
 
     def _allocate(self, B, S):
         W = self.W
@@ -110,61 +111,81 @@ class SlotDecoder:
         self.lengths, self.draws = self.lengths[idx], self.draws[idx]
         self.uniforms = self.uniforms[idx]
 
-    def _chunk(self, feeds):
-        """ids, positions and the fed flags of one pass ([B, Tq], tokens right-aligned)."""
-        B = len(self.rows)
-        Tq = max(len(feeds.get(r, ())) for r in self.rows)
-        ids = np.full((B, Tq), self.engine.pad_token_id, np.int64)
+    def step(self, feeds, suppress_rows=()):
+        """Feed `feeds` ({trajectory index: token ids}) and sample the next token of every fed
+        row; returns {trajectory index: (token, log-prob)}. Rows fed several tokens go through one
+        chunked-prefill pass over those rows only, rows fed one token through one decode pass.
+        Rows in `suppress_rows` cannot sample a stop token (min_new_tokens)."""
+        chunk = [b for b, r in enumerate(self.rows) if len(feeds.get(r, ())) > 1]
+        single = [b for b, r in enumerate(self.rows) if len(feeds.get(r, ())) == 1]
+        out = {}
+        if chunk:
+            out.update(self._pass(chunk, feeds, suppress_rows, prefill=True))
+        if single:
+            out.update(self._pass(single, feeds, suppress_rows, prefill=False))
+        return out
+
+    def _layout(self, idx, feeds):
+        """Token ids of the rows `idx` ([len(idx), Tq], each row's tokens at the end), position ids
+        and fed flags of the whole batch ([B, Tq])."""
+        Tq = max(len(feeds[self.rows[b]]) for b in idx)
+        ids = np.full((len(idx), Tq), self.engine.pad_token_id, np.int64)
         pos = np.repeat(self.lengths[:, None], Tq, axis=1)
-        real = np.zeros((B, Tq), np.int32)
-        for b, r in enumerate(self.rows):
-            tokens = feeds.get(r, ())
+        real = np.zeros((len(self.rows), Tq), np.int32)
+        for j, b in enumerate(idx):
+            tokens = feeds[self.rows[b]]
             m = len(tokens)
-            if m:
-                ids[b, Tq - m:] = tokens
-                pos[b, Tq - m:] = self.lengths[b] + np.arange(m)
-                real[b, Tq - m:] = 1
+            ids[j, Tq - m:] = tokens
+            pos[b, Tq - m:] = self.lengths[b] + np.arange(m)
+            real[b, Tq - m:] = 1
         return ids, pos, real, Tq
 
-    def step(self, feeds, suppress_rows=()):
-        """Feed `feeds` ({trajectory index: token ids}) in one forward pass and sample the next
-        token of every fed row; returns {trajectory index: (token, log-prob)}. Rows in
-        `suppress_rows` cannot sample a stop token (min_new_tokens)."""
-        ids, pos, real, Tq = self._chunk(feeds)
-        fed = real.any(axis=1)
-        if not fed.any():
-            return {}
+    def _pass(self, idx, feeds, suppress_rows, prefill):
+        """One forward pass feeding the rows `idx` (the others skipped) and their samples."""
+        B = len(self.rows)
+        ids, pos, real, Tq = self._layout(idx, feeds)
         self._grow(self.t + Tq)
         t0 = self.t
         self.key_mask[:, t0: t0 + Tq] = on_place(real, self.place, "int32")
+        fed = real.any(axis=1)
         finished = on_place((~fed).astype(np.int32), self.place, "int32")
-        prefill = Tq > 1
-        ids_t = on_place(ids if prefill else ids[:, 0], self.place, "int64")
-        pos_t = on_place(pos if prefill else pos[:, 0], self.place, "int64")
-        logits = self.engine._forward(self.W, self.cache, ids_t, pos_t, self.key_mask, finished, t0, prefill=prefill)
-        cols = self.W.transposed and not prefill
-        tokens, logprobs = self._sample(logits, fed, cols, suppress_rows)
+        if prefill:  # the fed rows only: their q/k/v meet the cache rows in _RowSubset.attention
+            index = on_place(np.asarray(idx, np.int64), self.place, "int64")
+            ops = _RowSubset(self.ops, index, B) if len(idx) < B else self.ops
+            logits = self.engine._forward(self.W, self.cache, on_place(ids, self.place, "int64"),
+                                          on_place(pos, self.place, "int64"), self.key_mask, finished, t0, True, ops=ops)
+            rows_b, active, cols = list(idx), np.ones(len(idx), bool), False
+            self.chunk_passes, self.chunk_rows = self.chunk_passes + 1, self.chunk_rows + len(idx)
+        else:  # every row's slot of the step (pad for the rows not fed, skipped by the kernels)
+            step_ids = np.full(B, self.engine.pad_token_id, np.int64)
+            step_ids[idx] = ids[:, 0]
+            logits = self.engine._forward(self.W, self.cache, on_place(step_ids, self.place, "int64"),
+                                          on_place(pos[:, 0], self.place, "int64"), self.key_mask, finished, t0, False)
+            rows_b, active, cols = list(range(B)), fed, self.W.transposed
+        tokens, logprobs = self._sample(logits, cols, rows_b, active, suppress_rows)
         self.t += Tq
         self.lengths += real.sum(axis=1)
         self.forward_passes += 1
         self.fed_tokens += int(real.sum())
         out = {}
-        for b in np.nonzero(fed)[0]:
-            out[self.rows[b]] = (int(tokens[b]), float(logprobs[b]))
-            self.draws[b] += 1
+        for j, b in enumerate(rows_b):
+            if active[j]:
+                out[self.rows[b]] = (int(tokens[j]), float(logprobs[j]))
+                self.draws[b] += 1
         return out
 
-    def _sample(self, logits, fed, cols, suppress_rows):
-        """Tokens and log-probs of the fed rows (two sampler calls when only some rows suppress stops)."""
-        p, B = self.params, len(self.rows)
-        u = self.uniforms[np.arange(B), np.minimum(self.draws, self.uniforms.shape[1] - 1)]
+    def _sample(self, logits, cols, rows_b, active, suppress_rows):
+        """Tokens and log-probs of the logits' rows (batch rows `rows_b`, sampled where `active`);
+        two sampler calls when only some of them suppress stop tokens."""
+        p, n = self.params, len(rows_b)
+        u = self.uniforms[rows_b, np.minimum(self.draws[rows_b], self.uniforms.shape[1] - 1)]
         uniforms = on_place(u[None, :], self.place, "float32")
-        rows = paddle.arange(B, dtype="int64")
+        rows = paddle.arange(n, dtype="int64")
         presence = paddle.zeros([1, 1], dtype="uint8")
         stop_ids = p.stop_token_ids if p.stop_token_ids is not None else [self.engine.eos_token_id]
-        quiet = np.asarray([r in suppress_rows for r in self.rows])
-        tokens, logprobs = np.zeros(B, np.int64), np.zeros(B, np.float32)
-        for group, suppress in ((fed & ~quiet, []), (fed & quiet, stop_ids)):
+        quiet = np.asarray([self.rows[b] in suppress_rows for b in rows_b])
+        tokens, logprobs = np.zeros(n, np.int64), np.zeros(n, np.float32)
+        for group, suppress in ((active & ~quiet, []), (active & quiet, stop_ids)):
             if not group.any():
                 continue
             finished = on_place((~group).astype(np.int32), self.place, "int32")
@@ -173,6 +194,24 @@ class SlotDecoder:
             tokens = np.where(group, tok.numpy(), tokens)
             logprobs = np.where(group, lp.numpy(), logprobs)
         return tokens, logprobs
+
+
+class _RowSubset:
+    """The engine's op set for a pass over some rows of the cache (`index`, of `batch` rows): the
+    layers run on those rows' tokens only, and `attention` scatters their q/k/v into the whole
+    batch (the other rows finished: skipped by the kernel) and gathers their outputs back."""
+
+    def __init__(self, ops, index, batch):
+        self._ops, self._index, self._batch, self._full = ops, index, batch, None
+
+    def __getattr__(self, name):
+        return getattr(self._ops, name)
+
+    def attention(self, qkv, *args, **kwargs):
+        if self._full is None:  # one buffer per pass: every layer overwrites the same rows
+            self._full = paddle.zeros([self._batch] + list(qkv.shape[1:]), dtype=qkv.dtype)
+        paddle.scatter_(self._full, self._index, qkv, overwrite=True)
+        return paddle.gather(self._ops.attention(self._full, *args, **kwargs), self._index)
 
 
 def prefill_logprobs(engine, lm, token_ids, temperature=1.0):
