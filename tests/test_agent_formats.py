@@ -150,6 +150,9 @@ def test_policy_mask_and_batch_layout():
     np.testing.assert_allclose(batch.response_logprobs[0], [-0.5, -0.25, 0, 0, 0, 0, -1.0])
     np.testing.assert_allclose(batch.rewards, [[0, 0.5, 0, 0, 0, 0, 2.0], [0, 0, 1.0, 0, 0, 0, 0]])
     assert batch.response_lengths.tolist() == [7, 3] and batch.last_policy_index.tolist() == [6, 2]
+    record = a.as_record()
+    assert [t["role"] for t in record["turns"]] == ["prompt", "assistant", "glue", "tool", "glue", "assistant"]
+    assert record["rewards"] == [0.5, 2.0] and json.loads(json.dumps(record)) == record
     with pytest.raises(ValueError, match="1 log-probs for 2 tokens"):
         Segment("policy", [1, 2], logprobs=[-1.0])
     with pytest.raises(ValueError):

@@ -264,6 +264,8 @@ def rollout_trajectories(engine, records, args, turn_format, params, seed=None, 
         raise NotImplementedError(
             "multi-turn rollouts (env_name) need the rollout engine: PaddleNLP's generate (use_fusemt false) cannot "
             "feed a tool's answer onto a row's KV cache mid-generation; set use_fusemt true")
+    if not records:
+        return AgentRolloutResult([], agent_metrics([]), {"tokens": 0, "wall_s": 0.0, "tokens_per_s": 0.0})
     rollout = AgentRollout(engine, records, args, turn_format, params, env_factory, pause, step_timeout_s, feed_interval)
     was_training = unwrap_model(engine.model).training
     unwrap_model(engine.model).eval()

@@ -102,6 +102,15 @@ class Trajectory:
                 ends.append(n - 1)
         return ends
 
+    def as_record(self):
+        """A JSON-able view for a samples file: each segment as `{"role", "text"}` (policy turns
+        as "assistant", the prompt as "prompt", glue, tool answers and user turns by their kind),
+        the rewards, why it ended and its tool calls."""
+        turns = [{"role": "assistant" if s.is_policy else s.kind, "text": s.text} for s in self.segments]
+        calls = [{k: v for k, v in c.items() if k not in ("start", "end")} for c in self.tool_calls]
+        return {"turns": turns, "rewards": list(self.rewards), "stop_reason": self.stop_reason,
+                "truncated": self.truncated, "tool_calls": calls}
+
     def reward_positions(self, mode="final"):
         """``[(token index, reward)]``: each turn's reward at its last token ("per_turn"), or their
         sum at the last policy token ("final")."""
