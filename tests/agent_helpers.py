@@ -12,7 +12,7 @@ PAD, EOS = 3, 2
 class EchoEnv(Environment):
     """Answers every turn with `answer * (1 + record["i"] % 3)` after `record["sleep"]` seconds
     (a list: one per turn), reward 0.5 per answered turn and 1.0 at the end; done after
-    `turns` policy turns. Treats every turn's end (a stop string or the turn length) as a call."""
+    `record["turns"]` (default `turns`) policy turns. Treats every turn's end (a stop string or the turn length) as a call."""
 
     stop_strings = []
 
@@ -27,7 +27,7 @@ class EchoEnv(Environment):
         sleep = self.record.get("sleep", 0.0)
         time.sleep(sleep[self.k] if isinstance(sleep, (list, tuple)) else sleep)
         self.k += 1
-        if self.k >= self.turns:
+        if self.k >= self.record.get("turns", self.turns):
             return None, 1.0, True, {}
         call = {"name": "echo", "error": None, "timeout": False, "latency_ms": 0.0}
         return self.answer * (1 + self.record.get("i", 0) % 3), 0.5, False, {"tool_calls": [call]}

@@ -9,7 +9,7 @@ import paddle
 import paddle.nn.functional as F
 import pytest
 
-from ppo.agents import AgentArguments, TaggedFormat, collate_trajectories, rollout_trajectories
+from ppo.agents import AgentArguments, TaggedFormat, collate_trajectories, policy_mask, rollout_trajectories
 from ppo.rollout import RolloutEngine, SamplingParams
 from ppo.rollout.multi_turn import prefill_logprobs
 from ppo.rollout.testing import custom_and_fallback_ops
@@ -62,12 +62,15 @@ def test_kv_continuation_after_tool_turns_equals_a_fresh_prefill(llama, backend)
     log-prob equals one pass of the same kernels over the whole trajectory (rtol 1e-5), and the
     model's own forward pass (1e-4, the single-turn engine's bound)."""
     tok, model = llama
-    records = [{**r, "sleep": [0.3, 0.0] if r["i"] == 1 else 0.0} for r in _records(5)]  # row 1 pauses
+    records = [{**r, "sleep": [0.3, 0.0] if r["i"] == 1 else 0.0} for r in _records(6)]  # row 1 pauses
+    for r in records[3:]:
+        r["turns"] = 1  # done early: the batch is compacted while rows 0-2 go on
     result = _run(llama, backend, records=records)
     engine = _engine(model, backend)
     fed_chunks = 0
+    assert [t.num_turns for t in result.trajectories] == [3, 3, 3, 1, 1, 1]
     for traj in result.trajectories:
-        assert traj.num_turns == 3 and [s.kind for s in traj.segments].count("tool") == 2
+        assert [s.kind for s in traj.segments].count("tool") == traj.num_turns - 1
         ids = traj.token_ids
         positions = np.nonzero(np.asarray([k for s in traj.segments for k in [s.is_policy] * len(s.token_ids)]))[0]
         got = traj.policy_logprobs()[positions]
@@ -80,7 +83,27 @@ def test_kv_continuation_after_tool_turns_equals_a_fresh_prefill(llama, backend)
     lengths = {len(t.token_ids) for t in result.trajectories}
     assert len(lengths) > 1  # rows really diverged
     assert result.stats["cache_slots"] > 120  # slots left empty by the paused row, and the cache grew
-    assert result.stats["chunk_rows"] < 5 * result.stats["chunk_passes"]  # some answers fed to a few rows only
+    assert result.stats["chunk_rows"] < 6 * result.stats["chunk_passes"]  # some answers fed to a few rows only
+    assert result.stats["compactions"] >= 1
+
+
+@pytest.mark.parametrize("backend", ["custom", "paddle"])
+def test_kv_continuation_on_a_gqa_model_with_qkv_biases(llama, backend):
+    """The same check on a Qwen2 (grouped KV heads, q/k/v biases, tied embeddings)."""
+    from tests.test_rollout_engine import _random_qwen2
+
+    tok, _ = llama
+    model = _random_qwen2()
+    records = [{**r, "sleep": [0.3, 0.0] if r["i"] == 2 else 0.0} for r in _records(4)]
+    result = _run((tok, model), backend, records=records)
+    engine = _engine(model, backend)
+    for traj in result.trajectories:
+        ids = traj.token_ids
+        positions = np.nonzero(policy_mask(traj.segments))[0]
+        got = traj.policy_logprobs()[positions]
+        fresh = prefill_logprobs(engine, unwrap_model(model), ids, temperature=0.8)[positions - 1]
+        np.testing.assert_allclose(got, fresh, rtol=1e-5, atol=1e-6)
+        assert np.abs(got - _model_logprobs(model, ids, 0.8)[positions - 1]).max() < 1e-4
 
 
 def test_row_pausing_does_not_change_any_token(llama):
@@ -168,3 +191,29 @@ def test_paddlenlp_generate_path_refuses_multi_turn(llama):
     engine = RolloutEngine(model, eos_token_id=EOS, pad_token_id=PAD, use_rollout_engine=False)
     with pytest.raises(NotImplementedError, match="use_fusemt"):
         engine.generate_trajectories(_records(1), AgentArguments(env_name="tools"), TaggedFormat(tok, TEMPLATE))
+
+
+@pytest.mark.parametrize("backend", ["custom", "paddle"])
+def test_decoder_packs_the_rows_tokens_when_the_slots_run_out(llama, backend):
+    """Rows fed in turns leave two thirds of the slots empty; when the cache runs out they are
+    packed to its front instead of doubling it, and every log-prob still equals a fresh prefill."""
+    from ppo.rollout.multi_turn import SlotDecoder
+
+    tok, model = llama
+    engine = _engine(model, backend)
+    params = SamplingParams(max_new_tokens=64, min_new_tokens=64, temperature=0.8)
+    with paddle.no_grad():
+        decoder = SlotDecoder(engine, unwrap_model(model), 3, 64, params, seed=2)
+        seqs = {r: tok(f"USER: Reverse: {'xyz'[: r + 1]} ASSISTANT:")["input_ids"] for r in range(3)}
+        pending, logprobs = {r: list(s) for r, s in seqs.items()}, {r: [] for r in range(3)}
+        for step in range(60):
+            feeds = {r: pending[r] for r in range(3) if step < 3 or step % 3 == r}
+            for r, (token, lp) in decoder.step(feeds).items():
+                seqs[r].append(token)
+                pending[r] = [token]
+                logprobs[r].append(lp)
+        assert decoder.repacks >= 1 and decoder.slots == 64
+    for r in range(3):
+        n = len(logprobs[r])
+        fresh = prefill_logprobs(engine, unwrap_model(model), seqs[r], temperature=0.8)[-n:]
+        np.testing.assert_allclose(logprobs[r], fresh, rtol=1e-5, atol=1e-6)

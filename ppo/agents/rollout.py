@@ -141,7 +141,9 @@ class AgentRollout:
     def _stats(decoder, trajectories, wall):
         tokens = sum(len(s.token_ids) for t in trajectories for s in t.policy_segments)
         return {"tokens": tokens, "fed_tokens": decoder.fed_tokens, "forward_passes": decoder.forward_passes,
-                "chunk_passes": decoder.chunk_passes, "chunk_rows": decoder.chunk_rows, "cache_slots": decoder.t,
+                "chunk_passes": decoder.chunk_passes, "chunk_rows": decoder.chunk_rows, "compactions": decoder.compactions,
+                "repacks": decoder.repacks,
+                "cache_slots": decoder.t,
                 "wall_s": wall, "tokens_per_s": tokens / wall if wall > 0 else 0.0}
 
     # ------------------------------------------------------------------ policy tokens

@@ -20,8 +20,10 @@ and position ids come from the row's own token count, never from the slot. Atten
 over the same keys as a fresh prefill of the row's whole conversation, in slot order; the
 test compares the two. Rows never re-prefill their conversation; the price is slots that
 some rows leave empty (a waiting row's, the padding of a chunk, the other pass's slots), which
-the attention kernels still read past (masked) -- so the cache starts zeroed. The cache grows (doubling) when the slots run out; rows that
-are done are gathered out of the batch (``compact``), as the single-turn loop does.
+the attention kernels still read past (masked) -- so the cache starts zeroed. When the slots run
+out, each row's tokens are packed to the front of the cache if they fill at most half of it
+(the same keys in the same order), else the cache doubles; rows that are done are gathered out
+of the batch (``compact``), as the single-turn loop does.
 
 Sampling: each row draws from its own stream of uniforms (seed, global row index), one per
 sampled token, so a row samples the same tokens however the other rows are scheduled.
@@ -66,6 +68,7 @@ class SlotDecoder:
         self._allocate(batch_size, 8 * ((max_positions + 7) // 8))
         self.uniforms = self._uniform_table(batch_size, max_positions, seed, row_offset)
         self.forward_passes, self.fed_tokens, self.chunk_passes, self.chunk_rows = 0, 0, 0, 0
+        self.compactions = self.repacks = 0
 
     def _allocate(self, B, S):
         W = self.W
@@ -87,6 +90,35 @@ class SlotDecoder:
     def slots(self):
         return int(self.key_mask.shape[1])
 
+    def _make_room(self, Tq):
+        """Slots for a pass of Tq tokens: as they are, or the rows' tokens packed to the front of
+        the cache when they fill at most half of it (`_repack`), or a cache twice as long."""
+        if self.t + Tq <= self.slots:
+            return
+        if int(self.lengths.max()) + Tq <= self.slots // 2:
+            self._repack()
+        else:
+            self._grow(self.t + Tq)
+
+    def _repack(self):
+        """Move each row's real slots (key mask 1), in order, to slots 0 .. length - 1: the same
+        keys in the same order, the empty slots between them gone."""
+        mask = self.key_mask.numpy().astype(bool)
+        M = max(int(self.lengths.max()), 1)
+        order = np.zeros((len(self.rows), M), np.int64)
+        for b in range(len(self.rows)):
+            real = np.nonzero(mask[b])[0]
+            order[b, : len(real)] = real
+        B = len(self.rows)
+        index = on_place(order, self.place, "int64")
+        k = paddle.take_along_axis(self.cache["k"], index.reshape([1, B, 1, 1, M]), axis=4, broadcast=True)
+        v = paddle.take_along_axis(self.cache["v"], index.reshape([1, B, 1, M, 1]), axis=3, broadcast=True)
+        self.cache["k"][:, :, :, :, :M] = k
+        self.cache["v"][:, :, :, :M] = v
+        self.key_mask[:] = 0
+        self.key_mask[:, :M] = on_place(np.arange(M)[None, :] < self.lengths[:, None], self.place, "int32")
+        self.t, self.repacks = M, self.repacks + 1
+
     def _grow(self, needed):
         S = self.slots
         if needed <= S:
@@ -103,6 +135,7 @@ class SlotDecoder:
         idx = [b for b, r in enumerate(self.rows) if r in keep]
         if len(idx) == len(self.rows):
             return
+        self.compactions += 1
         index = paddle.to_tensor(idx, dtype="int64", place=self.place)
         self.cache["k"] = paddle.index_select(self.cache["k"], index, axis=1)
         self.cache["v"] = paddle.index_select(self.cache["v"], index, axis=1)
@@ -144,7 +177,7 @@ class SlotDecoder:
         """One forward pass feeding the rows `idx` (the others skipped) and their samples."""
         B = len(self.rows)
         ids, pos, real, Tq = self._layout(idx, feeds)
-        self._grow(self.t + Tq)
+        self._make_room(Tq)
         t0 = self.t
         self.key_mask[:, t0: t0 + Tq] = on_place(real, self.place, "int32")
         fed = real.any(axis=1)
