@@ -217,3 +217,20 @@ def test_decoder_packs_the_rows_tokens_when_the_slots_run_out(llama, backend):
         n = len(logprobs[r])
         fresh = prefill_logprobs(engine, unwrap_model(model), seqs[r], temperature=0.8)[-n:]
         np.testing.assert_allclose(logprobs[r], fresh, rtol=1e-5, atol=1e-6)
+
+
+def test_stop_strings_and_sequences_end_turns(llama):
+    tok, _ = llama
+    stops = list("aeiou0123456789")
+    params = SamplingParams(max_new_tokens=10, min_new_tokens=10, temperature=1.0, stop_strings=stops,
+                            stop_sequences=[tok("XY", add_special_tokens=False)["input_ids"]])
+    result = _run(llama, params=params, turns=3)
+    early = 0
+    for seg in (s for t in result.trajectories for s in t.policy_segments):
+        ended = any(seg.text.endswith(s) for s in stops + ["XY"])
+        assert ended or len(seg.token_ids) == 10, seg.text
+        for k in range(1, len(seg.token_ids)):  # nothing before the end stopped it
+            prefix = tok.decode(seg.token_ids[:k], spaces_between_special_tokens=False, clean_up_tokenization_spaces=False)
+            assert not any(prefix.endswith(s) for s in stops + ["XY"]), prefix
+        early += len(seg.token_ids) < 10
+    assert early > 0

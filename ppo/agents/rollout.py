@@ -7,8 +7,9 @@
 
 Every record gets its own environment (``env.reset(record)`` gives the prompt). Rows decode
 together on the engine's kernels (ppo/rollout/multi_turn.py). A policy turn ends at a stop
-token (EOS), at a stop string of the environment (``</tool_call>``) or after
-``params.max_new_tokens`` tokens; ``params.min_new_tokens`` applies per turn. The turn's text
+token (EOS), at a stop string of the environment (``</tool_call>``) or of ``params`` (its
+``stop_strings`` and ``stop_sequences``), or after ``params.max_new_tokens`` tokens;
+``params.min_new_tokens`` applies per turn (stop tokens; stop strings end a turn at any length). The turn's text
 then goes to ``env.step`` in a worker thread (one per waiting row) while the other rows keep
 decoding; when the answer is back its tokens (glue, answer, glue, from the format) are fed
 onto that row's cache, chunk-prefilled (with the other answers that came back within
@@ -87,7 +88,9 @@ class AgentRollout:
         self.rows = [_Row(i, factory(), r) for i, r in enumerate(records)]
         self.role = environment_facts(args.env_name).observation_role if args.env_name else "tool"
         self.stop_ids = set(params.stop_token_ids if params.stop_token_ids is not None else [engine.eos_token_id])
-        self.stop_strings = sorted({s for r in self.rows for s in getattr(r.env, "stop_strings", [])})
+        strings = {s for r in self.rows for s in getattr(r.env, "stop_strings", [])} | set(params.stop_strings or [])
+        self.stop_strings = sorted(s for s in strings if s)
+        self.stop_sequences = [list(map(int, q)) for q in (params.stop_sequences or []) if len(q)]
         lengths = [len(self.tokenizer(s, add_special_tokens=False)["input_ids"]) for s in self.stop_strings]
         self.tail = max(lengths + [0]) + 2
         self.results = queue.Queue()
@@ -165,6 +168,10 @@ class AgentRollout:
                          name=f"env-step-{row.index}").start()
 
     def _ends_with_stop_string(self, row):
+        """The turn ends with a stop string (of the environment or `params.stop_strings`, matched
+        on the text) or a stop sequence (`params.stop_sequences`, matched on the ids)."""
+        if any(row.turn_ids[-len(q):] == q for q in self.stop_sequences):
+            return True
         if not self.stop_strings:
             return False
         tail = decode_exact(self.tokenizer, row.turn_ids[-self.tail:])
