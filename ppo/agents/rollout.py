@@ -109,7 +109,18 @@ class AgentRollout:
 
     def run(self, seed=None, row_offset=0):
         t_start = time.perf_counter()
-        self._start_rows()
+        try:
+            self._start_rows()
+            decoder = self._loop(seed, row_offset)
+        finally:
+            for row in self.rows:
+                if callable(getattr(row.env, "close", None)):
+                    row.env.close()
+        trajectories = [r.traj for r in self.rows]
+        return AgentRolloutResult(trajectories, agent_metrics(trajectories),
+                                  self._stats(decoder, trajectories, time.perf_counter() - t_start))
+
+    def _loop(self, seed, row_offset):
         lm = unwrap_model(self.engine.model)
         positions = getattr(lm.config, "max_position_embeddings", None)
         if positions is not None and self.args.max_total_len > positions:
@@ -133,12 +144,7 @@ class AgentRollout:
             live = {r.index for r in self.rows if r.state != "done"}
             if live and len(live) <= len(decoder.rows) // 2:
                 decoder.compact(live)
-        for row in self.rows:
-            if callable(getattr(row.env, "close", None)):
-                row.env.close()
-        trajectories = [r.traj for r in self.rows]
-        return AgentRolloutResult(trajectories, agent_metrics(trajectories),
-                                  self._stats(decoder, trajectories, time.perf_counter() - t_start))
+        return decoder
 
     @staticmethod
     def _stats(decoder, trajectories, wall):
