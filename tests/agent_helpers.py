@@ -106,6 +106,24 @@ def tiny_llama(path, tool_tags=False, seed=7):
     return tok, model
 
 
+def random_qwen2(seed=3):
+    """A Qwen2 over the tiny tokenizer's ids: grouped KV heads, non-zero q/k/v biases, tied embeddings."""
+    import paddle
+    from paddlenlp.transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=1e6,
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=EOS, pad_token_id=PAD)
+    paddle.seed(seed)
+    model = Qwen2ForCausalLM(cfg)
+    rng = np.random.default_rng(seed)
+    for layer in model.qwen2.layers:
+        for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            lin.bias.set_value(rng.standard_normal(lin.bias.shape).astype("float32") * 0.05)
+    model.eval()
+    return model
+
+
 def positions_of(trajectory, kind):
     """Token indices of the segments of `kind` in `trajectory`."""
     out, n = [], 0

@@ -90,10 +90,10 @@ def test_kv_continuation_after_tool_turns_equals_a_fresh_prefill(llama, backend)
 @pytest.mark.parametrize("backend", ["custom", "paddle"])
 def test_kv_continuation_on_a_gqa_model_with_qkv_biases(llama, backend):
     """The same check on a Qwen2 (grouped KV heads, q/k/v biases, tied embeddings)."""
-    from tests.test_rollout_engine import _random_qwen2
+    from tests.agent_helpers import random_qwen2
 
     tok, _ = llama
-    model = _random_qwen2()
+    model = random_qwen2()
     records = [{**r, "sleep": [0.3, 0.0] if r["i"] == 2 else 0.0} for r in _records(4)]
     result = _run((tok, model), backend, records=records)
     engine = _engine(model, backend)
