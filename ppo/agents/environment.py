@@ -13,7 +13,8 @@ trajectory, with two methods (the Gym shape, on text):
   ``error``, ``timeout``, ``latency_ms``; ``info["role"]`` overrides the observation's role).
 
 An environment may also have ``tools`` (JSON schemas of the functions the policy may call,
-given to the chat template's tool slot) and ``close()``. ``step`` runs in a worker thread of
+given to the chat template's tool slot), ``stop_strings`` (texts that end a policy turn besides
+the stop tokens, e.g. ``</tool_call>``) and ``close()``. ``step`` runs in a worker thread of
 the rollout (ppo/agents/rollout.py), one call at a time per instance.
 
 :class:`EnvironmentFacts` say what callers need to know: the role of its observations
@@ -40,6 +41,7 @@ class Environment:
     ``reset`` and ``step`` and may set ``tools``."""
 
     tools: List[dict] = []
+    stop_strings: List[str] = []
 
     def reset(self, record: Mapping[str, Any]):
         raise NotImplementedError
