@@ -6,8 +6,12 @@
 A batch of 16 rows, each 5 policy turns of 32 tokens (every row writes all 32: min_new_tokens =
 max_new_tokens), a tool call after each of the first 4 turns. At each call a quarter of the rows
 hit a slow tool (rows with row % 4 == call index: every row once), the others a tool that answers
-at once. The slow tool's latency is `slow_factor` times the time the batch needs to decode one
-turn (measured in this run first), so the result does not depend on this machine's speed.
+at once. The slow tool's latency is `slow_factor` times the time of one turn (a whole rollout
+with instant tools, divided by its 5 turns, measured in this run first), so the result does not
+depend on this machine's speed. With latency S and turn time T, a turn-synchronous loop takes
+about 5T + 4S and paused rows about 5T + S (each row meets the slow tool once): 1.5x at S = T,
+1.86x at S = 2T, before the pausing's own costs (answers prefilled in more, smaller passes;
+decode passes over fewer rows while some wait).
 
 Both sides are the same rollout (ppo/agents/rollout.py) on the same engine, kernels, model,
 prompts and seeds; only the scheduling differs:
@@ -87,23 +91,18 @@ def build(tmp):
 
 
 def one_turn_seconds(setup):
-    """Wall seconds the batch needs to decode one turn (a one-turn rollout, median of 3)."""
+    """Wall seconds of one turn: a whole rollout with instant tools (every row, every turn, the
+    answers' prefill included) divided by the number of turns; median of 3."""
     from ppo.agents import rollout_trajectories
 
     engine, records, args, fmt, params = setup
     env = bench_env_class()
     times = []
-    for _ in range(3):
+    for _ in range(4):
         start = time.perf_counter()
-        rollout_trajectories(engine, records, args, fmt, params, seed=0, env_factory=lambda: _one_turn(env))
+        rollout_trajectories(engine, records, args, fmt, params, seed=1, env_factory=lambda: env(0.0))
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def _one_turn(env_class):
-    env = env_class(0.0)
-    env.k = TURNS - 1  # the first step ends the episode
-    return env
+    return statistics.median(times[1:]) / TURNS
 
 
 def compare(setup, slow_s, reps):
@@ -141,7 +140,7 @@ def main(argv=None):
         setup = build(tmp)
         turn_s = one_turn_seconds(setup)
         out = {"batch": BATCH, "turns": TURNS, "turn_tokens": TURN_TOKENS, "slow_rows_per_call": BATCH // 4,
-               "one_turn_decode_s": round(turn_s, 4), "threads": os.environ.get("OMP_NUM_THREADS", "default"),
+               "one_turn_s": round(turn_s, 4), "threads": os.environ.get("OMP_NUM_THREADS", "default"),
                "results": {}}
         for factor in [float(f) for f in args.slow_factors.split(",") if f.strip()]:
             out["results"][f"slow_factor_{factor:g}"] = compare(setup, factor * turn_s, args.reps)
