@@ -60,6 +60,7 @@ def test_tagged_format_segments_and_no_drift(tiny):
     assert [s.kind for s in traj.segments] == ["prompt", "policy", "glue", "tool", "glue", "policy"]
     assert traj.segments[2].token_ids == [102] and traj.segments[4].token_ids == [103]
     assert traj.segments[0].token_ids[0] == tags.bos_token_id and traj.text.startswith("USER: What is 12*34? ASSISTANT:")
+    assert traj.response_text == "<tool_call>calculator 12*34</tool_call><tool_response>408</tool_response>408</s>"
     assert tokenization_drift(traj, fmt.encode_conversation) is None
 
 

@@ -72,6 +72,13 @@ class Trajectory:
         return "".join(s.text for s in self.segments)
 
     @property
+    def response_text(self):
+        """The text from the first policy token on (turns, tool answers and glue): what a scorer
+        or a reward server rates, with the prompt's text as `src`."""
+        first = next((i for i, s in enumerate(self.segments) if s.is_policy), len(self.segments))
+        return "".join(s.text for s in self.segments[first:])
+
+    @property
     def policy_segments(self):
         return [s for s in self.segments if s.is_policy]
 
