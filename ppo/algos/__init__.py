@@ -52,6 +52,7 @@ from .distill import (
     top_k_grad,
     top_k_terms,
 )
+from .judge_scores import expected_score, order_averaged_preference, verdict_probability
 from .distill_hidden import TeacherHead, TeacherTopK, gjsd_from_hidden, teacher_top_k_from_hidden
 from .vocab_parallel import vocab_parallel_logprobs_from_hidden, vocab_parallel_token_logprobs
 from .masked import (
@@ -177,6 +178,10 @@ __all__ = [
     "TeacherTopK",
     "gjsd_from_hidden",
     "teacher_top_k_from_hidden",
+    # judge_scores (a generative judge's verdict)
+    "verdict_probability",
+    "expected_score",
+    "order_averaged_preference",
     # vocab_parallel
     "vocab_parallel_token_logprobs",
     "vocab_parallel_logprobs_from_hidden",
