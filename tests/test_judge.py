@@ -122,7 +122,7 @@ def test_judge_score_is_the_verdict_probability_of_a_plain_forward(judge, tiny_m
     model.eval()
     yes, no = tok.convert_tokens_to_ids(["Y", "N"])
     for q, a, s in zip(questions, answers, scores):
-        ids = tok(f"USER: Judge: {q} => {a} ASSISTANT:")["input_ids"]
+        ids = tok(f"USER: {q} ASSISTANT:{a} Judge:")["input_ids"]
         z = model(input_ids=paddle.to_tensor([ids]), return_dict=True).logits[0, -1].numpy()
         np.testing.assert_allclose(s, 1.0 / (1.0 + math.exp(-(z[yes] - z[no]))), rtol=1e-4)
 
@@ -159,11 +159,11 @@ def test_judge_data_records_match_the_templates(tmp_path):
 
     pair = {"prompt": "Reverse: abc", "response_0": "bca", "response_1": "cba", "better_response_id": 1}
     (tmp_path / "preference.jsonl").write_text(json.dumps(pair) + "\n")
-    assert generate(str(tmp_path), num_pairs=10, seed=0) == 4
+    assert generate(str(tmp_path), num_pairs=10, seed=0, keep_task=False) == 4
     records = sorted((r["src"][0], r["tgt"][0]) for r in map(json.loads, open(tmp_path / "judge.jsonl")))
     assert records == sorted([
-        ("Judge: Reverse: abc => cba", "Yes"), ("Judge: Reverse: abc => bca", "No"),
-        ("Compare: Reverse: abc A: cba B: bca", "A"), ("Compare: Reverse: abc A: bca B: cba", "B"),
+        ("USER: Reverse: abc ASSISTANT:cba Judge:", "Yes"), ("USER: Reverse: abc ASSISTANT:bca Judge:", "No"),
+        ("USER: Reverse: abc ASSISTANT:cba USER: Reverse: abc ASSISTANT:bca Better:", "A"),
+        ("USER: Reverse: abc ASSISTANT:bca USER: Reverse: abc ASSISTANT:cba Better:", "B"),
     ])
-    prompt = "USER: " + records[0][0] + " ASSISTANT:"
-    assert prompt == render(template_text("tiny_better"), question="Reverse: abc", answer_a="bca", answer_b="cba")
+    assert records[1][0] == render(template_text("tiny_better"), question="Reverse: abc", answer_a="bca", answer_b="cba")

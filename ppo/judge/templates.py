@@ -20,12 +20,14 @@ TEMPLATES = {
               "the number only.\nScore:"),
     "better": ("Question: {question}\n\nAnswer A: {answer_a}\n\nAnswer B: {answer_b}\n\nWhich answer is better? Reply "
                "with A or B.\nBetter answer:"),
-    "tiny": "USER: Judge: {question} => {answer} ASSISTANT:",
-    "tiny_better": "USER: Compare: {question} A: {answer_a} B: {answer_b} ASSISTANT:",
+    "tiny": "USER: {question} ASSISTANT:{answer} Judge:",
+    "tiny_better": "USER: {question} ASSISTANT:{answer_a} USER: {question} ASSISTANT:{answer_b} Better:",
 }
 """Built-in templates by name: `correct` (yes/no), `correct_with_reference`, `score` (1-10),
-`better` (pairwise A/B), and the demo task's `tiny` / `tiny_better` (the tiny tokenizer's
-prompt format; `ppo/tiny/judge_data.py` teaches a tiny policy to answer them)."""
+`better` (pairwise A/B), and the demo task's `tiny` / `tiny_better`: the answer stands where the
+tiny policy writes its own (right after `ASSISTANT:`), then a verdict cue; `tiny_better` shows the
+question twice, one answer after each (`A` = the first). `ppo/tiny/judge_data.py` teaches a tiny
+policy to answer them."""
 
 FIELDS = ("question", "answer", "reference", "answer_a", "answer_b")
 

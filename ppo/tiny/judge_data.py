@@ -4,10 +4,16 @@ The tiny models only ever saw `Reverse: ...` prompts; a judge must read the `tin
 `tiny_better` templates of `ppo/judge/templates.py` and answer with a verdict. From the preference
 pairs of the training split (`preference.jsonl`: the correct reversal and a worse answer: the
 demonstrator's flaw, a half fix, a wrong symbol, an adjacent swap or a degenerate answer) this
-writes `Jsonfile` records for `sft/run_sft.py` with the prompt template `USER: {input} ASSISTANT:`:
+writes `Jsonfile` records for `sft/run_sft.py` whose `src` is the whole rendered template (train
+with the prompt template `{input}`):
 
-- pointwise: `Judge: Reverse: k3x9q => q9x3k` -> `Yes`, and the worse answer -> `No`;
-- pairwise: `Compare: Reverse: k3x9q A: q9x3k B: 9qx3k` -> `A`, and the same pair swapped -> `B`.
+- pointwise: `USER: Reverse: k3x9q ASSISTANT:q9x3k Judge:` -> `Yes`, the worse answer -> `No`;
+- pairwise: `USER: Reverse: k3x9q ASSISTANT:q9x3k USER: Reverse: k3x9q ASSISTANT:9qx3k Better:` -> `A`,
+  and the same pair swapped -> `B`.
+
+The answers stand where the policy writes its own, so the judge can reuse what the policy computes
+there; an earlier layout with the answer inside the user turn (`USER: Judge: Reverse: k3x9q =>
+q9x3k ASSISTANT:`) stayed at chance after 1,500 steps of SFT.
 
 The held-out pairs (`preference_eval.jsonl`, strings in no training split) stay for measuring the
 judge against the rule scorer `reverse`:
@@ -19,12 +25,11 @@ import json
 import os
 import random
 
-from ..judge.templates import render
+from ..judge.templates import TEMPLATES, render
 
-POINTWISE = "Judge: {question} => {answer}"
-PAIRWISE = "Compare: {question} A: {answer_a} B: {answer_b}"
-"""The user turns of the `tiny` and `tiny_better` templates (the SFT prompt template adds `USER: `
-and ` ASSISTANT:` around them)."""
+POINTWISE, PAIRWISE = TEMPLATES["tiny"], TEMPLATES["tiny_better"]
+SFT_PROMPT_TEMPLATE = "{input}"
+"""The records' `src` are whole judge prompts: SFT adds nothing around them."""
 
 
 def read_pairs(path):
@@ -39,10 +44,14 @@ def read_pairs(path):
     return pairs
 
 
-def judgement_records(pairs):
-    """Four records per pair: both answers judged alone, and the pair compared in both orders."""
+def judgement_records(pairs, keep_task=True):
+    """Four records per pair: both answers judged alone, and the pair compared in both orders; with
+    `keep_task`, a fifth: the task itself (`USER: Reverse: k3x9q ASSISTANT:` -> the correct answer),
+    so that the policy keeps computing what the judge reads."""
     records = []
     for question, better, worse in pairs:
+        if keep_task:
+            records.append({"src": [f"USER: {question} ASSISTANT:"], "tgt": [better]})
         records += [
             {"src": [render(POINTWISE, question=question, answer=better)], "tgt": ["Yes"]},
             {"src": [render(POINTWISE, question=question, answer=worse)], "tgt": ["No"]},
@@ -52,10 +61,10 @@ def judgement_records(pairs):
     return records
 
 
-def generate(data_dir, num_pairs=4000, seed=7, output="judge.jsonl"):
+def generate(data_dir, num_pairs=4000, seed=7, output="judge.jsonl", keep_task=True):
     """Write `output` (in `data_dir`) from the first `num_pairs` pairs of `preference.jsonl`,
     shuffled with `seed`; returns the number of records."""
-    records = judgement_records(read_pairs(os.path.join(data_dir, "preference.jsonl"))[:num_pairs])
+    records = judgement_records(read_pairs(os.path.join(data_dir, "preference.jsonl"))[:num_pairs], keep_task)
     random.Random(seed).shuffle(records)
     with open(os.path.join(data_dir, output), "w", encoding="utf-8") as f:
         for r in records:
