@@ -2,7 +2,10 @@
 
 `AutoModelForScore.from_pretrained(dir)` builds `<Arch>ModelForScore` for the
 directory's `model_type` (llama, qwen2), loading the backbone from either a
-causal-LM directory (the score head starts random) or a saved score model.
+causal-LM directory (the score head starts random) or a saved score model, in
+PaddleNLP's layout. The loaders (`ppo.models.adapters.load_score_model`,
+`load_merged_score_model`) also take Hugging Face's (`ppo.models.hf_import`: a one-label
+`*ForSequenceClassification` keeps its head).
 The score normaliser's statistics are persistable buffers, so a reloaded
 model scores identically.
 

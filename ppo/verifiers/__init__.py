@@ -10,6 +10,9 @@ registry (``ppo/scorer_registry.py``) with their facts when this package is impo
 - ``choice``: a multiple-choice letter;
 - ``penalties``: ``length`` and ``repetition``.
 
+The model judge's entry (``judge``) needs a model and the rollout engine, so it lives above
+this package, in ``ppo/judge/scorer.py``; ``ppo.scorers`` registers it with these.
+
 :func:`verifier_table` renders the registry as the Markdown table of docs/verifiers.md.
 """
 from . import basic, choice, code, format_tags, gsm8k, kk, math_boxed, penalties  # noqa: F401 (registration)
