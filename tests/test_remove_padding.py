@@ -151,7 +151,7 @@ def test_the_paddlenlp_key_reaches_the_passes(tiny_model_dir, tiny_rm_dir, tiny_
     out = str(tmp_path / "ppo")
     trainer = build_trainer(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, "--use_remove_padding", "true"))
     assert trainer.passes.remove_padding
-    with open("docs/arguments.md") as f:
+    with open("docs/arguments_rl.md") as f:
         assert "use_remove_padding" in f.read()
 
 
