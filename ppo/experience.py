@@ -22,7 +22,7 @@ from .models.unpadded import pack_padded, packed_token_logprobs
 
 STAGES = ("rollout", "scored", "complete")
 ROW_TENSORS = ("sequences", "attention_mask", "position_ids", "response_ids", "response_mask", "group_ids", "old_logprobs",
-               "ref_logprobs", "advantages", "ends_with_eos")
+               "ref_logprobs", "advantages", "ends_with_eos", "rollout_logprobs", "rollout_is_weights")
 ROW_LISTS = ("src", "label", "prompt_text")
 
 
@@ -64,6 +64,8 @@ class Experience:
     prompt_text: List[str]
     old_logprobs: Optional[paddle.Tensor] = None  # [N, Tr]
     ref_logprobs: Optional[paddle.Tensor] = None  # [N, Tr]
+    rollout_logprobs: Optional[paddle.Tensor] = None  # [N, Tr], the engine's; None when they are old_logprobs
+    rollout_is_weights: Optional[paddle.Tensor] = None  # [N, Tr], the rollout correction's (None: no correction)
     advantages: Optional[paddle.Tensor] = None  # [N, Tr], the actor's
     ends_with_eos: Optional[paddle.Tensor] = None  # [N] bool
     objectives: Dict[str, ObjectiveTrace] = field(default_factory=dict)
@@ -142,7 +144,7 @@ class Experience:
         return named
 
 
-LOSS_FIELDS = ("response_ids", "response_mask", "old_logprobs", "advantages", "ref_logprobs")
+LOSS_FIELDS = ("response_ids", "response_mask", "old_logprobs", "advantages", "ref_logprobs", "rollout_is_weights")
 """Experience fields the actor's loss reads (`Experience.loss_tensors` adds the critics')."""
 
 
@@ -257,8 +259,9 @@ def pad_experience(exp, Tp, Tr, pad_id):
     out.position_ids = position_ids_from_mask(out.attention_mask)
     out.response_ids = pad_columns(exp.response_ids, 0, dr, pad_id)
     out.response_mask = pad_columns(exp.response_mask, 0, dr, 0.0)
-    if exp.old_logprobs is not None:
-        out.old_logprobs = pad_columns(exp.old_logprobs, 0, dr, 0.0)
+    for name in ("old_logprobs", "rollout_logprobs"):
+        if getattr(exp, name) is not None:
+            setattr(out, name, pad_columns(getattr(exp, name), 0, dr, 0.0))
     return out
 
 

@@ -24,6 +24,7 @@ from .entry.argument_groups import (
     RolloutLoopArguments,
     default_override,
 )
+from .entry.policy_loss_arguments import PolicyLossArguments, policy_loss_problems
 from .common.argument_problems import problem_scope
 from .ppo_argument_checks import (  # noqa: F401  (validate_arguments: the entry point's start-up pass)
     batch_problems,
@@ -115,10 +116,10 @@ class DataArgument(PromptFieldArguments, DatasetArguments):
 
 
 @dataclass
-class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArguments, LogprobArguments, GenerationArguments,
-                           PaddleNLPTrainingArguments):
-    """The rollout (`RolloutArguments`) and the loop's optimiser (`RolloutLoopArguments`) are
-    shared with online DPO; the fields below are PPO/GRPO's own."""
+class PPOTrainingArguments(PolicyLossArguments, RolloutLoopArguments, RolloutArguments, DivergenceArguments,
+                           LogprobArguments, GenerationArguments, PaddleNLPTrainingArguments):
+    """The rollout (`RolloutArguments`) and the loop's optimiser (`RolloutLoopArguments`) are shared with
+    online DPO; the policy loss's own settings are `PolicyLossArguments`; the fields below are PPO/GRPO's own."""
 
     paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.argument_parsing
     # an RL run that diverges is stopped by default (DivergenceArguments: off for SFT/RM/DPO)
@@ -307,7 +308,9 @@ class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArg
                                 f"got {self.critic_recompute_granularity!r}")
             if not self.paddlenlp_refused:
                 problems += paddlenlp_setting_problems(self)
-            if self.normalize_advantage is None and not estimator_problems(self):
+            estimator_ok = not estimator_problems(self)
+            problems += policy_loss_problems(self, self.estimator if estimator_ok else None)
+            if self.normalize_advantage is None and estimator_ok:
                 self.normalize_advantage = self.estimator.whitens
 
     @property

@@ -74,7 +74,10 @@ def updater_stub(args):
     from ppo.trainer.settings import UpdateSettings, slice_of
     from ppo.trainer.updater import PPOUpdater
 
-    stub = SimpleNamespace(settings=slice_of(UpdateSettings, args))
+    from ppo.algos import get_policy_loss
+
+    stub = SimpleNamespace(settings=slice_of(UpdateSettings, args), policy_loss=get_policy_loss(args.policy_loss))
+    stub.policy_settings = stub.policy_loss.settings_from(stub.settings)
     stub.aggregation = lambda num_tokens, num_seqs: PPOUpdater.aggregation(stub, num_tokens, num_seqs)
     return stub
 

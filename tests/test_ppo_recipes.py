@@ -14,7 +14,8 @@ from tests.rule_reward_helpers import read_metrics, rule_argv
 
 
 def make_args(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path), per_device_prompt_batch_size=2, rollout_n=2, per_device_train_batch_size=4)
+    # groups of 4: every registered estimator runs with its default settings (pass_at_k's pass_k is 4)
+    base = dict(output_dir=str(tmp_path), per_device_prompt_batch_size=2, rollout_n=4, per_device_train_batch_size=8)
     base.update(kw)
     return PPOTrainingArguments(**base)
 

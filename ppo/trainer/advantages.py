@@ -3,8 +3,10 @@
 `AdvantageStage.complete` runs the no-gradient passes (reference and old log-probs, every
 objective's critic values), shapes each objective's token rewards (the KL per token with the
 objective's sign, its normalised score at the last token), runs the estimator and the
-whitening on each, lets the combiner form the actor's advantage, and returns the step's
-`objective/*`, `response_length/*` (and per-group) metrics. With `reuse_first_update_forward`
+whitening on each, lets the combiner form the actor's advantage, sets the rollout
+correction's importance weights (when the engine's log-probs were kept beside the training
+forward's), and returns the step's `objective/*`, `response_length/*`, `rollout/*` (and
+per-group) metrics. With `reuse_first_update_forward`
 the old log-probs and the first critic's values come from the update's first forward, which
 the passes keep. Every model pass goes through the passes; every reduction over processes
 through the run's `Ranks`."""
@@ -12,6 +14,7 @@ import paddle
 
 from ..algos import (
     group_zero_std_fraction,
+    rollout_correction,
     kl_shaped_rewards,
     masked_centered_square_sum,
     masked_sum,
@@ -50,11 +53,12 @@ class AdvantageStage:
         """Complete a scored experience (stage "scored" -> "complete"); returns its metrics."""
         exp.require("scored")
         self.fill_model_passes(exp)
+        correction = self.correct_rollout(exp)
         kl_coeff = self.kl_control.value
         kl = self.shape(exp, kl_coeff)
         exp.advance("complete")
         kl_sum = (kl * exp.response_mask).sum(axis=-1)
-        stats = {**self.experience_stats(exp, kl_sum, kl_coeff), **(score_stats or {}), **self.combined}
+        stats = {**self.experience_stats(exp, kl_sum, kl_coeff), **(score_stats or {}), **self.combined, **correction}
         if self.settings.mask_truncated_completions:  # TRL: truncated responses leave every loss
             exp.response_mask = truncated_completion_mask(exp.response_mask, exp.ends_with_eos)
             stats["response_length/masked_truncated_frac"] = ((~exp.ends_with_eos).astype("float32")).mean()
@@ -90,6 +94,20 @@ class AdvantageStage:
                 exp.objectives[objective.name].values = first_forward["values"].detach()
         if not need_ref:
             exp.ref_logprobs = exp.old_logprobs
+
+    def correct_rollout(self, exp):
+        """The rollout/training mismatch of `exp` (the engine's `rollout_logprobs` against the
+        training forward's `old_logprobs`): sets `exp.rollout_is_weights` `[N, Tr]` (None with
+        `rollout_is` none) and returns the `rollout/*` metrics; nothing when the engine's
+        log-probs are the old log-probs."""
+        if exp.rollout_logprobs is None:
+            return {}
+        s = self.settings
+        exp.rollout_is_weights, stats = rollout_correction(
+            exp.old_logprobs, exp.rollout_logprobs, exp.response_mask, rollout_is=s.rollout_is,
+            rollout_is_threshold=s.rollout_is_threshold, rollout_is_lower=s.rollout_is_lower,
+            rollout_is_upper=s.rollout_is_upper)
+        return stats
 
     def shape(self, exp, kl_coeff):
         """Each objective's token rewards, advantages and returns `[N, Tr]`, then the actor's

@@ -4,8 +4,10 @@
 generates with the rollout engine inside the passes' `generation_weights` (the actor's current
 weights, whatever the parallel strategy). One draw of uniforms covers the global batch and
 each data rank keeps its rows' columns, so a row samples the same tokens whatever the
-data-parallel layout. The draw count lives in the run state (`gen_batches`): it seeds the
-draw and numbers the prompt groups (group ids never repeat across draws or ranks)."""
+data-parallel layout. The engine's log-probs of the sampled tokens become the old log-probs
+(`use_rollout_logprobs`) or are kept as `rollout_logprobs` for the rollout correction. The
+draw count lives in the run state (`gen_batches`): it seeds the draw and numbers the prompt
+groups (group ids never repeat across draws or ranks)."""
 import paddle
 
 from ..experience import experience_from_rollout
@@ -39,6 +41,9 @@ class Rollout:
         self.state.gen_batches += 1
         exp = experience_from_rollout(batch, out, self.tokenizer.eos_token_id, repeat=n, group_base=group_base)
         exp.version = self.state.step
+        engine_logprobs = out.response_logprobs * exp.response_mask
         if out.logprobs_match_forward and self.settings.use_rollout_logprobs:
-            exp.old_logprobs = out.response_logprobs * exp.response_mask
+            exp.old_logprobs = engine_logprobs
+        else:  # kept for the rollout correction against the training forward's old log-probs
+            exp.rollout_logprobs = engine_logprobs
         return exp

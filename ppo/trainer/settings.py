@@ -41,7 +41,7 @@ class PenaltySettings:
 @dataclass(frozen=True)
 class AdvantageSettings:
     """Token rewards and advantages: the KL in the rewards, the score clip, the estimator's
-    settings, whitening, and masking of truncated responses."""
+    settings, whitening, masking of truncated responses, and the rollout correction's weights."""
 
     kl_coeff: float
     kl_loss_coeff: float
@@ -56,12 +56,17 @@ class AdvantageSettings:
     mask_truncated_completions: bool
     reuse_first_update_forward: bool
     update_micro_rows: int
+    rollout_is: str
+    rollout_is_threshold: Optional[float]
+    rollout_is_lower: Optional[float]
+    rollout_is_upper: Optional[float]
 
 
 @dataclass(frozen=True)
 class UpdateSettings:
     """The PPO-family update: epochs and their optimiser steps, the loss terms and their
-    aggregation."""
+    aggregation. The policy loss is `policy_loss` of `ppo.algos.POLICY_LOSSES`, and every
+    setting a registered loss reads is a field here (`PolicyLoss.settings_from(settings)`)."""
 
     update_iters: int
     update_micro_rows: int
@@ -74,6 +79,17 @@ class UpdateSettings:
     clip_range_ratio_high: Optional[float]
     dual_clip: Optional[float]
     importance_sampling_level: str
+    policy_loss: str
+    top_entropy_frac: float
+    cispo_clip_low: Optional[float]
+    cispo_clip_high: Optional[float]
+    gmpo_clip_low: float
+    gmpo_clip_high: float
+    clip_cov_ratio: float
+    clip_cov_lb: float
+    clip_cov_ub: float
+    kl_cov_ratio: float
+    kl_cov_coef: float
     pg_loss_coeff: float
     entropy_coeff: float
     kl_loss_coeff: float

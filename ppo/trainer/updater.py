@@ -9,7 +9,7 @@ import logging
 
 import numpy as np
 
-from ..algos import entropy_bonus_from_token_entropy, kl_loss, masked_mean, ppo_policy_loss, value_loss
+from ..algos import entropy_bonus_from_token_entropy, get_policy_loss, kl_loss, masked_mean, value_loss
 from ..algos.kl import K3_NAMES
 from ..passes import UpdateLosses
 
@@ -91,7 +91,8 @@ class PPOUpdater:
     `OptimizerSteps`; `ptx`: the ptx data (`PtxBatches`, or None); `divergence`: the run's
     `DivergenceWatch`; `offload`: the `OffloadPlan`; `state`: the `RunState`; `ranks`: the
     run's `Ranks`; `settings`: `UpdateSettings`; `samples`: the `samples.jsonl` rows of an
-    experience (`ppo.trainer.report.ResponseSamples`)."""
+    experience (`ppo.trainer.report.ResponseSamples`). The actor's policy loss is the registry
+    entry `settings.policy_loss` with its own settings read off `settings`."""
 
     progress_metrics = {"score": "objective/scores", "kl": "objective/kl", "len": "response_length/mean"}
     """The progress bar's numbers: label -> metric."""
@@ -100,6 +101,8 @@ class PPOUpdater:
         self.actor, self.passes, self.steps, self.ptx, self.divergence = actor, passes, steps, ptx, divergence
         self.critics = [o for o in objectives if o.critic is not None]
         self.offload, self.state, self.ranks, self.settings, self.sample_rows = offload, state, ranks, settings, samples
+        self.policy_loss = get_policy_loss(settings.policy_loss)
+        self.policy_settings = self.policy_loss.settings_from(settings)
 
     @property
     def trained(self):
@@ -170,15 +173,15 @@ class PPOUpdater:
 
     def actor_loss(self, mb, forward, num_tokens, num_seqs):
         """pg_loss_coeff * policy loss - entropy_coeff * entropy + kl_loss_coeff * KL and its stats;
-        `forward`: the micro-batch's training forward (`{"logprobs", "entropy"}`, `[n, Tr]`)."""
+        `forward`: the micro-batch's training forward (`{"logprobs", "entropy"}`, `[n, Tr]`). The
+        policy loss's tokens are weighted by the rollout correction's `mb.rollout_is_weights`
+        (None: none) and, with `top_entropy_frac` < 1, kept by their entropy."""
         s, agg = self.settings, self.aggregation(num_tokens, num_seqs)
         logprobs, entropy = forward["logprobs"], forward["entropy"]
-        pg_loss, stats = ppo_policy_loss(
-            logprobs, mb.old_logprobs, mb.advantages, mb.response_mask,
-            clip_range_ratio=s.clip_range_ratio, clip_range_ratio_low=s.clip_range_ratio_low,
-            clip_range_ratio_high=s.clip_range_ratio_high, dual_clip=s.dual_clip,
-            importance_sampling_level=s.importance_sampling_level, **agg,
-        )
+        selection = dict(entropy=entropy.detach(), top_entropy_frac=s.top_entropy_frac) if s.top_entropy_frac < 1.0 else {}
+        pg_loss, stats = self.policy_loss(logprobs, mb.old_logprobs, mb.advantages, mb.response_mask,
+                                          rollout_is_weights=mb.rollout_is_weights, **selection, **self.policy_settings,
+                                          **agg)
         loss = s.pg_loss_coeff * pg_loss
         if s.entropy_coeff:
             bonus, entropy_stats = entropy_bonus_from_token_entropy(entropy, mb.response_mask, **agg)

@@ -1,0 +1,123 @@
+"""PPO/GRPO's policy loss, its rollout correction and the pass@k estimator's settings.
+
+`policy_loss` names an entry of `ppo.algos.POLICY_LOSSES`; each entry's own settings are the
+fields below of the same names (`PolicyLoss.settings_from(args)` reads them), the PPO clip
+settings (`clip_range_ratio*`, `dual_clip`, `importance_sampling_level`) are declared with
+the other update settings in `ppo/ppo_arguments.py`. `rollout_is*` turn the rollout engine's
+log-probs into importance weights on the policy loss (`ppo.algos.rollout_correction`).
+`policy_loss_problems` refuses, before any model loads, a name that is not registered and a
+setting that the chosen loss, correction or estimator would not read.
+"""
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..algos import ADV_ESTIMATORS, POLICY_LOSSES
+from ..algos.rollout_correction import ROLLOUT_IS_LEVELS
+
+
+@dataclass
+class PolicyLossArguments:
+    policy_loss: str = field(
+        default="ppo_clip",
+        metadata={"help": f"Policy loss (ppo.algos.POLICY_LOSSES, docs/algorithms.md): {' | '.join(POLICY_LOSSES)}; "
+                  "ppo_clip is PPO's clipped loss (GSPO too with importance_sampling_level sequence)."},
+    )
+    cispo_clip_low: Optional[float] = field(
+        default=None, metadata={"help": "cispo: the weight's lower bound is 1 - this (None: no lower bound, as MiniMax-M1)."}
+    )
+    cispo_clip_high: Optional[float] = field(
+        default=4.0, metadata={"help": "cispo: the weight's upper bound is 1 + this (None: no upper bound)."}
+    )
+    gmpo_clip_low: float = field(default=0.4, metadata={"help": "gmpo: lower clip of the token log-ratio (-this)."})
+    gmpo_clip_high: float = field(default=0.4, metadata={"help": "gmpo: upper clip of the token log-ratio."})
+    clip_cov_ratio: float = field(
+        default=2e-4, metadata={"help": "clip_cov: fraction of the response tokens whose loss is dropped (at least 1)."}
+    )
+    clip_cov_lb: float = field(default=1.0, metadata={"help": "clip_cov: a dropped token's covariance is above this."})
+    clip_cov_ub: float = field(default=5.0, metadata={"help": "clip_cov: a dropped token's covariance is below this."})
+    kl_cov_ratio: float = field(
+        default=2e-4, metadata={"help": "kl_cov: fraction of the response tokens (largest covariance) given the KL penalty."}
+    )
+    kl_cov_coef: float = field(default=1.0, metadata={"help": "kl_cov: weight of the |logp - old logp| penalty."})
+    top_entropy_frac: float = field(
+        default=1.0,
+        metadata={"help": "Train only on this fraction of each micro-batch's response tokens, those of highest entropy "
+                  "(Wang et al. 2025, 'Beyond the 80/20 Rule'; 0.2 there), with any policy_loss; 1.0: every token."},
+    )
+    rollout_is: str = field(
+        default="none",
+        metadata={"help": "Rollout correction: importance weights pi_train / pi_rollout on the policy loss from the engine's "
+                  "log-probs and the training forward's, per token | sequence (their product) | none (the mismatch is "
+                  "still reported as rollout/* when both exist). Needs use_rollout_logprobs false."},
+    )
+    rollout_is_threshold: Optional[float] = field(
+        default=2.0, metadata={"help": "TIS: weights above this are truncated to it (verl's default 2.0); None: no truncation."}
+    )
+    rollout_is_lower: Optional[float] = field(
+        default=None, metadata={"help": "MIS: a token (sequence) whose weight is below this gets weight 0; None: no bound."}
+    )
+    rollout_is_upper: Optional[float] = field(
+        default=None, metadata={"help": "MIS: a token (sequence) whose weight is above this gets weight 0; None: no bound."}
+    )
+    pass_k: int = field(default=4, metadata={"help": "adv_estimator pass_at_k: the k of pass@k (1 <= k <= rollout_n)."})
+    pass_k_threshold: float = field(
+        default=0.5, metadata={"help": "adv_estimator pass_at_k: a response scoring above this counts as correct."}
+    )
+
+
+ROLLOUT_CORRECTION_FIELDS = ("rollout_is_threshold", "rollout_is_lower", "rollout_is_upper")
+
+
+def _changed(args, name):
+    """Whether `args.name` differs from its dataclass default."""
+    return getattr(args, name) != type(args).__dataclass_fields__[name].default
+
+
+def _foreign_settings(args, registry, chosen, what):
+    """Settings of other `registry` entries, changed from their defaults, that `chosen` does not read."""
+    own = set(chosen.settings) if chosen is not None else set()
+    owners = {}
+    for entry in registry.values():
+        for name in entry.settings:
+            if name not in own and hasattr(args, name):
+                owners.setdefault(name, []).append(entry.name)
+    return [f"{name}={getattr(args, name)!r} is a setting of {what} {' / '.join(owners[name])}; "
+            f"{what} {getattr(args, what)} does not read it" for name in sorted(owners) if _changed(args, name)]
+
+
+def policy_loss_problems(args, estimator=None):
+    """Every problem of the policy-loss group (`estimator`: the chosen `AdvEstimator`, or None
+    when `adv_estimator` itself is refused)."""
+    entry = POLICY_LOSSES.get(args.policy_loss)
+    if entry is None:
+        problems = [f"policy_loss must be one of {list(POLICY_LOSSES)}, got {args.policy_loss!r}"]
+    else:
+        problems = _foreign_settings(args, POLICY_LOSSES, entry, "policy_loss")
+    if estimator is not None:
+        problems += _foreign_settings(args, ADV_ESTIMATORS, estimator, "adv_estimator")
+        if "pass_k" in estimator.settings and isinstance(args.rollout_n, int) and not 1 <= args.pass_k <= args.rollout_n:
+            problems.append(f"pass_k must be in [1, rollout_n={args.rollout_n}] (pass@k of a group), got {args.pass_k}")
+    if not 0.0 < args.top_entropy_frac <= 1.0:
+        problems.append(f"top_entropy_frac must be in (0, 1] (1: every token), got {args.top_entropy_frac}")
+    return problems + rollout_correction_problems(args)
+
+
+def rollout_correction_problems(args):
+    """`rollout_is` is a level, its bounds make sense, and they act: with a correction, the
+    old log-probs must come from the training forward."""
+    if args.rollout_is not in ROLLOUT_IS_LEVELS:
+        return [f"rollout_is must be one of {ROLLOUT_IS_LEVELS}, got {args.rollout_is!r}"]
+    if args.rollout_is == "none":
+        return [f"{name}={getattr(args, name)!r} acts with rollout_is token or sequence; rollout_is is none"
+                for name in ROLLOUT_CORRECTION_FIELDS if _changed(args, name)]
+    problems = []
+    low, high, cap = args.rollout_is_lower, args.rollout_is_upper, args.rollout_is_threshold
+    if cap is not None and not cap > 0:
+        problems.append(f"rollout_is_threshold must be > 0 (None: no truncation), got {cap}")
+    if low is not None and high is not None and not low < high:
+        problems.append(f"rollout_is_lower ({low}) must be < rollout_is_upper ({high})")
+    if args.use_rollout_logprobs:
+        problems.append(f"rollout_is {args.rollout_is} weighs the loss by the training forward's log-probs over the "
+                        "engine's; use_rollout_logprobs true makes the engine's the old log-probs (every weight 1): "
+                        "set use_rollout_logprobs false")
+    return problems
