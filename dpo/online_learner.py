@@ -30,7 +30,8 @@ class OnlineDPOLearner:
     samples; `state`: the `RunState`; `args`: online DPO's training arguments (the loss's
     settings, the pair selection, the update's batches)."""
 
-    progress_metrics = ("objective/scores", "online_dpo/num_pairs")
+    progress_metrics = {"score": "objective/scores", "pairs": "online_dpo/num_pairs"}
+    """The progress bar's numbers: label -> metric."""
 
     def __init__(self, policy, models, passes, steps, divergence, tokenizer, state, args):
         self.policy, self.models, self.passes, self.steps, self.divergence = policy, models, passes, steps, divergence

@@ -227,8 +227,8 @@ def lagrange_value_problems(args):
 
 
 def lagrangian_problems(model_args, training_args):
-    """A cost model (PPO-Lagrangian) needs the GAE critic and runs on whole models; the
-    multiplier's settings and a cost critic do nothing without one."""
+    """A cost model (PPO-Lagrangian) needs the GAE critic; the multiplier's settings and a cost
+    critic do nothing without one."""
     if not model_args.cost_model_name_or_path:
         defaults = type(training_args).__dataclass_fields__
         problems = [f"{name}={getattr(training_args, name)!r} is a PPO-Lagrangian setting; set cost_model_name_or_path"
@@ -237,13 +237,9 @@ def lagrangian_problems(model_args, training_args):
             problems.append("cost_critic_model_name_or_path is set without cost_model_name_or_path (PPO-Lagrangian)")
         return problems
     problems = []
-    if training_args.adv_estimator in ADV_ESTIMATORS and not training_args.use_critic:
+    if not estimator_problems(training_args) and not training_args.use_critic:
         problems.append(f"cost_model_name_or_path (PPO-Lagrangian) needs cost and reward critics; adv_estimator "
                         f"{training_args.adv_estimator} has none: use gae")
-    for name in ("tensor_parallel_degree", "pipeline_parallel_degree"):
-        if getattr(training_args, name, 1) > 1:
-            problems.append(f"cost_model_name_or_path (PPO-Lagrangian) with {name} > 1 is not implemented; "
-                            "train with data parallel or sharding")
     return problems
 
 

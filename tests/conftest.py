@@ -104,6 +104,12 @@ def two_layer_score_dir(two_layer_model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def two_layer_cost_dir(two_layer_model_dir, tmp_path_factory):
+    """A score model on the 2-layer Llama (head seed 9) used as a cost model: costs vary by response."""
+    return save_score_model(two_layer_model_dir, str(tmp_path_factory.mktemp("two_layer_cost")), seed=9)
+
+
+@pytest.fixture(scope="session")
 def tiny_data_dir(tmp_path_factory):
     """A small copy of the demo task data (all splits)."""
     from ppo.tiny import demo_data

@@ -219,19 +219,21 @@ def test_lagrangian_settings_without_a_cost_model_are_refused(tiny_model_dir, ti
     assert "cost_critic_model_name_or_path is set without cost_model_name_or_path" in text
 
 
-@pytest.mark.parametrize("name", ["tensor_parallel_degree", "pipeline_parallel_degree"])
-def test_model_parallel_with_a_cost_model_is_refused_by_name(name):
-    """(One process resets these degrees to 1 before any check, so the check is called directly.)"""
+def test_a_cost_model_needs_critics_and_any_parallel_layout_takes_it():
+    """(One process resets the parallel degrees to 1 before any check, so the check is called
+    directly.) Tensor and pipeline parallel runs of PPO-Lagrangian are compared with one process in
+    tests/test_tensor_parallel.py and tests/test_pipeline_rl.py."""
     from types import SimpleNamespace
 
     from ppo.ppo_argument_checks import lagrangian_problems
 
     model_args = SimpleNamespace(cost_model_name_or_path="cost", cost_critic_model_name_or_path=None)
-    training_args = SimpleNamespace(adv_estimator="gae", use_critic=True, tensor_parallel_degree=1, pipeline_parallel_degree=1)
-    assert lagrangian_problems(model_args, training_args) == []
-    setattr(training_args, name, 2)
-    (problem,) = lagrangian_problems(model_args, training_args)
-    assert f"cost_model_name_or_path (PPO-Lagrangian) with {name} > 1 is not implemented" in problem
+    base = dict(adv_estimator="gae", adv_estimator_settings="", rollout_n=1, dynamic_sampling=False, use_critic=True)
+    for degrees in ({}, {"tensor_parallel_degree": 2}, {"pipeline_parallel_degree": 2}):
+        assert lagrangian_problems(model_args, SimpleNamespace(**base, **degrees)) == []
+    (problem,) = lagrangian_problems(model_args, SimpleNamespace(**{**base, "adv_estimator": "grpo", "use_critic": False,
+                                                                   "rollout_n": 4}))
+    assert "needs cost and reward critics; adv_estimator grpo has none: use gae" in problem
 
 
 def test_lora_actor_with_a_cost_model(tiny_model_dir, tiny_rm_dir, tiny_rm_dir_cost, tiny_data_dir, tmp_path):

@@ -83,7 +83,7 @@ def unwrap_model(model):
 
 
 def set_dropout_off(model):
-    """Zero every dropout probability in `model` (DESIGN: dropout off in all four models)."""
+    """Zero every dropout probability in `model` (every RL path here runs its models without dropout)."""
     import paddle.nn as nn
 
     config = getattr(unwrap_model(model), "config", None)

@@ -1,7 +1,8 @@
 """PPO and GRPO under `pipeline_parallel_degree > 1`: the actor, reference, critic and reward
 model are pipelines split over the same stages (PaddleNLP's causal-LM pipe for the actor and
 the reference, the score-model pipe of `score_model_pipe.py` for the critic and the reward
-model), and `ppo.ppo_trainer.PPOTrainer` runs every pass of a step through them:
+model), and the pipeline passes (`ppo.passes.pipeline.PipelinePasses`) run every pass of a
+PPO step through them:
 
 * no-gradient passes (old and reference log-probs, values, reward scores): the experience's
   rows cut into the schedule's `accumulate_steps` micro-batches, fleet's `eval_batch`, the

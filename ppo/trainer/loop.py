@@ -105,7 +105,7 @@ class OnlineLoop:
                     self.save_before_stopping(err)
                 state.step += 1
                 bar.update(1)
-                bar.set_postfix({k.rsplit("/", 1)[-1]: number(metrics[k]) for k in self.learner.progress_metrics if k in metrics})
+                bar.set_postfix({label: number(metrics[k]) for label, k in self.learner.progress_metrics.items() if k in metrics})
                 diverged = self.watch.judge_step(state.step, metrics)
                 self.flat_rewards.check(state.step, metrics)  # warns once (ppo.common.run_guard)
                 self.report.log_step(state.step, self.max_steps, metrics, diverged)

@@ -61,7 +61,7 @@ class AdvantageSettings:
 @dataclass(frozen=True)
 class UpdateSettings:
     """The PPO-family update: epochs and their optimiser steps, the loss terms and their
-    aggregation, the non-finite tolerance."""
+    aggregation."""
 
     update_iters: int
     update_micro_rows: int
@@ -81,8 +81,6 @@ class UpdateSettings:
     kl_clamp: Optional[float]
     clip_range_value: float
     ptx_coeff: float
-    max_nan_skips: int
-    release_gradients: bool
 
 
 @dataclass(frozen=True)
@@ -102,7 +100,6 @@ class LoopSettings:
     save_steps: int
     disable_tqdm: bool
     stop_on_divergence: bool = False
-    rollout_n: int = 1
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,8 @@ class PPOUpdater:
     run's `Ranks`; `settings`: `UpdateSettings`; `samples`: the `samples.jsonl` rows of an
     experience (`ppo.trainer.report.ResponseSamples`)."""
 
-    progress_metrics = ("objective/scores", "objective/kl", "response_length/mean")
+    progress_metrics = {"score": "objective/scores", "kl": "objective/kl", "len": "response_length/mean"}
+    """The progress bar's numbers: label -> metric."""
 
     def __init__(self, actor, objectives, passes, steps, ptx, divergence, offload, state, ranks, settings, samples):
         self.actor, self.passes, self.steps, self.ptx, self.divergence = actor, passes, steps, ptx, divergence
