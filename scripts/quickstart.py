@@ -19,7 +19,9 @@ running beside it) with its log path. `--seed` sets
 the seed of the base model's initialisation and of every training stage (the
 demo data, held-out prompts included, stay the same); `--output_root` moves every
 path of the configs from `outputs/tiny` to another directory. Results go to
-`<output root>/quickstart_summary.json`.
+`<output root>/quickstart_summary.json`, each stage's training curves beside them to
+`<output root>/curves/<stage>.png` (`scripts/plot_metrics.py`; PPO's after the table, the others
+beside PPO).
 """
 import argparse
 import json
@@ -120,6 +122,9 @@ def pipeline_stages(root, seed, online_dpo=False):
     early = f"{root}/evaluation_sft_grpo_dpo.json"
     stages.append(Stage("evaluate_sft_grpo_dpo", evaluate + ["--stages", "sft,grpo,dpo", "--output", early],
                         ("sft", "rm", "grpo", "dpo")))  # beside PPO, off the critical path
+    runs = [s.name for s in stages if s.name in CURVE_STAGES]
+    stages.append(Stage("curves", [PY, "scripts/plot_metrics.py"] + [f"{root}/{name}" for name in runs]
+                        + ["--output_dir", f"{root}/curves"], tuple(runs)))  # beside PPO too
     final = "evaluate_with_online_dpo" if online_dpo else "evaluate"  # its own marker: evaluated after online DPO
     stages.append(Stage(final, evaluate + ["--stages", "ppo,online_dpo", "--include", early, "--output",
                                            f"{root}/evaluation.json"], tuple(s.name for s in stages), alone=True))
@@ -132,6 +137,8 @@ def reward_server_setup(log_dir):
     return ["--reward_server", f"http://127.0.0.1:{port}"], start_reward_server(log_dir, port)
 
 
+CURVE_STAGES = ("sft", "rm", "grpo", "dpo", "online_dpo")
+"""The runs whose curves the `curves` stage draws beside PPO (PPO's are drawn after the table)."""
 STOP_STAGES = ("build", "sft", "rm")
 PRESTARTED_STAGES = 2
 """How many stages may wait started ahead, imports done (about 0.5 GB each): the next stage of the
@@ -215,7 +222,19 @@ def main(argv=None):
     }
     json.dump(summary, open(os.path.join(out, "quickstart_summary.json"), "w"), indent=2)
     print_table(summary)
+    print_curves(root, out, ("sft", "rm") + stages[1:])
     return summary
+
+
+def print_curves(root, out, stages):
+    """Draw PPO's curves beside the other stages' (the `curves` stage drew those beside PPO) and
+    say where they are."""
+    from scripts.plot_metrics import plot_each, read_metrics
+
+    t0 = time.time()
+    plot_each({"ppo": read_metrics(os.path.join(out, "ppo"))}, os.path.join(out, "curves"))
+    print(f"curves of every stage (reward, KL, losses, entropy, evaluation) in {root}/curves/: "
+          f"{', '.join(name + '.png' for name in stages)} (drawn in {time.time() - t0:.1f}s)")
 
 
 def run_safe_demo(root, out, seed, t0):

@@ -11,6 +11,7 @@ import pytest
 from scripts import quickstart
 from scripts.stage_scheduler import Stage, check_table, next_starts, run_dag, stage_env
 from tests.conftest import SUMMARY_PROPERTY
+from tests.plot_checks import assert_png_lines_match, run_files_of
 from tests.shared_demo import demo_through_reward_model
 
 # (stage, lowest overall accuracy, highest overall accuracy, lowest accuracy on strings < 5)
@@ -97,10 +98,11 @@ def simulate(stages, jobs, walls, max_threads=None):
 def test_the_quickstart_schedule_on_two_cores_puts_the_reward_model_beside_grpo_and_dpo():
     stages = quickstart.pipeline_stages("/tmp/root", 43)
     walls = {"build": 5, "sft": 95, "rm": 110, "ppo": 70, "audit": 10, "grpo": 60, "dpo": 35,
-             "evaluate_sft_grpo_dpo": 3, "evaluate": 2}
+             "evaluate_sft_grpo_dpo": 3, "curves": 2, "evaluate": 2}
     starts = simulate(stages, 2, walls, max_threads=1)
     assert starts == [("build", 0, 1), ("sft", 5, 1), ("rm", 100, 1), ("grpo", 100, 1), ("dpo", 160, 1),
-                      ("ppo", 210, 1), ("audit", 210, 1), ("evaluate_sft_grpo_dpo", 220, 1), ("evaluate", 280, 1)]
+                      ("ppo", 210, 1), ("audit", 210, 1), ("evaluate_sft_grpo_dpo", 220, 1), ("curves", 223, 1),
+                      ("evaluate", 280, 1)]
     # one thread per stage whatever finishes first: a slower GRPO changes the order only
     assert {(n, t) for n, _, t in simulate(stages, 2, dict(walls, grpo=200), 1)} == {(n, t) for n, _, t in starts}
     # one core: one stage at a time in table order; four: everything after SFT that is ready together
@@ -110,10 +112,11 @@ def test_the_quickstart_schedule_on_two_cores_puts_the_reward_model_beside_grpo_
     # without the cap, SFT (alone) takes every core
     assert simulate(stages, 2, walls)[1] == ("sft", 5, 2)
     online = quickstart.pipeline_stages("/tmp/root", 43, online_dpo=True)
-    assert [s.name for s in online][-3:] == ["online_dpo", "evaluate_sft_grpo_dpo", "evaluate_with_online_dpo"]
-    assert set(online[-1].deps) == {s.name for s in online[:-1]} and online[-3].deps == ("sft",)
+    assert [s.name for s in online][-4:] == ["online_dpo", "evaluate_sft_grpo_dpo", "curves", "evaluate_with_online_dpo"]
+    assert set(online[-1].deps) == {s.name for s in online[:-1]} and online[-4].deps == ("sft",)
+    assert online[-2].deps == ("sft", "rm", "grpo", "dpo", "online_dpo")  # every run but PPO's, drawn beside PPO
     # SFT, GRPO and DPO are evaluated beside PPO; the last evaluation adds PPO (and online DPO) to theirs
-    early, final = online[-2].cmd, online[-1].cmd
+    early, final = online[-3].cmd, online[-1].cmd
     assert early[early.index("--stages") + 1] == "sft,grpo,dpo" and final[final.index("--stages") + 1] == "ppo,online_dpo"
     assert final[final.index("--include") + 1] == early[early.index("--output") + 1]
     grpo = next(s for s in stages if s.name == "grpo")
@@ -220,6 +223,8 @@ def test_whole_tiny_pipeline_stays_above_its_floors(tmp_path_factory, capsys, re
     record_property(SUMMARY_PROPERTY, f"the demo's held-out table (floors {FLOORS}):\n{table}")
     print(table + json.dumps(summary["stages"], indent=1))
     assert os.path.isfile(os.path.join(root, "quickstart_summary.json"))
+    for name in ("sft", "rm", "ppo", "grpo", "dpo"):  # the curves beside the table: each run's metrics.jsonl as drawn
+        assert_png_lines_match(os.path.join(root, "curves", f"{name}.png"), run_files_of(root, [name]))
     failures = floor_failures(summary["stages"])
     assert not failures, "; ".join(failures)
 

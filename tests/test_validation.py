@@ -212,7 +212,7 @@ def test_paddlenlp_s_own_refusal_joins_the_other_problems(tiny_model_dir, tiny_d
 
     never_load(monkeypatch)
     argv = entry_argv("sft", tiny_model_dir, f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl", str(tmp_path / "o"),
-                      "--load_best_model_at_end", "true", "--evaluation_strategy", "steps", "--save_strategy", "steps",
+                      "--eval_datasets", f"Jsonfile:1.0:{tiny_data_dir}/valid.jsonl", "--load_best_model_at_end", "true", "--evaluation_strategy", "steps", "--save_strategy", "steps",
                       "--eval_steps", "3", "--save_steps", "5", "--lora_rank", "0", "--recompute_granularity", "some")
     with pytest.raises(ValueError) as info:
         run_sft(argv)

@@ -1,4 +1,5 @@
-"""Pure math of the toolkit: masked reductions, KL, advantages, losses, normalisers.
+"""Pure math of the toolkit: masked reductions, KL, advantages, losses (policy-loss registry,
+rollout-mismatch correction), normalisers.
 
 Plain functions on paddle tensors; no models, I/O or distributed calls, no
 ``.item()``, inputs never written into (tests/test_algos_purity.py checks this).
@@ -20,6 +21,8 @@ from .losses import (
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_AGG_MODES,
     aggregate_loss,
+    ppo_clip_token_losses,
+    ratio_stats,
     entropy_bonus_from_token_entropy,
     entropy_bonus_loss,
     entropy_from_logits,
@@ -30,8 +33,27 @@ from .losses import (
     token_logprobs,
     value_loss,
 )
+from .pass_at_k import pass_at_k_advantages
+from .token_selection import count_from_fraction, high_entropy_mask, top_k_mask
+from .policy_losses import cispo_token_losses, gmpo_token_losses
+from .covariance_losses import clip_cov_token_losses, kl_cov_token_losses, token_covariance
+from .policy_registry import POLICY_LOSSES, PolicyLoss, get_policy_loss, policy_loss_table
+from .rollout_correction import ROLLOUT_IS_LEVELS, rollout_correction, rollout_is_weights, rollout_mismatch_metrics
 from .lagrangian import LagrangeMultiplier, combined_advantages, lagrange_multiplier_step, lagrangian_shaped_rewards
 from .lm_head import token_logprobs_from_hidden
+from .distill import (
+    bucket_divergence,
+    full_terms,
+    generalized_jsd,
+    generalized_jsd_grad,
+    generalized_jsd_top_k,
+    teacher_top_k,
+    top_k_buckets,
+    top_k_grad,
+    top_k_terms,
+)
+from .judge_scores import expected_score, order_averaged_preference, verdict_probability
+from .distill_hidden import TeacherHead, TeacherTopK, gjsd_from_hidden, teacher_top_k_from_hidden
 from .vocab_parallel import vocab_parallel_logprobs_from_hidden, vocab_parallel_token_logprobs
 from .masked import (
     last_nonzero_index,
@@ -100,6 +122,7 @@ __all__ = [
     "reinforce_pp_advantages_and_returns",
     "broadcast_sequence_advantages",
     "group_zero_std_fraction",
+    "pass_at_k_advantages",
     # losses
     "LOSS_AGG_MODES",
     "IMPORTANCE_SAMPLING_LEVELS",
@@ -107,12 +130,32 @@ __all__ = [
     "entropy_bonus_loss",
     "aggregate_loss",
     "ppo_policy_loss",
+    "ppo_clip_token_losses",
+    "ratio_stats",
     "value_loss",
     "kl_loss",
     "entropy_from_logits",
     "token_logprobs",
     "sequence_logprobs",
     "sft_loss",
+    # policy-loss registry and its losses, token selection
+    "POLICY_LOSSES",
+    "PolicyLoss",
+    "get_policy_loss",
+    "policy_loss_table",
+    "cispo_token_losses",
+    "gmpo_token_losses",
+    "clip_cov_token_losses",
+    "kl_cov_token_losses",
+    "token_covariance",
+    "top_k_mask",
+    "count_from_fraction",
+    "high_entropy_mask",
+    # rollout correction (training/rollout mismatch)
+    "ROLLOUT_IS_LEVELS",
+    "rollout_correction",
+    "rollout_is_weights",
+    "rollout_mismatch_metrics",
     # lagrangian (PPO-Lagrangian, Safe RLHF)
     "LagrangeMultiplier",
     "combined_advantages",
@@ -120,6 +163,24 @@ __all__ = [
     "lagrangian_shaped_rewards",
     # lm_head
     "token_logprobs_from_hidden",
+    # distill (GKD's generalised JSD)
+    "bucket_divergence",
+    "full_terms",
+    "generalized_jsd",
+    "generalized_jsd_grad",
+    "generalized_jsd_top_k",
+    "teacher_top_k",
+    "top_k_buckets",
+    "top_k_grad",
+    "top_k_terms",
+    "TeacherHead",
+    "TeacherTopK",
+    "gjsd_from_hidden",
+    "teacher_top_k_from_hidden",
+    # judge_scores (a generative judge's verdict)
+    "verdict_probability",
+    "expected_score",
+    "order_averaged_preference",
     # vocab_parallel
     "vocab_parallel_token_logprobs",
     "vocab_parallel_logprobs_from_hidden",

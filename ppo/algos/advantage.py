@@ -1,4 +1,4 @@
-"""Advantage estimators: GAE (PPO), GRPO / Dr.GRPO, RLOO, REINFORCE++ (+ baseline).
+"""Advantage estimators: GAE (PPO), GRPO / Dr.GRPO, RLOO, REINFORCE++ (+ baseline), pass@k.
 
 Token-level estimators take ``[B, T]`` tensors and a response ``mask``; the
 response may start at any column (prompts left-padded before it) and may be
@@ -20,7 +20,10 @@ as keywords.
 """
 import paddle
 
+from .groups import group_view as _group_view
+from .groups import zero_equal_groups as _zero_equal_groups
 from .masked import _float_mask, _zero_outside, masked_whiten
+from .pass_at_k import pass_at_k_advantages
 
 __all__ = [
     "gae_advantages_and_returns",
@@ -70,15 +73,6 @@ def gae_advantages_and_returns(values, rewards, mask, gamma=1.0, gae_lambda=0.95
     return advantages, returns
 
 
-def _group_view(scores, group_size):
-    if group_size < 1:
-        raise ValueError(f"group_size must be >= 1, got {group_size}")
-    B = scores.shape[0]
-    if B % group_size != 0:
-        raise ValueError(f"batch size {B} is not a multiple of group_size {group_size}")
-    return scores.reshape([B // group_size, group_size])
-
-
 def grpo_advantages(scores, group_size, scale_by_std=True, eps=1e-6):
     """Group-relative advantages (GRPO), one per sequence.
 
@@ -111,12 +105,6 @@ def _unbiased_std(g, centred):
     sum of squares over ``n - 1`` (equal to the last bit), without ``paddle.var``'s integer
     division of its element counts, which makes Paddle log a type-promotion warning."""
     return paddle.sqrt(paddle.sum(centred**2, axis=1, keepdim=True) / (g.shape[1] - 1))
-
-
-def _zero_equal_groups(adv, g):
-    """``adv`` ``[G, n]`` with rows whose scores ``g`` are all equal set to exactly 0."""
-    same = (paddle.max(g, axis=1, keepdim=True) == paddle.min(g, axis=1, keepdim=True)).expand(g.shape)
-    return paddle.where(same, paddle.zeros_like(adv), adv)
 
 
 def group_zero_std_fraction(scores, group_size):
@@ -239,6 +227,12 @@ def _reinforce_pp_baseline(rewards, mask, values, group_size, gamma, gae_lambda,
     return reinforce_pp_baseline_advantages(_sequence_scores(rewards, mask), mask, group_size), None
 
 
+def _pass_at_k(rewards, mask, values, group_size, gamma, gae_lambda, scale_by_std, pass_k, pass_k_threshold):
+    adv = pass_at_k_advantages(_sequence_scores(rewards, mask), group_size, pass_k, pass_k_threshold,
+                               scale_by_std=scale_by_std)
+    return broadcast_sequence_advantages(adv, mask), None
+
+
 class AdvEstimator:
     """One advantage estimator and the facts the trainer and argument checks need.
 
@@ -297,6 +291,8 @@ ADV_ESTIMATORS = {
         AdvEstimator("reinforce_pp", _reinforce_pp, needs_critic=False, per_group=False, whitens=False),
         AdvEstimator("reinforce_pp_baseline", _reinforce_pp_baseline, needs_critic=False, per_group=True, whitens=False,
                      min_group_size=2),
+        AdvEstimator("pass_at_k", _pass_at_k, needs_critic=False, per_group=True, whitens=False, min_group_size=2,
+                     settings={"pass_k": 4, "pass_k_threshold": 0.5}),
     )
 }
 

@@ -25,6 +25,8 @@ __all__ = [
     "entropy_bonus_from_token_entropy",
     "aggregate_loss",
     "ppo_policy_loss",
+    "ppo_clip_token_losses",
+    "ratio_stats",
     "value_loss",
     "kl_loss",
     "entropy_from_logits",
@@ -117,36 +119,19 @@ def _dual_clipped(clipped, advantages, dual_clip, m):
     return token_loss, masked_mean(paddle.logical_and(neg, clipped > pg3).astype(clipped.dtype), m)
 
 
-def ppo_policy_loss(
+def ppo_clip_token_losses(
     logprobs, old_logprobs, advantages, mask, clip_range_ratio=0.2, clip_range_ratio_low=None, clip_range_ratio_high=None,
-    dual_clip=None, loss_agg_mode="token-mean", num_tokens=None, num_seqs=None, importance_sampling_level="token",
-    loss_scale_factor=None,
+    dual_clip=None, importance_sampling_level="token",
 ):
-    """Clipped PPO surrogate loss with optional asymmetric (DAPO) and dual clip.
+    """Per-token clipped PPO surrogate ``[B, T]`` and its stats, before aggregation.
 
-    Formula (``r = exp(logp - old)``, log-ratio clamped to [-20, 20] for safety,
-    ``eps_l``/``eps_h`` default to ``clip_range_ratio``):
-    ``L1 = -A * r``, ``L2 = -A * clip(r, 1 - eps_l, 1 + eps_h)``, ``L = max(L1, L2)``;
-    with ``dual_clip = c > 1`` (Ye et al. 2020, "Mastering Complex Control in MOBA
-    Games"; verl ``compute_policy_loss``): for ``A < 0``, ``L = min(L, -c * A)``.
-    The token losses are reduced with :func:`aggregate_loss`.
-    ``importance_sampling_level="sequence"`` (GSPO, Zheng et al. 2025): every token of
-    row ``b`` uses the sequence ratio ``s_b = exp(mean_t (logp - old))`` (geometric
-    mean of the token ratios over the masked tokens) as its value, with the gradient
-    of ``s_b * (logp_t - sg(logp_t))`` (GSPO-token form: ``d s / d logp_t = s_b``);
-    the log of ``s_b`` is clamped to at most 10, and the clip bounds apply to ``s_b``.
-    Example: log-ratios ``[0.2, -0.1, 0.5]`` with the last token masked give
-    ``s = exp(0.05)`` on both real tokens. verl ``compute_policy_loss_gspo`` forces
-    ``seq-mean-token-mean``; here ``loss_agg_mode`` is honoured (GSPO's paper uses
-    ``seq-mean-token-mean``).
-    Stats: ``loss/policy_avg``; ``policy/approxkl_avg = 0.5 * masked_mean((logp - old)^2)``
-    (the k2 estimator used by PaddleNLP/TRL PPO logging); ``policy/clipfrac_avg``
-    = fraction of tokens with ``L2 > L1``; ``policy/dual_clipfrac_avg`` = fraction of
-    tokens with ``A < 0`` and ``max(L1, L2) > -c * A`` (0 when disabled); ``val/ratio``
-    and ``val/ratio_var`` the masked mean / unbiased variance of ``r``.
+    The token part of :func:`ppo_policy_loss` (its docstring has the formulas): returns
+    ``(token_loss, stats)`` with ``token_loss`` ``[B, T]`` (with gradient; values at
+    masked-out positions are never read by the aggregation) and ``stats`` holding every
+    stat of :func:`ppo_policy_loss` except ``loss/policy_avg``. The policy-loss registry
+    (``ppo.algos.policy_registry``, entries ``ppo_clip`` and ``gspo``) aggregates it the
+    same way, so both give the same numbers to the last bit.
     Shapes: ``logprobs``, ``old_logprobs``, ``advantages``, ``mask`` ``[B, T]``.
-    Source: Schulman et al. 2017 (PPO); verl ``core_algos.compute_policy_loss``;
-    TRL ``PPOTrainer``; DAPO (Yu et al. 2025) for the clip-higher bounds.
     """
     low = clip_range_ratio if clip_range_ratio_low is None else clip_range_ratio_low
     high = clip_range_ratio if clip_range_ratio_high is None else clip_range_ratio_high
@@ -165,18 +150,65 @@ def ppo_policy_loss(
     clipped = paddle.maximum(pg1, pg2)
     clipfrac = masked_mean((pg2 > pg1).astype(logprobs.dtype), m)
     token_loss, dual_frac = _dual_clipped(clipped, advantages, dual_clip, m)
-    loss = aggregate_loss(token_loss, m, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
-                          loss_scale_factor=loss_scale_factor)
-    diff = _zero_outside(logprobs - old_logprobs, m)
-    stats = {
-        "loss/policy_avg": _detached(loss),
-        "policy/approxkl_avg": _detached(0.5 * masked_mean(diff * diff, m)),
+    return token_loss, {
+        **ratio_stats(logprobs, old_logprobs, ratio, m),
         "policy/clipfrac_avg": _detached(clipfrac),
         "policy/dual_clipfrac_avg": _detached(dual_frac),
-        "val/ratio": _detached(masked_mean(ratio, m)),
-        "val/ratio_var": _detached(masked_var(ratio, m)),
     }
-    return loss, stats
+
+
+def ratio_stats(logprobs, old_logprobs, ratio, mask):
+    """The stats every policy loss reports about its ratio: ``policy/approxkl_avg``
+    ``= 0.5 * masked_mean((logp - old)^2)`` (the k2 estimator of PaddleNLP/TRL PPO logging)
+    and ``val/ratio`` / ``val/ratio_var``, the masked mean / unbiased variance of ``ratio``
+    (``[B, T]``: the token ratio, or a sequence ratio repeated on the row's tokens); all
+    detached scalars. ``mask`` a float mask of the dtype of ``logprobs``."""
+    diff = _zero_outside(logprobs - old_logprobs, mask)
+    return {
+        "policy/approxkl_avg": _detached(0.5 * masked_mean(diff * diff, mask)),
+        "val/ratio": _detached(masked_mean(ratio, mask)),
+        "val/ratio_var": _detached(masked_var(ratio, mask)),
+    }
+
+
+def ppo_policy_loss(
+    logprobs, old_logprobs, advantages, mask, clip_range_ratio=0.2, clip_range_ratio_low=None, clip_range_ratio_high=None,
+    dual_clip=None, loss_agg_mode="token-mean", num_tokens=None, num_seqs=None, importance_sampling_level="token",
+    loss_scale_factor=None,
+):
+    """Clipped PPO surrogate loss with optional asymmetric (DAPO) and dual clip.
+
+    Formula (``r = exp(logp - old)``, log-ratio clamped to [-20, 20] for safety,
+    ``eps_l``/``eps_h`` default to ``clip_range_ratio``):
+    ``L1 = -A * r``, ``L2 = -A * clip(r, 1 - eps_l, 1 + eps_h)``, ``L = max(L1, L2)``;
+    with ``dual_clip = c > 1`` (Ye et al. 2020, "Mastering Complex Control in MOBA
+    Games"; verl ``compute_policy_loss``): for ``A < 0``, ``L = min(L, -c * A)``.
+    The token losses (:func:`ppo_clip_token_losses`) are reduced with :func:`aggregate_loss`.
+    ``importance_sampling_level="sequence"`` (GSPO, Zheng et al. 2025): every token of
+    row ``b`` uses the sequence ratio ``s_b = exp(mean_t (logp - old))`` (geometric
+    mean of the token ratios over the masked tokens) as its value, with the gradient
+    of ``s_b * (logp_t - sg(logp_t))`` (GSPO-token form: ``d s / d logp_t = s_b``);
+    the log of ``s_b`` is clamped to at most 10, and the clip bounds apply to ``s_b``.
+    Example: log-ratios ``[0.2, -0.1, 0.5]`` with the last token masked give
+    ``s = exp(0.05)`` on both real tokens. verl ``compute_policy_loss_gspo`` forces
+    ``seq-mean-token-mean``; here ``loss_agg_mode`` is honoured (GSPO's paper uses
+    ``seq-mean-token-mean``).
+    Stats: ``loss/policy_avg``; ``policy/approxkl_avg = 0.5 * masked_mean((logp - old)^2)``
+    (the k2 estimator used by PaddleNLP/TRL PPO logging); ``policy/clipfrac_avg``
+    = fraction of tokens with ``L2 > L1``; ``policy/dual_clipfrac_avg`` = fraction of
+    tokens with ``A < 0`` and ``max(L1, L2) > -c * A`` (0 when disabled); ``val/ratio``
+    and ``val/ratio_var`` the masked mean / unbiased variance of ``r``.
+    Shapes: ``logprobs``, ``old_logprobs``, ``advantages``, ``mask`` ``[B, T]``.
+    Source: Schulman et al. 2017 (PPO); verl ``core_algos.compute_policy_loss``;
+    TRL ``PPOTrainer``; DAPO (Yu et al. 2025) for the clip-higher bounds.
+    """
+    token_loss, token_stats = ppo_clip_token_losses(
+        logprobs, old_logprobs, advantages, mask, clip_range_ratio, clip_range_ratio_low, clip_range_ratio_high,
+        dual_clip, importance_sampling_level,
+    )
+    loss = aggregate_loss(token_loss, _float_mask(mask, logprobs), loss_agg_mode, num_tokens=num_tokens,
+                          num_seqs=num_seqs, loss_scale_factor=loss_scale_factor)
+    return loss, {"loss/policy_avg": _detached(loss), **token_stats}
 
 
 def value_loss(

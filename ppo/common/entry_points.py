@@ -51,6 +51,8 @@ ENTRY_POINTS = (
     EntryPoint("reward-server", "ppo/reward_server.py", "the HTTP reward server GRPO scores with"),
     EntryPoint("merge-lora", "sft/merge_lora.py", "merge a LoRA adapter into its base model"),
     EntryPoint("quickstart", "scripts/quickstart.py", "the tiny CPU pipeline, end to end, and its results table"),
+    EntryPoint("chat", "scripts/chat.py", "answers to prompts from a trained policy or LoRA adapter, by the rollout engine"),
+    EntryPoint("plot-metrics", "scripts/plot_metrics.py", "training curves of runs (metrics.jsonl) to PNG"),
 )
 
 

@@ -216,8 +216,10 @@ def _check_weights(files, arg_name):
 
 
 def is_score_config(config):
-    """True when a `config.json` dict describes a score model (reward/critic head)."""
-    return "score_type" in config or any(str(a).endswith("ForScore") for a in config.get("architectures") or [])
+    """True when a `config.json` dict describes a score model (reward/critic head): ours, or a Hugging
+    Face `*ForSequenceClassification` (loaded through `ppo.models.hf_import`)."""
+    return "score_type" in config or any(
+        str(a).endswith(("ForScore", "ForSequenceClassification")) for a in config.get("architectures") or [])
 
 
 def check_model_dir(arg_name, path, need_score_head=False, _adapters=()):

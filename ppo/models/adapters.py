@@ -159,7 +159,8 @@ def load_merged_score_model(path, dtype="float32", **config_overrides):
 def load_causal_lm(path, dtype="float32", base_model_name_or_path=None, **config_overrides):
     """A `CausalLM` from a model directory, or a `LoRAModel` from an adapter directory.
     An adapter whose base is itself an adapter (see the module docstring) gets that chain
-    merged into the base weights in memory first.
+    merged into the base weights in memory first. A Hugging Face safetensors directory
+    (`LlamaForCausalLM`, `Qwen2ForCausalLM`) is converted in memory (`ppo.models.hf_import`).
     `config_overrides` (e.g. `use_flash_attention=True`) are set on the model config."""
     from paddlenlp.transformers import AutoModelForCausalLM
 
@@ -169,6 +170,12 @@ def load_causal_lm(path, dtype="float32", base_model_name_or_path=None, **config
         base_path = base_model_name_or_path or lora_base_path(path)
         base = load_merged_causal_lm(base_path, dtype=dtype, **config_overrides)
         return LoRAModel.from_pretrained(model=base, lora_path=path)
+    from .hf_convert import is_hf_dir
+
+    if is_hf_dir(path):  # a Hugging Face safetensors directory (ppo.models.hf_import)
+        from .hf_import import load_hf_model
+
+        return load_hf_model(path, dtype=dtype, score=False, **config_overrides)
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **config_overrides)
 
 

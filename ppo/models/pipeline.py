@@ -66,6 +66,15 @@ def install_last_stage_loss(pipe, criterion, prepare_inputs=None):
         pipe._prepare_pipeline_inputs_func = prepare_inputs
 
 
+def refuse_hf_dir(path):
+    """Pipeline stages load PaddleNLP checkpoints only: refuse a Hugging Face directory, naming the converter."""
+    from .hf_convert import is_hf_dir
+
+    if is_hf_dir(path):
+        raise ValueError(f"pipeline_parallel_degree > 1 with a Hugging Face directory ({path}): convert it first "
+                         f"(python scripts/import_hf.py --hf_path {path} --output_dir DIR) and pass DIR")
+
+
 def load_pipe(path, loss_fn, prepare_inputs, dtype="float32", **config_overrides):
     """This rank's pipeline stage of the causal LM in `path` (a plain checkpoint; PaddleNLP
     maps its keys to the stage's layers), with `loss_fn(output, labels)` as the last stage's
@@ -79,6 +88,7 @@ def load_pipe(path, loss_fn, prepare_inputs, dtype="float32", **config_overrides
             f"pipeline_parallel_degree > 1 with a LoRA adapter ({path}): LoRA layers on pipeline stages are not "
             "implemented here; merge the adapter (sft/merge_lora.py) or use tensor_parallel_degree"
         )
+    refuse_hf_dir(path)
     pipe_cls, _ = pipe_classes(AutoConfig.from_pretrained(path))
     model = pipe_cls.from_pretrained(path, dtype=dtype, **config_overrides)
     install_last_stage_loss(model, loss_fn, prepare_inputs)

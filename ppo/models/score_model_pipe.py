@@ -16,7 +16,7 @@ import paddle.nn as nn
 import paddle.distributed as dist
 
 from .causal_lm import last_token_index
-from .pipeline import CausalLMPipelineInputs, install_last_stage_loss, pipe_classes, pipeline_group
+from .pipeline import CausalLMPipelineInputs, install_last_stage_loss, pipe_classes, pipeline_group, refuse_hf_dir
 from .score_model import ScoreModelMixin, pair_scores_loss, score_config
 
 
@@ -140,6 +140,7 @@ def load_plain_score_pipe(path, dtype="float32", **config_overrides):
 
     if is_lora_dir(path):
         raise ValueError(f"pipeline_parallel_degree > 1 with a LoRA adapter ({path}): not implemented here")
+    refuse_hf_dir(path)
     config = score_config(path, **config_overrides)
     return score_pipe_class(config).from_pretrained(path, config=config, dtype=dtype)
 

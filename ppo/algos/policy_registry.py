@@ -1,0 +1,133 @@
+"""The policy-loss registry: one :class:`PolicyLoss` per ``policy_loss`` name.
+
+Every entry has one call signature (:meth:`PolicyLoss.__call__`): ``(logprobs, old_logprobs,
+advantages, mask, **aggregation, **options, **settings) -> (loss, stats)``, the inputs and
+outputs of ``ppo_policy_loss``. ``settings`` are the entry's own arguments (its facts list
+them with their defaults); the trainer passes exactly those (:meth:`PolicyLoss.settings_from`
+reads them off its arguments), so none is accepted and then ignored. Options shared by
+every entry: the rollout-correction weights (``ppo.algos.rollout_correction``) and token
+selection by entropy (``top_entropy_frac``). Callers read an entry's facts, never its name.
+Source: verl ``core_algos.register_policy_loss`` / ``get_policy_loss_fn`` (registry pattern).
+"""
+from .covariance_losses import clip_cov_token_losses, kl_cov_token_losses
+from .losses import LOSS_AGG_MODES, _detached, aggregate_loss, ppo_clip_token_losses
+from .masked import _float_mask, _zero_outside, masked_mean
+from .policy_losses import cispo_token_losses, gmpo_token_losses
+from .token_selection import high_entropy_mask
+
+__all__ = ["POLICY_LOSSES", "PolicyLoss", "get_policy_loss", "policy_loss_table"]
+
+_PPO_CLIP = {"clip_range_ratio": 0.2, "clip_range_ratio_low": None, "clip_range_ratio_high": None}
+
+
+def _gspo(logprobs, old_logprobs, advantages, mask, **settings):
+    return ppo_clip_token_losses(logprobs, old_logprobs, advantages, mask, importance_sampling_level="sequence",
+                                 **settings)
+
+
+class PolicyLoss:
+    """One policy loss and the facts its callers need.
+
+    ``fn(logprobs, old_logprobs, advantages, mask, **settings)`` -> ``(token_loss [B, T],
+    stats)``. ``settings``: name -> default of every argument ``fn`` reads beyond the four
+    tensors. ``needs_old_logprobs``: the loss reads the old policy's log-probs (a ratio).
+    ``sequence_level``: the ratio is per sequence (one value on every token of a row).
+    ``loss_agg_mode``: the reduction the method's paper uses (any of ``LOSS_AGG_MODES`` is
+    honoured). ``random``: the loss draws random numbers (``uniforms`` makes it
+    deterministic). ``source``: the paper; ``compared``: the code its tests compare with.
+    """
+
+    __slots__ = ("name", "fn", "settings", "needs_old_logprobs", "sequence_level", "loss_agg_mode", "random",
+                 "source", "compared")
+
+    def __init__(self, name, fn, settings, source, compared, needs_old_logprobs=True, sequence_level=False,
+                 loss_agg_mode="token-mean", random=False):
+        if loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"bad facts for policy loss {name!r}: loss_agg_mode={loss_agg_mode!r}")
+        self.name, self.fn, self.settings, self.source, self.compared = name, fn, dict(settings), source, compared
+        self.needs_old_logprobs, self.sequence_level = bool(needs_old_logprobs), bool(sequence_level)
+        self.loss_agg_mode, self.random = loss_agg_mode, bool(random)
+
+    def __repr__(self):
+        return f"PolicyLoss({self.name!r}, settings={sorted(self.settings)})"
+
+    def settings_from(self, args):
+        """``{name: getattr(args, name)}`` for this entry's settings (e.g. the trainer's arguments)."""
+        return {name: getattr(args, name) for name in self.settings}
+
+    def __call__(self, logprobs, old_logprobs, advantages, mask, loss_agg_mode="token-mean", num_tokens=None,
+                 num_seqs=None, loss_scale_factor=None, rollout_is_weights=None, entropy=None, top_entropy_frac=None,
+                 uniforms=None, **settings):
+        """``(loss, stats)``: the token losses of ``fn``, times the kept-token mask of
+        ``top_entropy_frac`` (``high_entropy_mask`` of ``entropy``; None or 1 keeps every token)
+        and the detached ``rollout_is_weights`` ``[B, T]`` (None: no correction), reduced by
+        ``aggregate_loss(loss_agg_mode, num_tokens, num_seqs, loss_scale_factor)`` over ``mask``
+        (dropped tokens still count in the normaliser, as in the papers' formulas).
+        Stats: ``fn``'s, ``loss/policy_avg``, and ``policy/entropy_kept_frac`` with a selection.
+        Unknown settings raise ``ValueError``; missing ones take the defaults."""
+        unknown = sorted(set(settings) - set(self.settings))
+        if unknown:
+            raise ValueError(f"policy_loss {self.name!r} takes no {unknown}; its settings: {sorted(self.settings)}")
+        if uniforms is not None and not self.random:
+            raise ValueError(f"policy_loss {self.name!r} draws no random numbers; uniforms would be ignored")
+        m = _float_mask(mask, logprobs)
+        extra = {"uniforms": uniforms} if self.random else {}
+        token_loss, stats = self.fn(logprobs, old_logprobs, advantages, m, **{**self.settings, **settings}, **extra)
+        if top_entropy_frac is not None and top_entropy_frac != 1.0:
+            if entropy is None:
+                raise ValueError("top_entropy_frac selects tokens by entropy: pass the per-token entropy")
+            kept = high_entropy_mask(entropy, m, top_entropy_frac)
+            token_loss = _zero_outside(token_loss, kept)
+            stats["policy/entropy_kept_frac"] = _detached(masked_mean(kept, m))
+        if rollout_is_weights is not None:
+            token_loss = token_loss * _zero_outside(rollout_is_weights.detach().astype(token_loss.dtype), m)
+        loss = aggregate_loss(token_loss, m, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+                              loss_scale_factor=loss_scale_factor)
+        return loss, {"loss/policy_avg": _detached(loss), **stats}
+
+
+_VERL = "verl core_algos.py"
+POLICY_LOSSES = {
+    e.name: e
+    for e in (
+        PolicyLoss("ppo_clip", ppo_clip_token_losses, {**_PPO_CLIP, "dual_clip": None, "importance_sampling_level": "token"},
+                   "Schulman et al. 2017 (PPO); Yu et al. 2025 (DAPO clip-higher); Ye et al. 2020 (dual clip)",
+                   f"{_VERL}:1159 (vanilla); ppo_policy_loss (bit-identical)"),
+        PolicyLoss("gspo", _gspo, {**_PPO_CLIP, "dual_clip": None}, "Zheng et al. 2025 (GSPO)",
+                   f"{_VERL}:1253; ppo_policy_loss sequence level (bit-identical)", sequence_level=True,
+                   loss_agg_mode="seq-mean-token-mean"),
+        PolicyLoss("cispo", cispo_token_losses, {"cispo_clip_low": None, "cispo_clip_high": 4.0},
+                   "MiniMax 2025 (MiniMax-M1, CISPO)", f"{_VERL}:1721; TRL grpo_trainer.py:3080"),
+        PolicyLoss("gmpo", gmpo_token_losses, {"gmpo_clip_low": 0.4, "gmpo_clip_high": 0.4},
+                   "Zhao et al. 2025 (GMPO)", f"callsys/GMPO train_zero_math_gmpo.py:675; {_VERL}:1635",
+                   sequence_level=True, loss_agg_mode="seq-mean-token-mean"),
+        PolicyLoss("clip_cov", clip_cov_token_losses,
+                   {**_PPO_CLIP, "clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0},
+                   "Cui et al. 2025 (Entropy Mechanism, Clip-Cov)",
+                   f"PRIME-RL/Entropy-Mechanism-of-RL core_algos.py:469; {_VERL}:1450", random=True),
+        PolicyLoss("kl_cov", kl_cov_token_losses, {"kl_cov_ratio": 2e-4, "kl_cov_coef": 1.0},
+                   "Cui et al. 2025 (Entropy Mechanism, KL-Cov)",
+                   f"PRIME-RL/Entropy-Mechanism-of-RL core_algos.py:426; {_VERL}:1555"),
+    )
+}
+"""Every policy loss by ``policy_loss`` name."""
+
+
+def get_policy_loss(name):
+    """The :class:`PolicyLoss` registered as ``name``; ``ValueError`` naming the choices otherwise."""
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"Unknown policy_loss {name!r}; valid choices: {list(POLICY_LOSSES)}")
+    return POLICY_LOSSES[name]
+
+
+def policy_loss_table():
+    """The Markdown table of :data:`POLICY_LOSSES` (docs/algorithms.md), one row per loss."""
+    rows = ["| `policy_loss` | old log-probs | sequence-level | paper's `loss_agg_mode` | settings (defaults) | source "
+            "| compared with |", "|---|---|---|---|---|---|---|"]
+    for e in POLICY_LOSSES.values():
+        settings = ", ".join(f"`{k}={v!r}`" for k, v in e.settings.items()) or "-"
+        if e.random:
+            settings += " (random: `uniforms`)"
+        rows.append(f"| `{e.name}` | {'yes' if e.needs_old_logprobs else 'no'} | {'yes' if e.sequence_level else 'no'} | "
+                    f"`{e.loss_agg_mode}` | {settings} | {e.source} | {e.compared} |")
+    return "\n".join(rows)

@@ -1,0 +1,255 @@
+"""Hugging Face <-> PaddleNLP names, layouts and configs for Llama and Qwen2 (pure numpy, no I/O).
+
+Tensors are numpy arrays; a `uint16` array holds bfloat16 bits (Paddle's own convention:
+`paddle.Tensor.numpy()` of a bfloat16 tensor is `uint16`). Every conversion is exact: names
+change, matrices are transposed or split, values are never cast.
+
+| PaddleNLP (`llama.` / `qwen2.` prefix)        | Hugging Face (`model.` prefix)                      |
+|-----------------------------------------------|-----------------------------------------------------|
+| `embed_tokens.weight` [V, H]                   | `embed_tokens.weight` [V, H]                         |
+| `layers.i.self_attn.{q,k,v,o}_proj.weight` [in, out] | the same names, [out, in] (transposed)          |
+| `layers.i.self_attn.qkv_proj.weight` (`fuse_attention_qkv`: per KV head [its query heads, k, v]) | `q_proj`, `k_proj`, `v_proj` |
+| `layers.i.self_attn.{q,k,v}_proj.bias` (Qwen2) | the same names                                       |
+| `layers.i.mlp.{gate,up,down}_proj.weight`      | the same names, transposed                           |
+| `layers.i.mlp.gate_up_fused_proj.weight` (`fuse_attention_ffn`: [gate | up]) | `gate_proj`, `up_proj`    |
+| `layers.i.{input,post_attention}_layernorm.weight`, `norm.weight` | the same names               |
+| `lm_head.weight` [H, V] (untied)               | `lm_head.weight` [V, H]; omitted when tied           |
+| `score_head.weight` [H, 1], `score_head.bias` [1] | `score.weight` [1, H], `score.bias` [1]           |
+| `normalizer_{mean,var,count}` buffers          | `config.json` fields of the same names               |
+| `layers.i.self_attn.rotary_emb.inv_freq`       | not stored (recomputed from `rope_theta`)            |
+
+Both libraries apply rotary embeddings with `rotate_half` on the same q/k column order, so
+q_proj and k_proj need no permutation (tests/test_hf_weights.py compares logits).
+"""
+import numpy as np
+
+PREFIX = {"llama": "llama", "qwen2": "qwen2"}
+CAUSAL_LM_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+SCORE_ARCH = {"llama": "LlamaForSequenceClassification", "qwen2": "Qwen2ForSequenceClassification"}
+SCORE_FIELDS = ("score_type", "score_bias", "do_normalize", "normalizer_type", "normalizer_momentum")
+NORMALIZER_STATS = ("normalizer_mean", "normalizer_var", "normalizer_count")
+DTYPES = ("float32", "float16", "bfloat16")
+COMMON_FIELDS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta", "tie_word_embeddings",
+    "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id",
+)
+QWEN2_FIELDS = ("sliding_window", "max_window_layers")
+LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def head_dim(cfg):
+    return cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def _rope_to_hf(cfg, model_type):
+    """HF `rope_scaling` of a PaddleNLP config (None, linear, or Llama 3's); refuses the rest."""
+    if model_type == "llama" and (cfg.get("rope_scaling") or {}).get("rope_type") == "llama3":
+        return dict(cfg["rope_scaling"])
+    kind = cfg.get("rope_scaling_type")
+    if kind is None:
+        return None
+    if kind == "linear" and model_type == "llama":
+        return {"rope_type": "linear", "factor": float(cfg.get("rope_scaling_factor", 1.0))}
+    raise ValueError(f"rope_scaling_type {kind!r} ({model_type}): no Hugging Face equivalent is written here; "
+                     "supported: none, linear (Llama), llama3 (Llama)")
+
+
+def _rope_from_hf(hf, model_type):
+    """PaddleNLP config fields of an HF `rope_scaling`; refuses what PaddleNLP's model would not compute."""
+    rope = hf.get("rope_scaling")
+    if not rope:
+        return {}
+    kind = rope.get("rope_type", rope.get("type"))
+    if model_type == "llama" and kind == "llama3":
+        return {"rope_scaling": dict(rope, rope_type="llama3")}
+    if model_type == "llama" and kind == "linear":
+        return {"rope_scaling_type": "linear", "rope_scaling_factor": float(rope["factor"])}
+    raise ValueError(f"rope_scaling {rope} ({model_type}): PaddleNLP's {CAUSAL_LM_ARCH[model_type]} does not "
+                     "implement it; supported: none, linear (Llama), llama3 (Llama)")
+
+
+def hf_config(cfg, dtype, score=None):
+    """The Hugging Face `config.json` dict of a PaddleNLP config dict `cfg` (model_type llama or
+    qwen2). `score`: None for a causal LM, else the score model's settings (`SCORE_FIELDS`) and
+    normaliser statistics (`NORMALIZER_STATS`), written as a `*ForSequenceClassification` with
+    one label."""
+    model_type = cfg.get("model_type")
+    if model_type not in PREFIX:
+        raise ValueError(f"model_type {model_type!r}: Hugging Face export supports {sorted(PREFIX)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {DTYPES}")
+    out = {"architectures": [SCORE_ARCH[model_type] if score is not None else CAUSAL_LM_ARCH[model_type]],
+           "model_type": model_type}
+    out.update({key: cfg[key] for key in COMMON_FIELDS if key in cfg})
+    out.update(hidden_act="silu", head_dim=head_dim(cfg), attention_dropout=0.0, use_cache=True,
+               rope_scaling=_rope_to_hf(cfg, model_type), torch_dtype=dtype, dtype=dtype)
+    if model_type == "llama":
+        out.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
+    else:
+        out.update({key: cfg[key] for key in QWEN2_FIELDS if key in cfg}, use_sliding_window=False)
+    if score is not None:
+        out.update(num_labels=1, id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+        out.update({key: score[key] for key in SCORE_FIELDS + NORMALIZER_STATS if key in score})
+    return out
+
+
+def _refusals(hf, model_type):
+    """Features of an HF config that PaddleNLP's model of `model_type` does not compute."""
+    problems = []
+    if hf.get("hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act {hf['hidden_act']!r} (only silu)")
+    hd = hf.get("head_dim")
+    if hd is not None and hd != hf["hidden_size"] // hf["num_attention_heads"]:
+        problems.append(f"head_dim {hd} != hidden_size / num_attention_heads")
+    if model_type == "llama" and (hf.get("attention_bias") or hf.get("mlp_bias")):
+        problems.append("attention_bias / mlp_bias (PaddleNLP's Llama has no biases)")
+    if model_type == "qwen2" and hf.get("use_sliding_window"):
+        problems.append("use_sliding_window true (PaddleNLP's Qwen2 attends to the whole sequence)")
+    if hf.get("num_labels", 1) != 1 and is_score_arch(hf):
+        problems.append(f"num_labels {hf['num_labels']} (a score model has one)")
+    return problems
+
+
+def is_score_arch(hf):
+    return any(str(a).endswith("ForSequenceClassification") for a in hf.get("architectures") or [])
+
+
+def paddle_config(hf):
+    """`(model_type, PaddleNLP config kwargs, score settings or None)` of a Hugging Face config dict."""
+    model_type = hf.get("model_type")
+    if model_type not in PREFIX:
+        raise ValueError(f"model_type {model_type!r}: Hugging Face import supports {sorted(PREFIX)}")
+    if "num_labels" not in hf and "id2label" in hf:
+        hf = dict(hf, num_labels=len(hf["id2label"]))
+    problems = _refusals(hf, model_type)
+    if problems:
+        raise ValueError(f"{CAUSAL_LM_ARCH[model_type]} config: not supported here: " + "; ".join(problems))
+    cfg = {key: hf[key] for key in COMMON_FIELDS if key in hf}
+    cfg.setdefault("num_key_value_heads", hf["num_attention_heads"])
+    cfg.setdefault("tie_word_embeddings", False)
+    if model_type == "qwen2":
+        cfg.update({key: hf[key] for key in QWEN2_FIELDS if hf.get(key) is not None}, use_sliding_window=False)
+    cfg.update(_rope_from_hf(hf, model_type))
+    cfg["dtype"] = hf.get("dtype") or hf.get("torch_dtype") or "float32"
+    if cfg["dtype"] not in DTYPES:
+        raise ValueError(f"torch_dtype {cfg['dtype']!r}: expected one of {DTYPES}")
+    score = None
+    if is_score_arch(hf):
+        score = {key: hf[key] for key in SCORE_FIELDS + NORMALIZER_STATS if key in hf}
+    return model_type, cfg, score
+
+
+def _split_fused_qkv(w, cfg):
+    """q, k, v of PaddleNLP's fused `qkv_proj` (weight [H, W] or bias [W]): W is laid out per KV
+    head as [its num_heads / num_kv_heads query heads, one key head, one value head]."""
+    nh, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], head_dim(cfg)
+    group = nh // nkv
+    grouped = w.reshape(w.shape[:-1] + (nkv, group + 2, hd))
+    lead = w.shape[:-1]
+    q = grouped[..., :group, :].reshape(lead + (nh * hd,))
+    return q, grouped[..., group, :].reshape(lead + (nkv * hd,)), grouped[..., group + 1, :].reshape(lead + (nkv * hd,))
+
+
+def _layer_to_hf(rest, value, cfg):
+    """HF `(name, tensor)` pairs of one PaddleNLP decoder tensor (`rest` is its name after `layers.i.`)."""
+    module, _, kind = rest.rpartition(".")
+    parent, _, leaf = module.rpartition(".")
+    if leaf == "qkv_proj":
+        parts = zip(("q_proj", "k_proj", "v_proj"), _split_fused_qkv(value, cfg))
+        return [(f"{parent}.{n}.{kind}", p.T if kind == "weight" else p) for n, p in parts]
+    if leaf == "gate_up_fused_proj":
+        half = value.shape[1] // 2
+        return [(f"{parent}.gate_proj.weight", value[:, :half].T), (f"{parent}.up_proj.weight", value[:, half:].T)]
+    if leaf in LINEAR and kind == "weight":
+        return [(rest, value.T)]
+    return [(rest, value)]
+
+
+def hf_tensors(state, cfg, lm_head_transposed=None):
+    """HF tensors of a PaddleNLP state dict (causal LM or score model). `lm_head_transposed`:
+    whether `lm_head.weight` is stored [V, H] (PaddleNLP does so when embeddings are tied);
+    None decides from the shape. Raises on any tensor it has no rule for."""
+    prefix = PREFIX[cfg["model_type"]] + "."
+    out, unknown = {}, []
+    for name, value in state.items():
+        if "rotary_emb.inv_freq" in name or name in NORMALIZER_STATS:
+            continue
+        if name.startswith(prefix + "layers."):
+            index, _, rest = name[len(prefix + "layers."):].partition(".")
+            for hf_rest, tensor in _layer_to_hf(rest, value, cfg):
+                out[f"model.layers.{index}.{hf_rest}"] = tensor
+        elif name.startswith(prefix):
+            out["model." + name[len(prefix):]] = value
+        elif name == "lm_head.weight":
+            if not cfg.get("tie_word_embeddings"):
+                keep = lm_head_transposed
+                if keep is None:
+                    keep = value.shape == (cfg["vocab_size"], cfg["hidden_size"]) != value.shape[::-1]
+                out[name] = value if keep else value.T
+        elif name == "score_head.weight":
+            out["score.weight"] = value.T
+        elif name == "score_head.bias":
+            out["score.bias"] = value
+        else:
+            unknown.append(name)
+    if unknown:
+        raise ValueError(f"no Hugging Face name for these PaddleNLP tensors: {unknown}")
+    return {name: np.ascontiguousarray(tensor) for name, tensor in out.items()}
+
+
+def paddle_tensors(tensors, cfg, score=False):
+    """PaddleNLP tensors (unfused layout, untied LM head [H, V]) of HF tensors. A tied model's
+    `lm_head.weight` is left out (PaddleNLP shares the embedding). Raises on unknown names."""
+    prefix = PREFIX[cfg["model_type"]] + "."
+    out, unknown = {}, []
+    for name, value in tensors.items():
+        if "rotary_emb.inv_freq" in name:
+            continue
+        if name.startswith("model."):
+            rest = name[len("model."):]
+            leaf_kind = rest.rsplit(".", 2)[-2:]
+            linear = rest.startswith("layers.") and leaf_kind[0] in LINEAR and leaf_kind[1] == "weight"
+            out[prefix + rest] = value.T if linear else value
+        elif name == "lm_head.weight" and not score:
+            if not cfg.get("tie_word_embeddings"):
+                out[name] = value.T
+        elif name == "score.weight" and score:
+            out["score_head.weight"] = value.T
+        elif name == "score.bias" and score:
+            out["score_head.bias"] = value
+        else:
+            unknown.append(name)
+    if unknown:
+        raise ValueError(f"no PaddleNLP name for these Hugging Face tensors: {unknown}")
+    return {name: np.ascontiguousarray(tensor) for name, tensor in out.items()}
+
+
+def expected_hf_shapes(hf):
+    """name -> shape of every tensor transformers' `LlamaForCausalLM` / `Qwen2ForCausalLM` (or
+    their `*ForSequenceClassification`) loads for the HF config `hf`, as their modeling code
+    declares them (`nn.Linear(in, out)` stores [out, in]; Qwen2's q/k/v have biases; a tied
+    `lm_head` is not stored; a score model has `score` [num_labels, H] and no `lm_head`)."""
+    H, I, V = hf["hidden_size"], hf["intermediate_size"], hf["vocab_size"]
+    nh = hf["num_attention_heads"]
+    nkv = hf.get("num_key_value_heads") or nh
+    hd = hf.get("head_dim") or H // nh
+    qwen2 = hf["model_type"] == "qwen2"
+    shapes = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,)}
+    for i in range(hf["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes.update({p + "self_attn.q_proj.weight": (nh * hd, H), p + "self_attn.k_proj.weight": (nkv * hd, H),
+                       p + "self_attn.v_proj.weight": (nkv * hd, H), p + "self_attn.o_proj.weight": (H, nh * hd),
+                       p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
+                       p + "mlp.down_proj.weight": (H, I), p + "input_layernorm.weight": (H,),
+                       p + "post_attention_layernorm.weight": (H,)})
+        if qwen2 or hf.get("attention_bias"):
+            shapes.update({p + "self_attn.q_proj.bias": (nh * hd,), p + "self_attn.k_proj.bias": (nkv * hd,),
+                           p + "self_attn.v_proj.bias": (nkv * hd,)})
+        if not qwen2 and hf.get("attention_bias"):
+            shapes[p + "self_attn.o_proj.bias"] = (H,)
+    if is_score_arch(hf):
+        shapes["score.weight"] = (hf.get("num_labels", 1), H)
+    elif not hf.get("tie_word_embeddings", False):
+        shapes["lm_head.weight"] = (V, H)
+    return shapes

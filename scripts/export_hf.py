@@ -1,0 +1,67 @@
+"""Write a model of ours as a Hugging Face safetensors directory (transformers, vLLM, SGLang load it).
+
+    python scripts/export_hf.py --model_path outputs/tiny/ppo/policy --output_dir exported/policy
+    python scripts/export_hf.py --model_path outputs/tiny/lora/sft --output_dir exported/sft-merged
+    python scripts/export_hf.py --model_path outputs/tiny/rm --output_dir exported/rm --max_shard_size 2GB
+
+`--model_path` is a PaddleNLP model directory written here (SFT/DPO output, PPO `policy/` or
+`value/`, a reward or cost model) or a LoRA adapter, merged into its base first. A causal LM
+becomes `LlamaForCausalLM` / `Qwen2ForCausalLM`; a score model (reward, cost, critic)
+`LlamaForSequenceClassification` / `Qwen2ForSequenceClassification` with one label, its head
+`score.weight` (and `score.bias`), its score type and normaliser statistics in `config.json`.
+Weights keep their dtype unless `--dtype` is given; above `--max_shard_size` they are split into
+shards with `model.safetensors.index.json`. The tokenizer files are copied (a SentencePiece
+vocabulary also as `tokenizer.model`). No torch needed. Names, layouts and what is not
+converted: docs/hf_weights.md.
+"""
+import os
+import sys
+
+os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
+
+with quiet_third_party_warnings():
+    from ppo.common.argument_help import OneMessageArgumentParser  # noqa: E402
+    from ppo.common.argument_problems import joined_problems  # noqa: E402
+    from ppo.common.validation import model_dir_problems, output_dir_problems  # noqa: E402
+    from ppo.models.hf_files import parse_size  # noqa: E402
+    from ppo.models.hf_format import DTYPES  # noqa: E402
+
+
+def export_problems(args):
+    """Every problem of the export's arguments: no loadable model at model_path, an output_dir
+    that is the input, a shard size that is not a size."""
+    problems = model_dir_problems([("model_path", args.model_path)])
+    problems += output_dir_problems(args.output_dir, [("model_path", args.model_path)])
+    try:
+        if parse_size(args.max_shard_size) <= 0:
+            raise ValueError
+    except ValueError:
+        problems.append(f"max_shard_size={args.max_shard_size!r}: expected a size such as 5GB, 500MB or a byte count")
+    return problems
+
+
+def main(argv=None):
+    parser = OneMessageArgumentParser(description=__doc__.split("\n")[0])
+    path = os.path.expanduser
+    parser.add_argument("--model_path", required=True, type=path,
+                        help="our model directory (causal LM or score model) or LoRA adapter to export")
+    parser.add_argument("--output_dir", required=True, type=path, help="where the Hugging Face directory goes")
+    parser.add_argument("--max_shard_size", default="5GB",
+                        help="largest safetensors file before the weights are sharded (5GB, 500MB, bytes)")
+    parser.add_argument("--dtype", default=None, choices=DTYPES, help="cast the weights (default: keep their dtype)")
+    args = parser.parse_args(argv)
+    problems = export_problems(args)
+    if problems:
+        parser.error(joined_problems(problems))
+    from ppo.models.hf_convert import export_dir
+
+    config, tokenizer_files = export_dir(args.model_path, args.output_dir, parse_size(args.max_shard_size), args.dtype)
+    print(f"exported {args.model_path} as {config['architectures'][0]} ({config['dtype']}) into {args.output_dir}; "
+          f"tokenizer files: {', '.join(tokenizer_files) or 'none found'}")
+
+
+if __name__ == "__main__":
+    main()

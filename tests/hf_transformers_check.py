@@ -1,0 +1,49 @@
+"""Load exported Hugging Face directories in transformers and write their outputs (run in a separate
+process with a Python that has torch and transformers; Paddle and torch never share a process here).
+
+    python tests/hf_transformers_check.py JOB.json
+
+JOB.json: a list of `{"dir", "kind": "causal" | "score", "input_ids", "attention_mask", "out"}`;
+each writes `out` (.npz): `logits` [B, T, V] of `AutoModelForCausalLM`, or `scores` [B] of
+`AutoModelForSequenceClassification` (one label, at each row's last real token), and
+`class_name`, `tied` (whether the LM head shares the embedding weight). A job with
+`"texts"` also writes `token_ids` of `AutoTokenizer` (no special tokens), one list per text; the
+slow (SentencePiece) tokenizer unless the directory has a `tokenizer.json` or the job says
+`"fast": true` (transformers converts only BPE and Unigram SentencePiece models to a fast one,
+and the tiny model's is a character model).
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import transformers
+
+
+def run(job):
+    ids = torch.tensor(job["input_ids"])
+    mask = torch.tensor(job["attention_mask"])
+    out = {}
+    with torch.no_grad():
+        if job["kind"] == "causal":
+            model = transformers.AutoModelForCausalLM.from_pretrained(job["dir"], dtype=torch.float32)
+            out["logits"] = model(input_ids=ids, attention_mask=mask).logits.numpy()
+            out["tied"] = np.array(model.lm_head.weight is model.model.embed_tokens.weight)
+        else:
+            model = transformers.AutoModelForSequenceClassification.from_pretrained(job["dir"], dtype=torch.float32)
+            out["scores"] = model(input_ids=ids, attention_mask=mask).logits[:, 0].numpy()
+            out["tied"] = np.array(False)
+    out["class_name"] = np.array(type(model).__name__)
+    if job.get("texts"):
+        fast = os.path.isfile(os.path.join(job["dir"], "tokenizer.json")) or job.get("fast", False)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(job["dir"], use_fast=fast)
+        ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in job["texts"]]
+        out["token_ids"] = np.array(json.dumps(ids))
+    np.savez(job["out"], **out)
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as f:
+        for job in json.load(f):
+            run(job)
