@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar, List, Optional
 
+from .agents.arguments import AgentArguments
 from .algos import ADV_ESTIMATORS, LOSS_AGG_MODES
 from .algos.kl import KL_ESTIMATOR_NAMES
 from .common import paddlenlp_keys as pk
@@ -115,10 +116,11 @@ class DataArgument(PromptFieldArguments, DatasetArguments):
 
 
 @dataclass
-class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArguments, LogprobArguments, GenerationArguments,
+class PPOTrainingArguments(AgentArguments, RolloutLoopArguments, RolloutArguments, DivergenceArguments, LogprobArguments, GenerationArguments,
                            PaddleNLPTrainingArguments):
     """The rollout (`RolloutArguments`) and the loop's optimiser (`RolloutLoopArguments`) are
-    shared with online DPO; the fields below are PPO/GRPO's own."""
+    shared with online DPO; `AgentArguments` (env_name, env_kwargs, max_turns, ...) make the
+    rollout multi-turn (ppo/agents); the fields below are PPO/GRPO's own."""
 
     paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.argument_parsing
     # an RL run that diverges is stopped by default (DivergenceArguments: off for SFT/RM/DPO)

@@ -21,6 +21,7 @@ from ..common.divergence import DivergenceError
 from ..common.metrics import MetricAccumulator
 from ..common.run_guard import FlatRewardWatch, RunInterrupted, interrupted_message, stop_requests
 from ..reward_client import RewardServerError
+from .agent_rollout import ToolPoolError
 
 logger = logging.getLogger("ppo")
 
@@ -101,7 +102,7 @@ class OnlineLoop:
             while state.step < self.max_steps:
                 try:
                     metrics, exp = self.train_step()
-                except RewardServerError as err:  # the server is gone for good (retries spent): keep the work
+                except (RewardServerError, ToolPoolError) as err:  # the server gone, the tools failing: keep the work
                     self.save_before_stopping(err)
                 state.step += 1
                 bar.update(1)
@@ -162,11 +163,13 @@ class OnlineLoop:
 
     def save_before_stopping(self, err):
         """Save a checkpoint of the last completed step (one process only: the ranks may not all have
-        failed at one point) and raise RewardServerError saying where it is."""
+        failed at one point) and raise the error again saying where it is."""
         if self.ranks.world_size > 1 or self.state.step == 0:
             raise err
         self.state.save()
         saved = os.path.join(self.settings.output_dir, f"checkpoint-{self.state.step}")
+        if isinstance(err, ToolPoolError):
+            raise ToolPoolError(f"{err}; saved {saved} (after step {self.state.step}) before stopping") from err
         raise RewardServerError(f"{err}; saved {saved} (after step {self.state.step}) before stopping: run the same command "
                                 "again once the reward server is back", url=err.url, attempts=err.attempts) from err
 
