@@ -12,6 +12,7 @@ from .algos.kl import K3_NAMES, KL_ESTIMATOR_NAMES
 from .common import paddlenlp_keys as pk
 from .common import validation
 from .common.report_writers import LOOP_PACKAGES, missing_report_packages
+from .entry.argument_groups import split_specs
 from .trainer.best_policy import EVAL_METRICS, eval_metric_name
 
 EVAL_MODES = ("", "single", "tensor_parallel")
@@ -324,7 +325,7 @@ def agent_run_problems(data_args, args):
             problems.append(f"env_name with {name} {getattr(args, name)}: the multi-turn decoder "
                             "(ppo/rollout/multi_turn.py) has no tensor- or pipeline-parallel generation path here; use "
                             "data parallel for multi-turn runs")
-    if data_args.eval_datasets:
+    if split_specs(data_args.eval_datasets):
         problems.append("env_name with eval_datasets: the trainer's evaluation writes single-turn answers; evaluating "
                         "trajectories is not implemented in the trainer (scripts/agent_demo.py evaluates them); "
                         "leave eval_datasets empty")
