@@ -116,7 +116,7 @@ def training_defaults():
     """The training defaults of the sampling and prompt-format fields (their dataclasses)."""
     import dataclasses
 
-    from ppo.common.argument_groups import DatasetArguments, RolloutArguments
+    from ppo.entry.argument_groups import DatasetArguments, RolloutArguments
 
     defaults = {f.name: f.default for f in dataclasses.fields(RolloutArguments) if f.name in SAMPLING}
     defaults["prompt_template"] = next(f.default for f in dataclasses.fields(DatasetArguments) if f.name == "prompt_template")

@@ -1,5 +1,5 @@
-"""The agent demo's task: exact multiplication of two 3-digit numbers, which the tiny model
-cannot do by itself but can with the calculator tool.
+"""The agent demo's task: exact multiplication of two 3-digit numbers (from 317 to 999, so that
+every product has 6 digits), which the tiny model cannot do by itself but can with the calculator tool.
 
 Prompt `USER: 347*862 ASSISTANT:`; a tool-using answer is the call, the tool's answer (fed by
 the environment, never generated) and the product copied out:
@@ -30,7 +30,7 @@ from .factory import TOOL_TAGS
 
 CALL_OPEN, CALL_CLOSE, RESPONSE_OPEN, RESPONSE_CLOSE = TOOL_TAGS  # the tags of ppo/agents/tool_calls.py
 
-LOW, HIGH = 100, 999
+LOW, HIGH = 317, 999  # 3-digit factors whose product has 6 digits (317 * 317 = 100489): one answer length
 
 
 def problem_text(a, b):

@@ -65,9 +65,17 @@ class ToolFailureWatch:
         self.streak = int(state.get("streak", 0))
 
 
-def experience_from_trajectories(trajectories, batch, eos_token_id, group_ids, prompt_text):
+def rated_text(trajectory, eos_text):
+    """What scorers rate of `trajectory`: its `response_text` without the final EOS's text (as
+    single-turn responses are decoded without it)."""
+    text = trajectory.response_text
+    return text[: -len(eos_text)] if eos_text and text.endswith(eos_text) else text
+
+
+def experience_from_trajectories(trajectories, batch, eos_token_id, group_ids, prompt_text, eos_text=""):
     """An `Experience` (stage "rollout") of `trajectories` and their `TrajectoryBatch`; `group_ids`
-    `[N]` and `prompt_text` (N strings) as the prompts were repeated."""
+    `[N]` and `prompt_text` (N strings) as the prompts were repeated; `eos_text`: the EOS token's
+    text, cut off the end of the rated texts."""
     sequences = paddle.to_tensor(batch.sequences, dtype="int64")
     attention_mask = paddle.to_tensor(batch.attention_mask, dtype="int64")
     Tp = batch.sequences.shape[1] - batch.response_mask.shape[1]
@@ -87,7 +95,7 @@ def experience_from_trajectories(trajectories, batch, eos_token_id, group_ids, p
         prompt_text=list(prompt_text),
         ends_with_eos=paddle.to_tensor((last_ids == eos_token_id) & has_policy),
         env_rewards=paddle.to_tensor(batch.rewards, dtype="float32"),
-        response_text=[t.response_text for t in trajectories],
+        response_text=[rated_text(t, eos_text) for t in trajectories],
         turns=[t.as_record() for t in trajectories],
     )
 
@@ -125,7 +133,7 @@ class TrajectoryRollout:
         layout = collate_trajectories(trajectories, self.tokenizer.pad_token_id, self.agent_args.turn_reward_mode)
         exp = experience_from_trajectories(trajectories, layout, self.tokenizer.eos_token_id,
                                            np.repeat(np.arange(len(indices)) + group_base, n),
-                                           [p for p in batch["prompt"] for _ in range(n)])
+                                           [p for p in batch["prompt"] for _ in range(n)], self.tokenizer.eos_token)
         exp.version = self.state.step
         self.metrics = {**result.metrics, "agent/tool_failed_frac": failed_frac,
                         "agent/env_reward_mean": float(np.mean([sum(t.rewards) for t in trajectories]))}
