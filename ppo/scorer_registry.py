@@ -12,8 +12,9 @@ A scorer may also carry ``extract_answer(src, response) -> str | None``, the ans
 batch in one call (a model-based judge: one forward for all items); `WeightedScorer` uses it when
 present. Callers read the facts and attributes, never the name.
 
-The built-in entries live in ``ppo/verifiers/``; they register themselves here when that
-package is imported, which ``ppo.scorers`` (the scorers' public module) does.
+The built-in entries live in ``ppo/verifiers/`` (and the model judge in ``ppo/judge/scorer.py``);
+they register themselves here when their package is imported, which ``ppo.scorers`` (the
+scorers' public module) does.
 """
 import importlib
 import importlib.util

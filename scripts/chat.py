@@ -28,8 +28,6 @@ import json
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 SAMPLING = ("max_dec_len", "min_dec_len", "temperature", "top_k", "top_p", "repetition_penalty")
 PROMPT_KEYS = ("prompt", "src", "input", "query", "question", "instruction")

@@ -9,7 +9,6 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 DOC = os.path.join(ROOT, "docs", "algorithms.md")
 BEGIN, END = "<!-- POLICY_LOSSES:BEGIN -->", "<!-- POLICY_LOSSES:END -->"
 

@@ -10,10 +10,8 @@ adapter) to `output_dir` with `metrics.jsonl` (`distill/jsd`, `distill/teacher_l
 `distill/on_policy_frac`, ...), `summary.json`, `resolved_arguments.json` and VisualDL logs.
 """
 import os
-import sys
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle: 3-4x faster matmuls on AVX2-only CPUs
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 

@@ -18,10 +18,11 @@ LONG_FILES_ALLOWED = set()
 CODE_SUFFIXES = (".py", ".sh", ".md", ".cc", ".cu", ".cuh", ".h", ".txt", ".cfg", ".ini", ".toml", ".yaml", ".yml")
 LAYERS = (
     ("ppo", "ppo.algos", "ppo.common", "ppo.kernels"),
-    ("ppo.data", "ppo.tiny", "ppo.scorer_registry", "ppo.verifiers", "ppo.sandbox", "ppo.scorers", "ppo.eval_metrics",
-     "ppo.prompt_sampler", "ppo.optim", "ppo.offload", "ppo.reward_client"),
+    ("ppo.data", "ppo.tiny", "ppo.scorer_registry", "ppo.verifiers", "ppo.sandbox", "ppo.sandbox_child",
+     "ppo.judge.templates", "ppo.eval_metrics", "ppo.prompt_sampler", "ppo.optim", "ppo.offload", "ppo.reward_client"),
     ("ppo.models",),
-    ("ppo.rollout", "ppo.experience", "ppo.evaluation", "ppo.sampled_eval", "ppo.resume_check", "ppo.checkpoint"),
+    ("ppo.rollout", "ppo.experience", "ppo.evaluation", "ppo.sampled_eval", "ppo.resume_check", "ppo.checkpoint",
+     "ppo.agents", "ppo.judge", "ppo.scorers"),
     ("ppo.passes", "ppo.strategy"),
     ("ppo.trainer",),
     ("ppo.entry", "ppo.ppo_argument_checks", "ppo.ppo_arguments", "ppo.ppo_trainer"),

@@ -139,7 +139,15 @@ def save_normalizer_stats(model, output_dir):
 
 def load_score_model(path, dtype="float32", **config_overrides):
     """A score model from a full directory, or a `LoRAModel` over a score model from an adapter
-    (adapters below it merged). The adapter's saved score settings apply unless overridden."""
+    (adapters below it merged). The adapter's saved score settings apply unless overridden. A
+    Hugging Face directory (a one-label `*ForSequenceClassification`, or a causal LM whose backbone
+    gets a new head) is converted in memory (`ppo.models.hf_import`)."""
+    from .hf_files import is_hf_dir
+
+    if is_hf_dir(path):
+        from .hf_import import load_hf_model
+
+        return load_hf_model(path, dtype=dtype, score=True, **config_overrides)
     if not is_lora_dir(path):
         return AutoModelForScore.from_pretrained(path, dtype=dtype, **config_overrides)
     refuse_tensor_parallel(path, config_overrides, "score model")
@@ -170,7 +178,7 @@ def load_causal_lm(path, dtype="float32", base_model_name_or_path=None, **config
         base_path = base_model_name_or_path or lora_base_path(path)
         base = load_merged_causal_lm(base_path, dtype=dtype, **config_overrides)
         return LoRAModel.from_pretrained(model=base, lora_path=path)
-    from .hf_convert import is_hf_dir
+    from .hf_files import is_hf_dir
 
     if is_hf_dir(path):  # a Hugging Face safetensors directory (ppo.models.hf_import)
         from .hf_import import load_hf_model

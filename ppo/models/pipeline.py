@@ -68,7 +68,7 @@ def install_last_stage_loss(pipe, criterion, prepare_inputs=None):
 
 def refuse_hf_dir(path):
     """Pipeline stages load PaddleNLP checkpoints only: refuse a Hugging Face directory, naming the converter."""
-    from .hf_convert import is_hf_dir
+    from .hf_files import is_hf_dir
 
     if is_hf_dir(path):
         raise ValueError(f"pipeline_parallel_degree > 1 with a Hugging Face directory ({path}): convert it first "
