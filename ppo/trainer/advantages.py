@@ -106,7 +106,7 @@ class AdvantageStage:
                 trace.rewards, objective_kl = kl_shaped_rewards(scores, exp.old_logprobs, exp.ref_logprobs, mask, coeff,
                                                                 s.clip_range_score, kind=s.kl_estimator, clamp=clamp)
                 kl = objective_kl if kl is None else kl
-                if exp.env_rewards is not None and objective is self.objectives[0]:  # a multi-turn environment's own
+                if getattr(exp, "env_rewards", None) is not None and objective is self.objectives[0]:  # a multi-turn environment's own
                     trace.rewards = trace.rewards + exp.env_rewards * mask
                 trace.advantages, trace.returns = self.advantages_and_returns(trace.rewards, trace.values, mask)
             self.combined = self.combiner.combine(exp, self.state.step)

@@ -17,7 +17,7 @@ most rows for several steps in a row: the loop saves the last completed step fir
 import numpy as np
 import paddle
 
-from ..agents import collate_trajectories, turn_format_for
+from ..agents import collate_trajectories, make_environment, turn_format_for
 from ..experience import Experience
 from ..models.causal_lm import position_ids_from_mask
 
@@ -100,6 +100,18 @@ def experience_from_trajectories(trajectories, batch, eos_token_id, group_ids, p
     )
 
 
+def declared_tool_metrics(agent_args):
+    """`tool/<name>/*` at 0 for every tool the environment declares (`tools` schemas), so that each
+    step's metrics have the same names on every data rank whichever tools were called."""
+    env = make_environment(agent_args.env_name, agent_args.env_options)
+    try:
+        names = [t.get("function", t).get("name") for t in getattr(env, "tools", None) or []]
+    finally:
+        if callable(getattr(env, "close", None)):
+            env.close()
+    return {f"tool/{name}/{what}": 0.0 for name in names if name for what in ("calls", "errors", "timeouts", "latency_ms")}
+
+
 class TrajectoryRollout:
     """`Rollout` for multi-turn runs (see the module docstring). `agent_args`: the run's
     `AgentArguments` fields (`env_name`, `env_options`, `max_turns`, ...); `prompt_format`:
@@ -114,6 +126,7 @@ class TrajectoryRollout:
         self.turn_format = turn_format_for(tokenizer, *prompt_format)
         self.collate = dataset.get_collator()
         self.metrics = {}  # the last rollout's agent/* and tool/* counts
+        self.tool_zeros = declared_tool_metrics(agent_args)
 
     def generate(self):
         """`rollout_n` trajectories from each of the next prompts, as an `Experience` at stage "rollout"."""
@@ -135,6 +148,6 @@ class TrajectoryRollout:
                                            np.repeat(np.arange(len(indices)) + group_base, n),
                                            [p for p in batch["prompt"] for _ in range(n)], self.tokenizer.eos_token)
         exp.version = self.state.step
-        self.metrics = {**result.metrics, "agent/tool_failed_frac": failed_frac,
+        self.metrics = {**self.tool_zeros, **result.metrics, "agent/tool_failed_frac": failed_frac,
                         "agent/env_reward_mean": float(np.mean([sum(t.rewards) for t in trajectories]))}
         return exp
