@@ -22,8 +22,8 @@ from .models.unpadded import pack_padded, packed_token_logprobs
 
 STAGES = ("rollout", "scored", "complete")
 ROW_TENSORS = ("sequences", "attention_mask", "position_ids", "response_ids", "response_mask", "group_ids", "old_logprobs",
-               "ref_logprobs", "advantages", "ends_with_eos", "rollout_logprobs", "rollout_is_weights")
-ROW_LISTS = ("src", "label", "prompt_text")
+               "ref_logprobs", "advantages", "ends_with_eos", "rollout_logprobs", "rollout_is_weights", "env_rewards")
+ROW_LISTS = ("src", "label", "prompt_text", "response_text", "turns")
 
 
 @dataclass
@@ -71,6 +71,11 @@ class Experience:
     objectives: Dict[str, ObjectiveTrace] = field(default_factory=dict)
     stage: str = "rollout"  # one of STAGES
     version: int = 0
+    # multi-turn rollouts (`ppo.trainer.agent_rollout`): the response columns hold policy turns and
+    # the environment's answers, `response_mask` is the policy mask (1 on policy tokens only)
+    env_rewards: Optional[paddle.Tensor] = None  # [N, Tr] the environment's rewards (turn_reward_mode)
+    response_text: Optional[List[str]] = None  # what scorers rate: every turn and answer after the prompt
+    turns: Optional[List[dict]] = None  # each trajectory's segments with their roles (samples.jsonl)
 
     def __len__(self):
         return self.sequences.shape[0]
@@ -88,7 +93,8 @@ class Experience:
             if getattr(self, name) is not None:
                 setattr(out, name, tensor_fn(getattr(self, name)))
         for name in ROW_LISTS:
-            setattr(out, name, list_fn(getattr(self, name)))
+            if getattr(self, name) is not None:
+                setattr(out, name, list_fn(getattr(self, name)))
         out.objectives = {name: trace.map(tensor_fn) for name, trace in self.objectives.items()}
         return out
 
@@ -106,7 +112,8 @@ class Experience:
             if getattr(first, name) is not None:
                 setattr(out, name, paddle.concat([getattr(p, name) for p in parts], axis=0))
         for name in ROW_LISTS:
-            setattr(out, name, [v for p in parts for v in getattr(p, name)])
+            if getattr(first, name) is not None:
+                setattr(out, name, [v for p in parts for v in getattr(p, name)])
         for key, trace in first.objectives.items():
             out.objectives[key] = ObjectiveTrace(**{
                 f.name: (None if getattr(trace, f.name) is None
@@ -259,7 +266,7 @@ def pad_experience(exp, Tp, Tr, pad_id):
     out.position_ids = position_ids_from_mask(out.attention_mask)
     out.response_ids = pad_columns(exp.response_ids, 0, dr, pad_id)
     out.response_mask = pad_columns(exp.response_mask, 0, dr, 0.0)
-    for name in ("old_logprobs", "rollout_logprobs"):
+    for name in ("old_logprobs", "rollout_logprobs", "env_rewards"):
         if getattr(exp, name) is not None:
             setattr(out, name, pad_columns(getattr(exp, name), 0, dr, 0.0))
     return out

@@ -7,10 +7,12 @@ import importlib
 import json
 
 from .algos import ADV_ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES, AdvEstimator, get_adv_estimator
+from .agents.arguments import agent_problems
 from .algos.kl import K3_NAMES, KL_ESTIMATOR_NAMES
 from .common import paddlenlp_keys as pk
 from .common import validation
 from .common.report_writers import LOOP_PACKAGES, missing_report_packages
+from .entry.argument_groups import split_specs
 from .trainer.best_policy import EVAL_METRICS, eval_metric_name
 
 EVAL_MODES = ("", "single", "tensor_parallel")
@@ -304,8 +306,29 @@ def validate_arguments(model_args, data_args, training_args):
     problems += validation.pipeline_problems(training_args, model_args.use_lora)
     problems += remove_padding_problems(training_args) + pass_size_problems(training_args)
     problems += lagrangian_problems(model_args, training_args)
+    problems += agent_problems(training_args) + agent_run_problems(data_args, training_args)
     if training_args.load_best_model_at_end and not data_args.eval_datasets:
         problems.append("load_best_model_at_end picks the best evaluated policy: give eval_datasets")
+    return problems
+
+
+def agent_run_problems(data_args, args):
+    """What a multi-turn run (`env_name`) cannot do here, each refused by name."""
+    if not args.env_name:
+        return []
+    problems = []
+    if not args.use_fusemt:
+        problems.append("env_name with use_fusemt false: PaddleNLP's generate cannot feed a tool's answer onto a row's "
+                        "KV cache mid-generation; multi-turn rollouts need the rollout engine (use_fusemt true)")
+    for name in ("tensor_parallel_degree", "pipeline_parallel_degree"):
+        if getattr(args, name, 1) > 1:
+            problems.append(f"env_name with {name} {getattr(args, name)}: the multi-turn decoder "
+                            "(ppo/rollout/multi_turn.py) has no tensor- or pipeline-parallel generation path here; use "
+                            "data parallel for multi-turn runs")
+    if split_specs(data_args.eval_datasets):
+        problems.append("env_name with eval_datasets: the trainer's evaluation writes single-turn answers; evaluating "
+                        "trajectories is not implemented in the trainer (scripts/agent_demo.py evaluates them); "
+                        "leave eval_datasets empty")
     return problems
 
 

@@ -30,6 +30,7 @@ from .prompt_sampler import PromptSampler
 from .rollout import RolloutEngine, SamplingParams
 from .strategy import PassSettings, build_strategy
 from .trainer.advantages import AdvantageStage
+from .trainer.agent_rollout import ToolFailureWatch, TrajectoryRollout
 from .trainer.best_policy import BestPolicy, eval_metric_name
 from .trainer.evaluator import Evaluator
 from .trainer.experience_maker import ExperienceMaker
@@ -114,6 +115,17 @@ def samplers(args, ranks, train_dataset, ptx_dataset):
     return sampler, ptx_sampler
 
 
+def make_rollout(args, engine, sampling, sampler, dataset, tokenizer, passes, offload, state, ranks, settings):
+    """The rollout part: `TrajectoryRollout` with an environment (`env_name`: multi-turn, tools;
+    its prompts formatted as the prompt data's), else `Rollout`; the tool-failure count of a multi-turn run goes into the checkpoints."""
+    if not args.env_name:
+        return Rollout(engine, sampling, sampler, dataset, tokenizer, passes, offload, state, ranks, settings)
+    watch = ToolFailureWatch(args.max_tool_failure_frac, args.tool_failure_steps)
+    state.parts["tool_failures"] = watch
+    return TrajectoryRollout(engine, sampling, sampler, dataset, tokenizer, passes, offload, state, ranks, settings, args,
+                             (dataset.use_chat_template, dataset.prompt_template), watch)
+
+
 def build_ppo_trainer(args, models, tokenizer, train_dataset, eval_dataset=None, ptx_dataset=None, reward_client=None,
                       eval_long_answer_len=5, rule_scorer=None, reward_retokenizer=None, strategy=None):
     """The `OnlineLoop` of a PPO-family run. `models`: `PPOModels`; `reward_client`: a reward-server
@@ -175,7 +187,8 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
     completion = AdvantageStage(passes, objectives, combiner, args.estimator, kl_control, offload, reference_scope, ranks, state,
                                 slice_of(AdvantageSettings, args), estimator_settings(args))
     rollout_settings = slice_of(RolloutSettings, args)
-    rollout = Rollout(engine, sampling, sampler, train_dataset, tokenizer, passes, offload, state, ranks, rollout_settings)
+    rollout = make_rollout(args, engine, sampling, sampler, train_dataset, tokenizer, passes, offload, state, ranks,
+                           rollout_settings)
     maker = ExperienceMaker(rollout, scoring, completion, actor.model, state, ranks, rollout_settings, tokenizer.pad_token_id)
     ptx = PtxBatches(ptx_dataset, ptx_sampler) if ptx_sampler is not None else None
     steps = OptimizerSteps(strategy, state, args.max_nan_skips, args.release_gradients)

@@ -107,7 +107,8 @@ def check_model_checkpoint(path, model, label="model"):
 
 def ppo_run_facts(args):
     """The algorithm facts a PPO checkpoint records (`trainer_state.json` "run")."""
-    return {"adv_estimator": args.adv_estimator, "use_critic": bool(args.use_critic)}
+    facts = {"adv_estimator": args.adv_estimator, "use_critic": bool(args.use_critic)}
+    return {**facts, "env_name": args.env_name} if args.env_name else facts  # multi-turn runs record their environment
 
 
 def check_ppo_checkpoint(path, models, run_facts, saved_state):

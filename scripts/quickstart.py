@@ -8,6 +8,7 @@ of held-out results.
     python scripts/quickstart.py --seed 43  # every training seed 43, into outputs/tiny-seed43
     python scripts/quickstart.py --online-dpo  # also online DPO from the SFT model
     python scripts/quickstart.py --safe     # the safety demo only: SFT -> RM, cost model -> PPO vs PPO-Lagrangian
+    python scripts/quickstart.py --agent    # the agent demo only: SFT -> GRPO with the calculator tool (scripts/agent_demo.py)
     python scripts/quickstart.py --stop-after rm  # only the stages up to the reward model (no table)
 
 Every stage is the real entry script run as a subprocess, exactly as a user runs
@@ -190,12 +191,17 @@ def main(argv=None):
     parser.add_argument("--stop-after", choices=STOP_STAGES, default=None,
                         help="run the stages up to this one (and those it needs) and stop, without the table")
     parser.add_argument("--online-dpo", action="store_true", help="also run online DPO (config/tiny/online_dpo_argument.json)")
+    parser.add_argument("--agent", action="store_true",
+                        help="run the agent demo instead (scripts/agent_demo.py): SFT, then GRPO with the calculator tool, "
+                             "three seeds; held-out success after SFT, after GRPO, and with the tools switched off")
     parser.add_argument("--safe", action="store_true",
                         help="run the safety demo instead (scripts/safe_quickstart.py): PPO vs PPO-Lagrangian on secret prompts")
     args = parser.parse_args(argv)
     for flag, value in (("--jobs", args.jobs), ("--stage-threads", args.stage_threads)):
         if value < 1:
             parser.error(f"{flag} must be at least 1, got {value}")
+    if args.agent:
+        return run_agent_demo(args.restart, args.seed)
     root = args.output_root or (DEFAULT_ROOT if args.seed is None else f"{DEFAULT_ROOT}-seed{args.seed}")
     out = os.path.join(ROOT, root)
     if args.restart and os.path.isdir(out):
@@ -227,6 +233,13 @@ def main(argv=None):
     print_table(summary)
     print_curves(root, out, ("sft", "rm") + stages[1:])
     return summary
+
+
+def run_agent_demo(restart, seed):
+    """`--agent`: scripts/agent_demo.py (its three seeds, or `seed` alone), into outputs/tiny-agent."""
+    from scripts.agent_demo import main as agent_demo
+
+    return agent_demo((["--restart"] if restart else []) + (["--seeds", str(seed)] if seed is not None else []))
 
 
 def print_curves(root, out, stages):

@@ -40,6 +40,15 @@ class AgentArguments:
         metadata={"help": "Where the environment's rewards go: final = their sum at the last policy token; per_turn = "
                   "each turn's reward at that turn's last token."},
     )
+    max_tool_failure_frac: float = field(
+        default=0.5,
+        metadata={"help": "Training: a step on which more than this fraction of the trajectories had a tool fail (raise, "
+                  "time out) or the environment fail counts as a failed step; tool_failure_steps of them in a row stop "
+                  "the run after saving."},
+    )
+    tool_failure_steps: int = field(
+        default=3, metadata={"help": "Training: consecutive failed steps (see max_tool_failure_frac) that stop the run."}
+    )
 
     def __post_init__(self):
         with problem_scope() as problems:
@@ -50,7 +59,9 @@ class AgentArguments:
 
     def _agent_value_problems(self):
         problems = []
-        for name in ("max_turns", "max_tool_response_len", "max_total_len"):
+        if not 0.0 <= self.max_tool_failure_frac < 1.0:
+            problems.append(f"max_tool_failure_frac must be in [0, 1), got {self.max_tool_failure_frac}")
+        for name in ("max_turns", "max_tool_response_len", "max_total_len", "tool_failure_steps"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.turn_reward_mode not in TURN_REWARD_MODES:

@@ -82,8 +82,8 @@ def build_tokenizer(output_dir, tool_tags=False):
             add_eos_token=False,
             padding_side="left",
         )
-        if tool_tags:
-            tokenizer.add_tokens(TOOL_TAGS)
+        if tool_tags:  # as special tokens: a reloaded tokenizer keeps them unsplit (added tokens it splits)
+            tokenizer.add_special_tokens({"additional_special_tokens": TOOL_TAGS})
         tokenizer.save_pretrained(output_dir)
     return tokenizer
 

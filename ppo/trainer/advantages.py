@@ -2,11 +2,11 @@
 
 `AdvantageStage.complete` runs the no-gradient passes (reference and old log-probs, every
 objective's critic values), shapes each objective's token rewards (the KL per token with the
-objective's sign, its normalised score at the last token), runs the estimator and the
-whitening on each, lets the combiner form the actor's advantage, sets the rollout
-correction's importance weights (when the engine's log-probs were kept beside the training
-forward's), and returns the step's `objective/*`, `response_length/*`, `rollout/*` (and
-per-group) metrics. With `reuse_first_update_forward`
+objective's sign, its normalised score at the last token; a multi-turn environment's rewards
+added to the reward's), runs the estimator and the whitening on each, lets the combiner form the
+actor's advantage, sets the rollout correction's importance weights (when the engine's log-probs
+were kept beside the training forward's), and returns the step's `objective/*`,
+`response_length/*`, `rollout/*` (and per-group) metrics. With `reuse_first_update_forward`
 the old log-probs and the first critic's values come from the update's first forward, which
 the passes keep. Every model pass goes through the passes; every reduction over processes
 through the run's `Ranks`."""
@@ -123,6 +123,8 @@ class AdvantageStage:
                 trace.rewards, objective_kl = kl_shaped_rewards(scores, exp.old_logprobs, exp.ref_logprobs, mask, coeff,
                                                                 s.clip_range_score, kind=s.kl_estimator, clamp=clamp)
                 kl = objective_kl if kl is None else kl
+                if getattr(exp, "env_rewards", None) is not None and objective is self.objectives[0]:  # a multi-turn environment's own
+                    trace.rewards = trace.rewards + exp.env_rewards * mask
                 trace.advantages, trace.returns = self.advantages_and_returns(trace.rewards, trace.values, mask)
             self.combined = self.combiner.combine(exp, self.state.step)
         return kl

@@ -29,6 +29,7 @@ class ExperienceMaker:
         exp, draws = self.sample()  # 1.-2. rollout and scores (groups that vary)
         exp, stats = self.balanced(exp)  # balance_batch: even token counts over data ranks
         stats["rollout/gen_batches"] = float(draws)
+        stats.update(self.rollout.metrics)  # a multi-turn rollout's agent/* and tool/* counts
         clock.lap("rollout", tokens=float(exp.response_mask.sum()))
         if self.completion is not None:  # 3.-4. log-probs, values, shaped rewards, advantages
             stats.update(self.completion.complete(exp, self.scoring.stats))

@@ -21,6 +21,7 @@ from ..common.divergence import DivergenceError
 from ..common.metrics import MetricAccumulator
 from ..common.run_guard import FlatRewardWatch, RunInterrupted, interrupted_message, stop_requests
 from ..reward_client import RewardServerError
+from .agent_rollout import ToolPoolError
 
 logger = logging.getLogger("ppo")
 
@@ -102,7 +103,11 @@ class OnlineLoop:
                 try:
                     metrics, exp = self.train_step()
                 except RewardServerError as err:  # the server is gone for good (retries spent): keep the work
-                    self.save_before_stopping(err)
+                    self.save_before_stopping(err, lambda note, e=err: RewardServerError(
+                        f"{e}; {note}: run the same command again once the reward server is back", url=e.url,
+                        attempts=e.attempts))
+                except ToolPoolError as err:  # the tools fail on most rows, step after step: keep the work
+                    self.save_before_stopping(err, lambda note, e=err: ToolPoolError(f"{e}; {note}"))
                 state.step += 1
                 bar.update(1)
                 bar.set_postfix({label: number(metrics[k]) for label, k in self.learner.progress_metrics.items() if k in metrics})
@@ -160,15 +165,14 @@ class OnlineLoop:
         self.report.finish(steps=self.state.step, diverged=self.watch.log)
         raise DivergenceError(f"stopped: {'; '.join(messages)}; {where} (stop_on_divergence=False lets the run go on)")
 
-    def save_before_stopping(self, err):
+    def save_before_stopping(self, err, stopped):
         """Save a checkpoint of the last completed step (one process only: the ranks may not all have
-        failed at one point) and raise RewardServerError saying where it is."""
+        failed at one point) and raise `stopped(note)`, the error again with a note saying where it is."""
         if self.ranks.world_size > 1 or self.state.step == 0:
             raise err
         self.state.save()
         saved = os.path.join(self.settings.output_dir, f"checkpoint-{self.state.step}")
-        raise RewardServerError(f"{err}; saved {saved} (after step {self.state.step}) before stopping: run the same command "
-                                "again once the reward server is back", url=err.url, attempts=err.attempts) from err
+        raise stopped(f"saved {saved} (after step {self.state.step}) before stopping") from err
 
     def stop_on_signal(self):
         """Save a checkpoint at this step, write `summary.json` and raise RunInterrupted."""

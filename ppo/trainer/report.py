@@ -77,11 +77,13 @@ class ResponseSamples:
 
     def __call__(self, exp):
         """`(rows, console table)` of `exp`."""
-        responses = decode_responses(self.tokenizer, exp.response_ids, exp.response_mask)
+        responses = (exp.response_text if exp.response_text is not None
+                     else decode_responses(self.tokenizer, exp.response_ids, exp.response_mask))
         scores = {o.sample_key: exp.objectives[o.name].scores.numpy() for o in self.objectives}
         rows = [{"prompt": exp.prompt_text[i], "response": responses[i], "score": float(scores["score"][i]),
                  "group_id": int(exp.group_ids.numpy()[i]),
-                 **{key: float(values[i]) for key, values in scores.items() if key != "score"}}
+                 **{key: float(values[i]) for key, values in scores.items() if key != "score"},
+                 **({"turns": exp.turns[i]} if exp.turns is not None else {})}  # a trajectory's turns with roles
                 for i in range(min(self.n * max(1, self.group_size), len(exp)))]
         table = "\n".join(f"  {r['score']:+.3f} | {r['prompt']!r} -> {r['response']!r}" for r in rows[: self.n])
         return rows, table

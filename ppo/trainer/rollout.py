@@ -24,6 +24,7 @@ class Rollout:
         self.tokenizer, self.passes, self.offload, self.state, self.ranks = tokenizer, passes, offload, state, ranks
         self.settings = settings
         self.collate = dataset.get_collator()
+        self.metrics = {}  # a single-turn rollout adds no counts (`TrajectoryRollout` does)
 
     def generate(self):
         """`rollout_n` responses to each of the next prompts, as an `Experience` at stage "rollout"."""

@@ -33,7 +33,9 @@ class ScoreModel:
 
 
 class TextScorer:
-    """A scorer of the decoded responses against each prompt's reference answer (`tgt`)."""
+    """A scorer of the decoded responses against each prompt's reference answer (`tgt`); of a
+    multi-turn rollout, the text after the prompt (`Experience.response_text`: every policy
+    turn, tool answer and glue, as `Trajectory.response_text`)."""
 
     needs_labels = True
     judge = None
@@ -46,7 +48,8 @@ class TextScorer:
         if missing:
             raise ValueError(f"{self.source} needs a reference answer (tgt) for every prompt; prompt "
                              f"{exp.src[missing[0]]!r} has none")
-        responses = decode_responses(self.tokenizer, exp.response_ids, exp.response_mask)
+        responses = (exp.response_text if exp.response_text is not None  # a trajectory: turns and answers
+                     else decode_responses(self.tokenizer, exp.response_ids, exp.response_mask))
         totals, stats = self.score_texts(exp, responses)
         raw = np.asarray(totals, dtype="float64")
         values = np.where(np.abs(raw) <= np.finfo("float32").max, raw, np.inf)  # what a float32 cast would give
