@@ -82,7 +82,8 @@ def test_kv_continuation_after_tool_turns_equals_a_fresh_prefill(llama, backend)
     assert fed_chunks and result.stats["fed_tokens"] > result.stats["tokens"]  # answers were fed, not re-prefilled
     lengths = {len(t.token_ids) for t in result.trajectories}
     assert len(lengths) > 1  # rows really diverged
-    assert result.stats["cache_slots"] > 120  # slots left empty by the paused row, and the cache grew
+    # (the cache's length is not checked: how many steps the other rows take while row 1 sleeps
+    # depends on the machine's speed; 196-236 slots idle here, 101 under a load of 9)
     assert result.stats["chunk_rows"] < 6 * result.stats["chunk_passes"]  # some answers fed to a few rows only
     assert result.stats["compactions"] >= 1
 
