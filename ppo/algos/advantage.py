@@ -1,4 +1,4 @@
-"""Advantage estimators: GAE (PPO), GRPO / Dr.GRPO, RLOO, REINFORCE++ (+ baseline), pass@k.
+"""Advantage estimators: GAE (PPO), VAPO's GAE, GRPO / Dr.GRPO, RLOO, REINFORCE++ (+ baseline), pass@k.
 
 Token-level estimators take ``[B, T]`` tensors and a response ``mask``; the
 response may start at any column (prompts left-padded before it) and may be
@@ -46,6 +46,8 @@ def gae_advantages_and_returns(values, rewards, mask, gamma=1.0, gae_lambda=0.95
     ``delta_t = r_t + gamma * V_{t'} - V_t``, ``A_t = delta_t + gamma * lambda * A_{t'}``,
     with ``V`` and ``A`` after the last response token taken as 0; ``R_t = A_t + V_t``.
     Masked-out positions are skipped (neither read nor written), outputs are 0 there.
+    ``gae_lambda`` is a number or a ``[B]`` tensor of one lambda per row (VAPO's length-adaptive
+    GAE, ``ppo.algos.vapo``).
     Shapes: ``values``, ``rewards``, ``mask`` ``[B, T]`` -> ``(advantages, returns)`` ``[B, T]``.
     Implementation: reverse loop over ``T``, vectorised across ``B``; no gradient.
     Source: Schulman et al. 2016 (GAE); verl ``core_algos.compute_gae_advantage_return``
@@ -227,6 +229,12 @@ def _reinforce_pp_baseline(rewards, mask, values, group_size, gamma, gae_lambda,
     return reinforce_pp_baseline_advantages(_sequence_scores(rewards, mask), mask, group_size), None
 
 
+def _vapo(rewards, mask, values, group_size, gamma, gae_lambda, scale_by_std, vapo_alpha, critic_gae_lambda):
+    from .vapo import vapo_advantages_and_returns  # vapo builds on gae_advantages_and_returns above
+
+    return vapo_advantages_and_returns(values, rewards, mask, gamma=gamma, alpha=vapo_alpha, critic_lambda=critic_gae_lambda)
+
+
 def _pass_at_k(rewards, mask, values, group_size, gamma, gae_lambda, scale_by_std, pass_k, pass_k_threshold):
     adv = pass_at_k_advantages(_sequence_scores(rewards, mask), group_size, pass_k, pass_k_threshold,
                                scale_by_std=scale_by_std)
@@ -286,6 +294,8 @@ ADV_ESTIMATORS = {
     e.name: e
     for e in (
         AdvEstimator("gae", _gae, needs_critic=True, per_group=False, whitens=True),
+        AdvEstimator("vapo", _vapo, needs_critic=True, per_group=False, whitens=True,
+                     settings={"vapo_alpha": 0.05, "critic_gae_lambda": 1.0}),
         AdvEstimator("grpo", _grpo, needs_critic=False, per_group=True, whitens=False, min_group_size=2),
         AdvEstimator("rloo", _rloo, needs_critic=False, per_group=True, whitens=False, min_group_size=2),
         AdvEstimator("reinforce_pp", _reinforce_pp, needs_critic=False, per_group=False, whitens=False),
