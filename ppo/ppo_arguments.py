@@ -25,6 +25,7 @@ from .common.argument_groups import (
     default_override,
 )
 from .common.argument_problems import problem_scope
+from .paddlenlp_rl_arguments import PaddleNLPRLArguments
 from .ppo_argument_checks import (  # noqa: F401  (validate_arguments: the entry point's start-up pass)
     batch_problems,
     estimator_problems,
@@ -114,10 +115,10 @@ class DataArgument(PromptFieldArguments, DatasetArguments):
 
 
 @dataclass
-class PPOTrainingArguments(RolloutLoopArguments, RolloutArguments, DivergenceArguments, LogprobArguments, GenerationArguments,
-                           PaddleNLPTrainingArguments):
-    """The rollout (`RolloutArguments`) and the loop's optimiser (`RolloutLoopArguments`) are
-    shared with online DPO; the fields below are PPO/GRPO's own."""
+class PPOTrainingArguments(PaddleNLPRLArguments, RolloutLoopArguments, RolloutArguments, DivergenceArguments, LogprobArguments,
+                           GenerationArguments, PaddleNLPTrainingArguments):
+    """The rollout and the loop's optimiser are shared with online DPO, PaddleNLP's RL-entry extras
+    (VAPO, PRM, early stopping, placement) are `PaddleNLPRLArguments`; the fields below are PPO's own."""
 
     paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.argument_parsing
     # an RL run that diverges is stopped by default (DivergenceArguments: off for SFT/RM/DPO)

@@ -11,6 +11,7 @@ from ppo.common.argument_groups import (
     DivergenceArguments,
     ModelCommonArguments,
     PaddleNLPTrainingArguments,
+    PromptTruncationArguments,
     ZeroPaddingArguments,
 )
 from ppo.common.argument_problems import problem_scope
@@ -37,11 +38,22 @@ class ModelArgument(ModelCommonArguments):
         default=None, metadata={"help": "Score normaliser: RunningMeanStd | ExponentialMovingAverage | None."}
     )
     normalizer_momentum: float = field(default=0.9, metadata={"help": "Momentum of the ExponentialMovingAverage normaliser."})
+    process_reward: bool = field(
+        default=False,
+        metadata={"help": "Train a process reward model (PaddleNLP's name): the score at each step's placeholder_token "
+                  "learns whether the step is good, on step-labelled data (paddlenlp-prm, Math-Shepherd's format)."},
+    )
 
 
 @dataclass
-class DataArgument(ZeroPaddingArguments, DatasetArguments):
-    pass
+class DataArgument(ZeroPaddingArguments, PromptTruncationArguments, DatasetArguments):
+    placeholder_token: str = field(
+        default="ки",
+        metadata={"help": "process_reward: the token after each step whose score is the step's score (Math-Shepherd's)."},
+    )
+    reward_tokens: str = field(
+        default="+,-", metadata={"help": "process_reward: the labels of a good and of a bad step in the data, comma-separated."}
+    )
 
 
 @dataclass
@@ -104,6 +116,9 @@ def validate_arguments(model_args, data_args, training_args):
     """Every problem of a reward-model run that needs several argument groups or the file system."""
     problems = trainer_entry_problems(model_args, data_args, training_args, [("model_name_or_path", model_args.model_name_or_path)])
     problems += score_type_problems(model_args, data_args, training_args)
+    from rm.process_reward_checks import process_reward_problems
+
+    problems += process_reward_problems(model_args, data_args, training_args)
     return problems + packing_problems(data_args, training_args)
 
 

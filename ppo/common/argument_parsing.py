@@ -61,6 +61,8 @@ def key_problem(key, value, valid, where):
             return None
         expected, does = pk.FIXED_VALUE[key]
         return f"{where}: '{key}: {value}' is not supported here (PaddleNLP: {does}); only {expected!r} is"
+    if key in pk.SAME_RESULT:
+        return None
     if key in pk.UNSUPPORTED:
         return f"{where}: '{key}' is not supported here (PaddleNLP: {pk.UNSUPPORTED[key]})"
     if key in pk.PPO_ONLY:
