@@ -117,7 +117,6 @@ RL_SWAPS = {  # file -> flags besides the common ones: the refused GPU/cluster s
     "qwen/vapo_argument.yaml": ["--pretrain_critic_steps", "0"],
     "qwen/vapo_argument_kk.yaml": ["--pretrain_critic_steps", "0"],
     "qwen/grpo_argument_qwen2_7B_TP2Sharing2_0507.yaml": ["--rollout_tensor_parallel_degree", "-1"],
-    "history/abaa0af/llama/ppo_argument.json": ["--save_strategy", "no"],
 }
 RL_FILES = [n for n in config_files() if entry_kind(n) in ("rl", "ppo") and n not in REFUSED or n in RL_SWAPS]
 RL_FAST = ("qwen/vapo_argument.yaml", "history/32cae05/qwen/grpo_argument.yaml")
