@@ -13,6 +13,11 @@ with this interpreter in a child process that
   directory not on ``sys.path``) in a clean environment: ``PATH``, ``HOME`` and ``TMPDIR`` (the
   temporary directory), a UTF-8 locale and one thread for math libraries; nothing of the
   parent's environment (tokens, keys, proxy settings) is passed on;
+- cannot write outside its temporary directory where the kernel has Landlock (Linux >= 5.13
+  with the Landlock LSM enabled): creating, writing, truncating, renaming, linking or removing
+  any file elsewhere fails with a permission error (``/dev/null`` stays writable; reading is
+  not restricted). ``SandboxResult.fs_isolated`` says whether that worked, and
+  ``SandboxLimits(require_fs_isolation=True)`` makes its absence an error;
 - has no network where the kernel allows it cheaply: on Linux it enters new user and network
   namespaces (``unshare(CLONE_NEWUSER | CLONE_NEWNET)``, or ``CLONE_NEWNET`` alone as root),
   which leave it only a loopback device that is down. ``SandboxResult.network_isolated`` says
@@ -23,9 +28,9 @@ with this interpreter in a child process that
 
 What it does NOT protect against (use a container or VM for hostile code):
 
-- reading the file system: the code runs as the same user as the caller and can read (and,
-  outside its temporary directory, write) whatever that user can: checkpoints, data, the
-  source of this repository, files holding credentials;
+- reading the file system: the code runs as the same user as the caller and can read whatever
+  that user can: checkpoints, data, the source of this repository, files holding credentials
+  (and, where Landlock is missing, write outside its temporary directory too);
 - a process that leaves its process group (``setsid``/daemonising) escapes the kill of the
   group; ``RLIMIT_CPU`` still ends each process after its CPU seconds, but nothing else does;
 - fork bombs: the number of processes is not limited (``RLIMIT_NPROC`` counts every process
@@ -54,33 +59,9 @@ from typing import Mapping, Optional
 CODE_FILE = "main.py"
 STATUS_FILE = ".sandbox_status.json"
 
-# Runs inside the child, before the code: limits, namespaces, then the code as __main__.
-_LAUNCHER = r"""
-import json, os, resource, sys
-cfg = json.loads(sys.argv[1])
-isolated = False
-if not cfg["network"] and sys.platform.startswith("linux"):
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    for flags in (0x10000000 | 0x40000000, 0x40000000):  # CLONE_NEWUSER | CLONE_NEWNET, CLONE_NEWNET
-        if libc.unshare(flags) == 0:
-            isolated = True
-            break
-with open(cfg["status"], "w") as f:
-    json.dump({"network_isolated": isolated}, f)
-if cfg["require_no_network"] and not isolated:
-    sys.exit(97)
-cpu = cfg["cpu_s"]
-resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-for name, value in (("RLIMIT_AS", cfg["memory_bytes"]), ("RLIMIT_FSIZE", cfg["output_bytes"]),
-                    ("RLIMIT_NOFILE", cfg["max_open_files"]), ("RLIMIT_CORE", 0)):
-    resource.setrlimit(getattr(resource, name), (value, value))
-sys.argv = [cfg["code"]]
-del cfg, isolated, json, os, resource
-import runpy
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-_NO_NETWORK_EXIT = 97
+# Runs inside the child, before the code: namespaces, Landlock, limits, then the code as __main__.
+_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_child.py")
+_NO_NETWORK_EXIT, _NO_FS_ISOLATION_EXIT = 97, 98
 
 
 class SandboxUnavailable(RuntimeError):
@@ -99,6 +80,7 @@ class SandboxLimits:
     max_open_files: int = 64
     network: bool = False  # True: do not try to cut the network off
     require_no_network: bool = False  # True: raise SandboxUnavailable where the network cannot be cut off
+    require_fs_isolation: bool = False  # True: raise SandboxUnavailable where writes outside its directory stay possible
 
     def __post_init__(self):
         if not (self.wall_s > 0 and self.cpu_s >= 1 and self.memory_mb >= 64 and self.output_bytes >= 1):
@@ -119,6 +101,7 @@ class SandboxResult:
     stderr_truncated: bool
     network_isolated: bool
     wall_s: float
+    fs_isolated: bool = False
 
     @property
     def ok(self):
@@ -157,6 +140,7 @@ def _run_child(workdir, limits, stdin):
     (returncode or None, timed_out, wall seconds)."""
     status = os.path.join(workdir, STATUS_FILE)
     cfg = {"network": limits.network, "require_no_network": limits.require_no_network, "status": status,
+           "require_fs_isolation": limits.require_fs_isolation,
            "cpu_s": int(limits.cpu_s), "memory_bytes": int(limits.memory_mb) << 20,
            "output_bytes": int(limits.output_bytes) + 1, "max_open_files": int(limits.max_open_files),
            "code": CODE_FILE}
@@ -167,7 +151,7 @@ def _run_child(workdir, limits, stdin):
     with open(paths[0], "rb") as fin, open(paths[1], "wb") as fout, open(paths[2], "wb") as ferr:
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", _LAUNCHER, json.dumps(cfg)], cwd=workdir, env=clean_environment(workdir),
+                [sys.executable, "-I", _CHILD, json.dumps(cfg)], cwd=workdir, env=clean_environment(workdir),
                 stdin=fin, stdout=fout, stderr=ferr, start_new_session=True, close_fds=True,
             )
         except OSError as err:
@@ -197,18 +181,27 @@ def run_python(code: str, stdin: str = "", limits: SandboxLimits = SandboxLimits
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
         returncode, timed_out, wall = _run_child(workdir, limits, stdin)
-        try:
-            with open(os.path.join(workdir, STATUS_FILE)) as f:
-                isolated = bool(json.load(f)["network_isolated"])
-        except (OSError, ValueError, KeyError):
-            isolated = False  # ended before the launcher wrote its status
+        status = _read_status(workdir)
         stdout, out_cut = _read_capped(os.path.join(workdir, ".stdout"), limits.output_bytes)
         stderr, err_cut = _read_capped(os.path.join(workdir, ".stderr"), limits.output_bytes)
-    if returncode == _NO_NETWORK_EXIT and limits.require_no_network and not isolated:
+    if returncode == _NO_NETWORK_EXIT and limits.require_no_network and not status["network_isolated"]:
         raise SandboxUnavailable("the network could not be cut off here (no user/network namespaces) and "
                                  "require_no_network is set")
+    if returncode == _NO_FS_ISOLATION_EXIT and limits.require_fs_isolation and not status["fs_isolated"]:
+        raise SandboxUnavailable("writes outside the sandbox's directory could not be refused here (no Landlock) and "
+                                 "require_fs_isolation is set")
     return SandboxResult(
         returncode=returncode, stdout=stdout, stderr=stderr, timed_out=timed_out,
-        cpu_limit_hit=returncode == -signal.SIGXCPU,
-        stdout_truncated=out_cut, stderr_truncated=err_cut, network_isolated=isolated, wall_s=wall,
+        cpu_limit_hit=returncode == -signal.SIGXCPU, stdout_truncated=out_cut, stderr_truncated=err_cut,
+        network_isolated=status["network_isolated"], wall_s=wall, fs_isolated=status["fs_isolated"],
     )
+
+
+def _read_status(workdir):
+    """What the child's start achieved (all False when it ended before writing its status)."""
+    try:
+        with open(os.path.join(workdir, STATUS_FILE)) as f:
+            status = json.load(f)
+        return {k: bool(status[k]) for k in ("network_isolated", "fs_isolated")}
+    except (OSError, ValueError, KeyError):
+        return {"network_isolated": False, "fs_isolated": False}

@@ -8,7 +8,9 @@ a legitimate score) and when it raises (the reward cannot be computed), the scor
 answer counts as correct (pass@k, maj@k), and the options it takes with their defaults.
 
 A scorer may also carry ``extract_answer(src, response) -> str | None``, the answer it read
-(majority votes compare those). Callers read the facts and attributes, never the name.
+(majority votes compare those), and ``score_batch(src, tgt, response) -> list`` to score a whole
+batch in one call (a model-based judge: one forward for all items); `WeightedScorer` uses it when
+present. Callers read the facts and attributes, never the name.
 
 The built-in entries live in ``ppo/verifiers/``; they are registered the first time a name is
 looked up (or ``ppo.scorers`` is imported).
@@ -287,11 +289,12 @@ class WeightedScorer:
             raise ValueError(f"src, tgt and response have {len(src)}, {len(tgt)}, {len(response)} items; they must match")
         per_function = {n: [] for n in self.names}
         totals = []
+        batched = self._batched_scores(src, tgt, response)
         for i, (s, t, r) in enumerate(zip(src, tgt, response)):
             total = 0.0
             for name, fn, w in zip(self.names, self.functions, self.weights):
                 try:
-                    value = fn(s, t, r)
+                    value = batched[name][i] if name in batched else fn(s, t, r)
                 except Exception as err:  # the scorer's bug or a broken label: report, never guess
                     raise ScorerError(
                         f"scorer '{name}' raised on item {i}: {type(err).__name__}: {err}", name, i
@@ -305,6 +308,25 @@ class WeightedScorer:
                 total += w * float(value)
             totals.append(total)
         return totals, per_function
+
+    def _batched_scores(self, src, tgt, response):
+        """`{name: scores}` of the scorers that score a whole batch in one call (a `score_batch`
+        attribute, e.g. a model-based judge); raises ScorerError naming the scorer."""
+        out = {}
+        for name, fn in zip(self.names, self.functions):
+            batch = getattr(fn, "score_batch", None)
+            if batch is None:
+                continue
+            try:
+                values = list(batch(list(src), list(tgt), list(response)))
+            except Exception as err:  # the scorer's bug or a broken label: report, never guess
+                raise ScorerError(f"scorer '{name}' raised on a batch of {len(src)} items: {type(err).__name__}: {err}",
+                                  name, 0) from err
+            if len(values) != len(src):
+                raise ScorerError(f"scorer '{name}' returned {len(values)} scores for {len(src)} items", name, 0,
+                                  bad_value=True)
+            out[name] = values
+        return out
 
     @property
     def judges_correctness(self):

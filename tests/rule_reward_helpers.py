@@ -10,6 +10,18 @@ def _len_scorer(src, tgt, response):
     return float(len(response))
 
 
+@register_scorer("test_rule_char_recall")
+def _char_recall_scorer(src, tgt, response):
+    """Partial credit on the reversal task: the share of the label's distinct characters that occur
+    in the response. A graded reward, so that the answers of a random tiny model differ within a
+    group (the exact-match `reverse` scores them all 0 and leaves every advantage at 0); a missing
+    label is an error, so a run scored by it has read its labels."""
+    label = set(str(tgt or "").strip())
+    if not label:
+        raise ValueError(f"test_rule_char_recall needs a label, got {tgt!r}")
+    return len(label & set(response)) / len(label)
+
+
 @register_scorer("test_rule_fails_on_x")
 def _fails_on_x(src, tgt, response):
     if "x" in response:

@@ -10,7 +10,7 @@ from ppo import ppo_arguments
 from ppo.common import argument_groups
 from ppo.common.argument_parsing import ArgumentError, parse_arguments
 from rm import audit_arguments, reward_arguments
-from sft import sft_arguments
+from sft import distill_arguments, sft_arguments
 
 ENTRY_CLASSES = {
     "sft": (sft_arguments.ModelArgument, sft_arguments.DataArgument, sft_arguments.SFTTrainingArguments),
@@ -20,6 +20,8 @@ ENTRY_CLASSES = {
     "online_dpo": (online_dpo_arguments.ModelArgument, online_dpo_arguments.DataArgument,
                    online_dpo_arguments.OnlineDPOTrainingArguments),
     "audit": (audit_arguments.AuditArgument,),
+    "distill": (distill_arguments.ModelArgument, distill_arguments.DataArgument,
+                distill_arguments.DistillTrainingArguments),
 }
 
 

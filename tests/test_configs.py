@@ -27,7 +27,9 @@ def entry_dataclasses(name):
         from rm.audit_arguments import AuditArgument
 
         return (AuditArgument,)
-    if name.startswith("sft"):
+    if name.startswith("distill"):
+        from sft.distill_arguments import DataArgument, DistillTrainingArguments as T, ModelArgument
+    elif name.startswith("sft"):
         from sft.sft_arguments import DataArgument, ModelArgument, SFTTrainingArguments as T
     elif name.startswith(("rm", "cost")):  # cost: rm/run_reward.py with score_type cost
         from rm.reward_arguments import DataArgument, ModelArgument, RewardTrainingArguments as T

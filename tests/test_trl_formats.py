@@ -1,6 +1,7 @@
 """TRL's dataset formats: `prompt`/`chosen`/`rejected` (strings or messages), `messages` for SFT and
 `prompt` for RL, read with file/line/field errors, rendered with the chat template the way TRL's
-`maybe_apply_chat_template` does, and trained unchanged by SFT, RM, DPO and GRPO (short runs)."""
+`maybe_apply_chat_template` does, and trained unchanged by SFT, RM, DPO and GRPO (short runs, their
+metrics at recorded values: tests/pinned_metrics.py)."""
 import json
 import os
 import shutil
@@ -10,11 +11,16 @@ import pytest
 
 from ppo.data import PreferenceDataset, PromptOnlyDataset, RawDataset, SupervisedDataset
 from ppo.data.base import DataError, IGNORE_INDEX
+from tests.pinned_metrics import assert_pinned
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}USER: {{ m['content'] }} ASSISTANT:"
     "{% elif m['role'] == 'assistant' %}{{ m['content'] }}{% endif %}{% endfor %}"
 )
+# Each stage's metrics at its first and last step are pinned (tests/fixtures/pinned_metrics.json,
+# as trl-sft, trl-rm, trl-dpo, trl-grpo). Measured spread: repeated runs bit for bit equal; 2
+# threads or MKL's generic code path move them by at most 1.2e-7.
+PIN_TOLERANCE = dict(rtol=3e-5, atol=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -143,9 +149,13 @@ def test_trl_files_train_sft_rm_dpo_and_grpo(chat_model_dir, trl_data, tmp_path)
     run_ppo(["config/tiny/grpo_rule_argument.json", "--actor_model_name_or_path", chat_model_dir, "--train_datasets",
              f"trl-prompt:1.0:{trl_data['prompts_chat']}", "--eval_datasets", "", "--rollout_n", "4",
              "--per_device_prompt_batch_size", "4", "--max_dec_len", "6", "--num_sample_generations", "0",
+             "--rule_reward_scorers", "tests.rule_reward_helpers:_char_recall_scorer", "--learning_rate", "1e-3",
              *short_run_flags(out["grpo"], steps=2)])
     for stage, loss in (("sft", "loss/sft"), ("rm", "rm/loss"), ("dpo", "loss/dpo"), ("grpo", "loss/policy_avg")):
         values = [r[loss] for r in read_metrics(out[stage]) if loss in r]
         assert values and all(np.isfinite(values)), (stage, values)
     grpo = [r for r in read_metrics(out["grpo"]) if "objective/scores" in r]
-    assert len(grpo) == 2 and all(0.0 <= r["objective/scores"] <= 1.0 for r in grpo)  # the reverse rule saw the solutions
+    # the graded rule (it refuses an answer without its label) saw the solutions
+    assert len(grpo) == 2 and all(0.0 < r["objective/scores"] <= 1.0 for r in grpo)
+    for stage in out:
+        assert_pinned(f"trl-{stage}", read_metrics(out[stage]), **PIN_TOLERANCE)

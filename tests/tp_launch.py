@@ -6,10 +6,19 @@ model-parallel collectives installed, see `tests/tp_cpu_collectives.py`) and fai
 workers' log tails when a rank fails. The launcher and its workers' runs are children of
 tests/warm_python.py's zygote (Paddle and the entry modules imported once per test process);
 the workers themselves stay the launcher's processes (tests/warm_client.py). WARM_PYTHON=0
-starts every process cold."""
+starts every process cold.
+
+`cold_launch_run(script, argv, out, nproc, cpu_tp_standins)` runs the command a user types,
+`python -m paddle.distributed.launch --nproc_per_node nproc script argv`, in fresh processes with
+this checkout first on PYTHONPATH (as a `pip install -e .` of it would import it). Tensor
+parallel on CPU processes still needs the stand-ins of the model-parallel collectives; with
+`cpu_tp_standins` they are installed by `tests/cold_launch_site/sitecustomize.py` when each
+worker's interpreter starts, before the script runs: no test file sits between the launcher and
+the script."""
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 
@@ -17,6 +26,7 @@ from tests import warm_client, warm_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENTRY = os.path.join(REPO, "tests", "tp_entry.py")
+COLD_SITE = os.path.join(REPO, "tests", "cold_launch_site")  # its sitecustomize.py installs the stand-ins
 
 
 def worker_logs(log_dir, tail=3000):
@@ -74,21 +84,17 @@ def _clean(out):
     os.makedirs(out)
 
 
-def launch_run(script, argv, out, nproc=2):
-    """Run `script` under `paddle.distributed.launch` with `nproc` CPU processes; returns `out`.
-    A launch that failed in the stand-in's group rendezvous (`failed_in_group_rendezvous`) is
-    started once more on an emptied `out`, within the same time cap; the retry is printed and
-    counted in `RETRIES`, and more than `MAX_RETRIES_PER_SESSION` of them fail the test. Any
-    other failure fails the test with the workers' logs."""
+def _launch_command(nproc, log_dir, *script_and_argv):
+    return [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir", log_dir,
+            *script_and_argv]
+
+
+def _run_launch(run, cmd, env, script, out):
+    """`run(cmd, ...)` (warm_python.run or subprocess.run) with the retry rule of `launch_run`;
+    the finished process."""
     log_dir = os.path.join(out, "launch")
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir", log_dir,
-           ENTRY, script, *argv]
-    env = dict(os.environ, MKL_DEBUG_CPU_TYPE="5")
-    sock_path = warm_python.launch_socket(env)
-    if sock_path:  # the workers run in children of a zygote with the imports done (tests/tp_entry.py)
-        env[warm_client.SOCKET_ENV] = sock_path
     start = time.time()
-    proc = warm_python.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, launcher=True)
+    proc = run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
     if proc.returncode != 0 and failed_in_group_rendezvous(log_dir):  # nothing of the run written yet
         RETRIES.append((script, "gloo group rendezvous failed"))
         print(f"[tp_launch] retry {len(RETRIES)} of this session: {script} failed in the gloo group rendezvous; "
@@ -96,8 +102,49 @@ def launch_run(script, argv, out, nproc=2):
         assert len(RETRIES) <= MAX_RETRIES_PER_SESSION, f"{len(RETRIES)} launch retries in one session: {RETRIES}"
         _clean(out)
         remaining = max(LAUNCH_TIMEOUT_S - (time.time() - start), 1)
-        proc = warm_python.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=remaining, launcher=True)
+        proc = run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=remaining)
+    return proc
+
+
+def launch_run(script, argv, out, nproc=2):
+    """Run `script` under `paddle.distributed.launch` with `nproc` CPU processes; returns `out`.
+    A launch that failed in the stand-in's group rendezvous (`failed_in_group_rendezvous`) is
+    started once more on an emptied `out`, within the same time cap; the retry is printed and
+    counted in `RETRIES`, and more than `MAX_RETRIES_PER_SESSION` of them fail the test. Any
+    other failure fails the test with the workers' logs."""
+    log_dir = os.path.join(out, "launch")
+    env = dict(os.environ, MKL_DEBUG_CPU_TYPE="5")
+    sock_path = warm_python.launch_socket(env)
+    if sock_path:  # the workers run in children of a zygote with the imports done (tests/tp_entry.py)
+        env[warm_client.SOCKET_ENV] = sock_path
+    proc = _run_launch(lambda cmd, **kw: warm_python.run(cmd, launcher=True, **kw),
+                       _launch_command(nproc, log_dir, ENTRY, script, *argv), env, script, out)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(log_dir)
+    return out
+
+
+def cold_launch_env(cpu_tp_standins):
+    """The environment of a cold launch: this checkout first on PYTHONPATH (the launched script
+    imports this checkout's packages, as an editable install of it would), preceded by
+    `COLD_SITE` when the tensor-parallel stand-ins are wanted; nothing of the warm launches."""
+    env = {k: v for k, v in os.environ.items() if k != warm_client.SOCKET_ENV}
+    env["MKL_DEBUG_CPU_TYPE"] = "5"
+    env["PYTHONPATH"] = os.pathsep.join([COLD_SITE, REPO] if cpu_tp_standins else [REPO])
+    return env
+
+
+def cold_launch(script, argv, out, nproc=2, cpu_tp_standins=False):
+    """`python -m paddle.distributed.launch --nproc_per_node nproc script argv` in fresh processes
+    (no zygote, no `tests/tp_entry.py`), with `launch_run`'s retry rule; the finished process
+    (the caller asserts on its exit status)."""
+    cmd = _launch_command(nproc, os.path.join(out, "launch"), script, *argv)
+    return _run_launch(subprocess.run, cmd, cold_launch_env(cpu_tp_standins), script, out)
+
+
+def cold_launch_run(script, argv, out, nproc=2, cpu_tp_standins=False):
+    """`cold_launch` that fails the test with the workers' logs unless every rank exited 0; returns `out`."""
+    proc = cold_launch(script, argv, out, nproc, cpu_tp_standins)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + worker_logs(os.path.join(out, "launch"))
     return out
 
 

@@ -55,6 +55,19 @@ from .policy_registry import POLICY_LOSSES, PolicyLoss, get_policy_loss, policy_
 from .rollout_correction import ROLLOUT_IS_LEVELS, rollout_correction, rollout_is_weights, rollout_mismatch_metrics
 from .lagrangian import LagrangeMultiplier, combined_advantages, lagrange_multiplier_step, lagrangian_shaped_rewards
 from .lm_head import token_logprobs_from_hidden
+from .distill import (
+    bucket_divergence,
+    full_terms,
+    generalized_jsd,
+    generalized_jsd_grad,
+    generalized_jsd_top_k,
+    teacher_top_k,
+    top_k_buckets,
+    top_k_grad,
+    top_k_terms,
+)
+from .judge_scores import expected_score, order_averaged_preference, verdict_probability
+from .distill_hidden import TeacherHead, TeacherTopK, gjsd_from_hidden, teacher_top_k_from_hidden
 from .vocab_parallel import vocab_parallel_logprobs_from_hidden, vocab_parallel_token_logprobs
 from .masked import (
     last_nonzero_index,
@@ -177,6 +190,24 @@ __all__ = [
     "lagrangian_shaped_rewards",
     # lm_head
     "token_logprobs_from_hidden",
+    # distill (GKD's generalised JSD)
+    "bucket_divergence",
+    "full_terms",
+    "generalized_jsd",
+    "generalized_jsd_grad",
+    "generalized_jsd_top_k",
+    "teacher_top_k",
+    "top_k_buckets",
+    "top_k_grad",
+    "top_k_terms",
+    "TeacherHead",
+    "TeacherTopK",
+    "gjsd_from_hidden",
+    "teacher_top_k_from_hidden",
+    # judge_scores (a generative judge's verdict)
+    "verdict_probability",
+    "expected_score",
+    "order_averaged_preference",
     # vocab_parallel
     "vocab_parallel_token_logprobs",
     "vocab_parallel_logprobs_from_hidden",

@@ -154,6 +154,14 @@ class RolloutEngine:
             if was_training:
                 lm.train()
 
+    def generate_trajectories(self, records, agent_args, turn_format, params=None, seed=None, row_offset=0, **kwargs):
+        """Multi-turn rollouts, an environment per record, rows paused while their tool runs:
+        `ppo.agents.rollout.rollout_trajectories` (its keyword arguments pass through)."""
+        from ..agents.rollout import rollout_trajectories
+
+        return rollout_trajectories(self, records, agent_args, turn_format, params or SamplingParams(), seed, row_offset,
+                                    **kwargs)
+
     # ------------------------------------------------------------------ engine path
     def _select_ops(self, lm):
         """The op set of `kernels` for where `lm` computes now (its embedding's place; float32 on
@@ -186,10 +194,12 @@ class RolloutEngine:
         big = lm.config.hidden_size >= 384
         return "cols" if (big and self.ops.name == "custom" and place.is_cpu_place()) else "rows"
 
-    def _forward(self, W, cache, ids, pos, key_mask, finished, t0, prefill):
+    def _forward(self, W, cache, ids, pos, key_mask, finished, t0, prefill, all_positions=False, ops=None):
         """Run the decoder on ids ([B, T] prefill, [B] decode), writing K/V at cache slots t0..;
-        returns float32 logits of the last position: [B, V], or [V, B] for a "cols" decode step."""
-        ops = self.ops
+        returns float32 logits of the last position: [B, V], or [V, B] for a "cols" decode step
+        (`all_positions`: of every prefill position, [B, T, V]). `ops`: another op set (the
+        multi-turn rollout's, which runs a few rows of the cache; default the engine's)."""
+        ops = ops or self.ops
         eps = W.eps
         cols = W.transposed and not prefill  # activations [H, B]: token b is column b
         tw = W.transposed
@@ -219,7 +229,7 @@ class RolloutEngine:
             if li + 1 < nlayers:
                 x, res = ops.add_rms_norm(d, res, W.layers[li + 1].ln_attn, eps, cols)
             else:
-                if prefill and len(d.shape) == 3:  # only the last position's logits are needed
+                if prefill and len(d.shape) == 3 and not all_positions:  # only the last position's logits are needed
                     d = d[:, -1].contiguous()
                     res = res[:, -1].contiguous()
                 x, res = ops.add_rms_norm(d, res, W.norm, eps, cols)

@@ -53,6 +53,32 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+# Qwen2.5-Instruct's template with its tool slot (`tools`: function schemas listed in the system
+# turn; a "tool" message rendered as a user turn in <tool_response> tags). Without tools it
+# renders exactly as CHATML_TEMPLATE.
+QWEN25_TOOL_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}{%- else %}{{- 'You are a helpful assistant.' }}{%- endif %}"
+    "{{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with "
+    "function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}"
+    "\\n</tool_call><|im_end|>\\n' }}"
+    "{%- else %}{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) or message.role == 'assistant' %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+QWEN25_TOOL_TOKENS = ("<tool_call>", "</tool_call>")
+
 # Llama-3-Instruct's template: `<|begin_of_text|>` once, then
 # `<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>` per message.
 LLAMA3_TEMPLATE = (
@@ -140,11 +166,13 @@ def _write_json(path, obj):
         json.dump(obj, f, ensure_ascii=False, indent=2)
 
 
-def build_qwen2_tokenizer(output_dir, vocab_size=1024, seed=0):
+def build_qwen2_tokenizer(output_dir, vocab_size=1024, seed=0, tool_calls=False):
     """Write a Qwen2-style tokenizer into `output_dir`; returns it loaded by `AutoTokenizer`.
 
     Ids: BPE tokens `0 .. V-1`, then `<|endoftext|>` = V, `<|im_start|>` = V+1,
-    `<|im_end|>` = V+2 (as Qwen2.5: 151,643 / 151,644 / 151,645).
+    `<|im_end|>` = V+2 (as Qwen2.5: 151,643 / 151,644 / 151,645). `tool_calls`: Qwen2.5's
+    template with its tool slot (QWEN25_TOOL_TEMPLATE) and `<tool_call>` = V+3, `</tool_call>`
+    = V+4 as added, non-special tokens (Qwen2.5's 151,657 / 151,658).
     """
     from paddlenlp.transformers import AutoTokenizer
 
@@ -156,16 +184,17 @@ def build_qwen2_tokenizer(output_dir, vocab_size=1024, seed=0):
         for a, b in merges:
             f.write(f"{a} {b}\n")
     n = len(vocab)
+    tokens = [(t, True) for t in QWEN2_SPECIALS] + [(t, False) for t in (QWEN25_TOOL_TOKENS if tool_calls else ())]
     added = {
-        str(n + i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": True}
-        for i, t in enumerate(QWEN2_SPECIALS)
+        str(n + i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": sp}
+        for i, (t, sp) in enumerate(tokens)
     }
     _write_json(
         os.path.join(output_dir, "tokenizer_config.json"),
         {
             "tokenizer_class": "Qwen2Tokenizer",
             "added_tokens_decoder": added,
-            "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+            "additional_special_tokens": ["<|im_start|>", "<|im_end|>"] + (list(QWEN25_TOOL_TOKENS) if tool_calls else []),
             "bos_token": None,
             "eos_token": "<|im_end|>",
             "pad_token": "<|endoftext|>",
@@ -175,7 +204,7 @@ def build_qwen2_tokenizer(output_dir, vocab_size=1024, seed=0):
             "split_special_tokens": False,
             "model_max_length": 32768,
             "padding_side": "left",
-            "chat_template": CHATML_TEMPLATE,
+            "chat_template": QWEN25_TOOL_TEMPLATE if tool_calls else CHATML_TEMPLATE,
         },
     )
     return AutoTokenizer.from_pretrained(output_dir)

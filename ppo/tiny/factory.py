@@ -31,6 +31,10 @@ import tempfile
 TEMPLATE_WORDS = ["USER:", "ASSISTANT:", "Reverse:"]
 SYMBOLS = string.ascii_lowercase + string.digits + string.ascii_uppercase + ".,:;!?()[]{}<>/+-*=_'\"#@%&|~^$"
 SPECIAL_IDS = {"unk": 0, "bos": 1, "eos": 2, "pad": 3}
+TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+"""With `tool_tags=True`, one token each, appended after the vocabulary (ids 100-103): the tagged
+tool-call form of ppo/agents/tool_calls.py in four tokens instead of 50 characters. Off by
+default, so the demo's vocabulary, model and tokenisation stay as they were."""
 
 
 def build_sentencepiece_proto():
@@ -59,8 +63,8 @@ def build_sentencepiece_proto():
     return buf.getvalue()
 
 
-def build_tokenizer(output_dir):
-    """Write a `LlamaTokenizer` into `output_dir` and return it."""
+def build_tokenizer(output_dir, tool_tags=False):
+    """Write a `LlamaTokenizer` into `output_dir` and return it (`tool_tags`: with `TOOL_TAGS`)."""
     from paddlenlp.transformers import LlamaTokenizer
 
     os.makedirs(output_dir, exist_ok=True)
@@ -78,6 +82,8 @@ def build_tokenizer(output_dir):
             add_eos_token=False,
             padding_side="left",
         )
+        if tool_tags:
+            tokenizer.add_tokens(TOOL_TAGS)
         tokenizer.save_pretrained(output_dir)
     return tokenizer
 
@@ -120,12 +126,12 @@ def build_model(
     return model
 
 
-def build_tiny(output_dir, seed=42, **model_kwargs):
+def build_tiny(output_dir, seed=42, tool_tags=False, **model_kwargs):
     """Build tokenizer and model into one directory; returns `(tokenizer, model)`."""
-    tokenizer = build_tokenizer(output_dir)
+    tokenizer = build_tokenizer(output_dir, tool_tags=tool_tags)
     model = build_model(output_dir, vocab_size=len(tokenizer), seed=seed, **model_kwargs)
     with open(os.path.join(output_dir, "tiny_factory.json"), "w") as f:
-        json.dump({"seed": seed, **model_kwargs}, f, indent=2)
+        json.dump({"seed": seed, **({"tool_tags": True} if tool_tags else {}), **model_kwargs}, f, indent=2)
     return tokenizer, model
 
 
@@ -229,6 +235,8 @@ def main(argv=None):
     parser.add_argument("--intermediate_size", type=int, default=336)
     parser.add_argument("--max_position_embeddings", type=int, default=128)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--tool_tags", action="store_true",
+                        help="add <tool_call>, </tool_call>, <tool_response>, </tool_response> as one token each")
     parser.add_argument(
         "--shape", choices=sorted(REAL_SHAPES), default=None,
         help="build a real-shaped model and BPE tokenizer instead of the tiny one (uses only --num_layers and --seed)",
@@ -250,6 +258,7 @@ def main(argv=None):
     _, model = build_tiny(
         args.output_dir,
         seed=args.seed,
+        tool_tags=args.tool_tags,
         hidden_size=args.hidden_size,
         num_layers=args.num_layers,
         num_heads=args.num_heads,

@@ -1,0 +1,44 @@
+"""Multi-turn, tool-using rollouts: environments, tools, trajectories and the pausing rollout.
+
+    from ppo.agents import AgentArguments, TaggedFormat, rollout_trajectories
+    args = AgentArguments(env_name="tools", env_kwargs='{"tools": ["calculator"]}', max_turns=3)
+    result = rollout_trajectories(engine, records, args, TaggedFormat(tokenizer, "USER: {input} ASSISTANT:"),
+                                  SamplingParams(max_new_tokens=48), seed=0)
+
+- environment.py: the ``Environment`` interface and its registry (``register_environment``,
+  ``module.path:Class``); tool_env.py: ``tools``, the tool-calling environment;
+- tools.py: the tool registry (``@register_tool``) and ``call_tool``; builtin_tools.py:
+  ``calculator``, ``python`` (in ppo/sandbox.py), ``search`` (BM25); tool_calls.py: reading a
+  call out of the policy's text;
+- formats.py: observations as tokens (the chat template's tool slot and tool turn, or the
+  tagged form of text templates); trajectory.py: ``Trajectory``/``Segment``, the policy mask
+  and the batch layout; rollout.py: the rollout; metrics.py: its counts;
+- arguments.py: ``AgentArguments`` (env_name, env_kwargs, max_turns, max_tool_response_len,
+  max_total_len, turn_reward_mode) and the start-up check ``agent_problems``.
+
+docs/agents.md describes the whole.
+"""
+from .arguments import AgentArguments, agent_problems
+from .environment import (
+    Environment,
+    EnvironmentFacts,
+    environment_facts,
+    environment_problems,
+    get_environment,
+    list_environments,
+    make_environment,
+    register_environment,
+)
+from .formats import ChatTemplateFormat, TaggedFormat, turn_format_for
+from .rollout import AgentRolloutResult, rollout_trajectories
+from .tool_env import ToolEnvironment
+from .tools import ToolResult, ToolSpec, ToolTimeout, call_tool, get_tool, list_tools, register_tool
+from .trajectory import Segment, Trajectory, TrajectoryBatch, collate_trajectories, policy_mask, tokenization_drift
+
+__all__ = [
+    "AgentArguments", "agent_problems", "Environment", "EnvironmentFacts", "environment_facts", "environment_problems",
+    "get_environment", "list_environments", "make_environment", "register_environment", "ChatTemplateFormat",
+    "TaggedFormat", "turn_format_for", "AgentRolloutResult", "rollout_trajectories", "ToolEnvironment", "ToolResult",
+    "ToolSpec", "ToolTimeout", "call_tool", "get_tool", "list_tools", "register_tool", "Segment", "Trajectory",
+    "TrajectoryBatch", "collate_trajectories", "policy_mask", "tokenization_drift",
+]

@@ -1,0 +1,92 @@
+"""The argument-file keys of multi-turn, tool-using rollouts, as one group of their own.
+
+``AgentArguments`` is a dataclass like the groups of ppo/common/argument_groups.py (every field
+has a help, problems are collected in ``__post_init__``); an entry point mixes it into its
+training arguments and adds :func:`agent_problems` to its start-up pass, so an environment
+that does not exist, cannot be imported, lacks ``reset``/``step`` or does not take
+``env_kwargs`` stops the run before any model loads.
+"""
+import json
+from dataclasses import dataclass, field
+
+from ..common.argument_problems import problem_scope
+from .environment import environment_problems
+from .trajectory import TURN_REWARD_MODES
+
+
+@dataclass
+class AgentArguments:
+    env_name: str = field(
+        default="",
+        metadata={"help": "Environment of multi-turn rollouts: a registered name (tools) or module.path:Class; "
+                  "empty: single-turn rollouts (one answer per prompt)."},
+    )
+    env_kwargs: str = field(
+        default="{}",
+        metadata={"help": "JSON object of the environment's constructor arguments, e.g. {\"tools\": [\"calculator\"]} "
+                  "(an object in the argument file)."},
+    )
+    max_turns: int = field(default=4, metadata={"help": "Most policy turns per trajectory; the episode is cut (truncated) after it."})
+    max_tool_response_len: int = field(
+        default=256, metadata={"help": "Most tokens of one tool answer (or user turn) fed back; longer ones are cut."}
+    )
+    max_total_len: int = field(
+        default=1024,
+        metadata={"help": "Most tokens of a whole trajectory (prompt, every turn and every answer); a trajectory that "
+                  "reaches it is cut (truncated)."},
+    )
+    turn_reward_mode: str = field(
+        default="final",
+        metadata={"help": "Where the environment's rewards go: final = their sum at the last policy token; per_turn = "
+                  "each turn's reward at that turn's last token."},
+    )
+
+    def __post_init__(self):
+        with problem_scope() as problems:
+            sup = super()
+            if hasattr(sup, "__post_init__"):
+                sup.__post_init__()
+            problems += self._agent_value_problems()
+
+    def _agent_value_problems(self):
+        problems = []
+        for name in ("max_turns", "max_tool_response_len", "max_total_len"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.turn_reward_mode not in TURN_REWARD_MODES:
+            problems.append(f"turn_reward_mode must be one of {TURN_REWARD_MODES}, got {self.turn_reward_mode!r}")
+        try:
+            self.env_options
+        except ValueError as err:
+            problems.append(str(err))
+        return problems
+
+    @property
+    def env_options(self):
+        """`env_kwargs` as a dict (a JSON object string or a dict)."""
+        value = self.env_kwargs
+        if isinstance(value, dict):
+            return dict(value)
+        try:
+            parsed = json.loads(value or "{}")
+        except ValueError as err:
+            raise ValueError(f"env_kwargs must be a JSON object, got {value!r} ({err})") from None
+        if not isinstance(parsed, dict):
+            raise ValueError(f"env_kwargs must be a JSON object, got {value!r}")
+        return parsed
+
+    @property
+    def multi_turn(self):
+        return bool(self.env_name)
+
+
+def agent_problems(args):
+    """The start-up pass's check of the environment (a list of messages; empty when fine):
+    it is imported and its class and constructor checked, no model is needed."""
+    if not getattr(args, "env_name", ""):
+        return []
+    try:
+        options = args.env_options
+    except ValueError:
+        return []  # already reported by the arguments' own checks
+    return [f"env_name {args.env_name}: {p}" for p in environment_problems(args.env_name, options)]

@@ -1,0 +1,199 @@
+"""The environment registry: one entry per name, a class and its facts.
+
+An environment is what a policy talks to during a multi-turn rollout, one instance per
+trajectory, with two methods (the Gym shape, on text):
+
+- ``reset(record) -> observation``: the first observation of an episode for one dataset
+  record (a dict such as ``{"src": ..., "tgt": ...}``): the user's message as a string, or a
+  list of chat messages (``[{"role": "system", ...}, {"role": "user", ...}]``);
+- ``step(action_text) -> (observation, reward, done, info)``: the policy's turn as text (up to
+  and including the stop string that ended it); the observation that follows (a tool's answer,
+  a user's next message, or None when ``done``), the reward of that turn, whether the episode
+  ended, and a dict of facts (``info["tool_calls"]``: one dict per call with ``name``,
+  ``error``, ``timeout``, ``latency_ms``; ``info["role"]`` overrides the observation's role).
+
+An environment may also have ``tools`` (JSON schemas of the functions the policy may call,
+given to the chat template's tool slot), ``stop_strings`` (texts that end a policy turn besides
+the stop tokens, e.g. ``</tool_call>``) and ``close()``. ``step`` runs in a worker thread of
+the rollout (ppo/agents/rollout.py), one call at a time per instance.
+
+:class:`EnvironmentFacts` say what callers need to know: the role of its observations
+(``"tool"`` or ``"user"``) and the options its constructor takes (``env_kwargs``).
+Environments are registered with ``@register_environment("name")`` or loaded from
+``module.path:Class``; callers read the facts, never the name.
+"""
+import importlib
+import inspect
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+
+REQUIRED_METHODS = ("reset", "step")
+OBSERVATION_ROLES = ("tool", "user")
+
+_REGISTRY: Dict[str, type] = {}
+_FACTS: Dict[str, "EnvironmentFacts"] = {}
+_LOCK = threading.Lock()
+
+
+class Environment:
+    """Base class of the environments (see the module docstring); subclasses override
+    ``reset`` and ``step`` and may set ``tools``."""
+
+    tools: List[dict] = []
+    stop_strings: List[str] = []
+
+    def reset(self, record: Mapping[str, Any]):
+        raise NotImplementedError
+
+    def step(self, action_text: str):
+        raise NotImplementedError
+
+    def close(self):
+        """Release what the episode holds (processes, files); called once after the episode."""
+
+
+@dataclass(frozen=True)
+class EnvironmentFacts:
+    """What a registered environment gives and takes."""
+
+    summary: str
+    observation_role: str = "tool"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.observation_role not in OBSERVATION_ROLES:
+            raise ValueError(f"observation_role must be one of {OBSERVATION_ROLES}, got {self.observation_role!r}")
+
+
+def register_environment(name: str, cls: Optional[type] = None, facts: Optional[EnvironmentFacts] = None):
+    """Register ``cls`` (with its `facts`) as the environment ``name``; usable as a class decorator.
+
+    The same class again under the same name is a no-op; a different class under a taken name
+    raises ValueError; a class without ``reset``/``step`` raises TypeError. Returns the class.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"environment name must be a non-empty string, got {name!r}")
+
+    def decorator(klass):
+        problem = class_problem(name, klass)
+        if problem:
+            raise TypeError(problem)
+        with _LOCK:
+            existing = _REGISTRY.get(name)
+            if existing is not None and existing is not klass:
+                raise ValueError(f"a different environment is already registered as {name!r}: {existing!r}")
+            _REGISTRY[name] = klass
+            if facts is not None:
+                _FACTS[name] = facts
+        return klass
+
+    return decorator(cls) if cls is not None else decorator
+
+
+def _builtins():
+    from . import tool_env  # noqa: F401 (registers the built-in environments)
+
+
+def list_environments() -> List[str]:
+    """Names of the registered environments, sorted."""
+    _builtins()
+    with _LOCK:
+        return sorted(_REGISTRY)
+
+
+def environment_facts(name: str) -> EnvironmentFacts:
+    """The facts of `name` (a plain tool-answer environment without options when none were given)."""
+    get_environment(name)
+    with _LOCK:
+        return _FACTS.get(name) or EnvironmentFacts(summary=name)
+
+
+def class_problem(name, klass):
+    """Why `klass` cannot be the environment `name` (None when it can)."""
+    if not inspect.isclass(klass):
+        return f"environment {name!r} must be a class, got {type(klass).__name__}"
+    missing = [m for m in REQUIRED_METHODS if not callable(getattr(klass, m, None))
+               or getattr(klass, m) is getattr(Environment, m)]
+    if missing:
+        return f"environment {name!r} ({klass.__module__}.{klass.__qualname__}) lacks {', '.join(missing)}(): " \
+               "an environment needs reset(record) and step(action_text)"
+    return None
+
+
+def _load(spec):
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"environment spec {spec!r} must look like 'module.path:Class'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"cannot import module {module_name!r} for environment {spec!r}: {err}") from err
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"module {module_name!r} has no attribute {attr!r} (environment {spec!r})")
+        obj = getattr(obj, part)
+    try:
+        return register_environment(spec, obj)
+    except TypeError as err:
+        raise ValueError(str(err)) from None
+
+
+def get_environment(name: str) -> type:
+    """The environment class registered as ``name``, or imported from ``module.path:Class``.
+
+    Raises ValueError naming the valid choices when ``name`` is unknown, and when an imported
+    class lacks ``reset``/``step``."""
+    _builtins()
+    with _LOCK:
+        cls = _REGISTRY.get(name)
+    if cls is not None:
+        return cls
+    if isinstance(name, str) and ":" in name:
+        return _load(name)
+    raise ValueError(f"unknown environment {name!r}; valid names: {', '.join(list_environments())} "
+                     "(or 'module.path:Class' for your own)")
+
+
+def option_problems(name, kwargs):
+    """Why `kwargs` cannot build the environment `name` (its constructor's signature decides)."""
+    cls = get_environment(name)
+    try:
+        inspect.signature(cls).bind(**dict(kwargs or {}))
+    except TypeError as err:
+        return [f"env_kwargs {dict(kwargs or {})} do not fit environment {name!r}: {err}"]
+    except ValueError:  # a signature inspect cannot read (a C type): the constructor will tell
+        return []
+    return []
+
+
+def environment_problems(name, kwargs=None, construct=True):
+    """Every reason why the environment `name` with `kwargs` cannot be built (an empty list
+    when it can): unknown name, an import that fails, a class without reset/step, options its
+    constructor does not take, and (`construct`) a constructor that raises on them (e.g. a tool
+    that does not exist), the instance closed again. Run before any model loads."""
+    try:
+        cls = get_environment(name)
+    except ValueError as err:
+        return [str(err)]
+    problems = option_problems(name, kwargs)
+    if problems or not construct:
+        return problems
+    try:
+        env = cls(**dict(kwargs or {}))
+    except Exception as err:  # noqa: BLE001 - the user's constructor: any failure is the problem to report
+        return [f"environment {name!r} could not be built with env_kwargs {dict(kwargs or {})}: "
+                f"{type(err).__name__}: {err}"]
+    close = getattr(env, "close", None)
+    if callable(close):
+        close()
+    return []
+
+
+def make_environment(name: str, kwargs: Optional[Mapping[str, Any]] = None) -> Environment:
+    """A new instance of the environment `name` built with `kwargs`."""
+    problems = environment_problems(name, kwargs, construct=False)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return get_environment(name)(**dict(kwargs or {}))

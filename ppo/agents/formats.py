@@ -1,0 +1,153 @@
+"""How observations become tokens: the prompt, and the environment's turns between policy turns.
+
+Two formats, chosen like the prompts of the single-turn runs (:func:`turn_format_for`):
+
+- :class:`ChatTemplateFormat` (``use_chat_template``): the tokenizer's chat template renders
+  the conversation. Tools go into the template's tool slot (its ``tools`` variable, as
+  Qwen2.5's template lists them in the system turn and asks for ``<tool_call>{...}</tool_call>``);
+  PaddleNLP's ``apply_chat_template`` does not pass ``tools``, so the template is rendered here
+  with them. A template without a tool slot gets the tools described in a system message
+  (``tool_system_text``). The text between two policy turns is what the template puts between
+  an assistant message and the next tool (or user) message: for Qwen2.5,
+  ``<|im_end|>\\n<|im_start|>user\\n<tool_response>\\n`` + answer +
+  ``\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n`` -- found by rendering placeholders.
+- :class:`TaggedFormat` (text templates, e.g. the tiny demo's ``USER: {input} ASSISTANT:``):
+  the prompt is the template filled in; a tool's answer is appended inside the same assistant
+  turn as ``<tool_response>answer</tool_response>`` and the policy goes on writing; a user
+  turn is the template again after a space.
+
+Every piece is tokenised on its own (``add_special_tokens`` only for a text-template prompt,
+as the datasets encode prompts: its segment's text is the text without them); a tool's answer
+is cut to its first ``max_tokens`` tokens. ``encode_conversation(text)`` encodes a whole
+conversation the same way, for the drift check (``tokenization_drift``).
+"""
+import json
+
+from ..data.encode import encode_text
+from .tool_calls import CALL_CLOSE, CALL_OPEN, RESPONSE_CLOSE, RESPONSE_OPEN
+from .trajectory import Segment
+
+_PLACEHOLDERS = ("\u2063USER\u2063", "\u2063ASSISTANT\u2063", "\u2063OBSERVATION\u2063")
+
+
+def decode_exact(tokenizer, ids):
+    """The text of `ids` with nothing added or removed (no spaces around special tokens, no
+    clean-up)."""
+    return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False,
+                            spaces_between_special_tokens=False)
+
+
+def as_messages(observation):
+    """A first observation as chat messages: a string is the user's message."""
+    if isinstance(observation, str):
+        return [{"role": "user", "content": observation}]
+    return [dict(m) for m in observation]
+
+
+def tool_system_text(tools):
+    """Hermes-style tool description for templates without a tool slot."""
+    lines = [json.dumps(t, ensure_ascii=False) for t in tools]
+    return ("You may call one or more functions to assist with the user query.\n\nYou are provided with function "
+            "signatures within <tools></tools> XML tags:\n<tools>\n" + "\n".join(lines) + "\n</tools>\n\n"
+            "For each function call, return a json object with function name and arguments within "
+            f'{CALL_OPEN}{CALL_CLOSE} XML tags:\n{CALL_OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n'
+            f"{CALL_CLOSE}")
+
+
+class _Format:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._glue = {}
+
+    def piece(self, text, special=False):
+        return encode_text(self.tokenizer, text, add_special_tokens=special)
+
+    def observation_segments(self, observation, role, turn, max_tokens, tools=()):
+        """[glue, observation, glue] segments for the environment's answer to policy turn `turn`."""
+        if role not in self._glue:
+            pre, post = self.glue_texts(role, tools)
+            self._glue[role] = (pre, self.piece(pre), post, self.piece(post))
+        pre, pre_ids, post, post_ids = self._glue[role]
+        ids = self.piece(observation)
+        text = observation if len(ids) <= max_tokens else decode_exact(self.tokenizer, ids[:max_tokens])
+        body = Segment(role, ids[:max_tokens], text, turn=turn)
+        return [s for s in (Segment("glue", pre_ids, pre, turn=turn), body, Segment("glue", post_ids, post, turn=turn))
+                if s.token_ids or s.kind != "glue"]
+
+
+class TaggedFormat(_Format):
+    """Text-template prompts, tool answers inline in ``<tool_response>`` tags (module docstring)."""
+
+    def __init__(self, tokenizer, prompt_template="{input}"):
+        super().__init__(tokenizer)
+        if "{input}" not in prompt_template:
+            raise ValueError(f"prompt_template must have an {{input}} slot, got {prompt_template!r}")
+        self.prompt_template = prompt_template
+
+    def prompt_segments(self, observation, tools=()):
+        messages = as_messages(observation)
+        system = " ".join(m["content"] for m in messages if m["role"] == "system")
+        user = "\n".join(m["content"] for m in messages if m["role"] != "system")
+        text = (system + " " if system else "") + self.prompt_template.replace("{input}", user)
+        return [Segment("prompt", self.piece(text, special=True), text)]
+
+    def glue_texts(self, role, tools=()):
+        if role == "tool":
+            return RESPONSE_OPEN, RESPONSE_CLOSE
+        before, _, after = self.prompt_template.partition("{input}")
+        return " " + before, after
+
+    def encode_conversation(self, text):
+        """The ids of a whole conversation's text, encoded as its prompt was (special tokens added)."""
+        return self.piece(text, special=True)
+
+
+class ChatTemplateFormat(_Format):
+    """The tokenizer's chat template, tools in its tool slot (module docstring)."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer)
+        template = getattr(tokenizer, "chat_template", None)
+        if template is None or not hasattr(template, "render"):
+            raise ValueError(f"the tokenizer ({type(tokenizer).__name__}) has no jinja chat template; use a text "
+                             "prompt_template (use_chat_template false)")
+        self.template = template
+        probe = [{"role": "user", "content": _PLACEHOLDERS[0]}]
+        fake_tool = [{"type": "function", "function": {"name": "probe_tool", "description": "", "parameters": {}}}]
+        self.has_tool_slot = "probe_tool" in self.render(probe, fake_tool, True)
+
+    def render(self, messages, tools=None, add_generation_prompt=False):
+        return self.template.render(messages=messages, tools=list(tools) or None if tools else None,
+                                    add_generation_prompt=add_generation_prompt, **self.tokenizer.special_tokens_map)
+
+    def prompt_segments(self, observation, tools=()):
+        messages = as_messages(observation)
+        if tools and not self.has_tool_slot:
+            system = tool_system_text(tools)
+            if messages and messages[0]["role"] == "system":
+                messages[0] = {"role": "system", "content": messages[0]["content"] + "\n\n" + system}
+            else:
+                messages.insert(0, {"role": "system", "content": system})
+        text = self.render(messages, tools if self.has_tool_slot else None, True)
+        return [Segment("prompt", self.piece(text), text)]
+
+    def glue_texts(self, role, tools=()):
+        u, a, o = _PLACEHOLDERS
+        messages = [{"role": "user", "content": u}, {"role": "assistant", "content": a}, {"role": role, "content": o}]
+        try:
+            text = self.render(messages, tools if self.has_tool_slot else None, True)
+        except Exception as err:  # noqa: BLE001 - a template that refuses the role: say which
+            raise ValueError(f"the chat template cannot render a {role!r} message after an assistant turn: {err}") from err
+        if text.count(a) != 1 or text.count(o) != 1 or text.index(a) > text.index(o):
+            raise ValueError(f"the chat template does not render a {role!r} message's content once after the assistant's")
+        between = text[text.index(a) + len(a):]
+        pre, _, post = between.partition(o)
+        return pre, post
+
+    def encode_conversation(self, text):
+        return self.piece(text)
+
+
+def turn_format_for(tokenizer, use_chat_template=False, prompt_template="{input}"):
+    """The format of a run: the chat template's when `use_chat_template`, else the text template's."""
+    return ChatTemplateFormat(tokenizer) if use_chat_template else TaggedFormat(tokenizer, prompt_template)

@@ -1,0 +1,78 @@
+"""``tools``: the tool-calling environment (registered on import).
+
+    env = ToolEnvironment(tools=["calculator", "search"], tool_options={"search": {"corpus": "docs.jsonl"}})
+    first = env.reset({"src": "What is 123*456?"})      # the user's message
+    obs, reward, done, info = env.step('<tool_call>calculator 123*456</tool_call>')  # "56088"
+
+Each policy turn is read with :func:`ppo.agents.tool_calls.parse_tool_call`: a turn without a
+call ends the episode (its final answer; reward 0 here, the run's scorers rate the answer); a
+call runs its tool (``call_tool``: schema check, the tool's timeout, answers longer than
+``max_output_chars`` cut) and its answer is the observation. A malformed call, an unknown tool,
+a tool that raises, times out or prints too much gives an observation that starts with
+"Error:" and the episode goes on. ``info["tool_calls"]`` describes the call for the rollout's
+counts (``tool/<name>/errors``, ``timeouts``, ``latency_ms``). Turns end at ``</tool_call>``
+(``stop_strings``).
+"""
+from typing import Any, Mapping, Optional, Sequence
+
+from .environment import Environment, EnvironmentFacts, register_environment
+from .tool_calls import CALL_CLOSE, parse_tool_call
+from .tools import call_tool, get_tool
+
+PROMPT_KEYS = ("src", "prompt", "input", "question", "query")
+
+
+def record_prompt(record: Mapping[str, Any], prompt_key: Optional[str] = None) -> str:
+    """The user's message of a dataset record: ``record[prompt_key]``, else the first of
+    PROMPT_KEYS it has (the last turn when it holds a list of turns)."""
+    if isinstance(record, str):
+        return record
+    keys = [prompt_key] if prompt_key else [k for k in PROMPT_KEYS if k in record]
+    if not keys or keys[0] not in record:
+        raise ValueError(f"the record has no prompt field ({prompt_key or ' / '.join(PROMPT_KEYS)}): {sorted(record)}")
+    value = record[keys[0]]
+    return str(value[-1] if isinstance(value, (list, tuple)) else value)
+
+
+@register_environment("tools", facts=EnvironmentFacts(
+    summary="the policy calls registered tools inside <tool_call></tool_call>; a turn without a call ends the episode",
+    observation_role="tool",
+    options={"tools": ["calculator"], "tool_options": {}, "max_output_chars": 4096, "prompt_key": None,
+             "system_prompt": None}))
+class ToolEnvironment(Environment):
+    """See the module docstring. ``tools``: names (or ``module.path:function``) of the tools the
+    policy may call; ``tool_options``: per tool name, its options (e.g. search's corpus);
+    ``system_prompt``: a system message put before the user's (None: none)."""
+
+    stop_strings = [CALL_CLOSE]
+
+    def __init__(self, tools: Sequence[str] = ("calculator",), tool_options: Optional[Mapping[str, Mapping]] = None,
+                 max_output_chars: int = 4096, prompt_key: Optional[str] = None, system_prompt: Optional[str] = None):
+        tool_options = dict(tool_options or {})
+        unknown = sorted(set(tool_options) - set(tools))
+        if unknown:
+            raise ValueError(f"tool_options for tools that are not listed in tools: {unknown}")
+        self.specs = {}
+        for name in tools:
+            spec = get_tool(name).with_options(tool_options.get(name))
+            self.specs[spec.name] = spec
+        self.tools = [spec.function_schema() for spec in self.specs.values()]
+        self.max_output_chars = int(max_output_chars)
+        self.prompt_key = prompt_key
+        self.system_prompt = system_prompt
+
+    def reset(self, record):
+        user = {"role": "user", "content": record_prompt(record, self.prompt_key)}
+        return [{"role": "system", "content": self.system_prompt}, user] if self.system_prompt else [user]
+
+    def step(self, action_text):
+        call, problem = parse_tool_call(action_text, self.specs)
+        if call is None and problem is None:
+            return None, 0.0, True, {"tool_calls": []}
+        if problem is not None:
+            entry = {"name": None, "error": problem.kind, "timeout": False, "latency_ms": 0.0}
+            return problem.message, 0.0, False, {"tool_calls": [entry]}
+        result = call_tool(self.specs[call.name], call.arguments, self.max_output_chars)
+        entry = {"name": call.name, "error": result.error, "timeout": result.error == "timeout",
+                 "latency_ms": result.latency_ms}
+        return result.text, 0.0, False, {"tool_calls": [entry]}

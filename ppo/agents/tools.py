@@ -1,0 +1,229 @@
+"""The tool registry: one entry per name, a function, its JSON schema and its facts.
+
+A tool is one function of keyword arguments that returns text (anything else is turned into
+text with ``str``). Declared with a decorator::
+
+    @register_tool("weather", schema={"type": "object", "properties": {"city": {"type": "string"}},
+                                      "required": ["city"]},
+                   description="Today's weather in a city.")
+    def weather(city):
+        return {"Paris": "sunny"}.get(city, "unknown city")
+
+``schema`` is the JSON schema of the arguments (an object schema, as in OpenAI's and Qwen's
+function specs); ``ToolSpec.function_schema()`` is the form chat templates take. A tool can
+also be named ``module.path:function`` (a registered one, or a plain function whose
+signature then gives a schema of string parameters).
+
+:func:`call_tool` runs a tool on arguments parsed from the policy's text: it checks them
+against the schema, runs the function in a daemon thread with the tool's timeout, and never
+raises: bad arguments, an exception, a timeout and an answer longer than ``max_chars`` come
+back as a :class:`ToolResult` with ``error`` set and a short text the policy reads. A thread
+whose function does not return in time is left running (Python cannot stop a thread): a tool
+that may hang should run its work in a child process (``python`` does: ppo/sandbox.py).
+"""
+import functools
+import importlib
+import inspect
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Dict, List, Mapping, Optional
+
+DEFAULT_TIMEOUT_S = 10.0
+_REGISTRY: Dict[str, "ToolSpec"] = {}
+_LOCK = threading.Lock()
+_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list}
+
+
+class ToolTimeout(Exception):
+    """Raised by a tool whose own work ran out of time (e.g. a sandboxed program killed at its
+    wall-clock limit): counted as a timeout, like a call that outlives the tool's timeout."""
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A registered tool: its function, argument schema, description and timeout."""
+
+    name: str
+    fn: Callable[..., Any]
+    schema: Mapping[str, Any]
+    description: str = ""
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def function_schema(self):
+        """``{"type": "function", "function": {"name", "description", "parameters"}}``."""
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": dict(self.schema)}}
+
+    @property
+    def required(self):
+        return list(self.schema.get("required", []))
+
+    def with_options(self, options: Optional[Mapping[str, Any]] = None) -> "ToolSpec":
+        """This tool with its keyword-only options set (`options` over the registered defaults);
+        an unknown option, or a required one (default None) left unset, raises ValueError."""
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            takes = ", ".join(self.options) or "none"
+            raise ValueError(f"tool {self.name!r} has no option {', '.join(unknown)} (its options: {takes})")
+        merged = {**self.options, **options}
+        unset = [k for k, v in merged.items() if v is None]
+        if unset:
+            raise ValueError(f"tool {self.name!r} needs the option {', '.join(unset)}")
+        if not merged:
+            return self
+        return replace(self, fn=functools.partial(self.fn, **merged), options=merged)
+
+
+@dataclass
+class ToolResult:
+    """What one call gave: the text the policy reads, and what went wrong (``error``: None,
+    "bad_arguments", "raised", "timeout" or "too_long"; the text is still usable for "too_long")."""
+
+    text: str
+    error: Optional[str] = None
+    latency_ms: float = 0.0
+
+
+def signature_schema(fn):
+    """An object schema of string parameters from `fn`'s positional-or-keyword parameters
+    (those without a default are required; keyword-only ones are options)."""
+    params = inspect.signature(fn).parameters.values()
+    named = [p for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
+    return {"type": "object", "properties": {p.name: {"type": "string"} for p in named},
+            "required": [p.name for p in named if p.default is p.empty]}
+
+
+def register_tool(name: str, fn: Optional[Callable] = None, schema: Optional[Mapping] = None, description: str = "",
+                  timeout_s: float = DEFAULT_TIMEOUT_S, options: Optional[Mapping[str, Any]] = None):
+    """Register ``fn`` as the tool ``name``; usable as a decorator (see the module docstring).
+
+    Without ``schema`` the signature gives one (string parameters). ``options``: keyword-only
+    parameters of ``fn`` set per environment (``ToolSpec.with_options``) with their defaults
+    (None: required), e.g. the corpus of ``search``. The same function again under the same
+    name is a no-op; another function under a taken name raises ValueError."""
+    if not isinstance(name, str) or not name or any(c.isspace() for c in name):
+        raise ValueError(f"tool name must be a non-empty string without spaces, got {name!r}")
+    if not timeout_s > 0:
+        raise ValueError(f"tool {name!r}: timeout_s must be > 0, got {timeout_s}")
+
+    def decorator(func):
+        if not callable(func):
+            raise TypeError(f"tool {name!r} must be callable, got {type(func).__name__}")
+        spec_schema = dict(schema) if schema is not None else signature_schema(func)
+        if spec_schema.get("type", "object") != "object":
+            raise ValueError(f"tool {name!r}: the schema must describe an object of arguments")
+        doc = description or (inspect.getdoc(func) or "").split("\n")[0]
+        spec = ToolSpec(name, func, spec_schema, doc, float(timeout_s), dict(options or {}))
+        with _LOCK:
+            existing = _REGISTRY.get(name)
+            if existing is not None and existing.fn is not func:
+                raise ValueError(f"a different tool is already registered as {name!r}: {existing.fn!r}")
+            _REGISTRY[name] = spec
+        return func
+
+    return decorator(fn) if fn is not None else decorator
+
+
+def _builtins():
+    from . import builtin_tools  # noqa: F401 (registers calculator, python, search)
+
+
+def list_tools() -> List[str]:
+    _builtins()
+    with _LOCK:
+        return sorted(_REGISTRY)
+
+
+def _load(spec):
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"cannot import module {module_name!r} for tool {spec!r}: {err}") from err
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"tool {spec!r}: module {module_name!r} has no function {attr!r}")
+    with _LOCK:
+        for registered in _REGISTRY.values():
+            if registered.fn is fn:
+                return registered
+    register_tool(spec, fn)
+    with _LOCK:
+        return _REGISTRY[spec]
+
+
+def get_tool(name: str) -> ToolSpec:
+    """The tool registered as ``name`` or imported from ``module.path:function``."""
+    _builtins()
+    with _LOCK:
+        spec = _REGISTRY.get(name)
+    if spec is not None:
+        return spec
+    if isinstance(name, str) and ":" in name:
+        return _load(name)
+    raise ValueError(f"unknown tool {name!r}; valid names: {', '.join(list_tools())} (or 'module.path:function')")
+
+
+def argument_problem(spec: ToolSpec, arguments):
+    """Why `arguments` do not fit `spec.schema` (None when they do): an object, every
+    required key, no key outside ``properties`` (when the schema lists them), simple types."""
+    if not isinstance(arguments, Mapping):
+        return f"the arguments of {spec.name} must be a JSON object, got {type(arguments).__name__}"
+    props = spec.schema.get("properties")
+    missing = [k for k in spec.required if k not in arguments]
+    if missing:
+        return f"{spec.name} needs {', '.join(missing)}"
+    if props is not None:
+        unknown = [k for k in arguments if k not in props]
+        if unknown:
+            return f"{spec.name} takes no argument {', '.join(unknown)} (it takes {', '.join(props) or 'none'})"
+        for key, value in arguments.items():
+            expected = _JSON_TYPES.get((props.get(key) or {}).get("type"))
+            if expected and (not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool)):
+                return f"{spec.name}: {key} must be a {props[key]['type']}"
+    return None
+
+
+def _run_in_thread(fn, arguments, timeout_s):
+    """(finished, value, exception) of fn(**arguments) within timeout_s seconds."""
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn(**arguments)
+        except BaseException as err:  # noqa: BLE001 - reported to the policy as the tool's error
+            box["error"] = err
+
+    worker = threading.Thread(target=target, name="tool-call", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        return False, None, None
+    return True, box.get("value"), box.get("error")
+
+
+def call_tool(spec: ToolSpec, arguments, max_chars: int = 4096, timeout_s: Optional[float] = None) -> ToolResult:
+    """Run `spec` on `arguments` (see the module docstring); never raises."""
+    start = time.perf_counter()
+
+    def result(text, error=None):
+        return ToolResult(text, error, (time.perf_counter() - start) * 1000.0)
+
+    problem = argument_problem(spec, arguments)
+    if problem:
+        return result(f"Error: {problem}", "bad_arguments")
+    limit = spec.timeout_s if timeout_s is None else timeout_s
+    finished, value, err = _run_in_thread(spec.fn, dict(arguments), limit)
+    if not finished:
+        return result(f"Error: {spec.name} timed out after {limit:g} s", "timeout")
+    if isinstance(err, ToolTimeout):
+        return result(f"Error: {spec.name} timed out: {err}", "timeout")
+    if err is not None:
+        return result(f"Error: {spec.name} raised {type(err).__name__}: {str(err)[:200]}", "raised")
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > max_chars:
+        return result(text[:max_chars] + "...(truncated)", "too_long")
+    return result(text)

@@ -1,0 +1,82 @@
+"""The ``judge`` scorer: a language model scores each answer by the probability of a verdict token.
+
+Configured by options (a scorer mapping in an argument file or on the reward server)::
+
+    python ppo/reward_server.py --scorer '{"judge": {"model": "outputs/tiny/judge", "template": "tiny"}}'
+
+``model`` (required) is a model directory or LoRA adapter; the other options are those of
+``ppo.judge.GenerativeJudge``. The judge's question is the item's ``src``, its answer the
+``response`` and its reference the ``tgt`` (used when the template holds ``{reference}``).
+Items are scored in batches through the rollout engine's prefill (``score_batch``); a built
+judge is kept per process and options, so a scorer built twice loads its model once. Importing
+this module imports no Paddle: the model loads when the scorer is built.
+"""
+import threading
+
+from ..scorer_registry import ScorerFacts, register_scorer
+
+OPTIONS = {
+    "model": None,
+    "template": "correct",
+    "pair_template": "better",
+    "verdict": "yes_no",
+    "yes": "Yes",
+    "no": "No",
+    "scores": "1,2,3,4,5,6,7,8,9,10",
+    "pair_words": "A,B",
+    "batch_size": 64,
+    "max_prompt_len": 0,
+    "use_rollout_engine": True,
+}
+_JUDGES = {}
+_LOCK = threading.Lock()
+
+
+def _words(value):
+    return tuple(w for w in (value.split(",") if isinstance(value, str) else value))
+
+
+def build_judge(**options):
+    """The `GenerativeJudge` of `options` (see `OPTIONS`), built once per process and options."""
+    if not options.get("model"):
+        raise ValueError("the judge scorer needs the option model (a model directory or LoRA adapter), e.g. "
+                         "--scorer '{\"judge\": {\"model\": \"outputs/tiny/judge\"}}'")
+    key = tuple(sorted((k, str(v)) for k, v in options.items()))
+    with _LOCK:
+        judge = _JUDGES.get(key)
+        if judge is None:
+            from ..judge.model_judge import GenerativeJudge
+
+            settings = {k: v for k, v in options.items() if k != "model"}
+            settings["scores"], settings["pair_words"] = _words(settings["scores"]), _words(settings["pair_words"])
+            judge = _JUDGES[key] = GenerativeJudge.from_pretrained(options["model"], **settings)
+    return judge
+
+
+def judge_scorer(**options):
+    """A scorer `(src, tgt, response) -> float` with `score_batch(src, tgt, response)` (one prefill
+    per batch) and `judge` (the `GenerativeJudge`, whose `compare` is the pairwise mode)."""
+    judge = build_judge(**{**OPTIONS, **options})
+
+    def score(src, tgt, response):
+        return judge.score([src], [response], [tgt])[0]
+
+    score.score_batch = lambda src, tgt, response: judge.score(list(src), list(response), list(tgt))
+    score.judge = judge
+    return score
+
+
+def unconfigured_judge(src, tgt, response):
+    """`judge` named without options: no model to ask, so no score can be computed."""
+    return build_judge(**OPTIONS)(src, tgt, response)
+
+
+register_scorer("judge", unconfigured_judge, ScorerFacts(
+    summary="a language model's verdict: P(Yes)/(P(Yes)+P(No)) after a rubric prompt, or the expected score over "
+            "score tokens, scaled to [0, 1]",
+    values="[0, 1]", label="a reference answer when the template holds {reference}; otherwise unused",
+    lowest_when="the judge model is sure the answer is wrong",
+    raises_when="no model option; verdict words that start with the same token; a template that needs a reference "
+                "and an empty label",
+    correct_at=0.5, options=OPTIONS, build=judge_scorer,
+))
