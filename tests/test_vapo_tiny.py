@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-import rule_reward_helpers  # noqa: F401  (registers test_rule_len: a reward that varies by response)
+import tests.rule_reward_helpers  # noqa: F401  (registers test_rule_len: a reward that varies by response)
 from ppo.common.argument_parsing import REPO_ROOT
 
 CONFIG = os.path.join(REPO_ROOT, "config", "tiny", "vapo_argument.json")
