@@ -1,14 +1,15 @@
-"""Install the alignment toolkit (`ppo` package with its algos, data and models) and the
-`paddle-align` command.
+"""Install the alignment toolkit (the `ppo` library with its algos, data and models, the `sft`,
+`rm`, `dpo` and `rl` entry points, the `scripts`) and the `paddle-align` command.
 
-`pip install -e .` makes `ppo` importable from anywhere and puts `paddle-align` on PATH: one
-command per entry point (`paddle-align ppo config.json`, `paddle-align sft ...`,
-`paddle-align reward-server`; `paddle-align --help` lists them, `ppo/common/entry_points.py`
-holds the table), each running its script from the checkout. The scripts (`ppo/run_ppo.py`,
-`sft/run_sft.py`, `rm/run_reward.py`, `dpo/run_dpo.py`, ...) also work from a plain checkout
-because they put the repository root on `sys.path`. The custom CPU/CUDA ops in `csrc/` are
-built separately by `csrc/build_ops.py` (called by the README set-up commands); without them
-the rollout engine falls back to pure Paddle and says so once.
+`pip install -e .` (scripts/setup.sh runs it) makes the packages importable from anywhere and
+puts `paddle-align` on PATH: one command per entry point (`paddle-align ppo config.json`,
+`paddle-align sft ...`, `paddle-align reward-server`; `paddle-align --help` lists them,
+`ppo/common/entry_points.py` holds the table), each running its script from the checkout. The
+scripts (`python ppo/run_ppo.py`, `python sft/run_sft.py`, ...) import the installed packages
+and never edit `sys.path`: run them from the checkout that is installed (or put another
+checkout first with `PYTHONPATH`, as the test suite does for the scripts it starts). The custom
+CPU/CUDA ops in `csrc/` are built separately by `csrc/build_ops.py` (called by the README set-up
+commands); without them the rollout engine falls back to pure Paddle and says so once.
 """
 from pathlib import Path
 
@@ -28,7 +29,7 @@ setup(
     description="PaddlePaddle-native LLM alignment toolkit: SFT, reward models, PPO, GRPO, DPO family",
     long_description=(ROOT / "README.md").read_text() if (ROOT / "README.md").exists() else "",
     long_description_content_type="text/markdown",
-    packages=find_packages(include=["ppo", "ppo.*"]),
+    packages=find_packages(include=["ppo", "ppo.*", "sft", "rm", "dpo", "rl", "scripts"]),
     package_data={"ppo.common": ["argument_table.json"]},  # --help and argument errors before Paddle loads
     entry_points={"console_scripts": ["paddle-align=ppo.cli:main"]},
     python_requires=">=3.9",

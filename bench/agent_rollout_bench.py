@@ -32,14 +32,10 @@ os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 import warnings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 warnings.filterwarnings("ignore")
 
 BATCH, TURNS, TURN_TOKENS = 16, 5, 32

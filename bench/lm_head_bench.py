@@ -18,9 +18,6 @@ import json
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402

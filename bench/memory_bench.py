@@ -11,7 +11,7 @@ directory and loaded by every case the way the trainer loads it (`load_causal_lm
 `AutoModelForScore` for the critic). No tokenizer is needed: the rollout is replaced by fixed
 random token ids, so the bench is about the step's memory, not generation.
 
-Step (the trainer's own code, `PPOTrainer.compute_advantages` and `PPOTrainer.update`):
+Step (the trainer's own parts, `AdvantageStage.complete` and `PPOUpdater.learn`):
 actor old log-probs and reference log-probs (KL coefficient 0.05), critic values (PPO),
 rewards and advantages (GAE for PPO; GRPO with groups of 4), then one update over the
 `--batch` sequences in one micro-batch (actor, and critic for PPO). Sequences are
@@ -43,9 +43,6 @@ import tempfile
 import time
 import warnings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 warnings.filterwarnings("ignore")
 
@@ -100,7 +97,7 @@ def fixed_experience(batch, prompt_len, seq_len, vocab_size, seed=0):
     import numpy as np
     import paddle
 
-    from ppo.experience import Experience
+    from ppo.experience import Experience, ObjectiveTrace
     from ppo.models.causal_lm import position_ids_from_mask
 
     rng = np.random.default_rng(seed)
@@ -125,8 +122,39 @@ def fixed_experience(batch, prompt_len, seq_len, vocab_size, seed=0):
         src=[""] * batch, label=[None] * batch, prompt_text=[""] * batch,
         ends_with_eos=paddle.to_tensor(lengths < response_len),
     )
-    exp.scores = paddle.to_tensor(rng.normal(size=batch).astype("float32"))
+    exp.objectives["reward"] = ObjectiveTrace(paddle.to_tensor(rng.normal(size=batch).astype("float32")))
     return exp.advance("scored")
+
+
+def step_parts(args, models):
+    """The PPO step's advantage stage and updater for `models` on one process (no rollout, no
+    scoring: the bench hands in scored experiences), each from its slice of `args`."""
+    from types import SimpleNamespace
+
+    from ppo.algos import FixedKLController
+    from ppo.common.divergence import DivergenceDetector
+    from ppo.offload import OffloadPlan
+    from ppo.ppo_trainer import CRITIC_NAMES, trained_model
+    from ppo.strategy import PassSettings, PlainStrategy
+    from ppo.trainer.advantages import AdvantageStage
+    from ppo.trainer.objectives import PlainCombiner, ScoredObjective
+    from ppo.trainer.settings import AdvantageSettings, UpdateSettings, slice_of
+    from ppo.trainer.updater import OptimizerSteps, PPOUpdater
+    from ppo.trainer.watch import DivergenceWatch
+
+    strategy, state, offload = PlainStrategy(), SimpleNamespace(step=0), OffloadPlan(frozenset(), {}, {})
+    actor = trained_model("actor", "policy", models.actor, strategy, args, 1)
+    critic = trained_model(*CRITIC_NAMES["reward"], models.critic, strategy, args, 1, critic=True)
+    objectives = [ScoredObjective("reward", None, critic)]
+    passes = strategy.build_passes(models, actor.model, {"reward": critic.model} if critic else {}, {}, PassSettings(
+        temperature=args.temperature, logprob_chunk_size=args.logprob_chunk_size, pad_token_id=0,
+        chunk_rows={which: args.pass_rows(which) for which in ("logprob", "value", "reward")}))
+    stage = AdvantageStage(passes, objectives, PlainCombiner(), args.estimator, FixedKLController(args.kl_coeff), offload,
+                           ("reference",), strategy.ranks, state, slice_of(AdvantageSettings, args))
+    watch = DivergenceWatch(DivergenceDetector(), strategy.ranks)
+    learner = PPOUpdater(actor, objectives, passes, OptimizerSteps(strategy, state, args.max_nan_skips, False), None, watch,
+                         offload, state, strategy.ranks, slice_of(UpdateSettings, args), None)
+    return stage, learner
 
 
 def run_case(model_dir, case, chunk_size, batch, prompt_len, seq_len, warmup=True, recompute=False):
@@ -139,11 +167,8 @@ def run_case(model_dir, case, chunk_size, batch, prompt_len, seq_len, warmup=Tru
     from ppo.models.loading import enable_recompute, freeze, load_causal_lm, set_dropout_off
     from ppo.models.ppo_models import PPOModels
     from ppo.models.score_model import AutoModelForScore
-    from ppo.offload import OffloadPlan
-    from ppo.optim import build_optimizer, build_scheduler
-    from ppo.passes import build_model_passes
     from ppo.ppo_arguments import PPOTrainingArguments
-    from ppo.ppo_trainer import PPOTrainer
+    from ppo.trainer.loop import StepClock
 
     paddle.seed(0)
     grpo = case == "grpo"
@@ -175,33 +200,15 @@ def run_case(model_dir, case, chunk_size, batch, prompt_len, seq_len, warmup=Tru
                 enable_recompute(model, "full")
     models = PPOModels(actor=actor, reference=reference, reward=None, critic=critic)
 
-    class StepOnly(PPOTrainer):
-        """The trainer's step code with only what compute_advantages/update use set up."""
-
-        def __init__(self):
-            self.args, self.models, self.rank, self.world_size = args, models, 0, 1
-            self.step, self.nan_streak, self.ptx_sampler, self.reward_normalizer = 0, 0, None, None
-            self.init_step_state()
-            self.offload = OffloadPlan(frozenset(), {}, {})
-            schedule = build_scheduler("constant", args.learning_rate, 0.0, 0.0, 0, 1)
-            self.actor_optimizer = build_optimizer(actor, schedule, 0.0, 1.0, 0.9, 0.999, 1e-8)
-            self.actor, self.critic, self.critic_optimizer = actor, critic, None
-            self.cost_critic, self.cost_critic_optimizer = None, None  # no PPO-Lagrangian here
-            if critic is not None:
-                self.critic_optimizer = build_optimizer(critic, schedule, 0.0, 1.0, 0.9, 0.999, 1e-8)
-            self.passes = build_model_passes(args, models, actor, critic, (self.actor_optimizer, self.critic_optimizer), 0)
+    stage, learner = step_parts(args, models)
 
     def one_step(exp):
-        trainer.actor.eval()
-        stats = trainer.compute_advantages(exp)
-        trainer.actor.train()
-        if critic is not None:
-            critic.train()
+        actor.eval()
+        stats = stage.complete(exp)
         acc = MetricAccumulator()
-        trainer.update(exp, acc)
+        learner.learn(exp, acc, StepClock())
         return stats, acc
 
-    trainer = StepOnly()
     if warmup:  # a short step first: gradients and AdamW moments exist before the measured step
         one_step(fixed_experience(batch, 4, 8, actor.config.vocab_size, seed=1))
     exp = fixed_experience(batch, prompt_len, seq_len, actor.config.vocab_size)

@@ -24,13 +24,9 @@ os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
@@ -44,7 +40,7 @@ from ppo.models.ppo_models import PPOModels  # noqa: E402
 from ppo.models.train_patch import patch_overrides  # noqa: E402
 from ppo.models.unpadded import pack_padded  # noqa: E402
 from ppo.passes import PlainPasses, UpdateLosses  # noqa: E402
-from ppo.trainer.update import minibatch_plan  # noqa: E402
+from ppo.trainer.updater import minibatch_plan  # noqa: E402
 from ppo.tiny.factory import build_model  # noqa: E402
 
 
@@ -113,7 +109,7 @@ def grpo_bench(args, model):
     """Packed and padded GRPO update steps on the same rollouts; returns the JSON section."""
     optimizer = paddle.optimizer.AdamW(1e-6, parameters=model.parameters())
     models = PPOModels(actor=model, reference=None, reward=None, critic=None)
-    passes = {name: PlainPasses(models, model, None, 1.0, 512, args.micro_rows, remove_padding=name == "packed")
+    passes = {name: PlainPasses(models, model, {}, 1.0, 512, args.micro_rows, remove_padding=name == "packed")
               for name in ("padded", "packed")}
     rng = np.random.default_rng(1)
     times, tokens, real_tokens = {name: [] for name in passes}, {name: 0 for name in passes}, 0

@@ -31,14 +31,10 @@ import argparse
 import json
 import logging
 import statistics
-import sys
 import tempfile
 import time
 import warnings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 warnings.filterwarnings("ignore")
 

@@ -43,8 +43,6 @@ import time
 import warnings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 warnings.filterwarnings("ignore")
 
@@ -112,13 +110,13 @@ def run_ours(case, model_dir, rm_dir, data_dir, steps, new_tokens=NEW_TOKENS, tr
         trainer = build_trainer(our_argv(case, model_dir, rm_dir, data_dir, out, new_tokens, steps + 1, train_patch))
         paddle.seed(0)
         trainer.train_step()  # warm-up: allocates gradients and AdamW moments
-        trainer.step += 1
+        trainer.state.step += 1
         runs = []
         for _ in range(steps):
             start = time.perf_counter()
             metrics, exp = trainer.train_step()
             wall = time.perf_counter() - start
-            trainer.step += 1
+            trainer.state.step += 1
             runs.append({"step": wall, "rollout": metrics["timing_s/rollout"], "logprob": metrics["timing_s/logprob"],
                          "update": metrics["timing_s/update"], "tokens": float(exp.response_mask.sum()), "rows": len(exp),
                          "loss": metrics.get("loss/policy_avg", float("nan"))})

@@ -38,9 +38,9 @@ from ppo.evaluation import GenerationEvalMixin
 from ppo.models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE, causal_lm_token_logprobs
 from ppo.models.unpadded import pack_padded, packed_token_logprobs
 from ppo.models.loading import find_lora_model, lora_disabled
-from ppo.models.pipeline import pipeline_group, wrapped_pipeline
+from ppo.models.pipeline import install_last_stage_loss, pipeline_group, wrapped_pipeline
 from ppo.models.preference_pipe import PreferenceCriterion, PreferencePolicyInputs, kl_sides, pipeline_answer_logps
-from ppo.common.trainer_resume import FreshOptimizerResumeMixin
+from ppo.entry.trainer_resume import FreshOptimizerResumeMixin
 from ppo.models.tensor_parallel import DatasetOrderMixin
 
 LOSS_TYPES = tuple(PREFERENCE_LOSSES)
@@ -162,7 +162,7 @@ class DPOTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMix
         if not isinstance(prepare, PreferencePolicyInputs):
             raise TypeError(f"a pipeline DPO policy needs PreferencePolicyInputs, got {type(prepare).__name__}")
         kto = self.loss_fn.kl_point
-        self.model._loss_fn = [PreferenceCriterion(self.preference_objective, self.record_stats, self.use_reference, kto)]
+        install_last_stage_loss(self.model, PreferenceCriterion(self.preference_objective, self.record_stats, self.use_reference, kto))
         if self.use_reference:
             prepare.reference = lambda micro: pipeline_answer_logps(self.reference_pipeline(), micro)
         if kto:

@@ -4,7 +4,7 @@ The policy, reference and score source use `run_ppo.py`'s names (`ModelArgument`
 `actor_model_name_or_path`, `reference_model_name_or_path`, `reward_model_name_or_path`,
 `use_rm_server`, `use_rule_reward`, ...), the rollout PaddleNLP's PPO names
 (`per_device_prompt_batch_size`, `rollout_n`, `max_dec_len`, ...: the shared `RolloutArguments`
-of `ppo/common/argument_groups.py`, with `rollout_n` 4 by default), the loss the DPO
+of `ppo/entry/argument_groups.py`, with `rollout_n` 4 by default), the loss the DPO
 trainer's (`loss_type`, `beta`, `sft_loss_ratio`, ...); what neither has follows TRL's
 `OnlineDPOConfig` or is new (`pair_selection`, `pair_margin`, `ref_update_rounds`).
 One training step is one round. Defaults live here only.
@@ -12,11 +12,11 @@ One training step is one round. Defaults live here only.
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ppo.algos import DPO_LOSS_TYPES
-from ppo.algos.preference import PAIR_LOSS_TYPES
+from ppo.algos.preference_registry import PREFERENCE_LOSSES
 from ppo.common import paddlenlp_keys as pk
 from ppo.common import validation
-from ppo.common.argument_groups import (
+from ppo.entry.argument_groups import (
+    DivergenceArguments,
     GenerationArguments,
     LogprobArguments,
     PaddleNLPTrainingArguments,
@@ -29,9 +29,11 @@ from ppo.ppo_arguments import DataArgument as PPODataArgument
 from ppo.ppo_arguments import ModelArgument as PPOModelArgument
 
 from .online_pairs import PAIR_SELECTIONS
+from .preference_arguments import PreferenceLossArguments
+from .preference_objective import needs_reference
 
-ONLINE_LOSS_TYPES = DPO_LOSS_TYPES + PAIR_LOSS_TYPES  # pair losses; KTO needs unpaired data
-NO_REFERENCE_LOSSES = ("simpo", "orpo")
+ONLINE_LOSS_TYPES = tuple(name for name, loss in PREFERENCE_LOSSES.items() if loss.data == "pairs" and not loss.kl_point)
+"""The registry's pair losses (KTO's need a KL point from mismatched pairs, which rounds do not make)."""
 
 
 @dataclass
@@ -56,14 +58,16 @@ class DataArgument(PPODataArgument):
 
 
 @dataclass
-class OnlineDPOTrainingArguments(RolloutLoopArguments, RolloutArguments, LogprobArguments, GenerationArguments,
-                                 PaddleNLPTrainingArguments):
+class OnlineDPOTrainingArguments(PreferenceLossArguments, RolloutLoopArguments, RolloutArguments, DivergenceArguments,
+                                 LogprobArguments, GenerationArguments, PaddleNLPTrainingArguments):
     """The rollout (`RolloutArguments`) and the loop's optimiser (`RolloutLoopArguments`) are
     `run_ppo.py`'s; the fields below are online DPO's own."""
 
     paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.argument_parsing
     # a pair needs two answers per prompt: 4 samples by default (run_ppo.py: 1)
     rollout_n: int = default_override(RolloutArguments, "rollout_n", 4)
+    # a round that diverges stops the run, as PPO's (DivergenceArguments: off for SFT/RM/DPO)
+    stop_on_divergence: bool = default_override(DivergenceArguments, "stop_on_divergence", True)
     # pairs
     pair_selection: str = field(
         default="best_worst",
@@ -71,14 +75,8 @@ class OnlineDPOTrainingArguments(RolloutLoopArguments, RolloutArguments, Logprob
                   "pair whose score gap exceeds pair_margin. Prompts whose answers all score alike give no pair."},
     )
     pair_margin: float = field(default=0.0, metadata={"help": "Smallest score gap (exclusive) that makes a pair."})
-    # loss (the DPO trainer's names)
+    # loss (the DPO trainer's names and hyperparameters: PreferenceLossArguments)
     loss_type: str = field(default="sigmoid", metadata={"help": f"Preference loss: {' | '.join(ONLINE_LOSS_TYPES)}."})
-    beta: float = field(default=0.1, metadata={"help": "Inverse temperature of the implicit reward (ORPO: lambda)."})
-    label_smoothing: float = field(default=0.0, metadata={"help": "cDPO / robust SimPO label smoothing, in [0, 0.5)."})
-    simpo_gamma: float = field(default=0.5, metadata={"help": "SimPO target reward margin gamma."})
-    dpop_lambda: float = field(default=50.0, metadata={"help": "dpop: weight of the penalty max(0, ref_c - pi_c)."})
-    sft_loss_ratio: float = field(default=0.0, metadata={"help": "Weight of the NLL (token mean) of the chosen answers."})
-    pref_loss_ratio: float = field(default=1.0, metadata={"help": "Weight of the preference loss."})
     # rounds
     ref_update_rounds: int = field(
         default=0,
@@ -103,28 +101,17 @@ class OnlineDPOTrainingArguments(RolloutLoopArguments, RolloutArguments, Logprob
             problems.append(f"pair_margin must be >= 0, got {self.pair_margin}")
         if self.ref_update_rounds < 0:
             problems.append(f"ref_update_rounds must be >= 0 (0: fixed reference), got {self.ref_update_rounds}")
-        if self.ref_update_rounds and self.loss_type in NO_REFERENCE_LOSSES:
+        if self.ref_update_rounds and self.loss_type in ONLINE_LOSS_TYPES and not self.uses_reference:
             problems.append(f"ref_update_rounds refreshes the reference; loss_type {self.loss_type} uses none")
         if self.max_steps <= 0:
             problems.append(f"max_steps is the number of rounds and must be positive, got {self.max_steps}")
         return problems
 
     def loss_problems(self):
-        """The loss type and its coefficients."""
-        problems = []
+        """The loss type is a pair loss of the registry, and its settings fit the registry's facts."""
         if self.loss_type not in ONLINE_LOSS_TYPES:
-            problems.append(f"loss_type must be one of {ONLINE_LOSS_TYPES}, got {self.loss_type!r}")
-        if self.beta <= 0:
-            problems.append(f"beta must be positive, got {self.beta}")
-        if not 0.0 <= self.label_smoothing < 0.5:
-            problems.append(f"label_smoothing must lie in [0, 0.5), got {self.label_smoothing}")
-        if self.label_smoothing and self.loss_type not in ("sigmoid", "simpo"):
-            problems.append(f"label_smoothing applies to sigmoid and simpo only, not {self.loss_type!r}")
-        if self.sft_loss_ratio < 0 or self.pref_loss_ratio < 0 or self.sft_loss_ratio + self.pref_loss_ratio == 0:
-            problems.append(f"sft_loss_ratio {self.sft_loss_ratio} and pref_loss_ratio {self.pref_loss_ratio} must be >= 0, not both 0")
-        if self.loss_type == "orpo" and self.sft_loss_ratio:
-            problems.append("orpo already includes the NLL of the chosen answers; leave sft_loss_ratio at 0")
-        return problems
+            return [f"loss_type must be one of {ONLINE_LOSS_TYPES}, got {self.loss_type!r}"]
+        return self.preference_loss_problems()
 
     def parallel_problems(self):
         """Settings this loop does not run: it trains on one process (no tensor, pipeline or sharding
@@ -141,7 +128,8 @@ class OnlineDPOTrainingArguments(RolloutLoopArguments, RolloutArguments, Logprob
 
     @property
     def uses_reference(self):
-        return self.loss_type not in NO_REFERENCE_LOSSES
+        """Whether the loss reads reference log-probs (its registry fact, `reference_free`)."""
+        return needs_reference(self.loss_type, self.reference_free)
 
     @property
     def evaluates(self):

@@ -59,7 +59,7 @@ def unused_hyperparameters(args):
     does not read (its registry fact `hyperparameters`)."""
     loss = get_preference_loss(args.loss_type)
     return [name for name, default in PREFERENCE_HYPERPARAMETERS.items()
-            if name not in loss.hyperparameters and getattr(args, name) != default]
+            if name not in loss.hyperparameters and getattr(args, name, default) != default]
 
 
 def _first_column(policy, scores, valid):
@@ -105,7 +105,7 @@ def preference_objective(args, logps, lengths, ref, kl_point=None, scores=None, 
     positive = positive_answers(loss_fn.data, policy, scores, valid)
     nll = -paddle.sum(policy * positive) / paddle.clip(paddle.sum(answer_lengths * positive), min=1e-8)
     inputs = PreferenceInputs(policy, grid(ref), answer_lengths, scores, valid, nll if loss_fn.nll_term else None, kl_point)
-    loss, stats = loss_fn(inputs, {name: getattr(args, name) for name in PREFERENCE_HYPERPARAMETERS})
+    loss, stats = loss_fn(inputs, {name: getattr(args, name, default) for name, default in PREFERENCE_HYPERPARAMETERS.items()})
     stats["loss/dpo"] = loss.detach()
     if args.pref_loss_ratio != 1.0:
         loss = args.pref_loss_ratio * loss  # PaddleNLP's DPOCriterion: pref_loss_ratio * preference loss

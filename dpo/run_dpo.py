@@ -12,10 +12,8 @@ Writes the model (or adapter) to `output_dir` with `metrics.jsonl`, `summary.jso
 `resolved_arguments.json` and VisualDL logs under `logging_dir`.
 """
 import os
-import sys
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle: 3-4x faster matmuls on AVX2-only CPUs
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ppo.common.argument_table import check_early  # noqa: E402
 
@@ -29,14 +27,14 @@ with quiet_third_party_warnings():
     from dpo.dpo_trainer import DPOTrainer, KTOCollator, UnpairedKTOCollator  # noqa: E402
     from dpo.preference_objective import needs_reference  # noqa: E402
     from ppo.algos import DATA_KINDS, get_preference_loss  # noqa: E402
-    from ppo.common.argument_groups import split_specs  # noqa: E402
+    from ppo.entry.argument_groups import split_specs  # noqa: E402
     from ppo.common.argument_parsing import save_resolved_arguments  # noqa: E402
     from ppo.common.output_lock import acquire_output_dir  # noqa: E402
     from ppo.common.startup_checks import StartupPass, token_and_position_problems  # noqa: E402
     from ppo.common.process_exit import run_and_exit  # noqa: E402
     from paddlenlp.trainer.trainer_utils import set_seed  # noqa: E402
-    from ppo.common.run_setup import finish_trainer_run  # noqa: E402
-    from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
+    from ppo.entry.run_setup import finish_trainer_run  # noqa: E402
+    from ppo.entry.trainer_callbacks import TrackerCallback  # noqa: E402
     from ppo.data import PREFERENCE_DATASETS, PromptOnlyDataset  # noqa: E402
     from ppo.data.base import DataError  # noqa: E402
     from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, load_pipe, log_pipeline_settings  # noqa: E402

@@ -6,10 +6,7 @@
 loss type): every pair gives one desirable and one undesirable example; see
 `dpo/dpo_trainer.py`. Arguments, outputs and data are those of `dpo/run_dpo.py`.
 """
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dataclasses import dataclass, field  # noqa: E402
 

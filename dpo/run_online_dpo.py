@@ -10,14 +10,9 @@ with the DPO-family loss. Writes `output_dir/policy` (PaddleNLP layout),
 `resolved_arguments.json` and VisualDL logs.
 """
 import os
-import sys
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle: 3-4x faster matmuls on AVX2-only CPUs
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.join(ROOT, "dpo")]
-sys.path.insert(0, ROOT)
 
-import dataclasses  # noqa: E402
 import logging  # noqa: E402
 
 from ppo.common.argument_table import check_early  # noqa: E402
@@ -30,9 +25,8 @@ from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 with quiet_third_party_warnings():
     import paddle  # noqa: E402
     from dpo.online_dpo_arguments import DataArgument, ModelArgument, OnlineDPOTrainingArguments, validate_arguments  # noqa: E402
-    from dpo.online_dpo_trainer import OnlineDPOTrainer  # noqa: E402
-    from dpo.online_scoring import AnswerScorer  # noqa: E402
-    from ppo.common.argument_groups import split_specs  # noqa: E402
+    from dpo.online_dpo_trainer import build_online_dpo_trainer, without_unused_reference  # noqa: E402
+    from ppo.entry.argument_groups import split_specs  # noqa: E402
     from ppo.common.argument_parsing import save_resolved_arguments  # noqa: E402
     from ppo.common.startup_checks import StartupPass  # noqa: E402
     from ppo.models.reward_tokens import embedding_limit_problems  # noqa: E402
@@ -41,8 +35,7 @@ with quiet_third_party_warnings():
     from ppo.data import PromptOnlyDataset  # noqa: E402
     from ppo.models.loading import enable_recompute, load_overrides, load_tokenizer, training_dtype  # noqa: E402
     from ppo.models.ppo_models import build_ppo_models  # noqa: E402
-    from ppo.reward_client import RewardServerClient  # noqa: E402
-    from ppo.scorers import WeightedScorer  # noqa: E402
+    from ppo.trainer.scoring import score_sources  # noqa: E402
 
 logger = logging.getLogger("dpo.online")
 
@@ -77,35 +70,20 @@ def start_up(argv):
     return model_args, data_args, training_args, tokenizer, datasets
 
 
-def build_scorer(model_args, training_args, tokenizer, reward_model):
-    """The `AnswerScorer` over the reward model, the reward server or the rule scorers."""
-    client = rule_scorer = None
-    if model_args.use_rm_server:
-        client = RewardServerClient(model_args.reward_server, timeout=model_args.reward_server_timeout,
-                                    max_retries=model_args.reward_server_retries, token=model_args.reward_server_token)
-    elif model_args.use_rule_reward:
-        if ":" in model_args.rule_reward_scorers and os.getcwd() not in sys.path:
-            sys.path.append(os.getcwd())  # `module:function` scorers next to where the run starts
-        rule_scorer = WeightedScorer(model_args.rule_reward_scorers, model_args.rule_reward_weights)
-    chunk = max(training_args.per_device_eval_batch_size, training_args.per_device_train_batch_size)
-    return AnswerScorer(tokenizer, reward_model=reward_model, reward_client=client, rule_scorer=rule_scorer,
-                        missing_eos_penalty=training_args.missing_eos_penalty, chunk_size=chunk)
-
-
 def build_trainer(argv=None):
-    """Parse arguments, check them, load data and models; returns a ready `OnlineDPOTrainer`."""
+    """Parse arguments, check them, load data and models; returns the run's ready
+    `ppo.trainer.loop.OnlineLoop`."""
     model_args, data_args, training_args, tokenizer, (train, evaluation) = start_up(argv)
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
     paddle.seed(training_args.seed)
     models = build_ppo_models(model_args, use_critic=False, dtype=training_dtype(training_args),
                               **load_overrides(model_args, training_args))
-    if not training_args.uses_reference and models.reference is not None:
-        models = dataclasses.replace(models, reference=None)  # SimPO / ORPO: the copy is not needed
+    models = without_unused_reference(models, training_args)  # SimPO / ORPO: the copy is not needed
     if training_args.recompute:
         enable_recompute(models.actor, model_args.recompute_granularity, model_args.recompute_use_reentrant)
-    scorer = build_scorer(model_args, training_args, tokenizer, models.reward)
-    return OnlineDPOTrainer(training_args, models, tokenizer, scorer, train, evaluation,
-                            eval_long_answer_len=data_args.eval_long_answer_len)
+    client, rule_scorer = score_sources(model_args)
+    return build_online_dpo_trainer(training_args, models, tokenizer, train, evaluation, reward_client=client,
+                                    rule_scorer=rule_scorer, eval_long_answer_len=data_args.eval_long_answer_len)
 
 
 def main(argv=None):

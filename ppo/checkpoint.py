@@ -29,11 +29,9 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from .common.resume_check import check_ppo_checkpoint
+from .resume_check import check_ppo_checkpoint
 from .common.validation import weights_problem
 from .models.loading import unwrap_parallel
-from .models.pipeline import is_pipeline_model, pipeline_group, save_pipeline_merged
-from .models.tensor_parallel import model_parallel_group, save_pretrained_merged, split_for_this_rank
 
 logger = logging.getLogger("ppo.checkpoint")
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -199,33 +197,9 @@ def replace_dir_atomically(tmp_path, final_path):
         shutil.rmtree(old)
 
 
-def save_model_dir(model, path, tokenizer=None):
-    """`save_pretrained` of the innermost model (LoRA adapters save as adapters). A
-    tensor-parallel model is saved merged (a single-rank run loads it): every rank of rank
-    0's model-parallel group calls this, rank 0 writes (see `saves_models`)."""
-    inner = unwrap_parallel(model)
-    if is_pipeline_model(inner):  # every stage gathered into one plain checkpoint
-        save_pipeline_merged(inner, path)
-    else:
-        save_pretrained_merged(inner, path)
-    if tokenizer is not None and is_main_process():
-        tokenizer.save_pretrained(path)
-
-
-def saves_models():
-    """Whether this rank takes part in writing model directories: rank 0, and with tensor or
-    pipeline parallelism every rank holding a part of rank 0's copy of the model (the merge
-    gathers from them): data-parallel and sharding rank 0."""
-    if model_parallel_group() is None and pipeline_group() is None:
-        return is_main_process()
-    from paddle.distributed import fleet
-
-    hcg = fleet.get_hybrid_communicate_group()
-    return hcg.get_data_parallel_rank() == 0 and hcg.get_sharding_parallel_rank() == 0
-
-
-def save_checkpoint(output_dir, step, models, optimizers, schedulers, state, tokenizer, save_total_limit=None):
-    """Write `checkpoint-<step>` atomically; every rank calls this (collective)."""
+def save_checkpoint(output_dir, step, models, optimizers, schedulers, state, tokenizer, save_total_limit, model_io):
+    """Write `checkpoint-<step>` atomically; every rank calls this (collective). `model_io`: the
+    run's strategy, which writes each model (`saves_models`, `save_model`)."""
     final = os.path.join(output_dir, f"checkpoint-{step}")
     tmp = os.path.join(output_dir, f"tmp-checkpoint-{step}")
     rank = dist.get_rank()
@@ -234,10 +208,10 @@ def save_checkpoint(output_dir, step, models, optimizers, schedulers, state, tok
             shutil.rmtree(tmp)
         os.makedirs(tmp)
     barrier()
-    if saves_models():
+    if model_io.saves_models():
         for name, model in models.items():
             if model is not None:
-                save_model_dir(model, os.path.join(tmp, name), tokenizer)
+                model_io.save_model(model, os.path.join(tmp, name), tokenizer)
     barrier()
     for name, opt in optimizers.items():
         if opt is not None:
@@ -265,17 +239,18 @@ def save_checkpoint(output_dir, step, models, optimizers, schedulers, state, tok
     return final
 
 
-def save_final_models(output_dir, models, tokenizer):
+def save_final_models(output_dir, models, tokenizer, model_io):
     """Write `output_dir/<name>` for each model (PaddleNLP layout) without a checkpoint: the end
-    of a run with `save_strategy no`. Every rank calls this (collective)."""
+    of a run with `save_strategy no`. Every rank calls this (collective); `model_io` as in
+    `save_checkpoint`."""
     for name, model in models.items():
         if model is None:
             continue
         tmp = os.path.join(output_dir, f"{TMP_PREFIX}{name}")
         if is_main_process() and os.path.exists(tmp):  # left by a killed save
             shutil.rmtree(tmp)
-        if saves_models():  # rank 0 and the ranks its merge gathers from
-            save_model_dir(model, tmp, tokenizer)
+        if model_io.saves_models():  # rank 0 and the ranks its merge gathers from
+            model_io.save_model(model, tmp, tokenizer)
         barrier()
         if is_main_process():
             replace_dir_atomically(tmp, os.path.join(output_dir, name))
@@ -327,22 +302,23 @@ def rename_optimizer_state(state, mapping):
     return out
 
 
-def load_model_weights(model, path):
-    """Load `path`'s saved weights into `model` (full model or LoRA adapter) in place."""
-    inner = unwrap_parallel(model)
+def load_model_weights(model, path, model_io):
+    """Load `path`'s saved weights into `model` (full model or LoRA adapter) in place, through
+    `model_io` (the run's strategy: it cuts them to this rank's part)."""
     candidates = ["lora_model_state.pdparams", "model_state.pdparams"]
     for name in candidates:
         file = os.path.join(path, name)
         if os.path.isfile(file):
-            inner.set_state_dict(split_for_this_rank(inner, paddle.load(file)))
+            model_io.load_weights(model, paddle.load(file))
             return
     raise FileNotFoundError(f"{path}: no model weights ({' or '.join(candidates)})")
 
 
-def load_checkpoint(path, models, optimizers, schedulers, run_facts=None):
+def load_checkpoint(path, models, optimizers, schedulers, run_facts, model_io):
     """Restore weights, optimiser and scheduler states from `path`; returns the trainer state dict.
     Before anything loads, the checkpoint is compared with the run (model shapes, and the
-    `run_facts` of `ppo.common.resume_check.ppo_run_facts`): a difference raises
+    `run_facts` of `ppo.resume_check.ppo_run_facts`; `model_io`: the run's strategy,
+    which loads each model's weights): a difference raises
     CheckpointMismatchError naming it. A checkpoint saved without optimiser states (its state
     has `"optimizer_states": false`, PaddleNLP's `ignore_save_lr_and_optim`) leaves the
     optimisers fresh."""
@@ -352,7 +328,7 @@ def load_checkpoint(path, models, optimizers, schedulers, run_facts=None):
     check_ppo_checkpoint(path, models, run_facts or {}, trainer_state)
     for name, model in models.items():
         if model is not None:
-            load_model_weights(model, os.path.join(path, name))
+            load_model_weights(model, os.path.join(path, name), model_io)
     if not trainer_state.get("optimizer_states", True):
         optimizers = {}
         logger.warning(f"{path} has no optimizer states (ignore_save_lr_and_optim): AdamW moments start afresh")

@@ -46,12 +46,12 @@ def reward_model_score_fn(reward_model):
 
 def evaluate_generation(
     model, tokenizer, dataset, batch_size=64, max_new_tokens=16, use_rollout_engine=True, long_answer_len=5,
-    reward_model=None, engine=None, score_fn=None, indices=None,
+    reward_model=None, engine=None, score_fn=None, indices=None, tensor_parallel_group=None,
 ):
     """Greedy-decode the prompts of `dataset` (a `PromptOnlyDataset` with labels).
 
     `indices` selects a subset (e.g. this rank's share); `engine` reuses a
-    `RolloutEngine`; `score_fn(batch, out) -> list[float]` (or a score model as
+    `RolloutEngine` (else one is made, over `tensor_parallel_group` for a split model); `score_fn(batch, out) -> list[float]` (or a score model as
     `reward_model`) adds `eval/score`, the mean score. Returns `(metrics, records)`;
     `records` holds prompt, response, label, correct (and score).
     """
@@ -60,7 +60,8 @@ def evaluate_generation(
     from .rollout import RolloutEngine, SamplingParams
 
     if engine is None:
-        engine = RolloutEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, use_rollout_engine=use_rollout_engine)
+        engine = RolloutEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                               use_rollout_engine=use_rollout_engine, tensor_parallel_group=tensor_parallel_group)
     if score_fn is None and reward_model is not None:
         score_fn = reward_model_score_fn(reward_model)
     params = SamplingParams(max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False)
@@ -125,6 +126,8 @@ class GenerationEvalMixin:
         import json
         import os
 
+        from .models.tensor_parallel import model_parallel_group
+
         if self.eval_prompt_dataset is None:
             return {}
         with self.generation_weights() as model:
@@ -136,6 +139,7 @@ class GenerationEvalMixin:
                 max_new_tokens=self.eval_max_new_tokens,
                 use_rollout_engine=self.use_rollout_engine,
                 long_answer_len=self.eval_long_answer_len,
+                tensor_parallel_group=model_parallel_group(),
             )
         if self.is_world_process_zero():
             os.makedirs(self.args.output_dir, exist_ok=True)

@@ -5,13 +5,14 @@ Layout: `sequences [N, T]` = left-padded prompt `[N, Tp]` + right-padded
 response `[N, Tr]`; response token j sits at column `Tp + j` and is predicted
 by the logits at column `Tp + j - 1`.
 
-An `Experience` says which stage it is in (`stage`): "rollout" (sequences and masks),
-"scored" (`scores` set), "complete" (old/reference log-probs, values, rewards and
-advantages set together by `PPOTrainer.compute_advantages`); the update takes only
-complete experiences.
+An `Experience` says which stage it is in (`stage`): "rollout" (sequences and masks, made in
+`ppo.trainer.rollout`), "scored" (every objective's scores, `ppo.trainer.scoring`),
+"complete" (old/reference log-probs, values, rewards and advantages, set together by
+`ppo.trainer.advantages.AdvantageStage.complete`); the update takes only complete experiences.
 """
-from dataclasses import dataclass, fields
-from typing import List, Optional
+from dataclasses import dataclass, field, fields
+from types import SimpleNamespace
+from typing import Dict, List, Optional
 
 import numpy as np
 import paddle
@@ -20,11 +21,36 @@ from .models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE, causal_lm_token_logpro
 from .models.unpadded import pack_padded, packed_token_logprobs
 
 STAGES = ("rollout", "scored", "complete")
+ROW_TENSORS = ("sequences", "attention_mask", "position_ids", "response_ids", "response_mask", "group_ids", "old_logprobs",
+               "ref_logprobs", "advantages", "ends_with_eos")
+ROW_LISTS = ("src", "label", "prompt_text")
+
+
+@dataclass
+class ObjectiveTrace:
+    """One scored objective's part of an experience (the reward, a cost, ...): the raw scores
+    `[N]` its scorer gave, and once complete its critic's values, its token rewards, advantages
+    and returns `[N, Tr]` (values None without a critic)."""
+
+    scores: paddle.Tensor
+    values: Optional[paddle.Tensor] = None
+    rewards: Optional[paddle.Tensor] = None
+    advantages: Optional[paddle.Tensor] = None
+    returns: Optional[paddle.Tensor] = None
+
+    def map(self, fn):
+        """A new trace with `fn` applied to every tensor that is set."""
+        return ObjectiveTrace(**{f.name: (None if getattr(self, f.name) is None else fn(getattr(self, f.name)))
+                                 for f in fields(self)})
 
 
 @dataclass
 class Experience:
-    """One rollout batch and everything computed from it; tensors have `N` rows."""
+    """One rollout batch and everything computed from it; tensors have `N` rows. `objectives`
+    holds one `ObjectiveTrace` per scored objective, in the run's order (the first is the
+    reward the policy is ranked by); `advantages` is the one the actor trains on (the
+    objectives' advantages combined). `version`: the training steps completed by the weights
+    that sampled it."""
 
     prompt_len: int
     sequences: paddle.Tensor  # [N, T] int64
@@ -38,56 +64,63 @@ class Experience:
     prompt_text: List[str]
     old_logprobs: Optional[paddle.Tensor] = None  # [N, Tr]
     ref_logprobs: Optional[paddle.Tensor] = None  # [N, Tr]
-    values: Optional[paddle.Tensor] = None  # [N, Tr]
-    scores: Optional[paddle.Tensor] = None  # [N] raw scores (before normalisation)
-    rewards: Optional[paddle.Tensor] = None  # [N, Tr] shaped token rewards
-    advantages: Optional[paddle.Tensor] = None  # [N, Tr]
-    returns: Optional[paddle.Tensor] = None  # [N, Tr]
+    advantages: Optional[paddle.Tensor] = None  # [N, Tr], the actor's
     ends_with_eos: Optional[paddle.Tensor] = None  # [N] bool
-    # PPO-Lagrangian (a cost model): `advantages` is then the combined one the actor trains on
-    costs: Optional[paddle.Tensor] = None  # [N] raw cost-model scores
-    cost_values: Optional[paddle.Tensor] = None  # [N, Tr] cost critic
-    cost_rewards: Optional[paddle.Tensor] = None  # [N, Tr] shaped token costs
-    cost_advantages: Optional[paddle.Tensor] = None  # [N, Tr]
-    cost_returns: Optional[paddle.Tensor] = None  # [N, Tr]
+    objectives: Dict[str, ObjectiveTrace] = field(default_factory=dict)
     stage: str = "rollout"  # one of STAGES
+    version: int = 0
 
     def __len__(self):
         return self.sequences.shape[0]
 
+    @property
+    def scores(self):
+        """The first objective's raw scores `[N]` (the reward), None before scoring."""
+        return next(iter(self.objectives.values())).scores if self.objectives else None
+
+    def map_rows(self, tensor_fn, list_fn):
+        """A new experience with `tensor_fn` applied to every row tensor (the objectives' too)
+        and `list_fn` to every row list; the other fields are kept."""
+        out = Experience(**{f.name: getattr(self, f.name) for f in fields(self)})
+        for name in ROW_TENSORS:
+            if getattr(self, name) is not None:
+                setattr(out, name, tensor_fn(getattr(self, name)))
+        for name in ROW_LISTS:
+            setattr(out, name, list_fn(getattr(self, name)))
+        out.objectives = {name: trace.map(tensor_fn) for name, trace in self.objectives.items()}
+        return out
+
     def select(self, index):
         """The rows `index` (a list or array of ints) as a new `Experience`."""
         idx = paddle.to_tensor(np.asarray(index, dtype="int64"))
-        picked = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, paddle.Tensor):
-                picked[f.name] = paddle.index_select(value, idx, axis=0)
-            elif isinstance(value, list):
-                picked[f.name] = [value[i] for i in index]
-            else:
-                picked[f.name] = value
-        return Experience(**picked)
+        return self.map_rows(lambda t: paddle.index_select(t, idx, axis=0), lambda xs: [xs[i] for i in index])
 
     @staticmethod
     def concat(parts):
         """Rows of several experiences with the same prompt and response widths."""
         first = parts[0]
-        merged = {}
-        for f in fields(first):
-            values = [getattr(p, f.name) for p in parts]
-            if isinstance(values[0], paddle.Tensor):
-                merged[f.name] = paddle.concat(values, axis=0)
-            elif isinstance(values[0], list):
-                merged[f.name] = [v for vs in values for v in vs]
-            else:
-                merged[f.name] = values[0]
-        return Experience(**merged)
+        out = first.map_rows(lambda t: t, list)
+        for name in ROW_TENSORS:
+            if getattr(first, name) is not None:
+                setattr(out, name, paddle.concat([getattr(p, name) for p in parts], axis=0))
+        for name in ROW_LISTS:
+            setattr(out, name, [v for p in parts for v in getattr(p, name)])
+        for key, trace in first.objectives.items():
+            out.objectives[key] = ObjectiveTrace(**{
+                f.name: (None if getattr(trace, f.name) is None
+                         else paddle.concat([getattr(p.objectives[key], f.name) for p in parts], axis=0))
+                for f in fields(trace)})
+        return out
 
     def advance(self, stage):
         """Mark the experience as having reached `stage`, checking the fields it needs."""
-        needed = {"scored": ("scores",), "complete": ("scores", "old_logprobs", "ref_logprobs", "rewards", "advantages")}
-        missing = [name for name in needed.get(stage, ()) if getattr(self, name) is None]
+        missing = []
+        if stage in ("scored", "complete") and not self.objectives:
+            missing.append("scores")
+        if stage == "complete":
+            missing += [name for name in ("old_logprobs", "ref_logprobs", "advantages") if getattr(self, name) is None]
+            missing += [f"{key}.{name}" for key, trace in self.objectives.items() for name in ("rewards", "advantages")
+                        if getattr(trace, name) is None]
         if stage not in STAGES or missing:
             raise ValueError(f"experience cannot reach stage {stage!r}: missing {missing or 'a known stage name'}")
         self.stage = stage
@@ -97,6 +130,35 @@ class Experience:
         """Raise unless the experience has reached `stage`."""
         if STAGES.index(self.stage) < STAGES.index(stage):
             raise RuntimeError(f"this step needs a {stage!r} experience, got one at stage {self.stage!r}")
+
+    def loss_tensors(self):
+        """The tensors the actor and critic losses read, by flat name (`values.<objective>`,
+        `returns.<objective>` for each objective's critic); those that are set."""
+        named = {name: getattr(self, name) for name in LOSS_FIELDS if getattr(self, name) is not None}
+        for key, trace in self.objectives.items():
+            for name in ("values", "returns"):
+                if getattr(trace, name) is not None:
+                    named[f"{name}.{key}"] = getattr(trace, name)
+        return named
+
+
+LOSS_FIELDS = ("response_ids", "response_mask", "old_logprobs", "advantages", "ref_logprobs")
+"""Experience fields the actor's loss reads (`Experience.loss_tensors` adds the critics')."""
+
+
+def loss_view(prompt_len, named):
+    """What the losses read of a micro-batch, from `Experience.loss_tensors`' flat names: an
+    object with `prompt_len`, the `LOSS_FIELDS` (None when absent) and `objectives` (per
+    objective `values` and `returns`)."""
+    view = SimpleNamespace(prompt_len=prompt_len, objectives={}, **dict.fromkeys(LOSS_FIELDS))
+    for name, value in named.items():
+        if "." in name:
+            field_name, key = name.split(".", 1)
+            trace = view.objectives.setdefault(key, SimpleNamespace(values=None, returns=None))
+            setattr(trace, field_name, value)
+        else:
+            setattr(view, name, value)
+    return view
 
 
 def experience_from_rollout(batch, out, eos_token_id, repeat=1, group_base=0):
@@ -160,12 +222,6 @@ def response_values(critic, exp, remove_padding=False):
     else:
         scores = critic(input_ids=exp.sequences, attention_mask=exp.attention_mask, position_ids=exp.position_ids).scores
     return response_slice(scores, exp.prompt_len, exp.response_ids.shape[1]) * exp.response_mask
-
-
-def reward_model_scores(reward_model, exp):
-    """End scores `[N]` of the full sequences under a score model."""
-    out = reward_model(input_ids=exp.sequences, attention_mask=exp.attention_mask, position_ids=exp.position_ids)
-    return out.end_scores.astype("float32")
 
 
 def in_chunks(fn, exp, chunk_size):

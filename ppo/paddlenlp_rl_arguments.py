@@ -24,8 +24,6 @@ PENDING = {
     "early_stopping": "PaddleNLP's EarlyStoppingCallback: training stops once metric_for_best_model has not improved on its "
                       "best by more than early_stopping_threshold for early_stopping_patience evaluations "
                       "(ppo.early_stopping.EarlyStopping)",
-    "vapo_settings": "the PPO loop passes the vapo estimator its defaults (vapo_alpha 0.05, critic_gae_lambda 1.0); "
-                     "other values need the loop to pass AdvEstimator.settings_from(args)",
 }
 """Features whose math and arguments are here but that the PPO loop does not run yet: a value
 that needs one is refused with this description of what it would do."""
@@ -141,10 +139,8 @@ def vapo_problems(args):
     if not 0.0 <= args.critic_gae_lambda <= 1.0:
         problems.append(f"critic_gae_lambda must lie in [0, 1], got {args.critic_gae_lambda}")
     changed = [n for n, d in (("vapo_alpha", VAPO_ALPHA), ("critic_gae_lambda", VAPO_CRITIC_LAMBDA)) if getattr(args, n) != d]
-    if changed and args.adv_estimator != "vapo":
+    if changed and args.adv_estimator != "vapo":  # the vapo entry's settings (ppo.algos.vapo.VAPO_ESTIMATOR)
         problems.append(f"{', '.join(changed)} set, but only adv_estimator vapo (rl_algorithm vapo) reads them")
-    elif changed:
-        problems.append(pending("vapo_settings", f"{', '.join(changed)} other than the default"))
     if args.adv_estimator == "vapo" and args.gae_lambda != DEFAULT_GAE_LAMBDA:
         problems.append(f"gae_lambda {args.gae_lambda} with adv_estimator vapo: vapo's actor lambda is 1 - 1/(vapo_alpha x "
                         "length) and the critic's is critic_gae_lambda, so gae_lambda is not used; leave it out")

@@ -3,7 +3,10 @@
 The per-group checks run in the dataclasses' `__post_init__`; `validate_arguments` holds
 the checks that need several groups or the file system, and runs before any model loads.
 """
-from .algos import ADV_ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES, get_adv_estimator
+import importlib
+import json
+
+from .algos import ADV_ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES, AdvEstimator, get_adv_estimator
 from .algos.kl import K3_NAMES, KL_ESTIMATOR_NAMES
 from .common import paddlenlp_keys as pk
 from .common import validation
@@ -36,12 +39,56 @@ def score_source_problems(model_args):
     return problems
 
 
+def find_adv_estimator(name):
+    """The `ppo.algos.AdvEstimator` of `adv_estimator`: a registered name, or `module.path:NAME`
+    naming an entry in a module of one's own (imported here). ValueError when neither."""
+    module_name, _, attr = str(name).partition(":")
+    if name in ADV_ESTIMATORS or not (module_name and attr):
+        return get_adv_estimator(name)
+    try:
+        entry = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"adv_estimator {name!r}: {err}") from None
+    if not isinstance(entry, AdvEstimator):
+        raise ValueError(f"adv_estimator {name!r} is a {type(entry).__name__}, not a ppo.algos.AdvEstimator")
+    return entry
+
+
+def estimator_settings(args):
+    """The chosen estimator's own settings (`AdvEstimator.settings`, name -> default): each from
+    the argument of that name when there is one, then from `adv_estimator_settings` (a JSON
+    object), else its default."""
+    entry = find_adv_estimator(args.adv_estimator)
+    given = json.loads(args.adv_estimator_settings) if args.adv_estimator_settings else {}
+    return {name: given.get(name, getattr(args, name, default)) for name, default in entry.settings.items()}
+
+
+def estimator_settings_problems(args, entry):
+    """`adv_estimator_settings` is a JSON object naming only the chosen estimator's settings."""
+    if not args.adv_estimator_settings:
+        return []
+    try:
+        given = json.loads(args.adv_estimator_settings)
+    except ValueError as err:
+        return [f"adv_estimator_settings must be a JSON object, got {args.adv_estimator_settings!r} ({err})"]
+    if not isinstance(given, dict):
+        return [f"adv_estimator_settings must be a JSON object of name -> value, got {args.adv_estimator_settings!r}"]
+    unknown = sorted(set(given) - set(entry.settings))
+    if unknown:
+        return [f"adv_estimator_settings: adv_estimator {args.adv_estimator} takes no {unknown} "
+                f"(its settings: {sorted(entry.settings) or 'none'})"]
+    return []
+
+
 def estimator_problems(args):
-    """`adv_estimator` is registered, has the group it needs, and dynamic sampling has groups."""
-    if args.adv_estimator not in ADV_ESTIMATORS:
-        return [f"adv_estimator must be one of {sorted(ADV_ESTIMATORS)}, got {args.adv_estimator!r}"]
-    estimator = get_adv_estimator(args.adv_estimator)
-    problems = []
+    """`adv_estimator` is registered (or a `module.path:NAME` entry), has the group it needs,
+    dynamic sampling has groups, and `adv_estimator_settings` names its own settings."""
+    try:
+        estimator = find_adv_estimator(args.adv_estimator)
+    except ValueError as err:
+        return [f"adv_estimator must be one of {sorted(ADV_ESTIMATORS)} or module.path:NAME of an AdvEstimator, "
+                f"got {args.adv_estimator!r} ({err})"]
+    problems = estimator_settings_problems(args, estimator)
     if estimator.per_group and isinstance(args.rollout_n, int) and 0 < args.rollout_n < estimator.min_group_size:
         problems.append(f"adv_estimator {args.adv_estimator} needs rollout_n >= {estimator.min_group_size} (a group), "
                         f"got {args.rollout_n}")
@@ -180,8 +227,8 @@ def lagrange_value_problems(args):
 
 
 def lagrangian_problems(model_args, training_args):
-    """A cost model (PPO-Lagrangian) needs the GAE critic and runs on whole models; the
-    multiplier's settings and a cost critic do nothing without one."""
+    """A cost model (PPO-Lagrangian) needs the GAE critic; the multiplier's settings and a cost
+    critic do nothing without one."""
     if not model_args.cost_model_name_or_path:
         defaults = type(training_args).__dataclass_fields__
         problems = [f"{name}={getattr(training_args, name)!r} is a PPO-Lagrangian setting; set cost_model_name_or_path"
@@ -190,13 +237,9 @@ def lagrangian_problems(model_args, training_args):
             problems.append("cost_critic_model_name_or_path is set without cost_model_name_or_path (PPO-Lagrangian)")
         return problems
     problems = []
-    if training_args.adv_estimator in ADV_ESTIMATORS and not training_args.use_critic:
+    if not estimator_problems(training_args) and not training_args.use_critic:
         problems.append(f"cost_model_name_or_path (PPO-Lagrangian) needs cost and reward critics; adv_estimator "
                         f"{training_args.adv_estimator} has none: use gae")
-    for name in ("tensor_parallel_degree", "pipeline_parallel_degree"):
-        if getattr(training_args, name, 1) > 1:
-            problems.append(f"cost_model_name_or_path (PPO-Lagrangian) with {name} > 1 is not implemented; "
-                            "train with data parallel or sharding")
     return problems
 
 

@@ -8,10 +8,10 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar, List, Optional
 
-from .algos import ADV_ESTIMATORS, LOSS_AGG_MODES, get_adv_estimator
+from .algos import ADV_ESTIMATORS, LOSS_AGG_MODES
 from .algos.kl import KL_ESTIMATOR_NAMES
 from .common import paddlenlp_keys as pk
-from .common.argument_groups import (
+from .entry.argument_groups import (
     RECOMPUTE_GRANULARITIES,
     DatasetArguments,
     DivergenceArguments,
@@ -29,6 +29,7 @@ from .paddlenlp_rl_arguments import PaddleNLPRLArguments
 from .ppo_argument_checks import (  # noqa: F401  (validate_arguments: the entry point's start-up pass)
     batch_problems,
     estimator_problems,
+    find_adv_estimator,
     generation_problems,
     kl_problems,
     lagrange_value_problems,
@@ -178,7 +179,10 @@ class PPOTrainingArguments(PaddleNLPRLArguments, RolloutLoopArguments, RolloutAr
                   "Not with pipeline_parallel_degree > 1."},
     )
     # reward shaping
-    adv_estimator: str = field(default="gae", metadata={"help": f"Advantage estimator: {' | '.join(ADV_ESTIMATORS)}."})
+    adv_estimator: str = field(default="gae", metadata={"help": f"Advantage estimator: {' | '.join(ADV_ESTIMATORS)} "
+                                                                "| module.path:NAME of a ppo.algos.AdvEstimator of your own."})
+    adv_estimator_settings: str = field(default="", metadata={"help": "The estimator's own settings (AdvEstimator.settings) "
+                                                                      "as a JSON object name -> value; empty: their defaults."})
     kl_coeff: float = field(
         default=0.02,
         metadata={"help": "KL penalty coefficient in the per-token reward (PPO-Lagrangian: also added to the per-token cost, "
@@ -258,7 +262,6 @@ class PPOTrainingArguments(PaddleNLPRLArguments, RolloutLoopArguments, RolloutAr
                   "gradients) also gives the old log-probs and values, instead of a separate no-grad pass first "
                   "(the weights are the same then; TRL and verl skip that pass in the same case)."},
     )
-    max_nan_skips: int = field(default=3, metadata={"help": "Consecutive non-finite steps tolerated before the run stops."})
     # traces and evaluation
     eval_mode: str = field(
         default="",
@@ -305,16 +308,8 @@ class PPOTrainingArguments(PaddleNLPRLArguments, RolloutLoopArguments, RolloutAr
                                 f"got {self.critic_recompute_granularity!r}")
             if not self.paddlenlp_refused:
                 problems += paddlenlp_setting_problems(self)
-            if self.normalize_advantage is None and self.adv_estimator in ADV_ESTIMATORS:
-                self.normalize_advantage = get_adv_estimator(self.adv_estimator).whitens
-
-    @property
-    def release_gradients(self):
-        """Free gradients after each optimiser step (`release_grads`, or `enable_release_grads` in
-        `sharding_parallel_config`, as PaddleNLP) instead of keeping them as zeros."""
-        config = self.sharding_parallel_config
-        options = config.replace(",", " ").split() if isinstance(config, str) else list(config or ())
-        return bool(self.release_grads) or "enable_release_grads" in options
+            if self.normalize_advantage is None and not estimator_problems(self):
+                self.normalize_advantage = self.estimator.whitens
 
     @property
     def evaluates(self):
@@ -338,11 +333,15 @@ class PPOTrainingArguments(PaddleNLPRLArguments, RolloutLoopArguments, RolloutAr
     @property
     def estimator(self):
         """The registry entry (`ppo.algos.AdvEstimator`) of `adv_estimator`."""
-        return get_adv_estimator(self.adv_estimator)
+        return find_adv_estimator(self.adv_estimator)
 
     @property
     def use_critic(self):
-        return self.estimator.needs_critic
+        """Whether the estimator trains a critic (False for one `estimator_problems` refused)."""
+        try:
+            return self.estimator.needs_critic
+        except ValueError:
+            return False
 
     @property
     def mini_batch_prompts(self):

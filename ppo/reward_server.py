@@ -42,32 +42,20 @@ every rejected request is logged with its reason. ``--connection_limit`` caps th
 open sockets (waitress refuses more; idle keep-alive sockets count too), and a
 bind beyond loopback is logged as a warning. This module does not import paddle.
 """
+import argparse
+import hmac
+import json
+import logging
 import os
-import sys
+import signal
+import threading
+import time
 
-if __name__ == "__main__":
-    # Run as a script (`python ppo/reward_server.py` or `cd ppo && python reward_server.py`):
-    # put the repository root on sys.path instead of ppo/ itself, whose sub-packages
-    # (data, models, common) would otherwise shadow top-level names.
-    _HERE = os.path.dirname(os.path.abspath(__file__))
-    _ROOT = os.path.dirname(_HERE)
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-    if _ROOT not in sys.path:
-        sys.path.insert(0, _ROOT)
+from flask import Flask, Response, request
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-import argparse  # noqa: E402
-import hmac  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import signal  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-
-from flask import Flask, Response, request  # noqa: E402
-from werkzeug.exceptions import HTTPException, RequestEntityTooLarge  # noqa: E402
-
-from ppo.common.argument_help import OneMessageArgumentParser  # noqa: E402
-from ppo.scorers import ScorerError, WeightedScorer  # noqa: E402
+from ppo.common.argument_help import OneMessageArgumentParser
+from ppo.scorers import ScorerError, WeightedScorer
 
 logger = logging.getLogger("ppo.reward_server")
 
@@ -340,8 +328,6 @@ def main(argv=None):
         handlers.append(logging.FileHandler(args.log_file))
     log_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=logging.INFO, format=log_format, handlers=handlers)
-    if ":" in args.scorer and os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())  # so `--scorer my_module:fn` finds my_module.py where the server starts
     # `kill`/`terminate()` stop the server cleanly, with the final counts logged.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
 

@@ -8,12 +8,8 @@ Writes `output_dir/policy` and `output_dir/value` (PaddleNLP layout),
 `resolved_arguments.json` and VisualDL logs.
 """
 import os
-import sys
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle: 3-4x faster matmuls on AVX2-only CPUs
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.join(ROOT, "ppo")]  # `ppo/data` must not shadow `datasets`
-sys.path.insert(0, ROOT)
 
 import logging  # noqa: E402
 
@@ -27,7 +23,7 @@ from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 with quiet_third_party_warnings():
     import paddle  # noqa: E402
 
-    from ppo.common.argument_groups import split_specs  # noqa: E402
+    from ppo.entry.argument_groups import split_specs  # noqa: E402
     from ppo.common.argument_parsing import save_resolved_arguments  # noqa: E402
     from ppo.common.paddlenlp_keys import batch_knob_messages, inert_setting_messages  # noqa: E402
     from ppo.common.process_exit import run_and_exit  # noqa: E402
@@ -36,9 +32,8 @@ with quiet_third_party_warnings():
     from ppo.models.pipeline import log_pipeline_settings  # noqa: E402
     from ppo.models.ppo_models import build_ppo_models  # noqa: E402
     from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments, validate_arguments  # noqa: E402
-    from ppo.ppo_trainer import PPOTrainer  # noqa: E402
-    from ppo.reward_client import RewardServerClient  # noqa: E402
-    from ppo.scorers import WeightedScorer  # noqa: E402
+    from ppo.ppo_trainer import build_ppo_trainer  # noqa: E402
+    from ppo.trainer.scoring import score_sources  # noqa: E402
     from ppo.models.reward_tokens import check_cost_tokenizers, embedding_limit_problems, retokenizer_for_run  # noqa: E402
     from ppo.common.output_lock import acquire_output_dir  # noqa: E402
     from ppo.common.startup_checks import StartupPass  # noqa: E402
@@ -86,8 +81,9 @@ def start_up(argv=None):
     return model_args, data_args, training_args, tokenizer, datasets, retokenizer
 
 
-def build_trainer(argv=None):
-    """Parse and check the arguments (`start_up`), load the models and return a ready `PPOTrainer`."""
+def build_trainer(argv=None, strategy=None):
+    """Parse and check the arguments (`start_up`), load the models and return the run's ready
+    `ppo.trainer.loop.OnlineLoop`; `strategy`: the parallel strategy (default: the arguments')."""
     model_args, data_args, training_args, tokenizer, (train, evaluation, ptx), retokenizer = start_up(argv)
     acquire_output_dir(training_args.output_dir, dist_rank() == 0)  # one run per output_dir
     if dist_rank() == 0:
@@ -106,20 +102,11 @@ def build_trainer(argv=None):
         enable_recompute(models.actor, model_args.recompute_granularity, model_args.recompute_use_reentrant)
     if training_args.critic_recompute and models.critic is not None:
         enable_recompute(models.critic, training_args.critic_recompute_granularity, model_args.recompute_use_reentrant)
-    client = None
-    if model_args.use_rm_server:
-        client = RewardServerClient(
-            model_args.reward_server, timeout=model_args.reward_server_timeout, max_retries=model_args.reward_server_retries,
-            token=model_args.reward_server_token,
-        )
-    rule_scorer = None
-    if model_args.use_rule_reward:
-        if ":" in model_args.rule_reward_scorers and os.getcwd() not in sys.path:
-            sys.path.append(os.getcwd())  # `module:function` scorers next to where the run starts
-        rule_scorer = WeightedScorer(model_args.rule_reward_scorers, model_args.rule_reward_weights)
-    return PPOTrainer(
+    client, rule_scorer = score_sources(model_args)
+    return build_ppo_trainer(
         training_args, models, tokenizer, train, evaluation, ptx, reward_client=client,
         eval_long_answer_len=data_args.eval_long_answer_len, rule_scorer=rule_scorer, reward_retokenizer=retokenizer,
+        strategy=strategy,
     )
 
 

@@ -53,7 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Mapping, Optional
 
 CODE_FILE = "main.py"
@@ -107,9 +107,6 @@ class SandboxResult:
     def ok(self):
         """Exited with status 0 within the limits."""
         return self.returncode == 0 and not self.timed_out
-
-    def as_dict(self):
-        return asdict(self)
 
 
 def clean_environment(workdir):

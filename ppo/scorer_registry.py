@@ -12,13 +12,17 @@ A scorer may also carry ``extract_answer(src, response) -> str | None``, the ans
 batch in one call (a model-based judge: one forward for all items); `WeightedScorer` uses it when
 present. Callers read the facts and attributes, never the name.
 
-The built-in entries live in ``ppo/verifiers/``; they are registered the first time a name is
-looked up (or ``ppo.scorers`` is imported).
+The built-in entries live in ``ppo/verifiers/`` (and the model judge in ``ppo/judge/scorer.py``);
+they register themselves here when their package is imported, which ``ppo.scorers`` (the
+scorers' public module) does.
 """
 import importlib
+import importlib.util
 import json
 import math
 import numbers
+import os
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional
@@ -76,22 +80,32 @@ def register_scorer(name: str, fn: Optional[Scorer] = None, facts: Optional[Scor
     return decorator
 
 
-def _builtins():
-    from . import verifiers  # noqa: F401 (registers the built-in scorers)
-
-
 def list_scorers() -> List[str]:
     """Names of the registered scorers, sorted."""
-    _builtins()
     with _REGISTRY_LOCK:
         return sorted(_REGISTRY)
 
 
 def scorer_facts(name: str) -> Optional[ScorerFacts]:
     """The facts registered with `name` (None for a scorer registered without them)."""
-    _builtins()
     with _REGISTRY_LOCK:
         return _FACTS.get(name)
+
+
+def import_scorer_module(module_name):
+    """The module `module_name`: importable as it is, or a file of that name (`my_rewards.py`,
+    `pkg/my_rewards.py` for `pkg.my_rewards`) in the directory the process started from."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        path = os.path.join(os.getcwd(), *module_name.split(".")) + ".py"
+        if err.name != module_name.split(".")[0] or not os.path.isfile(path):
+            raise
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def load_scorer(spec: str) -> Scorer:
@@ -100,7 +114,7 @@ def load_scorer(spec: str) -> Scorer:
     if not module_name or not attr:
         raise ValueError(f"scorer spec {spec!r} must look like 'module.path:function'")
     try:
-        module = importlib.import_module(module_name)
+        module = import_scorer_module(module_name)
     except ImportError as err:
         raise ValueError(f"cannot import module {module_name!r} for scorer {spec!r}: {err}") from err
     obj = module
@@ -119,7 +133,6 @@ def get_scorer(name: str) -> Scorer:
 
     Raises ValueError naming the valid choices when ``name`` is unknown.
     """
-    _builtins()
     with _REGISTRY_LOCK:
         fn = _REGISTRY.get(name)
     if fn is not None:

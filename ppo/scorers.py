@@ -86,6 +86,7 @@ from .scorer_registry import (  # noqa: F401 (the registry's public names)
     scorer_facts,
 )
 from .verifiers import verifier_table  # noqa: F401,E402 (registers the built-in scorers)
+from . import judge  # noqa: F401,E402 (registers the model judge, ppo/judge/scorer.py)
 from .verifiers.basic import MATH_ABS_TOL, MATH_REL_TOL, last_number, math_score, reverse_score  # noqa: F401,E402
 from .verifiers.kk import (  # noqa: F401,E402
     KK_ANSWER_CORRECT,

@@ -13,12 +13,8 @@ As PaddleNLP's, a run resumes from the newest checkpoint in `output_dir` unless
 `overwrite_output_dir` is set.
 """
 import os
-import sys
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle: 3-4x faster matmuls on AVX2-only CPUs
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.join(ROOT, "rl")]
-sys.path.insert(0, ROOT)
 
 from ppo.common.argument_table import check_early  # noqa: E402
 

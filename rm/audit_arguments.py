@@ -7,7 +7,7 @@ start-up pass, run by `parse_arguments` before the model loads.
 from dataclasses import dataclass, field
 from typing import List
 
-from ppo.common.argument_groups import BEAVER_TEMPLATE
+from ppo.entry.argument_groups import BEAVER_TEMPLATE
 from ppo.common import validation
 
 

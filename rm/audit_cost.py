@@ -10,10 +10,8 @@ answers labelled unsafe: the constraint PPO-Lagrangian enforces is "expected cos
 the mean margin, and per label the count, mean cost and share on the right side of 0.
 """
 import os
-import sys
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ppo.common.argument_table import check_early  # noqa: E402
 
@@ -27,7 +25,7 @@ with quiet_third_party_warnings():
     import paddle  # noqa: E402
 
     from ppo.algos import cost_metrics  # noqa: E402
-    from ppo.common.argument_groups import split_specs  # noqa: E402
+    from ppo.entry.argument_groups import split_specs  # noqa: E402
     from ppo.common.argument_parsing import parse_arguments  # noqa: E402
     from ppo.common.process_exit import run_and_exit  # noqa: E402
     from ppo.data import SafetyPreferenceDataset  # noqa: E402

@@ -14,10 +14,8 @@ its step accuracy, on good and on bad steps, per response, and whether its first
 first real one (`rm/audit_steps.py`).
 """
 import os
-import sys
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import json  # noqa: E402
 
@@ -32,7 +30,7 @@ with quiet_third_party_warnings():
     import numpy as np  # noqa: E402
     import paddle  # noqa: E402
 
-    from ppo.common.argument_groups import split_specs  # noqa: E402
+    from ppo.entry.argument_groups import split_specs  # noqa: E402
     from ppo.common.argument_parsing import parse_arguments  # noqa: E402
     from ppo.common.process_exit import run_and_exit  # noqa: E402
     from ppo.data import PromptOnlyDataset  # noqa: E402

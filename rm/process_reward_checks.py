@@ -1,6 +1,7 @@
 """Start-up checks of a process-reward-model run (`rm/run_reward.py --process_reward true`):
 what the step loss needs and the settings of pairwise reward models it cannot use."""
 from ppo.data.process_reward import PRM_DATASET, parse_reward_tokens
+from ppo.data.specs import dataset_names
 
 PRM_FIELDS = (("placeholder_token", "ки"), ("reward_tokens", "+,-"))
 
@@ -36,8 +37,6 @@ def process_reward_problems(model_args, data_args, training_args):
 
 def process_dataset_problems(data_args):
     """Every train/eval dataset of a process-reward run must carry step labels."""
-    from rm.reward_arguments import dataset_names
-
     from ppo.data import RawDataset, UnknownDatasetError
 
     problems = []

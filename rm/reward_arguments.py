@@ -6,7 +6,7 @@ start-up pass (see `ppo.common.validation`), run by `parse_arguments` before any
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ppo.common.argument_groups import (
+from ppo.entry.argument_groups import (
     DatasetArguments,
     DivergenceArguments,
     ModelCommonArguments,
@@ -15,7 +15,9 @@ from ppo.common.argument_groups import (
     ZeroPaddingArguments,
 )
 from ppo.common.argument_problems import problem_scope
-from ppo.common.trainer_entry_checks import trainer_entry_problems
+from ppo.entry.trainer_entry_checks import trainer_entry_problems
+from ppo.data.specs import dataset_names  # noqa: F401  (tests/test_configs.py reads it from here)
+from rm.process_reward_checks import process_reward_problems
 from rm.reward_trainer import LOSS_TYPES
 
 TRAINED_SCORE_TYPES = ("reward", "cost")
@@ -89,19 +91,6 @@ def score_type_problems(model_args, data_args, training_args):
     return problems
 
 
-def dataset_names(specs):
-    """Dataset names of `specs` (a spec that does not parse is left to the dataset's own error)."""
-    from ppo.data.specs import parse_dataset_spec
-
-    names = []
-    for spec in [s for s in specs or [] if s]:
-        try:
-            names += [name for name, _, _ in parse_dataset_spec(spec)]
-        except ValueError:
-            continue
-    return names
-
-
 def safety_labels_of(name):
     """The registered dataset's `SAFETY_LABELS` fact; None for an unknown name (reported when the data loads)."""
     from ppo.data import RawDataset, UnknownDatasetError  # the package registers every dataset
@@ -116,8 +105,6 @@ def validate_arguments(model_args, data_args, training_args):
     """Every problem of a reward-model run that needs several argument groups or the file system."""
     problems = trainer_entry_problems(model_args, data_args, training_args, [("model_name_or_path", model_args.model_name_or_path)])
     problems += score_type_problems(model_args, data_args, training_args)
-    from rm.process_reward_checks import process_reward_problems
-
     problems += process_reward_problems(model_args, data_args, training_args)
     return problems + packing_problems(data_args, training_args)
 

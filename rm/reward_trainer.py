@@ -7,7 +7,7 @@ from ppo.models.adapters import save_normalizer_stats
 from ppo.models.pipeline import wrapped_pipeline
 from ppo.models.score_model_pipe import pipeline_end_scores
 from ppo.models.score_model import LOSS_TYPES, pair_scores_loss  # noqa: F401 (LOSS_TYPES: rm/run_reward.py)
-from ppo.common.trainer_resume import FreshOptimizerResumeMixin
+from ppo.entry.trainer_resume import FreshOptimizerResumeMixin
 from ppo.models.tensor_parallel import DatasetOrderMixin
 from ppo.models.unpadded import pack_padded
 

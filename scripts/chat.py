@@ -28,8 +28,6 @@ import json
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 SAMPLING = ("max_dec_len", "min_dec_len", "temperature", "top_k", "top_p", "repetition_penalty")
 PROMPT_KEYS = ("prompt", "src", "input", "query", "question", "instruction")
@@ -116,7 +114,7 @@ def training_defaults():
     """The training defaults of the sampling and prompt-format fields (their dataclasses)."""
     import dataclasses
 
-    from ppo.common.argument_groups import DatasetArguments, RolloutArguments
+    from ppo.entry.argument_groups import DatasetArguments, RolloutArguments
 
     defaults = {f.name: f.default for f in dataclasses.fields(RolloutArguments) if f.name in SAMPLING}
     defaults["prompt_template"] = next(f.default for f in dataclasses.fields(DatasetArguments) if f.name == "prompt_template")

@@ -26,7 +26,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 from scripts.quickstart import free_port, start_reward_server  # noqa: E402
 
 PY = sys.executable

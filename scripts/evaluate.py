@@ -19,12 +19,9 @@ pass@k = pass@1 = mean@n.
 import argparse
 import json
 import os
-import sys
 import time
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 from ppo.scorers import WeightedScorer  # noqa: E402
 from ppo.eval_metrics import default_ks  # noqa: E402

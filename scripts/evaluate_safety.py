@@ -9,11 +9,8 @@ rollouts, or the cost model's score of them for plain PPO) against the threshold
 import argparse
 import json
 import os
-import sys
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 from ppo.data import PromptOnlyDataset  # noqa: E402
 from ppo.evaluation import evaluate_generation, reward_model_score_fn  # noqa: E402

@@ -11,11 +11,8 @@ The quickstart evaluates SFT, GRPO and DPO beside PPO and only PPO after it (`--
 import argparse
 import json
 import os
-import sys
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 import paddlenlp.transformers  # noqa: E402,F401 (the score model's; imported ahead when started ahead)
 from ppo.data import PromptOnlyDataset  # noqa: E402

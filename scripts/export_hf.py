@@ -15,10 +15,8 @@ vocabulary also as `tokenizer.model`). No torch needed. Names, layouts and what 
 converted: docs/hf_weights.md.
 """
 import os
-import sys
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 

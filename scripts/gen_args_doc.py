@@ -1,10 +1,10 @@
-"""Generate the argument reference (docs/arguments.md) and the stored argument table of `--help`
-(ppo/common/argument_table.json) from the argument dataclasses.
+"""Generate the argument reference (docs/arguments.md; PPO/GRPO's in docs/arguments_rl.md) and the
+stored argument table of `--help` (ppo/common/argument_table.json) from the argument dataclasses.
 
-    python scripts/gen_args_doc.py          # rewrite both in place
-    python scripts/gen_args_doc.py --check  # exit 1 when either is out of date
+    python scripts/gen_args_doc.py          # rewrite them in place
+    python scripts/gen_args_doc.py --check  # exit 1 when any is out of date
 
-The section sits between `<!-- ARGS:BEGIN -->` and `<!-- ARGS:END -->`. Fields
+Each page's section sits between `<!-- ARGS:BEGIN -->` and `<!-- ARGS:END -->`. Fields
 inherited from PaddleNLP's `TrainingArguments` are not repeated (they keep their
 PaddleNLP meaning and defaults); every field the toolkit adds is listed with its
 default and help. The entry points and their dataclasses come from
@@ -16,11 +16,11 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 from ppo.common import argument_help, argument_table  # noqa: E402
 from ppo.common.entry_points import entry_point  # noqa: E402
 
 README = os.path.join(ROOT, "docs", "arguments.md")  # the generated reference (linked from README.md)
+RL_PAGE = os.path.join(ROOT, "docs", "arguments_rl.md")  # PPO / GRPO's arguments, the longest list
 BEGIN, END = "<!-- ARGS:BEGIN -->", "<!-- ARGS:END -->"
 
 TITLES = {  # command -> its section title in docs/arguments.md (kto shares dpo's arguments)
@@ -31,11 +31,16 @@ TITLES = {  # command -> its section title in docs/arguments.md (kto shares dpo'
     "ppo": "PPO / GRPO / RLOO / REINFORCE++ — `ppo/run_ppo.py`",
     "dpo": "DPO family — `dpo/run_dpo.py`",
     "online-dpo": "Online / iterative DPO — `dpo/run_online_dpo.py`",
+    "distill": "On-policy distillation (GKD) — `sft/run_distill.py`",
 }
 
 
-def entry_points():
-    return [(title, argument_table.import_classes(entry_point(command))) for command, title in TITLES.items()]
+PAGES = {README: [c for c in TITLES if c != "ppo"], RL_PAGE: ["ppo"]}
+"""Each generated page and the commands whose arguments it lists."""
+
+
+def entry_points(commands=tuple(TITLES)):
+    return [(TITLES[command], argument_table.import_classes(entry_point(command))) for command in commands]
 
 
 def default_text(f):
@@ -48,9 +53,9 @@ def own_fields(cls):
     return [f for f in dataclasses.fields(cls) if f.init and f.name not in inherited]
 
 
-def render():
+def render(commands=tuple(TITLES)):
     lines = []
-    for title, classes in entry_points():
+    for title, classes in entry_points(commands):
         lines += [f"## {title}", "", "| argument | default | meaning |", "|---|---|---|"]
         for cls in classes:
             for f in own_fields(cls):
@@ -72,19 +77,20 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=argument_help.doc_summary(__doc__))
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args(argv)
-    text = open(README).read()
-    new = splice(text, render())
+    pages = {path: open(path).read() for path in PAGES}
+    fresh = {path: splice(text, render(PAGES[path])) for path, text in pages.items()}
     table = argument_table.table_text(argument_table.build_table())
     with open(argument_table.TABLE_PATH, encoding="utf-8") if os.path.exists(argument_table.TABLE_PATH) else open(os.devnull) as f:
         stored = f.read()
     if args.check:
-        stale = [name for name, fresh, old in (("docs/arguments.md", new, text), ("ppo/common/argument_table.json", table, stored))
-                 if fresh != old]
+        stale = [os.path.relpath(path, ROOT) for path in PAGES if fresh[path] != pages[path]]
+        stale += ["ppo/common/argument_table.json"] if table != stored else []
         if stale:
             print(f"{' and '.join(stale)} out of date: run python scripts/gen_args_doc.py")
             return 1
         return 0
-    open(README, "w").write(new)
+    for path, text in fresh.items():
+        open(path, "w").write(text)
     with open(argument_table.TABLE_PATH, "w", encoding="utf-8") as f:
         f.write(table)
     return 0

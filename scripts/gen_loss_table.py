@@ -2,36 +2,16 @@
 
     python scripts/gen_loss_table.py          # rewrite the table in docs/algorithms.md in place
     python scripts/gen_loss_table.py --check  # exit 1 when docs/algorithms.md is out of date
-
-The table sits between `<!-- LOSSES:BEGIN -->` and `<!-- LOSSES:END -->`.
 """
-import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-README = os.path.join(ROOT, "docs", "algorithms.md")
-BEGIN, END = "<!-- LOSSES:BEGIN -->", "<!-- LOSSES:END -->"
-
-
-def rendered(text):
-    """`text` (docs/algorithms.md) with the table between the markers regenerated."""
-    from ppo.algos import preference_loss_table
-
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{preference_loss_table()}\n{END}{tail}"
+from scripts.doc_tables import table_main
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    text = open(README).read()
-    new = rendered(text)
-    if "--check" in argv:
-        return 0 if new == text else 1
-    with open(README, "w") as f:
-        f.write(new)
-    return 0
+    from ppo.algos import preference_loss_table
+
+    return table_main("algorithms.md", "LOSSES", preference_loss_table, argv)
 
 
 if __name__ == "__main__":

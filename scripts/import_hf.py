@@ -14,10 +14,8 @@ The tokenizer files are copied (a SentencePiece `tokenizer.model` also as
 `sentencepiece.bpe.model`, the name PaddleNLP's `LlamaTokenizer` reads). No torch needed.
 """
 import os
-import sys
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 

@@ -20,11 +20,8 @@ Results go to `<root>/judge/agreement.json`.
 import argparse
 import json
 import os
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 from scripts.distill_demo import PY, run  # noqa: E402
 
 

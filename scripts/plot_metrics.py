@@ -19,10 +19,7 @@ import argparse
 import json
 import math
 import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 PANELS = (
     ("reward", ("objective/scores", "objective/rlhf_reward", "objective/non_score_reward", "rewards/chosen",

@@ -21,10 +21,7 @@ answer has no `#### n` is an error naming its line: the reward could not be comp
 import argparse
 import json
 import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 from ppo.verifiers.gsm8k import gsm8k_label  # noqa: E402
 

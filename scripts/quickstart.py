@@ -33,12 +33,14 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 from scripts.stage_scheduler import Stage, run_dag, sigterm_stops_stages, stage_env  # noqa: E402
 
 DEFAULT_ROOT = "outputs/tiny"  # the root every path in config/tiny/*.json is written under
 PY = sys.executable
-ENV = dict(os.environ, MKL_DEBUG_CPU_TYPE="5", PYTHONUNBUFFERED="1")
+ENV = {"MKL_DEBUG_CPU_TYPE": "5", **os.environ, "PYTHONUNBUFFERED": "1"}
+"""Every stage's environment: MKL's AVX2 code path on AMD CPUs (3-4x faster matrix products) unless
+MKL_DEBUG_CPU_TYPE is already set (`MKL_DEBUG_CPU_TYPE= python scripts/quickstart.py` runs MKL's own
+choice, one of the numerics variants of docs/demo_quality.md)."""
 
 
 def config_command(script, config, root, seed=None):

@@ -6,7 +6,7 @@ help. `validate_arguments` is the entry point's start-up pass, run before any mo
 """
 from dataclasses import dataclass, field
 
-from ppo.common.argument_groups import (
+from ppo.entry.argument_groups import (
     DatasetArguments,
     DivergenceArguments,
     EvalGenerationArguments,
@@ -18,7 +18,7 @@ from ppo.common.argument_groups import (
     default_override,
 )
 from ppo.common.startup_checks import model_config
-from ppo.common.trainer_entry_checks import trainer_entry_problems
+from ppo.entry.trainer_entry_checks import trainer_entry_problems
 from ppo.common.validation import model_dir_problems
 
 

@@ -12,10 +12,8 @@ adapter) is merged first. A causal-LM adapter gives a directory that
 loads, with its score head and normaliser statistics.
 """
 import os
-import sys
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ppo.common.argument_help import OneMessageArgumentParser, doc_summary  # noqa: E402
 from ppo.common.argument_problems import joined_problems  # noqa: E402

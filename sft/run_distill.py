@@ -10,22 +10,25 @@ adapter) to `output_dir` with `metrics.jsonl` (`distill/jsd`, `distill/teacher_l
 `distill/on_policy_frac`, ...), `summary.json`, `resolved_arguments.json` and VisualDL logs.
 """
 import os
-import sys
 
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle: 3-4x faster matmuls on AVX2-only CPUs
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ppo.common.argument_table import check_early  # noqa: E402
+
+if __name__ == "__main__":
+    check_early("distill")  # --help and the argument file's own errors, before Paddle and PaddleNLP load
 
 from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 
 with quiet_third_party_warnings():
     from paddlenlp.trainer.trainer_utils import set_seed  # noqa: E402
-    from ppo.common.argument_groups import split_specs  # noqa: E402
+    from ppo.entry.argument_groups import split_specs  # noqa: E402
     from ppo.common.argument_parsing import save_resolved_arguments  # noqa: E402
     from ppo.common.output_lock import acquire_output_dir  # noqa: E402
     from ppo.common.process_exit import run_and_exit  # noqa: E402
-    from ppo.common.run_setup import finish_trainer_run  # noqa: E402
+    from ppo.entry.run_setup import finish_trainer_run  # noqa: E402
     from ppo.common.startup_checks import StartupPass, token_and_position_problems  # noqa: E402
-    from ppo.common.trainer_callbacks import TrackerCallback  # noqa: E402
+    from ppo.entry.trainer_callbacks import TrackerCallback  # noqa: E402
     from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
     from ppo.models.loading import apply_lora, load_causal_lm, load_overrides, load_tokenizer, set_dropout_off  # noqa: E402
     from ppo.rollout import RolloutEngine  # noqa: E402

@@ -5,7 +5,7 @@ start-up pass (see `ppo.common.validation`), run by `parse_arguments` before any
 """
 from dataclasses import dataclass, field
 
-from ppo.common.argument_groups import (
+from ppo.entry.argument_groups import (
     DatasetArguments,
     DivergenceArguments,
     EvalGenerationArguments,
@@ -15,7 +15,7 @@ from ppo.common.argument_groups import (
     PromptTruncationArguments,
     ZeroPaddingArguments,
 )
-from ppo.common.trainer_entry_checks import trainer_entry_problems
+from ppo.entry.trainer_entry_checks import trainer_entry_problems
 
 
 @dataclass

@@ -6,7 +6,7 @@ from paddlenlp.trainer import Trainer
 from ppo.common.step_tokens import STEP_TOKENS_KEY, count_step_tokens, step_token_scale
 from ppo.evaluation import GenerationEvalMixin
 from ppo.models.causal_lm import answer_nll
-from ppo.common.trainer_resume import FreshOptimizerResumeMixin
+from ppo.entry.trainer_resume import FreshOptimizerResumeMixin
 from ppo.models.tensor_parallel import DatasetOrderMixin
 
 

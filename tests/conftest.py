@@ -1,6 +1,8 @@
-"""Shared pytest set-up: the repository root on sys.path and the fast-MKL setting
-applied before paddle is imported (MKL_DEBUG_CPU_TYPE=5: 3-4x faster matmuls on
-AVX2-only AMD CPUs)."""
+"""Shared pytest set-up: the repository root on sys.path, and first on PYTHONPATH for the
+processes the tests start (the entry scripts import the installed packages: whatever checkout
+the environment's `pip install -e .` points at, a test runs this one's), and the fast-MKL setting
+applied before paddle is imported (MKL_DEBUG_CPU_TYPE=5: 3-4x faster matmuls on AVX2-only AMD
+CPUs)."""
 import os
 import sys
 
@@ -10,6 +12,8 @@ os.environ.setdefault("FLAGS_call_stack_level", "2")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != ROOT:
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
 
 import pytest  # noqa: E402
 
@@ -99,6 +103,12 @@ def two_layer_model_dir(tmp_path_factory):
 def two_layer_score_dir(two_layer_model_dir, tmp_path_factory):
     """A score model on the 2-layer Llama (score head seed 5): runs compared start from the same head."""
     return save_score_model(two_layer_model_dir, str(tmp_path_factory.mktemp("two_layer_score")))
+
+
+@pytest.fixture(scope="session")
+def two_layer_cost_dir(two_layer_model_dir, tmp_path_factory):
+    """A score model on the 2-layer Llama (head seed 9) used as a cost model: costs vary by response."""
+    return save_score_model(two_layer_model_dir, str(tmp_path_factory.mktemp("two_layer_cost")), seed=9)
 
 
 @pytest.fixture(scope="session")

@@ -222,7 +222,7 @@ def cpu_outputs(case):
     including the in-place tensors after the op (residual, caches, update state)."""
     import paddle
 
-    from ppo.rollout.testing import custom_and_fallback_ops
+    from tests.rollout_ops_helpers import custom_and_fallback_ops
 
     ops, _ = custom_and_fallback_ops()
     t = {k: paddle.to_tensor(v) for k, v in case["inputs"].items()}

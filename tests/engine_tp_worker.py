@@ -31,8 +31,10 @@ def run_engine(model, eval_mode, ids, mask):
     from ppo.rollout import RolloutEngine, SamplingParams
     from ppo.rollout.weights import extract_weights
 
+    from ppo.models.tensor_parallel import model_parallel_group
+
     engine = RolloutEngine(model, eos_token_id=2, pad_token_id=0, keep_tensor_parallel=eval_mode == "tensor_parallel",
-                          decode_layout="rows")
+                          decode_layout="rows", tensor_parallel_group=model_parallel_group())
     out = {}
     for kind, params, seed in (("greedy", SamplingParams(max_new_tokens=NEW_TOKENS, do_sample=False), None),
                                ("sampled", SamplingParams(max_new_tokens=NEW_TOKENS, do_sample=True), 7)):
@@ -41,7 +43,7 @@ def run_engine(model, eval_mode, ids, mask):
         out[f"{eval_mode}_{kind}_logprobs"] = res.response_logprobs.numpy()
         out[f"{eval_mode}_{kind}_lengths"] = res.response_lengths.numpy()
         out[f"{eval_mode}_{kind}_weights"] = np.array(res.stats["weights"])
-    weights = extract_weights(model, sharded=eval_mode == "tensor_parallel")
+    weights = extract_weights(model, sharded=eval_mode == "tensor_parallel", group=model_parallel_group())
     out[f"{eval_mode}_qkv_out"] = np.array(weights.layers[0].qkv.shape[1])
     return out
 

@@ -12,7 +12,7 @@ import pytest
 from ppo.agents import AgentArguments, TaggedFormat, collate_trajectories, policy_mask, rollout_trajectories
 from ppo.rollout import RolloutEngine, SamplingParams
 from ppo.rollout.multi_turn import prefill_logprobs
-from ppo.rollout.testing import custom_and_fallback_ops
+from tests.rollout_ops_helpers import custom_and_fallback_ops
 from ppo.rollout.weights import unwrap_model
 from tests.agent_helpers import EOS, PAD, EchoEnv, tiny_llama
 

@@ -1,9 +1,10 @@
-"""Tests for ppo.algos.preference.pair_loss: PaddleNLP's kto_pair, sppo_hard, nca_pair and dpop."""
+"""PaddleNLP's kto_pair, sppo_hard, nca_pair and dpop losses of the registry (through
+`tests.preference_shims.pair_loss`)."""
 import numpy as np
 import paddle
 import pytest
 
-from ppo.algos.preference import PAIR_LOSS_TYPES, pair_loss
+from tests.preference_shims import PAIR_LOSS_TYPES, pair_loss
 
 
 def t(a, dtype="float64"):

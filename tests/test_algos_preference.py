@@ -3,8 +3,8 @@ import numpy as np
 import paddle
 import pytest
 
+from tests.preference_shims import dpo_loss
 from ppo.algos import (
-    dpo_loss,
     kto_kl_reference_point,
     kto_loss,
     pairwise_reward_loss,

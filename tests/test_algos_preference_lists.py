@@ -7,7 +7,8 @@ import numpy as np
 import paddle
 import pytest
 
-from ppo.algos import PREFERENCE_LOSSES, PreferenceInputs, dpo_loss
+from ppo.algos import PREFERENCE_LOSSES, PreferenceInputs
+from tests.preference_shims import dpo_loss
 
 LN2 = math.log(2.0)
 

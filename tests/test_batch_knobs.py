@@ -106,7 +106,7 @@ def test_logprob_passes_see_micro_batches_and_match_one_pass(knob_trainer, monke
     import ppo.passes.plain as plain
 
     trainer = knob_trainer
-    exp = trainer.rollout(trainer.sampler.next_indices())
+    exp = trainer.experience.rollout.generate()
     seen, real = [], plain.response_logprobs
     monkeypatch.setattr(plain, "response_logprobs", lambda model, e, *a, **k: (seen.append(len(e)), real(model, e, *a, **k))[1])
     with paddle.no_grad():
@@ -120,7 +120,7 @@ def test_logprob_passes_see_micro_batches_and_match_one_pass(knob_trainer, monke
 
 def test_rollout_max_num_seqs_decodes_in_chunks_with_the_same_tokens(knob_trainer, monkeypatch):
     trainer = knob_trainer
-    engine, batch = trainer.engine, trainer.collate_prompts([trainer.train_dataset[i] for i in range(6)])
+    engine, batch = trainer.experience.rollout.engine, trainer.experience.rollout.collate([trainer.experience.rollout.dataset[i] for i in range(6)])
     ids, mask = (paddle.repeat_interleave(batch[k], 2, axis=0) for k in ("input_ids", "attention_mask"))
     calls, real = [], type(engine)._generate_engine
 
@@ -129,10 +129,10 @@ def test_rollout_max_num_seqs_decodes_in_chunks_with_the_same_tokens(knob_traine
         return real(self, lm, input_ids, *a, **k)
 
     monkeypatch.setattr(type(engine), "_generate_engine", spy)
-    chunked = engine.generate(ids, mask, trainer.sampling, seed=7, row_offset=12, total_rows=36)
+    chunked = engine.generate(ids, mask, trainer.experience.rollout.sampling, seed=7, row_offset=12, total_rows=36)
     assert calls == [5, 5, 2] and chunked.stats["chunks"] == 3  # 12 rows, rollout_max_num_seqs 5
     monkeypatch.setattr(engine, "max_num_seqs", -1)
-    whole = engine.generate(ids, mask, trainer.sampling, seed=7, row_offset=12, total_rows=36)
+    whole = engine.generate(ids, mask, trainer.experience.rollout.sampling, seed=7, row_offset=12, total_rows=36)
     assert calls[3:] == [12]
     assert chunked.response_ids.shape == whole.response_ids.shape
     np.testing.assert_array_equal(chunked.response_ids.numpy(), whole.response_ids.numpy())
@@ -143,7 +143,7 @@ def test_rollout_max_num_seqs_decodes_in_chunks_with_the_same_tokens(knob_traine
 
 def test_mini_batches_give_optimiser_steps_per_rollout(knob_trainer):
     trainer = knob_trainer
-    plan = trainer.minibatch_plan(16, 0)  # 2 prompts x 4 samples = 8 rows per step: 2 micro-batches of 4
+    plan = trainer.learner.minibatch_plan(16, 0)  # 2 prompts x 4 samples = 8 rows per step: 2 micro-batches of 4
     assert [[len(mb) for mb in step] for step in plan] == [[4, 4], [4, 4]]
     assert sorted(r for step in plan for mb in step for r in mb) == list(range(16))
 
@@ -158,9 +158,9 @@ def test_global_gen_batch_size_draws_the_generation_batch(tiny_model_dir, tiny_d
         tiny_model_dir, tiny_data_dir, out, "--per_device_prompt_batch_size", "4", "--rollout_n", "4", "--per_device_train_batch_size",
         "16", "--dynamic_sampling", "true", "--global_gen_batch_size", "8", "--max_gen_batches", "1",
     ))
-    assert trainer.sampler.batch_size == 8 and trainer.args.per_device_prompt_batch_size == 4
-    exp, draws = trainer.sample_with_dynamic_filter()
-    assert draws == 1 and len(exp) == 16 and trainer.sampler.state_dict()["offset"] == 8
+    assert trainer.experience.rollout.sampler.batch_size == 8 and trainer.experience.settings.per_device_prompt_batch_size == 4
+    exp, draws = trainer.experience.sample()
+    assert draws == 1 and len(exp) == 16 and trainer.experience.rollout.sampler.state_dict()["offset"] == 8
 
 
 def test_value_and_reward_passes_use_their_own_sizes(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path, monkeypatch):
@@ -174,16 +174,16 @@ def test_value_and_reward_passes_use_their_own_sizes(tiny_model_dir, tiny_rm_dir
         "--per_device_value_batch_size", "4", "--per_device_reward_batch_size", "5", "--per_device_logprob_batch_size", "2",
     ])
     assert trainer.passes.chunk_rows == {"logprob": 2, "value": 4, "reward": 5}
-    exp = trainer.rollout(trainer.sampler.next_indices())
+    exp = trainer.experience.rollout.generate()
     seen = {"value": [], "reward": []}
     real_values, real_scores = plain.response_values, plain.reward_scores
     monkeypatch.setattr(plain, "response_values", lambda m, e, **k: (seen["value"].append(len(e)), real_values(m, e, **k))[1])
     monkeypatch.setattr(plain, "reward_scores", lambda m, e, r: (seen["reward"].append(len(e)), real_scores(m, e, r))[1])
     with paddle.no_grad():
-        values, scores = trainer.passes.values(exp), trainer.passes.reward_scores(exp)
+        values, scores = trainer.passes.values("reward", exp), trainer.passes.scores("reward", exp)
         monkeypatch.setitem(trainer.passes.chunk_rows, "value", 6)
         monkeypatch.setitem(trainer.passes.chunk_rows, "reward", 6)
-        whole_values, whole_scores = trainer.passes.values(exp), trainer.passes.reward_scores(exp)
+        whole_values, whole_scores = trainer.passes.values("reward", exp), trainer.passes.scores("reward", exp)
     assert seen == {"value": [4, 2, 6], "reward": [5, 1, 6]}
     np.testing.assert_allclose(values.numpy(), whole_values.numpy(), atol=1e-5)
     np.testing.assert_allclose(scores.numpy(), whole_scores.numpy(), atol=1e-5)
@@ -216,11 +216,11 @@ def test_balanced_partition_is_never_worse_than_contiguous_ranks():
 def test_trim_padding_keeps_the_real_tokens(knob_trainer):
     from ppo.experience import pad_experience
 
-    exp = knob_trainer.rollout(knob_trainer.sampler.next_indices())
+    exp = knob_trainer.experience.rollout.generate()
     tight = trim_padding(exp)
     assert bool(tight.attention_mask[:, 0].astype("bool").any())  # no prompt column is padding in every row
     assert tight.response_ids.shape[1] == int(exp.response_mask.sum(axis=1).max())
-    wide = pad_experience(exp, exp.prompt_len + 3, exp.response_ids.shape[1] + 2, knob_trainer.tokenizer.pad_token_id)
+    wide = pad_experience(exp, exp.prompt_len + 3, exp.response_ids.shape[1] + 2, knob_trainer.experience.rollout.tokenizer.pad_token_id)
     back = trim_padding(wide)
     assert back.prompt_len == tight.prompt_len
     for name in ("sequences", "attention_mask", "position_ids", "response_ids", "response_mask", "old_logprobs"):

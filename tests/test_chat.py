@@ -20,6 +20,8 @@ from ppo.models.loading import apply_lora, load_causal_lm, load_tokenizer
 from ppo.rollout import RolloutEngine, SamplingParams
 from scripts import chat
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 PROMPTS = ["Reverse: abc", "Reverse: k3x9q", "Reverse: 0ab12"]
 BEAVER = "BEGINNING OF CONVERSATION: USER: {input} ASSISTANT:"
 TOY_TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'user' %}<u>{{ message['content'] }}</u>"
@@ -148,11 +150,11 @@ def test_a_score_model_and_a_folder_without_a_model_are_refused(tiny_rm_dir, tmp
 def test_help_answers_before_paddle_is_imported():
     code = ("import sys; from scripts import chat\ntry:\n    chat.parse_args(['--help'])\nexcept SystemExit:\n    pass\n"
             "print('paddle' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=chat.ROOT, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert "--prompts_file" in out.stdout and "--repetition_penalty" in out.stdout
     assert out.stdout.strip().endswith("False")
     installed = subprocess.run([sys.executable, "-m", "ppo.cli", "chat", "--help"], cwd="/", capture_output=True, text=True,
-                               env=dict(os.environ, PYTHONPATH=chat.ROOT))  # paddle-align chat, as installed
+                               env=dict(os.environ, PYTHONPATH=ROOT))  # paddle-align chat, as installed
     assert installed.returncode == 0 and "--prompts_file" in installed.stdout
 
 

@@ -44,8 +44,8 @@ elif where == "replace_policy":  # checkpoint written, tmp-policy copied, not ye
     rebind(original, ckpt.replace_dir_atomically)
 elif where == "rename_into_policy":  # policy moved to policy.old, tmp-policy not yet moved in
     ckpt.os.rename = die_at_nth(lambda src, dst: dst.endswith(os.sep + "policy"), os.rename)
-import ppo.trainer.loop
-ppo.trainer.loop.save_checkpoint = ckpt.save_checkpoint
+import ppo.trainer.run_state
+ppo.trainer.run_state.save_checkpoint = ckpt.save_checkpoint
 from ppo.run_ppo import main
 main(sys.argv[4:])
 """
@@ -105,7 +105,7 @@ def test_fresh_run_over_an_old_one_keeps_only_its_own_checkpoints(tiny_model_dir
     trainer.train()
     assert [s for s, _ in list_checkpoints(out)] == [1, 2]
     final, ckpt2 = policy_weights(os.path.join(out, "policy")), policy_weights(os.path.join(out, "checkpoint-2", "policy"))
-    live = {n: p.numpy() for n, p in trainer.models.actor.named_parameters()}
+    live = {n: p.numpy() for n, p in trainer.passes.models.actor.named_parameters()}
     for k in final:
         np.testing.assert_array_equal(final[k].numpy(), ckpt2[k].numpy(), err_msg=k)
         np.testing.assert_array_equal(final[k].numpy(), live[k], err_msg=k)
@@ -113,7 +113,7 @@ def test_fresh_run_over_an_old_one_keeps_only_its_own_checkpoints(tiny_model_dir
     assert {json.loads(ln)["step"] for ln in open(os.path.join(out, "samples.jsonl"))} == {1, 2}
     resumed = build_trainer(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, "--max_steps", "2",
                                      "--overwrite_output_dir", "false", *common))
-    assert resumed.maybe_resume() and resumed.step == 2
+    assert resumed.state.resume() and resumed.state.step == 2
 
 
 def test_resume_falls_back_when_the_newest_checkpoint_is_damaged(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path):
@@ -125,7 +125,7 @@ def test_resume_falls_back_when_the_newest_checkpoint_is_damaged(tiny_model_dir,
     build_trainer(argv).train()
     open(os.path.join(out, "checkpoint-2", "policy_optimizer.rank0.pdopt"), "wb").close()  # emptied by a full disk
     resumed = build_trainer(argv)
-    assert resumed.maybe_resume() and resumed.step == 1
+    assert resumed.state.resume() and resumed.state.step == 1
 
 
 def test_clean_partial_saves_and_rotation_by_age(tmp_path):

@@ -8,7 +8,7 @@ import paddle
 import pytest
 
 from ppo.algos import entropy_bonus_loss, entropy_from_logits, masked_mean, ppo_policy_loss, sft_loss, token_logprobs
-from ppo.experience import Experience, response_logprobs, response_slice
+from ppo.experience import Experience, ObjectiveTrace, response_logprobs, response_slice
 from ppo.models.causal_lm import position_ids_from_mask
 from ppo.models.loading import load_causal_lm
 
@@ -69,18 +69,19 @@ def ppo_args(chunk, temperature=0.8, entropy_coeff=0.0):
                                 clip_range_ratio=0.2, loss_agg_mode="token-mean", entropy_coeff=entropy_coeff)
 
 
-def trainer_stub(args, model):
-    """Just what `PPOTrainer.actor_loss` reads."""
-    from ppo.ppo_trainer import PPOTrainer
+def updater_stub(args):
+    """Just what `PPOUpdater.actor_loss` reads: its slice of the arguments."""
+    from ppo.trainer.settings import UpdateSettings, slice_of
+    from ppo.trainer.updater import PPOUpdater
 
-    stub = SimpleNamespace(args=args, actor=model)
-    stub._agg = lambda num_tokens, num_seqs: PPOTrainer._agg(stub, num_tokens, num_seqs)
+    stub = SimpleNamespace(settings=slice_of(UpdateSettings, args))
+    stub.aggregation = lambda num_tokens, num_seqs: PPOUpdater.aggregation(stub, num_tokens, num_seqs)
     return stub
 
 
 @pytest.mark.parametrize("chunk, entropy_coeff", [(3, 0.0), (7, 0.05), (512, 0.05)])
 def test_ppo_actor_loss_and_entropy_match_full_logits(model, chunk, entropy_coeff):
-    from ppo.ppo_trainer import PPOTrainer
+    from ppo.trainer.updater import PPOUpdater
 
     exp = make_experience(model)
     num_tokens, num_seqs = float(exp.response_mask.sum()), 4.0
@@ -96,8 +97,9 @@ def test_ppo_actor_loss_and_entropy_match_full_logits(model, chunk, entropy_coef
     loss_old.backward()
     g_old = param_grads(model)
 
-    trainer = trainer_stub(ppo_args(chunk, entropy_coeff=entropy_coeff), model)
-    loss, stats = PPOTrainer.actor_loss(trainer, exp, num_tokens, num_seqs)
+    args = ppo_args(chunk, entropy_coeff=entropy_coeff)
+    logprobs, entropy = response_logprobs(model, exp, args.temperature, args.logprob_chunk_size, with_entropy=True)  # the passes' forward
+    loss, stats = PPOUpdater.actor_loss(updater_stub(args), exp, {"logprobs": logprobs, "entropy": entropy}, num_tokens, num_seqs)
     loss.backward()
     g_new = param_grads(model)
     np.testing.assert_allclose(float(loss), float(loss_old), rtol=1e-5, atol=1e-6)
@@ -178,11 +180,14 @@ def test_experience_stages(model):
         exp.require("complete")
     with pytest.raises(ValueError, match="scores"):
         exp.advance("scored")
-    exp.scores = paddle.zeros([len(exp)])
+    exp.objectives["reward"] = ObjectiveTrace(paddle.zeros([len(exp)]))
     exp.advance("scored")
     with pytest.raises(ValueError, match="ref_logprobs"):
         exp.advance("complete")
-    exp.ref_logprobs, exp.rewards = exp.old_logprobs, exp.advantages
+    exp.ref_logprobs = exp.old_logprobs
+    with pytest.raises(ValueError, match="reward.rewards"):
+        exp.advance("complete")
+    exp.objectives["reward"].rewards = exp.objectives["reward"].advantages = exp.advantages
     exp.advance("complete")
     exp.require("scored")
     assert exp.select([0, 2]).stage == "complete" and Experience.concat([exp, exp]).stage == "complete"

@@ -107,8 +107,8 @@ def test_ppo_stops_where_it_diverges_keeping_the_last_good_checkpoint(tiny_model
     original = trainer.train_step
 
     def lr_jumps_after_step_2():
-        if trainer.step == 2:
-            for sched in (trainer.actor_scheduler, trainer.critic_scheduler):
+        if trainer.state.step == 2:
+            for sched in (t.scheduler for t in trainer.learner.trained):
                 sched.base_lr = sched.last_lr = 1e3
         return original()
 
@@ -214,7 +214,9 @@ def test_reward_beyond_float32_is_an_error_not_inf_metrics(tiny_model_dir, tiny_
 
     out = str(tmp_path / "huge")
     trainer = build_trainer(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, "--max_steps", "1"))
-    trainer.reward_client = HugeRewardClient()
+    from ppo.trainer.scoring import RewardServerScorer
+
+    trainer.experience.scoring.objectives[0].scorer = RewardServerScorer(trainer.experience.rollout.tokenizer, HugeRewardClient())
     with pytest.raises(ValueError, match=r"step 1: the reward server http://fake gave 1 of 8 scores that are not finite in float32 \(e.g. 1e\+39 for item 1"):
         trainer.train()
     assert not [r for r in read_metrics(out) if "objective/scores" in r]  # no inf metrics were written

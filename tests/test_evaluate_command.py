@@ -66,7 +66,7 @@ def test_grpo_loop_reports_pass_at_k(tiny_model_dir, tiny_data_dir, tmp_path):
 
     trainer = build_trainer(rule_argv(tiny_model_dir, tiny_data_dir, str(tmp_path / "grpo"), "--eval_num_samples", "4",
                                       "--rule_reward_scorers", "reverse"))
-    metrics = trainer.evaluate()
+    metrics = trainer.evaluator.evaluate()
     for name in ("eval/pass@1", "eval/pass@2", "eval/pass@4", "eval/maj@4", "eval/mean@4", "eval/accuracy"):
         assert 0.0 <= metrics[name] <= 1.0, name
     assert metrics["eval/pass@1"] == pytest.approx(metrics["eval/mean@4"])

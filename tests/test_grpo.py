@@ -60,7 +60,7 @@ def read_jsonl(path):
 def test_grpo_step_with_server_scores_and_groups(tiny_model_dir, tiny_data_dir, reverse_server, tmp_path):
     out = str(tmp_path / "grpo")
     trainer = build_trainer(grpo_argv(tiny_model_dir, tiny_data_dir, out, reverse_server.url, "--kl_loss_coeff", "0.01"))
-    assert trainer.models.critic is None and trainer.models.reward is None
+    assert trainer.passes.models.critic is None and trainer.passes.models.reward is None
     trainer.train()
     lines = [r for r in read_jsonl(f"{out}/metrics.jsonl") if "objective/scores" in r]
     assert len(lines) == 2
@@ -83,7 +83,7 @@ def test_dynamic_sampling_draws_up_to_max_gen_batches(tiny_model_dir, tiny_data_
     (line,) = [r for r in read_jsonl(f"{out}/metrics.jsonl") if "objective/scores" in r]
     # a random tiny model never reverses a string: every group has zero variance, so all 3 batches are drawn
     assert line["rollout/gen_batches"] == 3 and line["grpo/frac_reward_zero_std"] == 1.0
-    assert trainer.sampler.state_dict()["offset"] == 3 * 4
+    assert trainer.experience.rollout.sampler.state_dict()["offset"] == 3 * 4
 
 
 def test_server_down_stops_with_a_clear_error_before_the_models_load(tiny_model_dir, tiny_data_dir, tmp_path):
@@ -122,10 +122,10 @@ def test_other_critic_free_estimators_train(estimator, tiny_model_dir, tiny_data
     out = str(tmp_path / estimator)
     trainer = build_trainer(grpo_argv(tiny_model_dir, tiny_data_dir, out, graded_server.url, "--adv_estimator", estimator,
                                       "--kl_coeff", "0.05", "--learning_rate", "1e-3"))
-    before = {n: p.numpy().copy() for n, p in trainer.models.actor.named_parameters()}
+    before = {n: p.numpy().copy() for n, p in trainer.passes.models.actor.named_parameters()}
     trainer.train()
-    assert trainer.models.critic is None
-    assert any(not np.array_equal(p.numpy(), before[n]) for n, p in trainer.models.actor.named_parameters())
+    assert trainer.passes.models.critic is None
+    assert any(not np.array_equal(p.numpy(), before[n]) for n, p in trainer.passes.models.actor.named_parameters())
     lines = [r for r in read_jsonl(f"{out}/metrics.jsonl") if "objective/scores" in r]
     assert len(lines) == 2 and all(np.isfinite(r["loss/policy_avg"]) and r["objective/kl"] != 0.0 for r in lines)
     assert all(r["objective/scores"] > 0 for r in lines)  # graded scores: advantages are not all 0

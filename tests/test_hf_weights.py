@@ -153,7 +153,7 @@ def test_a_lora_adapter_is_exported_merged(tmp_path):
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_score_model_keeps_its_scores_head_and_normaliser(tmp_path, kind):
-    from ppo.models.score_model import AutoModelForScore
+    from ppo.models.adapters import load_score_model
 
     model = score_model(kind, do_normalize=True, normalizer_type="ExponentialMovingAverage", score_type="cost")
     src = str(tmp_path / "ours")
@@ -165,7 +165,7 @@ def test_score_model_keeps_its_scores_head_and_normaliser(tmp_path, kind):
     assert config["normalizer_mean"] == pytest.approx(0.75) and config["normalizer_var"] == pytest.approx(4.0)
     shapes = exported_shapes(str(tmp_path / "hf"))
     assert shapes == {**hf_format.expected_hf_shapes(config), "score.bias": (1,)}
-    back = AutoModelForScore.from_pretrained(str(tmp_path / "hf"))
+    back = load_score_model(str(tmp_path / "hf"))
     assert back.config.score_type == "cost" and back.config.normalizer_type == "ExponentialMovingAverage"
     np.testing.assert_allclose(end_scores(back), end_scores(model), rtol=ROUND_TRIP_RTOL, atol=0)
     raw = end_scores(model, normalized=False)
@@ -173,12 +173,12 @@ def test_score_model_keeps_its_scores_head_and_normaliser(tmp_path, kind):
 
 
 def test_a_causal_lm_directory_starts_a_score_model_with_a_new_head(tmp_path):
-    from ppo.models.score_model import AutoModelForScore
+    from ppo.models.adapters import load_score_model
 
     lm = tiny_model("qwen2", tied=True)
     export_model(lm, str(tmp_path))
     paddle.seed(5)
-    rm = AutoModelForScore.from_pretrained(str(tmp_path), score_type="reward")
+    rm = load_score_model(str(tmp_path), score_type="reward")
     np.testing.assert_array_equal(rm.qwen2.embed_tokens.weight.numpy(), lm.qwen2.embed_tokens.weight.numpy())
     assert float(paddle.abs(rm.score_head.weight).max()) > 0
 
@@ -312,8 +312,8 @@ def test_ppo_and_sft_start_from_hugging_face_directories(tmp_path, tiny_model_di
     out = str(tmp_path / "ppo")
     trainer = build_trainer(ppo_argv(actor, reward, tiny_data_dir, out, "--max_steps", "1"))
     ids = [[1, 4, 7, 30, 31, 2, 9]]
-    np.testing.assert_array_equal(causal_logits(trainer.models.actor, ids), causal_logits(load_causal_lm(tiny_model_dir), ids))
-    np.testing.assert_array_equal(trainer.models.reward.score_head.weight.numpy(),
+    np.testing.assert_array_equal(causal_logits(trainer.passes.models.actor, ids), causal_logits(load_causal_lm(tiny_model_dir), ids))
+    np.testing.assert_array_equal(trainer.passes.models.reward.score_head.weight.numpy(),
                                   AutoModelForScore.from_pretrained(tiny_rm_dir).score_head.weight.numpy())
     trainer.train()
     (line,) = [r for r in read_metrics(out) if "objective/scores" in r]

@@ -9,11 +9,13 @@ import numpy as np
 
 from ppo.passes import ModelPasses, PlainPasses
 from ppo.run_ppo import build_trainer
-from ppo.trainer.update import minibatch_plan
+from ppo.strategy import PlainStrategy
+from ppo.trainer.updater import minibatch_plan
 from tests.test_ppo_trainer import ppo_argv, read_metrics, weights
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAINER_FILES = ["ppo/ppo_trainer.py", "ppo/trainer/experience_maker.py", "ppo/trainer/update.py", "ppo/trainer/loop.py"]
+TRAINER_FILES = ["ppo/ppo_trainer.py"] + sorted(f"ppo/trainer/{name}" for name in os.listdir(os.path.join(REPO, "ppo", "trainer"))
+                                                if name.endswith(".py"))
 FLEET_PRIVATE = {"_loss_fn", "_prepare_training", "optimizer", "lr_scheduler", "accumulate_steps", "forward_hooks",
                  "backward_hooks", "forward_backward_pipeline"}
 
@@ -59,7 +61,7 @@ class RecordingPasses(ModelPasses):
 
     def __init__(self, inner):
         self.inner, self.calls, self.depth = inner, [], 0
-        self.generation_model = inner.generation_model
+        self.generation_model, self.models = inner.generation_model, inner.models
 
     @contextlib.contextmanager
     def inside(self, name):
@@ -79,13 +81,13 @@ class RecordingPasses(ModelPasses):
         with self.inside(f"logprobs:{which}"):
             return self.inner.logprobs(which, exp)
 
-    def values(self, exp):
-        with self.inside("values"):
-            return self.inner.values(exp)
+    def values(self, objective, exp):
+        with self.inside(f"values:{objective}"):
+            return self.inner.values(objective, exp)
 
-    def reward_scores(self, exp):
-        with self.inside("reward_scores"):
-            return self.inner.reward_scores(exp)
+    def scores(self, objective, exp):
+        with self.inside(f"scores:{objective}"):
+            return self.inner.scores(objective, exp)
 
     def first_forward_reusable(self):
         return False
@@ -102,26 +104,40 @@ class RecordingPasses(ModelPasses):
         return value
 
 
+class RecordingStrategy(PlainStrategy):
+    """A new parallel strategy as the trainer meets it: a strategy class and its passes
+    (`RecordingPasses`), nothing else changed."""
+
+    name = "recording"
+
+    def build_passes(self, models, actor, critics, optimizers, settings):
+        self.passes = RecordingPasses(super().build_passes(models, actor, critics, optimizers, settings))
+        return self.passes
+
+
 def test_the_trainer_reaches_every_model_through_its_passes(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path):
-    """Passes that cannot keep the first forward (the pipeline's answer) run the same trainer
-    code: every model forward of a PPO step happens inside a passes call, in step order."""
+    """Another strategy whose passes cannot keep the first forward (the pipeline's answer) runs
+    the same trainer code: every model forward of a PPO step happens inside a passes call, in
+    step order."""
     out = str(tmp_path / "ppo")
-    trainer = build_trainer(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, "--max_steps", "1", "--kl_coeff", "0.1",
-                                     "--per_device_train_batch_size", "8", "--reuse_first_update_forward", "true",
-                                     "--use_rollout_logprobs", "false"))
-    assert isinstance(trainer.passes, PlainPasses) and trainer.first_update_forward_reusable(8)
-    recording = trainer.passes = RecordingPasses(trainer.passes)
-    assert not trainer.first_update_forward_reusable(8)
+    argv = ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, "--max_steps", "1", "--kl_coeff", "0.1",
+                    "--per_device_train_batch_size", "8", "--reuse_first_update_forward", "true", "--use_rollout_logprobs", "false")
+    plain = build_trainer(argv)
+    assert isinstance(plain.passes, PlainPasses) and plain.experience.completion.first_update_forward_reusable(8)
+    strategy = RecordingStrategy()
+    trainer = build_trainer(argv, strategy=strategy)
+    recording = strategy.passes
+    assert trainer.passes is recording and not trainer.experience.completion.first_update_forward_reusable(8)
     outside = []
     for name in ("actor", "reference", "reward", "critic"):
-        model = getattr(trainer.models, name)
+        model = getattr(trainer.passes.models, name)
         model.register_forward_pre_hook(lambda layer, inputs, name=name: outside.append(name) if recording.depth == 0 else None)
-    before = weights(trainer.models.actor)
+    before = weights(trainer.passes.models.actor)
     trainer.train()
-    optimiser_steps = len(trainer.minibatch_plan(8, 0)) * trainer.args.update_iters
-    assert recording.calls == ["generation_weights", "reward_scores", "logprobs:reference", "logprobs:actor", "values",
+    optimiser_steps = len(trainer.learner.minibatch_plan(8, 0)) * trainer.learner.settings.update_iters
+    assert recording.calls == ["generation_weights", "scores:reward", "logprobs:reference", "logprobs:actor", "values:reward",
                                *["backward_step"] * optimiser_steps, "group_sum"]
     assert outside == []
     (line,) = [r for r in read_metrics(out) if "loss/policy_avg" in r]
     assert np.isfinite(line["loss/policy_avg"]) and np.isfinite(line["loss/value_avg"])
-    assert any(not np.array_equal(p.numpy(), before[n]) for n, p in trainer.models.actor.named_parameters())
+    assert any(not np.array_equal(p.numpy(), before[n]) for n, p in trainer.passes.models.actor.named_parameters())

@@ -67,10 +67,9 @@ def test_a_ppo_step_moves_each_model_around_the_phase_that_uses_it(tiny_model_di
 
     trainer = build_trainer(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, str(tmp_path / "out"), "--max_steps", "1",
                                      "--offload_level", "freeze_model optimizer train_model"))
-    models = trainer.models
+    models = trainer.passes.models
     names = {id(models.actor): "actor", id(models.reference): "reference", id(models.reward): "reward",
-             id(models.critic): "critic", id(trainer.actor_optimizer): "actor_optimizer",
-             id(trainer.critic_optimizer): "critic_optimizer"}
+             id(models.critic): "critic", **{id(t.optimizer): f"{t.name}_optimizer" for t in trainer.learner.trained}}
     mover = RecordingMover()
     plan = trainer.offload
     plan.mover, plan.enabled = mover, True  # as on a CUDA build

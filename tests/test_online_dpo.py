@@ -9,10 +9,10 @@ import paddle
 import pytest
 
 import tests.rule_reward_helpers  # noqa: F401  (registers the test_rule_* scorers)
-from dpo.online_dpo_trainer import preference_loss
+from dpo.preference_objective import preference_objective
 from dpo.run_online_dpo import build_trainer, main
-from ppo.algos import dpo_loss
-from ppo.algos.preference import pair_loss
+from ppo.trainer.scoring import RewardServerScorer, ScoreModel
+from tests.preference_shims import dpo_loss, pair_loss
 
 VOLATILE = ("timing_s/", "perf/")
 
@@ -72,20 +72,24 @@ def test_run_writes_metrics_samples_summary_and_a_reloadable_policy(tiny_model_d
 def test_a_round_update_lowers_the_loss_of_its_pairs(tiny_model_dir, tiny_data_dir, tmp_path):
     from dpo.online_pairs import build_pairs
     from ppo.common.metrics import MetricAccumulator
-    from ppo.experience import Experience
+    from ppo.experience import Experience, response_logprobs
 
     trainer = build_trainer(online_argv(tiny_model_dir, tiny_data_dir, str(tmp_path / "one"), "--update_iters", "3"))
-    exp = trainer.rollout()
-    pairs = build_pairs(trainer.scorer.scores(exp), 4)
-    chosen, rejected = exp.select(pairs.chosen.tolist()), exp.select(pairs.rejected.tolist())
-    ref = trainer.reference_logps(Experience.concat([chosen, rejected]))
-    rows = list(range(len(pairs)))
-    with paddle.no_grad():
-        before, _ = trainer.micro_batch_loss(chosen, rejected, ref, rows)
+    learner = trainer.learner
+    exp = trainer.experience.scored_rollout()
+    pairs = build_pairs(exp.scores.numpy(), 4)
+    both = Experience.concat([exp.select(pairs.chosen.tolist()), exp.select(pairs.rejected.tolist())])
+    learner.fill_reference(both)
+    loss_of_all_pairs = learner.losses(len(pairs)).actor
+
+    def loss_now():
+        with paddle.no_grad():
+            return loss_of_all_pairs(both, {"logprobs": response_logprobs(trainer.actor, both, 1.0)[0], "entropy": None})
+
+    before, _ = loss_now()
     acc = MetricAccumulator()
-    trainer.update(chosen, rejected, ref, acc)
-    with paddle.no_grad():
-        after, stats = trainer.micro_batch_loss(chosen, rejected, ref, rows)
+    learner.update(both, len(pairs), acc)
+    after, stats = loss_now()
     assert float(after) < float(before)
     assert float(stats["rewards/margins"]) > 0 and float(stats["rewards/accuracies"]) > 0.5
     assert len(acc.values["loss/total"]) == 3 * -(-len(pairs) // 4)  # update_iters x optimiser steps of 2 x 2 pairs
@@ -97,7 +101,7 @@ def test_reward_model_scores_and_all_pairs(tiny_model_dir, tiny_rm_dir, tiny_dat
                        "--reward_model_name_or_path", tiny_rm_dir, "--pair_selection", "all_pairs", "--max_steps", "1",
                        "--evaluation_strategy", "no")
     trainer = build_trainer(argv)
-    assert trainer.scorer.reward_model is not None
+    assert isinstance(trainer.experience.scoring.objectives[0].scorer, ScoreModel)
     trainer.train()
     (row,) = [r for r in read_jsonl(f"{out}/metrics.jsonl") if "objective/scores" in r]
     # continuous scores: 4 groups of 4 distinct answers give up to 6 pairs each, fewer for repeated answers
@@ -113,7 +117,7 @@ def test_reward_server_scores(tiny_model_dir, tiny_data_dir, tmp_path):
         trainer = build_trainer(online_argv(tiny_model_dir, tiny_data_dir, out, "--use_rule_reward", "false",
                                             "--rule_reward_scorers=", "--use_rm_server", "true", "--reward_server", server.url,
                                             "--max_steps", "1", "--evaluation_strategy", "no"))
-        assert trainer.scorer.reward_client is not None
+        assert isinstance(trainer.experience.scoring.objectives[0].scorer, RewardServerScorer)
         trainer.train()
     finally:
         server.stop()
@@ -127,12 +131,12 @@ def test_a_round_whose_groups_all_tie_takes_no_step(tiny_model_dir, tiny_data_di
     # the untrained model never reverses a string exactly: every answer scores 0 under the exact-match rule
     trainer = build_trainer(online_argv(tiny_model_dir, tiny_data_dir, out, "--rule_reward_scorers", "reverse",
                                         "--max_steps", "1", "--evaluation_strategy", "no"))
-    before = weights(trainer.policy)
+    before = weights(trainer.actor)
     trainer.train()
     (row,) = [r for r in read_jsonl(f"{out}/metrics.jsonl") if "objective/scores" in r]
     assert row["online_dpo/num_pairs"] == 0 and row["online_dpo/tied_groups_frac"] == 1.0
     assert row["objective/scores"] == 0.0 and "loss/dpo" not in row
-    after = weights(trainer.policy)
+    after = weights(trainer.actor)
     for name in before:
         np.testing.assert_array_equal(before[name], after[name], err_msg=name)
 
@@ -141,7 +145,7 @@ def test_lora_policy_uses_its_adapter_off_as_the_reference(tiny_model_dir, tiny_
     out = str(tmp_path / "lora")
     trainer = build_trainer(online_argv(tiny_model_dir, tiny_data_dir, out, "--use_lora", "true", "--max_steps", "2",
                                         "--evaluation_strategy", "no"))
-    assert trainer.models.reference is None
+    assert trainer.passes.models.reference is None
     trainer.train()
     rows = [r for r in read_jsonl(f"{out}/metrics.jsonl") if "objective/scores" in r]
     assert rows[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-7)  # a fresh adapter (B = 0) is the base model
@@ -154,7 +158,7 @@ def test_reference_free_losses_load_no_reference(loss_type, tiny_model_dir, tiny
     out = str(tmp_path / loss_type)
     trainer = build_trainer(online_argv(tiny_model_dir, tiny_data_dir, out, "--loss_type", loss_type, "--sft_loss_ratio", "0",
                                         "--max_steps", "1", "--evaluation_strategy", "no"))
-    assert trainer.models.reference is None and trainer.reference_logps(None) is None
+    assert trainer.passes.models.reference is None and not trainer.learner.args.uses_reference
     trainer.train()
     (row,) = [r for r in read_jsonl(f"{out}/metrics.jsonl") if "objective/scores" in r]
     assert np.isfinite(row["loss/dpo"]) and row["rewards/chosen"] < 0  # beta x mean log-prob per token
@@ -166,7 +170,7 @@ def test_reference_is_refreshed_every_ref_update_rounds(tiny_model_dir, tiny_dat
     trainer = build_trainer(online_argv(tiny_model_dir, tiny_data_dir, out, "--ref_update_rounds", "2",
                                         "--evaluation_strategy", "no", "--save_steps", "2", "--max_steps", "3",
                                         "--save_total_limit", "3"))
-    start = weights(trainer.models.reference)
+    start = weights(trainer.passes.models.reference)
     trainer.train()
     rows = [r for r in read_jsonl(f"{out}/metrics.jsonl") if "objective/scores" in r]
     assert [r["online_dpo/reference_refreshed"] for r in rows] == [0.0, 1.0, 0.0]
@@ -174,7 +178,7 @@ def test_reference_is_refreshed_every_ref_update_rounds(tiny_model_dir, tiny_dat
     saved_reference = paddle.load(f"{out}/checkpoint-2/reference/model_state.pdparams")
     for name, value in saved_reference.items():
         np.testing.assert_array_equal(value.numpy(), at_round_2[name].numpy())
-    now = weights(trainer.models.reference)
+    now = weights(trainer.passes.models.reference)
     assert any(not np.array_equal(now[k], start[k]) for k in start)
     # one optimiser step per round: round 2 measures the round-1 policy against the start, round 3 the
     # round-2 policy against itself (the refreshed reference)
@@ -191,7 +195,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, tiny_data_dir, 
     original = trainer.train_step
 
     def crash_in_round_3():
-        if trainer.step == 2:
+        if trainer.state.step == 2:
             raise KeyboardInterrupt("killed")
         return original()
 
@@ -215,22 +219,23 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, tiny_data_dir, 
 
 
 class LossArgs:
-    beta, label_smoothing, simpo_gamma, dpop_lambda = 0.2, 0.0, 0.5, 50.0
+    beta, label_smoothing, simpo_gamma, dpop_lambda, sft_loss_ratio, pref_loss_ratio = 0.2, 0.0, 0.5, 50.0, 0.0, 1.0
 
     def __init__(self, loss_type):
         self.loss_type = loss_type
 
 
 @pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "simpo", "orpo", "dpop"])
-def test_preference_loss_adapter_calls_the_family_loss(loss_type):
+def test_online_loss_is_the_registry_family_loss(loss_type):
+    """Online DPO's loss (`preference_objective` on the stacked pairs) is the family loss of the pairs."""
     logps = paddle.to_tensor([-3.0, -5.0, -6.0, -4.0])  # 2 pairs: chosen rows first
     ref = paddle.to_tensor([-4.0, -4.0, -5.0, -5.0])
     lengths = paddle.to_tensor([3.0, 4.0, 5.0, 2.0])
-    nll = paddle.to_tensor(1.5)
-    loss, stats = preference_loss(LossArgs(loss_type), logps, ref, lengths, nll)
+    loss, stats = preference_objective(LossArgs(loss_type), logps, lengths, ref)
     if loss_type == "dpop":
         expected, _ = pair_loss(logps[:2], logps[2:], ref[:2], ref[2:], beta=0.2, loss_type="dpop", dpop_lambda=50.0)
     else:
+        nll = -logps[:2].sum() / lengths[:2].sum()
         expected, _ = dpo_loss(logps[:2], logps[2:], ref[:2], ref[2:], beta=0.2, loss_type=loss_type, chosen_lengths=lengths[:2],
                                rejected_lengths=lengths[2:], policy_chosen_nll=nll if loss_type == "orpo" else None)
     np.testing.assert_allclose(float(loss), float(expected), rtol=1e-6)

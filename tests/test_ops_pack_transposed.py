@@ -6,7 +6,7 @@ import numpy as np
 import paddle
 import pytest
 
-from ppo.rollout.testing import assert_close, custom_and_fallback_ops
+from tests.rollout_ops_helpers import assert_close, custom_and_fallback_ops
 
 
 @pytest.fixture(scope="module")

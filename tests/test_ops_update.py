@@ -5,7 +5,7 @@ import numpy as np
 import paddle
 import pytest
 
-from ppo.rollout.testing import clone, custom_and_fallback_ops
+from tests.rollout_ops_helpers import clone, custom_and_fallback_ops
 
 
 @pytest.fixture(scope="module")

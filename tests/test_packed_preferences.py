@@ -151,7 +151,7 @@ def test_reward_entry_point_with_zero_padding_trains_like_padding(tiny_model_dir
 
 
 def test_zero_padding_is_refused_with_pipeline_parallel():
-    from ppo.common.trainer_entry_checks import zero_padding_problems
+    from ppo.entry.trainer_entry_checks import zero_padding_problems
 
     on, off = types.SimpleNamespace(zero_padding=True), types.SimpleNamespace(zero_padding=False)
     (problem,) = zero_padding_problems(on, types.SimpleNamespace(pipeline_parallel_degree=2))

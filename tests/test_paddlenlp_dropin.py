@@ -400,8 +400,8 @@ def test_grpo_file_runs_against_a_post_only_server(tiny_model_dir, tiny_data_dir
         "--train_datasets", f"{tiny_data_dir}/prompts.jsonl", "--eval_datasets", f"{tiny_data_dir}/test.jsonl",
         "--num_return_sequences", "4",
     ])
-    assert trainer.models.critic is None and trainer.args.adv_estimator == "grpo" and trainer.args.rollout_n == 4
-    assert trainer.reward_client.url == f"http://{post_only_server.address}"
+    assert trainer.passes.models.critic is None and trainer.experience.completion.estimator.name == "grpo" and trainer.experience.settings.rollout_n == 4
+    assert trainer.experience.scoring.objectives[0].scorer.client.url == f"http://{post_only_server.address}"
     served = post_only_server.requests
     trainer.train()
     rows = [r for r in metrics(out) if "objective/scores" in r]
@@ -423,8 +423,8 @@ def test_llama_ppo_file_runs_with_recompute_in_actor_and_critic(tiny_model_dir, 
         "--train_datasets", f"Jsonfile:1:{tiny_data_dir}/prompts.jsonl", "--eval_datasets", f"Jsonfile:1:{tiny_data_dir}/test.jsonl",
         "--ptx_datasets", f"Jsonfile:1:{tiny_data_dir}/sft.jsonl",
     ])
-    models = trainer.models
-    assert models.critic is not None and trainer.args.ptx_coeff == 16.0
+    models = trainer.passes.models
+    assert models.critic is not None and trainer.learner.settings.ptx_coeff == 16.0
     for model in (models.actor, models.critic):  # recompute / critic_recompute of the file
         layers = recompute_layers(model)
         assert layers and all(layer.recompute_granularity == "full" for layer in layers if hasattr(layer, "recompute_granularity"))
@@ -610,14 +610,15 @@ def qwen_yaml(name, tmp_path):
 
 
 def recorded_plans(trainer):
-    """Wrap the trainer's optimiser step so each step's micro-batch row counts are recorded."""
-    plans, real = [], trainer.update_on_plan
+    """Wrap the updater's optimiser step so each step's micro-batch row counts are recorded."""
+    learner = trainer.learner
+    plans, real = [], learner.update_on_plan
 
     def update_on_plan(exp, plan, response_mask, acc):
         plans.append([len(mb) for mb in plan])
         return real(exp, plan, response_mask, acc)
 
-    trainer.update_on_plan = update_on_plan
+    learner.update_on_plan = update_on_plan
     return plans
 
 
@@ -654,9 +655,9 @@ def test_qwen_yaml_files_run_two_steps(name, tiny_model_dir, tiny_rm_dir, tiny_d
         ])
     # one process: the file's balance_batch has nothing to balance, and says so
     assert any(r.getMessage().startswith("balance_batch: one data-parallel rank") for r in caplog.records)
-    args = trainer.args
-    assert args.adv_estimator == estimator and args.per_device_prompt_batch_size == 4 and args.balance_batch
-    assert args.use_remove_padding and trainer.passes.remove_padding  # the file as it is: packed rows
+    settings = trainer.experience.settings
+    assert trainer.experience.completion.estimator.name == estimator and settings.per_device_prompt_batch_size == 4
+    assert settings.balance_batch and trainer.passes.remove_padding  # the file as it is: packed rows
     plans = recorded_plans(trainer)
     trainer.train()
     rows = [r for r in metrics(out) if "objective/scores" in r]
@@ -666,7 +667,7 @@ def test_qwen_yaml_files_run_two_steps(name, tiny_model_dir, tiny_rm_dir, tiny_d
         assert trainer.passes.chunk_rows == {"logprob": 4, "value": 2, "reward": 2}
         assert all(np.isfinite(r["loss/value_avg"]) for r in rows)
     else:
-        assert trainer.engine.max_num_seqs == (3 if estimator == "grpo" else 32)  # rollout_max_num_seqs
+        assert trainer.experience.rollout.engine.max_num_seqs == (3 if estimator == "grpo" else 32)  # rollout_max_num_seqs
 
 
 def test_zero_padding_refusal_names_where_packing_works(tmp_path):

@@ -63,12 +63,22 @@ def test_vapo_selects_the_estimator_and_names_its_refused_combinations(tmp_path)
     _, _, args = parse_ppo(tmp_path, "--rl_algorithm", "vapo")
     assert args.adv_estimator == "vapo" and args.use_critic and args.normalize_advantage
     message = refusal(tmp_path, "--rl_algorithm", "vapo", "--gae_lambda", "0.9", "--pretrain_critic_steps", "5",
-                      "--positive_example_lm_coeff", "0.1", "--vapo_alpha", "0.1")
+                      "--positive_example_lm_coeff", "0.1")
     assert "gae_lambda 0.9 with adv_estimator vapo" in message
     assert "pretrain_critic_steps 5: not run by the PPO/GRPO loop yet (VAPO value pretraining" in message
     assert "positive_example_lm_coeff 0.1: not run by the PPO/GRPO loop yet (VAPO's positive-example LM loss" in message
-    assert "vapo_alpha other than the default: not run by the PPO/GRPO loop yet" in message
     assert "only adv_estimator vapo" in refusal(tmp_path, "--rl_algorithm", "ppo", "--critic_gae_lambda", "0.9")
+
+
+def test_vapo_settings_reach_the_estimator(tmp_path):
+    """vapo_alpha and critic_gae_lambda are the vapo entry's settings: the loop passes the
+    arguments of those names (ppo.ppo_argument_checks.estimator_settings)."""
+    from ppo.ppo_argument_checks import estimator_settings
+
+    _, _, args = parse_ppo(tmp_path, "--rl_algorithm", "vapo", "--vapo_alpha", "0.1", "--critic_gae_lambda", "0.9")
+    assert estimator_settings(args) == {"vapo_alpha": 0.1, "critic_gae_lambda": 0.9}
+    _, _, args = parse_ppo(tmp_path, "--rl_algorithm", "vapo")
+    assert estimator_settings(args) == {"vapo_alpha": 0.05, "critic_gae_lambda": 1.0}
 
 
 def test_early_stopping_needs_the_evaluation_and_is_pending(tmp_path):

@@ -88,6 +88,22 @@ def test_ppo_pp2_matches_pp1(two_layer_model_dir, two_layer_score_dir, tiny_data
     compare_pipeline_rl_runs(argv, tmp_path, keys, ("policy", "value"), layout=layout)
 
 
+def test_ppo_lagrangian_pp2_matches_pp1(two_layer_model_dir, two_layer_score_dir, two_layer_cost_dir, tiny_data_dir,
+                                       tmp_path):
+    """Safe RLHF under pipeline parallel: the cost model and the cost critic are pipes too (the
+    cost objective's score and critic passes, and the cost critic's own schedule in the update),
+    and the multiplier, the cost metrics and all three trained models equal the one-process run's."""
+    argv = ["config/tiny/ppo_argument.json", *PPO_AS_BEFORE, *ppo_argv(
+        two_layer_model_dir, tiny_data_dir, "--reward_model_name_or_path", two_layer_score_dir,
+        "--cost_model_name_or_path", two_layer_cost_dir, "--lambda_lr", "0.5", "--threshold", "0.0",
+        "--per_device_prompt_batch_size", "8", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2",
+        "--learning_rate", "1e-3", "--critic_learning_rate", "1e-3", "--kl_coeff", "0.1",
+    )]
+    keys = ("loss/policy_avg", "loss/value_avg", "loss/cost_value_avg", "objective/cost", "lagrange/lambda",
+            "lagrange/episode_cost", "train/cost_critic_grad_norm")
+    compare_pipeline_rl_runs(argv, tmp_path, keys, ("policy", "value", "cost_value"))
+
+
 def test_ppo_pp2_resumes_from_its_merged_checkpoint(two_layer_model_dir, two_layer_score_dir, tiny_data_dir, tmp_path):
     """A PP=2 run stopped after step 1 saves merged policy/value checkpoints and each rank's
     optimiser states; resuming at PP=2 loads every stage's weights and AdamW moments back, and

@@ -7,7 +7,7 @@ import numpy as np
 import paddle
 import pytest
 
-from ppo.experience import response_logprobs, response_values
+from ppo.experience import loss_view, response_logprobs, response_values
 from ppo.models.loading import load_causal_lm
 from ppo.models.policy_pipe import (
     ExperienceCriterion,
@@ -71,12 +71,12 @@ def test_criterion_passes_the_fields_and_rescales_the_loss(model):
         seen.append(mb)
         return (output.sum() + mb.advantages.sum()), {"x": output.sum()}
 
-    criterion = ExperienceCriterion(accumulate_steps=2, record=recorded.append)
+    criterion = ExperienceCriterion(accumulate_steps=2, record=recorded.append, view=loss_view)
     criterion.prepare(exp.prompt_len, fields, objective)
     out = paddle.ones([2, 3])
     loss = criterion(out, labels[1])
     np.testing.assert_allclose(float(loss), 2 * (6.0 + float(micro[1].advantages.sum())), rtol=1e-6)
-    assert seen[0].prompt_len == exp.prompt_len and seen[0].values is None
+    assert seen[0].prompt_len == exp.prompt_len and seen[0].objectives == {} and seen[0].ref_logprobs is None
     np.testing.assert_array_equal(seen[0].old_logprobs.numpy(), micro[1].old_logprobs.numpy())
     assert float(recorded[0]["x"]) == 6.0
 

@@ -18,7 +18,10 @@ from ppo.common.argument_parsing import ArgumentError
 from ppo.models.loading import load_tokenizer
 from ppo.models.score_model import AutoModelForScore
 from ppo.run_ppo import build_trainer
-from ppo.trainer.lagrange_step import LagrangeStep
+from ppo.experience import ObjectiveTrace
+from ppo.strategy import Ranks
+from ppo.trainer.advantages import AdvantageStage
+from ppo.trainer.objectives import LagrangianCombiner, ScoredObjective
 from tests.test_ppo_trainer import ppo_argv, read_metrics, weights
 
 COST = 0.5
@@ -57,7 +60,7 @@ def test_constant_cost_moves_lambda_by_the_formula(threshold, direction, tiny_mo
     out = str(tmp_path / "safe")
     trainer = build_trainer(safe_argv(tiny_model_dir, tiny_rm_dir, constant_cost_dir, tiny_data_dir, out, "--max_steps", "3",
                                       "--threshold", str(threshold), "--lambda_update_delay_steps", "1"))
-    m = trainer.models
+    m = trainer.passes.models
     before = {name: weights(getattr(m, name)) for name in ("cost", "cost_critic", "reward")}
     trainer.train()
     rows = [r for r in read_metrics(out) if "lagrange/lambda" in r]
@@ -89,40 +92,37 @@ def test_combined_advantage_feeds_the_actor(tiny_model_dir, tiny_rm_dir, tiny_rm
     trainer = build_trainer(safe_argv(tiny_model_dir, tiny_rm_dir, tiny_rm_dir_cost, tiny_data_dir, str(tmp_path / "adv"),
                                       "--max_steps", "1", "--lambda_init", "2.0", "--lambda_lr", "0.0"))
     seen = {}
-    original = trainer.shape_lagrangian_rewards_and_advantages
+    stage = trainer.experience.completion
+    original = stage.shape
 
     def spy(exp, kl_coeff):
         kl = original(exp, kl_coeff)
         seen["exp"] = exp
         return kl
 
-    trainer.shape_lagrangian_rewards_and_advantages = spy
+    stage.shape = spy
     trainer.train_step()
     exp = seen["exp"]
     mask = exp.response_mask.numpy()
-    costs = exp.costs.numpy()
-    assert costs.std() > 0 and exp.cost_advantages is not None
+    costs, cost_advantages = exp.objectives["cost"].scores.numpy(), exp.objectives["cost"].advantages
+    assert costs.std() > 0 and cost_advantages is not None
     whiten = lambda x: (x - x[mask > 0].mean()) / np.sqrt(x[mask > 0].var(ddof=1) + 1e-8) * mask  # noqa: E731
-    assert np.allclose(whiten(exp.cost_advantages.numpy()), exp.cost_advantages.numpy(), atol=1e-4)
+    assert np.allclose(whiten(cost_advantages.numpy()), cost_advantages.numpy(), atol=1e-4)
     # lambda 2 (lr 0): A = (A_R - 2 A_C) / 3, so 3 A + 2 A_C is the whitened reward advantage
-    reward_adv = 3 * exp.advantages.numpy() + 2 * exp.cost_advantages.numpy()
+    reward_adv = 3 * exp.advantages.numpy() + 2 * cost_advantages.numpy()
     assert abs(reward_adv[mask > 0].mean()) < 1e-4 and abs(reward_adv[mask > 0].std(ddof=1) - 1) < 1e-3
 
 
-class _StepWithoutModels(LagrangeStep):
-    """`LagrangeStep` with no models: scores pass through, and the advantages are the token
-    rewards themselves (returns = rewards + values), so the combined advantage is hand-computable."""
-
-    def __init__(self, lambda_lr):
-        self.args = types.SimpleNamespace(clip_range_score=10.0, kl_estimator="k1", kl_clamp=None)
-        self.lagrange = LagrangeMultiplier(1.0, lambda_lr, threshold=0.0)
-        self.step, self.world_size = 0, 1
-
-    def normalized_scores(self, scores):
-        return scores
-
-    def advantages_and_returns(self, rewards, values, mask):
-        return rewards * mask.astype(rewards.dtype), rewards + values
+def stage_without_models(lambda_lr):
+    """The advantage stage of PPO-Lagrangian with no models: the advantages are the token rewards
+    themselves (returns = rewards + values), so the combined advantage is hand-computable."""
+    settings = types.SimpleNamespace(clip_range_score=10.0, kl_estimator="k1", kl_clamp=None, rollout_n=1, gamma=1.0,
+                                     gae_lambda=1.0, scale_reward_std=False, normalize_advantage=False)
+    estimator = lambda rewards, mask, values=None, **_: (rewards * mask.astype(rewards.dtype), rewards + values)  # noqa: E731
+    objectives = [ScoredObjective("reward", None), ScoredObjective("cost", None, kl_weight=-1.0)]
+    combiner = LagrangianCombiner(LagrangeMultiplier(1.0, lambda_lr, threshold=0.0), Ranks())
+    return AdvantageStage(None, objectives, combiner, estimator, None, None, (), Ranks(), types.SimpleNamespace(step=0),
+                          settings)
 
 
 def test_multiplier_moves_before_the_actor_advantage_uses_it():
@@ -131,16 +131,16 @@ def test_multiplier_moves_before_the_actor_advantage_uses_it():
     reference's (KL 0), score 1, cost 2: A_R = [0, 1], A_C = [0, 2]. lambda 1, lambda_lr 0.5,
     threshold 0, J_C = 2: log lambda' = 0 + 0.5 * 2 * 1 = 1, lambda' = e; the last token's
     advantage is (1 - 2e) / (1 + e) = -1.1931757 (the stale lambda 1 would give (1 - 2) / 2 = -0.5)."""
-    step = _StepWithoutModels(lambda_lr=0.5)
+    step = stage_without_models(lambda_lr=0.5)
     logp = paddle.to_tensor([[-1.0, -2.0]], dtype="float64")
     exp = types.SimpleNamespace(
-        response_mask=paddle.to_tensor([[1, 1]], dtype="int64"), scores=paddle.to_tensor([1.0], dtype="float64"),
-        costs=paddle.to_tensor([2.0], dtype="float64"), old_logprobs=logp, ref_logprobs=logp.clone(),
-        values=paddle.zeros([1, 2], dtype="float64"), cost_values=paddle.zeros([1, 2], dtype="float64"),
+        response_mask=paddle.to_tensor([[1, 1]], dtype="int64"), old_logprobs=logp, ref_logprobs=logp.clone(),
+        objectives={"reward": ObjectiveTrace(paddle.to_tensor([1.0], dtype="float64"), values=paddle.zeros([1, 2], dtype="float64")),
+                    "cost": ObjectiveTrace(paddle.to_tensor([2.0], dtype="float64"), values=paddle.zeros([1, 2], dtype="float64"))},
     )
-    step.shape_lagrangian_rewards_and_advantages(exp, kl_coeff=0.1)
-    assert step.lagrange.value == pytest.approx(math.e, rel=1e-12)
-    assert step.lagrange_stats == {"lagrange/lambda": pytest.approx(math.e, rel=1e-12), "lagrange/episode_cost": 2.0}
+    step.shape(exp, kl_coeff=0.1)
+    assert step.combiner.multiplier.value == pytest.approx(math.e, rel=1e-12)
+    assert step.combined == {"lagrange/lambda": pytest.approx(math.e, rel=1e-12), "lagrange/episode_cost": 2.0}
     np.testing.assert_allclose(exp.advantages.numpy(), [[0.0, (1 - 2 * math.e) / (1 + math.e)]], rtol=1e-12, atol=1e-15)
     assert exp.advantages.numpy()[0, 1] == pytest.approx(-1.1931757, abs=1e-7)
 
@@ -157,7 +157,7 @@ def test_resume_repeats_the_multiplier_trajectory(tiny_model_dir, tiny_rm_dir, t
     original = trainer.train_step
 
     def killed_after_checkpoint():
-        if trainer.step == 3:
+        if trainer.state.step == 3:
             raise KeyboardInterrupt("killed")
         return original()
 
@@ -219,19 +219,21 @@ def test_lagrangian_settings_without_a_cost_model_are_refused(tiny_model_dir, ti
     assert "cost_critic_model_name_or_path is set without cost_model_name_or_path" in text
 
 
-@pytest.mark.parametrize("name", ["tensor_parallel_degree", "pipeline_parallel_degree"])
-def test_model_parallel_with_a_cost_model_is_refused_by_name(name):
-    """(One process resets these degrees to 1 before any check, so the check is called directly.)"""
+def test_a_cost_model_needs_critics_and_any_parallel_layout_takes_it():
+    """(One process resets the parallel degrees to 1 before any check, so the check is called
+    directly.) Tensor and pipeline parallel runs of PPO-Lagrangian are compared with one process in
+    tests/test_tensor_parallel.py and tests/test_pipeline_rl.py."""
     from types import SimpleNamespace
 
     from ppo.ppo_argument_checks import lagrangian_problems
 
     model_args = SimpleNamespace(cost_model_name_or_path="cost", cost_critic_model_name_or_path=None)
-    training_args = SimpleNamespace(adv_estimator="gae", use_critic=True, tensor_parallel_degree=1, pipeline_parallel_degree=1)
-    assert lagrangian_problems(model_args, training_args) == []
-    setattr(training_args, name, 2)
-    (problem,) = lagrangian_problems(model_args, training_args)
-    assert f"cost_model_name_or_path (PPO-Lagrangian) with {name} > 1 is not implemented" in problem
+    base = dict(adv_estimator="gae", adv_estimator_settings="", rollout_n=1, dynamic_sampling=False, use_critic=True)
+    for degrees in ({}, {"tensor_parallel_degree": 2}, {"pipeline_parallel_degree": 2}):
+        assert lagrangian_problems(model_args, SimpleNamespace(**base, **degrees)) == []
+    (problem,) = lagrangian_problems(model_args, SimpleNamespace(**{**base, "adv_estimator": "grpo", "use_critic": False,
+                                                                   "rollout_n": 4}))
+    assert "needs cost and reward critics; adv_estimator grpo has none: use gae" in problem
 
 
 def test_lora_actor_with_a_cost_model(tiny_model_dir, tiny_rm_dir, tiny_rm_dir_cost, tiny_data_dir, tmp_path):
@@ -240,7 +242,7 @@ def test_lora_actor_with_a_cost_model(tiny_model_dir, tiny_rm_dir, tiny_rm_dir_c
     out = str(tmp_path / "lora")
     trainer = build_trainer(safe_argv(tiny_model_dir, tiny_rm_dir, tiny_rm_dir_cost, tiny_data_dir, out, "--max_steps", "2",
                                       "--use_lora", "true", "--lora_rank", "4", "--lora_alpha", "8"))
-    assert trainer.models.reference is None  # the LoRA actor with its adapter off
+    assert trainer.passes.models.reference is None  # the LoRA actor with its adapter off
     trainer.train()
     rows = [r for r in read_metrics(out) if "lagrange/lambda" in r]
     assert len(rows) == 2 and rows[1]["lagrange/lambda"] != rows[0]["lagrange/lambda"]

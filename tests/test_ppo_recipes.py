@@ -87,14 +87,21 @@ def test_pg_loss_coeff_and_entropy_coeff_scale_the_actor_loss(tiny_model_dir, ti
 
     trainer = build_trainer(rule_argv(tiny_model_dir, tiny_data_dir, str(tmp_path / "coef"), "--rule_reward_scorers",
                                       "test_rule_len"))
-    exp, _ = trainer.sample_with_dynamic_filter()
-    trainer.compute_advantages(exp)
+    import dataclasses
+
+    from ppo.experience import response_logprobs
+
+    exp, _ = trainer.experience.sample()
+    trainer.experience.completion.complete(exp)
     mb = exp.select(list(range(8)))
     n_tok, n_seq = float(mb.response_mask.sum()), 8.0
+    learner, passes = trainer.learner, trainer.passes
     with paddle.no_grad():
-        base, _ = trainer.actor_loss(mb, n_tok, n_seq)
-        trainer.args.pg_loss_coeff, trainer.args.entropy_coeff = 0.5, 0.1
-        scaled, stats = trainer.actor_loss(mb, n_tok, n_seq)
+        logprobs, entropy = response_logprobs(trainer.actor, mb, passes.temperature, passes.logprob_chunk_size, with_entropy=True)
+        forward = {"logprobs": logprobs, "entropy": entropy}
+        base, _ = learner.actor_loss(mb, forward, n_tok, n_seq)
+        learner.settings = dataclasses.replace(learner.settings, pg_loss_coeff=0.5, entropy_coeff=0.1)
+        scaled, stats = learner.actor_loss(mb, forward, n_tok, n_seq)
     np.testing.assert_allclose(float(scaled), 0.5 * float(base) - 0.1 * float(stats["actor/entropy"]), rtol=1e-5)
     assert float(stats["actor/entropy"]) > 0
 
@@ -108,10 +115,11 @@ def test_normalize_advantage_whitens_grpo_advantages_only_when_asked(normalize, 
 
     trainer = build_trainer(rule_argv(tiny_model_dir, tiny_data_dir, str(tmp_path / normalize), "--rule_reward_scorers",
                                       "test_rule_len", "--normalize_advantage", normalize))
-    exp, _ = trainer.sample_with_dynamic_filter()
-    trainer.compute_advantages(exp)
-    raw, _ = trainer.estimator(exp.rewards, exp.response_mask, group_size=trainer.args.rollout_n,
-                               scale_by_std=trainer.args.scale_reward_std)
+    stage = trainer.experience.completion
+    exp, _ = trainer.experience.sample()
+    stage.complete(exp)
+    raw, _ = stage.estimator(exp.objectives["reward"].rewards, exp.response_mask, group_size=stage.settings.rollout_n,
+                             scale_by_std=stage.settings.scale_reward_std)
     expected = masked_whiten(raw, exp.response_mask) if normalize == "true" else raw
     mask = exp.response_mask.numpy().astype(bool)
     np.testing.assert_allclose(exp.advantages.numpy()[mask], expected.numpy()[mask], rtol=1e-5, atol=1e-6)

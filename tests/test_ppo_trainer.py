@@ -31,6 +31,11 @@ def ppo_argv(model_dir, rm_dir, data_dir, out, *extra):
     ]
 
 
+def trained(trainer, name):
+    """The `TrainedModel` called `name` ("actor", "critic", "cost_critic") of a PPO run's update."""
+    return {t.name: t for t in trainer.learner.trained}[name]
+
+
 def weights(model):
     return {n: p.numpy().copy() for n, p in model.named_parameters()}
 
@@ -42,7 +47,7 @@ def read_metrics(out):
 def test_step_updates_actor_and_critic_only(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path):
     out = str(tmp_path / "ppo")
     trainer = build_trainer(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, "--max_steps", "1", "--kl_coeff", "0.1"))
-    m = trainer.models
+    m = trainer.passes.models
     before = {name: weights(getattr(m, name)) for name in ("actor", "reference", "reward", "critic")}
     summary = trainer.train()
     after = {name: weights(getattr(m, name)) for name in ("actor", "reference", "reward", "critic")}
@@ -65,7 +70,7 @@ def test_step_updates_actor_and_critic_only(tiny_model_dir, tiny_rm_dir, tiny_da
     reloaded = AutoModelForScore.from_pretrained(os.path.join(out, "value"))
     np.testing.assert_array_equal(reloaded.score_head.weight.numpy(), after["critic"]["score_head.weight"])
     assert summary["steps"] == 1
-    assert trainer.actor_optimizer.fused_steps > 0 and trainer.critic_optimizer.fused_steps > 0  # the one-op AdamW ran
+    assert all(trained(trainer, name).optimizer.fused_steps > 0 for name in ("actor", "critic"))  # the one-op AdamW ran
 
 
 def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path, monkeypatch):
@@ -79,7 +84,7 @@ def test_resume_reproduces_the_uninterrupted_run(tiny_model_dir, tiny_rm_dir, ti
     original = trainer.train_step
 
     def crash_after_checkpoint():
-        if trainer.step == 3:
+        if trainer.state.step == 3:
             raise KeyboardInterrupt("killed")
         return original()
 
@@ -106,19 +111,19 @@ def test_nan_update_is_skipped_and_reported(tiny_model_dir, tiny_rm_dir, tiny_da
     out = str(tmp_path / "nan")
     trainer = build_trainer(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, "--max_steps", "1", "--update_iters", "1",
                                      "--per_device_train_batch_size", "8"))
-    original = trainer.actor_loss
+    original = trainer.learner.actor_loss
     calls = {"n": 0}
 
-    def poisoned(mb, num_tokens, num_seqs, forward=None):
-        loss, stats = original(mb, num_tokens, num_seqs, forward)
+    def poisoned(mb, forward, num_tokens, num_seqs):
+        loss, stats = original(mb, forward, num_tokens, num_seqs)
         calls["n"] += 1
         return loss * float("nan"), stats
 
-    trainer.actor_loss = poisoned
-    before = weights(trainer.models.actor)
+    trainer.learner.actor_loss = poisoned
+    before = weights(trainer.passes.models.actor)
     trainer.train()
     assert calls["n"] == 1
-    after = weights(trainer.models.actor)
+    after = weights(trainer.passes.models.actor)
     for k in before:
         np.testing.assert_array_equal(before[k], after[k], err_msg=k)  # the poisoned update was not applied
     (line,) = [r for r in read_metrics(out) if "objective/scores" in r]
@@ -129,8 +134,8 @@ def test_repeated_nan_stops_the_run_naming_step_and_tensor(tiny_model_dir, tiny_
     out = str(tmp_path / "nan_stop")
     trainer = build_trainer(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, "--max_steps", "5", "--max_nan_skips", "1",
                                      "--update_iters", "1", "--per_device_train_batch_size", "8"))
-    original = trainer.actor_loss
-    trainer.actor_loss = lambda mb, nt, ns, fw=None: (lambda r: (r[0] * float("nan"), r[1]))(original(mb, nt, ns, fw))
+    original = trainer.learner.actor_loss
+    trainer.learner.actor_loss = lambda mb, fw, nt, ns: (lambda r: (r[0] * float("nan"), r[1]))(original(mb, fw, nt, ns))
     with pytest.raises(NonFiniteError, match=r"step 2: 2 consecutive updates had non-finite values \(last: loss of the actor\)"):
         trainer.train()
 
@@ -139,7 +144,7 @@ def test_lora_actor_shares_base_weights_with_reference(tiny_model_dir, tiny_rm_d
     out = str(tmp_path / "lora")
     trainer = build_trainer(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, "--use_lora", "true", "--max_steps", "1",
                                      "--kl_coeff", "0.1"))
-    m = trainer.models
+    m = trainer.passes.models
     assert m.reference is None  # no second copy of the base weights
     with m.reference_mode() as ref:
         assert ref is m.actor
@@ -181,14 +186,13 @@ def test_two_process_runs_keep_ranks_in_sync(tiny_model_dir, tiny_rm_dir, tiny_d
 
 
 def test_crash_during_save_keeps_previous_checkpoint(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path, monkeypatch):
-    import ppo.checkpoint as ckpt
     from ppo.checkpoint import list_checkpoints
 
     out = str(tmp_path / "atomic")
     argv = ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, "--max_steps", "4", "--save_steps", "2",
                     "--save_total_limit", "3", "--overwrite_output_dir", "false")
     trainer = build_trainer(argv)
-    original = ckpt.save_model_dir
+    original = trainer.strategy.save_model
     calls = {"n": 0}
 
     def dies_on_second_checkpoint(model, path, tokenizer=None):
@@ -197,14 +201,13 @@ def test_crash_during_save_keeps_previous_checkpoint(tiny_model_dir, tiny_rm_dir
             raise KeyboardInterrupt("killed mid-save")
         return original(model, path, tokenizer)
 
-    monkeypatch.setattr(ckpt, "save_model_dir", dies_on_second_checkpoint)
+    monkeypatch.setattr(trainer.strategy, "save_model", dies_on_second_checkpoint)
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
     assert [step for step, _ in list_checkpoints(out)] == [2]  # the half-written one is not a checkpoint
     assert os.path.isdir(os.path.join(out, "tmp-checkpoint-4"))
-    monkeypatch.setattr(ckpt, "save_model_dir", original)
     resumed = build_trainer(argv)
-    assert resumed.maybe_resume() and resumed.step == 2
+    assert resumed.state.resume() and resumed.state.step == 2
 
 
 @pytest.mark.parametrize("estimator,rollout_logprobs", [("gae", "false"), ("grpo", "false"), ("gae", "true")])
@@ -235,10 +238,10 @@ def test_reused_first_update_forward_matches_a_separate_old_policy_pass(estimato
         out = str(tmp_path / reuse)
         trainer = build_trainer(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, *extra,
                                          "--reuse_first_update_forward", reuse))
-        assert trainer.first_update_forward_reusable(8) == (reuse == "true")
+        assert trainer.experience.completion.first_update_forward_reusable(8) == (reuse == "true")
         trainer.train()
         lines = [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in read_metrics(out) if "loss/policy_avg" in r]
-        runs[reuse] = (dict(calls), lines, weights(trainer.models.actor))
+        runs[reuse] = (dict(calls), lines, weights(trainer.passes.models.actor))
     (calls_on, lines_on, actor_on), (calls_off, lines_off, actor_off) = runs["true"], runs["false"]
     steps = 2
     # the old-policy pass is gone (with the rollout's log-probs as old ones there was none)

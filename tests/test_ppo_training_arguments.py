@@ -51,11 +51,19 @@ def ppo_source():
     return {os.path.relpath(f, ROOT): open(f).read() for f in files}
 
 
+def slice_fields():
+    """Fields the loop's parts read through their argument slices (`ppo.trainer.settings`)."""
+    from ppo.trainer import settings
+
+    return {f.name for cls in vars(settings).values() if dataclasses.is_dataclass(cls) for f in dataclasses.fields(cls)}
+
+
 def reads(sources, name):
     args_read = re.compile(r"args\.%s\b" % re.escape(name))
     self_read = re.compile(r"\bself\.%s\b" % re.escape(name))
-    return [path for path, text in sources.items()
-            if args_read.search(text) or (path == os.path.join("ppo", "ppo_arguments.py") and self_read.search(text))]
+    own = (os.path.join("ppo", "ppo_arguments.py"), os.path.join("ppo", "entry", "argument_groups.py"))
+    found = [path for path, text in sources.items() if args_read.search(text) or (path in own and self_read.search(text))]
+    return found + (["ppo/trainer/settings.py"] if name in slice_fields() else [])
 
 
 INERT_ONLY_BELOW_PIPELINE_DEGREE_2 = ("pipeline_parallel_config",)
@@ -224,8 +232,8 @@ def test_release_grads_no_save_no_eval_report_to_none(tiny_model_dir, tiny_data_
             tiny_model_dir, tiny_data_dir, tmp_path, "released", "--report_to", "none", "--save_strategy", "no",
             "--evaluation_strategy", "no", "--do_eval", "false",
         )
-    assert trainer.args.release_grads
-    grads = trainable_grads(trainer.models.actor)
+    assert trainer.learner.steps.release_gradients
+    grads = trainable_grads(trainer.passes.models.actor)
     assert grads and all(g is None for g in grads)  # release_grads: freed after the step, not zeroed
     rows = metrics(out)
     assert [r["step"] for r in rows] == [1, 2] and not any(k.startswith("eval/") for r in rows for k in r)  # no evaluation
@@ -244,7 +252,7 @@ def test_kept_grads_checkpoints_eval_and_visualdl(tiny_model_dir, tiny_data_dir,
         "--save_steps", "1", "--eval_steps", "1", "--logging_steps", "5", "--logging_first_step", "true",
         "--ignore_save_lr_and_optim", "true", "--run_name", "tiny-grpo",
     )
-    grads = trainable_grads(trainer.models.actor)
+    grads = trainable_grads(trainer.passes.models.actor)
     assert grads and all(g is not None and float(abs(g).sum()) == 0.0 for g in grads)  # zeroed, kept
     rows = metrics(out)
     assert [r["step"] for r in rows if "eval/score" in r] == [0, 1, 2]  # evaluation_strategy steps, eval_steps 1
@@ -260,7 +268,7 @@ def test_kept_grads_checkpoints_eval_and_visualdl(tiny_model_dir, tiny_data_dir,
         tiny_model_dir, tiny_data_dir, tmp_path, "kept", "--release_grads", "false", "--sharding_parallel_config", "",
         "--max_steps", "3", "--overwrite_output_dir", "false", "--save_steps", "1", "--eval_steps", "1",
     )
-    assert resumed.step == 3 and [r["step"] for r in metrics(out) if "objective/scores" in r][-1] == 3
+    assert resumed.state.step == 3 and [r["step"] for r in metrics(out) if "objective/scores" in r][-1] == 3
 
 
 def test_readme_names_every_ppo_table_entry():

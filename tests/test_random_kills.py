@@ -53,7 +53,7 @@ elif mode == "trace":  # the n-th trace append writes half a line, then the kill
     from tests.warm_python import rebind
     import ppo.common.jsonl_trace as trace
     import ppo.common.tracking as tracking
-    import ppo.trainer.loop as loop
+    import ppo.trainer.report as report
     original, calls = trace.append_rows, [0]
     def append_rows(path, rows):
         calls[0] += 1
@@ -63,7 +63,7 @@ elif mode == "trace":  # the n-th trace append writes half a line, then the kill
                 f.write(line[: len(line) // 2])
             die()
         return original(path, rows)
-    trace.append_rows = tracking.append_rows = loop.append_rows = append_rows
+    trace.append_rows = tracking.append_rows = report.append_rows = append_rows
     rebind(original, append_rows)
 if entry == "ppo":
     from ppo.run_ppo import main

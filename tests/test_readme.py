@@ -4,7 +4,7 @@ door whose links resolve, and its Layout names every directory and ppo/ module."
 import os
 import re
 
-from scripts.gen_args_doc import README, main as gen_args_doc
+from scripts.gen_args_doc import PAGES, main as gen_args_doc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -14,8 +14,8 @@ def test_argument_reference_is_current():
 
 
 def test_argument_reference_covers_every_stage():
-    text = open(README).read()  # docs/arguments.md
-    section = text[text.index("<!-- ARGS:BEGIN -->"):text.index("<!-- ARGS:END -->")]
+    texts = [open(page).read() for page in PAGES]  # docs/arguments.md, docs/arguments_rl.md
+    section = "".join(text[text.index("<!-- ARGS:BEGIN -->"):text.index("<!-- ARGS:END -->")] for text in texts)
     for name in ("kl_coeff", "clip_range_ratio", "rollout_n", "adv_estimator", "loss_agg_mode", "normalizer_type",
                  "loss_type", "sft_loss_ratio", "use_lora", "train_datasets", "long_answer_tokens"):
         assert f"| `{name}` |" in section, name

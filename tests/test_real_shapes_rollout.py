@@ -8,7 +8,7 @@ import paddle
 import pytest
 
 from ppo.rollout import RolloutEngine, SamplingParams
-from ppo.rollout.testing import custom_and_fallback_ops
+from tests.rollout_ops_helpers import custom_and_fallback_ops
 from ppo.tiny.bpe_tokenizers import build_tokenizer
 from ppo.tiny.factory import REAL_SHAPES, real_shape_model
 

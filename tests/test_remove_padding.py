@@ -6,7 +6,7 @@ import paddle
 import pytest
 
 from ppo.algos import ppo_policy_loss, value_loss
-from ppo.experience import Experience
+from ppo.experience import Experience, ObjectiveTrace
 from ppo.models.loading import load_causal_lm
 from ppo.models.ppo_models import PPOModels
 from ppo.models.score_model import AutoModelForScore
@@ -57,8 +57,8 @@ def rollout(vocab, seed=0):
     )
     exp.old_logprobs = t(-rng.uniform(1, 5, [N, Tr]) * response_mask)
     exp.advantages = t(rng.normal(size=[N, Tr]) * response_mask)
-    exp.values = t(rng.normal(size=[N, Tr]) * response_mask)
-    exp.returns = t(rng.normal(size=[N, Tr]) * response_mask)
+    exp.objectives["reward"] = ObjectiveTrace(t(np.zeros([N])), values=t(rng.normal(size=[N, Tr]) * response_mask),
+                                              returns=t(rng.normal(size=[N, Tr]) * response_mask))
     return exp
 
 
@@ -70,7 +70,7 @@ def models(tiny_model_dir, tiny_rm_dir):
 
 
 def passes(models, remove_padding, chunk=16):
-    return PlainPasses(models, models.actor, models.critic, temperature=0.7, logprob_chunk_size=chunk, chunk_rows=4,
+    return PlainPasses(models, models.actor, {"reward": models.critic}, temperature=0.7, logprob_chunk_size=chunk, chunk_rows=4,
                        remove_padding=remove_padding)
 
 
@@ -83,8 +83,8 @@ def test_no_gradient_passes_match_padding(models, chunk):
         for which in ("actor", "reference"):
             np.testing.assert_allclose(packed.logprobs(which, exp).numpy(), padded.logprobs(which, exp).numpy(),
                                        rtol=1e-5, atol=1e-5)
-        values = packed.values(exp).numpy()
-        np.testing.assert_allclose(values, padded.values(exp).numpy(), rtol=1e-5, atol=1e-6)
+        values = packed.values("reward", exp).numpy()
+        np.testing.assert_allclose(values, padded.values("reward", exp).numpy(), rtol=1e-5, atol=1e-6)
     assert (np.abs(values) > 0).sum() == exp.response_mask.numpy().sum()  # a value on every response token only
 
 
@@ -98,11 +98,12 @@ def update_losses(exp):
         return loss - 0.01 * entropy, {"loss/policy": loss.detach()}
 
     def critic(mb, forward):
-        loss, _ = value_loss(forward["values"], mb.values, mb.returns, mb.response_mask, clip_range_value=5.0,
+        trace = mb.objectives["reward"]
+        loss, _ = value_loss(forward["values"], trace.values, trace.returns, mb.response_mask, clip_range_value=5.0,
                              num_tokens=tokens)
         return loss, {"loss/value": loss.detach()}
 
-    return UpdateLosses(actor=actor, critic=critic)
+    return UpdateLosses(actor=actor, critics={"reward": critic})
 
 
 def update_grads(models, remove_padding, exp, keep_first):
@@ -113,7 +114,7 @@ def update_grads(models, remove_padding, exp, keep_first):
     if keep_first:
         runner.keep_first_forward(exp.select(list(range(len(exp)))))
     actor_loss, value_totals, _ = runner.backward_step(exp, plan, update_losses(exp))
-    critic_loss = value_totals["critic"]
+    critic_loss = value_totals["reward"]
     grads = {f"{who}.{n}": p.grad.numpy().copy() for who, m in (("actor", models.actor), ("critic", models.critic))
              for n, p in m.named_parameters() if p.grad is not None}
     return actor_loss, critic_loss, grads
@@ -149,8 +150,8 @@ def test_the_paddlenlp_key_reaches_the_passes(tiny_model_dir, tiny_rm_dir, tiny_
 
     out = str(tmp_path / "ppo")
     trainer = build_trainer(ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, "--use_remove_padding", "true"))
-    assert trainer.args.use_remove_padding and trainer.passes.remove_padding
-    with open("docs/arguments.md") as f:
+    assert trainer.passes.remove_padding
+    with open("docs/arguments_rl.md") as f:
         assert "use_remove_padding" in f.read()
 
 
@@ -166,7 +167,7 @@ def test_a_ppo_step_with_remove_padding_logs_the_padded_step(tiny_model_dir, tin
                                          "--kl_coeff", "0.1", "--use_rollout_logprobs", "false", *extra))
         trainer.train()
         (record,) = [r for r in read_metrics(out) if "loss/policy_avg" in r]
-        return record, weights(trainer.models.actor)
+        return record, weights(trainer.passes.models.actor)
 
     padded, padded_weights = run("padded")
     packed, packed_weights = run("packed", "--use_remove_padding", "true")

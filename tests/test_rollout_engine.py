@@ -13,7 +13,7 @@ import paddle.nn.functional as F
 import pytest
 
 from ppo.rollout import RolloutEngine, SamplingParams
-from ppo.rollout.testing import custom_and_fallback_ops
+from tests.rollout_ops_helpers import custom_and_fallback_ops
 from tests import warm_python
 
 PAD, EOS = 3, 2

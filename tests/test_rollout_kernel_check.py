@@ -14,7 +14,7 @@ import pytest
 
 from ppo.common.argument_parsing import ArgumentError, parse_arguments
 from ppo.rollout import RolloutEngine, SamplingParams, fallback, kernel_check, ops
-from ppo.rollout.testing import custom_and_fallback_ops
+from tests.rollout_ops_helpers import custom_and_fallback_ops
 from tests.test_argument_modules import ENTRY_CLASSES
 
 PAD, EOS = 3, 2
@@ -285,4 +285,4 @@ def test_the_trainers_hand_rollout_kernels_to_their_engine(tiny_model_dir, tiny_
                              "--rollout_kernels", "paddle"))
     online = build_online_dpo(online_argv(tiny_model_dir, tiny_data_dir, str(tmp_path / "online"), "--rollout_kernels",
                                           "paddle"))
-    assert ppo.engine.backend == "paddle" and online.engine.backend == "paddle"
+    assert ppo.experience.rollout.engine.backend == "paddle" and online.experience.rollout.engine.backend == "paddle"

@@ -8,7 +8,7 @@ import paddle
 import pytest
 from scipy.stats import chisquare
 
-from ppo.rollout.testing import custom_and_fallback_ops
+from tests.rollout_ops_helpers import custom_and_fallback_ops
 
 LOGITS = np.array([2.0, 1.5, 1.4, 0.3, 0.0, -0.5, -1.0, 3.0], "float32")
 N_DRAWS = 20000

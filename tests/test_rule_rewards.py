@@ -93,7 +93,10 @@ def test_trainer_scores_with_rules_in_process(tiny_model_dir, tiny_data_dir, tmp
     out = str(tmp_path / "rule")
     trainer = build_trainer(rule_argv(tiny_model_dir, tiny_data_dir, out, "--rule_reward_scorers", "reverse,test_rule_len",
                                       "--rule_reward_weights", "1,0.5"))
-    assert trainer.models.reward is None and trainer.reward_client is None and trainer.models.critic is None
+    from ppo.trainer.scoring import RuleScorer
+
+    assert trainer.passes.models.reward is None and trainer.passes.models.critic is None
+    assert isinstance(trainer.experience.scoring.objectives[0].scorer, RuleScorer)
     trainer.train()
     (line,) = read_metrics(out)
     assert np.isfinite(line["loss/policy_avg"]) and "reward/test_rule_len" in line and "reward/reverse" in line

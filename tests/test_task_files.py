@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 
 from ppo.common.argument_parsing import ArgumentError, parse_arguments
-from ppo.data.task_files import task_file_specs
+from ppo.common.task_files import task_file_specs
 from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments
 
 CLASSES = (ModelArgument, DataArgument, PPOTrainingArguments)

@@ -182,6 +182,21 @@ def compare_rl_runs(run, argv, tmp_path, keys, models, out1=None):
     return out1, out2
 
 
+def test_ppo_lagrangian_tp2_matches_tp1(tiny_model_dir, tiny_rm_dir, tiny_rm_dir_cost, tiny_data_dir, tmp_path):
+    """Safe RLHF with every model split (the cost model and cost critic too): the multiplier, the
+    cost metrics and the three trained models equal the one-process run's."""
+    from ppo.run_ppo import main as run_ppo
+
+    argv = ["config/tiny/ppo_argument.json", *PPO_AS_BEFORE, *ppo_argv(
+        tiny_model_dir, tiny_data_dir, "--reward_model_name_or_path", tiny_rm_dir, "--cost_model_name_or_path",
+        tiny_rm_dir_cost, "--lambda_lr", "0.5", "--threshold", "0.0", "--per_device_prompt_batch_size", "8",
+        "--per_device_train_batch_size", "4", "--learning_rate", "1e-3", "--critic_learning_rate", "1e-3", "--kl_coeff", "0.1",
+    )]
+    keys = ("loss/policy_avg", "loss/cost_value_avg", "objective/cost", "lagrange/lambda", "lagrange/episode_cost",
+            "train/cost_critic_grad_norm")
+    compare_rl_runs(run_ppo, argv, tmp_path, keys, ("policy", "value", "cost_value"))
+
+
 def test_ppo_tp2_matches_tp1(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path):
     """Actor, reference, reward model and critic all split; the rollout engine gathers."""
     from ppo.run_ppo import main as run_ppo

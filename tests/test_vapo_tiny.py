@@ -47,15 +47,18 @@ def test_tiny_vapo_config_runs_two_steps_with_decoupled_lambdas(tiny_model_dir, 
         "--save_steps", "0", "--num_sample_generations", "0", "--disable_tqdm", "true",
         "--rule_reward_scorers", "test_rule_len",
     ])
-    seen, original = [], trainer.advantages_and_returns
+    stage = trainer.experience.completion  # the AdvantageStage: the estimator with its settings
+    assert stage.estimator.name == "vapo" and stage.estimator_settings == {"vapo_alpha": 0.05, "critic_gae_lambda": 1.0}
+    seen, original = [], stage.advantages_and_returns
 
     def recorded(rewards, values, mask):
         advantages, returns = original(rewards, values, mask)
         seen.append([x.numpy().copy() for x in (rewards, values, mask, advantages, returns)])
         return advantages, returns
 
-    trainer.advantages_and_returns = recorded
-    actor_before = trainer.models.actor.parameters()[-1].numpy().copy()
+    stage.advantages_and_returns = recorded
+    actor = trainer.passes.models.actor
+    actor_before = actor.parameters()[-1].numpy().copy()
     trainer.train()
 
     assert len(seen) == 2
@@ -69,6 +72,6 @@ def test_tiny_vapo_config_runs_two_steps_with_decoupled_lambdas(tiny_model_dir, 
     assert [r["step"] for r in rows] == [1, 2]
     for key in ("objective/scores", "loss/policy_avg", "loss/value_avg", "policy/approxkl_avg"):
         assert all(np.isfinite(r[key]) for r in rows), key
-    assert np.abs(trainer.models.actor.parameters()[-1].numpy() - actor_before).max() > 0  # the policy moved
+    assert np.abs(actor.parameters()[-1].numpy() - actor_before).max() > 0  # the policy moved
     resolved = json.load(open(f"{out}/resolved_arguments.json"))["PPOTrainingArguments"]
     assert resolved["adv_estimator"] == "vapo" and resolved["vapo_alpha"] == 0.05 and resolved["critic_gae_lambda"] == 1.0

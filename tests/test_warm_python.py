@@ -76,7 +76,8 @@ def test_sigkill_gives_minus_9_and_signals_reach_the_child():
 
 def test_import_time_environment_and_other_interpreters_take_a_real_process():
     cmd = [sys.executable, "-c", "import os; print(os.getppid())"]
-    for env in (dict(ENV, FLAGS_check_nan_inf="1"), dict(ENV, OMP_NUM_THREADS="2"), dict(ENV, PYTHONPATH=REPO)):
+    for env in (dict(ENV, FLAGS_check_nan_inf="1"), dict(ENV, OMP_NUM_THREADS="2"),
+                dict(ENV, PYTHONPATH=os.pathsep.join([REPO, os.path.join(REPO, "tests")]))):
         proc = warm_python.popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
         assert type(proc) is subprocess.Popen
         assert proc.communicate()[0] == f"{os.getpid()}\n"

@@ -16,8 +16,10 @@
 - arguments.py: ``AgentArguments`` (env_name, env_kwargs, max_turns, max_tool_response_len,
   max_total_len, turn_reward_mode) and the start-up check ``agent_problems``.
 
-docs/agents.md describes the whole.
+The built-in tools and environments register when this package is imported (the registries
+in tools.py and environment.py import no entry of their own). docs/agents.md describes the whole.
 """
+from . import builtin_tools  # noqa: F401 (registers calculator, python, search)
 from .arguments import AgentArguments, agent_problems
 from .environment import (
     Environment,

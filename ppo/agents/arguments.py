@@ -1,6 +1,6 @@
 """The argument-file keys of multi-turn, tool-using rollouts, as one group of their own.
 
-``AgentArguments`` is a dataclass like the groups of ppo/common/argument_groups.py (every field
+``AgentArguments`` is a dataclass like the groups of ppo/entry/argument_groups.py (every field
 has a help, problems are collected in ``__post_init__``); an entry point mixes it into its
 training arguments and adds :func:`agent_problems` to its start-up pass, so an environment
 that does not exist, cannot be imported, lacks ``reset``/``step`` or does not take

@@ -91,13 +91,8 @@ def register_environment(name: str, cls: Optional[type] = None, facts: Optional[
     return decorator(cls) if cls is not None else decorator
 
 
-def _builtins():
-    from . import tool_env  # noqa: F401 (registers the built-in environments)
-
-
 def list_environments() -> List[str]:
     """Names of the registered environments, sorted."""
-    _builtins()
     with _LOCK:
         return sorted(_REGISTRY)
 
@@ -145,7 +140,6 @@ def get_environment(name: str) -> type:
 
     Raises ValueError naming the valid choices when ``name`` is unknown, and when an imported
     class lacks ``reset``/``step``."""
-    _builtins()
     with _LOCK:
         cls = _REGISTRY.get(name)
     if cls is not None:

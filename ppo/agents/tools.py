@@ -127,12 +127,7 @@ def register_tool(name: str, fn: Optional[Callable] = None, schema: Optional[Map
     return decorator(fn) if fn is not None else decorator
 
 
-def _builtins():
-    from . import builtin_tools  # noqa: F401 (registers calculator, python, search)
-
-
 def list_tools() -> List[str]:
-    _builtins()
     with _LOCK:
         return sorted(_REGISTRY)
 
@@ -157,7 +152,6 @@ def _load(spec):
 
 def get_tool(name: str) -> ToolSpec:
     """The tool registered as ``name`` or imported from ``module.path:function``."""
-    _builtins()
     with _LOCK:
         spec = _REGISTRY.get(name)
     if spec is not None:

@@ -5,18 +5,17 @@ Plain functions on paddle tensors; no models, I/O or distributed calls, no
 ``.item()``, inputs never written into (tests/test_algos_purity.py checks this).
 """
 from .advantage import (
-    ADV_ESTIMATORS,
     AdvEstimator,
     broadcast_sequence_advantages,
     gae_advantages_and_returns,
-    get_adv_estimator,
     group_zero_std_fraction,
     grpo_advantages,
     reinforce_pp_advantages_and_returns,
     reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
-from .kl import K3_NAMES, KL_ESTIMATOR_NAMES, KL_ESTIMATORS, AdaptiveKLController, kl_penalty, kl_shaped_rewards, last_token_mask
+from .advantage_registry import ADV_ESTIMATORS, get_adv_estimator
+from .kl import K3_NAMES, KL_ESTIMATOR_NAMES, KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_penalty, kl_shaped_rewards, last_token_mask
 from .losses import (
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_AGG_MODES,
@@ -89,8 +88,6 @@ from .normalizer import (
 from .shaping import overlong_penalty, truncated_completion_mask
 from .cost import cost_metrics, pairwise_cost_loss, tokenwise_pairwise_cost_loss
 from .preference import (
-    DPO_LOSS_TYPES,
-    dpo_loss,
     kto_kl_reference_point,
     kto_loss,
     log1mexp,
@@ -126,6 +123,7 @@ __all__ = [
     "kl_shaped_rewards",
     "last_token_mask",
     "AdaptiveKLController",
+    "FixedKLController",
     # advantage
     "ADV_ESTIMATORS",
     "AdvEstimator",
@@ -212,12 +210,10 @@ __all__ = [
     "vocab_parallel_token_logprobs",
     "vocab_parallel_logprobs_from_hidden",
     # preference
-    "DPO_LOSS_TYPES",
     "pairwise_reward_loss",
     "tokenwise_pairwise_reward_loss",
     "pair_divergence_span",
     "scores_at",
-    "dpo_loss",
     "kto_kl_reference_point",
     "kto_loss",
     "log1mexp",

@@ -104,6 +104,26 @@ def kl_shaped_rewards(scores, logprobs, ref_logprobs, mask, kl_coeff, clip_range
     return rewards, kl
 
 
+class FixedKLController:
+    """A KL coefficient that stays at its initial value (no ``target_kl``): the same interface
+    as :class:`AdaptiveKLController`, with nothing to update or carry through checkpoints
+    (``state_dict`` is None: the coefficient is the run's argument)."""
+
+    adapts = False
+
+    def __init__(self, kl_coef):
+        self.value = kl_coef
+
+    def update(self, current_kl, n_steps):
+        return self.value
+
+    def state_dict(self):
+        return None
+
+    def set_state_dict(self, state):
+        pass
+
+
 class AdaptiveKLController:
     """KL coefficient that tracks a target KL (Ziegler et al. 2019, sec. 2.2).
 
@@ -122,6 +142,7 @@ class AdaptiveKLController:
             raise ValueError(f"target_kl must be positive, got {target_kl}")
         if not horizon > 0:
             raise ValueError(f"kl_horizon must be positive, got {horizon}")
+        self.adapts = True
         self.value = float(init_kl_coef)
         self.target = float(target_kl)
         self.horizon = float(horizon)

@@ -14,12 +14,15 @@ Collapse in Long-CoT? Value Optimization Holds the Secret").
 - Positive-example LM loss: the negative log-likelihood of the tokens of the correct samples
   (``mu = 0.1`` in the paper) is added to the PPO loss.
 
+``VAPO_ESTIMATOR`` is its ``adv_estimator vapo`` entry (registered in
+``ppo.algos.advantage_registry``), with its own settings ``vapo_alpha`` and ``critic_gae_lambda``.
+
 Pure functions on paddle tensors; masked positions are never read (their values cannot change
 a result) and inputs are never written into.
 """
 import paddle
 
-from .advantage import gae_advantages_and_returns
+from .advantage import AdvEstimator, gae_advantages_and_returns
 from .masked import _float_mask, _zero_outside
 
 __all__ = [
@@ -30,6 +33,7 @@ __all__ = [
     "value_pretraining_targets",
     "in_value_pretraining",
     "positive_example_nll",
+    "VAPO_ESTIMATOR",
 ]
 
 VAPO_ALPHA = 0.05
@@ -71,6 +75,18 @@ def vapo_advantages_and_returns(values, rewards, mask, gamma=1.0, alpha=VAPO_ALP
     advantages, _ = gae_advantages_and_returns(values, rewards, mask, gamma=gamma, gae_lambda=lam_actor)
     _, returns = gae_advantages_and_returns(values, rewards, mask, gamma=gamma, gae_lambda=critic_lambda)
     return advantages, returns
+
+
+def _vapo(rewards, mask, values, group_size, gamma, gae_lambda, scale_by_std, vapo_alpha, critic_gae_lambda):
+    """The registry's signature: ``gae_lambda`` is not read (the actor's lambda is length-adaptive,
+    the critic's is ``critic_gae_lambda``)."""
+    return vapo_advantages_and_returns(values, rewards, mask, gamma=gamma, alpha=vapo_alpha, critic_lambda=critic_gae_lambda)
+
+
+VAPO_ESTIMATOR = AdvEstimator("vapo", _vapo, needs_critic=True, per_group=False, whitens=True,
+                              settings={"vapo_alpha": VAPO_ALPHA, "critic_gae_lambda": VAPO_CRITIC_LAMBDA})
+"""``adv_estimator vapo``: GAE with a critic, the actor's lambda length-adaptive, the critic's
+targets from their own lambda (PaddleNLP's ``rl_algorithm: vapo``)."""
 
 
 def value_pretraining_targets(rewards, mask, gamma=1.0):

@@ -13,7 +13,13 @@ from contextlib import contextmanager
 _SINK = contextvars.ContextVar("argument_problem_sink", default=None)
 
 
-class ArgumentError(ValueError):
+class UsageError(ValueError):
+    """The arguments or the data are wrong: an entry point reports it as one message with exit
+    status 2, without a traceback (`ppo.common.process_exit`). `ArgumentError` and the data
+    layer's errors (`ppo.data.base.DataError`, `UnknownDatasetError`) are usage errors."""
+
+
+class ArgumentError(UsageError):
     """A bad argument file, flag or combination of values; the message names every problem."""
 
 

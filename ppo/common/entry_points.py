@@ -51,6 +51,8 @@ ENTRY_POINTS = (
                _classes("dpo.dpo_arguments", "ModelArgument", "DataArgument") + ("dpo.run_kto:KTOTrainingArguments",)),
     EntryPoint("online-dpo", "dpo/run_online_dpo.py", "online (iterative) DPO on pairs sampled from the policy",
                _classes("dpo.online_dpo_arguments", "ModelArgument", "DataArgument", "OnlineDPOTrainingArguments")),
+    EntryPoint("distill", "sft/run_distill.py", "on-policy distillation (GKD) from a teacher, full or LoRA student",
+               _classes("sft.distill_arguments", "ModelArgument", "DataArgument", "DistillTrainingArguments")),
     EntryPoint("reward-server", "ppo/reward_server.py", "the HTTP reward server GRPO scores with"),
     EntryPoint("merge-lora", "sft/merge_lora.py", "merge a LoRA adapter into its base model"),
     EntryPoint("quickstart", "scripts/quickstart.py", "the tiny CPU pipeline, end to end, and its results table"),

@@ -63,7 +63,7 @@ def _rollout_rows(value, data):
 
 
 def _task_file(value, _data):
-    from ..data.task_files import task_file_specs
+    from .task_files import task_file_specs
 
     return task_file_specs(value) if value else None
 

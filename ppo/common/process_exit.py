@@ -5,6 +5,7 @@ import logging
 import os
 import sys
 
+from .argument_problems import UsageError
 from .run_guard import RunInterrupted
 
 USAGE_ERROR_EXIT_CODE = 2  # argparse's and the shell's "wrong usage" status
@@ -12,10 +13,7 @@ USAGE_ERROR_EXIT_CODE = 2  # argparse's and the shell's "wrong usage" status
 
 def usage_error_types():
     """The errors that mean "the arguments or the data are wrong" (no traceback helps there)."""
-    from ..data.base import DataError, UnknownDatasetError
-    from .argument_problems import ArgumentError
-
-    return ArgumentError, DataError, UnknownDatasetError
+    return (UsageError,)
 
 
 def exit_on_usage_error(error):

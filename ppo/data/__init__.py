@@ -17,23 +17,15 @@ from .base import (
     PROMPT_BEGIN,
     PROMPT_INPUT,
     PROMPT_USER,
-    CollatorBase,
     DataError,
-    DatasetSpec,
     RawDataset,
     RawSample,
-    TokenizedDataset,
     UnknownDatasetError,
-    format_prompt,
-    left_padding,
-    merge_raw_datasets,
-    mix_raw_datasets,
-    parse_dataset,
-    parse_dataset_spec,
-    position_ids_from_mask,
-    right_padding,
     sample_conversation,
 )
+from .collate import CollatorBase, format_prompt, left_padding, position_ids_from_mask, right_padding
+from .specs import DatasetSpec, parse_dataset, parse_dataset_spec
+from .tokenized import TokenizedDataset, merge_raw_datasets, mix_raw_datasets
 from .readers import LocalFileDataset, Record, read_records, resolve_path
 from .safe_rlhf import (
     SafeRLHFDataset,

@@ -19,7 +19,9 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .base import IGNORE_INDEX, CollatorBase, PromptTruncationMixin, RawSample, TokenizedDataset, right_padding
+from .base import IGNORE_INDEX, RawSample
+from .collate import CollatorBase, right_padding
+from .tokenized import PromptTruncationMixin, TokenizedDataset
 from .preference import PreferenceDataset
 
 __all__ = [

@@ -35,6 +35,8 @@ from typing import Any, ClassVar, Collection, Iterator, List, Optional, Tuple, U
 from paddle.io import Dataset
 from typing_extensions import NotRequired, TypedDict
 
+from ..common.argument_problems import UsageError
+
 __all__ = [
     "IGNORE_INDEX",
     "DEFAULT_TEMPLATE",
@@ -83,7 +85,7 @@ def _logger():
 # --------------------------------------------------------------------------- errors
 
 
-class DataError(ValueError):
+class DataError(UsageError):
     """Bad input data. The message names the file, the 1-based line (or record) and the field.
 
     Attributes `path`, `line`, `field` and `reason` hold the parts; any may be None
@@ -103,7 +105,7 @@ class DataError(ValueError):
         super().__init__(f"{where}: {reason}" if where else reason)
 
 
-class UnknownDatasetError(ValueError):
+class UnknownDatasetError(UsageError):
     """A dataset name that no `RawDataset` subclass registered; the message lists the registered ones."""
 
 
@@ -270,15 +272,3 @@ class RawDataset(Dataset):
 def _same_definition(a: type, b: type) -> bool:
     return a.__module__ == b.__module__ and a.__qualname__ == b.__qualname__
 
-
-# The rest of the data layer's core lives in its own modules; re-exported here, where callers
-# and PaddleNLP-style user code have always imported it from (imported last: they use the names
-# above).
-from .specs import BARE_PATH_DATASET, FILE_NAME_SUFFIXES, DatasetSpec, parse_dataset, parse_dataset_spec  # noqa: E402, F401
-from .collate import CollatorBase, format_prompt, left_padding, position_ids_from_mask, right_padding  # noqa: E402
-from .tokenized import (  # noqa: E402, F401
-    PromptTruncationMixin,
-    TokenizedDataset,
-    merge_raw_datasets,
-    mix_raw_datasets,
-)

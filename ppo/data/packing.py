@@ -14,7 +14,8 @@ from typing import List
 import numpy as np
 import paddle
 
-from .base import IGNORE_INDEX, CollatorBase
+from .base import IGNORE_INDEX
+from .collate import CollatorBase
 
 __all__ = ["pack_rows", "place_samples", "block_causal_mask", "PackedSupervisedCollator"]
 

@@ -24,7 +24,9 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .base import CollatorBase, PromptTruncationMixin, RawSample, TokenizedDataset, right_padding
+from .base import RawSample
+from .collate import CollatorBase, right_padding
+from .tokenized import PromptTruncationMixin, TokenizedDataset
 from .encode import encode_text
 from .readers import LocalFileDataset, Record
 

@@ -5,7 +5,9 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from .base import DEFAULT_TEMPLATE, CollatorBase, RawSample, TokenizedDataset, left_padding, position_ids_from_mask
+from .base import DEFAULT_TEMPLATE, RawSample
+from .collate import CollatorBase, left_padding, position_ids_from_mask
+from .tokenized import TokenizedDataset
 
 __all__ = ["PromptOnlyDataset", "PromptOnlyCollator"]
 

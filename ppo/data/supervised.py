@@ -5,7 +5,9 @@ from typing import List, Optional
 
 import numpy as np
 
-from .base import IGNORE_INDEX, CollatorBase, PromptTruncationMixin, RawSample, TokenizedDataset, right_padding
+from .base import IGNORE_INDEX, RawSample
+from .collate import CollatorBase, right_padding
+from .tokenized import PromptTruncationMixin, TokenizedDataset
 
 __all__ = ["SupervisedDataset", "SupervisedCollator"]
 

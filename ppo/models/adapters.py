@@ -16,7 +16,8 @@ normaliser settings in its `config.json`, and the normaliser's statistics in
 import json
 import os
 
-from .loading import is_lora_dir, is_lora_model, lora_base_path, unwrap_parallel
+from ..common.validation import is_lora_dir
+from .basics import is_lora_model, load_tokenizer, lora_base_path, unwrap_parallel
 from .score_model import SCORE_CONFIG_DEFAULTS, AutoModelForScore
 
 SCORE_NORMALIZER_FILE = "score_normalizer.json"
@@ -138,7 +139,15 @@ def save_normalizer_stats(model, output_dir):
 
 def load_score_model(path, dtype="float32", **config_overrides):
     """A score model from a full directory, or a `LoRAModel` over a score model from an adapter
-    (adapters below it merged). The adapter's saved score settings apply unless overridden."""
+    (adapters below it merged). The adapter's saved score settings apply unless overridden. A
+    Hugging Face directory (a one-label `*ForSequenceClassification`, or a causal LM whose backbone
+    gets a new head) is converted in memory (`ppo.models.hf_import`)."""
+    from .hf_files import is_hf_dir
+
+    if is_hf_dir(path):
+        from .hf_import import load_hf_model
+
+        return load_hf_model(path, dtype=dtype, score=True, **config_overrides)
     if not is_lora_dir(path):
         return AutoModelForScore.from_pretrained(path, dtype=dtype, **config_overrides)
     refuse_tensor_parallel(path, config_overrides, "score model")
@@ -155,10 +164,31 @@ def load_merged_score_model(path, dtype="float32", **config_overrides):
     return merge_lora_model(model) if is_lora_model(model) else model
 
 
+def load_causal_lm(path, dtype="float32", base_model_name_or_path=None, **config_overrides):
+    """A `CausalLM` from a model directory, or a `LoRAModel` from an adapter directory.
+    An adapter whose base is itself an adapter (see the module docstring) gets that chain
+    merged into the base weights in memory first. A Hugging Face safetensors directory
+    (`LlamaForCausalLM`, `Qwen2ForCausalLM`) is converted in memory (`ppo.models.hf_import`).
+    `config_overrides` (e.g. `use_flash_attention=True`) are set on the model config."""
+    from paddlenlp.transformers import AutoModelForCausalLM
+
+    if is_lora_dir(path):
+        from paddlenlp.peft import LoRAModel
+
+        base_path = base_model_name_or_path or lora_base_path(path)
+        base = load_merged_causal_lm(base_path, dtype=dtype, **config_overrides)
+        return LoRAModel.from_pretrained(model=base, lora_path=path)
+    from .hf_files import is_hf_dir
+
+    if is_hf_dir(path):  # a Hugging Face safetensors directory (ppo.models.hf_import)
+        from .hf_import import load_hf_model
+
+        return load_hf_model(path, dtype=dtype, score=False, **config_overrides)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **config_overrides)
+
+
 def load_merged_causal_lm(path, dtype="float32", **config_overrides):
     """A plain causal LM from a full directory or an adapter chain (every adapter merged)."""
-    from .loading import load_causal_lm
-
     if is_lora_dir(path):
         refuse_tensor_parallel(path, config_overrides, "causal LM")
     model = load_causal_lm(path, dtype=dtype, **config_overrides)
@@ -170,8 +200,6 @@ def merge_adapter_to_dir(adapter_dir, output_dir):
     config, tokenizer): a score model (normaliser statistics included) that
     `AutoModelForScore.from_pretrained` loads when it is a score adapter, else a causal LM
     that `AutoModelForCausalLM.from_pretrained` loads. Returns the merged model."""
-    from .loading import load_tokenizer
-
     if is_score_adapter(adapter_dir):
         merged = load_merged_score_model(adapter_dir)
     else:

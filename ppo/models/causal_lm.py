@@ -29,7 +29,7 @@ from ..algos import (
     vocab_parallel_logprobs_from_hidden,
 )
 from .fused_train_ops import LOGIT_KERNELS
-from .loading import unwrap_model
+from .basics import unwrap_model
 from .tensor_parallel import group_all_reduce, model_parallel_identity, vocab_parallel_head
 
 logger = logging.getLogger(__name__)

@@ -9,50 +9,23 @@ does not have), and `score_type`, the normaliser settings and its statistics
 chain of them) is merged into its base first. Weights keep their dtype.
 
 Import (`load_hf_model`, `import_dir`): the reverse, for causal LMs and one-label
-sequence-classification models (a TRL reward model, or one exported here); `ppo.models.loading`
+sequence-classification models (a TRL reward model, or one exported here); `ppo.models.adapters`
 calls `load_hf_model` when a model path holds a Hugging Face directory, so `model_name_or_path`
 may point at one. Names and layouts: `ppo.models.hf_format`; files: `ppo.models.hf_files`.
 """
-import json
 import os
-import shutil
 
 from . import hf_files, hf_format
+from .hf_files import (  # noqa: F401 (the directory helpers, re-exported for the scripts and tests)
+    HF_TOKENIZER_FILES,
+    SENTENCEPIECE_FILE,
+    copy_tokenizer,
+    is_hf_dir,
+    read_json,
+    write_json,
+)
 
 GENERATION_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
-HF_TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
-    "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
-)
-SENTENCEPIECE_FILE = "sentencepiece.bpe.model"
-"""The file name of PaddleNLP's `LlamaTokenizer` vocabulary; transformers' `LlamaTokenizer` reads `tokenizer.model`."""
-
-
-def read_json(path):
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def write_json(obj, path):
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-
-
-def is_hf_dir(path):
-    """True when `path` holds a Hugging Face model directory: a `config.json` and safetensors whose
-    header says `format: pt` (what transformers writes; PaddleNLP writes `np`) or whose tensor
-    names carry transformers' `model.` prefix (PaddleNLP's start with `llama.` / `qwen2.`)."""
-    if not path or not os.path.isfile(os.path.join(str(path), "config.json")):
-        return False
-    try:
-        files = hf_files.weight_files(path)
-    except ValueError:
-        return False
-    from safetensors import safe_open
-
-    with safe_open(files[0], framework="np") as f:
-        return (f.metadata() or {}).get("format") == "pt" or any(k.startswith("model.") for k in f.keys())
 
 
 def state_numpy(model):
@@ -117,29 +90,10 @@ def export_model(model, output_dir, max_shard_bytes=hf_files.DEFAULT_MAX_SHARD_B
     return hf_config
 
 
-def copy_tokenizer(source_dir, output_dir, to_hf=True):
-    """Copy the tokenizer files of `source_dir` into `output_dir`; returns the names written.
-    A SentencePiece vocabulary is written under both names (`sentencepiece.bpe.model` for
-    PaddleNLP's `LlamaTokenizer`, `tokenizer.model` for transformers')."""
-    written = []
-    names = set(HF_TOKENIZER_FILES) | {SENTENCEPIECE_FILE}
-    for name in sorted(os.listdir(source_dir)):
-        if name in names:
-            shutil.copyfile(os.path.join(source_dir, name), os.path.join(output_dir, name))
-            written.append(name)
-    spm_pair = ("sentencepiece.bpe.model", "tokenizer.model") if to_hf else ("tokenizer.model", "sentencepiece.bpe.model")
-    config = os.path.join(source_dir, "tokenizer_config.json")
-    sentencepiece = os.path.isfile(config) and read_json(config).get("tokenizer_class", "").startswith("LlamaTokenizer")
-    src, dst = spm_pair
-    if sentencepiece and os.path.isfile(os.path.join(source_dir, src)) and dst not in written:
-        shutil.copyfile(os.path.join(source_dir, src), os.path.join(output_dir, dst))
-        written.append(dst)
-    return written
-
-
 def tokenizer_dir(path):
     """The directory holding `path`'s tokenizer (the base model's for a LoRA adapter without one)."""
-    from .loading import is_lora_dir, lora_base_path
+    from ..common.validation import is_lora_dir
+    from .basics import lora_base_path
 
     while is_lora_dir(path) and not os.path.isfile(os.path.join(path, "tokenizer_config.json")):
         path = lora_base_path(path)

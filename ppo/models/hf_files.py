@@ -7,9 +7,12 @@ the names `transformers`' `save_pretrained` uses. Tensors keep their dtype; a `u
 written as `BF16` (its bits are bfloat16, as `paddle.Tensor.numpy()` returns them), float32 and
 float16 through `safetensors.numpy`. `read_safetensors(path)` reads either layout back (BF16 as
 `uint16`); the header's `format` metadata is `pt`, which `transformers` checks for.
+`is_hf_dir(path)` tells such a directory from a PaddleNLP one; `copy_tokenizer` copies the
+tokenizer files between the two layouts.
 """
 import json
 import os
+import shutil
 import struct
 
 import numpy as np
@@ -144,3 +147,58 @@ def read_safetensors(path):
             raise ValueError(f"{file}: tensors also in another shard: {twice[:5]}")
         out.update(tensors)
     return out
+
+
+HF_TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+    "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
+)
+SENTENCEPIECE_FILE = "sentencepiece.bpe.model"
+"""The file name of PaddleNLP's `LlamaTokenizer` vocabulary; transformers' `LlamaTokenizer` reads `tokenizer.model`."""
+
+
+def read_json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_json(obj, path):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def is_hf_dir(path):
+    """True when `path` holds a Hugging Face model directory: a `config.json` and safetensors whose
+    header says `format: pt` (what transformers writes; PaddleNLP writes `np`) or whose tensor
+    names carry transformers' `model.` prefix (PaddleNLP's start with `llama.` / `qwen2.`)."""
+    if not path or not os.path.isfile(os.path.join(str(path), "config.json")):
+        return False
+    try:
+        files = weight_files(path)
+    except ValueError:
+        return False
+    from safetensors import safe_open
+
+    with safe_open(files[0], framework="np") as f:
+        return (f.metadata() or {}).get("format") == "pt" or any(k.startswith("model.") for k in f.keys())
+
+
+def copy_tokenizer(source_dir, output_dir, to_hf=True):
+    """Copy the tokenizer files of `source_dir` into `output_dir`; returns the names written.
+    A SentencePiece vocabulary is written under both names (`sentencepiece.bpe.model` for
+    PaddleNLP's `LlamaTokenizer`, `tokenizer.model` for transformers')."""
+    written = []
+    names = set(HF_TOKENIZER_FILES) | {SENTENCEPIECE_FILE}
+    for name in sorted(os.listdir(source_dir)):
+        if name in names:
+            shutil.copyfile(os.path.join(source_dir, name), os.path.join(output_dir, name))
+            written.append(name)
+    spm_pair = ("sentencepiece.bpe.model", "tokenizer.model") if to_hf else ("tokenizer.model", "sentencepiece.bpe.model")
+    config = os.path.join(source_dir, "tokenizer_config.json")
+    sentencepiece = os.path.isfile(config) and read_json(config).get("tokenizer_class", "").startswith("LlamaTokenizer")
+    src, dst = spm_pair
+    if sentencepiece and os.path.isfile(os.path.join(source_dir, src)) and dst not in written:
+        shutil.copyfile(os.path.join(source_dir, src), os.path.join(output_dir, dst))
+        written.append(dst)
+    return written

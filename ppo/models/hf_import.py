@@ -10,7 +10,7 @@ error naming the tensors. `import_dir` saves the result in PaddleNLP's layout wi
 import os
 
 from . import hf_files, hf_format
-from .hf_convert import copy_tokenizer, read_json
+from .hf_files import copy_tokenizer, read_json
 
 MODEL_ONLY_KEYS = ("rotary_emb.inv_freq",)
 """Model tensors never stored in a checkpoint (recomputed at construction)."""

@@ -5,37 +5,26 @@ from `base_model_name_or_path` in that file (or given explicitly) and wrapped
 with `paddlenlp.peft.LoRAModel`. `disable_lora()` on such a model gives the
 base model's outputs with no second copy of the base weights.
 """
-import contextlib
-import json
 import logging
-import os
 
 from ..common.validation import is_lora_dir  # noqa: F401  (re-exported: the models' callers import it from here)
+from .adapters import load_causal_lm  # noqa: F401  (re-exported, as the basics below)
+from .basics import (  # noqa: F401
+    find_lora_model,
+    freeze,
+    is_lora_model,
+    load_tokenizer,
+    lora_base_path,
+    lora_disabled,
+    set_dropout_off,
+    unwrap_model,
+    unwrap_parallel,
+)
 from .train_patch import patch_overrides
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_LORA_TARGETS = ".*(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj).*"
-
-
-def lora_base_path(lora_dir):
-    with open(os.path.join(lora_dir, "lora_config.json")) as f:
-        base = json.load(f).get("base_model_name_or_path")
-    if not base:
-        raise ValueError(f"{lora_dir}/lora_config.json: field 'base_model_name_or_path' is empty; pass the base model path")
-    return base
-
-
-def load_tokenizer(path):
-    """The tokenizer of `path`, or of the base model when `path` is a LoRA adapter."""
-    from paddlenlp.transformers import AutoTokenizer
-
-    while is_lora_dir(path) and not os.path.isfile(os.path.join(path, "tokenizer_config.json")):
-        path = lora_base_path(path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token_id is None:
-        raise ValueError(f"{path}: the tokenizer has no pad token; set pad_token in tokenizer_config.json")
-    return tokenizer
 
 
 def apply_lora(
@@ -64,31 +53,6 @@ def apply_lora(
     lora_model = LoRAModel(model, config)
     lora_model.mark_only_lora_as_trainable()
     return lora_model
-
-
-def load_causal_lm(path, dtype="float32", base_model_name_or_path=None, **config_overrides):
-    """A `CausalLM` from a model directory, or a `LoRAModel` from an adapter directory.
-    An adapter whose base is itself an adapter (see `ppo.models.adapters`) gets that chain
-    merged into the base weights in memory first. A Hugging Face safetensors directory
-    (`LlamaForCausalLM`, `Qwen2ForCausalLM`) is converted in memory (`ppo.models.hf_import`).
-    `config_overrides` (e.g. `use_flash_attention=True`) are set on the model config."""
-    from paddlenlp.transformers import AutoModelForCausalLM
-
-    if is_lora_dir(path):
-        from paddlenlp.peft import LoRAModel
-
-        from .adapters import load_merged_causal_lm
-
-        base_path = base_model_name_or_path or lora_base_path(path)
-        base = load_merged_causal_lm(base_path, dtype=dtype, **config_overrides)
-        return LoRAModel.from_pretrained(model=base, lora_path=path)
-    from .hf_convert import is_hf_dir
-
-    if is_hf_dir(path):  # a Hugging Face safetensors directory (ppo.models.hf_import)
-        from .hf_import import load_hf_model
-
-        return load_hf_model(path, dtype=dtype, score=False, **config_overrides)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **config_overrides)
 
 
 def training_dtype(training_args):
@@ -198,18 +162,6 @@ def enable_recompute(model, granularity="full", use_reentrant=False):
     return switched
 
 
-def is_lora_model(model):
-    return type(model).__name__ == "LoRAModel"
-
-
-def freeze(model):
-    """Eval mode and no gradients for every parameter."""
-    model.eval()
-    for p in model.parameters():
-        p.stop_gradient = True
-    return model
-
-
 def load_reference(policy, policy_path, ref_path=None, dtype="float32", **overrides):
     """A frozen reference model, or None when `policy` is a LoRA model whose disabled
     adapter serves as the reference (one copy of the base weights)."""
@@ -226,58 +178,6 @@ def load_reference(policy, policy_path, ref_path=None, dtype="float32", **overri
     if is_lora_model(reference):
         reference.merge()
     return reference
-
-
-def unwrap_parallel(model):
-    """`model` without its DataParallel / fleet (sharding, tensor/pipeline parallel) wrappers,
-    which all keep the wrapped layer in `_layers`; a LoRA wrapper stays (it saves as an adapter)."""
-    while hasattr(model, "_layers"):
-        model = model._layers
-    return model
-
-
-def find_lora_model(model):
-    """The `LoRAModel` under DataParallel / sharding wrappers, or None."""
-    model = unwrap_parallel(model)
-    return model if is_lora_model(model) else None
-
-
-@contextlib.contextmanager
-def lora_disabled(model):
-    """Within the block, the LoRA adapter under `model`'s wrappers is off (the base model's
-    outputs, e.g. as the reference); yields that `LoRAModel`. Raises if there is none."""
-    lora_model = find_lora_model(model)
-    if lora_model is None:
-        raise ValueError(f"{type(unwrap_parallel(model)).__name__} has no LoRA adapter to disable")
-    lora_model.disable_lora()
-    try:
-        yield lora_model
-    finally:
-        lora_model.enable_lora()
-
-
-def unwrap_model(model):
-    """The innermost PaddleNLP model under DataParallel / sharding / LoRA wrappers."""
-    while True:
-        model = unwrap_parallel(model)
-        if is_lora_model(model):
-            model = model.model
-        else:
-            return model
-
-
-def set_dropout_off(model):
-    """Zero every dropout probability in `model` (DESIGN: dropout off in all four models)."""
-    import paddle.nn as nn
-
-    config = getattr(unwrap_model(model), "config", None)
-    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "attention_dropout", "hidden_dropout"):
-        if config is not None and hasattr(config, name):
-            setattr(config, name, 0.0)
-    for layer in model.sublayers(include_self=True):
-        if isinstance(layer, nn.Dropout):
-            layer.p = 0.0
-    return model
 
 
 def merge_lora_to_dir(lora_dir, output_dir, base_model_name_or_path=None):

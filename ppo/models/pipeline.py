@@ -57,9 +57,18 @@ def pipe_classes(config):
     return getattr(transformers, pipe_name), plain_name
 
 
+def install_last_stage_loss(pipe, criterion, prepare_inputs=None):
+    """Make `criterion(output, labels)` the loss fleet's schedule computes on `pipe`'s last stage
+    and, when given, `prepare_inputs` the `Trainer`'s `_prepare_pipeline_inputs_func`: the one
+    place that writes fleet's and PaddleNLP's private pipeline attributes."""
+    pipe._loss_fn = [criterion]
+    if prepare_inputs is not None:
+        pipe._prepare_pipeline_inputs_func = prepare_inputs
+
+
 def refuse_hf_dir(path):
     """Pipeline stages load PaddleNLP checkpoints only: refuse a Hugging Face directory, naming the converter."""
-    from .hf_convert import is_hf_dir
+    from .hf_files import is_hf_dir
 
     if is_hf_dir(path):
         raise ValueError(f"pipeline_parallel_degree > 1 with a Hugging Face directory ({path}): convert it first "
@@ -82,8 +91,7 @@ def load_pipe(path, loss_fn, prepare_inputs, dtype="float32", **config_overrides
     refuse_hf_dir(path)
     pipe_cls, _ = pipe_classes(AutoConfig.from_pretrained(path))
     model = pipe_cls.from_pretrained(path, dtype=dtype, **config_overrides)
-    model._loss_fn = [loss_fn]
-    model._prepare_pipeline_inputs_func = prepare_inputs
+    install_last_stage_loss(model, loss_fn, prepare_inputs)
     return model
 
 
@@ -202,13 +210,6 @@ class CausalLMPipelineInputs:
             firsts.append(self.first_stage(part))
             lasts.append([self.last_stage(part), paddle.full([len(group), 1], weight, dtype="float32")])  # a list: fleet detaches its items
         return [tuple(list(column) for column in zip(*firsts)), lasts]
-
-
-def is_pipeline_model(model):
-    """Whether `model` (unwrapped) is one stage of a fleet `PipelineLayer`."""
-    from paddle.distributed.fleet.meta_parallel import PipelineLayer
-
-    return isinstance(model, PipelineLayer)
 
 
 def pipeline_group():

@@ -1,7 +1,8 @@
 """PPO and GRPO under `pipeline_parallel_degree > 1`: the actor, reference, critic and reward
 model are pipelines split over the same stages (PaddleNLP's causal-LM pipe for the actor and
 the reference, the score-model pipe of `score_model_pipe.py` for the critic and the reward
-model), and `ppo.ppo_trainer.PPOTrainer` runs every pass of a step through them:
+model), and the pipeline passes (`ppo.passes.pipeline.PipelinePasses`) run every pass of a
+PPO step through them:
 
 * no-gradient passes (old and reference log-probs, values, reward scores): the experience's
   rows cut into the schedule's `accumulate_steps` micro-batches, fleet's `eval_batch`, the
@@ -15,7 +16,6 @@ model), and `ppo.ppo_trainer.PPOTrainer` runs every pass of a step through them:
   tensor_parallel, each rank's slices of every stage, generated from without merging).
 """
 import contextlib
-from types import SimpleNamespace
 
 import paddle
 import paddle.distributed as dist
@@ -23,10 +23,6 @@ import paddle.nn as nn
 
 from ..algos import entropy_from_logits, token_logprobs
 from .pipeline import all_stage_states, pipeline_group
-
-LOSS_FIELDS = ("response_ids", "response_mask", "old_logprobs", "advantages", "ref_logprobs", "values", "returns")
-"""Experience fields the actor and critic losses read; those that are not None travel as labels."""
-
 
 def row_groups(rows, groups):
     """`rows` row indices dealt into `groups` lists (row i to group i % groups)."""
@@ -95,11 +91,12 @@ class ExperienceCriterion(nn.Layer):
     whole step's token count). `record(stats)` receives each micro-batch's statistics.
     `prepare(prompt_len, fields, objective, tail)` is called by the trainer before each
     schedule: the first `accumulate_steps` micro-batches are experience rows, then one more
-    micro-batch for each `(fields, objective)` in `tail` (PPO's ptx batches)."""
+    micro-batch for each `(fields, objective)` in `tail` (PPO's ptx batches). `view(prompt_len,
+    {field: tensor})` builds the micro-batch the objective reads from its labels."""
 
-    def __init__(self, accumulate_steps, record):
+    def __init__(self, accumulate_steps, record, view):
         super().__init__()
-        self.accumulate_steps, self.record = accumulate_steps, record
+        self.accumulate_steps, self.record, self.view = accumulate_steps, record, view
         self.prompt_len, self.kinds, self.calls = None, [], 0
 
     def prepare(self, prompt_len, fields, objective, tail=()):
@@ -109,10 +106,7 @@ class ExperienceCriterion(nn.Layer):
     def forward(self, output, labels):
         fields, objective = self.kinds[self.calls]  # the last stage sees the micro-batches in order
         self.calls += 1
-        mb = SimpleNamespace(prompt_len=self.prompt_len, **{f: None for f in LOSS_FIELDS})
-        for name, value in zip(fields, labels):
-            setattr(mb, name, value)
-        loss, stats = objective(mb, output)
+        loss, stats = objective(self.view(self.prompt_len, dict(zip(fields, labels))), output)
         self.record(stats)
         return loss * len(self.kinds)
 
@@ -162,15 +156,16 @@ class FrozenModelLoss(nn.Layer):
 
 def schedule_data(micro, width=None, pad_token_id=0):
     """`[first-stage inputs, labels]` of a list of micro-batch experiences for fleet's
-    schedule, and the label field names: the `LOSS_FIELDS` the experiences hold. The
+    schedule, and the label field names: the tensors the losses read (`loss_tensors()`). The
     micro-batches of one schedule must have one shape (fleet sizes the gradient it receives
     for a micro-batch by the last activation it sent): the same rows (`padded_micro_batch`),
     and one experience's width, padded on the right to `width` when given."""
-    fields = [f for f in LOSS_FIELDS if getattr(micro[0], f) is not None]
+    named = [m.loss_tensors() for m in micro]
+    fields = list(named[0])
     firsts = [first_stage_inputs(m) for m in micro]
     if width is not None:
         firsts = [padded_first_stage_inputs(f, width, pad_token_id) for f in firsts]
-    labels = [[getattr(m, f) for f in fields] for m in micro]
+    labels = [[n[f] for f in fields] for n in named]
     return [tuple(list(column) for column in zip(*firsts)), labels], fields
 
 

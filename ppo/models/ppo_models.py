@@ -44,6 +44,15 @@ class PPOModels:
         with lora_disabled(self.actor) as base:
             yield base
 
+    def score_models(self):
+        """`{objective: frozen score model}` of the scored objectives a model scores: "reward"
+        (absent when a reward server or rule scorers score) and "cost" (PPO-Lagrangian)."""
+        return {name: model for name, model in (("reward", self.reward), ("cost", self.cost)) if model is not None}
+
+    def critic_models(self):
+        """`{objective: critic}` of the objectives with a critic: "reward" (GAE), "cost"."""
+        return {name: model for name, model in (("reward", self.critic), ("cost", self.cost_critic)) if model is not None}
+
 
 def build_ppo_models(model_args, use_critic, dtype="float32", pipeline=False, **extra):
     """Load the four models from `ModelArgument` paths (see module docstring);
@@ -94,15 +103,16 @@ def build_critic(model_args, dtype="float32", critic_path=None, **extra):
 
 
 def build_ppo_pipes(model_args, use_critic, dtype="float32", **extra):
-    """The four models as pipelines (`pipeline_parallel_degree > 1`, see
-    `ppo.models.policy_pipe`): PaddleNLP's causal-LM pipe for the actor and the frozen
-    reference, the score-model pipe for the frozen reward model and the critic. The trainer
-    sets the actor's and critic's losses."""
+    """The models as pipelines (`pipeline_parallel_degree > 1`, see `ppo.models.policy_pipe`):
+    PaddleNLP's causal-LM pipe for the actor and the frozen reference, the score-model pipe for
+    the frozen reward model and the critic (and PPO-Lagrangian's cost model and cost critic).
+    The pipeline passes set the trained pipes' losses."""
     from .pipeline import load_pipe
     from .score_model_pipe import load_plain_score_pipe
 
     actor_path = model_args.actor_model_name_or_path
-    for name in ("reward_model_name_or_path", "reward_critic_model_name_or_path"):
+    for name in ("reward_model_name_or_path", "reward_critic_model_name_or_path", "cost_model_name_or_path",
+                 "cost_critic_model_name_or_path"):
         if is_lora_dir(getattr(model_args, name)):
             raise ValueError(
                 f"{name}={getattr(model_args, name)}: a LoRA adapter with pipeline_parallel_degree > 1 is not implemented "
@@ -113,10 +123,11 @@ def build_ppo_pipes(model_args, use_critic, dtype="float32", **extra):
     reward = None
     if not (model_args.use_rm_server or model_args.use_rule_reward):
         reward = freeze(set_dropout_off(load_plain_score_pipe(model_args.reward_model_name_or_path, dtype=dtype, **extra)))
-    critic = None
-    if use_critic:
-        critic_path = model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path
-        critic = set_dropout_off(load_plain_score_pipe(
-            critic_path, dtype=dtype, score_type="critic", do_normalize=False, normalizer_type=None, **extra
-        ))
-    return PPOModels(actor=actor, reference=reference, reward=reward, critic=critic)
+    critic_of = lambda path: set_dropout_off(load_plain_score_pipe(  # noqa: E731
+        path, dtype=dtype, score_type="critic", do_normalize=False, normalizer_type=None, **extra))
+    critic = critic_of(model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path) if use_critic else None
+    cost = cost_critic = None
+    if model_args.cost_model_name_or_path:  # PPO-Lagrangian
+        cost = freeze(set_dropout_off(load_plain_score_pipe(model_args.cost_model_name_or_path, dtype=dtype, **extra)))
+        cost_critic = critic_of(model_args.cost_critic_model_name_or_path or model_args.cost_model_name_or_path)
+    return PPOModels(actor=actor, reference=reference, reward=reward, critic=critic, cost=cost, cost_critic=cost_critic)

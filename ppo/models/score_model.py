@@ -3,7 +3,8 @@
 `AutoModelForScore.from_pretrained(dir)` builds `<Arch>ModelForScore` for the
 directory's `model_type` (llama, qwen2), loading the backbone from either a
 causal-LM directory (the score head starts random) or a saved score model, in
-PaddleNLP's layout or Hugging Face's (`ppo.models.hf_import`: a one-label
+PaddleNLP's layout. The loaders (`ppo.models.adapters.load_score_model`,
+`load_merged_score_model`) also take Hugging Face's (`ppo.models.hf_import`: a one-label
 `*ForSequenceClassification` keeps its head).
 The score normaliser's statistics are persistable buffers, so a reloaded
 model scores identically.
@@ -191,12 +192,6 @@ class AutoModelForScore:
 
     @staticmethod
     def from_pretrained(path, dtype="float32", **config_overrides):
-        from .hf_convert import is_hf_dir
-
-        if is_hf_dir(path):  # a Hugging Face directory: *ForSequenceClassification, or a causal LM's backbone
-            from .hf_import import load_hf_model
-
-            return load_hf_model(path, dtype=dtype, score=True, **config_overrides)
         config = score_config(path, **config_overrides)
         cls = score_model_class(config.model_type)
         return cls.from_pretrained(path, config=config, dtype=dtype)

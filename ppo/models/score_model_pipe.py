@@ -16,7 +16,7 @@ import paddle.nn as nn
 import paddle.distributed as dist
 
 from .causal_lm import last_token_index
-from .pipeline import CausalLMPipelineInputs, pipe_classes, pipeline_group, refuse_hf_dir
+from .pipeline import CausalLMPipelineInputs, install_last_stage_loss, pipe_classes, pipeline_group, refuse_hf_dir
 from .score_model import ScoreModelMixin, pair_scores_loss, score_config
 
 
@@ -122,8 +122,8 @@ def load_score_pipe(path, loss_type, regularization, accumulate_steps, dtype="fl
     """This rank's stage of the score model in `path` (a saved score model: its score head and
     normaliser statistics are loaded) for pairwise RM training."""
     model = load_plain_score_pipe(path, dtype, **config_overrides)
-    model._loss_fn = [PairwiseRewardCriterion(loss_type, regularization, score_head_of(model))]
-    model._prepare_pipeline_inputs_func = PreferencePipelineInputs(accumulate_steps)
+    install_last_stage_loss(model, PairwiseRewardCriterion(loss_type, regularization, score_head_of(model)),
+                            PreferencePipelineInputs(accumulate_steps))
     return model
 
 

@@ -19,7 +19,7 @@ linears and a vocabulary-parallel embedding: every rank keeps its slice of those
 import paddle
 import paddle.distributed as dist
 
-from .loading import unwrap_model
+from .basics import unwrap_model
 
 _OPS = {"max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}
 

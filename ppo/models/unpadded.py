@@ -54,11 +54,6 @@ class PackedRows:
         keep = paddle.to_tensor(self.valid.reshape([N, T] + [1] * (len(packed.shape) - 2)))
         return paddle.where(keep, gathered, paddle.zeros_like(gathered))
 
-    def at_ends(self, packed):
-        """`packed [R, L]` -> `[N]`: the value at each row's last real token; differentiable."""
-        R, L = packed.shape[:2]
-        return paddle.gather(packed.reshape([R * L]), paddle.to_tensor(self.ends))
-
 
 def pack_padded(input_ids, attention_mask, capacity=None):
     """`input_ids`, `attention_mask` `[N, T]` (real tokens contiguous in each row) -> `PackedRows`

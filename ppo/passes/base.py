@@ -2,8 +2,9 @@
 through a model (generation, log-probs, values, scores, one optimiser step's gradients)
 behind one interface. `ppo.passes.plain.PlainPasses` runs the models as they are (one
 process, data parallel, sharding, tensor parallel); `ppo.passes.pipeline.PipelinePasses`
-runs them as fleet pipelines. The trainer builds one (`ppo.passes.build_model_passes`) and
-never asks which; the passes never call the trainer: the losses come in as `UpdateLosses`.
+runs them as fleet pipelines. The run's strategy builds one (`ppo.strategy.Strategy.build_passes`);
+the trainer never asks which; the passes never call the trainer: the losses come in as
+`UpdateLosses`.
 
 The split follows verl's workers (an actor / critic / reference / reward worker each offering
 `compute_log_prob`, `compute_values`, `compute_rm_score`, `update_*` whatever the backend),
@@ -11,28 +12,29 @@ with the losses kept in the trainer so both strategies optimise the same objecti
 
 Shapes: `N` rows of an experience, `Tr` response tokens, `n` rows of a micro-batch.
 """
-from dataclasses import dataclass
-from typing import Callable, Optional
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional
 
 
 @dataclass(frozen=True)
 class UpdateLosses:
     """The losses of one optimiser step, handed to `ModelPasses.backward_step`.
 
-    actor: `(micro_exp, {"logprobs": [n, Tr], "entropy": [n, Tr]}) -> (loss, stats)`, the
-        log-probs and entropies of the micro-batch under the actor being trained;
-    critic: `(micro_exp, {"values": [n, Tr]}) -> (loss, stats)`; None without a critic;
-    cost_critic: the same for PPO-Lagrangian's cost critic (its values `[n, Tr]`); None without;
+    actor: `(micro_exp, {"logprobs": [n, Tr], "entropy": [n, Tr] or None}) -> (loss, stats)`,
+        the log-probs (and entropies) of the micro-batch under the actor being trained;
+    critics: `{objective: (micro_exp, {"values": [n, Tr]}) -> (loss, stats)}`, one per scored
+        objective with a critic (the reward's, a cost's), in the order their backward runs;
     next_ptx_batch: `() -> {"input_ids", "attention_mask", "labels"}` (`[m, T]` each), the
         next supervised batch, drawn once per micro-batch; None without ptx data;
-    ptx_coeff: the ptx NLL's weight, split evenly over the step's micro-batches.
+    ptx_coeff: the ptx NLL's weight, split evenly over the step's micro-batches;
+    with_entropy: whether the actor's loss reads the entropies.
     Every loss is already normalised by the whole step's token (or sequence) count."""
 
     actor: Callable
-    critic: Optional[Callable] = None
-    cost_critic: Optional[Callable] = None
+    critics: Dict[str, Callable] = field(default_factory=dict)
     next_ptx_batch: Optional[Callable] = None
     ptx_coeff: float = 0.0
+    with_entropy: bool = True
 
 
 class ModelPasses:
@@ -50,24 +52,18 @@ class ModelPasses:
         raise NotImplementedError
 
     def logprobs(self, which, exp):
-        """Response log-probs `[N, Tr]` at the sampling temperature under the actor (`which`
+        """Response log-probs `[N, Tr]` at the passes' temperature under the actor (`which`
         "actor") or the reference ("reference"), 0 outside the response mask."""
         raise NotImplementedError
 
-    def values(self, exp):
-        """Critic values `[N, Tr]`, 0 outside the response mask."""
+    def values(self, objective, exp):
+        """Values `[N, Tr]` of the critic of `objective` ("reward", "cost", ...), 0 outside
+        the response mask."""
         raise NotImplementedError
 
-    def reward_scores(self, exp):
-        """Reward-model end scores `[N]` (float32)."""
-        raise NotImplementedError
-
-    def cost_scores(self, exp):
-        """Cost-model end scores `[N]` (float32), PPO-Lagrangian."""
-        raise NotImplementedError
-
-    def cost_values(self, exp):
-        """Cost-critic values `[N, Tr]`, 0 outside the response mask (PPO-Lagrangian)."""
+    def scores(self, objective, exp):
+        """End scores `[N]` (float32) of the score model of `objective` (the reward model, a
+        cost model, ...)."""
         raise NotImplementedError
 
     def first_forward_reusable(self):
@@ -77,16 +73,16 @@ class ModelPasses:
 
     def keep_first_forward(self, exp):
         """The training forward over all of `exp`'s rows, with gradients, kept for the next
-        `backward_step`'s micro-batches: `{"logprobs", "entropy", "values"}` (`[N, Tr]`,
-        values None without a critic). Only when `first_forward_reusable()`."""
+        `backward_step`'s micro-batches: `{"logprobs", "entropy", "values"}` (`[N, Tr]`; values:
+        the first critic's, None without one). Only when `first_forward_reusable()`."""
         raise NotImplementedError
 
     def backward_step(self, exp, plan, losses):
         """Gradients of one optimiser step: `plan` lists its micro-batches' row indices into
         `exp`, `losses` the `UpdateLosses`. Returns `(actor loss, value losses, stats)`: the
         losses summed over the micro-batches as floats (equal on every rank of a pipeline group),
-        the value losses a dict `{"critic": float, "cost_critic": float}` of the critics the
-        losses name, `stats` one dict per real micro-batch. The caller steps the optimisers."""
+        the value losses a dict `{objective: float}` of the critics the losses name, `stats`
+        one dict per real micro-batch. The caller steps the optimisers."""
         raise NotImplementedError
 
     def group_sum(self, value):

@@ -1,15 +1,16 @@
 """`ModelPasses` through pipeline-parallel models (`pipeline_parallel_degree > 1`, see
 `ppo.models.policy_pipe`). Every rank of a pipeline group runs the same step on the same
-experience (the prompts, seeds and samples of a pipeline group agree). The only code that
+experience (the prompts, seeds and samples of a pipeline group agree). The only code here that
 touches fleet's private pipeline attributes is `fleet_forward_backward` (with its helper
-`set_micro_batches`) and `install_last_stage_loss` below."""
+`set_micro_batches`); the last stage's loss is installed by
+`ppo.models.pipeline.install_last_stage_loss`."""
 import contextlib
 import logging
 
 import paddle
 import paddle.distributed as dist
 
-from ..models.pipeline import answer_nll_from_logits, pipeline_group
+from ..models.pipeline import answer_nll_from_logits, install_last_stage_loss, pipeline_group
 from ..models.policy_pipe import (
     ExperienceCriterion,
     FrozenModelLoss,
@@ -23,15 +24,10 @@ from ..models.policy_pipe import (
     supervised_micro_batch,
 )
 from ..models.score_model_pipe import end_scores_of, score_head_of
+from ..experience import loss_view
 from .base import ModelPasses
 
 logger = logging.getLogger(__name__)
-
-
-def install_last_stage_loss(pipe, criterion):
-    """Make `criterion` the loss fleet's schedule computes on `pipe`'s last stage (fleet reads
-    the pipeline layer's `_loss_fn` list)."""
-    pipe._loss_fn = [criterion]
 
 
 def set_micro_batches(model, count):
@@ -61,37 +57,37 @@ def fleet_forward_backward(model, optimizer, data, micro_batches, default_micro_
 
 
 class PipelinePasses(ModelPasses):
-    """models: `PPOModels` of this rank's stages; actor / critic: those pipes wrapped by
-    `fleet.distributed_model`, with their fleet optimizers; the frozen reference and reward
-    pipes are wrapped here. temperature: the sampling temperature; micro_batches: the
-    schedule's micro-batches per optimiser step (`gradient_accumulation_steps`); micro_rows:
-    rows per micro-batch (`per_device_train_batch_size`); pad_token_id: the padding of
-    schedule inputs; keep_tensor_parallel: the generation copy keeps each rank's
-    tensor-parallel slices (`eval_mode` tensor_parallel) instead of merging them.
+    """models: `PPOModels` of this rank's stages; actor: the actor pipe wrapped by
+    `fleet.distributed_model`; critics: `{objective: wrapped critic pipe}`; optimizers: `{"actor":
+    fleet optimizer, objective: fleet optimizer}`; the frozen reference and score-model pipes are
+    wrapped here. temperature: the sampling temperature; micro_batches: the schedule's
+    micro-batches per optimiser step (`gradient_accumulation_steps`); micro_rows: rows per
+    micro-batch (`per_device_train_batch_size`); pad_token_id: the padding of schedule inputs;
+    keep_tensor_parallel: the generation copy keeps each rank's tensor-parallel slices
+    (`eval_mode` tensor_parallel) instead of merging them.
 
     Holds the generation copy (the whole actor as one plain model on every rank, for the
     rollout engine), filled only while a rollout or an evaluation uses it."""
 
-    def __init__(self, models, actor, critic, optimizers, temperature, micro_batches, micro_rows, pad_token_id,
+    def __init__(self, models, actor, critics, optimizers, temperature, micro_batches, micro_rows, pad_token_id,
                  keep_tensor_parallel=False):
         from paddle.distributed import fleet
 
-        self.models, self.actor, self.critic = models, actor, critic
-        self.actor_optimizer, self.critic_optimizer = optimizers
+        self.models, self.actor, self.critics, self.optimizers = models, actor, dict(critics), dict(optimizers)
         self.temperature, self.steps, self.micro_rows, self.pad_token_id = temperature, micro_batches, micro_rows, pad_token_id
-        self.actor_records, self.critic_records = [], []  # per micro-batch stats of the last stage
-        self.actor_criterion = ExperienceCriterion(self.steps, self.actor_records.append)
-        install_last_stage_loss(models.actor, self.actor_criterion)
-        self.critic_criterion = None
-        if models.critic is not None:
-            self.critic_criterion = ExperienceCriterion(self.steps, self.critic_records.append)
-            install_last_stage_loss(models.critic, self.critic_criterion)
-        for frozen in (models.reference, models.reward):
-            if frozen is not None:
-                install_last_stage_loss(frozen, FrozenModelLoss())
+        self.records = {name: [] for name in ("actor", *self.critics)}  # per micro-batch stats of the last stage
+        self.criteria = {}
+        pipes = {"actor": models.actor, **{name: models.critic_models()[name] for name in self.critics}}
+        for name, pipe in pipes.items():
+            self.criteria[name] = ExperienceCriterion(self.steps, self.records[name].append, loss_view)
+            install_last_stage_loss(pipe, self.criteria[name])
+        frozen = {"reference": models.reference, **models.score_models()}
+        for pipe in frozen.values():
+            if pipe is not None:
+                install_last_stage_loss(pipe, FrozenModelLoss())
         self.reference = fleet.distributed_model(models.reference) if models.reference is not None else None
-        self.reward = fleet.distributed_model(models.reward) if models.reward is not None else None
-        self.reward_head = score_head_of(models.reward) if models.reward is not None else None
+        self.scorers = {name: fleet.distributed_model(pipe) for name, pipe in models.score_models().items()}
+        self.score_heads = {name: score_head_of(pipe) for name, pipe in models.score_models().items()}
         self.generation_model = plain_copy_of(models.actor, keep_tensor_parallel=keep_tensor_parallel)
         self.generation_filled = False
         logger.info(
@@ -125,13 +121,14 @@ class PipelinePasses(ModelPasses):
             model, exp, lambda logits, m: response_logprobs_from_logits(logits, m, temperature)[0], [exp.response_ids.shape[1]]
         )
 
-    def values(self, exp):
-        return pipeline_rows(self.critic, exp, response_values_from_scores, [exp.response_ids.shape[1]])
+    def values(self, objective, exp):
+        return pipeline_rows(self.critics[objective], exp, response_values_from_scores, [exp.response_ids.shape[1]])
 
-    def reward_scores(self, exp):
+    def scores(self, objective, exp):
         """Normalised as the plain score model's `end_scores`."""
-        head = self.reward_head
-        return pipeline_rows(self.reward, exp, lambda scores, m: head.normalize(end_scores_of(scores, m.attention_mask)), [])
+        head = self.score_heads[objective]
+        return pipeline_rows(self.scorers[objective], exp,
+                             lambda scores, m: head.normalize(end_scores_of(scores, m.attention_mask)), [])
 
     # ---- update ------------------------------------------------------------------
     def first_forward_reusable(self):
@@ -175,37 +172,37 @@ class PipelinePasses(ModelPasses):
         tail = self.ptx_tail(ptx_batches, rows, width, losses.ptx_coeff) if ptx_batches else []
         micro = [padded_micro_batch(exp, r, rows) for r in plan] + [padded_micro_batch(exp, [], rows)] * (self.steps - len(plan))
         data, fields = schedule_data(micro, width, self.pad_token_id)
-        self.actor_records.clear()
-        self.critic_records.clear()
+        for records in self.records.values():
+            records.clear()
         temperature = self.temperature
 
         def actor_objective(mb, logits):
             logprobs, entropy = response_logprobs_from_logits(logits, mb, temperature, with_entropy=True)
             return losses.actor(mb, {"logprobs": logprobs, "entropy": entropy})
 
-        def critic_objective(mb, scores):
-            return losses.critic(mb, {"values": response_values_from_scores(scores, mb)})
-
         actor_total = self.run_schedule(
-            self.actor, self.actor_optimizer, self.actor_criterion, data, fields, exp.prompt_len, actor_objective, tail
+            self.actor, self.optimizers["actor"], self.criteria["actor"], data, fields, exp.prompt_len, actor_objective, tail
         )
-        critic_total = 0.0
-        if self.critic_criterion is not None:
-            critic_total = self.run_schedule(
-                self.critic, self.critic_optimizer, self.critic_criterion, data, fields, exp.prompt_len, critic_objective
+        totals = {}
+        for name, loss_fn in losses.critics.items():
+            def critic_objective(mb, scores, loss_fn=loss_fn):
+                return loss_fn(mb, {"values": response_values_from_scores(scores, mb)})
+
+            totals[name] = self.run_schedule(
+                self.critics[name], self.optimizers[name], self.criteria[name], data, fields, exp.prompt_len, critic_objective
             )
-        totals = {"critic": critic_total} if self.critic_criterion is not None else {}
         return actor_total, totals, self.from_last_stage(self.merged_records(len(plan)))
 
     def merged_records(self, real):
-        """On the last stage, the first `real` micro-batches' stats, actor's, ptx's and critic's
-        merged into one float dict each; None on other stages."""
-        if not self.actor_records:
+        """On the last stage, the first `real` micro-batches' stats, actor's, ptx's and each
+        critic's merged into one float dict each; None on other stages."""
+        actor_records = self.records["actor"]
+        if not actor_records:
             return None
-        actor, ptx = self.actor_records[: self.steps], self.actor_records[self.steps :]
-        ptx = ptx or [{}] * len(actor)
-        critic = self.critic_records or [{}] * len(actor)
-        return [{k: float(v) for k, v in {**a, **x, **c}.items()} for a, x, c in zip(actor, ptx, critic)][:real]
+        actor, ptx = actor_records[: self.steps], actor_records[self.steps :]
+        parts = [actor, ptx or [{}] * len(actor)]
+        parts += [self.records[name] or [{}] * len(actor) for name in self.critics]
+        return [{k: float(v) for d in dicts for k, v in d.items()} for dicts in zip(*parts)][:real]
 
     @staticmethod
     def from_last_stage(value):

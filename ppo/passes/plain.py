@@ -21,24 +21,27 @@ def ptx_nll(model, batch, chunk_size):
 
 
 class PlainPasses(ModelPasses):
-    """models: `PPOModels` (unwrapped; `reference_mode()` gives the reference); actor /
-    critic: the trained models as wrapped for data parallel or fleet (the same objects on one
-    rank); temperature: the sampling temperature; logprob_chunk_size: tokens per LM-head chunk
-    (0: full logits); chunk_rows: rows per no-gradient forward, `{"logprob", "value", "reward"}`
-    (PaddleNLP's `per_device_<name>_batch_size`) or one number for all three; reward_retokenizer: the reward
-    model's own tokenizer for the rollouts when it differs from the actor's (else None);
-    remove_padding: the actor, reference and critic passes run on the rows' real tokens packed
-    together (`use_remove_padding`, `ppo.models.unpadded`); the reward model's stay padded; cost_critic: PPO-Lagrangian's
-    trained cost critic, wrapped as `critic` (else None)."""
+    """models: `PPOModels` (unwrapped; `reference_mode()` gives the reference, `score_models()`
+    and `critic_models()` each objective's); actor: the trained actor as wrapped for data
+    parallel or fleet (the same object on one rank); critics: `{objective: trained critic}`,
+    wrapped alike, the first one the critic whose values the kept first forward holds;
+    temperature: the log-probs' temperature (the sampling temperature; DPO's own: 1);
+    logprob_chunk_size: tokens per LM-head chunk (0: full logits); chunk_rows: rows per
+    no-gradient forward, `{"logprob", "value", "reward"}` (PaddleNLP's
+    `per_device_<name>_batch_size`) or one number for all three; retokenizers:
+    `{objective: tokenizer}` re-encoding the rollouts for a score model whose tokenizer differs
+    from the actor's; remove_padding: the actor, reference and critic passes run on the rows'
+    real tokens packed together (`use_remove_padding`, `ppo.models.unpadded`); the score
+    models' stay padded."""
 
-    def __init__(self, models, actor, critic, temperature, logprob_chunk_size, chunk_rows, reward_retokenizer=None,
-                 remove_padding=False, cost_critic=None):
-        self.models, self.actor, self.critic, self.cost_critic = models, actor, critic, cost_critic
+    def __init__(self, models, actor, critics, temperature, logprob_chunk_size, chunk_rows, retokenizers=None,
+                 remove_padding=False):
+        self.models, self.actor, self.critics = models, actor, dict(critics)
         self.temperature, self.logprob_chunk_size = temperature, logprob_chunk_size
         self.chunk_rows = chunk_rows if isinstance(chunk_rows, dict) else dict.fromkeys(("logprob", "value", "reward"), chunk_rows)
         self.generation_model = models.actor
         self.kept_forward = None  # `keep_first_forward`'s result until the next backward_step takes it
-        self.reward_retokenizer = reward_retokenizer
+        self.retokenizers = dict(retokenizers or {})
         self.remove_padding = remove_padding
 
     def generation_weights(self):
@@ -54,8 +57,9 @@ class PlainPasses(ModelPasses):
     def _logprobs_under(self, model, exp):
         return in_chunks(lambda e: self._actor_forward(model, e, with_entropy=False)[0], exp, self.chunk_rows["logprob"])
 
-    def values(self, exp):
-        return in_chunks(lambda e: self._critic_forward(self.models.critic, e), exp, self.chunk_rows["value"])
+    def values(self, objective, exp):
+        critic = self.models.critic_models()[objective]
+        return in_chunks(lambda e: self._critic_forward(critic, e), exp, self.chunk_rows["value"])
 
     def _actor_forward(self, model, exp, with_entropy=True):
         return response_logprobs(model, exp, self.temperature, self.logprob_chunk_size, with_entropy=with_entropy,
@@ -64,15 +68,9 @@ class PlainPasses(ModelPasses):
     def _critic_forward(self, model, exp):
         return response_values(model, exp, remove_padding=self.remove_padding)
 
-    def reward_scores(self, exp):
-        return in_chunks(lambda e: reward_scores(self.models.reward, e, self.reward_retokenizer), exp,
-                         self.chunk_rows["reward"])
-
-    def cost_scores(self, exp):
-        return in_chunks(lambda e: reward_scores(self.models.cost, e), exp, self.chunk_rows["reward"])
-
-    def cost_values(self, exp):
-        return in_chunks(lambda e: self._critic_forward(self.models.cost_critic, e), exp, self.chunk_rows["value"])
+    def scores(self, objective, exp):
+        model, retokenizer = self.models.score_models()[objective], self.retokenizers.get(objective)
+        return in_chunks(lambda e: reward_scores(model, e, retokenizer), exp, self.chunk_rows["reward"])
 
     # ---- update ------------------------------------------------------------------
     def first_forward_reusable(self):
@@ -84,13 +82,13 @@ class PlainPasses(ModelPasses):
 
     def training_forward(self, mb):
         """The training forward of one micro-batch, with gradients: actor log-probs and entropy
-        `[n, Tr]`, critic values `[n, Tr]` (None without a critic)."""
+        `[n, Tr]`, the first critic's values `[n, Tr]` (None without a critic)."""
         self.actor.train()
         logprobs, entropy = self._actor_forward(self.actor, mb)
         values = None
-        if self.critic is not None:
-            self.critic.train()
-            values = self._critic_forward(self.critic, mb)
+        for critic in list(self.critics.values())[:1]:
+            critic.train()
+            values = self._critic_forward(critic, mb)
         return {"logprobs": logprobs, "entropy": entropy, "values": values}
 
     def take_kept_forward(self, rows):
@@ -103,16 +101,15 @@ class PlainPasses(ModelPasses):
 
     def backward_step(self, exp, plan, losses):
         """Per micro-batch: the actor's loss (plus the ptx NLL of one supervised batch) and its
-        backward, then the critic's (and the cost critic's); the kept first forward serves the
-        first micro-batch."""
+        backward, then each critic's; the kept first forward serves the first micro-batch."""
         actor_total = 0.0
-        totals = {name: 0.0 for name in ("critic", "cost_critic") if getattr(losses, name) is not None}
+        totals = dict.fromkeys(losses.critics, 0.0)
         records = []
         for rows in plan:
             mb = exp.select(rows)
             forward = self.take_kept_forward(rows)  # only ever the first micro-batch
             if forward is None:
-                logprobs, entropy = self._actor_forward(self.actor, mb)
+                logprobs, entropy = self._actor_forward(self.actor, mb, with_entropy=losses.with_entropy)
                 forward = {"logprobs": logprobs, "entropy": entropy, "values": None}
             loss, stats = losses.actor(mb, forward)
             if losses.next_ptx_batch is not None:
@@ -121,12 +118,11 @@ class PlainPasses(ModelPasses):
                 stats["loss/ptx"] = ptx.detach()
             loss.backward()
             actor_total += float(loss)
-            if losses.critic is not None:
-                values = forward["values"] if forward["values"] is not None else self._critic_forward(self.critic, mb)
-                stats = {**stats, **self.value_backward(losses.critic, mb, values, totals, "critic")}
-            if losses.cost_critic is not None:
-                values = self._critic_forward(self.cost_critic, mb)
-                stats = {**stats, **self.value_backward(losses.cost_critic, mb, values, totals, "cost_critic")}
+            for i, (objective, loss_fn) in enumerate(losses.critics.items()):
+                values = forward["values"] if i == 0 and forward["values"] is not None else None
+                if values is None:
+                    values = self._critic_forward(self.critics[objective], mb)
+                stats = {**stats, **self.value_backward(loss_fn, mb, values, totals, objective)}
             records.append(stats)
         return actor_total, totals, records
 

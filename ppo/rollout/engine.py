@@ -69,12 +69,15 @@ class RolloutEngine:
             rank's slices (heads, MLP columns/rows, vocabulary), all-reduces after o_proj,
             down_proj and the embedding, and all-gathers the logits before sampling, in the
             "rows" layout. Every rank draws the same tokens. No effect without tensor parallel.
+        tensor_parallel_group: the model-parallel group of a tensor-parallel model (the run
+            strategy's `generation_group()`); None for a model that is not split.
     """
 
     def __init__(self, model, eos_token_id, pad_token_id, use_rollout_engine=True, kernels="auto", fuse_gate_up=None,
                  tokenizer=None, compact_ratio=0.5, decode_layout="auto", keep_buffers=True,
-                 keep_tensor_parallel=False, max_num_seqs=-1):
+                 keep_tensor_parallel=False, max_num_seqs=-1, tensor_parallel_group=None):
         self.sharded = bool(keep_tensor_parallel)
+        self.tensor_parallel_group = tensor_parallel_group
         self.model = model
         self.eos_token_id = int(eos_token_id)
         self.pad_token_id = int(pad_token_id)
@@ -294,7 +297,7 @@ class RolloutEngine:
         W = extract_weights(lm, fuse_gate_up=self._gate_up_fused(lm), layout=layout,
                             pack_transposed=ops.pack_transposed,
                             workspace=self._buffers.setdefault("weights", {}) if self.keep_buffers else None,
-                            sharded=self.sharded)
+                            sharded=self.sharded, group=self.tensor_parallel_group)
         B, Tp = input_ids.shape
         N = p.max_new_tokens
         dtype = W.dtype

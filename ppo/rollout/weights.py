@@ -138,15 +138,15 @@ def split_kind(layer, transpose_y=False, fused_parts=1):
 class TensorParallelGather:
     """Full weights of a tensor-parallel model for the engine, gathered from every rank's slice
     on each call (this rank then runs the whole model for the rollout, as PaddleNLP's
-    `eval_mode="single"`; every rank generates the same tokens from the same seed). Without
-    tensor parallelism `group` is None and weights pass through."""
+    `eval_mode="single"`; every rank generates the same tokens from the same seed). `group`:
+    the model-parallel group the run's strategy names (`tensor_parallel_group` of the engine);
+    without tensor parallelism weights pass through."""
 
-    def __init__(self, cfg, sharded=False):
-        from ..models.tensor_parallel import model_parallel_group
-
-        self.group = model_parallel_group() if getattr(cfg, "tensor_parallel_degree", 1) > 1 else None
+    def __init__(self, cfg, group=None, sharded=False):
+        self.group = group if getattr(cfg, "tensor_parallel_degree", 1) > 1 else None
         if getattr(cfg, "tensor_parallel_degree", 1) > 1 and self.group is None:
-            raise RuntimeError("RolloutEngine: the model is tensor-parallel but fleet has no model-parallel group")
+            raise RuntimeError("RolloutEngine: the model is tensor-parallel; give the engine its model-parallel group "
+                               "(RolloutEngine(tensor_parallel_group=...), the run strategy's generation_group())")
         self.sharded = bool(sharded) and self.group is not None  # keep slices: no gather
 
     def weight(self, layer, value=None, transpose_y=False, fused_parts=1):
@@ -290,13 +290,14 @@ def compute_dtype_of(weight):
 
 
 def extract_weights(model, fuse_gate_up=False, compute_dtype=None, layout="rows", pack_transposed=None,
-                    workspace=None, sharded=False):
+                    workspace=None, sharded=False, group=None):
     """Collect the weights for one generate() call (see module docstring). layout "cols" needs
     `pack_transposed` (ops.pack_transposed(dst, [K, N_i] tensors) writes [sum N_i, K] into dst).
     `workspace` (a dict kept by the engine, optional) holds the packed buffers between calls so
     they are rewritten in place instead of reallocated (page faults cost as much as the copy);
     their CONTENTS are always recomputed from the current parameters. `sharded` keeps a
-    tensor-parallel model's slices (see `TensorParallelShard`; "rows" layout only)."""
+    tensor-parallel model's slices (see `TensorParallelShard`; "rows" layout only); `group`: a
+    tensor-parallel model's model-parallel group."""
     if layout not in ("rows", "cols"):
         raise ValueError(f"layout must be 'rows' or 'cols', got {layout!r}")
     cols = layout == "cols"
@@ -304,7 +305,7 @@ def extract_weights(model, fuse_gate_up=False, compute_dtype=None, layout="rows"
     cfg = lm.config
     _check_config(cfg)
     dec = _decoder(lm)
-    tp = TensorParallelGather(cfg, sharded=sharded)
+    tp = TensorParallelGather(cfg, group=group, sharded=sharded)
     nh = cfg.num_attention_heads
     nkv = getattr(cfg, "num_key_value_heads", None) or nh
     hd = cfg.hidden_size // nh

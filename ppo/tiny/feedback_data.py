@@ -11,7 +11,7 @@ A generator of its own (seeded from the demo seed) leaves the other splits uncha
 """
 import random
 
-from .demo_data import correct_answer, degenerate_answer, rejected_answer, reverse_prompt
+from .reverse_task import correct_answer, degenerate_answer, rejected_answer, reverse_prompt
 
 __all__ = ["ranked_record", "unpaired_record", "feedback_splits"]
 

@@ -9,9 +9,8 @@ best for these sizes and simpler to check by hand).
 """
 import numpy as np
 import paddle
-import paddle.distributed as dist
 
-from ..experience import Experience, merge_rows
+from ..experience import merge_rows
 from ..models.causal_lm import position_ids_from_mask
 
 
@@ -38,11 +37,11 @@ def imbalance(totals):
 
 
 def _to_host(exp):
-    return {k: (v.numpy() if isinstance(v, paddle.Tensor) else v) for k, v in vars(exp).items()}
+    return exp.map_rows(lambda t: t.numpy(), list)
 
 
-def _from_host(fields):
-    return Experience(**{k: (paddle.to_tensor(v) if isinstance(v, np.ndarray) else v) for k, v in fields.items()})
+def _from_host(exp):
+    return exp.map_rows(paddle.to_tensor, list)
 
 
 def trim_padding(exp):
@@ -65,13 +64,13 @@ def trim_padding(exp):
     return out
 
 
-def balance_rows(exp, data_rank, data_world, group_size, pad_token_id):
+def balance_rows(exp, ranks, group_size, pad_token_id):
     """This data rank's share of every rank's rows after `balanced_partition` of the groups'
-    token counts (prompt + response). Collective over all ranks (tensor- and pipeline-parallel
+    token counts (prompt + response); `ranks`: the run's `Ranks`. Collective over all ranks (tensor- and pipeline-parallel
     copies of a data rank send the same rows; the first one counts). Returns the experience
     and `{"rollout/rank_token_imbalance", "rollout/rank_token_imbalance_before"}`."""
-    gathered = []
-    dist.all_gather_object(gathered, (data_rank, _to_host(exp)))
+    data_rank, data_world = ranks.data_rank, ranks.data_world
+    gathered = ranks.gather_objects((data_rank, _to_host(exp)))
     by_rank = {}
     for rank, fields in gathered:
         by_rank.setdefault(rank, fields)

@@ -8,12 +8,14 @@ registry (``ppo/scorer_registry.py``) with their facts when this package is impo
 - ``format_tags``: ``format``, think/answer tags;
 - ``code``: the response's program against the label's tests in ``ppo/sandbox.py``;
 - ``choice``: a multiple-choice letter;
-- ``penalties``: ``length`` and ``repetition``;
-- ``judge``: a language model's verdict (``ppo/judge/``), configured by options.
+- ``penalties``: ``length`` and ``repetition``.
+
+The model judge's entry (``judge``) needs a model and the rollout engine, so it lives above
+this package, in ``ppo/judge/scorer.py``; ``ppo.scorers`` registers it with these.
 
 :func:`verifier_table` renders the registry as the Markdown table of docs/verifiers.md.
 """
-from . import basic, choice, code, format_tags, gsm8k, judge, kk, math_boxed, penalties  # noqa: F401 (registration)
+from . import basic, choice, code, format_tags, gsm8k, kk, math_boxed, penalties  # noqa: F401 (registration)
 
 
 def _cell(text):

@@ -45,7 +45,7 @@ def build_judge(**options):
     with _LOCK:
         judge = _JUDGES.get(key)
         if judge is None:
-            from ..judge.model_judge import GenerativeJudge
+            from .model_judge import GenerativeJudge
 
             settings = {k: v for k, v in options.items() if k != "model"}
             settings["scores"], settings["pair_words"] = _words(settings["scores"]), _words(settings["pair_words"])

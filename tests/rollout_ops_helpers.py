@@ -2,13 +2,13 @@
 import numpy as np
 import paddle
 
+from ppo import kernels
+from ppo.rollout import ops
+
 
 def custom_and_fallback_ops():
     """(custom, fallback) op sets; builds the library with `python csrc/build_ops.py` when it is
     missing or stale, and raises if the custom ops still cannot be used (tests never skip)."""
-    from .. import kernels
-    from . import ops
-
     kernels.ensure_built()
     return ops.get_ops("custom"), ops.FallbackOps()
 

@@ -14,7 +14,7 @@ from paddlenlp.trainer import TrainingArguments
 from ..models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE
 from ..models.loading import DEFAULT_LORA_TARGETS
 from ..rollout.ops import KERNEL_MODES
-from .argument_problems import PADDLENLP_REFUSALS, paddlenlp_refusal, problem_scope, report_problems
+from ..common.argument_problems import PADDLENLP_REFUSALS, paddlenlp_refusal, problem_scope, report_problems
 
 RECOMPUTE_GRANULARITIES = ("full", "full_attn", "core_attn")
 DEFAULT_EVAL_MAX_NEW_TOKENS = 32
@@ -241,6 +241,15 @@ class RolloutLoopArguments:
                   "folded in (csrc/cpu/train_adamw.cc; float32 CPU parameters, same state and results as Paddle's "
                   "AdamW); elsewhere, and under fleet's optimizer wrappers, Paddle's own step runs."},
     )
+    max_nan_skips: int = field(default=3, metadata={"help": "Consecutive non-finite steps tolerated before the run stops."})
+
+    @property
+    def release_gradients(self):
+        """Free gradients after each optimiser step (`release_grads`, or `enable_release_grads` in
+        `sharding_parallel_config`, as PaddleNLP) instead of keeping them as zeros."""
+        config = self.sharding_parallel_config
+        options = config.replace(",", " ").split() if isinstance(config, str) else list(config or ())
+        return bool(self.release_grads) or "enable_release_grads" in options
 
 
 @dataclass

@@ -5,12 +5,12 @@ import os
 
 from ..checkpoint import clear_previous_run, last_complete_trainer_checkpoint
 from ..models.pipeline import save_pipeline_merged
-from .console_report import closing_summary, output_paths
-from .divergence import DivergenceError
-from .resume_check import check_model_checkpoint
-from .tracking import interval_weighted_mean
+from ..common.console_report import closing_summary, output_paths
+from ..common.divergence import DivergenceError
+from ..resume_check import check_model_checkpoint
+from ..common.tracking import interval_weighted_mean
 from .trainer_resume import saved_global_step
-from .run_guard import RunInterrupted, interrupted_message, stop_requests
+from ..common.run_guard import RunInterrupted, interrupted_message, stop_requests
 from .trainer_callbacks import (
     CheckpointRotationCallback, DivergenceCallback, StopOnSignalCallback, TrackerCallback, rename_trainer_logs,
 )

@@ -52,7 +52,7 @@ def _base_config(model):
 
 def model_facts(model):
     """Shape-deciding facts of a live `model`: {"config": {key: value}, "lora": {key: value} or None}."""
-    from ..models.loading import unwrap_parallel
+    from .models.basics import unwrap_parallel
 
     inner = unwrap_parallel(model)
     config = _base_config(inner) or {}

@@ -1,7 +1,7 @@
 """Start-up checks shared by the `Trainer` entry points (SFT, RM, the DPO family), which run
 PaddleNLP's Trainer; PPO/GRPO has its own loop and checks (`ppo/ppo_argument_checks.py`)."""
-from .report_writers import TRAINER_PACKAGES, missing_report_packages
-from .validation import (
+from ..common.report_writers import TRAINER_PACKAGES, missing_report_packages
+from ..common.validation import (
     dtype_device_problems,
     model_dir_problems,
     output_dir_problems,

@@ -11,8 +11,8 @@ import os
 from paddlenlp.trainer import TrainerCallback
 
 from ..checkpoint import rotate_checkpoints
-from .divergence import DivergenceDetector
-from .tracking import RunTracker, interval_weighted_mean
+from ..common.divergence import DivergenceDetector
+from ..common.tracking import RunTracker, interval_weighted_mean
 
 logger = logging.getLogger("ppo")
 

@@ -1,0 +1,22 @@
+"""One process, or data parallel alone (`paddle.DataParallel` all-reduces the gradients in
+the backward pass): the models run whole in every process (`ppo.passes.plain.PlainPasses`)."""
+from .base import Strategy
+
+
+class PlainStrategy(Strategy):
+    """One process or `paddle.DataParallel` (see the module docstring)."""
+
+    name = "plain"
+
+    def wrap(self, model, optimizer):
+        if model is None or self.ranks.world_size == 1:
+            return model, optimizer
+        import paddle
+
+        return paddle.DataParallel(model), optimizer
+
+    def build_passes(self, models, actor, critics, optimizers, settings):
+        from ..passes.plain import PlainPasses
+
+        return PlainPasses(models, actor, critics, settings.temperature, settings.logprob_chunk_size, settings.chunk_rows,
+                           retokenizers=settings.retokenizers, remove_padding=settings.remove_padding)

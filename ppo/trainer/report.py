@@ -1,0 +1,87 @@
+"""What the online loop writes for people and machines: `metrics.jsonl` and the dashboards
+(`ppo.common.tracking.RunTracker`), one console line per logging step, the evaluation table,
+`samples.jsonl` rows the learner picks (PPO: responses with their scores; online DPO: pairs),
+and the closing summary naming every output."""
+import logging
+import os
+
+from ..common.console_report import STEP_LINE_METRICS, closing_summary, evaluation_table, output_paths, step_line
+from ..common.jsonl_trace import append_rows
+from ..common.tracking import RunTracker, keep_rows_up_to
+from ..evaluation import decode_responses
+
+logger = logging.getLogger("ppo")
+
+
+class RunReport:
+    """`settings`: `LoopSettings`; `is_main`: whether this rank writes; `label`: the run's name
+    (ppo, grpo, ppo-lagrangian, online DPO, ...); `step_metrics`: the names of the console line."""
+
+    def __init__(self, settings, is_main, label, step_metrics=STEP_LINE_METRICS):
+        self.settings, self.is_main, self.label, self.step_metrics = settings, is_main, label, step_metrics
+        self.tracker = None
+
+    def start(self, step, resumed):
+        """Open the run's traces at `step` (a resumed run's later rows are dropped)."""
+        s = self.settings
+        self.tracker = RunTracker(s.output_dir, s.logging_dir, report_to=s.report_to, enabled=self.is_main, resume=resumed,
+                                  run_name=s.run_name)
+        if resumed:
+            self.tracker.truncate_after(step)
+        if self.is_main:  # samples of steps after the checkpoint are logged again
+            keep_rows_up_to(os.path.join(s.output_dir, "samples.jsonl"), step)
+
+    def log_step(self, step, total, metrics, diverged):
+        """Every `logging_steps` (and the first with `logging_first_step`, the last, a diverged one):
+        the step's metrics to `metrics.jsonl` / dashboards and one line to the console."""
+        s = self.settings
+        first = s.logging_first_step and step == 1
+        if step % s.logging_steps == 0 or step == total or diverged or first:
+            self.tracker.log(metrics, step=step)
+            if self.is_main:
+                logger.info(step_line(step, total, metrics, self.step_metrics))
+
+    def log_evaluation(self, step, metrics):
+        """The evaluation's metrics at `step`, and their table on the console."""
+        self.tracker.log(metrics, step=step)
+        if self.is_main:
+            logger.info(evaluation_table(step, metrics))
+
+    def log_samples(self, step, rows, table=None):
+        """`rows` (dicts) appended to `samples.jsonl` with the step; `table` to the console."""
+        if not self.is_main or not rows:
+            return
+        append_rows(os.path.join(self.settings.output_dir, "samples.jsonl"), [{"step": step, **row} for row in rows])
+        if table:
+            logger.info(f"step {step} samples (score | prompt -> response):\n{table}")
+
+    def finish(self, **summary):
+        """Write `summary.json`; returns the summary."""
+        return self.tracker.finish(**summary)
+
+    def closing_text(self, summary, model_folders):
+        """The lines that end the run: what it reached and where its models (`model_folders`),
+        checkpoint, metrics.jsonl, summary.json and dashboards are."""
+        s = self.settings
+        paths = output_paths(s.output_dir, s.logging_dir, s.report_to, [(f"{name} model", name) for name in model_folders])
+        return closing_summary(f"{self.label} finished", summary, paths)
+
+
+class ResponseSamples:
+    """`samples.jsonl` rows of a PPO-family step: the first `n` groups' prompts and responses with
+    every objective's score (`objectives`: `ScoredObjective`s) and group id; the first `n` rows
+    also go to the console."""
+
+    def __init__(self, tokenizer, objectives, group_size, n=4):
+        self.tokenizer, self.objectives, self.group_size, self.n = tokenizer, list(objectives), group_size, n
+
+    def __call__(self, exp):
+        """`(rows, console table)` of `exp`."""
+        responses = decode_responses(self.tokenizer, exp.response_ids, exp.response_mask)
+        scores = {o.sample_key: exp.objectives[o.name].scores.numpy() for o in self.objectives}
+        rows = [{"prompt": exp.prompt_text[i], "response": responses[i], "score": float(scores["score"][i]),
+                 "group_id": int(exp.group_ids.numpy()[i]),
+                 **{key: float(values[i]) for key, values in scores.items() if key != "score"}}
+                for i in range(min(self.n * max(1, self.group_size), len(exp)))]
+        table = "\n".join(f"  {r['score']:+.3f} | {r['prompt']!r} -> {r['response']!r}" for r in rows[: self.n])
+        return rows, table

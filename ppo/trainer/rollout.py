@@ -1,0 +1,44 @@
+"""Step 1 of an online step: prompts become a rollout `Experience` (stage "rollout").
+
+`Rollout` draws this data rank's prompt indices, repeats each prompt `rollout_n` times and
+generates with the rollout engine inside the passes' `generation_weights` (the actor's current
+weights, whatever the parallel strategy). One draw of uniforms covers the global batch and
+each data rank keeps its rows' columns, so a row samples the same tokens whatever the
+data-parallel layout. The draw count lives in the run state (`gen_batches`): it seeds the
+draw and numbers the prompt groups (group ids never repeat across draws or ranks)."""
+import paddle
+
+from ..experience import experience_from_rollout
+
+
+class Rollout:
+    """`engine`: a `RolloutEngine`; `sampling`: its `SamplingParams`; `sampler`: this data
+    rank's `PromptSampler`; `dataset`: the prompt dataset; `passes`: the step's `ModelPasses`
+    (their `generation_weights`); `offload`: the `OffloadPlan`; `state`: the `RunState`
+    (`gen_batches`, `step`); `ranks`: the run's `Ranks`; `settings`: `RolloutSettings`."""
+
+    def __init__(self, engine, sampling, sampler, dataset, tokenizer, passes, offload, state, ranks, settings):
+        self.engine, self.sampling, self.sampler, self.dataset = engine, sampling, sampler, dataset
+        self.tokenizer, self.passes, self.offload, self.state, self.ranks = tokenizer, passes, offload, state, ranks
+        self.settings = settings
+        self.collate = dataset.get_collator()
+
+    def generate(self):
+        """`rollout_n` responses to each of the next prompts, as an `Experience` at stage "rollout"."""
+        indices = self.sampler.next_indices()
+        n, ranks = self.settings.rollout_n, self.ranks
+        batch = self.collate([self.dataset[i] for i in indices])
+        input_ids = paddle.repeat_interleave(batch["input_ids"], n, axis=0)
+        prompt_mask = paddle.repeat_interleave(batch["attention_mask"], n, axis=0)
+        draws = self.state.gen_batches
+        seed, rows = self.settings.seed + 1_000_003 * draws, input_ids.shape[0]
+        with self.offload.scope("actor"), self.passes.generation_weights():
+            out = self.engine.generate(input_ids, prompt_mask, self.sampling, seed=seed, row_offset=ranks.data_rank * rows,
+                                       total_rows=ranks.data_world * rows)
+        group_base = (draws * ranks.data_world + ranks.data_rank) * len(indices)
+        self.state.gen_batches += 1
+        exp = experience_from_rollout(batch, out, self.tokenizer.eos_token_id, repeat=n, group_base=group_base)
+        exp.version = self.state.step
+        if out.logprobs_match_forward and self.settings.use_rollout_logprobs:
+            exp.old_logprobs = out.response_logprobs * exp.response_mask
+        return exp

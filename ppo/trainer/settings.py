@@ -1,0 +1,124 @@
+"""Each part of the online loop is built from its slice of the arguments: a frozen dataclass
+naming the fields it reads (`slice_of` fills one from the parsed arguments), so that a reader
+sees what a part depends on, and a part cannot read what it was not given. A field the entry
+point's arguments do not have keeps its default here (online DPO has no critic settings)."""
+from dataclasses import dataclass, fields
+from typing import Optional
+
+
+def slice_of(cls, args, **given):
+    """`cls` (a dataclass of this module) with each field read from `args` by name (properties
+    included), `given` overriding; fields `args` lacks keep their defaults."""
+    values = {f.name: getattr(args, f.name) for f in fields(cls) if f.name not in given and hasattr(args, f.name)}
+    return cls(**values, **given)
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """The rollout: samples per prompt, the sampling seed, whether the engine's log-probs serve
+    as old log-probs, and DAPO's dynamic sampling and the data-rank balance."""
+
+    rollout_n: int
+    seed: int
+    per_device_prompt_batch_size: int
+    use_rollout_logprobs: bool = False
+    dynamic_sampling: bool = False
+    max_gen_batches: int = 1
+    balance_batch: bool = False
+
+
+@dataclass(frozen=True)
+class PenaltySettings:
+    """What is taken off or added to the reward's scores: `missing_eos_penalty`, DAPO's overlong buffer."""
+
+    missing_eos_penalty: float = 0.0
+    enable_overlong_reward_buffer: bool = False
+    max_dec_len: int = 0
+    overlong_reward_buffer: int = 0
+    overlong_penalty_factor: float = 1.0
+
+
+@dataclass(frozen=True)
+class AdvantageSettings:
+    """Token rewards and advantages: the KL in the rewards, the score clip, the estimator's
+    settings, whitening, and masking of truncated responses."""
+
+    kl_coeff: float
+    kl_loss_coeff: float
+    kl_estimator: str
+    kl_clamp: Optional[float]
+    clip_range_score: float
+    rollout_n: int
+    gamma: float
+    gae_lambda: float
+    scale_reward_std: bool
+    normalize_advantage: bool
+    mask_truncated_completions: bool
+    reuse_first_update_forward: bool
+    update_micro_rows: int
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """The PPO-family update: epochs and their optimiser steps, the loss terms and their
+    aggregation."""
+
+    update_iters: int
+    update_micro_rows: int
+    update_accumulation_steps: int
+    seed: int
+    loss_agg_mode: str
+    loss_scale: float
+    clip_range_ratio: float
+    clip_range_ratio_low: Optional[float]
+    clip_range_ratio_high: Optional[float]
+    dual_clip: Optional[float]
+    importance_sampling_level: str
+    pg_loss_coeff: float
+    entropy_coeff: float
+    kl_loss_coeff: float
+    kl_loss_type: str
+    kl_clamp: Optional[float]
+    clip_range_value: float
+    ptx_coeff: float
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """The loop around steps: when it logs, samples, evaluates, saves and stops."""
+
+    output_dir: str
+    logging_dir: str
+    report_to: object
+    run_name: Optional[str]
+    logging_steps: int
+    logging_first_step: bool
+    num_sample_generations: int
+    evaluates: bool
+    eval_steps: int
+    saves_checkpoints: bool
+    save_steps: int
+    disable_tqdm: bool
+    stop_on_divergence: bool = False
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """Where checkpoints go and how a run resumes."""
+
+    output_dir: str
+    overwrite_output_dir: bool
+    resume_from_checkpoint: Optional[str]
+    save_total_limit: Optional[int]
+    ignore_save_lr_and_optim: bool
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """The evaluation: greedy answers (and `eval_num_samples` sampled ones) to the eval prompts."""
+
+    per_device_eval_batch_size: int
+    eval_max_new_tokens: int
+    max_dec_len: int
+    seed: int
+    eval_num_samples: int = 0

@@ -1,0 +1,1 @@
+"""Reward and cost models: the entry points (run_reward.py, audit_reward.py, audit_cost.py), their arguments and trainers."""
