@@ -1,5 +1,5 @@
 """Install the alignment toolkit (the `ppo` library with its algos, data and models, the `sft`,
-`rm` and `dpo` entry points, the `scripts`) and the `paddle-align` command.
+`rm`, `dpo` and `rl` entry points, the `scripts`) and the `paddle-align` command.
 
 `pip install -e .` (scripts/setup.sh runs it) makes the packages importable from anywhere and
 puts `paddle-align` on PATH: one command per entry point (`paddle-align ppo config.json`,
@@ -29,7 +29,7 @@ setup(
     description="PaddlePaddle-native LLM alignment toolkit: SFT, reward models, PPO, GRPO, DPO family",
     long_description=(ROOT / "README.md").read_text() if (ROOT / "README.md").exists() else "",
     long_description_content_type="text/markdown",
-    packages=find_packages(include=["ppo", "ppo.*", "sft", "rm", "dpo", "scripts"]),
+    packages=find_packages(include=["ppo", "ppo.*", "sft", "rm", "dpo", "rl", "scripts"]),
     package_data={"ppo.common": ["argument_table.json"]},  # --help and argument errors before Paddle loads
     entry_points={"console_scripts": ["paddle-align=ppo.cli:main"]},
     python_requires=">=3.9",

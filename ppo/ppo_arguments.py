@@ -27,6 +27,7 @@ from .entry.argument_groups import (
 )
 from .entry.policy_loss_arguments import PolicyLossArguments, policy_loss_problems
 from .common.argument_problems import problem_scope
+from .paddlenlp_rl_arguments import PaddleNLPRLArguments
 from .ppo_argument_checks import (  # noqa: F401  (validate_arguments: the entry point's start-up pass)
     batch_problems, estimator_problems, find_adv_estimator, generation_problems, kl_problems, lagrange_value_problems,
     loss_problems, paddlenlp_setting_problems, prompt_batch_problems, score_source_problems, validate_arguments,
@@ -108,11 +109,12 @@ class DataArgument(PromptFieldArguments, DatasetArguments):
 
 
 @dataclass
-class PPOTrainingArguments(AgentArguments, PolicyLossArguments, RolloutLoopArguments, RolloutArguments, DivergenceArguments,
-                           LogprobArguments, GenerationArguments, PaddleNLPTrainingArguments):
+class PPOTrainingArguments(AgentArguments, PolicyLossArguments, PaddleNLPRLArguments, RolloutLoopArguments, RolloutArguments,
+                           DivergenceArguments, LogprobArguments, GenerationArguments, PaddleNLPTrainingArguments):
     """The rollout (`RolloutArguments`) and the loop's optimiser (`RolloutLoopArguments`) are shared with
     online DPO; the policy loss's own settings are `PolicyLossArguments`; `AgentArguments` (env_name,
-    env_kwargs, max_turns, ...) make the rollout multi-turn (ppo/agents); the fields below are PPO/GRPO's own."""
+    env_kwargs, max_turns, ...) make the rollout multi-turn (ppo/agents); PaddleNLP's RL-entry extras
+    (VAPO, PRM, early stopping, placement) are `PaddleNLPRLArguments`; the fields below are PPO/GRPO's own."""
 
     paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.argument_parsing
     # an RL run that diverges is stopped by default (DivergenceArguments: off for SFT/RM/DPO)

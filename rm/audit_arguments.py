@@ -14,7 +14,11 @@ from ppo.common import validation
 @dataclass
 class AuditArgument:
     model_name_or_path: str = field(default=None, metadata={"help": "Trained reward (score) model directory."})
-    eval_datasets: List[str] = field(default_factory=list, metadata={"help": "Held-out prompts with reference answers (tgt)."})
+    eval_datasets: List[str] = field(
+        default_factory=list,
+        metadata={"help": "Held-out prompts with reference answers (tgt); for a process reward model, step-labelled "
+                  "records (paddlenlp-prm:1:FILE)."},
+    )
     prompt_template: str = field(default=BEAVER_TEMPLATE, metadata={"help": "Prompt template with an {input} slot."})
     max_prompt_len: int = field(
         default=256, metadata={"help": "Prompts longer than this many tokens are dropped, not truncated (as in PPO/GRPO)."}

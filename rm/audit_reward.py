@@ -8,7 +8,10 @@ to degenerate ones: empty (no token after the prompt), EOS only, the prompt
 echoed, one token repeated, the answer cut in half, and a very long answer. The
 JSON report (`output_dir/audit.json`) gives each kind's mean score and how often
 it outranks the real answer. An empty answer scoring as high as a real one is
-the failure that sinks PPO runs.
+the failure that sinks PPO runs. A process reward model (trained with `process_reward`) is
+audited on held-out step-labelled records instead (`eval_datasets` as `paddlenlp-prm:1:FILE`):
+its step accuracy, on good and on bad steps, per response, and whether its first bad step is the
+first real one (`rm/audit_steps.py`).
 """
 import os
 
@@ -101,6 +104,11 @@ def main(argv=None):
     tokenizer = load_tokenizer(args.model_name_or_path)
     model = load_merged_score_model(args.model_name_or_path)
     model.eval()
+    if getattr(model.config, "process_reward", False):  # a PRM: step accuracy on held-out step-labelled records
+        from rm.audit_steps import audit_process_reward
+
+        report = audit_process_reward(model, tokenizer, split_specs(args.eval_datasets), args.batch_size)
+        return write_report(report, args.output_dir or args.model_name_or_path, "audit.json")
     dataset = PromptOnlyDataset(
         split_specs(args.eval_datasets), tokenizer, prompt_template=args.prompt_template, max_prompt_len=args.max_prompt_len
     )

@@ -11,10 +11,13 @@ from ppo.entry.argument_groups import (
     DivergenceArguments,
     ModelCommonArguments,
     PaddleNLPTrainingArguments,
+    PromptTruncationArguments,
     ZeroPaddingArguments,
 )
 from ppo.common.argument_problems import problem_scope
 from ppo.entry.trainer_entry_checks import trainer_entry_problems
+from ppo.data.specs import dataset_names  # noqa: F401  (tests/test_configs.py reads it from here)
+from rm.process_reward_checks import process_reward_problems
 from rm.reward_trainer import LOSS_TYPES
 
 TRAINED_SCORE_TYPES = ("reward", "cost")
@@ -37,11 +40,22 @@ class ModelArgument(ModelCommonArguments):
         default=None, metadata={"help": "Score normaliser: RunningMeanStd | ExponentialMovingAverage | None."}
     )
     normalizer_momentum: float = field(default=0.9, metadata={"help": "Momentum of the ExponentialMovingAverage normaliser."})
+    process_reward: bool = field(
+        default=False,
+        metadata={"help": "Train a process reward model (PaddleNLP's name): the score at each step's placeholder_token "
+                  "learns whether the step is good, on step-labelled data (paddlenlp-prm, Math-Shepherd's format)."},
+    )
 
 
 @dataclass
-class DataArgument(ZeroPaddingArguments, DatasetArguments):
-    pass
+class DataArgument(ZeroPaddingArguments, PromptTruncationArguments, DatasetArguments):
+    placeholder_token: str = field(
+        default="ки",
+        metadata={"help": "process_reward: the token after each step whose score is the step's score (Math-Shepherd's)."},
+    )
+    reward_tokens: str = field(
+        default="+,-", metadata={"help": "process_reward: the labels of a good and of a bad step in the data, comma-separated."}
+    )
 
 
 @dataclass
@@ -77,19 +91,6 @@ def score_type_problems(model_args, data_args, training_args):
     return problems
 
 
-def dataset_names(specs):
-    """Dataset names of `specs` (a spec that does not parse is left to the dataset's own error)."""
-    from ppo.data.specs import parse_dataset_spec
-
-    names = []
-    for spec in [s for s in specs or [] if s]:
-        try:
-            names += [name for name, _, _ in parse_dataset_spec(spec)]
-        except ValueError:
-            continue
-    return names
-
-
 def safety_labels_of(name):
     """The registered dataset's `SAFETY_LABELS` fact; None for an unknown name (reported when the data loads)."""
     from ppo.data import RawDataset, UnknownDatasetError  # the package registers every dataset
@@ -104,6 +105,7 @@ def validate_arguments(model_args, data_args, training_args):
     """Every problem of a reward-model run that needs several argument groups or the file system."""
     problems = trainer_entry_problems(model_args, data_args, training_args, [("model_name_or_path", model_args.model_name_or_path)])
     problems += score_type_problems(model_args, data_args, training_args)
+    problems += process_reward_problems(model_args, data_args, training_args)
     return problems + packing_problems(data_args, training_args)
 
 

@@ -32,19 +32,34 @@ with quiet_third_party_warnings():
     from paddlenlp.trainer.trainer_utils import set_seed  # noqa: E402
     from ppo.entry.run_setup import finish_trainer_run  # noqa: E402
     from ppo.entry.trainer_callbacks import TrackerCallback  # noqa: E402
-    from ppo.data import PreferenceDataset, SafetyPreferenceDataset  # noqa: E402
+    from ppo.data import PreferenceDataset, ProcessRewardDataset, SafetyPreferenceDataset  # noqa: E402
     from ppo.models.loading import apply_lora, load_overrides, load_tokenizer  # noqa: E402
     from ppo.models.pipeline import log_pipeline_settings  # noqa: E402
     from ppo.models.adapters import load_merged_score_model, score_lora_settings  # noqa: E402
     from ppo.models.score_model_pipe import load_score_pipe  # noqa: E402
     from rm.reward_arguments import DataArgument, ModelArgument, RewardTrainingArguments, validate_arguments  # noqa: E402
     from rm.cost_trainer import CostTrainer  # noqa: E402
+    from rm.process_reward_trainer import ProcessRewardTrainer  # noqa: E402
     from rm.reward_trainer import RewardTrainer  # noqa: E402
 
-OBJECTIVES = {  # score_type -> (dataset class, trainer class, name of the logged training loss)
+OBJECTIVES = {  # score_type (or process_reward) -> (dataset class, trainer class, name of the logged training loss)
     "reward": (PreferenceDataset, RewardTrainer, "rm/loss"),
     "cost": (SafetyPreferenceDataset, CostTrainer, "cost/loss"),
+    "process": (ProcessRewardDataset, ProcessRewardTrainer, "prm/loss"),
 }
+
+
+def objective_name(model_args):
+    """The key of `OBJECTIVES` a run trains: `process` with PaddleNLP's `process_reward`, else its `score_type`."""
+    return "process" if model_args.process_reward else model_args.score_type
+
+
+def dataset_settings(data_args, model_args):
+    """Keyword arguments of the objective's dataset beyond the shared ones."""
+    settings = dict(max_length=data_args.max_length, truncate_prompt_to=data_args.truncate_prompt_len)
+    if model_args.process_reward:
+        settings.update(placeholder_token=data_args.placeholder_token, reward_tokens=data_args.reward_tokens)
+    return settings
 
 
 def start_up(argv):
@@ -55,10 +70,10 @@ def start_up(argv):
                                                          validate_arguments)
     tokenizer = startup.attempt(load_tokenizer, model_args.model_name_or_path)
     train_dataset = eval_dataset = None
-    objective = OBJECTIVES.get(model_args.score_type)  # None: refused by the argument checks
+    objective = OBJECTIVES.get(objective_name(model_args))  # None: refused by the argument checks
     if tokenizer is not None and objective is not None:
         dataset_class = objective[0]
-        data_kwargs = dict(data_args.dataset_kwargs(tokenizer, training_args.seed), max_length=data_args.max_length)
+        data_kwargs = dict(data_args.dataset_kwargs(tokenizer, training_args.seed), **dataset_settings(data_args, model_args))
         train_dataset = startup.attempt(dataset_class, split_specs(data_args.train_datasets), **data_kwargs)
         eval_specs = split_specs(data_args.eval_datasets)
         eval_dataset = startup.attempt(dataset_class, eval_specs, **data_kwargs) if eval_specs else None
@@ -73,11 +88,14 @@ def main(argv=None):
     acquire_output_dir(training_args.output_dir)  # one run per output_dir
     save_resolved_arguments(training_args.output_dir, model_args, data_args, training_args)
     set_seed(training_args.seed)  # fresh LoRA adapters and score heads start from the run's seed (PaddleNLP's llm scripts)
-    _, trainer_class, loss_name = OBJECTIVES[model_args.score_type]
+    _, trainer_class, loss_name = OBJECTIVES[objective_name(model_args)]
     score_settings = dict(
         score_type=model_args.score_type, do_normalize=model_args.normalize_score_during_training,
         normalizer_type=model_args.normalizer_type, normalizer_momentum=model_args.normalizer_momentum, **load_overrides(model_args, training_args, pipeline_entry="rm"),
     )
+    if model_args.process_reward:  # saved in config.json: the PRM's scorer reads its placeholder from there
+        score_settings.update(process_reward=True, placeholder_token=data_args.placeholder_token,
+                              reward_tokens=data_args.reward_tokens)
     if training_args.pipeline_parallel_degree > 1:
         log_pipeline_settings(training_args)
         model = load_score_pipe(

@@ -196,9 +196,9 @@ def test_broadcast_sequence_advantages():
 
 
 def test_registry():
-    assert set(ADV_ESTIMATORS) == {"gae", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "pass_at_k"}
-    assert [n for n, e in ADV_ESTIMATORS.items() if e.needs_critic] == ["gae"]
-    assert [n for n, e in ADV_ESTIMATORS.items() if e.whitens] == ["gae"]
+    assert set(ADV_ESTIMATORS) == {"gae", "vapo", "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "pass_at_k"}
+    assert [n for n, e in ADV_ESTIMATORS.items() if e.needs_critic] == ["gae", "vapo"]
+    assert [n for n, e in ADV_ESTIMATORS.items() if e.whitens] == ["gae", "vapo"]
     assert {n for n, e in ADV_ESTIMATORS.items() if e.per_group} == {"grpo", "rloo", "reinforce_pp_baseline", "pass_at_k"}
     assert get_adv_estimator("grpo").name == "grpo"
     with pytest.raises(ValueError) as e:

@@ -21,6 +21,7 @@ EXAMPLES = {  # one valid record of each registered local format, in the format'
     "PKU-SafeRLHF/safety": {**PKU, **SAFETY},
     "PKU-SafeRLHF/safety/test": {**PKU, **SAFETY},
     "paddlenlp-dpo": {"src": ["Reverse: ab"], "tgt": [], "response": ["ba", "ab"], "sort": [1, 0]},
+    "paddlenlp-prm": {"input": "USER: Reverse: ab ASSISTANT:b|a|", "label": "USER: Reverse: ab ASSISTANT:b+a-"},
     "paddlenlp-ranked": {"src": "Reverse: ab", "response": ["ba", "bb", "ab"], "sort": [3, 2, 1]},
     "paddlenlp-unpaired": {"src": "Reverse: ab", "response": "ba", "sort": [1]},
     "trl-unpaired": {"prompt": "Reverse: ab", "completion": "ba", "label": True},

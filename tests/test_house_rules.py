@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 60
 MAX_CLASS_METHODS = 25
-OUR_PACKAGES = ("ppo", "rm", "sft", "dpo")
+OUR_PACKAGES = ("ppo", "rm", "sft", "dpo", "rl")
 # Generated or table-like files allowed past MAX_FILE_LINES, by name (none today).
 LONG_FILES_ALLOWED = set()
 # Text files only: data, lock files and binaries are not code.
@@ -19,14 +19,15 @@ CODE_SUFFIXES = (".py", ".sh", ".md", ".cc", ".cu", ".cuh", ".h", ".txt", ".cfg"
 LAYERS = (
     ("ppo", "ppo.algos", "ppo.common", "ppo.kernels"),
     ("ppo.data", "ppo.tiny", "ppo.scorer_registry", "ppo.verifiers", "ppo.sandbox", "ppo.sandbox_child",
-     "ppo.judge.templates", "ppo.eval_metrics", "ppo.prompt_sampler", "ppo.optim", "ppo.offload", "ppo.reward_client"),
+     "ppo.judge.templates", "ppo.eval_metrics", "ppo.prompt_sampler", "ppo.optim", "ppo.offload", "ppo.reward_client",
+     "ppo.early_stopping"),
     ("ppo.models",),
     ("ppo.rollout", "ppo.experience", "ppo.evaluation", "ppo.sampled_eval", "ppo.resume_check", "ppo.checkpoint",
-     "ppo.agents", "ppo.judge", "ppo.scorers"),
+     "ppo.agents", "ppo.judge", "ppo.scorers", "ppo.process_reward_scorer"),
     ("ppo.passes", "ppo.strategy"),
     ("ppo.trainer",),
-    ("ppo.entry", "ppo.ppo_argument_checks", "ppo.ppo_arguments", "ppo.ppo_trainer"),
-    ("ppo.run_ppo", "ppo.cli", "ppo.reward_server", "sft", "rm", "dpo"),
+    ("ppo.entry", "ppo.ppo_argument_checks", "ppo.ppo_arguments", "ppo.paddlenlp_rl_arguments", "ppo.ppo_trainer"),
+    ("ppo.run_ppo", "ppo.cli", "ppo.reward_server", "sft", "rm", "dpo", "rl"),
 )
 """The layers of our packages, lowest first: a module imports only from its own layer (without
 cycles) or lower ones. `ppo` is the package's own `__init__`; every other entry names a

@@ -5,17 +5,16 @@ Plain functions on paddle tensors; no models, I/O or distributed calls, no
 ``.item()``, inputs never written into (tests/test_algos_purity.py checks this).
 """
 from .advantage import (
-    ADV_ESTIMATORS,
     AdvEstimator,
     broadcast_sequence_advantages,
     gae_advantages_and_returns,
-    get_adv_estimator,
     group_zero_std_fraction,
     grpo_advantages,
     reinforce_pp_advantages_and_returns,
     reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
+from .advantage_registry import ADV_ESTIMATORS, get_adv_estimator
 from .kl import K3_NAMES, KL_ESTIMATOR_NAMES, KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_penalty, kl_shaped_rewards, last_token_mask
 from .losses import (
     IMPORTANCE_SAMPLING_LEVELS,
@@ -34,6 +33,20 @@ from .losses import (
     value_loss,
 )
 from .pass_at_k import pass_at_k_advantages
+from .process_reward import (
+    PRM_REDUCTIONS,
+    process_group_advantages,
+    process_reward_loss,
+    reduce_step_scores,
+    step_token_rewards,
+)
+from .vapo import (
+    in_value_pretraining,
+    length_adaptive_lambda,
+    positive_example_nll,
+    vapo_advantages_and_returns,
+    value_pretraining_targets,
+)
 from .token_selection import count_from_fraction, high_entropy_mask, top_k_mask
 from .policy_losses import cispo_token_losses, gmpo_token_losses
 from .covariance_losses import clip_cov_token_losses, kl_cov_token_losses, token_covariance
@@ -123,6 +136,18 @@ __all__ = [
     "broadcast_sequence_advantages",
     "group_zero_std_fraction",
     "pass_at_k_advantages",
+    # VAPO (value pretraining, decoupled and length-adaptive GAE, positive-example LM loss)
+    "in_value_pretraining",
+    "length_adaptive_lambda",
+    "positive_example_nll",
+    "vapo_advantages_and_returns",
+    "value_pretraining_targets",
+    # process reward models
+    "PRM_REDUCTIONS",
+    "process_group_advantages",
+    "process_reward_loss",
+    "reduce_step_scores",
+    "step_token_rewards",
     # losses
     "LOSS_AGG_MODES",
     "IMPORTANCE_SAMPLING_LEVELS",

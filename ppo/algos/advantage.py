@@ -14,9 +14,9 @@ every group estimator: in float32 the group mean of equal numbers is not always
 bit-equal to them (six copies of -1.3 have a mean 1 ulp away), and dividing that
 rounding residue by a tiny std would turn it into a large advantage.
 
-:data:`ADV_ESTIMATORS` holds one :class:`AdvEstimator` per name; all share the
-call signature of :class:`AdvEstimator` ``.fn``, followed by the entry's own ``settings``
-as keywords.
+:class:`AdvEstimator` is one registry entry; all share the call signature of its ``.fn``,
+followed by the entry's own ``settings`` as keywords. :data:`BUILT_IN_ESTIMATORS` are this
+module's; ``ppo.algos.advantage_registry.ADV_ESTIMATORS`` holds every one by name.
 """
 import paddle
 
@@ -34,8 +34,7 @@ __all__ = [
     "group_zero_std_fraction",
     "reinforce_pp_baseline_advantages",
     "AdvEstimator",
-    "ADV_ESTIMATORS",
-    "get_adv_estimator",
+    "BUILT_IN_ESTIMATORS",
 ]
 
 
@@ -46,6 +45,8 @@ def gae_advantages_and_returns(values, rewards, mask, gamma=1.0, gae_lambda=0.95
     ``delta_t = r_t + gamma * V_{t'} - V_t``, ``A_t = delta_t + gamma * lambda * A_{t'}``,
     with ``V`` and ``A`` after the last response token taken as 0; ``R_t = A_t + V_t``.
     Masked-out positions are skipped (neither read nor written), outputs are 0 there.
+    ``gae_lambda`` is a number or a ``[B]`` tensor of one lambda per row (VAPO's length-adaptive
+    GAE, ``ppo.algos.vapo``).
     Shapes: ``values``, ``rewards``, ``mask`` ``[B, T]`` -> ``(advantages, returns)`` ``[B, T]``.
     Implementation: reverse loop over ``T``, vectorised across ``B``; no gradient.
     Source: Schulman et al. 2016 (GAE); verl ``core_algos.compute_gae_advantage_return``
@@ -282,27 +283,15 @@ class AdvEstimator:
         return self.fn(rewards, mask, values, group_size, gamma, gae_lambda, scale_by_std, **{**self.settings, **settings})
 
 
-ADV_ESTIMATORS = {
-    e.name: e
-    for e in (
-        AdvEstimator("gae", _gae, needs_critic=True, per_group=False, whitens=True),
-        AdvEstimator("grpo", _grpo, needs_critic=False, per_group=True, whitens=False, min_group_size=2),
-        AdvEstimator("rloo", _rloo, needs_critic=False, per_group=True, whitens=False, min_group_size=2),
-        AdvEstimator("reinforce_pp", _reinforce_pp, needs_critic=False, per_group=False, whitens=False),
-        AdvEstimator("reinforce_pp_baseline", _reinforce_pp_baseline, needs_critic=False, per_group=True, whitens=False,
-                     min_group_size=2),
-        AdvEstimator("pass_at_k", _pass_at_k, needs_critic=False, per_group=True, whitens=False, min_group_size=2,
-                     settings={"pass_k": 4, "pass_k_threshold": 0.5}),
-    )
-}
-
-
-def get_adv_estimator(name):
-    """Return the :class:`AdvEstimator` registered under ``name`` in ``ADV_ESTIMATORS``.
-
-    Raises ``ValueError`` naming the valid choices for an unknown name.
-    Source: verl ``core_algos.get_adv_estimator_fn`` (registry pattern).
-    """
-    if name not in ADV_ESTIMATORS:
-        raise ValueError(f"Unknown adv_estimator {name!r}; valid choices: {sorted(ADV_ESTIMATORS)}")
-    return ADV_ESTIMATORS[name]
+BUILT_IN_ESTIMATORS = (
+    AdvEstimator("gae", _gae, needs_critic=True, per_group=False, whitens=True),
+    AdvEstimator("grpo", _grpo, needs_critic=False, per_group=True, whitens=False, min_group_size=2),
+    AdvEstimator("rloo", _rloo, needs_critic=False, per_group=True, whitens=False, min_group_size=2),
+    AdvEstimator("reinforce_pp", _reinforce_pp, needs_critic=False, per_group=False, whitens=False),
+    AdvEstimator("reinforce_pp_baseline", _reinforce_pp_baseline, needs_critic=False, per_group=True, whitens=False,
+                 min_group_size=2),
+    AdvEstimator("pass_at_k", _pass_at_k, needs_critic=False, per_group=True, whitens=False, min_group_size=2,
+                 settings={"pass_k": 4, "pass_k_threshold": 0.5}),
+)
+"""The estimators of this module; ``ppo.algos.advantage_registry.ADV_ESTIMATORS`` registers them
+with the ones other modules define (VAPO's, ``ppo.algos.vapo``)."""

@@ -1,7 +1,7 @@
 """Pass@k advantages for GRPO groups (Chen et al. 2025, "Pass@k Training for Adaptively
 Balancing Exploration and Exploitation of Large Reasoning Models", the analytic form).
 
-Registered as the ``pass_at_k`` advantage estimator (``ppo.algos.advantage.ADV_ESTIMATORS``).
+Registered as the ``pass_at_k`` advantage estimator (``ppo.algos.advantage_registry.ADV_ESTIMATORS``).
 """
 import paddle
 

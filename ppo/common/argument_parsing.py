@@ -61,6 +61,8 @@ def key_problem(key, value, valid, where):
             return None
         expected, does = pk.FIXED_VALUE[key]
         return f"{where}: '{key}: {value}' is not supported here (PaddleNLP: {does}); only {expected!r} is"
+    if key in pk.SAME_RESULT:
+        return None
     if key in pk.UNSUPPORTED:
         return f"{where}: '{key}' is not supported here (PaddleNLP: {pk.UNSUPPORTED[key]})"
     if key in pk.PPO_ONLY:
@@ -68,10 +70,12 @@ def key_problem(key, value, valid, where):
     return unknown_key_message(key, valid, where)
 
 
-def translate_keys(data, valid, where, problems, fixed_fields=()):
+def translate_keys(data, valid, where, problems, fixed_fields=(), context=None):
     """`data` with PaddleNLP keys renamed to ours (values translated); accepted fixed-value
     keys dropped; every unusable key appended to `problems`. `fixed_fields`: fields of the
-    entry point that run at `paddlenlp_keys.PPO_FIXED_VALUE`'s values only."""
+    entry point that run at `paddlenlp_keys.PPO_FIXED_VALUE`'s values only. `context`: the
+    other keys a translation may read (the argument file's under the command line's); `data`."""
+    context = data if context is None else context
     out = {}
     for key, value in data.items():
         if key in valid:
@@ -89,7 +93,7 @@ def translate_keys(data, valid, where, problems, fixed_fields=()):
             continue  # a FIXED_VALUE key at the value we run with
         target, convert, _ = pk.RENAMED[key]
         try:
-            new_value = convert(value, data) if value is not None else None
+            new_value = convert(value, context) if value is not None else None
         except ValueError as e:
             problems.append(f"{where}: {key}: {e}")
             continue
@@ -244,7 +248,8 @@ def read_arguments(argv, valid, fixed_fields, actions, problems):
     raises ArgumentError with its own error alone."""
     file_data, path, argv = split_argument_file(argv, valid, fixed_fields, problems)
     try:
-        cli_data = expand_user_paths(translate_keys(command_line_to_dict(argv), valid, "command line", problems, fixed_fields))
+        cli = command_line_to_dict(argv)
+        cli_data = expand_user_paths(translate_keys(cli, valid, "command line", problems, fixed_fields, {**file_data, **cli}))
     except ArgumentError as err:
         problems.append(str(err))
         cli_data = {}

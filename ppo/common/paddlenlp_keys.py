@@ -19,11 +19,14 @@ docs/paddlenlp.md is checked against this table.
 """
 import os
 
-RL_ALGORITHMS = {"ppo": "gae", "grpo": "grpo", "reinforce_plus_plus": "reinforce_pp", "rloo": "rloo"}
-"""PaddleNLP `rl_algorithm` value -> our `adv_estimator` (PPO is GAE with a critic)."""
+RL_ALGORITHMS = {"ppo": "gae", "grpo": "grpo", "reinforce_plus_plus": "reinforce_pp", "rloo": "rloo", "vapo": "vapo"}
+"""PaddleNLP `rl_algorithm` value -> our `adv_estimator` (PPO is GAE with a critic; VAPO is GAE
+with a critic, decoupled and length-adaptive lambdas: `ppo.algos.vapo`)."""
 
 PADDLENLP_DPO_DATASET = "paddlenlp-dpo"
 """Registered name of PaddleNLP's DPO data format (`src`, `tgt`, `response`, `sort`)."""
+PADDLENLP_PRM_DATASET = "paddlenlp-prm"
+"""Registered name of the step-labelled format PaddleNLP's process reward model reads (Math-Shepherd's `input`, `label`)."""
 
 
 def _rl_algorithm(value, _data):
@@ -32,8 +35,10 @@ def _rl_algorithm(value, _data):
     return RL_ALGORITHMS[value]
 
 
-def _dpo_dataset(value, _data):
-    return [f"{PADDLENLP_DPO_DATASET}:1:{value}"]
+def _dpo_dataset(value, data):
+    """PaddleNLP's DPO/RM data file, or its process-reward data when the same source sets `process_reward`."""
+    prm = str(data.get("process_reward", False)).strip().lower() in ("true", "1", "yes")
+    return [f"{PADDLENLP_PRM_DATASET if prm else PADDLENLP_DPO_DATASET}:1:{value}"]
 
 
 def _sft_train(value, _data):
@@ -42,6 +47,19 @@ def _sft_train(value, _data):
 
 def _same(value, _data):
     return value
+
+
+def _loss_type(value, _data):
+    return VALUE_ALIASES["loss_type"].get(value, value) if isinstance(value, str) else value
+
+
+def _rollout_rows(value, data):
+    """PaddleNLP's older `per_device_rollout_batch_size` (prompts per generation call and rank) as
+    rows the rollout engine decodes at once: times the samples per prompt."""
+    if not isinstance(value, int) or isinstance(value, bool) or value == 0 or value < -1:
+        raise ValueError(f"expected a positive integer or -1, got {value!r}")
+    samples = data.get("rollout_n", data.get("num_return_sequences", 1))
+    return value if value == -1 else value * int(samples)
 
 
 def _task_file(value, _data):
@@ -59,8 +77,10 @@ RENAMED = {
     "num_return_sequences": ("rollout_n", _same, "samples per prompt"),
     "critic_model_name_or_path": ("reward_critic_model_name_or_path", _same, "critic initialisation"),
     "max_seq_len": ("max_length", _same, "longest prompt+answer in tokens"),
-    "train_dataset_path": ("train_datasets", _dpo_dataset, f"a PaddleNLP DPO jsonl file, read as {PADDLENLP_DPO_DATASET}:1:PATH"),
-    "dev_dataset_path": ("eval_datasets", _dpo_dataset, f"a PaddleNLP DPO jsonl file, read as {PADDLENLP_DPO_DATASET}:1:PATH"),
+    "train_dataset_path": ("train_datasets", _dpo_dataset, f"a PaddleNLP DPO jsonl file, read as {PADDLENLP_DPO_DATASET}:1:PATH "
+                           f"({PADDLENLP_PRM_DATASET}:1:PATH with process_reward)"),
+    "dev_dataset_path": ("eval_datasets", _dpo_dataset, f"a PaddleNLP DPO jsonl file, read as {PADDLENLP_DPO_DATASET}:1:PATH "
+                         f"({PADDLENLP_PRM_DATASET}:1:PATH with process_reward)"),
     "dataset_name_or_path": (
         "train_datasets", _sft_train, "a directory with train.json (and dev.json) of src/tgt lines, read as Jsonfile"
     ),
@@ -73,6 +93,15 @@ RENAMED = {
     "train_task_config": ("train_datasets", _task_file, TASK_FILE),
     "eval_task_config": ("eval_datasets", _task_file, TASK_FILE),
     "ptx_task_config": ("ptx_datasets", _task_file, TASK_FILE),
+    # older names of PaddleNLP's own keys
+    "mini_batch_size": ("global_mini_batch_size", _same, "prompts per optimiser step over all ranks (older name)"),
+    "per_device_rollout_batch_size": (
+        "rollout_max_num_seqs", _rollout_rows, "prompts per generation call and rank (older name): x rollout_n rows decoded at once"
+    ),
+    "label_key": ("response_key", _same, "field of the reference answer in the prompt data (older name)"),
+    "dpo_beta": ("beta", _same, "DPO's beta (older name)"),
+    "dpo_loss_type": ("loss_type", _loss_type, "DPO's loss type (older name)"),
+    "dpo_label_smoothing": ("label_smoothing", _same, "DPO's label smoothing (older name)"),
 }
 
 
@@ -101,11 +130,14 @@ PPO_ONLY = (
 # PaddleNLP key -> (the value we run with, what another value would do in PaddleNLP)
 FIXED_VALUE = {
     "zero_padding": (False, "packs several samples into one sequence without padding (here: SFT, the reward model, dpo/run_dpo.py and dpo/run_kto.py; PPO/GRPO: use_remove_padding; online DPO runs padded)"),
-    "lazy": (False, "reads the dataset lazily (streaming) instead of loading it"),
-    "benchmark": (False, "DPO benchmark mode: logs throughput and skips evaluation"),
+    "lazy": (False, "streams the data (an IterableDataset read while training, no shuffling) instead of reading and "
+                    "tokenising every record at start-up, which every entry point here does"),
+    "benchmark": (False, "benchmark mode: trains only (no evaluation, no checkpoints, no final model) to time a "
+                         "configuration"),
     "autotuner_benchmark": (False, "stops after a few steps to time a parallel configuration"),
     "virtual_pp_degree": (1, "interleaves virtual pipeline stages"),
     "rollout_quant_type": ("", "quantises the rollout engine's weights (e.g. weight_only_int8)"),
+    "quant_type": ("", "older name of rollout_quant_type: quantises the rollout engine's weights (e.g. weight_only_int8)"),
     "use_fp32_compute": (True, "false computes log-probs, advantages and losses in the bf16/fp16 training dtype"),
 }
 """A `None` value: any value is accepted because the key only acts together with a
@@ -115,6 +147,15 @@ switch that `FIXED_VALUE` keeps off."""
 # PaddleNLP key -> what it does in PaddleNLP
 UNSUPPORTED = {
 }
+
+# PaddleNLP key -> why every value trains the same here
+SAME_RESULT = {
+    "greedy_zero_padding": "PaddleNLP: how zero_padding fills its packed rows, greedily (true) or in file order; here "
+                           "each batch's samples are packed first-fit decreasing (the greedy choice) and the losses and "
+                           "gradients are the padded batch's either way",
+}
+"""Keys accepted at any value: the trainers here give the same losses and gradients for each
+(the value decides only how a PaddleNLP run lays out its work)."""
 
 
 def fixed_value_matches(key, value):
@@ -149,7 +190,6 @@ PPO_FIXED_VALUE = {
     "save_strategy": (("steps", "no"), "epoch saves a checkpoint at the end of every epoch"),
     "evaluation_strategy": (("steps", "no"), "epoch evaluates at the end of every epoch"),
     "logging_strategy": (("steps",), "no / epoch log never / once per epoch"),
-    "offload_optim": ((False,), "moves the optimizer states to pinned host memory between steps (here: offload_level optimizer)"),
     "do_predict": ((False,), "runs prediction on a test set after training"),
     "do_export": ((False,), "exports a static-graph inference model after training"),
     "num_cycles": ((0.5,), "number of cosine waves of the cosine schedule"),

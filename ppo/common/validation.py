@@ -114,6 +114,8 @@ def range_problems(args):
         value = getattr(args, name, None)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
+        if name == "num_train_epochs" and getattr(args, "max_steps", -1) > 0:
+            continue  # max_steps > 0 replaces it (PaddleNLP's grpo_32b_argument.yaml: max_steps 1000, num_train_epochs -1)
         if not in_range(value, *bounds):
             problems.append(f"{name}={value!r} (must be {range_text(*bounds)})")
     return problems

@@ -4,7 +4,8 @@ kinds and their collators (PaddleNLP `llm/alignment/ppo/data` / safe-rlhf shape)
 Importing this package registers the built-in raw datasets: `PKU-SafeRLHF/train`
 (aliases `PKU-SafeRLHF`, `safe-rlhf`), `PKU-SafeRLHF/test`, `PKU-SafeRLHF/safety`,
 `PKU-SafeRLHF/safety/test`, `alpaca`, `Jsonfile`, `json`, `paddlenlp-dpo` (PaddleNLP's DPO format),
-`paddlenlp-ranked`, `paddlenlp-unpaired` and `trl-unpaired` (`feedback_formats.py`), and TRL's formats
+`paddlenlp-ranked`, `paddlenlp-unpaired` and `trl-unpaired` (`feedback_formats.py`), `paddlenlp-prm`
+(Math-Shepherd's step-labelled records, `process_reward.py`), and TRL's formats
 `trl-preference`, `trl-messages`, `trl-prompt` (`trl_formats.py`); all read local
 files. A dataset name that is a path to a .json/.jsonl file (`ppo-kk/train.jsonl`)
 reads that file as `Jsonfile`, as PaddleNLP's `train_datasets` does.
@@ -52,8 +53,13 @@ from .answer_sets import (
 )
 from .demo import DEMO_TEMPLATE, demo_dataset_specs
 from .trl_formats import TRLMessagesDataset, TRLPreferenceDataset, TRLPromptDataset
+from .process_reward import PRM_DATASET, ProcessRewardCollator, ProcessRewardDataset, ProcessRewardRawDataset
 
 __all__ = [
+    "PRM_DATASET",
+    "ProcessRewardCollator",
+    "ProcessRewardDataset",
+    "ProcessRewardRawDataset",
     "PREFERENCE_DATASETS",
     "AnswerSetCollator",
     "RankedPreferenceDataset",

@@ -125,3 +125,15 @@ def parse_dataset(string: str) -> Tuple[str, dict]:
     if path is not None:
         attrs["path"] = path
     return name, attrs
+
+
+def dataset_names(specs) -> List[str]:
+    """Dataset names of `specs` (each parsed by `parse_dataset_spec`; a spec that does not parse
+    is left to the dataset's own error)."""
+    names: List[str] = []
+    for spec in [s for s in specs or [] if s]:
+        try:
+            names += [name for name, _, _ in parse_dataset_spec(spec)]
+        except ValueError:
+            continue
+    return names

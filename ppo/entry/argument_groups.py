@@ -286,9 +286,26 @@ class DatasetArguments:
     eval_long_answer_len: int = field(
         default=5, metadata={"help": "Reference answers at least this many characters long count as 'long' in eval/accuracy_long."}
     )
+    chat_template: Optional[str] = field(
+        default=None,
+        metadata={"help": "PaddleNLP's chat template file for use_chat_template: a chat_template.json (or .jinja) file, a "
+                  "directory holding chat_template.json, or 'none' (no chat template); unset: the tokenizer's own."},
+    )
+
+    def __post_init__(self):
+        with problem_scope() as problems:
+            if hasattr(super(), "__post_init__"):
+                super().__post_init__()
+            from ..data.chat_template_file import chat_template_problem
+
+            problems += [p for p in [chat_template_problem(self.chat_template)] if p]
 
     def dataset_kwargs(self, tokenizer, seed):
-        """Keyword arguments every tokenised dataset of a run is built with."""
+        """Keyword arguments every tokenised dataset of a run is built with; the tokenizer gets the
+        run's `chat_template` first (`ppo.data.chat_template_file`)."""
+        from ..data.chat_template_file import apply_chat_template_setting
+
+        apply_chat_template_setting(tokenizer, self.chat_template)
         return dict(tokenizer=tokenizer, prompt_template=self.prompt_template, use_chat_template=self.use_chat_template, seed=seed)
 
 

@@ -1,0 +1,203 @@
+"""PPO/GRPO arguments that PaddleNLP's RL entry point (`llm/alignment/rl/run_rl.py`, its
+`paddlenlp/rl/utils/config_utils.py`) has beyond the loop's own: VAPO (`rl_algorithm: vapo`,
+`pretrain_critic_steps`), process reward models in the rollout, early stopping on the evaluation
+metric, the rollout's tensor-parallel degree, the compute dtype and the optimizer offload.
+
+A mixin of `PPOTrainingArguments` (`ppo/ppo_arguments.py`). Each field acts, or, where the PPO
+loop does not run the feature yet, a value that would need it is refused saying what it would do
+(`PENDING`); nothing is accepted and then ignored.
+"""
+from dataclasses import dataclass, field
+
+from .algos.process_reward import PRM_REDUCTIONS
+from .algos.vapo import VAPO_ALPHA, VAPO_CRITIC_LAMBDA
+from .common.argument_problems import problem_scope
+from .offload import parse_offload_level
+
+DEFAULT_GAE_LAMBDA = 0.95  # PPOTrainingArguments.gae_lambda's default (PaddleNLP's hard-coded lambda)
+
+PENDING = {
+    "pretrain_critic_steps": "VAPO value pretraining: the first N steps train only the critic, on the lambda=1 returns of "
+                             "the rollouts of the frozen policy (ppo.algos.value_pretraining_targets)",
+    "positive_example_lm_coeff": "VAPO's positive-example LM loss: mu x the token-mean NLL of the responses scored at least "
+                                 "positive_example_min_score is added to the policy loss (ppo.algos.positive_example_nll)",
+    "early_stopping": "PaddleNLP's EarlyStoppingCallback: training stops once metric_for_best_model has not improved on its "
+                      "best by more than early_stopping_threshold for early_stopping_patience evaluations "
+                      "(ppo.early_stopping.EarlyStopping)",
+}
+"""Features whose math and arguments are here but that the PPO loop does not run yet: a value
+that needs one is refused with this description of what it would do."""
+
+
+def pending(name, given):
+    return f"{given}: not run by the PPO/GRPO loop yet ({PENDING[name]}); leave it at its default"
+
+
+@dataclass
+class PaddleNLPRLArguments:
+    # VAPO (Yue et al. 2025); rl_algorithm vapo selects adv_estimator vapo
+    pretrain_critic_steps: int = field(
+        default=0,
+        metadata={"help": "VAPO value pretraining (PaddleNLP's name): the first N steps train only the critic on "
+                  "Monte-Carlo returns before the actor moves. 0: none. Not run by the PPO loop yet: > 0 is refused."},
+    )
+    vapo_alpha: float = field(
+        default=VAPO_ALPHA,
+        metadata={"help": "adv_estimator vapo: the actor's GAE lambda of a response of length l is 1 - 1/(vapo_alpha * l) "
+                  "(length-adaptive GAE; the paper's 0.05)."},
+    )
+    critic_gae_lambda: float = field(
+        default=VAPO_CRITIC_LAMBDA,
+        metadata={"help": "adv_estimator vapo: the GAE lambda of the critic's targets (decoupled GAE; 1.0: Monte-Carlo returns)."},
+    )
+    positive_example_lm_coeff: float = field(
+        default=0.0,
+        metadata={"help": "VAPO's positive-example LM loss weight mu (the paper's 0.1): mu x the NLL of the tokens of the "
+                  "responses scored >= positive_example_min_score. 0: off. Not run by the PPO loop yet: > 0 is refused."},
+    )
+    positive_example_min_score: float = field(
+        default=1.0,
+        metadata={"help": "positive_example_lm_coeff: responses whose score is at least this are positive examples "
+                  "(a rule reward's 1 for a correct answer)."},
+    )
+    # process reward models as the reward model
+    prm_reduction: str = field(
+        default="last",
+        metadata={"help": f"A process reward model's step scores as rewards: {' | '.join(PRM_REDUCTIONS)} (the last step's "
+                  "score, the lowest step score, or each step's score at its last token)."},
+    )
+    prm_step_separator: str = field(
+        default="\n",
+        metadata={"help": "Where a process reward model cuts a response into steps (Math-Shepherd: a newline)."},
+    )
+    # PaddleNLP's early stopping (its EarlyStoppingCallback, on metric_for_best_model)
+    early_stopping: bool = field(
+        default=False,
+        metadata={"help": "Stop when metric_for_best_model has not improved by more than early_stopping_threshold for "
+                  "early_stopping_patience evaluations (PaddleNLP's EarlyStoppingCallback). Not run by the PPO loop yet."},
+    )
+    early_stopping_patience: int = field(
+        default=4, metadata={"help": "Evaluations without improvement before early_stopping stops the run."}
+    )
+    early_stopping_threshold: float = field(
+        default=0.0, metadata={"help": "How much the metric must beat its best for early_stopping to count an improvement."}
+    )
+    # placement and precision
+    rollout_tensor_parallel_degree: int = field(
+        default=-1,
+        metadata={"help": "Tensor-parallel degree of the rollout (PaddleNLP's name): 1 generates from the whole weights "
+                  "gathered on each rank (eval_mode single), tensor_parallel_degree from each rank's slices (eval_mode "
+                  "tensor_parallel); -1: eval_mode decides. Other degrees (a resharded rollout) are refused."},
+    )
+    use_fp32_compute: bool = field(
+        default=True,
+        metadata={"help": "PaddleNLP's name: compute log-probs, advantages and losses in float32 (true; always so here). "
+                  "false computes them in the training dtype, which is accepted when that dtype is float32."},
+    )
+
+    def __post_init__(self):
+        with problem_scope() as problems:
+            super().__post_init__()
+            problems += paddlenlp_rl_problems(self)
+            self.eval_mode = rollout_eval_mode(self)
+            self.offload_level = offload_level_with_optim(self)
+
+
+def rollout_eval_mode(args):
+    """`eval_mode` with `rollout_tensor_parallel_degree` applied: a degree above 1 (equal to
+    `tensor_parallel_degree`, else refused) generates from each rank's own slices."""
+    if args.rollout_tensor_parallel_degree > 1 and args.eval_mode == "":
+        return "tensor_parallel"
+    return args.eval_mode
+
+
+def offload_level_with_optim(args):
+    """`offload_level` with `optimizer` added when PaddleNLP's `offload_optim` is true (the
+    optimizer states live in pinned host memory between steps, as `offload_level optimizer`)."""
+    try:
+        words = parse_offload_level(args.offload_level)
+    except ValueError:
+        return args.offload_level  # reported by loss_problems
+    if args.offload_optim and "optimizer" not in words:
+        return f"{args.offload_level} optimizer".strip()
+    return args.offload_level
+
+
+def paddlenlp_rl_problems(args):
+    """Every problem of the fields above, the combinations they refuse included."""
+    return vapo_problems(args) + prm_rollout_problems(args) + early_stopping_problems(args) + placement_problems(args)
+
+
+def vapo_problems(args):
+    problems = []
+    if args.pretrain_critic_steps < 0:
+        problems.append(f"pretrain_critic_steps must be >= 0, got {args.pretrain_critic_steps}")
+    elif args.pretrain_critic_steps > 0:
+        problems.append(pending("pretrain_critic_steps", f"pretrain_critic_steps {args.pretrain_critic_steps}"))
+    if not args.vapo_alpha > 0:
+        problems.append(f"vapo_alpha must be > 0, got {args.vapo_alpha}")
+    if not 0.0 <= args.critic_gae_lambda <= 1.0:
+        problems.append(f"critic_gae_lambda must lie in [0, 1], got {args.critic_gae_lambda}")
+    changed = [n for n, d in (("vapo_alpha", VAPO_ALPHA), ("critic_gae_lambda", VAPO_CRITIC_LAMBDA)) if getattr(args, n) != d]
+    if changed and args.adv_estimator != "vapo":  # the vapo entry's settings (ppo.algos.vapo.VAPO_ESTIMATOR)
+        problems.append(f"{', '.join(changed)} set, but only adv_estimator vapo (rl_algorithm vapo) reads them")
+    if args.adv_estimator == "vapo" and args.gae_lambda != DEFAULT_GAE_LAMBDA:
+        problems.append(f"gae_lambda {args.gae_lambda} with adv_estimator vapo: vapo's actor lambda is 1 - 1/(vapo_alpha x "
+                        "length) and the critic's is critic_gae_lambda, so gae_lambda is not used; leave it out")
+    if args.positive_example_lm_coeff < 0:
+        problems.append(f"positive_example_lm_coeff must be >= 0, got {args.positive_example_lm_coeff}")
+    elif args.positive_example_lm_coeff > 0:
+        problems.append(pending("positive_example_lm_coeff", f"positive_example_lm_coeff {args.positive_example_lm_coeff}"))
+    return problems
+
+
+def prm_rollout_problems(args):
+    problems = []
+    if args.prm_reduction not in PRM_REDUCTIONS:
+        problems.append(f"prm_reduction must be one of {PRM_REDUCTIONS}, got {args.prm_reduction!r}")
+    if not args.prm_step_separator:
+        problems.append("prm_step_separator must not be empty (it cuts responses into steps)")
+    return problems
+
+
+def early_stopping_problems(args):
+    """PaddleNLP's EarlyStoppingCallback needs an evaluation metric to watch (it asserts
+    load_best_model_at_end, metric_for_best_model and an evaluation strategy)."""
+    problems = []
+    if args.early_stopping_patience < 1:
+        problems.append(f"early_stopping_patience must be >= 1, got {args.early_stopping_patience}")
+    if args.early_stopping_threshold < 0:
+        problems.append(f"early_stopping_threshold must be >= 0, got {args.early_stopping_threshold}")
+    if not args.early_stopping:
+        return problems
+    needs = [name for name, ok in (("load_best_model_at_end true", args.load_best_model_at_end),
+                                   ("metric_for_best_model", args.metric_for_best_model),
+                                   ("evaluation_strategy steps with eval_steps", args.evaluates)) if not ok]
+    if needs:
+        problems.append(f"early_stopping watches the evaluation metric and needs {', '.join(needs)} (as PaddleNLP's "
+                        "EarlyStoppingCallback)")
+    return problems + [pending("early_stopping", "early_stopping true")]
+
+
+def placement_problems(args):
+    """`rollout_tensor_parallel_degree` where the rollout engine's layouts allow it, and
+    `use_fp32_compute: false` where the training dtype is float32."""
+    problems = []
+    degree, tp = args.rollout_tensor_parallel_degree, max(args.tensor_parallel_degree, 1)
+    if degree == 0 or degree < -1:
+        problems.append(f"rollout_tensor_parallel_degree must be positive or -1, got {degree}")
+    elif degree == 1 and args.eval_mode == "tensor_parallel" and tp > 1:
+        problems.append("rollout_tensor_parallel_degree 1 generates from the gathered weights, eval_mode tensor_parallel "
+                        "from each rank's slices: choose one")
+    elif degree > 1 and degree != tp:
+        own = f"or {tp} (each rank's own slices)" if tp > 1 else "or -1"
+        problems.append(f"rollout_tensor_parallel_degree {degree} with tensor_parallel_degree {tp}: a rollout resharded to "
+                        "another tensor-parallel degree (PaddleNLP's ReshardController) is not implemented here; use 1 "
+                        f"(whole weights gathered on each rank) {own}")
+    elif degree > 1 and args.eval_mode == "single":
+        problems.append(f"rollout_tensor_parallel_degree {degree} generates from each rank's slices, eval_mode single from "
+                        "the gathered weights: choose one")
+    if not args.use_fp32_compute and (args.bf16 or args.fp16):
+        problems.append("use_fp32_compute false with bf16/fp16: log-probs, advantages and losses in the half-precision "
+                        "training dtype are not implemented here (they are float32, PaddleNLP's use_fp32_compute true)")
+    return problems

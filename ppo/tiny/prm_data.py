@@ -1,0 +1,96 @@
+"""Seeded step-labelled data of the demo task for a process reward model (Math-Shepherd format,
+`ppo/data/process_reward.py`).
+
+The answer to `Reverse: k3x9q` is written in steps of `STEP_CHARS` characters (`q9|x3|k|`, the
+placeholder `|` after each step); a step is good when it holds exactly the characters of the
+correct answer at its place. Each answer is the correct one or the correct one with one to three
+same-length corruptions (two characters swapped, a character replaced by another symbol,
+the demonstrator's flaw: the first two characters swapped), so about half of the steps are bad
+and a bad step can sit anywhere. Record: `{"input": "USER: Reverse: k3x9q ASSISTANT:q9|x3|k|",
+"label": "USER: Reverse: k3x9q ASSISTANT:q9+x3-k+"}` (the tiny template, `config/tiny/`).
+
+Files: `prm_train.jsonl`, `prm_eval.jsonl` (strings in no train record), `prm_meta.json`.
+CLI: `python -m ppo.tiny.prm_data --output_dir outputs/tiny/data`
+"""
+import argparse
+import json
+import os
+import random
+
+from .demo_data import ALPHABET, correct_answer, flawed_answer, reverse_prompt, sample_unique_strings, write_splits
+
+STEP_CHARS = 2
+PLACEHOLDER = "|"
+REWARD_TOKENS = ("+", "-")
+PROMPT_FORMAT = "USER: {input} ASSISTANT:"
+
+
+def corrupt(answer, rng):
+    """`answer` with one same-length corruption: a swap of two different characters, a character
+    replaced by another symbol, or the first two characters swapped."""
+    kind = rng.choice(["swap", "replace", "flaw"])
+    chars = list(answer)
+    if kind == "flaw" and chars[0] != chars[1]:
+        return chars[1] + chars[0] + answer[2:]
+    if kind == "swap":
+        pairs = [(i, j) for i in range(len(chars)) for j in range(i + 1, len(chars)) if chars[i] != chars[j]]
+        if pairs:
+            i, j = rng.choice(pairs)
+            chars[i], chars[j] = chars[j], chars[i]
+            return "".join(chars)
+    i = rng.randrange(len(chars))
+    chars[i] = rng.choice([c for c in ALPHABET if c != chars[i]])
+    return "".join(chars)
+
+
+def steps_of(answer):
+    return [answer[i:i + STEP_CHARS] for i in range(0, len(answer), STEP_CHARS)]
+
+
+def prm_record(s, rng, correct_frac):
+    """One Math-Shepherd record for string `s`: an answer (correct with probability `correct_frac`,
+    else with 1-3 corruptions) in steps, each labelled by whether it matches the correct answer."""
+    right = correct_answer(s)
+    answer = right
+    if rng.random() >= correct_frac:
+        for _ in range(rng.randint(1, 3)):
+            answer = corrupt(answer, rng)
+    steps, truth = steps_of(answer), steps_of(right)
+    marks = [REWARD_TOKENS[0] if got == want else REWARD_TOKENS[1] for got, want in zip(steps, truth)]
+    prompt = PROMPT_FORMAT.format(input=reverse_prompt(s))
+    return {
+        "input": prompt + "".join(step + PLACEHOLDER for step in steps),
+        "label": prompt + "".join(step + mark for step, mark in zip(steps, marks)),
+    }
+
+
+def generate(output_dir, seed=4321, num_train=6000, num_eval=400, correct_frac=0.25):
+    """Write `prm_train.jsonl` and `prm_eval.jsonl` into `output_dir`; returns their record counts."""
+    rng = random.Random(seed)
+    os.makedirs(output_dir, exist_ok=True)
+    held_out = sample_unique_strings(rng, num_eval)
+    train = sample_unique_strings(rng, num_train, exclude=set(held_out))
+    splits = {
+        "prm_train.jsonl": [prm_record(s, rng, correct_frac) for s in train],
+        "prm_eval.jsonl": [prm_record(s, rng, correct_frac) for s in held_out],
+    }
+    meta = {"seed": seed, "correct_frac": correct_frac, "step_chars": STEP_CHARS, "placeholder_token": PLACEHOLDER,
+            "reward_tokens": ",".join(REWARD_TOKENS), "flawed_example": flawed_answer("abcde")}
+    return write_splits(output_dir, splits, "prm_meta.json", meta)
+
+
+def main(argv=None):
+    from ..common.argument_help import doc_summary
+
+    parser = argparse.ArgumentParser(description=doc_summary(__doc__))
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--seed", type=int, default=4321)
+    parser.add_argument("--num_train", type=int, default=6000)
+    parser.add_argument("--num_eval", type=int, default=400)
+    parser.add_argument("--correct_frac", type=float, default=0.25)
+    args = parser.parse_args(argv)
+    print(json.dumps({"output_dir": args.output_dir, "counts": generate(**vars(args))}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Process reward models: PaddleNLP's PRM data format and keys, the tokenised layout (score read at
+each placeholder), the start-up checks, the PRM scorer of PPO/GRPO (the same scores as training's
+layout) and the step-accuracy audit. The demo's accuracy is tests/test_process_reward_demo.py."""
+import json
+import os
+
+import numpy as np
+import paddle
+import pytest
+
+from ppo.common.argument_parsing import ArgumentError, parse_arguments
+from ppo.data import ProcessRewardDataset
+from ppo.data.process_reward import step_labels_from_text
+from ppo.process_reward_scorer import ProcessRewardScorer, step_token_groups
+from tests.test_paddlenlp_dropin import entry_classes, fixture
+
+
+def write(path, records):
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from ppo.models.loading import load_tokenizer
+
+    return load_tokenizer(tiny_model_dir)
+
+
+def test_labels_from_math_shepherd_text():
+    pieces = ["Q: 1+1? Step 1: 2 ", "\nStep 2: 3 ", ""]
+    label = "Q: 1+1? Step 1: 2 +\nStep 2: 3 -"
+    assert step_labels_from_text(pieces, label, ("+", "-")) == [1, 0]
+    with pytest.raises(ValueError, match="differs from 'input' in step 2"):
+        step_labels_from_text(pieces, "Q: 1+1? Step 1: 2 +\nStep 9: 3 -", ("+", "-"))
+    with pytest.raises(ValueError, match="expected one of"):
+        step_labels_from_text(pieces, "Q: 1+1? Step 1: 2 ?\nStep 2: 3 -", ("+", "-"))
+
+
+def test_dataset_reads_scores_at_each_placeholder(tokenizer, tmp_path):
+    path = write(tmp_path / "prm.jsonl", [
+        {"input": "USER: Reverse: abc ASSISTANT:cb|a|", "label": "USER: Reverse: abc ASSISTANT:cb+a-"},
+        {"input": "USER: Reverse: de ASSISTANT:ed|", "label": ["+"]},
+    ])
+    ds = ProcessRewardDataset(f"paddlenlp-prm:1:{path}", tokenizer, max_length=64, placeholder_token="|",
+                              reward_tokens="+,-")
+    bar = tokenizer("|", add_special_tokens=False)["input_ids"][0]
+    item = ds[0]
+    ids = item["input_ids"].tolist()
+    assert [ids[p] for p in item["step_positions"]] == [bar, bar] and item["step_labels"].tolist() == [1.0, 0.0]
+    assert tokenizer.convert_ids_to_tokens(ids[item["step_positions"][0] - 2:item["step_positions"][0]]) == ["c", "b"]
+    assert ids[0] == tokenizer.bos_token_id and ids.count(bar) == 2
+    batch = ds.get_collator()([ds[0], ds[1]])
+    assert batch["step_positions"].shape == [2, 2] and batch["step_mask"].numpy().tolist() == [[1, 1], [1, 0]]
+    assert batch["step_labels"].dtype == paddle.float32 and batch["step_labels"].numpy().tolist() == [[1, 0], [1, 0]]
+
+
+def test_long_records_keep_the_steps_that_fit(tokenizer, tmp_path):
+    path = write(tmp_path / "prm.jsonl", [{"input": "Q ab|cd|ef|", "label": "Q ab+cd+ef-"}])
+    whole = ProcessRewardDataset(f"paddlenlp-prm:1:{path}", tokenizer, max_length=64, placeholder_token="|")
+    n = len(whole[0]["input_ids"])
+    cut = ProcessRewardDataset(f"paddlenlp-prm:1:{path}", tokenizer, max_length=n - 1, placeholder_token="|")
+    assert len(cut[0]["step_positions"]) == 2 and cut.stats["truncated_steps"] == 1
+    short = ProcessRewardDataset(f"paddlenlp-prm:1:{path}", tokenizer, max_length=64, placeholder_token="|",
+                                 truncate_prompt_to=2)
+    assert short[0]["input_ids"].tolist()[:3] == whole[0]["input_ids"].tolist()[3:6] and short.stats["truncated_prompt"] == 1
+
+
+def test_bad_records_and_tokens_are_errors(tokenizer, tmp_path):
+    path = write(tmp_path / "prm.jsonl", [{"input": "Q ab|", "label": "Q ab+"}, {"input": "Q no steps", "label": "Q no steps"}])
+    with pytest.raises(ValueError, match=r"prm.jsonl, line 2.*holds no placeholder_token"):
+        ProcessRewardDataset(f"paddlenlp-prm:1:{path}", tokenizer, placeholder_token="|")
+    with pytest.raises(ValueError, match="placeholder_token 'ки' is 1 token.s. .0. for this tokenizer"):
+        ProcessRewardDataset(f"paddlenlp-prm:1:{path}", tokenizer, placeholder_token="ки")
+    with pytest.raises(ValueError, match="reward_tokens must name two different tokens"):
+        ProcessRewardDataset(f"paddlenlp-prm:1:{path}", tokenizer, placeholder_token="|", reward_tokens="+")
+
+
+def test_paddlenlp_prm_file_reads_its_data_as_step_labelled(tmp_path):
+    _, data, _ = parse_arguments(entry_classes("rm"), [fixture("llama/prm_flashmask_argument.json"),
+                                                       "--output_dir", str(tmp_path), "--bf16", "false"])
+    assert data.train_datasets == ["paddlenlp-prm:1:./data/Math-Shepherd/test.json"]
+    assert (data.placeholder_token, data.reward_tokens, data.truncate_prompt_len) == ("ки", "+,-", 2048)
+
+
+def test_process_reward_refuses_what_the_step_loss_cannot_use(tmp_path):
+    from rm.process_reward_checks import process_reward_problems
+    from rm.reward_arguments import DataArgument, ModelArgument, RewardTrainingArguments
+
+    with pytest.raises(ArgumentError) as info:
+        parse_arguments((ModelArgument, DataArgument, RewardTrainingArguments),
+                        ["--output_dir", str(tmp_path), "--placeholder_token", "#"], validate=lambda m, d, t: process_reward_problems(m, d, t))
+    assert "placeholder_token is a process_reward setting" in str(info.value)
+    model, data, train = parse_arguments((ModelArgument, DataArgument, RewardTrainingArguments),
+                                         ["--output_dir", str(tmp_path), "--process_reward", "true", "--zero_padding", "true",
+                                          "--loss_type", "token-wise", "--train_datasets", "PKU-SafeRLHF/train"])
+    problems = process_reward_problems(model, data, train)
+    assert any("zero_padding" in p for p in problems) and any("loss_type token-wise" in p for p in problems)
+    assert any("dataset 'PKU-SafeRLHF/train' has none: read Math-Shepherd-format files as paddlenlp-prm" in p for p in problems)
+
+
+def test_step_token_groups():
+    assert step_token_groups(["a", "b", "\nc", "d"], "\n") == [[0, 1], [2, 3]]
+    assert step_token_groups(["\n", "a"], "\n") == [[0, 1]]  # a leading separator starts no empty step
+    assert step_token_groups([], "\n") == [[]]  # an empty response is one empty step
+
+
+@pytest.fixture(scope="module")
+def prm_model(tiny_rm_dir):
+    from ppo.models.adapters import load_merged_score_model
+
+    model = load_merged_score_model(tiny_rm_dir)
+    model.config.process_reward, model.config.placeholder_token, model.config.reward_tokens = True, "|", "+,-"
+    model.eval()
+    return model
+
+
+def test_scorer_gives_the_scores_of_the_training_layout(prm_model, tokenizer, tmp_path):
+    """The scorer cuts a response's tokens at the separator and scores the PRM's text layout: the same
+    logits as the dataset path `rm/run_reward.py --process_reward` trains on."""
+    from rm.process_reward_trainer import step_logits
+
+    prompt = "USER: Reverse: abc ASSISTANT:"
+    response = tokenizer("cb;a", add_special_tokens=False)["input_ids"]
+    scores = ProcessRewardScorer(prm_model, tokenizer, step_separator=";").score([prompt, prompt], [response, []])
+    path = write(tmp_path / "prm.jsonl", [{"input": prompt + "cb|;a|", "label": ["+", "-"]}])
+    ds = ProcessRewardDataset(f"paddlenlp-prm:1:{path}", tokenizer, placeholder_token="|")
+    want = step_logits(prm_model, ds.get_collator()([ds[0]])).numpy()[0]
+    np.testing.assert_allclose(scores.scores.numpy()[0], 1 / (1 + np.exp(-want)), rtol=1e-6)
+    assert scores.mask.numpy().tolist() == [[1, 1], [1, 0]]
+    assert scores.ends.numpy()[0].tolist() == [1, 3]  # 'c','b' | ';','a': the last token of each step
+    with pytest.raises(ValueError, match="not a process reward model"):
+        prm_model.config.process_reward = False
+        try:
+            ProcessRewardScorer(prm_model, tokenizer)
+        finally:
+            prm_model.config.process_reward = True
+
+
+def test_audit_reports_step_accuracy(prm_model, tokenizer, tmp_path):
+    from rm.audit_steps import audit_process_reward, first_error_accuracy
+
+    path = write(tmp_path / "prm.jsonl", [{"input": "Q ab|cd|", "label": "Q ab+cd-"}, {"input": "Q ef|", "label": "Q ef+"}])
+    report = audit_process_reward(prm_model, tokenizer, f"paddlenlp-prm:1:{path}")
+    assert report["num_records"] == 2 and report["num_steps"] == 3
+    assert 0.0 <= report["step_accuracy"] <= 1.0 and "bad_step_accuracy" in report
+    # first_error_accuracy: response 0's first bad step is 1; predicted bad (logit <= 0) first at 1 -> hit
+    hit = first_error_accuracy([np.array([2.0, -1.0])], [np.array([1.0, 0.0])], [np.array([1, 1])])
+    miss = first_error_accuracy([np.array([-2.0, -1.0])], [np.array([1.0, 0.0])], [np.array([1, 1])])
+    assert (hit, miss) == (1.0, 0.0)
+
+
+def test_audit_command_on_a_process_reward_model(prm_model, tokenizer, tmp_path):
+    from rm.audit_reward import main
+
+    model_dir = str(tmp_path / "prm")
+    prm_model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    path = write(tmp_path / "prm.jsonl", [{"input": "Q ab|cd|", "label": "Q ab+cd-"}])
+    report = main(["--model_name_or_path", model_dir, "--eval_datasets", f"paddlenlp-prm:1:{path}",
+                   "--output_dir", str(tmp_path / "audit")])
+    assert report["num_steps"] == 2 and os.path.isfile(tmp_path / "audit" / "audit.json")
