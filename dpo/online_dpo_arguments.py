@@ -10,7 +10,7 @@ trainer's (`loss_type`, `beta`, `sft_loss_ratio`, ...); what neither has follows
 One training step is one round. Defaults live here only.
 """
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 from ppo.algos.preference_registry import PREFERENCE_LOSSES
 from ppo.common import paddlenlp_keys as pk
@@ -36,15 +36,68 @@ ONLINE_LOSS_TYPES = tuple(name for name, loss in PREFERENCE_LOSSES.items() if lo
 """The registry's pair losses (KTO's need a KL point from mismatched pairs, which rounds do not make)."""
 
 
+JUDGE_DEFAULTS = {"judge_template": "correct", "judge_pair_template": "better", "judge_words": "Yes,No",
+                  "judge_pair_words": "A,B"}
+
+
 @dataclass
 class ModelArgument(PPOModelArgument):
-    """`run_ppo.py`'s model arguments; online DPO has no critic."""
+    """`run_ppo.py`'s model arguments; online DPO has no critic. The `judge_*` fields pick the pairs
+    with a generative judge (`dpo/pair_choice.py`)."""
+
+    judge_model: Optional[str] = field(
+        default=None,
+        metadata={"help": "Choose each round's pairs by a generative judge's pairwise verdict (both orders averaged) "
+                  "instead of the scores: a model directory, or `policy` for the policy itself at that round "
+                  "(self-rewarding). Without a reward model, reward server or rule scorer, the judge's pointwise "
+                  "verdict (judge_template) is the round's score too."},
+    )
+    judge_template: str = field(
+        default=JUDGE_DEFAULTS["judge_template"],
+        metadata={"help": "The judge's pointwise rubric (its score when nothing else scores): correct, "
+                  "correct_with_reference, tiny, or a text with {question} and {answer} (and {reference})."},
+    )
+    judge_pair_template: str = field(
+        default=JUDGE_DEFAULTS["judge_pair_template"],
+        metadata={"help": "The judge's pairwise rubric: better, tiny_better, or a text with {question}, {answer_a} "
+                  "and {answer_b}."},
+    )
+    judge_words: str = field(default=JUDGE_DEFAULTS["judge_words"],
+                             metadata={"help": "The pointwise verdict words, good then bad (their first tokens count)."})
+    judge_pair_words: str = field(default=JUDGE_DEFAULTS["judge_pair_words"],
+                                  metadata={"help": "The pairwise verdict words: first answer better, second better."})
 
     def __post_init__(self):
         with problem_scope() as problems:
             super().__post_init__()
             if self.reward_critic_model_name_or_path:
                 problems.append("reward_critic_model_name_or_path: online DPO trains no critic; remove it")
+            problems += self.judge_problems()
+
+    def judge_problems(self):
+        """Judge settings without a judge (they would be ignored), templates that are neither a
+        built-in name nor a text with their fields, verdict words that are not two words."""
+        from ppo.judge.templates import check_template, template_text
+
+        if not self.judge_model:
+            return [f"{name} {getattr(self, name)!r} is read only with judge_model; set judge_model (a model "
+                    "directory, or policy) or remove it" for name, default in JUDGE_DEFAULTS.items()
+                    if getattr(self, name) != default]
+        problems = []
+        for name, pairwise in (("judge_template", False), ("judge_pair_template", True)):
+            try:
+                check_template(template_text(getattr(self, name)), pairwise)
+            except ValueError as err:
+                problems.append(f"{name}: {err}")
+        for name in ("judge_words", "judge_pair_words"):
+            if len([w for w in getattr(self, name).split(",") if w]) != 2:
+                problems.append(f"{name} must be two comma-separated words, got {getattr(self, name)!r}")
+        return problems
+
+    @property
+    def judge_scores(self):
+        """The judge's pointwise verdict is the round's score: a judge and no other score source."""
+        return bool(self.judge_model) and not (self.external_scores or self.reward_model_name_or_path)
 
 
 @dataclass
@@ -144,12 +197,15 @@ class OnlineDPOTrainingArguments(PreferenceLossArguments, RolloutLoopArguments, 
 def validate_arguments(model_args, data_args, training_args):
     """Every cross-group and file-system problem of an online DPO run, before any model loads."""
     model_dirs = [(f"{n}_model_name_or_path", getattr(model_args, f"{n}_model_name_or_path")) for n in ("actor", "reference")]
-    score_dirs = [] if model_args.external_scores else [("reward_model_name_or_path", model_args.reward_model_name_or_path)]
+    score_dirs = [] if model_args.external_scores or model_args.judge_scores else [
+        ("reward_model_name_or_path", model_args.reward_model_name_or_path)]
     problems = validation.size_problems(model_args, data_args, training_args)
     problems += validation.required_problems(model_args, ["actor_model_name_or_path"])
-    if not model_args.external_scores:
+    if not model_args.external_scores and not model_args.judge_model:
         problems += validation.required_problems(
-            model_args, ["reward_model_name_or_path"], " unless use_rm_server or use_rule_reward is set")
+            model_args, ["reward_model_name_or_path"], " unless use_rm_server, use_rule_reward or judge_model is set")
+    if model_args.judge_model and model_args.judge_model != "policy":
+        model_dirs.append(("judge_model", model_args.judge_model))
     shared_reference = model_args.use_lora and model_args.reference_model_name_or_path in (None, "", model_args.actor_model_name_or_path)
     if training_args.ref_update_rounds and shared_reference:
         problems.append("ref_update_rounds with use_lora: the reference is the policy with its adapter off and cannot be "

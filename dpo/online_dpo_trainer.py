@@ -2,8 +2,9 @@
 
 The experience maker draws `rollout_n` answers per prompt from the current policy (the rollout
 engine, `ppo.trainer.rollout`) and scores them with the scorer `run_ppo.py` would use (reward
-model, reward server or rule scorers: `ppo.trainer.scoring`); the learner
-(`dpo.online_learner.OnlineDPOLearner`) makes the pairs and trains on them; the run state,
+model, reward server or rule scorers: `ppo.trainer.scoring`; or a generative judge's pointwise
+verdict: `dpo.pair_choice.JudgeScorer`); the learner (`dpo.online_learner.OnlineDPOLearner`) makes
+the pairs (by the scores, or by the judge's pairwise verdicts: `dpo.pair_choice`) and trains on them; the run state,
 checkpoints (with fall-back to an older one), evaluation, divergence and signal stops are the
 loop's (`ppo.trainer`). Online DPO runs on one process."""
 import dataclasses
@@ -27,6 +28,7 @@ from ppo.trainer.updater import OptimizerSteps
 from ppo.trainer.watch import DivergenceWatch
 
 from .online_learner import OnlineDPOLearner
+from .pair_choice import JudgedPairs, JudgeScorer, ScoredPairs
 
 STEP_LINE_METRICS = ("objective/scores", "online_dpo/num_pairs", "online_dpo/score_gap", "loss/total", "loss/dpo",
                      "loss/sft", "rewards/accuracies", "rewards/margins", "lr", "response_length/mean", "timing_s/step")
@@ -34,10 +36,12 @@ STEP_LINE_METRICS = ("objective/scores", "online_dpo/num_pairs", "online_dpo/sco
 
 
 def build_online_dpo_trainer(args, models, tokenizer, train_dataset, eval_dataset=None, reward_client=None, rule_scorer=None,
-                             eval_long_answer_len=5, strategy=None):
+                             eval_long_answer_len=5, strategy=None, judge=None):
     """The `OnlineLoop` of an online DPO run. `models`: a `PPOModels` (actor = policy; reference
-    None for a LoRA policy, whose adapter is switched off instead; reward None when a server or
-    rules score); `reward_client` / `rule_scorer` as `run_ppo.py`'s."""
+    None for a LoRA policy, whose adapter is switched off instead; reward None when a server,
+    rules or the judge score); `reward_client` / `rule_scorer` as `run_ppo.py`'s; `judge`: a
+    `GenerativeJudge` that chooses the pairs (`dpo.pair_choice.build_judge`; None: the scores do),
+    and scores the answers too when nothing else does (no reward model, client or rule scorer)."""
     strategy = strategy or build_strategy(args)
     if strategy.ranks.world_size > 1:
         raise ValueError("online DPO runs on one process; launch it without paddle.distributed.launch")
@@ -60,13 +64,16 @@ def build_online_dpo_trainer(args, models, tokenizer, train_dataset, eval_datase
                      models={"policy": models.actor, "reference": models.reference if args.ref_update_rounds else None},
                      optimizers={"policy": policy.optimizer}, schedulers={"policy": policy.scheduler},
                      parts={"sampler": sampler, "divergence": watch}, run_facts={"loss_type": args.loss_type})
-    scoring = Scoring([ScoredObjective("reward", reward_scorer(tokenizer, passes, offload, reward_client, rule_scorer),
-                                       penalties=ScorePenalties(slice_of(PenaltySettings, args)))])
+    judge_scores = judge is not None and models.reward is None and reward_client is None and rule_scorer is None
+    scorer = JudgeScorer(judge, tokenizer) if judge_scores else reward_scorer(tokenizer, passes, offload, reward_client,
+                                                                              rule_scorer)
+    scoring = Scoring([ScoredObjective("reward", scorer, penalties=ScorePenalties(slice_of(PenaltySettings, args)))])
     settings = slice_of(RolloutSettings, args)
     rollout = Rollout(engine, sampling, sampler, train_dataset, tokenizer, passes, offload, state, ranks, settings)
     maker = ExperienceMaker(rollout, scoring, None, policy.model, state, ranks, settings, tokenizer.pad_token_id)
     steps = OptimizerSteps(strategy, state, args.max_nan_skips, args.release_gradients)
-    learner = OnlineDPOLearner(policy, models, passes, steps, watch, tokenizer, state, args)
+    choose_pairs = ScoredPairs(args) if judge is None else JudgedPairs(judge, tokenizer, args)
+    learner = OnlineDPOLearner(policy, models, passes, steps, watch, tokenizer, state, args, choose_pairs)
     evaluator = Evaluator(eval_dataset, engine, sampling, tokenizer, passes, policy.model, scoring, offload, state, ranks,
                           slice_of(EvalSettings, args), eval_long_answer_len)
     loop_settings = slice_of(LoopSettings, args)

@@ -1,8 +1,9 @@
 """Online (iterative) DPO's learner in the online loop (`ppo.trainer.loop.OnlineLoop`): the
 experience maker hands it a scored rollout (`rollout_n` answers per prompt, as TRL's
 `OnlineDPOTrainer` and the iterative DPO of Xiong et al. 2024), and one round is:
-  3. pairs: best vs worst of each prompt, or every pair above `pair_margin` (`build_pairs`);
-     prompts whose answers all score alike are skipped and counted;
+  3. pairs: best vs worst of each prompt, or every pair above `pair_margin`, by the scores
+     (`build_pairs`) or by a generative judge's pairwise verdicts (`dpo.pair_choice`);
+     prompts whose answers all score (or are judged) alike are skipped and counted;
   4. reference log-probs of every pair, once, without gradients (through the passes: a frozen
      copy, or a LoRA policy with its adapter off);
   5. update: `update_iters` passes of shuffled pair micro-batches through the passes'
@@ -19,7 +20,8 @@ from ppo.evaluation import decode_responses
 from ppo.experience import Experience
 from ppo.passes import UpdateLosses
 
-from .online_pairs import build_pairs, pair_batches
+from .online_pairs import pair_batches
+from .pair_choice import ScoredPairs
 from .preference_objective import preference_objective
 
 
@@ -28,14 +30,16 @@ class OnlineDPOLearner:
     from the policy); `passes`: the `ModelPasses` (temperature 1); `steps`: the
     `OptimizerSteps`; `divergence`: the run's `DivergenceWatch`; `tokenizer`: for the pairs'
     samples; `state`: the `RunState`; `args`: online DPO's training arguments (the loss's
-    settings, the pair selection, the update's batches)."""
+    settings, the pair selection, the update's batches); `choose_pairs`: `(exp, scores,
+    answer_keys) -> (PreferencePairs, stats)` (`dpo.pair_choice`; default: by the scores)."""
 
     progress_metrics = {"score": "objective/scores", "pairs": "online_dpo/num_pairs"}
     """The progress bar's numbers: label -> metric."""
 
-    def __init__(self, policy, models, passes, steps, divergence, tokenizer, state, args):
+    def __init__(self, policy, models, passes, steps, divergence, tokenizer, state, args, choose_pairs=None):
         self.policy, self.models, self.passes, self.steps, self.divergence = policy, models, passes, steps, divergence
         self.tokenizer, self.state, self.args = tokenizer, state, args
+        self.choose_pairs = choose_pairs or ScoredPairs(args)
         self.pairs = None  # the last round's pairs
 
     def lr(self):
@@ -46,7 +50,10 @@ class OnlineDPOLearner:
         args = self.args
         scores = exp.scores.numpy().astype("float64")
         answers = [tuple(row) for row in (exp.response_ids * exp.response_mask.astype("int64")).numpy().tolist()]
-        pairs = self.pairs = build_pairs(scores, args.rollout_n, args.pair_selection, args.pair_margin, answers)
+        pairs, pair_stats = self.choose_pairs(exp, scores, answers)
+        self.pairs = pairs
+        acc.add(pair_stats)
+        clock.lap("pairs")
         if len(pairs):
             both = Experience.concat([exp.select(pairs.chosen.tolist()), exp.select(pairs.rejected.tolist())])
             self.fill_reference(both)

@@ -14,6 +14,10 @@ and is counted as tied; so is, under `all_pairs`, a group whose largest gap is n
 above the margin. Ties inside a group are broken by the first row, so the result is
 deterministic. Under `all_pairs`, answers sampled more than once (equal `answer_keys`,
 e.g. their token ids) give each pair once, so a frequent answer does not weigh more.
+
+`build_judged_pairs` makes the same two selections from a judge's pairwise verdicts instead of
+scores: `P[i, j]`, the judge's probability that answer i is better than answer j (asked in both
+orders and averaged, so `P[j, i] = 1 - P[i, j]`), gives the gap `P[i, j] - P[j, i] = 2 P[i, j] - 1`.
 """
 from dataclasses import dataclass
 
@@ -74,16 +78,55 @@ def build_pairs(scores, group_size, selection="best_worst", margin=0.0, answer_k
         rejected = rows[np.arange(len(rows)), worst][keep]
         tied = int((~keep).sum())
     else:
-        gaps = grouped[:, :, None] - grouped[:, None, :]  # [G, k, k]: score_i - score_j
-        g, i, j = np.nonzero(gaps > margin)
-        chosen, rejected = rows[g, i], rows[g, j]
-        tied = int(len(rows) - np.unique(g).shape[0])
-        if answer_keys is not None:
-            keep = first_occurrences([(int(a), answer_keys[c], answer_keys[r]) for a, c, r in zip(g, chosen, rejected)])
-            duplicates = len(chosen) - len(keep)
-            chosen, rejected = chosen[keep], rejected[keep]
-            return PreferencePairs(chosen.astype("int64"), rejected.astype("int64"), int(len(rows)), tied, duplicates)
+        return pairs_above_margin(grouped[:, :, None] - grouped[:, None, :], rows, margin, answer_keys)
     return PreferencePairs(chosen.astype("int64"), rejected.astype("int64"), int(len(rows)), tied)
+
+
+def pairs_above_margin(gaps, rows, margin, answer_keys=None):
+    """`all_pairs` from `gaps` `[G, k, k]` (`gaps[g, i, j]`: how much answer i beats answer j):
+    every (i, j) with a gap above `margin`, in row order; duplicates of (group, chosen answer,
+    rejected answer) dropped when `answer_keys` are given."""
+    g, i, j = np.nonzero(gaps > margin)
+    chosen, rejected = rows[g, i], rows[g, j]
+    tied, duplicates = int(len(rows) - np.unique(g).shape[0]), 0
+    if answer_keys is not None:
+        keep = first_occurrences([(int(a), answer_keys[c], answer_keys[r]) for a, c, r in zip(g, chosen, rejected)])
+        duplicates = len(chosen) - len(keep)
+        chosen, rejected = chosen[keep], rejected[keep]
+    return PreferencePairs(chosen.astype("int64"), rejected.astype("int64"), int(len(rows)), tied, duplicates)
+
+
+def build_judged_pairs(preferences, selection="best_worst", margin=0.0, answer_keys=None):
+    """Pairs from a judge's pairwise verdicts `preferences` `[G, k, k]` (`P[g, i, j]`: P(answer i of
+    group g is better than answer j), with `P[j, i] = 1 - P[i, j]` and 1/2 on the diagonal); the
+    group's rows are `g k .. g k + k - 1`.
+
+    `best_worst`: each answer's mean win probability against the group's other answers (a Borda
+    count of the verdicts) picks the best and the worst answer; of these two, the chosen one is
+    the one the judge prefers in their own comparison, kept when `|2 P - 1| > margin`.
+    `all_pairs`: every (i, j) with `2 P[i, j] - 1 > margin`. Returns `PreferencePairs`."""
+    if selection not in PAIR_SELECTIONS:
+        raise ValueError(f"pair selection must be one of {PAIR_SELECTIONS}, got {selection!r}")
+    if margin < 0:
+        raise ValueError(f"the pair margin must be >= 0, got {margin}")
+    prefs = np.asarray(preferences, dtype="float64")
+    if prefs.ndim != 3 or prefs.shape[1] != prefs.shape[2] or prefs.shape[1] < 2:
+        raise ValueError(f"preferences must be [groups, k, k] with k >= 2, got shape {prefs.shape}")
+    if not np.isfinite(prefs).all():
+        raise ValueError("the judge's preferences must be finite to build pairs")
+    k = prefs.shape[1]
+    rows = group_rows(prefs.shape[0] * k, k)
+    gaps = 2.0 * prefs - 1.0  # P[i, j] - P[j, i]
+    if selection == "all_pairs":
+        return pairs_above_margin(gaps, rows, margin, answer_keys)
+    wins = (prefs.sum(axis=2) - 0.5) / (k - 1)  # [G, k] mean win probability against the others
+    best, worst = wins.argmax(axis=1), wins.argmin(axis=1)
+    groups = np.arange(len(rows))
+    best_first = gaps[groups, best, worst] >= 0
+    first, second = np.where(best_first, best, worst), np.where(best_first, worst, best)
+    keep = np.abs(gaps[groups, best, worst]) > margin
+    return PreferencePairs(rows[groups, first][keep].astype("int64"), rows[groups, second][keep].astype("int64"),
+                           int(len(rows)), int((~keep).sum()))
 
 
 def first_occurrences(keys):

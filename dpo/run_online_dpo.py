@@ -4,8 +4,9 @@
 
 Each round samples `rollout_n` answers per prompt from the current policy, ranks them
 with the reward model (`reward_model_name_or_path`), the reward server (`use_rm_server`)
-or rule scorers (`use_rule_reward`), as `run_ppo.py` chooses, and trains on the pairs
-with the DPO-family loss. Writes `output_dir/policy` (PaddleNLP layout),
+or rule scorers (`use_rule_reward`), as `run_ppo.py` chooses, or by a generative judge's
+pairwise verdicts (`judge_model`: a model directory, or `policy` for self-rewarding), and
+trains on the pairs with the DPO-family loss. Writes `output_dir/policy` (PaddleNLP layout),
 `checkpoint-<round>/` for resume, `metrics.jsonl`, `samples.jsonl`, `summary.json`,
 `resolved_arguments.json` and VisualDL logs.
 """
@@ -36,6 +37,7 @@ with quiet_third_party_warnings():
     from ppo.models.loading import enable_recompute, load_overrides, load_tokenizer, training_dtype  # noqa: E402
     from ppo.models.ppo_models import build_ppo_models  # noqa: E402
     from ppo.trainer.scoring import score_sources  # noqa: E402
+    from dpo.pair_choice import build_judge, judge_word_problems  # noqa: E402
 
 logger = logging.getLogger("dpo.online")
 
@@ -62,12 +64,21 @@ def start_up(argv):
     datasets = None
     if tokenizer is not None:
         external = model_args.use_rm_server or model_args.use_rule_reward
-        datasets = build_datasets(data_args, training_args, tokenizer, external, startup.attempt)
+        needs_reference = model_args.judge_model and "{reference}" in judge_texts(model_args)
+        datasets = build_datasets(data_args, training_args, tokenizer, bool(external or needs_reference), startup.attempt)
+        startup.add(judge_word_problems(model_args, tokenizer))
         startup.add(embedding_limit_problems(model_args, False, tokenizer, None,
                                              data_args.max_prompt_len + training_args.max_dec_len))
     startup.add(run_server_problems(model_args))
     startup.finish()
     return model_args, data_args, training_args, tokenizer, datasets
+
+
+def judge_texts(model_args):
+    """The judge's two rubric texts, joined (the fields were checked with the arguments)."""
+    from ppo.judge.templates import template_text
+
+    return template_text(model_args.judge_template) + template_text(model_args.judge_pair_template)
 
 
 def build_trainer(argv=None):
@@ -82,8 +93,10 @@ def build_trainer(argv=None):
     if training_args.recompute:
         enable_recompute(models.actor, model_args.recompute_granularity, model_args.recompute_use_reentrant)
     client, rule_scorer = score_sources(model_args)
+    judge = build_judge(model_args, models.actor, tokenizer, training_args.use_fusemt)
     return build_online_dpo_trainer(training_args, models, tokenizer, train, evaluation, reward_client=client,
-                                    rule_scorer=rule_scorer, eval_long_answer_len=data_args.eval_long_answer_len)
+                                    rule_scorer=rule_scorer, eval_long_answer_len=data_args.eval_long_answer_len,
+                                    judge=judge)
 
 
 def main(argv=None):

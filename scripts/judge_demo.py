@@ -7,7 +7,10 @@ The policy (by default the on-policy distilled student of seed 42, which ties th
 held-out and trains 4x faster; run `scripts/distill_demo.py` first) is measured twice: as it is, and
 after a short SFT on judgement data (`ppo/tiny/judge_data.py`: the `tiny` / `tiny_better` rubric
 prompts answered Yes/No and A/B, built from the training split's preference pairs, plus the task
-itself), since a policy that only ever saw `Reverse: ...` prompts was never asked for a verdict. Three agreements per judge, on the 300 pairs of
+itself), since a policy that only ever saw `Reverse: ...` prompts was never asked for a verdict. With
+`--extra_layers N` the judge SFT starts from the policy with N more layers that leave its output as
+it was (`ppo/tiny/deepen.py`): room for the comparison the 2-layer policy has no layer left for.
+Three agreements per judge, on the 300 pairs of
 `preference_eval.jsonl` (a correct answer and a worse one; `reverse` gives them 1 and 0):
 
 - pointwise verdicts: `judge >= 0.5` equals `reverse == 1`, over the 600 answers (the `judge`
@@ -15,7 +18,7 @@ itself), since a policy that only ever saw `Reverse: ...` prompts was never aske
 - pointwise ranking: the judge scores the correct answer above the worse one;
 - pairwise: `compare` (both orders averaged) prefers the correct answer.
 
-Results go to `<root>/judge/agreement.json`.
+Results go to `<judge_dir>/agreement.json` (default `<root>/judge`).
 """
 import argparse
 import json
@@ -56,23 +59,34 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--learning_rate", type=float, default=5e-4)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--extra_layers", type=int, default=0, help="layers added to the policy before the judge SFT")
+    parser.add_argument("--judge_dir", default=None, help="where the judge and agreement.json go (default <root>/judge)")
     args = parser.parse_args(argv)
     root = args.output_root.rstrip("/")
     policy = args.policy or f"{root}/distill/onpolicy-s42"
-    out, logs = f"{root}/judge", f"{root}/judge/logs"
+    out = (args.judge_dir or f"{root}/judge").rstrip("/")
+    logs = f"{out}/logs"
     from ppo.tiny.judge_data import SFT_PROMPT_TEMPLATE, generate, read_pairs
 
     if not os.path.isfile(f"{root}/data/judge.jsonl"):
         generate(f"{root}/data", args.num_pairs)
+    start = policy
+    if args.extra_layers:
+        from ppo.tiny.deepen import deepen
+
+        start = f"{out}/deepened"
+        if not os.path.isfile(f"{start}/model_state.pdparams"):
+            deepen(policy, start, args.extra_layers, args.seed)
     if not os.path.isfile(f"{out}/model/summary.json"):
-        run(logs, "judge_sft", [PY, "sft/run_sft.py", "config/tiny/sft_argument.json", "--model_name_or_path", policy,
+        run(logs, "judge_sft", [PY, "sft/run_sft.py", "config/tiny/sft_argument.json", "--model_name_or_path", start,
                                 "--train_datasets", f"Jsonfile:1.0:{root}/data/judge.jsonl", "--eval_datasets",
                                 f"Jsonfile:1.0:{root}/data/valid.jsonl", "--output_dir", f"{out}/model", "--logging_dir",
                                 f"{out}/model/visualdl", "--max_length", "64", "--prompt_template", SFT_PROMPT_TEMPLATE, "--max_steps", str(args.steps),
                                 "--learning_rate", str(args.learning_rate), "--warmup_steps", "30", "--eval_steps", str(args.steps), "--save_steps", str(args.steps),
                                 "--seed", str(args.seed), "--report_to", "none"])
     pairs = read_pairs(f"{root}/data/preference_eval.jsonl")
-    result = {"policy": policy, "policy_as_judge": agreement(policy, pairs), "trained_judge": agreement(f"{out}/model", pairs)}
+    result = {"policy": policy, "extra_layers": args.extra_layers, "steps": args.steps, "learning_rate": args.learning_rate,
+              "seed": args.seed, "policy_as_judge": agreement(policy, pairs), "trained_judge": agreement(f"{out}/model", pairs)}
     os.makedirs(out, exist_ok=True)
     json.dump(result, open(f"{out}/agreement.json", "w"), indent=2)
     print(json.dumps(result, indent=2))

@@ -167,3 +167,23 @@ def test_judge_data_records_match_the_templates(tmp_path):
         ("USER: Reverse: abc ASSISTANT:bca USER: Reverse: abc ASSISTANT:cba Better:", "B"),
     ])
     assert records[1][0] == render(template_text("tiny_better"), question="Reverse: abc", answer_a="bca", answer_b="cba")
+
+
+def test_a_deepened_policy_computes_the_same_logits(tiny_model_dir, tmp_path):
+    """`ppo.tiny.deepen`: two appended layers whose output projections start at zero leave every
+    logit as it was; their other weights are drawn, and the input state is not written into."""
+    from ppo.models.loading import load_causal_lm
+    from ppo.tiny.deepen import deepen, deepened_state
+
+    assert deepen(tiny_model_dir, str(tmp_path / "deep"), extra_layers=2) == 3  # the fixture has one layer
+    ids = paddle.to_tensor([[1, 7, 8, 9, 10, 11]], dtype="int64")
+    models = [load_causal_lm(path) for path in (tiny_model_dir, str(tmp_path / "deep"))]
+    for m in models:
+        m.eval()
+    base, deep = (m(input_ids=ids, return_dict=True).logits.numpy() for m in models)
+    np.testing.assert_allclose(deep, base, rtol=1e-5, atol=1e-6)
+    layer = {n: p.numpy() for n, p in models[1].named_parameters() if n.startswith("llama.layers.2.")}
+    assert not layer["llama.layers.2.self_attn.o_proj.weight"].any() and layer["llama.layers.2.self_attn.q_proj.weight"].std() > 0
+    state = {"llama.layers.0.mlp.down_proj.weight": np.ones([2, 2], "float32")}
+    out = deepened_state(state, 1, 1)
+    assert state.keys() == {"llama.layers.0.mlp.down_proj.weight"} and not out["llama.layers.1.mlp.down_proj.weight"].any()
