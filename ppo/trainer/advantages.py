@@ -135,8 +135,10 @@ class AdvantageStage:
                     trace.rewards = trace.rewards + exp.env_rewards * mask
                 if steps is not None:
                     trace.rewards = trace.rewards + steps * mask
-                trace.advantages, trace.returns = self.advantages_and_returns(trace.rewards, trace.values, mask, steps,
-                                                                              trace.step_mask)
+                if steps is not None and self.estimator.per_group:  # DeepSeekMath's process supervision
+                    trace.advantages = trace.returns = self.process_advantages(steps, trace.step_mask, mask)
+                else:
+                    trace.advantages, trace.returns = self.advantages_and_returns(trace.rewards, trace.values, mask)
             self.combined = self.combiner.combine(exp, self.state.step)
         return kl
 
@@ -150,22 +152,23 @@ class AdvantageStage:
         objective.normalizer.merge(count, mean, max(sq / count - mean * mean, 0.0))
         return objective.normalizer.normalize(scores)
 
-    def advantages_and_returns(self, rewards, values, mask, steps=None, step_mask=None):
+    def process_advantages(self, steps, step_mask, mask):
+        """DeepSeekMath's process-supervision advantages `[N, Tr]` of a process reward model's
+        `steps` (`[N, Tr]`, each step's score at its last token, 1 there in `step_mask`), for a
+        per-group estimator: each step's score normalised over its group's steps, summed over the
+        steps at or after each token (no KL reward: `kl_coeff` 0, checked at start-up); whitened
+        over the data ranks with `normalize_advantage`."""
+        ends = paddle.arange(mask.shape[-1], dtype="int64").unsqueeze(0).expand(mask.shape)
+        advantages = process_group_advantages(steps, step_mask, ends, mask, self.settings.rollout_n)
+        return self.whitened_over_ranks(advantages, mask) if self.settings.normalize_advantage else advantages
+
+    def advantages_and_returns(self, rewards, values, mask):
         """`(advantages, returns)` `[N, Tr]` of token `rewards` (and critic `values`, or None) from
-        the run's estimator, whitened over the data ranks with `normalize_advantage`. With a process
-        reward model's `steps` (`[N, Tr]`, each step's score at its last token) and a per-group
-        estimator: DeepSeekMath's process-supervision advantages instead (each step's score
-        normalised over its group's steps, summed over the steps at or after each token); the
-        rewards then hold the steps' scores and no KL (`kl_coeff` 0, checked at start-up)."""
+        the run's estimator, whitened over the data ranks with `normalize_advantage`."""
         s = self.settings
-        if steps is not None and self.estimator.per_group:
-            ends = paddle.arange(mask.shape[-1], dtype="int64").unsqueeze(0).expand(mask.shape)
-            advantages = process_group_advantages(steps, step_mask, ends, mask, s.rollout_n)
-            returns = advantages
-        else:
-            advantages, returns = self.estimator(rewards, mask, values=values, group_size=s.rollout_n, gamma=s.gamma,
-                                                 gae_lambda=s.gae_lambda, scale_by_std=s.scale_reward_std,
-                                                 **self.estimator_settings)
+        advantages, returns = self.estimator(rewards, mask, values=values, group_size=s.rollout_n, gamma=s.gamma,
+                                             gae_lambda=s.gae_lambda, scale_by_std=s.scale_reward_std,
+                                             **self.estimator_settings)
         if s.normalize_advantage:
             advantages = self.whitened_over_ranks(advantages, mask)
         return advantages, returns
