@@ -30,13 +30,17 @@ ROW_LISTS = ("src", "label", "prompt_text", "response_text", "turns")
 class ObjectiveTrace:
     """One scored objective's part of an experience (the reward, a cost, ...): the raw scores
     `[N]` its scorer gave, and once complete its critic's values, its token rewards, advantages
-    and returns `[N, Tr]` (values None without a critic)."""
+    and returns `[N, Tr]` (values None without a critic). A process reward model's scorer with
+    `prm_reduction step` also gives `step_rewards` `[N, Tr]` (each step's score at its last token)
+    and `step_mask` `[N, Tr]` (1 at those tokens)."""
 
     scores: paddle.Tensor
     values: Optional[paddle.Tensor] = None
     rewards: Optional[paddle.Tensor] = None
     advantages: Optional[paddle.Tensor] = None
     returns: Optional[paddle.Tensor] = None
+    step_rewards: Optional[paddle.Tensor] = None
+    step_mask: Optional[paddle.Tensor] = None
 
     def map(self, fn):
         """A new trace with `fn` applied to every tensor that is set."""
@@ -269,6 +273,10 @@ def pad_experience(exp, Tp, Tr, pad_id):
     for name in ("old_logprobs", "rollout_logprobs", "env_rewards"):
         if getattr(exp, name) is not None:
             setattr(out, name, pad_columns(getattr(exp, name), 0, dr, 0.0))
+    for trace in out.objectives.values():  # a process reward model's step tensors [N, Tr]
+        for name in ("step_rewards", "step_mask"):
+            if getattr(trace, name) is not None:
+                setattr(trace, name, pad_columns(getattr(trace, name), 0, dr, 0.0))
     return out
 
 

@@ -7,6 +7,8 @@ A mixin of `PPOTrainingArguments` (`ppo/ppo_arguments.py`). Each field acts, or,
 loop does not run the feature yet, a value that would need it is refused saying what it would do
 (`PENDING`); nothing is accepted and then ignored.
 """
+import json
+import os
 from dataclasses import dataclass, field
 
 from .algos.process_reward import PRM_REDUCTIONS
@@ -69,6 +71,11 @@ class PaddleNLPRLArguments:
     prm_step_separator: str = field(
         default="\n",
         metadata={"help": "Where a process reward model cuts a response into steps (Math-Shepherd: a newline)."},
+    )
+    prm_step_tokens: int = field(
+        default=0,
+        metadata={"help": "A process reward model's steps of this many response tokens instead of cuts at prm_step_separator "
+                  "(answers written without a separator, as the tiny demo's two-character steps). 0: cut at the separator."},
     )
     # PaddleNLP's early stopping (its EarlyStoppingCallback, on metric_for_best_model)
     early_stopping: bool = field(
@@ -157,7 +164,52 @@ def prm_rollout_problems(args):
         problems.append(f"prm_reduction must be one of {PRM_REDUCTIONS}, got {args.prm_reduction!r}")
     if not args.prm_step_separator:
         problems.append("prm_step_separator must not be empty (it cuts responses into steps)")
+    if args.prm_step_tokens < 0:
+        problems.append(f"prm_step_tokens must be >= 0, got {args.prm_step_tokens}")
     return problems
+
+
+PRM_DEFAULTS = {"prm_reduction": "last", "prm_step_separator": "\n", "prm_step_tokens": 0}
+
+
+def is_process_reward_model(path):
+    """Whether the model directory `path` holds a process reward model (its `config.json` says
+    `process_reward`, as `rm/run_reward.py --process_reward true` saves it); False when unreadable."""
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            return bool(json.load(f).get("process_reward", False))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
+
+
+def process_reward_model_problems(model_args, args):
+    """A process reward model as the PPO/GRPO reward (read from its config before it loads): the
+    settings it cannot run with; without one, `prm_*` settings that nothing would read."""
+    uses_model = not (model_args.use_rm_server or model_args.use_rule_reward or model_args.external_scores)
+    if not (uses_model and model_args.reward_model_name_or_path and is_process_reward_model(model_args.reward_model_name_or_path)):
+        changed = [n for n, d in PRM_DEFAULTS.items() if getattr(args, n) != d]
+        return [f"{', '.join(changed)} set, but the reward is no process reward model (reward_model_name_or_path whose "
+                "config says process_reward)"] if changed else []
+    problems = []
+    if args.tensor_parallel_degree > 1 or args.pipeline_parallel_degree > 1:
+        problems.append("a process reward model as the reward runs whole in each process (ppo.process_reward_scorer): "
+                        "tensor/pipeline parallel degrees above 1 are not implemented for it")
+    if args.prm_reduction == "step" and args.normalize_reward:
+        problems.append("prm_reduction step rewards each step with its P(good) as it is; normalize_reward (one running "
+                        "normaliser of one score per response) is not implemented with it: set normalize_reward false")
+    per_group = getattr(estimator_or_none(args), "per_group", False)
+    if args.prm_reduction == "step" and per_group and args.kl_coeff != 0:
+        problems.append(f"prm_reduction step with adv_estimator {args.adv_estimator}: DeepSeekMath's process-supervision "
+                        "advantages carry no KL reward; set kl_coeff 0 (kl_loss_coeff puts the KL in the loss)")
+    return problems
+
+
+def estimator_or_none(args):
+    """The run's `AdvEstimator` entry, or None (an unknown name is reported by the estimator checks)."""
+    try:
+        return args.estimator
+    except (ValueError, KeyError, ImportError, AttributeError):
+        return None
 
 
 def early_stopping_problems(args):

@@ -26,6 +26,7 @@ from .resume_check import ppo_run_facts
 from .offload import OffloadPlan, parse_offload_level
 from .optim import build_optimizer, build_scheduler
 from .ppo_argument_checks import estimator_settings
+from .process_reward_scorer import ProcessRewardScorer
 from .prompt_sampler import PromptSampler
 from .rollout import RolloutEngine, SamplingParams
 from .strategy import PassSettings, build_strategy
@@ -39,7 +40,7 @@ from .trainer.objectives import COST_VALUE_STATS, LagrangianCombiner, PlainCombi
 from .trainer.report import ResponseSamples, RunReport
 from .trainer.rollout import Rollout
 from .trainer.run_state import RunState
-from .trainer.scoring import RewardServerScorer, RuleScorer, ScoreModel, ScorePenalties, Scoring
+from .trainer.scoring import ProcessRewardModelScorer, RewardServerScorer, RuleScorer, ScoreModel, ScorePenalties, Scoring
 from .trainer.settings import (
     AdvantageSettings,
     CheckpointSettings,
@@ -81,13 +82,28 @@ def trained_model(name, checkpoint, model, strategy, args, total_steps, critic=F
     return TrainedModel(name, checkpoint, wrapped, model, optimizer, scheduler)
 
 
-def reward_scorer(tokenizer, passes, offload, reward_client=None, rule_scorer=None):
-    """The reward's scorer: the rule scorers, the reward server, or the reward model."""
+def reward_scorer(tokenizer, passes, offload, reward_client=None, rule_scorer=None, prm=None):
+    """The reward's scorer: the rule scorers, the reward server, the process reward model (`prm`:
+    `(ProcessRewardScorer, prm_reduction)`), or the reward model."""
     if rule_scorer is not None:
         return RuleScorer(tokenizer, rule_scorer)
     if reward_client is not None:
         return RewardServerScorer(tokenizer, reward_client)
+    if prm is not None:
+        return ProcessRewardModelScorer(prm[0], prm[1], offload, eos_token_id=tokenizer.eos_token_id)
     return ScoreModel(passes, "reward", offload)
+
+
+def process_reward_model(args, models, tokenizer, reward_retokenizer=None):
+    """`(ProcessRewardScorer, prm_reduction)` when the reward model is a process reward model
+    (its config says `process_reward`), else None."""
+    if models.reward is None or not getattr(getattr(models.reward, "config", None), "process_reward", False):
+        return None
+    prm_tokenizer = reward_retokenizer.reward_tokenizer if reward_retokenizer is not None else tokenizer
+    scorer = ProcessRewardScorer(models.reward, prm_tokenizer, step_separator=args.prm_step_separator,
+                                 policy_tokenizer=tokenizer, batch_size=max(args.pass_rows("reward"), 1),
+                                 step_tokens=args.prm_step_tokens)
+    return scorer, args.prm_reduction
 
 
 def ppo_objectives(args, models, critics, reward, passes, offload):
@@ -157,7 +173,8 @@ def build_ppo_trainer(args, models, tokenizer, train_dataset, eval_dataset=None,
                           models={"actor": models.actor, "reference": models.reference, "reward": models.reward,
                                   "critic": models.critic, "cost": models.cost, "cost_critic": models.cost_critic},
                           optimizers={f"{t.name}_optimizer": t.optimizer for t in trained})
-    objectives = ppo_objectives(args, models, critics, reward_scorer(tokenizer, passes, offload, reward_client, rule_scorer),
+    prm = process_reward_model(args, models, tokenizer, reward_retokenizer)
+    objectives = ppo_objectives(args, models, critics, reward_scorer(tokenizer, passes, offload, reward_client, rule_scorer, prm),
                                 passes, offload)
     loop = assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, sampling, offload, actor, objectives,
                              max_steps, (train_dataset, eval_dataset, ptx_dataset), eval_long_answer_len)

@@ -7,7 +7,12 @@ its next step), and the last step at the response's last token, so the step ends
 generated ids the trainer trains on. The PRM reads the prompt text and the steps' texts, its
 placeholder after each step (`ppo.data.process_reward.prm_sequence`, the layout it was trained
 on), and gives each step `P(good) = sigmoid(score)`. An empty response is one empty step, scored
-by the PRM like any other (never a free reward).
+by the PRM like any other (never a free reward). With `step_tokens` N > 0 the steps are instead
+every N tokens (answers written with no separator, as the tiny demo's two-character steps).
+
+`ProcessRewardScorer.token_steps` gives the step scores in the trainer's token layout: `[N, Tr]`
+with each step's `P(good)` at its last token and a 1 there in the step mask, so that
+`ppo.algos.process_reward`'s functions read them with `step_end = arange(Tr)`.
 """
 from typing import List, NamedTuple, Sequence
 
@@ -16,7 +21,7 @@ import paddle
 
 from .data.process_reward import placeholder_id, prm_sequence
 
-__all__ = ["StepScores", "step_token_groups", "ProcessRewardScorer"]
+__all__ = ["StepScores", "step_token_groups", "fixed_step_groups", "ProcessRewardScorer"]
 
 
 class StepScores(NamedTuple):
@@ -42,27 +47,38 @@ def step_token_groups(token_texts: Sequence[str], separator: str) -> List[List[i
     return groups
 
 
+def fixed_step_groups(num_tokens: int, step_tokens: int) -> List[List[int]]:
+    """Token indices of steps of `step_tokens` tokens (the last may be shorter); `[[ ]]` for no
+    tokens. Example: 5 tokens, 2 a step -> `[[0, 1], [2, 3], [4]]`."""
+    if step_tokens < 1:
+        raise ValueError(f"step_tokens must be >= 1, got {step_tokens}")
+    return [list(range(i, min(i + step_tokens, num_tokens))) for i in range(0, num_tokens, step_tokens)] or [[]]
+
+
 class ProcessRewardScorer:
     """`score(prompt_texts, response_ids) -> StepScores` with a process reward model.
 
     `model`: a score model saved by `rm/run_reward.py --process_reward true` (its config names
     `placeholder_token`); `tokenizer`: the PRM's (the responses are decoded with `policy_tokenizer`,
-    default the same)."""
+    default the same); `step_tokens` > 0: steps of that many tokens instead of cuts at `step_separator`."""
 
-    def __init__(self, model, tokenizer, step_separator="\n", policy_tokenizer=None, batch_size=64):
+    def __init__(self, model, tokenizer, step_separator="\n", policy_tokenizer=None, batch_size=64, step_tokens=0):
         config = getattr(model, "config", None)
         if not getattr(config, "process_reward", False):
             raise ValueError("the model is not a process reward model (its config has no process_reward: train one with "
                              "rm/run_reward.py --process_reward true)")
         self.model, self.tokenizer, self.separator, self.batch_size = model, tokenizer, step_separator, batch_size
         self.policy_tokenizer = policy_tokenizer or tokenizer
+        self.step_tokens = step_tokens
         self.placeholder = placeholder_id(tokenizer, config.placeholder_token)
 
     def steps(self, response_ids):
         """`(texts, ends)` of one response's steps: each step's text and its last token's index (-1 for
         the one empty step of an empty response)."""
-        token_texts = [self.policy_tokenizer.decode([i]) for i in response_ids]
-        groups = step_token_groups(token_texts, self.separator)
+        if self.step_tokens > 0:
+            groups = fixed_step_groups(len(response_ids), self.step_tokens)
+        else:
+            groups = step_token_groups([self.policy_tokenizer.decode([i]) for i in response_ids], self.separator)
         texts = [self.policy_tokenizer.decode([response_ids[i] for i in g]) if g else "" for g in groups]
         return texts, [g[-1] if g else -1 for g in groups]
 
@@ -96,3 +112,23 @@ class ProcessRewardScorer:
         for i, (lg, e) in enumerate(zip(logits, ends)):
             scores[i, :len(lg)], mask[i, :len(lg)], end[i, :len(e)] = 1 / (1 + np.exp(-lg)), 1, np.maximum(e, 0)
         return StepScores(paddle.to_tensor(scores), paddle.to_tensor(mask), paddle.to_tensor(end))
+
+    def token_steps(self, prompt_texts, response_ids, mask, eos_token_id=None):
+        """`(step_rewards, step_mask)` `[N, Tr]` float32 of rollout rows (`response_ids`, `mask`
+        `[N, Tr]` tensors): each step's `P(good)` at its last token, 1 there in the mask. The
+        tokens scored are the masked ones without a final EOS; an empty response's one step sits at
+        token 0."""
+        ids, m = response_ids.numpy(), mask.numpy()
+        rows = []
+        for row, keep in zip(ids.tolist(), m.tolist()):
+            tokens = [t for t, k in zip(row, keep) if k > 0]
+            if tokens and eos_token_id is not None and tokens[-1] == eos_token_id:
+                tokens = tokens[:-1]
+            rows.append(tokens)
+        steps = self.score(prompt_texts, rows)
+        scores, smask, ends = steps.scores.numpy(), steps.mask.numpy(), steps.ends.numpy()
+        rewards, marks = np.zeros(ids.shape, "float32"), np.zeros(ids.shape, "float32")
+        for i in range(len(rows)):
+            for k in np.flatnonzero(smask[i]):
+                rewards[i, ends[i, k]], marks[i, ends[i, k]] = scores[i, k], 1.0
+        return paddle.to_tensor(rewards), paddle.to_tensor(marks)

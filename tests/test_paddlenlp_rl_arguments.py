@@ -89,7 +89,7 @@ def test_early_stopping_needs_the_evaluation_and_is_pending(tmp_path):
 
 
 def test_prm_rollout_settings_are_checked():
-    args = SimpleNamespace(prm_reduction="mean", prm_step_separator="", pretrain_critic_steps=0, vapo_alpha=0.05,
+    args = SimpleNamespace(prm_reduction="mean", prm_step_separator="", prm_step_tokens=0, pretrain_critic_steps=0, vapo_alpha=0.05,
                            critic_gae_lambda=1.0, adv_estimator="gae", gae_lambda=0.95, positive_example_lm_coeff=0.0,
                            early_stopping=False, early_stopping_patience=4, early_stopping_threshold=0.0,
                            **vars(placement(tensor_parallel_degree=1)))

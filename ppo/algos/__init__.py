@@ -35,6 +35,7 @@ from .losses import (
 from .pass_at_k import pass_at_k_advantages
 from .process_reward import (
     PRM_REDUCTIONS,
+    add_to_last_step,
     process_group_advantages,
     process_reward_loss,
     reduce_step_scores,
@@ -146,6 +147,7 @@ __all__ = [
     "PRM_REDUCTIONS",
     "process_group_advantages",
     "process_reward_loss",
+    "add_to_last_step",
     "reduce_step_scores",
     "step_token_rewards",
     # losses

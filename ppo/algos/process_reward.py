@@ -34,6 +34,7 @@ __all__ = [
     "reduce_step_scores",
     "step_token_rewards",
     "process_group_advantages",
+    "add_to_last_step",
 ]
 
 PRM_REDUCTIONS = ("last", "min", "step")
@@ -63,6 +64,25 @@ def process_reward_loss(step_logits, step_labels, step_mask):
     return loss, stats
 
 
+def _last_step(step_mask):
+    """Index of each row's last valid step (0 for a row without one): ``[B, S]`` -> ``[B]``."""
+    S = step_mask.shape[-1]
+    positions = paddle.arange(S, dtype="int64").reshape([1, S]).expand(step_mask.shape)
+    return paddle.max(paddle.where(step_mask != 0, positions, paddle.zeros_like(positions)), axis=-1)
+
+
+def add_to_last_step(step_scores, step_mask, delta):
+    """``step_scores`` with ``delta [B]`` added to each row's last valid step (a penalty on the
+    whole response, such as ``missing_eos_penalty``, carried by its last step).
+
+    Formula: ``s'[b, k] = s[b, k] + delta[b] * [k == k_b]``, ``k_b`` the last valid step of row b;
+    masked steps are 0 in the result. Shapes: ``[B, S]``, ``[B]`` -> ``[B, S]``.
+    """
+    m = _float_mask(step_mask, step_scores)
+    onehot = F.one_hot(_last_step(m), step_scores.shape[-1]).astype(step_scores.dtype) * m
+    return _zero_outside(step_scores, m) + delta.astype(step_scores.dtype).unsqueeze(-1) * onehot
+
+
 def reduce_step_scores(step_scores, step_mask, how):
     """One score per response from its step scores: ``last`` or ``min``.
 
@@ -73,9 +93,7 @@ def reduce_step_scores(step_scores, step_mask, how):
     """
     m = _float_mask(step_mask, step_scores)
     if how == "last":
-        S = step_scores.shape[-1]
-        positions = paddle.arange(S, dtype="int64").reshape([1, S]).expand(m.shape)
-        last = paddle.max(paddle.where(m != 0, positions, paddle.zeros_like(positions)), axis=-1)
+        last = _last_step(m)
         return paddle.take_along_axis(_zero_outside(step_scores, m), last.unsqueeze(-1), axis=-1).squeeze(-1)
     if how == "min":
         inf = paddle.full_like(step_scores, float("inf"))

@@ -25,11 +25,19 @@ REWARD_TOKENS = ("+", "-")
 PROMPT_FORMAT = "USER: {input} ASSISTANT:"
 
 
-def corrupt(answer, rng):
-    """`answer` with one same-length corruption: a swap of two different characters, a character
-    replaced by another symbol, or the first two characters swapped."""
-    kind = rng.choice(["swap", "replace", "flaw"])
+CORRUPTIONS = ("swap", "replace", "flaw", "foreign")
+
+
+def corrupt(answer, rng, kinds=("swap", "replace", "flaw")):
+    """`answer` with one same-length corruption of a kind drawn from `kinds`: `swap` two different
+    characters, `replace` a character by another symbol, `flaw` the first two characters swapped,
+    `foreign` a character replaced by a symbol the string does not hold."""
+    kind = rng.choice(list(kinds))
     chars = list(answer)
+    if kind == "foreign":
+        i = rng.randrange(len(chars))
+        chars[i] = rng.choice([c for c in ALPHABET if c not in answer])
+        return "".join(chars)
     if kind == "flaw" and chars[0] != chars[1]:
         return chars[1] + chars[0] + answer[2:]
     if kind == "swap":
@@ -47,14 +55,14 @@ def steps_of(answer):
     return [answer[i:i + STEP_CHARS] for i in range(0, len(answer), STEP_CHARS)]
 
 
-def prm_record(s, rng, correct_frac):
+def prm_record(s, rng, correct_frac, corruptions=("swap", "replace", "flaw")):
     """One Math-Shepherd record for string `s`: an answer (correct with probability `correct_frac`,
     else with 1-3 corruptions) in steps, each labelled by whether it matches the correct answer."""
     right = correct_answer(s)
     answer = right
     if rng.random() >= correct_frac:
         for _ in range(rng.randint(1, 3)):
-            answer = corrupt(answer, rng)
+            answer = corrupt(answer, rng, corruptions)
     steps, truth = steps_of(answer), steps_of(right)
     marks = [REWARD_TOKENS[0] if got == want else REWARD_TOKENS[1] for got, want in zip(steps, truth)]
     prompt = PROMPT_FORMAT.format(input=reverse_prompt(s))
@@ -64,17 +72,21 @@ def prm_record(s, rng, correct_frac):
     }
 
 
-def generate(output_dir, seed=4321, num_train=6000, num_eval=400, correct_frac=0.25):
-    """Write `prm_train.jsonl` and `prm_eval.jsonl` into `output_dir`; returns their record counts."""
+def generate(output_dir, seed=4321, num_train=6000, num_eval=400, correct_frac=0.25, corruptions=("swap", "replace", "flaw")):
+    """Write `prm_train.jsonl` and `prm_eval.jsonl` into `output_dir`; returns their record counts.
+    `corruptions`: the kinds `corrupt` draws from."""
+    unknown = [k for k in corruptions if k not in CORRUPTIONS]
+    if unknown or not corruptions:
+        raise ValueError(f"corruptions must name some of {CORRUPTIONS}, got {list(corruptions)}")
     rng = random.Random(seed)
     os.makedirs(output_dir, exist_ok=True)
     held_out = sample_unique_strings(rng, num_eval)
     train = sample_unique_strings(rng, num_train, exclude=set(held_out))
     splits = {
-        "prm_train.jsonl": [prm_record(s, rng, correct_frac) for s in train],
-        "prm_eval.jsonl": [prm_record(s, rng, correct_frac) for s in held_out],
+        "prm_train.jsonl": [prm_record(s, rng, correct_frac, corruptions) for s in train],
+        "prm_eval.jsonl": [prm_record(s, rng, correct_frac, corruptions) for s in held_out],
     }
-    meta = {"seed": seed, "correct_frac": correct_frac, "step_chars": STEP_CHARS, "placeholder_token": PLACEHOLDER,
+    meta = {"seed": seed, "correct_frac": correct_frac, "corruptions": list(corruptions), "step_chars": STEP_CHARS, "placeholder_token": PLACEHOLDER,
             "reward_tokens": ",".join(REWARD_TOKENS), "flawed_example": flawed_answer("abcde")}
     return write_splits(output_dir, splits, "prm_meta.json", meta)
 
@@ -88,8 +100,10 @@ def main(argv=None):
     parser.add_argument("--num_train", type=int, default=6000)
     parser.add_argument("--num_eval", type=int, default=400)
     parser.add_argument("--correct_frac", type=float, default=0.25)
+    parser.add_argument("--corruptions", default="swap,replace,flaw", help=f"comma-separated kinds of {CORRUPTIONS}")
     args = parser.parse_args(argv)
-    print(json.dumps({"output_dir": args.output_dir, "counts": generate(**vars(args))}))
+    kw = dict(vars(args), corruptions=tuple(k.strip() for k in args.corruptions.split(",") if k.strip()))
+    print(json.dumps({"output_dir": args.output_dir, "counts": generate(**kw)}))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,10 @@ through the run's `Ranks`."""
 import paddle
 
 from ..algos import (
+    add_to_last_step,
     group_zero_std_fraction,
+    process_group_advantages,
+    reduce_step_scores,
     rollout_correction,
     kl_shaped_rewards,
     masked_centered_square_sum,
@@ -119,13 +122,23 @@ class AdvantageStage:
             for objective in self.objectives:
                 trace = exp.objectives[objective.name]
                 scores = self.normalized(objective, trace.scores)
+                steps = None
+                if trace.step_rewards is not None:  # a process reward model's steps: the penalties ride on the last step
+                    steps = add_to_last_step(trace.step_rewards, trace.step_mask,
+                                             scores - reduce_step_scores(trace.step_rewards, trace.step_mask, "last"))
+                    scores = paddle.zeros_like(scores)
                 coeff = kl_coeff if objective.kl_weight == 1.0 else objective.kl_weight * float(kl_coeff)
                 trace.rewards, objective_kl = kl_shaped_rewards(scores, exp.old_logprobs, exp.ref_logprobs, mask, coeff,
                                                                 s.clip_range_score, kind=s.kl_estimator, clamp=clamp)
                 kl = objective_kl if kl is None else kl
                 if getattr(exp, "env_rewards", None) is not None and objective is self.objectives[0]:  # a multi-turn environment's own
                     trace.rewards = trace.rewards + exp.env_rewards * mask
-                trace.advantages, trace.returns = self.advantages_and_returns(trace.rewards, trace.values, mask)
+                if steps is not None:
+                    trace.rewards = trace.rewards + steps * mask
+                if steps is not None and self.estimator.per_group:  # DeepSeekMath's process supervision
+                    trace.advantages = trace.returns = self.process_advantages(steps, trace.step_mask, mask)
+                else:
+                    trace.advantages, trace.returns = self.advantages_and_returns(trace.rewards, trace.values, mask)
             self.combined = self.combiner.combine(exp, self.state.step)
         return kl
 
@@ -138,6 +151,16 @@ class AdvantageStage:
         mean = total / count
         objective.normalizer.merge(count, mean, max(sq / count - mean * mean, 0.0))
         return objective.normalizer.normalize(scores)
+
+    def process_advantages(self, steps, step_mask, mask):
+        """DeepSeekMath's process-supervision advantages `[N, Tr]` of a process reward model's
+        `steps` (`[N, Tr]`, each step's score at its last token, 1 there in `step_mask`), for a
+        per-group estimator: each step's score normalised over its group's steps, summed over the
+        steps at or after each token (no KL reward: `kl_coeff` 0, checked at start-up); whitened
+        over the data ranks with `normalize_advantage`."""
+        ends = paddle.arange(mask.shape[-1], dtype="int64").unsqueeze(0).expand(mask.shape)
+        advantages = process_group_advantages(steps, step_mask, ends, mask, self.settings.rollout_n)
+        return self.whitened_over_ranks(advantages, mask) if self.settings.normalize_advantage else advantages
 
     def advantages_and_returns(self, rewards, values, mask):
         """`(advantages, returns)` `[N, Tr]` of token `rewards` (and critic `values`, or None) from

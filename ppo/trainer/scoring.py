@@ -2,7 +2,8 @@
 
 One scorer interface for every source: `scorer(exp) -> (scores [N] float32, raw, stats)`, with
 `source` (named in errors) and `needs_labels` (whether it scores against the prompts' reference
-answers). `ScoreModel` runs a frozen score model of an objective through the passes (the reward
+answers); a process reward model's scorer (`ProcessRewardModelScorer`) returns a fourth item,
+its step rewards and step mask `[N, Tr]` (None unless `prm_reduction step`). `ScoreModel` runs a frozen score model of an objective through the passes (the reward
 model, a cost model); `RewardServerScorer` and `RuleScorer` read the decoded responses (the
 HTTP reward server, the rule scorers and verifiers of `ppo.scorers` in this process). A score
 that cannot be computed, or is not finite in float32, stops the run naming the source and the
@@ -11,7 +12,7 @@ responses without EOS and adds DAPO's overlong penalty (the reward's scores only
 import numpy as np
 import paddle
 
-from ..algos import overlong_penalty
+from ..algos import overlong_penalty, reduce_step_scores
 from ..evaluation import decode_responses
 from ..experience import ObjectiveTrace
 
@@ -30,6 +31,30 @@ class ScoreModel:
     def __call__(self, exp):
         with paddle.no_grad(), self.offload.scope(self.objective):
             return self.passes.scores(self.objective, exp), None, {}
+
+
+class ProcessRewardModelScorer:
+    """A process reward model as the reward (`ppo.process_reward_scorer.ProcessRewardScorer`
+    `prm`): each response's steps scored `P(good)`, and `reduction` (`prm_reduction`) says how
+    they reward it: `last` / `min` give one score per response (at its last token, as a reward
+    model's); `step` gives the last step's score as the response's score (metrics, penalties) and
+    every step's score at the step's last token (`AdvantageStage` turns them into token rewards,
+    or DeepSeekMath's process-supervision advantages for per-group estimators)."""
+
+    needs_labels = False
+    judge = None
+
+    def __init__(self, prm, reduction, offload, eos_token_id=None):
+        self.prm, self.reduction, self.offload, self.eos_token_id = prm, reduction, offload, eos_token_id
+        self.source = f"the process reward model ({reduction} step)"
+
+    def __call__(self, exp):
+        with paddle.no_grad(), self.offload.scope("reward"):
+            rewards, marks = self.prm.token_steps(exp.prompt_text, exp.response_ids, exp.response_mask, self.eos_token_id)
+        scores = reduce_step_scores(rewards, marks, "min" if self.reduction == "min" else "last")
+        stats = {"prm/step_score_mean": float((rewards * marks).sum() / marks.sum().clip(min=1.0)),
+                 "prm/steps_per_response": float(marks.sum(axis=-1).mean())}
+        return scores, None, stats, ((rewards, marks) if self.reduction == "step" else None)
 
 
 class TextScorer:
@@ -159,23 +184,25 @@ class Scoring:
         self.objectives = list(objectives)
         self.stats = {}
 
-    def objective_scores(self, objective, exp, step):
-        """One objective's checked scores `[N]` (with its penalties) of `exp` at training `step` (1-based)."""
-        scores, raw, stats = objective.scorer(exp)
+    def objective_trace(self, objective, exp, step):
+        """One objective's `ObjectiveTrace` of `exp` at training `step` (1-based): its checked scores
+        `[N]` with its penalties (and a process reward model's steps)."""
+        scores, raw, stats, *steps = objective.scorer(exp)
         scores = checked(scores, raw, objective.scorer.source, step)
         if objective.penalties is not None:
             scores, penalty_stats = objective.penalties(scores, exp)
             stats = {**stats, **penalty_stats}
         self.stats.update(stats)
-        return scores
+        step_rewards, step_mask = steps[0] if steps and steps[0] is not None else (None, None)
+        return ObjectiveTrace(scores=scores, step_rewards=step_rewards, step_mask=step_mask)
 
     def score(self, exp, step):
         """`exp` with every objective's scores, at stage "scored"."""
         self.stats = {}
-        exp.objectives = {o.name: ObjectiveTrace(scores=self.objective_scores(o, exp, step)) for o in self.objectives}
+        exp.objectives = {o.name: self.objective_trace(o, exp, step) for o in self.objectives}
         return exp.advance("scored")
 
     def reward_scores(self, exp, step):
         """The reward's checked scores `[N]` with its penalties (the evaluation's `eval/score`)."""
         self.stats = {}
-        return self.objective_scores(self.objectives[0], exp, step)
+        return self.objective_trace(self.objectives[0], exp, step).scores
