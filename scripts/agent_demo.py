@@ -24,12 +24,11 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
+
+from scripts.demo_runs import run_logged
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 PY = sys.executable
 ENV = dict(os.environ, MKL_DEBUG_CPU_TYPE="5", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
            PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -38,17 +37,8 @@ TEMPLATE = "USER: {input} ASSISTANT:"
 
 
 def run(log_dir, name, cmd):
-    """Run `cmd` (logged to `<log_dir>/<name>.log`); its wall seconds; SystemExit naming the log when it fails."""
-    os.makedirs(log_dir, exist_ok=True)
-    log = os.path.join(log_dir, f"{name}.log")
-    start = time.time()
-    with open(log, "w") as f:
-        done = subprocess.run(cmd, cwd=ROOT, env=ENV, stdout=f, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        raise SystemExit(f"[agent_demo] {name} failed ({done.returncode}); see {log}")
-    wall = time.time() - start
-    print(f"[agent_demo] {name}: {wall:.0f} s", flush=True)
-    return wall
+    """Run `cmd` logged to `<log_dir>/<name>.log`; its wall seconds (scripts/demo_runs.py)."""
+    return run_logged(log_dir, name, cmd, ENV, "agent_demo")
 
 
 def moved(root, *flags):

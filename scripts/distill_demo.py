@@ -21,9 +21,10 @@ Stages (each the real entry script as a subprocess, one thread each; done stages
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
+
+from scripts.demo_runs import run_logged
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from scripts.quickstart import free_port, start_reward_server  # noqa: E402
@@ -34,16 +35,8 @@ TEACHER_SIZE = ["--hidden_size", "256", "--intermediate_size", "672"]
 
 
 def run(log_dir, name, cmd):
-    """Run `cmd` (logged to `<log_dir>/<name>.log`); SystemExit naming the log when it fails."""
-    os.makedirs(log_dir, exist_ok=True)
-    log = os.path.join(log_dir, f"{name}.log")
-    start = time.time()
-    with open(log, "w") as f:
-        done = subprocess.run(cmd, cwd=ROOT, env=ENV, stdout=f, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        raise SystemExit(f"[distill_demo] {name} failed ({done.returncode}); see {log}")
-    print(f"[distill_demo] {name}: {time.time() - start:.0f} s", flush=True)
-    return time.time() - start
+    """Run `cmd` logged to `<log_dir>/<name>.log`; its wall seconds (scripts/demo_runs.py)."""
+    return run_logged(log_dir, name, cmd, ENV, "distill_demo")
 
 
 def data_flags(root, train="sft.jsonl"):
