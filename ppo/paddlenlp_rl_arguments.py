@@ -1,11 +1,11 @@
 """PPO/GRPO arguments that PaddleNLP's RL entry point (`llm/alignment/rl/run_rl.py`, its
 `paddlenlp/rl/utils/config_utils.py`) has beyond the loop's own: VAPO (`rl_algorithm: vapo`,
-`pretrain_critic_steps`), process reward models in the rollout, early stopping on the evaluation
-metric, the rollout's tensor-parallel degree, the compute dtype and the optimizer offload.
+`pretrain_critic_steps`, the positive-example LM loss), process reward models in the rollout,
+early stopping on the evaluation metric, the rollout's tensor-parallel degree, the compute dtype
+and the optimizer offload.
 
-A mixin of `PPOTrainingArguments` (`ppo/ppo_arguments.py`). Each field acts, or, where the PPO
-loop does not run the feature yet, a value that would need it is refused saying what it would do
-(`PENDING`); nothing is accepted and then ignored.
+A mixin of `PPOTrainingArguments` (`ppo/ppo_arguments.py`). Each field acts; a combination the
+loop cannot run is refused saying why; nothing is accepted and then ignored.
 """
 import json
 import os
@@ -18,30 +18,15 @@ from .offload import parse_offload_level
 
 DEFAULT_GAE_LAMBDA = 0.95  # PPOTrainingArguments.gae_lambda's default (PaddleNLP's hard-coded lambda)
 
-PENDING = {
-    "pretrain_critic_steps": "VAPO value pretraining: the first N steps train only the critic, on the lambda=1 returns of "
-                             "the rollouts of the frozen policy (ppo.algos.value_pretraining_targets)",
-    "positive_example_lm_coeff": "VAPO's positive-example LM loss: mu x the token-mean NLL of the responses scored at least "
-                                 "positive_example_min_score is added to the policy loss (ppo.algos.positive_example_nll)",
-    "early_stopping": "PaddleNLP's EarlyStoppingCallback: training stops once metric_for_best_model has not improved on its "
-                      "best by more than early_stopping_threshold for early_stopping_patience evaluations "
-                      "(ppo.early_stopping.EarlyStopping)",
-}
-"""Features whose math and arguments are here but that the PPO loop does not run yet: a value
-that needs one is refused with this description of what it would do."""
-
-
-def pending(name, given):
-    return f"{given}: not run by the PPO/GRPO loop yet ({PENDING[name]}); leave it at its default"
-
-
 @dataclass
 class PaddleNLPRLArguments:
     # VAPO (Yue et al. 2025); rl_algorithm vapo selects adv_estimator vapo
     pretrain_critic_steps: int = field(
         default=0,
-        metadata={"help": "VAPO value pretraining (PaddleNLP's name): the first N steps train only the critic on "
-                  "Monte-Carlo returns before the actor moves. 0: none. Not run by the PPO loop yet: > 0 is refused."},
+        metadata={"help": "VAPO value pretraining (PaddleNLP's name): the first N training steps train only the critic, "
+                  "on the Monte-Carlo (GAE lambda 1) returns of the unchanged policy's rollouts; the actor's weights, "
+                  "optimizer state and learning-rate schedule wait until step N+1. 0: none. Needs an estimator with a "
+                  "critic (ppo, vapo)."},
     )
     vapo_alpha: float = field(
         default=VAPO_ALPHA,
@@ -55,7 +40,8 @@ class PaddleNLPRLArguments:
     positive_example_lm_coeff: float = field(
         default=0.0,
         metadata={"help": "VAPO's positive-example LM loss weight mu (the paper's 0.1): mu x the NLL of the tokens of the "
-                  "responses scored >= positive_example_min_score. 0: off. Not run by the PPO loop yet: > 0 is refused."},
+                  "responses scored >= positive_example_min_score, added to the actor's loss (the token mean over "
+                  "those responses' tokens in each optimizer step). 0: off."},
     )
     positive_example_min_score: float = field(
         default=1.0,
@@ -81,7 +67,9 @@ class PaddleNLPRLArguments:
     early_stopping: bool = field(
         default=False,
         metadata={"help": "Stop when metric_for_best_model has not improved by more than early_stopping_threshold for "
-                  "early_stopping_patience evaluations (PaddleNLP's EarlyStoppingCallback). Not run by the PPO loop yet."},
+                  "early_stopping_patience evaluations (PaddleNLP's EarlyStoppingCallback); the run then ends as at "
+                  "max_steps (final checkpoint, summary.json's early_stopped). Needs load_best_model_at_end, "
+                  "metric_for_best_model and evaluation steps."},
     )
     early_stopping_patience: int = field(
         default=4, metadata={"help": "Evaluations without improvement before early_stopping stops the run."}
@@ -140,7 +128,7 @@ def vapo_problems(args):
     if args.pretrain_critic_steps < 0:
         problems.append(f"pretrain_critic_steps must be >= 0, got {args.pretrain_critic_steps}")
     elif args.pretrain_critic_steps > 0:
-        problems.append(pending("pretrain_critic_steps", f"pretrain_critic_steps {args.pretrain_critic_steps}"))
+        problems += value_pretraining_problems(args)
     if not args.vapo_alpha > 0:
         problems.append(f"vapo_alpha must be > 0, got {args.vapo_alpha}")
     if not 0.0 <= args.critic_gae_lambda <= 1.0:
@@ -153,8 +141,24 @@ def vapo_problems(args):
                         "length) and the critic's is critic_gae_lambda, so gae_lambda is not used; leave it out")
     if args.positive_example_lm_coeff < 0:
         problems.append(f"positive_example_lm_coeff must be >= 0, got {args.positive_example_lm_coeff}")
-    elif args.positive_example_lm_coeff > 0:
-        problems.append(pending("positive_example_lm_coeff", f"positive_example_lm_coeff {args.positive_example_lm_coeff}"))
+    elif args.positive_example_lm_coeff == 0 and args.positive_example_min_score != 1.0:
+        problems.append(f"positive_example_min_score {args.positive_example_min_score} set, but only "
+                        "positive_example_lm_coeff > 0 reads it")
+    return problems
+
+
+def value_pretraining_problems(args):
+    """`pretrain_critic_steps > 0`: a critic to pretrain, and the plain passes (the pipeline
+    schedule always runs the actor's)."""
+    problems = []
+    estimator = estimator_or_none(args)
+    if estimator is not None and not estimator.needs_critic:
+        problems.append(f"pretrain_critic_steps {args.pretrain_critic_steps} pretrains the critic, but adv_estimator "
+                        f"{args.adv_estimator} has none: use rl_algorithm vapo or ppo, or leave it at 0")
+    if args.pipeline_parallel_degree > 1:
+        problems.append(f"pretrain_critic_steps {args.pretrain_critic_steps} with pipeline_parallel_degree "
+                        f"{args.pipeline_parallel_degree}: critic-only steps are not implemented under the pipeline "
+                        "schedule; use data, sharding or tensor parallelism for value pretraining")
     return problems
 
 
@@ -228,7 +232,7 @@ def early_stopping_problems(args):
     if needs:
         problems.append(f"early_stopping watches the evaluation metric and needs {', '.join(needs)} (as PaddleNLP's "
                         "EarlyStoppingCallback)")
-    return problems + [pending("early_stopping", "early_stopping true")]
+    return problems
 
 
 def placement_problems(args):

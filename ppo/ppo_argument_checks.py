@@ -311,6 +311,8 @@ def validate_arguments(model_args, data_args, training_args):
     problems += process_reward_model_problems(model_args, training_args)
     if training_args.load_best_model_at_end and not data_args.eval_datasets:
         problems.append("load_best_model_at_end picks the best evaluated policy: give eval_datasets")
+    if training_args.early_stopping and not split_specs(data_args.eval_datasets):
+        problems.append("early_stopping watches the evaluation metric: give eval_datasets")
     return problems
 
 

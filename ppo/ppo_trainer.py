@@ -32,7 +32,7 @@ from .rollout import RolloutEngine, SamplingParams
 from .strategy import PassSettings, build_strategy
 from .trainer.advantages import AdvantageStage
 from .trainer.agent_rollout import ToolFailureWatch, TrajectoryRollout
-from .trainer.best_policy import BestPolicy, eval_metric_name
+from .trainer.best_policy import BestPolicy, EvalEarlyStop, eval_metric_name
 from .trainer.evaluator import Evaluator
 from .trainer.experience_maker import ExperienceMaker
 from .trainer.loop import OnlineLoop
@@ -190,13 +190,16 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
     combiner = LagrangianCombiner.from_args(args, ranks) if models.cost is not None else PlainCombiner()
     kl_control = AdaptiveKLController(args.kl_coeff, args.target_kl, args.kl_horizon) if args.target_kl else FixedKLController(args.kl_coeff)
     watch = DivergenceWatch(DivergenceDetector(args.divergence_factor, args.divergence_window), ranks)
+    early_stop = EvalEarlyStop(eval_metric_name(args.metric_for_best_model or "loss"), args.greater_is_better is not False,
+                               args.early_stopping_patience, args.early_stopping_threshold) if args.early_stopping else None
     trained = [actor] + [o.critic for o in objectives if o.critic is not None]
     state = RunState(
         slice_of(CheckpointSettings, args), strategy, tokenizer,
         models={"policy": models.actor, "value": models.critic, **({"cost_value": models.cost_critic} if models.cost_critic else {})},
         optimizers={t.checkpoint: t.optimizer for t in trained}, schedulers={t.checkpoint: t.scheduler for t in trained},
         parts={"sampler": sampler, "ptx_sampler": ptx_sampler, "reward_normalizer": objectives[0].normalizer,
-               "kl_controller": kl_control, "divergence": watch, "lagrange": combiner},
+               "kl_controller": kl_control, "divergence": watch, "lagrange": combiner,
+               **({"early_stopping": early_stop} if early_stop is not None else {})},
         run_facts={**ppo_run_facts(args), "cost_model": models.cost is not None},
     )
     scoring = Scoring(objectives)
@@ -218,4 +221,4 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
     if args.load_best_model_at_end:  # PaddleNLP's names; checked in ppo.ppo_argument_checks
         best = BestPolicy(eval_metric_name(args.metric_for_best_model), args.greater_is_better is not False)
     return OnlineLoop(maker, learner, state, report, evaluator, watch, strategy, slice_of(LoopSettings, args), max_steps,
-                      models.actor, passes, offload, best)
+                      models.actor, passes, offload, best, early_stop)

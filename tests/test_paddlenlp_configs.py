@@ -39,8 +39,6 @@ REFUSED = {
                                 ("'lazy: True' is not supported", "`lazy: true`")],
     "llama/flashmask/sft.json": [("'lazy: True' is not supported", "`lazy: true`"),
                                  ("tensor_parallel_output true", "`tensor_parallel_output`")],
-    "qwen/vapo_argument.yaml": [("pretrain_critic_steps 50: not run by the PPO/GRPO loop yet", "`pretrain_critic_steps`")],
-    "qwen/vapo_argument_kk.yaml": [("pretrain_critic_steps 50: not run by the PPO/GRPO loop yet", "`pretrain_critic_steps`")],
     # tensor_parallel_degree 2 needs two processes: one CPU process has degree 1, and a rollout at degree 2 would reshard
     "qwen/grpo_argument_qwen2_7B_TP2Sharing2_0507.yaml": [
         ("rollout_tensor_parallel_degree 2 with tensor_parallel_degree 1", "`rollout_tensor_parallel_degree`")],
@@ -114,8 +112,7 @@ def parse_arguments_of(name, *flags):
 # ---------------------------------------------------------------- 2 steps on CPU
 
 RL_SWAPS = {  # file -> flags besides the common ones: the refused GPU/cluster setting, data shapes
-    "qwen/vapo_argument.yaml": ["--pretrain_critic_steps", "0"],
-    "qwen/vapo_argument_kk.yaml": ["--pretrain_critic_steps", "0"],
+    "qwen/vapo_argument_kk.yaml": ["--pretrain_critic_steps", "1"],  # step 2 trains the actor (vapo_argument.yaml: 50, both critic-only)
     "qwen/grpo_argument_qwen2_7B_TP2Sharing2_0507.yaml": ["--rollout_tensor_parallel_degree", "-1"],
 }
 RL_FILES = [n for n in config_files() if entry_kind(n) in ("rl", "ppo") and n not in REFUSED or n in RL_SWAPS]
@@ -168,6 +165,10 @@ def test_rl_file_runs_two_steps(name, tiny_model_dir, tiny_rm_dir, tiny_data_dir
     assert resolved["adv_estimator"] == {"ppo": "gae", "reinforce_plus_plus": "reinforce_pp"}.get(algorithm, algorithm)
     if algorithm in ("ppo", "vapo"):
         assert all(np.isfinite(r["loss/value_avg"]) for r in rows)
+    pretrain = resolved["pretrain_critic_steps"]  # VAPO's value pretraining: the first steps train the critic alone
+    if pretrain:
+        assert [r["train/critic_pretrain"] for r in rows] == [float(r["step"] <= pretrain) for r in rows]
+        assert all(("loss/policy_avg" in r) == (r["step"] > pretrain) for r in rows)
 
 
 DPO_FILES = [n for n in config_files() if entry_kind(n) in ("dpo", "kto") and n not in REFUSED]

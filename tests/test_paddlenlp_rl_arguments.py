@@ -62,11 +62,11 @@ def test_offload_optim_offloads_the_optimizer_states(tmp_path):
 def test_vapo_selects_the_estimator_and_names_its_refused_combinations(tmp_path):
     _, _, args = parse_ppo(tmp_path, "--rl_algorithm", "vapo")
     assert args.adv_estimator == "vapo" and args.use_critic and args.normalize_advantage
-    message = refusal(tmp_path, "--rl_algorithm", "vapo", "--gae_lambda", "0.9", "--pretrain_critic_steps", "5",
-                      "--positive_example_lm_coeff", "0.1")
+    message = refusal(tmp_path, "--rl_algorithm", "vapo", "--gae_lambda", "0.9", "--pretrain_critic_steps", "-1",
+                      "--positive_example_lm_coeff", "-0.1")
     assert "gae_lambda 0.9 with adv_estimator vapo" in message
-    assert "pretrain_critic_steps 5: not run by the PPO/GRPO loop yet (VAPO value pretraining" in message
-    assert "positive_example_lm_coeff 0.1: not run by the PPO/GRPO loop yet (VAPO's positive-example LM loss" in message
+    assert "pretrain_critic_steps must be >= 0, got -1" in message
+    assert "positive_example_lm_coeff must be >= 0, got -0.1" in message
     assert "only adv_estimator vapo" in refusal(tmp_path, "--rl_algorithm", "ppo", "--critic_gae_lambda", "0.9")
 
 
@@ -81,16 +81,34 @@ def test_vapo_settings_reach_the_estimator(tmp_path):
     assert estimator_settings(args) == {"vapo_alpha": 0.05, "critic_gae_lambda": 1.0}
 
 
-def test_early_stopping_needs_the_evaluation_and_is_pending(tmp_path):
+def test_vapo_value_pretraining_and_positive_examples_are_accepted(tmp_path):
+    _, _, args = parse_ppo(tmp_path, "--rl_algorithm", "vapo", "--pretrain_critic_steps", "5",
+                           "--positive_example_lm_coeff", "0.1", "--positive_example_min_score", "0.5")
+    assert (args.pretrain_critic_steps, args.positive_example_lm_coeff, args.positive_example_min_score) == (5, 0.1, 0.5)
+    _, _, args = parse_ppo(tmp_path, "--rl_algorithm", "ppo", "--pretrain_critic_steps", "2")
+    assert args.pretrain_critic_steps == 2 and args.use_critic
+
+
+def test_value_pretraining_needs_a_critic_and_min_score_needs_the_loss(tmp_path):
+    message = refusal(tmp_path, "--rl_algorithm", "grpo", "--rollout_n", "4", "--pretrain_critic_steps", "3",
+                      "--positive_example_min_score", "0.5")
+    assert "pretrain_critic_steps 3 pretrains the critic, but adv_estimator grpo has none" in message
+    assert "positive_example_min_score 0.5 set, but only positive_example_lm_coeff > 0 reads it" in message
+
+
+def test_early_stopping_needs_the_evaluation(tmp_path):
     message = refusal(tmp_path, "--early_stopping", "true", "--early_stopping_patience", "0")
     assert "early_stopping_patience must be >= 1" in message
     assert "needs load_best_model_at_end true, metric_for_best_model, evaluation_strategy steps" in message
-    assert "early_stopping true: not run by the PPO/GRPO loop yet (PaddleNLP's EarlyStoppingCallback" in message
+    _, _, args = parse_ppo(tmp_path, "--early_stopping", "true", "--load_best_model_at_end", "true",
+                           "--metric_for_best_model", "accuracy", "--evaluation_strategy", "steps", "--eval_steps", "2")
+    assert args.early_stopping and args.early_stopping_patience == 4
 
 
 def test_prm_rollout_settings_are_checked():
     args = SimpleNamespace(prm_reduction="mean", prm_step_separator="", prm_step_tokens=0, pretrain_critic_steps=0, vapo_alpha=0.05,
                            critic_gae_lambda=1.0, adv_estimator="gae", gae_lambda=0.95, positive_example_lm_coeff=0.0,
+                           positive_example_min_score=1.0,
                            early_stopping=False, early_stopping_patience=4, early_stopping_threshold=0.0,
                            **vars(placement(tensor_parallel_degree=1)))
     problems = paddlenlp_rl_problems(args)

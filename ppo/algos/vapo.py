@@ -108,17 +108,21 @@ def in_value_pretraining(step, pretrain_critic_steps):
     return step < pretrain_critic_steps
 
 
-def positive_example_nll(logprobs, mask, positive):
+def positive_example_nll(logprobs, mask, positive, num_tokens=None):
     """VAPO's positive-example LM loss: the mean negative log-likelihood of the tokens of the
     correct samples.
 
-    Formula: ``L = -sum_{i: positive_i} sum_t m_it * logp_it / sum_{i: positive_i} sum_t m_it``
-    (token mean over the positive samples; 0 when the batch has none). The caller adds
-    ``mu * L`` to the policy loss (mu = 0.1 in the paper).
+    Formula (the paper's ``L_NLL``, section 5): ``L = -sum_{i: positive_i} sum_t m_it * logp_it / N``
+    with ``N = sum_{i: positive_i} sum_t m_it`` (token mean over the positive samples; 0 when the
+    batch has none), or ``N = num_tokens`` when given (python number: the positive-token count of
+    the whole optimisation step, so that the micro-batches' terms sum to the step's token mean).
+    The caller adds ``mu * L`` to the policy loss (mu = 0.1 in the paper).
+    Example: ``logp = [[-1, -2], [-4, -8]]``, mask all 1, ``positive = [True, False]`` ->
+    ``(1 + 2) / 2 = 1.5``; with ``num_tokens = 6`` -> ``3 / 6 = 0.5``.
     Shapes: ``logprobs``, ``mask`` ``[B, T]``, ``positive`` ``[B]`` (bool or 0/1) -> scalar.
     """
     m = _float_mask(mask, logprobs)
     weights = m * positive.astype(logprobs.dtype).reshape([-1, 1])
     total = paddle.sum(_zero_outside(logprobs, weights))
-    count = paddle.sum(weights)
-    return -total / paddle.clip(count, min=1.0)
+    count = paddle.sum(weights) if num_tokens is None else float(num_tokens)
+    return -total / paddle.clip(paddle.to_tensor(count, dtype=logprobs.dtype), min=1.0)

@@ -101,23 +101,21 @@ class PlainPasses(ModelPasses):
 
     def backward_step(self, exp, plan, losses):
         """Per micro-batch: the actor's loss (plus the ptx NLL of one supervised batch) and its
-        backward, then each critic's; the kept first forward serves the first micro-batch."""
+        backward, then each critic's; the kept first forward serves the first micro-batch. With
+        `losses.actor` None (value pretraining) the actor runs no pass and its total is 0."""
         actor_total = 0.0
         totals = dict.fromkeys(losses.critics, 0.0)
         records = []
         for rows in plan:
             mb = exp.select(rows)
-            forward = self.take_kept_forward(rows)  # only ever the first micro-batch
-            if forward is None:
-                logprobs, entropy = self._actor_forward(self.actor, mb, with_entropy=losses.with_entropy)
-                forward = {"logprobs": logprobs, "entropy": entropy, "values": None}
-            loss, stats = losses.actor(mb, forward)
-            if losses.next_ptx_batch is not None:
-                ptx = ptx_nll(self.actor, losses.next_ptx_batch(), self.logprob_chunk_size)
-                loss = loss + losses.ptx_coeff * ptx / len(plan)
-                stats["loss/ptx"] = ptx.detach()
-            loss.backward()
-            actor_total += float(loss)
+            forward = self.take_kept_forward(rows) or {"values": None}  # a kept one: only ever the first micro-batch
+            stats = {}
+            if losses.actor is not None:
+                if "logprobs" not in forward:
+                    logprobs, entropy = self._actor_forward(self.actor, mb, with_entropy=losses.with_entropy)
+                    forward = {"logprobs": logprobs, "entropy": entropy, "values": None}
+                loss, stats = self.actor_backward(mb, forward, losses, len(plan))
+                actor_total += loss
             for i, (objective, loss_fn) in enumerate(losses.critics.items()):
                 values = forward["values"] if i == 0 and forward["values"] is not None else None
                 if values is None:
@@ -125,6 +123,17 @@ class PlainPasses(ModelPasses):
                 stats = {**stats, **self.value_backward(loss_fn, mb, values, totals, objective)}
             records.append(stats)
         return actor_total, totals, records
+
+    def actor_backward(self, mb, forward, losses, n_micro):
+        """Backward of the actor's loss on `forward` (plus the ptx NLL of one supervised batch,
+        its weight split over the step's `n_micro` micro-batches); `(loss as a float, stats)`."""
+        loss, stats = losses.actor(mb, forward)
+        if losses.next_ptx_batch is not None:
+            ptx = ptx_nll(self.actor, losses.next_ptx_batch(), self.logprob_chunk_size)
+            loss = loss + losses.ptx_coeff * ptx / n_micro
+            stats["loss/ptx"] = ptx.detach()
+        loss.backward()
+        return float(loss), stats
 
     @staticmethod
     def value_backward(loss_fn, mb, values, totals, name):

@@ -1,10 +1,13 @@
 """Best-policy selection on the evaluation set (PaddleNLP's `load_best_model_at_end`,
 `metric_for_best_model`, `greater_is_better`): after each evaluation the actor's weights are
 kept in host memory when the metric improved, and put back into the actor when training
-ends, so `policy/` holds the best evaluated policy instead of the last one."""
+ends, so `policy/` holds the best evaluated policy instead of the last one. `EvalEarlyStop`
+stops the run when that metric stops improving (PaddleNLP's `early_stopping`)."""
 import logging
 
 import numpy as np
+
+from ..early_stopping import EarlyStopping
 
 logger = logging.getLogger("ppo")
 
@@ -59,3 +62,38 @@ class BestPolicy:
         if self.step is None:
             return {}
         return {"best_policy": {"step": self.step, "metric": self.metric, "value": self.best}}
+
+
+class EvalEarlyStop:
+    """PaddleNLP's `early_stopping` (its `EarlyStoppingCallback`) on `metric` (a name of
+    `EVAL_METRICS`): `observe(step, metrics)` feeds each evaluation after a training step to
+    `ppo.early_stopping.EarlyStopping` and says whether the run stops there. Its count is a
+    checkpoint part, so a resumed run counts on."""
+
+    def __init__(self, metric, greater_is_better, patience, threshold):
+        self.metric, self.rule, self.stopped = metric, EarlyStopping(patience, threshold, greater_is_better), None
+
+    def observe(self, step, metrics):
+        """Whether training stops after the evaluation at `step` that gave `metrics`. Raises
+        KeyError naming the metric when the evaluation lacks it."""
+        if self.metric not in metrics:
+            raise KeyError(f"metric_for_best_model {self.metric!r} is not among the evaluation's metrics {sorted(metrics)}")
+        value = float(metrics[self.metric])
+        if not self.rule.observe(value):
+            return False
+        r = self.rule
+        self.stopped = {"step": step, "metric": self.metric, "value": value, "best": r.best, "patience": r.patience,
+                        "threshold": r.threshold}
+        logger.info(f"early stopping at step {step}: {self.metric} {value:.4f} has not improved on {r.best:.4f} by more "
+                    f"than {r.threshold} for {r.patience} evaluations")
+        return True
+
+    def state_dict(self):
+        return self.rule.state_dict()
+
+    def set_state_dict(self, state):
+        self.rule.set_state_dict(state)
+
+    def summary(self):
+        """`{"early_stopped": {...}}` for `summary.json` once it stopped the run, else empty."""
+        return {"early_stopped": self.stopped} if self.stopped is not None else {}

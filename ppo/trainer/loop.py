@@ -7,7 +7,8 @@ One step (`OnlineLoop.train_step`), as OpenRLHF's `train_step`:
         DPO's pair learner (`dpo.online_learner`);
   6.    the metrics are reduced across ranks in one place.
 Around the steps (`train`): logging, samples, evaluation, checkpoints and the stops (divergence,
-a signal, the reward server gone), the best evaluated policy, the final save and the summary.
+a signal, the reward server gone, `early_stopping` on the evaluation metric), the best evaluated
+policy, the final save and the summary.
 The loop never branches on the algorithm or the parallel strategy: the parts it is given do."""
 import logging
 import os
@@ -58,13 +59,15 @@ class OnlineLoop:
     the `DivergenceWatch`; `strategy`: the run's strategy (`ranks`, `fingerprint`); `settings`:
     `LoopSettings`; `max_steps`: the run's steps; `actor`: the unwrapped actor (fingerprints, the
     best policy); `passes`: the step's passes; `offload`: the `OffloadPlan`; `best_policy`: a
-    `BestPolicy` with `load_best_model_at_end`, else None."""
+    `BestPolicy` with `load_best_model_at_end`, else None; `early_stop`: an `EvalEarlyStop` with
+    `early_stopping`, else None."""
 
     def __init__(self, experience, learner, state, report, evaluator, watch, strategy, settings, max_steps, actor, passes,
-                 offload, best_policy=None):
+                 offload, best_policy=None, early_stop=None):
         self.experience, self.learner, self.state, self.report = experience, learner, state, report
         self.evaluator, self.watch, self.strategy, self.settings = evaluator, watch, strategy, settings
         self.max_steps, self.actor, self.passes, self.offload, self.best_policy = max_steps, actor, passes, offload, best_policy
+        self.early_stop = early_stop
         self.ranks = strategy.ranks
         self.flat_rewards = FlatRewardWatch()
 
@@ -120,7 +123,8 @@ class OnlineLoop:
                     self.report.log_samples(state.step, *self.learner.sample_rows(exp))
                 if s.evaluates and self.evaluator.dataset is not None and (state.step % s.eval_steps == 0
                                                                            or state.step == self.max_steps):
-                    self.log_evaluation()
+                    if self.log_evaluation():  # early_stopping: finish() saves and says why
+                        break
                 if s.saves_checkpoints and s.save_steps and state.step % s.save_steps == 0 and state.step != self.max_steps:
                     state.save()
                 if self.stop_request.should_stop(self.ranks.world_size):
@@ -135,6 +139,8 @@ class OnlineLoop:
             with self.offload.scope("actor"):
                 self.best_policy.restore(self.actor)
             extra = self.best_policy.summary()
+        if self.early_stop is not None:
+            extra.update(self.early_stop.summary())
         if self.settings.saves_checkpoints:
             self.state.save()
         else:  # save_strategy no: the final models only, no checkpoint-<step>
@@ -148,12 +154,14 @@ class OnlineLoop:
 
     def log_evaluation(self):
         """Evaluate, log the metrics at this step and, with `load_best_model_at_end`, keep the
-        actor's weights when they are the best evaluated so far."""
+        actor's weights when they are the best evaluated so far. Returns whether `early_stopping`
+        stops the run here (evaluations after a training step count, as PaddleNLP's callback's)."""
         metrics = self.evaluator.evaluate()
         self.report.log_evaluation(self.state.step, metrics)
         if self.best_policy is not None:
             with self.offload.scope("actor"):
                 self.best_policy.consider(self.state.step, metrics, self.actor)
+        return self.early_stop is not None and self.state.step > 0 and self.early_stop.observe(self.state.step, metrics)
 
     def stop_diverged(self, messages):
         """Write `summary.json` naming the divergence and raise DivergenceError; nothing is

@@ -65,7 +65,7 @@ class AdvantageSettings:
 @dataclass(frozen=True)
 class UpdateSettings:
     """The PPO-family update: epochs and their optimiser steps, the loss terms and their
-    aggregation. The policy loss is `policy_loss` of `ppo.algos.POLICY_LOSSES`, and every
+    aggregation, VAPO's value pretraining (its returns' `gamma`) and positive-example NLL. The policy loss is `policy_loss` of `ppo.algos.POLICY_LOSSES`, and every
     setting a registered loss reads is a field here (`PolicyLoss.settings_from(settings)`)."""
 
     update_iters: int
@@ -97,6 +97,10 @@ class UpdateSettings:
     kl_clamp: Optional[float]
     clip_range_value: float
     ptx_coeff: float
+    gamma: float = 1.0
+    pretrain_critic_steps: int = 0
+    positive_example_lm_coeff: float = 0.0
+    positive_example_min_score: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,18 @@
 """Step 5 of a PPO-family step: the update. `PPOUpdater.learn` runs `update_iters` epochs of
 shuffled optimiser steps (`minibatch_plan`) on a complete experience: each step's gradients
 come from the passes' `backward_step` with the losses handed in (the actor's objective with
-its entropy and KL terms, each critic's clipped value loss, the ptx batches), then every
-trained model takes one optimiser step through the strategy, skipped when the loss or a
-gradient is not finite (more than `max_nan_skips` in a row stop the run). The divergence watch
-judges every optimiser step's losses and gradient norms."""
+its entropy and KL terms and VAPO's positive-example NLL, each critic's clipped value loss, the
+ptx batches), then every trained model takes one optimiser step through the strategy, skipped
+when the loss or a gradient is not finite (more than `max_nan_skips` in a row stop the run). The
+divergence watch judges every optimiser step's losses and gradient norms. During VAPO's value
+pretraining (the first `pretrain_critic_steps` steps) only the critics train: the actor's
+weights, optimiser state and learning-rate schedule stay as they are."""
 import logging
 
 import numpy as np
 
-from ..algos import entropy_bonus_from_token_entropy, get_policy_loss, kl_loss, masked_mean, value_loss
+from ..algos import (entropy_bonus_from_token_entropy, get_policy_loss, in_value_pretraining, kl_loss, masked_mean,
+                     positive_example_nll, value_loss, value_pretraining_targets)
 from ..algos.kl import K3_NAMES
 from ..passes import UpdateLosses
 
@@ -106,13 +109,22 @@ class PPOUpdater:
 
     @property
     def trained(self):
-        """The `TrainedModel`s of the update: the actor, then each objective's critic."""
-        return [self.actor] + [o.critic for o in self.critics]
+        """The `TrainedModel`s of this step's update: the actor (unless the critics are being
+        pretrained, `pretrain_critic_steps`), then each objective's critic."""
+        critics = [o.critic for o in self.critics]
+        return critics if self.pretraining_critics else [self.actor] + critics
+
+    @property
+    def pretraining_critics(self):
+        """Whether the coming step is one of VAPO's value-pretraining steps (critics only)."""
+        return in_value_pretraining(self.state.step, self.settings.pretrain_critic_steps)
 
     def learn(self, exp, acc, clock):
         """Train on a complete experience (the models and optimiser states on the device for the
         duration, see `offload_level`), then step the schedulers; metrics go to `acc`."""
         exp.require("complete")
+        if self.settings.pretrain_critic_steps:
+            acc.add({"train/critic_pretrain": float(self.pretraining_critics)})
         for trained in self.trained:
             trained.model.train()
         with self.offload.scope(*(t.name for t in self.trained), with_optimizer=True):
@@ -143,26 +155,43 @@ class PPOUpdater:
         world = self.ranks.world_size
         num_tokens = self.ranks.sum([mask.sum()])[0] / world  # the per-rank share of the global counts
         num_seqs = self.ranks.sum([(mask.sum(-1) > 0).sum()])[0] / world
-        actor_total, value_totals, micro_stats = self.passes.backward_step(exp, plan, self.losses(num_tokens, num_seqs))
+        positive_tokens = self.positive_token_count(exp, plan, mask)
+        losses = self.losses(num_tokens, num_seqs, positive_tokens)
+        actor_total, value_totals, micro_stats = self.passes.backward_step(exp, plan, losses)
+        if positive_tokens is not None:  # the step's token mean: the sum of its micro-batches' parts
+            acc.add({"loss/positive_lm": sum(float(st.pop("loss/positive_lm_part")) for st in micro_stats)})
         for stats in micro_stats:
             acc.add(stats)
         totals = {self.actor.name: actor_total, **{o.critic.name: value_totals[o.name] for o in self.critics}}
         judged = dict(self.steps.step(self.trained, totals, acc))
-        judged["loss/policy_avg"] = actor_total
+        if losses.actor is not None:
+            judged["loss/policy_avg"] = actor_total
         if "policy/approxkl_avg" in micro_stats[-1]:  # the last micro-batch's KL(old || current policy)
             judged["policy/approxkl_avg"] = float(micro_stats[-1]["policy/approxkl_avg"])
         for objective in self.critics:
             judged[objective.value_loss_metric] = value_totals[objective.name]
         self.divergence.judge_update(self.state.step + 1, judged)  # every optimiser step
 
-    def losses(self, num_tokens, num_seqs):
+    def positive_token_count(self, exp, plan, mask):
+        """With `positive_example_lm_coeff`: the per-rank share of the global count of the response
+        tokens of the plan's rows scored at least `positive_example_min_score`; else None.
+        `mask`: the plan's rows of the response mask (numpy, `[n, Tr]`)."""
+        s = self.settings
+        if not s.positive_example_lm_coeff or self.pretraining_critics:
+            return None
+        positive = exp.scores.numpy()[[r for mb in plan for r in mb]] >= s.positive_example_min_score
+        return self.ranks.sum([mask[positive].sum()])[0] / self.ranks.world_size
+
+    def losses(self, num_tokens, num_seqs, positive_tokens=None):
         """The losses of one optimiser step for `ModelPasses.backward_step`, normalised by the
-        step's global `num_tokens` / `num_seqs`."""
+        step's global `num_tokens` / `num_seqs` (`positive_tokens`: the positive-example NLL's
+        count, None without it); no actor loss while the critics are pretrained."""
         critics = {o.name: (lambda mb, forward, o=o: self.critic_loss(o, mb, forward, num_tokens, num_seqs))
                    for o in self.critics}
+        actor = None if self.pretraining_critics else (
+            lambda mb, forward: self.actor_loss(mb, forward, num_tokens, num_seqs, positive_tokens))
         return UpdateLosses(
-            actor=lambda mb, forward: self.actor_loss(mb, forward, num_tokens, num_seqs),
-            critics=critics, next_ptx_batch=self.ptx.next_batch if self.ptx is not None else None,
+            actor=actor, critics=critics, next_ptx_batch=self.ptx.next_batch if self.ptx is not None else None,
             ptx_coeff=self.settings.ptx_coeff,
         )
 
@@ -171,8 +200,9 @@ class PPOUpdater:
         s = self.settings
         return dict(loss_agg_mode=s.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, loss_scale_factor=s.loss_scale)
 
-    def actor_loss(self, mb, forward, num_tokens, num_seqs):
-        """pg_loss_coeff * policy loss - entropy_coeff * entropy + kl_loss_coeff * KL and its stats;
+    def actor_loss(self, mb, forward, num_tokens, num_seqs, positive_tokens=None):
+        """pg_loss_coeff * policy loss - entropy_coeff * entropy + kl_loss_coeff * KL (+ VAPO's
+        positive_example_lm_coeff * positive-example NLL over `positive_tokens`) and its stats;
         `forward`: the micro-batch's training forward (`{"logprobs", "entropy"}`, `[n, Tr]`). The
         policy loss's tokens are weighted by the rollout correction's `mb.rollout_is_weights`
         (None: none) and, with `top_entropy_frac` < 1, kept by their entropy."""
@@ -192,13 +222,21 @@ class PPOUpdater:
                                         clamp=s.kl_clamp if s.kl_loss_type in K3_NAMES else None, **agg)
             loss = loss + s.kl_loss_coeff * kl_term
             stats.update(kl_stats)
+        if positive_tokens is not None:
+            nll = positive_example_nll(logprobs, mb.response_mask, mb.scores >= s.positive_example_min_score, positive_tokens)
+            loss = loss + s.positive_example_lm_coeff * nll
+            stats["loss/positive_lm_part"] = nll.detach()
         stats["policy/entropy_avg"] = masked_mean(entropy.detach(), mb.response_mask)
         return loss, stats
 
     def critic_loss(self, objective, mb, forward, num_tokens, num_seqs):
         """The clipped value loss of `objective`'s critic on `forward["values"]` `[n, Tr]` and
-        its stats under the objective's names."""
+        its stats under the objective's names; the targets are the experience's returns, or
+        during value pretraining the lambda = 1 returns of its token rewards."""
         trace = mb.objectives[objective.name]
-        loss, stats = value_loss(forward["values"], trace.values, trace.returns, mb.response_mask,
+        returns = trace.returns
+        if self.pretraining_critics:  # VAPO's value pretraining: the Monte-Carlo returns (GAE lambda 1)
+            returns = value_pretraining_targets(trace.rewards, mb.response_mask, self.settings.gamma)
+        loss, stats = value_loss(forward["values"], trace.values, returns, mb.response_mask,
                                  self.settings.clip_range_value, **self.aggregation(num_tokens, num_seqs))
         return loss, objective.critic_stats(stats)
