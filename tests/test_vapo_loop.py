@@ -124,6 +124,11 @@ def test_value_pretraining_then_vapo_with_the_positive_example_loss(tiny_model_d
                                        "--critic_gae_lambda", "0.5", "--positive_example_lm_coeff", "0.1",
                                        "--positive_example_min_score", "4"))
     learner, actor, critic = trainer.learner, trainer.learner.actor, trainer.learner.critics[0].critic
+    stage = trainer.experience.completion  # a pretraining step's update runs no actor pass to keep
+    assert not stage.first_update_forward_reusable(8)
+    trainer.state.step = 1
+    assert stage.first_update_forward_reusable(8)
+    trainer.state.step = 0
     seen = {"targets": [], "used": [], "actor": [], "after": []}
     critic_loss, actor_loss, learn, value_loss = learner.critic_loss, learner.actor_loss, learner.learn, updater_module.value_loss
 

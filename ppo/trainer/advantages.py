@@ -14,6 +14,7 @@ import paddle
 
 from ..algos import (
     add_to_last_step,
+    in_value_pretraining,
     group_zero_std_fraction,
     process_group_advantages,
     reduce_step_scores,
@@ -47,10 +48,12 @@ class AdvantageStage:
 
     def first_update_forward_reusable(self, n_rows):
         """True when the update's first optimiser step takes all `n_rows` rows in one
-        micro-batch with the rollout-time weights (so its forward is the old-policy pass)."""
+        micro-batch with the rollout-time weights (so its forward is the old-policy pass), and
+        trains the actor (not a value-pretraining step, whose update runs no actor pass)."""
         s = self.settings
         return (bool(s.reuse_first_update_forward) and n_rows <= s.update_micro_rows and not self.offload.enabled
-                and self.passes.first_forward_reusable())
+                and self.passes.first_forward_reusable()
+                and not in_value_pretraining(self.state.step, s.pretrain_critic_steps))
 
     def complete(self, exp, score_stats=None):
         """Complete a scored experience (stage "scored" -> "complete"); returns its metrics."""

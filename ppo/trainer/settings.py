@@ -60,6 +60,7 @@ class AdvantageSettings:
     rollout_is_threshold: Optional[float]
     rollout_is_lower: Optional[float]
     rollout_is_upper: Optional[float]
+    pretrain_critic_steps: int = 0
 
 
 @dataclass(frozen=True)
