@@ -188,8 +188,9 @@ class PPOUpdater:
         count, None without it); no actor loss while the critics are pretrained."""
         critics = {o.name: (lambda mb, forward, o=o: self.critic_loss(o, mb, forward, num_tokens, num_seqs))
                    for o in self.critics}
+        extra = {} if positive_tokens is None else {"positive_tokens": positive_tokens}
         actor = None if self.pretraining_critics else (
-            lambda mb, forward: self.actor_loss(mb, forward, num_tokens, num_seqs, positive_tokens))
+            lambda mb, forward: self.actor_loss(mb, forward, num_tokens, num_seqs, **extra))
         return UpdateLosses(
             actor=actor, critics=critics, next_ptx_batch=self.ptx.next_batch if self.ptx is not None else None,
             ptx_coeff=self.settings.ptx_coeff,
