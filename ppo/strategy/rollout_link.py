@@ -45,8 +45,9 @@ class RolloutLink:
         try:
             return fn(*args, **kwargs)
         except RuntimeError as err:  # gloo: "Connection closed by peer", "TIMEOUT ... pair_rank"
-            peer = self.rollout_rank if dist.get_rank() == self.trainer_rank else self.trainer_rank
-            raise RolloutRankLost(f"rank {peer} of the split rollout stopped answering while {what} "
+            peer = (f"the rollout rank (rank {self.rollout_rank})" if dist.get_rank() == self.trainer_rank
+                    else f"the trainer rank (rank {self.trainer_rank})")
+            raise RolloutRankLost(f"{peer} of this rollout_placement split run stopped answering while {what} "
                                   f"({str(err).splitlines()[0][:200]})") from err
 
     def send_object(self, obj, dst, what="sending a batch"):

@@ -67,14 +67,10 @@ class RemoteRollout:
         """Receive the batches numbered below `end` (at most `max_steps`) not yet received;
         returns the seconds it waited."""
         t0 = time.time()
-        while len(self.received) + self.taken < min(end, self.max_steps):
+        while self.state.step + len(self.received) < min(end, self.max_steps):  # batches below `step` are trained on
             message = self.link.recv_object(self.link.rollout_rank)
             self.received[message["index"]] = message
         return time.time() - t0
-
-    @property
-    def taken(self):
-        return self.state.step - self.start
 
     def generate(self):
         """This step's batch: an `Experience` at stage "rollout" with the rollout's own log-probs
