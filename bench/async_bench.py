@@ -90,7 +90,11 @@ def run_arm(args, model, prompts, seed, staleness, out):
     steps = [r for r in rows if "objective/scores" in r]
     evals = [r for r in rows if "eval/accuracy" in r]
     mean = lambda key: statistics.fmean(r[key] for r in steps)  # noqa: E731
-    return {"steps": len(steps), "steps_per_s": len(steps) / sum(r["timing_s/step"] for r in steps),
+    mean = lambda key: statistics.fmean(r[key] for r in steps)  # noqa: E731
+    step_s = sum(r["timing_s/step"] for r in steps) / len(steps)
+    return {"steps": len(steps), "steps_per_s": 1 / step_s,
+            # the speed-up if the generation this run waited for were hidden entirely behind training
+            "overlap_bound": step_s / (step_s - mean("async/rollout_wait_s")),
             "accuracy": evals[-1]["eval/accuracy"], "accuracy_step": evals[-1]["step"], "launch_wall_s": time.time() - t0,
             "staleness_mean": mean("async/staleness_mean"), "rollout_wait_s": mean("async/rollout_wait_s"),
             "train_wait_s": mean("async/train_wait_s"), "weights_sync_s": mean("async/weights_sync_s"),
@@ -103,7 +107,7 @@ def main(argv=None):
     parser.add_argument("--demo_root", default="outputs/tiny", help="quickstart output root (its sft/ and data/)")
     parser.add_argument("--seeds", default="42,43,44")
     parser.add_argument("--max_steps", type=int, default=130, help="the demo's GRPO steps")
-    parser.add_argument("--long_frac", type=float, default=0.25)
+    parser.add_argument("--long_frac", type=float, default=0.1, help="share of the GRPO prompts with long answers")
     parser.add_argument("--long_min", type=int, default=16)
     parser.add_argument("--long_max", type=int, default=28)
     parser.add_argument("--max_dec_len", type=int, default=32)
@@ -120,7 +124,7 @@ def main(argv=None):
     total = skewed_rows(os.path.join(args.demo_root, "data", "prompts.jsonl"), prompts, n_short, n_long, args.long_min,
                         args.long_max)
     model = long_answer_sft(args)
-    runs = {}
+    runs, load_before = {}, os.getloadavg()
     for seed in map(int, args.seeds.split(",")):
         for staleness in (0, 1):
             runs[f"s{staleness}_seed{seed}"] = run_arm(args, model, prompts, seed, staleness, f"{args.out}/s{staleness}_seed{seed}")
@@ -130,9 +134,11 @@ def main(argv=None):
     result = {
         "setup": {"prompts": total, "long_answer_prompts": n_long, "long_len": [args.long_min, args.long_max],
                   "max_dec_len": args.max_dec_len, "sft_steps": args.sft_steps, "max_steps": args.max_steps, "seeds": seeds,
-                  "threads_per_process": args.threads, "use_remove_padding": bool(args.remove_padding), "cpu_count": os.cpu_count()},
+                  "threads_per_process": args.threads, "use_remove_padding": bool(args.remove_padding), "cpu_count": os.cpu_count(),
+                  "loadavg_1_5_15_before": load_before, "loadavg_1_5_15_after": os.getloadavg()},
         "sync_steps_per_s": arm(0, "steps_per_s"), "async_steps_per_s": arm(1, "steps_per_s"),
         "ratio": [a / s for a, s in zip(arm(1, "steps_per_s"), arm(0, "steps_per_s"))],
+        "sync_overlap_bound": arm(0, "overlap_bound"),
         "sync_accuracy": arm(0, "accuracy"), "async_accuracy": arm(1, "accuracy"),
         "accuracy_gap_points": 100 * (statistics.fmean(arm(1, "accuracy")) - statistics.fmean(arm(0, "accuracy"))),
         "runs": runs,

@@ -92,6 +92,7 @@ class RemoteRollout:
         if checksum != self.sent[version]:  # the rollout rank checks each set it applies: never expected
             raise RuntimeError(f"batch {k} was generated from weights of version {version} with checksum {checksum!r}, "
                                f"not the {self.sent[version]!r} sent")
+        self.sent = {v: c for v, c in self.sent.items() if v >= version}  # later batches need no older version
         self.metrics = {"async/staleness_mean": float(k - version), "async/rollout_wait_s": waited,
                         "async/train_wait_s": message["train_wait_s"], "async/weights_sync_s": sync,
                         "async/weights_version": float(version), "async/weights_checksum": checksum}
