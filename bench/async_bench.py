@@ -8,18 +8,22 @@ Both arms are the tiny GRPO demo (`config/tiny/grpo_argument.json`, scored in pr
 `reverse` rule scorer instead of the reward server) on two processes of one
 `paddle.distributed.launch` with `rollout_placement split` (rank 0 trains, rank 1 generates),
 one thread each. Answers of skewed lengths: the GRPO prompts are the demo's (answers of 3-7
-characters) with a tail of `long_frac` prompts whose answers are `long_min`..`long_max`
-characters long, `max_dec_len` long enough for them, so a batch's generation lasts as long as
-its longest answer. The quickstart's SFT model never saw answers that long (it stops after about
-8 tokens), so it is first taught them: `sft_steps` more SFT steps from it (sft/run_sft.py,
+characters) with a tail of `long_frac` (10%) prompts whose answers are `long_min`..`long_max`
+(28-44) characters long, `max_dec_len` long enough for them, so a batch's generation lasts as
+long as its longest answer. The quickstart's SFT model never saw answers that long (it stops after about
+8 tokens), so it is first taught them: `sft_steps` (400) more SFT steps from it (sft/run_sft.py,
 `config/tiny/sft_argument.json`) on 15,000 of the demo's SFT pairs and 5,000 long ones (done once,
-kept in `--out`; not timed). Staleness 0 generates batch k with the weights
-after step k and trains on it (generation and training take turns); staleness 1 generates
+kept in `--out`; not timed). Staleness 0 generates batch k with the weights after step k and
+trains on it (generation and training take turns); staleness 1 generates
 batch k + 1 with the weights of step k while step k trains, corrected by the rollout importance
 weights (`rollout_is`). Steps/s: steps over the summed `timing_s/step` of the run (the loop's
 steps, without start-up, logging and evaluation); ratio = staleness 1 / staleness 0 per seed.
 Held-out accuracy: greedy exact match on the demo's `test.jsonl` (300 strings the training
-never saw) at the last step. Runs are interleaved per seed (staleness 0, then 1)."""
+never saw) at the last step. Runs are interleaved per seed (staleness 0, then 1).
+`overlap_bound` of a staleness-0 run is step time / (step time - its wait for the batch): the ratio if generation hid entirely behind
+training; the measured ratio reaches it only when each process has a core of its own.
+`use_remove_padding` is on in both arms (training passes cost the real tokens, not rows x the
+longest row), which is where a long tail of answers costs generation more than training."""
 import argparse
 import json
 import os
@@ -58,7 +62,8 @@ def long_answer_sft(args):
     skewed_rows(os.path.join(demo, "data", "sft.jsonl"), data, 15000, 5000, args.long_min, args.long_max, seed=1)
     cmd = [sys.executable, "sft/run_sft.py", "config/tiny/sft_argument.json", "--model_name_or_path", f"{demo}/sft",
            "--train_datasets", f"Jsonfile:1.0:{data}", "--eval_datasets", f"Jsonfile:1.0:{demo}/data/valid.jsonl",
-           "--output_dir", out, "--logging_dir", f"{out}/vdl", "--max_length", "80", "--max_steps", str(args.sft_steps),
+           "--output_dir", out, "--logging_dir", f"{out}/vdl", "--max_length", str(2 * args.long_max + 24),
+           "--max_steps", str(args.sft_steps),
            "--learning_rate", "0.001", "--warmup_steps", "10", "--eval_steps", str(args.sft_steps), "--save_steps",
            str(args.sft_steps), "--disable_tqdm", "true", "--overwrite_output_dir", "true"]
     proc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True)
@@ -76,7 +81,8 @@ def run_arm(args, model, prompts, seed, staleness, out):
            "--train_datasets", f"Jsonfile:1.0:{prompts}", "--eval_datasets", f"Jsonfile:1.0:{demo}/data/test.jsonl",
            "--output_dir", out, "--logging_dir", f"{out}/vdl", "--overwrite_output_dir", "true", "--seed", str(seed),
            "--max_steps", str(args.max_steps), "--eval_steps", str(args.max_steps), "--save_steps", "0",
-           "--load_best_model_at_end", "false", "--max_prompt_len", "64", "--max_length", str(64 + args.max_dec_len),
+           "--load_best_model_at_end", "false", "--max_prompt_len", str(args.long_max + 16),
+           "--max_length", str(args.long_max + 16 + args.max_dec_len),
            "--max_dec_len", str(args.max_dec_len), "--disable_tqdm", "true", "--num_sample_generations", "0",
            "--rollout_placement", "split", "--async_staleness", str(staleness), "--rollout_is", "token",
            "--use_rollout_logprobs", "false", "--use_remove_padding", str(args.remove_padding).lower()]
@@ -108,9 +114,10 @@ def main(argv=None):
     parser.add_argument("--seeds", default="42,43,44")
     parser.add_argument("--max_steps", type=int, default=130, help="the demo's GRPO steps")
     parser.add_argument("--long_frac", type=float, default=0.1, help="share of the GRPO prompts with long answers")
-    parser.add_argument("--long_min", type=int, default=16)
-    parser.add_argument("--long_max", type=int, default=28)
-    parser.add_argument("--max_dec_len", type=int, default=32)
+    parser.add_argument("--long_min", type=int, default=28)
+    parser.add_argument("--long_max", type=int, default=44,
+                        help="at most 52: prompt and answer within the tiny model's 128 positions")
+    parser.add_argument("--max_dec_len", type=int, default=48)
     parser.add_argument("--sft_steps", type=int, default=400, help="SFT steps teaching the long answers")
     parser.add_argument("--remove_padding", type=int, default=1,
                         help="use_remove_padding: training passes cost the real tokens, not batch x longest row")

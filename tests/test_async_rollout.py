@@ -1,7 +1,7 @@
 """rollout_placement split and async_staleness (ppo/trainer/remote_rollout.py, rollout_worker.py,
 ppo/strategy/rollout_link.py): the placement refusals, the schedule both ranks follow, the
 versioned weights, the importance weights of stale batches, and two-process runs against the
-colocated one-process run (launch tests: tests/async_launch.py)."""
+colocated one-process run (the launched runs: tests/test_async_launch.py)."""
 from types import SimpleNamespace
 
 import numpy as np
