@@ -96,7 +96,8 @@ def build_trainer(argv=None, strategy=None):
         actor = load_actor(model_args, training_dtype(training_args), **load_overrides(model_args, training_args,
                                                                                         pipeline_entry="ppo"))
         return build_rollout_worker(training_args, actor, tokenizer, train)
-    set_training_world_size(training_args.training_world_size)
+    if training_args.split_rollout:  # the trainer's collectives leave the rollout rank out
+        set_training_world_size(training_args.training_world_size)
     pipelined = training_args.pipeline_parallel_degree > 1
     if pipelined:
         log_pipeline_settings(training_args)

@@ -23,7 +23,6 @@ this step), `async/rollout_wait_s` (time the trainer waited for batches),
 `async/weights_sync_s` (sending the weights)."""
 import time
 
-import numpy as np
 import paddle
 
 from ..experience import ROW_LISTS, ROW_TENSORS, Experience
