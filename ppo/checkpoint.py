@@ -30,6 +30,7 @@ import paddle
 import paddle.distributed as dist
 
 from .resume_check import check_ppo_checkpoint
+from .common.training_world import training_world_size
 from .common.validation import weights_problem
 from .models.loading import unwrap_parallel
 
@@ -42,7 +43,7 @@ RUN_FILES = ("samples.jsonl",)  # per-run traces besides metrics.jsonl (which Ru
 
 
 def barrier():
-    if dist.get_world_size() > 1:
+    if training_world_size() > 1:  # a split run's rollout rank is not part of the checkpoint
         dist.barrier()
 
 

@@ -29,7 +29,8 @@ from .ppo_argument_checks import estimator_settings
 from .process_reward_scorer import ProcessRewardScorer
 from .prompt_sampler import PromptSampler
 from .rollout import RolloutEngine, SamplingParams
-from .strategy import PassSettings, build_strategy
+from .strategy import PassSettings, Ranks, build_strategy
+from .strategy.rollout_link import RolloutLink
 from .trainer.advantages import AdvantageStage
 from .trainer.agent_rollout import ToolFailureWatch, TrajectoryRollout
 from .trainer.best_policy import BestPolicy, EvalEarlyStop, eval_metric_name
@@ -38,7 +39,9 @@ from .trainer.experience_maker import ExperienceMaker
 from .trainer.loop import OnlineLoop
 from .trainer.objectives import COST_VALUE_STATS, LagrangianCombiner, PlainCombiner, ScoredObjective, TrainedModel
 from .trainer.report import ResponseSamples, RunReport
+from .trainer.remote_rollout import RemoteRollout
 from .trainer.rollout import Rollout
+from .trainer.rollout_worker import GenerationInPlace, RolloutWorker, RolloutWorkerState
 from .trainer.run_state import RunState
 from .trainer.scoring import ProcessRewardModelScorer, RewardServerScorer, RuleScorer, ScoreModel, ScorePenalties, Scoring
 from .trainer.settings import (
@@ -57,7 +60,7 @@ from .strategy import first_non_finite
 
 logger = logging.getLogger("ppo")
 
-__all__ = ["NonFiniteError", "build_ppo_trainer", "first_non_finite", "trained_model"]
+__all__ = ["NonFiniteError", "build_ppo_trainer", "build_rollout_worker", "first_non_finite", "trained_model"]
 
 CRITIC_NAMES = {"reward": ("critic", "value"), "cost": ("cost_critic", "cost_value")}
 """Each objective's critic: its name in metrics and offloading, its checkpoint folder."""
@@ -131,9 +134,28 @@ def samplers(args, ranks, train_dataset, ptx_dataset):
     return sampler, ptx_sampler
 
 
-def make_rollout(args, engine, sampling, sampler, dataset, tokenizer, passes, offload, state, ranks, settings):
+def rollout_engine(args, model, tokenizer, tensor_parallel_group=None):
+    """The run's `RolloutEngine` over `model` (the passes' generation model, or a rollout rank's actor)."""
+    return RolloutEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         use_rollout_engine=args.use_fusemt, kernels=args.rollout_kernels,
+                         keep_tensor_parallel=args.keep_tensor_parallel, max_num_seqs=args.rollout_max_num_seqs,
+                         tensor_parallel_group=tensor_parallel_group)
+
+
+def sampling_params(args):
+    """The rollout's `SamplingParams`."""
+    return SamplingParams(max_new_tokens=args.max_dec_len, min_new_tokens=args.min_dec_len, temperature=args.temperature,
+                          top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty, do_sample=True)
+
+
+def make_rollout(args, engine, sampling, sampler, dataset, tokenizer, passes, offload, state, ranks, settings, remote=None):
     """The rollout part: `TrajectoryRollout` with an environment (`env_name`: multi-turn, tools;
-    its prompts formatted as the prompt data's), else `Rollout`; the tool-failure count of a multi-turn run goes into the checkpoints."""
+    its prompts formatted as the prompt data's), a `RemoteRollout` with `rollout_placement split`
+    (`remote`: `(actor parameters callable, max_steps)`), else `Rollout`; the tool-failure count of
+    a multi-turn run goes into the checkpoints."""
+    if args.split_rollout:
+        params, max_steps = remote
+        return RemoteRollout(RolloutLink(), params, sampler, state, args.async_staleness, max_steps)
     if not args.env_name:
         return Rollout(engine, sampling, sampler, dataset, tokenizer, passes, offload, state, ranks, settings)
     watch = ToolFailureWatch(args.max_tool_failure_frac, args.tool_failure_steps)
@@ -162,12 +184,8 @@ def build_ppo_trainer(args, models, tokenizer, train_dataset, eval_dataset=None,
         micro_batches=args.update_accumulation_steps, micro_rows=args.update_micro_rows, remove_padding=args.use_remove_padding,
         keep_tensor_parallel=args.keep_tensor_parallel,
         retokenizers={"reward": reward_retokenizer} if reward_retokenizer is not None else {}))
-    engine = RolloutEngine(passes.generation_model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                           use_rollout_engine=args.use_fusemt, kernels=args.rollout_kernels,
-                           keep_tensor_parallel=args.keep_tensor_parallel, max_num_seqs=args.rollout_max_num_seqs,
-                           tensor_parallel_group=strategy.generation_group())
-    sampling = SamplingParams(max_new_tokens=args.max_dec_len, min_new_tokens=args.min_dec_len, temperature=args.temperature,
-                              top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty, do_sample=True)
+    engine = rollout_engine(args, passes.generation_model, tokenizer, strategy.generation_group())
+    sampling = sampling_params(args)
     trained = [actor, *critics.values()]
     offload = OffloadPlan(parse_offload_level(args.offload_level),
                           models={"actor": models.actor, "reference": models.reference, "reward": models.reward,
@@ -208,7 +226,7 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
                                 slice_of(AdvantageSettings, args), estimator_settings(args))
     rollout_settings = slice_of(RolloutSettings, args)
     rollout = make_rollout(args, engine, sampling, sampler, train_dataset, tokenizer, passes, offload, state, ranks,
-                           rollout_settings)
+                           rollout_settings, remote=(models.actor.parameters, max_steps))
     maker = ExperienceMaker(rollout, scoring, completion, actor.model, state, ranks, rollout_settings, tokenizer.pad_token_id)
     ptx = PtxBatches(ptx_dataset, ptx_sampler) if ptx_sampler is not None else None
     steps = OptimizerSteps(strategy, state, args.max_nan_skips, args.release_gradients)
@@ -222,3 +240,15 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
         best = BestPolicy(eval_metric_name(args.metric_for_best_model), args.greater_is_better is not False)
     return OnlineLoop(maker, learner, state, report, evaluator, watch, strategy, slice_of(LoopSettings, args), max_steps,
                       models.actor, passes, offload, best, early_stop)
+
+
+def build_rollout_worker(args, actor, tokenizer, train_dataset):
+    """A split run's rollout rank (`rollout_placement split`): the `RolloutWorker` generating with
+    `actor` (loaded alone, `ppo.models.ppo_models.load_actor`) the batches a colocated run's
+    `Rollout` would, from the same prompts and seeded draws."""
+    ranks = Ranks()  # the rollout rank draws the whole batch of the one trainer rank
+    sampler, _ = samplers(args, ranks, train_dataset, None)
+    offload = OffloadPlan(parse_offload_level(args.offload_level), models={"actor": actor}, optimizers={})
+    rollout = Rollout(rollout_engine(args, actor, tokenizer), sampling_params(args), sampler, train_dataset, tokenizer,
+                      GenerationInPlace(), offload, RolloutWorkerState(), ranks, slice_of(RolloutSettings, args))
+    return RolloutWorker(RolloutLink(), rollout, list(actor.parameters()), args.async_staleness)

@@ -30,9 +30,10 @@ with quiet_third_party_warnings():
     from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
     from ppo.models.loading import enable_recompute, load_overrides, load_tokenizer, training_dtype  # noqa: E402
     from ppo.models.pipeline import log_pipeline_settings  # noqa: E402
-    from ppo.models.ppo_models import build_ppo_models  # noqa: E402
+    from ppo.models.ppo_models import build_ppo_models, load_actor  # noqa: E402
     from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments, validate_arguments  # noqa: E402
-    from ppo.ppo_trainer import build_ppo_trainer  # noqa: E402
+    from ppo.ppo_trainer import build_ppo_trainer, build_rollout_worker  # noqa: E402
+    from ppo.common.training_world import set_training_world_size  # noqa: E402
     from ppo.trainer.scoring import score_sources  # noqa: E402
     from ppo.models.reward_tokens import check_cost_tokenizers, embedding_limit_problems, retokenizer_for_run  # noqa: E402
     from ppo.common.output_lock import acquire_output_dir  # noqa: E402
@@ -91,6 +92,12 @@ def build_trainer(argv=None, strategy=None):
         for message in inert_setting_messages(training_args) + batch_knob_messages(model_args, training_args):
             logger.warning(message)
     paddle.seed(training_args.seed + training_args.dataset_rank)  # tensor-parallel ranks draw alike
+    if training_args.is_rollout_rank:  # rollout_placement split: this rank only generates
+        actor = load_actor(model_args, training_dtype(training_args), **load_overrides(model_args, training_args,
+                                                                                        pipeline_entry="ppo"))
+        return build_rollout_worker(training_args, actor, tokenizer, train)
+    if training_args.split_rollout:  # the trainer's collectives leave the rollout rank out
+        set_training_world_size(training_args.training_world_size)
     pipelined = training_args.pipeline_parallel_degree > 1
     if pipelined:
         log_pipeline_settings(training_args)

@@ -8,6 +8,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from .training_world import training_world_size
+
 
 def reduction_of(name):
     leaf = name.rsplit("/", 1)[-1]
@@ -47,7 +49,7 @@ def reduce_across_ranks(metrics, group=None):
     import paddle
     import paddle.distributed as dist
 
-    if dist.get_world_size() <= 1:
+    if (training_world_size() if group is None else dist.get_world_size()) <= 1:  # a split run's rollout rank: not in it
         return dict(metrics)
     names = sorted(metrics)
     out = {}

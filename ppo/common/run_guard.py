@@ -27,6 +27,11 @@ class RunInterrupted(RuntimeError):
         self.exit_code = 128 + signum
 
 
+class RolloutRankLost(RuntimeError):
+    """A split run's rollout rank stopped answering (it died, or its link broke): the trainer
+    saves the last completed step and stops (`ppo.trainer.loop.OnlineLoop.save_before_stopping`)."""
+
+
 class StopRequest:
     """Records the first SIGTERM / SIGINT received while installed."""
 

@@ -61,12 +61,7 @@ def build_ppo_models(model_args, use_critic, dtype="float32", pipeline=False, **
     if pipeline:
         return build_ppo_pipes(model_args, use_critic, dtype, **extra)
     actor_path = model_args.actor_model_name_or_path
-    if model_args.use_lora:
-        actor = load_merged_causal_lm(actor_path, dtype=dtype, **extra)
-        actor = apply_lora(actor, base_model_name_or_path=actor_path, **model_args.lora_settings())
-    else:
-        actor = load_causal_lm(actor_path, dtype=dtype, **extra)
-    set_dropout_off(actor)
+    actor = load_actor(model_args, dtype, **extra)
 
     reference = load_reference(actor, actor_path, model_args.reference_model_name_or_path, dtype, **extra)
 
@@ -83,6 +78,18 @@ def build_ppo_models(model_args, use_critic, dtype="float32", pipeline=False, **
         cost = freeze(set_dropout_off(load_merged_score_model(cost_path, dtype=dtype, **extra)))
         cost_critic = build_critic(model_args, dtype, critic_path=model_args.cost_critic_model_name_or_path or cost_path, **extra)
     return PPOModels(actor=actor, reference=reference, reward=reward, critic=critic, cost=cost, cost_critic=cost_critic)
+
+
+def load_actor(model_args, dtype="float32", **extra):
+    """The actor as `build_ppo_models` loads it (a LoRA adapter on its merged base with
+    `use_lora`), dropout off; a split run's rollout rank loads it alone."""
+    actor_path = model_args.actor_model_name_or_path
+    if model_args.use_lora:
+        actor = load_merged_causal_lm(actor_path, dtype=dtype, **extra)
+        actor = apply_lora(actor, base_model_name_or_path=actor_path, **model_args.lora_settings())
+    else:
+        actor = load_causal_lm(actor_path, dtype=dtype, **extra)
+    return set_dropout_off(actor)
 
 
 def build_critic(model_args, dtype="float32", critic_path=None, **extra):

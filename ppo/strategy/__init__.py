@@ -13,7 +13,8 @@ def build_strategy(args):
     layout: `pipeline_parallel_degree`, `use_hybrid_parallel`, `dataset_rank`, `dataset_world_size`)."""
     import paddle.distributed as dist
 
-    ranks = Ranks(dist.get_rank(), dist.get_world_size(), args.dataset_rank, args.dataset_world_size)
+    world = getattr(args, "training_world_size", None) or dist.get_world_size()  # a split run's rollout rank: not in it
+    ranks = Ranks(dist.get_rank(), world, args.dataset_rank, args.dataset_world_size)
     if args.pipeline_parallel_degree > 1:
         return PipelineStrategy(ranks, tensor_parallel=args.tensor_parallel_degree > 1)
     if ranks.world_size > 1 and args.use_hybrid_parallel:

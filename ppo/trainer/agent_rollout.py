@@ -151,3 +151,6 @@ class TrajectoryRollout:
         self.metrics = {**self.tool_zeros, **result.metrics, "agent/tool_failed_frac": failed_frac,
                         "agent/env_reward_mean": float(np.mean([sum(t.rewards) for t in trajectories]))}
         return exp
+
+    def close(self):
+        """Nothing to release at the end of the run (as `Rollout.close`)."""

@@ -36,6 +36,10 @@ class ExperienceMaker:
             clock.lap("logprob")
         return exp, stats
 
+    def close(self):
+        """The run is over: the rollout releases what it holds (`Rollout.close`)."""
+        self.rollout.close()
+
     def scored_rollout(self):
         """One draw of the rollout, scored (stage "scored")."""
         return self.scoring.score(self.rollout.generate(), self.state.step + 1)

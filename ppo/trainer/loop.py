@@ -20,7 +20,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from ..common.console_report import number
 from ..common.divergence import DivergenceError
 from ..common.metrics import MetricAccumulator
-from ..common.run_guard import FlatRewardWatch, RunInterrupted, interrupted_message, stop_requests
+from ..common.run_guard import FlatRewardWatch, RolloutRankLost, RunInterrupted, interrupted_message, stop_requests
 from ..reward_client import RewardServerError
 from .agent_rollout import ToolPoolError
 
@@ -111,6 +111,9 @@ class OnlineLoop:
                         attempts=e.attempts))
                 except ToolPoolError as err:  # the tools fail on most rows, step after step: keep the work
                     self.save_before_stopping(err, lambda note, e=err: ToolPoolError(f"{e}; {note}"))
+                except RolloutRankLost as err:  # a split run's rollout rank died: keep the work
+                    self.save_before_stopping(err, lambda note, e=err: RolloutRankLost(
+                        f"{e}; {note}: run the same command again to resume from it"))
                 state.step += 1
                 bar.update(1)
                 bar.set_postfix({label: number(metrics[k]) for label, k in self.learner.progress_metrics.items() if k in metrics})
@@ -141,6 +144,7 @@ class OnlineLoop:
             extra = self.best_policy.summary()
         if self.early_stop is not None:
             extra.update(self.early_stop.summary())
+        self.experience.close()
         if self.settings.saves_checkpoints:
             self.state.save()
         else:  # save_strategy no: the final models only, no checkpoint-<step>

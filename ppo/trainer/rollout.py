@@ -48,3 +48,6 @@ class Rollout:
         else:  # kept for the rollout correction against the training forward's old log-probs
             exp.rollout_logprobs = engine_logprobs
         return exp
+
+    def close(self):
+        """Nothing to release at the end of the run (a split run's `RemoteRollout` tells its rollout rank)."""

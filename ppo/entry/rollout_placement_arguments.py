@@ -1,0 +1,115 @@
+"""Where the rollout runs (`rollout_placement`) and how stale its weights may be (`async_staleness`).
+
+`colocated` (the default) generates and trains on the same ranks, one after the other.
+`split` gives the last `rollout_ranks` processes of the launch to generation only: they
+receive the actor's weights after each optimiser step and send back the batches
+(`ppo.trainer.remote_rollout`, `ppo.trainer.rollout_worker`, docs/distributed.md). Here the
+trainer is one rank and the rollout one rank (a launch of two processes). With
+`async_staleness` s > 0 the batch of step k may come from the weights of step k - s (generated
+while the trainer trains), corrected by the rollout importance weights (`rollout_is`).
+`rollout_placement_problems` refuses, before any model loads, what a split run cannot do.
+"""
+from dataclasses import dataclass, field
+
+from ..common.argument_problems import problem_scope
+
+ROLLOUT_PLACEMENTS = ("colocated", "split")
+MAX_ASYNC_STALENESS = 4
+
+
+def launch_world_size():
+    """The processes of this launch (1 outside `paddle.distributed.launch`)."""
+    import paddle.distributed as dist
+
+    return dist.get_world_size()
+
+
+@dataclass
+class RolloutPlacementArguments:
+    rollout_placement: str = field(
+        default="colocated",
+        metadata={"help": "colocated: every rank generates then trains (one after the other); split: the last "
+                  "rollout_ranks processes of the launch only generate, rank 0 only trains, weights go to the rollout "
+                  "rank after each optimiser step and batches come back (docs/distributed.md)."},
+    )
+    rollout_ranks: int = field(
+        default=1, metadata={"help": "rollout_placement split: how many of the launch's processes only generate (1 here)."}
+    )
+    async_staleness: int = field(
+        default=0,
+        metadata={"help": f"rollout_placement split: 0 generates step k's batch with the weights after step k "
+                  f"(synchronous, the colocated run's numbers); s in 1..{MAX_ASYNC_STALENESS} lets it come from the "
+                  "weights of step k - s while the trainer trains (one-step-off-policy at 1); needs rollout_is."},
+    )
+
+    def __post_init__(self):
+        with problem_scope() as problems:
+            sup = super()
+            if hasattr(sup, "__post_init__"):
+                sup.__post_init__()
+            problems += rollout_placement_problems(self, launch_world_size())
+
+    @property
+    def split_rollout(self):
+        """Whether the rollout runs on ranks of its own."""
+        return self.rollout_placement == "split"
+
+    @property
+    def is_rollout_rank(self):
+        """Whether this process only generates (a split run's last `rollout_ranks` ranks)."""
+        import paddle.distributed as dist
+
+        return self.split_rollout and dist.get_rank() >= launch_world_size() - self.rollout_ranks
+
+    @property
+    def training_world_size(self):
+        """The processes that train: the launch's, less the rollout ranks of a split run."""
+        return launch_world_size() - (self.rollout_ranks if self.split_rollout else 0)
+
+    @property
+    def dataset_world_size(self):
+        # a split run's data ranks are its trainer ranks (PaddleNLP's property counts every process)
+        return self.training_world_size if self.split_rollout else super().dataset_world_size
+
+    @property
+    def dataset_rank(self):
+        return 0 if self.split_rollout else super().dataset_rank
+
+
+def rollout_placement_problems(args, world_size):
+    """What a run with these placement settings cannot do, each naming its key; `world_size`:
+    the launch's processes."""
+    problems = []
+    if args.rollout_placement not in ROLLOUT_PLACEMENTS:
+        return [f"rollout_placement must be one of {ROLLOUT_PLACEMENTS}, got {args.rollout_placement!r}"]
+    if not 0 <= args.async_staleness <= MAX_ASYNC_STALENESS:
+        problems.append(f"async_staleness must be in 0..{MAX_ASYNC_STALENESS} (batches at most that many optimiser steps "
+                        f"behind), got {args.async_staleness}")
+    if not args.split_rollout:
+        if args.async_staleness:
+            problems.append("async_staleness > 0 needs rollout_placement split (a colocated rollout always uses the "
+                            "current weights)")
+        return problems
+    if world_size < 2:
+        problems.append("rollout_placement split needs a launch of 2 processes (python -m paddle.distributed.launch "
+                        "--nproc_per_node 2 ...): rank 0 trains, rank 1 generates; this run has 1")
+    elif args.rollout_ranks != 1 or world_size != 2:
+        problems.append(f"rollout_ranks {args.rollout_ranks} with {world_size} processes: rollout_placement split runs "
+                        "one trainer rank and one rollout rank here (rollout_ranks 1, 2 processes); several of either "
+                        "are not implemented")
+    for name in ("tensor_parallel_degree", "pipeline_parallel_degree", "sharding_parallel_degree"):
+        if max(getattr(args, name, 1), 1) > 1:
+            problems.append(f"{name} {getattr(args, name)} with rollout_placement split: the trainer rank trains the whole "
+                            "model alone here")
+    if not args.use_fusemt:
+        problems.append("use_fusemt false with rollout_placement split: the rollout rank reproduces the trainer's samples "
+                        "from the engine's seeded draws; PaddleNLP's generate draws from the process's global generator")
+    if args.dynamic_sampling:
+        problems.append("dynamic_sampling with rollout_placement split: redrawing a step's groups is not implemented "
+                        "across ranks")
+    if args.env_name:
+        problems.append("env_name with rollout_placement split: multi-turn rollouts run colocated only")
+    if args.async_staleness > 0 and args.rollout_is == "none":
+        problems.append(f"async_staleness {args.async_staleness} with rollout_is none: stale batches need the importance "
+                        "weights of the rollout correction (rollout_is token or sequence)")
+    return problems

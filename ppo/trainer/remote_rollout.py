@@ -1,0 +1,104 @@
+"""Step 1 of a split run's trainer (`rollout_placement split`): the rollout comes from another rank.
+
+`RemoteRollout` stands where `Rollout` stands in the `ExperienceMaker`: `generate()` returns
+the batch of this step, generated on the rollout rank (`ppo.trainer.rollout_worker`) with the
+weights of step `step - staleness` or newer, and before that hands the rollout rank the weights
+it will need next. Both ranks follow one schedule, so the blocking collectives always pair up:
+with staleness s, at step k the trainer
+  1. receives the batches numbered below k + s (the rollout rank generated them meanwhile),
+  2. sends the weights of version k when a batch still to come needs them (k > start, k + s < max_steps),
+  3. receives batch k if it has not yet,
+and the rollout rank, for each batch b, first receives version b - s when it is newer than
+what it holds. s = 0 is the synchronous run (the weights of step k sample batch k, as the
+colocated run); s = 1 generates batch k + 1 while step k trains. Batch b is the b-th draw
+of the colocated run: the same prompts (`PromptSampler` position) and sampling seed
+(`gen_batches`), so the prompt order never depends on the placement, and a resumed run asks
+for batch `step` again (regenerated from the checkpoint's weights). The trainer keeps the
+rollout rank's sampler position and draw count of the batch it trains on, so its checkpoints
+resume where an uninterrupted run would.
+
+Metrics: `async/staleness_mean` (training steps between the weights that sampled the batch and
+this step), `async/rollout_wait_s` (time the trainer waited for batches),
+`async/train_wait_s` (time the rollout rank waited for weights before generating it),
+`async/weights_sync_s` (sending the weights)."""
+import time
+
+import paddle
+
+from ..experience import ROW_LISTS, ROW_TENSORS, Experience
+
+
+def experience_message(exp):
+    """A rollout-stage `Experience` as picklable numpy arrays and lists."""
+    tensors = {name: getattr(exp, name).numpy() for name in ROW_TENSORS if getattr(exp, name) is not None}
+    lists = {name: getattr(exp, name) for name in ROW_LISTS if getattr(exp, name) is not None}
+    return {"prompt_len": exp.prompt_len, "version": exp.version, "tensors": tensors, "lists": lists}
+
+
+def experience_from_message(message):
+    """The `Experience` of `experience_message(exp)`, bit for bit."""
+    fields = {name: paddle.to_tensor(value) for name, value in message["tensors"].items()}
+    return Experience(prompt_len=message["prompt_len"], version=message["version"], **fields, **message["lists"])
+
+
+class RemoteRollout:
+    """`link`: the run's `RolloutLink`; `params`: the trainer's actor parameters (a callable
+    giving them in order); `sampler`: the run's `PromptSampler` (its position follows the
+    batches trained on); `state`: the `RunState`; `staleness`: `async_staleness`; `max_steps`:
+    the run's steps."""
+
+    def __init__(self, link, params, sampler, state, staleness, max_steps):
+        self.link, self.params, self.sampler, self.state = link, params, sampler, state
+        self.staleness, self.max_steps = staleness, max_steps
+        self.start, self.received, self.metrics = None, {}, {}
+        self.sent = {}  # version -> checksum of the weights sent as that version
+
+    def hello(self):
+        """Tell the rollout rank where the run starts (its step, draw count and sampler position:
+        the checkpoint's on a resume) and send it the current weights."""
+        self.start = self.state.step
+        self.link.send_object({"start": self.start, "max_steps": self.max_steps, "gen_batches": self.state.gen_batches,
+                               "sampler": self.sampler.state_dict()}, self.link.rollout_rank, "starting the rollout rank")
+        if self.start < self.max_steps:
+            self.sent[self.start] = self.link.send_weights(self.params(), self.start)
+
+    def receive_below(self, end):
+        """Receive the batches numbered below `end` (at most `max_steps`) not yet received;
+        returns the seconds it waited."""
+        t0 = time.time()
+        while self.state.step + len(self.received) < min(end, self.max_steps):  # batches below `step` are trained on
+            message = self.link.recv_object(self.link.rollout_rank)
+            self.received[message["index"]] = message
+        return time.time() - t0
+
+    def generate(self):
+        """This step's batch: an `Experience` at stage "rollout" with the rollout's own log-probs
+        and the version of the weights that sampled it (`Experience.version`)."""
+        if self.start is None:
+            self.hello()
+        k, s = self.state.step, self.staleness
+        waited = self.receive_below(k + s)  # 1. what the rollout rank generated meanwhile
+        sync = 0.0
+        if k > self.start and k + s < self.max_steps:  # 2. the weights a later batch needs
+            t0 = time.time()
+            self.sent[k] = self.link.send_weights(self.params(), k)
+            sync = time.time() - t0
+        waited += self.receive_below(k + 1)  # 3. this step's batch
+        message = self.received.pop(k)
+        self.state.gen_batches = message["gen_batches"]  # as after the colocated run's draw of this batch
+        self.sampler.set_state_dict(message["sampler"])
+        version, checksum = message["version"], message["checksum"]
+        if checksum != self.sent[version]:  # the rollout rank checks each set it applies: never expected
+            raise RuntimeError(f"batch {k} was generated from weights of version {version} with checksum {checksum!r}, "
+                               f"not the {self.sent[version]!r} sent")
+        self.sent = {v: c for v, c in self.sent.items() if v >= version}  # later batches need no older version
+        self.metrics = {"async/staleness_mean": float(k - version), "async/rollout_wait_s": waited,
+                        "async/train_wait_s": message["train_wait_s"], "async/weights_sync_s": sync,
+                        "async/weights_version": float(version), "async/weights_checksum": checksum}
+        return experience_from_message(message["experience"])
+
+    def close(self):
+        """At the end of the run: a rollout rank never started (a finished run resumed) is told
+        there is nothing to generate."""
+        if self.start is None:
+            self.hello()
