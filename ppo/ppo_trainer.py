@@ -16,7 +16,10 @@ The parts (`ppo/trainer/`): `Rollout`, `Scoring`, `AdvantageStage` inside the
 Each is built here from its slice of the arguments (`ppo.trainer.settings`); the parallel
 strategy (`ppo.strategy`) wraps the models and builds the passes every model pass goes through.
 """
+import functools
 import logging
+
+import paddle
 
 from .algos import AdaptiveKLController, FixedKLController
 from .algos.normalizer import RunningMeanStd
@@ -29,7 +32,7 @@ from .ppo_argument_checks import estimator_settings
 from .process_reward_scorer import ProcessRewardScorer
 from .prompt_sampler import PromptSampler
 from .rollout import RolloutEngine, SamplingParams
-from .strategy import PassSettings, Ranks, build_strategy
+from .strategy import PassSettings, PlainStrategy, Ranks, build_strategy
 from .strategy.rollout_link import RolloutLink
 from .trainer.advantages import AdvantageStage
 from .trainer.agent_rollout import ToolFailureWatch, TrajectoryRollout
@@ -242,13 +245,28 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
                       models.actor, passes, offload, best, early_stop)
 
 
-def build_rollout_worker(args, actor, tokenizer, train_dataset):
+def build_rollout_worker(args, actor, tokenizer, train_dataset, models=None):
     """A split run's rollout rank (`rollout_placement split`): the `RolloutWorker` generating with
     `actor` (loaded alone, `ppo.models.ppo_models.load_actor`) the batches a colocated run's
-    `Rollout` would, from the same prompts and seeded draws."""
+    `Rollout` would, from the same prompts and seeded draws. `models`: `PPOModels` with the
+    actor and its reference when the run has a KL to the reference (the rollout rank then
+    computes the reference log-probs with the trainer's own pass), else None."""
+    reference_pass = None
+    if models is not None:
+        passes = PlainStrategy(Ranks()).build_passes(models, actor, {}, {}, PassSettings(  # split: plain layouts only
+            temperature=args.temperature, logprob_chunk_size=args.logprob_chunk_size, pad_token_id=tokenizer.pad_token_id,
+            chunk_rows={which: args.pass_rows(which) for which in ("logprob", "value", "reward")},
+            remove_padding=args.use_remove_padding))
+        reference_pass = functools.partial(no_grad_call, passes.logprobs, "reference")
     ranks = Ranks()  # the rollout rank draws the whole batch of the one trainer rank
     sampler, _ = samplers(args, ranks, train_dataset, None)
     offload = OffloadPlan(parse_offload_level(args.offload_level), models={"actor": actor}, optimizers={})
     rollout = Rollout(rollout_engine(args, actor, tokenizer), sampling_params(args), sampler, train_dataset, tokenizer,
                       GenerationInPlace(), offload, RolloutWorkerState(), ranks, slice_of(RolloutSettings, args))
-    return RolloutWorker(RolloutLink(), rollout, list(actor.parameters()), args.async_staleness)
+    return RolloutWorker(RolloutLink(), rollout, list(actor.parameters()), args.async_staleness, reference_pass)
+
+
+def no_grad_call(fn, *args):
+    """`fn(*args)` without gradients."""
+    with paddle.no_grad():
+        return fn(*args)

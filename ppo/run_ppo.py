@@ -30,7 +30,8 @@ with quiet_third_party_warnings():
     from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
     from ppo.models.loading import enable_recompute, load_overrides, load_tokenizer, training_dtype  # noqa: E402
     from ppo.models.pipeline import log_pipeline_settings  # noqa: E402
-    from ppo.models.ppo_models import build_ppo_models, load_actor  # noqa: E402
+    from ppo.models.ppo_models import PPOModels, build_ppo_models, load_actor  # noqa: E402
+    from ppo.models.loading import load_reference  # noqa: E402
     from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments, validate_arguments  # noqa: E402
     from ppo.ppo_trainer import build_ppo_trainer, build_rollout_worker  # noqa: E402
     from ppo.common.training_world import set_training_world_size  # noqa: E402
@@ -82,6 +83,19 @@ def start_up(argv=None):
     return model_args, data_args, training_args, tokenizer, datasets, retokenizer
 
 
+def rollout_rank_worker(model_args, training_args, tokenizer, train):
+    """A split run's rollout rank: the actor alone, with its reference when the run has a KL to
+    it (the rollout rank then computes the reference log-probs)."""
+    dtype, overrides = training_dtype(training_args), load_overrides(model_args, training_args, pipeline_entry="ppo")
+    actor = load_actor(model_args, dtype, **overrides)
+    models = None
+    if training_args.kl_coeff != 0 or training_args.kl_loss_coeff != 0:
+        reference = load_reference(actor, model_args.actor_model_name_or_path, model_args.reference_model_name_or_path,
+                                   dtype, **overrides)
+        models = PPOModels(actor=actor, reference=reference, reward=None, critic=None)
+    return build_rollout_worker(training_args, actor, tokenizer, train, models)
+
+
 def build_trainer(argv=None, strategy=None):
     """Parse and check the arguments (`start_up`), load the models and return the run's ready
     `ppo.trainer.loop.OnlineLoop`; `strategy`: the parallel strategy (default: the arguments')."""
@@ -93,9 +107,7 @@ def build_trainer(argv=None, strategy=None):
             logger.warning(message)
     paddle.seed(training_args.seed + training_args.dataset_rank)  # tensor-parallel ranks draw alike
     if training_args.is_rollout_rank:  # rollout_placement split: this rank only generates
-        actor = load_actor(model_args, training_dtype(training_args), **load_overrides(model_args, training_args,
-                                                                                        pipeline_entry="ppo"))
-        return build_rollout_worker(training_args, actor, tokenizer, train)
+        return rollout_rank_worker(model_args, training_args, tokenizer, train)
     if training_args.split_rollout:  # the trainer's collectives leave the rollout rank out
         set_training_world_size(training_args.training_world_size)
     pipelined = training_args.pipeline_parallel_degree > 1

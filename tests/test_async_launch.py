@@ -29,7 +29,8 @@ STALE = ("--async_staleness", "1", "--rollout_is", "token", "--use_rollout_logpr
 
 
 def run_argv(model_dir, data_dir, out, *extra):
-    """A 5-step tiny GRPO run scored in process with graded rewards (the answers of a group differ)."""
+    """A 5-step tiny GRPO run scored in process with graded rewards (the answers of a group differ),
+    with a KL loss to the reference (a split run's rollout rank computes the reference log-probs)."""
     return [
         "config/tiny/grpo_rule_argument.json", "--actor_model_name_or_path", model_dir,
         "--rule_reward_scorers", "tests.rule_reward_helpers:_char_recall_scorer",
@@ -37,7 +38,7 @@ def run_argv(model_dir, data_dir, out, *extra):
         "--output_dir", out, "--logging_dir", f"{out}/vdl", "--max_steps", str(STEPS), "--per_device_prompt_batch_size", "4",
         "--rollout_n", "4", "--per_device_train_batch_size", "8", "--max_dec_len", "6", "--evaluation_strategy", "no",
         "--save_steps", "0", "--num_sample_generations", "1", "--disable_tqdm", "true", "--learning_rate", "1e-3",
-        *extra,
+        "--kl_loss_coeff", "0.1", *extra,
     ]
 
 
@@ -111,6 +112,8 @@ def test_split_staleness_0_is_the_colocated_run(split, colocated):
     assert [r["async/staleness_mean"] for r in rows] == [0.0] * STEPS
     assert [r["async/weights_version"] for r in rows] == list(range(STEPS))
     assert all(r["async/rollout_wait_s"] >= 0 and r["async/weights_sync_s"] >= 0 for r in rows)
+    kl = [r["objective/kl"] for r in rows]  # from the rollout rank's reference log-probs: 0 until the policy moves
+    assert abs(kl[0]) < 1e-6 < min(kl[1:]), kl
     fingerprints = json.load(open(f"{split}/summary.json"))["actor_fingerprints"]
     assert fingerprints == json.load(open(f"{colocated}/summary.json"))["actor_fingerprints"] and len(fingerprints) == 1
 

@@ -74,15 +74,15 @@ class AdvantageStage:
         return stats
 
     def fill_model_passes(self, exp):
-        """`exp.ref_logprobs`, `old_logprobs` (unless the rollout's own) and each critic's
-        values `[N, Tr]`; with a reusable first forward, the old log-probs and the first
+        """`exp.ref_logprobs` (unless a split run's rollout rank computed them), `old_logprobs`
+        (unless the rollout's own) and each critic's values `[N, Tr]`; with a reusable first forward, the old log-probs and the first
         critic's values come from the update's first forward (kept by the passes)."""
         s = self.settings
         need_ref = s.kl_coeff != 0 or s.kl_loss_coeff != 0
         reuse = self.first_update_forward_reusable(len(exp))
         critics = [o for o in self.objectives if o.critic is not None]
         with paddle.no_grad():
-            if need_ref:  # a LoRA actor with its adapter disabled is the reference: both on the device
+            if need_ref and exp.ref_logprobs is None:  # a LoRA actor with its adapter disabled is the reference: both on the device
                 with self.offload.scope(*self.reference_scope):
                     exp.ref_logprobs = self.passes.logprobs("reference", exp)
             if exp.old_logprobs is None and not reuse:

@@ -5,7 +5,9 @@ draw count, sampler position) and gets the weights of that step; then for each b
 there to the run's last step it receives the weights of version b - staleness when they are
 newer than its own (`ppo.trainer.remote_rollout` gives the schedule both ranks follow),
 generates batch b with the same `Rollout` a colocated run uses (same prompts, same seeded
-draws) and sends it with the version and checksum of the weights that sampled it, its
+draws), adds the reference log-probs when the run needs them (`reference_pass`: the same
+`PlainPasses` pass the colocated trainer runs, so the numbers are the same; the trainer then
+skips its own, which moves that frozen model's work off the training critical path) and sends it with the version and checksum of the weights that sampled it, its
 sampler position and draw count afterwards, and the seconds it waited for the weights."""
 import contextlib
 import logging
@@ -34,10 +36,12 @@ class RolloutWorkerState:
 class RolloutWorker:
     """`link`: the `RolloutLink`; `rollout`: a `Rollout` over this rank's actor whose `state`
     is a `RolloutWorkerState`; `params`: the actor's parameters in the trainer's order;
-    `staleness`: `async_staleness`."""
+    `staleness`: `async_staleness`; `reference_pass`: `exp -> ref_logprobs [N, Tr]` (no
+    gradient), or None when the run has no KL to a reference."""
 
-    def __init__(self, link, rollout, params, staleness):
+    def __init__(self, link, rollout, params, staleness, reference_pass=None):
         self.link, self.rollout, self.params, self.staleness = link, rollout, params, staleness
+        self.reference_pass = reference_pass
         self.state = rollout.state
 
     def train(self):
@@ -58,6 +62,8 @@ class RolloutWorker:
                 waited = time.time() - t0
             self.state.step = version  # the Rollout stamps the experience with it
             exp = self.rollout.generate()
+            if self.reference_pass is not None:
+                exp.ref_logprobs = self.reference_pass(exp)
             message = {"index": index, "version": version, "checksum": checksum, "train_wait_s": waited,
                        "gen_batches": self.state.gen_batches, "sampler": self.rollout.sampler.state_dict(),
                        "experience": experience_message(exp)}
