@@ -218,6 +218,7 @@ def run_case(model_dir, case, chunk_size, batch, prompt_len, seq_len, warmup=Tru
     stats, acc = one_step(exp)
     seconds = time.perf_counter() - start
     peak = _rss_kb("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = max(peak, rss_before)  # the kernel updates the high-water mark lazily; the step began at rss_before
     result = acc.local_result()
     return {
         "case": case,
