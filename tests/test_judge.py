@@ -169,6 +169,33 @@ def test_judge_data_records_match_the_templates(tmp_path):
     assert records[1][0] == render(template_text("tiny_better"), question="Reverse: abc", answer_a="bca", answer_b="cba")
 
 
+def test_reference_layout_records_and_error_prefixes(tmp_path):
+    """`tiny_reference` records carry the correct answer as the reference, reference character k
+    stands len(reference) + 11 characters before answer character k, and an error prefix ends on
+    the worse answer's first wrong character."""
+    from ppo.tiny.judge_data import first_error, generate
+
+    pair = {"prompt": "Reverse: abcd", "response_0": "dcab", "response_1": "dcba", "better_response_id": 1}
+    (tmp_path / "preference.jsonl").write_text(json.dumps(pair) + "\n")
+    n = generate(str(tmp_path), 10, 0, "r.jsonl", keep_task=False, layout="tiny_reference", pairwise=False,
+                 error_prefixes=True)
+    records = sorted((r["src"][0], r["tgt"][0]) for r in map(json.loads, open(tmp_path / "r.jsonl")))
+    assert n == 3 and records == sorted([
+        ("USER: Reverse: abcd REF:dcba ASSISTANT:dcba Judge:", "Yes"),
+        ("USER: Reverse: abcd REF:dcba ASSISTANT:dcab Judge:", "No"),
+        ("USER: Reverse: abcd REF:dcba ASSISTANT:dca Judge:", "No"),
+    ])
+    text = next(src for src, verdict in records if verdict == "Yes")
+    ref, ans = text.index("REF:") + 4, text.index("ASSISTANT:") + 10
+    assert ans - ref == len("dcba") + 11 and text[ref:ref + 4] == text[ans:ans + 4]
+    assert first_error("dcab", "dcba") == 2 and first_error("dc", "dcba") == 2 and first_error("dcba", "dcba") is None
+    assert first_error("", "dcba") == 0 and first_error("dcbaa", "dcba") == 4
+    with pytest.raises(ValueError, match="layout 'nope'"):
+        generate(str(tmp_path), 10, layout="nope")
+    with pytest.raises(ValueError, match="no reference"):
+        render(template_text("tiny_reference"), question="Reverse: ab", answer="ba", reference="")
+
+
 def test_a_deepened_policy_computes_the_same_logits(tiny_model_dir, tmp_path):
     """`ppo.tiny.deepen`: two appended layers whose output projections start at zero leave every
     logit as it was; their other weights are drawn, and the input state is not written into."""
