@@ -196,6 +196,25 @@ def test_reference_layout_records_and_error_prefixes(tmp_path):
         render(template_text("tiny_reference"), question="Reverse: ab", answer="ba", reference="")
 
 
+def test_near_misses_are_wrong_answers_of_the_same_length():
+    """`near_miss` never returns the correct answer, keeps its length and letters' count, and
+    `near_misses` adds a Yes/No record pair per draw (the default data are unchanged)."""
+    import random
+
+    from ppo.tiny.judge_data import judgement_records, near_miss
+
+    rng = random.Random(0)
+    drawn = [near_miss("4k2ab", rng) for _ in range(200)]
+    assert all(w != "4k2ab" and len(w) == 5 for w in drawn if w is not None)
+    assert "k42ab" in drawn and any(w is not None and w[2:] != "2ab" for w in drawn)  # the flaw and a later swap
+    pairs = [("Reverse: ba2k4", "4k2ab", "k42ab")]
+    plain = judgement_records(pairs, keep_task=False, pairwise=False)
+    more = judgement_records(pairs, keep_task=False, pairwise=False, near_misses=3, rng=random.Random(2))
+    assert len(plain) == 2 and more[:2] == plain and len(more) == 8  # distinct letters: no draw is None
+    assert [r["tgt"][0] for r in more[2:]] == ["Yes", "No"] * 3
+    assert all(r["src"][0].startswith("USER: Reverse: ba2k4 ASSISTANT:") for r in more)
+
+
 def test_a_deepened_policy_computes_the_same_logits(tiny_model_dir, tmp_path):
     """`ppo.tiny.deepen`: two appended layers whose output projections start at zero leave every
     logit as it was; their other weights are drawn, and the input state is not written into."""

@@ -26,6 +26,7 @@ import os
 import random
 
 from ..judge.templates import TEMPLATES, render
+from .reverse_task import half_fixed_answer, random_adjacent_swap, wrong_symbol_answer
 
 POINTWISE, PAIRWISE = TEMPLATES["tiny"], TEMPLATES["tiny_better"]
 LAYOUTS = ("tiny", "tiny_reference")
@@ -54,13 +55,27 @@ def first_error(answer, reference):
     return next((i for i, (a, r) in enumerate(zip(answer, reference)) if a != r), min(len(answer), len(reference)))
 
 
-def judgement_records(pairs, keep_task=True, layout="tiny", pairwise=True, error_prefixes=False):
+def near_miss(correct, rng):
+    """A wrong answer of the same length as `correct` (at least 2 characters): its first two characters
+    swapped (the demonstrator's flaw), a half fix, a wrong symbol in the first two places or a random
+    adjacent swap, chosen with `rng`; None when the chosen one equals `correct`."""
+    kind = rng.randrange(4)
+    if kind == 0:
+        wrong = correct[1] + correct[0] + correct[2:]
+    else:
+        wrong = (half_fixed_answer, wrong_symbol_answer, random_adjacent_swap)[kind - 1](correct, rng)
+    return None if wrong == correct else wrong
+
+
+def judgement_records(pairs, keep_task=True, layout="tiny", pairwise=True, error_prefixes=False, near_misses=0,
+                      rng=None):
     """Records per pair: both answers judged alone (`layout`: `tiny`, or `tiny_reference` with the
     correct answer as the reference), with `pairwise` the pair compared in both orders (`tiny_better`),
     with `keep_task` the task itself (`USER: Reverse: k3x9q ASSISTANT:` -> the correct answer), so that
     the policy keeps computing what the judge reads, and with `error_prefixes` the worse answer cut
     right after its first wrong character (`q9x3k` vs `9q...` -> `9`) -> `No`: a record whose cue is
-    its last character."""
+    its last character. `near_misses` more pairs of records per pair: the correct answer -> `Yes`
+    and a `near_miss` of it (drawn with `rng`) -> `No`, so that most verdicts need a comparison."""
     if layout not in LAYOUTS:
         raise ValueError(f"judge data layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     pointwise = TEMPLATES[layout]
@@ -76,6 +91,11 @@ def judgement_records(pairs, keep_task=True, layout="tiny", pairwise=True, error
         if error_prefixes and cut is not None and cut < len(worse) and worse[:cut + 1] != worse:
             records.append({"src": [render(pointwise, question=question, answer=worse[:cut + 1], reference=better)],
                             "tgt": ["No"]})
+        for _ in range(near_misses):
+            wrong = near_miss(better, rng) if len(better) >= 2 else None
+            if wrong is not None:
+                records += [{"src": [render(pointwise, question=question, answer=a, reference=better)], "tgt": [v]}
+                            for a, v in ((better, "Yes"), (wrong, "No"))]
         if pairwise:
             records += [
                 {"src": [render(PAIRWISE, question=question, answer_a=better, answer_b=worse)], "tgt": ["A"]},
@@ -88,8 +108,9 @@ def generate(data_dir, num_pairs=4000, seed=7, output="judge.jsonl", keep_task=T
     """Write `output` (in `data_dir`) from the first `num_pairs` pairs of `preference.jsonl`,
     shuffled with `seed` (`layout`: the options of `judgement_records`); returns the number of records."""
     pairs = read_pairs(os.path.join(data_dir, "preference.jsonl"))[:num_pairs]
-    records = judgement_records(pairs, keep_task, **layout)
-    random.Random(seed).shuffle(records)
+    rng = random.Random(seed)
+    records = judgement_records(pairs, keep_task, rng=rng, **layout)
+    rng.shuffle(records)
     with open(os.path.join(data_dir, output), "w", encoding="utf-8") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
@@ -106,10 +127,11 @@ def main(argv=None):
     parser.add_argument("--layout", default="tiny", choices=LAYOUTS, help="the pointwise template of the records")
     parser.add_argument("--no_pairwise", action="store_true", help="leave out the pairwise (tiny_better) records")
     parser.add_argument("--error_prefixes", action="store_true", help="add each worse answer cut after its first error")
+    parser.add_argument("--near_misses", type=int, default=0, help="more correct/near-miss record pairs per pair")
     parser.add_argument("--output", default="judge.jsonl")
     args = parser.parse_args(argv)
     n = generate(args.data_dir, args.num_pairs, args.seed, args.output, layout=args.layout,
-                 pairwise=not args.no_pairwise, error_prefixes=args.error_prefixes)
+                 pairwise=not args.no_pairwise, error_prefixes=args.error_prefixes, near_misses=args.near_misses)
     print(json.dumps({args.output: n}))
 
 
