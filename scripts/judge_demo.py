@@ -67,6 +67,7 @@ def main(argv=None):
     parser.add_argument("--no_pairwise", action="store_true", help="no pairwise (tiny_better) records in the judge data")
     parser.add_argument("--error_prefixes", action="store_true", help="judge data: also each worse answer cut after its first error")
     parser.add_argument("--near_misses", type=int, default=0, help="judge data: more correct/near-miss record pairs per pair")
+    parser.add_argument("--fetch", action="store_true", help="judge data: Given:/Wanted: copy records of each judged answer")
     parser.add_argument("--judge_dir", default=None, help="where the judge and agreement.json go (default <root>/judge)")
     args = parser.parse_args(argv)
     root = args.output_root.rstrip("/")
@@ -76,10 +77,10 @@ def main(argv=None):
     from ppo.tiny.judge_data import SFT_PROMPT_TEMPLATE, generate, read_pairs
 
     layout = dict(layout=args.template, pairwise=not args.no_pairwise, error_prefixes=args.error_prefixes,
-                  near_misses=args.near_misses)
-    data = "judge.jsonl" if layout == dict(layout="tiny", pairwise=True, error_prefixes=False, near_misses=0) else \
+                  near_misses=args.near_misses, fetch=args.fetch)
+    data = "judge.jsonl" if layout == dict(layout="tiny", pairwise=True, error_prefixes=False, near_misses=0, fetch=False) else \
         f"judge_{args.template}{'_nopair' if args.no_pairwise else ''}{'_prefix' if args.error_prefixes else ''}" \
-        f"{f'_near{args.near_misses}' if args.near_misses else ''}.jsonl"
+        f"{f'_near{args.near_misses}' if args.near_misses else ''}{'_fetch' if args.fetch else ''}.jsonl"
     if not os.path.isfile(f"{root}/data/{data}"):
         generate(f"{root}/data", args.num_pairs, output=data, **layout)
     start = policy

@@ -215,6 +215,16 @@ def test_near_misses_are_wrong_answers_of_the_same_length():
     assert all(r["src"][0].startswith("USER: Reverse: ba2k4 ASSISTANT:") for r in more)
 
 
+def test_fetch_records_ask_for_the_compared_characters():
+    from ppo.tiny.judge_data import judgement_records
+
+    records = judgement_records([("Reverse: ba2k4", "4k2ab", "k42ab")], keep_task=False, pairwise=False, fetch=True)
+    assert [(r["src"][0], r["tgt"][0]) for r in records[2:]] == [
+        ("USER: Reverse: ba2k4 ASSISTANT:4k2ab Given:", "4k"), ("USER: Reverse: ba2k4 ASSISTANT:4k2ab Wanted:", "4k"),
+        ("USER: Reverse: ba2k4 ASSISTANT:k42ab Given:", "k4"), ("USER: Reverse: ba2k4 ASSISTANT:k42ab Wanted:", "4k")]
+    assert len(judgement_records([("Reverse: ab", "ba", "")], keep_task=False, pairwise=False, fetch=True)) == 2  # an empty worse answer: none
+
+
 def test_a_deepened_policy_computes_the_same_logits(tiny_model_dir, tmp_path):
     """`ppo.tiny.deepen`: two appended layers whose output projections start at zero leave every
     logit as it was; their other weights are drawn, and the input state is not written into."""

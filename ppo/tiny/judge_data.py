@@ -67,15 +67,24 @@ def near_miss(correct, rng):
     return None if wrong == correct else wrong
 
 
+def fetch_records(question, answer, correct):
+    """Two records that ask for what a verdict on `answer` compares (layout `tiny`): after `Given:` the
+    answer's first two characters, after `Wanted:` the correct answer's (the question's last two,
+    mirrored). Each is a copy, learnable on its own, unlike the verdict (an equality of the two)."""
+    stem = f"USER: {question} ASSISTANT:{answer}"
+    return [{"src": [f"{stem} Given:"], "tgt": [answer[:2]]}, {"src": [f"{stem} Wanted:"], "tgt": [correct[:2]]}]
+
+
 def judgement_records(pairs, keep_task=True, layout="tiny", pairwise=True, error_prefixes=False, near_misses=0,
-                      rng=None):
+                      rng=None, fetch=False):
     """Records per pair: both answers judged alone (`layout`: `tiny`, or `tiny_reference` with the
     correct answer as the reference), with `pairwise` the pair compared in both orders (`tiny_better`),
     with `keep_task` the task itself (`USER: Reverse: k3x9q ASSISTANT:` -> the correct answer), so that
     the policy keeps computing what the judge reads, and with `error_prefixes` the worse answer cut
     right after its first wrong character (`q9x3k` vs `9q...` -> `9`) -> `No`: a record whose cue is
     its last character. `near_misses` more pairs of records per pair: the correct answer -> `Yes`
-    and a `near_miss` of it (drawn with `rng`) -> `No`, so that most verdicts need a comparison."""
+    and a `near_miss` of it (drawn with `rng`) -> `No`, so that most verdicts need a comparison. With
+    `fetch`, `fetch_records` of every judged answer."""
     if layout not in LAYOUTS:
         raise ValueError(f"judge data layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     pointwise = TEMPLATES[layout]
@@ -96,6 +105,9 @@ def judgement_records(pairs, keep_task=True, layout="tiny", pairwise=True, error
             if wrong is not None:
                 records += [{"src": [render(pointwise, question=question, answer=a, reference=better)], "tgt": [v]}
                             for a, v in ((better, "Yes"), (wrong, "No"))]
+                records += fetch_records(question, wrong, better) if fetch else []
+        if fetch and worse:
+            records += fetch_records(question, better, better) + fetch_records(question, worse, better)
         if pairwise:
             records += [
                 {"src": [render(PAIRWISE, question=question, answer_a=better, answer_b=worse)], "tgt": ["A"]},
@@ -128,10 +140,11 @@ def main(argv=None):
     parser.add_argument("--no_pairwise", action="store_true", help="leave out the pairwise (tiny_better) records")
     parser.add_argument("--error_prefixes", action="store_true", help="add each worse answer cut after its first error")
     parser.add_argument("--near_misses", type=int, default=0, help="more correct/near-miss record pairs per pair")
+    parser.add_argument("--fetch", action="store_true", help="add the Given:/Wanted: copy records of each judged answer")
     parser.add_argument("--output", default="judge.jsonl")
     args = parser.parse_args(argv)
     n = generate(args.data_dir, args.num_pairs, args.seed, args.output, layout=args.layout,
-                 pairwise=not args.no_pairwise, error_prefixes=args.error_prefixes, near_misses=args.near_misses)
+                 pairwise=not args.no_pairwise, error_prefixes=args.error_prefixes, near_misses=args.near_misses, fetch=args.fetch)
     print(json.dumps({args.output: n}))
 
 
