@@ -10,6 +10,8 @@ prompts answered Yes/No and A/B, built from the training split's preference pair
 itself), since a policy that only ever saw `Reverse: ...` prompts was never asked for a verdict. With
 `--extra_layers N` the judge SFT starts from the policy with N more layers that leave its output as
 it was (`ppo/tiny/deepen.py`): room for the comparison the 2-layer policy has no layer left for.
+`--template tiny_reference` teaches and measures the rubric with the reference answer; `--no_pairwise`,
+`--error_prefixes`, `--near_misses N` and `--fetch` shape the judge data (`ppo/tiny/judge_data.py`).
 Three agreements per judge, on the 300 pairs of
 `preference_eval.jsonl` (a correct answer and a worse one; `reverse` gives them 1 and 0):
 

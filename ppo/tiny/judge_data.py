@@ -11,7 +11,9 @@ with the prompt template `{input}`):
 - pairwise: `USER: Reverse: k3x9q ASSISTANT:q9x3k USER: Reverse: k3x9q ASSISTANT:9qx3k Better:` -> `A`,
   and the same pair swapped -> `B`.
 
-The answers stand where the policy writes its own, so the judge can reuse what the policy computes
+Options (docs/distillation.md, "With the reference answer, and near misses"): the `tiny_reference`
+layout (the correct answer as `{reference}`), no pairwise records, error prefixes, near misses and
+fetch records. The answers stand where the policy writes its own, so the judge can reuse what the policy computes
 there; an earlier layout with the answer inside the user turn (`USER: Judge: Reverse: k3x9q =>
 q9x3k ASSISTANT:`) stayed at chance after 1,500 steps of SFT.
 
