@@ -169,6 +169,62 @@ def test_judge_data_records_match_the_templates(tmp_path):
     assert records[1][0] == render(template_text("tiny_better"), question="Reverse: abc", answer_a="bca", answer_b="cba")
 
 
+def test_reference_layout_records_and_error_prefixes(tmp_path):
+    """`tiny_reference` records carry the correct answer as the reference, reference character k
+    stands len(reference) + 11 characters before answer character k, and an error prefix ends on
+    the worse answer's first wrong character."""
+    from ppo.tiny.judge_data import first_error, generate
+
+    pair = {"prompt": "Reverse: abcd", "response_0": "dcab", "response_1": "dcba", "better_response_id": 1}
+    (tmp_path / "preference.jsonl").write_text(json.dumps(pair) + "\n")
+    n = generate(str(tmp_path), 10, 0, "r.jsonl", keep_task=False, layout="tiny_reference", pairwise=False,
+                 error_prefixes=True)
+    records = sorted((r["src"][0], r["tgt"][0]) for r in map(json.loads, open(tmp_path / "r.jsonl")))
+    assert n == 3 and records == sorted([
+        ("USER: Reverse: abcd REF:dcba ASSISTANT:dcba Judge:", "Yes"),
+        ("USER: Reverse: abcd REF:dcba ASSISTANT:dcab Judge:", "No"),
+        ("USER: Reverse: abcd REF:dcba ASSISTANT:dca Judge:", "No"),
+    ])
+    text = next(src for src, verdict in records if verdict == "Yes")
+    ref, ans = text.index("REF:") + 4, text.index("ASSISTANT:") + 10
+    assert ans - ref == len("dcba") + 11 and text[ref:ref + 4] == text[ans:ans + 4]
+    assert first_error("dcab", "dcba") == 2 and first_error("dc", "dcba") == 2 and first_error("dcba", "dcba") is None
+    assert first_error("", "dcba") == 0 and first_error("dcbaa", "dcba") == 4
+    with pytest.raises(ValueError, match="layout 'nope'"):
+        generate(str(tmp_path), 10, layout="nope")
+    with pytest.raises(ValueError, match="no reference"):
+        render(template_text("tiny_reference"), question="Reverse: ab", answer="ba", reference="")
+
+
+def test_near_misses_are_wrong_answers_of_the_same_length():
+    """`near_miss` never returns the correct answer, keeps its length and letters' count, and
+    `near_misses` adds a Yes/No record pair per draw (the default data are unchanged)."""
+    import random
+
+    from ppo.tiny.judge_data import judgement_records, near_miss
+
+    rng = random.Random(0)
+    drawn = [near_miss("4k2ab", rng) for _ in range(200)]
+    assert all(w != "4k2ab" and len(w) == 5 for w in drawn if w is not None)
+    assert "k42ab" in drawn and any(w is not None and w[2:] != "2ab" for w in drawn)  # the flaw and a later swap
+    pairs = [("Reverse: ba2k4", "4k2ab", "k42ab")]
+    plain = judgement_records(pairs, keep_task=False, pairwise=False)
+    more = judgement_records(pairs, keep_task=False, pairwise=False, near_misses=3, rng=random.Random(2))
+    assert len(plain) == 2 and more[:2] == plain and len(more) == 8  # distinct letters: no draw is None
+    assert [r["tgt"][0] for r in more[2:]] == ["Yes", "No"] * 3
+    assert all(r["src"][0].startswith("USER: Reverse: ba2k4 ASSISTANT:") for r in more)
+
+
+def test_fetch_records_ask_for_the_compared_characters():
+    from ppo.tiny.judge_data import judgement_records
+
+    records = judgement_records([("Reverse: ba2k4", "4k2ab", "k42ab")], keep_task=False, pairwise=False, fetch=True)
+    assert [(r["src"][0], r["tgt"][0]) for r in records[2:]] == [
+        ("USER: Reverse: ba2k4 ASSISTANT:4k2ab Given:", "4k"), ("USER: Reverse: ba2k4 ASSISTANT:4k2ab Wanted:", "4k"),
+        ("USER: Reverse: ba2k4 ASSISTANT:k42ab Given:", "k4"), ("USER: Reverse: ba2k4 ASSISTANT:k42ab Wanted:", "4k")]
+    assert len(judgement_records([("Reverse: ab", "ba", "")], keep_task=False, pairwise=False, fetch=True)) == 2  # an empty worse answer: none
+
+
 def test_a_deepened_policy_computes_the_same_logits(tiny_model_dir, tmp_path):
     """`ppo.tiny.deepen`: two appended layers whose output projections start at zero leave every
     logit as it was; their other weights are drawn, and the input state is not written into."""

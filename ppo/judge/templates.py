@@ -22,12 +22,15 @@ TEMPLATES = {
                "with A or B.\nBetter answer:"),
     "tiny": "USER: {question} ASSISTANT:{answer} Judge:",
     "tiny_better": "USER: {question} ASSISTANT:{answer_a} USER: {question} ASSISTANT:{answer_b} Better:",
+    "tiny_reference": "USER: {question} REF:{reference} ASSISTANT:{answer} Judge:",
 }
 """Built-in templates by name: `correct` (yes/no), `correct_with_reference`, `score` (1-10),
 `better` (pairwise A/B), and the demo task's `tiny` / `tiny_better`: the answer stands where the
 tiny policy writes its own (right after `ASSISTANT:`), then a verdict cue; `tiny_better` shows the
-question twice, one answer after each (`A` = the first). `ppo/tiny/judge_data.py` teaches a tiny
-policy to answer them."""
+question twice, one answer after each (`A` = the first); `tiny_reference` puts the reference answer
+right before the answer, so that answer character k stands a fixed distance after reference character k (the
+reference's length plus 11 characters; plus 2 tokens for the demo's tokenizer): a copy at one relative offset instead of a mirror.
+`ppo/tiny/judge_data.py` teaches a tiny policy to answer them."""
 
 FIELDS = ("question", "answer", "reference", "answer_a", "answer_b")
 

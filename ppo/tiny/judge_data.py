@@ -11,7 +11,9 @@ with the prompt template `{input}`):
 - pairwise: `USER: Reverse: k3x9q ASSISTANT:q9x3k USER: Reverse: k3x9q ASSISTANT:9qx3k Better:` -> `A`,
   and the same pair swapped -> `B`.
 
-The answers stand where the policy writes its own, so the judge can reuse what the policy computes
+Options (docs/distillation.md, "With the reference answer, and near misses"): the `tiny_reference`
+layout (the correct answer as `{reference}`), no pairwise records, error prefixes, near misses and
+fetch records. The answers stand where the policy writes its own, so the judge can reuse what the policy computes
 there; an earlier layout with the answer inside the user turn (`USER: Judge: Reverse: k3x9q =>
 q9x3k ASSISTANT:`) stayed at chance after 1,500 steps of SFT.
 
@@ -26,8 +28,11 @@ import os
 import random
 
 from ..judge.templates import TEMPLATES, render
+from .reverse_task import half_fixed_answer, random_adjacent_swap, wrong_symbol_answer
 
 POINTWISE, PAIRWISE = TEMPLATES["tiny"], TEMPLATES["tiny_better"]
+LAYOUTS = ("tiny", "tiny_reference")
+"""Pointwise templates the records can be written in (`tiny_reference` adds the reference answer)."""
 SFT_PROMPT_TEMPLATE = "{input}"
 """The records' `src` are whole judge prompts: SFT adds nothing around them."""
 
@@ -44,28 +49,82 @@ def read_pairs(path):
     return pairs
 
 
-def judgement_records(pairs, keep_task=True):
-    """Four records per pair: both answers judged alone, and the pair compared in both orders; with
-    `keep_task`, a fifth: the task itself (`USER: Reverse: k3x9q ASSISTANT:` -> the correct answer),
-    so that the policy keeps computing what the judge reads."""
+def first_error(answer, reference):
+    """The index of the first character where `answer` departs from `reference` (a character that
+    differs, or the end of the shorter one); None when they are equal."""
+    if answer == reference:
+        return None
+    return next((i for i, (a, r) in enumerate(zip(answer, reference)) if a != r), min(len(answer), len(reference)))
+
+
+def near_miss(correct, rng):
+    """A wrong answer of the same length as `correct` (at least 2 characters): its first two characters
+    swapped (the demonstrator's flaw), a half fix, a wrong symbol in the first two places or a random
+    adjacent swap, chosen with `rng`; None when the chosen one equals `correct`."""
+    kind = rng.randrange(4)
+    if kind == 0:
+        wrong = correct[1] + correct[0] + correct[2:]
+    else:
+        wrong = (half_fixed_answer, wrong_symbol_answer, random_adjacent_swap)[kind - 1](correct, rng)
+    return None if wrong == correct else wrong
+
+
+def fetch_records(question, answer, correct):
+    """Two records that ask for what a verdict on `answer` compares (layout `tiny`): after `Given:` the
+    answer's first two characters, after `Wanted:` the correct answer's (the question's last two,
+    mirrored). Each is a copy, learnable on its own, unlike the verdict (an equality of the two)."""
+    stem = f"USER: {question} ASSISTANT:{answer}"
+    return [{"src": [f"{stem} Given:"], "tgt": [answer[:2]]}, {"src": [f"{stem} Wanted:"], "tgt": [correct[:2]]}]
+
+
+def judgement_records(pairs, keep_task=True, layout="tiny", pairwise=True, error_prefixes=False, near_misses=0,
+                      rng=None, fetch=False):
+    """Records per pair: both answers judged alone (`layout`: `tiny`, or `tiny_reference` with the
+    correct answer as the reference), with `pairwise` the pair compared in both orders (`tiny_better`),
+    with `keep_task` the task itself (`USER: Reverse: k3x9q ASSISTANT:` -> the correct answer), so that
+    the policy keeps computing what the judge reads, and with `error_prefixes` the worse answer cut
+    right after its first wrong character (`q9x3k` vs `9q...` -> `9`) -> `No`: a record whose cue is
+    its last character. `near_misses` more pairs of records per pair: the correct answer -> `Yes`
+    and a `near_miss` of it (drawn with `rng`) -> `No`, so that most verdicts need a comparison. With
+    `fetch`, `fetch_records` of every judged answer."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"judge data layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    pointwise = TEMPLATES[layout]
     records = []
     for question, better, worse in pairs:
         if keep_task:
             records.append({"src": [f"USER: {question} ASSISTANT:"], "tgt": [better]})
         records += [
-            {"src": [render(POINTWISE, question=question, answer=better)], "tgt": ["Yes"]},
-            {"src": [render(POINTWISE, question=question, answer=worse)], "tgt": ["No"]},
-            {"src": [render(PAIRWISE, question=question, answer_a=better, answer_b=worse)], "tgt": ["A"]},
-            {"src": [render(PAIRWISE, question=question, answer_a=worse, answer_b=better)], "tgt": ["B"]},
+            {"src": [render(pointwise, question=question, answer=better, reference=better)], "tgt": ["Yes"]},
+            {"src": [render(pointwise, question=question, answer=worse, reference=better)], "tgt": ["No"]},
         ]
+        cut = first_error(worse, better)
+        if error_prefixes and cut is not None and cut < len(worse) and worse[:cut + 1] != worse:
+            records.append({"src": [render(pointwise, question=question, answer=worse[:cut + 1], reference=better)],
+                            "tgt": ["No"]})
+        for _ in range(near_misses):
+            wrong = near_miss(better, rng) if len(better) >= 2 else None
+            if wrong is not None:
+                records += [{"src": [render(pointwise, question=question, answer=a, reference=better)], "tgt": [v]}
+                            for a, v in ((better, "Yes"), (wrong, "No"))]
+                records += fetch_records(question, wrong, better) if fetch else []
+        if fetch and worse:
+            records += fetch_records(question, better, better) + fetch_records(question, worse, better)
+        if pairwise:
+            records += [
+                {"src": [render(PAIRWISE, question=question, answer_a=better, answer_b=worse)], "tgt": ["A"]},
+                {"src": [render(PAIRWISE, question=question, answer_a=worse, answer_b=better)], "tgt": ["B"]},
+            ]
     return records
 
 
-def generate(data_dir, num_pairs=4000, seed=7, output="judge.jsonl", keep_task=True):
+def generate(data_dir, num_pairs=4000, seed=7, output="judge.jsonl", keep_task=True, **layout):
     """Write `output` (in `data_dir`) from the first `num_pairs` pairs of `preference.jsonl`,
-    shuffled with `seed`; returns the number of records."""
-    records = judgement_records(read_pairs(os.path.join(data_dir, "preference.jsonl"))[:num_pairs], keep_task)
-    random.Random(seed).shuffle(records)
+    shuffled with `seed` (`layout`: the options of `judgement_records`); returns the number of records."""
+    pairs = read_pairs(os.path.join(data_dir, "preference.jsonl"))[:num_pairs]
+    rng = random.Random(seed)
+    records = judgement_records(pairs, keep_task, rng=rng, **layout)
+    rng.shuffle(records)
     with open(os.path.join(data_dir, output), "w", encoding="utf-8") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
@@ -79,8 +138,16 @@ def main(argv=None):
     parser.add_argument("--data_dir", required=True, help="the demo data (preference.jsonl); judge.jsonl is written there")
     parser.add_argument("--num_pairs", type=int, default=4000, help="training pairs used (4 records each)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--layout", default="tiny", choices=LAYOUTS, help="the pointwise template of the records")
+    parser.add_argument("--no_pairwise", action="store_true", help="leave out the pairwise (tiny_better) records")
+    parser.add_argument("--error_prefixes", action="store_true", help="add each worse answer cut after its first error")
+    parser.add_argument("--near_misses", type=int, default=0, help="more correct/near-miss record pairs per pair")
+    parser.add_argument("--fetch", action="store_true", help="add the Given:/Wanted: copy records of each judged answer")
+    parser.add_argument("--output", default="judge.jsonl")
     args = parser.parse_args(argv)
-    print(json.dumps({"judge.jsonl": generate(args.data_dir, args.num_pairs, args.seed)}))
+    n = generate(args.data_dir, args.num_pairs, args.seed, args.output, layout=args.layout,
+                 pairwise=not args.no_pairwise, error_prefixes=args.error_prefixes, near_misses=args.near_misses, fetch=args.fetch)
+    print(json.dumps({args.output: n}))
 
 
 if __name__ == "__main__":
