@@ -1,7 +1,7 @@
 """Seconds per GRPO step and per PPO step on the tiny Llama shape, in this toolkit's trainer
 and (when PyTorch + TRL are installed, see requirements-bench.txt) in TRL on the same shape.
 
-    python bench/step_bench.py                                  # ours, then TRL if found
+    python bench/step_bench.py                                  # ours and TRL (if found)
     python bench/step_bench.py --trl_python /work/benchvenv/bin/python
     python bench/step_bench.py --case grpo --steps 2 --no_trl   # quick
 
@@ -10,7 +10,9 @@ Model: `LlamaForCausalLM` from `ppo.tiny.factory.build_tiny` with hidden 256, in
 is `AutoModelForScore` over the same weights. TRL builds a transformers `LlamaForCausalLM`
 with the same config (its own random weights: same shapes and lengths, not the same numbers).
 
-Steps (each runs `--steps` times after one warm-up step; medians are reported):
+Steps (each side runs `--steps` (10) of them after one warm-up step; medians are reported; TRL's
+run sits between the two halves of ours, so that a load change on a shared host weighs on both
+sides alike, and `load_avg_1m` records the host's load average as each case starts and ends):
 - GRPO: 4 prompts x 4 samples, 16 new tokens (EOS suppressed, so every response is 16
   tokens), k3 KL loss (coefficient 0.04) with a reference pass, one optimiser step over the
   16 sequences. Scores from the reward model.
@@ -99,38 +101,59 @@ def our_argv(case, model_dir, rm_dir, data_dir, out, new_tokens=NEW_TOKENS, step
             "--kl_coeff", str(cfg["kl_coeff"])]
 
 
+class OurSteps:
+    """This toolkit's side of one case, as a context manager: entering builds the trainer (`ppo.run_ppo.build_trainer`)
+    and runs one warm-up step; `run(n)` measures `n` more `train_step`s (callable several times, so
+    that TRL's run can sit between two halves of ours); `result()` gives the medians of all of them."""
+
+    def __init__(self, case, model_dir, rm_dir, data_dir, steps, new_tokens=NEW_TOKENS, train_patch=True):
+        self.argv_args = (case, model_dir, rm_dir, data_dir)
+        self.steps, self.new_tokens, self.train_patch = steps, new_tokens, train_patch
+        self.runs, self.out, self.trainer = [], None, None
+
+    def __enter__(self):
+        import paddle
+
+        from ppo.run_ppo import build_trainer
+
+        self.out = tempfile.mkdtemp(prefix=f"step_bench_{self.argv_args[0]}_")
+        self.trainer = build_trainer(our_argv(*self.argv_args, self.out, self.new_tokens, self.steps + 1, self.train_patch))
+        paddle.seed(0)
+        self.trainer.train_step()  # warm-up: allocates gradients and AdamW moments
+        self.trainer.state.step += 1
+        return self
+
+    def __exit__(self, *exc):
+        shutil.rmtree(self.out, ignore_errors=True)
+
+    def run(self, n):
+        for _ in range(n):
+            start = time.perf_counter()
+            metrics, exp = self.trainer.train_step()
+            wall = time.perf_counter() - start
+            self.trainer.state.step += 1
+            self.runs.append({"step": wall, "rollout": metrics["timing_s/rollout"], "logprob": metrics["timing_s/logprob"],
+                              "update": metrics["timing_s/update"], "tokens": float(exp.response_mask.sum()), "rows": len(exp),
+                              "loss": metrics.get("loss/policy_avg", float("nan"))})
+
+    def result(self):
+        runs = self.runs
+        med = {k: round(statistics.median(r[k] for r in runs), 4) for k in ("step", "rollout", "logprob", "update")}
+        return {
+            "step_s_median": med["step"],
+            "phases_s_median": {k: med[k] for k in ("rollout", "logprob", "update")},
+            "step_s_all": [round(r["step"], 4) for r in runs],
+            "sequences_per_step": runs[-1]["rows"],
+            "response_tokens_per_step": runs[-1]["tokens"],
+            "loss_policy_last": runs[-1]["loss"],
+        }
+
+
 def run_ours(case, model_dir, rm_dir, data_dir, steps, new_tokens=NEW_TOKENS, train_patch=True):
     """One warm-up step then `steps` measured `train_step`s; medians of step and phases."""
-    import paddle
-
-    from ppo.run_ppo import build_trainer
-
-    out = tempfile.mkdtemp(prefix=f"step_bench_{case}_")
-    try:
-        trainer = build_trainer(our_argv(case, model_dir, rm_dir, data_dir, out, new_tokens, steps + 1, train_patch))
-        paddle.seed(0)
-        trainer.train_step()  # warm-up: allocates gradients and AdamW moments
-        trainer.state.step += 1
-        runs = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            metrics, exp = trainer.train_step()
-            wall = time.perf_counter() - start
-            trainer.state.step += 1
-            runs.append({"step": wall, "rollout": metrics["timing_s/rollout"], "logprob": metrics["timing_s/logprob"],
-                         "update": metrics["timing_s/update"], "tokens": float(exp.response_mask.sum()), "rows": len(exp),
-                         "loss": metrics.get("loss/policy_avg", float("nan"))})
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
-    med = {k: round(statistics.median(r[k] for r in runs), 4) for k in ("step", "rollout", "logprob", "update")}
-    return {
-        "step_s_median": med["step"],
-        "phases_s_median": {k: med[k] for k in ("rollout", "logprob", "update")},
-        "step_s_all": [round(r["step"], 4) for r in runs],
-        "sequences_per_step": runs[-1]["rows"],
-        "response_tokens_per_step": runs[-1]["tokens"],
-        "loss_policy_last": runs[-1]["loss"],
-    }
+    with OurSteps(case, model_dir, rm_dir, data_dir, steps, new_tokens, train_patch) as side:
+        side.run(steps)
+        return side.result()
 
 
 def paddle_threads():
@@ -170,11 +193,39 @@ def run_trl(py, case, model_dir, data_dir, steps, new_tokens=NEW_TOKENS, threads
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def run_case(case, assets, args, new_tokens, trl_py):
+    """One case's results: ours, TRL's (when `trl_py`) and their ratio, `--compare_train_patch`'s
+    unpatched run. TRL runs between the two halves of our measured steps, so that a change in the
+    machine's load during the run weighs on both sides alike; `load_avg_1m` is the host's load
+    average when the case starts and ends."""
+    model_dir, rm_dir, data_dir = assets
+    load_start = os.getloadavg()[0]
+    with OurSteps(case, model_dir, rm_dir, data_dir, args.steps, new_tokens) as side:
+        first = args.steps // 2 if trl_py else args.steps
+        side.run(first)
+        if trl_py:
+            trl_result = run_trl(trl_py, case, model_dir, data_dir, args.steps, new_tokens, args.trl_threads)
+            print(json.dumps({case: trl_result}), file=sys.stderr, flush=True)
+            side.run(args.steps - first)
+        result = {"ours": side.result()}
+    print(json.dumps({case: result["ours"]}), file=sys.stderr, flush=True)
+    if args.compare_train_patch:
+        base = run_ours(case, model_dir, rm_dir, data_dir, args.steps, new_tokens, train_patch=False)
+        result["ours_without_train_patch"] = base
+        result["ratio_train_patch_speedup"] = round(base["step_s_median"] / result["ours"]["step_s_median"], 3)
+    if trl_py:
+        result["trl"] = trl_result
+        if "step_s_median" in trl_result:
+            result["ratio_trl_over_ours"] = round(trl_result["step_s_median"] / result["ours"]["step_s_median"], 3)
+    result["load_avg_1m"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
+    return result
+
+
 def main(argv=None):
     from ppo.common.argument_help import doc_summary
     parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("--case", choices=["grpo", "ppo", "all"], default="all")
-    parser.add_argument("--steps", type=int, default=5, help="measured steps after one warm-up step")
+    parser.add_argument("--steps", type=int, default=10, help="measured steps after one warm-up step (each side)")
     parser.add_argument("--trl_python", default=None, help="interpreter with torch + transformers + trl for GRPO (default: /work/benchvenv, then this one)")
     parser.add_argument("--trl_ppo_python", default=None,
                         help="interpreter with a TRL that has PPOTrainer (<= 1.12; default: /work/benchvenv112, /work/benchvenv, this one)")
@@ -203,21 +254,9 @@ def main(argv=None):
               "note": "; ".join(f"{c}: TRL not run ({note}), our numbers only" for c, (py, note) in trl.items() if not py) or None,
               "results": {}}
     with tempfile.TemporaryDirectory(prefix="step_bench_") as tmp:
-        model_dir, rm_dir, data_dir = build_assets(tmp, shape)
+        assets = build_assets(tmp, shape)
         for case in cases:
-            result = {"ours": run_ours(case, model_dir, rm_dir, data_dir, args.steps, new_tokens)}
-            print(json.dumps({case: result["ours"]}), file=sys.stderr, flush=True)
-            if args.compare_train_patch:
-                base = run_ours(case, model_dir, rm_dir, data_dir, args.steps, new_tokens, train_patch=False)
-                result["ours_without_train_patch"] = base
-                result["ratio_train_patch_speedup"] = round(base["step_s_median"] / result["ours"]["step_s_median"], 3)
-            trl_py = trl[case][0]
-            if trl_py:
-                result["trl"] = run_trl(trl_py, case, model_dir, data_dir, args.steps, new_tokens, args.trl_threads)
-                print(json.dumps({case: result["trl"]}), file=sys.stderr, flush=True)
-                if "step_s_median" in result["trl"]:
-                    result["ratio_trl_over_ours"] = round(result["trl"]["step_s_median"] / result["ours"]["step_s_median"], 3)
-            report["results"][case] = result
+            report["results"][case] = run_case(case, assets, args, new_tokens, trl[case][0])
     text = json.dumps(report, indent=2)
     if args.output:
         with open(args.output, "w") as f:

@@ -48,3 +48,20 @@ def test_compare_train_patch_runs_both_variants():
     assert abs(result["ratio_train_patch_speedup"] - expected) < 1e-3
     argv = step_bench.our_argv("grpo", "M", "R", "D", "O", train_patch=False)
     assert argv[argv.index("--use_train_patch") + 1] == "false"
+
+
+def test_trl_runs_between_the_halves_of_our_steps(monkeypatch):
+    """TRL's run (a stand-in here) sits between two halves of our measured steps; the ratio is
+    TRL's median over ours and the load averages are reported."""
+    calls = []
+    run = step_bench.OurSteps.run
+    monkeypatch.setattr(step_bench.OurSteps, "run", lambda self, n: (calls.append(("ours", n)), run(self, n))[1])
+    monkeypatch.setattr(step_bench, "find_trl_python", lambda case, explicit: ("fake-python", "fake trl"))
+    monkeypatch.setattr(step_bench, "run_trl", lambda *a, **k: calls.append(("trl",)) or {"step_s_median": 2.0})
+    report = step_bench.main(["--small", "--steps", "3", "--case", "grpo"])
+    assert calls == [("ours", 1), ("trl",), ("ours", 2)]
+    result = report["results"]["grpo"]
+    assert len(result["ours"]["step_s_all"]) == 3 and result["trl"] == {"step_s_median": 2.0}
+    assert abs(result["ratio_trl_over_ours"] - 2.0 / result["ours"]["step_s_median"]) < 1e-2
+    assert len(result["load_avg_1m"]) == 2 and all(v >= 0 for v in result["load_avg_1m"])
+    assert report["trl"] == {"grpo": "fake trl"} and report["note"] is None
