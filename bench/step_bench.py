@@ -10,9 +10,9 @@ Model: `LlamaForCausalLM` from `ppo.tiny.factory.build_tiny` with hidden 256, in
 is `AutoModelForScore` over the same weights. TRL builds a transformers `LlamaForCausalLM`
 with the same config (its own random weights: same shapes and lengths, not the same numbers).
 
-Steps (each side runs `--steps` (10) of them after one warm-up step; medians are reported; TRL's
-run sits between the two halves of ours, so that a load change on a shared host weighs on both
-sides alike, and `load_avg_1m` records the host's load average as each case starts and ends):
+Steps (each side runs `--steps` (10) of them after one warm-up step; medians are reported; the
+two sides' steps alternate, TRL's worker waiting while ours runs, so that a load change on a
+shared host weighs on both alike; `load_avg_1m` records the load average as each case starts and ends):
 - GRPO: 4 prompts x 4 samples, 16 new tokens (EOS suppressed, so every response is 16
   tokens), k3 KL loss (coefficient 0.04) with a reference pass, one optimiser step over the
   16 sequences. Scores from the reward model.
@@ -22,9 +22,9 @@ Ours runs the trainer's real `train_step` (built by `ppo.run_ppo.build_trainer`)
 its phases: rollout (generation + scoring), logprob (old/reference log-probs, values,
 advantages) and update. TRL runs in the interpreter given by `--trl_python` (a separate
 environment, so PyTorch never meets Paddle in one process); its step time is the median
-wall time between `on_step_begin` and `on_step_end` callbacks (GRPO: TRL generates inside
-the step, so the step includes the rollout as ours does; PPO: TRL's PPOTrainer runs its
-whole loop body per `update`, timed the same way). JSON on stdout; `ratio_trl_over_ours` < 1
+wall time from one `on_step_end` callback to the next, less the wait while our step runs
+(GRPO: TRL generates inside the step, so the step includes the rollout as ours does; PPO:
+TRL's PPOTrainer runs its whole loop body per `update`, timed the same way). JSON on stdout; `ratio_trl_over_ours` < 1
 means TRL is faster. Both sides run with the same number of OpenMP threads (Paddle's
 OMP_NUM_THREADS, which its import sets to 1 when unset; `--trl_threads` to change TRL's).
 `--compare_train_patch` also runs our side with `use_train_patch false` (PaddleNLP's own
@@ -180,33 +180,47 @@ def find_trl_python(case, explicit):
     return None, "; ".join(notes)
 
 
-def run_trl(py, case, model_dir, data_dir, steps, new_tokens=NEW_TOKENS, threads=None):
-    """The TRL worker (bench/trl_step_worker.py) in `py`; its JSON result or a failure record."""
+def run_trl(py, case, model_dir, data_dir, steps, new_tokens=NEW_TOKENS, threads=None, between=None):
+    """The TRL worker (bench/trl_step_worker.py) in `py`; its JSON result or a failure record.
+    `between(i)`, when given, runs after TRL's step `i` (0: its warm-up) for `i < steps`, while the
+    worker waits (`--interleave`): the two sides' steps alternate and see the same load."""
     cmd = [py, os.path.join(ROOT, "bench", "trl_step_worker.py"), "--case", case, "--model_dir", model_dir,
-           "--prompts", os.path.join(data_dir, "prompts.jsonl"),
+           "--prompts", os.path.join(data_dir, "prompts.jsonl"), "--interleave",
            "--steps", str(steps), "--new_tokens", str(new_tokens), "--config", json.dumps(GRPO if case == "grpo" else PPO)]
     threads = threads or paddle_threads()
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        return {"failed": f"exit status {proc.returncode}", "stderr_tail": proc.stderr[-2000:]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    lines, done = [], 0
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        for line in proc.stdout:
+            if line.strip() != "@@step":  # the worker's STEP_SIGNAL
+                lines.append(line)
+                continue
+            if between is not None and done < steps:
+                between(done)
+            done += 1
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        proc.wait()
+        err.seek(0)
+        if proc.returncode != 0:
+            return {"failed": f"exit status {proc.returncode}", "stderr_tail": err.read()[-2000:]}
+    return json.loads(lines[-1])
 
 
 def run_case(case, assets, args, new_tokens, trl_py):
     """One case's results: ours, TRL's (when `trl_py`) and their ratio, `--compare_train_patch`'s
-    unpatched run. TRL runs between the two halves of our measured steps, so that a change in the
-    machine's load during the run weighs on both sides alike; `load_avg_1m` is the host's load
-    average when the case starts and ends."""
+    unpatched run. Our measured steps alternate with TRL's (`run_trl`'s `between`), so that a change
+    in the machine's load during the run weighs on both sides alike; `load_avg_1m` is the host's
+    load average when the case starts and ends."""
     model_dir, rm_dir, data_dir = assets
     load_start = os.getloadavg()[0]
     with OurSteps(case, model_dir, rm_dir, data_dir, args.steps, new_tokens) as side:
-        first = args.steps // 2 if trl_py else args.steps
-        side.run(first)
-        if trl_py:
-            trl_result = run_trl(trl_py, case, model_dir, data_dir, args.steps, new_tokens, args.trl_threads)
+        if trl_py:  # one of our steps after each of TRL's (its warm-up first)
+            trl_result = run_trl(trl_py, case, model_dir, data_dir, args.steps, new_tokens, args.trl_threads,
+                                 between=lambda i: side.run(1))
             print(json.dumps({case: trl_result}), file=sys.stderr, flush=True)
-            side.run(args.steps - first)
+        side.run(args.steps - len(side.runs))  # all of them without TRL (or if TRL stopped early)
         result = {"ours": side.result()}
     print(json.dumps({case: result["ours"]}), file=sys.stderr, flush=True)
     if args.compare_train_patch:
