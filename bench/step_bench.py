@@ -12,7 +12,9 @@ with the same config (its own random weights: same shapes and lengths, not the s
 
 Steps (each side runs `--steps` (10) of them after one warm-up step; medians are reported; the
 two sides' steps alternate, TRL's worker waiting while ours runs, so that a load change on a
-shared host weighs on both alike; `load_avg_1m` records the load average as each case starts and ends):
+shared host weighs on both alike; `ratio_trl_over_ours_paired` is the median of the ratios of
+adjacent steps, steadier under a bursty load; `load_avg_1m` records the load average as each
+case starts and ends):
 - GRPO: 4 prompts x 4 samples, 16 new tokens (EOS suppressed, so every response is 16
   tokens), k3 KL loss (coefficient 0.04) with a reference pass, one optimiser step over the
   16 sequences. Scores from the reward model.
@@ -231,6 +233,9 @@ def run_case(case, assets, args, new_tokens, trl_py):
         result["trl"] = trl_result
         if "step_s_median" in trl_result:
             result["ratio_trl_over_ours"] = round(trl_result["step_s_median"] / result["ours"]["step_s_median"], 3)
+            pairs = list(zip(trl_result.get("step_s_all", []), result["ours"]["step_s_all"]))
+            if pairs:  # TRL's step i+1 ran right after our step i: each pair saw about the same load
+                result["ratio_trl_over_ours_paired"] = round(statistics.median(t / o for t, o in pairs), 3)
     result["load_avg_1m"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
     return result
 

@@ -62,14 +62,17 @@ def test_our_steps_alternate_with_trls(monkeypatch):
         for i in range(3):
             calls.append(("trl", i))
             between(i)
-        return {"step_s_median": 2.0}
+        return {"step_s_median": 2.0, "step_s_all": [2.0, 1.0, 4.0]}
 
     monkeypatch.setattr(step_bench, "run_trl", fake_trl)
     report = step_bench.main(["--small", "--steps", "3", "--case", "grpo"])
     assert calls == [("trl", 0), ("ours", 1), ("trl", 1), ("ours", 1), ("trl", 2), ("ours", 1), ("ours", 0)]
     result = report["results"]["grpo"]
-    assert len(result["ours"]["step_s_all"]) == 3 and result["trl"] == {"step_s_median": 2.0}
+    ours = result["ours"]["step_s_all"]
+    assert len(ours) == 3 and result["trl"]["step_s_median"] == 2.0
     assert abs(result["ratio_trl_over_ours"] - 2.0 / result["ours"]["step_s_median"]) < 1e-2
+    paired = sorted(t / o for t, o in zip([2.0, 1.0, 4.0], ours))[1]  # the median of the adjacent steps' ratios
+    assert abs(result["ratio_trl_over_ours_paired"] - paired) < 1e-2 * paired
     assert len(result["load_avg_1m"]) == 2 and all(v >= 0 for v in result["load_avg_1m"])
     assert report["trl"] == {"grpo": "fake trl"} and report["note"] is None
 
