@@ -1,7 +1,7 @@
 """Seconds per GRPO step and per PPO step on the tiny Llama shape, in this toolkit's trainer
 and (when PyTorch + TRL are installed, see requirements-bench.txt) in TRL on the same shape.
 
-    python bench/step_bench.py                                  # ours, then TRL if found
+    python bench/step_bench.py                                  # ours and TRL (if found)
     python bench/step_bench.py --trl_python /work/benchvenv/bin/python
     python bench/step_bench.py --case grpo --steps 2 --no_trl   # quick
 
@@ -10,7 +10,11 @@ Model: `LlamaForCausalLM` from `ppo.tiny.factory.build_tiny` with hidden 256, in
 is `AutoModelForScore` over the same weights. TRL builds a transformers `LlamaForCausalLM`
 with the same config (its own random weights: same shapes and lengths, not the same numbers).
 
-Steps (each runs `--steps` times after one warm-up step; medians are reported):
+Steps (each side runs `--steps` (10) of them after one warm-up step; medians are reported; the
+two sides' steps alternate, TRL's worker waiting while ours runs, so that a load change on a
+shared host weighs on both alike; `ratio_trl_over_ours_paired` is the median of the ratios of
+adjacent steps, steadier under a bursty load; `load_avg_1m` records the load average as each
+case starts and ends):
 - GRPO: 4 prompts x 4 samples, 16 new tokens (EOS suppressed, so every response is 16
   tokens), k3 KL loss (coefficient 0.04) with a reference pass, one optimiser step over the
   16 sequences. Scores from the reward model.
@@ -20,9 +24,9 @@ Ours runs the trainer's real `train_step` (built by `ppo.run_ppo.build_trainer`)
 its phases: rollout (generation + scoring), logprob (old/reference log-probs, values,
 advantages) and update. TRL runs in the interpreter given by `--trl_python` (a separate
 environment, so PyTorch never meets Paddle in one process); its step time is the median
-wall time between `on_step_begin` and `on_step_end` callbacks (GRPO: TRL generates inside
-the step, so the step includes the rollout as ours does; PPO: TRL's PPOTrainer runs its
-whole loop body per `update`, timed the same way). JSON on stdout; `ratio_trl_over_ours` < 1
+wall time from one `on_step_end` callback to the next, less the wait while our step runs
+(GRPO: TRL generates inside the step, so the step includes the rollout as ours does; PPO:
+TRL's PPOTrainer runs its whole loop body per `update`, timed the same way). JSON on stdout; `ratio_trl_over_ours` < 1
 means TRL is faster. Both sides run with the same number of OpenMP threads (Paddle's
 OMP_NUM_THREADS, which its import sets to 1 when unset; `--trl_threads` to change TRL's).
 `--compare_train_patch` also runs our side with `use_train_patch false` (PaddleNLP's own
@@ -99,38 +103,59 @@ def our_argv(case, model_dir, rm_dir, data_dir, out, new_tokens=NEW_TOKENS, step
             "--kl_coeff", str(cfg["kl_coeff"])]
 
 
+class OurSteps:
+    """This toolkit's side of one case, as a context manager: entering builds the trainer (`ppo.run_ppo.build_trainer`)
+    and runs one warm-up step; `run(n)` measures `n` more `train_step`s (callable several times, so
+    that TRL's run can sit between two halves of ours); `result()` gives the medians of all of them."""
+
+    def __init__(self, case, model_dir, rm_dir, data_dir, steps, new_tokens=NEW_TOKENS, train_patch=True):
+        self.argv_args = (case, model_dir, rm_dir, data_dir)
+        self.steps, self.new_tokens, self.train_patch = steps, new_tokens, train_patch
+        self.runs, self.out, self.trainer = [], None, None
+
+    def __enter__(self):
+        import paddle
+
+        from ppo.run_ppo import build_trainer
+
+        self.out = tempfile.mkdtemp(prefix=f"step_bench_{self.argv_args[0]}_")
+        self.trainer = build_trainer(our_argv(*self.argv_args, self.out, self.new_tokens, self.steps + 1, self.train_patch))
+        paddle.seed(0)
+        self.trainer.train_step()  # warm-up: allocates gradients and AdamW moments
+        self.trainer.state.step += 1
+        return self
+
+    def __exit__(self, *exc):
+        shutil.rmtree(self.out, ignore_errors=True)
+
+    def run(self, n):
+        for _ in range(n):
+            start = time.perf_counter()
+            metrics, exp = self.trainer.train_step()
+            wall = time.perf_counter() - start
+            self.trainer.state.step += 1
+            self.runs.append({"step": wall, "rollout": metrics["timing_s/rollout"], "logprob": metrics["timing_s/logprob"],
+                              "update": metrics["timing_s/update"], "tokens": float(exp.response_mask.sum()), "rows": len(exp),
+                              "loss": metrics.get("loss/policy_avg", float("nan"))})
+
+    def result(self):
+        runs = self.runs
+        med = {k: round(statistics.median(r[k] for r in runs), 4) for k in ("step", "rollout", "logprob", "update")}
+        return {
+            "step_s_median": med["step"],
+            "phases_s_median": {k: med[k] for k in ("rollout", "logprob", "update")},
+            "step_s_all": [round(r["step"], 4) for r in runs],
+            "sequences_per_step": runs[-1]["rows"],
+            "response_tokens_per_step": runs[-1]["tokens"],
+            "loss_policy_last": runs[-1]["loss"],
+        }
+
+
 def run_ours(case, model_dir, rm_dir, data_dir, steps, new_tokens=NEW_TOKENS, train_patch=True):
     """One warm-up step then `steps` measured `train_step`s; medians of step and phases."""
-    import paddle
-
-    from ppo.run_ppo import build_trainer
-
-    out = tempfile.mkdtemp(prefix=f"step_bench_{case}_")
-    try:
-        trainer = build_trainer(our_argv(case, model_dir, rm_dir, data_dir, out, new_tokens, steps + 1, train_patch))
-        paddle.seed(0)
-        trainer.train_step()  # warm-up: allocates gradients and AdamW moments
-        trainer.state.step += 1
-        runs = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            metrics, exp = trainer.train_step()
-            wall = time.perf_counter() - start
-            trainer.state.step += 1
-            runs.append({"step": wall, "rollout": metrics["timing_s/rollout"], "logprob": metrics["timing_s/logprob"],
-                         "update": metrics["timing_s/update"], "tokens": float(exp.response_mask.sum()), "rows": len(exp),
-                         "loss": metrics.get("loss/policy_avg", float("nan"))})
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
-    med = {k: round(statistics.median(r[k] for r in runs), 4) for k in ("step", "rollout", "logprob", "update")}
-    return {
-        "step_s_median": med["step"],
-        "phases_s_median": {k: med[k] for k in ("rollout", "logprob", "update")},
-        "step_s_all": [round(r["step"], 4) for r in runs],
-        "sequences_per_step": runs[-1]["rows"],
-        "response_tokens_per_step": runs[-1]["tokens"],
-        "loss_policy_last": runs[-1]["loss"],
-    }
+    with OurSteps(case, model_dir, rm_dir, data_dir, steps, new_tokens, train_patch) as side:
+        side.run(steps)
+        return side.result()
 
 
 def paddle_threads():
@@ -157,24 +182,69 @@ def find_trl_python(case, explicit):
     return None, "; ".join(notes)
 
 
-def run_trl(py, case, model_dir, data_dir, steps, new_tokens=NEW_TOKENS, threads=None):
-    """The TRL worker (bench/trl_step_worker.py) in `py`; its JSON result or a failure record."""
+def run_trl(py, case, model_dir, data_dir, steps, new_tokens=NEW_TOKENS, threads=None, between=None):
+    """The TRL worker (bench/trl_step_worker.py) in `py`; its JSON result or a failure record.
+    `between(i)`, when given, runs after TRL's step `i` (0: its warm-up) for `i < steps`, while the
+    worker waits (`--interleave`): the two sides' steps alternate and see the same load."""
     cmd = [py, os.path.join(ROOT, "bench", "trl_step_worker.py"), "--case", case, "--model_dir", model_dir,
-           "--prompts", os.path.join(data_dir, "prompts.jsonl"),
+           "--prompts", os.path.join(data_dir, "prompts.jsonl"), "--interleave",
            "--steps", str(steps), "--new_tokens", str(new_tokens), "--config", json.dumps(GRPO if case == "grpo" else PPO)]
     threads = threads or paddle_threads()
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        return {"failed": f"exit status {proc.returncode}", "stderr_tail": proc.stderr[-2000:]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    lines, done = [], 0
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        for line in proc.stdout:
+            if line.strip() != "@@step":  # the worker's STEP_SIGNAL
+                lines.append(line)
+                continue
+            if between is not None and done < steps:
+                between(done)
+            done += 1
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        proc.wait()
+        err.seek(0)
+        if proc.returncode != 0:
+            return {"failed": f"exit status {proc.returncode}", "stderr_tail": err.read()[-2000:]}
+    return json.loads(lines[-1])
+
+
+def run_case(case, assets, args, new_tokens, trl_py):
+    """One case's results: ours, TRL's (when `trl_py`) and their ratio, `--compare_train_patch`'s
+    unpatched run. Our measured steps alternate with TRL's (`run_trl`'s `between`), so that a change
+    in the machine's load during the run weighs on both sides alike; `load_avg_1m` is the host's
+    load average when the case starts and ends."""
+    model_dir, rm_dir, data_dir = assets
+    load_start = os.getloadavg()[0]
+    with OurSteps(case, model_dir, rm_dir, data_dir, args.steps, new_tokens) as side:
+        if trl_py:  # one of our steps after each of TRL's (its warm-up first)
+            trl_result = run_trl(trl_py, case, model_dir, data_dir, args.steps, new_tokens, args.trl_threads,
+                                 between=lambda i: side.run(1))
+            print(json.dumps({case: trl_result}), file=sys.stderr, flush=True)
+        side.run(args.steps - len(side.runs))  # all of them without TRL (or if TRL stopped early)
+        result = {"ours": side.result()}
+    print(json.dumps({case: result["ours"]}), file=sys.stderr, flush=True)
+    if args.compare_train_patch:
+        base = run_ours(case, model_dir, rm_dir, data_dir, args.steps, new_tokens, train_patch=False)
+        result["ours_without_train_patch"] = base
+        result["ratio_train_patch_speedup"] = round(base["step_s_median"] / result["ours"]["step_s_median"], 3)
+    if trl_py:
+        result["trl"] = trl_result
+        if "step_s_median" in trl_result:
+            result["ratio_trl_over_ours"] = round(trl_result["step_s_median"] / result["ours"]["step_s_median"], 3)
+            pairs = list(zip(trl_result.get("step_s_all", []), result["ours"]["step_s_all"]))
+            if pairs:  # TRL's step i+1 ran right after our step i: each pair saw about the same load
+                result["ratio_trl_over_ours_paired"] = round(statistics.median(t / o for t, o in pairs), 3)
+    result["load_avg_1m"] = [round(load_start, 2), round(os.getloadavg()[0], 2)]
+    return result
 
 
 def main(argv=None):
     from ppo.common.argument_help import doc_summary
     parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("--case", choices=["grpo", "ppo", "all"], default="all")
-    parser.add_argument("--steps", type=int, default=5, help="measured steps after one warm-up step")
+    parser.add_argument("--steps", type=int, default=10, help="measured steps after one warm-up step (each side)")
     parser.add_argument("--trl_python", default=None, help="interpreter with torch + transformers + trl for GRPO (default: /work/benchvenv, then this one)")
     parser.add_argument("--trl_ppo_python", default=None,
                         help="interpreter with a TRL that has PPOTrainer (<= 1.12; default: /work/benchvenv112, /work/benchvenv, this one)")
@@ -203,21 +273,9 @@ def main(argv=None):
               "note": "; ".join(f"{c}: TRL not run ({note}), our numbers only" for c, (py, note) in trl.items() if not py) or None,
               "results": {}}
     with tempfile.TemporaryDirectory(prefix="step_bench_") as tmp:
-        model_dir, rm_dir, data_dir = build_assets(tmp, shape)
+        assets = build_assets(tmp, shape)
         for case in cases:
-            result = {"ours": run_ours(case, model_dir, rm_dir, data_dir, args.steps, new_tokens)}
-            print(json.dumps({case: result["ours"]}), file=sys.stderr, flush=True)
-            if args.compare_train_patch:
-                base = run_ours(case, model_dir, rm_dir, data_dir, args.steps, new_tokens, train_patch=False)
-                result["ours_without_train_patch"] = base
-                result["ratio_train_patch_speedup"] = round(base["step_s_median"] / result["ours"]["step_s_median"], 3)
-            trl_py = trl[case][0]
-            if trl_py:
-                result["trl"] = run_trl(trl_py, case, model_dir, data_dir, args.steps, new_tokens, args.trl_threads)
-                print(json.dumps({case: result["trl"]}), file=sys.stderr, flush=True)
-                if "step_s_median" in result["trl"]:
-                    result["ratio_trl_over_ours"] = round(result["trl"]["step_s_median"] / result["ours"]["step_s_median"], 3)
-            report["results"][case] = result
+            report["results"][case] = run_case(case, assets, args, new_tokens, trl[case][0])
     text = json.dumps(report, indent=2)
     if args.output:
         with open(args.output, "w") as f:

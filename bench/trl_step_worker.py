@@ -7,9 +7,10 @@ The shape comes from DIR/config.json (written by ppo.tiny.factory); weights are 
 own random initialisation. The tokenizer is a character-level `PreTrainedTokenizerFast` over
 the tiny tokenizer's symbols (same vocabulary size as the model), so prompts have about the
 lengths they have in this toolkit. The reward model (and PPO's critic) is a
-`LlamaForSequenceClassification` of the same shape. Step time: wall time between consecutive
-`on_step_end` callbacks (everything one optimisation step does, generation included); the
-first interval after the first step is the warm-up and is dropped. One JSON line on stdout.
+`LlamaForSequenceClassification` of the same shape. Step time: wall time from one `on_step_end`
+callback to the next (everything one optimisation step does, generation included; with
+`--interleave`, less the wait between steps while the parent runs one of its own); the first
+step is the warm-up and is dropped. One JSON line on stdout, last.
 """
 import argparse
 import json
@@ -65,26 +66,40 @@ def read_prompts(path, template="USER: {input} ASSISTANT:"):
         return [template.format(input=json.loads(line)["src"]) for line in f if line.strip()]
 
 
-class StepTimer:
-    """A `TrainerCallback` recording the wall time between consecutive `on_step_end` calls."""
+STEP_SIGNAL = "@@step"
+"""With `--interleave`, the line the worker prints after each step before it waits for a line on stdin."""
 
-    def __new__(cls):
+
+class StepTimer:
+    """A `TrainerCallback` timing each step: from the previous `on_step_end` (or `on_train_begin`)
+    to this one. With `interleave`, each `on_step_end` prints `STEP_SIGNAL` and waits for a line
+    on stdin (the parent runs one of its own steps meanwhile); the next step's clock starts after it."""
+
+    def __new__(cls, interleave=False):
         from transformers import TrainerCallback
 
         class _Timer(TrainerCallback):
             def __init__(self):
-                self.marks = []
+                self.starts, self.ends = [], []
 
             def on_train_begin(self, args, state, control, **kwargs):
-                self.marks.append(time.perf_counter())
+                self.starts.append(time.perf_counter())
 
             def on_step_end(self, args, state, control, **kwargs):
-                self.marks.append(time.perf_counter())
+                self.ends.append(time.perf_counter())
+                if interleave:
+                    print(STEP_SIGNAL, flush=True)
+                    sys.stdin.readline()
+                self.starts.append(time.perf_counter())
+
+            @property
+            def intervals(self):
+                return [end - start for start, end in zip(self.starts, self.ends)]
 
         return _Timer()
 
 
-def run_grpo(model_dir, prompts, steps, new_tokens, cfg, out):
+def run_grpo(model_dir, prompts, steps, new_tokens, cfg, out, interleave=False):
     import torch
     from datasets import Dataset
     from transformers import LlamaForCausalLM, LlamaForSequenceClassification
@@ -104,14 +119,14 @@ def run_grpo(model_dir, prompts, steps, new_tokens, cfg, out):
         temperature=1.0, top_p=1.0, seed=42, dataloader_num_workers=0, disable_tqdm=True,
         generation_kwargs={"min_new_tokens": new_tokens},  # every response full length, as in the toolkit's bench
     )
-    timer = StepTimer()
+    timer = StepTimer(interleave)
     trainer = GRPOTrainer(model=model_path, reward_funcs=reward_path, args=args, train_dataset=Dataset.from_dict({"prompt": prompts}),
                           processing_class=tokenizer, reward_processing_classes=tokenizer, callbacks=[timer])
     trainer.train()
-    return timer.marks
+    return timer.intervals
 
 
-def run_ppo(model_dir, prompts, steps, new_tokens, cfg, out):
+def run_ppo(model_dir, prompts, steps, new_tokens, cfg, out, interleave=False):
     import torch
     from datasets import Dataset
     from transformers import LlamaForCausalLM, LlamaForSequenceClassification
@@ -135,11 +150,11 @@ def run_ppo(model_dir, prompts, steps, new_tokens, cfg, out):
         use_cpu=True, bf16=False, fp16=False, temperature=1.0, seed=42, num_sample_generations=0,
         missing_eos_penalty=1.0, stop_token=None, dataloader_num_workers=0, disable_tqdm=True,
     )
-    timer = StepTimer()
+    timer = StepTimer(interleave)
     trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=ref, reward_model=reward,
                          value_model=value, train_dataset=Dataset.from_dict({"input_ids": ids}), callbacks=[timer])
     trainer.train()
-    return timer.marks
+    return timer.intervals
 
 
 def main(argv=None):
@@ -150,6 +165,8 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--new_tokens", type=int, default=16)
     parser.add_argument("--config", required=True, help="JSON: prompts, samples, epochs and the KL coefficient")
+    parser.add_argument("--interleave", action="store_true",
+                        help=f"after each step print {STEP_SIGNAL!r} and wait for a line on stdin (not timed)")
     args = parser.parse_args(argv)
     import torch
     import transformers
@@ -158,8 +175,8 @@ def main(argv=None):
     cfg = json.loads(args.config)
     prompts = read_prompts(args.prompts)
     with tempfile.TemporaryDirectory(prefix="trl_step_") as out:
-        marks = (run_grpo if args.case == "grpo" else run_ppo)(args.model_dir, prompts, args.steps, args.new_tokens, cfg, out)
-    intervals = [b - a for a, b in zip(marks, marks[1:])]
+        run = run_grpo if args.case == "grpo" else run_ppo
+        intervals = run(args.model_dir, prompts, args.steps, args.new_tokens, cfg, out, args.interleave)
     if len(intervals) < args.steps + 1:
         raise SystemExit(f"TRL ran {len(intervals)} steps, expected {args.steps + 1}")
     measured = intervals[1 : args.steps + 1]

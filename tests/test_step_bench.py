@@ -48,3 +48,56 @@ def test_compare_train_patch_runs_both_variants():
     assert abs(result["ratio_train_patch_speedup"] - expected) < 1e-3
     argv = step_bench.our_argv("grpo", "M", "R", "D", "O", train_patch=False)
     assert argv[argv.index("--use_train_patch") + 1] == "false"
+
+
+def test_our_steps_alternate_with_trls(monkeypatch):
+    """Each of our measured steps runs after one of TRL's (a stand-in run here); the ratio is TRL's
+    median over ours and the load averages are reported."""
+    calls = []
+    run = step_bench.OurSteps.run
+    monkeypatch.setattr(step_bench.OurSteps, "run", lambda self, n: (calls.append(("ours", n)), run(self, n))[1])
+    monkeypatch.setattr(step_bench, "find_trl_python", lambda case, explicit: ("fake-python", "fake trl"))
+
+    def fake_trl(*args, between=None, **kwargs):
+        for i in range(3):
+            calls.append(("trl", i))
+            between(i)
+        return {"step_s_median": 2.0, "step_s_all": [2.0, 1.0, 4.0]}
+
+    monkeypatch.setattr(step_bench, "run_trl", fake_trl)
+    report = step_bench.main(["--small", "--steps", "3", "--case", "grpo"])
+    assert calls == [("trl", 0), ("ours", 1), ("trl", 1), ("ours", 1), ("trl", 2), ("ours", 1), ("ours", 0)]
+    result = report["results"]["grpo"]
+    ours = result["ours"]["step_s_all"]
+    assert len(ours) == 3 and result["trl"]["step_s_median"] == 2.0
+    assert abs(result["ratio_trl_over_ours"] - 2.0 / result["ours"]["step_s_median"]) < 1e-2
+    paired = sorted(t / o for t, o in zip([2.0, 1.0, 4.0], ours))[1]  # the median of the adjacent steps' ratios
+    assert abs(result["ratio_trl_over_ours_paired"] - paired) < 1e-2 * paired
+    assert len(result["load_avg_1m"]) == 2 and all(v >= 0 for v in result["load_avg_1m"])
+    assert report["trl"] == {"grpo": "fake trl"} and report["note"] is None
+
+
+FAKE_WORKER = """import json, sys
+steps = int(sys.argv[sys.argv.index("--steps") + 1])
+assert "--interleave" in sys.argv
+print("a log line")
+replies = 0
+for _ in range(steps + 1):  # the warm-up step, then the measured ones
+    print("@@step", flush=True)
+    replies += sys.stdin.readline() == "go\\n"
+print(json.dumps({"step_s_median": 1.5, "replies": replies}))
+"""
+
+
+def test_run_trl_talks_to_the_worker_step_by_step(monkeypatch, tmp_path):
+    """`run_trl` answers each of the worker's step signals after `between` (for the first `steps`
+    of them) and returns the worker's last line; a failing worker gives a failure record."""
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "trl_step_worker.py").write_text(FAKE_WORKER)
+    monkeypatch.setattr(step_bench, "ROOT", str(tmp_path))
+    seen = []
+    result = step_bench.run_trl(sys.executable, "grpo", "M", "D", 4, threads=1, between=seen.append)
+    assert result == {"step_s_median": 1.5, "replies": 5} and seen == [0, 1, 2, 3]
+    (tmp_path / "bench" / "trl_step_worker.py").write_text("import sys; sys.exit('no trl here')")
+    failed = step_bench.run_trl(sys.executable, "grpo", "M", "D", 4, threads=1)
+    assert failed["failed"] == "exit status 1" and "no trl here" in failed["stderr_tail"]
