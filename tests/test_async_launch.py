@@ -131,6 +131,7 @@ def test_two_node_launch_is_the_one_launch_run(split, tiny_model_dir, tiny_data_
     assert_same_run(out, split)
 
 
+@pytest.mark.slow
 def test_stale_batches_use_exactly_the_trainers_weights_of_their_version(tiny_model_dir, tiny_data_dir, tmp_path):
     """Staleness 1, a checkpoint after every step: the weights that sampled each batch (their
     checksum, reported by the rollout rank after applying them) are the trainer's after the
@@ -160,6 +161,7 @@ def wait_for(predicate, proc, out):
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_dead_rollout_rank_stops_the_trainer_with_a_checkpoint(tiny_model_dir, tiny_data_dir, tmp_path):
     out = str(tmp_path / "dead")
     argv = run_argv(tiny_model_dir, tiny_data_dir, out, "--max_steps", "400")
