@@ -25,7 +25,7 @@ from tests.rule_reward_helpers import rule_argv
 def placement_args(**changes):
     base = dict(rollout_placement="split", rollout_ranks=1, async_staleness=0, tensor_parallel_degree=1,
                 pipeline_parallel_degree=1, sharding_parallel_degree=1, use_fusemt=True, dynamic_sampling=False, env_name="",
-                rollout_is="none")
+                rollout_is="none", early_stopping=False)
     base.update(changes)
     args = SimpleNamespace(**base)
     args.split_rollout = args.rollout_placement == "split"
@@ -45,6 +45,7 @@ def placement_args(**changes):
     ({"rollout_placement": "elsewhere"}, 2, "rollout_placement must be one of"),
     ({"use_fusemt": False}, 2, "use_fusemt false with rollout_placement split"),
     ({"dynamic_sampling": True}, 2, "dynamic_sampling with rollout_placement split"),
+    ({"early_stopping": True}, 2, "early_stopping with rollout_placement split"),
 ])
 def test_placement_problems_name_the_key(changes, world, key):
     problems = rollout_placement_problems(placement_args(**changes), world)

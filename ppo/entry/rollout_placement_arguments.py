@@ -109,6 +109,9 @@ def rollout_placement_problems(args, world_size):
                         "across ranks")
     if args.env_name:
         problems.append("env_name with rollout_placement split: multi-turn rollouts run colocated only")
+    if getattr(args, "early_stopping", False):
+        problems.append("early_stopping with rollout_placement split: the rollout rank serves every step up to max_steps, "
+                        "a run that ends earlier is not implemented")
     if args.async_staleness > 0 and args.rollout_is == "none":
         problems.append(f"async_staleness {args.async_staleness} with rollout_is none: stale batches need the importance "
                         "weights of the rollout correction (rollout_is token or sequence)")
