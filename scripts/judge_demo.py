@@ -11,7 +11,9 @@ itself), since a policy that only ever saw `Reverse: ...` prompts was never aske
 `--extra_layers N` the judge SFT starts from the policy with N more layers that leave its output as
 it was (`ppo/tiny/deepen.py`): room for the comparison the 2-layer policy has no layer left for.
 `--template tiny_reference` teaches and measures the rubric with the reference answer; `--no_pairwise`,
-`--error_prefixes`, `--near_misses N` and `--fetch` shape the judge data (`ppo/tiny/judge_data.py`).
+`--error_prefixes`, `--near_misses N`, `--fetch` and `--prefixes` (verdicts on every prefix of
+each judged answer: the data that taught a judge, docs/distillation.md) shape the judge data
+(`ppo/tiny/judge_data.py`).
 Three agreements per judge, on the 300 pairs of
 `preference_eval.jsonl` (a correct answer and a worse one; `reverse` gives them 1 and 0):
 
@@ -70,6 +72,7 @@ def main(argv=None):
     parser.add_argument("--error_prefixes", action="store_true", help="judge data: also each worse answer cut after its first error")
     parser.add_argument("--near_misses", type=int, default=0, help="judge data: more correct/near-miss record pairs per pair")
     parser.add_argument("--fetch", action="store_true", help="judge data: Given:/Wanted: copy records of each judged answer")
+    parser.add_argument("--prefixes", action="store_true", help="judge data: verdicts on every prefix of each judged answer")
     parser.add_argument("--judge_dir", default=None, help="where the judge and agreement.json go (default <root>/judge)")
     args = parser.parse_args(argv)
     root = args.output_root.rstrip("/")
@@ -79,10 +82,10 @@ def main(argv=None):
     from ppo.tiny.judge_data import SFT_PROMPT_TEMPLATE, generate, read_pairs
 
     layout = dict(layout=args.template, pairwise=not args.no_pairwise, error_prefixes=args.error_prefixes,
-                  near_misses=args.near_misses, fetch=args.fetch)
-    data = "judge.jsonl" if layout == dict(layout="tiny", pairwise=True, error_prefixes=False, near_misses=0, fetch=False) else \
+                  near_misses=args.near_misses, fetch=args.fetch, prefixes=args.prefixes)
+    data = "judge.jsonl" if layout == dict(layout="tiny", pairwise=True, error_prefixes=False, near_misses=0, fetch=False, prefixes=False) else \
         f"judge_{args.template}{'_nopair' if args.no_pairwise else ''}{'_prefix' if args.error_prefixes else ''}" \
-        f"{f'_near{args.near_misses}' if args.near_misses else ''}{'_fetch' if args.fetch else ''}.jsonl"
+        f"{f'_near{args.near_misses}' if args.near_misses else ''}{'_fetch' if args.fetch else ''}{'_prefixes' if args.prefixes else ''}.jsonl"
     if not os.path.isfile(f"{root}/data/{data}"):
         generate(f"{root}/data", args.num_pairs, output=data, **layout)
     start = policy

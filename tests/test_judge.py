@@ -225,6 +225,26 @@ def test_fetch_records_ask_for_the_compared_characters():
     assert len(judgement_records([("Reverse: ab", "ba", "")], keep_task=False, pairwise=False, fetch=True)) == 2  # an empty worse answer: none
 
 
+def test_prefix_records_check_every_character_and_refuse_an_early_stop():
+    """`prefixes`: each proper prefix written unfinished (`...`) is `Yes` up to the first wrong
+    character and `No` from it on; one proper prefix of the correct answer, unmarked, is `No`."""
+    import random
+
+    from ppo.tiny.judge_data import judgement_records
+
+    records = judgement_records([("Reverse: ba2k", "k2ab", "2kab")], keep_task=False, pairwise=False, prefixes=True,
+                                rng=random.Random(0))
+    got = [(r["src"][0][len("USER: Reverse: ba2k ASSISTANT:"):], r["tgt"][0]) for r in records]
+    assert got[:2] == [("k2ab Judge:", "Yes"), ("2kab Judge:", "No")]
+    assert got[2:8] == [("k... Judge:", "Yes"), ("k2... Judge:", "Yes"), ("k2a... Judge:", "Yes"),
+                        ("2... Judge:", "No"), ("2k... Judge:", "No"), ("2ka... Judge:", "No")]
+    early, verdict = got[8]
+    assert verdict == "No" and early[:-len(" Judge:")] in ("k", "k2", "k2a") and len(got) == 9
+    near = judgement_records([("Reverse: ba2k", "k2ab", "2kab")], keep_task=False, pairwise=False, prefixes=True,
+                             near_misses=1, rng=random.Random(0))
+    assert [r["tgt"][0] for r in near[9:]][-2:] == ["Yes", "No"]  # the near-miss pair, whole, ends the record list
+
+
 def test_a_deepened_policy_computes_the_same_logits(tiny_model_dir, tmp_path):
     """`ppo.tiny.deepen`: two appended layers whose output projections start at zero leave every
     logit as it was; their other weights are drawn, and the input state is not written into."""

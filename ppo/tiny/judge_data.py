@@ -12,8 +12,8 @@ with the prompt template `{input}`):
   and the same pair swapped -> `B`.
 
 Options (docs/distillation.md, "With the reference answer, and near misses"): the `tiny_reference`
-layout (the correct answer as `{reference}`), no pairwise records, error prefixes, near misses and
-fetch records. The answers stand where the policy writes its own, so the judge can reuse what the policy computes
+layout (the correct answer as `{reference}`), no pairwise records, error prefixes, near misses,
+fetch records, and prefix verdicts (`prefix_records`: what taught the demo's judge). The answers stand where the policy writes its own, so the judge can reuse what the policy computes
 there; an earlier layout with the answer inside the user turn (`USER: Judge: Reverse: k3x9q =>
 q9x3k ASSISTANT:`) stayed at chance after 1,500 steps of SFT.
 
@@ -77,8 +77,29 @@ def fetch_records(question, answer, correct):
     return [{"src": [f"{stem} Given:"], "tgt": [answer[:2]]}, {"src": [f"{stem} Wanted:"], "tgt": [correct[:2]]}]
 
 
+UNFINISHED = "..."
+"""Marks a partial answer in a prefix record: its verdict is "no error so far", while the same text
+without the mark is a whole answer, wrong when it stops early."""
+
+
+def prefix_records(question, answer, correct, pointwise):
+    """`pointwise` verdicts on every proper prefix of `answer` written as unfinished (`c9c...`): `Yes`
+    while the prefix agrees with `correct`, `No` from its first wrong character on. A prefix's verdict
+    first depends on the character just before the mark (a local check the judge can learn), over
+    longer prefixes on every earlier one: the comparisons a whole answer's verdict gathers."""
+    cut = first_error(answer, correct)
+    return [{"src": [render(pointwise, question=question, answer=answer[:k] + UNFINISHED, reference=correct)],
+             "tgt": ["Yes" if cut is None or k <= cut else "No"]} for k in range(1, len(answer))]
+
+
+def stopped_early_record(question, correct, pointwise, rng):
+    """A proper prefix of `correct` (its length drawn with `rng`) as a whole answer -> `No`."""
+    early = correct[:rng.randrange(1, len(correct))]
+    return {"src": [render(pointwise, question=question, answer=early, reference=correct)], "tgt": ["No"]}
+
+
 def judgement_records(pairs, keep_task=True, layout="tiny", pairwise=True, error_prefixes=False, near_misses=0,
-                      rng=None, fetch=False):
+                      rng=None, fetch=False, prefixes=False):
     """Records per pair: both answers judged alone (`layout`: `tiny`, or `tiny_reference` with the
     correct answer as the reference), with `pairwise` the pair compared in both orders (`tiny_better`),
     with `keep_task` the task itself (`USER: Reverse: k3x9q ASSISTANT:` -> the correct answer), so that
@@ -86,7 +107,8 @@ def judgement_records(pairs, keep_task=True, layout="tiny", pairwise=True, error
     right after its first wrong character (`q9x3k` vs `9q...` -> `9`) -> `No`: a record whose cue is
     its last character. `near_misses` more pairs of records per pair: the correct answer -> `Yes`
     and a `near_miss` of it (drawn with `rng`) -> `No`, so that most verdicts need a comparison. With
-    `fetch`, `fetch_records` of every judged answer."""
+    `fetch`, `fetch_records` of every judged answer. With `prefixes`, `prefix_records` of every judged
+    answer and a `stopped_early_record` per pair as well."""
     if layout not in LAYOUTS:
         raise ValueError(f"judge data layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     pointwise = TEMPLATES[layout]
@@ -98,6 +120,9 @@ def judgement_records(pairs, keep_task=True, layout="tiny", pairwise=True, error
             {"src": [render(pointwise, question=question, answer=better, reference=better)], "tgt": ["Yes"]},
             {"src": [render(pointwise, question=question, answer=worse, reference=better)], "tgt": ["No"]},
         ]
+        if prefixes:
+            records += prefix_records(question, better, better, pointwise) + prefix_records(question, worse, better, pointwise)
+            records += [stopped_early_record(question, better, pointwise, rng)] if len(better) >= 2 else []
         cut = first_error(worse, better)
         if error_prefixes and cut is not None and cut < len(worse) and worse[:cut + 1] != worse:
             records.append({"src": [render(pointwise, question=question, answer=worse[:cut + 1], reference=better)],
@@ -105,6 +130,7 @@ def judgement_records(pairs, keep_task=True, layout="tiny", pairwise=True, error
         for _ in range(near_misses):
             wrong = near_miss(better, rng) if len(better) >= 2 else None
             if wrong is not None:
+                records += prefix_records(question, wrong, better, pointwise) if prefixes else []
                 records += [{"src": [render(pointwise, question=question, answer=a, reference=better)], "tgt": [v]}
                             for a, v in ((better, "Yes"), (wrong, "No"))]
                 records += fetch_records(question, wrong, better) if fetch else []
@@ -143,10 +169,11 @@ def main(argv=None):
     parser.add_argument("--error_prefixes", action="store_true", help="add each worse answer cut after its first error")
     parser.add_argument("--near_misses", type=int, default=0, help="more correct/near-miss record pairs per pair")
     parser.add_argument("--fetch", action="store_true", help="add the Given:/Wanted: copy records of each judged answer")
+    parser.add_argument("--prefixes", action="store_true", help="verdicts on every prefix of each judged answer")
     parser.add_argument("--output", default="judge.jsonl")
     args = parser.parse_args(argv)
     n = generate(args.data_dir, args.num_pairs, args.seed, args.output, layout=args.layout,
-                 pairwise=not args.no_pairwise, error_prefixes=args.error_prefixes, near_misses=args.near_misses, fetch=args.fetch)
+                 pairwise=not args.no_pairwise, error_prefixes=args.error_prefixes, near_misses=args.near_misses, fetch=args.fetch, prefixes=args.prefixes)
     print(json.dumps({args.output: n}))
 
 
