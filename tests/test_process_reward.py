@@ -1,6 +1,6 @@
 """Process reward models: PaddleNLP's PRM data format and keys, the tokenised layout (score read at
 each placeholder), the start-up checks, the PRM scorer of PPO/GRPO (the same scores as training's
-layout) and the step-accuracy audit. The demo's accuracy is tests/test_process_reward_demo.py."""
+layout), the step-accuracy audit and the demo's data (its accuracy: docs/paddlenlp.md)."""
 import json
 import os
 
@@ -76,6 +76,29 @@ def test_bad_records_and_tokens_are_errors(tokenizer, tmp_path):
         ProcessRewardDataset(f"paddlenlp-prm:1:{path}", tokenizer, placeholder_token="ки")
     with pytest.raises(ValueError, match="reward_tokens must name two different tokens"):
         ProcessRewardDataset(f"paddlenlp-prm:1:{path}", tokenizer, placeholder_token="|", reward_tokens="+")
+
+
+def test_demo_data_labels_steps_and_writes_the_stepped_task(tmp_path):
+    """`ppo.tiny.prm_data`: each step's mark says whether it holds the correct answer's characters at
+    its place; `prm_sft.jsonl` / `prm_test.jsonl` are the train / held-out strings' correct answers in
+    the same steps (the PRM's starting model learns that layout), held-out strings in no train file."""
+    from ppo.tiny import prm_data
+
+    counts = prm_data.generate(str(tmp_path), num_train=50, num_eval=10)
+    assert counts == {"prm_train.jsonl": 50, "prm_eval.jsonl": 10, "prm_sft.jsonl": 50, "prm_test.jsonl": 10}
+    read = lambda name: [json.loads(line) for line in open(tmp_path / name)]  # noqa: E731
+    assert prm_data.stepped("q9x3k") == "q9|x3|k|" and prm_data.stepped("ab") == "ab|"
+    for r in read("prm_train.jsonl") + read("prm_eval.jsonl"):
+        prompt, answer = r["input"].split("ASSISTANT:")
+        right = prompt.split("Reverse: ")[1].strip()[::-1]
+        steps, marks = answer.split("|")[:-1], r["label"].split("ASSISTANT:")[1]
+        assert len(steps) == len(prm_data.steps_of(right)) and "".join(steps) != "" and len("".join(steps)) == len(right)
+        assert [m for m in marks if m in "+-"] == ["+" if s == w else "-" for s, w in zip(steps, prm_data.steps_of(right))]
+    sft, test = read("prm_sft.jsonl"), read("prm_test.jsonl")
+    train_strings = [r["src"][0] for r in sft]
+    assert [r["input"].split(" ASSISTANT:")[0][len("USER: "):] for r in read("prm_train.jsonl")] == train_strings
+    assert all(r["tgt"][0] == prm_data.stepped(r["src"][0][len("Reverse: "):][::-1]) for r in sft + test)
+    assert not set(train_strings) & {r["src"][0] for r in test}
 
 
 def test_paddlenlp_prm_file_reads_its_data_as_step_labelled(tmp_path):

@@ -9,7 +9,19 @@ the demonstrator's flaw: the first two characters swapped), so about half of the
 and a bad step can sit anywhere. Record: `{"input": "USER: Reverse: k3x9q ASSISTANT:q9|x3|k|",
 "label": "USER: Reverse: k3x9q ASSISTANT:q9+x3-k+"}` (the tiny template, `config/tiny/`).
 
-Files: `prm_train.jsonl`, `prm_eval.jsonl` (strings in no train record), `prm_meta.json`.
+A PRM reads the step marks only if its model knows where the correct characters of an answer
+written in steps stand: the quickstart's policy, which never saw a placeholder inside an answer,
+predicts the characters after the first `|` right 2-4% of the time (100% without placeholders),
+so a PRM trained from it must learn the task again from step labels alone. `prm_sft.jsonl` (the
+training strings' correct answers in steps, `{"src": ["Reverse: k3x9q"], "tgt": ["q9|x3|k|"]}`)
+teaches the policy that format first (`config/tiny/sft_steps_argument.json`), the way a math PRM
+starts from a model that writes its solutions in steps; `prm_test.jsonl` holds the held-out strings'
+prompts with their stepped answers. A policy trained against the PRM writes plain answers: the PRM
+scorer cuts them every two tokens and puts the placeholders in (`prm_step_tokens 2`,
+`config/tiny/grpo_prm_argument.json`).
+
+Files: `prm_train.jsonl`, `prm_eval.jsonl` (strings in no train record), `prm_sft.jsonl`,
+`prm_test.jsonl`, `prm_meta.json`.
 CLI: `python -m ppo.tiny.prm_data --output_dir outputs/tiny/data`
 """
 import argparse
@@ -55,6 +67,16 @@ def steps_of(answer):
     return [answer[i:i + STEP_CHARS] for i in range(0, len(answer), STEP_CHARS)]
 
 
+def stepped(answer):
+    """`answer` written in steps, each followed by the placeholder: `q9x3k` -> `q9|x3|k|`."""
+    return "".join(step + PLACEHOLDER for step in steps_of(answer))
+
+
+def task_record(s):
+    """The reversal of `s` as a policy writes it in steps (the `Jsonfile` SFT / prompt format)."""
+    return {"src": [reverse_prompt(s)], "tgt": [stepped(correct_answer(s))]}
+
+
 def prm_record(s, rng, correct_frac, corruptions=("swap", "replace", "flaw")):
     """One Math-Shepherd record for string `s`: an answer (correct with probability `correct_frac`,
     else with 1-3 corruptions) in steps, each labelled by whether it matches the correct answer."""
@@ -67,13 +89,14 @@ def prm_record(s, rng, correct_frac, corruptions=("swap", "replace", "flaw")):
     marks = [REWARD_TOKENS[0] if got == want else REWARD_TOKENS[1] for got, want in zip(steps, truth)]
     prompt = PROMPT_FORMAT.format(input=reverse_prompt(s))
     return {
-        "input": prompt + "".join(step + PLACEHOLDER for step in steps),
+        "input": prompt + stepped(answer),
         "label": prompt + "".join(step + mark for step, mark in zip(steps, marks)),
     }
 
 
-def generate(output_dir, seed=4321, num_train=6000, num_eval=400, correct_frac=0.25, corruptions=("swap", "replace", "flaw")):
-    """Write `prm_train.jsonl` and `prm_eval.jsonl` into `output_dir`; returns their record counts.
+def generate(output_dir, seed=4321, num_train=40000, num_eval=400, correct_frac=0.25, corruptions=("swap", "replace", "flaw")):
+    """Write the PRM splits and the stepped task files (module docstring) into `output_dir`; returns their
+    record counts.
     `corruptions`: the kinds `corrupt` draws from."""
     unknown = [k for k in corruptions if k not in CORRUPTIONS]
     if unknown or not corruptions:
@@ -85,6 +108,8 @@ def generate(output_dir, seed=4321, num_train=6000, num_eval=400, correct_frac=0
     splits = {
         "prm_train.jsonl": [prm_record(s, rng, correct_frac, corruptions) for s in train],
         "prm_eval.jsonl": [prm_record(s, rng, correct_frac, corruptions) for s in held_out],
+        "prm_sft.jsonl": [task_record(s) for s in train],
+        "prm_test.jsonl": [task_record(s) for s in held_out],
     }
     meta = {"seed": seed, "correct_frac": correct_frac, "corruptions": list(corruptions), "step_chars": STEP_CHARS, "placeholder_token": PLACEHOLDER,
             "reward_tokens": ",".join(REWARD_TOKENS), "flawed_example": flawed_answer("abcde")}
@@ -97,7 +122,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--seed", type=int, default=4321)
-    parser.add_argument("--num_train", type=int, default=6000)
+    parser.add_argument("--num_train", type=int, default=40000)
     parser.add_argument("--num_eval", type=int, default=400)
     parser.add_argument("--correct_frac", type=float, default=0.25)
     parser.add_argument("--corruptions", default="swap,replace,flaw", help=f"comma-separated kinds of {CORRUPTIONS}")
