@@ -13,8 +13,9 @@ with the prompt template `{input}`):
 
 Options (docs/distillation.md, "With the reference answer, and near misses"): the `tiny_reference`
 layout (the correct answer as `{reference}`), no pairwise records, error prefixes, near misses,
-fetch records, and prefix verdicts (`prefix_records`: what taught the demo's judge). The answers stand where the policy writes its own, so the judge can reuse what the policy computes
-there; an earlier layout with the answer inside the user turn (`USER: Judge: Reverse: k3x9q =>
+fetch records, and prefix verdicts (`prefix_records`: what taught the demo's judge). The answers
+stand where the policy writes its own, so the judge can reuse what the policy computes there; an
+earlier layout with the answer inside the user turn (`USER: Judge: Reverse: k3x9q =>
 q9x3k ASSISTANT:`) stayed at chance after 1,500 steps of SFT.
 
 The held-out pairs (`preference_eval.jsonl`, strings in no training split) stay for measuring the

@@ -11,11 +11,11 @@ and a bad step can sit anywhere. Record: `{"input": "USER: Reverse: k3x9q ASSIST
 
 A PRM reads the step marks only if its model knows where the correct characters of an answer
 written in steps stand: the quickstart's policy, which never saw a placeholder inside an answer,
-predicts the characters after the first `|` right 2-4% of the time (100% without placeholders),
+predicts the characters after the first `|` right 0-5% of the time (100% without placeholders),
 so a PRM trained from it must learn the task again from step labels alone. `prm_sft.jsonl` (the
 training strings' correct answers in steps, `{"src": ["Reverse: k3x9q"], "tgt": ["q9|x3|k|"]}`)
-teaches the policy that format first (`config/tiny/sft_steps_argument.json`), the way a math PRM
-starts from a model that writes its solutions in steps; `prm_test.jsonl` holds the held-out strings'
+teaches the PRM's starting model that layout first (`config/tiny/sft_steps_argument.json`, from the
+base model), the way a math PRM starts from a model that writes its solutions in steps; `prm_test.jsonl` holds the held-out strings'
 prompts with their stepped answers. A policy trained against the PRM writes plain answers: the PRM
 scorer cuts them every two tokens and puts the placeholders in (`prm_step_tokens 2`,
 `config/tiny/grpo_prm_argument.json`).
