@@ -24,6 +24,11 @@ from tests.test_ppo_trainer import ppo_argv
 from tests.test_trainer_faults import sft_argv
 from tests.warm_python import run
 
+# The slow suite: by default, agent-training runs are killed the same way (tests/test_agent_training.py,
+# with this module's helpers) and PPO/SFT are stopped and resumed at fixed points (tests/test_trainer_faults.py,
+# tests/test_checkpoint_faults.py).
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 KILLER = r"""
