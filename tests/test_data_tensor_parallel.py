@@ -37,7 +37,8 @@ def dp_and_dp_tp_runs(script, argv, tmp_path, model_parallel=TP2):
     return dp2_run(script, argv, out_dp), dp2_mp2_run(script, argv, out_dp_tp, model_parallel)
 
 
-@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+# tp2 in the slow suite: by default test_tensor_parallel.py checks SFT at tp 2 and test_grpo_dp2_tp2_matches_dp2 dp x tp
+@pytest.mark.parametrize("layout", [pytest.param("tp2", marks=pytest.mark.slow), "pp2"])
 def test_sft_dp2_with_model_parallel_matches_dp2(tiny_model_dir, two_layer_model_dir, tiny_data_dir, tmp_path, layout):
     """SFT through PaddleNLP's Trainer: dp 2 x tp 2, and dp 2 x pp 2 (two micro-batches per
     step through the schedule), against dp 2. (Each layout keeps its own dp 2 run and model:

@@ -59,6 +59,7 @@ def test_qwen2_pipe_tied_embeddings_fails_in_paddlenlp_3_0_0b4(pp1_worker):
     assert "embedding input only support int32 and int64" in text
 
 
+@pytest.mark.slow  # by default the two-process pipeline runs through the entry points (test_pipeline_entry.py)
 def test_llama_pipe_pp2_on_two_cpu_processes_matches_plain(tmp_path):
     """PP=2 (two gloo CPU processes, stand-ins in tests/pipeline_pp2_worker.py): the losses of
     three SGD steps on one batch equal the plain model's (so the gradients match too)."""
