@@ -124,7 +124,14 @@ def attention_call(lib, qkv, kc, vc, cos, sin, pos, mask, fin, out, B, Tq, nh, n
     args = (BF16, qkv.data_ptr(), None, kc.data_ptr(), vc.data_ptr(), cos.data_ptr(), sin.data_ptr(), pos.data_ptr(),
             mask.data_ptr(), fin.data_ptr(), out.data_ptr(), B, Tq, nh, nkv, hd, S, Tp, Pn, 0, t0, 0, scale, 0,
             ws.data_ptr(), ws_bytes.value)
-    return lambda: lib.ppo_cuda_attention_ws(*args, _stream())
+
+    def call():
+        return lib.ppo_cuda_attention_ws(*args, _stream())
+    # The call holds the workspace tensor, not only its address: a dropped `ws` goes back to PyTorch's
+    # caching allocator (other tensors reuse it), and `torch.cuda.graph` empties that cache before it
+    # captures, so a replay wrote freed memory (the "illegal address" of the graph step).
+    call.workspace = ws
+    return call
 
 
 def bench_decode(lib, B, nh, nkv, hd, n_ctx, bw, iters):

@@ -60,7 +60,7 @@ if has sanitize; then
   done
 fi
 if has graph; then
-  step graph 60 "$OUT/graph.log" env CUDA_LAUNCH_BLOCKING=1 python3 bench/cuda_kernel_bench.py --graph --table --iters 20
+  step graph 60 "$OUT/graph.log" python3 bench/cuda_kernel_bench.py --graph --table --iters 20
   grep -vE "^===" "$OUT/graph.log" | tail -12 >> "$S"
 fi
 log "total $(( $(date +%s) - T0 ))s"
