@@ -78,14 +78,20 @@ def build(check, nvcc, kernel, out_dir, extra=(), tag=""):
     return lib
 
 
-# Builds of attention.cu with other tuning macros (csrc/cuda/attention_mma.cuh), timed beside the default.
-ATTENTION_VARIANTS = {
-    "cuda_cores": ["-DPPO_ATTENTION_NO_MMA"],
-    "stages3": ["-DPPO_MMA_NST_DECODE=3", "-DPPO_MMA_NST_PREFILL=3"],
-    "decode_blocks_per_sm3": ["-DPPO_MMA_DECODE_BLOCKS_PER_SM=3"],
-    "decode_blocks_per_sm12": ["-DPPO_MMA_DECODE_BLOCKS_PER_SM=12"],
-    "ahead1": ["-DPPO_MMA_AHEAD=1"],
+# Builds of a kernel file with other tuning macros (csrc/cuda/attention_mma.cuh, sampling_parts.cuh),
+# timed beside the default on that kernel's shapes: name -> (kernel file, nvcc flags).
+VARIANTS = {
+    "cuda_cores": ("attention", ["-DPPO_ATTENTION_NO_MMA"]),
+    "stages3": ("attention", ["-DPPO_MMA_NST_DECODE=3", "-DPPO_MMA_NST_PREFILL=3"]),
+    "decode_blocks_per_sm3": ("attention", ["-DPPO_MMA_DECODE_BLOCKS_PER_SM=3"]),
+    "decode_blocks_per_sm12": ("attention", ["-DPPO_MMA_DECODE_BLOCKS_PER_SM=12"]),
+    "ahead1": ("attention", ["-DPPO_MMA_AHEAD=1"]),
+    "sample_chunk2k": ("sampling", ["-DPPO_SAMPLE_CHUNK_TARGET=2048"]),
+    "sample_chunk8k": ("sampling", ["-DPPO_SAMPLE_CHUNK_TARGET=8192"]),
+    "sample_unroll4": ("sampling", ["-DPPO_SAMPLE_UNROLL=4"]),
+    "sample_chunk16k_unroll8": ("sampling", ["-DPPO_SAMPLE_CHUNK_TARGET=16384", "-DPPO_SAMPLE_UNROLL=8"]),
 }
+SAMPLE_SHAPES = [(64, 128256), (256, 151936)]
 DECODE_SHAPES = [(32, 32, 8, 128, 2048), (64, 14, 2, 64, 2048), (8, 64, 8, 128, 8192), (128, 32, 8, 128, 1024)]
 PREFILL_SHAPES = [(8, 32, 8, 128, 1024), (4, 28, 4, 128, 2048)]
 
@@ -305,6 +311,8 @@ def _row_line(kernel, row):
     elif "graph_replay_s" in row:
         bound += f" graph: {row['graph_replay_s']}"
     tf = f" {row['ours_TFLOPs']:.0f}/{row['torch_TFLOPs']:.0f} TFLOP/s" if "ours_TFLOPs" in row else ""
+    if "equals_argmax" in row:
+        tf += " = argmax" if row["equals_argmax"] else " != ARGMAX"
     return (f"{kernel:<26} {shape:<34} ours {row['ours_s'] * 1e6:9.1f} us  torch {row['torch_s'] * 1e6:9.1f} us  "
             f"x{row['ours_over_torch']:.2f}{bound}{tf} err {err:.2g}")
 
@@ -318,9 +326,21 @@ def table_lines(res):
         for mode, row in entry.items():
             if mode != "shape":
                 lines.append(_row_line(f"sample_{mode}", dict(row, shape=entry["shape"])))
-    for v, got in res.get("attention_variants", {}).items():
-        lines += [_row_line(f"{v}:{k}", row) for k in ("decode", "prefill") for row in got[k]]
+    for v, got in res.get("variants", {}).items():
+        lines += [_row_line(f"{v}:{k}", row) for k in ("decode", "prefill") for row in got.get(k, [])]
+        for entry in got.get("sample", []):
+            lines += [_row_line(f"{v}:sample_{mode}", dict(row, shape=entry["shape"]))
+                      for mode, row in entry.items() if mode != "shape"]
     return lines
+
+
+def bench_variant(name, lib, bw, iters):
+    """The shapes of the variant's kernel file, timed with its build."""
+    kernel, flags = VARIANTS[name]
+    if kernel == "sampling":
+        return {"kernel": kernel, "flags": flags, "sample": [bench_sample(lib, B, V, bw, iters) for B, V in SAMPLE_SHAPES]}
+    return {"kernel": kernel, "flags": flags, "decode": [bench_decode(lib, *s, bw, iters) for s in DECODE_SHAPES],
+            "prefill": [bench_prefill(lib, *s, iters) for s in PREFILL_SHAPES]}
 
 
 def main(argv=None):
@@ -331,8 +351,8 @@ def main(argv=None):
     ap.add_argument("--graph", action="store_true",
                     help="only the decode shapes, each also captured in a CUDA graph and replayed")
     ap.add_argument("--table", action="store_true", help="print one line per kernel and shape instead of the JSON")
-    ap.add_argument("--variants", nargs="*", default=[], choices=sorted(ATTENTION_VARIANTS),
-                    help="also time these builds of attention.cu (tuning macros) on the attention shapes")
+    ap.add_argument("--variants", nargs="*", default=[], choices=sorted(VARIANTS),
+                    help="also time these builds of a kernel file (tuning macros) on that kernel's shapes")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("no CUDA GPU")
@@ -345,7 +365,7 @@ def main(argv=None):
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         libs = dict(zip(names, pool.map(lambda k: build(check, nvcc, k, tmp), names)))
         variants = dict(zip(a.variants, pool.map(
-            lambda v: build(check, nvcc, "attention", tmp, ATTENTION_VARIANTS[v], "_" + v), a.variants)))
+            lambda v: build(check, nvcc, VARIANTS[v][0], tmp, VARIANTS[v][1], "_" + v), a.variants)))
     res = {"device": name, "torch": torch.__version__, "hbm_bytes_per_s": bw, "dtype": "bfloat16"}
     global GRAPH
     GRAPH = a.graph
@@ -357,11 +377,8 @@ def main(argv=None):
     res["rms_norm"] = [bench_rms(libs["rms_norm"], t, H, add, bw, a.iters) for t, H, add in
                        [(64, 4096, False), (8192, 4096, False), (8192, 4096, True)]]
     res["swiglu"] = [bench_swiglu(libs["swiglu"], t, I, bw, a.iters) for t, I in [(64, 11008), (8192, 11008)]]
-    res["sample"] = [bench_sample(libs["sampling"], B, V, bw, a.iters) for B, V in [(64, 128256), (256, 151936)]]
-    res["attention_variants"] = {
-        v: {"flags": ATTENTION_VARIANTS[v],
-            "decode": [bench_decode(lib, *s, bw, a.iters) for s in DECODE_SHAPES],
-            "prefill": [bench_prefill(lib, *s, a.iters) for s in PREFILL_SHAPES]} for v, lib in variants.items()}
+    res["sample"] = [bench_sample(libs["sampling"], B, V, bw, a.iters) for B, V in SAMPLE_SHAPES]
+    res["variants"] = {v: bench_variant(v, lib, bw, a.iters) for v, lib in variants.items()}
     print(text_of(res, a))
 
 

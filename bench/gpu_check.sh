@@ -3,7 +3,7 @@
 # (Paddle not needed). From the repository root:
 #   bash bench/gpu_check.sh [steps]     steps: any of build test bench sanitize graph (default: all five)
 # OUT=folder for the logs (default /tmp/gpu-check); BUDGET_S=seconds for everything (default 480);
-# VARIANTS="..." attention builds the bench also times (bench/cuda_kernel_bench.py --variants);
+# VARIANTS="..." builds with other tuning macros the bench also times (bench/cuda_kernel_bench.py --variants);
 # SAN_K=pytest -k expression of the sanitizers' test selection; SAN_TOOLS=which of them (default all three).
 #   build     every csrc/cuda/*.cu as a library for this GPU, in parallel ($PPO_CUDA_LIBDIR, reused below)
 #   test      tests/test_cuda_kernels.py and tests/test_cuda_kernels_real_size.py

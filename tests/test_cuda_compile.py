@@ -85,6 +85,20 @@ def test_sampler_split_plan_and_workspace(kernel_libs):
     assert lib.ppo_cuda_sample(*args, n) == cuda_ctypes.CUDA_ERROR_INVALID_VALUE
 
 
+def test_sampler_chunk_target_macro_moves_the_split_plan(kernel_libs, tmp_path):
+    """`PPO_SAMPLE_CHUNK_TARGET` (a bench variant): 16,384 entries per block, the same 64-block cap."""
+    cache = check.ObjectCache(check.cache_dir("cuda-objects", "PPO_CUDA_OBJECT_CACHE"), check.cached_inputs(),
+                              {str(tmp_path): "<out>"}, [check.host_cxx()])
+    path = check.build_kernel_library(os.path.join(cuda_ctypes.CUDA_DIR, "sampling.cu"), str(tmp_path), "80",
+                                      nvcc=check.nvcc_path(TOOLS), cache=cache,
+                                      extra=["-DPPO_SAMPLE_CHUNK_TARGET=16384"], tag="_chunk16k")
+    per_row = cuda_ctypes.load_all(path).ppo_cuda_sample_blocks_per_row
+    assert [per_row(v) for v in (37, 16384, 16385, 128256, 151936, 2**20)] == [1, 1, 2, 8, 10, 64]
+    default = cuda_ctypes.load_all(kernel_libs["sampling"])
+    assert cuda_ctypes.load_all(path).ppo_cuda_sample_workspace_bytes(64, 151936) < \
+        default.ppo_cuda_sample_workspace_bytes(64, 151936)  # fewer chunk statistics per row
+
+
 def test_attention_split_plan(kernel_libs):
     """Split-K plan: chunks are whole tiles, cover every key, none is empty, at most 64 of them,
     and there are about two blocks per SM when the rows and heads alone leave the GPU idle."""

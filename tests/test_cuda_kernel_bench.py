@@ -81,3 +81,32 @@ def test_the_attention_call_owns_its_workspace_until_it_is_dropped(monkeypatch):
     del call
     gc.collect()
     assert ws_ref() is None
+
+
+def timing(ours_s, torch_s, **extra):
+    return {"ours_s": ours_s, "torch_s": torch_s, "ours_over_torch": ours_s / torch_s, **extra}
+
+
+def test_the_table_has_a_line_per_variant_shape_and_mode(monkeypatch):
+    bench, _ = load_bench(monkeypatch)
+    sample = {"shape": {"B": 64, "V": 128256}, "greedy": timing(41e-6, 36e-6, logprob_err=1e-3, equals_argmax=True),
+              "top_k50": timing(120e-6, 240e-6, logprob_err=2e-3)}
+    decode = dict(timing(120e-6, 80e-6, max_abs_err_vs_fp32=4e-3), shape={"B": 32, "n_ctx": 2048})
+    res = {"device": "H200", "torch": "2.11", "dtype": "bfloat16", "sample": [sample],
+           "variants": {"sample_chunk8k": bench_variant_result(bench, "sample_chunk8k", sample=[
+               dict(sample, greedy=timing(30e-6, 36e-6, logprob_err=1e-3, equals_argmax=False))]),
+               "stages3": bench_variant_result(bench, "stages3", decode=[decode], prefill=[])}}
+    lines = bench.table_lines(res)
+    assert lines[0] == "H200, torch 2.11, bfloat16"
+    assert [line.split()[0] for line in lines[1:]] == ["sample_greedy", "sample_top_k50", "sample_chunk8k:sample_greedy",
+                                                       "sample_chunk8k:sample_top_k50", "stages3:decode"]
+    assert "x1.14" in lines[1] and lines[1].endswith("= argmax err 0.001")
+    assert "x0.83" in lines[3] and "!= ARGMAX" in lines[3]
+    assert "B32,n_ctx2048" in lines[5] and "x1.50" in lines[5]
+
+
+def bench_variant_result(bench, name, **timed):
+    """What bench_variant returns for `name`, with the given timings."""
+    kernel, flags = bench.VARIANTS[name]
+    assert kernel == ("sampling" if "sample" in timed else "attention")
+    return {"kernel": kernel, "flags": flags, **timed}

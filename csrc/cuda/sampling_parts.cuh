@@ -8,9 +8,18 @@
 
 namespace ppo_sample {
 
+// Tuning macros (bench/cuda_kernel_bench.py --variants builds other values beside the default):
+#ifndef PPO_SAMPLE_CHUNK_TARGET
+#define PPO_SAMPLE_CHUNK_TARGET 4096  // vocabulary entries per block, about (at most MAX_CHUNK)
+#endif
+#ifndef PPO_SAMPLE_UNROLL
+#define PPO_SAMPLE_UNROLL 2  // 16-byte loads a thread has in flight in for_each_entry
+#endif
+
 constexpr int THREADS = 256;
 constexpr int MAX_SUPPRESS = PPO_CUDA_MAX_SUPPRESS;
-constexpr int64_t CHUNK_TARGET = 4096;   // vocabulary entries per block, about
+constexpr int64_t CHUNK_TARGET = PPO_SAMPLE_CHUNK_TARGET;
+constexpr int LOAD_UNROLL = PPO_SAMPLE_UNROLL;
 constexpr int64_t MAX_BLOCKS_PER_ROW = 64;
 constexpr int LEVELS = 3;                 // radix levels over the 31 bits of a non-negative float
 constexpr int BINS = 2048;                // 2^11: the widest level
@@ -18,6 +27,8 @@ constexpr float MASS_SCALE_F = 140737488355328.0f;  // 2^47: probability -> fixe
 constexpr int64_t MAX_CHUNK = 16384;  // per block: keeps the 32-bit shared histogram sums exact
 constexpr int64_t MAX_VOCAB = MAX_BLOCKS_PER_ROW * MAX_CHUNK;
 static_assert(MAX_VOCAB == PPO_CUDA_MAX_VOCAB, "ppo_cuda.h states the sampler's vocabulary limit");
+static_assert(CHUNK_TARGET % 8 == 0 && CHUNK_TARGET >= 8 && CHUNK_TARGET <= MAX_CHUNK, "8 to MAX_CHUNK entries, a multiple of 8");
+static_assert(LOAD_UNROLL >= 1 && LOAD_UNROLL <= 16, "1 to 16 loads in flight");
 
 // Blocks per row for a vocabulary of V entries (1..64) and the chunk each block covers.
 inline int64_t blocks_per_row(int64_t V) {
@@ -119,7 +130,7 @@ __device__ __forceinline__ void for_each_entry(const RowView<T>& row, int64_t v0
   if (row.P->vec) {
     const T* base = row.logits + row.b * row.P->V;
     const int64_t nv = (v1 - v0 + N - 1) / N;  // the last vector may be partial
-#pragma unroll 2
+#pragma unroll LOAD_UNROLL
     for (int64_t k0 = 0; k0 < nv; k0 += THREADS) {
       const int64_t k = k0 + threadIdx.x, v = v0 + k * N;
       int4 raw = make_int4(0, 0, 0, 0);
