@@ -63,6 +63,13 @@ class PaddleNLPRLArguments:
         metadata={"help": "A process reward model's steps of this many response tokens instead of cuts at prm_step_separator "
                   "(answers written without a separator, as the tiny demo's two-character steps). 0: cut at the separator."},
     )
+    prm_end_step: bool = field(
+        default=False,
+        metadata={"help": "A process reward model also scores where a response stops: a response that ended with EOS "
+                  "gets an empty last step at its EOS token (the PRM must be trained with that step, as "
+                  "ppo.tiny.prm_data writes it). false: the EOS is not scored, and an answer cut short scores like a "
+                  "whole one."},
+    )
     # PaddleNLP's early stopping (its EarlyStoppingCallback, on metric_for_best_model)
     early_stopping: bool = field(
         default=False,
@@ -173,7 +180,7 @@ def prm_rollout_problems(args):
     return problems
 
 
-PRM_DEFAULTS = {"prm_reduction": "last", "prm_step_separator": "\n", "prm_step_tokens": 0}
+PRM_DEFAULTS = {"prm_reduction": "last", "prm_step_separator": "\n", "prm_step_tokens": 0, "prm_end_step": False}
 
 
 def is_process_reward_model(path):

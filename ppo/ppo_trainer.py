@@ -108,7 +108,7 @@ def process_reward_model(args, models, tokenizer, reward_retokenizer=None):
     prm_tokenizer = reward_retokenizer.reward_tokenizer if reward_retokenizer is not None else tokenizer
     scorer = ProcessRewardScorer(models.reward, prm_tokenizer, step_separator=args.prm_step_separator,
                                  policy_tokenizer=tokenizer, batch_size=max(args.pass_rows("reward"), 1),
-                                 step_tokens=args.prm_step_tokens)
+                                 step_tokens=args.prm_step_tokens, end_step=args.prm_end_step)
     return scorer, args.prm_reduction
 
 

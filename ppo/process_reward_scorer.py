@@ -9,6 +9,10 @@ placeholder after each step (`ppo.data.process_reward.prm_sequence`, the layout 
 on), and gives each step `P(good) = sigmoid(score)`. An empty response is one empty step, scored
 by the PRM like any other (never a free reward). With `step_tokens` N > 0 the steps are instead
 every N tokens (answers written with no separator, as the tiny demo's two-character steps).
+With `end_step` a response that ended with EOS gets one more step, empty, at the EOS token: the
+PRM then judges where the answer stops (a PRM that never sees the end scores an answer cut short
+like a whole one, and a policy trained on it learns to stop early); the PRM must have been trained
+with that empty last step (`ppo.tiny.prm_data`'s layout `q9|x3|k||`).
 
 `ProcessRewardScorer.token_steps` gives the step scores in the trainer's token layout: `[N, Tr]`
 with each step's `P(good)` at its last token and a 1 there in the step mask, so that
@@ -62,19 +66,24 @@ class ProcessRewardScorer:
     `placeholder_token`); `tokenizer`: the PRM's (the responses are decoded with `policy_tokenizer`,
     default the same); `step_tokens` > 0: steps of that many tokens instead of cuts at `step_separator`."""
 
-    def __init__(self, model, tokenizer, step_separator="\n", policy_tokenizer=None, batch_size=64, step_tokens=0):
+    def __init__(self, model, tokenizer, step_separator="\n", policy_tokenizer=None, batch_size=64, step_tokens=0,
+                 end_step=False):
         config = getattr(model, "config", None)
         if not getattr(config, "process_reward", False):
             raise ValueError("the model is not a process reward model (its config has no process_reward: train one with "
                              "rm/run_reward.py --process_reward true)")
         self.model, self.tokenizer, self.separator, self.batch_size = model, tokenizer, step_separator, batch_size
         self.policy_tokenizer = policy_tokenizer or tokenizer
-        self.step_tokens = step_tokens
+        self.step_tokens, self.end_step = step_tokens, end_step
         self.placeholder = placeholder_id(tokenizer, config.placeholder_token)
 
-    def steps(self, response_ids):
+    def steps(self, response_ids, ended=False):
         """`(texts, ends)` of one response's steps: each step's text and its last token's index (-1 for
-        the one empty step of an empty response)."""
+        the one empty step of an empty response). `ended` (with `end_step`): the response's EOS, not
+        in `response_ids`, is an empty last step at index `len(response_ids)`."""
+        if self.end_step and ended:
+            texts, ends = self.steps(response_ids) if response_ids else ([], [])
+            return texts + [""], ends + [len(response_ids)]
         if self.step_tokens > 0:
             groups = fixed_step_groups(len(response_ids), self.step_tokens)
         else:
@@ -97,11 +106,12 @@ class ProcessRewardScorer:
             out += [scores[i, positions] for i, (_, positions) in enumerate(chunk)]
         return out
 
-    def score(self, prompt_texts, response_ids):
-        """`StepScores` of each response (a list of token ids) after its prompt text."""
+    def score(self, prompt_texts, response_ids, ended=None):
+        """`StepScores` of each response (a list of token ids, without its EOS) after its prompt text;
+        `ended[i]`: response i ended with EOS (used with `end_step`)."""
         texts, ends, sequences = [], [], []
-        for prompt, ids in zip(prompt_texts, response_ids):
-            steps, step_ends = self.steps(list(ids))
+        for i, (prompt, ids) in enumerate(zip(prompt_texts, response_ids)):
+            steps, step_ends = self.steps(list(ids), bool(ended[i]) if ended is not None else False)
             pieces = [prompt + steps[0], *steps[1:]]
             sequences.append(prm_sequence(self.tokenizer, pieces, self.placeholder))
             texts.append(steps)
@@ -116,16 +126,15 @@ class ProcessRewardScorer:
     def token_steps(self, prompt_texts, response_ids, mask, eos_token_id=None):
         """`(step_rewards, step_mask)` `[N, Tr]` float32 of rollout rows (`response_ids`, `mask`
         `[N, Tr]` tensors): each step's `P(good)` at its last token, 1 there in the mask. The
-        tokens scored are the masked ones without a final EOS; an empty response's one step sits at
-        token 0."""
+        tokens scored are the masked ones without a final EOS (with `end_step` the EOS is the empty
+        last step); an empty response's one step sits at token 0."""
         ids, m = response_ids.numpy(), mask.numpy()
-        rows = []
+        rows, ended = [], []
         for row, keep in zip(ids.tolist(), m.tolist()):
             tokens = [t for t, k in zip(row, keep) if k > 0]
-            if tokens and eos_token_id is not None and tokens[-1] == eos_token_id:
-                tokens = tokens[:-1]
-            rows.append(tokens)
-        steps = self.score(prompt_texts, rows)
+            ended.append(bool(tokens) and eos_token_id is not None and tokens[-1] == eos_token_id)
+            rows.append(tokens[:-1] if ended[-1] else tokens)
+        steps = self.score(prompt_texts, rows, ended)
         scores, smask, ends = steps.scores.numpy(), steps.mask.numpy(), steps.ends.numpy()
         rewards, marks = np.zeros(ids.shape, "float32"), np.zeros(ids.shape, "float32")
         for i in range(len(rows)):

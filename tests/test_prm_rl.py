@@ -39,7 +39,7 @@ def test_add_to_last_step_hand_case_and_inputs_untouched():
 
 
 def prm_args(**kw):
-    base = dict(prm_reduction="last", prm_step_separator="\n", prm_step_tokens=0, tensor_parallel_degree=1,
+    base = dict(prm_reduction="last", prm_step_separator="\n", prm_step_tokens=0, prm_end_step=False, tensor_parallel_degree=1,
                 pipeline_parallel_degree=1, normalize_reward=False, adv_estimator="grpo", kl_coeff=0.0)
     args = SimpleNamespace(**{**base, **kw})
     from ppo.algos import get_adv_estimator
@@ -61,6 +61,8 @@ def test_process_reward_model_checks_before_loading(tmp_path):
     assert process_reward_model_problems(model_args(str(rm)), prm_args()) == []
     problems = process_reward_model_problems(model_args(str(rm)), prm_args(prm_reduction="min", prm_step_tokens=2))
     assert problems and "prm_reduction, prm_step_tokens set, but the reward is no process reward model" in problems[0]
+    problems = process_reward_model_problems(model_args(str(rm)), prm_args(prm_end_step=True))
+    assert problems and problems[0].startswith("prm_end_step set, but the reward is no process reward model")
     problems = process_reward_model_problems(model_args(str(prm)), prm_args(
         prm_reduction="step", normalize_reward=True, kl_coeff=0.05, tensor_parallel_degree=2))
     assert len(problems) == 3

@@ -80,20 +80,30 @@ def test_bad_records_and_tokens_are_errors(tokenizer, tmp_path):
 
 def test_demo_data_labels_steps_and_writes_the_stepped_task(tmp_path):
     """`ppo.tiny.prm_data`: each step's mark says whether it holds the correct answer's characters at
-    its place; `prm_sft.jsonl` / `prm_test.jsonl` are the train / held-out strings' correct answers in
-    the same steps (the PRM's starting model learns that layout), held-out strings in no train file."""
+    its place (a step past the answer's end is bad); the empty last step whether the answer stops
+    where the correct one does; `prm_sft.jsonl` / `prm_test.jsonl` are the train / held-out strings'
+    correct answers in the same steps (the PRM's starting model learns that layout), held-out
+    strings in no train file."""
     from ppo.tiny import prm_data
 
-    counts = prm_data.generate(str(tmp_path), num_train=50, num_eval=10)
-    assert counts == {"prm_train.jsonl": 50, "prm_eval.jsonl": 10, "prm_sft.jsonl": 50, "prm_test.jsonl": 10}
+    counts = prm_data.generate(str(tmp_path), num_train=400, num_eval=10)
+    assert counts == {"prm_train.jsonl": 400, "prm_eval.jsonl": 10, "prm_sft.jsonl": 400, "prm_test.jsonl": 10}
     read = lambda name: [json.loads(line) for line in open(tmp_path / name)]  # noqa: E731
-    assert prm_data.stepped("q9x3k") == "q9|x3|k|" and prm_data.stepped("ab") == "ab|"
+    assert prm_data.stepped("q9x3k") == "q9|x3|k|" and prm_data.stepped("ab", end_step=True) == "ab||"
+    assert prm_data.step_marks("q9x3", "q9x3k", True) == ["+", "+", "-"]  # stopped early: the end step is bad
+    assert prm_data.step_marks("q9x3kz", "q9x3k", True) == ["+", "+", "-", "-"]  # ran on: so is the step past the end
+    lengths = {"short": 0, "same": 0, "long": 0}
     for r in read("prm_train.jsonl") + read("prm_eval.jsonl"):
         prompt, answer = r["input"].split("ASSISTANT:")
         right = prompt.split("Reverse: ")[1].strip()[::-1]
-        steps, marks = answer.split("|")[:-1], r["label"].split("ASSISTANT:")[1]
-        assert len(steps) == len(prm_data.steps_of(right)) and "".join(steps) != "" and len("".join(steps)) == len(right)
-        assert [m for m in marks if m in "+-"] == ["+" if s == w else "-" for s, w in zip(steps, prm_data.steps_of(right))]
+        assert answer.endswith("||") or answer == "|"
+        steps, marks = answer.split("|")[:-2], [m for m in r["label"].split("ASSISTANT:")[1] if m in "+-"]
+        truth = prm_data.steps_of(right)
+        got = "".join(steps)
+        lengths["short" if len(got) < len(right) else "long" if len(got) > len(right) else "same"] += 1
+        assert marks[:-1] == ["+" if i < len(truth) and s == truth[i] else "-" for i, s in enumerate(steps)]
+        assert marks[-1] == ("+" if len(got) == len(right) else "-")
+    assert lengths["same"] > 250 and lengths["short"] > 40 and lengths["long"] > 10  # length_frac 0.25: 3 in 4 short
     sft, test = read("prm_sft.jsonl"), read("prm_test.jsonl")
     train_strings = [r["src"][0] for r in sft]
     assert [r["input"].split(" ASSISTANT:")[0][len("USER: "):] for r in read("prm_train.jsonl")] == train_strings
@@ -160,6 +170,36 @@ def test_scorer_gives_the_scores_of_the_training_layout(prm_model, tokenizer, tm
             ProcessRewardScorer(prm_model, tokenizer)
         finally:
             prm_model.config.process_reward = True
+
+
+def test_end_step_scores_where_the_answer_stops(prm_model, tokenizer, tmp_path):
+    """`end_step`: a response that ended with EOS gets an empty last step at its EOS token, scored in
+    the layout the demo's PRM data trains (`q9|x3||`); an answer cut by the length limit gets none,
+    and an answer of EOS alone is that one step."""
+    from rm.process_reward_trainer import step_logits
+
+    prompt = "USER: Reverse: abc ASSISTANT:"
+    cb = tokenizer("cb", add_special_tokens=False)["input_ids"]
+    scorer = ProcessRewardScorer(prm_model, tokenizer, step_tokens=1, end_step=True)
+    scores = scorer.score([prompt] * 3, [cb, cb, []], ended=[True, False, True])
+    path = write(tmp_path / "prm.jsonl", [{"input": prompt + "c|b||", "label": ["+", "+", "-"]},
+                                          {"input": prompt + "|", "label": ["-"]}])
+    ds = ProcessRewardDataset(f"paddlenlp-prm:1:{path}", tokenizer, placeholder_token="|")
+    want = step_logits(prm_model, ds.get_collator()([ds[0]])).numpy()[0]
+    np.testing.assert_allclose(scores.scores.numpy()[0], 1 / (1 + np.exp(-want)), rtol=1e-6)
+    want_empty = step_logits(prm_model, ds.get_collator()([ds[1]])).numpy()[0]
+    np.testing.assert_allclose(scores.scores.numpy()[2, :1], 1 / (1 + np.exp(-want_empty)), rtol=1e-6)
+    assert scores.mask.numpy().tolist() == [[1, 1, 1], [1, 1, 0], [1, 0, 0]]
+    assert scores.ends.numpy()[:, 0].tolist() == [0, 0, 0] and scores.ends.numpy()[0].tolist() == [0, 1, 2]
+    # token_steps: the EOS token (index 2 of row 0) carries the end step's score; row 1 has no EOS
+    eos = tokenizer.eos_token_id
+    ids = paddle.to_tensor([cb + [eos], cb + [cb[0]], [eos, 0, 0]], dtype="int64")
+    mask = paddle.to_tensor([[1, 1, 1], [1, 1, 1], [1, 0, 0]], dtype="int64")
+    rewards, marks = scorer.token_steps([prompt] * 3, ids, mask, eos)
+    assert marks.numpy().tolist() == [[1, 1, 1], [1, 1, 1], [1, 0, 0]]
+    np.testing.assert_allclose(rewards.numpy()[0], scores.scores.numpy()[0], rtol=1e-6)
+    without = ProcessRewardScorer(prm_model, tokenizer, step_tokens=1).token_steps([prompt] * 3, ids, mask, eos)[1]
+    assert without.numpy().tolist() == [[1, 1, 0], [1, 1, 1], [1, 0, 0]]  # the EOS is not scored
 
 
 def test_audit_reports_step_accuracy(prm_model, tokenizer, tmp_path):

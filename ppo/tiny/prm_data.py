@@ -6,8 +6,12 @@ placeholder `|` after each step); a step is good when it holds exactly the chara
 correct answer at its place. Each answer is the correct one or the correct one with one to three
 same-length corruptions (two characters swapped, a character replaced by another symbol,
 the demonstrator's flaw: the first two characters swapped), so about half of the steps are bad
-and a bad step can sit anywhere. Record: `{"input": "USER: Reverse: k3x9q ASSISTANT:q9|x3|k|",
-"label": "USER: Reverse: k3x9q ASSISTANT:q9+x3-k+"}` (the tiny template, `config/tiny/`).
+and a bad step can sit anywhere; a quarter of the answers are then stopped early or run on (a step
+past the end is bad), and an empty last step says whether the answer stops where it should (a PRM
+that never sees the end scores an answer cut short like a whole one, and GRPO against it learnt to
+stop early: PPO/GRPO's `prm_end_step` scores the EOS as that step). Record: `{"input": "USER:
+Reverse: k3x9q ASSISTANT:q9|x3|k||", "label": "USER: Reverse: k3x9q ASSISTANT:q9+x3-k++"}` (the
+tiny template, `config/tiny/`).
 
 A PRM reads the step marks only if its model knows where the correct characters of an answer
 written in steps stand: the quickstart's policy, which never saw a placeholder inside an answer,
@@ -67,9 +71,29 @@ def steps_of(answer):
     return [answer[i:i + STEP_CHARS] for i in range(0, len(answer), STEP_CHARS)]
 
 
-def stepped(answer):
-    """`answer` written in steps, each followed by the placeholder: `q9x3k` -> `q9|x3|k|`."""
-    return "".join(step + PLACEHOLDER for step in steps_of(answer))
+def stepped(answer, end_step=False):
+    """`answer` written in steps, each followed by the placeholder: `q9x3k` -> `q9|x3|k|`; with
+    `end_step` an empty last step says where the answer stops: `q9|x3|k||`."""
+    return "".join(step + PLACEHOLDER for step in steps_of(answer)) + (PLACEHOLDER if end_step else "")
+
+
+def change_length(answer, rng):
+    """`answer` stopped early (3 in 4: its first 0 to len-1 characters) or run on (1 or 2 more symbols)."""
+    if rng.random() < 0.75:
+        return answer[:rng.randrange(len(answer))]
+    return answer + "".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 2)))
+
+
+def step_marks(answer, right, end_step):
+    """One mark per step of `answer` (good: exactly the correct answer's characters at its place;
+    a step past the correct answer's end is bad), and with `end_step` one for its empty last step
+    (good when the answer stops where the correct one does)."""
+    truth = steps_of(right)
+    marks = [REWARD_TOKENS[0] if i < len(truth) and got == truth[i] else REWARD_TOKENS[1]
+             for i, got in enumerate(steps_of(answer))]
+    if end_step:
+        marks.append(REWARD_TOKENS[0] if len(answer) == len(right) else REWARD_TOKENS[1])
+    return marks
 
 
 def task_record(s):
@@ -77,27 +101,30 @@ def task_record(s):
     return {"src": [reverse_prompt(s)], "tgt": [stepped(correct_answer(s))]}
 
 
-def prm_record(s, rng, correct_frac, corruptions=("swap", "replace", "flaw")):
+def prm_record(s, rng, correct_frac, corruptions=("swap", "replace", "flaw"), length_frac=0.0, end_step=False):
     """One Math-Shepherd record for string `s`: an answer (correct with probability `correct_frac`,
-    else with 1-3 corruptions) in steps, each labelled by whether it matches the correct answer."""
+    else with 1-3 corruptions; then with probability `length_frac` stopped early or run on) in
+    steps, each labelled by whether it matches the correct answer (`step_marks`)."""
     right = correct_answer(s)
     answer = right
     if rng.random() >= correct_frac:
         for _ in range(rng.randint(1, 3)):
             answer = corrupt(answer, rng, corruptions)
-    steps, truth = steps_of(answer), steps_of(right)
-    marks = [REWARD_TOKENS[0] if got == want else REWARD_TOKENS[1] for got, want in zip(steps, truth)]
+    if length_frac > 0 and rng.random() < length_frac:
+        answer = change_length(answer, rng)
+    steps = steps_of(answer) + ([""] if end_step else [])
     prompt = PROMPT_FORMAT.format(input=reverse_prompt(s))
     return {
-        "input": prompt + stepped(answer),
-        "label": prompt + "".join(step + mark for step, mark in zip(steps, marks)),
+        "input": prompt + stepped(answer, end_step),
+        "label": prompt + "".join(step + mark for step, mark in zip(steps, step_marks(answer, right, end_step))),
     }
 
 
-def generate(output_dir, seed=4321, num_train=40000, num_eval=400, correct_frac=0.25, corruptions=("swap", "replace", "flaw")):
+def generate(output_dir, seed=4321, num_train=40000, num_eval=400, correct_frac=0.25, corruptions=("swap", "replace", "flaw"),
+             length_frac=0.25, end_step=True):
     """Write the PRM splits and the stepped task files (module docstring) into `output_dir`; returns their
     record counts.
-    `corruptions`: the kinds `corrupt` draws from."""
+    `corruptions`: the kinds `corrupt` draws from; `length_frac`, `end_step`: see `prm_record`."""
     unknown = [k for k in corruptions if k not in CORRUPTIONS]
     if unknown or not corruptions:
         raise ValueError(f"corruptions must name some of {CORRUPTIONS}, got {list(corruptions)}")
@@ -106,12 +133,13 @@ def generate(output_dir, seed=4321, num_train=40000, num_eval=400, correct_frac=
     held_out = sample_unique_strings(rng, num_eval)
     train = sample_unique_strings(rng, num_train, exclude=set(held_out))
     splits = {
-        "prm_train.jsonl": [prm_record(s, rng, correct_frac, corruptions) for s in train],
-        "prm_eval.jsonl": [prm_record(s, rng, correct_frac, corruptions) for s in held_out],
+        "prm_train.jsonl": [prm_record(s, rng, correct_frac, corruptions, length_frac, end_step) for s in train],
+        "prm_eval.jsonl": [prm_record(s, rng, correct_frac, corruptions, length_frac, end_step) for s in held_out],
         "prm_sft.jsonl": [task_record(s) for s in train],
         "prm_test.jsonl": [task_record(s) for s in held_out],
     }
     meta = {"seed": seed, "correct_frac": correct_frac, "corruptions": list(corruptions), "step_chars": STEP_CHARS, "placeholder_token": PLACEHOLDER,
+            "length_frac": length_frac, "end_step": end_step,
             "reward_tokens": ",".join(REWARD_TOKENS), "flawed_example": flawed_answer("abcde")}
     return write_splits(output_dir, splits, "prm_meta.json", meta)
 
@@ -126,8 +154,12 @@ def main(argv=None):
     parser.add_argument("--num_eval", type=int, default=400)
     parser.add_argument("--correct_frac", type=float, default=0.25)
     parser.add_argument("--corruptions", default="swap,replace,flaw", help=f"comma-separated kinds of {CORRUPTIONS}")
+    parser.add_argument("--length_frac", type=float, default=0.25, help="share of answers stopped early or run on")
+    parser.add_argument("--no_end_step", action="store_true", help="no empty last step (the layout before prm_end_step)")
     args = parser.parse_args(argv)
-    kw = dict(vars(args), corruptions=tuple(k.strip() for k in args.corruptions.split(",") if k.strip()))
+    kw = dict(vars(args), corruptions=tuple(k.strip() for k in args.corruptions.split(",") if k.strip()),
+              end_step=not args.no_end_step)
+    del kw["no_end_step"]
     print(json.dumps({"output_dir": args.output_dir, "counts": generate(**kw)}))
 
 
