@@ -88,14 +88,26 @@ def timing(ours_s, torch_s, **extra):
 
 
 def test_the_table_has_a_line_per_variant_shape_and_mode(monkeypatch):
+    """bench_variant times the shapes of its variant's kernel file (the timing functions stand in
+    here), and the table gets one line per variant, shape and sampling mode."""
     bench, _ = load_bench(monkeypatch)
     sample = {"shape": {"B": 64, "V": 128256}, "greedy": timing(41e-6, 36e-6, logprob_err=1e-3, equals_argmax=True),
               "top_k50": timing(120e-6, 240e-6, logprob_err=2e-3)}
+    variant_sample = dict(sample, greedy=timing(30e-6, 36e-6, logprob_err=1e-3, equals_argmax=False))
     decode = dict(timing(120e-6, 80e-6, max_abs_err_vs_fp32=4e-3), shape={"B": 32, "n_ctx": 2048})
-    res = {"device": "H200", "torch": "2.11", "dtype": "bfloat16", "sample": [sample],
-           "variants": {"sample_chunk8k": bench_variant_result(bench, "sample_chunk8k", sample=[
-               dict(sample, greedy=timing(30e-6, 36e-6, logprob_err=1e-3, equals_argmax=False))]),
-               "stages3": bench_variant_result(bench, "stages3", decode=[decode], prefill=[])}}
+    calls = []
+    monkeypatch.setattr(bench, "SAMPLE_SHAPES", [(64, 128256)])
+    monkeypatch.setattr(bench, "DECODE_SHAPES", [(32, 32, 8, 128, 2048)])
+    monkeypatch.setattr(bench, "PREFILL_SHAPES", [])
+    monkeypatch.setattr(bench, "bench_sample",
+                        lambda lib, B, V, bw, iters: calls.append((lib, "sample", B, V)) or variant_sample)
+    monkeypatch.setattr(bench, "bench_decode", lambda lib, *shape: calls.append((lib, "decode", *shape[:5])) or decode)
+    variants = {"sample_chunk8k": bench.bench_variant("sample_chunk8k", "lib8k", 4.8e12, 5),
+                "stages3": bench.bench_variant("stages3", "lib_st3", 4.8e12, 5)}
+    assert calls == [("lib8k", "sample", 64, 128256), ("lib_st3", "decode", 32, 32, 8, 128, 2048)]
+    assert variants["sample_chunk8k"]["flags"] == ["-DPPO_SAMPLE_CHUNK_TARGET=8192"]
+    assert variants["stages3"]["kernel"] == "attention" and variants["stages3"]["prefill"] == []
+    res = {"device": "H200", "torch": "2.11", "dtype": "bfloat16", "sample": [sample], "variants": variants}
     lines = bench.table_lines(res)
     assert lines[0] == "H200, torch 2.11, bfloat16"
     assert [line.split()[0] for line in lines[1:]] == ["sample_greedy", "sample_top_k50", "sample_chunk8k:sample_greedy",
@@ -103,10 +115,3 @@ def test_the_table_has_a_line_per_variant_shape_and_mode(monkeypatch):
     assert "x1.14" in lines[1] and lines[1].endswith("= argmax err 0.001")
     assert "x0.83" in lines[3] and "!= ARGMAX" in lines[3]
     assert "B32,n_ctx2048" in lines[5] and "x1.50" in lines[5]
-
-
-def bench_variant_result(bench, name, **timed):
-    """What bench_variant returns for `name`, with the given timings."""
-    kernel, flags = bench.VARIANTS[name]
-    assert kernel == ("sampling" if "sample" in timed else "attention")
-    return {"kernel": kernel, "flags": flags, **timed}
