@@ -54,10 +54,9 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple
 
 CODE_FILE = "main.py"
-STATUS_FILE = ".sandbox_status.json"
 
 # Runs inside the child, before the code: namespaces, Landlock, limits, then the code as __main__.
 _CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_child.py")
@@ -78,12 +77,14 @@ class SandboxLimits:
     memory_mb: int = 1024  # address space (RLIMIT_AS) of each process
     output_bytes: int = 64 * 1024  # per stream read back; also the largest file the code may write
     max_open_files: int = 64
+    max_processes: int = 64  # processes and threads at once, the code's own included (RLIMIT_NPROC)
     network: bool = False  # True: do not try to cut the network off
     require_no_network: bool = False  # True: raise SandboxUnavailable where the network cannot be cut off
     require_fs_isolation: bool = False  # True: raise SandboxUnavailable where writes outside its directory stay possible
 
     def __post_init__(self):
-        if not (self.wall_s > 0 and self.cpu_s >= 1 and self.memory_mb >= 64 and self.output_bytes >= 1):
+        if not (self.wall_s > 0 and self.cpu_s >= 1 and self.memory_mb >= 64 and self.output_bytes >= 1
+                and self.max_processes >= 1):
             raise ValueError(f"sandbox limits out of range: {self}")
 
 
@@ -102,6 +103,11 @@ class SandboxResult:
     network_isolated: bool
     wall_s: float
     fs_isolated: bool = False
+    unix_sockets_blocked: bool = False  # the seccomp filter held: no unix, netlink, packet or vsock socket
+    processes_capped: bool = False  # RLIMIT_NPROC held (max_processes)
+    pid_namespace: bool = False  # every process of the call died with it, setsid or not (else: a subreaper's kill)
+    uid: Optional[int] = None  # the user the code ran as (65534: nobody, dropped from root)
+    notes: Tuple[str, ...] = ()  # why a layer is missing
 
     @property
     def ok(self):
@@ -132,36 +138,67 @@ def _read_capped(path, limit):
     return data[:limit].decode("utf-8", errors="replace"), len(data) > limit
 
 
+_BACKSTOP_S = 10.0  # past the wall-clock limit, the caller kills the group itself (the supervisor should have)
+
+
 def _run_child(workdir, limits, stdin):
-    """Start the launcher in `workdir`, wait within the wall limit, kill the group; returns
-    (returncode or None, timed_out, wall seconds)."""
-    status = os.path.join(workdir, STATUS_FILE)
-    cfg = {"network": limits.network, "require_no_network": limits.require_no_network, "status": status,
-           "require_fs_isolation": limits.require_fs_isolation,
+    """Start the launcher in `workdir` and wait for it (the supervisor inside ends the code at the
+    wall-clock limit; past it plus a margin the group is killed here); returns (what the child
+    reported, as one dict, or {} where it said nothing; the launcher's returncode, None where it
+    was killed here; wall seconds)."""
+    read_fd, write_fd = os.pipe()
+    cfg = {"network": limits.network, "require_no_network": limits.require_no_network, "report_fd": write_fd,
+           "require_fs_isolation": limits.require_fs_isolation, "wall_s": float(limits.wall_s),
            "cpu_s": int(limits.cpu_s), "memory_bytes": int(limits.memory_mb) << 20,
            "output_bytes": int(limits.output_bytes) + 1, "max_open_files": int(limits.max_open_files),
-           "code": CODE_FILE}
+           "max_processes": int(limits.max_processes), "code": CODE_FILE}
     paths = [os.path.join(workdir, name) for name in (".stdin", ".stdout", ".stderr")]
     with open(paths[0], "w", encoding="utf-8") as f:
         f.write(stdin or "")
     start = time.monotonic()
-    with open(paths[0], "rb") as fin, open(paths[1], "wb") as fout, open(paths[2], "wb") as ferr:
+    try:
+        with open(paths[0], "rb") as fin, open(paths[1], "wb") as fout, open(paths[2], "wb") as ferr:
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-I", _CHILD, json.dumps(cfg)], cwd=workdir, env=clean_environment(workdir),
+                    stdin=fin, stdout=fout, stderr=ferr, start_new_session=True, close_fds=True, pass_fds=(write_fd,),
+                )
+            except OSError as err:
+                raise SandboxUnavailable(f"cannot start the sandboxed interpreter {sys.executable}: {err}") from err
+            finally:
+                os.close(write_fd)
+            try:
+                launcher_rc = proc.wait(timeout=limits.wall_s + _BACKSTOP_S)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc.pid)
+                proc.wait()
+                launcher_rc = None
+            finally:
+                _kill_group(proc.pid)
+        return _read_report(read_fd), launcher_rc, time.monotonic() - start
+    finally:
+        os.close(read_fd)
+
+
+def _read_report(fd):
+    """The JSON lines the launcher, supervisor and code's process wrote, merged (never blocks)."""
+    os.set_blocking(fd, False)
+    data = b""
+    while True:
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", _CHILD, json.dumps(cfg)], cwd=workdir, env=clean_environment(workdir),
-                stdin=fin, stdout=fout, stderr=ferr, start_new_session=True, close_fds=True,
-            )
-        except OSError as err:
-            raise SandboxUnavailable(f"cannot start the sandboxed interpreter {sys.executable}: {err}") from err
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    merged = {}
+    for line in data.decode("utf-8", errors="replace").splitlines():
         try:
-            returncode, timed_out = proc.wait(timeout=limits.wall_s), False
-        except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
-            proc.wait()
-            returncode, timed_out = None, True
-        finally:
-            _kill_group(proc.pid)  # children the code left behind in its group
-    return returncode, timed_out, time.monotonic() - start
+            merged.update(json.loads(line))
+        except ValueError:
+            pass
+    return merged
 
 
 def run_python(code: str, stdin: str = "", limits: SandboxLimits = SandboxLimits(),
@@ -177,28 +214,33 @@ def run_python(code: str, stdin: str = "", limits: SandboxLimits = SandboxLimits
                 raise ValueError(f"sandbox file name {name!r} must be a plain name in the working directory")
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
-        returncode, timed_out, wall = _run_child(workdir, limits, stdin)
-        status = _read_status(workdir)
+        got, launcher_rc, wall = _run_child(workdir, limits, stdin)
         stdout, out_cut = _read_capped(os.path.join(workdir, ".stdout"), limits.output_bytes)
         stderr, err_cut = _read_capped(os.path.join(workdir, ".stderr"), limits.output_bytes)
-    if returncode == _NO_NETWORK_EXIT and limits.require_no_network and not status["network_isolated"]:
-        raise SandboxUnavailable("the network could not be cut off here (no user/network namespaces) and "
-                                 "require_no_network is set")
-    if returncode == _NO_FS_ISOLATION_EXIT and limits.require_fs_isolation and not status["fs_isolated"]:
+    return _result(got, launcher_rc, limits, wall, stdout, out_cut, stderr, err_cut)
+
+
+def _result(got, launcher_rc, limits, wall, stdout, out_cut, stderr, err_cut):
+    """The SandboxResult of what the child reported (`got`); raises SandboxUnavailable where a
+    required layer is missing or the child never got as far as running the code."""
+    if "returncode" not in got and launcher_rc is None:
+        got = {**got, "returncode": None, "timed_out": True}
+    if "returncode" not in got:
+        raise SandboxUnavailable(f"the sandbox did not start the code (launcher exit status {launcher_rc}): "
+                                 f"{stderr[-500:]}".rstrip())
+    network = bool(got.get("network_namespace") and got.get("unix_sockets_blocked"))
+    returncode, timed_out = got["returncode"], bool(got.get("timed_out"))
+    if returncode == _NO_NETWORK_EXIT and limits.require_no_network and not network:
+        raise SandboxUnavailable("the network could not be cut off here (no network namespace or no seccomp filter "
+                                 f"for unix sockets) and require_no_network is set: {got.get('notes')}")
+    if returncode == _NO_FS_ISOLATION_EXIT and limits.require_fs_isolation and not got.get("fs_isolated"):
         raise SandboxUnavailable("writes outside the sandbox's directory could not be refused here (no Landlock) and "
                                  "require_fs_isolation is set")
     return SandboxResult(
         returncode=returncode, stdout=stdout, stderr=stderr, timed_out=timed_out,
         cpu_limit_hit=returncode == -signal.SIGXCPU, stdout_truncated=out_cut, stderr_truncated=err_cut,
-        network_isolated=status["network_isolated"], wall_s=wall, fs_isolated=status["fs_isolated"],
+        network_isolated=network, wall_s=wall, fs_isolated=bool(got.get("fs_isolated")),
+        unix_sockets_blocked=bool(got.get("unix_sockets_blocked")),
+        processes_capped=bool(got.get("processes_capped")), pid_namespace=bool(got.get("pid_namespace")),
+        uid=got.get("uid"), notes=tuple(got.get("notes", ())),
     )
-
-
-def _read_status(workdir):
-    """What the child's start achieved (all False when it ended before writing its status)."""
-    try:
-        with open(os.path.join(workdir, STATUS_FILE)) as f:
-            status = json.load(f)
-        return {k: bool(status[k]) for k in ("network_isolated", "fs_isolated")}
-    except (OSError, ValueError, KeyError):
-        return {"network_isolated": False, "fs_isolated": False}

@@ -25,9 +25,10 @@ def test_output_environment_and_working_directory(monkeypatch):
 
 
 def test_wall_clock_limit_kills_the_whole_process_group(tmp_path):
-    """The child forks a grandchild that sleeps; both are gone after the limit."""
-    code = ("import os, time\npid = os.fork()\nif pid == 0:\n    time.sleep(60)\nelse:\n    print(pid, flush=True)\n"
-            "    time.sleep(60)")
+    """The child forks a grandchild that sleeps; both are gone after the limit. The grandchild
+    prints its pid as the host sees it (/proc is the host's, also in a pid namespace)."""
+    code = ("import os, time\npid = os.fork()\nif pid == 0:\n    print(os.readlink('/proc/self'), flush=True)\n"
+            "    time.sleep(60)\nelse:\n    time.sleep(60)")
     start = time.monotonic()
     result = run_python(code, limits=SandboxLimits(wall_s=1.5, cpu_s=5))
     assert result.timed_out and result.returncode is None and time.monotonic() - start < 10
