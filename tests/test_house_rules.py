@@ -19,7 +19,7 @@ CODE_SUFFIXES = (".py", ".sh", ".md", ".cc", ".cu", ".cuh", ".h", ".txt", ".cfg"
 LAYERS = (
     ("ppo", "ppo.algos", "ppo.common", "ppo.kernels"),
     ("ppo.data", "ppo.tiny", "ppo.scorer_registry", "ppo.verifiers", "ppo.sandbox", "ppo.sandbox_child",
-     "ppo.judge.templates", "ppo.eval_metrics", "ppo.prompt_sampler", "ppo.optim", "ppo.offload", "ppo.reward_client",
+     "ppo.sandbox_ns", "ppo.sandbox_seccomp", "ppo.judge.templates", "ppo.eval_metrics", "ppo.prompt_sampler", "ppo.optim", "ppo.offload", "ppo.reward_client",
      "ppo.early_stopping"),
     ("ppo.models",),
     ("ppo.rollout", "ppo.experience", "ppo.evaluation", "ppo.sampled_eval", "ppo.resume_check", "ppo.checkpoint",
