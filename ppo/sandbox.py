@@ -1,50 +1,51 @@
 """Run Python code that a model wrote in a child process with limits.
 
 :func:`run_python` writes the code to ``main.py`` in a fresh temporary directory and runs it
-with this interpreter in a child process that
+with this interpreter (``python -I``: no ``PYTHON*`` variables, no user site-packages) in a clean
+environment (``PATH``, ``HOME`` and ``TMPDIR`` = that directory, a UTF-8 locale, one math
+thread; nothing of the caller's: tokens, keys, proxies). Three processes (ppo/sandbox_child.py):
+a launcher that enters namespaces and drops root, a supervisor that ends the code at the
+wall-clock limit and kills everything it left, and the code's own. The layers, each where the
+kernel allows it; the result says which held, and ``notes`` why one is missing:
 
-- starts in its own session (process group), and is killed with every process of that group
-  (``SIGKILL``) when the wall-clock limit passes, and after it ends (leftover children);
-- has POSIX resource limits set before the code is read: CPU seconds (``RLIMIT_CPU``: the
-  kernel sends ``SIGXCPU``, then ``SIGKILL``), address space (``RLIMIT_AS``), size of any file
-  written (``RLIMIT_FSIZE``: its stdout and stderr go to files, so the output is bounded too),
-  open files (``RLIMIT_NOFILE``) and no core dumps;
-- runs with ``python -I`` (no ``PYTHON*`` variables, no user site-packages, the working
-  directory not on ``sys.path``) in a clean environment: ``PATH``, ``HOME`` and ``TMPDIR`` (the
-  temporary directory), a UTF-8 locale and one thread for math libraries; nothing of the
-  parent's environment (tokens, keys, proxy settings) is passed on;
-- cannot write outside its temporary directory where the kernel has Landlock (Linux >= 5.13
-  with the Landlock LSM enabled): creating, writing, truncating, renaming, linking or removing
-  any file elsewhere fails with a permission error (``/dev/null`` stays writable; reading is
-  not restricted). ``SandboxResult.fs_isolated`` says whether that worked, and
-  ``SandboxLimits(require_fs_isolation=True)`` makes its absence an error;
-- has no network where the kernel allows it cheaply: on Linux it enters new user and network
-  namespaces (``unshare(CLONE_NEWUSER | CLONE_NEWNET)``, or ``CLONE_NEWNET`` alone as root),
-  which leave it only a loopback device that is down. ``SandboxResult.network_isolated`` says
-  whether that worked; where it did not (namespaces disabled, macOS) the code can reach the
-  network, and ``SandboxLimits(require_no_network=True)`` makes that an error instead;
-- has its output read back truncated to ``output_bytes`` per stream (decoded as UTF-8 with
-  replacement characters).
+- resource limits (POSIX): CPU seconds (``SIGXCPU``), address space, file size (so the
+  output too), open files, no core dumps; output read back cut at ``output_bytes``;
+- the supervisor (Linux): the code killed at ``wall_s``, then every process it left (as a
+  subreaper); the caller kills the process group at ``wall_s`` + 10 s should that fail;
+- a pid namespace (``pid_namespace``; user namespaces, or root): every process of the call
+  dies with the supervisor, ``setsid`` or not, and none can signal it;
+- a network namespace and a seccomp filter (``network_isolated`` when both held; namespaces as
+  above, the filter on x86-64 and arm64): no network but a loopback that is down, no unix,
+  netlink, packet or vsock socket (so no local service of the host), no io_uring, ptrace,
+  ``process_vm_*``, ``pidfd_getfd`` or bpf; ``require_no_network`` makes a gap an error;
+- Landlock (``fs_isolated``; Linux >= 5.13): no write, create, rename or remove outside its
+  directory (``/dev/null`` excepted); from ABI 6 (6.12) no signal and no abstract unix socket
+  out of the sandbox; ``require_fs_isolation`` makes its absence an error;
+- a process cap (``processes_capped``): ``RLIMIT_NPROC`` = ``max_processes`` (+ the launcher
+  and supervisor), set where the count is the call's own (a user namespace: Linux >= 5.14
+  counts per namespace) or the user is ``nobody``; root ignores the limit;
+- dropped root (``uid``): a caller running as root runs the code as ``nobody`` without groups
+  (``/etc/shadow``, ``/root`` refused); an interpreter under a directory nobody cannot enter
+  is bound into an empty tmpfs (mode 0711) laid over that directory in a private mount
+  namespace.
+
+The table in docs/agents.md gives each layer's kernel and what happens without it.
 
 What it does NOT protect against (use a container or VM for hostile code):
 
-- reading the file system: the code runs as the same user as the caller and can read whatever
-  that user can: checkpoints, data, the source of this repository, files holding credentials
-  (and, where Landlock is missing, write outside its temporary directory too);
-- a process that leaves its process group (``setsid``/daemonising) escapes the kill of the
-  group; ``RLIMIT_CPU`` still ends each process after its CPU seconds, but nothing else does;
-- fork bombs: the number of processes is not limited (``RLIMIT_NPROC`` counts every process
-  of the user, the caller's included);
-- memory that is not address space of the child (``/dev/shm``, files within the size limit);
+- reading the file system as the user it runs as: a caller that is not root lends its own
+  user, so checkpoints, data, source and credential files that user may read are readable;
+  ``/proc`` shows the host's processes (and, for the same user, their environments);
+- memory that is not address space of the child (``/dev/shm`` where Landlock is missing);
 - a program that inspects the harness it runs in (its own ``main.py``) to fake a verdict
   printed from inside the same process (see ``ppo.verifiers.code``);
-- Windows: there is no ``resource`` module, and :func:`run_python` raises ``SandboxUnavailable``.
+- kernel exploits; Windows (no ``resource`` module: ``SandboxUnavailable``).
 
-A failure of the sandbox itself (no ``resource`` module, the interpreter cannot start, no
-network isolation with ``require_no_network``) raises :class:`SandboxUnavailable`; what the
-code does (exceptions, exit codes, limits hit) is reported in :class:`SandboxResult`, never
-raised. This module imports nothing of this repository and no paddle, so a tool-calling agent
-or a reward server can reuse it.
+A failure of the sandbox itself (no ``resource`` module, the interpreter cannot start, a
+required layer missing) raises :class:`SandboxUnavailable`; what the code does (exceptions,
+exit codes, limits hit) is reported in :class:`SandboxResult`, never raised. This module
+imports nothing of this repository and no paddle, so a tool-calling agent or a reward server
+can reuse it.
 """
 import json
 import os

@@ -87,6 +87,7 @@ def restrict_writes_to(workdir):
 
 
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
+_LINUX = sys.platform.startswith("linux")
 _SUPERVISOR_PROCESSES = 2  # the launcher and the supervisor count against RLIMIT_NPROC too
 
 
@@ -118,11 +119,17 @@ def run_code(cfg, facts):
     """The code's process: Landlock, seccomp, limits, report; then main.py as a script runs
     (its exit status, traceback, atexit handlers and threads as with ``python main.py``)."""
     fs_isolated = restrict_writes_to(os.getcwd())
-    unix_blocked = _sibling("sandbox_seccomp").install_filter()
+    unix_blocked = _LINUX and _sibling("sandbox_seccomp").install_filter()
     # RLIMIT_NPROC counts per user (and user namespace): capped only where that count is this call's
     # own, or the uid is nobody's; root ignores it.
     capped = facts["uid"] != 0 and (facts["user_namespace"] or facts["privileges_dropped"])
-    report(cfg, {"fs_isolated": fs_isolated, "unix_sockets_blocked": unix_blocked, "processes_capped": capped})
+    notes = facts["notes"] + [why for held, why in (
+        (fs_isolated, "no Landlock (Linux >= 5.13 with the LSM enabled): writes outside the directory stay possible"),
+        (unix_blocked, "no seccomp filter (Linux on x86-64 or arm64): unix sockets of the host stay reachable"),
+        (capped, "no process cap: RLIMIT_NPROC would count the caller's processes (no user namespace) or is "
+                 "ignored (root)")) if not held]
+    report(cfg, {"fs_isolated": fs_isolated, "unix_sockets_blocked": unix_blocked, "processes_capped": capped,
+                 "notes": notes})
     os.close(cfg["report_fd"])
     if cfg["require_no_network"] and not (facts["network_namespace"] and unix_blocked):
         sys.exit(NO_NETWORK_EXIT)
@@ -170,8 +177,8 @@ def kill_the_rest():
 def supervise(cfg, facts):
     """Start the code's process (True there, at once); in the supervisor: end it at the
     wall-clock limit, kill what it left, report its exit status (False)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    if _LINUX:
+        ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     code_pid = os.fork()
     if code_pid == 0:
         return True
@@ -189,7 +196,7 @@ def supervise(cfg, facts):
         if pid == code_pid:
             status = wait_status
     signal.setitimer(signal.ITIMER_REAL, 0)
-    if os.getpid() != 1:  # pid 1 of a pid namespace takes every process in it along when it exits
+    if _LINUX and os.getpid() != 1:  # pid 1 of a pid namespace takes every process in it along when it exits
         kill_the_rest()
     returncode = None if timed_out else os.waitstatus_to_exitcode(status)
     report(cfg, {"returncode": returncode, "timed_out": bool(timed_out)})
@@ -204,7 +211,8 @@ def main():
     if supervisor != 0:
         os.waitpid(supervisor, 0)
         return
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if _LINUX:
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     try:
         in_code_process = supervise(cfg, facts)
     except BaseException:

@@ -22,6 +22,7 @@ import ctypes
 import errno
 import platform
 import struct
+import sys
 
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 # name -> (x86-64 number, arm64 number), from the kernels' syscall tables.
@@ -80,7 +81,7 @@ def filter_program(machine=None):
 def install_filter():
     """True when the filter now holds for this process and its future children."""
     prog = filter_program()
-    if prog is None:
+    if prog is None or not sys.platform.startswith("linux"):
         return False
     raw = b"".join(struct.pack("=HBBI", *ins) for ins in prog)
     buf = ctypes.create_string_buffer(raw, len(raw))

@@ -5,10 +5,11 @@
   any other node is refused, and so are expressions past 200 characters, exponents above
   ``MAX_EXPONENT`` and integers past ``MAX_DIGITS`` digits (no ``9**9**9`` that runs for hours).
 - ``python(code)``: the code run by ppo/sandbox.py in a child process (wall-clock and CPU-time
-  limits, a memory rlimit, its own temporary directory, a clean environment, no writes outside
-  that directory where the kernel allows it, truncated output, killed with its children);
-  the answer is its standard output, with the end of its standard error when it failed.
-  Options: ``wall_s``, ``cpu_s``, ``memory_mb``, ``output_bytes``.
+  limits, a memory rlimit, a process cap, its own temporary directory, a clean environment, no
+  writes outside that directory, no network and no unix socket of the host, not root, every
+  process it started killed when it returns, where the kernel allows each: see the module's
+  table); the answer is its standard output, with the end of its standard error when it failed.
+  Options: ``wall_s``, ``cpu_s``, ``memory_mb``, ``output_bytes``, ``max_processes``.
 - ``search(query)``: BM25 over a local JSONL corpus (option ``corpus``: a file with one JSON
   object per line, its text in ``text_field``), ranked by the ``bm25s`` library; the answer
   lists the ``top_k`` best passages. The index of a file is built once per process (and again
@@ -79,10 +80,10 @@ def calculator(expression):
 @register_tool("python", schema={"type": "object", "properties": {"code": {
     "type": "string", "description": "a Python program; what it prints is the answer"}}, "required": ["code"]},
     description="Run a Python program in a sandbox and return what it printed.", timeout_s=30.0,
-    options={"wall_s": 5.0, "cpu_s": 3, "memory_mb": 512, "output_bytes": 16384})
-def python(code, *, wall_s, cpu_s, memory_mb, output_bytes):
+    options={"wall_s": 5.0, "cpu_s": 3, "memory_mb": 512, "output_bytes": 16384, "max_processes": 32})
+def python(code, *, wall_s, cpu_s, memory_mb, output_bytes, max_processes):
     limits = SandboxLimits(wall_s=float(wall_s), cpu_s=int(cpu_s), memory_mb=int(memory_mb),
-                           output_bytes=int(output_bytes))
+                           output_bytes=int(output_bytes), max_processes=int(max_processes))
     result = run_python(code, limits=limits)
     if result.timed_out:
         raise ToolTimeout(f"the program ran past {wall_s:g} s and was killed")
