@@ -123,9 +123,10 @@ def test_a_setsid_escapee_dies_when_the_call_returns():
 
 def test_a_fork_bomb_is_capped():
     """128 forks, each child prints and sleeps: at most `max_processes` processes at once."""
-    code = ("import os, time\nforked = refused = 0\nfor _ in range(128):\n    try:\n        pid = os.fork()\n"
-            "    except BlockingIOError:\n        refused += 1\n        continue\n    if pid == 0:\n"
-            "        print('child', flush=True)\n        time.sleep(30)\n        os._exit(0)\n    forked += 1\n"
+    code = ("import os, time\nforked = refused = 0\nr, w = os.pipe()\nfor _ in range(128):\n    try:\n"
+            "        pid = os.fork()\n    except BlockingIOError:\n        refused += 1\n        continue\n"
+            "    if pid == 0:\n        print('child', flush=True)\n        os.write(w, b'x')\n        time.sleep(30)\n"
+            "        os._exit(0)\n    os.read(r, 1)  # the child has printed\n    forked += 1\n"
             "print('forked', forked, 'refused', refused, flush=True)")
     limits = SandboxLimits(wall_s=20, cpu_s=5, max_processes=16)
     result = run_python(code, limits=limits)
