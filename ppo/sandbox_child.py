@@ -115,11 +115,11 @@ def set_limits(cfg, nproc):
         resource.setrlimit(getattr(resource, name), (value, value))
 
 
-def run_code(cfg, facts):
+def run_code(cfg, facts, seccomp):
     """The code's process: Landlock, seccomp, limits, report; then main.py as a script runs
     (its exit status, traceback, atexit handlers and threads as with ``python main.py``)."""
     fs_isolated = restrict_writes_to(os.getcwd())
-    unix_blocked = _LINUX and _sibling("sandbox_seccomp").install_filter()
+    unix_blocked = _LINUX and seccomp.install_filter()
     # RLIMIT_NPROC counts per user (and user namespace): capped only where that count is this call's
     # own, or the uid is nobody's; root ignores it.
     capped = facts["uid"] != 0 and (facts["user_namespace"] or facts["privileges_dropped"])
@@ -205,6 +205,7 @@ def supervise(cfg, facts):
 
 def main():
     cfg = json.loads(sys.argv[1])
+    seccomp = _sibling("sandbox_seccomp")  # both read before the user changes
     facts = _sibling("sandbox_ns").isolate(os.getcwd(), want_net=not cfg["network"])
     report(cfg, facts)
     supervisor = os.fork()
@@ -222,7 +223,7 @@ def main():
         in_code_process = False
     if not in_code_process:
         os._exit(0)
-    run_code(cfg, facts)
+    run_code(cfg, facts, seccomp)
 
 
 if __name__ == "__main__":

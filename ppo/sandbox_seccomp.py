@@ -20,7 +20,7 @@ Every refused call fails with ``EPERM``. x86-64 and arm64 only; elsewhere
 """
 import ctypes
 import errno
-import platform
+import os
 import struct
 import sys
 
@@ -54,9 +54,9 @@ def _jump(code, k, jt, jf):
 
 
 def filter_program(machine=None):
-    """The BPF program as a list of (code, jt, jf, k) for `machine` (``platform.machine()``);
+    """The BPF program as a list of (code, jt, jf, k) for `machine` (``os.uname().machine``);
     None where the architecture is not known here."""
-    machine = machine or platform.machine()
+    machine = machine or os.uname().machine
     if machine not in _AUDIT_ARCH:
         return None
     col = 0 if machine == "x86_64" else 1
