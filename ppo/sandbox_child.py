@@ -115,19 +115,26 @@ def set_limits(cfg, nproc):
         resource.setrlimit(getattr(resource, name), (value, value))
 
 
+def _nproc_per_namespace():
+    """Whether RLIMIT_NPROC counts the processes of each user namespace apart (Linux >= 5.14);
+    before, it counts every process of the user, the caller's included. Root ignores it."""
+    try:
+        return tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2]) >= (5, 14)
+    except ValueError:
+        return False
+
+
 def run_code(cfg, facts, seccomp):
     """The code's process: Landlock, seccomp, limits, report; then main.py as a script runs
     (its exit status, traceback, atexit handlers and threads as with ``python main.py``)."""
     fs_isolated = restrict_writes_to(os.getcwd())
     unix_blocked = _LINUX and seccomp.install_filter()
-    # RLIMIT_NPROC counts per user (and user namespace): capped only where that count is this call's
-    # own, or the uid is nobody's; root ignores it.
-    capped = facts["uid"] != 0 and (facts["user_namespace"] or facts["privileges_dropped"])
+    capped = facts["uid"] != 0 and (facts["privileges_dropped"] or facts["user_namespace"] and _nproc_per_namespace())
     notes = facts["notes"] + [why for held, why in (
         (fs_isolated, "no Landlock (Linux >= 5.13 with the LSM enabled): writes outside the directory stay possible"),
         (unix_blocked, "no seccomp filter (Linux on x86-64 or arm64): unix sockets of the host stay reachable"),
-        (capped, "no process cap: RLIMIT_NPROC would count the caller's processes (no user namespace) or is "
-                 "ignored (root)")) if not held]
+        (capped, "no process cap: RLIMIT_NPROC would count the caller's processes (no user namespace, or Linux "
+                 "< 5.14) or is ignored (root)")) if not held]
     report(cfg, {"fs_isolated": fs_isolated, "unix_sockets_blocked": unix_blocked, "processes_capped": capped,
                  "notes": notes})
     os.close(cfg["report_fd"])
