@@ -73,13 +73,13 @@ class SandboxUnavailable(RuntimeError):
 class SandboxLimits:
     """Limits of one run. Defaults suit a unit-test style check of a short program."""
 
-    wall_s: float = 10.0  # wall-clock seconds before the process group is killed
+    wall_s: float = 10.0  # wall-clock seconds before the code is killed, with every process it started
     cpu_s: int = 5  # CPU seconds (RLIMIT_CPU) of each process
     memory_mb: int = 1024  # address space (RLIMIT_AS) of each process
     output_bytes: int = 64 * 1024  # per stream read back; also the largest file the code may write
     max_open_files: int = 64
     max_processes: int = 64  # processes and threads at once, the code's own included (RLIMIT_NPROC)
-    network: bool = False  # True: do not try to cut the network off
+    network: bool = False  # True: keep the network (unix sockets of the host stay refused)
     require_no_network: bool = False  # True: raise SandboxUnavailable where the network cannot be cut off
     require_fs_isolation: bool = False  # True: raise SandboxUnavailable where writes outside its directory stay possible
 
@@ -107,7 +107,7 @@ class SandboxResult:
     unix_sockets_blocked: bool = False  # the seccomp filter held: no unix, netlink, packet or vsock socket
     processes_capped: bool = False  # RLIMIT_NPROC held (max_processes)
     pid_namespace: bool = False  # every process of the call died with it, setsid or not (else: a subreaper's kill)
-    uid: Optional[int] = None  # the user the code ran as (65534: nobody, dropped from root)
+    uid: Optional[int] = None  # the user the code ran as (nobody, 65534, where root was dropped)
     notes: Tuple[str, ...] = ()  # why a layer is missing
 
     @property

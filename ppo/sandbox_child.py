@@ -36,8 +36,6 @@ _PR_SET_NO_NEW_PRIVS = 38
 _WRITE_FILE, _TRUNCATE = 1 << 1, 1 << 14
 _WRITES_ABI1 = _WRITE_FILE | sum(1 << b for b in range(4, 13))  # remove dir/file, make char/dir/reg/sock/fifo/block/sym
 _REFER = 1 << 13  # ABI 2: renaming or linking across directories
-
-
 _SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1, 2  # ABI 6: no abstract unix socket, no signal out of the domain
 
 

@@ -33,9 +33,7 @@ def _libc():
 
 
 def _unshare(flags):
-    if _libc().unshare(flags) == 0:
-        return True
-    return False
+    return _libc().unshare(flags) == 0
 
 
 def nobody_ids():
