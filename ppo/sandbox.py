@@ -36,7 +36,7 @@ What it does NOT protect against (use a container or VM for hostile code):
 - reading the file system as the user it runs as: a caller that is not root lends its own
   user, so checkpoints, data, source and credential files that user may read are readable;
   ``/proc`` lists the host's processes and their command lines (their environments and memory
-  are refused by Landlock, which confines ptrace-style access to the sandbox);
+  are refused by the user namespace and by Landlock, each on its own);
 - memory that is not address space of the child (``/dev/shm`` where Landlock is missing);
 - a program that inspects the harness it runs in (its own ``main.py``) to fake a verdict
   printed from inside the same process (see ``ppo.verifiers.code``);
