@@ -113,9 +113,12 @@ def test_what_paddlenlp_does_not_compute_is_refused_by_name(config, model_type, 
     assert len(problems) == 1 and named in problems[0], problems
 
 
-def test_a_refused_config_stops_before_the_weights_and_in_the_start_up_checks(tmp_path, capsys, monkeypatch):
-    from ppo.common.validation import model_dir_problems
+def test_a_refused_config_stops_before_the_weights_and_in_the_start_up_checks(tmp_path, capsys, monkeypatch,
+                                                                             tiny_data_dir):
+    from ppo.common.argument_problems import ArgumentError
+    from ppo.models.hf_import import hf_config_problems
     from scripts.import_hf import main as import_main
+    from sft.run_sft import main as run_sft
 
     hf = str(tmp_path / "hf")
     config = export_model(tiny_model("qwen2"), hf, layout="transformers5")
@@ -124,12 +127,17 @@ def test_a_refused_config_stops_before_the_weights_and_in_the_start_up_checks(tm
         patch.setattr(hf_files, "read_safetensors", lambda path: pytest.fail("weights read before the refusal"))
         with pytest.raises(ValueError, match="rope_type 'yarn'"):
             load_hf_model(hf)
-    (problem,) = model_dir_problems([("model_name_or_path", hf)])
+    (problem,) = hf_config_problems([("model_name_or_path", hf), ("other", str(tmp_path))])
     assert problem.startswith(f"model_name_or_path: {hf}/config.json: ") and "rope_type 'yarn'" in problem
     with pytest.raises(SystemExit) as stop:
         import_main(["--hf_path", hf, "--output_dir", str(tmp_path / "ours")])
     assert stop.value.code == 2
     assert "rope_type 'yarn'" in capsys.readouterr().err and not os.path.exists(tmp_path / "ours")
+    with pytest.raises(ArgumentError) as stop:  # an entry point's start-up checks, before any model loads
+        run_sft(["config/tiny/sft_argument.json", "--model_name_or_path", hf, "--output_dir", str(tmp_path / "sft"),
+                 "--train_datasets", f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl",
+                 "--eval_datasets", f"Jsonfile:1.0:{tiny_data_dir}/test.jsonl"])
+    assert str(stop.value) == problem and not os.path.exists(tmp_path / "sft" / "config.json")
 
 
 def test_the_export_script_writes_the_layout_asked_for(tmp_path, tiny_model_dir):

@@ -224,19 +224,6 @@ def is_score_config(config):
         str(a).endswith(("ForScore", "ForSequenceClassification")) for a in config.get("architectures") or [])
 
 
-def _check_hf_config(arg_name, path):
-    """Raise naming `arg_name` when `path` is a Hugging Face directory whose `config.json` the
-    import refuses (`ppo.models.hf_import.config_problems`: rotary settings, windows, ...)."""
-    from ppo.models.hf_files import is_hf_dir
-
-    if is_hf_dir(path):
-        from ppo.models.hf_import import config_problems
-
-        problems = config_problems(path)
-        if problems:
-            raise ValueError(f"{arg_name}: {problems[0]}")
-
-
 def check_model_dir(arg_name, path, need_score_head=False, _adapters=()):
     """Raise ValueError (naming `arg_name` and `path`) unless `path` is a loadable model directory.
 
@@ -274,7 +261,6 @@ def check_model_dir(arg_name, path, need_score_head=False, _adapters=()):
         raise ValueError(f"{arg_name}={path}: no config.json; is this a model directory?")
     config = _read_json(config_file, arg_name)
     _check_weights(model_weight_files(path, arg_name), arg_name)
-    _check_hf_config(arg_name, path)
     if need_score_head and not is_score_config(config):
         archs = ", ".join(config.get("architectures") or []) or config.get("model_type", "unknown")
         raise ValueError(

@@ -130,6 +130,19 @@ def config_problems(path):
     return []
 
 
+def hf_config_problems(model_dirs):
+    """One problem per `(argument name, path)` of `model_dirs` that names a Hugging Face directory
+    whose `config.json` the import refuses; the start-up checks call it before any model loads."""
+    problems = []
+    for name, path in model_dirs:
+        try:
+            hf = hf_files.is_hf_dir(path)
+        except Exception:  # unreadable weights: the model-directory checks name the file
+            hf = False
+        problems += [f"{name}: {p}" for p in config_problems(path)] if hf else []
+    return problems
+
+
 def import_dir(path, output_dir, dtype=None, safe_serialization=False):
     """Save the Hugging Face directory `path` in PaddleNLP's layout (`save_pretrained`) with its
     tokenizer files. Returns `(model, tokenizer files written)`."""
