@@ -125,11 +125,12 @@ def read_rope(hf):
     return rope, problems
 
 
-def paddle_fields(rope, model_type):
+def paddle_fields(rope, model_type, honoured=None):
     """`(PaddleNLP config fields, problems)` of `rope` for PaddleNLP's `model_type` model:
     `rope_theta` always; `rope_scaling_type` / `rope_scaling_factor` for linear; `rope_scaling`
-    (transformers' llama3 dict) for llama3. Problems name what that model would not compute."""
-    honoured = PADDLE_ROPE.get(model_type, ("default",))
+    (transformers' llama3 dict) for llama3. Problems name what that model would not compute.
+    `honoured`: the rope types the model computes (default: `PADDLE_ROPE`, else plain only)."""
+    honoured = honoured or PADDLE_ROPE.get(model_type, ("default",))
     problems = []
     if rope.partial_rotary_factor != 1.0:
         problems.append(f"partial_rotary_factor {rope.partial_rotary_factor} (PaddleNLP rotates every head dimension)")
@@ -174,11 +175,12 @@ def window_problems(hf, model_type):
             "PaddleNLP's attention is full in every layer"]
 
 
-def normalise(hf, model_type):
+def normalise(hf, model_type, honoured=None):
     """`(PaddleNLP rotary config fields, problems)` of a Hugging Face config dict of either
-    layout, for PaddleNLP's `model_type` model: see `read_rope`, `paddle_fields`, `window_problems`."""
+    layout, for PaddleNLP's `model_type` model: see `read_rope`, `paddle_fields` (`honoured`),
+    `window_problems`."""
     rope, problems = read_rope(hf)
-    fields, more = paddle_fields(rope, model_type)
+    fields, more = paddle_fields(rope, model_type, honoured)
     return fields, problems + more + window_problems(hf, model_type)
 
 
