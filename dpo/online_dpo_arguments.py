@@ -15,6 +15,7 @@ from typing import ClassVar, Optional
 from ppo.algos.preference_registry import PREFERENCE_LOSSES
 from ppo.common import paddlenlp_keys as pk
 from ppo.common import validation
+from ppo.models.hf_import import hf_config_problems
 from ppo.entry.argument_groups import (
     DivergenceArguments,
     GenerationArguments,
@@ -211,6 +212,7 @@ def validate_arguments(model_args, data_args, training_args):
         problems.append("ref_update_rounds with use_lora: the reference is the policy with its adapter off and cannot be "
                         "refreshed; set ref_update_rounds 0 or give a reference_model_name_or_path")
     problems += validation.model_dir_problems(model_dirs, score_dirs)
+    problems += hf_config_problems(model_dirs + score_dirs)
     problems += validation.output_dir_problems(training_args.output_dir, model_dirs + score_dirs)
     problems += validation.dtype_device_problems(training_args)
     return problems

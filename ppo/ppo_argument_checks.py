@@ -13,6 +13,7 @@ from .common import paddlenlp_keys as pk
 from .common import validation
 from .common.report_writers import LOOP_PACKAGES, missing_report_packages
 from .entry.argument_groups import split_specs
+from .models.hf_import import hf_config_problems
 from .paddlenlp_rl_arguments import process_reward_model_problems
 from .trainer.best_policy import EVAL_METRICS, eval_metric_name
 
@@ -302,6 +303,7 @@ def validate_arguments(model_args, data_args, training_args):
     problems = validation.size_problems(model_args, data_args, training_args)
     problems += model_path_problems(model_args, training_args)
     problems += validation.model_dir_problems(model_dirs, score_dirs)
+    problems += hf_config_problems(model_dirs + score_dirs)
     problems += validation.output_dir_problems(training_args.output_dir, model_dirs + score_dirs)
     problems += validation.dtype_device_problems(training_args)
     problems += validation.pipeline_problems(training_args, model_args.use_lora)

@@ -9,6 +9,7 @@ from typing import List
 
 from ppo.entry.argument_groups import BEAVER_TEMPLATE
 from ppo.common import validation
+from ppo.models.hf_import import hf_config_problems
 
 
 @dataclass
@@ -36,6 +37,7 @@ def validate_arguments(args):
     problems = validation.size_problems(args)
     problems += validation.required_problems(args, ["model_name_or_path", "eval_datasets"])
     problems += validation.model_dir_problems(score_model_dirs=[("model_name_or_path", args.model_name_or_path)])
+    problems += hf_config_problems([("model_name_or_path", args.model_name_or_path)])
     return problems
 
 

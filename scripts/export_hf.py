@@ -10,7 +10,9 @@ becomes `LlamaForCausalLM` / `Qwen2ForCausalLM`; a score model (reward, cost, cr
 `LlamaForSequenceClassification` / `Qwen2ForSequenceClassification` with one label, its head
 `score.weight` (and `score.bias`), its score type and normaliser statistics in `config.json`.
 Weights keep their dtype unless `--dtype` is given; above `--max_shard_size` they are split into
-shards with `model.safetensors.index.json`. The tokenizer files are copied (a SentencePiece
+shards with `model.safetensors.index.json`. The rotary settings are written in both
+`config.json` layouts (transformers 4's `rope_theta` / `rope_scaling` and 5's
+`rope_parameters`) unless `--config_layout` picks one. The tokenizer files are copied (a SentencePiece
 vocabulary also as `tokenizer.model`). No torch needed. Names, layouts and what is not
 converted: docs/hf_weights.md.
 """
@@ -26,6 +28,7 @@ with quiet_third_party_warnings():
     from ppo.common.validation import model_dir_problems, output_dir_problems  # noqa: E402
     from ppo.models.hf_files import parse_size  # noqa: E402
     from ppo.models.hf_format import DTYPES  # noqa: E402
+    from ppo.models.hf_rope import LAYOUTS  # noqa: E402
 
 
 def export_problems(args):
@@ -50,13 +53,17 @@ def main(argv=None):
     parser.add_argument("--max_shard_size", default="5GB",
                         help="largest safetensors file before the weights are sharded (5GB, 500MB, bytes)")
     parser.add_argument("--dtype", default=None, choices=DTYPES, help="cast the weights (default: keep their dtype)")
+    parser.add_argument("--config_layout", default="both", choices=LAYOUTS,
+                        help="rotary fields in config.json: transformers4 (rope_theta, rope_scaling), transformers5 "
+                             "(rope_parameters) or both (default: every transformers version reads it)")
     args = parser.parse_args(argv)
     problems = export_problems(args)
     if problems:
         parser.error(joined_problems(problems))
     from ppo.models.hf_convert import export_dir
 
-    config, tokenizer_files = export_dir(args.model_path, args.output_dir, parse_size(args.max_shard_size), args.dtype)
+    config, tokenizer_files = export_dir(args.model_path, args.output_dir, parse_size(args.max_shard_size), args.dtype,
+                                         layout=args.config_layout)
     print(f"exported {args.model_path} as {config['architectures'][0]} ({config['dtype']}) into {args.output_dir}; "
           f"tokenizer files: {', '.join(tokenizer_files) or 'none found'}")
 

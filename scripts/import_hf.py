@@ -25,14 +25,18 @@ with quiet_third_party_warnings():
     from ppo.common.validation import output_dir_problems  # noqa: E402
     from ppo.models.hf_convert import is_hf_dir  # noqa: E402
     from ppo.models.hf_format import DTYPES  # noqa: E402
+    from ppo.models.hf_import import config_problems  # noqa: E402
 
 
 def import_problems(args):
-    """Every problem of the import's arguments: no Hugging Face directory at hf_path, an output_dir that is the input."""
+    """Every problem of the import's arguments: no Hugging Face directory at hf_path, a `config.json`
+    the import refuses (rotary settings, windows, ...), an output_dir that is the input."""
     problems = []
     if not is_hf_dir(args.hf_path):
         problems.append(f"hf_path={args.hf_path}: no Hugging Face model directory (config.json and safetensors "
                         "written by transformers, header format 'pt')")
+    else:
+        problems += [f"hf_path: {p}" for p in config_problems(args.hf_path)]
     return problems + output_dir_problems(args.output_dir, [("hf_path", args.hf_path)])
 
 

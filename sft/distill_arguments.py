@@ -20,6 +20,7 @@ from ppo.entry.argument_groups import (
 from ppo.common.startup_checks import model_config
 from ppo.entry.trainer_entry_checks import trainer_entry_problems
 from ppo.common.validation import model_dir_problems
+from ppo.models.hf_import import hf_config_problems
 
 
 @dataclass
@@ -97,7 +98,8 @@ def validate_arguments(model_args, data_args, training_args):
     if not model_args.teacher_model_name_or_path:
         problems.append("teacher_model_name_or_path is required: the model whose distributions the student learns")
     else:
-        problems += model_dir_problems([("teacher_model_name_or_path", model_args.teacher_model_name_or_path)])
+        teacher = [("teacher_model_name_or_path", model_args.teacher_model_name_or_path)]
+        problems += model_dir_problems(teacher) + hf_config_problems(teacher)
     return problems + distill_setting_problems(training_args)
 
 

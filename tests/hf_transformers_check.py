@@ -3,8 +3,9 @@ process with a Python that has torch and transformers; Paddle and torch never sh
 
     python tests/hf_transformers_check.py JOB.json
 
-JOB.json: a list of `{"dir", "kind": "causal" | "score", "input_ids", "attention_mask", "out"}`;
-each writes `out` (.npz): `logits` [B, T, V] of `AutoModelForCausalLM`, or `scores` [B] of
+JOB.json: a list of `{"dir", "kind": "causal" | "score" | "build", "input_ids", "attention_mask", "out"}`;
+`build` first writes a random causal LM of the job's `config` into `dir` (then runs as `causal`).
+Each writes `out` (.npz): `logits` [B, T, V] of `AutoModelForCausalLM`, or `scores` [B] of
 `AutoModelForSequenceClassification` (one label, at each row's last real token), and
 `class_name`, `tied` (whether the LM head shares the embedding weight). A job with
 `"texts"` also writes `token_ids` of `AutoTokenizer` (no special tokens), one list per text; the
@@ -21,7 +22,23 @@ import torch
 import transformers
 
 
+def build(job):
+    """A random model of `job["config"]` (transformers config kwargs, `model_type` included) saved
+    with `save_pretrained` into `job["dir"]`: weights N(0, 0.2), norms 1 + N(0, 0.01)."""
+    torch.manual_seed(job.get("seed", 0))
+    config = transformers.AutoConfig.for_model(**job["config"])
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape)
+            param.copy_(1.0 + 0.1 * noise if "norm" in name else 0.2 * noise)
+    model.save_pretrained(job["dir"])
+
+
 def run(job):
+    if job["kind"] == "build":
+        build(job)
+        job = dict(job, kind="causal")
     ids = torch.tensor(job["input_ids"])
     mask = torch.tensor(job["attention_mask"])
     out = {}
@@ -35,6 +52,7 @@ def run(job):
             out["scores"] = model(input_ids=ids, attention_mask=mask).logits[:, 0].numpy()
             out["tied"] = np.array(False)
     out["class_name"] = np.array(type(model).__name__)
+    out["version"] = np.array(transformers.__version__)
     if job.get("texts"):
         fast = os.path.isfile(os.path.join(job["dir"], "tokenizer.json")) or job.get("fast", False)
         tokenizer = transformers.AutoTokenizer.from_pretrained(job["dir"], use_fast=fast)

@@ -231,7 +231,7 @@ def test_import_script_writes_our_layout(tmp_path, tiny_model_dir):
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"head_dim": 16}, "head_dim"),
-    ({"use_sliding_window": True}, "use_sliding_window"),
+    ({"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}, "use_sliding_window"),
     ({"model_type": "mistral"}, "model_type"),
 ])
 def test_configs_paddlenlp_cannot_compute_are_refused(tmp_path, change, match):

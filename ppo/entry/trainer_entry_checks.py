@@ -9,6 +9,7 @@ from ..common.validation import (
     required_problems,
     size_problems,
 )
+from ..models.hf_import import hf_config_problems
 
 
 def do_train_problems(training_args, has_eval_data):
@@ -41,7 +42,7 @@ def trainer_entry_problems(model_args, data_args, training_args, model_dirs):
     do_train, pipeline parallel (and `zero_padding` with it)."""
     problems = size_problems(model_args, data_args, training_args)
     problems += required_problems(model_args, ["model_name_or_path"])
-    problems += model_dir_problems(model_dirs)
+    problems += model_dir_problems(model_dirs) + hf_config_problems(model_dirs)
     problems += output_dir_problems(training_args.output_dir, model_dirs)
     problems += dtype_device_problems(training_args)
     has_eval = bool([s for s in data_args.eval_datasets if s] or [s for s in getattr(data_args, "eval_generation_datasets", []) if s])

@@ -70,13 +70,14 @@ def check_names(tensors, hf_config):
                          f"unexpected {extra[:5]}, wrong shapes {wrong[:5]}")
 
 
-def export_model(model, output_dir, max_shard_bytes=hf_files.DEFAULT_MAX_SHARD_BYTES):
+def export_model(model, output_dir, max_shard_bytes=hf_files.DEFAULT_MAX_SHARD_BYTES, layout="both"):
     """Write the plain (LoRA-merged) causal LM or score `model` as a Hugging Face directory:
-    safetensors, `config.json` and, for a causal LM, `generation_config.json`. Returns the config dict."""
+    safetensors, `config.json` (rotary fields in `layout`, `hf_rope.LAYOUTS`) and, for a causal LM,
+    `generation_config.json`. Returns the config dict."""
     cfg = model.config.to_dict()
     score = score_settings(model) if is_score_model(model) else None
     dtype = model_dtype(model)
-    hf_config = hf_format.hf_config(cfg, dtype, score=score)
+    hf_config = hf_format.hf_config(cfg, dtype, score=score, layout=layout)
     lm_head = getattr(model, "lm_head", None)
     transposed = getattr(lm_head, "transpose_y", None) if lm_head is not None else None
     tensors = hf_format.hf_tensors(state_numpy(model), cfg, lm_head_transposed=transposed)
@@ -126,11 +127,11 @@ def load_plain_model(path):
     return load_merged_causal_lm(path, dtype=dtype)
 
 
-def export_dir(path, output_dir, max_shard_bytes=hf_files.DEFAULT_MAX_SHARD_BYTES, dtype=None):
+def export_dir(path, output_dir, max_shard_bytes=hf_files.DEFAULT_MAX_SHARD_BYTES, dtype=None, layout="both"):
     """Export the model directory or LoRA adapter `path` (see `export_model`) with its tokenizer
     files, in its saved dtype or `dtype`. Returns `(config dict, tokenizer files written)`."""
     model = load_plain_model(path)
     if dtype is not None and dtype != model_dtype(model):
         model.to(dtype=dtype)
-    hf_config = export_model(model, output_dir, max_shard_bytes)
+    hf_config = export_model(model, output_dir, max_shard_bytes, layout=layout)
     return hf_config, copy_tokenizer(tokenizer_dir(path), output_dir, to_hf=True)

@@ -23,6 +23,8 @@ q_proj and k_proj need no permutation (tests/test_hf_weights.py compares logits)
 """
 import numpy as np
 
+from . import hf_rope
+
 PREFIX = {"llama": "llama", "qwen2": "qwen2"}
 CAUSAL_LM_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 SCORE_ARCH = {"llama": "LlamaForSequenceClassification", "qwen2": "Qwen2ForSequenceClassification"}
@@ -31,7 +33,7 @@ NORMALIZER_STATS = ("normalizer_mean", "normalizer_var", "normalizer_count")
 DTYPES = ("float32", "float16", "bfloat16")
 COMMON_FIELDS = (
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta", "tie_word_embeddings",
+    "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
     "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id",
 )
 QWEN2_FIELDS = ("sliding_window", "max_window_layers")
@@ -42,38 +44,11 @@ def head_dim(cfg):
     return cfg["hidden_size"] // cfg["num_attention_heads"]
 
 
-def _rope_to_hf(cfg, model_type):
-    """HF `rope_scaling` of a PaddleNLP config (None, linear, or Llama 3's); refuses the rest."""
-    if model_type == "llama" and (cfg.get("rope_scaling") or {}).get("rope_type") == "llama3":
-        return dict(cfg["rope_scaling"])
-    kind = cfg.get("rope_scaling_type")
-    if kind is None:
-        return None
-    if kind == "linear" and model_type == "llama":
-        return {"rope_type": "linear", "factor": float(cfg.get("rope_scaling_factor", 1.0))}
-    raise ValueError(f"rope_scaling_type {kind!r} ({model_type}): no Hugging Face equivalent is written here; "
-                     "supported: none, linear (Llama), llama3 (Llama)")
-
-
-def _rope_from_hf(hf, model_type):
-    """PaddleNLP config fields of an HF `rope_scaling`; refuses what PaddleNLP's model would not compute."""
-    rope = hf.get("rope_scaling")
-    if not rope:
-        return {}
-    kind = rope.get("rope_type", rope.get("type"))
-    if model_type == "llama" and kind == "llama3":
-        return {"rope_scaling": dict(rope, rope_type="llama3")}
-    if model_type == "llama" and kind == "linear":
-        return {"rope_scaling_type": "linear", "rope_scaling_factor": float(rope["factor"])}
-    raise ValueError(f"rope_scaling {rope} ({model_type}): PaddleNLP's {CAUSAL_LM_ARCH[model_type]} does not "
-                     "implement it; supported: none, linear (Llama), llama3 (Llama)")
-
-
-def hf_config(cfg, dtype, score=None):
+def hf_config(cfg, dtype, score=None, layout="both"):
     """The Hugging Face `config.json` dict of a PaddleNLP config dict `cfg` (model_type llama or
     qwen2). `score`: None for a causal LM, else the score model's settings (`SCORE_FIELDS`) and
     normaliser statistics (`NORMALIZER_STATS`), written as a `*ForSequenceClassification` with
-    one label."""
+    one label. `layout`: the rotary fields' layout (`hf_rope.LAYOUTS`)."""
     model_type = cfg.get("model_type")
     if model_type not in PREFIX:
         raise ValueError(f"model_type {model_type!r}: Hugging Face export supports {sorted(PREFIX)}")
@@ -82,8 +57,11 @@ def hf_config(cfg, dtype, score=None):
     out = {"architectures": [SCORE_ARCH[model_type] if score is not None else CAUSAL_LM_ARCH[model_type]],
            "model_type": model_type}
     out.update({key: cfg[key] for key in COMMON_FIELDS if key in cfg})
+    rope = hf_rope.rope_of_paddle(cfg)
+    if rope.rope_type not in hf_rope.PADDLE_ROPE[model_type]:
+        raise ValueError(f"rope_type {rope.rope_type!r} ({model_type}): PaddleNLP's model does not compute it")
     out.update(hidden_act="silu", head_dim=head_dim(cfg), attention_dropout=0.0, use_cache=True,
-               rope_scaling=_rope_to_hf(cfg, model_type), torch_dtype=dtype, dtype=dtype)
+               torch_dtype=dtype, dtype=dtype, **hf_rope.hf_fields(rope, layout))
     if model_type == "llama":
         out.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
     else:
@@ -104,8 +82,6 @@ def _refusals(hf, model_type):
         problems.append(f"head_dim {hd} != hidden_size / num_attention_heads")
     if model_type == "llama" and (hf.get("attention_bias") or hf.get("mlp_bias")):
         problems.append("attention_bias / mlp_bias (PaddleNLP's Llama has no biases)")
-    if model_type == "qwen2" and hf.get("use_sliding_window"):
-        problems.append("use_sliding_window true (PaddleNLP's Qwen2 attends to the whole sequence)")
     if hf.get("num_labels", 1) != 1 and is_score_arch(hf):
         problems.append(f"num_labels {hf['num_labels']} (a score model has one)")
     return problems
@@ -122,7 +98,8 @@ def paddle_config(hf):
         raise ValueError(f"model_type {model_type!r}: Hugging Face import supports {sorted(PREFIX)}")
     if "num_labels" not in hf and "id2label" in hf:
         hf = dict(hf, num_labels=len(hf["id2label"]))
-    problems = _refusals(hf, model_type)
+    rope_fields, rope_problems = hf_rope.normalise(hf, model_type)
+    problems = _refusals(hf, model_type) + rope_problems
     if problems:
         raise ValueError(f"{CAUSAL_LM_ARCH[model_type]} config: not supported here: " + "; ".join(problems))
     cfg = {key: hf[key] for key in COMMON_FIELDS if key in hf}
@@ -130,7 +107,7 @@ def paddle_config(hf):
     cfg.setdefault("tie_word_embeddings", False)
     if model_type == "qwen2":
         cfg.update({key: hf[key] for key in QWEN2_FIELDS if hf.get(key) is not None}, use_sliding_window=False)
-    cfg.update(_rope_from_hf(hf, model_type))
+    cfg.update(rope_fields)
     cfg["dtype"] = hf.get("dtype") or hf.get("torch_dtype") or "float32"
     if cfg["dtype"] not in DTYPES:
         raise ValueError(f"torch_dtype {cfg['dtype']!r}: expected one of {DTYPES}")

@@ -102,8 +102,8 @@ def load_hf_model(path, dtype=None, score=None, **config_overrides):
         raise ValueError(f"{path}: a Hugging Face directory loads whole; for tensor_parallel_degree > 1 convert it "
                          "first: python scripts/import_hf.py --hf_path DIR --output_dir OUT")
     hf_config = read_json(os.path.join(path, "config.json"))
+    cls, config, file_score = build_config(hf_config, dtype, score, **config_overrides)  # refuses before the weights
     tensors = hf_files.read_safetensors(path)
-    cls, config, file_score = build_config(hf_config, dtype, score, **config_overrides)
     new_head = hasattr(cls, "init_score_head") and file_score is None
     if file_score is not None:
         config.score_bias = "score.bias" in tensors
@@ -116,6 +116,31 @@ def load_hf_model(path, dtype=None, score=None, **config_overrides):
     if file_score is not None:
         set_normalizer(model, file_score)
     return model
+
+
+def config_problems(path):
+    """The problems of the Hugging Face directory `path`'s `config.json` that `load_hf_model` would
+    refuse (architecture, rotary settings, attention windows, ...), as one line naming the file; none: []."""
+    file = os.path.join(path, "config.json")
+    try:
+        hf_format.paddle_config(read_json(file))
+    except (ValueError, KeyError, TypeError, OSError) as err:
+        detail = f"missing field {err}" if isinstance(err, KeyError) else str(err)
+        return [f"{file}: {detail}"]
+    return []
+
+
+def hf_config_problems(model_dirs):
+    """One problem per `(argument name, path)` of `model_dirs` that names a Hugging Face directory
+    whose `config.json` the import refuses; the start-up checks call it before any model loads."""
+    problems = []
+    for name, path in model_dirs:
+        try:
+            hf = hf_files.is_hf_dir(path)
+        except Exception:  # unreadable weights: the model-directory checks name the file
+            hf = False
+        problems += [f"{name}: {p}" for p in config_problems(path)] if hf else []
+    return problems
 
 
 def import_dir(path, output_dir, dtype=None, safe_serialization=False):
