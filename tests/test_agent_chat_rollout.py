@@ -71,7 +71,7 @@ def test_the_ids_are_the_rendered_conversation_tokenised_as_at_inference(qwen, r
     tok, path = qwen
     fmt, _, _, traj = rollout
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    assert fmt.turn_end_ids == [im_end] and fmt.turn_end_text == "<|im_end|>"
+    assert traj.token_ids == hf_encode(path, traj.text) == encode_exact(tok, traj.text)
     assert [s.kind for s in traj.segments] == ["prompt", "policy", "glue", "tool", "glue", "policy"]
     assert traj.stop_reason == "max_turns" and [s.text for s in traj.segments if s.kind == "tool"] == ["49"]
     for turn in traj.policy_segments:  # the sampled call, then the template's end of turn as the policy's token
@@ -82,16 +82,17 @@ def test_the_ids_are_the_rendered_conversation_tokenised_as_at_inference(qwen, r
     assert traj.messages[1] == {"role": "assistant", "content": CALL} and traj.messages[2]["content"] == "49"
     rendered = fmt.render(traj.messages, [get_tool("sq").function_schema()])
     assert rendered == traj.text + "\n"  # the template's last `\n` follows the turn the rollout ends with
-    assert traj.token_ids == hf_encode(path, traj.text) == encode_exact(tok, traj.text)
     assert tokenization_drift(traj, fmt.encode_conversation) is None
+    assert fmt.turn_end_ids == [im_end] and fmt.turn_end_text == "<|im_end|>"
 
 
-def test_the_turn_end_carries_the_models_logprob(rollout):
+def test_the_turn_end_carries_the_models_logprob(qwen, rollout):
     """The forced `<|im_end|>` follows `</tool_call>`, after which the model's logits are all 0:
     its log-prob is -log(V), as one prefill pass of the whole trajectory gives it."""
+    tok, _ = qwen
     fmt, engine, model, traj = rollout
     ids = np.asarray(traj.token_ids)
-    ends = np.flatnonzero(ids == fmt.turn_end_ids[0])
+    ends = np.flatnonzero(ids == tok.convert_tokens_to_ids("<|im_end|>"))
     policy = positions_of(traj, "policy")
     forced = np.intersect1d(ends, policy)
     assert len(forced) == 2
@@ -120,7 +121,7 @@ def test_the_policy_loss_trains_the_turn_end_and_never_the_environments_tokens(q
     grad = grad.numpy()[0]
     response = batch.sequences[0, Tp:]
     policy = batch.response_mask[0] == 1
-    ends = response == fmt.turn_end_ids[0]
+    ends = response == tok.convert_tokens_to_ids("<|im_end|>")
     assert (ends & policy).sum() == 2 and (ends & ~policy).sum() == 1  # the tool turn's own <|im_end|> is glue
     assert np.all(grad[policy] != 0) and np.all(grad[ends & policy] != 0)
     assert np.all(grad[~policy] == 0)

@@ -18,7 +18,7 @@ from tests import agent_helpers  # noqa: F401 (registers the test tools)
 @pytest.mark.parametrize("isolation", ["thread", "process"])
 def test_results_that_are_not_text(isolation):
     def returns(kind):
-        return call_tool(get_tool("test_returns"), {"kind": kind}, isolation=isolation)
+        return call_tool(get_tool("test_returns"), {"kind": kind}, **({"isolation": isolation} if isolation != "thread" else {}))
 
     assert (returns("dict").text, returns("dict").error) == ('{"b": 1, "a": [1.5, "x"]}', None)
     assert (returns("number").text, returns("bytes").text) == ("7", "caf\u00e9")

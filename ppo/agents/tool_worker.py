@@ -4,7 +4,7 @@ A worker is a Python process of its own (``sys.executable``, the caller's ``sys.
 session of its own) that has imported ``ppo.agents`` before it takes calls, so that starting it
 never counts against a tool's timeout. A call sends the tool's function (pickled by reference:
 a module-level function, or a ``functools.partial`` of one with its options) and its arguments,
-and the worker sends back :func:`ppo.agents.tools.call_outcome` -- the conversion of the result
+and the worker sends back :func:`ppo.agents.tool_results.call_outcome` -- the conversion of the result
 to text happens in the worker. What the tool prints goes to the worker's standard error, never
 into the answer.
 
@@ -25,6 +25,8 @@ import signal
 import subprocess
 import sys
 import threading
+
+from .tool_results import call_outcome
 
 MAX_WORKERS = max(1, min(8, os.cpu_count() or 1))
 START_TIMEOUT_S = 600.0
@@ -145,8 +147,6 @@ def _read_frame(stream):
 
 def serve():
     """The worker's loop: read a pickled (fn, arguments), write call_outcome(fn, arguments), until EOF."""
-    from ppo.agents.tools import call_outcome
-
     channel = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # the tool's prints go to standard error, never into the protocol
     sys.stdout = sys.stderr

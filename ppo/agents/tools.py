@@ -28,23 +28,19 @@ in a worker process (ppo/agents/tool_worker.py): killed at the timeout, replaced
 import functools
 import importlib
 import inspect
-import json
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
+from .tool_results import TRUNCATED, ToolTimeout, call_outcome, cut_with_notice, result_text  # noqa: F401
+from .tool_worker import run_in_worker
+
 DEFAULT_TIMEOUT_S = 10.0
 ISOLATIONS = ("thread", "process")
-TRUNCATED = "...(truncated)"
 _REGISTRY: Dict[str, "ToolSpec"] = {}
 _LOCK = threading.Lock()
 _JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list}
-
-
-class ToolTimeout(Exception):
-    """Raised by a tool whose own work ran out of time (e.g. a sandboxed program killed at its
-    wall-clock limit): counted as a timeout, like a call that outlives the tool's timeout."""
 
 
 @dataclass(frozen=True)
@@ -189,36 +185,6 @@ def argument_problem(spec: ToolSpec, arguments):
     return None
 
 
-def result_text(value):
-    """``(text, None)`` for a tool's return value, or ``(message, "bad_result")`` when it is
-    not text: str as it is, bytes as UTF-8, a dict/list/number/bool as JSON text."""
-    if isinstance(value, str):
-        return value, None
-    if isinstance(value, (bytes, bytearray)):
-        try:
-            return bytes(value).decode("utf-8"), None
-        except UnicodeDecodeError:
-            return "returned bytes that are not UTF-8 text", "bad_result"
-    if value is not None and isinstance(value, (dict, list, tuple, int, float, bool)):
-        try:
-            return json.dumps(value, ensure_ascii=False, allow_nan=False), None
-        except (TypeError, ValueError) as err:
-            return f"returned a {type(value).__name__} that is not JSON ({err})", "bad_result"
-    return f"returned {type(value).__name__}, not text or JSON", "bad_result"
-
-
-def call_outcome(fn, arguments):
-    """fn(**arguments) as a picklable outcome: ``("ok", text, error)`` (``result_text``),
-    ``("raised", type name, message)`` or ``("timeout", message)`` (a ToolTimeout)."""
-    try:
-        value = fn(**arguments)
-    except ToolTimeout as err:
-        return ("timeout", str(err))
-    except BaseException as err:  # noqa: BLE001 - reported to the policy as the tool's error
-        return ("raised", type(err).__name__, str(err)[:200])
-    return ("ok", *result_text(value))
-
-
 def _run_in_thread(fn, arguments, timeout_s):
     """The outcome of fn(**arguments) (``call_outcome``), or None when it did not return
     within timeout_s seconds."""
@@ -228,14 +194,6 @@ def _run_in_thread(fn, arguments, timeout_s):
     worker.start()
     worker.join(timeout_s)
     return box.get("out")
-
-
-def cut_with_notice(text, max_chars):
-    """`text` cut to `max_chars` characters with the TRUNCATED notice inside them."""
-    if len(text) <= max_chars:
-        return text
-    keep = max(max_chars - len(TRUNCATED), 0)
-    return (text[:keep] + TRUNCATED)[:max_chars]
 
 
 def call_tool(spec: ToolSpec, arguments, max_chars: int = 4096, timeout_s: Optional[float] = None,
@@ -251,8 +209,6 @@ def call_tool(spec: ToolSpec, arguments, max_chars: int = 4096, timeout_s: Optio
         return result(f"Error: {problem}", "bad_arguments")
     limit = spec.timeout_s if timeout_s is None else timeout_s
     if isolation == "process":
-        from .tool_worker import run_in_worker
-
         outcome = run_in_worker(spec.fn, dict(arguments), limit)
     elif isolation == "thread":
         outcome = _run_in_thread(spec.fn, dict(arguments), limit)
