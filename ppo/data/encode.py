@@ -49,12 +49,14 @@ def encode_exact(tokenizer: Any, text: str) -> List[int]:
     Llama 3's do; what an inference server sees): the text split at the added tokens, each piece
     between them tokenised whole. PaddleNLP's `tokenize` strips the whitespace on both sides of a
     special token unless it was added as an `AddedToken` saying otherwise (`<|im_end|>\\n<|im_start|>`
-    loses its newline); here only an explicit ``lstrip``/``rstrip`` strips. Tokenizers that are not
-    PaddleNLP's slow ones are called as usual."""
-    trie = getattr(tokenizer, "tokens_trie", None)
-    if trie is None or not callable(getattr(tokenizer, "_tokenize", None)) or not _plain_encode(tokenizer):
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    loses its newline); here only an explicit ``lstrip``/``rstrip`` strips. Tokenizers that do not
+    use that `tokenize` (e.g. PaddleNLP's tiktoken-based Llama 3 one, which keeps the whitespace)
+    are called as usual."""
+    if not _base_tokenize(tokenizer):
+        return encode_text(tokenizer, text, add_special_tokens=False)
     from paddlenlp.transformers.tokenizer_utils_base import AddedToken
+
+    trie = tokenizer.tokens_trie
 
     text, _ = tokenizer.prepare_for_tokenization(text)
     no_split = set(tokenizer.unique_no_split_tokens)
@@ -71,3 +73,14 @@ def encode_exact(tokenizer: Any, text: str) -> List[int]:
         if piece:
             tokens.extend([piece] if piece in no_split else tokenizer._tokenize(piece))
     return list(tokenizer.convert_tokens_to_ids(tokens))
+
+
+def _base_tokenize(tokenizer: Any) -> bool:
+    """True when `tokenizer` is a PaddleNLP slow tokenizer whose `tokenize` is the library's own
+    (the one that strips whitespace next to special tokens) over a `_tokenize` of its own."""
+    if not _plain_encode(tokenizer) or getattr(tokenizer, "tokens_trie", None) is None:
+        return False
+    from paddlenlp.transformers.tokenizer_utils import PretrainedTokenizer
+
+    cls = type(tokenizer)
+    return cls.tokenize is PretrainedTokenizer.tokenize and cls._tokenize is not PretrainedTokenizer._tokenize
