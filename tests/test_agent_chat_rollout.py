@@ -125,3 +125,28 @@ def test_the_policy_loss_trains_the_turn_end_and_never_the_environments_tokens(q
     assert (ends & policy).sum() == 2 and (ends & ~policy).sum() == 1  # the tool turn's own <|im_end|> is glue
     assert np.all(grad[policy] != 0) and np.all(grad[ends & policy] != 0)
     assert np.all(grad[~policy] == 0)
+
+
+def test_a_turn_that_ends_with_the_sampled_eos_is_not_closed_twice(qwen):
+    """A model that writes `It is 49.<|im_end|>` (EOS) after every `assistant\\n`, answered by an
+    environment without stop strings: each turn holds its one sampled `<|im_end|>` (log-prob
+    near 0) and the glue after it starts with the newline, never with a second `<|im_end|>`."""
+    from tests.agent_helpers import EchoEnv
+
+    tok, path = qwen
+    fmt = ChatTemplateFormat(tok)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    chain = encode_exact(tok, "\n") + encode_exact(tok, "It is 49.") + [im_end]
+    engine = RolloutEngine(chain_qwen2(len(tok), chain), eos_token_id=im_end, pad_token_id=tok.pad_token_id,
+                           kernels="paddle")
+    result = rollout_trajectories(engine, [{"src": "What is 7 squared?"}], AgentArguments(max_turns=3, max_total_len=200),
+                                  fmt, SamplingParams(max_new_tokens=12, do_sample=False), seed=0,
+                                  env_factory=lambda: EchoEnv(turns=2))
+    (traj,) = result.trajectories
+    assert [s.kind for s in traj.segments] == ["prompt", "policy", "glue", "tool", "glue", "policy"]
+    for turn in traj.policy_segments:
+        assert turn.text == "It is 49.<|im_end|>" and turn.token_ids.count(im_end) == 1
+        assert turn.logprobs[-1] > -1e-3  # sampled, not forced
+    assert traj.segments[2].text == "\n<|im_start|>user\n<tool_response>\n"
+    assert traj.token_ids[traj.prompt_length:].count(im_end) == 3  # two turns and the tool turn's close
+    assert traj.token_ids == hf_encode(path, traj.text)

@@ -130,6 +130,20 @@ def test_chat_template_ids_keep_the_whitespace_next_to_special_tokens(qwen):
     assert all(traj.token_ids[i + 1] == newline for i in ends[:-1])
 
 
+def test_llama3_template_ends_a_turn_with_eot(tmp_path):
+    """Llama 3's template: the end of an assistant turn is `<|eot_id|>`, and PaddleNLP's tiktoken
+    tokenizer (which keeps whitespace) encodes as it always does."""
+    from ppo.tiny.bpe_tokenizers import build_llama3_tokenizer
+
+    tok = build_llama3_tokenizer(str(tmp_path))
+    fmt = ChatTemplateFormat(tok)
+    assert fmt.turn_end_ids == [tok.convert_tokens_to_ids("<|eot_id|>")] and fmt.turn_end_text == "<|eot_id|>"
+    assert fmt.glue_texts("user") == ("<|start_header_id|>user<|end_header_id|>\n\n",
+                                      "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+    text = "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+    assert fmt.piece(text) == tok(text, add_special_tokens=False)["input_ids"]
+
+
 def test_template_without_tool_slot_gets_the_tools_in_a_system_message(tmp_path):
     from ppo.tiny.bpe_tokenizers import build_qwen2_tokenizer
 
