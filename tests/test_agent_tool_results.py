@@ -100,3 +100,40 @@ def test_the_stop_is_one_message_without_a_traceback(capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.endswith("error: step 2: the tools failed on 8 of 8 rows; last failure: tool x: raised: boom\n")
+
+
+def _running(pid):
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_worker_ends_when_its_trainer_is_killed():
+    """A trainer killed with SIGKILL while its worker runs a hanging call: the worker notices its
+    parent is gone and ends itself (nothing is left running)."""
+    import signal
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = ("import sys, threading, time\n"
+              "from ppo.agents import call_tool, get_tool, tool_worker\n"
+              "import tests.agent_helpers\n"
+              "threading.Thread(target=call_tool, args=(get_tool('test_hang'), {'x': '1'}),\n"
+              "                 kwargs={'timeout_s': 600, 'isolation': 'process'}, daemon=True).start()\n"
+              "while not tool_worker._POOL.started:\n    time.sleep(0.1)\n"
+              "print(tool_worker._POOL.started[0].proc.pid, flush=True)\n"
+              "time.sleep(600)\n")
+    trainer = subprocess.Popen([sys.executable, "-c", script], cwd=repo, stdout=subprocess.PIPE, text=True)
+    worker = int(trainer.stdout.readline())
+    time.sleep(1.0)
+    assert _running(worker)
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait()
+    deadline = time.monotonic() + 60
+    while _running(worker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _running(worker)

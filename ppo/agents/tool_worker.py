@@ -14,7 +14,8 @@ into the answer.
   comes back ``("crashed", "ended its worker process (exit status N)")``; the trainer goes on.
 
 Workers are kept for the next calls (at most ``MAX_WORKERS`` at a time, a call waits for a free
-one) and killed when the trainer exits.
+one) and killed when the trainer exits; a worker whose trainer died without that (SIGKILL)
+notices within a second (its parent changed) and ends itself, and what it started with it.
 """
 import atexit
 import json
@@ -25,6 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from .tool_results import call_outcome
 
@@ -82,7 +84,7 @@ class _Pool:
     """Idle workers handed out one call at a time, at most MAX_WORKERS alive."""
 
     def __init__(self):
-        self.idle, self.busy = [], 0
+        self.idle, self.busy, self.started = [], 0, []
         self.cond = threading.Condition()
 
     def acquire(self):
@@ -97,6 +99,8 @@ class _Pool:
             except BaseException:
                 self.release(None)
                 raise
+            with self.cond:
+                self.started = [w for w in self.started if w.alive] + [worker]
         return worker
 
     def release(self, worker):
@@ -107,9 +111,10 @@ class _Pool:
             self.cond.notify()
 
     def close(self):
+        """Kill every worker (idle or running a call)."""
         with self.cond:
-            idle, self.idle = self.idle, []
-        for worker in idle:
+            started, self.started, self.idle = self.started, [], []
+        for worker in started:
             worker.kill()
 
 
@@ -147,6 +152,8 @@ def _read_frame(stream):
 
 def serve():
     """The worker's loop: read a pickled (fn, arguments), write call_outcome(fn, arguments), until EOF."""
+    parent = os.getppid()
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     channel = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # the tool's prints go to standard error, never into the protocol
     sys.stdout = sys.stderr
@@ -167,3 +174,10 @@ def serve():
         except Exception as err:  # noqa: BLE001 - an exception message that does not pickle
             reply = pickle.dumps(("raised", type(err).__name__, str(err)[:200]))
         _write_frame(channel, reply)
+
+
+def _watch_parent(parent):
+    """End this worker's session when the trainer that started it is gone."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os.killpg(os.getpgid(0), signal.SIGKILL)
