@@ -3,9 +3,11 @@ ids an inference server would see: the rendered conversation tokenised with the 
 `<|im_end|>` kept (checked against the `tokenizers` library, Hugging Face's own tokenizer, built
 from the same files), and the `<|im_end|>` that closes a tool-calling turn belongs to the policy:
 it carries the model's log-prob and the policy loss has a non-zero gradient there, zero at
-every glue and tool token."""
+every glue and tool token. Where a Python with transformers is at hand (PADDLE_ALIGN_HF_PYTHON),
+transformers' tokenizer is asked too."""
 import json
 import os
+import subprocess
 import unicodedata
 
 import numpy as np
@@ -21,6 +23,7 @@ from ppo.data.encode import encode_exact
 from ppo.rollout import RolloutEngine, SamplingParams
 from ppo.rollout.multi_turn import prefill_logprobs
 from tests.agent_helpers import chain_qwen2, positions_of
+from tests.hf_weights_helpers import hf_python
 
 CALL = "<tool_call>sq 7</tool_call>"
 
@@ -150,3 +153,19 @@ def test_a_turn_that_ends_with_the_sampled_eos_is_not_closed_twice(qwen):
     assert traj.segments[2].text == "\n<|im_start|>user\n<tool_response>\n"
     assert traj.token_ids[traj.prompt_length:].count(im_end) == 3  # two turns and the tool turn's close
     assert traj.token_ids == hf_encode(path, traj.text)
+
+
+@pytest.mark.skipif(hf_python() is None, reason="no Python with torch and transformers (set PADDLE_ALIGN_HF_PYTHON)")
+def test_transformers_tokenises_the_conversation_to_the_same_ids(qwen, rollout):
+    """transformers' own tokenizer, loaded from the same directory, gives the trajectory's ids
+    for its text (the text an inference server renders from the same messages)."""
+    _, path = qwen
+    _, _, _, traj = rollout
+    script = ("import json, sys, transformers\n"
+              "tok = transformers.AutoTokenizer.from_pretrained(sys.argv[1])\n"
+              "print(json.dumps(tok(sys.stdin.read(), add_special_tokens=False)['input_ids']))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([hf_python(), "-c", script, path], input=traj.text, capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == traj.token_ids
