@@ -1,5 +1,6 @@
 """Environments, tools and models for the agent tests (tests/test_agent_*.py); importable as
 `tests.agent_helpers:Name` to test `module.path:Class` loading."""
+import os
 import time
 
 import numpy as np
@@ -93,6 +94,36 @@ def upper(text):
     return text.upper()
 
 
+@register_tool("sq")
+def square(n):
+    """The square of an integer."""
+    return str(int(n) ** 2)
+
+
+@register_tool("test_exit")
+def exits(x):
+    os._exit(3)
+
+
+@register_tool("test_hang", timeout_s=1.0)
+def hangs(x):
+    time.sleep(120)
+    return "late"
+
+
+@register_tool("test_chatty")
+def chatty(x):
+    print("printed, not returned")
+    return {"answer": x, "n": [1, 2]}
+
+
+@register_tool("test_returns", schema={"type": "object", "properties": {"kind": {"type": "string"}}, "required": ["kind"]})
+def returns(kind):
+    """Returns a value of the kind asked for (None, a dict, bytes, bytes that are not UTF-8, a set)."""
+    return {"none": None, "dict": {"b": 1, "a": [1.5, "x"]}, "bytes": "caf\u00e9".encode(), "bad_bytes": b"\xff\xfe",
+            "set": {1}, "number": 7}[kind]
+
+
 def plain_function(city, unit="C"):
     return f"{city}: 21 {unit}"
 
@@ -120,6 +151,37 @@ def random_qwen2(seed=3):
     for layer in model.qwen2.layers:
         for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
             lin.bias.set_value(rng.standard_normal(lin.bias.shape).astype("float32") * 0.05)
+    model.eval()
+    return model
+
+
+def chain_qwen2(vocab_size, chain, scale=4.0, seed=5):
+    """A Qwen2 that writes `chain` (token ids) after `chain[0]`: each of its layers adds nothing to
+    the residual stream (o_proj and down_proj zero), so its logits depend on the current token
+    only, and the LM head maps each chain token's (orthonormal) embedding to the next one's id
+    with logit 8 * scale (every other logit near 0). After the chain's last token every logit is
+    0 (uniform). The chain's tokens must differ."""
+    import paddle
+    from paddlenlp.transformers import Qwen2Config, Qwen2ForCausalLM
+
+    assert len(set(chain)) == len(chain), chain
+    cfg = Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-6,
+                      tie_word_embeddings=False, eos_token_id=EOS, pad_token_id=PAD)
+    paddle.seed(seed)
+    model = Qwen2ForCausalLM(cfg)
+    rng = np.random.default_rng(seed)
+    embed = rng.standard_normal((vocab_size, 64)).astype("float32") * 0.1
+    basis, _ = np.linalg.qr(rng.standard_normal((64, 64)))
+    embed[list(chain)] = basis[: len(chain)].astype("float32")
+    head = np.zeros((64, vocab_size), "float32")
+    for cur, nxt in zip(chain, chain[1:]):
+        head[:, nxt] = scale * basis[chain.index(cur)]
+    model.qwen2.embed_tokens.weight.set_value(embed)
+    model.lm_head.weight.set_value(head.reshape(model.lm_head.weight.shape))
+    for layer in model.qwen2.layers:
+        for lin in (layer.self_attn.o_proj, layer.mlp.down_proj):
+            lin.weight.set_value(np.zeros(lin.weight.shape, "float32"))
     model.eval()
     return model
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from ppo import kernels
 from ppo.agents import (
     AgentArguments,
     Environment,
@@ -80,13 +81,16 @@ def test_arguments_from_a_file_and_the_start_up_pass_refuses_before_any_model_lo
     environment) is listed at once by the start-up pass, and the model loader never runs."""
     good = tmp_path / "good.json"
     good.write_text(json.dumps({"env_name": "tools", "env_kwargs": {"tools": ["calculator"]}, "max_turns": 3,
-                                "max_tool_response_len": 64, "max_total_len": 256, "turn_reward_mode": "per_turn"}))
+                                "max_tool_response_len": 64, "max_total_len": 256, "turn_reward_mode": "per_turn",
+                                "step_timeout_s": 12.5}))
     (args,), problems = parse_collecting((AgentArguments,), [str(good)])
     assert not problems and args.env_options == {"tools": ["calculator"]} and args.turn_reward_mode == "per_turn"
+    assert args.step_timeout_s == 12.5
     assert agent_problems(args) == []
 
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"env_name": "tests.agent_helpers:NoStepEnv", "max_turns": 0, "turn_reward_mode": "often"}))
+    bad.write_text(json.dumps({"env_name": "tests.agent_helpers:NoStepEnv", "max_turns": 0, "turn_reward_mode": "often",
+                               "step_timeout_s": 0}))
     loaded = []
     startup = StartupPass()
     (args,) = startup.parse((AgentArguments,), [str(bad)], lambda a: agent_problems(a))
@@ -96,6 +100,7 @@ def test_arguments_from_a_file_and_the_start_up_pass_refuses_before_any_model_lo
         startup.finish()
     text = str(err.value)
     assert "max_turns must be >= 1" in text and "turn_reward_mode must be one of" in text and "lacks step()" in text
+    assert "step_timeout_s must be > 0, got 0" in text
     assert loaded == []
     with pytest.raises(ArgumentError, match="env_kwargs must be a JSON object"):
         AgentArguments(env_kwargs="[1, 2]")
@@ -104,16 +109,17 @@ def test_arguments_from_a_file_and_the_start_up_pass_refuses_before_any_model_lo
 # ---------------------------------------------------------------- faults inside a rollout
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
+    kernels.ensure_built()  # the rollouts below run the compiled ops: build them on a fresh clone
     return tiny_llama(tmp_path_factory.mktemp("llama"), tool_tags=True)
 
 
-def _rollout(llama, records, env_factory, step_timeout_s=600.0, **args):
+def _rollout(llama, records, env_factory, **args):
     tok, model = llama
     engine = RolloutEngine(model, eos_token_id=EOS, pad_token_id=PAD, kernels="custom")
     agent_args = AgentArguments(**{"max_turns": 3, "max_total_len": 128, "max_tool_response_len": 60, **args})
     params = SamplingParams(max_new_tokens=4, min_new_tokens=4)
     return rollout_trajectories(engine, records, agent_args, TaggedFormat(tok, "USER: {input} ASSISTANT:"), params,
-                                seed=0, env_factory=env_factory, step_timeout_s=step_timeout_s)
+                                seed=0, env_factory=env_factory)
 
 
 def test_every_tool_fault_gives_an_error_observation_and_the_rows_go_on(llama):
@@ -133,7 +139,7 @@ def test_every_tool_fault_gives_an_error_observation_and_the_rows_go_on(llama):
     assert [a[0].startswith("Error:") for a in answers] == [True, True, True, True, False, False]
     assert "not valid JSON" in answers[0][0] and "no tool 'weather'" in answers[1][0]
     assert "the tool broke" in answers[2][0] and "timed out" in answers[3][0]
-    assert answers[4][0] == "y" * 60 and answers[5][0] == "42"  # cut to max_tool_response_len tokens
+    assert answers[4][0] == "y" * 46 + "...(truncated)" and answers[5][0] == "42"  # cut to 60 tokens, notice included
     for t in result.trajectories:
         assert t.stop_reason == "done" and t.num_turns == 2  # each row went on to its final answer
     m = result.metrics
@@ -144,6 +150,7 @@ def test_every_tool_fault_gives_an_error_observation_and_the_rows_go_on(llama):
 
 
 def test_an_environment_that_raises_or_hangs_ends_only_its_row(llama):
+    """`step_timeout_s` is the argument's (0.5 s here): the hanging row ends within it."""
     records = [{"src": f"q{i}", "i": i} for i in range(3)]
     envs = iter([RaisingEnv(), HangingEnv(), EchoEnv(turns=2)])
     result = _rollout(llama, records, lambda: next(envs), step_timeout_s=0.5)

@@ -42,10 +42,14 @@ def test_tiny_tool_tags_are_opt_in_and_change_no_existing_text(tiny):
 
 def _trajectory(fmt, tokenizer, policy_texts, answers, first="What is 12*34?"):
     """A trajectory assembled as the rollout assembles it, with each policy turn's ids being the
-    tokenizer's own ids of `policy_texts[k]` (the ids a model would sample most canonically)."""
+    format's own ids of `policy_texts[k]` (the ids a model would sample most canonically); a turn
+    followed by an answer ends with the format's end-of-turn tokens (the rollout closes a turn
+    that stopped at `</tool_call>` with them)."""
     traj = Trajectory(segments=fmt.prompt_segments(first, CALC))
     for k, text in enumerate(policy_texts):
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = fmt.piece(text)
+        if k < len(answers):
+            ids, text = ids + list(fmt.turn_end_ids), text + fmt.turn_end_text
         traj.segments.append(Segment("policy", ids, text, logprobs=[-1.0] * len(ids), turn=k))
         if k < len(answers):
             traj.segments += fmt.observation_segments(answers[k], "tool", k, 64, CALC)
@@ -85,9 +89,12 @@ def test_chat_template_tool_slot_prompt_and_tool_turn(qwen):
     listed = json.dumps(CALC[0], sort_keys=True).replace("<", "\\u003c").replace(">", "\\u003e")
     assert prompt.startswith("<|im_start|>system\nYou are a helpful assistant.\n\n# Tools\n") and listed in prompt
     assert prompt.endswith("<|im_start|>user\nWhat is 12*34?<|im_end|>\n<|im_start|>assistant\n")
-    assert fmt.glue_texts("tool", CALC) == ("<|im_end|>\n<|im_start|>user\n<tool_response>\n",
+    assert fmt.turn_end_text == "<|im_end|>" and fmt.turn_end_ids == [qwen.convert_tokens_to_ids("<|im_end|>")]
+    assert fmt.glue_texts("tool", CALC) == ("\n<|im_start|>user\n<tool_response>\n",
                                             "\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
-    assert fmt.glue_texts("user", CALC) == ("<|im_end|>\n<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
+    assert fmt.glue_texts("user", CALC) == ("\n<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
+    cut = fmt.observation_segments("408", "tool", 0, 64, CALC, turn_closed=False)  # a turn cut at its length
+    assert cut[0].text == "<|im_end|>\n<|im_start|>user\n<tool_response>\n" and cut[0].token_ids[0] == fmt.turn_end_ids[0]
 
 
 def test_chat_template_conversation_renders_as_the_template_does(qwen):
@@ -102,28 +109,39 @@ def test_chat_template_conversation_renders_as_the_template_does(qwen):
     assert rendered == traj.text + "\n"
 
 
-def test_chat_template_drift_is_paddlenlps_whitespace_stripping(qwen):
-    """PaddleNLP's tokenizer drops whitespace on both sides of special tokens when it tokenises
-    text (`assistant\\n<tool_call>\\n{` -> `assistant<tool_call>{`), so a policy turn that starts
-    with `<tool_call>` right after the template's `<|im_start|>assistant\\n` and goes on with a
-    newline (as Qwen models write calls) holds ids the re-tokenised text cannot give back: the
-    prompt's last newline and the generated one. The trajectory keeps the generated ids."""
+def test_chat_template_ids_keep_the_whitespace_next_to_special_tokens(qwen):
+    """A turn `<tool_call>\\n{...}\\n</tool_call>` right after the template's `assistant\\n`, as
+    Qwen models write calls: the held ids keep every newline, as the rendered text tokenised by an
+    inference server has them (no drift). PaddleNLP's own tokenisation of the same text drops the
+    whitespace on both sides of special tokens (the prompt's last newline and the generated one,
+    and the newline after each `<|im_end|>`): why the format encodes with `encode_exact`."""
     fmt = ChatTemplateFormat(qwen)
-    call_ids = [qwen.convert_tokens_to_ids(CALL_OPEN)] + qwen("\n{\"name\": \"calculator\", \"arguments\": "
-                                                              "{\"expression\": \"12*34\"}}\n", add_special_tokens=False)["input_ids"]
-    call_ids += [qwen.convert_tokens_to_ids(CALL_CLOSE)]
-    traj = _trajectory(fmt, qwen, ["x"], [])
-    text = qwen.decode(call_ids, spaces_between_special_tokens=False, clean_up_tokenization_spaces=False)
-    traj.segments[-1] = Segment("policy", call_ids, text, logprobs=[-1.0] * len(call_ids))
-    drift = tokenization_drift(traj, fmt.encode_conversation)
-    (newline,), (brace,) = qwen("\n", add_special_tokens=False)["input_ids"], qwen("{", add_special_tokens=False)["input_ids"]
-    assert traj.token_ids[traj.prompt_length - 1] == newline  # the template's `assistant\n`
-    assert drift.position == traj.prompt_length - 1
-    assert drift.held[:4] == [newline, call_ids[0], newline, brace] and drift.retokenized[:2] == [call_ids[0], brace]
-    assert traj.token_ids[traj.prompt_length:] == call_ids
-    clean = _trajectory(fmt, qwen, ['I will compute.<tool_call>{"name": "calculator"}</tool_call>', "It is 408.<|im_end|>"],
-                        ["408"])
-    assert tokenization_drift(clean, fmt.encode_conversation) is None  # no whitespace next to a special token
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*34"}}\n</tool_call>'
+    traj = _trajectory(fmt, qwen, [call, "It is 408.<|im_end|>"], ["408"])
+    assert tokenization_drift(traj, fmt.encode_conversation) is None
+    (newline,), (brace,) = fmt.piece("\n"), fmt.piece("{")
+    start = traj.prompt_length
+    assert traj.token_ids[start - 1: start + 3] == [newline, qwen.convert_tokens_to_ids(CALL_OPEN), newline, brace]
+    paddlenlp = qwen(traj.text, add_special_tokens=False)["input_ids"]
+    opened = max(i for i, t in enumerate(paddlenlp) if t == qwen.convert_tokens_to_ids(CALL_OPEN))  # the policy's call
+    assert len(paddlenlp) < len(traj.token_ids) and paddlenlp[opened + 1] == brace and paddlenlp[opened - 1] != newline
+    im_end = qwen.convert_tokens_to_ids("<|im_end|>")
+    ends = [i for i, t in enumerate(traj.token_ids) if t == im_end]
+    assert all(traj.token_ids[i + 1] == newline for i in ends[:-1])
+
+
+def test_llama3_template_ends_a_turn_with_eot(tmp_path):
+    """Llama 3's template: the end of an assistant turn is `<|eot_id|>`, and PaddleNLP's tiktoken
+    tokenizer (which keeps whitespace) encodes as it always does."""
+    from ppo.tiny.bpe_tokenizers import build_llama3_tokenizer
+
+    tok = build_llama3_tokenizer(str(tmp_path))
+    fmt = ChatTemplateFormat(tok)
+    assert fmt.turn_end_ids == [tok.convert_tokens_to_ids("<|eot_id|>")] and fmt.turn_end_text == "<|eot_id|>"
+    assert fmt.glue_texts("user") == ("<|start_header_id|>user<|end_header_id|>\n\n",
+                                      "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+    text = "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+    assert fmt.piece(text) == tok(text, add_special_tokens=False)["input_ids"]
 
 
 def test_template_without_tool_slot_gets_the_tools_in_a_system_message(tmp_path):
@@ -133,7 +151,7 @@ def test_template_without_tool_slot_gets_the_tools_in_a_system_message(tmp_path)
     assert not fmt.has_tool_slot
     text = fmt.prompt_segments("hi", CALC)[0].text
     assert text.startswith("<|im_start|>system\nYou may call one or more functions") and '"calculator"' in text
-    assert fmt.glue_texts("tool") == ("<|im_end|>\n<|im_start|>tool\n", "<|im_end|>\n<|im_start|>assistant\n")
+    assert fmt.glue_texts("tool") == ("\n<|im_start|>tool\n", "<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_policy_mask_and_batch_layout():

@@ -48,7 +48,7 @@ def test_call_tool_reports_every_fault_as_text():
     slow = call_tool(get_tool("test_slow"), {"x": "1"})
     assert slow.error == "timeout" and time.monotonic() - start < 3 and "timed out after 0.3 s" in slow.text
     loud = call_tool(get_tool("test_loud"), {"x": "1"}, max_chars=100)
-    assert loud.error == "too_long" and len(loud.text) == 100 + len("...(truncated)")
+    assert loud.error == "too_long" and loud.text == "y" * 86 + "...(truncated)"  # the notice inside the 100
     missing = call_tool(get_tool("test_boom"), {})
     assert missing.error == "bad_arguments" and "needs x" in missing.text
     extra = call_tool(get_tool("calculator"), {"expression": "1", "mode": "x"})

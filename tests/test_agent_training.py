@@ -5,6 +5,8 @@ that keeps failing and a reward that cannot be computed stop the run with one cl
 a run killed with SIGKILL and rerun ends as the uninterrupted run."""
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import paddle
@@ -137,10 +139,26 @@ def test_a_failing_tool_pool_stops_the_run_after_saving(tiny_model_dir, tiny_dat
         trainer.train()
     message = str(err.value)
     assert "step 2: the tools failed on 8 of 8 rows, more than max_tool_failure_frac=0.5 for 2 steps" in message
+    assert "last failure: the environment: env_error: RuntimeError('environment bug')" in message
     assert f"saved {out}/checkpoint-1 (after step 1) before stopping" in message
     assert os.path.isdir(f"{out}/checkpoint-1/policy")
     assert json.load(open(f"{out}/checkpoint-1/trainer_state.json"))["tool_failures"] == {"streak": 2}
     assert [r["agent/env_errors"] for r in read_metrics(out) if "agent/env_errors" in r] == [8.0]
+
+
+def test_the_entry_point_says_why_the_tools_stopped_the_run_in_one_message(tiny_model_dir, tiny_data_dir, tmp_path):
+    """ppo/run_ppo.py with an environment that fails on every row: exit status 1 and one error
+    line naming the environment's last error, no traceback."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    argv = grpo_agent_argv(tiny_model_dir, tiny_data_dir, str(tmp_path / "cli"), "--env_name",
+                           "tests.agent_helpers:RaisingEnv", "--tool_failure_steps", "1")
+    proc = subprocess.run([sys.executable, "ppo/run_ppo.py", *argv], cwd=repo, capture_output=True, text=True,
+                          env=dict(os.environ, MKL_DEBUG_CPU_TYPE="5"))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error: " in line]
+    assert len(errors) == 1 and errors[0].startswith("run_ppo.py: error: step 1: the tools failed on 8 of 8 rows")
+    assert "last failure: the environment: env_error: RuntimeError('environment bug')" in errors[0]
 
 
 def test_a_reward_that_cannot_be_computed_stops_the_run(tiny_model_dir, tiny_data_dir, tmp_path):

@@ -7,14 +7,15 @@
 
 - environment.py: the ``Environment`` interface and its registry (``register_environment``,
   ``module.path:Class``); tool_env.py: ``tools``, the tool-calling environment;
-- tools.py: the tool registry (``@register_tool``) and ``call_tool``; builtin_tools.py:
+- tools.py: the tool registry (``@register_tool``) and ``call_tool``; tool_worker.py: tools in
+  worker processes (``tool_isolation`` "process"); builtin_tools.py:
   ``calculator``, ``python`` (in ppo/sandbox.py), ``search`` (BM25); tool_calls.py: reading a
   call out of the policy's text;
 - formats.py: observations as tokens (the chat template's tool slot and tool turn, or the
   tagged form of text templates); trajectory.py: ``Trajectory``/``Segment``, the policy mask
   and the batch layout; rollout.py: the rollout; metrics.py: its counts;
 - arguments.py: ``AgentArguments`` (env_name, env_kwargs, max_turns, max_tool_response_len,
-  max_total_len, turn_reward_mode) and the start-up check ``agent_problems``.
+  max_total_len, step_timeout_s, turn_reward_mode) and the start-up check ``agent_problems``.
 
 The built-in tools and environments register when this package is imported (the registries
 in tools.py and environment.py import no entry of their own). docs/agents.md describes the whole.

@@ -35,6 +35,11 @@ class AgentArguments:
         metadata={"help": "Most tokens of a whole trajectory (prompt, every turn and every answer); a trajectory that "
                   "reaches it is cut (truncated)."},
     )
+    step_timeout_s: float = field(
+        default=600.0,
+        metadata={"help": "Seconds one env.step (a tool call with the environment's own work) may take; a row whose "
+                  "step runs longer ends (env_timeout, counted as an environment failure), the other rows go on."},
+    )
     turn_reward_mode: str = field(
         default="final",
         metadata={"help": "Where the environment's rewards go: final = their sum at the last policy token; per_turn = "
@@ -59,6 +64,8 @@ class AgentArguments:
 
     def _agent_value_problems(self):
         problems = []
+        if not self.step_timeout_s > 0:
+            problems.append(f"step_timeout_s must be > 0, got {self.step_timeout_s}")
         if not 0.0 <= self.max_tool_failure_frac < 1.0:
             problems.append(f"max_tool_failure_frac must be in [0, 1), got {self.max_tool_failure_frac}")
         for name in ("max_turns", "max_tool_response_len", "max_total_len", "tool_failure_steps"):

@@ -7,10 +7,15 @@ Two formats, chosen like the prompts of the single-turn runs (:func:`turn_format
   Qwen2.5's template lists them in the system turn and asks for ``<tool_call>{...}</tool_call>``);
   PaddleNLP's ``apply_chat_template`` does not pass ``tools``, so the template is rendered here
   with them. A template without a tool slot gets the tools described in a system message
-  (``tool_system_text``). The text between two policy turns is what the template puts between
-  an assistant message and the next tool (or user) message: for Qwen2.5,
-  ``<|im_end|>\\n<|im_start|>user\\n<tool_response>\\n`` + answer +
+  (``tool_system_text``). An assistant message ends with the template's end-of-turn tokens
+  (``turn_end_ids``: the special tokens right after its content, Qwen's ``<|im_end|>``): they
+  belong to the policy's turn (the rollout closes a turn that stopped at a stop string with
+  them, as the policy's tokens). The text between two policy turns is the rest of what the
+  template puts between an assistant message and the next tool (or user) message: for Qwen2.5,
+  ``\\n<|im_start|>user\\n<tool_response>\\n`` + answer +
   ``\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n`` -- found by rendering placeholders.
+  Every piece is tokenised as an inference server tokenises the rendered text
+  (``encode_exact``: the newline after ``<|im_end|>`` is kept).
 - :class:`TaggedFormat` (text templates, e.g. the tiny demo's ``USER: {input} ASSISTANT:``):
   the prompt is the template filled in; a tool's answer is appended inside the same assistant
   turn as ``<tool_response>answer</tool_response>`` and the policy goes on writing; a user
@@ -18,13 +23,15 @@ Two formats, chosen like the prompts of the single-turn runs (:func:`turn_format
 
 Every piece is tokenised on its own (``add_special_tokens`` only for a text-template prompt,
 as the datasets encode prompts: its segment's text is the text without them); a tool's answer
-is cut to its first ``max_tokens`` tokens. ``encode_conversation(text)`` encodes a whole
-conversation the same way, for the drift check (``tokenization_drift``).
+longer than ``max_tokens`` tokens is cut to fit them with the ``...(truncated)`` notice at its
+end. ``encode_conversation(text)`` encodes a whole conversation the same way, for the drift
+check (``tokenization_drift``).
 """
 import json
 
-from ..data.encode import encode_text
+from ..data.encode import encode_exact, encode_text
 from .tool_calls import CALL_CLOSE, CALL_OPEN, RESPONSE_CLOSE, RESPONSE_OPEN
+from .tools import TRUNCATED
 from .trajectory import Segment
 
 _PLACEHOLDERS = ("\u2063USER\u2063", "\u2063ASSISTANT\u2063", "\u2063OBSERVATION\u2063")
@@ -55,6 +62,9 @@ def tool_system_text(tools):
 
 
 class _Format:
+    turn_end_ids = ()  # the tokens that end an assistant turn (none in the tagged form)
+    turn_end_text = ""
+
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self._glue = {}
@@ -62,17 +72,33 @@ class _Format:
     def piece(self, text, special=False):
         return encode_text(self.tokenizer, text, add_special_tokens=special)
 
-    def observation_segments(self, observation, role, turn, max_tokens, tools=()):
-        """[glue, observation, glue] segments for the environment's answer to policy turn `turn`."""
+    def fit(self, text, max_tokens):
+        """(ids, text) of `text`, cut when longer than `max_tokens` tokens to at most that many,
+        the TRUNCATED notice included; the ids are the text's own."""
+        ids = self.piece(text)
+        if len(ids) <= max_tokens:
+            return ids, text
+        keep = max_tokens - len(self.piece(TRUNCATED))
+        while keep > 0:
+            cut = decode_exact(self.tokenizer, ids[:keep]) + TRUNCATED
+            cut_ids = self.piece(cut)
+            if len(cut_ids) <= max_tokens:
+                return cut_ids, cut
+            keep -= 1
+        return ids[:max_tokens], decode_exact(self.tokenizer, ids[:max_tokens])  # no room for the notice
+
+    def observation_segments(self, observation, role, turn, max_tokens, tools=(), turn_closed=True):
+        """[glue, observation, glue] segments for the environment's answer to policy turn `turn`;
+        `turn_closed`: the turn ends with ``turn_end_ids`` (else they open the first glue: the
+        template ends every assistant message with them)."""
         if role not in self._glue:
-            pre, post = self.glue_texts(role, tools)
-            self._glue[role] = (pre, self.piece(pre), post, self.piece(post))
-        pre, pre_ids, post, post_ids = self._glue[role]
-        ids = self.piece(observation)
-        text = observation if len(ids) <= max_tokens else decode_exact(self.tokenizer, ids[:max_tokens])
-        body = Segment(role, ids[:max_tokens], text, turn=turn)
-        return [s for s in (Segment("glue", pre_ids, pre, turn=turn), body, Segment("glue", post_ids, post, turn=turn))
-                if s.token_ids or s.kind != "glue"]
+            self._glue[role] = self.glue_texts(role, tools)
+        pre, post = self._glue[role]
+        pre = pre if turn_closed else self.turn_end_text + pre
+        ids, text = self.fit(observation, max_tokens)
+        segments = [Segment("glue", self.piece(pre), pre, turn=turn), Segment(role, ids, text, turn=turn),
+                    Segment("glue", self.piece(post), post, turn=turn)]
+        return [s for s in segments if s.token_ids or s.kind != "glue"]
 
 
 class TaggedFormat(_Format):
@@ -115,6 +141,21 @@ class ChatTemplateFormat(_Format):
         probe = [{"role": "user", "content": _PLACEHOLDERS[0]}]
         fake_tool = [{"type": "function", "function": {"name": "probe_tool", "description": "", "parameters": {}}}]
         self.has_tool_slot = "probe_tool" in self.render(probe, fake_tool, True)
+        self.turn_end_ids, self.turn_end_text = self._turn_end()
+
+    def piece(self, text, special=False):
+        return encode_exact(self.tokenizer, text)
+
+    def _turn_end(self):
+        """(ids, text) of the special tokens the template puts right after an assistant
+        message's content (Qwen's ``<|im_end|>``; none when it puts none)."""
+        u, a, _ = _PLACEHOLDERS
+        text = self.render([{"role": "user", "content": u}, {"role": "assistant", "content": a}])
+        after = text[text.index(a) + len(a):] if a in text else ""
+        ids, special = self.piece(after), set(self.tokenizer.all_special_ids)
+        n = next((i for i, t in enumerate(ids) if t not in special), len(ids))
+        end_text = decode_exact(self.tokenizer, ids[:n])
+        return (list(ids[:n]), end_text) if after.startswith(end_text) else ([], "")
 
     def render(self, messages, tools=None, add_generation_prompt=False):
         return self.template.render(messages=messages, tools=list(tools) or None if tools else None,
@@ -141,10 +182,14 @@ class ChatTemplateFormat(_Format):
         if text.count(a) != 1 or text.count(o) != 1 or text.index(a) > text.index(o):
             raise ValueError(f"the chat template does not render a {role!r} message's content once after the assistant's")
         between = text[text.index(a) + len(a):]
-        pre, _, post = between.partition(o)
+        if not between.startswith(self.turn_end_text):
+            raise ValueError(f"the chat template does not end an assistant turn with {self.turn_end_text!r} before a "
+                             f"{role!r} message")
+        pre, _, post = between[len(self.turn_end_text):].partition(o)
         return pre, post
 
     def encode_conversation(self, text):
+        """The ids of a whole conversation's text, as an inference server tokenises it."""
         return self.piece(text)
 
 

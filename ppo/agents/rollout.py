@@ -9,15 +9,19 @@ Every record gets its own environment (``env.reset(record)`` gives the prompt). 
 together on the engine's kernels (ppo/rollout/multi_turn.py). A policy turn ends at a stop
 token (EOS), at a stop string of the environment (``</tool_call>``) or of ``params`` (its
 ``stop_strings`` and ``stop_sequences``), or after ``params.max_new_tokens`` tokens;
-``params.min_new_tokens`` applies per turn (stop tokens; stop strings end a turn at any length). The turn's text
-then goes to ``env.step`` in a worker thread (one per waiting row) while the other rows keep
+``params.min_new_tokens`` applies per turn (stop tokens; stop strings end a turn at any length). A turn
+that ended at a stop string is closed with the format's end-of-turn tokens (a chat template's
+``<|im_end|>``: ``turn_format.turn_end_ids``) as the policy's own tokens, each with its log-prob
+under the sampling distribution (as if sampled; no uniform drawn), so that the policy is trained
+to end its turn after a call; a turn cut at ``max_new_tokens`` gets them as glue. The turn's
+text (what the policy sampled) then goes to ``env.step`` in a worker thread (one per waiting row) while the other rows keep
 decoding; when the answer is back its tokens (glue, answer, glue, from the format) are fed
 onto that row's cache, chunk-prefilled (with the other answers that came back within
 ``feed_interval`` decode steps, in one pass over those rows), and the row samples again.
 
 The episode ends when the environment says ``done``, after ``max_turns`` policy turns, when
 the trajectory would pass ``max_total_len`` tokens (both ``truncated``), or when ``env.step``
-raises ("env_error") or takes longer than ``step_timeout_s`` ("env_timeout"); nothing of one
+raises ("env_error") or takes longer than ``args.step_timeout_s`` ("env_timeout"); nothing of one
 row stops the others. ``pause="batch"`` is the turn-synchronous baseline for comparison (a row
 whose answer is back waits until no row is decoding or waiting, then all go on together).
 
@@ -56,6 +60,7 @@ class _Row:
         self.traj = Trajectory(record=record)
         self.state, self.pending = "feed", []
         self.turn_ids, self.turn_lps = [], []
+        self.forced, self.sampled = [], 0  # end-of-turn tokens still to take; tokens sampled in the turn
         self.deadline, self.held_since = None, 0
         self.length = 0  # tokens of the trajectory's closed segments
 
@@ -76,13 +81,12 @@ def _step_worker(env, text, index, results):
 class AgentRollout:
     """The loop of :func:`rollout_trajectories` (see the module docstring)."""
 
-    def __init__(self, engine, records, args, turn_format, params, env_factory=None, pause="row", step_timeout_s=600.0,
-                 feed_interval=4):
+    def __init__(self, engine, records, args, turn_format, params, env_factory=None, pause="row", feed_interval=4):
         if pause not in PAUSE_MODES:
             raise ValueError(f"pause must be one of {PAUSE_MODES}, got {pause!r}")
         self.engine, self.args, self.format, self.params = engine, args, turn_format, params
         self.tokenizer = turn_format.tokenizer
-        self.pause, self.step_timeout_s = pause, float(step_timeout_s)
+        self.pause, self.step_timeout_s = pause, float(args.step_timeout_s)
         self.feed_interval, self.steps = max(int(feed_interval), 1), 0
         factory = env_factory or (lambda: make_environment(args.env_name, args.env_options))
         self.rows = [_Row(i, factory(), r) for i, r in enumerate(records)]
@@ -136,11 +140,15 @@ class AgentRollout:
                 self._collect(block=True)
                 continue
             quiet = {r.index for r in self.rows if r.state == "feed" and len(r.turn_ids) < self.params.min_new_tokens}
-            sampled = decoder.step(feeds, quiet)
+            forced = {r.index: r.forced[0] for r in self.rows if r.state == "feed" and r.forced}
+            sampled = decoder.step(feeds, quiet, forced)
             self.steps += 1
             now = time.perf_counter()
             for index, (token, logprob) in sampled.items():
-                self._on_token(self.rows[index], token, logprob, now)
+                if index in forced:
+                    self._on_forced(self.rows[index], token, logprob, now)
+                else:
+                    self._on_token(self.rows[index], token, logprob, now)
             live = {r.index for r in self.rows if r.state != "done"}
             if live and len(live) <= len(decoder.rows) // 2:
                 decoder.compact(live)
@@ -156,19 +164,39 @@ class AgentRollout:
                 "wall_s": wall, "tokens_per_s": tokens / wall if wall > 0 else 0.0}
 
     # ------------------------------------------------------------------ policy tokens
-    def _on_token(self, row, token, logprob, now):
+    def _take(self, row, token, logprob, now):
         row.pending = [token]
         row.turn_ids.append(token)
         row.turn_lps.append(logprob)
         row.traj.token_times.append(now)
-        total = row.length + len(row.turn_ids)
-        ended = token in self.stop_ids or self._ends_with_stop_string(row) or len(row.turn_ids) >= self.params.max_new_tokens
+        return row.length + len(row.turn_ids)
+
+    def _on_token(self, row, token, logprob, now):
+        total = self._take(row, token, logprob, now)
+        row.sampled += 1
+        by_string = token not in self.stop_ids and self._ends_with_stop_string(row)
+        ended = token in self.stop_ids or by_string or len(row.turn_ids) >= self.params.max_new_tokens
         if not ended and total < self.args.max_total_len:
             return
-        text = self._close_turn(row)
+        end = list(self.format.turn_end_ids)
+        if by_string and end and total + len(end) <= self.args.max_total_len:
+            row.forced = end  # the policy ended its turn: the template's end-of-turn tokens are its own
+            return
         if total >= self.args.max_total_len and token not in self.stop_ids:
+            self._close_turn(row)
             self._finish(row, "max_total_len", truncated=True)
             return
+        self._start_step(row)
+
+    def _on_forced(self, row, token, logprob, now):
+        self._take(row, token, logprob, now)
+        row.forced = row.forced[1:]
+        if not row.forced:
+            self._start_step(row)
+
+    def _start_step(self, row):
+        """Close the row's turn and run env.step on what the policy sampled in a worker thread."""
+        text = self._close_turn(row)
         row.state, row.deadline = "wait", time.perf_counter() + self.step_timeout_s
         threading.Thread(target=_step_worker, args=(row.env, text, row.index, self.results), daemon=True,
                          name=f"env-step-{row.index}").start()
@@ -184,12 +212,16 @@ class AgentRollout:
         return any(tail.endswith(s) for s in self.stop_strings)
 
     def _close_turn(self, row):
+        """The turn as a policy segment; returns the text of its sampled tokens."""
         text = decode_exact(self.tokenizer, row.turn_ids)
+        sampled = decode_exact(self.tokenizer, row.turn_ids[: row.sampled])
         turn = row.traj.num_turns
         row.extend([Segment("policy", row.turn_ids, text, logprobs=row.turn_lps, turn=turn)])
-        row.traj.messages.append({"role": "assistant", "content": text})
-        row.turn_ids, row.turn_lps = [], []
-        return text
+        end = self.format.turn_end_text
+        content = text[: -len(end)] if end and text.endswith(end) else text
+        row.traj.messages.append({"role": "assistant", "content": content})
+        row.turn_ids, row.turn_lps, row.sampled = [], [], 0
+        return sampled
 
     def _finish(self, row, reason, truncated=False):
         row.state, row.pending = "done", []
@@ -240,14 +272,16 @@ class AgentRollout:
             self._feed_observation(row, str(observation), info.get("role", self.role), turn)
 
     def _feed_observation(self, row, observation, role, turn):
+        end = list(self.format.turn_end_ids)
+        closed = not end or row.traj.segments[-1].token_ids[-len(end):] == end
         segments = self.format.observation_segments(observation, role, turn, self.args.max_tool_response_len,
-                                                    getattr(row.env, "tools", ()))
+                                                    getattr(row.env, "tools", ()), turn_closed=closed)
         added = [t for s in segments for t in s.token_ids]
         if row.length + len(added) + 1 > self.args.max_total_len:
             self._finish(row, "max_total_len", truncated=True)
             return
         row.extend(segments)
-        row.traj.messages.append({"role": role, "content": observation})
+        row.traj.messages.append({"role": role, "content": next(s.text for s in segments if s.kind == role)})
         row.pending = row.pending + added  # the token that ended the turn is not in the cache yet
         row.state, row.held_since = "hold", self.steps
 
@@ -269,19 +303,20 @@ class AgentRollout:
 
 
 def rollout_trajectories(engine, records, args, turn_format, params, seed=None, row_offset=0, env_factory=None,
-                         pause="row", step_timeout_s=600.0, feed_interval=4):
+                         pause="row", feed_interval=4):
     """Run one multi-turn rollout of `records` (see the module docstring); returns an
     :class:`AgentRolloutResult` (trajectories, the metrics dict, stats). `env_factory`: builds
     one environment per record (default: `args.env_name` with `args.env_options`);
     `feed_interval`: answers that come back while other rows decode wait at most this many
-    decode steps, to be fed in one pass with the others that came back."""
+    decode steps, to be fed in one pass with the others that came back; `args.step_timeout_s`:
+    the most seconds one `env.step` may take."""
     if not engine.use_rollout_engine:
         raise NotImplementedError(
             "multi-turn rollouts (env_name) need the rollout engine: PaddleNLP's generate (use_fusemt false) cannot "
             "feed a tool's answer onto a row's KV cache mid-generation; set use_fusemt true")
     if not records:
         return AgentRolloutResult([], agent_metrics([]), {"tokens": 0, "wall_s": 0.0, "tokens_per_s": 0.0})
-    rollout = AgentRollout(engine, records, args, turn_format, params, env_factory, pause, step_timeout_s, feed_interval)
+    rollout = AgentRollout(engine, records, args, turn_format, params, env_factory, pause, feed_interval)
     was_training = unwrap_model(engine.model).training
     unwrap_model(engine.model).eval()
     try:

@@ -10,14 +10,17 @@ call runs its tool (``call_tool``: schema check, the tool's timeout, answers lon
 ``max_output_chars`` cut) and its answer is the observation. A malformed call, an unknown tool,
 a tool that raises, times out or prints too much gives an observation that starts with
 "Error:" and the episode goes on. ``info["tool_calls"]`` describes the call for the rollout's
-counts (``tool/<name>/errors``, ``timeouts``, ``latency_ms``). Turns end at ``</tool_call>``
-(``stop_strings``).
+counts (``tool/<name>/errors``, ``timeouts``, ``latency_ms``; ``detail``: the error the policy
+read). Turns end at ``</tool_call>`` (``stop_strings``). ``tool_isolation``: "thread" runs the
+tools in this process, "process" in worker processes (ppo/agents/tool_worker.py: a tool that
+hangs is killed at its timeout, one that ends its process does not end the trainer).
 """
+import pickle
 from typing import Any, Mapping, Optional, Sequence
 
 from .environment import Environment, EnvironmentFacts, register_environment
 from .tool_calls import CALL_CLOSE, parse_tool_call
-from .tools import call_tool, get_tool
+from .tools import ISOLATIONS, call_tool, get_tool
 
 PROMPT_KEYS = ("src", "prompt", "input", "question", "query")
 
@@ -38,16 +41,20 @@ def record_prompt(record: Mapping[str, Any], prompt_key: Optional[str] = None) -
     summary="the policy calls registered tools inside <tool_call></tool_call>; a turn without a call ends the episode",
     observation_role="tool",
     options={"tools": ["calculator"], "tool_options": {}, "max_output_chars": 4096, "prompt_key": None,
-             "system_prompt": None}))
+             "system_prompt": None, "tool_isolation": "thread"}))
 class ToolEnvironment(Environment):
     """See the module docstring. ``tools``: names (or ``module.path:function``) of the tools the
     policy may call; ``tool_options``: per tool name, its options (e.g. search's corpus);
-    ``system_prompt``: a system message put before the user's (None: none)."""
+    ``system_prompt``: a system message put before the user's (None: none); ``tool_isolation``:
+    "thread" or "process" (module docstring)."""
 
     stop_strings = [CALL_CLOSE]
 
     def __init__(self, tools: Sequence[str] = ("calculator",), tool_options: Optional[Mapping[str, Mapping]] = None,
-                 max_output_chars: int = 4096, prompt_key: Optional[str] = None, system_prompt: Optional[str] = None):
+                 max_output_chars: int = 4096, prompt_key: Optional[str] = None, system_prompt: Optional[str] = None,
+                 tool_isolation: str = "thread"):
+        if tool_isolation not in ISOLATIONS:
+            raise ValueError(f"tool_isolation must be one of {ISOLATIONS}, got {tool_isolation!r}")
         tool_options = dict(tool_options or {})
         unknown = sorted(set(tool_options) - set(tools))
         if unknown:
@@ -56,6 +63,9 @@ class ToolEnvironment(Environment):
         for name in tools:
             spec = get_tool(name).with_options(tool_options.get(name))
             self.specs[spec.name] = spec
+            if tool_isolation == "process":
+                _check_picklable(spec)
+        self.tool_isolation = tool_isolation
         self.tools = [spec.function_schema() for spec in self.specs.values()]
         self.max_output_chars = int(max_output_chars)
         self.prompt_key = prompt_key
@@ -70,9 +80,21 @@ class ToolEnvironment(Environment):
         if call is None and problem is None:
             return None, 0.0, True, {"tool_calls": []}
         if problem is not None:
-            entry = {"name": None, "error": problem.kind, "timeout": False, "latency_ms": 0.0}
+            entry = {"name": None, "error": problem.kind, "timeout": False, "latency_ms": 0.0,
+                     "detail": problem.message[:200]}
             return problem.message, 0.0, False, {"tool_calls": [entry]}
-        result = call_tool(self.specs[call.name], call.arguments, self.max_output_chars)
+        result = call_tool(self.specs[call.name], call.arguments, self.max_output_chars, isolation=self.tool_isolation)
         entry = {"name": call.name, "error": result.error, "timeout": result.error == "timeout",
                  "latency_ms": result.latency_ms}
+        if result.error:
+            entry["detail"] = result.text[:200]
         return result.text, 0.0, False, {"tool_calls": [entry]}
+
+
+def _check_picklable(spec):
+    """ValueError when `spec`'s function cannot travel to a worker process (a lambda, a closure)."""
+    try:
+        pickle.dumps(spec.fn)
+    except Exception as err:  # noqa: BLE001 - pickle raises several types
+        raise ValueError(f"tool {spec.name!r} cannot run with tool_isolation process: its function must be "
+                         f"importable by name from a module ({type(err).__name__}: {err})") from None

@@ -1,7 +1,8 @@
 """The tool registry: one entry per name, a function, its JSON schema and its facts.
 
-A tool is one function of keyword arguments that returns text (anything else is turned into
-text with ``str``). Declared with a decorator::
+A tool is one function of keyword arguments that returns text; a dict, list, number or bool is
+sent as JSON text, bytes as UTF-8 text, and anything else (None, an object) is the tool's error
+("bad_result"). Declared with a decorator::
 
     @register_tool("weather", schema={"type": "object", "properties": {"city": {"type": "string"}},
                                       "required": ["city"]},
@@ -15,11 +16,14 @@ also be named ``module.path:function`` (a registered one, or a plain function wh
 signature then gives a schema of string parameters).
 
 :func:`call_tool` runs a tool on arguments parsed from the policy's text: it checks them
-against the schema, runs the function in a daemon thread with the tool's timeout, and never
-raises: bad arguments, an exception, a timeout and an answer longer than ``max_chars`` come
-back as a :class:`ToolResult` with ``error`` set and a short text the policy reads. A thread
-whose function does not return in time is left running (Python cannot stop a thread): a tool
-that may hang should run its work in a child process (``python`` does: ppo/sandbox.py).
+against the schema, runs the function with the tool's timeout and never raises: bad
+arguments, an exception, a timeout, a result that is not text and an answer longer than
+``max_chars`` come back as a :class:`ToolResult` with ``error`` set and a short text the
+policy reads. ``isolation`` "thread" (the default) runs the function in a daemon thread of this
+process: a thread that does not return in time is left running (Python cannot stop a thread)
+and a tool that ends its process (``os._exit``, a crash) ends the trainer. "process" runs it
+in a worker process (ppo/agents/tool_worker.py): killed at the timeout, replaced when it dies
+("crashed"). The ``python`` tool runs its code in a sandboxed child either way (ppo/sandbox.py).
 """
 import functools
 import importlib
@@ -29,15 +33,14 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
+from .tool_results import TRUNCATED, ToolTimeout, call_outcome, cut_with_notice, result_text  # noqa: F401
+from .tool_worker import run_in_worker
+
 DEFAULT_TIMEOUT_S = 10.0
+ISOLATIONS = ("thread", "process")
 _REGISTRY: Dict[str, "ToolSpec"] = {}
 _LOCK = threading.Lock()
 _JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list}
-
-
-class ToolTimeout(Exception):
-    """Raised by a tool whose own work ran out of time (e.g. a sandboxed program killed at its
-    wall-clock limit): counted as a timeout, like a call that outlives the tool's timeout."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,8 @@ class ToolSpec:
 @dataclass
 class ToolResult:
     """What one call gave: the text the policy reads, and what went wrong (``error``: None,
-    "bad_arguments", "raised", "timeout" or "too_long"; the text is still usable for "too_long")."""
+    "bad_arguments", "raised", "timeout", "crashed" (its worker process died), "bad_result" (not
+    text, see the module docstring) or "too_long"; the text is still usable for "too_long")."""
 
     text: str
     error: Optional[str] = None
@@ -182,24 +186,18 @@ def argument_problem(spec: ToolSpec, arguments):
 
 
 def _run_in_thread(fn, arguments, timeout_s):
-    """(finished, value, exception) of fn(**arguments) within timeout_s seconds."""
+    """The outcome of fn(**arguments) (``call_outcome``), or None when it did not return
+    within timeout_s seconds."""
     box = {}
-
-    def target():
-        try:
-            box["value"] = fn(**arguments)
-        except BaseException as err:  # noqa: BLE001 - reported to the policy as the tool's error
-            box["error"] = err
-
-    worker = threading.Thread(target=target, name="tool-call", daemon=True)
+    worker = threading.Thread(target=lambda: box.setdefault("out", call_outcome(fn, arguments)), name="tool-call",
+                              daemon=True)
     worker.start()
     worker.join(timeout_s)
-    if worker.is_alive():
-        return False, None, None
-    return True, box.get("value"), box.get("error")
+    return box.get("out")
 
 
-def call_tool(spec: ToolSpec, arguments, max_chars: int = 4096, timeout_s: Optional[float] = None) -> ToolResult:
+def call_tool(spec: ToolSpec, arguments, max_chars: int = 4096, timeout_s: Optional[float] = None,
+              isolation: str = "thread") -> ToolResult:
     """Run `spec` on `arguments` (see the module docstring); never raises."""
     start = time.perf_counter()
 
@@ -210,14 +208,24 @@ def call_tool(spec: ToolSpec, arguments, max_chars: int = 4096, timeout_s: Optio
     if problem:
         return result(f"Error: {problem}", "bad_arguments")
     limit = spec.timeout_s if timeout_s is None else timeout_s
-    finished, value, err = _run_in_thread(spec.fn, dict(arguments), limit)
-    if not finished:
+    if isolation == "process":
+        outcome = run_in_worker(spec.fn, dict(arguments), limit)
+    elif isolation == "thread":
+        outcome = _run_in_thread(spec.fn, dict(arguments), limit)
+    else:
+        raise ValueError(f"tool_isolation must be one of {ISOLATIONS}, got {isolation!r}")
+    if outcome is None:
         return result(f"Error: {spec.name} timed out after {limit:g} s", "timeout")
-    if isinstance(err, ToolTimeout):
-        return result(f"Error: {spec.name} timed out: {err}", "timeout")
-    if err is not None:
-        return result(f"Error: {spec.name} raised {type(err).__name__}: {str(err)[:200]}", "raised")
-    text = value if isinstance(value, str) else str(value)
+    kind, *rest = outcome
+    if kind == "timeout":
+        return result(f"Error: {spec.name} timed out: {rest[0]}", "timeout")
+    if kind == "raised":
+        return result(f"Error: {spec.name} raised {rest[0]}: {rest[1]}", "raised")
+    if kind == "crashed":
+        return result(f"Error: {spec.name} {rest[0]}", "crashed")
+    text, error = rest
+    if error:
+        return result(f"Error: {spec.name} {text}", error)
     if len(text) > max_chars:
-        return result(text[:max_chars] + "...(truncated)", "too_long")
+        return result(cut_with_notice(text, max_chars), "too_long")
     return result(text)

@@ -9,6 +9,12 @@ from .argument_problems import UsageError
 from .run_guard import RunInterrupted
 
 USAGE_ERROR_EXIT_CODE = 2  # argparse's and the shell's "wrong usage" status
+STOPPED_EXIT_CODE = 1
+
+
+class RunStopped(RuntimeError):
+    """A run that stopped itself for a reason its message names in full (e.g. tools that keep
+    failing): printed as one message without a traceback, exit status 1."""
 
 
 def usage_error_types():
@@ -29,7 +35,8 @@ def run_and_exit(main):
     """Run an entry point's `main()`. An argument or data error (`usage_error_types`) ends the
     process with its message on stderr and exit status 2, without a traceback; any other
     exception propagates with its traceback. RunInterrupted (a run that saved on SIGTERM /
-    SIGINT) prints its message and exits with its code (128 + the signal number).
+    SIGINT) prints its message and exits with its code (128 + the signal number); RunStopped
+    prints its message and exits with status 1.
 
     In a multi-process run every rank then waits for the others (a barrier) and leaves after the
     interpreter's exit handlers (files, loggers) but without the C++ teardown of Paddle's gloo
@@ -43,6 +50,11 @@ def run_and_exit(main):
         logging.shutdown()
         print(f"error: {stop}", file=sys.stderr, flush=True)
         os._exit(stop.exit_code)
+    except RunStopped as stop:  # stopped itself, its reason in the message: one line, no traceback
+        program = os.path.basename(sys.argv[0] or "run")
+        sys.stdout.flush()
+        print(f"{program}: error: {stop}", file=sys.stderr, flush=True)
+        raise SystemExit(STOPPED_EXIT_CODE)
     except Exception as error:  # noqa: BLE001 - re-raised unless it is a usage error
         if isinstance(error, usage_error_types()):
             exit_on_usage_error(error)

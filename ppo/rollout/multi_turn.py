@@ -144,18 +144,21 @@ class SlotDecoder:
         self.lengths, self.draws = self.lengths[idx], self.draws[idx]
         self.uniforms = self.uniforms[idx]
 
-    def step(self, feeds, suppress_rows=()):
+    def step(self, feeds, suppress_rows=(), forced=None):
         """Feed `feeds` ({trajectory index: token ids}) and sample the next token of every fed
         row; returns {trajectory index: (token, log-prob)}. Rows fed several tokens go through one
         chunked-prefill pass over those rows only, rows fed one token through one decode pass.
-        Rows in `suppress_rows` cannot sample a stop token (min_new_tokens)."""
+        Rows in `suppress_rows` cannot sample a stop token (min_new_tokens). `forced`
+        ({trajectory index: token}): those rows take that token instead of sampling (no uniform
+        drawn), with its log-prob under the same distribution (log_softmax(logits / T))."""
+        forced = forced or {}
         chunk = [b for b, r in enumerate(self.rows) if len(feeds.get(r, ())) > 1]
         single = [b for b, r in enumerate(self.rows) if len(feeds.get(r, ())) == 1]
         out = {}
         if chunk:
-            out.update(self._pass(chunk, feeds, suppress_rows, prefill=True))
+            out.update(self._pass(chunk, feeds, suppress_rows, forced, prefill=True))
         if single:
-            out.update(self._pass(single, feeds, suppress_rows, prefill=False))
+            out.update(self._pass(single, feeds, suppress_rows, forced, prefill=False))
         return out
 
     def _layout(self, idx, feeds):
@@ -173,7 +176,7 @@ class SlotDecoder:
             real[b, Tq - m:] = 1
         return ids, pos, real, Tq
 
-    def _pass(self, idx, feeds, suppress_rows, prefill):
+    def _pass(self, idx, feeds, suppress_rows, forced, prefill):
         """One forward pass feeding the rows `idx` (the others skipped) and their samples."""
         B = len(self.rows)
         ids, pos, real, Tq = self._layout(idx, feeds)
@@ -195,7 +198,10 @@ class SlotDecoder:
             logits = self.engine._forward(self.W, self.cache, on_place(step_ids, self.place, "int64"),
                                           on_place(pos[:, 0], self.place, "int64"), self.key_mask, finished, t0, False)
             rows_b, active, cols = list(range(B)), fed, self.W.transposed
-        tokens, logprobs = self._sample(logits, cols, rows_b, active, suppress_rows)
+        take = np.asarray([active[j] and self.rows[b] in forced for j, b in enumerate(rows_b)], bool)
+        tokens, logprobs = self._sample(logits, cols, rows_b, active & ~take, suppress_rows)
+        if take.any():
+            tokens, logprobs = self._take_forced(logits, cols, rows_b, take, forced, tokens, logprobs)
         self.t += Tq
         self.lengths += real.sum(axis=1)
         self.forward_passes += 1
@@ -204,8 +210,20 @@ class SlotDecoder:
         for j, b in enumerate(rows_b):
             if active[j]:
                 out[self.rows[b]] = (int(tokens[j]), float(logprobs[j]))
-                self.draws[b] += 1
+                self.draws[b] += 0 if take[j] else 1
         return out
+
+    def _take_forced(self, logits, cols, rows_b, take, forced, tokens, logprobs):
+        """`tokens`/`logprobs` with the forced token and its log-prob at the logits' rows `take`."""
+        js = np.flatnonzero(take)
+        chosen = np.asarray([forced[self.rows[rows_b[j]]] for j in js], np.int64)
+        table = paddle.transpose(logits, [1, 0]) if cols else logits
+        picked = paddle.gather(table, on_place(js.astype(np.int64), self.place, "int64")).astype("float32")
+        logp = F.log_softmax(picked / self.params.temperature, axis=-1)
+        lp = paddle.take_along_axis(logp, on_place(chosen[:, None], self.place, "int64"), axis=-1).squeeze(-1)
+        tokens, logprobs = tokens.copy(), logprobs.copy()
+        tokens[js], logprobs[js] = chosen, lp.numpy()
+        return tokens, logprobs
 
     def _sample(self, logits, cols, rows_b, active, suppress_rows):
         """Tokens and log-probs of the logits' rows (batch rows `rows_b`, sampled where `active`);

@@ -18,15 +18,30 @@ import numpy as np
 import paddle
 
 from ..agents import collate_trajectories, make_environment, turn_format_for
+from ..common.process_exit import RunStopped
 from ..experience import Experience
 from ..models.causal_lm import position_ids_from_mask
 
-FAILED_CALLS = ("raised", "timeout", "env_error")
+FAILED_CALLS = ("raised", "timeout", "crashed", "bad_result", "env_error")
 """Tool-call errors that are the tool's (or the environment's) failure, not the policy's call."""
 
 
-class ToolPoolError(RuntimeError):
-    """The tools failed on most rows for `tool_failure_steps` steps in a row."""
+class ToolPoolError(RunStopped):
+    """The tools failed on most rows for `tool_failure_steps` steps in a row (one message, no
+    traceback, from the entry points)."""
+
+
+def last_failure(trajectories):
+    """What the last failed tool call (or environment step) of `trajectories` said: the tool's
+    name, its error kind and the message the policy read."""
+    for t in reversed(trajectories):
+        for call in reversed(t.tool_calls):
+            if call.get("error") in FAILED_CALLS:
+                who = f"tool {call['name']}" if call.get("name") else "the environment"
+                return f"{who}: {call['error']}: {call.get('detail') or 'no detail'}"
+        if t.stop_reason == "env_timeout":
+            return "the environment: env.step did not return within step_timeout_s"
+    return "none recorded"
 
 
 def trajectory_failed(trajectory):
@@ -49,13 +64,11 @@ class ToolFailureWatch:
         frac = len(failed) / max(len(trajectories), 1)
         self.streak = self.streak + 1 if frac > self.max_frac else 0
         if self.streak >= self.patience:
-            example = next(c for c in failed[0].tool_calls if c.get("error")) if failed[0].tool_calls else {}
             raise ToolPoolError(
                 f"step {step}: the tools failed on {len(failed)} of {len(trajectories)} rows, more than "
                 f"max_tool_failure_frac={self.max_frac:g} for {self.streak} steps in a row (tool_failure_steps="
-                f"{self.patience}); last failure: {failed[0].stop_reason or example.get('error')} "
-                f"{example.get('name') or ''} {example.get('detail', '')}".rstrip()
-                + "; check the tools (tool_options, their timeouts) and run the same command again to resume")
+                f"{self.patience}); last failure: {last_failure(failed)}; check the tools (tool_options, their "
+                "timeouts) and run the same command again to resume")
         return frac
 
     def state_dict(self):
