@@ -216,9 +216,18 @@ class OnlineLoop:
         raise stopped(f"saved {saved} (after step {self.state.step}) before stopping") from err
 
     def stop_on_signal(self):
-        """Save a checkpoint at this step, write `summary.json` and raise RunInterrupted."""
+        """Save a checkpoint at this step, write `summary.json` and raise RunInterrupted; in a split
+        run whose rollout rank is gone (a launcher stops the trainer with SIGTERM when another
+        rank died), RolloutRankLost naming it and the checkpoint instead."""
         self.state.save()
         saved = os.path.join(self.settings.output_dir, f"checkpoint-{self.state.step}")
+        check = getattr(self.experience, "check_peer", None)
+        try:
+            if check is not None:
+                check()
+        except RolloutRankLost as err:
+            raise RolloutRankLost(f"{err}; stopped on {self.stop_request.signal_name} after it: saved {saved} (after step "
+                                  f"{self.state.step}) before stopping: run the same command again to resume from it") from err
         self.report.finish(steps=self.state.step, interrupted=self.stop_request.signal_name)
         raise RunInterrupted(interrupted_message(self.stop_request, self.state.step, saved), self.stop_request.signum)
 
