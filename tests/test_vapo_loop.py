@@ -87,7 +87,7 @@ def test_eval_early_stop_counts_patience_and_says_why():
                                                 "patience": 2, "threshold": 0.05}}
     again = EvalEarlyStop("eval/accuracy", True, 2, 0.05)
     again.set_state_dict(stop.state_dict())
-    assert again.rule.best == 0.64 and again.rule.waited == 2 and again.summary() == {}
+    assert again.rule.best == 0.64 and again.rule.waited == 2 and again.summary() == stop.summary()  # the stop is kept
     with pytest.raises(KeyError, match="metric_for_best_model 'eval/accuracy' is not among"):
         again.observe(5, {"eval/score": 1.0})
 
