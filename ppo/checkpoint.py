@@ -198,9 +198,11 @@ def replace_dir_atomically(tmp_path, final_path):
         shutil.rmtree(old)
 
 
-def save_checkpoint(output_dir, step, models, optimizers, schedulers, state, tokenizer, save_total_limit, model_io):
+def save_checkpoint(output_dir, step, models, optimizers, schedulers, state, tokenizer, save_total_limit, model_io,
+                    file_parts=()):
     """Write `checkpoint-<step>` atomically; every rank calls this (collective). `model_io`: the
-    run's strategy, which writes each model (`saves_models`, `save_model`)."""
+    run's strategy, which writes each model (`saves_models`, `save_model`); `file_parts`: objects
+    whose `save_files(directory, rank)` writes this rank's files of them (the best policy's weights)."""
     final = os.path.join(output_dir, f"checkpoint-{step}")
     tmp = os.path.join(output_dir, f"tmp-checkpoint-{step}")
     rank = dist.get_rank()
@@ -220,6 +222,8 @@ def save_checkpoint(output_dir, step, models, optimizers, schedulers, state, tok
             paddle.save(opt_state, os.path.join(tmp, f"{name}_optimizer.rank{rank}.pdopt"))
     with open(os.path.join(tmp, f"rng_state.rank{rank}.pkl"), "wb") as f:
         pickle.dump(random_states(), f)
+    for part in file_parts:
+        part.save_files(tmp, rank)
     barrier()
     if is_main_process():
         sched_states = {name: s.state_dict() for name, s in schedulers.items() if s is not None}
@@ -315,14 +319,15 @@ def load_model_weights(model, path, model_io):
     raise FileNotFoundError(f"{path}: no model weights ({' or '.join(candidates)})")
 
 
-def load_checkpoint(path, models, optimizers, schedulers, run_facts, model_io):
+def load_checkpoint(path, models, optimizers, schedulers, run_facts, model_io, file_parts=()):
     """Restore weights, optimiser and scheduler states from `path`; returns the trainer state dict.
     Before anything loads, the checkpoint is compared with the run (model shapes, and the
     `run_facts` of `ppo.resume_check.ppo_run_facts`; `model_io`: the run's strategy,
     which loads each model's weights): a difference raises
     CheckpointMismatchError naming it. A checkpoint saved without optimiser states (its state
     has `"optimizer_states": false`, PaddleNLP's `ignore_save_lr_and_optim`) leaves the
-    optimisers fresh."""
+    optimisers fresh. `file_parts` (as in `save_checkpoint`) read their files with
+    `load_files(directory, rank)` once the caller has restored their state: `load_part_files`."""
     rank = dist.get_rank()
     with open(os.path.join(path, STATE_FILE)) as f:
         trainer_state = json.load(f)
@@ -345,3 +350,9 @@ def load_checkpoint(path, models, optimizers, schedulers, run_facts, model_io):
         if sched is not None and name in sched_states:
             sched.set_state_dict(sched_states[name])
     return trainer_state
+
+
+def load_part_files(path, file_parts):
+    """Each of `file_parts` reads this rank's files from the checkpoint `path`."""
+    for part in file_parts:
+        part.load_files(path, dist.get_rank())

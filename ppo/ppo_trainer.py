@@ -213,6 +213,9 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
     watch = DivergenceWatch(DivergenceDetector(args.divergence_factor, args.divergence_window), ranks)
     early_stop = EvalEarlyStop(eval_metric_name(args.metric_for_best_model or "loss"), args.greater_is_better is not False,
                                args.early_stopping_patience, args.early_stopping_threshold) if args.early_stopping else None
+    best = None
+    if args.load_best_model_at_end:  # PaddleNLP's names; checked in ppo.ppo_argument_checks
+        best = BestPolicy(eval_metric_name(args.metric_for_best_model), args.greater_is_better is not False)
     trained = [actor] + [o.critic for o in objectives if o.critic is not None]
     state = RunState(
         slice_of(CheckpointSettings, args), strategy, tokenizer,
@@ -220,7 +223,8 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
         optimizers={t.checkpoint: t.optimizer for t in trained}, schedulers={t.checkpoint: t.scheduler for t in trained},
         parts={"sampler": sampler, "ptx_sampler": ptx_sampler, "reward_normalizer": objectives[0].normalizer,
                "kl_controller": kl_control, "divergence": watch, "lagrange": combiner,
-               **({"early_stopping": early_stop} if early_stop is not None else {})},
+               **({"early_stopping": early_stop} if early_stop is not None else {}),
+               **({"best_policy": best} if best is not None else {})},
         run_facts={**ppo_run_facts(args), "cost_model": models.cost is not None},
     )
     scoring = Scoring(objectives)
@@ -238,9 +242,6 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
     evaluator = Evaluator(eval_dataset, engine, sampling, tokenizer, passes, actor.model, scoring, offload, state, ranks,
                           slice_of(EvalSettings, args), eval_long_answer_len)
     report = RunReport(slice_of(LoopSettings, args), ranks.is_main, run_label(args.adv_estimator, combiner.constrained))
-    best = None
-    if args.load_best_model_at_end:  # PaddleNLP's names; checked in ppo.ppo_argument_checks
-        best = BestPolicy(eval_metric_name(args.metric_for_best_model), args.greater_is_better is not False)
     return OnlineLoop(maker, learner, state, report, evaluator, watch, strategy, slice_of(LoopSettings, args), max_steps,
                       models.actor, passes, offload, best, early_stop)
 

@@ -13,7 +13,9 @@ Weights keep their dtype unless `--dtype` is given; above `--max_shard_size` the
 shards with `model.safetensors.index.json`. The rotary settings are written in both
 `config.json` layouts (transformers 4's `rope_theta` / `rope_scaling` and 5's
 `rope_parameters`) unless `--config_layout` picks one. The tokenizer files are copied (a SentencePiece
-vocabulary also as `tokenizer.model`). No torch needed. Names, layouts and what is not
+vocabulary also as `tokenizer.model`). `paddle_align_export.json` lists what was written: an
+output_dir holding another model is refused unless `--overwrite`, an earlier export there is
+replaced, and `--model_path` itself is never written into. No torch needed. Names, layouts and what is not
 converted: docs/hf_weights.md.
 """
 import os
@@ -25,7 +27,8 @@ from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 with quiet_third_party_warnings():
     from ppo.common.argument_help import OneMessageArgumentParser  # noqa: E402
     from ppo.common.argument_problems import joined_problems  # noqa: E402
-    from ppo.common.validation import model_dir_problems, output_dir_problems  # noqa: E402
+    from ppo.common.validation import model_dir_problems  # noqa: E402
+    from ppo.models.export_target import clear_for_export, export_target_problems, mark_export  # noqa: E402
     from ppo.models.hf_files import parse_size  # noqa: E402
     from ppo.models.hf_format import DTYPES  # noqa: E402
     from ppo.models.hf_rope import LAYOUTS  # noqa: E402
@@ -33,9 +36,11 @@ with quiet_third_party_warnings():
 
 def export_problems(args):
     """Every problem of the export's arguments: no loadable model at model_path, an output_dir
-    that is the input, a shard size that is not a size."""
+    that is the input (or its LoRA base) or holds another model without --overwrite
+    (`ppo.models.export_target`), a shard size that is not a size."""
     problems = model_dir_problems([("model_path", args.model_path)])
-    problems += output_dir_problems(args.output_dir, [("model_path", args.model_path)])
+    if not problems:
+        problems += export_target_problems(args.output_dir, args.model_path, args.overwrite)
     try:
         if parse_size(args.max_shard_size) <= 0:
             raise ValueError
@@ -56,6 +61,9 @@ def main(argv=None):
     parser.add_argument("--config_layout", default="both", choices=LAYOUTS,
                         help="rotary fields in config.json: transformers4 (rope_theta, rope_scaling), transformers5 "
                              "(rope_parameters) or both (default: every transformers version reads it)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a model that output_dir holds (an earlier export of this script is replaced "
+                             "without it; model_path itself never)")
     args = parser.parse_args(argv)
     problems = export_problems(args)
     if problems:
@@ -63,7 +71,8 @@ def main(argv=None):
     from ppo.models.hf_convert import export_dir
 
     config, tokenizer_files = export_dir(args.model_path, args.output_dir, parse_size(args.max_shard_size), args.dtype,
-                                         layout=args.config_layout)
+                                         layout=args.config_layout, before_writing=clear_for_export)
+    mark_export(args.output_dir, args.model_path, tokenizer_files)
     print(f"exported {args.model_path} as {config['architectures'][0]} ({config['dtype']}) into {args.output_dir}; "
           f"tokenizer files: {', '.join(tokenizer_files) or 'none found'}")
 

@@ -2,7 +2,8 @@
 (rank 0 trains, rank 1 generates) against the colocated one-process run of the same tiny GRPO
 config: staleness 0 gives its per-step metrics and final weights bit for bit, also as a two-node
 launch on one host; staleness 1 generates from exactly the trainer's weights of the version it
-records; a rollout rank killed mid-run stops the trainer with a checkpoint; a run killed with
+records; a rollout rank killed mid-run stops the trainer with a checkpoint (at staleness 1 through
+the launcher's repeated SIGTERMs) and the run resumes from it; a run killed with
 SIGKILL resumes without losing or repeating a batch. The two-node launch and the SIGKILL resumes
 (about 25 s each) are in the slow suite: the default one checks the same schedule from a resumed
 step with a recording link (tests/test_async_rollout.py)."""
@@ -162,9 +163,17 @@ def wait_for(predicate, proc, out):
 
 
 @pytest.mark.slow
-def test_a_dead_rollout_rank_stops_the_trainer_with_a_checkpoint(tiny_model_dir, tiny_data_dir, tmp_path):
+@pytest.mark.parametrize("stale", [False, True])
+def test_a_dead_rollout_rank_stops_the_trainer_with_a_checkpoint(stale, tiny_model_dir, tiny_data_dir, tmp_path):
+    """The rollout rank killed after step 2: the trainer saves its last completed step and names the
+    lost rank. At staleness 1 the trainer is usually training when the rank dies, so the launcher's
+    SIGTERMs (up to three, 0.2 s apart) reach it first: they are one stop request, the step ends,
+    is saved, and the check of the rollout rank names it. The same command resumes from that
+    checkpoint without repeating a step."""
     out = str(tmp_path / "dead")
-    argv = run_argv(tiny_model_dir, tiny_data_dir, out, "--max_steps", "400")
+    slow_update = ("--update_iters", "12")  # a trainer step of about 2 s: the launcher's SIGTERMs arrive while it trains
+    argv = run_argv(tiny_model_dir, tiny_data_dir, out, "--max_steps", "400", "--overwrite_output_dir", "false",
+                    *(STALE + slow_update if stale else ()))
     proc = subprocess.Popen(launch_cmd(out, argv, "--nproc_per_node", "2"), cwd=REPO, env=env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     wait_for(lambda: os.path.exists(f"{out}/metrics.jsonl") and complete_steps(out) >= 2, proc, out)
@@ -178,7 +187,11 @@ def test_a_dead_rollout_rank_stops_the_trainer_with_a_checkpoint(tiny_model_dir,
     step = int(saved[0].split("-")[1])
     assert step >= 2 and len(steps(out)) == step
     assert (f"RolloutRankLost: the rollout rank (rank 1) of this rollout_placement split run stopped answering" in trainer_log
-            and f"saved {out}/checkpoint-{step} (after step {step}) before stopping" in trainer_log)
+            and f"saved {out}/checkpoint-{step} (after step {step}) before stopping" in trainer_log), trainer_log[-3000:]
+    assert "KeyboardInterrupt" not in trainer_log and "stopping at once" not in trainer_log
+    i = len(argv) - 1 - argv[::-1].index("--max_steps")
+    launch(out, argv[:i + 1] + [str(step + 1)] + argv[i + 2:])  # the same command, one step further
+    assert [r["step"] for r in steps(out)] == list(range(1, step + 2))  # nothing lost, nothing repeated
 
 
 @pytest.mark.slow

@@ -87,7 +87,7 @@ def test_eval_early_stop_counts_patience_and_says_why():
                                                 "patience": 2, "threshold": 0.05}}
     again = EvalEarlyStop("eval/accuracy", True, 2, 0.05)
     again.set_state_dict(stop.state_dict())
-    assert again.rule.best == 0.64 and again.rule.waited == 2 and again.summary() == {}
+    assert again.rule.best == 0.64 and again.rule.waited == 2 and again.summary() == stop.summary()  # the stop is kept
     with pytest.raises(KeyError, match="metric_for_best_model 'eval/accuracy' is not among"):
         again.observe(5, {"eval/score": 1.0})
 
@@ -220,30 +220,34 @@ def test_resume_in_the_middle_of_value_pretraining(tiny_model_dir, tiny_data_dir
     assert "loss/policy_avg" not in rows[2] and np.isfinite(rows[3]["loss/policy_avg"])
 
 
-EARLY_STOP = ("--early_stopping", "true", "--early_stopping_patience", "1", "--early_stopping_threshold", "10",
+EARLY_STOP = ("--early_stopping", "true", "--early_stopping_patience", "2", "--early_stopping_threshold", "10",
               "--load_best_model_at_end", "true", "--metric_for_best_model", "accuracy", "--evaluation_strategy", "steps",
               "--eval_steps", "1", "--per_device_eval_batch_size", "32")
 
 
 def test_early_stopping_stops_with_a_checkpoint_and_counts_on_after_a_resume(tiny_model_dir, tiny_data_dir, tmp_path):
-    """Patience 1, threshold 10 (no accuracy can beat its best by 10): the evaluation of step 1
-    sets the best, the next one stops the run. Run 1 ends at step 1 (its max_steps) with the
-    count in checkpoint-1; the resumed run stops at step 2 (without the restored best it would
-    take step 2's evaluation as its first and stop at step 3)."""
+    """Patience 2, threshold 10 (no accuracy can beat its best by 10): the evaluation of step 0
+    sets the best, those of steps 1 and 2 count 1 and 2 and the second stops the run. Run 1 ends
+    at step 1 (its max_steps) with the count 1 in checkpoint-1; the resumed run stops at step 2
+    (without the restored count it would take step 2's evaluation as its first and stop at
+    step 4); running it once more trains nothing (an early-stopped run is finished)."""
     from rl.run_rl import build_trainer
 
     out = str(tmp_path / "vapo")
     build_trainer(vapo_flags(tiny_model_dir, tiny_data_dir, out, "--max_steps", "1", *EARLY_STOP)).train()
     saved = json.load(open(f"{out}/checkpoint-1/trainer_state.json"))
-    assert saved["early_stopping"]["waited"] == 0 and saved["early_stopping"]["best"] is not None
+    assert saved["early_stopping"]["waited"] == 1 and saved["early_stopping"]["best"] is not None
+    assert saved["early_stopping"]["stopped"] is None
     summary = build_trainer(vapo_flags(tiny_model_dir, tiny_data_dir, out, "--max_steps", "5", *EARLY_STOP)).train()
     stopped = summary["early_stopped"]
-    assert stopped["step"] == 2 and stopped["metric"] == "eval/accuracy" and stopped["patience"] == 1
+    assert stopped["step"] == 2 and stopped["metric"] == "eval/accuracy" and stopped["patience"] == 2
     assert json.load(open(f"{out}/summary.json"))["early_stopped"] == stopped
     assert os.path.isdir(f"{out}/checkpoint-2") and not os.path.isdir(f"{out}/checkpoint-3")
     assert max(r["step"] for r in metric_rows(out)) == 2
     evaluations = [json.loads(line) for line in open(f"{out}/metrics.jsonl") if "eval/accuracy" in line]
     assert [e["step"] for e in evaluations] == [0, 1, 2] and stopped["value"] == evaluations[-1]["eval/accuracy"]
+    again = build_trainer(vapo_flags(tiny_model_dir, tiny_data_dir, out, "--max_steps", "5", *EARLY_STOP)).train()
+    assert again == json.load(open(f"{out}/summary.json")) and max(r["step"] for r in metric_rows(out)) == 2
 
 
 def test_early_stopping_without_eval_datasets_is_refused(tiny_model_dir, tiny_data_dir, tmp_path):

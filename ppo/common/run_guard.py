@@ -5,17 +5,24 @@ the last checkpoint. While a run trains, `stop_requests()` turns the first SIGTE
 into a request that the training loop honours at its next step boundary: it saves a checkpoint
 and stops with `RunInterrupted`, whose message says where it saved and how to resume; the
 process then exits with 128 + the signal number (143 for SIGTERM, 130 for SIGINT), as a shell
-reports a process killed by that signal. A second signal while the save runs stops at once.
+reports a process killed by that signal.
+
+Repeated SIGTERMs within `REPEAT_WINDOW_S` (5 s) of the first signal count as one: launchers
+send several (`paddle.distributed.launch` sends SIGTERM to a worker up to three times 0.2 s
+apart, then, 3 s later, three more and SIGKILL). A later SIGTERM, or a second SIGINT at any
+time (a person pressing Ctrl-C again), stops at once without saving (KeyboardInterrupt).
 In a multi-process run every rank stops at the same step (the request is all-reduced).
 """
 import contextlib
 import logging
 import signal
 import threading
+import time
 
 logger = logging.getLogger("ppo")
 
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+REPEAT_WINDOW_S = 5.0  # SIGTERMs this soon after the first signal repeat it
 
 
 class RunInterrupted(RuntimeError):
@@ -33,22 +40,31 @@ class RolloutRankLost(RuntimeError):
 
 
 class StopRequest:
-    """Records the first SIGTERM / SIGINT received while installed."""
+    """Records the first SIGTERM / SIGINT received while installed; `repeats` counts the
+    SIGTERMs taken as repeats of it (`REPEAT_WINDOW_S`). `clock`: seconds, monotonic."""
 
-    def __init__(self):
-        self.signum = None
+    def __init__(self, clock=time.monotonic):
+        self.signum, self.first_at, self.repeats, self.clock = None, None, 0, clock
 
     @property
     def signal_name(self):
         return signal.Signals(self.signum).name if self.signum else None
 
+    def is_repeat(self, signum):
+        """Whether `signum`, arriving after the first signal, repeats it (a launcher's SIGTERMs)
+        rather than asking to stop at once (a second Ctrl-C, or a SIGTERM after the window)."""
+        return signum == signal.SIGTERM and self.clock() - self.first_at < REPEAT_WINDOW_S
+
     def handle(self, signum, frame):
-        if self.signum is not None:  # a second signal: stop now
+        if self.signum is not None:
+            if self.is_repeat(signum):
+                self.repeats += 1
+                return
             logger.warning(f"{signal.Signals(signum).name} again: stopping at once, without saving")
             raise KeyboardInterrupt
-        self.signum = signum
+        self.signum, self.first_at = signum, self.clock()
         logger.warning(f"{signal.Signals(signum).name} received: the run saves a checkpoint at the end of this step "
-                       "and stops (send it again to stop at once)")
+                       f"and stops (Ctrl-C again, or SIGTERM after {REPEAT_WINDOW_S:.0f} s, stops at once)")
 
     def should_stop(self, world_size=1):
         """Whether a stop was requested here or, in a multi-process run, on any rank (collective
@@ -60,8 +76,8 @@ class StopRequest:
 
         flag = paddle.to_tensor([self.signum or 0], dtype="int64")
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if int(flag.numpy()[0]) and self.signum is None:
-            self.signum = int(flag.numpy()[0])
+        if int(flag.numpy()[0]) and self.signum is None:  # another rank's signal: this one's come as repeats
+            self.signum, self.first_at = int(flag.numpy()[0]), self.clock()
         return self.signum is not None
 
 

@@ -127,11 +127,15 @@ def load_plain_model(path):
     return load_merged_causal_lm(path, dtype=dtype)
 
 
-def export_dir(path, output_dir, max_shard_bytes=hf_files.DEFAULT_MAX_SHARD_BYTES, dtype=None, layout="both"):
+def export_dir(path, output_dir, max_shard_bytes=hf_files.DEFAULT_MAX_SHARD_BYTES, dtype=None, layout="both",
+               before_writing=None):
     """Export the model directory or LoRA adapter `path` (see `export_model`) with its tokenizer
-    files, in its saved dtype or `dtype`. Returns `(config dict, tokenizer files written)`."""
+    files, in its saved dtype or `dtype`; `before_writing(output_dir)` runs once the model has
+    loaded. Returns `(config dict, tokenizer files written)`."""
     model = load_plain_model(path)
     if dtype is not None and dtype != model_dtype(model):
         model.to(dtype=dtype)
+    if before_writing is not None:
+        before_writing(output_dir)
     hf_config = export_model(model, output_dir, max_shard_bytes, layout=layout)
     return hf_config, copy_tokenizer(tokenizer_dir(path), output_dir, to_hf=True)

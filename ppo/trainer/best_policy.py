@@ -2,8 +2,17 @@
 `metric_for_best_model`, `greater_is_better`): after each evaluation the actor's weights are
 kept in host memory when the metric improved, and put back into the actor when training
 ends, so `policy/` holds the best evaluated policy instead of the last one. `EvalEarlyStop`
-stops the run when that metric stops improving (PaddleNLP's `early_stopping`)."""
+stops the run when that metric stops improving (PaddleNLP's `early_stopping`).
+
+Both count every evaluation of the run, the one of step 0 (the starting policy) included: the
+best policy may be the starting one, and early stopping stops when `patience` evaluations after
+training have not beaten the best so far, the starting policy's included. (PaddleNLP's Trainer
+evaluates no step 0, so there the question does not arise.) Both are checkpoint parts: the
+record (`trainer_state.json`) and the kept weights (`best_policy.rank<r>.npz` beside it) survive
+a resume, so a resumed run never replaces the best policy with a worse one, and an early-stopped
+run stays stopped."""
 import logging
+import os
 
 import numpy as np
 
@@ -63,12 +72,43 @@ class BestPolicy:
             return {}
         return {"best_policy": {"step": self.step, "metric": self.metric, "value": self.best}}
 
+    def state_dict(self):
+        """The record a checkpoint keeps (`trainer_state.json`); the weights go to `save_files`."""
+        return {"metric": self.metric, "step": self.step, "value": self.best}
+
+    def set_state_dict(self, state):
+        if state.get("metric") not in (None, self.metric):  # another metric's best is no best for this one
+            logger.warning(f"the checkpoint's best policy was chosen on {state['metric']}, this run watches "
+                           f"{self.metric}: choosing afresh")
+            return
+        self.step, self.best = state.get("step"), state.get("value")
+
+    def save_files(self, directory, rank):
+        """Write this rank's kept weights into the checkpoint being written at `directory`."""
+        if self.weights is not None:
+            np.savez(os.path.join(directory, f"best_policy.rank{rank}.npz"), **self.weights)
+
+    def load_files(self, directory, rank):
+        """Read this rank's kept weights back from the checkpoint `directory` (after
+        `set_state_dict`). A record whose weights are missing is dropped with a warning."""
+        file = os.path.join(directory, f"best_policy.rank{rank}.npz")
+        if self.step is None:
+            self.weights = None
+        elif os.path.isfile(file):
+            with np.load(file) as saved:
+                self.weights = {name: saved[name] for name in saved.files}
+        else:
+            logger.warning(f"{directory} records the best policy of step {self.step} but holds no {os.path.basename(file)}: "
+                           "choosing afresh from the next evaluation")
+            self.step, self.best, self.weights = None, None, None
+
 
 class EvalEarlyStop:
     """PaddleNLP's `early_stopping` (its `EarlyStoppingCallback`) on `metric` (a name of
-    `EVAL_METRICS`): `observe(step, metrics)` feeds each evaluation after a training step to
-    `ppo.early_stopping.EarlyStopping` and says whether the run stops there. Its count is a
-    checkpoint part, so a resumed run counts on."""
+    `EVAL_METRICS`): `observe(step, metrics)` feeds each evaluation (step 0's included) to
+    `ppo.early_stopping.EarlyStopping` and says whether the run stops there. Its count and
+    where it stopped (`stopped`) are a checkpoint part, so a resumed run counts on and an
+    early-stopped run is finished."""
 
     def __init__(self, metric, greater_is_better, patience, threshold):
         self.metric, self.rule, self.stopped = metric, EarlyStopping(patience, threshold, greater_is_better), None
@@ -89,10 +129,11 @@ class EvalEarlyStop:
         return True
 
     def state_dict(self):
-        return self.rule.state_dict()
+        return {**self.rule.state_dict(), "stopped": self.stopped}
 
     def set_state_dict(self, state):
         self.rule.set_state_dict(state)
+        self.stopped = state.get("stopped")
 
     def summary(self):
         """`{"early_stopped": {...}}` for `summary.json` once it stopped the run, else empty."""

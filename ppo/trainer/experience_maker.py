@@ -40,6 +40,13 @@ class ExperienceMaker:
         """The run is over: the rollout releases what it holds (`Rollout.close`)."""
         self.rollout.close()
 
+    def check_peer(self):
+        """A split run's trainer, stopping on a signal: is its rollout rank still there
+        (`RemoteRollout.check_peer` raises `RolloutRankLost` when not)? Other rollouts: nothing to check."""
+        check = getattr(self.rollout, "check_peer", None)
+        if check is not None:
+            check()
+
     def scored_rollout(self):
         """One draw of the rollout, scored (stage "scored")."""
         return self.scoring.score(self.rollout.generate(), self.state.step + 1)

@@ -10,6 +10,7 @@ Around the steps (`train`): logging, samples, evaluation, checkpoints and the st
 a signal, the reward server gone, `early_stopping` on the evaluation metric), the best evaluated
 policy, the final save and the summary.
 The loop never branches on the algorithm or the parallel strategy: the parts it is given do."""
+import json
 import logging
 import os
 import time
@@ -89,6 +90,9 @@ class OnlineLoop:
         Returns the summary written to `summary.json`."""
         with stop_requests() as self.stop_request:
             resumed = self.state.resume()
+            done = self.finished_run() if resumed else None
+            if done is not None:
+                return done
             self.report.start(self.state.step, resumed)
             if self.settings.evaluates and self.state.step == 0 and self.evaluator.dataset is not None:
                 self.log_evaluation()
@@ -134,21 +138,45 @@ class OnlineLoop:
                     self.stop_on_signal()
         bar.close()
 
+    def finished_run(self):
+        """After a resume: None when there is training left; for a finished run (it reached
+        `max_steps`, or `early_stopping` stopped it) a warning that there is nothing to train and
+        its summary, nothing changed. A run killed between its last checkpoint and `summary.json`
+        completes its final save and summary here."""
+        early = self.early_stop is not None and self.early_stop.stopped is not None
+        if self.state.step < self.max_steps and not early:
+            return None
+        step, output_dir = self.state.step, self.settings.output_dir
+        why = f"early_stopping stopped it at step {step}" if early else f"step {step} of max_steps={self.max_steps}"
+        logger.warning(f"{output_dir} holds a finished run ({why}): nothing to train; overwrite_output_dir true "
+                       "starts afresh")
+        try:
+            with open(os.path.join(output_dir, "summary.json")) as f:
+                summary = json.load(f)
+        except (OSError, ValueError):
+            summary = None
+        if summary is None or summary.get("steps") != step:
+            self.report.start(step, True)
+            return self.finish(0.0)
+        self.experience.close()
+        return summary
+
     def finish(self, wall_s):
-        """The best evaluated policy back in the actor, the final save, the actor's fingerprints
-        (a warning when the ranks disagree) and `summary.json`."""
-        extra = {}
-        if self.best_policy is not None:
-            with self.offload.scope("actor"):
-                self.best_policy.restore(self.actor)
-            extra = self.best_policy.summary()
-        if self.early_stop is not None:
-            extra.update(self.early_stop.summary())
+        """The final checkpoint (the last step's weights: a resume with a larger `max_steps` trains
+        on from them), the best evaluated policy back in the actor and into `output_dir/policy`,
+        the actor's fingerprints (a warning when the ranks disagree) and `summary.json`."""
         self.experience.close()
         if self.settings.saves_checkpoints:
             self.state.save()
-        else:  # save_strategy no: the final models only, no checkpoint-<step>
-            self.state.save_final_models()
+        extra, restored = {}, None
+        if self.best_policy is not None:
+            with self.offload.scope("actor"):
+                restored = self.best_policy.restore(self.actor)
+            extra = self.best_policy.summary()
+        if self.early_stop is not None:
+            extra.update(self.early_stop.summary())
+        if restored is not None or not self.settings.saves_checkpoints:  # save_strategy no: no checkpoint-<step>
+            self.state.save_final_models("policy" if self.settings.saves_checkpoints else None)
         fingerprints = self.strategy.fingerprint(self.actor, self.passes)
         if len(set(fingerprints)) > 1:
             logger.warning(f"actor weights differ across ranks: {fingerprints}")
@@ -159,13 +187,14 @@ class OnlineLoop:
     def log_evaluation(self):
         """Evaluate, log the metrics at this step and, with `load_best_model_at_end`, keep the
         actor's weights when they are the best evaluated so far. Returns whether `early_stopping`
-        stops the run here (evaluations after a training step count, as PaddleNLP's callback's)."""
+        stops the run here (every evaluation counts for both, step 0's included:
+        `ppo.trainer.best_policy`)."""
         metrics = self.evaluator.evaluate()
         self.report.log_evaluation(self.state.step, metrics)
         if self.best_policy is not None:
             with self.offload.scope("actor"):
                 self.best_policy.consider(self.state.step, metrics, self.actor)
-        return self.early_stop is not None and self.state.step > 0 and self.early_stop.observe(self.state.step, metrics)
+        return self.early_stop is not None and self.early_stop.observe(self.state.step, metrics)
 
     def stop_diverged(self, messages):
         """Write `summary.json` naming the divergence and raise DivergenceError; nothing is
@@ -187,9 +216,18 @@ class OnlineLoop:
         raise stopped(f"saved {saved} (after step {self.state.step}) before stopping") from err
 
     def stop_on_signal(self):
-        """Save a checkpoint at this step, write `summary.json` and raise RunInterrupted."""
+        """Save a checkpoint at this step, write `summary.json` and raise RunInterrupted; in a split
+        run whose rollout rank is gone (a launcher stops the trainer with SIGTERM when another
+        rank died), RolloutRankLost naming it and the checkpoint instead."""
         self.state.save()
         saved = os.path.join(self.settings.output_dir, f"checkpoint-{self.state.step}")
+        check = getattr(self.experience, "check_peer", None)
+        try:
+            if check is not None:
+                check()
+        except RolloutRankLost as err:
+            raise RolloutRankLost(f"{err}; stopped on {self.stop_request.signal_name} after it: saved {saved} (after step "
+                                  f"{self.state.step}) before stopping: run the same command again to resume from it") from err
         self.report.finish(steps=self.state.step, interrupted=self.stop_request.signal_name)
         raise RunInterrupted(interrupted_message(self.stop_request, self.state.step, saved), self.stop_request.signum)
 

@@ -71,18 +71,32 @@ class RemoteRollout:
             self.received[message["index"]] = message
         return time.time() - t0
 
-    def generate(self):
-        """This step's batch: an `Experience` at stage "rollout" with the rollout's own log-probs
-        and the version of the weights that sampled it (`Experience.version`)."""
+    def before_batch(self):
+        """Steps 1 and 2 of this step's schedule (done once: a second call finds them done);
+        returns `(seconds waiting for batches, seconds sending weights)`."""
         if self.start is None:
             self.hello()
         k, s = self.state.step, self.staleness
         waited = self.receive_below(k + s)  # 1. what the rollout rank generated meanwhile
         sync = 0.0
-        if k > self.start and k + s < self.max_steps:  # 2. the weights a later batch needs
+        if k > self.start and k + s < self.max_steps and k not in self.sent:  # 2. the weights a later batch needs
             t0 = time.time()
             self.sent[k] = self.link.send_weights(self.params(), k)
             sync = time.time() - t0
+        return waited, sync
+
+    def check_peer(self):
+        """After a stop request was saved: the next step's exchanges that come before its batch
+        (`before_batch`), so that a rollout rank that is gone raises `RolloutRankLost` naming it,
+        and a live one is left waiting at a point of the schedule (it stops when this rank exits)."""
+        if self.state.step < self.max_steps:
+            self.before_batch()
+
+    def generate(self):
+        """This step's batch: an `Experience` at stage "rollout" with the rollout's own log-probs
+        and the version of the weights that sampled it (`Experience.version`)."""
+        waited, sync = self.before_batch()
+        k = self.state.step
         waited += self.receive_below(k + 1)  # 3. this step's batch
         message = self.received.pop(k)
         self.state.gen_batches = message["gen_batches"]  # as after the colocated run's draw of this batch

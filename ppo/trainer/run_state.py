@@ -7,7 +7,9 @@ when it is damaged, never past one of another run). Model weights are written an
 strategy (`ppo.strategy`), which knows how the models are split over the processes."""
 import logging
 
-from ..checkpoint import list_checkpoints, load_checkpoint, prepare_output_dir, save_checkpoint, save_final_models
+from ..checkpoint import (
+    list_checkpoints, load_checkpoint, load_part_files, prepare_output_dir, save_checkpoint, save_final_models,
+)
 from ..resume_check import CheckpointMismatchError
 
 logger = logging.getLogger("ppo")
@@ -17,7 +19,8 @@ class RunState:
     """`settings`: `CheckpointSettings`; `strategy`: the run's strategy (its model I/O);
     `tokenizer`: saved beside the models; `models` / `optimizers` / `schedulers`: `{checkpoint
     folder: object or None}` (the models unwrapped); `parts`: `{trainer_state key: object with
-    state_dict / set_state_dict, or None}`; `run_facts`: what a resume compares
+    state_dict / set_state_dict, or None}`, those with `save_files` / `load_files` also writing
+    files of their own into each checkpoint; `run_facts`: what a resume compares
     (`ppo.resume_check`)."""
 
     def __init__(self, settings, strategy, tokenizer, models=None, optimizers=None, schedulers=None, parts=None,
@@ -54,12 +57,17 @@ class RunState:
         save_checkpoint(
             self.settings.output_dir, self.step, self.models, self.optimizers if keep_optimizers else {}, self.schedulers,
             {**self.state_dict(), "optimizer_states": keep_optimizers}, self.tokenizer, self.settings.save_total_limit,
-            self.strategy,
+            self.strategy, self.file_parts(),
         )
 
-    def save_final_models(self):
-        """`output_dir/<folder>` of every model without a checkpoint (`save_strategy` no)."""
-        save_final_models(self.settings.output_dir, self.models, self.tokenizer, self.strategy)
+    def file_parts(self):
+        return [part for part in self.parts.values() if part is not None and hasattr(part, "save_files")]
+
+    def save_final_models(self, only=None):
+        """`output_dir/<folder>` of every model (or of the model `only`) without a checkpoint:
+        `save_strategy` no, or the best policy restored after the final checkpoint."""
+        models = self.models if only is None else {only: self.models[only]}
+        save_final_models(self.settings.output_dir, models, self.tokenizer, self.strategy)
 
     def resume(self):
         """Resume from the newest complete checkpoint in `output_dir` that loads (older ones are
@@ -83,6 +91,7 @@ class RunState:
                 logger.warning(f"cannot resume from {path} ({type(err).__name__}: {err}); trying {candidates[i + 1]}")
                 continue
             self.load_state_dict(state)
+            load_part_files(path, self.file_parts())
             logger.info(f"resumed from {path} at step {self.step}")
             return True
         return False
