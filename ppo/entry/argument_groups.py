@@ -356,6 +356,29 @@ class ZeroPaddingArguments:
     )
 
 
+@dataclass
+class StreamingArguments:
+    """SFT, the reward model and the DPO family: PaddleNLP's `lazy` (`ppo.data.streaming`)."""
+
+    lazy: bool = field(
+        default=False,
+        metadata={"help": "Stream the training data (PaddleNLP's name): JSON-lines files read and tokenised one record at "
+                  "a time while training, in file order (no shuffling), memory bounded whatever the file's size; a resume "
+                  "starts at the record after the checkpoint's last one. Needs max_steps; the eval data is read whole."},
+    )
+
+
+@dataclass
+class BenchmarkArguments:
+    """SFT, the reward model and the DPO family: PaddleNLP's `benchmark` (`ppo.entry.benchmark`)."""
+
+    benchmark: bool = field(
+        default=False,
+        metadata={"help": "Benchmark mode (PaddleNLP's name): train only, with no evaluation, no checkpoint and no final "
+                  "model, and write the timing report output_dir/benchmark.json (runtime, steps/s, samples/s, tokens/s)."},
+    )
+
+
 def split_specs(specs):
     """Dataset specs from a list argument; an empty list gives None."""
     specs = [s for s in (specs or []) if s]

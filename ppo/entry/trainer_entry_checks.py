@@ -35,10 +35,23 @@ def zero_padding_problems(data_args, training_args):
     return []
 
 
+def run_mode_problems(data_args, training_args):
+    """`lazy` streams an unknown number of records, so the run needs `max_steps`; pipeline stages
+    read their batches through PaddleNLP's own pipeline loader."""
+    problems = []
+    if getattr(data_args, "lazy", False):
+        if training_args.max_steps <= 0:
+            problems.append("lazy true streams the data without counting it first: set max_steps (the run's length)")
+        if training_args.pipeline_parallel_degree > 1:
+            problems.append("lazy true with pipeline_parallel_degree > 1: streamed data is not implemented for pipeline "
+                            "stages; set lazy false")
+    return problems
+
+
 def trainer_entry_problems(model_args, data_args, training_args, model_dirs):
     """The checks every `Trainer` entry point (SFT, RM, DPO) shares: sizes, `model_name_or_path`
     required, the model directories `(argument name, path)`, output_dir, dtype/device,
-    do_train, pipeline parallel (and `zero_padding` with it)."""
+    do_train, pipeline parallel (and `zero_padding` with it), `lazy`."""
     problems = size_problems(model_args, data_args, training_args)
     problems += required_problems(model_args, ["model_name_or_path"])
     problems += model_dir_problems(model_dirs)
@@ -48,5 +61,6 @@ def trainer_entry_problems(model_args, data_args, training_args, model_dirs):
     problems += do_train_problems(training_args, has_eval)
     problems += pipeline_problems(training_args, model_args.use_lora)
     problems += zero_padding_problems(data_args, training_args)
+    problems += run_mode_problems(data_args, training_args)
     problems += missing_report_packages(training_args.report_to or [], TRAINER_PACKAGES)  # PaddleNLP's integrations
     return problems
