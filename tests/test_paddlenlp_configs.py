@@ -31,14 +31,8 @@ REFUSED = {
     # file: (what the refusal message says, the missing feature's name in docs/paddlenlp.md)
     "alignment/ppo/grpo_config.json": [("adv_estimator grpo needs rollout_n >= 2", "GRPO with one sample per prompt")],
     "history/abaa0af/llama/ppo_argument.json": [("'save_strategy: epoch' is not supported", "`save_strategy` (`epoch`")],
-    "llama/flashmask/dpo.json": [("'lazy: True' is not supported", "`lazy: true`")],
-    "llama/flashmask/lora.json": [("'lazy: True' is not supported", "`lazy: true`"),
-                                  ("'benchmark: True' is not supported", "`benchmark: true`"),
-                                  ("tensor_parallel_output true", "`tensor_parallel_output`")],
-    "llama/flashmask/rm.json": [("'benchmark: True' is not supported", "`benchmark: true`"),
-                                ("'lazy: True' is not supported", "`lazy: true`")],
-    "llama/flashmask/sft.json": [("'lazy: True' is not supported", "`lazy: true`"),
-                                 ("tensor_parallel_output true", "`tensor_parallel_output`")],
+    "llama/flashmask/lora.json": [("tensor_parallel_output true", "`tensor_parallel_output`")],
+    "llama/flashmask/sft.json": [("tensor_parallel_output true", "`tensor_parallel_output`")],
     # tensor_parallel_degree 2 needs two processes: one CPU process has degree 1, and a rollout at degree 2 would reshard
     "qwen/grpo_argument_qwen2_7B_TP2Sharing2_0507.yaml": [
         ("rollout_tensor_parallel_degree 2 with tensor_parallel_degree 1", "`rollout_tensor_parallel_degree`")],
@@ -90,14 +84,14 @@ def test_file_parses_with_no_refused_key(name):
 
 def test_older_names_read_as_the_current_ones():
     """PaddleNLP's Qwen GRPO file as it was at 32cae05: quant_type, mini_batch_size, per_device_rollout_batch_size
-    (prompts per generation call: x rollout_n rows) and use_fp32_compute false (float32 is the training dtype here)."""
+    (prompts per generation call: x rollout_n rows) and use_fp32_compute false (log-probs in the training dtype)."""
     model, data, train = parse_arguments_of("history/32cae05/qwen/grpo_argument.yaml")
     assert train.global_mini_batch_size == 2 and train.rollout_max_num_seqs == 1 * 8
     assert train.use_fp32_compute is False and train.adv_estimator == "grpo"
     _, data, _ = parse_arguments_of("history/7ed2381/qwen/grpo_argument.json")
     assert data.response_key == "tgt"  # label_key
-    problems = parse_problems("history/32cae05/qwen/grpo_argument.yaml", "--bf16", "true")
-    assert any("use_fp32_compute false with bf16/fp16" in p for p in problems)
+    problems = parse_problems("history/32cae05/qwen/grpo_argument.yaml", "--bf16", "true")  # log-probs in bf16: only the CPU refuses
+    assert not any("use_fp32_compute" in p for p in problems) and any("bf16 true: this Paddle build" in p for p in problems)
     problems = parse_problems("history/32cae05/qwen/grpo_argument.yaml", "--quant_type", "weight_only_int8")
     assert any("'quant_type: weight_only_int8' is not supported here" in p for p in problems)
 
