@@ -137,10 +137,11 @@ def test_bad_records_and_unstreamable_files_name_the_problem(tokenizer, tmp_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# rm/run_reward.py's main, SIGKILLed when the Trainer starts its second checkpoint (checkpoint-1
-# complete, step 2 trained and unsaved) when argv[2] is "kill".
+# An entry point's main (argv[3]: rm.run_reward or sft.run_sft), SIGKILLed when the Trainer
+# starts its second checkpoint (checkpoint-1 complete, step 2 trained and unsaved) when argv[2]
+# is "kill".
 KILL_AT_SECOND_SAVE = r"""
-import os, signal, sys
+import importlib, os, signal, sys
 sys.path.insert(0, sys.argv[1])
 from ppo.entry.streaming_trainer import StreamingTrainerMixin
 original, calls = StreamingTrainerMixin._save_checkpoint, [0]
@@ -150,49 +151,64 @@ def save(self, model, metrics=None):
         os.kill(os.getpid(), signal.SIGKILL)
     return original(self, model, metrics)
 StreamingTrainerMixin._save_checkpoint = save
-from rm.run_reward import main
-main(sys.argv[3:])
+importlib.import_module(sys.argv[3]).main(sys.argv[4:])
 """
 
+ENTRIES = {  # entry module -> (argument file, train_datasets spec format, logged loss)
+    "rm.run_reward": ("config/tiny/rm_argument.json", "paddlenlp-dpo", "rm/loss"),
+    "sft.run_sft": ("config/tiny/sft_argument.json", "Jsonfile", "loss/sft"),
+}
 
-def reward_argv(tiny_model_dir, data, out):
-    return ["config/tiny/rm_argument.json", "--model_name_or_path", tiny_model_dir, "--output_dir", out,
-            "--logging_dir", f"{out}/vdl", "--train_datasets", f"paddlenlp-dpo:1:{data}", "--eval_datasets", "",
+
+def write_sft(path, n):
+    with open(path, "w", encoding="utf-8") as f:
+        for k in range(n):
+            f.write(json.dumps({"src": f"say {k} twice", "tgt": f"{k} {k}"}) + "\n")
+    return str(path)
+
+
+def lazy_argv(entry, tiny_model_dir, data, out):
+    config, data_format, _ = ENTRIES[entry]
+    return [config, "--model_name_or_path", tiny_model_dir, "--output_dir", out,
+            "--logging_dir", f"{out}/vdl", "--train_datasets", f"{data_format}:1:{data}", "--eval_datasets", "",
             "--lazy", "true", "--max_steps", "3", "--save_steps", "1", "--logging_steps", "1",
             "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "2", "--do_eval", "false",
             "--evaluation_strategy", "no", "--max_length", "64", "--warmup_steps", "0", "--report_to", "visualdl",
             "--save_total_limit", "5", "--disable_tqdm", "true"]
 
 
-def run_reward(argv, kill):
+def run_entry(entry, argv, kill):
     from tests.warm_python import run
 
-    return run([sys.executable, "-c", KILL_AT_SECOND_SAVE, REPO, "kill" if kill else "-", *argv], cwd=REPO,
+    return run([sys.executable, "-c", KILL_AT_SECOND_SAVE, REPO, "kill" if kill else "-", entry, *argv], cwd=REPO,
                env=dict(os.environ, MKL_DEBUG_CPU_TYPE="5"), capture_output=True, text=True, timeout=600)
 
 
-def losses(out):
-    """`{step: rm/loss}`, the last row logged for each step (a rerun logs the steps after its checkpoint again)."""
+def losses(out, name):
+    """`{step: loss}`, the last row logged for each step (a rerun logs the steps after its checkpoint again)."""
     with open(os.path.join(out, "metrics.jsonl")) as f:
-        return {r["step"]: r["rm/loss"] for r in map(json.loads, f) if "rm/loss" in r}
+        return {r["step"]: r[name] for r in map(json.loads, f) if name in r}
 
 
-def test_a_lazy_reward_run_killed_after_its_checkpoint_resumes_at_the_next_record(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("entry", sorted(ENTRIES))
+def test_a_lazy_run_killed_after_its_checkpoint_resumes_at_the_next_record(entry, tiny_model_dir, tmp_path):
     """3 steps of 4 records (2 x 2 accumulated), a checkpoint each step: checkpoint k saves line
     4k. A run SIGKILLed while saving step 2 and rerun with the same arguments resumes from
     checkpoint-1 and trains steps 2 and 3 on the records the uninterrupted run trained them on
     (the same losses, the same saved positions)."""
-    data = write_pairs(tmp_path / "pairs.jsonl", 40)
+    data = write_pairs(tmp_path / "data.jsonl", 40) if entry == "rm.run_reward" else write_sft(tmp_path / "data.jsonl", 40)
     whole, killed = str(tmp_path / "whole"), str(tmp_path / "killed")
-    assert run_reward(reward_argv(tiny_model_dir, data, whole), kill=False).returncode == 0
+    done = run_entry(entry, lazy_argv(entry, tiny_model_dir, data, whole), kill=False)
+    assert done.returncode == 0, done.stderr[-3000:]
     positions = [json.load(open(os.path.join(whole, f"checkpoint-{k}", POSITION_FILE))) for k in (1, 2, 3)]
     assert [p["line"] for p in positions] == [4, 8, 12] and positions[0]["path"] == data
-    first = run_reward(reward_argv(tiny_model_dir, data, killed), kill=True)
+    first = run_entry(entry, lazy_argv(entry, tiny_model_dir, data, killed), kill=True)
     assert first.returncode == -signal.SIGKILL and not os.path.exists(os.path.join(killed, "checkpoint-2"))
-    rerun = run_reward(reward_argv(tiny_model_dir, data, killed), kill=False)
+    rerun = run_entry(entry, lazy_argv(entry, tiny_model_dir, data, killed), kill=False)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "resuming the data stream at line 5 of" in rerun.stdout + rerun.stderr
     assert json.load(open(os.path.join(killed, "checkpoint-3", POSITION_FILE))) == positions[2]
-    want, got = losses(whole), losses(killed)
+    name = ENTRIES[entry][2]
+    want, got = losses(whole, name), losses(killed, name)
     assert sorted(want) == [1, 2, 3] and got[2] == pytest.approx(want[2], abs=1e-6)
     assert got[3] == pytest.approx(want[3], abs=1e-6)
