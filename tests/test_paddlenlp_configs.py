@@ -90,8 +90,8 @@ def test_older_names_read_as_the_current_ones():
     assert train.use_fp32_compute is False and train.adv_estimator == "grpo"
     _, data, _ = parse_arguments_of("history/7ed2381/qwen/grpo_argument.json")
     assert data.response_key == "tgt"  # label_key
-    problems = parse_problems("history/32cae05/qwen/grpo_argument.yaml", "--bf16", "true")  # log-probs in bf16: only the CPU refuses
-    assert not any("use_fp32_compute" in p for p in problems) and any("bf16 true: this Paddle build" in p for p in problems)
+    assert parse_problems("history/32cae05/qwen/grpo_argument.yaml", "--bf16", "true") == []  # as written: bf16 true
+    assert parse_arguments_of("history/32cae05/qwen/grpo_argument.yaml", "--bf16", "true")[2].logprob_dtype == "bfloat16"
     problems = parse_problems("history/32cae05/qwen/grpo_argument.yaml", "--quant_type", "weight_only_int8")
     assert any("'quant_type: weight_only_int8' is not supported here" in p for p in problems)
 
@@ -166,7 +166,8 @@ def test_rl_file_runs_two_steps(name, tiny_model_dir, tiny_rm_dir, tiny_data_dir
 
 
 DPO_FILES = [n for n in config_files() if entry_kind(n) in ("dpo", "kto") and n not in REFUSED]
-DPO_FAST = ("baichuan/dpo_argument.json",)  # PaddleNLP's older dpo_beta / dpo_loss_type / dpo_label_smoothing
+DPO_FAST = ("baichuan/dpo_argument.json",  # PaddleNLP's older dpo_beta / dpo_loss_type / dpo_label_smoothing
+            "llama/flashmask/dpo.json")  # lazy: true
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in DPO_FAST else [pytest.mark.slow]) for n in DPO_FILES])
@@ -185,7 +186,7 @@ def test_dpo_family_file_runs_two_steps(name, tiny_model_dir, tiny_data_dir, tmp
 
 
 RM_FILES = [n for n in config_files() if entry_kind(n) == "rm" and n not in REFUSED]
-RM_FAST = ("llama/prm_flashmask_argument.json",)
+RM_FAST = ("llama/prm_flashmask_argument.json", "llama/flashmask/rm.json")  # the latter: lazy and benchmark true
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in RM_FAST else [pytest.mark.slow]) for n in RM_FILES])
@@ -213,3 +214,6 @@ def test_reward_file_runs_two_steps(name, tiny_model_dir, tiny_data_dir, tmp_pat
           "--recompute", "false", "--max_grad_norm", "1.0", *length, *data])
     rows = [r for r in metrics(out) if loss in r]
     assert rows and max(r["step"] for r in rows) == 2 and all(np.isfinite(r[loss]) for r in rows)
+    if config.get("benchmark"):  # trains only: the timing report, no model
+        report = json.load(open(os.path.join(out, "benchmark.json")))
+        assert report["steps"] == 2 and report["tokens"] > 0 and not os.path.exists(os.path.join(out, "config.json"))
