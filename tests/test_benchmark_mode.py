@@ -56,3 +56,13 @@ def test_a_benchmark_reward_run_trains_only_and_reports_its_tokens(tiny_model_di
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     assert [r["step"] for r in rows if "rm/loss" in r] == [1, 2]
     assert not [k for r in rows for k in r if k.startswith("eval/")]
+
+
+def test_benchmark_needs_training(tiny_model_dir):
+    from ppo.common.argument_parsing import parse_collecting
+    from rm.reward_arguments import DataArgument, ModelArgument, RewardTrainingArguments, validate_arguments
+
+    argv = ["config/tiny/rm_argument.json", "--model_name_or_path", tiny_model_dir, "--output_dir", "/tmp/bench-parse",
+            "--benchmark", "true", "--do_train", "false"]
+    _, problems = parse_collecting((ModelArgument, DataArgument, RewardTrainingArguments), argv, validate_arguments)
+    assert any("benchmark true times the training, and do_train is false: set do_train true" in p for p in problems)

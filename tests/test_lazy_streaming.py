@@ -212,3 +212,15 @@ def test_a_lazy_run_killed_after_its_checkpoint_resumes_at_the_next_record(entry
     want, got = losses(whole, name), losses(killed, name)
     assert sorted(want) == [1, 2, 3] and got[2] == pytest.approx(want[2], abs=1e-6)
     assert got[3] == pytest.approx(want[3], abs=1e-6)
+
+
+def test_lazy_needs_max_steps_and_the_training_process(tiny_model_dir):
+    """Refused before any model loads, each naming the setting to change."""
+    from ppo.common.argument_parsing import parse_collecting
+    from sft.sft_arguments import DataArgument, ModelArgument, SFTTrainingArguments, validate_arguments
+
+    argv = ["config/tiny/sft_argument.json", "--model_name_or_path", tiny_model_dir, "--output_dir", "/tmp/lazy-parse",
+            "--lazy", "true", "--max_steps", "-1", "--dataloader_num_workers", "2"]
+    _, problems = parse_collecting((ModelArgument, DataArgument, SFTTrainingArguments), argv, validate_arguments)
+    assert any("lazy true streams the data without counting it first: set max_steps" in p for p in problems)
+    assert any("set dataloader_num_workers 0" in p for p in problems)

@@ -36,8 +36,9 @@ def zero_padding_problems(data_args, training_args):
 
 
 def run_mode_problems(data_args, training_args):
-    """`lazy` streams an unknown number of records, so the run needs `max_steps`; pipeline stages
-    read their batches through PaddleNLP's own pipeline loader."""
+    """`lazy` streams an unknown number of records, so the run needs `max_steps`; its batches are
+    read in the training process (whose position each checkpoint saves), not by loader workers or
+    PaddleNLP's pipeline loader. `benchmark` times training, so it needs `do_train`."""
     problems = []
     if getattr(data_args, "lazy", False):
         if training_args.max_steps <= 0:
@@ -45,6 +46,11 @@ def run_mode_problems(data_args, training_args):
         if training_args.pipeline_parallel_degree > 1:
             problems.append("lazy true with pipeline_parallel_degree > 1: streamed data is not implemented for pipeline "
                             "stages; set lazy false")
+        if training_args.dataloader_num_workers > 0:
+            problems.append("lazy true reads the stream in the training process, where each checkpoint records its "
+                            "position: set dataloader_num_workers 0")
+    if getattr(training_args, "benchmark", False) and not training_args.do_train:
+        problems.append("benchmark true times the training, and do_train is false: set do_train true")
     return problems
 
 
