@@ -83,7 +83,8 @@ class ModelCommonArguments(LoRAArguments):
     )
     tensor_parallel_output: bool = field(
         default=False,
-        metadata={"help": "Keep tensor-parallel logits split over ranks; the trainers here need gathered logits, so only false."},
+        metadata={"help": "Keep tensor-parallel logits split over ranks; the trainers here need gathered logits, so true is "
+                  "refused at tensor_parallel_degree > 1 (at 1 there is nothing to split: the same run either way)."},
     )
 
     def __post_init__(self):
@@ -91,11 +92,6 @@ class ModelCommonArguments(LoRAArguments):
             if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
                 problems.append(
                     f"recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, got {self.recompute_granularity!r}"
-                )
-            if self.tensor_parallel_output:
-                problems.append(
-                    "tensor_parallel_output true keeps the logits split over tensor-parallel ranks; the losses here need "
-                    "the gathered logits: set it to false"
                 )
 
 

@@ -8,6 +8,7 @@ from ..common.validation import (
     pipeline_problems,
     required_problems,
     size_problems,
+    split_logits_problems,
 )
 
 
@@ -63,6 +64,7 @@ def trainer_entry_problems(model_args, data_args, training_args, model_dirs):
     problems += model_dir_problems(model_dirs)
     problems += output_dir_problems(training_args.output_dir, model_dirs)
     problems += dtype_device_problems(training_args)
+    problems += split_logits_problems(model_args, training_args)
     has_eval = bool([s for s in data_args.eval_datasets if s] or [s for s in getattr(data_args, "eval_generation_datasets", []) if s])
     problems += do_train_problems(training_args, has_eval)
     problems += pipeline_problems(training_args, model_args.use_lora)
