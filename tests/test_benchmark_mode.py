@@ -63,6 +63,7 @@ def test_benchmark_needs_training(tiny_model_dir):
     from rm.reward_arguments import DataArgument, ModelArgument, RewardTrainingArguments, validate_arguments
 
     argv = ["config/tiny/rm_argument.json", "--model_name_or_path", tiny_model_dir, "--output_dir", "/tmp/bench-parse",
-            "--benchmark", "true", "--do_train", "false"]
+            "--benchmark", "true", "--do_train", "false", "--resume_from_checkpoint", "/tmp/bench-parse/checkpoint-1"]
     _, problems = parse_collecting((ModelArgument, DataArgument, RewardTrainingArguments), argv, validate_arguments)
     assert any("benchmark true times the training, and do_train is false: set do_train true" in p for p in problems)
+    assert any("leave resume_from_checkpoint unset" in p for p in problems)

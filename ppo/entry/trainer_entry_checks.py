@@ -52,6 +52,9 @@ def run_mode_problems(data_args, training_args):
                             "position: set dataloader_num_workers 0")
     if getattr(training_args, "benchmark", False) and not training_args.do_train:
         problems.append("benchmark true times the training, and do_train is false: set do_train true")
+    if getattr(training_args, "benchmark", False) and training_args.resume_from_checkpoint:
+        problems.append("benchmark true times a run from its start and saves no checkpoint: leave resume_from_checkpoint "
+                        "unset")
     return problems
 
 
