@@ -9,6 +9,7 @@ from typing import List, Optional
 from dpo.dpo_trainer import LOSS_TYPES
 from dpo.preference_arguments import PreferenceLossArguments
 from ppo.entry.argument_groups import (
+    BenchmarkArguments,
     DatasetArguments,
     DivergenceArguments,
     EvalGenerationArguments,
@@ -16,6 +17,7 @@ from ppo.entry.argument_groups import (
     ModelCommonArguments,
     PaddleNLPTrainingArguments,
     PromptTruncationArguments,
+    StreamingArguments,
     ZeroPaddingArguments,
 )
 from ppo.common.argument_problems import problem_scope
@@ -32,7 +34,7 @@ class ModelArgument(ModelCommonArguments):
 
 
 @dataclass
-class DataArgument(ZeroPaddingArguments, PromptTruncationArguments, DatasetArguments):
+class DataArgument(StreamingArguments, ZeroPaddingArguments, PromptTruncationArguments, DatasetArguments):
     eval_generation_datasets: List[str] = field(
         default_factory=list,
         metadata={"help": "Prompt datasets with reference answers (e.g. Jsonfile with tgt) for greedy exact-match evaluation."},
@@ -40,8 +42,8 @@ class DataArgument(ZeroPaddingArguments, PromptTruncationArguments, DatasetArgum
 
 
 @dataclass
-class DPOTrainingArguments(PreferenceLossArguments, DivergenceArguments, LogprobArguments, EvalGenerationArguments,
-                           PaddleNLPTrainingArguments):
+class DPOTrainingArguments(BenchmarkArguments, PreferenceLossArguments, DivergenceArguments, LogprobArguments,
+                           EvalGenerationArguments, PaddleNLPTrainingArguments):
     loss_type: str = field(
         default="sigmoid", metadata={"help": f"Preference loss (the table in docs/algorithms.md): {' | '.join(LOSS_TYPES)}."}
     )

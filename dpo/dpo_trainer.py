@@ -40,6 +40,7 @@ from ppo.models.unpadded import pack_padded, packed_token_logprobs
 from ppo.models.loading import find_lora_model, lora_disabled
 from ppo.models.pipeline import install_last_stage_loss, pipeline_group, wrapped_pipeline
 from ppo.models.preference_pipe import PreferenceCriterion, PreferencePolicyInputs, kl_sides, pipeline_answer_logps
+from ppo.entry.streaming_trainer import StreamingTrainerMixin
 from ppo.entry.trainer_resume import FreshOptimizerResumeMixin
 from ppo.models.tensor_parallel import DatasetOrderMixin
 
@@ -113,7 +114,7 @@ def answer_logprobs(model, input_ids, attention_mask, labels, chunk_size=DEFAULT
     return masked_sum(tok, mask, axis=-1), mask.astype("float32").sum(axis=-1), tok, mask
 
 
-class DPOTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMixin, Trainer):
+class DPOTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMixin, Trainer):
     """`Trainer` for the DPO family on `PreferenceDataset` batches (`KTOCollator` for KTO).
 
     `ref_model`: a frozen reference model, or None (LoRA policy with the adapter

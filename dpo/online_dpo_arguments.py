@@ -215,4 +215,5 @@ def validate_arguments(model_args, data_args, training_args):
     problems += hf_config_problems(model_dirs + score_dirs)
     problems += validation.output_dir_problems(training_args.output_dir, model_dirs + score_dirs)
     problems += validation.dtype_device_problems(training_args)
+    problems += validation.split_logits_problems(model_args, training_args)
     return problems

@@ -37,6 +37,7 @@ with quiet_third_party_warnings():
     from ppo.entry.trainer_callbacks import TrackerCallback  # noqa: E402
     from ppo.data import PREFERENCE_DATASETS, PromptOnlyDataset  # noqa: E402
     from ppo.data.base import DataError  # noqa: E402
+    from ppo.data.streaming import training_dataset  # noqa: E402
     from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, load_pipe, log_pipeline_settings  # noqa: E402
     from ppo.models.preference_pipe import PreferencePolicyInputs  # noqa: E402
     from ppo.models.adapters import load_merged_causal_lm  # noqa: E402
@@ -70,10 +71,11 @@ KL_COLLATORS = {"pairs": KTOCollator, "unpaired": UnpairedKTOCollator}
 """The collator adding KTO's mismatched pairs, per data kind (for losses with the `kl_point` fact)."""
 
 
-def loss_kind_dataset(loss, dataset_class, specs, kwargs):
-    """`dataset_class(specs, **kwargs)`; data of another kind raises DataError naming the loss."""
+def loss_kind_dataset(loss, dataset_class, specs, kwargs, lazy=False):
+    """`dataset_class(specs, **kwargs)` (streamed with `lazy`); data of another kind raises
+    DataError naming the loss."""
     try:
-        return dataset_class(specs, **kwargs)
+        return training_dataset(dataset_class, specs, lazy, **kwargs)
     except ValueError as e:
         raise DataError(f"loss_type {loss.name!r} trains on {loss.data} ({DATA_KINDS[loss.data]}): {e}") from e
 
@@ -87,8 +89,9 @@ def build_preference_datasets(data_args, training_args, tokenizer, attempt=None)
     dataset_class = PREFERENCE_DATASETS[loss.data]
     kwargs = dict(max_length=data_args.max_length, truncate_prompt_to=data_args.truncate_prompt_len,
                   **data_args.dataset_kwargs(tokenizer, training_args.seed))
-    train, evaluation = [attempt(loss_kind_dataset, loss, dataset_class, specs, kwargs) if specs else None
-                         for specs in (split_specs(data_args.train_datasets), split_specs(data_args.eval_datasets))]
+    train, evaluation = [attempt(loss_kind_dataset, loss, dataset_class, specs, kwargs, lazy) if specs else None
+                         for specs, lazy in ((split_specs(data_args.train_datasets), data_args.lazy),
+                                             (split_specs(data_args.eval_datasets), False))]
     if train is None:
         return None, evaluation, None
     collator = train.get_collator()

@@ -204,22 +204,23 @@ def response_slice(tensor, prompt_len, response_len):
 
 
 def response_logprobs(model, exp, temperature, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE, with_entropy=False,
-                      remove_padding=False):
+                      remove_padding=False, dtype="float32"):
     """Log-probs `[N, Tr]` of the response tokens under `model` at `temperature` and, with
     `with_entropy`, the entropy `[N, Tr]` of each predicting distribution (else None); both 0
     outside the response mask. The LM head runs over response tokens only, `chunk_size` at a
     time (0: full logits). `remove_padding`: the model runs on the rows' real tokens packed
-    together (`ppo.models.unpadded`), with the same results."""
+    together (`ppo.models.unpadded`), with the same results. `dtype`: of the logits' softmax and
+    the results (float32; the training dtype with PaddleNLP's `use_fp32_compute` off)."""
     P = exp.prompt_len
     mask = paddle.concat([paddle.zeros([len(exp), P], "float32"), exp.response_mask.astype("float32")], axis=1)
     Tr = exp.response_ids.shape[1]
     if remove_padding:
         packed = pack_padded(exp.sequences, exp.attention_mask)
-        logprobs, entropy = packed_token_logprobs(model, packed, mask, temperature, chunk_size, with_entropy)
+        logprobs, entropy = packed_token_logprobs(model, packed, mask, temperature, chunk_size, with_entropy, dtype)
         return logprobs[:, P:P + Tr], (entropy[:, P:P + Tr] if with_entropy else None)
     logprobs, entropy = causal_lm_token_logprobs(
         model, exp.sequences, exp.attention_mask, exp.sequences, mask=mask, position_ids=exp.position_ids,
-        temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, first_counted=P,
+        temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, first_counted=P, dtype=dtype,
     )
     return response_slice(logprobs, P, Tr), (response_slice(entropy, P, Tr) if with_entropy else None)
 

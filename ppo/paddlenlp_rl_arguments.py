@@ -93,9 +93,17 @@ class PaddleNLPRLArguments:
     )
     use_fp32_compute: bool = field(
         default=True,
-        metadata={"help": "PaddleNLP's name: compute log-probs, advantages and losses in float32 (true; always so here). "
-                  "false computes them in the training dtype, which is accepted when that dtype is float32."},
+        metadata={"help": "PaddleNLP's name: compute the actor's and reference's log-probs from float32 logits (true); "
+                  "false computes their softmax in the bf16/fp16 training dtype, as PaddleNLP, and the loss takes them "
+                  "in that dtype (float32 training: the same either way)."},
     )
+
+    @property
+    def logprob_dtype(self):
+        """The dtype of the log-prob passes: float32, or the training dtype with `use_fp32_compute` false."""
+        if self.use_fp32_compute:
+            return "float32"
+        return "bfloat16" if self.bf16 else "float16" if self.fp16 else "float32"
 
     def __post_init__(self):
         with problem_scope() as problems:
@@ -244,7 +252,7 @@ def early_stopping_problems(args):
 
 def placement_problems(args):
     """`rollout_tensor_parallel_degree` where the rollout engine's layouts allow it, and
-    `use_fp32_compute: false` where the training dtype is float32."""
+    `use_fp32_compute: false` where the passes can compute in the training dtype (not pipeline stages)."""
     problems = []
     degree, tp = args.rollout_tensor_parallel_degree, max(args.tensor_parallel_degree, 1)
     if degree == 0 or degree < -1:
@@ -260,7 +268,7 @@ def placement_problems(args):
     elif degree > 1 and args.eval_mode == "single":
         problems.append(f"rollout_tensor_parallel_degree {degree} generates from each rank's slices, eval_mode single from "
                         "the gathered weights: choose one")
-    if not args.use_fp32_compute and (args.bf16 or args.fp16):
-        problems.append("use_fp32_compute false with bf16/fp16: log-probs, advantages and losses in the half-precision "
-                        "training dtype are not implemented here (they are float32, PaddleNLP's use_fp32_compute true)")
+    if not args.use_fp32_compute and (args.bf16 or args.fp16) and args.pipeline_parallel_degree > 1:
+        problems.append("use_fp32_compute false with bf16/fp16 at pipeline_parallel_degree > 1: the pipeline stages "
+                        "compute their log-probs from float32 logits only; set use_fp32_compute true")
     return problems

@@ -306,6 +306,7 @@ def validate_arguments(model_args, data_args, training_args):
     problems += hf_config_problems(model_dirs + score_dirs)
     problems += validation.output_dir_problems(training_args.output_dir, model_dirs + score_dirs)
     problems += validation.dtype_device_problems(training_args)
+    problems += validation.split_logits_problems(model_args, training_args)
     problems += validation.pipeline_problems(training_args, model_args.use_lora)
     problems += remove_padding_problems(training_args) + pass_size_problems(training_args)
     problems += lagrangian_problems(model_args, training_args)

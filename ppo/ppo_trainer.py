@@ -185,7 +185,7 @@ def build_ppo_trainer(args, models, tokenizer, train_dataset, eval_dataset=None,
         temperature=args.temperature, logprob_chunk_size=args.logprob_chunk_size, pad_token_id=tokenizer.pad_token_id,
         chunk_rows={which: args.pass_rows(which) for which in ("logprob", "value", "reward")},
         micro_batches=args.update_accumulation_steps, micro_rows=args.update_micro_rows, remove_padding=args.use_remove_padding,
-        keep_tensor_parallel=args.keep_tensor_parallel,
+        keep_tensor_parallel=args.keep_tensor_parallel, logprob_dtype=args.logprob_dtype,
         retokenizers={"reward": reward_retokenizer} if reward_retokenizer is not None else {}))
     engine = rollout_engine(args, passes.generation_model, tokenizer, strategy.generation_group())
     sampling = sampling_params(args)
@@ -257,7 +257,7 @@ def build_rollout_worker(args, actor, tokenizer, train_dataset, models=None):
         passes = PlainStrategy(Ranks()).build_passes(models, actor, {}, {}, PassSettings(  # split: plain layouts only
             temperature=args.temperature, logprob_chunk_size=args.logprob_chunk_size, pad_token_id=tokenizer.pad_token_id,
             chunk_rows={which: args.pass_rows(which) for which in ("logprob", "value", "reward")},
-            remove_padding=args.use_remove_padding))
+            remove_padding=args.use_remove_padding, logprob_dtype=args.logprob_dtype))
         reference_pass = functools.partial(no_grad_call, passes.logprobs, "reference")
     ranks = Ranks()  # the rollout rank draws the whole batch of the one trainer rank
     sampler, _ = samplers(args, ranks, train_dataset, None)

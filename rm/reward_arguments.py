@@ -7,11 +7,13 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ppo.entry.argument_groups import (
+    BenchmarkArguments,
     DatasetArguments,
     DivergenceArguments,
     ModelCommonArguments,
     PaddleNLPTrainingArguments,
     PromptTruncationArguments,
+    StreamingArguments,
     ZeroPaddingArguments,
 )
 from ppo.common.argument_problems import problem_scope
@@ -48,7 +50,7 @@ class ModelArgument(ModelCommonArguments):
 
 
 @dataclass
-class DataArgument(ZeroPaddingArguments, PromptTruncationArguments, DatasetArguments):
+class DataArgument(StreamingArguments, ZeroPaddingArguments, PromptTruncationArguments, DatasetArguments):
     placeholder_token: str = field(
         default="ки",
         metadata={"help": "process_reward: the token after each step whose score is the step's score (Math-Shepherd's)."},
@@ -59,7 +61,7 @@ class DataArgument(ZeroPaddingArguments, PromptTruncationArguments, DatasetArgum
 
 
 @dataclass
-class RewardTrainingArguments(DivergenceArguments, PaddleNLPTrainingArguments):
+class RewardTrainingArguments(BenchmarkArguments, DivergenceArguments, PaddleNLPTrainingArguments):
     loss_type: str = field(default="sequence-wise", metadata={"help": f"Pairwise loss: {' | '.join(LOSS_TYPES)}."})
     regularization: float = field(default=0.0, metadata={"help": "Weight of the squared-score regulariser."})
 

@@ -7,6 +7,7 @@ from ppo.models.adapters import save_normalizer_stats
 from ppo.models.pipeline import wrapped_pipeline
 from ppo.models.score_model_pipe import pipeline_end_scores
 from ppo.models.score_model import LOSS_TYPES, pair_scores_loss  # noqa: F401 (LOSS_TYPES: rm/run_reward.py)
+from ppo.entry.streaming_trainer import StreamingTrainerMixin
 from ppo.entry.trainer_resume import FreshOptimizerResumeMixin
 from ppo.models.tensor_parallel import DatasetOrderMixin
 from ppo.models.unpadded import pack_padded
@@ -40,7 +41,7 @@ def reward_loss(model, inputs, loss_type, regularization, packed_length=None):
     )
 
 
-class RewardTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, Trainer):
+class RewardTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderMixin, Trainer):
     """`Trainer` for score models on `PreferenceDataset` batches. Under pipeline parallelism
     the model is a stage of `ppo.models.score_model_pipe`, whose last stage computes the loss
     (`PairwiseRewardCriterion`) in the `Trainer`'s pipeline steps, and evaluation scores the

@@ -41,6 +41,7 @@ with quiet_third_party_warnings():
     from rm.cost_trainer import CostTrainer  # noqa: E402
     from rm.process_reward_trainer import ProcessRewardTrainer  # noqa: E402
     from rm.reward_trainer import RewardTrainer  # noqa: E402
+    from ppo.data.streaming import training_dataset  # noqa: E402
 
 OBJECTIVES = {  # score_type (or process_reward) -> (dataset class, trainer class, name of the logged training loss)
     "reward": (PreferenceDataset, RewardTrainer, "rm/loss"),
@@ -74,7 +75,8 @@ def start_up(argv):
     if tokenizer is not None and objective is not None:
         dataset_class = objective[0]
         data_kwargs = dict(data_args.dataset_kwargs(tokenizer, training_args.seed), **dataset_settings(data_args, model_args))
-        train_dataset = startup.attempt(dataset_class, split_specs(data_args.train_datasets), **data_kwargs)
+        train_dataset = startup.attempt(training_dataset, dataset_class, split_specs(data_args.train_datasets), data_args.lazy,
+                                        **data_kwargs)
         eval_specs = split_specs(data_args.eval_datasets)
         eval_dataset = startup.attempt(dataset_class, eval_specs, **data_kwargs) if eval_specs else None
         startup.add(token_and_position_problems(tokenizer, [("model_name_or_path", model_args.model_name_or_path)],

@@ -31,6 +31,7 @@ with quiet_third_party_warnings():
     from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, load_pipe, log_pipeline_settings  # noqa: E402
     from sft.sft_arguments import DataArgument, ModelArgument, SFTTrainingArguments, validate_arguments  # noqa: E402
     from sft.sft_trainer import SFTTrainer  # noqa: E402
+    from ppo.data.streaming import training_dataset  # noqa: E402
 
 
 def build_datasets(data_args, training_args, tokenizer, attempt):
@@ -38,7 +39,7 @@ def build_datasets(data_args, training_args, tokenizer, attempt):
     (`StartupPass.attempt`): every data problem is found before the model loads."""
     data_kwargs = data_args.dataset_kwargs(tokenizer, training_args.seed)
     supervised = dict(max_length=data_args.max_length, truncate_prompt_to=data_args.truncate_prompt_len, **data_kwargs)
-    train = attempt(SupervisedDataset, split_specs(data_args.train_datasets), **supervised)
+    train = attempt(training_dataset, SupervisedDataset, split_specs(data_args.train_datasets), data_args.lazy, **supervised)
     eval_specs = split_specs(data_args.eval_datasets)
     evaluation = attempt(SupervisedDataset, eval_specs, **supervised) if eval_specs else None
     prompts = None

@@ -6,6 +6,7 @@ start-up pass (see `ppo.common.validation`), run by `parse_arguments` before any
 from dataclasses import dataclass, field
 
 from ppo.entry.argument_groups import (
+    BenchmarkArguments,
     DatasetArguments,
     DivergenceArguments,
     EvalGenerationArguments,
@@ -13,6 +14,7 @@ from ppo.entry.argument_groups import (
     ModelCommonArguments,
     PaddleNLPTrainingArguments,
     PromptTruncationArguments,
+    StreamingArguments,
     ZeroPaddingArguments,
 )
 from ppo.entry.trainer_entry_checks import trainer_entry_problems
@@ -24,12 +26,13 @@ class ModelArgument(ModelCommonArguments):
 
 
 @dataclass
-class DataArgument(ZeroPaddingArguments, PromptTruncationArguments, DatasetArguments):
+class DataArgument(StreamingArguments, ZeroPaddingArguments, PromptTruncationArguments, DatasetArguments):
     pass
 
 
 @dataclass
-class SFTTrainingArguments(DivergenceArguments, LogprobArguments, EvalGenerationArguments, PaddleNLPTrainingArguments):
+class SFTTrainingArguments(BenchmarkArguments, DivergenceArguments, LogprobArguments, EvalGenerationArguments,
+                           PaddleNLPTrainingArguments):
     pass
 
 

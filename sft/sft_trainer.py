@@ -6,11 +6,12 @@ from paddlenlp.trainer import Trainer
 from ppo.common.step_tokens import STEP_TOKENS_KEY, count_step_tokens, step_token_scale
 from ppo.evaluation import GenerationEvalMixin
 from ppo.models.causal_lm import answer_nll
+from ppo.entry.streaming_trainer import StreamingTrainerMixin
 from ppo.entry.trainer_resume import FreshOptimizerResumeMixin
 from ppo.models.tensor_parallel import DatasetOrderMixin
 
 
-class SFTTrainer(FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMixin, Trainer):
+class SFTTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMixin, Trainer):
     """`Trainer` whose loss is the masked token-mean NLL of the answer tokens. Under pipeline
     parallelism the model is a pipeline stage whose last stage computes that loss itself
     (`ppo.models.pipeline`); the `Trainer`'s pipeline steps run it.

@@ -31,14 +31,6 @@ REFUSED = {
     # file: (what the refusal message says, the missing feature's name in docs/paddlenlp.md)
     "alignment/ppo/grpo_config.json": [("adv_estimator grpo needs rollout_n >= 2", "GRPO with one sample per prompt")],
     "history/abaa0af/llama/ppo_argument.json": [("'save_strategy: epoch' is not supported", "`save_strategy` (`epoch`")],
-    "llama/flashmask/dpo.json": [("'lazy: True' is not supported", "`lazy: true`")],
-    "llama/flashmask/lora.json": [("'lazy: True' is not supported", "`lazy: true`"),
-                                  ("'benchmark: True' is not supported", "`benchmark: true`"),
-                                  ("tensor_parallel_output true", "`tensor_parallel_output`")],
-    "llama/flashmask/rm.json": [("'benchmark: True' is not supported", "`benchmark: true`"),
-                                ("'lazy: True' is not supported", "`lazy: true`")],
-    "llama/flashmask/sft.json": [("'lazy: True' is not supported", "`lazy: true`"),
-                                 ("tensor_parallel_output true", "`tensor_parallel_output`")],
     # tensor_parallel_degree 2 needs two processes: one CPU process has degree 1, and a rollout at degree 2 would reshard
     "qwen/grpo_argument_qwen2_7B_TP2Sharing2_0507.yaml": [
         ("rollout_tensor_parallel_degree 2 with tensor_parallel_degree 1", "`rollout_tensor_parallel_degree`")],
@@ -90,14 +82,14 @@ def test_file_parses_with_no_refused_key(name):
 
 def test_older_names_read_as_the_current_ones():
     """PaddleNLP's Qwen GRPO file as it was at 32cae05: quant_type, mini_batch_size, per_device_rollout_batch_size
-    (prompts per generation call: x rollout_n rows) and use_fp32_compute false (float32 is the training dtype here)."""
+    (prompts per generation call: x rollout_n rows) and use_fp32_compute false (log-probs in the training dtype)."""
     model, data, train = parse_arguments_of("history/32cae05/qwen/grpo_argument.yaml")
     assert train.global_mini_batch_size == 2 and train.rollout_max_num_seqs == 1 * 8
     assert train.use_fp32_compute is False and train.adv_estimator == "grpo"
     _, data, _ = parse_arguments_of("history/7ed2381/qwen/grpo_argument.json")
     assert data.response_key == "tgt"  # label_key
-    problems = parse_problems("history/32cae05/qwen/grpo_argument.yaml", "--bf16", "true")
-    assert any("use_fp32_compute false with bf16/fp16" in p for p in problems)
+    assert parse_problems("history/32cae05/qwen/grpo_argument.yaml", "--bf16", "true") == []  # as written: bf16 true
+    assert parse_arguments_of("history/32cae05/qwen/grpo_argument.yaml", "--bf16", "true")[2].logprob_dtype == "bfloat16"
     problems = parse_problems("history/32cae05/qwen/grpo_argument.yaml", "--quant_type", "weight_only_int8")
     assert any("'quant_type: weight_only_int8' is not supported here" in p for p in problems)
 
@@ -172,7 +164,8 @@ def test_rl_file_runs_two_steps(name, tiny_model_dir, tiny_rm_dir, tiny_data_dir
 
 
 DPO_FILES = [n for n in config_files() if entry_kind(n) in ("dpo", "kto") and n not in REFUSED]
-DPO_FAST = ("baichuan/dpo_argument.json",)  # PaddleNLP's older dpo_beta / dpo_loss_type / dpo_label_smoothing
+DPO_FAST = ("baichuan/dpo_argument.json",  # PaddleNLP's older dpo_beta / dpo_loss_type / dpo_label_smoothing
+            "llama/flashmask/dpo.json")  # lazy: true
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in DPO_FAST else [pytest.mark.slow]) for n in DPO_FILES])
@@ -191,7 +184,7 @@ def test_dpo_family_file_runs_two_steps(name, tiny_model_dir, tiny_data_dir, tmp
 
 
 RM_FILES = [n for n in config_files() if entry_kind(n) == "rm" and n not in REFUSED]
-RM_FAST = ("llama/prm_flashmask_argument.json",)
+RM_FAST = ("llama/prm_flashmask_argument.json", "llama/flashmask/rm.json")  # the latter: lazy and benchmark true
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in RM_FAST else [pytest.mark.slow]) for n in RM_FILES])
@@ -219,3 +212,46 @@ def test_reward_file_runs_two_steps(name, tiny_model_dir, tiny_data_dir, tmp_pat
           "--recompute", "false", "--max_grad_norm", "1.0", *length, *data])
     rows = [r for r in metrics(out) if loss in r]
     assert rows and max(r["step"] for r in rows) == 2 and all(np.isfinite(r[loss]) for r in rows)
+    if config.get("benchmark"):  # trains only: the timing report, no model
+        report = json.load(open(os.path.join(out, "benchmark.json")))
+        assert report["steps"] == 2 and report["tokens"] > 0 and not os.path.exists(os.path.join(out, "config.json"))
+
+
+SFT_FLASHMASK = ("llama/flashmask/sft.json", "llama/flashmask/lora.json")  # lazy: true; lora.json also benchmark: true
+
+
+@pytest.mark.parametrize("name", SFT_FLASHMASK)
+def test_flashmask_sft_file_runs_two_steps(name, tiny_model_dir, tiny_data_dir, tmp_path):
+    """PaddleNLP's flashmask SFT files: the data streamed from DIR/train.json (zero_padding packs
+    each batch), tensor_parallel_output true at one tensor-parallel rank (nothing to split);
+    lora.json's benchmark trains only: the timing report, no model or adapter."""
+    from sft.run_sft import main
+
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "train.json").write_text(open(f"{tiny_data_dir}/sft.jsonl").read())
+    out = str(tmp_path / "sft")
+    lora = ["--lora_rank", "4"] if load_argument_file(fixture(name)).get("lora") else []
+    main([fixture(name), *CPU_OVERRIDES, *trainer_sizes(out), "--model_name_or_path", tiny_model_dir,
+          "--dataset_name_or_path", str(data_dir), "--src_length", "48", "--max_length", "96", "--recompute", "false",
+          "--flash_mask", "false", *lora])
+    rows = [r for r in metrics(out) if "loss/sft" in r]
+    assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["loss/sft"]) for r in rows)
+    resolved = json.load(open(f"{out}/resolved_arguments.json"))
+    assert resolved["DataArgument"]["lazy"] is True and resolved["ModelArgument"]["tensor_parallel_output"] is True
+    benchmark = load_argument_file(fixture(name)).get("benchmark", False)
+    assert os.path.isfile(os.path.join(out, "benchmark.json")) == benchmark
+    saved = [f for f in ("lora_config.json", "model_state.pdparams", "model.safetensors") if os.path.isfile(os.path.join(out, f))]
+    assert bool(saved) != benchmark, saved
+
+
+def test_tensor_parallel_output_is_refused_only_where_it_splits_the_logits():
+    from types import SimpleNamespace
+
+    from ppo.common.validation import split_logits_problems
+
+    model = SimpleNamespace(tensor_parallel_output=True)
+    assert split_logits_problems(model, SimpleNamespace(tensor_parallel_degree=1)) == []
+    problems = split_logits_problems(model, SimpleNamespace(tensor_parallel_degree=2))
+    assert len(problems) == 1 and "split over the 2 tensor-parallel ranks" in problems[0]
+    assert split_logits_problems(SimpleNamespace(tensor_parallel_output=False), SimpleNamespace(tensor_parallel_degree=2)) == []

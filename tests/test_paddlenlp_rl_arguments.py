@@ -26,7 +26,7 @@ def refusal(tmp_path, *flags):
 
 def placement(**kw):
     base = dict(rollout_tensor_parallel_degree=-1, tensor_parallel_degree=2, eval_mode="", use_fp32_compute=True,
-                bf16=False, fp16=False)
+                bf16=False, fp16=False, pipeline_parallel_degree=1)
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -45,10 +45,17 @@ def test_rollout_tensor_parallel_degree(degree, eval_mode, problem, mode):
 
 
 def test_use_fp32_compute_false_is_the_training_dtype(tmp_path):
-    _, _, args = parse_ppo(tmp_path, "--use_fp32_compute", "false")  # float32 training: computing in it is float32
-    assert args.use_fp32_compute is False
-    assert any("half-precision training dtype are not implemented" in p
-               for p in placement_problems(placement(use_fp32_compute=False, bf16=True)))
+    """false: the log-prob passes run in the training dtype (float32 training: float32); bf16/fp16
+    is accepted with it except on pipeline stages, whose log-probs are float32 only."""
+    _, _, args = parse_ppo(tmp_path, "--use_fp32_compute", "false")
+    assert args.use_fp32_compute is False and args.logprob_dtype == "float32"
+    assert not placement_problems(placement(use_fp32_compute=False, bf16=True))
+    assert any("pipeline stages compute their log-probs from float32 logits only" in p
+               for p in placement_problems(placement(use_fp32_compute=False, bf16=True, pipeline_parallel_degree=2)))
+    dtype = type(args).logprob_dtype.fget
+    assert dtype(SimpleNamespace(use_fp32_compute=False, bf16=True, fp16=False)) == "bfloat16"
+    assert dtype(SimpleNamespace(use_fp32_compute=False, bf16=False, fp16=True)) == "float16"
+    assert dtype(SimpleNamespace(use_fp32_compute=True, bf16=True, fp16=False)) == "float32"
 
 
 def test_offload_optim_offloads_the_optimizer_states(tmp_path):

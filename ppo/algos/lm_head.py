@@ -29,12 +29,13 @@ from paddle.autograd import PyLayer
 __all__ = ["token_logprobs_from_hidden"]
 
 
-def _chunk_logits(h, weight, transpose_y, temperature):
-    """Float32 logits ``[c, V]`` of hidden rows ``h [c, H]`` divided by ``temperature``.
+def _chunk_logits(h, weight, transpose_y, temperature, dtype="float32"):
+    """Logits ``[c, V]`` in ``dtype`` (float32 unless PaddleNLP's ``use_fp32_compute`` is off) of
+    hidden rows ``h [c, H]`` divided by ``temperature``.
 
     ``weight`` is ``[H, V]`` (``transpose_y=False``) or ``[V, H]`` (``transpose_y=True``,
     a head tied to the input embedding)."""
-    z = paddle.matmul(h, weight, transpose_y=transpose_y).astype("float32")
+    z = paddle.matmul(h, weight, transpose_y=transpose_y).astype(dtype)
     return z if temperature == 1.0 else z / temperature
 
 
@@ -61,16 +62,16 @@ class _ChunkedLMHeadLogprobs(PyLayer):
     each chunk's logits (see the module docstring for the gradients)."""
 
     @staticmethod
-    def forward(ctx, h, weight, y, temperature, chunk_size, transpose_y, with_entropy, kernels=None):
+    def forward(ctx, h, weight, y, temperature, chunk_size, transpose_y, with_entropy, kernels=None, dtype="float32"):
         logps, entropies = [], []
         with paddle.no_grad():
             for s, e in _chunks(h.shape[0], chunk_size):
-                lp, ent, _ = _chunk_stats(_chunk_logits(h[s:e], weight, transpose_y, temperature), y[s:e], with_entropy,
-                                          kernels)
+                lp, ent, _ = _chunk_stats(_chunk_logits(h[s:e], weight, transpose_y, temperature, dtype), y[s:e],
+                                          with_entropy, kernels)
                 logps.append(lp)
                 entropies.append(ent)
         ctx.save_for_backward(h, weight, y)
-        ctx.config = (temperature, chunk_size, transpose_y, with_entropy, kernels)
+        ctx.config = (temperature, chunk_size, transpose_y, with_entropy, kernels, dtype)
         logp = paddle.concat(logps)
         if with_entropy:
             return logp, paddle.concat(entropies)
@@ -79,12 +80,12 @@ class _ChunkedLMHeadLogprobs(PyLayer):
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy=None):
         h, weight, y = ctx.saved_tensor()
-        temperature, chunk_size, transpose_y, with_entropy, kernels = ctx.config
+        temperature, chunk_size, transpose_y, with_entropy, kernels, dtype = ctx.config
         need_h, need_w = not h.stop_gradient, not weight.stop_gradient
         grad_h_parts, grad_w = [], None
         for s, e in _chunks(h.shape[0], chunk_size):
             h_c = h[s:e]
-            z = _chunk_logits(h_c, weight, transpose_y, temperature)
+            z = _chunk_logits(h_c, weight, transpose_y, temperature, dtype)
             if kernels is not None and kernels.accepts(z):
                 g_ent = grad_entropy[s:e].astype("float32") if with_entropy and grad_entropy is not None else None
                 grad_z = kernels.grad_z(z, y[s:e], grad_logp[s:e].astype("float32"), g_ent)
@@ -93,12 +94,12 @@ class _ChunkedLMHeadLogprobs(PyLayer):
                 continue
             lse = paddle.logsumexp(z, axis=-1, keepdim=True)
             p = paddle.exp(z - lse)
-            g_lp = grad_logp[s:e].astype("float32").unsqueeze(-1)
+            g_lp = grad_logp[s:e].astype(dtype).unsqueeze(-1)
             # (onehot(y) - p) * g, with the label term added in place of a one-hot matrix
             grad_z = paddle.put_along_axis(-p * g_lp, y[s:e].unsqueeze(-1), g_lp, axis=-1, reduce="add")
             if with_entropy and grad_entropy is not None:
                 mean_z = paddle.sum(p * z, axis=-1, keepdim=True)
-                grad_z = grad_z - p * (z - mean_z) * grad_entropy[s:e].astype("float32").unsqueeze(-1)
+                grad_z = grad_z - p * (z - mean_z) * grad_entropy[s:e].astype(dtype).unsqueeze(-1)
             grad_w = _add_chunk_head_grads(grad_z, h_c, weight, transpose_y, temperature, need_h, need_w,
                                            grad_h_parts, grad_w)
         return _head_grads(grad_h_parts, grad_w, weight, need_h, need_w)
@@ -115,6 +116,7 @@ def _add_chunk_head_grads(grad_z, h_c, weight, transpose_y, temperature, need_h,
     if need_w:  # accumulated in float32 with addmm: one [V, H] buffer besides the running sum
         h32 = h_c.astype("float32")
         # weight [V, H]: grad = grad_z^T h; weight [H, V]: grad = h^T grad_z
+        grad_z = grad_z.astype("float32")
         x, y_ = (grad_z.t(), h32) if transpose_y else (h32.t(), grad_z)
         grad_w = paddle.matmul(x, y_) if grad_w is None else paddle.addmm(grad_w, x, y_)
     return grad_w
@@ -141,15 +143,16 @@ def _counted_positions(hidden, labels, mask):
 
 def token_logprobs_from_hidden(
     hidden, lm_head_weight, labels, mask=None, temperature=1.0, chunk_size=1024, transpose_y=False, with_entropy=False,
-    kernels=None,
+    kernels=None, dtype="float32",
 ):
     """Log-prob (and entropy) of each label token, from hidden states through the LM head.
 
     Formula: ``z_t = h_t W / temperature`` (``W`` given as ``[H, V]``, or as ``[V, H]``
     with ``transpose_y=True`` for a head tied to the embedding), ``logp_t = z_t[y_t] -
-    logsumexp(z_t)`` and ``H_t = logsumexp(z_t) - sum_v softmax(z_t)_v z_tv``, in float32
-    whatever the dtype of ``hidden``. Positions with ``mask == 0`` or ``labels < 0`` are
-    never read (garbage, even NaN, there changes nothing) and give 0. Equal to
+    logsumexp(z_t)`` and ``H_t = logsumexp(z_t) - sum_v softmax(z_t)_v z_tv``, in ``dtype``
+    (float32; the training dtype when PaddleNLP's ``use_fp32_compute`` is off) whatever the
+    dtype of ``hidden``; the head's gradient is accumulated in float32 either way. Positions
+    with ``mask == 0`` or ``labels < 0`` are never read (garbage, even NaN, there changes nothing) and give 0. Equal to
     ``token_logprobs(h W, labels, temperature)`` and ``entropy_from_logits(h W / temperature)``
     on full logits.
 
@@ -161,7 +164,7 @@ def token_logprobs_from_hidden(
 
     Shapes: ``hidden [N, T, H]`` (any leading shape), ``labels [N, T]`` int (already
     aligned: ``hidden[:, t]`` predicts ``labels[:, t]``), ``mask [N, T]`` or None ->
-    ``(logprobs [N, T] float32, entropy [N, T] float32 or None)``.
+    ``(logprobs [N, T], entropy [N, T] or None)`` in ``dtype``.
     ``kernels``: optional fused per-chunk kernels (``accepts(z)``, ``stats(z, y, with_entropy)``
     -> ``(logp, entropy or None, lse)``, ``grad_z(z, y, g_logp, g_entropy or None)`` -> ``dz``,
     may overwrite ``z``) for the chunked paths; this module's Paddle code is their twin.
@@ -172,25 +175,26 @@ def token_logprobs_from_hidden(
     flat_h, flat_y, index = _counted_positions(hidden, labels, mask)
     total = flat_y.shape[0]
     if index.shape[0] == 0:  # nothing counts: zeros that still belong to the graph
-        zero = paddle.zeros(out_shape, "float32") + paddle.sum(flat_h[:0]).astype("float32")
+        zero = paddle.zeros(out_shape, dtype) + paddle.sum(flat_h[:0]).astype(dtype)
         return zero, (zero if with_entropy else None)
     h = paddle.gather(flat_h, index)
     y = paddle.gather(flat_y, index)
     needs_grad = paddle.is_grad_enabled() and not (h.stop_gradient and lm_head_weight.stop_gradient)
     if chunk_size is None or chunk_size <= 0:
-        logp, entropy, _ = _chunk_stats(_chunk_logits(h, lm_head_weight, transpose_y, temperature), y, with_entropy)
+        logp, entropy, _ = _chunk_stats(_chunk_logits(h, lm_head_weight, transpose_y, temperature, dtype), y, with_entropy)
     elif not needs_grad:
-        parts = [_chunk_stats(_chunk_logits(h[s:e], lm_head_weight, transpose_y, temperature), y[s:e], with_entropy,
-                              kernels) for s, e in _chunks(h.shape[0], chunk_size)]
+        parts = [_chunk_stats(_chunk_logits(h[s:e], lm_head_weight, transpose_y, temperature, dtype), y[s:e],
+                              with_entropy, kernels) for s, e in _chunks(h.shape[0], chunk_size)]
         logp = paddle.concat([p[0] for p in parts])
         entropy = paddle.concat([p[1] for p in parts]) if with_entropy else None
     else:
         out = _ChunkedLMHeadLogprobs.apply(
-            h, lm_head_weight, y, float(temperature), int(chunk_size), bool(transpose_y), bool(with_entropy), kernels
+            h, lm_head_weight, y, float(temperature), int(chunk_size), bool(transpose_y), bool(with_entropy), kernels,
+            str(dtype),
         )
         logp, entropy = out if with_entropy else (out, None)
 
     def place(values):
-        return paddle.scatter(paddle.zeros([total], "float32"), index, values, overwrite=True).reshape(out_shape)
+        return paddle.scatter(paddle.zeros([total], dtype), index, values, overwrite=True).reshape(out_shape)
 
     return place(logp), (place(entropy) if with_entropy else None)

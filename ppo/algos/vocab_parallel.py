@@ -87,28 +87,29 @@ class _ChunkedVocabParallelHead(PyLayer):
     the saved ``lse`` / ``E`` (no communication in backward)."""
 
     @staticmethod
-    def forward(ctx, h, weight, y, vocab_start, all_reduce, temperature, chunk_size, transpose_y, with_entropy):
+    def forward(ctx, h, weight, y, vocab_start, all_reduce, temperature, chunk_size, transpose_y, with_entropy,
+                dtype="float32"):
         parts = []
         with paddle.no_grad():
             for s, e in _chunks(h.shape[0], chunk_size):
-                z = _chunk_logits(h[s:e], weight, transpose_y, temperature)
+                z = _chunk_logits(h[s:e], weight, transpose_y, temperature, dtype)
                 parts.append(_parallel_stats(z, y[s:e], vocab_start, all_reduce, with_entropy)[:4])
         logp = paddle.concat([q[0] for q in parts])
         lse = paddle.concat([q[2] for q in parts])
         ctx.expect = paddle.concat([q[3] for q in parts]) if with_entropy else None
         ctx.save_for_backward(h, weight, y, lse)
-        ctx.config = (vocab_start, temperature, chunk_size, transpose_y)
+        ctx.config = (vocab_start, temperature, chunk_size, transpose_y, dtype)
         return (logp, paddle.concat([q[1] for q in parts])) if with_entropy else logp
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy=None):
         h, weight, y, lse = ctx.saved_tensor()
-        vocab_start, temperature, chunk_size, transpose_y = ctx.config
+        vocab_start, temperature, chunk_size, transpose_y, dtype = ctx.config
         need_h, need_w = not h.stop_gradient, not weight.stop_gradient
         grad_h_parts, grad_w = [], None
         for s, e in _chunks(h.shape[0], chunk_size):
             h_c = h[s:e]
-            z = _chunk_logits(h_c, weight, transpose_y, temperature)
+            z = _chunk_logits(h_c, weight, transpose_y, temperature, dtype)
             _, owned, local = _label_logit(z, y[s:e], vocab_start)
             expect = ctx.expect[s:e] if ctx.expect is not None else None
             grad_z = _grad_logits(z, lse[s:e], expect, owned, local, grad_logp[s:e],
@@ -143,7 +144,7 @@ def vocab_parallel_token_logprobs(logits, labels, vocab_start, all_reduce, with_
 
 def vocab_parallel_logprobs_from_hidden(
     hidden, weight, labels, mask, vocab_start, all_reduce, temperature=1.0, chunk_size=1024, transpose_y=False,
-    with_entropy=False,
+    with_entropy=False, dtype="float32",
 ):
     """``vocab_parallel_token_logprobs`` straight from hidden states through this rank's
     vocabulary slice of the LM head, ``chunk_size`` counted positions at a time (the
@@ -158,7 +159,8 @@ def vocab_parallel_logprobs_from_hidden(
     Every rank of the group must pass the same ``labels`` and ``mask``.
 
     Shapes: ``hidden [N, T, H]``, ``labels [N, T]`` global token ids aligned with ``hidden``,
-    ``mask [N, T]`` or None -> ``(logprobs [N, T] float32, entropy [N, T] float32 or None)``.
+    ``mask [N, T]`` or None -> ``(logprobs [N, T], entropy [N, T] or None)`` in ``dtype``
+    (float32; the training dtype when PaddleNLP's ``use_fp32_compute`` is off).
     Source: Megatron-LM ``_VocabParallelCrossEntropy``; Liger-Kernel's chunked head.
     """
     out_shape = list(labels.shape)
@@ -170,22 +172,22 @@ def vocab_parallel_logprobs_from_hidden(
     index = paddle.nonzero(keep).reshape([-1])
     total = flat_y.shape[0]
     if index.shape[0] == 0:  # nothing counts (on every rank alike): zeros that still belong to the graph
-        zero = paddle.zeros(out_shape, "float32") + paddle.sum(flat_h[:0]).astype("float32")
+        zero = paddle.zeros(out_shape, dtype) + paddle.sum(flat_h[:0]).astype(dtype)
         return zero, (zero if with_entropy else None)
     h = paddle.gather(flat_h, index)
     y = paddle.gather(flat_y, index)
     if chunk_size is None or chunk_size <= 0:
         logp, entropy = vocab_parallel_token_logprobs(
-            _chunk_logits(h, weight, transpose_y, temperature), y, vocab_start, all_reduce, with_entropy
+            _chunk_logits(h, weight, transpose_y, temperature, dtype), y, vocab_start, all_reduce, with_entropy
         )
     else:
         out = _ChunkedVocabParallelHead.apply(
             h, weight, y, int(vocab_start), all_reduce, float(temperature), int(chunk_size), bool(transpose_y),
-            bool(with_entropy),
+            bool(with_entropy), str(dtype),
         )
         logp, entropy = out if with_entropy else (out, None)
 
     def place(values):
-        return paddle.scatter(paddle.zeros([total], "float32"), index, values, overwrite=True).reshape(out_shape)
+        return paddle.scatter(paddle.zeros([total], dtype), index, values, overwrite=True).reshape(out_shape)
 
     return place(logp), (place(entropy) if with_entropy else None)

@@ -131,9 +131,10 @@ PPO_ONLY = (
 FIXED_VALUE = {
     "zero_padding": (False, "packs several samples into one sequence without padding (here: SFT, the reward model, dpo/run_dpo.py and dpo/run_kto.py; PPO/GRPO: use_remove_padding; online DPO runs padded)"),
     "lazy": (False, "streams the data (an IterableDataset read while training, no shuffling) instead of reading and "
-                    "tokenising every record at start-up, which every entry point here does"),
+                    "tokenising every record at start-up (here: sft/run_sft.py, rm/run_reward.py, dpo/run_dpo.py and "
+                    "dpo/run_kto.py stream it; this entry point reads it whole)"),
     "benchmark": (False, "benchmark mode: trains only (no evaluation, no checkpoints, no final model) to time a "
-                         "configuration"),
+                         "configuration (here: sft/run_sft.py, rm/run_reward.py, dpo/run_dpo.py and dpo/run_kto.py)"),
     "autotuner_benchmark": (False, "stops after a few steps to time a parallel configuration"),
     "virtual_pp_degree": (1, "interleaves virtual pipeline stages"),
     "rollout_quant_type": ("", "quantises the rollout engine's weights (e.g. weight_only_int8)"),
@@ -230,7 +231,7 @@ PPO_INERT = {
     "amp_custom_black_list": (
         lambda a: bool(a.amp_custom_black_list),
         "PaddleNLP autocasts with these lists; the PPO loop loads the models in the bf16/fp16 dtype without autocast and "
-        "computes log-probs, KL and losses in float32 (use_fp32_compute)",
+        "computes log-probs, KL and losses in float32 (the log-probs in the training dtype with use_fp32_compute false)",
     ),
     "amp_custom_white_list": (
         lambda a: bool(a.amp_custom_white_list),

@@ -45,6 +45,9 @@ class StepTokenCounting:
             group = list(itertools.islice(batches, per_step))
             if not group:
                 return
+            if group[0] is None:  # a resumed stream's placeholders for the steps the Trainer skips
+                yield from group
+                continue
             total = global_token_count(sum(count(b) for b in group), dataset_world)
             for batch in group:
                 batch[STEP_TOKENS_KEY] = total

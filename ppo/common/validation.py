@@ -317,6 +317,17 @@ def dtype_device_problems(training_args):
             f"{dtype} training kernels; set {dtype} false to train in float32"]
 
 
+def split_logits_problems(model_args, training_args):
+    """PaddleNLP's `tensor_parallel_output` keeps the logits split over tensor-parallel ranks,
+    which the losses here do not take; with one tensor-parallel rank it splits nothing (PaddleNLP
+    reads it only above 1), so there it is accepted."""
+    degree = getattr(training_args, "tensor_parallel_degree", 1)
+    if getattr(model_args, "tensor_parallel_output", False) and degree > 1:
+        return [f"tensor_parallel_output true keeps the logits split over the {degree} tensor-parallel ranks; the losses "
+                "here need the gathered logits: set it to false"]
+    return []
+
+
 def pipeline_problems(training_args, use_lora=False):
     """Refusals of a `pipeline_parallel_degree > 1` run, each naming the argument to change."""
     degree = getattr(training_args, "pipeline_parallel_degree", 1)

@@ -22,11 +22,12 @@ class JsonDataset(LocalFileDataset):
     ALIASES = ("jsonfile", "json-src-tgt")
     FIELD_ROLES = {"prompt": "src", "response": "tgt"}
 
-    def __init__(self, path=None, split=None, use_rm_server: bool = False, prompt_key=None, response_key=None) -> None:
+    def __init__(self, path=None, split=None, use_rm_server: bool = False, prompt_key=None, response_key=None,
+                 stream=False) -> None:
         """`use_rm_server=True` (PaddleNLP's flag) requires every record to carry its `tgt`;
         `prompt_key` / `response_key` read `src` / `tgt` from other fields (PaddleNLP's names)."""
         self.use_rm_server = use_rm_server
-        super().__init__(path, split, prompt_key=prompt_key, response_key=response_key)
+        super().__init__(path, split, prompt_key=prompt_key, response_key=response_key, stream=stream)
 
     def convert(self, record: Record) -> RawSample:
         src = record.get_user_turns("src")

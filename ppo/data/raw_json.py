@@ -25,9 +25,9 @@ class RawJsonDataset(LocalFileDataset):
     SAFETY_LABELS = "optional"
     FIELD_ROLES = {"prompt": "input"}  # answer and label are both answers here: no single response field
 
-    def __init__(self, path=None, split=None, prompt_key=None, response_key=None) -> None:
+    def __init__(self, path=None, split=None, prompt_key=None, response_key=None, stream=False) -> None:
         self._unknown = set()
-        super().__init__(path, split, prompt_key=prompt_key, response_key=response_key)
+        super().__init__(path, split, prompt_key=prompt_key, response_key=response_key, stream=stream)
         if self._unknown:
             _logger().warning(f"{self.path}: ignored field(s) {sorted(self._unknown)} (not RawSample fields)")
 

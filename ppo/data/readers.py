@@ -273,6 +273,9 @@ class LocalFileDataset(RawDataset):
     and implement `convert(record) -> RawSample` using the `Record` getters, so that
     a bad record raises `DataError` with file, line and field while loading.
 
+    `stream=True` reads no record: the instance only converts the records that
+    `ppo.data.streaming.StreamingDataset` reads one at a time (PaddleNLP's `lazy`).
+
     `prompt_key` / `response_key` (PaddleNLP's and verl's names) read the format's prompt field
     and reference-answer field (`FIELD_ROLES["prompt"]`, `FIELD_ROLES["response"]`, e.g.
     Jsonfile's `src` and `tgt`) from the fields they name; None keeps the format's names. A key
@@ -284,11 +287,14 @@ class LocalFileDataset(RawDataset):
     """`{"prompt": field, "response": field}`: the fields `prompt_key` / `response_key` rename."""
 
     def __init__(self, path: Optional[str] = None, split: Optional[str] = None, prompt_key: Optional[str] = None,
-                 response_key: Optional[str] = None) -> None:
+                 response_key: Optional[str] = None, stream: bool = False) -> None:
         name = getattr(type(self), "NAME", type(self).__name__)
         self.field_keys = field_keys(type(self), name, prompt=prompt_key, response=response_key)
         self.split = split or self.SPLIT
         self.path = resolve_path(path, name, self.split)
+        self.data, self.locations = [], []
+        if stream:  # records are read one at a time by `ppo.data.streaming` and given to `convert`
+            return
         records = list(read_records(self.path, self.split))
         for record in records:
             record.keys = self.field_keys

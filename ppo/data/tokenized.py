@@ -22,7 +22,8 @@ class TokenizedDataset(Dataset):
 
     Args:
         datasets: dataset specs, see `parse_dataset_spec` (`"name[:proportion[:path]]"`,
-            comma-separated string, list or dict).
+            comma-separated string, list or dict); None: no records, an instance that only
+            tokenises the samples handed to `preprocess` (`ppo.data.streaming`).
         tokenizer: a PaddleNLP tokenizer.
         max_length: longest tokenised sequence (prompt + answer) kept.
         prompt_template: text template with `{input}`; default the Beaver template.
@@ -74,6 +75,12 @@ class TokenizedDataset(Dataset):
         self.prompt_template = prompt_template
         self.use_chat_template = use_chat_template
         self.seed = seed
+        self.field_key_settings = dict(prompt_key=prompt_key, response_key=response_key)
+        self.stats = dict.fromkeys(self.STAT_KEYS, 0)
+        self._current = -1
+        if datasets is None:  # no records: `preprocess` and the collator only (`ppo.data.streaming`)
+            self.dataset_specs, self.raw_datasets, self.rawdata, self.sources, self.data = [], [], [], [], []
+            return
         self.dataset_specs = parse_dataset_spec(datasets)
         self.raw_datasets = [load_raw_dataset(name, path, prompt_key=prompt_key, response_key=response_key)
                              for name, _, path in self.dataset_specs]
@@ -83,8 +90,7 @@ class TokenizedDataset(Dataset):
             seed,
             names=[n for n, _, _ in self.dataset_specs],
         )
-        self.stats = {"raw": len(self.rawdata), **dict.fromkeys(self.STAT_KEYS, 0)}
-        self._current = -1
+        self.stats = {"raw": len(self.rawdata), **self.stats}
         self.data = self._tokenize_all()
         self.stats["kept"] = len(self.data)
         self._log_stats()
@@ -104,8 +110,6 @@ class TokenizedDataset(Dataset):
     def _tokenize_all(self) -> List[dict]:
         from tqdm import tqdm
 
-        from .trl_formats import render_conversational
-
         data = []
         iterator = tqdm(
             range(len(self.rawdata)),
@@ -114,20 +118,26 @@ class TokenizedDataset(Dataset):
         )
         for k in iterator:
             self._current = k
-            sample = self.rawdata[k]
-            missing = [f for f in self.REQUIRED_FIELDS if sample.get(f) is None]
-            if missing:
-                raise ValueError(f"{type(self).__name__} needs field(s) {missing}, but {self.where()} lacks them")
-            try:
-                item = self.preprocess(render_conversational(sample, self.tokenizer, self.use_chat_template))
-            except (ValueError, TypeError) as e:
-                if isinstance(e, DataError):
-                    raise
-                raise (TypeError if isinstance(e, TypeError) else ValueError)(f"{self.where()}: {e}") from e
+            item = self.encode_sample(self.rawdata[k], self.where)
             if item is not None:
                 data.append(item)
         self._current = -1
         return data
+
+    def encode_sample(self, sample: RawSample, where: Callable[[], str]) -> Optional[dict]:
+        """`preprocess` of one raw sample (a conversational one rendered first); an error names
+        the sample by `where()` (None: the sample is dropped and counted in `stats`)."""
+        from .trl_formats import render_conversational
+
+        missing = [f for f in self.REQUIRED_FIELDS if sample.get(f) is None]
+        if missing:
+            raise ValueError(f"{type(self).__name__} needs field(s) {missing}, but {where()} lacks them")
+        try:
+            return self.preprocess(render_conversational(sample, self.tokenizer, self.use_chat_template))
+        except (ValueError, TypeError) as e:
+            if isinstance(e, DataError):
+                raise
+            raise (TypeError if isinstance(e, TypeError) else ValueError)(f"{where()}: {e}") from e
 
     def where(self) -> str:
         """`sample I of dataset 'NAME'` for the raw sample being tokenised (for error messages)."""

@@ -83,7 +83,8 @@ class ModelCommonArguments(LoRAArguments):
     )
     tensor_parallel_output: bool = field(
         default=False,
-        metadata={"help": "Keep tensor-parallel logits split over ranks; the trainers here need gathered logits, so only false."},
+        metadata={"help": "Keep tensor-parallel logits split over ranks; the trainers here need gathered logits, so true is "
+                  "refused at tensor_parallel_degree > 1 (at 1 there is nothing to split: the same run either way)."},
     )
 
     def __post_init__(self):
@@ -91,11 +92,6 @@ class ModelCommonArguments(LoRAArguments):
             if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
                 problems.append(
                     f"recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, got {self.recompute_granularity!r}"
-                )
-            if self.tensor_parallel_output:
-                problems.append(
-                    "tensor_parallel_output true keeps the logits split over tensor-parallel ranks; the losses here need "
-                    "the gathered logits: set it to false"
                 )
 
 
@@ -353,6 +349,29 @@ class ZeroPaddingArguments:
                   "block-diagonal causal mask): the same losses and gradients as padding, without the pad tokens' work "
                   "(PaddleNLP's name; SFT, the reward model's sequence-wise loss and the DPO family; not with pipeline "
                   "parallel)."},
+    )
+
+
+@dataclass
+class StreamingArguments:
+    """SFT, the reward model and the DPO family: PaddleNLP's `lazy` (`ppo.data.streaming`)."""
+
+    lazy: bool = field(
+        default=False,
+        metadata={"help": "Stream the training data (PaddleNLP's name): JSON-lines files read and tokenised one record at "
+                  "a time while training, in file order (no shuffling), memory bounded whatever the file's size; a resume "
+                  "starts at the record after the checkpoint's last one. Needs max_steps; the eval data is read whole."},
+    )
+
+
+@dataclass
+class BenchmarkArguments:
+    """SFT, the reward model and the DPO family: PaddleNLP's `benchmark` (`ppo.entry.benchmark`)."""
+
+    benchmark: bool = field(
+        default=False,
+        metadata={"help": "Benchmark mode (PaddleNLP's name): train only, with no evaluation, no checkpoint and no final "
+                  "model, and write the timing report output_dir/benchmark.json (runtime, steps/s, samples/s, tokens/s)."},
     )
 
 

@@ -9,6 +9,7 @@ from ..common.console_report import closing_summary, output_paths
 from ..common.divergence import DivergenceError
 from ..resume_check import check_model_checkpoint
 from ..common.tracking import interval_weighted_mean
+from .benchmark import REPORT_FILE, BenchmarkCallback
 from .trainer_resume import saved_global_step
 from ..common.run_guard import RunInterrupted, interrupted_message, stop_requests
 from .trainer_callbacks import (
@@ -97,6 +98,8 @@ def finish_trainer_run(trainer, args, tokenizer):
     first removes the old run's checkpoints), save model and tokenizer, run a final evaluation
     when there is eval data, and write `summary.json`. Returns the summary. A run that already
     finished in `output_dir` is left as it is (its summary returned, nothing retrained).
+    `benchmark` (PaddleNLP's name) trains from scratch only: no checkpoint, no model, no
+    evaluation, and the timing report `benchmark.json` (`ppo.entry.benchmark`).
 
     When the divergence guard stopped the run (`stop_on_divergence`), nothing is saved over
     the last checkpoint: `summary.json` names the divergence and DivergenceError is raised."""
@@ -104,30 +107,19 @@ def finish_trainer_run(trainer, args, tokenizer):
     guard = DivergenceCallback(tracker_cb.loss_name, args.divergence_factor, args.divergence_window, args.stop_on_divergence)
     trainer.add_callback(guard)
     trainer.add_callback(CheckpointRotationCallback())
+    if getattr(args, "benchmark", False):
+        logger.info(f"benchmark: trains only (no evaluation, checkpoints or final model); the timing report goes to "
+                    f"{os.path.join(args.output_dir, REPORT_FILE)}")
+        trainer.add_callback(BenchmarkCallback(args.output_dir, getattr(tokenizer, "pad_token_id", None)))
     train_metrics = {}
     if not args.do_train:
         logger.warning("do_train is false: this run only evaluates (do_eval); nothing is trained or saved")
     if args.do_train:
-        checkpoint = last_checkpoint(args)
-        if checkpoint is not None:  # another model's checkpoint is refused before anything loads
-            check_model_checkpoint(checkpoint, trainer.model)
-        done = finished_summary(args, checkpoint)
+        done, train_metrics = train_and_save(trainer, args, tokenizer, tracker_cb, guard)
         if done is not None:
-            logger.warning(f"{args.output_dir} holds a finished run (step {done['global_step']} of max_steps="
-                           f"{args.max_steps}): nothing to train; overwrite_output_dir true starts afresh")
             return done
-        if args.overwrite_output_dir and not args.resume_from_checkpoint and trainer.is_world_process_zero():
-            clear_previous_run(args.output_dir)
-        _barrier()
-        train_metrics = train_or_resume(trainer, args, tracker_cb, guard, checkpoint)
-        if args.pipeline_parallel_degree > 1:  # one plain checkpoint from the stages, loadable on one process
-            save_pipeline_merged(trainer.model, args.output_dir)
-        else:
-            trainer.save_model(args.output_dir, merge_tensor_parallel=args.tensor_parallel_degree > 1)  # a TP=1 run loads it
-        if trainer.is_world_process_zero():
-            tokenizer.save_pretrained(args.output_dir)
-        trainer.save_state()
-    eval_metrics = trainer.evaluate() if has_eval_data(trainer) else {}
+    benchmark = getattr(args, "benchmark", False)
+    eval_metrics = trainer.evaluate() if has_eval_data(trainer) and not benchmark else {}
     if tracker_cb.tracker is None:
         tracker_cb.on_train_begin(args, trainer.state, trainer.control)
     extra = {"diverged": guard.diverged} if guard.diverged else {}
@@ -142,10 +134,39 @@ def finish_trainer_run(trainer, args, tokenizer):
     return summary
 
 
+def train_and_save(trainer, args, tokenizer, tracker_cb, guard):
+    """`(summary of a run already finished in output_dir or None, train metrics)`: resume or train,
+    then save model, tokenizer and state (a benchmark run neither resumes nor saves)."""
+    benchmark = getattr(args, "benchmark", False)
+    checkpoint = None if benchmark else last_checkpoint(args)
+    if checkpoint is not None:  # another model's checkpoint is refused before anything loads
+        check_model_checkpoint(checkpoint, trainer.model)
+    done = finished_summary(args, checkpoint)
+    if done is not None:
+        logger.warning(f"{args.output_dir} holds a finished run (step {done['global_step']} of max_steps="
+                       f"{args.max_steps}): nothing to train; overwrite_output_dir true starts afresh")
+        return done, {}
+    if args.overwrite_output_dir and not args.resume_from_checkpoint and trainer.is_world_process_zero():
+        clear_previous_run(args.output_dir)
+    _barrier()
+    train_metrics = train_or_resume(trainer, args, tracker_cb, guard, checkpoint)
+    if benchmark:
+        return None, train_metrics
+    if args.pipeline_parallel_degree > 1:  # one plain checkpoint from the stages, loadable on one process
+        save_pipeline_merged(trainer.model, args.output_dir)
+    else:
+        trainer.save_model(args.output_dir, merge_tensor_parallel=args.tensor_parallel_degree > 1)  # a TP=1 run loads it
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(args.output_dir)
+    trainer.save_state()
+    return None, train_metrics
+
+
 def trainer_closing_text(trainer, args, summary):
     """The lines that end an SFT / reward-model / DPO run (`console_report.closing_summary`): what
     it reached and where its model (or adapter), checkpoint, metrics and VisualDL logs are."""
     name = type(trainer).__name__.replace("Trainer", "") or "training"
     model = "adapter (LoRA)" if os.path.isfile(os.path.join(args.output_dir, "lora_config.json")) else "model"
-    paths = output_paths(args.output_dir, args.logging_dir, args.report_to, [(model, "")] if args.do_train else [])
+    models = [(model, "")] if args.do_train and not getattr(args, "benchmark", False) else [("timing report", REPORT_FILE)]
+    paths = output_paths(args.output_dir, args.logging_dir, args.report_to, models)
     return closing_summary(f"{name} finished", summary, paths)

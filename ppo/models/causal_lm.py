@@ -54,12 +54,13 @@ def _output_logits(out):
     return out.logits if hasattr(out, "logits") else out[0]
 
 
-def causal_lm_logits(model, input_ids, attention_mask, position_ids=None):
-    """Full logits `[N, T, V]` (float32) of a causal LM or its LoRA / DataParallel wrapper."""
+def causal_lm_logits(model, input_ids, attention_mask, position_ids=None, dtype="float32"):
+    """Full logits `[N, T, V]` in `dtype` (float32 unless `use_fp32_compute` is off) of a causal
+    LM or its LoRA / DataParallel wrapper."""
     if position_ids is None:
         position_ids = position_ids_from_mask(attention_mask)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True)
-    return _output_logits(out).astype("float32")
+    return _output_logits(out).astype(dtype)
 
 
 def lm_head_weight(model):
@@ -119,15 +120,16 @@ def _shifted(labels, mask):
 
 def causal_lm_token_logprobs(
     model, input_ids, attention_mask, labels, mask=None, position_ids=None, temperature=1.0, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE,
-    with_entropy=False, first_counted=1,
+    with_entropy=False, first_counted=1, dtype="float32",
 ):
     """Log-prob (and entropy) of each counted token given the tokens before it.
 
     `labels [N, T]` is in input alignment: `labels[:, t]` is the token at position t
     (scored by the output at t - 1), `< 0` (e.g. -100) where it does not count; `mask [N, T]`
     (optional, same alignment) narrows the counted tokens further. Returns
-    `(logprobs [N, T-1], entropy [N, T-1] or None)` aligned with `labels[:, 1:]`, float32,
-    0 where not counted; the distribution is `softmax(logits / temperature)`.
+    `(logprobs [N, T-1], entropy [N, T-1] or None)` aligned with `labels[:, 1:]`, in `dtype`,
+    0 where not counted (`dtype`: float32, PaddleNLP's `use_fp32_compute`; the training dtype
+    computes the logits' softmax without upcasting them, as PaddleNLP with it off); the distribution is `softmax(logits / temperature)`.
 
     `chunk_size > 0`: hidden states through the LM head in chunks of that many counted
     tokens (`ppo.algos.token_logprobs_from_hidden`); `0`: full `[N, T, V]` logits. A head
@@ -144,7 +146,8 @@ def causal_lm_token_logprobs(
     split_head = vocab_parallel_head(model)
     if split_head is not None:
         return _vocab_parallel_logprobs(
-            model, split_head, input_ids, attention_mask, labels, mask, position_ids, temperature, chunk_size, with_entropy
+            model, split_head, input_ids, attention_mask, labels, mask, position_ids, temperature, chunk_size, with_entropy,
+            dtype,
         )
     weight, transpose_y = None, False
     if chunk_size and chunk_size > 0:
@@ -160,42 +163,43 @@ def causal_lm_token_logprobs(
         def head_fn(hidden):  # [N, T, H] -> [N, T, 1 or 2]: log-probs (and entropy) stacked
             logp, entropy = token_logprobs_from_hidden(
                 hidden, weight, shifted_labels, shifted_mask, temperature, chunk_size, transpose_y, with_entropy,
-                kernels=LOGIT_KERNELS,
+                kernels=LOGIT_KERNELS, dtype=dtype,
             )
             return paddle.stack([logp, entropy] if with_entropy else [logp], axis=-1)
 
         packed = _forward_through_head(model, head_fn, input_ids, attention_mask, position_ids)
         return packed[:, :-1, 0], (packed[:, :-1, 1] if with_entropy else None)
     return _full_logits_logprobs(
-        model, input_ids, attention_mask, position_ids, shifted_labels, shifted_mask, temperature, with_entropy, first_counted
+        model, input_ids, attention_mask, position_ids, shifted_labels, shifted_mask, temperature, with_entropy, first_counted,
+        dtype,
     )
 
 
 def _full_logits_logprobs(model, input_ids, attention_mask, position_ids, shifted_labels, shifted_mask, temperature,
-                          with_entropy, first_counted):
+                          with_entropy, first_counted, dtype="float32"):
     """`causal_lm_token_logprobs` from full `[N, T, V]` logits, normalised from output column
     `first_counted - 1` on (the columns before it are 0); labels and mask already shifted."""
     start = max(first_counted, 1) - 1  # first output column that can count
-    logits = causal_lm_logits(model, input_ids, attention_mask, position_ids)[:, start:-1]
+    logits = causal_lm_logits(model, input_ids, attention_mask, position_ids, dtype)[:, start:-1]
     targets = shifted_labels[:, start:-1]
     counted = targets >= 0
     if shifted_mask is not None:
         counted = paddle.logical_and(counted, shifted_mask[:, start:-1] != 0)
-    zeros = paddle.zeros(counted.shape, "float32")
+    zeros = paddle.zeros(counted.shape, dtype)
     logp = paddle.where(counted, token_logprobs(logits, targets, temperature=temperature), zeros)
     entropy = None
     if with_entropy:
         scaled = logits if temperature == 1.0 else logits / temperature
         entropy = paddle.where(counted, entropy_from_logits(scaled), zeros)
     if start:
-        left = paddle.zeros([logp.shape[0], start], "float32")
+        left = paddle.zeros([logp.shape[0], start], dtype)
         logp = paddle.concat([left, logp], axis=1)
         entropy = paddle.concat([left, entropy], axis=1) if with_entropy else None
     return logp, entropy
 
 
 def _vocab_parallel_logprobs(model, split_head, input_ids, attention_mask, labels, mask, position_ids, temperature,
-                             chunk_size, with_entropy):
+                             chunk_size, with_entropy, dtype="float32"):
     """`causal_lm_token_logprobs` for a column-parallel LM head (see there): the counted
     positions' hidden states times this rank's head slice, `chunk_size` positions at a time
     (`ppo.algos.vocab_parallel_logprobs_from_hidden`); the hidden states enter through the
@@ -207,7 +211,7 @@ def _vocab_parallel_logprobs(model, split_head, input_ids, attention_mask, label
     def head_fn(hidden):  # [N, T, H] -> [N, T, 1 or 2]: log-probs (and entropy) stacked
         logp, entropy = vocab_parallel_logprobs_from_hidden(
             model_parallel_identity(hidden, group), weight, shifted_labels, shifted_mask, vocab_start, all_reduce,
-            temperature, chunk_size, transpose_y, with_entropy,
+            temperature, chunk_size, transpose_y, with_entropy, dtype,
         )
         return paddle.stack([logp, entropy] if with_entropy else [logp], axis=-1)
 

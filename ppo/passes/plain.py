@@ -32,10 +32,11 @@ class PlainPasses(ModelPasses):
     `{objective: tokenizer}` re-encoding the rollouts for a score model whose tokenizer differs
     from the actor's; remove_padding: the actor, reference and critic passes run on the rows'
     real tokens packed together (`use_remove_padding`, `ppo.models.unpadded`); the score
-    models' stay padded."""
+    models' stay padded; logprob_dtype: of the actor's and reference's log-probs (float32, or the
+    training dtype with PaddleNLP's `use_fp32_compute` off)."""
 
     def __init__(self, models, actor, critics, temperature, logprob_chunk_size, chunk_rows, retokenizers=None,
-                 remove_padding=False):
+                 remove_padding=False, logprob_dtype="float32"):
         self.models, self.actor, self.critics = models, actor, dict(critics)
         self.temperature, self.logprob_chunk_size = temperature, logprob_chunk_size
         self.chunk_rows = chunk_rows if isinstance(chunk_rows, dict) else dict.fromkeys(("logprob", "value", "reward"), chunk_rows)
@@ -43,6 +44,7 @@ class PlainPasses(ModelPasses):
         self.kept_forward = None  # `keep_first_forward`'s result until the next backward_step takes it
         self.retokenizers = dict(retokenizers or {})
         self.remove_padding = remove_padding
+        self.logprob_dtype = logprob_dtype
 
     def generation_weights(self):
         return contextlib.nullcontext(self.models.actor)
@@ -63,7 +65,7 @@ class PlainPasses(ModelPasses):
 
     def _actor_forward(self, model, exp, with_entropy=True):
         return response_logprobs(model, exp, self.temperature, self.logprob_chunk_size, with_entropy=with_entropy,
-                                 remove_padding=self.remove_padding)
+                                 remove_padding=self.remove_padding, dtype=self.logprob_dtype)
 
     def _critic_forward(self, model, exp):
         return response_values(model, exp, remove_padding=self.remove_padding)

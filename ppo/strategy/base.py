@@ -29,7 +29,8 @@ class PassSettings:
     "reward"}`), `remove_padding`, the update's `micro_batches` per optimiser step and
     `micro_rows` per micro-batch, the `pad_token_id`, `keep_tensor_parallel` (`eval_mode`
     tensor_parallel: generate from each rank's slices where a strategy splits them) and `retokenizers` (`{objective: tokenizer}` of score models whose
-    tokenizer differs from the actor's)."""
+    tokenizer differs from the actor's) and `logprob_dtype` (of the log-prob passes' softmax: float32, or
+    the training dtype with PaddleNLP's `use_fp32_compute` off)."""
 
     temperature: float
     logprob_chunk_size: int
@@ -40,6 +41,7 @@ class PassSettings:
     remove_padding: bool = False
     keep_tensor_parallel: bool = False
     retokenizers: Dict[str, object] = field(default_factory=dict)
+    logprob_dtype: str = "float32"
 
 
 class Strategy:

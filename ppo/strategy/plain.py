@@ -19,4 +19,5 @@ class PlainStrategy(Strategy):
         from ..passes.plain import PlainPasses
 
         return PlainPasses(models, actor, critics, settings.temperature, settings.logprob_chunk_size, settings.chunk_rows,
-                           retokenizers=settings.retokenizers, remove_padding=settings.remove_padding)
+                           retokenizers=settings.retokenizers, remove_padding=settings.remove_padding,
+                           logprob_dtype=settings.logprob_dtype)
