@@ -16,7 +16,7 @@ import paddle
 import paddle.nn.functional as F
 
 from .kl import kl_penalty
-from .masked import _float_mask, _zero_outside, masked_mean, masked_sum, masked_var
+from .masked import _float_mask, _zero_outside, masked_mean, masked_sum, masked_var, zero_masked_inputs
 
 __all__ = [
     "LOSS_AGG_MODES",
@@ -142,8 +142,8 @@ def ppo_clip_token_losses(
             f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, got {importance_sampling_level!r}"
         )
     m = _float_mask(mask, logprobs)
-    old_logprobs = old_logprobs.detach().astype(logprobs.dtype)
-    advantages = advantages.detach().astype(logprobs.dtype)
+    logprobs, old_logprobs, advantages = zero_masked_inputs(
+        m, logprobs, old_logprobs.detach().astype(logprobs.dtype), advantages.detach().astype(logprobs.dtype))
     ratio = paddle.exp(_policy_log_ratio(logprobs, old_logprobs, m, importance_sampling_level))
     pg1 = -advantages * ratio
     pg2 = -advantages * paddle.clip(ratio, min=1.0 - low, max=1.0 + high)
@@ -239,8 +239,8 @@ def value_loss(
     ``core_algos.compute_value_loss``; PaddleNLP ``critic_loss_fn``.
     """
     m = _float_mask(mask, values)
-    old_values = old_values.detach().astype(values.dtype)
-    returns = returns.detach().astype(values.dtype)
+    values, old_values, returns = zero_masked_inputs(
+        m, values, old_values.detach().astype(values.dtype), returns.detach().astype(values.dtype))
     vf1 = (values - returns) ** 2
     if clip_range_value is None:
         token_loss = vf1
@@ -271,7 +271,8 @@ def kl_loss(logprobs, ref_logprobs, mask, kind="k3", loss_agg_mode="token-mean",
     Source: Shao et al. 2024 (GRPO eq. 4); verl ``use_kl_loss`` / ``kl_loss_type``.
     """
     m = _float_mask(mask, logprobs)
-    kl = kl_penalty(logprobs, ref_logprobs.detach().astype(logprobs.dtype), kind, clamp=clamp)
+    logprobs, ref_logprobs = zero_masked_inputs(m, logprobs, ref_logprobs.detach().astype(logprobs.dtype))
+    kl = kl_penalty(logprobs, ref_logprobs, kind, clamp=clamp)
     loss = aggregate_loss(kl, m, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
                           loss_scale_factor=loss_scale_factor)
     return loss, {"loss/kl": _detached(loss)}
@@ -307,6 +308,7 @@ def entropy_bonus_from_token_entropy(token_entropy, mask, loss_agg_mode="token-m
                                      loss_scale_factor=None):
     """:func:`entropy_bonus_loss` from per-token entropies ``[B, T]`` (e.g. the chunked
     LM-head path, ``token_logprobs_from_hidden(..., with_entropy=True)``) -> scalar, stats."""
+    (token_entropy,) = zero_masked_inputs(mask, token_entropy)
     loss = aggregate_loss(token_entropy, mask, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
                           loss_scale_factor=loss_scale_factor)
     return loss, {"actor/entropy": _detached(loss)}

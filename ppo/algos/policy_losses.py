@@ -8,18 +8,19 @@ Log-ratios are clamped to ``[-20, 20]`` before ``exp``, as ``ppo_policy_loss`` d
 import paddle
 
 from .losses import ratio_stats
-from .masked import _float_mask, masked_mean
+from .masked import _float_mask, masked_mean, zero_masked_inputs
 
 __all__ = ["cispo_token_losses", "gmpo_token_losses"]
 
 
 def _log_ratio(logprobs, old_logprobs, advantages, mask):
-    """``(m, old, adv, logp - old clamped to [-20, 20])`` with ``old`` and ``adv`` detached and
-    cast to the dtype of ``logprobs``, ``m`` the float mask."""
+    """``(m, logp, old, adv, logp - old clamped to [-20, 20])``: ``m`` the float mask, the
+    inputs zeroed outside it (``zero_masked_inputs``), ``old`` and ``adv`` detached and cast to
+    the dtype of ``logprobs``."""
     m = _float_mask(mask, logprobs)
-    old = old_logprobs.detach().astype(logprobs.dtype)
-    adv = advantages.detach().astype(logprobs.dtype)
-    return m, old, adv, paddle.clip(logprobs - old, min=-20.0, max=20.0)
+    logp, old, adv = zero_masked_inputs(m, logprobs, old_logprobs.detach().astype(logprobs.dtype),
+                                        advantages.detach().astype(logprobs.dtype))
+    return m, logp, old, adv, paddle.clip(logp - old, min=-20.0, max=20.0)
 
 
 def cispo_token_losses(logprobs, old_logprobs, advantages, mask, cispo_clip_low=None, cispo_clip_high=4.0):
@@ -46,7 +47,7 @@ def cispo_token_losses(logprobs, old_logprobs, advantages, mask, cispo_clip_low=
     "cispo"``: the weight capped at ``epsilon_high``, no lower bound); both give these
     numbers with the matching bounds (tests/test_policy_loss_registry.py).
     """
-    m, old, adv, d = _log_ratio(logprobs, old_logprobs, advantages, mask)
+    m, logprobs, old, adv, d = _log_ratio(logprobs, old_logprobs, advantages, mask)
     ratio = paddle.exp(d)
     w = ratio
     if cispo_clip_high is not None:
@@ -93,7 +94,7 @@ def gmpo_token_losses(logprobs, old_logprobs, advantages, mask, gmpo_clip_low=0.
     gradients (tests/test_policy_loss_registry.py). With ``top_entropy_frac`` TRL's GMPO takes
     the geometric mean over the kept tokens only; here ``s`` stays the mean over all of them.
     """
-    m, old, adv, d = _log_ratio(logprobs, old_logprobs, advantages, mask)
+    m, logprobs, old, adv, d = _log_ratio(logprobs, old_logprobs, advantages, mask)
     a = masked_mean(adv, m, axis=-1).unsqueeze(-1)
     sgn = paddle.sign(a)
     held = paddle.clip(d, min=-gmpo_clip_low, max=gmpo_clip_high)
