@@ -191,8 +191,8 @@ def ppo_policy_loss(
     the log of ``s_b`` is clamped to at most 10, and the clip bounds apply to ``s_b``.
     Example: log-ratios ``[0.2, -0.1, 0.5]`` with the last token masked give
     ``s = exp(0.05)`` on both real tokens. verl ``compute_policy_loss_gspo`` forces
-    ``seq-mean-token-mean``; here ``loss_agg_mode`` is honoured (GSPO's paper uses
-    ``seq-mean-token-mean``).
+    ``seq-mean-token-mean`` (GSPO's paper's); the registry entry ``gspo`` defaults to it, here
+    ``loss_agg_mode`` is taken as given.
     Stats: ``loss/policy_avg``; ``policy/approxkl_avg = 0.5 * masked_mean((logp - old)^2)``
     (the k2 estimator used by PaddleNLP/TRL PPO logging); ``policy/clipfrac_avg``
     = fraction of tokens with ``L2 > L1``; ``policy/dual_clipfrac_avg`` = fraction of
