@@ -95,6 +95,29 @@ def test_policy_loss_ignores_non_finite_junk(name):
         check_all_junk(fn, 5)
 
 
+@pytest.mark.parametrize("name", list(POLICY_LOSSES))
+def test_token_losses_are_the_clean_ones_at_every_position(name):
+    """The token-loss functions (`PolicyLoss.fn`, public: a caller may reduce them its own way,
+    e.g. `sum(token_loss * mask)`) give the clean inputs' token losses everywhere, masked
+    positions included, so no NaN or inf is left for a caller's `0 * x` to turn into NaN."""
+    entry = get_policy_loss(name)
+    extra = {"uniforms": t(np.random.default_rng(3).random(MASK.shape))} if entry.random else {}
+
+    def fn(lp, old, adv):
+        x = leaf(lp)
+        token_loss, stats = entry.fn(x, t(old), t(adv), t(MASK), **entry.settings, **extra)
+        paddle.sum(token_loss * t(MASK)).backward()
+        return token_loss.numpy(), x.grad.numpy(), numpy_stats(stats)
+
+    xs = clean_inputs(3)
+    clean = fn(*xs)
+    for label, dirty in junk_versions(xs):
+        token_loss, grad, stats = fn(*dirty)
+        assert np.isfinite(token_loss).all() and token_loss.tobytes() == clean[0].tobytes(), label
+        np.testing.assert_array_equal(grad, clean[1], err_msg=label)
+        assert all(stats[k].tobytes() == clean[2][k].tobytes() for k in stats), label
+
+
 @pytest.mark.parametrize("dual_clip", [None, 3.0])
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_ppo_policy_loss_ignores_non_finite_junk(dual_clip, level):
