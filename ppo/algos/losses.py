@@ -126,8 +126,8 @@ def ppo_clip_token_losses(
     """Per-token clipped PPO surrogate ``[B, T]`` and its stats, before aggregation.
 
     The token part of :func:`ppo_policy_loss` (its docstring has the formulas): returns
-    ``(token_loss, stats)`` with ``token_loss`` ``[B, T]`` (with gradient; values at
-    masked-out positions are never read by the aggregation) and ``stats`` holding every
+    ``(token_loss, stats)`` with ``token_loss`` ``[B, T]`` (with gradient; at masked-out
+    positions the finite loss of zero inputs, whatever junk was there) and ``stats`` holding every
     stat of :func:`ppo_policy_loss` except ``loss/policy_avg``. The policy-loss registry
     (``ppo.algos.policy_registry``, entries ``ppo_clip`` and ``gspo``) aggregates it the
     same way, so both give the same numbers to the last bit.

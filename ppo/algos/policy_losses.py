@@ -1,8 +1,9 @@
 """Token losses of CISPO and GMPO for the policy-loss registry (``ppo.algos.policy_registry``).
 
 Each function returns ``(token_loss, stats)``: ``token_loss`` ``[B, T]`` with gradient, to be
-reduced by ``aggregate_loss`` over the response mask (values at masked-out positions are
-never read), ``stats`` detached scalars with the names of ``ppo_policy_loss``'s stats.
+reduced by ``aggregate_loss`` over the response mask (the inputs are zeroed outside the mask
+first, so a masked-out token loss is finite, that of zero inputs, whatever junk was there),
+``stats`` detached scalars with the names of ``ppo_policy_loss``'s stats.
 Log-ratios are clamped to ``[-20, 20]`` before ``exp``, as ``ppo_policy_loss`` does.
 """
 import paddle
