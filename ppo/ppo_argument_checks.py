@@ -129,7 +129,7 @@ def generation_problems(args):
 def loss_problems(args):
     """Loss aggregation, its scale, the importance-sampling level, offloading and the DAPO buffer."""
     problems = []
-    if args.loss_agg_mode not in LOSS_AGG_MODES:
+    if args.loss_agg_mode is not None and args.loss_agg_mode not in LOSS_AGG_MODES:
         problems.append(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {args.loss_agg_mode!r}")
     if args.loss_scale_factor is not None and not args.loss_scale_factor > 0:
         problems.append(f"loss_scale_factor must be positive, got {args.loss_scale_factor}")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, List, Optional
 
 from .agents.arguments import AgentArguments
-from .algos import ADV_ESTIMATORS, LOSS_AGG_MODES
+from .algos import ADV_ESTIMATORS
 from .algos.kl import KL_ESTIMATOR_NAMES
 from .common import paddlenlp_keys as pk
 from .entry.argument_groups import (
@@ -25,7 +25,7 @@ from .entry.argument_groups import (
     RolloutLoopArguments,
     default_override,
 )
-from .entry.policy_loss_arguments import PolicyLossArguments, policy_loss_problems
+from .entry.policy_loss_arguments import LOSS_AGG_MODE_HELP, PolicyLossArguments, policy_loss_problems
 from .entry.rollout_placement_arguments import RolloutPlacementArguments
 from .common.argument_problems import problem_scope
 from .paddlenlp_rl_arguments import PaddleNLPRLArguments
@@ -236,7 +236,7 @@ class PPOTrainingArguments(RolloutPlacementArguments, AgentArguments, PolicyLoss
     clip_range_ratio_high: Optional[float] = field(default=None, metadata={"help": "Upper ratio clip (default clip_range_ratio)."})
     dual_clip: Optional[float] = field(default=None, metadata={"help": "Dual-clip constant (>1) for negative advantages."})
     clip_range_value: float = field(default=5.0, metadata={"help": "Value clip around the old values."})
-    loss_agg_mode: str = field(default="token-mean", metadata={"help": f"Loss aggregation: {' | '.join(LOSS_AGG_MODES)}."})
+    loss_agg_mode: Optional[str] = field(default=None, metadata={"help": LOSS_AGG_MODE_HELP})
     loss_scale_factor: Optional[float] = field(
         default=None, metadata={"help": "seq-mean-token-sum-norm (Dr.GRPO): the constant divisor; None: max_dec_len."}
     )

@@ -25,6 +25,7 @@ from .algos import AdaptiveKLController, FixedKLController
 from .algos.normalizer import RunningMeanStd
 from .common.console_report import run_label
 from .common.divergence import DivergenceDetector
+from .entry.policy_loss_arguments import policy_loss_startup_line
 from .resume_check import ppo_run_facts
 from .offload import OffloadPlan, parse_offload_level
 from .optim import build_optimizer, build_scheduler
@@ -239,6 +240,8 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
     steps = OptimizerSteps(strategy, state, args.max_nan_skips, args.release_gradients)
     learner = PPOUpdater(actor, objectives, passes, steps, ptx, watch, offload, state, ranks, slice_of(UpdateSettings, args),
                          ResponseSamples(tokenizer, objectives, args.rollout_n))
+    if ranks.is_main:
+        logger.info(policy_loss_startup_line(args))
     evaluator = Evaluator(eval_dataset, engine, sampling, tokenizer, passes, actor.model, scoring, offload, state, ranks,
                           slice_of(EvalSettings, args), eval_long_answer_len)
     report = RunReport(slice_of(LoopSettings, args), ranks.is_main, run_label(args.adv_estimator, combiner.constrained))

@@ -209,7 +209,18 @@ class ScriptedBroadcast:
         tensor.set_value(paddle.to_tensor(self.arrivals.pop(0), dtype=tensor.dtype))
 
 
+def test_weights_checksum_weights_each_tensor_by_its_position():
+    """sum_i (i + 1) x sum(tensor i): [1.] then [2.] -> 1 x 1 + 2 x 2 = 5 (3 without the
+    weights, the same for the swapped order that it must tell apart)."""
+    assert weights_checksum([paddle.to_tensor([1.0]), paddle.to_tensor([2.0])]) == 5.0
+    assert weights_checksum([paddle.to_tensor([2.0]), paddle.to_tensor([1.0])]) == 4.0
+
+
 def test_weights_are_applied_whole_or_not_at_all(monkeypatch):
+    """The receiver splits the flat buffer into the two parameters and checks the checksum of
+    the two: version 4 arrives whole and is applied; version 5 (every value doubled) with its
+    last value lost is refused and version 4 stays; the same version 5 arriving whole is applied
+    (the checksum is the trainer's of the two tensors, so only a torn buffer fails it)."""
     sent = [paddle.to_tensor([[1.5, -2.0], [0.25, 3.0]]), paddle.to_tensor([7.0, 8.0, 9.0])]
     checksum = weights_checksum(sent)
     flat = np.concatenate([t.numpy().reshape(-1) for t in sent])
@@ -217,11 +228,15 @@ def test_weights_are_applied_whole_or_not_at_all(monkeypatch):
     monkeypatch.setattr(rollout_link.dist, "broadcast", ScriptedBroadcast([[4.0, checksum], flat]))
     assert RolloutLink().receive_weights(params) == (4, checksum)
     assert all(np.array_equal(p.numpy(), s.numpy()) for p, s in zip(params, sent))
-    newer = flat * 2  # version 5: its last values never arrive
-    torn = newer.copy()
-    torn[-1] = 0.0
-    monkeypatch.setattr(rollout_link.dist, "broadcast", ScriptedBroadcast([[5.0, weights_checksum([paddle.to_tensor(newer)])],
-                                                                           torn]))
+    newer = [s * 2 for s in sent]  # version 5, as the trainer sends it
+    newer_checksum = weights_checksum(newer)
+    newer_flat = flat * 2
+    torn = newer_flat.copy()
+    torn[-1] = 0.0  # its last value never arrives
+    monkeypatch.setattr(rollout_link.dist, "broadcast", ScriptedBroadcast([[5.0, newer_checksum], torn]))
     with pytest.raises(RuntimeError, match="weights of version 5 arrived torn"):
         RolloutLink().receive_weights(params)
     assert all(np.array_equal(p.numpy(), s.numpy()) for p, s in zip(params, sent))  # version 4 kept whole
+    monkeypatch.setattr(rollout_link.dist, "broadcast", ScriptedBroadcast([[5.0, newer_checksum], newer_flat]))
+    assert RolloutLink().receive_weights(params) == (5, newer_checksum)
+    assert all(np.array_equal(p.numpy(), s.numpy()) for p, s in zip(params, newer))

@@ -58,3 +58,13 @@ def test_same_stop_as_paddlenlp_callback(greater, threshold):
             break
     assert theirs is not None  # the sequence does stop
     assert stop_index(values, patience=3, threshold=threshold, greater_is_better=greater) == theirs
+
+
+def test_threshold_is_strict():
+    """An improvement must beat the best by MORE than the threshold (PaddleNLP's
+    `abs(metric - best) > threshold`): patience 1, threshold 0.5, metrics 1.0 then 1.5 (better
+    by exactly 0.5, so not an improvement: count 1 = patience) stops at the second evaluation;
+    1.0 then 1.51 does not."""
+    assert stop_index([1.0, 1.5], patience=1, threshold=0.5) == 1
+    assert stop_index([1.0, 1.51], patience=1, threshold=0.5) is None
+    assert stop_index([1.0, 0.5], patience=1, threshold=0.5, greater_is_better=False) == 1

@@ -324,10 +324,13 @@ def test_garbage_at_masked_positions_and_no_mutation(name):
         assert stats_g[k].tobytes() == stats[k].tobytes(), k
 
 
+@pytest.mark.parametrize("norm", ["kept", "all"])
 @pytest.mark.parametrize("name", list(POLICY_LOSSES))
-def test_entropy_selection_keeps_top_tokens_and_the_normaliser(name):
-    """top_entropy_frac = 0.25: the loss equals the unselected per-token losses summed over the
-    kept tokens only, divided by all N real tokens (token-mean); dropped tokens get no gradient."""
+def test_entropy_selection_keeps_top_tokens_and_the_normaliser(name, norm):
+    """top_entropy_frac = 0.25 keeps the k = ceil(0.25 N) highest-entropy real tokens. token-mean:
+    `kept` (the default, the Beyond-80/20 authors' agg_loss over response_mask * entropy_top_mask)
+    divides the kept tokens' losses by k, `all` (TRL) by all N real tokens; dropped tokens get no
+    gradient either way."""
     lp, old, adv, mask, ent = random_batch(10)
     kw = entry_kwargs(name, mask)
     N = int(mask.sum())
@@ -336,15 +339,31 @@ def test_entropy_selection_keeps_top_tokens_and_the_normaliser(name):
     kept = np.zeros(mask.size)
     kept[order[:k]] = 1
     kept = kept.reshape(mask.shape)
-    full, _, _ = run(name, lp, old, adv, kept, loss_agg_mode="token-mean", num_tokens=N, **kw)
-    loss, grad, stats = run(name, lp, old, adv, mask, entropy=t(ent), top_entropy_frac=0.25, **kw)
-    if name in ("gspo", "gmpo", "clip_cov", "kl_cov"):  # these read every real token (row ratio, covariance)
-        assert stats["policy/entropy_kept_frac"] == k / N
-        assert not grad[(mask == 1) & (kept == 0)].any()
-        return
-    np.testing.assert_allclose(loss, full, rtol=1e-12)
+    full, _, _ = run(name, lp, old, adv, kept, loss_agg_mode="token-mean", num_tokens=k if norm == "kept" else N, **kw)
+    opts = dict(entropy=t(ent), top_entropy_frac=0.25, loss_agg_mode="token-mean")
+    loss, grad, stats = run(name, lp, old, adv, mask, **opts, **({} if norm == "kept" else {"top_entropy_norm": norm}), **kw)
     assert stats["policy/entropy_kept_frac"] == k / N
     assert not grad[(mask == 1) & (kept == 0)].any()
+    if name in ("gspo", "gmpo", "clip_cov", "kl_cov"):  # these read every real token (row ratio, covariance)
+        loss_all, _, _ = run(name, lp, old, adv, mask, **opts, top_entropy_norm="all", **kw)
+        np.testing.assert_allclose(loss_all * N / k if norm == "kept" else loss_all, loss, rtol=1e-12)
+        return
+    np.testing.assert_allclose(loss, full, rtol=1e-12)
+
+
+def test_entropy_selection_normaliser_by_hand():
+    """One row, cispo-free check with ppo_clip on-policy (r = 1, token loss -A): A = [-1, -2, -3, -4],
+    entropies [0.1, 0.2, 0.9, 0.8], top_entropy_frac 0.5 keeps tokens 2 and 3 (losses 3, 4):
+    kept -> (3 + 4) / 2 = 3.5, all -> (3 + 4) / 4 = 1.75; seq-mean-token-mean alike (one row)."""
+    lp = [[-1.0, -1.0, -1.0, -1.0]]
+    adv, ent, mask = [[-1.0, -2.0, -3.0, -4.0]], [[0.1, 0.2, 0.9, 0.8]], [[1.0, 1.0, 1.0, 1.0]]
+    for mode in ("token-mean", "seq-mean-token-mean"):
+        kept, _, _ = run("ppo_clip", lp, lp, adv, mask, entropy=t(ent), top_entropy_frac=0.5, loss_agg_mode=mode)
+        every, _, _ = run("ppo_clip", lp, lp, adv, mask, entropy=t(ent), top_entropy_frac=0.5, loss_agg_mode=mode,
+                          top_entropy_norm="all")
+        assert float(kept) == 3.5 and float(every) == 1.75, mode
+    with pytest.raises(ValueError, match="top_entropy_norm"):
+        run("ppo_clip", lp, lp, adv, mask, entropy=t(ent), top_entropy_frac=0.5, top_entropy_norm="none")
 
 
 @pytest.mark.parametrize("name", list(POLICY_LOSSES))

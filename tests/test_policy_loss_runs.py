@@ -6,6 +6,7 @@ only, as a bf16 inference engine beside float32 training) shows `rollout/logprob
 and trains with truncated (TIS) and masked (MIS) importance weights."""
 import contextlib
 import json
+import logging
 
 import numpy as np
 import paddle
@@ -20,15 +21,28 @@ from tests.pinned_metrics import assert_pinned
 PIN_TOLERANCE = dict(rtol=3e-5, atol=1e-6)
 NEW_LOSSES = {
     "gspo": ("--policy_loss", "gspo"),
+    "gspo_token_mean": ("--policy_loss", "gspo", "--loss_agg_mode", "token-mean"),
     "cispo": ("--policy_loss", "cispo"),
     "gmpo": ("--policy_loss", "gmpo"),
     "clip_cov": ("--policy_loss", "clip_cov", "--clip_cov_ratio", "0.05", "--clip_cov_lb", "0.0"),
     "kl_cov": ("--policy_loss", "kl_cov", "--kl_cov_ratio", "0.05"),
     "top_entropy_frac": ("--top_entropy_frac", "0.5"),
+    "top_entropy_frac_all": ("--top_entropy_frac", "0.5", "--top_entropy_norm", "all"),
 }
 """Run name -> flags; the covariance losses act on 5% of the tokens (their 0.02% default is one
 token of the tiny batch), clip_cov on covariances above 0 (the tiny model's stay below the
-default bound 1)."""
+default bound 1). gspo and gmpo run with their papers' seq-mean-token-mean, top_entropy_frac
+divides by the kept tokens; `gspo_token_mean` (loss_agg_mode given) and `top_entropy_frac_all`
+(top_entropy_norm all) reproduce the numbers pinned for gspo and top_entropy_frac before those
+defaults, when every loss ran token-mean over all tokens."""
+STARTUP = {
+    "gspo": "policy_loss gspo: loss_agg_mode seq-mean-token-mean (the default of policy_loss gspo",
+    "gmpo": "policy_loss gmpo: loss_agg_mode seq-mean-token-mean (the default of policy_loss gmpo",
+    "gspo_token_mean": "policy_loss gspo: loss_agg_mode token-mean (loss_agg_mode set in the arguments)",
+    "top_entropy_frac": "top_entropy_frac 0.5: divided by the kept tokens only (top_entropy_norm kept)",
+    "top_entropy_frac_all": "top_entropy_frac 0.5: divided by every response token (top_entropy_norm all)",
+}
+"""Run name -> what its start-up line says about the policy loss's normaliser."""
 
 
 def grpo_argv(model_dir, data_dir, out, *extra):
@@ -95,14 +109,18 @@ def assert_trained(rows, moved):
 
 
 @pytest.mark.parametrize("name", list(NEW_LOSSES))
-def test_each_new_policy_loss_trains_tiny_grpo(name, tiny_model_dir, tiny_data_dir, tmp_path):
+def test_each_new_policy_loss_trains_tiny_grpo(name, tiny_model_dir, tiny_data_dir, tmp_path, caplog):
     out = str(tmp_path / name)
-    trainer, moved = train(grpo_argv(tiny_model_dir, tiny_data_dir, out, *NEW_LOSSES[name]))
+    caplog.set_level(logging.INFO, logger="ppo")
+    flags = NEW_LOSSES[name]
+    trainer, moved = train(grpo_argv(tiny_model_dir, tiny_data_dir, out, *flags))
     rows = step_rows(out)
     assert_trained(rows, moved)
-    assert trainer.learner.policy_loss.name == (NEW_LOSSES[name][1] if name != "top_entropy_frac" else "ppo_clip")
+    assert trainer.learner.policy_loss.name == (flags[1] if flags[0] == "--policy_loss" else "ppo_clip")
+    startup = [r.getMessage() for r in caplog.records if r.getMessage().startswith("policy_loss ")]
+    assert len(startup) == 1 and STARTUP.get(name, "") in startup[0], startup
     assert "rollout/logprob_diff_mean" not in rows[0]  # the engine's log-probs are the old ones (use_rollout_logprobs)
-    if name == "top_entropy_frac":
+    if name.startswith("top_entropy_frac"):
         assert all(0.45 <= r["policy/entropy_kept_frac"] <= 0.6 for r in rows)
     if name in ("clip_cov", "kl_cov"):
         assert all(r[f"policy/cov_{'clip' if name == 'clip_cov' else 'kl'}frac_avg"] > 0 for r in rows)

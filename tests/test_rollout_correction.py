@@ -227,3 +227,27 @@ def test_float32():
                                   rollout_is_lower=0.2, rollout_is_upper=5.0)
     assert w.dtype == paddle.float32 and all(v.dtype == paddle.float32 for v in stats.values())
     assert np.isfinite(w.numpy()).all() and all(np.isfinite(float(v)) for v in stats.values())
+
+
+def test_bounds_are_inclusive_and_read_the_raw_weight():
+    """MIS keeps `lower <= w <= upper`, on the weight before the [-20, 20] clamp of exp:
+    token level, old = rollout = -1 (w = 1) with bounds [0.5, 1.0] keeps weight 1.0 (the upper
+    bound itself is inside); old 25, rollout 0 (w = e^25 = 7.2e10, clamped e^20 = 4.9e8) with
+    upper 1e10 is masked: weight 0, masked fraction 1."""
+    w, stats = rollout_is_weights(t([[-1.0]]), t([[-1.0]]), t([[1]]), "token", None, 0.5, 1.0)
+    assert w.numpy().tolist() == [[1.0]] and float(stats["rollout/is_masked_frac"]) == 0.0
+    w, stats = rollout_is_weights(t([[-1.0]]), t([[-1.0]]), t([[1]]), "token", None, 1.0, 2.0)
+    assert w.numpy().tolist() == [[1.0]]  # the lower bound is inside too
+    w, stats = rollout_is_weights(t([[25.0]]), t([[0.0]]), t([[1]]), "token", None, None, 1e10)
+    assert w.numpy().tolist() == [[0.0]] and float(stats["rollout/is_masked_frac"]) == 1.0
+
+
+def test_sequence_level_fractions_count_rows_not_tokens():
+    """Sequence level, rows of 3 and 1 real tokens, rollout 0: row 0's weight e^0.8 = 2.23 is
+    truncated at 2, row 1's e^0.1 is not: 1 row of 2 (0.5; over tokens it would be 3 / 4).
+    With upper 2 instead, row 0 is masked: masked fraction 0.5 too."""
+    old, rollout, mask = [[0.8, 0.0, 0.0], [0.1, 0.0, 0.0]], [[0.0] * 3] * 2, [[1, 1, 1], [1, 0, 0]]
+    _, stats = rollout_is_weights(t(old), t(rollout), t(mask), "sequence", 2.0)
+    assert float(stats["rollout/is_truncated_frac"]) == 0.5 and float(stats["rollout/is_masked_frac"]) == 0.0
+    _, stats = rollout_is_weights(t(old), t(rollout), t(mask), "sequence", None, None, 2.0)
+    assert float(stats["rollout/is_masked_frac"]) == 0.5 and float(stats["rollout/is_truncated_frac"]) == 0.0

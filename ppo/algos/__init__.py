@@ -51,7 +51,7 @@ from .vapo import (
 from .token_selection import count_from_fraction, high_entropy_mask, top_k_mask
 from .policy_losses import cispo_token_losses, gmpo_token_losses
 from .covariance_losses import clip_cov_token_losses, kl_cov_token_losses, token_covariance
-from .policy_registry import POLICY_LOSSES, PolicyLoss, get_policy_loss, policy_loss_table
+from .policy_registry import POLICY_LOSSES, TOP_ENTROPY_NORMS, PolicyLoss, get_policy_loss, policy_loss_table
 from .rollout_correction import ROLLOUT_IS_LEVELS, rollout_correction, rollout_is_weights, rollout_mismatch_metrics
 from .lagrangian import LagrangeMultiplier, combined_advantages, lagrange_multiplier_step, lagrangian_shaped_rewards
 from .lm_head import token_logprobs_from_hidden
@@ -77,6 +77,7 @@ from .masked import (
     masked_var,
     masked_whiten,
     whiten_with_statistics,
+    zero_masked_inputs,
 )
 from .normalizer import (
     NORMALIZERS,
@@ -116,6 +117,7 @@ __all__ = [
     "masked_whiten",
     "masked_centered_square_sum",
     "whiten_with_statistics",
+    "zero_masked_inputs",
     # kl
     "KL_ESTIMATORS",
     "KL_ESTIMATOR_NAMES",
@@ -167,6 +169,7 @@ __all__ = [
     "sft_loss",
     # policy-loss registry and its losses, token selection
     "POLICY_LOSSES",
+    "TOP_ENTROPY_NORMS",
     "PolicyLoss",
     "get_policy_loss",
     "policy_loss_table",

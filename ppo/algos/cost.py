@@ -20,7 +20,7 @@ Stats (detached scalars): ``cost/loss``, ``cost/accuracy`` (pairwise:
 import paddle
 import paddle.nn.functional as F
 
-from .masked import masked_mean
+from .masked import masked_mean, zero_masked_inputs
 from .preference import pair_divergence_span, scores_at
 
 __all__ = ["pairwise_cost_loss", "tokenwise_pairwise_cost_loss", "cost_metrics"]
@@ -102,13 +102,14 @@ def tokenwise_pairwise_cost_loss(
     span = span.astype(safer_token_costs.dtype)
     sigma_s = _cost_signs(safer_sign, safer_token_costs).unsqueeze(-1)
     sigma_u = _cost_signs(unsafer_sign, unsafer_token_costs).unsqueeze(-1)
+    safer, unsafer = zero_masked_inputs(span, safer_token_costs, unsafer_token_costs)
     per_pair = (
-        masked_mean(-F.log_sigmoid(unsafer_token_costs - safer_token_costs), span, axis=-1)
-        + masked_mean(-F.log_sigmoid(sigma_s * safer_token_costs), span, axis=-1)
-        + masked_mean(-F.log_sigmoid(sigma_u * unsafer_token_costs), span, axis=-1)
+        masked_mean(-F.log_sigmoid(unsafer - safer), span, axis=-1)
+        + masked_mean(-F.log_sigmoid(sigma_s * safer), span, axis=-1)
+        + masked_mean(-F.log_sigmoid(sigma_u * unsafer), span, axis=-1)
     )
     if regularization:
-        squares = masked_mean(safer_token_costs**2, span, axis=-1) + masked_mean(unsafer_token_costs**2, span, axis=-1)
+        squares = masked_mean(safer**2, span, axis=-1) + masked_mean(unsafer**2, span, axis=-1)
         per_pair = per_pair + regularization * squares / 2
     loss = paddle.mean(per_pair)
     safer_end_costs, unsafer_end_costs = scores_at(safer_token_costs, safer_end), scores_at(unsafer_token_costs, unsafer_end)

@@ -12,7 +12,7 @@ registry (``ppo.algos.policy_registry``). Log-ratios are clamped to ``[-20, 20]`
 import paddle
 
 from .losses import ratio_stats
-from .masked import _float_mask, _zero_outside, masked_mean
+from .masked import _float_mask, _zero_outside, masked_mean, zero_masked_inputs
 from .token_selection import count_from_fraction, top_k_mask
 
 __all__ = ["clip_cov_token_losses", "kl_cov_token_losses", "token_covariance"]
@@ -26,17 +26,18 @@ def token_covariance(logprobs, advantages, mask):
     Shapes: ``[B, T]`` -> ``[B, T]``.
     """
     m = _float_mask(mask, logprobs)
-    lp = logprobs.detach()
-    adv = advantages.detach().astype(lp.dtype)
+    lp, adv = zero_masked_inputs(m, logprobs.detach(), advantages.detach().astype(logprobs.dtype))
     cov = (lp - masked_mean(lp, m)) * (adv - masked_mean(adv, m))
     return _zero_outside(cov, m)
 
 
 def _prepared(logprobs, old_logprobs, advantages, mask):
+    """``(m, logp, old, adv, r)``: the float mask, the inputs zeroed outside it
+    (``zero_masked_inputs``; ``old``, ``adv`` detached) and the clamped ratio."""
     m = _float_mask(mask, logprobs)
-    old = old_logprobs.detach().astype(logprobs.dtype)
-    adv = advantages.detach().astype(logprobs.dtype)
-    return m, old, adv, paddle.exp(paddle.clip(logprobs - old, min=-20.0, max=20.0))
+    logp, old, adv = zero_masked_inputs(m, logprobs, old_logprobs.detach().astype(logprobs.dtype),
+                                        advantages.detach().astype(logprobs.dtype))
+    return m, logp, old, adv, paddle.exp(paddle.clip(logp - old, min=-20.0, max=20.0))
 
 
 def clip_cov_token_losses(logprobs, old_logprobs, advantages, mask, clip_range_ratio=0.2, clip_range_ratio_low=None,
@@ -71,7 +72,7 @@ def clip_cov_token_losses(logprobs, old_logprobs, advantages, mask, clip_range_r
                          f"{clip_cov_ratio}, ({clip_cov_lb}, {clip_cov_ub})")
     low = clip_range_ratio if clip_range_ratio_low is None else clip_range_ratio_low
     high = clip_range_ratio if clip_range_ratio_high is None else clip_range_ratio_high
-    m, old, adv, ratio = _prepared(logprobs, old_logprobs, advantages, mask)
+    m, logprobs, old, adv, ratio = _prepared(logprobs, old_logprobs, advantages, mask)
     real = m != 0
     pg1 = -adv * ratio
     pg2 = -adv * paddle.clip(ratio, min=1.0 - low, max=1.0 + high)
@@ -111,7 +112,7 @@ def kl_cov_token_losses(logprobs, old_logprobs, advantages, mask, kl_cov_ratio=2
     """
     if not kl_cov_ratio > 0:
         raise ValueError(f"kl_cov needs kl_cov_ratio > 0, got {kl_cov_ratio}")
-    m, old, adv, ratio = _prepared(logprobs, old_logprobs, advantages, mask)
+    m, logprobs, old, adv, ratio = _prepared(logprobs, old_logprobs, advantages, mask)
     real = m != 0
     pg = -adv * ratio
     chosen = top_k_mask(token_covariance(logprobs, adv, m), real, count_from_fraction(real, kl_cov_ratio))

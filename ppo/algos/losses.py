@@ -16,7 +16,7 @@ import paddle
 import paddle.nn.functional as F
 
 from .kl import kl_penalty
-from .masked import _float_mask, _zero_outside, masked_mean, masked_sum, masked_var
+from .masked import _float_mask, _zero_outside, masked_mean, masked_sum, masked_var, zero_masked_inputs
 
 __all__ = [
     "LOSS_AGG_MODES",
@@ -126,8 +126,8 @@ def ppo_clip_token_losses(
     """Per-token clipped PPO surrogate ``[B, T]`` and its stats, before aggregation.
 
     The token part of :func:`ppo_policy_loss` (its docstring has the formulas): returns
-    ``(token_loss, stats)`` with ``token_loss`` ``[B, T]`` (with gradient; values at
-    masked-out positions are never read by the aggregation) and ``stats`` holding every
+    ``(token_loss, stats)`` with ``token_loss`` ``[B, T]`` (with gradient; at masked-out
+    positions the finite loss of zero inputs, whatever junk was there) and ``stats`` holding every
     stat of :func:`ppo_policy_loss` except ``loss/policy_avg``. The policy-loss registry
     (``ppo.algos.policy_registry``, entries ``ppo_clip`` and ``gspo``) aggregates it the
     same way, so both give the same numbers to the last bit.
@@ -142,8 +142,8 @@ def ppo_clip_token_losses(
             f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, got {importance_sampling_level!r}"
         )
     m = _float_mask(mask, logprobs)
-    old_logprobs = old_logprobs.detach().astype(logprobs.dtype)
-    advantages = advantages.detach().astype(logprobs.dtype)
+    logprobs, old_logprobs, advantages = zero_masked_inputs(
+        m, logprobs, old_logprobs.detach().astype(logprobs.dtype), advantages.detach().astype(logprobs.dtype))
     ratio = paddle.exp(_policy_log_ratio(logprobs, old_logprobs, m, importance_sampling_level))
     pg1 = -advantages * ratio
     pg2 = -advantages * paddle.clip(ratio, min=1.0 - low, max=1.0 + high)
@@ -191,8 +191,8 @@ def ppo_policy_loss(
     the log of ``s_b`` is clamped to at most 10, and the clip bounds apply to ``s_b``.
     Example: log-ratios ``[0.2, -0.1, 0.5]`` with the last token masked give
     ``s = exp(0.05)`` on both real tokens. verl ``compute_policy_loss_gspo`` forces
-    ``seq-mean-token-mean``; here ``loss_agg_mode`` is honoured (GSPO's paper uses
-    ``seq-mean-token-mean``).
+    ``seq-mean-token-mean`` (GSPO's paper's); the registry entry ``gspo`` defaults to it, here
+    ``loss_agg_mode`` is taken as given.
     Stats: ``loss/policy_avg``; ``policy/approxkl_avg = 0.5 * masked_mean((logp - old)^2)``
     (the k2 estimator used by PaddleNLP/TRL PPO logging); ``policy/clipfrac_avg``
     = fraction of tokens with ``L2 > L1``; ``policy/dual_clipfrac_avg`` = fraction of
@@ -239,8 +239,8 @@ def value_loss(
     ``core_algos.compute_value_loss``; PaddleNLP ``critic_loss_fn``.
     """
     m = _float_mask(mask, values)
-    old_values = old_values.detach().astype(values.dtype)
-    returns = returns.detach().astype(values.dtype)
+    values, old_values, returns = zero_masked_inputs(
+        m, values, old_values.detach().astype(values.dtype), returns.detach().astype(values.dtype))
     vf1 = (values - returns) ** 2
     if clip_range_value is None:
         token_loss = vf1
@@ -271,7 +271,8 @@ def kl_loss(logprobs, ref_logprobs, mask, kind="k3", loss_agg_mode="token-mean",
     Source: Shao et al. 2024 (GRPO eq. 4); verl ``use_kl_loss`` / ``kl_loss_type``.
     """
     m = _float_mask(mask, logprobs)
-    kl = kl_penalty(logprobs, ref_logprobs.detach().astype(logprobs.dtype), kind, clamp=clamp)
+    logprobs, ref_logprobs = zero_masked_inputs(m, logprobs, ref_logprobs.detach().astype(logprobs.dtype))
+    kl = kl_penalty(logprobs, ref_logprobs, kind, clamp=clamp)
     loss = aggregate_loss(kl, m, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
                           loss_scale_factor=loss_scale_factor)
     return loss, {"loss/kl": _detached(loss)}
@@ -307,6 +308,7 @@ def entropy_bonus_from_token_entropy(token_entropy, mask, loss_agg_mode="token-m
                                      loss_scale_factor=None):
     """:func:`entropy_bonus_loss` from per-token entropies ``[B, T]`` (e.g. the chunked
     LM-head path, ``token_logprobs_from_hidden(..., with_entropy=True)``) -> scalar, stats."""
+    (token_entropy,) = zero_masked_inputs(mask, token_entropy)
     loss = aggregate_loss(token_entropy, mask, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
                           loss_scale_factor=loss_scale_factor)
     return loss, {"actor/entropy": _detached(loss)}

@@ -5,15 +5,17 @@ Conventions used throughout ``ppo.algos``:
 * ``x`` and ``mask`` have the same shape (usually ``[B, T]``);
 * ``mask`` is 1 on tokens that count (response tokens) and 0 elsewhere; it may be
   float, int or bool.  Float masks may also carry weights;
-* values at masked-out positions never influence a result, even if they are huge
-  or NaN: they are replaced with 0 through ``paddle.where`` before any arithmetic;
+* values at masked-out positions never influence a result or a gradient, even if they
+  are huge, NaN or infinite: every loss first passes its inputs through
+  :func:`zero_masked_inputs` (``paddle.where``, whose gradient at a masked-out position is
+  0 whatever the value there), so no ``0 * inf`` or ``0 * NaN`` is ever formed;
 * no function writes into its inputs or calls ``.item()``/``.numpy()``.
 """
 import paddle
 
 __all__ = [
     "last_nonzero_index", "masked_centered_square_sum", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
-    "whiten_with_statistics",
+    "whiten_with_statistics", "zero_masked_inputs",
 ]
 
 
@@ -27,6 +29,23 @@ def _float_mask(mask, x):
 def _zero_outside(x, mask_f):
     """``x`` where ``mask_f != 0``, else 0 (so garbage, even NaN, cannot leak in)."""
     return paddle.where(mask_f != 0, x, paddle.zeros_like(x))
+
+
+def zero_masked_inputs(mask, *tensors):
+    """Each of ``tensors`` with 0 wherever ``mask == 0`` (a tuple, in order; None stays None).
+
+    The first step of every loss in ``ppo.algos``: computing ``-A * r`` first and masking the
+    product afterwards keeps the loss right but makes its gradient ``0 * inf`` or ``0 * NaN``
+    (NaN) wherever a masked-out advantage, log-prob or value is not finite. ``paddle.where``
+    passes no gradient to the branch it drops, so the result is finite, and equal to the
+    clean inputs' result, for any junk outside the mask.
+    Example: ``mask = [1, 0]``, ``x = [2, nan]`` -> ``[2, 0]``; ``d sum(out) / dx = [1, 0]``.
+    Shapes: ``mask`` ``[B, T]`` (float, int or bool; non-zero = counted), each tensor ``[B, T]``.
+    """
+    out = []
+    for x in tensors:
+        out.append(None if x is None else _zero_outside(x, _float_mask(mask, x)))
+    return tuple(out)
 
 
 def masked_sum(x, mask, axis=None):

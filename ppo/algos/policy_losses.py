@@ -1,25 +1,27 @@
 """Token losses of CISPO and GMPO for the policy-loss registry (``ppo.algos.policy_registry``).
 
 Each function returns ``(token_loss, stats)``: ``token_loss`` ``[B, T]`` with gradient, to be
-reduced by ``aggregate_loss`` over the response mask (values at masked-out positions are
-never read), ``stats`` detached scalars with the names of ``ppo_policy_loss``'s stats.
+reduced by ``aggregate_loss`` over the response mask (the inputs are zeroed outside the mask
+first, so a masked-out token loss is finite, that of zero inputs, whatever junk was there),
+``stats`` detached scalars with the names of ``ppo_policy_loss``'s stats.
 Log-ratios are clamped to ``[-20, 20]`` before ``exp``, as ``ppo_policy_loss`` does.
 """
 import paddle
 
 from .losses import ratio_stats
-from .masked import _float_mask, masked_mean
+from .masked import _float_mask, masked_mean, zero_masked_inputs
 
 __all__ = ["cispo_token_losses", "gmpo_token_losses"]
 
 
 def _log_ratio(logprobs, old_logprobs, advantages, mask):
-    """``(m, old, adv, logp - old clamped to [-20, 20])`` with ``old`` and ``adv`` detached and
-    cast to the dtype of ``logprobs``, ``m`` the float mask."""
+    """``(m, logp, old, adv, logp - old clamped to [-20, 20])``: ``m`` the float mask, the
+    inputs zeroed outside it (``zero_masked_inputs``), ``old`` and ``adv`` detached and cast to
+    the dtype of ``logprobs``."""
     m = _float_mask(mask, logprobs)
-    old = old_logprobs.detach().astype(logprobs.dtype)
-    adv = advantages.detach().astype(logprobs.dtype)
-    return m, old, adv, paddle.clip(logprobs - old, min=-20.0, max=20.0)
+    logp, old, adv = zero_masked_inputs(m, logprobs, old_logprobs.detach().astype(logprobs.dtype),
+                                        advantages.detach().astype(logprobs.dtype))
+    return m, logp, old, adv, paddle.clip(logp - old, min=-20.0, max=20.0)
 
 
 def cispo_token_losses(logprobs, old_logprobs, advantages, mask, cispo_clip_low=None, cispo_clip_high=4.0):
@@ -46,7 +48,7 @@ def cispo_token_losses(logprobs, old_logprobs, advantages, mask, cispo_clip_low=
     "cispo"``: the weight capped at ``epsilon_high``, no lower bound); both give these
     numbers with the matching bounds (tests/test_policy_loss_registry.py).
     """
-    m, old, adv, d = _log_ratio(logprobs, old_logprobs, advantages, mask)
+    m, logprobs, old, adv, d = _log_ratio(logprobs, old_logprobs, advantages, mask)
     ratio = paddle.exp(d)
     w = ratio
     if cispo_clip_high is not None:
@@ -93,7 +95,7 @@ def gmpo_token_losses(logprobs, old_logprobs, advantages, mask, gmpo_clip_low=0.
     gradients (tests/test_policy_loss_registry.py). With ``top_entropy_frac`` TRL's GMPO takes
     the geometric mean over the kept tokens only; here ``s`` stays the mean over all of them.
     """
-    m, old, adv, d = _log_ratio(logprobs, old_logprobs, advantages, mask)
+    m, logprobs, old, adv, d = _log_ratio(logprobs, old_logprobs, advantages, mask)
     a = masked_mean(adv, m, axis=-1).unsqueeze(-1)
     sgn = paddle.sign(a)
     held = paddle.clip(d, min=-gmpo_clip_low, max=gmpo_clip_high)

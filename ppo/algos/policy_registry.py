@@ -11,11 +11,14 @@ Source: verl ``core_algos.register_policy_loss`` / ``get_policy_loss_fn`` (regis
 """
 from .covariance_losses import clip_cov_token_losses, kl_cov_token_losses
 from .losses import LOSS_AGG_MODES, _detached, aggregate_loss, ppo_clip_token_losses
-from .masked import _float_mask, _zero_outside, masked_mean
+from .masked import _float_mask, _zero_outside, masked_mean, zero_masked_inputs
 from .policy_losses import cispo_token_losses, gmpo_token_losses
 from .token_selection import high_entropy_mask
 
-__all__ = ["POLICY_LOSSES", "PolicyLoss", "get_policy_loss", "policy_loss_table"]
+__all__ = ["POLICY_LOSSES", "PolicyLoss", "TOP_ENTROPY_NORMS", "get_policy_loss", "policy_loss_table"]
+
+TOP_ENTROPY_NORMS = ("kept", "all")
+"""``top_entropy_norm``: divide by the kept tokens (the Beyond-the-80/20 authors' code) or by all (TRL)."""
 
 _PPO_CLIP = {"clip_range_ratio": 0.2, "clip_range_ratio_low": None, "clip_range_ratio_high": None}
 
@@ -55,14 +58,33 @@ class PolicyLoss:
         """``{name: getattr(args, name)}`` for this entry's settings (e.g. the trainer's arguments)."""
         return {name: getattr(args, name) for name in self.settings}
 
-    def __call__(self, logprobs, old_logprobs, advantages, mask, loss_agg_mode="token-mean", num_tokens=None,
+    def aggregation(self, loss_agg_mode=None):
+        """``(mode, why)``: the ``loss_agg_mode`` this loss runs with and the reason, for the
+        run's start-up line. ``loss_agg_mode`` set (not None): that mode, the user's choice;
+        None: the paper's (``self.loss_agg_mode``; for ``gspo`` the ``seq-mean-token-mean``
+        that verl's ``compute_policy_loss_gspo`` forces, for ``gmpo`` the mean over rows of
+        verl's ``compute_policy_loss_geo_mean``)."""
+        if loss_agg_mode is not None:
+            return loss_agg_mode, "loss_agg_mode set in the arguments"
+        return self.loss_agg_mode, f"the default of policy_loss {self.name}: its paper's ({self.source})"
+
+    def __call__(self, logprobs, old_logprobs, advantages, mask, loss_agg_mode=None, num_tokens=None,
                  num_seqs=None, loss_scale_factor=None, rollout_is_weights=None, entropy=None, top_entropy_frac=None,
-                 uniforms=None, **settings):
-        """``(loss, stats)``: the token losses of ``fn``, times the kept-token mask of
-        ``top_entropy_frac`` (``high_entropy_mask`` of ``entropy``; None or 1 keeps every token)
-        and the detached ``rollout_is_weights`` ``[B, T]`` (None: no correction), reduced by
-        ``aggregate_loss(loss_agg_mode, num_tokens, num_seqs, loss_scale_factor)`` over ``mask``
-        (dropped tokens still count in the normaliser, as in the papers' formulas).
+                 top_entropy_norm="kept", uniforms=None, **settings):
+        """``(loss, stats)``: the token losses of ``fn``, times the detached ``rollout_is_weights``
+        ``[B, T]`` (None: no correction), reduced by ``aggregate_loss(loss_agg_mode, num_tokens,
+        num_seqs, loss_scale_factor)`` (``loss_agg_mode`` None: ``self.aggregation()``'s) over
+        ``mask``, or with ``top_entropy_frac`` (< 1; ``high_entropy_mask`` of ``entropy``) over
+        the kept tokens ``mask * kept`` only.
+        ``top_entropy_norm``: ``kept`` divides by the kept tokens only, as the Beyond-the-80/20
+        authors' code does (Shenzhi-Wang/Beyond-the-80-20-Rule-RLVR
+        ``verl/trainer/ppo/core_algos.py``, ``compute_policy_loss_vanilla``: ``agg_loss(...,
+        loss_mask=response_mask * entropy_top_mask)``), so ``num_tokens`` / ``num_seqs`` count
+        kept tokens / rows with a kept token (None: this call's); ``all`` keeps the dropped
+        tokens in the normaliser (TRL ``grpo_trainer.py``: ``per_token_loss * entropy_mask``
+        over ``completion_mask``), ``num_tokens`` counting every real token.
+        Example (token-mean, one row, token losses ``[1, 2, 3, 4]``, the last two kept):
+        ``kept`` -> ``(3 + 4) / 2 = 3.5``; ``all`` -> ``(3 + 4) / 4 = 1.75``.
         Stats: ``fn``'s, ``loss/policy_avg``, and ``policy/entropy_kept_frac`` with a selection.
         Unknown settings raise ``ValueError``; missing ones take the defaults."""
         unknown = sorted(set(settings) - set(self.settings))
@@ -70,18 +92,24 @@ class PolicyLoss:
             raise ValueError(f"policy_loss {self.name!r} takes no {unknown}; its settings: {sorted(self.settings)}")
         if uniforms is not None and not self.random:
             raise ValueError(f"policy_loss {self.name!r} draws no random numbers; uniforms would be ignored")
+        if top_entropy_norm not in TOP_ENTROPY_NORMS:
+            raise ValueError(f"top_entropy_norm must be one of {TOP_ENTROPY_NORMS}, got {top_entropy_norm!r}")
         m = _float_mask(mask, logprobs)
         extra = {"uniforms": uniforms} if self.random else {}
         token_loss, stats = self.fn(logprobs, old_logprobs, advantages, m, **{**self.settings, **settings}, **extra)
+        agg_mask = m
         if top_entropy_frac is not None and top_entropy_frac != 1.0:
             if entropy is None:
                 raise ValueError("top_entropy_frac selects tokens by entropy: pass the per-token entropy")
             kept = high_entropy_mask(entropy, m, top_entropy_frac)
             token_loss = _zero_outside(token_loss, kept)
+            agg_mask = m * kept if top_entropy_norm == "kept" else m
             stats["policy/entropy_kept_frac"] = _detached(masked_mean(kept, m))
         if rollout_is_weights is not None:
-            token_loss = token_loss * _zero_outside(rollout_is_weights.detach().astype(token_loss.dtype), m)
-        loss = aggregate_loss(token_loss, m, loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs,
+            (weights,) = zero_masked_inputs(m, rollout_is_weights.detach().astype(token_loss.dtype))
+            token_loss = token_loss * weights
+        mode = self.aggregation(loss_agg_mode)[0]
+        loss = aggregate_loss(token_loss, agg_mask, mode, num_tokens=num_tokens, num_seqs=num_seqs,
                               loss_scale_factor=loss_scale_factor)
         return loss, {"loss/policy_avg": _detached(loss), **stats}
 

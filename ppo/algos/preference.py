@@ -10,7 +10,7 @@ divide them by the response lengths here.
 import paddle
 import paddle.nn.functional as F
 
-from .masked import _float_mask, last_nonzero_index, masked_mean
+from .masked import _float_mask, last_nonzero_index, masked_mean, zero_masked_inputs
 
 __all__ = [
     "pairwise_reward_loss",
@@ -99,12 +99,10 @@ def tokenwise_pairwise_reward_loss(
     """
     span, better_end, worse_end = pair_divergence_span(better_input_ids, worse_input_ids, better_mask, worse_mask)
     span = span.astype(better_token_scores.dtype)
-    token_loss = -F.log_sigmoid(better_token_scores - worse_token_scores)
-    per_pair = masked_mean(token_loss, span, axis=-1)
+    better, worse = zero_masked_inputs(span, better_token_scores, worse_token_scores)
+    per_pair = masked_mean(-F.log_sigmoid(better - worse), span, axis=-1)
     if regularization:
-        per_pair = per_pair + regularization * (
-            masked_mean(worse_token_scores**2, span, axis=-1) + masked_mean(better_token_scores**2, span, axis=-1)
-        )
+        per_pair = per_pair + regularization * (masked_mean(worse**2, span, axis=-1) + masked_mean(better**2, span, axis=-1))
     loss = paddle.mean(per_pair)
     return loss, _rm_stats(loss, scores_at(better_token_scores, better_end), scores_at(worse_token_scores, worse_end))
 

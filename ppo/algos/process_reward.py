@@ -26,7 +26,7 @@ import paddle
 import paddle.nn.functional as F
 
 from .groups import group_view
-from .masked import _float_mask, _zero_outside
+from .masked import _float_mask, _zero_outside, zero_masked_inputs
 
 __all__ = [
     "PRM_REDUCTIONS",
@@ -50,8 +50,7 @@ def process_reward_loss(step_logits, step_labels, step_mask):
     Shapes: ``step_logits``, ``step_labels`` (0/1 or soft), ``step_mask`` ``[B, S]`` -> ``(loss, stats)``.
     """
     m = _float_mask(step_mask, step_logits)
-    s = _zero_outside(step_logits, m)
-    y = _zero_outside(step_labels.astype(step_logits.dtype), m)
+    s, y = zero_masked_inputs(m, step_logits, step_labels.astype(step_logits.dtype))
     count = paddle.clip(paddle.sum(m), min=1.0)
     loss = paddle.sum((F.softplus(s) - y * s) * m) / count
     with paddle.no_grad():

@@ -59,7 +59,7 @@ def high_entropy_mask(entropy, mask, top_frac):
     ``[0, 1, 0, 1]``; with the 0.9 token masked out, ``N = 3``, ``k = ceil(1.5) = 2`` ->
     ``[0, 0, 1, 1]``.
     Compared with: the authors' ``get_global_entropy_top_mask``
-    (zhouxiangxin1998/Beyond-the-80-20-Rule-RLVR ``verl/trainer/ppo/core_algos.py:53-86``: a
+    (Shenzhi-Wang/Beyond-the-80-20-Rule-RLVR ``verl/trainer/ppo/core_algos.py:53-86``: a
     top-k over the micro-batch's response tokens, ``k = max(1, int(N * ratio + 0.9999))``)
     gives the same mask. TRL's ``get_high_entropy_mask`` (``grpo_trainer.py:1396-1432``) keeps
     tokens at or above the ``1 - top_frac`` quantile (linear interpolation) gathered over

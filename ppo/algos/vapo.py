@@ -23,7 +23,7 @@ a result) and inputs are never written into.
 import paddle
 
 from .advantage import AdvEstimator, gae_advantages_and_returns
-from .masked import _float_mask, _zero_outside
+from .masked import _float_mask, zero_masked_inputs
 
 __all__ = [
     "VAPO_ALPHA",
@@ -123,6 +123,7 @@ def positive_example_nll(logprobs, mask, positive, num_tokens=None):
     """
     m = _float_mask(mask, logprobs)
     weights = m * positive.astype(logprobs.dtype).reshape([-1, 1])
-    total = paddle.sum(_zero_outside(logprobs, weights))
+    (logprobs,) = zero_masked_inputs(weights, logprobs)
+    total = paddle.sum(logprobs)
     count = paddle.sum(weights) if num_tokens is None else float(num_tokens)
     return -total / paddle.clip(paddle.to_tensor(count, dtype=logprobs.dtype), min=1.0)

@@ -11,8 +11,15 @@ setting that the chosen loss, correction or estimator would not read.
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..algos import ADV_ESTIMATORS, POLICY_LOSSES
+from ..algos import ADV_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES, TOP_ENTROPY_NORMS
 from ..algos.rollout_correction import ROLLOUT_IS_LEVELS
+
+LOSS_AGG_MODE_HELP = (
+    f"Loss aggregation: {' | '.join(LOSS_AGG_MODES)}; None (not set): the policy loss's paper's (seq-mean-token-mean "
+    "for gspo and gmpo, as verl; token-mean for the others) and token-mean for the value, entropy and KL terms. The "
+    "start-up log names the one used and why."
+)
+"""The help of `loss_agg_mode` (declared with the update settings in `ppo/ppo_arguments.py`)."""
 
 
 @dataclass
@@ -43,6 +50,12 @@ class PolicyLossArguments:
         default=1.0,
         metadata={"help": "Train only on this fraction of each micro-batch's response tokens, those of highest entropy "
                   "(Wang et al. 2025, 'Beyond the 80/20 Rule'; 0.2 there), with any policy_loss; 1.0: every token."},
+    )
+    top_entropy_norm: str = field(
+        default="kept",
+        metadata={"help": "top_entropy_frac < 1: kept = the policy loss is divided by the kept tokens only (the Beyond the "
+                  "80/20 authors' code, Shenzhi-Wang/Beyond-the-80-20-Rule-RLVR) | all = by every response token, the "
+                  "dropped ones included (TRL's GRPOTrainer)."},
     )
     rollout_is: str = field(
         default="none",
@@ -97,9 +110,33 @@ def policy_loss_problems(args, estimator=None):
         problems += _foreign_settings(args, ADV_ESTIMATORS, estimator, "adv_estimator")
         if "pass_k" in estimator.settings and isinstance(args.rollout_n, int) and not 1 <= args.pass_k <= args.rollout_n:
             problems.append(f"pass_k must be in [1, rollout_n={args.rollout_n}] (pass@k of a group), got {args.pass_k}")
+    return problems + top_entropy_problems(args) + rollout_correction_problems(args)
+
+
+def top_entropy_problems(args):
+    """`top_entropy_frac` in (0, 1]; `top_entropy_norm` a choice, and set only where it acts."""
+    problems = []
     if not 0.0 < args.top_entropy_frac <= 1.0:
         problems.append(f"top_entropy_frac must be in (0, 1] (1: every token), got {args.top_entropy_frac}")
-    return problems + rollout_correction_problems(args)
+    if args.top_entropy_norm not in TOP_ENTROPY_NORMS:
+        problems.append(f"top_entropy_norm must be one of {TOP_ENTROPY_NORMS}, got {args.top_entropy_norm!r}")
+    elif args.top_entropy_frac == 1.0 and _changed(args, "top_entropy_norm"):
+        problems.append(f"top_entropy_norm={args.top_entropy_norm!r} acts with top_entropy_frac < 1; "
+                        "top_entropy_frac is 1.0 (every token)")
+    return problems
+
+
+def policy_loss_startup_line(args):
+    """The start-up log line of the policy loss: its aggregation and why, the other loss terms'
+    aggregation, and with `top_entropy_frac` < 1 the normaliser of the kept tokens."""
+    entry = POLICY_LOSSES[args.policy_loss]
+    mode, why = entry.aggregation(args.loss_agg_mode)
+    terms = args.loss_agg_mode if args.loss_agg_mode is not None else LOSS_AGG_MODES[0]
+    line = f"policy_loss {entry.name}: loss_agg_mode {mode} ({why}); value, entropy and KL terms: {terms}"
+    if args.top_entropy_frac < 1.0:
+        by = "the kept tokens only" if args.top_entropy_norm == "kept" else "every response token"
+        line += f"; top_entropy_frac {args.top_entropy_frac}: divided by {by} (top_entropy_norm {args.top_entropy_norm})"
+    return line
 
 
 def rollout_correction_problems(args):

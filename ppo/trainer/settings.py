@@ -73,7 +73,7 @@ class UpdateSettings:
     update_micro_rows: int
     update_accumulation_steps: int
     seed: int
-    loss_agg_mode: str
+    loss_agg_mode: Optional[str]
     loss_scale: float
     clip_range_ratio: float
     clip_range_ratio_low: Optional[float]
@@ -82,6 +82,7 @@ class UpdateSettings:
     importance_sampling_level: str
     policy_loss: str
     top_entropy_frac: float
+    top_entropy_norm: str
     cispo_clip_low: Optional[float]
     cispo_clip_high: Optional[float]
     gmpo_clip_low: float

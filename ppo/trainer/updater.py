@@ -10,9 +10,11 @@ weights, optimiser state and learning-rate schedule stay as they are."""
 import logging
 
 import numpy as np
+import paddle
 
-from ..algos import (entropy_bonus_from_token_entropy, get_policy_loss, in_value_pretraining, kl_loss, masked_mean,
-                     positive_example_nll, value_loss, value_pretraining_targets)
+from ..algos import (LOSS_AGG_MODES, count_from_fraction, entropy_bonus_from_token_entropy, get_policy_loss,
+                     in_value_pretraining, kl_loss, masked_mean, positive_example_nll, value_loss,
+                     value_pretraining_targets)
 from ..algos.kl import K3_NAMES
 from ..passes import UpdateLosses
 
@@ -156,7 +158,7 @@ class PPOUpdater:
         num_tokens = self.ranks.sum([mask.sum()])[0] / world  # the per-rank share of the global counts
         num_seqs = self.ranks.sum([(mask.sum(-1) > 0).sum()])[0] / world
         positive_tokens = self.positive_token_count(exp, plan, mask)
-        losses = self.losses(num_tokens, num_seqs, positive_tokens)
+        losses = self.losses(num_tokens, num_seqs, positive_tokens, self.kept_token_count(plan, response_mask))
         actor_total, value_totals, micro_stats = self.passes.backward_step(exp, plan, losses)
         if positive_tokens is not None:  # the step's token mean: the sum of its micro-batches' parts
             acc.add({"loss/positive_lm": sum(float(st.pop("loss/positive_lm_part")) for st in micro_stats)})
@@ -182,13 +184,29 @@ class PPOUpdater:
         positive = exp.scores.numpy()[[r for mb in plan for r in mb]] >= s.positive_example_min_score
         return self.ranks.sum([mask[positive].sum()])[0] / self.ranks.world_size
 
-    def losses(self, num_tokens, num_seqs, positive_tokens=None):
+    def kept_token_count(self, plan, response_mask):
+        """With `top_entropy_frac` < 1 and `top_entropy_norm` kept: the per-rank share of the
+        global count of the tokens the entropy selection keeps over `plan`'s micro-batches (a
+        micro-batch of N response tokens keeps `count_from_fraction(N, top_entropy_frac,
+        round_up=True)` of them whatever their entropies), the policy loss's token normaliser;
+        else None. `response_mask`: the experience's (numpy, `[rows, Tr]`)."""
+        s = self.settings
+        if s.top_entropy_frac >= 1.0 or s.top_entropy_norm != "kept":
+            return None
+        kept = sum(float(count_from_fraction(paddle.to_tensor(response_mask[mb]), s.top_entropy_frac, round_up=True))
+                   for mb in plan)
+        return self.ranks.sum([kept])[0] / self.ranks.world_size
+
+    def losses(self, num_tokens, num_seqs, positive_tokens=None, kept_tokens=None):
         """The losses of one optimiser step for `ModelPasses.backward_step`, normalised by the
         step's global `num_tokens` / `num_seqs` (`positive_tokens`: the positive-example NLL's
-        count, None without it); no actor loss while the critics are pretrained."""
+        count, None without it; `kept_tokens`: the policy loss's with `top_entropy_norm` kept);
+        no actor loss while the critics are pretrained."""
         critics = {o.name: (lambda mb, forward, o=o: self.critic_loss(o, mb, forward, num_tokens, num_seqs))
                    for o in self.critics}
         extra = {} if positive_tokens is None else {"positive_tokens": positive_tokens}
+        if kept_tokens is not None:
+            extra["kept_tokens"] = kept_tokens
         actor = None if self.pretraining_critics else (
             lambda mb, forward: self.actor_loss(mb, forward, num_tokens, num_seqs, **extra))
         return UpdateLosses(
@@ -197,22 +215,30 @@ class PPOUpdater:
         )
 
     def aggregation(self, num_tokens, num_seqs):
-        """Aggregation keywords shared by every loss term."""
+        """Aggregation keywords of the value, entropy and KL terms: `loss_agg_mode`, token-mean
+        when it is not set (the policy loss then takes its paper's, `PolicyLoss.aggregation`)."""
         s = self.settings
-        return dict(loss_agg_mode=s.loss_agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, loss_scale_factor=s.loss_scale)
+        mode = s.loss_agg_mode if s.loss_agg_mode is not None else LOSS_AGG_MODES[0]
+        return dict(loss_agg_mode=mode, num_tokens=num_tokens, num_seqs=num_seqs, loss_scale_factor=s.loss_scale)
 
-    def actor_loss(self, mb, forward, num_tokens, num_seqs, positive_tokens=None):
+    def actor_loss(self, mb, forward, num_tokens, num_seqs, positive_tokens=None, kept_tokens=None):
         """pg_loss_coeff * policy loss - entropy_coeff * entropy + kl_loss_coeff * KL (+ VAPO's
         positive_example_lm_coeff * positive-example NLL over `positive_tokens`) and its stats;
         `forward`: the micro-batch's training forward (`{"logprobs", "entropy"}`, `[n, Tr]`). The
         policy loss's tokens are weighted by the rollout correction's `mb.rollout_is_weights`
-        (None: none) and, with `top_entropy_frac` < 1, kept by their entropy."""
+        (None: none) and, with `top_entropy_frac` < 1, kept by their entropy; with
+        `top_entropy_norm` kept its token normaliser is `kept_tokens` (None: the micro-batch's)."""
         s, agg = self.settings, self.aggregation(num_tokens, num_seqs)
         logprobs, entropy = forward["logprobs"], forward["entropy"]
-        selection = dict(entropy=entropy.detach(), top_entropy_frac=s.top_entropy_frac) if s.top_entropy_frac < 1.0 else {}
+        selection = {}
+        if s.top_entropy_frac < 1.0:
+            selection = dict(entropy=entropy.detach(), top_entropy_frac=s.top_entropy_frac, top_entropy_norm=s.top_entropy_norm)
+        policy_agg = {**agg, "loss_agg_mode": s.loss_agg_mode}  # None: the policy loss's paper's
+        if s.top_entropy_frac < 1.0 and s.top_entropy_norm == "kept":
+            policy_agg["num_tokens"] = kept_tokens
         pg_loss, stats = self.policy_loss(logprobs, mb.old_logprobs, mb.advantages, mb.response_mask,
                                           rollout_is_weights=mb.rollout_is_weights, **selection, **self.policy_settings,
-                                          **agg)
+                                          **policy_agg)
         loss = s.pg_loss_coeff * pg_loss
         if s.entropy_coeff:
             bonus, entropy_stats = entropy_bonus_from_token_entropy(entropy, mb.response_mask, **agg)
