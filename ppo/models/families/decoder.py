@@ -15,6 +15,7 @@ With the train patch on (`ppo.models.train_patch`, ``use_train_patch``) RMSNorm,
 and attention run the fused ops of `ppo.models.fused_train_ops`; off, their pure-Paddle twins
 (the same formulas).
 """
+import logging
 import math
 
 import paddle
@@ -24,6 +25,22 @@ from paddlenlp.transformers.model_outputs import BaseModelOutputWithPast
 from paddlenlp.transformers.qwen2.modeling import Qwen2Model, Qwen2RotaryEmbedding
 
 from .. import fused_train_ops as ops
+
+logger = logging.getLogger(__name__)
+
+
+UNIMPLEMENTED_SWITCHES = ("use_flash_attention", "use_fused_rms_norm", "use_fused_rope")
+_warned = set()
+
+
+def warn_unimplemented_switches(config, name):
+    """Log once per switch that PaddleNLP's GPU switches (flash attention, fused RMSNorm / RoPE)
+    do nothing in these classes: they run the plain ops (or the train patch's fused CPU ops)."""
+    for switch in UNIMPLEMENTED_SWITCHES:
+        if getattr(config, switch, False) and (name, switch) not in _warned:
+            _warned.add((name, switch))
+            logger.warning(f"{name}: {switch} is not implemented by this family's Paddle classes; it does nothing "
+                           "here (attention and norms run Paddle's plain ops)")
 
 
 def _patched():

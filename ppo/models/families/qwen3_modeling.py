@@ -16,7 +16,7 @@ from paddlenlp.transformers.model_outputs import CausalLMOutputWithPast
 from paddlenlp.transformers.model_utils import PretrainedModel, register_base_model
 from paddlenlp.transformers.qwen2.modeling import Qwen2ForCausalLM
 
-from .decoder import LMHead, RMSNorm, DecoderLayer, decoder_forward
+from .decoder import DecoderLayer, LMHead, RMSNorm, decoder_forward, warn_unimplemented_switches
 
 __all__ = ["Qwen3Config", "Qwen3PretrainedModel", "Qwen3Model", "Qwen3ForCausalLM"]
 
@@ -63,6 +63,7 @@ class Qwen3PretrainedModel(PretrainedModel):
     def __init__(self, config):
         if int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1:
             raise ValueError("Qwen3: tensor_parallel_degree > 1 is not implemented for this family here; set it to 1")
+        warn_unimplemented_switches(config, "Qwen3")
         super().__init__(config)
 
     def _init_weights(self, layer):
