@@ -176,3 +176,16 @@ def test_transformers_computes_the_same_logits_both_ways(tmp_path):
         diff = np.abs(out[i]["logits"] * MASK[..., None] - causal_logits(back, mask=MASK)).max()
         assert diff <= TRANSFORMERS_ATOL, (name, diff)
     assert IDS.shape == out[0]["logits"].shape[:2]
+
+
+def test_the_start_up_check_names_an_unsupported_model_type_before_loading(tmp_path):
+    from ppo.common.validation import model_dir_problems
+
+    model = qwen3_model()
+    model.save_pretrained(str(tmp_path / "ok"))
+    assert model_dir_problems([("model_name_or_path", str(tmp_path / "ok"))]) == []
+    model.save_pretrained(str(tmp_path / "bad"))
+    config = json.load(open(tmp_path / "bad" / "config.json"))
+    hf_files.write_json(dict(config, model_type="ernie4_5"), str(tmp_path / "bad" / "config.json"))
+    (problem,) = model_dir_problems([("model_name_or_path", str(tmp_path / "bad"))])
+    assert "model_type 'ernie4_5' is not supported; supported model types are ['llama', 'qwen2', 'qwen3']" in problem
