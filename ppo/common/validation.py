@@ -272,8 +272,8 @@ def check_model_dir(arg_name, path, need_score_head=False, _adapters=()):
 
 
 def _check_model_type(config, config_file, arg_name):
-    """A `model_type` no family of `ppo.models.families` implements is refused by name."""
-    from ppo.models.families import FAMILIES, supported
+    """A `model_type` no family of `ppo.common.model_families` implements is refused by name."""
+    from .model_families import FAMILIES, supported
 
     model_type = config.get("model_type")
     if model_type is not None and model_type not in FAMILIES:

@@ -5,8 +5,8 @@ PaddleNLP state dict, transformers' class names for export, whether its attentio
 norms (the rollout engine reads them), and, for the families whose Paddle classes are written
 here (PaddleNLP 3.0.0b4 has no Qwen3), the module that holds them and their Hugging Face config
 mapping. Llama and Qwen2 use PaddleNLP's classes and `ppo.models.hf_format`'s mapping
-(``module`` None). Adding a family is a module and one line in `FAMILIES`; callers read the
-entry's facts, never its name.
+(``module`` None). Adding a family is a module and one line in `FAMILIES` (`ppo.common.model_families`, the
+table itself, importable by the start-up checks); callers read the entry's facts, never its name.
 
 A family module provides ``CONFIG_CLASS``, ``CAUSAL_LM_CLASS``, ``BASE_MODEL_CLASS``,
 ``PRETRAINED_CLASS``, ``paddle_config(hf) -> config kwargs``, ``hf_fields(cfg) -> config.json
@@ -15,41 +15,8 @@ fields`` and ``extra_hf_shapes(hf, layer_prefix) -> {name: shape}`` of one layer
 import importlib
 import json
 import os
-from dataclasses import dataclass
-from typing import Optional
 
-
-@dataclass(frozen=True)
-class Family:
-    model_type: str
-    prefix: str
-    """Attribute of the decoder in the causal LM, and its state-dict prefix (``qwen3.layers.0...``)."""
-    causal_lm_arch: str
-    score_arch: str
-    """transformers' class names written into an exported ``config.json``."""
-    module: Optional[str] = None
-    """Module holding our own Paddle classes and config mapping; None: PaddleNLP's classes."""
-    qk_norm: bool = False
-    """Attention applies RMSNorm to each q and k head before RoPE (``self_attn.q_norm`` / ``k_norm``)."""
-
-
-FAMILIES = {f.model_type: f for f in (
-    Family("llama", "llama", "LlamaForCausalLM", "LlamaForSequenceClassification"),
-    Family("qwen2", "qwen2", "Qwen2ForCausalLM", "Qwen2ForSequenceClassification"),
-    Family("qwen3", "qwen3", "Qwen3ForCausalLM", "Qwen3ForSequenceClassification",
-           module="ppo.models.families.qwen3", qk_norm=True),
-)}
-
-
-def supported():
-    return sorted(FAMILIES)
-
-
-def get_family(model_type, where="model_type"):
-    """The `Family` of `model_type`; a ValueError naming `where` and the supported list otherwise."""
-    if model_type not in FAMILIES:
-        raise ValueError(f"{where} {model_type!r}: supported model types are {supported()}")
-    return FAMILIES[model_type]
+from ...common.model_families import FAMILIES, Family, get_family, supported  # noqa: F401 (the registry, re-exported)
 
 
 def family_module(model_type):
