@@ -189,3 +189,29 @@ def test_the_start_up_check_names_an_unsupported_model_type_before_loading(tmp_p
     hf_files.write_json(dict(config, model_type="ernie4_5"), str(tmp_path / "bad" / "config.json"))
     (problem,) = model_dir_problems([("model_name_or_path", str(tmp_path / "bad"))])
     assert "model_type 'ernie4_5' is not supported; supported model types are ['llama', 'qwen2', 'qwen3']" in problem
+
+
+def test_pipeline_parallelism_refuses_qwen3_by_name(tmp_path):
+    from ppo.models.pipeline import load_pipe
+
+    qwen3_model().save_pretrained(str(tmp_path))
+    with pytest.raises(ValueError, match="no pipeline class for model_type 'qwen3'"):
+        load_pipe(str(tmp_path), loss_fn=None, prepare_inputs=None)
+
+
+@pytest.mark.parametrize("granularity", ["full", "full_attn", "core_attn"])
+def test_recompute_gives_the_same_gradients(granularity):
+    from ppo.models.loading import enable_recompute
+
+    grads = []
+    for recompute in (False, True):
+        model = qwen3_model()
+        model.train()
+        if recompute:
+            assert enable_recompute(model, granularity) >= 2
+        logits = model(input_ids=paddle.to_tensor(IDS), attention_mask=paddle.to_tensor(MASK), return_dict=True).logits
+        (logits.square().mean()).backward()
+        grads.append({n: p.grad.numpy() for n, p in model.named_parameters() if p.grad is not None})
+    assert len(grads[1]) == len(grads[0]) > 10
+    for name, grad in grads[0].items():
+        np.testing.assert_allclose(grads[1][name], grad, rtol=1e-5, atol=1e-7, err_msg=name)
