@@ -1,5 +1,5 @@
 """The tiny Qwen3 (`ppo.tiny.factory --arch qwen3`) through the entry points: 2 SFT steps
-(sft/run_sft.py), then 2 GRPO steps with the rule scorer (ppo/run_ppo.py, the rollout engine
+(sft/run_sft.py) from its Hugging Face export, then 2 GRPO steps with the rule scorer (ppo/run_ppo.py, the rollout engine
 generating), each with finite metrics and a saved model that reloads as our Qwen3ForCausalLM
 with the trained weights; and the factory's Llama default is untouched by the option."""
 import json
@@ -35,8 +35,13 @@ def test_sft_then_grpo_train_and_reload(tmp_path, tiny_qwen3_dir, tiny_data_dir)
     from sft.run_sft import main as run_sft
     from tests.test_ppo_trainer import read_metrics
 
+    from ppo.models.hf_convert import export_dir, is_hf_dir
+
+    hf_dir = str(tmp_path / "hf")  # SFT starts from the Hugging Face export (imported in memory)
+    export_dir(tiny_qwen3_dir, hf_dir)
+    assert is_hf_dir(hf_dir) and json.load(open(f"{hf_dir}/config.json"))["architectures"] == ["Qwen3ForCausalLM"]
     sft_out = str(tmp_path / "sft")
-    run_sft(["config/tiny/sft_argument.json", "--model_name_or_path", tiny_qwen3_dir,
+    run_sft(["config/tiny/sft_argument.json", "--model_name_or_path", hf_dir,
              "--train_datasets", f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl",
              "--eval_datasets", f"Jsonfile:1.0:{tiny_data_dir}/test.jsonl", "--output_dir", sft_out,
              "--logging_dir", f"{sft_out}/vdl", "--max_steps", "2", "--logging_steps", "1",
@@ -45,7 +50,9 @@ def test_sft_then_grpo_train_and_reload(tmp_path, tiny_qwen3_dir, tiny_data_dir)
     losses = [r["loss/sft"] for r in read_metrics(sft_out) if "loss/sft" in r]
     assert len(losses) == 2 and all(np.isfinite(losses)), losses
     base, sft = load_causal_lm(tiny_qwen3_dir), load_causal_lm(sft_out)
+    np.testing.assert_array_equal(causal_logits(load_causal_lm(hf_dir), IDS), causal_logits(base, IDS))
     assert type(sft).__name__ == "Qwen3ForCausalLM" and sft.lm_head.weight is sft.qwen3.embed_tokens.weight
+    assert not is_hf_dir(sft_out)  # runs save in PaddleNLP's layout
     assert np.abs(causal_logits(sft, IDS) - causal_logits(base, IDS)).max() > 0
 
     out = str(tmp_path / "grpo")
