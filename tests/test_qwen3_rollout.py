@@ -19,8 +19,7 @@ def _ops_built():
     custom_and_fallback_ops()
 
 
-@pytest.fixture(scope="module")
-def qwen3():
+def random_qwen3():
     from ppo.models.families.qwen3_modeling import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -35,6 +34,11 @@ def qwen3():
             norm.weight.set_value(rng.uniform(0.3, 3.0, norm.weight.shape).astype("float32"))
     model.eval()
     return model
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    return random_qwen3()
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +100,33 @@ def test_the_engine_reads_the_q_and_k_norms(qwen3, prompts):
     finally:
         weights._qk_norms = original
     assert np.abs(with_norms - without).max() > 1e-2
+
+
+def test_a_lora_adapter_on_qwen3_is_trained_on_the_projections_and_seen_by_the_engine(prompts):
+    """The default LoRA targets wrap the seven projections of each layer (not the q/k norms), and
+    the engine generates with the adapter's current delta."""
+    from ppo.models.loading import apply_lora
+
+    qwen3 = random_qwen3()  # LoRA rewraps the layers in place: not the shared fixture
+
+    lora = apply_lora(qwen3, rank=4, alpha=8)
+    trainable = sorted(n for n, p in lora.named_parameters() if not p.stop_gradient)
+    assert len(trainable) == 2 * 7 * 2 and not any("norm" in n for n in trainable)
+    for name, param in lora.named_parameters():
+        if "lora_B" in name:
+            param.set_value(paddle.randn(param.shape) * 0.1)
+    ids, mask = prompts
+    out = _engine(lora, "paddle").generate(ids, mask, SamplingParams(max_new_tokens=6), seed=2)
+    full = paddle.concat([mask, paddle.ones_like(out.response_ids)], axis=1)
+    with paddle.no_grad():
+        logits = lora(input_ids=out.sequences, attention_mask=full, position_ids=(paddle.cumsum(full, 1) - 1).clip(min=0),
+                      return_dict=True).logits
+        lora.disable_lora()
+        base = qwen3(input_ids=out.sequences, attention_mask=full, position_ids=(paddle.cumsum(full, 1) - 1).clip(min=0),
+                     return_dict=True).logits
+        lora.enable_lora()
+    lp = F.log_softmax(logits[:, ids.shape[1] - 1:-1].astype("float32"), axis=-1)
+    ref = paddle.take_along_axis(lp, out.response_ids.unsqueeze(-1), axis=-1).squeeze(-1).numpy()
+    m = out.response_mask.numpy()
+    assert np.abs((ref - out.response_logprobs.numpy()) * m).max() < 1e-4
+    assert np.abs((logits - base).numpy()).max() > 1e-3  # the adapter changes the model
