@@ -215,3 +215,15 @@ def test_recompute_gives_the_same_gradients(granularity):
     assert len(grads[1]) == len(grads[0]) > 10
     for name, grad in grads[0].items():
         np.testing.assert_allclose(grads[1][name], grad, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_bfloat16_weights_keep_their_dtype_and_bits(tmp_path):
+    model = qwen3_model()
+    model.to(dtype="bfloat16")
+    model.config.dtype = "bfloat16"
+    assert export_model(model, str(tmp_path))["torch_dtype"] == "bfloat16"
+    back = load_hf_model(str(tmp_path))
+    assert back.qwen3.layers[0].self_attn.k_norm.weight.dtype == paddle.bfloat16
+    after = back.state_dict()
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(after[name].numpy(), value.numpy(), err_msg=name)
