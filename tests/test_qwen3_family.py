@@ -227,3 +227,11 @@ def test_bfloat16_weights_keep_their_dtype_and_bits(tmp_path):
     after = back.state_dict()
     for name, value in model.state_dict().items():
         np.testing.assert_array_equal(after[name].numpy(), value.numpy(), err_msg=name)
+
+
+def test_a_resume_names_another_head_dim(tmp_path):
+    from ppo.resume_check import fact_differences, model_facts, saved_model_facts
+
+    qwen3_model().save_pretrained(str(tmp_path))
+    found = fact_differences(saved_model_facts(str(tmp_path)), model_facts(qwen3_model(head_dim=8)), "model")
+    assert found == ["model: head_dim is 16 in the checkpoint but 8 in this run"]
