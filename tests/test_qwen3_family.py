@@ -162,7 +162,13 @@ def test_transformers_computes_the_same_logits_both_ways(tmp_path):
     for name, config in built.items():
         jobs.append({"dir": str(tmp_path / name), "kind": "build", "config": config, "seed": len(jobs),
                      "legacy_rope": name.endswith("v4")})
-    out = run_transformers(jobs, tmp_path)
+    scorer = qwen3_score_model()
+    scorer.config.do_normalize = False
+    export_model(scorer, str(tmp_path / "score"))
+    out = run_transformers(jobs + [{"dir": str(tmp_path / "score"), "kind": "score"}], tmp_path)
+    bias = float(scorer.score_head.bias.numpy()[0])  # transformers' score layer has no bias
+    assert str(out[-1]["class_name"]) == "Qwen3ForSequenceClassification"
+    assert np.abs(out[-1]["scores"] + bias - end_scores(scorer)).max() <= TRANSFORMERS_ATOL
     for i, model in enumerate(ours.values()):
         assert str(out[i]["class_name"]) == "Qwen3ForCausalLM" and bool(out[i]["tied"]) == (i == 0)
         diff = np.abs(out[i]["logits"] * MASK[..., None] - causal_logits(model, mask=MASK)).max()
