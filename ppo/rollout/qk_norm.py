@@ -4,17 +4,18 @@ before RoPE (Qwen3's ``self_attn.q_norm`` / ``k_norm``; `ppo.models.families`).
 The engine's attention op takes the fused projection ``[q | k | v]`` and applies RoPE itself,
 so the norms go in between: the q and k columns are normalised per head of ``head_dim``
 (variance in float32, as the training forward) and the three parts joined again. "rows"
-layout: ``qkv [B, T, W]`` or ``[B, W]`` (the compiled RMSNorm op over ``[N, head_dim]``);
-"cols" layout: ``qkv [W, B]`` (Paddle ops over ``[heads, head_dim, B]``).
+layout: ``qkv [B, T, W]`` or ``[B, W]``; "cols" layout: ``qkv [W, B]``, its heads transposed to
+``[heads * B, head_dim]`` and back; both through the op set's RMSNorm over rows of ``head_dim``.
 """
 import paddle
 
 
 def _heads_rms(ops, x, weight, head_dim, eps, cols):
-    if cols:  # [n * hd, B]
-        y = x.reshape([-1, head_dim, x.shape[-1]])
-        variance = y.square().mean(axis=1, keepdim=True)
-        return (y * paddle.rsqrt(variance + eps) * weight.reshape([1, head_dim, 1])).reshape(x.shape)
+    if cols:  # [n * hd, B] -> rows [n * B, hd] for the compiled op (2.5x faster than Paddle ops here) -> back
+        n, B = x.shape[0] // head_dim, x.shape[1]
+        rows = x.reshape([n, head_dim, B]).transpose([0, 2, 1]).contiguous().reshape([-1, head_dim])
+        y = ops.rms_norm(rows, weight, eps, False)
+        return y.reshape([n, B, head_dim]).transpose([0, 2, 1]).reshape(x.shape)
     return ops.rms_norm(x.reshape([-1, head_dim]), weight, eps, False).reshape(x.shape)
 
 
