@@ -6,7 +6,7 @@
 
 `--model_path` is a PaddleNLP model directory written here (SFT/DPO output, PPO `policy/` or
 `value/`, a reward or cost model) or a LoRA adapter, merged into its base first. A causal LM
-becomes `LlamaForCausalLM` / `Qwen2ForCausalLM`; a score model (reward, cost, critic)
+becomes `LlamaForCausalLM` / `Qwen2ForCausalLM` / `Qwen3ForCausalLM`; a score model (reward, cost, critic)
 `LlamaForSequenceClassification` / `Qwen2ForSequenceClassification` with one label, its head
 `score.weight` (and `score.bias`), its score type and normaliser statistics in `config.json`.
 Weights keep their dtype unless `--dtype` is given; above `--max_shard_size` they are split into

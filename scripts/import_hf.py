@@ -1,4 +1,4 @@
-"""Convert a Hugging Face safetensors directory (Llama, Qwen2) into our PaddleNLP layout.
+"""Convert a Hugging Face safetensors directory (Llama, Qwen2, Qwen3) into our PaddleNLP layout.
 
     python scripts/import_hf.py --hf_path ~/models/Qwen2.5-0.5B-Instruct --output_dir models/qwen2.5-0.5b
     python scripts/import_hf.py --hf_path ~/models/my-reward-model --output_dir models/rm --dtype float32
@@ -6,7 +6,7 @@
 Most runs need no conversion: `model_name_or_path` (and the PPO model paths) may name a Hugging
 Face directory, converted in memory at load. Convert once for tensor or pipeline parallelism
 (PaddleNLP's loaders split a PaddleNLP checkpoint), or to keep a PaddleNLP copy.
-`LlamaForCausalLM` / `Qwen2ForCausalLM` become PaddleNLP causal LMs; a one-label
+`LlamaForCausalLM` / `Qwen2ForCausalLM` become PaddleNLP causal LMs (`Qwen3ForCausalLM` our own class); a one-label
 `*ForSequenceClassification` (a TRL reward or value model, or one written by
 scripts/export_hf.py) becomes our score model, with the score type and normaliser statistics
 of its `config.json` when it has them. Weights keep their dtype unless `--dtype` is given.

@@ -4,8 +4,8 @@ process with a Python that has torch and transformers; Paddle and torch never sh
     python tests/hf_transformers_check.py JOB.json
 
 JOB.json: a list of `{"dir", "kind": "causal" | "score" | "build", "input_ids", "attention_mask", "out"}`;
-`build` first writes a random causal LM of the job's `config` into `dir` (then runs as `causal`).
-Each writes `out` (.npz): `logits` [B, T, V] of `AutoModelForCausalLM`, or `scores` [B] of
+a "build" job first writes a random model of its `config` into `dir` (see `build`), then runs as
+"causal". Each writes `out` (.npz): `logits` [B, T, V] of `AutoModelForCausalLM`, or `scores` [B] of
 `AutoModelForSequenceClassification` (one label, at each row's last real token), and
 `class_name`, `tied` (whether the LM head shares the embedding weight). A job with
 `"texts"` also writes `token_ids` of `AutoTokenizer` (no special tokens), one list per text; the
@@ -23,16 +23,28 @@ import transformers
 
 
 def build(job):
-    """A random model of `job["config"]` (transformers config kwargs, `model_type` included) saved
-    with `save_pretrained` into `job["dir"]`: weights N(0, 0.2), norms 1 + N(0, 0.01)."""
+    """A random model of `job["config"]` (a transformers config dict with `model_type`) saved in
+    `job["dir"]`: every weight N(0, 0.2), norms around 1 (q/k norms included), so no name
+    mix-up hides behind an initial value. `"legacy_rope": true` rewrites `config.json` in
+    transformers 4's layout (`rope_theta` at the top, no `rope_parameters` / `layer_types`)."""
     torch.manual_seed(job.get("seed", 0))
-    config = transformers.AutoConfig.for_model(**job["config"])
-    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float32)
+    fields = dict(job["config"])
+    config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for name, param in model.named_parameters():
             noise = torch.randn(param.shape)
             param.copy_(1.0 + 0.1 * noise if "norm" in name else 0.2 * noise)
     model.save_pretrained(job["dir"])
+    if job.get("legacy_rope"):
+        path = os.path.join(job["dir"], "config.json")
+        with open(path) as f:
+            saved = json.load(f)
+        saved["rope_theta"] = saved.pop("rope_parameters")["rope_theta"]
+        saved["rope_scaling"] = None
+        saved.pop("layer_types", None)
+        with open(path, "w") as f:
+            json.dump(saved, f, indent=2)
 
 
 def run(job):

@@ -19,8 +19,9 @@ CODE_SUFFIXES = (".py", ".sh", ".md", ".cc", ".cu", ".cuh", ".h", ".txt", ".cfg"
 LAYERS = (
     ("ppo", "ppo.algos", "ppo.common", "ppo.kernels"),
     ("ppo.data", "ppo.tiny", "ppo.scorer_registry", "ppo.verifiers", "ppo.sandbox", "ppo.sandbox_child",
-     "ppo.sandbox_ns", "ppo.sandbox_seccomp", "ppo.judge.templates", "ppo.eval_metrics", "ppo.prompt_sampler", "ppo.optim", "ppo.offload", "ppo.reward_client",
-     "ppo.early_stopping"),
+     "ppo.sandbox_ns", "ppo.sandbox_seccomp", "ppo.judge.templates", "ppo.eval_metrics", "ppo.prompt_sampler", "ppo.optim",
+     "ppo.offload", "ppo.reward_client", "ppo.early_stopping", "ppo.models.families", "ppo.models.fused_train_ops",
+     "ppo.models.train_patch"),
     ("ppo.models",),
     ("ppo.rollout", "ppo.experience", "ppo.evaluation", "ppo.sampled_eval", "ppo.resume_check", "ppo.checkpoint",
      "ppo.agents", "ppo.judge", "ppo.scorers", "ppo.process_reward_scorer"),

@@ -260,6 +260,7 @@ def check_model_dir(arg_name, path, need_score_head=False, _adapters=()):
     if not os.path.isfile(config_file):
         raise ValueError(f"{arg_name}={path}: no config.json; is this a model directory?")
     config = _read_json(config_file, arg_name)
+    _check_model_type(config, config_file, arg_name)
     _check_weights(model_weight_files(path, arg_name), arg_name)
     if need_score_head and not is_score_config(config):
         archs = ", ".join(config.get("architectures") or []) or config.get("model_type", "unknown")
@@ -268,6 +269,16 @@ def check_model_dir(arg_name, path, need_score_head=False, _adapters=()):
             "would initialise the head at random and give meaningless rewards. Pass a reward model trained "
             "with rm/run_reward.py."
         )
+
+
+def _check_model_type(config, config_file, arg_name):
+    """A `model_type` no family of `ppo.common.model_families` implements is refused by name."""
+    from .model_families import FAMILIES, supported
+
+    model_type = config.get("model_type")
+    if model_type is not None and model_type not in FAMILIES:
+        raise ValueError(f"{arg_name}: {config_file}: model_type {model_type!r} is not supported; supported model types "
+                         f"are {supported()}")
 
 
 def model_dir_problems(model_dirs=(), score_model_dirs=()):

@@ -168,10 +168,10 @@ def load_causal_lm(path, dtype="float32", base_model_name_or_path=None, **config
     """A `CausalLM` from a model directory, or a `LoRAModel` from an adapter directory.
     An adapter whose base is itself an adapter (see the module docstring) gets that chain
     merged into the base weights in memory first. A Hugging Face safetensors directory
-    (`LlamaForCausalLM`, `Qwen2ForCausalLM`) is converted in memory (`ppo.models.hf_import`).
+    (`LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`) is converted in memory
+    (`ppo.models.hf_import`); a PaddleNLP-layout directory of a family with our own classes
+    (`ppo.models.families`) loads with them.
     `config_overrides` (e.g. `use_flash_attention=True`) are set on the model config."""
-    from paddlenlp.transformers import AutoModelForCausalLM
-
     if is_lora_dir(path):
         from paddlenlp.peft import LoRAModel
 
@@ -184,7 +184,9 @@ def load_causal_lm(path, dtype="float32", base_model_name_or_path=None, **config
         from .hf_import import load_hf_model
 
         return load_hf_model(path, dtype=dtype, score=False, **config_overrides)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **config_overrides)
+    from .families import causal_lm_from_pretrained
+
+    return causal_lm_from_pretrained(path, dtype=dtype, **config_overrides)
 
 
 def load_merged_causal_lm(path, dtype="float32", **config_overrides):

@@ -1,8 +1,9 @@
-"""Our models to and from Hugging Face safetensors directories (Llama, Qwen2; causal LM or score model).
+"""Our models to and from Hugging Face safetensors directories (Llama, Qwen2, Qwen3; causal LM or score model).
 
 Export (`export_model`, `export_dir`): a causal LM becomes `LlamaForCausalLM` /
-`Qwen2ForCausalLM`; a score model (reward, cost, critic) becomes
-`LlamaForSequenceClassification` / `Qwen2ForSequenceClassification` with one label, its head as
+`Qwen2ForCausalLM` / `Qwen3ForCausalLM`; a score model (reward, cost, critic) becomes
+`LlamaForSequenceClassification` / `Qwen2ForSequenceClassification` /
+`Qwen3ForSequenceClassification` with one label, its head as
 `score.weight` [1, H] (plus `score.bias` [1] when the head has a bias, which transformers' class
 does not have), and `score_type`, the normaliser settings and its statistics
 (`normalizer_mean`, `normalizer_var`, `normalizer_count`) in `config.json`. A LoRA adapter (or a

@@ -1,4 +1,4 @@
-"""Hugging Face <-> PaddleNLP names, layouts and configs for Llama and Qwen2 (pure numpy, no I/O).
+"""Hugging Face <-> PaddleNLP names, layouts and configs for Llama, Qwen2 and Qwen3 (pure numpy, no I/O).
 
 Tensors are numpy arrays; a `uint16` array holds bfloat16 bits (Paddle's own convention:
 `paddle.Tensor.numpy()` of a bfloat16 tensor is `uint16`). Every conversion is exact: names
@@ -13,6 +13,7 @@ change, matrices are transposed or split, values are never cast.
 | `layers.i.mlp.{gate,up,down}_proj.weight`      | the same names, transposed                           |
 | `layers.i.mlp.gate_up_fused_proj.weight` (`fuse_attention_ffn`: [gate | up]) | `gate_proj`, `up_proj`    |
 | `layers.i.{input,post_attention}_layernorm.weight`, `norm.weight` | the same names               |
+| `layers.i.self_attn.{q,k}_norm.weight` [head_dim] (Qwen3) | the same names                          |
 | `lm_head.weight` [H, V] (untied)               | `lm_head.weight` [V, H]; omitted when tied           |
 | `score_head.weight` [H, 1], `score_head.bias` [1] | `score.weight` [1, H], `score.bias` [1]           |
 | `normalizer_{mean,var,count}` buffers          | `config.json` fields of the same names               |
@@ -20,14 +21,18 @@ change, matrices are transposed or split, values are never cast.
 
 Both libraries apply rotary embeddings with `rotate_half` on the same q/k column order, so
 q_proj and k_proj need no permutation (tests/test_hf_weights.py compares logits).
+
+The families with our own Paddle classes (`ppo.models.families`, e.g. Qwen3) map their
+``config.json`` in their module (``paddle_config`` / ``hf_fields``); tensor names are shared.
 """
 import numpy as np
 
 from . import hf_rope
+from .families import FAMILIES, family_module
 
-PREFIX = {"llama": "llama", "qwen2": "qwen2"}
-CAUSAL_LM_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-SCORE_ARCH = {"llama": "LlamaForSequenceClassification", "qwen2": "Qwen2ForSequenceClassification"}
+PREFIX = {name: f.prefix for name, f in FAMILIES.items()}
+CAUSAL_LM_ARCH = {name: f.causal_lm_arch for name, f in FAMILIES.items()}
+SCORE_ARCH = {name: f.score_arch for name, f in FAMILIES.items()}
 SCORE_FIELDS = ("score_type", "score_bias", "do_normalize", "normalizer_type", "normalizer_momentum")
 NORMALIZER_STATS = ("normalizer_mean", "normalizer_var", "normalizer_count")
 DTYPES = ("float32", "float16", "bfloat16")
@@ -41,12 +46,13 @@ LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_
 
 
 def head_dim(cfg):
-    return cfg["hidden_size"] // cfg["num_attention_heads"]
+    """Per-head width: the config's own ``head_dim`` (Qwen3) or hidden_size / num_attention_heads."""
+    return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
 
 
 def hf_config(cfg, dtype, score=None, layout="both"):
-    """The Hugging Face `config.json` dict of a PaddleNLP config dict `cfg` (model_type llama or
-    qwen2). `score`: None for a causal LM, else the score model's settings (`SCORE_FIELDS`) and
+    """The Hugging Face `config.json` dict of our config dict `cfg` (a model type of
+    `ppo.models.families`). `score`: None for a causal LM, else the score model's settings (`SCORE_FIELDS`) and
     normaliser statistics (`NORMALIZER_STATS`), written as a `*ForSequenceClassification` with
     one label. `layout`: the rotary fields' layout (`hf_rope.LAYOUTS`)."""
     model_type = cfg.get("model_type")
@@ -56,19 +62,27 @@ def hf_config(cfg, dtype, score=None, layout="both"):
         raise ValueError(f"dtype {dtype!r}: expected one of {DTYPES}")
     out = {"architectures": [SCORE_ARCH[model_type] if score is not None else CAUSAL_LM_ARCH[model_type]],
            "model_type": model_type}
-    out.update({key: cfg[key] for key in COMMON_FIELDS if key in cfg})
+    module = family_module(model_type)
+    fields = module.hf_fields(cfg) if module is not None else _paddlenlp_hf_fields(cfg, model_type)
+    out.update(hf_rope.with_layout(fields, layout))
+    out.update(use_cache=True, torch_dtype=dtype, dtype=dtype)
+    if score is not None:
+        out.update(num_labels=1, id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+        out.update({key: score[key] for key in SCORE_FIELDS + NORMALIZER_STATS if key in score})
+    return out
+
+
+def _paddlenlp_hf_fields(cfg, model_type):
+    """HF config fields of a PaddleNLP Llama / Qwen2 config dict."""
+    out = {key: cfg[key] for key in COMMON_FIELDS if key in cfg}
     rope = hf_rope.rope_of_paddle(cfg)
     if rope.rope_type not in hf_rope.PADDLE_ROPE[model_type]:
         raise ValueError(f"rope_type {rope.rope_type!r} ({model_type}): PaddleNLP's model does not compute it")
-    out.update(hidden_act="silu", head_dim=head_dim(cfg), attention_dropout=0.0, use_cache=True,
-               torch_dtype=dtype, dtype=dtype, **hf_rope.hf_fields(rope, layout))
+    out.update(hidden_act="silu", head_dim=head_dim(cfg), attention_dropout=0.0, **hf_rope.hf_fields(rope))
     if model_type == "llama":
         out.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
     else:
         out.update({key: cfg[key] for key in QWEN2_FIELDS if key in cfg}, use_sliding_window=False)
-    if score is not None:
-        out.update(num_labels=1, id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
-        out.update({key: score[key] for key in SCORE_FIELDS + NORMALIZER_STATS if key in score})
     return out
 
 
@@ -98,6 +112,24 @@ def paddle_config(hf):
         raise ValueError(f"model_type {model_type!r}: Hugging Face import supports {sorted(PREFIX)}")
     if "num_labels" not in hf and "id2label" in hf:
         hf = dict(hf, num_labels=len(hf["id2label"]))
+    module = family_module(model_type)
+    if module is not None:
+        if hf.get("num_labels", 1) != 1 and is_score_arch(hf):
+            raise ValueError(f"{SCORE_ARCH[model_type]} config: num_labels {hf['num_labels']} (a score model has one)")
+        cfg = module.paddle_config(hf)
+    else:
+        cfg = _paddlenlp_config(hf, model_type)
+    cfg["dtype"] = hf.get("dtype") or hf.get("torch_dtype") or "float32"
+    if cfg["dtype"] not in DTYPES:
+        raise ValueError(f"torch_dtype {cfg['dtype']!r}: expected one of {DTYPES}")
+    score = None
+    if is_score_arch(hf):
+        score = {key: hf[key] for key in SCORE_FIELDS + NORMALIZER_STATS if key in hf}
+    return model_type, cfg, score
+
+
+def _paddlenlp_config(hf, model_type):
+    """PaddleNLP Llama / Qwen2 config kwargs of an HF config (refusing what they do not compute)."""
     rope_fields, rope_problems = hf_rope.normalise(hf, model_type)
     problems = _refusals(hf, model_type) + rope_problems
     if problems:
@@ -108,13 +140,7 @@ def paddle_config(hf):
     if model_type == "qwen2":
         cfg.update({key: hf[key] for key in QWEN2_FIELDS if hf.get(key) is not None}, use_sliding_window=False)
     cfg.update(rope_fields)
-    cfg["dtype"] = hf.get("dtype") or hf.get("torch_dtype") or "float32"
-    if cfg["dtype"] not in DTYPES:
-        raise ValueError(f"torch_dtype {cfg['dtype']!r}: expected one of {DTYPES}")
-    score = None
-    if is_score_arch(hf):
-        score = {key: hf[key] for key in SCORE_FIELDS + NORMALIZER_STATS if key in hf}
-    return model_type, cfg, score
+    return cfg
 
 
 def _split_fused_qkv(w, cfg):
@@ -210,7 +236,8 @@ def expected_hf_shapes(hf):
     H, I, V = hf["hidden_size"], hf["intermediate_size"], hf["vocab_size"]
     nh = hf["num_attention_heads"]
     nkv = hf.get("num_key_value_heads") or nh
-    hd = hf.get("head_dim") or H // nh
+    module = family_module(hf["model_type"])
+    hd = hf.get("head_dim") or (module.DEFAULT_HEAD_DIM if module is not None else H // nh)
     qwen2 = hf["model_type"] == "qwen2"
     shapes = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,)}
     for i in range(hf["num_hidden_layers"]):
@@ -220,6 +247,8 @@ def expected_hf_shapes(hf):
                        p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
                        p + "mlp.down_proj.weight": (H, I), p + "input_layernorm.weight": (H,),
                        p + "post_attention_layernorm.weight": (H,)})
+        if module is not None:
+            shapes.update(module.extra_hf_shapes(hf, p))
         if qwen2 or hf.get("attention_bias"):
             shapes.update({p + "self_attn.q_proj.bias": (nh * hd,), p + "self_attn.k_proj.bias": (nkv * hd,),
                            p + "self_attn.v_proj.bias": (nkv * hd,)})

@@ -1,6 +1,7 @@
-"""Build our models from Hugging Face safetensors directories (Llama, Qwen2), no torch needed.
+"""Build our models from Hugging Face safetensors directories (Llama, Qwen2, Qwen3), no torch needed.
 
-`load_hf_model(path, dtype)` builds a PaddleNLP `LlamaForCausalLM` / `Qwen2ForCausalLM`, or our
+`load_hf_model(path, dtype)` builds a PaddleNLP `LlamaForCausalLM` / `Qwen2ForCausalLM`, our
+`Qwen3ForCausalLM` (`ppo.models.families`), or our
 `<Arch>ModelForScore` for a one-label `*ForSequenceClassification` directory, and fills it with
 the directory's tensors renamed and transposed (`ppo.models.hf_format`). Every tensor of the
 model must come from the file and every tensor of the file must find a home; anything else is an
@@ -17,14 +18,20 @@ MODEL_ONLY_KEYS = ("rotary_emb.inv_freq",)
 
 
 def model_class(model_type, score):
-    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
+    """`(config class, model class)` of `model_type`: a family's own classes
+    (`ppo.models.families`) or PaddleNLP's."""
+    from .families import family_module
     from .score_model import score_model_class
 
-    config_cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[model_type]
-    if score:
-        return config_cls, score_model_class(model_type)
-    return config_cls, {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}[model_type]
+    module = family_module(model_type)
+    if module is not None:
+        config_cls, causal_cls = module.CONFIG_CLASS, module.CAUSAL_LM_CLASS
+    else:
+        from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+        config_cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[model_type]
+        causal_cls = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}[model_type]
+    return config_cls, score_model_class(model_type) if score else causal_cls
 
 
 def build_config(hf_config, dtype=None, score=None, **config_overrides):

@@ -79,8 +79,7 @@ def load_pipe(path, loss_fn, prepare_inputs, dtype="float32", **config_overrides
     """This rank's pipeline stage of the causal LM in `path` (a plain checkpoint; PaddleNLP
     maps its keys to the stage's layers), with `loss_fn(output, labels)` as the last stage's
     loss and `prepare_inputs` as the `Trainer`'s `_prepare_pipeline_inputs_func`."""
-    from paddlenlp.transformers import AutoConfig
-
+    from .families import load_config
     from .loading import is_lora_dir
 
     if is_lora_dir(path):
@@ -89,7 +88,7 @@ def load_pipe(path, loss_fn, prepare_inputs, dtype="float32", **config_overrides
             "implemented here; merge the adapter (sft/merge_lora.py) or use tensor_parallel_degree"
         )
     refuse_hf_dir(path)
-    pipe_cls, _ = pipe_classes(AutoConfig.from_pretrained(path))
+    pipe_cls, _ = pipe_classes(load_config(path))
     model = pipe_cls.from_pretrained(path, dtype=dtype, **config_overrides)
     install_last_stage_loss(model, loss_fn, prepare_inputs)
     return model

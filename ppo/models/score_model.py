@@ -1,7 +1,7 @@
 """Score models: a causal-LM backbone plus a linear score head (reward, critic, cost).
 
 `AutoModelForScore.from_pretrained(dir)` builds `<Arch>ModelForScore` for the
-directory's `model_type` (llama, qwen2), loading the backbone from either a
+directory's `model_type` (llama, qwen2, qwen3), loading the backbone from either a
 causal-LM directory (the score head starts random) or a saved score model, in
 PaddleNLP's layout. The loaders (`ppo.models.adapters.load_score_model`,
 `load_merged_score_model`) also take Hugging Face's (`ppo.models.hf_import`: a one-label
@@ -157,10 +157,18 @@ def make_score_model_class(pretrained_cls, backbone_cls, name):
 def _registry():
     from paddlenlp.transformers import LlamaModel, LlamaPretrainedModel, Qwen2Model, Qwen2PretrainedModel
 
-    return {
+    from .families import FAMILIES, family_module
+
+    classes = {
         "llama": make_score_model_class(LlamaPretrainedModel, LlamaModel, "LlamaModelForScore"),
         "qwen2": make_score_model_class(Qwen2PretrainedModel, Qwen2Model, "Qwen2ModelForScore"),
     }
+    for name, family in FAMILIES.items():
+        module = family_module(name)
+        if module is not None:
+            classes[name] = make_score_model_class(module.PRETRAINED_CLASS, module.BASE_MODEL_CLASS,
+                                                   f"{family.causal_lm_arch.replace('ForCausalLM', '')}ModelForScore")
+    return classes
 
 
 _CLASSES = {}
@@ -176,9 +184,9 @@ def score_model_class(model_type):
 
 def score_config(path, **config_overrides):
     """The model config at `path` with the score-model defaults filled in, then `config_overrides`."""
-    from paddlenlp.transformers import AutoConfig
+    from .families import load_config
 
-    config = AutoConfig.from_pretrained(path)
+    config = load_config(path)
     for key, value in SCORE_CONFIG_DEFAULTS.items():
         if getattr(config, key, None) is None:
             setattr(config, key, value)

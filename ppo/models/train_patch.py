@@ -118,6 +118,12 @@ def _targets():
     return [(llama, llama.LlamaRMSNorm), (qwen2, qwen2.Qwen2RMSNorm)]
 
 
+def is_applied():
+    """Whether the patch is installed (the families of `ppo.models.families` read it to pick
+    the fused ops or their twins)."""
+    return bool(_ORIGINALS)
+
+
 def apply_train_patch():
     """Install the patch (idempotent); returns True when it was installed by this call."""
     if _ORIGINALS:

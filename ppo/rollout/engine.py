@@ -34,6 +34,7 @@ import paddle.nn.functional as F
 from .ops import get_ops
 from .paddlenlp_path import generate_with_paddlenlp
 from .params import RolloutOutput, SamplingParams, merge_outputs
+from .qk_norm import apply_qk_norm
 from .step_inputs import on_place, prompt_presence, step_uniforms
 from .weights import _decoder, compute_dtype_of, extract_weights, rotary_tables, unwrap_model
 
@@ -43,7 +44,7 @@ class RolloutEngine:
     """Fast generation for PPO / GRPO / evaluation.
 
     Args:
-        model: PaddleNLP LlamaForCausalLM / Qwen2ForCausalLM, possibly wrapped in
+        model: PaddleNLP LlamaForCausalLM / Qwen2ForCausalLM or our Qwen3ForCausalLM, possibly wrapped in
             paddlenlp.peft.LoRAModel and/or paddle.DataParallel.
         eos_token_id, pad_token_id: ids; pad should differ from eos (masks come from lengths anyway).
         use_rollout_engine: True (default) decodes with this engine's loop and kernels; False calls
@@ -220,7 +221,10 @@ class RolloutEngine:
         x = ops.rms_norm(h, W.layers[0].ln_attn, eps, cols)
         nlayers = len(W.layers)
         for li, lw in enumerate(W.layers):
-            a = ops.attention(mm(x, lw.qkv), cache["k"], cache["v"], cache["cos"], cache["sin"], pos, key_mask,
+            qkv = mm(x, lw.qkv)
+            if lw.q_norm is not None:  # per-head RMSNorm of q and k before RoPE (Qwen3)
+                qkv = apply_qk_norm(ops, qkv, lw.q_norm, lw.k_norm, W.num_heads, W.num_kv_heads, W.head_dim, eps, cols)
+            a = ops.attention(qkv, cache["k"], cache["v"], cache["cos"], cache["sin"], pos, key_mask,
                               finished, li, t0, W.num_heads, W.num_kv_heads, W.head_dim, lw.qkv_layout,
                               cache["scale"], lw.qkv_bias, cols)
             x, res = ops.add_rms_norm(self._reduce(W, mm(a, lw.o)), res, lw.ln_mlp, eps, cols)

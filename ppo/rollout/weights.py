@@ -1,6 +1,7 @@
 """Read the decoder weights the rollout engine needs straight from a PaddleNLP causal LM.
 
-Supported: `LlamaForCausalLM` and `Qwen2ForCausalLM` (and any model with the same layout:
+Supported: `LlamaForCausalLM`, `Qwen2ForCausalLM`, our `Qwen3ForCausalLM` (its q/k norm
+weights read when its family says so, `ppo.models.families`) and any model with the same layout:
 `<decoder>.embed_tokens/.layers/.norm`, `lm_head`, layers with `self_attn.{q,k,v,o}_proj` or
 `qkv_proj`, `mlp.{gate,up,down}_proj` or `gate_up_fused_proj`, `input_layernorm`,
 `post_attention_layernorm`), optionally wrapped in `paddle.DataParallel` and/or
@@ -45,6 +46,8 @@ class LayerWeights:
     gate: Optional[paddle.Tensor]
     up: Optional[paddle.Tensor]
     down: paddle.Tensor
+    q_norm: Optional[paddle.Tensor] = None  # [hd]: RMSNorm of each q head before RoPE (a family with q/k norm)
+    k_norm: Optional[paddle.Tensor] = None  # [hd]
 
 
 @dataclass
@@ -94,7 +97,9 @@ def unwrap_model(model):
 
 
 def _decoder(causal_lm):
-    for attr in ("llama", "qwen2", "model"):
+    from ..models.families import FAMILIES
+
+    for attr in [f.prefix for f in FAMILIES.values()] + ["model"]:
         dec = getattr(causal_lm, attr, None)
         if dec is not None and hasattr(dec, "layers") and hasattr(dec, "embed_tokens"):
             return dec
@@ -238,8 +243,18 @@ def _sharded_heads(cfg, lm, dec, tp, nh, nkv, cols):
     return shard, nh // degree, nkv // degree
 
 
-def _layer_weights(layer, tp, packer, fuse_gate_up):
-    """One decoder layer's `LayerWeights` (fused q/k/v, gate/up fused unless kept apart)."""
+def _qk_norms(attn, family, qkv_bias, packer):
+    """`(q_norm, k_norm)` weights of a family whose attention normalises q and k heads, else Nones."""
+    if family is None or not family.qk_norm:
+        return None, None
+    if qkv_bias is not None:
+        raise NotImplementedError("RolloutEngine: q/k norms after a q/k/v bias are not supported")
+    return packer.cast(attn.q_norm.weight), packer.cast(attn.k_norm.weight)
+
+
+def _layer_weights(layer, tp, packer, fuse_gate_up, family=None):
+    """One decoder layer's `LayerWeights` (fused q/k/v, gate/up fused unless kept apart; the
+    q/k norms when `family` has them)."""
     attn, mlp, pack = layer.self_attn, layer.mlp, packer.pack
     if hasattr(attn, "qkv_proj"):
         qkv = pack([tp.weight(attn.qkv_proj, effective_weight(attn.qkv_proj))])  # slices: whole kv-head groups
@@ -259,11 +274,12 @@ def _layer_weights(layer, tp, packer, fuse_gate_up):
                              pack([tp.weight(mlp.up_proj, effective_weight(mlp.up_proj))]))
     if _bias(mlp.down_proj) is not None or _bias(attn.o_proj) is not None:
         raise NotImplementedError("RolloutEngine: o_proj / MLP biases are not supported")
+    q_norm, k_norm = _qk_norms(attn, family, qkv_bias, packer)
     return LayerWeights(
         ln_attn=packer.cast(layer.input_layernorm.weight), qkv=qkv, qkv_bias=qkv_bias, qkv_layout=layout_id,
         o=pack([tp.weight(attn.o_proj, effective_weight(attn.o_proj))]),
         ln_mlp=packer.cast(layer.post_attention_layernorm.weight), gate_up=gate_up, gate=gate, up=up,
-        down=pack([tp.weight(mlp.down_proj, effective_weight(mlp.down_proj))]),
+        down=pack([tp.weight(mlp.down_proj, effective_weight(mlp.down_proj))]), q_norm=q_norm, k_norm=k_norm,
     )
 
 
@@ -308,13 +324,16 @@ def extract_weights(model, fuse_gate_up=False, compute_dtype=None, layout="rows"
     tp = TensorParallelGather(cfg, group=group, sharded=sharded)
     nh = cfg.num_attention_heads
     nkv = getattr(cfg, "num_key_value_heads", None) or nh
-    hd = cfg.hidden_size // nh
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // nh
     shard, nh, nkv = _sharded_heads(cfg, lm, dec, tp, nh, nkv, cols)
+    from ..models.families import FAMILIES
+
+    family = FAMILIES.get(getattr(cfg, "model_type", None))
     embed = tp.weight(dec.embed_tokens)
     if compute_dtype is None:
         compute_dtype = compute_dtype_of(embed)
     packer = _Packer(compute_dtype, cols, pack_transposed, workspace)
-    layers = [_layer_weights(layer, tp, packer, fuse_gate_up) for layer in dec.layers]
+    layers = [_layer_weights(layer, tp, packer, fuse_gate_up, family) for layer in dec.layers]
     lm_w, transposed, vocab = _lm_head_weights(lm, tp, packer, shard)
     return ModelWeights(
         embed=packer.cast(embed), layers=layers, norm=packer.cast(dec.norm.weight), lm_head=lm_w,

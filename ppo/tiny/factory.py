@@ -4,7 +4,8 @@ The tokenizer is a SentencePiece character model wrapped as PaddleNLP's
 `LlamaTokenizer`: every printable ASCII symbol is one token, each template word
 (`USER:`, `ASSISTANT:`, `Reverse:`) is one token, a space is the token `▁`, and
 `<pad>` (id 3) is distinct from `</s>` (id 2). The model is a randomly
-initialised `LlamaForCausalLM`. Both are saved with `save_pretrained`, so
+initialised `LlamaForCausalLM` (`--arch qwen3`: our `Qwen3ForCausalLM`, see `ARCHS`). Both are
+saved with `save_pretrained`, so
 `AutoTokenizer.from_pretrained(dir)` and `AutoModelForCausalLM.from_pretrained(dir)`
 load them like any PaddleNLP model directory.
 
@@ -18,7 +19,7 @@ of the vocabulary, as Qwen pads its embedding; the rows past the tokenizer are z
 trained, as in a released checkpoint), so their logits are 0 and greedy decoding of a
 random model stays inside the tokenizer.
 
-CLI: `python -m ppo.tiny.factory --output_dir models/tiny --hidden_size 128 --num_layers 2`,
+CLI: `python -m ppo.tiny.factory --output_dir models/tiny --hidden_size 128 --num_layers 2 [--arch qwen3]`,
 `python -m ppo.tiny.factory --output_dir models/qwen --shape qwen2.5-0.5b --num_layers 2`
 """
 import argparse
@@ -88,6 +89,26 @@ def build_tokenizer(output_dir, tool_tags=False):
     return tokenizer
 
 
+ARCHS = ("llama", "qwen3")
+"""Model families of the tiny model (`arch`): Llama (the default), or Qwen3 shaped as Qwen3-0.6B
+is (per-head q/k norms, two query heads per KV head, head_dim = 2 hidden / heads so that the
+attention width is twice the hidden size, tied embeddings, rope theta 1e6)."""
+
+
+def _qwen3_model(vocab_size, hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings):
+    from ..models.families.qwen3_modeling import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads,
+        num_key_value_heads=num_heads // 2 if num_heads % 2 == 0 else num_heads, head_dim=2 * hidden_size // num_heads,
+        max_position_embeddings=max_position_embeddings, rms_norm_eps=1e-6, rope_theta=1000000.0, initializer_range=0.02,
+        bos_token_id=SPECIAL_IDS["bos"], eos_token_id=SPECIAL_IDS["eos"], pad_token_id=SPECIAL_IDS["pad"],
+        tie_word_embeddings=True, dtype="float32",
+    )
+    return Qwen3ForCausalLM(config)
+
+
 def build_model(
     output_dir,
     vocab_size,
@@ -97,11 +118,20 @@ def build_model(
     intermediate_size=336,
     max_position_embeddings=128,
     seed=42,
+    arch="llama",
 ):
-    """Write a randomly initialised `LlamaForCausalLM` into `output_dir` and return it."""
+    """Write a randomly initialised causal LM of `arch` (`ARCHS`) into `output_dir` and return it."""
     import paddle
     from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
 
+    if arch not in ARCHS:
+        raise ValueError(f"arch {arch!r}: choose one of {ARCHS}")
+    if arch == "qwen3":
+        paddle.seed(seed)
+        model = _qwen3_model(vocab_size, hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings)
+        model.eval()
+        model.save_pretrained(output_dir)
+        return model
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -127,7 +157,10 @@ def build_model(
 
 
 def build_tiny(output_dir, seed=42, tool_tags=False, **model_kwargs):
-    """Build tokenizer and model into one directory; returns `(tokenizer, model)`."""
+    """Build tokenizer and model into one directory; returns `(tokenizer, model)`. `arch`
+    (in `model_kwargs`, see `ARCHS`) is recorded in `tiny_factory.json` only when not llama."""
+    if model_kwargs.get("arch") == "llama":
+        model_kwargs.pop("arch")
     tokenizer = build_tokenizer(output_dir, tool_tags=tool_tags)
     model = build_model(output_dir, vocab_size=len(tokenizer), seed=seed, **model_kwargs)
     with open(os.path.join(output_dir, "tiny_factory.json"), "w") as f:
@@ -235,6 +268,9 @@ def main(argv=None):
     parser.add_argument("--intermediate_size", type=int, default=336)
     parser.add_argument("--max_position_embeddings", type=int, default=128)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--arch", choices=ARCHS, default="llama",
+                        help="model family of the tiny model (the tokenizer is the same): llama, or qwen3 (q/k norms, "
+                        "GQA 2:1, head_dim 2 hidden / heads, tied embeddings)")
     parser.add_argument("--tool_tags", action="store_true",
                         help="add <tool_call>, </tool_call>, <tool_response>, </tool_response> as one token each")
     parser.add_argument(
@@ -264,6 +300,7 @@ def main(argv=None):
         num_heads=args.num_heads,
         intermediate_size=args.intermediate_size,
         max_position_embeddings=args.max_position_embeddings,
+        arch=args.arch,
     )
     n_params = sum(int(p.numel()) for p in model.parameters())
     print(json.dumps({"output_dir": args.output_dir, "parameters": n_params}))

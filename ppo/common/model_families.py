@@ -1,0 +1,39 @@
+"""The model-family table: one entry per Hugging Face / PaddleNLP `model_type`, with the facts
+callers need (pure data, no imports of model code, so the start-up checks can name the supported
+list before anything loads). The Paddle classes and config mappings of the families written here
+live in the modules the entries name (`ppo.models.families`)."""
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str
+    prefix: str
+    """Attribute of the decoder in the causal LM, and its state-dict prefix (``qwen3.layers.0...``)."""
+    causal_lm_arch: str
+    score_arch: str
+    """transformers' class names written into an exported ``config.json``."""
+    module: Optional[str] = None
+    """Module holding our own Paddle classes and config mapping; None: PaddleNLP's classes."""
+    qk_norm: bool = False
+    """Attention applies RMSNorm to each q and k head before RoPE (``self_attn.q_norm`` / ``k_norm``)."""
+
+
+FAMILIES = {f.model_type: f for f in (
+    Family("llama", "llama", "LlamaForCausalLM", "LlamaForSequenceClassification"),
+    Family("qwen2", "qwen2", "Qwen2ForCausalLM", "Qwen2ForSequenceClassification"),
+    Family("qwen3", "qwen3", "Qwen3ForCausalLM", "Qwen3ForSequenceClassification",
+           module="ppo.models.families.qwen3", qk_norm=True),
+)}
+
+
+def supported():
+    return sorted(FAMILIES)
+
+
+def get_family(model_type, where="model_type"):
+    """The `Family` of `model_type`; a ValueError naming `where` and the supported list otherwise."""
+    if model_type not in FAMILIES:
+        raise ValueError(f"{where} {model_type!r}: supported model types are {supported()}")
+    return FAMILIES[model_type]
