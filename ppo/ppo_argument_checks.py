@@ -3,7 +3,6 @@
 The per-group checks run in the dataclasses' `__post_init__`; `validate_arguments` holds
 the checks that need several groups or the file system, and runs before any model loads.
 """
-import importlib
 import json
 
 from .algos import ADV_ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES, AdvEstimator, get_adv_estimator
@@ -11,6 +10,7 @@ from .agents.arguments import agent_problems
 from .algos.kl import K3_NAMES, KL_ESTIMATOR_NAMES
 from .common import paddlenlp_keys as pk
 from .common import validation
+from .common.plugins import import_plugin_module
 from .common.report_writers import LOOP_PACKAGES, missing_report_packages
 from .entry.argument_groups import split_specs
 from .paddlenlp_rl_arguments import process_reward_model_problems
@@ -33,10 +33,12 @@ def score_source_problems(model_args):
     if model_args.reward_model_name_or_path:
         problems.append(f"use_rule_reward is set but reward_model_name_or_path={model_args.reward_model_name_or_path!r} "
                         "too: choose one source of scores")
-    from .scorers import parse_scorer_list
+    from .scorers import get_scorer, parse_scorer_list
 
     try:
-        parse_scorer_list(model_args.rule_reward_scorers, model_args.rule_reward_weights)
+        names, _ = parse_scorer_list(model_args.rule_reward_scorers, model_args.rule_reward_weights)
+        for name in names:
+            get_scorer(name)  # an unknown name, or a module of one's own that cannot be imported
     except ValueError as err:
         problems.append(f"rule_reward_scorers / rule_reward_weights: {err}")
     return problems
@@ -48,9 +50,10 @@ def find_adv_estimator(name):
     module_name, _, attr = str(name).partition(":")
     if name in ADV_ESTIMATORS or not (module_name and attr):
         return get_adv_estimator(name)
+    module = import_plugin_module(module_name, f"adv_estimator {name!r}")
     try:
-        entry = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
+        entry = getattr(module, attr)
+    except AttributeError as err:
         raise ValueError(f"adv_estimator {name!r}: {err}") from None
     if not isinstance(entry, AdvEstimator):
         raise ValueError(f"adv_estimator {name!r} is a {type(entry).__name__}, not a ppo.algos.AdvEstimator")

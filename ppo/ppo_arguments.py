@@ -119,6 +119,14 @@ class PPOTrainingArguments(RolloutPlacementArguments, AgentArguments, PolicyLoss
     (VAPO, PRM, early stopping, placement) are `PaddleNLPRLArguments`; the fields below are PPO/GRPO's own."""
 
     paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.argument_parsing
+    field_choices: ClassVar[dict] = {  # checked before Paddle loads (ppo/common/early_values.py)
+        "adv_estimator": ("ppo.algos.advantage_registry:ADV_ESTIMATORS", "module.path:NAME of an AdvEstimator"),
+        "kl_estimator": "ppo.algos.kl:KL_ESTIMATOR_NAMES", "kl_loss_type": "ppo.algos.kl:KL_ESTIMATOR_NAMES",
+        "loss_agg_mode": "ppo.algos.losses:LOSS_AGG_MODES",
+        "importance_sampling_level": "ppo.algos.losses:IMPORTANCE_SAMPLING_LEVELS",
+        "eval_mode": "ppo.ppo_argument_checks:EVAL_MODES",
+        "critic_recompute_granularity": "ppo.entry.argument_groups:RECOMPUTE_GRANULARITIES",
+    }
     # an RL run that diverges is stopped by default (DivergenceArguments: off for SFT/RM/DPO)
     stop_on_divergence: bool = default_override(DivergenceArguments, "stop_on_divergence", True)
     # rollout

@@ -22,12 +22,13 @@ whose function does not return in time is left running (Python cannot stop a thr
 that may hang should run its work in a child process (``python`` does: ppo/sandbox.py).
 """
 import functools
-import importlib
 import inspect
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional
+
+from ..common.plugins import import_plugin_module
 
 DEFAULT_TIMEOUT_S = 10.0
 _REGISTRY: Dict[str, "ToolSpec"] = {}
@@ -134,10 +135,7 @@ def list_tools() -> List[str]:
 
 def _load(spec):
     module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"cannot import module {module_name!r} for tool {spec!r}: {err}") from err
+    module = import_plugin_module(module_name, f"tool {spec!r}")
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ValueError(f"tool {spec!r}: module {module_name!r} has no function {attr!r}")
