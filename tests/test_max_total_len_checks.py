@@ -11,7 +11,6 @@ import sys
 import pytest
 
 from ppo.agents import AgentArguments
-from ppo.agents.prompt_room import first_prompt_lengths, prompt_room_problems
 from ppo.agents.environment import make_environment
 from ppo.agents.formats import turn_format_for
 
@@ -69,6 +68,8 @@ def agent_prompts(tiny_model_dir, tiny_data_dir):
 
 
 def test_the_longest_prompt_decides_at_the_boundary(agent_prompts):
+    from ppo.agents.prompt_room import first_prompt_lengths, prompt_room_problems
+
     tokenizer, dataset = agent_prompts
     args = AgentArguments(env_name="tools", env_kwargs='{"tools": ["calculator"]}', max_total_len=64)
     env = make_environment("tools", {"tools": ["calculator"]})
@@ -95,6 +96,8 @@ class ResetFails:
 
 
 def test_an_environment_whose_reset_raises_is_named(agent_prompts):
+    from ppo.agents.prompt_room import prompt_room_problems
+
     tokenizer, dataset = agent_prompts
     args = AgentArguments(env_name="tests.test_max_total_len_checks:ResetFails", max_total_len=64)
     assert prompt_room_problems(args, dataset, tokenizer) == [

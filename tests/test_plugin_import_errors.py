@@ -10,7 +10,6 @@ import sys
 import pytest
 
 from ppo.agents import environment_problems
-from ppo.common.plugins import import_plugin_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_LOADED = "Loading weights file"  # PaddleNLP's line when a model's weights load
@@ -87,6 +86,8 @@ def test_a_tool_or_estimator_module_that_fails_at_import_is_a_value_error(plugin
 
 
 def test_a_missing_module_keeps_the_import_systems_words():
+    from ppo.common.plugins import import_plugin_module
+
     with pytest.raises(ValueError) as info:
         import_plugin_module("no_such_plugin_module", "scorer 'no_such_plugin_module:f'")
     assert str(info.value) == ("cannot import module 'no_such_plugin_module' for scorer 'no_such_plugin_module:f': "
