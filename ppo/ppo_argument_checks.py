@@ -16,6 +16,16 @@ from .entry.argument_groups import split_specs
 from .paddlenlp_rl_arguments import process_reward_model_problems
 from .trainer.best_policy import EVAL_METRICS, eval_metric_name
 
+PPO_FIELD_CHOICES = {
+    "adv_estimator": ("ppo.algos.advantage_registry:ADV_ESTIMATORS", "module.path:NAME of an AdvEstimator"),
+    "kl_estimator": "ppo.algos.kl:KL_ESTIMATOR_NAMES", "kl_loss_type": "ppo.algos.kl:KL_ESTIMATOR_NAMES",
+    "loss_agg_mode": "ppo.algos.losses:LOSS_AGG_MODES",
+    "importance_sampling_level": "ppo.algos.losses:IMPORTANCE_SAMPLING_LEVELS",
+    "eval_mode": "ppo.ppo_argument_checks:EVAL_MODES",
+    "critic_recompute_granularity": "ppo.entry.argument_groups:RECOMPUTE_GRANULARITIES",
+}
+"""`PPOTrainingArguments.field_choices`: the fields whose names `ppo/common/early_values.py` checks
+before Paddle loads, each with the `module:NAME` of the names its check below reads."""
 EVAL_MODES = ("", "single", "tensor_parallel")
 """Generation layouts of a tensor-parallel model (PaddleNLP's `eval_mode`): '' and single gather
 the whole weights on every rank, tensor_parallel keeps each rank's slices."""

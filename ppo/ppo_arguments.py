@@ -30,8 +30,9 @@ from .entry.rollout_placement_arguments import RolloutPlacementArguments
 from .common.argument_problems import problem_scope
 from .paddlenlp_rl_arguments import PaddleNLPRLArguments
 from .ppo_argument_checks import (  # noqa: F401  (validate_arguments: the entry point's start-up pass)
-    batch_problems, estimator_problems, find_adv_estimator, generation_problems, kl_problems, lagrange_value_problems,
-    loss_problems, paddlenlp_setting_problems, prompt_batch_problems, score_source_problems, validate_arguments,
+    PPO_FIELD_CHOICES, batch_problems, estimator_problems, find_adv_estimator, generation_problems, kl_problems,
+    lagrange_value_problems, loss_problems, paddlenlp_setting_problems, prompt_batch_problems, score_source_problems,
+    validate_arguments,
 )
 
 DEFAULT_RULE_SCORER = "math"
@@ -119,14 +120,7 @@ class PPOTrainingArguments(RolloutPlacementArguments, AgentArguments, PolicyLoss
     (VAPO, PRM, early stopping, placement) are `PaddleNLPRLArguments`; the fields below are PPO/GRPO's own."""
 
     paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.argument_parsing
-    field_choices: ClassVar[dict] = {  # checked before Paddle loads (ppo/common/early_values.py)
-        "adv_estimator": ("ppo.algos.advantage_registry:ADV_ESTIMATORS", "module.path:NAME of an AdvEstimator"),
-        "kl_estimator": "ppo.algos.kl:KL_ESTIMATOR_NAMES", "kl_loss_type": "ppo.algos.kl:KL_ESTIMATOR_NAMES",
-        "loss_agg_mode": "ppo.algos.losses:LOSS_AGG_MODES",
-        "importance_sampling_level": "ppo.algos.losses:IMPORTANCE_SAMPLING_LEVELS",
-        "eval_mode": "ppo.ppo_argument_checks:EVAL_MODES",
-        "critic_recompute_granularity": "ppo.entry.argument_groups:RECOMPUTE_GRANULARITIES",
-    }
+    field_choices: ClassVar[dict] = PPO_FIELD_CHOICES  # checked before Paddle loads (ppo/common/early_values.py)
     # an RL run that diverges is stopped by default (DivergenceArguments: off for SFT/RM/DPO)
     stop_on_divergence: bool = default_override(DivergenceArguments, "stop_on_divergence", True)
     # rollout

@@ -65,7 +65,7 @@ FIVE_MISTAKES = {  # (unknown keys, bad choices and the table's ranges are refus
     # test_early_values.py)
     "top_entropy_frac": 0.0,  # 1. out of range
     "eval_num_samples": -1,  # 2. negative count
-    "async_staleness": 9,  # 3. out of range
+    "loss_scale_factor": -1.0,  # 3. out of range
     # 4. actor_model_name_or_path missing
     "use_rule_reward": True,  # 5. together with a reward model
 }
@@ -84,7 +84,7 @@ def test_five_independent_mistakes_are_one_message_exit_2_without_traceback(tmp_
     lines = error.splitlines()[1:]
     assert len(lines) == 5, error
     for expected in ("top_entropy_frac must be in (0, 1]", "eval_num_samples must be >= 0",
-                     "async_staleness must be in 0..",
+                     "loss_scale_factor must be positive",
                      "actor_model_name_or_path is required", "use_rule_reward is set but reward_model_name_or_path="):
         assert sum(expected in line for line in lines) == 1, (expected, error)
     assert not os.path.exists(tmp_path / "out")  # refused before anything is written

@@ -29,8 +29,6 @@ OPTIONS = {
     "max_prompt_len": 0,
     "use_rollout_engine": True,
 }
-VERDICTS = ("yes_no", "score")
-"""The verdict kinds of `ppo.judge.model_judge.GenerativeJudge` (checked there too)."""
 _JUDGES = {}
 _LOCK = threading.Lock()
 
@@ -61,7 +59,7 @@ def judge_option_problems(**options):
     is no model directory here (PaddleNLP would take a missing path for a model-hub name and try to
     download it), an unknown verdict kind or template."""
     from ..common.validation import check_model_dir
-    from .templates import check_template, template_text
+    from .templates import VERDICTS, check_template, template_text
 
     model, problems = options.get("model"), []
     if not model:
