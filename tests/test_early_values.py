@@ -81,6 +81,9 @@ def test_the_full_pass_refuses_every_value_the_early_pass_refuses(entry):
 
 
 def test_the_table_names_only_files_of_the_package():
+    from importlib.metadata import version
+
+    assert argument_table.paddlenlp_version() == version("paddlenlp")  # read from its dist-info directly
     sources = json.load(open(argument_table.TABLE_PATH))["sources"]
     assert sources and all(path.split("/")[0] in PACKAGES for path in sources), sorted(sources)
     assert "ppo/algos/policy_registry.py" in sources  # where the policy_loss names come from
