@@ -1,13 +1,13 @@
 """What a Hugging Face directory must hold before `hf_import.load_hf_model` builds a model from it,
 checked from its `config.json` and the safetensors headers alone (no tensor is read).
 
-`hf_dir_problems(name, path)` lists, each naming the argument, the file, the key or the tensors:
-a `config.json` that cannot be read; a weight file that is empty or cut short (its header or its
-tensors' `data_offsets` pass the end of the file: a copy or download that stopped); an
-architecture or model type the import does not build (`hf_format.paddle_config` refuses it, or
-`architectures` names a class other than `*ForCausalLM` / `*ForSequenceClassification` of a
-supported type); a config without a field the tensor shapes need; tensors missing, unexpected or
-of another shape than transformers' model of that config holds (`hf_format.expected_hf_shapes`).
+`hf_model_problems(name, path)` lists, each naming the argument, the file, the key or the
+tensors: an architecture or model type the import does not build (`hf_format.paddle_config`
+refuses it, or `architectures` names a class other than `*ForCausalLM` /
+`*ForSequenceClassification` of a supported type); a config without a field the tensor shapes
+need; tensors missing, unexpected or of another shape than transformers' model of that config
+holds (`hf_format.expected_hf_shapes`). The files themselves (a `config.json` that cannot be
+read, weights missing, empty or cut short) are `common.validation.check_model_dir`'s.
 """
 import json
 import os
@@ -25,25 +25,6 @@ def header_shapes(file):
         (length,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(length))
     return {name: tuple(info["shape"]) for name, info in header.items() if name != "__metadata__"}
-
-
-def weight_file_problems(name, path):
-    """`(safetensors files, problems)`: the directory's weight files, and why any cannot be read."""
-    from ..common.validation import weights_problem
-
-    try:
-        files = weight_files(path)
-    except (OSError, ValueError, KeyError) as err:
-        return [], [f"{name}={path}: {err}"]
-    problems = []
-    for file in files:
-        if not os.path.isfile(file):
-            problems.append(f"{name}: weight file {file} is missing")
-            continue
-        problem = weights_problem(file)
-        if problem:
-            problems.append(f"{name}: weight file {file} {problem}; re-save or re-copy the model")
-    return files, problems
 
 
 def architecture_problems(name, config_file, hf):
@@ -85,28 +66,10 @@ def tensor_problems(name, path, files, hf):
     return problems
 
 
-def hf_file_problems(name, path):
-    """Why the files of the model directory `path` cannot be read: no directory, a `config.json`
-    that cannot be read, weight files missing, empty or cut short (one line each, naming `name`)."""
-    if not os.path.isdir(path):
-        return [f"{name}={path}: no such directory"]
-    config_file = os.path.join(path, "config.json")
-    try:
-        read_json(config_file)
-    except (OSError, ValueError) as err:
-        return [f"{name}: cannot read {config_file}: {err}"]
-    return weight_file_problems(name, path)[1]
-
-
 def hf_model_problems(name, path):
-    """Why the readable Hugging Face directory `path` gives no model here: its architecture, a
-    missing config field, its tensors' names and shapes (one line each, naming `name`)."""
+    """Why the Hugging Face directory `path` (its files readable) gives no model here: its
+    architecture, a missing config field, its tensors' names and shapes (one line each, naming `name`)."""
     config_file = os.path.join(path, "config.json")
     hf = read_json(config_file)
     problems = architecture_problems(name, config_file, hf)
     return problems or tensor_problems(name, path, weight_files(path), hf)
-
-
-def hf_dir_problems(name, path):
-    """Every reason why the Hugging Face directory `path` cannot be imported; empty when it can."""
-    return hf_file_problems(name, path) or hf_model_problems(name, path)
