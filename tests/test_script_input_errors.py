@@ -150,4 +150,3 @@ def test_a_reward_model_audit_whose_tokenizer_outgrows_the_embedding(tiny_rm_dir
     assert refusal(done, tmp_path / "out") == (
         f"audit_reward.py: error: model_name_or_path={path}: the tokenizer produces ids up to {top} but the model's "
         f"embedding has {vocab} rows (vocab_size); resize the embedding or use the model's own tokenizer")
-
