@@ -4,7 +4,7 @@ Defaults live here only; every field has a help. `validate_arguments` is the ent
 start-up pass (see `ppo.common.validation`), run by `parse_arguments` before any model loads.
 """
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import ClassVar, List, Optional
 
 from dpo.dpo_trainer import LOSS_TYPES
 from dpo.preference_arguments import PreferenceLossArguments
@@ -44,6 +44,8 @@ class DataArgument(StreamingArguments, ZeroPaddingArguments, PromptTruncationArg
 @dataclass
 class DPOTrainingArguments(BenchmarkArguments, PreferenceLossArguments, DivergenceArguments, LogprobArguments,
                            EvalGenerationArguments, PaddleNLPTrainingArguments):
+    # the valid names, checked before Paddle loads (ppo/common/early_values.py)
+    field_choices: ClassVar[dict] = {"loss_type": "dpo.dpo_trainer:LOSS_TYPES"}
     loss_type: str = field(
         default="sigmoid", metadata={"help": f"Preference loss (the table in docs/algorithms.md): {' | '.join(LOSS_TYPES)}."}
     )

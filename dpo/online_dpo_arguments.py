@@ -118,6 +118,8 @@ class OnlineDPOTrainingArguments(PreferenceLossArguments, RolloutLoopArguments, 
     `run_ppo.py`'s; the fields below are online DPO's own."""
 
     paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.argument_parsing
+    field_choices: ClassVar[dict] = {"pair_selection": "dpo.online_pairs:PAIR_SELECTIONS",  # checked before Paddle loads
+                                     "loss_type": "dpo.online_dpo_arguments:ONLINE_LOSS_TYPES"}
     # a pair needs two answers per prompt: 4 samples by default (run_ppo.py: 1)
     rollout_n: int = default_override(RolloutArguments, "rollout_n", 4)
     # a round that diverges stops the run, as PPO's (DivergenceArguments: off for SFT/RM/DPO)

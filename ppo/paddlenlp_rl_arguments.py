@@ -10,6 +10,7 @@ loop cannot run is refused saying why; nothing is accepted and then ignored.
 import json
 import os
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from .algos.process_reward import PRM_REDUCTIONS
 from .algos.vapo import VAPO_ALPHA, VAPO_CRITIC_LAMBDA
@@ -20,6 +21,8 @@ DEFAULT_GAE_LAMBDA = 0.95  # PPOTrainingArguments.gae_lambda's default (PaddleNL
 
 @dataclass
 class PaddleNLPRLArguments:
+    # the valid names, checked before Paddle loads (ppo/common/early_values.py)
+    field_choices: ClassVar[dict] = {"prm_reduction": "ppo.algos.process_reward:PRM_REDUCTIONS"}
     # VAPO (Yue et al. 2025); rl_algorithm vapo selects adv_estimator vapo
     pretrain_critic_steps: int = field(
         default=0,

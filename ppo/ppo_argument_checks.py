@@ -3,7 +3,6 @@
 The per-group checks run in the dataclasses' `__post_init__`; `validate_arguments` holds
 the checks that need several groups or the file system, and runs before any model loads.
 """
-import importlib
 import json
 
 from .algos import ADV_ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES, AdvEstimator, get_adv_estimator
@@ -11,12 +10,23 @@ from .agents.arguments import agent_problems
 from .algos.kl import K3_NAMES, KL_ESTIMATOR_NAMES
 from .common import paddlenlp_keys as pk
 from .common import validation
+from .common.plugins import import_plugin_module
 from .common.report_writers import LOOP_PACKAGES, missing_report_packages
 from .entry.argument_groups import split_specs
 from .models.hf_import import hf_config_problems
 from .paddlenlp_rl_arguments import process_reward_model_problems
 from .trainer.best_policy import EVAL_METRICS, eval_metric_name
 
+PPO_FIELD_CHOICES = {
+    "adv_estimator": ("ppo.algos.advantage_registry:ADV_ESTIMATORS", "module.path:NAME of an AdvEstimator"),
+    "kl_estimator": "ppo.algos.kl:KL_ESTIMATOR_NAMES", "kl_loss_type": "ppo.algos.kl:KL_ESTIMATOR_NAMES",
+    "loss_agg_mode": "ppo.algos.losses:LOSS_AGG_MODES",
+    "importance_sampling_level": "ppo.algos.losses:IMPORTANCE_SAMPLING_LEVELS",
+    "eval_mode": "ppo.ppo_argument_checks:EVAL_MODES",
+    "critic_recompute_granularity": "ppo.entry.argument_groups:RECOMPUTE_GRANULARITIES",
+}
+"""`PPOTrainingArguments.field_choices`: the fields whose names `ppo/common/early_values.py` checks
+before Paddle loads, each with the `module:NAME` of the names its check below reads."""
 EVAL_MODES = ("", "single", "tensor_parallel")
 """Generation layouts of a tensor-parallel model (PaddleNLP's `eval_mode`): '' and single gather
 the whole weights on every rank, tensor_parallel keeps each rank's slices."""
@@ -34,10 +44,12 @@ def score_source_problems(model_args):
     if model_args.reward_model_name_or_path:
         problems.append(f"use_rule_reward is set but reward_model_name_or_path={model_args.reward_model_name_or_path!r} "
                         "too: choose one source of scores")
-    from .scorers import parse_scorer_list
+    from .scorers import get_scorer, parse_scorer_list
 
     try:
-        parse_scorer_list(model_args.rule_reward_scorers, model_args.rule_reward_weights)
+        names, _ = parse_scorer_list(model_args.rule_reward_scorers, model_args.rule_reward_weights)
+        for name in names:
+            get_scorer(name)  # an unknown name, or a module of one's own that cannot be imported
     except ValueError as err:
         problems.append(f"rule_reward_scorers / rule_reward_weights: {err}")
     return problems
@@ -49,9 +61,10 @@ def find_adv_estimator(name):
     module_name, _, attr = str(name).partition(":")
     if name in ADV_ESTIMATORS or not (module_name and attr):
         return get_adv_estimator(name)
+    module = import_plugin_module(module_name, f"adv_estimator {name!r}")
     try:
-        entry = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
+        entry = getattr(module, attr)
+    except AttributeError as err:
         raise ValueError(f"adv_estimator {name!r}: {err}") from None
     if not isinstance(entry, AdvEstimator):
         raise ValueError(f"adv_estimator {name!r} is a {type(entry).__name__}, not a ppo.algos.AdvEstimator")

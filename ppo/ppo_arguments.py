@@ -30,8 +30,9 @@ from .entry.rollout_placement_arguments import RolloutPlacementArguments
 from .common.argument_problems import problem_scope
 from .paddlenlp_rl_arguments import PaddleNLPRLArguments
 from .ppo_argument_checks import (  # noqa: F401  (validate_arguments: the entry point's start-up pass)
-    batch_problems, estimator_problems, find_adv_estimator, generation_problems, kl_problems, lagrange_value_problems,
-    loss_problems, paddlenlp_setting_problems, prompt_batch_problems, score_source_problems, validate_arguments,
+    PPO_FIELD_CHOICES, batch_problems, estimator_problems, find_adv_estimator, generation_problems, kl_problems,
+    lagrange_value_problems, loss_problems, paddlenlp_setting_problems, prompt_batch_problems, score_source_problems,
+    validate_arguments,
 )
 
 DEFAULT_RULE_SCORER = "math"
@@ -119,6 +120,7 @@ class PPOTrainingArguments(RolloutPlacementArguments, AgentArguments, PolicyLoss
     (VAPO, PRM, early stopping, placement) are `PaddleNLPRLArguments`; the fields below are PPO/GRPO's own."""
 
     paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.argument_parsing
+    field_choices: ClassVar[dict] = PPO_FIELD_CHOICES  # checked before Paddle loads (ppo/common/early_values.py)
     # an RL run that diverges is stopped by default (DivergenceArguments: off for SFT/RM/DPO)
     stop_on_divergence: bool = default_override(DivergenceArguments, "stop_on_divergence", True)
     # rollout

@@ -40,6 +40,7 @@ with quiet_third_party_warnings():
     from ppo.common.output_lock import acquire_output_dir  # noqa: E402
     from ppo.common.startup_checks import StartupPass  # noqa: E402
     from ppo.reward_client import run_server_problems  # noqa: E402
+    from ppo.agents.prompt_room import prompt_room_problems  # noqa: E402
 
 logger = logging.getLogger("ppo")
 
@@ -61,10 +62,19 @@ def build_datasets(data_args, training_args, tokenizer, require_label=False, att
     return train, evaluation, ptx
 
 
+def sequence_limit(data_args, training_args):
+    """`(longest sequence the models read, the arguments that set it)`: a multi-turn trajectory's
+    `max_total_len`, else `max_prompt_len + max_dec_len`."""
+    if training_args.env_name:
+        return training_args.max_total_len, "max_total_len"
+    return data_args.max_prompt_len + training_args.max_dec_len, "max_prompt_len + max_dec_len"
+
+
 def start_up(argv=None):
     """The start-up pass, before any model loads: arguments, the actor's tokenizer, the datasets
     (data files read and tokenised), the tokenizers of the reward and cost models, every model's
-    embedding and positions against its tokenizer, the reward server. Raises one error listing
+    embedding and positions against its tokenizer (a multi-turn run's `max_total_len` too, and its
+    prompts as the rollout starts them), the reward server. Raises one error listing
     every problem; returns `(model_args, data_args, training_args, tokenizer, datasets, retokenizer)`."""
     startup = StartupPass()
     model_args, data_args, training_args = startup.parse((ModelArgument, DataArgument, PPOTrainingArguments), argv,
@@ -77,7 +87,8 @@ def start_up(argv=None):
                                       pipeline=training_args.pipeline_parallel_degree > 1)
         startup.attempt(check_cost_tokenizers, model_args, tokenizer)  # PPO-Lagrangian
         startup.add(embedding_limit_problems(model_args, training_args.use_critic, tokenizer, retokenizer,
-                                             data_args.max_prompt_len + training_args.max_dec_len))
+                                             *sequence_limit(data_args, training_args)))
+        startup.add(startup.attempt(prompt_room_problems, training_args, datasets[0], tokenizer) or [])  # multi-turn
     startup.add(run_server_problems(model_args))
     startup.finish()
     return model_args, data_args, training_args, tokenizer, datasets, retokenizer

@@ -27,6 +27,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
+from .common.plugins import import_plugin_module
+
 Scorer = Callable[[str, str, str], float]
 
 _REGISTRY: Dict[str, Scorer] = {}
@@ -46,6 +48,10 @@ class ScorerFacts:
     correct_at: Optional[float] = None
     options: Mapping[str, Any] = field(default_factory=dict)
     build: Optional[Callable[..., Scorer]] = None
+    check: Optional[Callable[..., List[str]]] = None
+    """`check(**options) -> problems` (every option given, defaults filled in): what `build` would
+    fail on, found without building (a model directory that is not there, a template unknown), so
+    that a run refuses it before any model loads."""
 
     def __post_init__(self):
         if self.options and self.build is None:
@@ -104,7 +110,11 @@ def import_scorer_module(module_name):
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]  # as the import system does: no half-run module stays behind
+        raise
     return module
 
 
@@ -113,10 +123,7 @@ def load_scorer(spec: str) -> Scorer:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"scorer spec {spec!r} must look like 'module.path:function'")
-    try:
-        module = import_scorer_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"cannot import module {module_name!r} for scorer {spec!r}: {err}") from err
+    module = import_plugin_module(module_name, f"scorer {spec!r}", import_scorer_module)
     obj = module
     for part in attr.split("."):
         try:
@@ -262,6 +269,10 @@ def parse_scorer_spec(scorers, weights=None) -> List[ScorerEntry]:
         problem = option_problem(e.name, e.options)
         if problem:
             raise ValueError(problem)
+        facts = scorer_facts(e.name)
+        found = facts.check(**{**facts.options, **e.options}) if facts is not None and facts.check else []
+        if found:
+            raise ValueError(f"scorer {e.name!r}: " + "; ".join(found))
     return entries
 
 

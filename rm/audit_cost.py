@@ -32,7 +32,7 @@ with quiet_third_party_warnings():
     from ppo.models.adapters import load_merged_score_model  # noqa: E402
     from ppo.models.loading import load_tokenizer  # noqa: E402
     from rm.audit_arguments import CostAuditArgument, validate_arguments  # noqa: E402
-    from rm.audit_reward import score_sequences, write_report  # noqa: E402
+    from rm.audit_reward import refuse_overflowing_tokenizer, score_sequences, write_report  # noqa: E402
 
 
 def label_summary(costs, unsafe):
@@ -65,6 +65,7 @@ def audit_costs(model, dataset, pad_id, batch_size=64):
 def main(argv=None):
     (args,) = parse_arguments((CostAuditArgument,), argv, validate=validate_arguments)
     tokenizer = load_tokenizer(args.model_name_or_path)
+    refuse_overflowing_tokenizer(tokenizer, args.model_name_or_path)
     dataset = SafetyPreferenceDataset(
         split_specs(args.eval_datasets), tokenizer, max_length=args.max_length, prompt_template=args.prompt_template,
         use_chat_template=args.use_chat_template,

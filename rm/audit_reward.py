@@ -32,6 +32,8 @@ with quiet_third_party_warnings():
 
     from ppo.entry.argument_groups import split_specs  # noqa: E402
     from ppo.common.argument_parsing import parse_arguments  # noqa: E402
+    from ppo.common.argument_problems import ArgumentError, joined_problems  # noqa: E402
+    from ppo.common.startup_checks import token_and_position_problems  # noqa: E402
     from ppo.common.process_exit import run_and_exit  # noqa: E402
     from ppo.data import PromptOnlyDataset  # noqa: E402
     from ppo.models.loading import load_tokenizer  # noqa: E402
@@ -102,6 +104,7 @@ def audit(model, tokenizer, dataset, batch_size=64, long_answer_tokens=32):
 def main(argv=None):
     (args,) = parse_arguments((AuditArgument,), argv, validate=validate_arguments)
     tokenizer = load_tokenizer(args.model_name_or_path)
+    refuse_overflowing_tokenizer(tokenizer, args.model_name_or_path)
     model = load_merged_score_model(args.model_name_or_path)
     model.eval()
     if getattr(model.config, "process_reward", False):  # a PRM: step accuracy on held-out step-labelled records
@@ -114,6 +117,14 @@ def main(argv=None):
     )
     report = audit(model, tokenizer, dataset, args.batch_size, args.long_answer_tokens)
     return write_report(report, args.output_dir or args.model_name_or_path, "audit.json")
+
+
+def refuse_overflowing_tokenizer(tokenizer, model_path):
+    """ArgumentError before the model loads when the model's own tokenizer gives ids past its
+    embedding (`startup_checks.token_and_position_problems`): Paddle's lookup would fail mid-audit."""
+    problems = token_and_position_problems(tokenizer, [("model_name_or_path", model_path)], 0, "")
+    if problems:
+        raise ArgumentError(joined_problems(problems))
 
 
 def write_report(report, out_dir, name):

@@ -4,7 +4,7 @@ Defaults live here only; every field has a help. `validate_arguments` is the ent
 start-up pass (see `ppo.common.validation`), run by `parse_arguments` before any model loads.
 """
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import ClassVar, Optional
 
 from ppo.entry.argument_groups import (
     BenchmarkArguments,
@@ -28,6 +28,8 @@ TRAINED_SCORE_TYPES = ("reward", "cost")
 
 @dataclass
 class ModelArgument(ModelCommonArguments):
+    # the valid names, checked before Paddle loads (ppo/common/early_values.py)
+    field_choices: ClassVar[dict] = {"score_type": "rm.reward_arguments:TRAINED_SCORE_TYPES"}
     model_name_or_path: str = field(default=None, metadata={"help": "Local causal-LM or score-model directory to start from."})
     score_type: str = field(
         default="reward",
@@ -62,6 +64,8 @@ class DataArgument(StreamingArguments, ZeroPaddingArguments, PromptTruncationArg
 
 @dataclass
 class RewardTrainingArguments(BenchmarkArguments, DivergenceArguments, PaddleNLPTrainingArguments):
+    # the valid names, checked before Paddle loads (ppo/common/early_values.py)
+    field_choices: ClassVar[dict] = {"loss_type": "ppo.models.score_model:LOSS_TYPES"}
     loss_type: str = field(default="sequence-wise", metadata={"help": f"Pairwise loss: {' | '.join(LOSS_TYPES)}."})
     regularization: float = field(default=0.0, metadata={"help": "Weight of the squared-score regulariser."})
 

@@ -55,6 +55,12 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.num_samples < 1 or args.batch_size < 1 or args.max_prompts < 0:
         parser.error("--num_samples and --batch_size must be >= 1, --max_prompts >= 0")
+    from ppo.common.validation import check_model_dir
+
+    try:
+        check_model_dir("--model", args.model)
+    except ValueError as err:
+        parser.error(str(err))
     try:
         args.scorer = WeightedScorer(args.verifier, args.weights)
         args.ks_list = default_ks(args.num_samples) if args.ks is None else [int(k) for k in args.ks.split(",")]
@@ -86,8 +92,8 @@ def main(argv=None):
 
     judge = scorer_judge(args.scorer)
     tokenizer = load_tokenizer(args.model)
+    dataset = load_dataset(args, tokenizer)  # before the model: a data error stops the run before it loads
     model = load_merged_causal_lm(args.model)
-    dataset = load_dataset(args, tokenizer)
     count = len(dataset) if not args.max_prompts else min(args.max_prompts, len(dataset))
     params = SamplingParams(max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
                             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, do_sample=not args.greedy)
@@ -108,4 +114,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from ppo.common.process_exit import run_and_exit
+
+    run_and_exit(main)  # a data error (an empty or malformed --data file): one line, exit status 2

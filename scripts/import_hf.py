@@ -22,21 +22,24 @@ from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 with quiet_third_party_warnings():
     from ppo.common.argument_help import OneMessageArgumentParser  # noqa: E402
     from ppo.common.argument_problems import joined_problems  # noqa: E402
-    from ppo.common.validation import output_dir_problems  # noqa: E402
+    from ppo.common.validation import model_dir_problems, output_dir_problems  # noqa: E402
+    from ppo.models.hf_checks import hf_model_problems  # noqa: E402
     from ppo.models.hf_convert import is_hf_dir  # noqa: E402
     from ppo.models.hf_format import DTYPES  # noqa: E402
-    from ppo.models.hf_import import config_problems  # noqa: E402
 
 
 def import_problems(args):
-    """Every problem of the import's arguments: no Hugging Face directory at hf_path, a `config.json`
-    the import refuses (rotary settings, windows, ...), an output_dir that is the input."""
-    problems = []
-    if not is_hf_dir(args.hf_path):
+    """Every problem of the import's arguments, before any model is built: hf_path's files (a
+    config.json that cannot be read, weights missing or cut short), no Hugging Face directory
+    there, an architecture or config the import does not build, tensors missing, unexpected or of
+    another shape (`ppo.common.validation.check_model_dir`, `ppo.models.hf_checks`); an output_dir
+    that is the input."""
+    problems = model_dir_problems([("hf_path", args.hf_path)])  # config.json readable, weights not cut short
+    if not problems and not is_hf_dir(args.hf_path):
         problems.append(f"hf_path={args.hf_path}: no Hugging Face model directory (config.json and safetensors "
                         "written by transformers, header format 'pt')")
-    else:
-        problems += [f"hf_path: {p}" for p in config_problems(args.hf_path)]
+    if not problems:
+        problems = hf_model_problems("hf_path", args.hf_path)
     return problems + output_dir_problems(args.output_dir, [("hf_path", args.hf_path)])
 
 

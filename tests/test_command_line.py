@@ -61,10 +61,11 @@ def test_help_of_every_entry_point_lists_fields_with_help_and_exits_0():
         assert noise not in done.stderr, done.stderr[-2000:]
 
 
-FIVE_MISTAKES = {  # (an unknown key is refused on its own before this pass: tests/test_fast_start.py)
-    "learning_rate": -1e-07,  # 1. out of range
-    "adv_estimator": "gaee",  # 2. bad enum value
-    "per_device_train_batch_size": -2,  # 3. negative batch size
+FIVE_MISTAKES = {  # (unknown keys, bad choices and the table's ranges are refused before this pass: test_fast_start.py,
+    # test_early_values.py)
+    "top_entropy_frac": 0.0,  # 1. out of range
+    "eval_num_samples": -1,  # 2. negative count
+    "loss_scale_factor": -1.0,  # 3. out of range
     # 4. actor_model_name_or_path missing
     "use_rule_reward": True,  # 5. together with a reward model
 }
@@ -82,17 +83,17 @@ def test_five_independent_mistakes_are_one_message_exit_2_without_traceback(tmp_
     assert error.startswith("run_ppo.py: error: 5 arguments cannot be used:"), error
     lines = error.splitlines()[1:]
     assert len(lines) == 5, error
-    for expected in ("learning_rate=-1e-07 (must be >= 0)",
-                     "adv_estimator must be one of", "per_device_train_batch_size=-2 (must be an integer >= 1)",
+    for expected in ("top_entropy_frac must be in (0, 1]", "eval_num_samples must be >= 0",
+                     "loss_scale_factor must be positive",
                      "actor_model_name_or_path is required", "use_rule_reward is set but reward_model_name_or_path="):
         assert sum(expected in line for line in lines) == 1, (expected, error)
     assert not os.path.exists(tmp_path / "out")  # refused before anything is written
 
 
 DPO_FIVE_MISTAKES = {
-    "adam_beta2": 1.5,  # 1. out of range
+    "beta": -0.1,  # 1. out of range
     "label_smoothing": 0.7,  # 2. out of range (the dataclass check)
-    "per_device_train_batch_size": -2,  # 3. negative batch size
+    "pref_loss_ratio": -2,  # 3. a negative weight
     "model_name_or_path": "no_model_here",  # 4. no such directory (the file-system check)
     "do_train": False,  # 5. a run that would train and save nothing
 }
@@ -111,8 +112,8 @@ def test_dpo_five_independent_mistakes_are_one_message_exit_2_without_traceback(
     assert error.startswith("run_dpo.py: error: 5 arguments cannot be used:"), error
     lines = error.splitlines()[1:]
     assert len(lines) == 5, error
-    for expected in ("adam_beta2=1.5 (must be in [0, 1))",
-                     "label_smoothing must lie in [0, 0.5), got 0.7", "per_device_train_batch_size=-2 (must be an integer >= 1)",
+    for expected in ("beta must be positive, got -0.1",
+                     "label_smoothing must lie in [0, 0.5), got 0.7", "pref_loss_ratio must be >= 0",
                      f"model_name_or_path={tmp_path / 'no_model_here'}: no such directory", "do_train is false or missing"):
         assert sum(expected in line for line in lines) == 1, (expected, error)
     assert not os.path.exists(tmp_path / "out")

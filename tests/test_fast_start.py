@@ -77,10 +77,11 @@ def test_argument_file_errors_come_without_paddle_in_one_message(tmp_path):
     code, out, err = runs["ppo/run_ppo.py"]
     assert code == 2 and "Traceback" not in err
     assert err.splitlines() == [
-        "run_ppo.py: error: 4 arguments cannot be used:",
+        "run_ppo.py: error: 5 arguments cannot be used:",
         f"  {path}: unknown argument 'kl_coef'; did you mean 'kl_coeff'?",
         f"  {path}: max_dec_len: expected an integer, got 'ten'",
         f"  {path}: use_rm_server: expected true or false, got 'maybe'",
+        "  learning_rate=-1e-07 (must be >= 0)",  # ranges and choices: tests/test_early_values.py
         "  command line: the following arguments are required: --output_dir",
     ]
     bad = tmp_path / "bad.json"

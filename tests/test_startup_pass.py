@@ -39,7 +39,7 @@ def test_grpo_lists_range_data_and_reward_server_token_problems_in_one_message(t
     try:
         config = json.load(open(os.path.join(ROOT, "config/tiny/grpo_argument.json")))
         config.update(actor_model_name_or_path=tiny_model_dir, reward_server=server.url, reward_server_token="wrong",
-                      learning_rate=-1e-07, train_datasets=f"Jsonfile:1.0:{missing}",
+                      top_entropy_frac=0.0, train_datasets=f"Jsonfile:1.0:{missing}",
                       eval_datasets=f"Jsonfile:1.0:{malformed}", output_dir=str(tmp_path / "out"))
         path = tmp_path / "grpo.json"
         path.write_text(json.dumps(config))
@@ -51,7 +51,8 @@ def test_grpo_lists_range_data_and_reward_server_token_problems_in_one_message(t
     error = done.stderr.strip()
     assert error.startswith("run_ppo.py: error: 4 problems stop this run before any model loads:"), error
     lines = error.splitlines()[1:]
-    assert lines[0] == "  learning_rate=-1e-07 (must be >= 0)"
+    assert lines[0] == "  top_entropy_frac must be in (0, 1] (1: every token), got 0.0"  # (a range of its own check:
+    # those of the value table are refused before Paddle loads, tests/test_early_values.py)
     assert lines[1] == f"  {missing}: file not found (dataset 'Jsonfile')"
     assert lines[2].startswith(f"  {malformed}, line 2: malformed JSON")
     assert lines[3].startswith(f"  reward_server {server.url}: reward server {server.url} requires a token and refuses "

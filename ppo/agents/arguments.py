@@ -8,6 +8,7 @@ that does not exist, cannot be imported, lacks ``reset``/``step`` or does not ta
 """
 import json
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ..common.argument_problems import problem_scope
 from .environment import environment_problems
@@ -16,6 +17,8 @@ from .trajectory import TURN_REWARD_MODES
 
 @dataclass
 class AgentArguments:
+    # the valid names, checked before Paddle loads (ppo/common/early_values.py)
+    field_choices: ClassVar[dict] = {"turn_reward_mode": "ppo.agents.trajectory:TURN_REWARD_MODES"}
     env_name: str = field(
         default="",
         metadata={"help": "Environment of multi-turn rollouts: a registered name (tools) or module.path:Class; "

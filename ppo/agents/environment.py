@@ -22,11 +22,12 @@ the rollout (ppo/agents/rollout.py), one call at a time per instance.
 Environments are registered with ``@register_environment("name")`` or loaded from
 ``module.path:Class``; callers read the facts, never the name.
 """
-import importlib
 import inspect
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
+
+from ..common.plugins import import_plugin_module
 
 REQUIRED_METHODS = ("reset", "step")
 OBSERVATION_ROLES = ("tool", "user")
@@ -120,10 +121,7 @@ def _load(spec):
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ValueError(f"environment spec {spec!r} must look like 'module.path:Class'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"cannot import module {module_name!r} for environment {spec!r}: {err}") from err
+    module = import_plugin_module(module_name, f"environment {spec!r}")
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):

@@ -26,13 +26,13 @@ in a worker process (ppo/agents/tool_worker.py): killed at the timeout, replaced
 ("crashed"). The ``python`` tool runs its code in a sandboxed child either way (ppo/sandbox.py).
 """
 import functools
-import importlib
 import inspect
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
+from ..common.plugins import import_plugin_module
 from .tool_results import TRUNCATED, ToolTimeout, call_outcome, cut_with_notice, result_text  # noqa: F401
 from .tool_worker import run_in_worker
 
@@ -138,10 +138,7 @@ def list_tools() -> List[str]:
 
 def _load(spec):
     module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"cannot import module {module_name!r} for tool {spec!r}: {err}") from err
+    module = import_plugin_module(module_name, f"tool {spec!r}")
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ValueError(f"tool {spec!r}: module {module_name!r} has no function {attr!r}")

@@ -4,16 +4,21 @@ The argument dataclasses of the entry points subclass PaddleNLP's `TrainingArgum
 building them imports Paddle and PaddleNLP (several seconds, far more on a busy machine). The
 file `argument_table.json` beside this module holds, per entry point (`entry_points.py`), what
 parsing needs before that import: the `--help` page, the field names, and each option's type,
-`nargs`, choices and whether it is required, read from PaddleNLP's own parser. `check_early`,
-called by every entry script before its imports, prints `--help` from it, and refuses an argument
-file that cannot be read, unknown keys, values of the wrong type and missing required arguments
-in one message (exit status 2), all without importing Paddle. Arguments that pass go on to the
-full start-up pass, which checks them again with everything else.
+`nargs`, choices and whether it is required, read from PaddleNLP's own parser, and the valid
+names and ranges of the values (`early_values`: `--policy_loss gspoo` gets "did you mean
+'gspo'?"). `check_early`, called by every entry script before its imports, prints `--help` from
+it, and refuses an argument file that cannot be read, unknown keys, values of the wrong type,
+values outside their choices or ranges and missing required arguments in one message (exit
+status 2), all without importing Paddle. Arguments that pass go on to the full start-up pass,
+which checks them again with everything else.
 
-The table records the installed PaddleNLP version and a hash of every source file that defines
-the dataclasses; when either differs (an argument added and the table not yet rebuilt), the
-table is not used and the entry point parses as before. `python scripts/gen_args_doc.py`
-rebuilds it (with docs/arguments.md); a test fails while it is out of date.
+The table records the installed PaddleNLP version and a hash of every file of this package that
+defines the dataclasses (by its path inside the package: `ppo/ppo_arguments.py`, wherever the
+package is installed); when either differs (an argument added and the table not yet rebuilt),
+the table is not used and the entry point parses as before. PaddleNLP's own files are keyed by
+its version alone: they are not where the repository keeps them in another environment (a
+user's virtual environment, `pip install -e .` into it). `python scripts/gen_args_doc.py`
+rebuilds the table (with docs/arguments.md); a test fails while it is out of date.
 """
 import hashlib
 import json
@@ -27,11 +32,15 @@ from .argument_files import REPO_ROOT
 from .argument_help import help_body, usage_line, wants_help
 from .argument_parsing import read_arguments
 from .argument_problems import ArgumentError, joined_problems
+from .early_values import given_values, value_problems, value_rules
 from .entry_points import ENTRY_POINTS, entry_point
 
 TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "argument_table.json")
-FORMAT_SOURCES = ("ppo/common/argument_help.py", "ppo/common/argument_table.py", "ppo/common/entry_points.py")
+FORMAT_SOURCES = ("ppo/common/argument_help.py", "ppo/common/argument_table.py", "ppo/common/early_values.py",
+                  "ppo/common/entry_points.py", "ppo/common/validation.py")
 """Files besides the dataclasses' whose change changes the table."""
+PACKAGES = ("ppo", "sft", "rm", "dpo", "rl", "scripts")
+"""The top-level packages of this toolkit (setup.py installs them): the only files the table hashes."""
 
 
 def strtobool(value):
@@ -58,6 +67,22 @@ def type_name(option_type):
 
 
 def paddlenlp_version():
+    """The installed PaddleNLP's version, from the `Version:` line of the `paddlenlp-*.dist-info`
+    beside the package (importing `importlib.metadata` would take a third of `--help`'s time);
+    through `importlib.metadata` when there is no such directory (another kind of install). The
+    path finder alone looks: `sys.meta_path`'s hooks (`lazy_paddlenlp`'s) see no import."""
+    from importlib.machinery import PathFinder
+
+    spec = PathFinder.find_spec("paddlenlp")
+    if spec is not None and spec.origin:
+        site = os.path.dirname(os.path.dirname(spec.origin))
+        infos = [n for n in os.listdir(site) if n.startswith("paddlenlp-") and n.endswith(".dist-info")]
+        metadata = os.path.join(site, infos[0], "METADATA") if len(infos) == 1 else ""
+        if os.path.isfile(metadata):
+            with open(metadata, encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith("Version:"):
+                        return line.split(":", 1)[1].strip()
     from .lazy_paddlenlp import _installed_version
 
     return _installed_version()
@@ -83,25 +108,36 @@ def import_classes(entry):
     return classes
 
 
+def package_file(path):
+    """`path` relative to the package root (`ppo/ppo_arguments.py`) when it is a file of this
+    toolkit's packages, else None (PaddleNLP's files, wherever its environment lives)."""
+    path = os.path.abspath(path)
+    if not path.startswith(REPO_ROOT + os.sep):
+        return None
+    relative = os.path.relpath(path, REPO_ROOT).replace(os.sep, "/")
+    return relative if relative.split("/")[0] in PACKAGES else None
+
+
 def source_files(classes):
-    """The repository files (relative paths) that define `classes` and their bases."""
+    """The files of this toolkit's packages (paths inside the package root) that define `classes`
+    and their bases."""
     import inspect
 
     found = set()
     for cls in classes:
         for base in cls.__mro__:
             try:
-                path = os.path.abspath(inspect.getsourcefile(base) or "")
+                relative = package_file(inspect.getsourcefile(base) or "")
             except TypeError:  # builtins
                 continue
-            if path.startswith(REPO_ROOT + os.sep):
-                found.add(os.path.relpath(path, REPO_ROOT).replace(os.sep, "/"))
+            if relative:
+                found.add(relative)
     return found
 
 
 def entry_table(classes):
-    """The stored facts of one entry point parsing `classes` (options as `[type, nargs, choices,
-    required]`)."""
+    """`(the stored facts of one entry point parsing `classes`, the source files of its value
+    choices)`: options as `[type, nargs, choices, required]`, value `choices` and `ranges`."""
     from .argument_parsing import collecting_parser, fixed_field_names, valid_field_names
 
     parser = collecting_parser(classes)
@@ -110,8 +146,9 @@ def entry_table(classes):
         if flag.startswith("--"):
             choices = list(action.choices) if action.choices is not None else None
             options[flag] = [type_name(action.type), action.nargs, choices, bool(action.required)]
-    return {"help": help_body(classes), "valid": valid_field_names(classes),
-            "fixed_fields": sorted(fixed_field_names(classes)), "options": options}
+    rules, files = value_rules(classes, options)
+    return dict({"help": help_body(classes), "valid": valid_field_names(classes),
+                 "fixed_fields": sorted(fixed_field_names(classes)), "options": options}, **rules), files
 
 
 HEADING = re.compile(r"(?=\n\n\S[^\n]*:\n)")
@@ -143,8 +180,8 @@ def build_table():
     for entry in ENTRY_POINTS:
         if entry.arguments:
             classes = import_classes(entry)
-            entries[entry.command] = entry_table(classes)
-            sources |= source_files(classes)
+            entries[entry.command], files = entry_table(classes)
+            sources |= source_files(classes) | {package_file(f) for f in files} - {None}
     entries, sections, kinds = pooled(entries)
     return {"paddlenlp": paddlenlp_version(), "sources": {path: file_hash(path) for path in sorted(sources)},
             "entries": entries, "sections": sections, "kinds": kinds}
@@ -184,11 +221,25 @@ def stored_actions(entry):
     return actions
 
 
+def converted(action, text):
+    """The value of the command-line word `text` for the stored option `action` (None when it
+    has no stored type or a list of values)."""
+    if action is None or action.type is None or action.nargs not in (None, "?"):
+        return None
+    try:
+        return action.type(text)
+    except (ValueError, TypeError, ArgumentTypeError):
+        return None
+
+
 def early_problems(entry, argv):
     """The problems of `argv` the table can tell: the argument file, unknown keys, values of the
-    wrong type, required arguments left out. Raises ArgumentError for an unreadable argument file."""
+    wrong type or outside their choices and ranges, required arguments left out. Raises
+    ArgumentError for an unreadable argument file."""
     problems = []
-    tokens = read_arguments(argv, set(entry["valid"]), set(entry["fixed_fields"]), stored_actions(entry), problems)
+    actions = stored_actions(entry)
+    tokens = read_arguments(argv, set(entry["valid"]), set(entry["fixed_fields"]), actions, problems)
+    problems += value_problems(entry, given_values(tokens, lambda key, text: converted(actions.get(f"--{key}"), text)))
     given = {token for token in tokens if token.startswith("--")}
     missing = [flag for flag, (_, _, _, required) in entry["options"].items() if required and flag not in given]
     if missing:

@@ -7,7 +7,7 @@ its own fields in `__post_init__` inside a `problem_scope`, so every problem of 
 reported together (see `argument_problems`).
 """
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import ClassVar, List, Optional
 
 from paddlenlp.trainer import TrainingArguments
 
@@ -58,6 +58,8 @@ class LoRAArguments:
 
 @dataclass
 class ModelCommonArguments(LoRAArguments):
+    # the valid names, checked before Paddle loads (ppo/common/early_values.py)
+    field_choices: ClassVar[dict] = {"recompute_granularity": "ppo.entry.argument_groups:RECOMPUTE_GRANULARITIES"}
     use_flash_attention: bool = field(
         default=False, metadata={"help": "Use flash attention in the models (GPU builds of Paddle only)."}
     )
@@ -173,6 +175,9 @@ class EvalGenerationArguments(GenerationArguments):
 class RolloutArguments:
     """Sampling prompts and responses with the rollout engine: PPO/GRPO (`run_ppo.py`) and online
     DPO (`run_online_dpo.py`, where one step is one round), with PaddleNLP's PPO names."""
+
+    # the valid names, checked before Paddle loads (ppo/common/early_values.py)
+    field_choices: ClassVar[dict] = {"rollout_kernels": "ppo.rollout.ops:KERNEL_MODES"}
 
     per_device_prompt_batch_size: int = field(
         default=16,

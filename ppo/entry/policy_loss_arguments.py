@@ -9,7 +9,7 @@ log-probs into importance weights on the policy loss (`ppo.algos.rollout_correct
 setting that the chosen loss, correction or estimator would not read.
 """
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import ClassVar, Optional
 
 from ..algos import ADV_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES, TOP_ENTROPY_NORMS
 from ..algos.rollout_correction import ROLLOUT_IS_LEVELS
@@ -24,6 +24,9 @@ LOSS_AGG_MODE_HELP = (
 
 @dataclass
 class PolicyLossArguments:
+    # the valid names, checked before Paddle loads (ppo/common/early_values.py)
+    field_choices: ClassVar[dict] = {"policy_loss": "ppo.algos.policy_registry:POLICY_LOSSES",
+                                     "rollout_is": "ppo.algos.rollout_correction:ROLLOUT_IS_LEVELS"}
     policy_loss: str = field(
         default="ppo_clip",
         metadata={"help": f"Policy loss (ppo.algos.POLICY_LOSSES, docs/algorithms.md): {' | '.join(POLICY_LOSSES)}; "

@@ -10,6 +10,7 @@ while the trainer trains), corrected by the rollout importance weights (`rollout
 `rollout_placement_problems` refuses, before any model loads, what a split run cannot do.
 """
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ..common.argument_problems import problem_scope
 
@@ -26,6 +27,8 @@ def launch_world_size():
 
 @dataclass
 class RolloutPlacementArguments:
+    # the valid names, checked before Paddle loads (ppo/common/early_values.py)
+    field_choices: ClassVar[dict] = {"rollout_placement": "ppo.entry.rollout_placement_arguments:ROLLOUT_PLACEMENTS"}
     rollout_placement: str = field(
         default="colocated",
         metadata={"help": "colocated: every rank generates then trains (one after the other); split: the last "

@@ -17,9 +17,7 @@ import paddle
 from ..algos.judge_scores import expected_score, order_averaged_preference, verdict_probability
 from ..data.collate import left_padding
 from ..data.encode import encode_text
-from .templates import check_template, first_token_ids, render, single_token_ids, template_text
-
-VERDICTS = ("yes_no", "score")
+from .templates import VERDICTS, check_template, first_token_ids, render, single_token_ids, template_text
 
 
 class GenerativeJudge:

@@ -11,6 +11,7 @@ Items are scored in batches through the rollout engine's prefill (``score_batch`
 judge is kept per process and options, so a scorer built twice loads its model once. Importing
 this module imports no Paddle: the model loads when the scorer is built.
 """
+import os
 import threading
 
 from ..scorer_registry import ScorerFacts, register_scorer
@@ -53,6 +54,34 @@ def build_judge(**options):
     return judge
 
 
+def judge_option_problems(**options):
+    """What `build_judge` would fail on, found without loading a model: no `model`, a `model` that
+    is no model directory here (PaddleNLP would take a missing path for a model-hub name and try to
+    download it), an unknown verdict kind or template."""
+    from ..common.validation import check_model_dir
+    from .templates import VERDICTS, check_template, template_text
+
+    model, problems = options.get("model"), []
+    if not model:
+        problems.append("the judge scorer needs the option model (a model directory or LoRA adapter)")
+    elif not os.path.isdir(os.path.expanduser(str(model))):
+        problems.append(f"option model={model}: no such directory (the judge loads a local model directory or LoRA "
+                        "adapter)")
+    else:
+        try:
+            check_model_dir("option model", os.path.expanduser(str(model)))
+        except ValueError as err:
+            problems.append(str(err))
+    if options.get("verdict") not in VERDICTS:
+        problems.append(f"option verdict must be one of {VERDICTS}, got {options.get('verdict')!r}")
+    for name, pairwise in (("template", False), ("pair_template", True)):
+        try:
+            check_template(template_text(str(options.get(name))), pairwise)
+        except ValueError as err:
+            problems.append(f"option {name}: {err}")
+    return problems
+
+
 def judge_scorer(**options):
     """A scorer `(src, tgt, response) -> float` with `score_batch(src, tgt, response)` (one prefill
     per batch) and `judge` (the `GenerativeJudge`, whose `compare` is the pairwise mode)."""
@@ -78,5 +107,5 @@ register_scorer("judge", unconfigured_judge, ScorerFacts(
     lowest_when="the judge model is sure the answer is wrong",
     raises_when="no model option; verdict words that start with the same token; a template that needs a reference "
                 "and an empty label",
-    correct_at=0.5, options=OPTIONS, build=judge_scorer,
+    correct_at=0.5, options=OPTIONS, build=judge_scorer, check=judge_option_problems,
 ))

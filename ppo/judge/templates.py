@@ -33,6 +33,8 @@ reference's length plus 11 characters; plus 2 tokens for the demo's tokenizer): 
 `ppo/tiny/judge_data.py` teaches a tiny policy to answer them."""
 
 FIELDS = ("question", "answer", "reference", "answer_a", "answer_b")
+VERDICTS = ("yes_no", "score")
+"""The verdict kinds of `model_judge.GenerativeJudge`: yes/no words, or score words valued 1, 2, ..."""
 
 
 def template_text(template):

@@ -139,14 +139,15 @@ MODEL_ROLES_ON_ACTOR_IDS = ("actor", "reference", "reward_critic", "cost", "cost
 """The models of a PPO run that read the actor's token ids (`<role>_model_name_or_path`)."""
 
 
-def embedding_limit_problems(model_args, use_critic, actor_tokenizer, retokenizer, sequence_length):
+def embedding_limit_problems(model_args, use_critic, actor_tokenizer, retokenizer, sequence_length,
+                             what="max_prompt_len + max_dec_len"):
     """`startup_checks.token_and_position_problems` for every model of a PPO run (or online DPO)
     against the tokenizer that feeds it: the actor's for the actor, the reference, the critics
     and the cost model; the reward model's own when rollouts are re-tokenised for it
-    (`retokenizer`), else the actor's. Read from the models' `config.json`, before they load."""
+    (`retokenizer`), else the actor's. Read from the models' `config.json`, before they load.
+    `what` names the arguments that set `sequence_length`."""
     from ..common.startup_checks import token_and_position_problems
 
-    what = "max_prompt_len + max_dec_len"
     on_actor_ids = [(f"{role}_model_name_or_path", getattr(model_args, f"{role}_model_name_or_path", None))
                     for role in MODEL_ROLES_ON_ACTOR_IDS]
     reward_path = None if (model_args.use_rm_server or model_args.use_rule_reward) else model_args.reward_model_name_or_path

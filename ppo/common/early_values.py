@@ -1,0 +1,115 @@
+"""Choices and ranges of argument values, kept in the stored argument table and checked before
+Paddle loads (`argument_table.check_early`), so that `--policy_loss gspoo` or a negative learning
+rate is refused in a fraction of a second, not after the tokenizer and the datasets.
+
+Choices: an argument dataclass declares its fields' valid names in a class attribute
+`field_choices`, each field mapped to `"module:NAME"` of the tuple, list or registry dict that its
+own check reads (or to `("module:NAME", form)` when a value of that `form`, such as
+`module.path:NAME` of one's own, is accepted too); a subclass's entry wins over its bases'.
+Ranges: the sizes, rates and coefficients of `validation.MIN_VALUES`, `FLOATS_ABOVE` and
+`VALUE_RANGES`, with their messages. The full start-up pass checks the same values again.
+"""
+import difflib
+import importlib
+import inspect
+
+from .validation import FLOATS_ABOVE, MIN_VALUES, VALUE_RANGES, in_range, range_text
+
+LEFT_TO_THE_FULL_PASS = ("num_train_epochs",)
+"""Range fields whose rule depends on other values (`num_train_epochs` counts only without `max_steps`)."""
+
+
+# ----------------------------------------------------------------------------- building (imports the modules named)
+
+def declared_choices(classes):
+    """field -> `(reference, accepted form or None)` of the `field_choices` of `classes` and their bases."""
+    found = {}
+    for cls in classes:
+        for base in reversed(cls.__mro__):
+            for name, rule in (vars(base).get("field_choices") or {}).items():
+                found[name] = (rule, None) if isinstance(rule, str) else tuple(rule)
+    return found
+
+
+def resolve(reference):
+    """`(the values named by "module:NAME" as a list of strings, the module's source file)`."""
+    module_name, _, attr = reference.partition(":")
+    module = importlib.import_module(module_name)
+    return [str(v) for v in getattr(module, attr)], inspect.getsourcefile(module)
+
+
+def value_rules(classes, options):
+    """`(rules, source files)`: the table's `choices` and `ranges` of an entry point parsing
+    `classes` whose parser options (flag -> `[type, nargs, choices, required]`) are `options`."""
+    fields = {flag[2:]: kind for flag, kind in options.items()}
+    choices, files = {}, set()
+    for name, (reference, form) in declared_choices(classes).items():
+        if name in fields:
+            values, file = resolve(reference)
+            choices[name] = [values, form]
+            files.add(file)
+    ranges = {}
+    for name, kind in fields.items():
+        if kind[0] not in ("int", "float") or kind[1] is not None or name in LEFT_TO_THE_FULL_PASS:
+            continue
+        if name in VALUE_RANGES:
+            ranges[name] = ["range", *VALUE_RANGES[name]]
+        elif name in MIN_VALUES:
+            ranges[name] = ["min", MIN_VALUES[name]]
+        elif name in FLOATS_ABOVE:
+            ranges[name] = ["above", FLOATS_ABOVE[name]]
+    return {"choices": choices, "ranges": ranges}, files
+
+
+# ----------------------------------------------------------------------------- checking (imports nothing heavy)
+
+def given_values(tokens, convert):
+    """field -> value of the `--key value` tokens (the last one wins) that carry exactly one value;
+    `convert(field, text)` gives the value of a command-line word (None when it has no type)."""
+    values, key, words = {}, None, []
+    for token in list(tokens) + ["--"]:
+        if token.startswith("--"):
+            if key is not None and len(words) == 1:
+                values[key] = convert(key, words[0])
+            elif key is not None:
+                values.pop(key, None)
+            key, words = token[2:] or None, []
+        else:
+            words.append(token)
+    return values
+
+
+def choice_problem(name, value, choices, form=None):
+    """The message for `value` outside `choices` (None when it is one), with the closest choice."""
+    if not isinstance(value, str) or value in choices or (form and ":" in value):
+        return None
+    also = f" or {form}" if form else ""
+    close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{name} must be one of {', '.join(map(repr, choices))}{also}, got {value!r}{hint}"
+
+
+def range_problem(name, value, rule):
+    """The full start-up pass's message for a size, rate or coefficient out of its range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    kind, *bounds = rule
+    if kind == "range" and not in_range(value, *bounds):
+        return f"{name}={value!r} (must be {range_text(*bounds)})"
+    if kind == "min" and (value != int(value) or value < bounds[0]):
+        return f"{name}={value!r} (must be an integer >= {bounds[0]})"
+    if kind == "above" and not value > bounds[0]:
+        return f"{name}={value!r} (must be > {bounds[0]:g})"
+    return None
+
+
+def value_problems(entry, values):
+    """Every choice and range problem of `values` (field -> value) under the table `entry`."""
+    problems = []
+    for name, value in values.items():
+        if name in entry.get("choices", {}):
+            choices, form = entry["choices"][name]
+            problems.append(choice_problem(name, value, choices, form))
+        elif name in entry.get("ranges", {}):
+            problems.append(range_problem(name, value, entry["ranges"][name]))
+    return [p for p in problems if p]
