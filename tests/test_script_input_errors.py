@@ -119,8 +119,8 @@ def test_import_hf_names_an_architecture_it_does_not_build(hf_dir, tmp_path):
     done = run_script("scripts/import_hf.py", "--hf_path", path, "--output_dir", str(tmp_path / "out"))
     assert refusal(done, tmp_path / "out") == (
         f"import_hf.py: error: hf_path: {path}/config.json: architectures ['LlamaForTokenClassification'] is not "
-        "imported here; supported: LlamaForCausalLM, Qwen2ForCausalLM, LlamaForSequenceClassification, "
-        "Qwen2ForSequenceClassification")
+        "imported here; supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+        "LlamaForSequenceClassification, Qwen2ForSequenceClassification, Qwen3ForSequenceClassification")
 
 
 def test_import_hf_names_the_missing_tensors(hf_dir, tmp_path):
