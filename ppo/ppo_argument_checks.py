@@ -16,6 +16,7 @@ from .entry.argument_groups import split_specs
 from .models.hf_import import hf_config_problems
 from .paddlenlp_rl_arguments import process_reward_model_problems
 from .trainer.best_policy import EVAL_METRICS, eval_metric_name
+from .trainer.env_reward import env_reward_problems
 
 EVAL_MODES = ("", "single", "tensor_parallel")
 """Generation layouts of a tensor-parallel model (PaddleNLP's `eval_mode`): '' and single gather
@@ -284,9 +285,10 @@ def model_path_problems(model_args, training_args):
     """The model paths a run needs: the actor, a reward model unless scores come from a server
     or rules, and a critic initialisation for estimators with a critic."""
     problems = validation.required_problems(model_args, ["actor_model_name_or_path"])
-    if not model_args.external_scores:
+    if not model_args.external_scores and not training_args.env_name:  # env_name alone: its rewards are the reward
         problems += validation.required_problems(
-            model_args, ["reward_model_name_or_path"], " unless use_rm_server or use_rule_reward is set")
+            model_args, ["reward_model_name_or_path"], " unless use_rm_server, use_rule_reward or env_name is set")
+    problems += env_reward_problems(model_args, training_args)
     uses_critic = training_args.adv_estimator in ADV_ESTIMATORS and training_args.use_critic
     if uses_critic and not (model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path):
         problems.append(f"adv_estimator {training_args.adv_estimator} needs a critic: set reward_critic_model_name_or_path "

@@ -37,6 +37,7 @@ from .strategy.rollout_link import RolloutLink
 from .trainer.advantages import AdvantageStage
 from .trainer.agent_rollout import ToolFailureWatch, TrajectoryRollout
 from .trainer.best_policy import BestPolicy, EvalEarlyStop, eval_metric_name
+from .trainer.env_reward import EnvironmentScorer
 from .trainer.evaluator import Evaluator
 from .trainer.experience_maker import ExperienceMaker
 from .trainer.loop import OnlineLoop
@@ -90,13 +91,16 @@ def trained_model(name, checkpoint, model, strategy, args, total_steps, critic=F
 
 def reward_scorer(tokenizer, passes, offload, reward_client=None, rule_scorer=None, prm=None):
     """The reward's scorer: the rule scorers, the reward server, the process reward model (`prm`:
-    `(ProcessRewardScorer, prm_reduction)`), or the reward model."""
+    `(ProcessRewardScorer, prm_reduction)`), the reward model, or, without any (`env_name` alone),
+    the environment's rewards (ppo/trainer/env_reward.py)."""
     if rule_scorer is not None:
         return RuleScorer(tokenizer, rule_scorer)
     if reward_client is not None:
         return RewardServerScorer(tokenizer, reward_client)
     if prm is not None:
         return ProcessRewardModelScorer(prm[0], prm[1], offload, eos_token_id=tokenizer.eos_token_id)
+    if passes.models.reward is None:  # env_name alone (checked at start-up): the environment's rewards
+        return EnvironmentScorer()
     return ScoreModel(passes, "reward", offload)
 
 
