@@ -334,10 +334,9 @@ def agent_run_problems(data_args, args):
             problems.append(f"env_name with {name} {getattr(args, name)}: the multi-turn decoder "
                             "(ppo/rollout/multi_turn.py) has no tensor- or pipeline-parallel generation path here; use "
                             "data parallel for multi-turn runs")
-    if split_specs(data_args.eval_datasets):
-        problems.append("env_name with eval_datasets: the trainer's evaluation writes single-turn answers; evaluating "
-                        "trajectories is not implemented in the trainer (scripts/agent_demo.py evaluates them); "
-                        "leave eval_datasets empty")
+    if split_specs(data_args.eval_datasets) and getattr(args, "eval_num_samples", 0):
+        problems.append("env_name with eval_num_samples: the evaluation of trajectories runs one greedy trajectory per "
+                        "prompt (eval/agent/*); sampled pass@k over trajectories is not implemented; set eval_num_samples 0")
     return problems
 
 

@@ -35,6 +35,7 @@ from .rollout import RolloutEngine, SamplingParams
 from .strategy import PassSettings, PlainStrategy, Ranks, build_strategy
 from .strategy.rollout_link import RolloutLink
 from .trainer.advantages import AdvantageStage
+from .trainer.agent_eval import AgentEvaluator
 from .trainer.agent_rollout import ToolFailureWatch, TrajectoryRollout
 from .trainer.best_policy import BestPolicy, EvalEarlyStop, eval_metric_name
 from .trainer.env_reward import EnvironmentScorer
@@ -243,8 +244,10 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
     steps = OptimizerSteps(strategy, state, args.max_nan_skips, args.release_gradients)
     learner = PPOUpdater(actor, objectives, passes, steps, ptx, watch, offload, state, ranks, slice_of(UpdateSettings, args),
                          ResponseSamples(tokenizer, objectives, args.rollout_n))
-    evaluator = Evaluator(eval_dataset, engine, sampling, tokenizer, passes, actor.model, scoring, offload, state, ranks,
-                          slice_of(EvalSettings, args), eval_long_answer_len)
+    eval_parts = (eval_dataset, engine, sampling, tokenizer, passes, actor.model, scoring, offload, state, ranks,
+                  slice_of(EvalSettings, args), eval_long_answer_len)
+    evaluator = (AgentEvaluator(*eval_parts, agent_args=args, turn_format=rollout.turn_format) if args.env_name
+                 else Evaluator(*eval_parts))  # env_name: trajectories (ppo/trainer/agent_eval.py)
     report = RunReport(slice_of(LoopSettings, args), ranks.is_main, run_label(args.adv_estimator, combiner.constrained))
     return OnlineLoop(maker, learner, state, report, evaluator, watch, strategy, slice_of(LoopSettings, args), max_steps,
                       models.actor, passes, offload, best, early_stop)

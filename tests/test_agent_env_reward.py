@@ -210,3 +210,32 @@ def test_stateful_tools_live_one_trajectory_and_score_it(tiny_model_dir, user_en
     assert rows[0]["agent/tool_calls_mean"] == pytest.approx((2 + 2 + 3 + 3 + 1 + 1) / 6)
     assert log.read_text().count("released") == 6  # one per trajectory, the timed-out ones too
     assert sorted(os.listdir(log.parent)) == ["release.log"]
+
+
+def test_the_trainer_evaluates_trajectories(tiny_model_dir, user_env, tmp_path):
+    """eval_datasets with env_name (refused before): at step 0 and at each evaluation step one
+    greedy trajectory per eval record, with success, turns, tool calls and tool errors logged
+    as eval/agent/* in metrics.jsonl."""
+    call = '<tool_call>{"name": "add", "arguments": {"n": %s}}</tool_call>'
+    records = [{"src": "Reverse: ab", "tgt": "ba", "target": 7, "actions": [call % 3, call % 4, "7"]},
+               {"src": "Reverse: cd", "tgt": "dc", "target": 7, "actions": [call % 1, call % '"x"', "done"]}]
+    prompts = write_prompts(tmp_path / "p.jsonl", records)
+    log = tmp_path / "tools" / "release.log"
+    log.parent.mkdir()
+    env_kwargs = json.dumps({"tools": ["agents2a_user_tools:Counter"],
+                             "tool_options": {"agents2a_user_tools:Counter": {"log": str(log)}}})
+    out = str(tmp_path / "run")
+    argv = env_argv(tiny_model_dir, prompts, out, "--env_name", "agents2a_user_tools:ScriptedCounter",
+                    "--env_kwargs", env_kwargs, "--eval_datasets", f"Jsonfile:1.0:{prompts}",
+                    "--evaluation_strategy", "steps", "--eval_steps", "1", "--max_turns", "3", "--max_total_len", "128",
+                    "--eval_max_new_tokens", "3")
+    main(argv)
+    evals = [r for r in (json.loads(ln) for ln in open(os.path.join(out, "metrics.jsonl"))) if "eval/agent/success" in r]
+    assert [r["step"] for r in evals] == [0, 1]
+    for row in evals:
+        assert row["eval/agent/success"] == pytest.approx(0.5)  # 3+4 = 7; 1 and a bad call: 1
+        assert row["eval/agent/reward_mean"] == pytest.approx(0.5) and row["eval/score"] == pytest.approx(0.5)
+        assert row["eval/agent/turns_mean"] == pytest.approx(3.0)
+        assert row["eval/agent/tool_calls_mean"] == pytest.approx(2.0)
+        assert row["eval/agent/tool_errors_mean"] == pytest.approx(0.5)  # "x" is no integer: bad_arguments
+        assert row["eval/agent/env_error_frac"] == 0.0 and row["eval/agent/truncated_frac"] == 0.0
