@@ -285,7 +285,7 @@ def model_path_problems(model_args, training_args):
     """The model paths a run needs: the actor, a reward model unless scores come from a server
     or rules, and a critic initialisation for estimators with a critic."""
     problems = validation.required_problems(model_args, ["actor_model_name_or_path"])
-    if not model_args.external_scores and not training_args.env_name:  # env_name alone: its rewards are the reward
+    if not model_args.external_scores and not getattr(training_args, "env_name", ""):  # env_name alone: its rewards are the reward
         problems += validation.required_problems(
             model_args, ["reward_model_name_or_path"], " unless use_rm_server, use_rule_reward or env_name is set")
     problems += env_reward_problems(model_args, training_args)
