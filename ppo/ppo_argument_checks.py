@@ -16,6 +16,7 @@ from .entry.argument_groups import split_specs
 from .models.hf_import import hf_config_problems
 from .paddlenlp_rl_arguments import process_reward_model_problems
 from .trainer.best_policy import EVAL_METRICS, eval_metric_name
+from .trainer.env_reward import env_reward_problems
 
 PPO_FIELD_CHOICES = {
     "adv_estimator": ("ppo.algos.advantage_registry:ADV_ESTIMATORS", "module.path:NAME of an AdvEstimator"),
@@ -297,9 +298,10 @@ def model_path_problems(model_args, training_args):
     """The model paths a run needs: the actor, a reward model unless scores come from a server
     or rules, and a critic initialisation for estimators with a critic."""
     problems = validation.required_problems(model_args, ["actor_model_name_or_path"])
-    if not model_args.external_scores:
+    if not model_args.external_scores and not getattr(training_args, "env_name", ""):  # env_name alone: its rewards are the reward
         problems += validation.required_problems(
-            model_args, ["reward_model_name_or_path"], " unless use_rm_server or use_rule_reward is set")
+            model_args, ["reward_model_name_or_path"], " unless use_rm_server, use_rule_reward or env_name is set")
+    problems += env_reward_problems(model_args, training_args)
     uses_critic = training_args.adv_estimator in ADV_ESTIMATORS and training_args.use_critic
     if uses_critic and not (model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path):
         problems.append(f"adv_estimator {training_args.adv_estimator} needs a critic: set reward_critic_model_name_or_path "
@@ -345,10 +347,9 @@ def agent_run_problems(data_args, args):
             problems.append(f"env_name with {name} {getattr(args, name)}: the multi-turn decoder "
                             "(ppo/rollout/multi_turn.py) has no tensor- or pipeline-parallel generation path here; use "
                             "data parallel for multi-turn runs")
-    if split_specs(data_args.eval_datasets):
-        problems.append("env_name with eval_datasets: the trainer's evaluation writes single-turn answers; evaluating "
-                        "trajectories is not implemented in the trainer (scripts/agent_demo.py evaluates them); "
-                        "leave eval_datasets empty")
+    if split_specs(data_args.eval_datasets) and getattr(args, "eval_num_samples", 0):
+        problems.append("env_name with eval_num_samples: the evaluation of trajectories runs one greedy trajectory per "
+                        "prompt (eval/agent/*); sampled pass@k over trajectories is not implemented; set eval_num_samples 0")
     return problems
 
 

@@ -36,8 +36,10 @@ from .rollout import RolloutEngine, SamplingParams
 from .strategy import PassSettings, PlainStrategy, Ranks, build_strategy
 from .strategy.rollout_link import RolloutLink
 from .trainer.advantages import AdvantageStage
+from .trainer.agent_eval import AgentEvaluator
 from .trainer.agent_rollout import ToolFailureWatch, TrajectoryRollout
 from .trainer.best_policy import BestPolicy, EvalEarlyStop, eval_metric_name
+from .trainer.env_reward import EnvironmentScorer
 from .trainer.evaluator import Evaluator
 from .trainer.experience_maker import ExperienceMaker
 from .trainer.loop import OnlineLoop
@@ -91,13 +93,16 @@ def trained_model(name, checkpoint, model, strategy, args, total_steps, critic=F
 
 def reward_scorer(tokenizer, passes, offload, reward_client=None, rule_scorer=None, prm=None):
     """The reward's scorer: the rule scorers, the reward server, the process reward model (`prm`:
-    `(ProcessRewardScorer, prm_reduction)`), or the reward model."""
+    `(ProcessRewardScorer, prm_reduction)`), the reward model, or, without any (`env_name` alone),
+    the environment's rewards (ppo/trainer/env_reward.py)."""
     if rule_scorer is not None:
         return RuleScorer(tokenizer, rule_scorer)
     if reward_client is not None:
         return RewardServerScorer(tokenizer, reward_client)
     if prm is not None:
         return ProcessRewardModelScorer(prm[0], prm[1], offload, eos_token_id=tokenizer.eos_token_id)
+    if passes.models.reward is None:  # env_name alone (checked at start-up): the environment's rewards
+        return EnvironmentScorer()
     return ScoreModel(passes, "reward", offload)
 
 
@@ -242,8 +247,10 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
                          ResponseSamples(tokenizer, objectives, args.rollout_n))
     if ranks.is_main:
         logger.info(policy_loss_startup_line(args))
-    evaluator = Evaluator(eval_dataset, engine, sampling, tokenizer, passes, actor.model, scoring, offload, state, ranks,
-                          slice_of(EvalSettings, args), eval_long_answer_len)
+    eval_parts = (eval_dataset, engine, sampling, tokenizer, passes, actor.model, scoring, offload, state, ranks,
+                  slice_of(EvalSettings, args), eval_long_answer_len)
+    evaluator = (AgentEvaluator(*eval_parts, agent_args=args, turn_format=rollout.turn_format) if args.env_name
+                 else Evaluator(*eval_parts))  # env_name: trajectories (ppo/trainer/agent_eval.py)
     report = RunReport(slice_of(LoopSettings, args), ranks.is_main, run_label(args.adv_estimator, combiner.constrained))
     return OnlineLoop(maker, learner, state, report, evaluator, watch, strategy, slice_of(LoopSettings, args), max_steps,
                       models.actor, passes, offload, best, early_stop)

@@ -41,6 +41,7 @@ with quiet_third_party_warnings():
     from ppo.common.startup_checks import StartupPass  # noqa: E402
     from ppo.reward_client import run_server_problems  # noqa: E402
     from ppo.agents.prompt_room import prompt_room_problems  # noqa: E402
+    from ppo.agents.record_env import record_environment_problems  # noqa: E402
 
 logger = logging.getLogger("ppo")
 
@@ -85,6 +86,8 @@ def start_up(argv=None):
         datasets = build_datasets(data_args, training_args, tokenizer, model_args.external_scores, startup.attempt)
         retokenizer = startup.attempt(retokenizer_for_run, model_args, training_args.use_critic, tokenizer,
                                       pipeline=training_args.pipeline_parallel_degree > 1)
+        startup.add(record_environment_problems(training_args, datasets[0]))  # a record's own env_name / env_kwargs
+        startup.add(record_environment_problems(training_args, datasets[1], "eval_datasets"))
         startup.attempt(check_cost_tokenizers, model_args, tokenizer)  # PPO-Lagrangian
         startup.add(embedding_limit_problems(model_args, training_args.use_critic, tokenizer, retokenizer,
                                              *sequence_limit(data_args, training_args)))

@@ -280,7 +280,8 @@ def test_prompt_only_dedup_left_padding_position_ids(tmp_path, tiny_tokenizer):
     assert ds[0]["input_ids"].tolist() == ids(tok, "USER: Reverse: k3x9q ASSISTANT:")
 
     batch = ds.get_collator()([ds[1], ds[0]])
-    assert list(batch) == ["input_ids", "attention_mask", "position_ids", "prompt", "src", "label"]
+    assert list(batch) == ["input_ids", "attention_mask", "position_ids", "prompt", "src", "label", "extra"]
+    assert batch["extra"] == [{}, {}]  # the records have no fields beyond src and tgt
     for key in ("input_ids", "attention_mask", "position_ids"):
         assert batch[key].dtype == paddle.int64 and batch[key].shape == [2, 12], key
     short = ids(tok, "USER: Reverse: ab ASSISTANT:")

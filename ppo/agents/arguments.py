@@ -48,6 +48,11 @@ class AgentArguments:
         metadata={"help": "Where the environment's rewards go: final = their sum at the last policy token; per_turn = "
                   "each turn's reward at that turn's last token."},
     )
+    env_reward_weight: float = field(
+        default=1.0,
+        metadata={"help": "Weight of the environment's rewards: weight * (their sum) is added to the reward's score (a "
+                  "reward model, server or rule scorer); without one, weight * (their sum) is the reward."},
+    )
     max_tool_failure_frac: float = field(
         default=0.5,
         metadata={"help": "Training: a step on which more than this fraction of the trajectories had a tool fail (raise, "
@@ -69,6 +74,8 @@ class AgentArguments:
         problems = []
         if not self.step_timeout_s > 0:
             problems.append(f"step_timeout_s must be > 0, got {self.step_timeout_s}")
+        if self.env_reward_weight != self.env_reward_weight or abs(self.env_reward_weight) == float("inf"):
+            problems.append(f"env_reward_weight must be a finite number, got {self.env_reward_weight}")
         if not 0.0 <= self.max_tool_failure_frac < 1.0:
             problems.append(f"max_tool_failure_frac must be in [0, 1), got {self.max_tool_failure_frac}")
         for name in ("max_turns", "max_tool_response_len", "max_total_len", "tool_failure_steps"):

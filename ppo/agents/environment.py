@@ -4,8 +4,9 @@ An environment is what a policy talks to during a multi-turn rollout, one instan
 trajectory, with two methods (the Gym shape, on text):
 
 - ``reset(record) -> observation``: the first observation of an episode for one dataset
-  record (a dict such as ``{"src": ..., "tgt": ...}``): the user's message as a string, or a
-  list of chat messages (``[{"role": "system", ...}, {"role": "user", ...}]``);
+  record (a dict: ``src``, ``tgt`` and the record's other fields, ppo/agents/record_env.py):
+  the user's message as a string, or a list of chat messages
+  (``[{"role": "system", ...}, {"role": "user", ...}]``);
 - ``step(action_text) -> (observation, reward, done, info)``: the policy's turn as text (up to
   and including the stop string that ended it); the observation that follows (a tool's answer,
   a user's next message, or None when ``done``), the reward of that turn, whether the episode
@@ -14,7 +15,8 @@ trajectory, with two methods (the Gym shape, on text):
 
 An environment may also have ``tools`` (JSON schemas of the functions the policy may call,
 given to the chat template's tool slot), ``stop_strings`` (texts that end a policy turn besides
-the stop tokens, e.g. ``</tool_call>``) and ``close()``. ``step`` runs in a worker thread of
+the stop tokens, e.g. ``</tool_call>``), ``close()`` and ``episode_reward()`` (the reward of
+an episode the rollout cut at ``max_turns`` / ``max_total_len`` before ``done``). ``step`` runs in a worker thread of
 the rollout (ppo/agents/rollout.py), one call at a time per instance.
 
 :class:`EnvironmentFacts` say what callers need to know: the role of its observations

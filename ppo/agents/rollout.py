@@ -36,9 +36,10 @@ from typing import Any, Dict, List
 
 from ..rollout.multi_turn import SlotDecoder
 from ..rollout.weights import unwrap_model
-from .environment import environment_facts, make_environment
+from .environment import environment_facts
 from .formats import decode_exact
 from .metrics import agent_metrics
+from .record_env import build_environments, close_all, record_environment, record_role
 from .trajectory import Segment, Trajectory
 
 PAUSE_MODES = ("row", "batch")
@@ -88,9 +89,11 @@ class AgentRollout:
         self.tokenizer = turn_format.tokenizer
         self.pause, self.step_timeout_s = pause, float(args.step_timeout_s)
         self.feed_interval, self.steps = max(int(feed_interval), 1), 0
-        factory = env_factory or (lambda: make_environment(args.env_name, args.env_options))
-        self.rows = [_Row(i, factory(), r) for i, r in enumerate(records)]
+        factory = env_factory or (lambda record: record_environment(args, record))  # ppo/agents/record_env.py
+        self.rows = [_Row(i, env, r) for i, (env, r) in enumerate(zip(build_environments(factory, records), records))]
         self.role = environment_facts(args.env_name).observation_role if args.env_name else "tool"
+        for row in self.rows:  # a record that names its own environment speaks in that one's role
+            row.role = record_role(args, row.traj.record) if args.env_name and env_factory is None else self.role
         self.stop_ids = set(params.stop_token_ids if params.stop_token_ids is not None else [engine.eos_token_id])
         strings = {s for r in self.rows for s in getattr(r.env, "stop_strings", [])} | set(params.stop_strings or [])
         self.stop_strings = sorted(s for s in strings if s)
@@ -117,9 +120,7 @@ class AgentRollout:
             self._start_rows()
             decoder = self._loop(seed, row_offset)
         finally:
-            for row in self.rows:
-                if callable(getattr(row.env, "close", None)):
-                    row.env.close()
+            close_all([row.env for row in self.rows])  # every one, also after an error
         trajectories = [r.traj for r in self.rows]
         return AgentRolloutResult(trajectories, agent_metrics(trajectories),
                                   self._stats(decoder, trajectories, time.perf_counter() - t_start))
@@ -226,6 +227,8 @@ class AgentRollout:
     def _finish(self, row, reason, truncated=False):
         row.state, row.pending = "done", []
         row.traj.stop_reason, row.traj.truncated = reason, truncated
+        if truncated:  # cut before the environment said done: its end-of-episode reward (tool_state.py)
+            episode_reward(row)
 
     # ------------------------------------------------------------------ environment answers
     def _collect(self, block):
@@ -269,7 +272,7 @@ class AgentRollout:
         elif observation is None:
             self._finish(row, "env_error")
         else:
-            self._feed_observation(row, str(observation), info.get("role", self.role), turn)
+            self._feed_observation(row, str(observation), info.get("role", row.role), turn)
 
     def _feed_observation(self, row, observation, role, turn):
         end = list(self.format.turn_end_ids)
@@ -327,3 +330,21 @@ def rollout_trajectories(engine, records, args, turn_format, params, seed=None, 
     finally:
         if was_training:
             unwrap_model(engine.model).train()
+
+
+def episode_reward(row):
+    """Add the environment's end-of-episode reward (`env.episode_reward()`, when it has one) to
+    a trajectory the rollout cut before the environment said done (at its last turn's reward,
+    or as that turn's when its step never ran); one that raises counts as an env_error."""
+    hook = getattr(row.env, "episode_reward", None)
+    if not callable(hook):
+        return
+    try:
+        value = float(hook())
+    except Exception as err:  # noqa: BLE001 - the environment's failure is counted, the row is already over
+        row.traj.tool_calls.append({"name": None, "error": "env_error", "detail": repr(err)[:200]})
+        return
+    if len(row.traj.rewards) >= row.traj.num_turns and row.traj.rewards:
+        row.traj.rewards[-1] += value
+    else:
+        row.traj.rewards.append(value)

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from .environment import Environment, EnvironmentFacts, register_environment
 from .tool_calls import CALL_CLOSE, parse_tool_call
+from .tool_state import ToolStates, class_schema, stateful_tool_class
 from .tools import ISOLATIONS, call_tool, get_tool
 
 PROMPT_KEYS = ("src", "prompt", "input", "question", "query")
@@ -46,7 +47,9 @@ class ToolEnvironment(Environment):
     """See the module docstring. ``tools``: names (or ``module.path:function``) of the tools the
     policy may call; ``tool_options``: per tool name, its options (e.g. search's corpus);
     ``system_prompt``: a system message put before the user's (None: none); ``tool_isolation``:
-    "thread" or "process" (module docstring)."""
+    "thread" or "process" (module docstring). A ``module.path:Class`` of a ``StatefulTool``
+    in ``tools`` lives one trajectory (ppo/agents/tool_state.py): created at ``reset``, its
+    ``reward()`` the reward of the episode's end, released at ``close``."""
 
     stop_strings = [CALL_CLOSE]
 
@@ -59,26 +62,37 @@ class ToolEnvironment(Environment):
         unknown = sorted(set(tool_options) - set(tools))
         if unknown:
             raise ValueError(f"tool_options for tools that are not listed in tools: {unknown}")
-        self.specs = {}
+        self.specs, stateful, schemas = {}, {}, []
         for name in tools:
+            cls = stateful_tool_class(name)  # a StatefulTool: one instance per trajectory (tool_state.py)
+            if cls is not None:
+                stateful[class_schema(cls)[0]] = (cls, tool_options.get(name))
+                schemas.append(ToolStates({name: (cls, None)}).specs()[0].function_schema())
+                continue
             spec = get_tool(name).with_options(tool_options.get(name))
             self.specs[spec.name] = spec
+            schemas.append(spec.function_schema())
             if tool_isolation == "process":
                 _check_picklable(spec)
+        if stateful and tool_isolation == "process":
+            raise ValueError(f"stateful tools ({', '.join(stateful)}) keep their state in this process: use "
+                             "tool_isolation thread")
+        self.states = ToolStates(stateful)
         self.tool_isolation = tool_isolation
-        self.tools = [spec.function_schema() for spec in self.specs.values()]
+        self.tools = schemas
         self.max_output_chars = int(max_output_chars)
         self.prompt_key = prompt_key
         self.system_prompt = system_prompt
 
     def reset(self, record):
+        self.specs.update(self.states.create(record))  # the stateful tools' instances for this trajectory
         user = {"role": "user", "content": record_prompt(record, self.prompt_key)}
         return [{"role": "system", "content": self.system_prompt}, user] if self.system_prompt else [user]
 
     def step(self, action_text):
         call, problem = parse_tool_call(action_text, self.specs)
-        if call is None and problem is None:
-            return None, 0.0, True, {"tool_calls": []}
+        if call is None and problem is None:  # the final answer: the stateful tools' reward
+            return None, self.states.reward(), True, {"tool_calls": []}
         if problem is not None:
             entry = {"name": None, "error": problem.kind, "timeout": False, "latency_ms": 0.0,
                      "detail": problem.message[:200]}
@@ -89,6 +103,14 @@ class ToolEnvironment(Environment):
         if result.error:
             entry["detail"] = result.text[:200]
         return result.text, 0.0, False, {"tool_calls": [entry]}
+
+    def episode_reward(self):
+        """The stateful tools' reward of an episode the rollout cut before its final answer."""
+        return self.states.reward()
+
+    def close(self):
+        """Release the stateful tools' instances (once; also after an error or a timeout)."""
+        self.states.release()
 
 
 def _check_picklable(spec):

@@ -131,6 +131,8 @@ class RawSample(TypedDict, total=False):
     """User input text, or the user turns of a multi-turn conversation."""
     answer: NotRequired[str]
     """Assistant answer text (to the final user turn)."""
+    extra: NotRequired[dict]
+    """The record's other fields (Jsonfile), passed to a multi-turn run's environment."""
     other_answer: NotRequired[str]
     """A second answer to the same prompt (preference data)."""
     dialogue: NotRequired[List[str]]

@@ -7,7 +7,9 @@
 
 Samples: single turn `input=src[0]`; multi-turn `input=src` (the user turns) and
 `dialogue=[src0, tgt0, ..., src[-1]]`. When the final answer exists,
-`answer = label = tgt[-1]` (the label is the reference a reward server checks).
+`answer = label = tgt[-1]` (the label is the reference a reward server checks). The record's
+other fields (test cases, a database id, `env_name`, `env_kwargs`, `extra_info`) are kept as
+`extra`: a multi-turn run's `env.reset` receives them (docs/agents.md).
 """
 from __future__ import annotations
 
@@ -47,4 +49,7 @@ class JsonDataset(LocalFileDataset):
             sample["label"] = tgt[-1]
         elif self.use_rm_server:
             raise record.error(f"use_rm_server needs the final answer (the last {record.key('tgt')!r} turn)", "tgt")
+        extra = {k: v for k, v in record.data.items() if k not in (record.key("src"), record.key("tgt"))}
+        if extra:
+            sample["extra"] = extra  # the record's other fields, for a multi-turn run's environment
         return sample

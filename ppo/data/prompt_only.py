@@ -1,6 +1,7 @@
 """Prompt-only data for RL rollouts (PPO/GRPO): de-duplicated prompts, left-padded for generation."""
 from __future__ import annotations
 
+import json
 from typing import Any, List, Optional
 
 import numpy as np
@@ -17,7 +18,8 @@ class PromptOnlyDataset(TokenizedDataset):
     text), `src` (the raw final user turn) and `label` (the sample's reference answer,
     e.g. Jsonfile's `tgt`, or None) for a reward server.
 
-    Prompts are de-duplicated by prompt text, the first occurrence kept
+    Items also hold `extra`, the record's other fields (an environment's per-record data).
+    Prompts are de-duplicated by prompt text (and `extra`), the first occurrence kept
     (`duplicates_removed` in `stats`). Over-long rule: a prompt longer than
     `max_prompt_len` tokens (default `max_length`; None keeps all) is dropped
     (`dropped_prompt_too_long`). Counts are logged.
@@ -54,10 +56,12 @@ class PromptOnlyDataset(TokenizedDataset):
         if self.require_label and raw_sample.get("label") is None:
             where = f"'{self.response_key}', the response_key" if self.response_key else "'tgt'"
             raise ValueError(f"no reference answer ({where}); the reward server (use_rm_server) needs one for every prompt")
-        if prompt in self._seen:
+        extra = raw_sample.get("extra")
+        key = prompt if not extra else (prompt, json.dumps(extra, sort_keys=True, default=str))
+        if key in self._seen:  # one prompt with other per-record data (an environment's) is another sample
             self._count("duplicates_removed")
             return None
-        self._seen.add(prompt)
+        self._seen.add(key)
         prompt_ids = self.tokenize_prompt(prompt)
         self.longest_prompt = max(self.longest_prompt, len(prompt_ids))
         if self.max_prompt_len is not None and len(prompt_ids) > self.max_prompt_len:
@@ -68,6 +72,7 @@ class PromptOnlyDataset(TokenizedDataset):
             "prompt": prompt,
             "src": src,
             "label": raw_sample.get("label"),
+            "extra": extra or {},
         }
 
     def length_limit(self) -> str:
@@ -92,7 +97,8 @@ class PromptOnlyCollator(CollatorBase):
     - `input_ids [B, Tp]` (int64, padded on the left with `pad_token_id`);
     - `attention_mask [B, Tp]` (int64, 0 on padding);
     - `position_ids [B, Tp]` (int64, `cumsum(mask) - 1` clipped at 0);
-    - `prompt`, `src`, `label`: python lists of length B (label entries may be None).
+    - `prompt`, `src`, `label`: python lists of length B (label entries may be None);
+    - `extra`: the records' other fields (dicts, empty when none), for an environment.
     """
 
     def __call__(self, samples: List[dict]) -> dict:
@@ -105,4 +111,5 @@ class PromptOnlyCollator(CollatorBase):
             "prompt": [s.get("prompt") for s in samples],
             "src": [s.get("src") for s in samples],
             "label": [s.get("label") for s in samples],
+            "extra": [s.get("extra") or {} for s in samples],
         }

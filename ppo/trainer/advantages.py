@@ -134,7 +134,7 @@ class AdvantageStage:
                 trace.rewards, objective_kl = kl_shaped_rewards(scores, exp.old_logprobs, exp.ref_logprobs, mask, coeff,
                                                                 s.clip_range_score, kind=s.kl_estimator, clamp=clamp)
                 kl = objective_kl if kl is None else kl
-                if getattr(exp, "env_rewards", None) is not None and objective is self.objectives[0]:  # a multi-turn environment's own
+                if self.adds_env_rewards(exp, objective):  # a multi-turn environment's own (ppo/trainer/env_reward.py)
                     trace.rewards = trace.rewards + exp.env_rewards * mask
                 if steps is not None:
                     trace.rewards = trace.rewards + steps * mask
@@ -144,6 +144,12 @@ class AdvantageStage:
                     trace.advantages, trace.returns = self.advantages_and_returns(trace.rewards, trace.values, mask)
             self.combined = self.combiner.combine(exp, self.state.step)
         return kl
+
+    def adds_env_rewards(self, exp, objective):
+        """Whether the environment's token rewards go onto `objective`'s: the reward's, unless its
+        scores already are the environment's (`EnvironmentScorer`)."""
+        return (getattr(exp, "env_rewards", None) is not None and objective is self.objectives[0]
+                and not getattr(objective.scorer, "from_environment", False))
 
     def normalized(self, objective, scores):
         """`scores` after the objective's running normaliser, updated with every rank's batch first."""

@@ -85,10 +85,12 @@ def rated_text(trajectory, eos_text):
     return text[: -len(eos_text)] if eos_text and text.endswith(eos_text) else text
 
 
-def experience_from_trajectories(trajectories, batch, eos_token_id, group_ids, prompt_text, eos_text=""):
+def experience_from_trajectories(trajectories, batch, eos_token_id, group_ids, prompt_text, eos_text="",
+                                 env_reward_weight=1.0):
     """An `Experience` (stage "rollout") of `trajectories` and their `TrajectoryBatch`; `group_ids`
     `[N]` and `prompt_text` (N strings) as the prompts were repeated; `eos_text`: the EOS token's
-    text, cut off the end of the rated texts."""
+    text, cut off the end of the rated texts; `env_reward_weight`: the environment's rewards are
+    weighted by it (ppo/trainer/env_reward.py)."""
     sequences = paddle.to_tensor(batch.sequences, dtype="int64")
     attention_mask = paddle.to_tensor(batch.attention_mask, dtype="int64")
     Tp = batch.sequences.shape[1] - batch.response_mask.shape[1]
@@ -107,7 +109,7 @@ def experience_from_trajectories(trajectories, batch, eos_token_id, group_ids, p
         label=[t.record.get("tgt") for t in trajectories],
         prompt_text=list(prompt_text),
         ends_with_eos=paddle.to_tensor((last_ids == eos_token_id) & has_policy),
-        env_rewards=paddle.to_tensor(batch.rewards, dtype="float32"),
+        env_rewards=paddle.to_tensor(batch.rewards * float(env_reward_weight), dtype="float32"),
         response_text=[rated_text(t, eos_text) for t in trajectories],
         turns=[t.as_record() for t in trajectories],
     )
@@ -146,7 +148,8 @@ class TrajectoryRollout:
         indices = self.sampler.next_indices()
         n, ranks = self.settings.rollout_n, self.ranks
         batch = self.collate([self.dataset[i] for i in indices])
-        records = [{"src": src, "tgt": label} for src, label in zip(batch["src"], batch["label"]) for _ in range(n)]
+        records = [{**extra, "src": src, "tgt": label}  # the record's own fields reach env.reset (ppo/agents/record_env.py)
+                   for src, label, extra in zip(batch["src"], batch["label"], batch["extra"]) for _ in range(n)]
         draws = self.state.gen_batches
         seed, rows = self.settings.seed + 1_000_003 * draws, len(records)
         with self.offload.scope("actor"), self.passes.generation_weights():
@@ -159,7 +162,8 @@ class TrajectoryRollout:
         layout = collate_trajectories(trajectories, self.tokenizer.pad_token_id, self.agent_args.turn_reward_mode)
         exp = experience_from_trajectories(trajectories, layout, self.tokenizer.eos_token_id,
                                            np.repeat(np.arange(len(indices)) + group_base, n),
-                                           [p for p in batch["prompt"] for _ in range(n)], self.tokenizer.eos_token)
+                                           [p for p in batch["prompt"] for _ in range(n)], self.tokenizer.eos_token,
+                                           self.agent_args.env_reward_weight)
         exp.version = self.state.step
         self.metrics = {**self.tool_zeros, **result.metrics, "agent/tool_failed_frac": failed_frac,
                         "agent/env_reward_mean": float(np.mean([sum(t.rewards) for t in trajectories]))}

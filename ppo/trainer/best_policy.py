@@ -20,8 +20,10 @@ from ..early_stopping import EarlyStopping
 
 logger = logging.getLogger("ppo")
 
-EVAL_METRICS = ("eval/score", "eval/accuracy", "eval/accuracy_long", "eval/accuracy_short", "eval/response_length")
-"""The metrics the PPO/GRPO evaluation reports (`eval/accuracy*` only with reference answers)."""
+EVAL_METRICS = ("eval/score", "eval/accuracy", "eval/accuracy_long", "eval/accuracy_short", "eval/response_length",
+                "eval/agent/success")
+"""The metrics the PPO/GRPO evaluation reports (`eval/accuracy*` only with reference answers;
+`eval/agent/success` of a multi-turn run, ppo/trainer/agent_eval.py)."""
 
 
 def eval_metric_name(name):
