@@ -201,4 +201,21 @@ def copy_tokenizer(source_dir, output_dir, to_hf=True):
     if sentencepiece and os.path.isfile(os.path.join(source_dir, src)) and dst not in written:
         shutil.copyfile(os.path.join(source_dir, src), os.path.join(output_dir, dst))
         written.append(dst)
+    if sentencepiece and to_hf and "tokenizer_config.json" in written:
+        _state_the_dummy_prefix(os.path.join(output_dir, "tokenizer_config.json"), os.path.join(output_dir, dst))
     return written
+
+
+def _state_the_dummy_prefix(config_file, model_file):
+    """Write `add_prefix_space` into an exported SentencePiece tokenizer's config when the model adds
+    no dummy prefix: transformers 5 rebuilds `LlamaTokenizer` from `tokenizer.model` and prepends
+    "▁" to every text unless told so (transformers 4 read the model's own setting)."""
+    import sentencepiece as spm
+
+    config = read_json(config_file)
+    if "add_prefix_space" in config or not os.path.isfile(model_file):
+        return
+    pieces = spm.SentencePieceProcessor(model_file=model_file).encode("a", out_type=str)
+    config["add_prefix_space"] = bool(pieces) and pieces[0].startswith("\u2581")
+    with open(config_file, "w", encoding="utf-8") as f:
+        json.dump(config, f, ensure_ascii=False, indent=2)
