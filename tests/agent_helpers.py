@@ -208,3 +208,15 @@ def text_sum_scorer(src, tgt, response):
     """A graded rule scorer: the characters' code points summed, mod 97, over 97 (random responses
     score differently, so that group advantages are not 0)."""
     return sum(map(ord, response)) % 97 / 97.0
+
+
+SLEEPY_CALLS = []
+
+
+@register_tool("test_sleepy")
+def sleepy(text):
+    """Sleeps 0.4 s, then returns its text; (text, start, end) of each call go to SLEEPY_CALLS."""
+    start = time.perf_counter()
+    time.sleep(0.4)
+    SLEEPY_CALLS.append((text, start, time.perf_counter()))
+    return text
