@@ -220,3 +220,12 @@ def sleepy(text):
     time.sleep(0.4)
     SLEEPY_CALLS.append((text, start, time.perf_counter()))
     return text
+
+
+@register_tool("test_async_nap")
+async def async_nap(seconds):
+    """An async tool: sleeps `seconds` on the event loop, then says so."""
+    import asyncio
+
+    await asyncio.sleep(float(seconds))
+    return f"slept {seconds}"

@@ -46,7 +46,7 @@ async def nap(seconds):
     finally:
         with _LOCK:
             _RUNNING[0] -= 1
-    return f"slept {seconds}"
+    return "ok"
 
 
 class ScriptEnv(ToolEnvironment):
