@@ -24,6 +24,8 @@ process: a thread that does not return in time is left running (Python cannot st
 and a tool that ends its process (``os._exit``, a crash) ends the trainer. "process" runs it
 in a worker process (ppo/agents/tool_worker.py): killed at the timeout, replaced when it dies
 ("crashed"). The ``python`` tool runs its code in a sandboxed child either way (ppo/sandbox.py).
+An ``async def`` tool runs on the shared event loop of ppo/agents/tool_limits.py (cancelled at
+its timeout), which also holds the run's cap on concurrent calls and its per-call timeout.
 """
 import functools
 import importlib
