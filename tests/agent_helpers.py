@@ -229,3 +229,19 @@ async def async_nap(seconds):
 
     await asyncio.sleep(float(seconds))
     return f"slept {seconds}"
+
+
+ASYNC_EVENTS = []
+
+
+@register_tool("test_async_watch")
+async def async_watch(seconds):
+    """Sleeps `seconds`; records "cancelled" in ASYNC_EVENTS when cancelled at its timeout."""
+    import asyncio
+
+    try:
+        await asyncio.sleep(float(seconds))
+    except asyncio.CancelledError:
+        ASYNC_EVENTS.append("cancelled")
+        raise
+    return "woke"

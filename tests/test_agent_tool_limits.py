@@ -82,3 +82,21 @@ def test_other_rows_decode_while_an_async_call_waits(llama):
         assert all(c["error"] is None for t in result.trajectories for c in t.tool_calls)
         assert [t.num_turns for t in result.trajectories] == [3] * 4
         assert (others_last < slow_back) == (pause == "row")
+
+
+def test_an_async_call_is_cancelled_at_its_timeout_and_runs_in_a_worker_too():
+    """tool_timeout_s 0.5 over a 30 s async sleep: the call is a timeout and the coroutine is
+    cancelled (a thread could only be left running); in a worker process it runs as well."""
+    from ppo.agents import call_tool, get_tool, set_tool_limits
+    from tests.agent_helpers import ASYNC_EVENTS
+
+    spec = get_tool("test_async_watch")
+    set_tool_limits(0, 0.5)
+    try:
+        result = call_tool(spec, {"seconds": "30"})
+    finally:
+        set_tool_limits(0, 0.0)
+    assert (result.error, result.text) == ("timeout", "Error: test_async_watch timed out after 0.5 s")
+    assert ASYNC_EVENTS == ["cancelled"]  # wait_for awaits the cancelled coroutine before it gives up
+    assert call_tool(spec, {"seconds": "0"}, isolation="process").text == "woke"
+    assert call_tool(spec, {"seconds": "0"}).text == "woke"
