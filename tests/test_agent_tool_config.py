@@ -111,6 +111,8 @@ def test_a_json_tool_config_declares_a_tool_served_over_http(tmp_path, monkeypat
      "tools[0].tool_schema.function: missing"),
     ({"tools": [{"function": "user_env.lookup", "name": "x", "config": {"timeout_s": 0}}]},
      "tools[0].config.timeout_s: must be a number > 0, got 0"),
+    ({"tools": [{"server": {"url": "http://x", "token_env": "NO_SUCH_TOKEN_VAR"}, "name": "x"}]},
+     "tools[0].server.token_env: the environment variable NO_SUCH_TOKEN_VAR is not set"),
 ])
 def test_each_mistake_in_a_tool_config_is_named_before_models_load(user_module, tmp_path, config, message):
     path = tmp_path / "bad.json"

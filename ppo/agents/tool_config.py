@@ -21,7 +21,8 @@ Each entry gives the tool's name, description and JSON-schema parameters (the sc
 template's ``tools`` argument shows the model, ``ToolSpec.function_schema()``) and what runs it:
 ``function`` (``module.path:function`` or a dotted path, a plain or async function) or
 ``server`` (a URL that answers ``POST {"name": ..., "arguments": {...}}`` with ``{"text": ...}``
-or plain text; ``token_env`` names an environment variable holding a bearer token). The tools
+or plain text; ``token_env`` names an environment variable holding a bearer token, read when
+the file is loaded). The tools
 environment takes the file as ``tool_config`` in ``env_kwargs``. Every problem raises one
 ValueError that names the file, the entry and the key (``tools.yaml: tools[1].server.url: ...``).
 """
@@ -43,12 +44,15 @@ class HttpTool:
     """A tool served over HTTP (see the module docstring); picklable, so it also runs with
     ``tool_isolation`` "process"."""
 
-    def __init__(self, url, name, token_env=None, timeout_s=DEFAULT_TIMEOUT_S):
-        self.url, self.name, self.token_env, self.timeout_s = url, name, token_env, float(timeout_s)
+    def __init__(self, url, name, token=None, timeout_s=DEFAULT_TIMEOUT_S):
+        self.url, self.name, self.token, self.timeout_s = url, name, token, float(timeout_s)
+
+    def __repr__(self):  # never the token
+        return f"HttpTool({self.url!r}, {self.name!r})"
 
     def __call__(self, **arguments):
         headers = {"Content-Type": "application/json"}
-        token = os.environ.get(self.token_env, "") if self.token_env else ""
+        token = self.token
         if token:
             headers["Authorization"] = f"Bearer {token}"
         body = json.dumps({"name": self.name, "arguments": arguments}).encode()
@@ -143,7 +147,10 @@ def _runner(where, entry, name, timeout_s):
     server = entry["server"]
     if not isinstance(server, dict) or not str(server.get("url", "")).startswith(("http://", "https://")):
         raise ValueError(f"{where}.server.url: must be an http(s) URL, got {server!r}")
-    return HttpTool(server["url"], name, server.get("token_env"), timeout_s)
+    token_env = server.get("token_env")
+    if token_env and not os.environ.get(token_env):
+        raise ValueError(f"{where}.server.token_env: the environment variable {token_env} is not set")
+    return HttpTool(server["url"], name, os.environ[token_env] if token_env else None, timeout_s)
 
 
 def tool_spec_from_entry(where, entry):
