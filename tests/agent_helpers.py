@@ -208,3 +208,40 @@ def text_sum_scorer(src, tgt, response):
     """A graded rule scorer: the characters' code points summed, mod 97, over 97 (random responses
     score differently, so that group advantages are not 0)."""
     return sum(map(ord, response)) % 97 / 97.0
+
+
+SLEEPY_CALLS = []
+
+
+@register_tool("test_sleepy")
+def sleepy(text):
+    """Sleeps 0.4 s, then returns its text; (text, start, end) of each call go to SLEEPY_CALLS."""
+    start = time.perf_counter()
+    time.sleep(0.4)
+    SLEEPY_CALLS.append((text, start, time.perf_counter()))
+    return text
+
+
+@register_tool("test_async_nap")
+async def async_nap(seconds):
+    """An async tool: sleeps `seconds` on the event loop, then says so."""
+    import asyncio
+
+    await asyncio.sleep(float(seconds))
+    return f"slept {seconds}"
+
+
+ASYNC_EVENTS = []
+
+
+@register_tool("test_async_watch")
+async def async_watch(seconds):
+    """Sleeps `seconds`; records "cancelled" in ASYNC_EVENTS when cancelled at its timeout."""
+    import asyncio
+
+    try:
+        await asyncio.sleep(float(seconds))
+    except asyncio.CancelledError:
+        ASYNC_EVENTS.append("cancelled")
+        raise
+    return "woke"

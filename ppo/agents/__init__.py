@@ -8,9 +8,11 @@
 - environment.py: the ``Environment`` interface and its registry (``register_environment``,
   ``module.path:Class``); tool_env.py: ``tools``, the tool-calling environment;
 - tools.py: the tool registry (``@register_tool``) and ``call_tool``; tool_worker.py: tools in
-  worker processes (``tool_isolation`` "process"); builtin_tools.py:
-  ``calculator``, ``python`` (in ppo/sandbox.py), ``search`` (BM25); tool_calls.py: reading a
-  call out of the policy's text;
+  worker processes (``tool_isolation`` "process"); tool_limits.py: the cap on concurrent calls,
+  the per-call timeout and async tools' event loop; tool_config.py: tools declared in a JSON /
+  YAML file; builtin_tools.py: ``calculator``, ``python`` (in ppo/sandbox.py), ``search``
+  (BM25); tool_calls.py: reading one call; call_formats.py: the registry of call formats
+  (hermes, qwen3, qwen3_coder, llama3_json, json_list); tool_runs.py: every call of a turn;
 - formats.py: observations as tokens (the chat template's tool slot and tool turn, or the
   tagged form of text templates); trajectory.py: ``Trajectory``/``Segment``, the policy mask
   and the batch layout; rollout.py: the rollout; metrics.py: its counts;
@@ -32,9 +34,12 @@ from .environment import (
     make_environment,
     register_environment,
 )
+from .call_formats import CallFormatFacts, call_format_facts, get_call_format, list_call_formats, register_call_format
 from .formats import ChatTemplateFormat, TaggedFormat, turn_format_for
 from .rollout import AgentRolloutResult, rollout_trajectories
 from .tool_env import ToolEnvironment
+from .tool_config import load_tool_config
+from .tool_limits import set_tool_limits
 from .tools import ToolResult, ToolSpec, ToolTimeout, call_tool, get_tool, list_tools, register_tool
 from .trajectory import Segment, Trajectory, TrajectoryBatch, collate_trajectories, policy_mask, tokenization_drift
 
@@ -43,5 +48,7 @@ __all__ = [
     "get_environment", "list_environments", "make_environment", "register_environment", "ChatTemplateFormat",
     "TaggedFormat", "turn_format_for", "AgentRolloutResult", "rollout_trajectories", "ToolEnvironment", "ToolResult",
     "ToolSpec", "ToolTimeout", "call_tool", "get_tool", "list_tools", "register_tool", "Segment", "Trajectory",
-    "TrajectoryBatch", "collate_trajectories", "policy_mask", "tokenization_drift",
+    "TrajectoryBatch", "collate_trajectories", "policy_mask", "tokenization_drift", "CallFormatFacts",
+    "call_format_facts", "get_call_format", "list_call_formats", "register_call_format", "load_tool_config",
+    "set_tool_limits",
 ]

@@ -43,6 +43,22 @@ class AgentArguments:
         metadata={"help": "Seconds one env.step (a tool call with the environment's own work) may take; a row whose "
                   "step runs longer ends (env_timeout, counted as an environment failure), the other rows go on."},
     )
+    tool_timeout_s: float = field(
+        default=0.0,
+        metadata={"help": "Seconds one tool call may take (an async tool is cancelled, a thread left, a worker process "
+                  "killed); the call's answer is a timeout error and the episode goes on; 0: each tool's own timeout_s."},
+    )
+    trajectory_timeout_s: float = field(
+        default=0.0,
+        metadata={"help": "Seconds one trajectory may take from its start (turns and tool calls together); a row past "
+                  "it ends (trajectory_timeout, truncated), the other rows go on; 0: no limit."},
+    )
+    max_concurrent_tool_calls: int = field(
+        default=0,
+        metadata={"help": "Most tool calls running at once in a process, over all rows and every call of a turn (so "
+                  "also the most python sandboxes / tool worker processes busy); a call waits for a slot (the wait "
+                  "counts against step_timeout_s); 0: no cap."},
+    )
     turn_reward_mode: str = field(
         default="final",
         metadata={"help": "Where the environment's rewards go: final = their sum at the last policy token; per_turn = "
@@ -76,6 +92,9 @@ class AgentArguments:
             problems.append(f"step_timeout_s must be > 0, got {self.step_timeout_s}")
         if self.env_reward_weight != self.env_reward_weight or abs(self.env_reward_weight) == float("inf"):
             problems.append(f"env_reward_weight must be a finite number, got {self.env_reward_weight}")
+        for name in ("tool_timeout_s", "trajectory_timeout_s", "max_concurrent_tool_calls"):
+            if not getattr(self, name) >= 0:
+                problems.append(f"{name} must be >= 0 (0: none), got {getattr(self, name)}")
         if not 0.0 <= self.max_tool_failure_frac < 1.0:
             problems.append(f"max_tool_failure_frac must be in [0, 1), got {self.max_tool_failure_frac}")
         for name in ("max_turns", "max_tool_response_len", "max_total_len", "tool_failure_steps"):

@@ -9,7 +9,8 @@ trajectory, with two methods (the Gym shape, on text):
   (``[{"role": "system", ...}, {"role": "user", ...}]``);
 - ``step(action_text) -> (observation, reward, done, info)``: the policy's turn as text (up to
   and including the stop string that ended it); the observation that follows (a tool's answer,
-  a user's next message, or None when ``done``), the reward of that turn, whether the episode
+  a user's next message, a list of messages -- ``{"role", "content"}`` dicts, one per tool call
+  of the turn, in order -- or None when ``done``), the reward of that turn, whether the episode
   ended, and a dict of facts (``info["tool_calls"]``: one dict per call with ``name``,
   ``error``, ``timeout``, ``latency_ms``; ``info["role"]`` overrides the observation's role).
 

@@ -91,13 +91,21 @@ class _Format:
         """[glue, observation, glue] segments for the environment's answer to policy turn `turn`;
         `turn_closed`: the turn ends with ``turn_end_ids`` (else they open the first glue: the
         template ends every assistant message with them)."""
-        if role not in self._glue:
-            self._glue[role] = self.glue_texts(role, tools)
-        pre, post = self._glue[role]
-        pre = pre if turn_closed else self.turn_end_text + pre
-        ids, text = self.fit(observation, max_tokens)
-        segments = [Segment("glue", self.piece(pre), pre, turn=turn), Segment(role, ids, text, turn=turn),
-                    Segment("glue", self.piece(post), post, turn=turn)]
+        return self.messages_segments([{"role": role, "content": observation}], turn, max_tokens, tools, turn_closed)
+
+    def messages_segments(self, messages, turn, max_tokens, tools=(), turn_closed=True):
+        """Segments of several environment messages after policy turn `turn` (each tool call's
+        answer its own message): glue, message, glue, message, ..., glue; each message cut to
+        `max_tokens` tokens."""
+        roles = tuple(m["role"] for m in messages)
+        if roles not in self._glue:
+            self._glue[roles] = self.glue_between(roles, tools)
+        glue = list(self._glue[roles])
+        glue[0] = glue[0] if turn_closed else self.turn_end_text + glue[0]
+        segments = [Segment("glue", self.piece(glue[0]), glue[0], turn=turn)]
+        for message, after in zip(messages, glue[1:]):
+            ids, text = self.fit(str(message["content"]), max_tokens)
+            segments += [Segment(message["role"], ids, text, turn=turn), Segment("glue", self.piece(after), after, turn=turn)]
         return [s for s in segments if s.token_ids or s.kind != "glue"]
 
 
@@ -122,6 +130,11 @@ class TaggedFormat(_Format):
             return RESPONSE_OPEN, RESPONSE_CLOSE
         before, _, after = self.prompt_template.partition("{input}")
         return " " + before, after
+
+    def glue_between(self, roles, tools=()):
+        """The texts before, between and after messages of `roles` (each in its own tags)."""
+        pairs = [self.glue_texts(role, tools) for role in roles]
+        return [pairs[0][0]] + [post + nxt[0] for (_, post), nxt in zip(pairs, pairs[1:])] + [pairs[-1][1]]
 
     def encode_conversation(self, text):
         """The ids of a whole conversation's text, encoded as its prompt was (special tokens added)."""
@@ -173,20 +186,32 @@ class ChatTemplateFormat(_Format):
         return [Segment("prompt", self.piece(text), text)]
 
     def glue_texts(self, role, tools=()):
-        u, a, o = _PLACEHOLDERS
-        messages = [{"role": "user", "content": u}, {"role": "assistant", "content": a}, {"role": role, "content": o}]
+        return tuple(self.glue_between((role,), tools))
+
+    def glue_between(self, roles, tools=()):
+        """The texts the template puts before, between and after messages of `roles` following
+        an assistant turn (its end-of-turn tokens left out), found by rendering placeholders."""
+        u, a, _ = _PLACEHOLDERS
+        marks = [f"\u2063OBSERVATION{i}\u2063" for i in range(len(roles))]
+        messages = [{"role": "user", "content": u}, {"role": "assistant", "content": a}]
+        messages += [{"role": r, "content": m} for r, m in zip(roles, marks)]
+        named = "/".join(sorted(set(roles)))
         try:
             text = self.render(messages, tools if self.has_tool_slot else None, True)
         except Exception as err:  # noqa: BLE001 - a template that refuses the role: say which
-            raise ValueError(f"the chat template cannot render a {role!r} message after an assistant turn: {err}") from err
-        if text.count(a) != 1 or text.count(o) != 1 or text.index(a) > text.index(o):
-            raise ValueError(f"the chat template does not render a {role!r} message's content once after the assistant's")
-        between = text[text.index(a) + len(a):]
+            raise ValueError(f"the chat template cannot render a {named!r} message after an assistant turn: {err}") from err
+        at = [text.index(m) if text.count(m) == 1 else -1 for m in [a] + marks]
+        if text.count(a) != 1 or min(at) < 0 or at != sorted(at):
+            raise ValueError(f"the chat template does not render a {named!r} message's content once after the assistant's")
+        between = text[at[0] + len(a):]
         if not between.startswith(self.turn_end_text):
             raise ValueError(f"the chat template does not end an assistant turn with {self.turn_end_text!r} before a "
-                             f"{role!r} message")
-        pre, _, post = between[len(self.turn_end_text):].partition(o)
-        return pre, post
+                             f"{named!r} message")
+        pieces, rest = [], between[len(self.turn_end_text):]
+        for mark in marks:
+            piece, _, rest = rest.partition(mark)
+            pieces.append(piece)
+        return pieces + [rest]
 
     def encode_conversation(self, text):
         """The ids of a whole conversation's text, as an inference server tokenises it."""

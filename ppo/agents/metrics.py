@@ -5,6 +5,8 @@
   by ``max_turns`` or ``max_total_len``;
 - ``agent/malformed_calls``, ``agent/unknown_tool_calls``: calls that named no runnable tool;
   ``agent/env_errors``: episodes ended because the environment raised or did not answer;
+  ``agent/too_many_calls``: calls past ``max_calls_per_turn`` (answered with an error, not run);
+  ``agent/trajectory_timeouts``: trajectories ended by ``trajectory_timeout_s``;
 - per tool: ``tool/<name>/calls``, ``tool/<name>/errors`` (bad arguments, raised, timed out,
   answer cut), ``tool/<name>/timeouts``, ``tool/<name>/latency_ms`` (mean over its calls).
 
@@ -24,10 +26,12 @@ def agent_metrics(trajectories):
         "agent/malformed_calls": float(sum(1 for c in calls if c.get("error") == "malformed")),
         "agent/unknown_tool_calls": float(sum(1 for c in calls if c.get("error") == "unknown_tool")),
         "agent/env_errors": float(sum(1 for t in trajectories if t.stop_reason in ("env_error", "env_timeout"))),
+        "agent/too_many_calls": float(sum(1 for c in calls if c.get("error") == "too_many_calls")),
+        "agent/trajectory_timeouts": float(sum(1 for t in trajectories if t.stop_reason == "trajectory_timeout")),
     }
     per_tool = defaultdict(list)
     for c in calls:
-        if c.get("name") and c.get("error") not in ("malformed", "unknown_tool"):
+        if c.get("name") and c.get("error") not in ("malformed", "unknown_tool", "too_many_calls"):
             per_tool[c["name"]].append(c)
     for name, items in sorted(per_tool.items()):
         out[f"tool/{name}/calls"] = float(len(items))

@@ -21,8 +21,12 @@ onto that row's cache, chunk-prefilled (with the other answers that came back wi
 
 The episode ends when the environment says ``done``, after ``max_turns`` policy turns, when
 the trajectory would pass ``max_total_len`` tokens (both ``truncated``), or when ``env.step``
-raises ("env_error") or takes longer than ``args.step_timeout_s`` ("env_timeout"); nothing of one
-row stops the others. ``pause="batch"`` is the turn-synchronous baseline for comparison (a row
+raises ("env_error") or takes longer than ``args.step_timeout_s`` ("env_timeout"), or when the
+trajectory has run ``args.trajectory_timeout_s`` seconds ("trajectory_timeout", truncated: a
+turn being written is closed, a step being waited for is abandoned); nothing of one row stops
+the others. An observation may be a list of messages (one per tool call of the turn), fed as
+the format renders consecutive messages. The run's tool limits (``max_concurrent_tool_calls``,
+``tool_timeout_s``) are set for the process when the rollout starts (ppo/agents/tool_limits.py). ``pause="batch"`` is the turn-synchronous baseline for comparison (a row
 whose answer is back waits until no row is decoding or waiting, then all go on together).
 
 Only our engine runs multi-turn rollouts; PaddleNLP's ``generate`` (``use_fusemt false``) has
@@ -40,6 +44,7 @@ from .environment import environment_facts
 from .formats import decode_exact
 from .metrics import agent_metrics
 from .record_env import build_environments, close_all, record_environment, record_role
+from .tool_limits import set_tool_limits
 from .trajectory import Segment, Trajectory
 
 PAUSE_MODES = ("row", "batch")
@@ -63,11 +68,23 @@ class _Row:
         self.turn_ids, self.turn_lps = [], []
         self.forced, self.sampled = [], 0  # end-of-turn tokens still to take; tokens sampled in the turn
         self.deadline, self.held_since = None, 0
+        self.ends_by = float("inf")  # the trajectory's deadline (trajectory_timeout_s)
         self.length = 0  # tokens of the trajectory's closed segments
 
     def extend(self, segments):
         self.traj.segments.extend(segments)
         self.length += sum(len(s.token_ids) for s in segments)
+
+
+def observation_messages(observation, role):
+    """An environment's observation as messages: a text is one message of `role`; a list holds
+    one message per answer (``{"role", "content"}`` dicts, or texts of `role`), in order."""
+    if isinstance(observation, (list, tuple)):
+        if not observation:
+            raise ValueError("the environment's observation is an empty list of messages")
+        return [{"role": m.get("role", role), "content": str(m["content"])} if isinstance(m, dict)
+                else {"role": role, "content": str(m)} for m in observation]
+    return [{"role": role, "content": str(observation)}]
 
 
 def _step_worker(env, text, index, results):
@@ -88,6 +105,8 @@ class AgentRollout:
         self.engine, self.args, self.format, self.params = engine, args, turn_format, params
         self.tokenizer = turn_format.tokenizer
         self.pause, self.step_timeout_s = pause, float(args.step_timeout_s)
+        self.trajectory_timeout_s = float(getattr(args, "trajectory_timeout_s", 0.0) or 0.0)
+        set_tool_limits(getattr(args, "max_concurrent_tool_calls", 0), getattr(args, "tool_timeout_s", 0.0))
         self.feed_interval, self.steps = max(int(feed_interval), 1), 0
         factory = env_factory or (lambda record: record_environment(args, record))  # ppo/agents/record_env.py
         self.rows = [_Row(i, env, r) for i, (env, r) in enumerate(zip(build_environments(factory, records), records))]
@@ -104,7 +123,9 @@ class AgentRollout:
 
     # ------------------------------------------------------------------ setup and the loop
     def _start_rows(self):
+        start = time.perf_counter()
         for row in self.rows:
+            row.ends_by = start + self.trajectory_timeout_s if self.trajectory_timeout_s else float("inf")
             first = row.env.reset(row.traj.record)
             segments = self.format.prompt_segments(first, getattr(row.env, "tools", ()))
             row.extend(segments)
@@ -178,6 +199,9 @@ class AgentRollout:
         by_string = token not in self.stop_ids and self._ends_with_stop_string(row)
         ended = token in self.stop_ids or by_string or len(row.turn_ids) >= self.params.max_new_tokens
         if not ended and total < self.args.max_total_len:
+            if now > row.ends_by:
+                self._close_turn(row)
+                self._finish(row, "trajectory_timeout", truncated=True)
             return
         end = list(self.format.turn_end_ids)
         if by_string and end and total + len(end) <= self.args.max_total_len:
@@ -198,7 +222,11 @@ class AgentRollout:
     def _start_step(self, row):
         """Close the row's turn and run env.step on what the policy sampled in a worker thread."""
         text = self._close_turn(row)
-        row.state, row.deadline = "wait", time.perf_counter() + self.step_timeout_s
+        now = time.perf_counter()
+        if now > row.ends_by:
+            self._finish(row, "trajectory_timeout", truncated=True)
+            return
+        row.state, row.deadline = "wait", min(now + self.step_timeout_s, row.ends_by)
         threading.Thread(target=_step_worker, args=(row.env, text, row.index, self.results), daemon=True,
                          name=f"env-step-{row.index}").start()
 
@@ -249,7 +277,8 @@ class AgentRollout:
         now = time.perf_counter()
         for row in self.rows:
             if row.state == "wait" and now > row.deadline:
-                self._finish(row, "env_timeout")
+                by_trajectory = row.deadline >= row.ends_by
+                self._finish(row, "trajectory_timeout" if by_trajectory else "env_timeout", truncated=by_trajectory)
 
     def _on_result(self, index, out, error, start, end):
         row = self.rows[index]
@@ -272,19 +301,25 @@ class AgentRollout:
         elif observation is None:
             self._finish(row, "env_error")
         else:
-            self._feed_observation(row, str(observation), info.get("role", row.role), turn)
+            try:
+                messages = observation_messages(observation, info.get("role", row.role))
+            except (ValueError, KeyError, AttributeError) as err:
+                row.traj.tool_calls.append({"name": None, "error": "env_error", "detail": repr(err)[:200]})
+                self._finish(row, "env_error")
+                return
+            self._feed_observation(row, messages, turn)
 
-    def _feed_observation(self, row, observation, role, turn):
+    def _feed_observation(self, row, messages, turn):
         end = list(self.format.turn_end_ids)
         closed = not end or row.traj.segments[-1].token_ids[-len(end):] == end
-        segments = self.format.observation_segments(observation, role, turn, self.args.max_tool_response_len,
-                                                    getattr(row.env, "tools", ()), turn_closed=closed)
+        segments = self.format.messages_segments(messages, turn, self.args.max_tool_response_len,
+                                                 getattr(row.env, "tools", ()), turn_closed=closed)
         added = [t for s in segments for t in s.token_ids]
         if row.length + len(added) + 1 > self.args.max_total_len:
             self._finish(row, "max_total_len", truncated=True)
             return
         row.extend(segments)
-        row.traj.messages.append({"role": role, "content": next(s.text for s in segments if s.kind == role)})
+        row.traj.messages += [{"role": s.kind, "content": s.text} for s in segments if s.kind != "glue"]
         row.pending = row.pending + added  # the token that ended the turn is not in the cache yet
         row.state, row.held_since = "hold", self.steps
 

@@ -9,10 +9,11 @@ where BODY is either
 - the plain tagged form: ``calculator 12*34`` -- the tool's name, a space, and the value of its
   one required parameter (short enough for a tiny model to learn).
 
-The rollout stops a policy turn at ``CALL_CLOSE``, so a turn holds at most one call; text
-before ``CALL_OPEN`` is free (reasoning). :func:`parse_tool_call` returns the call, or why
-there is none that can run (a :class:`CallProblem`: "malformed" or "unknown_tool"), or
-``(None, None)`` when the turn calls nothing (a final answer).
+Text before ``CALL_OPEN`` is free (reasoning). :func:`parse_tool_call` returns the turn's last
+call, or why there is none that can run (a :class:`CallProblem`: "malformed" or
+"unknown_tool"), or ``(None, None)`` when the turn calls nothing (a final answer). The tools
+environment reads every call of a turn with a parser of ppo/agents/call_formats.py (``hermes``
+reads these forms), ``json_call`` and ``plain_call`` are its readers of one body.
 """
 import json
 from dataclasses import dataclass
@@ -87,3 +88,6 @@ def parse_tool_call(text: str, tools: Mapping[str, Any]) -> Tuple[Optional[ToolC
         known = ", ".join(sorted(tools)) or "none"
         return None, CallProblem("unknown_tool", f"Error: there is no tool {call.name[:40]!r} (tools: {known})", call.name)
     return call, None
+
+
+json_call, plain_call = _json_call, _plain_call

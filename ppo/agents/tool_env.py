@@ -4,24 +4,37 @@
     first = env.reset({"src": "What is 123*456?"})      # the user's message
     obs, reward, done, info = env.step('<tool_call>calculator 123*456</tool_call>')  # "56088"
 
-Each policy turn is read with :func:`ppo.agents.tool_calls.parse_tool_call`: a turn without a
-call ends the episode (its final answer; reward 0 here, the run's scorers rate the answer); a
-call runs its tool (``call_tool``: schema check, the tool's timeout, answers longer than
-``max_output_chars`` cut) and its answer is the observation. A malformed call, an unknown tool,
-a tool that raises, times out or prints too much gives an observation that starts with
-"Error:" and the episode goes on. ``info["tool_calls"]`` describes the call for the rollout's
-counts (``tool/<name>/errors``, ``timeouts``, ``latency_ms``; ``detail``: the error the policy
-read). Turns end at ``</tool_call>`` (``stop_strings``). ``tool_isolation``: "thread" runs the
-tools in this process, "process" in worker processes (ppo/agents/tool_worker.py: a tool that
-hangs is killed at its timeout, one that ends its process does not end the trainer).
+Each policy turn is read by the parser of ``call_format`` (ppo/agents/call_formats.py:
+``hermes`` by default, ``qwen3``, ``qwen3_coder``, ``llama3_json``, ``json_list``): a turn
+without a call ends the episode (its final answer; reward 0 here, the run's scorers rate the
+answer); every call of the turn runs its tool (ppo/agents/tool_runs.py, ``call_tool``: schema
+check, the timeout, answers longer than ``max_output_chars`` cut) and each answer is its own
+tool message, in the order written (one call: the observation is its text; several: a list of
+``{"role": "tool", "content": ...}`` messages). A malformed call, an unknown tool, a call past
+``max_calls_per_turn``, a tool that raises, times out or prints too much gives an answer that
+starts with "Error:" and the episode goes on. ``info["tool_calls"]`` describes each call for the
+rollout's counts (``tool/<name>/errors``, ``timeouts``, ``latency_ms``; ``detail``: the error
+the policy read).
+
+Where a turn stops: with ``max_calls_per_turn`` 1 (the default) at the format's ``call_close``
+(``</tool_call>``, ``stop_strings``), so the turn holds one call; with more, a turn ends where
+the model ends it (its end-of-turn / EOS token, or ``max_new_tokens``), so that it can write
+several calls (``llama3_json`` and ``json_list`` have no closing text: turns end there always).
+``concurrent_calls``: the calls of one turn run at once (else one after the other).
+``tool_isolation``: "thread" runs the tools in this process, "process" in worker processes
+(ppo/agents/tool_worker.py: a tool that hangs is killed at its timeout, one that ends its
+process does not end the trainer). ``tool_config``: a JSON/YAML file of tools
+(ppo/agents/tool_config.py), added to ``tools`` (which then defaults to none).
 """
 import pickle
 from typing import Any, Mapping, Optional, Sequence
 
 from .environment import Environment, EnvironmentFacts, register_environment
-from .tool_calls import CALL_CLOSE, parse_tool_call
+from .call_formats import call_format_facts, get_call_format
+from .tool_config import load_tool_config
+from .tool_runs import run_turn_calls
 from .tool_state import ToolStates, class_schema, stateful_tool_class
-from .tools import ISOLATIONS, call_tool, get_tool
+from .tools import ISOLATIONS, get_tool
 
 PROMPT_KEYS = ("src", "prompt", "input", "question", "query")
 
@@ -41,8 +54,9 @@ def record_prompt(record: Mapping[str, Any], prompt_key: Optional[str] = None) -
 @register_environment("tools", facts=EnvironmentFacts(
     summary="the policy calls registered tools inside <tool_call></tool_call>; a turn without a call ends the episode",
     observation_role="tool",
-    options={"tools": ["calculator"], "tool_options": {}, "max_output_chars": 4096, "prompt_key": None,
-             "system_prompt": None, "tool_isolation": "thread"}))
+    options={"tools": None, "tool_options": {}, "max_output_chars": 4096, "prompt_key": None,
+             "system_prompt": None, "tool_isolation": "thread", "call_format": "hermes", "max_calls_per_turn": 1,
+             "concurrent_calls": True, "tool_config": None}))
 class ToolEnvironment(Environment):
     """See the module docstring. ``tools``: names (or ``module.path:function``) of the tools the
     policy may call; ``tool_options``: per tool name, its options (e.g. search's corpus);
@@ -51,25 +65,31 @@ class ToolEnvironment(Environment):
     in ``tools`` lives one trajectory (ppo/agents/tool_state.py): created at ``reset``, its
     ``reward()`` the reward of the episode's end, released at ``close``."""
 
-    stop_strings = [CALL_CLOSE]
-
-    def __init__(self, tools: Sequence[str] = ("calculator",), tool_options: Optional[Mapping[str, Mapping]] = None,
+    def __init__(self, tools: Optional[Sequence[str]] = None, tool_options: Optional[Mapping[str, Mapping]] = None,
                  max_output_chars: int = 4096, prompt_key: Optional[str] = None, system_prompt: Optional[str] = None,
-                 tool_isolation: str = "thread"):
+                 tool_isolation: str = "thread", call_format: str = "hermes", max_calls_per_turn: int = 1,
+                 concurrent_calls: bool = True, tool_config: Optional[str] = None):
         if tool_isolation not in ISOLATIONS:
             raise ValueError(f"tool_isolation must be one of {ISOLATIONS}, got {tool_isolation!r}")
+        if not isinstance(max_calls_per_turn, int) or max_calls_per_turn < 1:
+            raise ValueError(f"max_calls_per_turn must be an integer >= 1, got {max_calls_per_turn!r}")
+        tools = list(tools) if tools is not None else ([] if tool_config else ["calculator"])
         tool_options = dict(tool_options or {})
         unknown = sorted(set(tool_options) - set(tools))
         if unknown:
             raise ValueError(f"tool_options for tools that are not listed in tools: {unknown}")
         self.specs, stateful, schemas = {}, {}, []
+        specs = []
         for name in tools:
             cls = stateful_tool_class(name)  # a StatefulTool: one instance per trajectory (tool_state.py)
             if cls is not None:
                 stateful[class_schema(cls)[0]] = (cls, tool_options.get(name))
                 schemas.append(ToolStates({name: (cls, None)}).specs()[0].function_schema())
-                continue
-            spec = get_tool(name).with_options(tool_options.get(name))
+            else:
+                specs.append(get_tool(name).with_options(tool_options.get(name)))
+        for spec in specs + (load_tool_config(tool_config) if tool_config else []):
+            if spec.name in self.specs or spec.name in stateful:
+                raise ValueError(f"tool {spec.name!r} is given twice (tools and tool_config)")
             self.specs[spec.name] = spec
             schemas.append(spec.function_schema())
             if tool_isolation == "process":
@@ -78,11 +98,19 @@ class ToolEnvironment(Environment):
             raise ValueError(f"stateful tools ({', '.join(stateful)}) keep their state in this process: use "
                              "tool_isolation thread")
         self.states = ToolStates(stateful)
+        self.parse_calls, close = get_call_format(call_format), call_format_facts(call_format).call_close
+        self.max_calls_per_turn, self.concurrent_calls = max_calls_per_turn, bool(concurrent_calls)
+        self._stop_strings = [close] if close and max_calls_per_turn == 1 else []
         self.tool_isolation = tool_isolation
         self.tools = schemas
         self.max_output_chars = int(max_output_chars)
         self.prompt_key = prompt_key
         self.system_prompt = system_prompt
+
+    @property
+    def stop_strings(self):
+        """The format's ``call_close`` when a turn holds one call, else none (module docstring)."""
+        return self._stop_strings
 
     def reset(self, record):
         self.specs.update(self.states.create(record))  # the stateful tools' instances for this trajectory
@@ -90,19 +118,13 @@ class ToolEnvironment(Environment):
         return [{"role": "system", "content": self.system_prompt}, user] if self.system_prompt else [user]
 
     def step(self, action_text):
-        call, problem = parse_tool_call(action_text, self.specs)
-        if call is None and problem is None:  # the final answer: the stateful tools' reward
-            return None, self.states.reward(), True, {"tool_calls": []}
-        if problem is not None:
-            entry = {"name": None, "error": problem.kind, "timeout": False, "latency_ms": 0.0,
-                     "detail": problem.message[:200]}
-            return problem.message, 0.0, False, {"tool_calls": [entry]}
-        result = call_tool(self.specs[call.name], call.arguments, self.max_output_chars, isolation=self.tool_isolation)
-        entry = {"name": call.name, "error": result.error, "timeout": result.error == "timeout",
-                 "latency_ms": result.latency_ms}
-        if result.error:
-            entry["detail"] = result.text[:200]
-        return result.text, 0.0, False, {"tool_calls": [entry]}
+        items = self.parse_calls(action_text, self.specs)
+        if not items:
+            return None, self.states.reward(), True, {"tool_calls": []}  # the final answer
+        answers, entries = run_turn_calls(items, self.specs, self.max_output_chars, self.tool_isolation,
+                                          self.max_calls_per_turn, self.concurrent_calls)
+        observation = answers[0] if len(answers) == 1 else [{"role": "tool", "content": a} for a in answers]
+        return observation, 0.0, False, {"tool_calls": entries}
 
     def episode_reward(self):
         """The stateful tools' reward of an episode the rollout cut before its final answer."""

@@ -6,6 +6,8 @@ anything else (None, a set, an object, bytes that are not UTF-8) is the tool's e
 "bad_result". :func:`call_outcome` runs a function and says what happened in a small picklable
 tuple; :func:`cut_with_notice` cuts an answer with its TRUNCATED notice inside the budget.
 """
+import asyncio
+import inspect
 import json
 
 TRUNCATED = "...(truncated)"
@@ -39,6 +41,8 @@ def call_outcome(fn, arguments):
     ``("raised", type name, message)`` or ``("timeout", message)`` (a ToolTimeout)."""
     try:
         value = fn(**arguments)
+        if inspect.iscoroutine(value):  # an async tool outside the shared loop (a worker process)
+            value = asyncio.run(value)
     except ToolTimeout as err:
         return ("timeout", str(err))
     except BaseException as err:  # noqa: BLE001 - reported to the policy as the tool's error

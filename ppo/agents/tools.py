@@ -24,6 +24,8 @@ process: a thread that does not return in time is left running (Python cannot st
 and a tool that ends its process (``os._exit``, a crash) ends the trainer. "process" runs it
 in a worker process (ppo/agents/tool_worker.py): killed at the timeout, replaced when it dies
 ("crashed"). The ``python`` tool runs its code in a sandboxed child either way (ppo/sandbox.py).
+An ``async def`` tool runs on the shared event loop of ppo/agents/tool_limits.py (cancelled at
+its timeout), which also holds the run's cap on concurrent calls and its per-call timeout.
 """
 import functools
 import inspect
@@ -34,6 +36,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..common.plugins import import_plugin_module
 from .tool_results import TRUNCATED, ToolTimeout, call_outcome, cut_with_notice, result_text  # noqa: F401
+from .tool_limits import call_slot, call_timeout, is_async, run_async
 from .tool_worker import run_in_worker
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -195,7 +198,9 @@ def _run_in_thread(fn, arguments, timeout_s):
 
 def call_tool(spec: ToolSpec, arguments, max_chars: int = 4096, timeout_s: Optional[float] = None,
               isolation: str = "thread") -> ToolResult:
-    """Run `spec` on `arguments` (see the module docstring); never raises."""
+    """Run `spec` on `arguments` (see the module docstring); never raises. `timeout_s` (None:
+    ``tool_timeout_s`` of the run, else the tool's own) and the run's cap on concurrent calls
+    come from ppo/agents/tool_limits.py."""
     start = time.perf_counter()
 
     def result(text, error=None):
@@ -204,13 +209,17 @@ def call_tool(spec: ToolSpec, arguments, max_chars: int = 4096, timeout_s: Optio
     problem = argument_problem(spec, arguments)
     if problem:
         return result(f"Error: {problem}", "bad_arguments")
-    limit = spec.timeout_s if timeout_s is None else timeout_s
-    if isolation == "process":
-        outcome = run_in_worker(spec.fn, dict(arguments), limit)
-    elif isolation == "thread":
-        outcome = _run_in_thread(spec.fn, dict(arguments), limit)
-    else:
+    limit = call_timeout(spec.timeout_s) if timeout_s is None else timeout_s
+    if isolation not in ISOLATIONS:
         raise ValueError(f"tool_isolation must be one of {ISOLATIONS}, got {isolation!r}")
+    with call_slot():
+        start = time.perf_counter()  # a call's latency and timeout start once it holds a slot
+        if isolation == "process":
+            outcome = run_in_worker(spec.fn, dict(arguments), limit)
+        elif is_async(spec.fn):
+            outcome = run_async(spec.fn, dict(arguments), limit, call_outcome)
+        else:
+            outcome = _run_in_thread(spec.fn, dict(arguments), limit)
     if outcome is None:
         return result(f"Error: {spec.name} timed out after {limit:g} s", "timeout")
     kind, *rest = outcome
