@@ -73,7 +73,8 @@ def test_the_longest_prompt_decides_at_the_boundary(agent_prompts):
     tokenizer, dataset = agent_prompts
     args = AgentArguments(env_name="tools", env_kwargs='{"tools": ["calculator"]}', max_total_len=64)
     env = make_environment("tools", {"tools": ["calculator"]})
-    lengths = first_prompt_lengths(env, turn_format_for(tokenizer, False, "USER: {input} ASSISTANT:"), dataset)
+    lengths = first_prompt_lengths(lambda record: env, turn_format_for(tokenizer, False, "USER: {input} ASSISTANT:"),
+                                   dataset)
     assert len(lengths) == len(dataset)
     index, longest = max(lengths, key=lambda pair: pair[1])
     first = env.reset({"src": dataset[index]["src"], "tgt": dataset[index]["label"]})

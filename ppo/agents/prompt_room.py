@@ -7,22 +7,26 @@ answer token and stops the rollout. `prompt_room_problems` builds the same promp
 training data before any model loads, with one instance of the environment, and names the
 longest one when it does not fit (or the record whose ``reset`` raises).
 """
-from .environment import make_environment
+import json
+
 from .formats import turn_format_for
+from .record_env import close_all, record_choice, record_environment, rollout_record
 
 
-def first_prompt_lengths(env, turn_format, dataset):
+def first_prompt_lengths(env_for, turn_format, dataset):
     """`[(dataset index, tokens)]` of every item of the prompt `dataset` as the rollout starts its
-    trajectory; raises ValueError naming the item whose ``env.reset`` raises."""
+    trajectory, each from the environment `env_for(record)` gives; raises ValueError naming the
+    item whose ``env.reset`` raises."""
     lengths = []
-    tools = getattr(env, "tools", None) or ()
     for index in range(len(dataset)):
         item = dataset[index]
+        record = rollout_record(item["src"], item["label"], item.get("extra"))
+        env = env_for(record)
         try:
-            first = env.reset({"src": item["src"], "tgt": item["label"]})
+            first = env.reset(record)
         except Exception as err:  # noqa: BLE001 - the user's environment: any failure is the problem
             raise ValueError(f"reset() of prompt {index} ({item['src'][:40]!r}) raised {type(err).__name__}: {err}") from None
-        segments = turn_format.prompt_segments(first, tools)
+        segments = turn_format.prompt_segments(first, getattr(env, "tools", None) or ())
         lengths.append((index, sum(len(s.token_ids) for s in segments)))
     return lengths
 
@@ -33,14 +37,20 @@ def prompt_room_problems(args, dataset, tokenizer, datasets_name="train_datasets
     if not args.env_name or dataset is None or len(dataset) == 0:
         return []
     turn_format = turn_format_for(tokenizer, dataset.use_chat_template, dataset.prompt_template)
-    env = make_environment(args.env_name, args.env_options)
+    built = {}
+
+    def env_for(record):  # one environment per distinct (env_name, env_kwargs) of the records
+        key = json.dumps(record_choice(args, record), sort_keys=True, default=str)
+        if key not in built:
+            built[key] = record_environment(args, record)
+        return built[key]
+
     try:
-        lengths = first_prompt_lengths(env, turn_format, dataset)
+        lengths = first_prompt_lengths(env_for, turn_format, dataset)
     except ValueError as err:
         return [f"env_name {args.env_name}: {err}"]
     finally:
-        if callable(getattr(env, "close", None)):
-            env.close()
+        close_all(list(built.values()))
     index, longest = max(lengths, key=lambda pair: pair[1])
     if longest + 1 <= args.max_total_len:
         return []

@@ -41,6 +41,12 @@ def record_choice(args, record: Mapping[str, Any]):
     return name, {**base, **kwargs}
 
 
+def rollout_record(src, label, extra=None):
+    """The record a trajectory starts from (``env.reset``'s argument): the dataset item's own
+    fields (`extra`), then its prompt `src` and answer `label` as ``src`` / ``tgt``."""
+    return {**(extra or {}), "src": src, "tgt": label}
+
+
 def record_environment(args, record):
     """A new environment for `record` (its own `env_name` / `env_kwargs`, else the run's)."""
     return make_environment(*record_choice(args, record))

@@ -18,6 +18,7 @@ import numpy as np
 import paddle
 
 from ..agents import collate_trajectories, make_environment, turn_format_for
+from ..agents.record_env import rollout_record
 from ..common.process_exit import RunStopped
 from ..experience import Experience
 from ..models.causal_lm import position_ids_from_mask
@@ -148,7 +149,7 @@ class TrajectoryRollout:
         indices = self.sampler.next_indices()
         n, ranks = self.settings.rollout_n, self.ranks
         batch = self.collate([self.dataset[i] for i in indices])
-        records = [{**extra, "src": src, "tgt": label}  # the record's own fields reach env.reset (ppo/agents/record_env.py)
+        records = [rollout_record(src, label, extra)  # the record's own fields reach env.reset (ppo/agents/record_env.py)
                    for src, label, extra in zip(batch["src"], batch["label"], batch["extra"]) for _ in range(n)]
         draws = self.state.gen_batches
         seed, rows = self.settings.seed + 1_000_003 * draws, len(records)
