@@ -238,7 +238,8 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
     ptx = PtxBatches(ptx_dataset, ptx_sampler) if ptx_sampler is not None else None
     steps = OptimizerSteps(strategy, state, args.max_nan_skips, args.release_gradients)
     learner = PPOUpdater(actor, objectives, passes, steps, ptx, watch, offload, state, ranks, slice_of(UpdateSettings, args),
-                         ResponseSamples(tokenizer, objectives, args.rollout_n))
+                         ResponseSamples(tokenizer, objectives, args.rollout_n,
+                                         token_details=args.sample_token_details))
     evaluator = Evaluator(eval_dataset, engine, sampling, tokenizer, passes, actor.model, scoring, offload, state, ranks,
                           slice_of(EvalSettings, args), eval_long_answer_len)
     report = RunReport(slice_of(LoopSettings, args), ranks.is_main, run_label(args.adv_estimator, combiner.constrained))

@@ -113,6 +113,18 @@ def experience_from_trajectories(trajectories, batch, eos_token_id, group_ids, p
     )
 
 
+def keep_engine_logprobs(exp, response_logprobs, use_rollout_logprobs):
+    """The engine's log-probs of the policy's tokens (`response_logprobs` `[N, Tr]`, 0 elsewhere)
+    become `exp.old_logprobs` (`use_rollout_logprobs`: the multi-turn decoder samples without a
+    repetition penalty, so they are the forward pass's, and the old-log-prob pass is skipped) or
+    are kept as `exp.rollout_logprobs` for the rollout correction (`rollout_is`)."""
+    engine_logprobs = paddle.to_tensor(response_logprobs, dtype="float32") * exp.response_mask
+    if use_rollout_logprobs:
+        exp.old_logprobs = engine_logprobs
+    else:
+        exp.rollout_logprobs = engine_logprobs
+
+
 def declared_tool_metrics(agent_args):
     """`tool/<name>/*` at 0 for every tool the environment declares (`tools` schemas), so that each
     step's metrics have the same names on every data rank whichever tools were called."""
@@ -161,6 +173,7 @@ class TrajectoryRollout:
                                            np.repeat(np.arange(len(indices)) + group_base, n),
                                            [p for p in batch["prompt"] for _ in range(n)], self.tokenizer.eos_token)
         exp.version = self.state.step
+        keep_engine_logprobs(exp, layout.response_logprobs, self.settings.use_rollout_logprobs)
         self.metrics = {**self.tool_zeros, **result.metrics, "agent/tool_failed_frac": failed_frac,
                         "agent/env_reward_mean": float(np.mean([sum(t.rewards) for t in trajectories]))}
         return exp
