@@ -129,7 +129,7 @@ class AgentRollout:
         positions = getattr(lm.config, "max_position_embeddings", None)
         if positions is not None and self.args.max_total_len > positions:
             raise ValueError(f"max_total_len={self.args.max_total_len} exceeds the model's max_position_embeddings={positions}")
-        decoder = SlotDecoder(self.engine, lm, len(self.rows), self.args.max_total_len, self.params, seed, row_offset)
+        decoder = self.make_decoder(lm, seed, row_offset)
         while True:
             self._collect(block=False)
             self._release_held()
@@ -153,6 +153,10 @@ class AgentRollout:
             if live and len(live) <= len(decoder.rows) // 2:
                 decoder.compact(live)
         return decoder
+
+    def make_decoder(self, lm, seed, row_offset):
+        """The `SlotDecoder` of this rollout (ppo/agents/tp_rollout.py wraps it under tensor parallel)."""
+        return SlotDecoder(self.engine, lm, len(self.rows), self.args.max_total_len, self.params, seed, row_offset)
 
     @staticmethod
     def _stats(decoder, trajectories, wall):
@@ -316,13 +320,19 @@ def rollout_trajectories(engine, records, args, turn_format, params, seed=None, 
             "feed a tool's answer onto a row's KV cache mid-generation; set use_fusemt true")
     if not records:
         return AgentRolloutResult([], agent_metrics([]), {"tokens": 0, "wall_s": 0.0, "tokens_per_s": 0.0})
-    rollout = AgentRollout(engine, records, args, turn_format, params, env_factory, pause, feed_interval)
+    from .tp_rollout import rollout_tensor_parallel, shared_rollout_group
+
+    group = shared_rollout_group(engine)
     was_training = unwrap_model(engine.model).training
     unwrap_model(engine.model).eval()
     try:
         import paddle
 
         with paddle.no_grad():
+            if group is not None and group.nranks > 1:  # one rank steps the environments, all run the passes
+                return rollout_tensor_parallel(group, engine, records, args, turn_format, params, seed, row_offset,
+                                               env_factory=env_factory, pause=pause, feed_interval=feed_interval)
+            rollout = AgentRollout(engine, records, args, turn_format, params, env_factory, pause, feed_interval)
             return rollout.run(seed, row_offset)
     finally:
         if was_training:

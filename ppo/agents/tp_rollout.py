@@ -1,0 +1,115 @@
+"""Multi-turn rollouts under tensor (or pipeline) parallel: one rank of the group steps the
+environments and decides, every rank runs the same forward passes.
+
+The ranks of a tensor-parallel group hold the same prompts and run every forward pass of the
+engine together (sharded weights: an all-reduce per layer; gathered weights: the gather when the
+decoder is built). A multi-turn rollout's schedule, though, depends on when each environment
+answers, which differs from process to process, and an environment run on every rank would do
+each tool call once per rank. So the group's first rank (the leader) runs the whole rollout of
+:class:`AgentRollout` -- environments, stop strings, the pausing schedule -- and, before each
+pass of its decoder, broadcasts what the pass feeds (``("step", feeds, quiet, forced)``,
+``("compact", rows)``, and ``("build",)`` before the decoder is built, which may gather the
+weights over the group); the other ranks (followers) build no environment and run the same
+passes on their own decoder, discarding what they sample (their logits are the leader's: the
+same tokens were fed). With gathered weights (eval_mode single) the passes need no collective:
+only the build is shared, and the followers wait for the result. At the end the leader broadcasts ``("stop",)`` and then the result
+(trajectories, metrics, stats) or its error, so every rank returns the same
+:class:`AgentRolloutResult` (as verl's agent loop runs tools on the driver only).
+"""
+import paddle.distributed as dist
+
+from ..rollout.multi_turn import SlotDecoder
+from ..rollout.weights import unwrap_model
+from .rollout import AgentRollout
+
+
+def _broadcast(value, group):
+    box = [value]
+    dist.broadcast_object_list(box, src=group.ranks[0], group=group)
+    return box[0]
+
+
+def _sharded(engine):
+    """Whether every pass of the engine's decoder is a collective of its tensor-parallel group."""
+    return engine.sharded and engine.tensor_parallel_group is not None
+
+
+class _BroadcastingDecoder:
+    """The leader's decoder: each pass is announced to the followers before it runs."""
+
+    def __init__(self, decoder, group):
+        self._decoder, self._group = decoder, group
+
+    def step(self, feeds, suppress_rows=(), forced=None):
+        _broadcast(("step", feeds, set(suppress_rows), forced), self._group)
+        return self._decoder.step(feeds, suppress_rows, forced)
+
+    def compact(self, keep):
+        _broadcast(("compact", set(keep)), self._group)
+        return self._decoder.compact(keep)
+
+    def __getattr__(self, name):
+        return getattr(self._decoder, name)
+
+
+class LeaderRollout(AgentRollout):
+    """:class:`AgentRollout` on the group's first rank, its passes announced to the group."""
+
+    group = None
+
+    def make_decoder(self, lm, seed, row_offset):
+        _broadcast(("build",), self.group)  # building it may gather the weights over the group: together
+        decoder = super().make_decoder(lm, seed, row_offset)
+        return _BroadcastingDecoder(decoder, self.group) if _sharded(self.engine) else decoder
+
+
+def _lead(group, engine, records, args, turn_format, params, seed, row_offset, kwargs):
+    rollout = LeaderRollout(engine, records, args, turn_format, params, **kwargs)
+    rollout.group = group
+    result, error = None, None
+    try:
+        result = rollout.run(seed, row_offset)
+    except Exception as err:  # noqa: BLE001 - re-raised on every rank, after the followers are released
+        error = err
+    _broadcast(("stop",), group)
+    _broadcast((result, None if error is None else f"{type(error).__name__}: {error}"), group)
+    if error is not None:
+        raise error
+    return result
+
+
+def _follow(group, engine, records, args, params, seed, row_offset):
+    lm, decoder = unwrap_model(engine.model), None
+    while True:
+        plan = _broadcast(None, group)
+        if plan[0] == "stop":
+            break
+        if plan[0] == "build":
+            if engine.tensor_parallel_group is not None:  # a pipeline stage has nothing to gather with the leader
+                decoder = SlotDecoder(engine, lm, len(records), args.max_total_len, params, seed, row_offset)
+        elif plan[0] == "step":
+            decoder.step(*plan[1:])
+        elif plan[0] == "compact":
+            decoder.compact(plan[1])
+    result, error = _broadcast(None, group)
+    if error is not None:
+        raise RuntimeError(f"the multi-turn rollout failed on tensor-parallel rank {group.ranks[0]}: {error}")
+    return result
+
+
+def shared_rollout_group(engine):
+    """The ranks that hold the same prompts and must return the same trajectories: the engine's
+    tensor-parallel group, else the pipeline group (each stage generates from the gathered
+    weights); None on a run with neither."""
+    from ..models.pipeline import pipeline_group
+
+    group = getattr(engine, "tensor_parallel_group", None)
+    return group if group is not None and group.nranks > 1 else pipeline_group()
+
+
+def rollout_tensor_parallel(group, engine, records, args, turn_format, params, seed, row_offset, **kwargs):
+    """The :class:`AgentRolloutResult` of `records` on every rank of the tensor-parallel `group`
+    (see the module docstring); `kwargs` as `rollout_trajectories`'."""
+    if dist.get_rank() == group.ranks[0]:
+        return _lead(group, engine, records, args, turn_format, params, seed, row_offset, kwargs)
+    return _follow(group, engine, records, args, params, seed, row_offset)
