@@ -14,6 +14,7 @@ caps the open sessions (HTTP 503 beyond, which the client retries with backoff);
 Flask app served by waitress, as ppo/reward_server.py; the bearer token as there.
 """
 import argparse
+import hmac
 import json
 import logging
 import os
@@ -134,6 +135,18 @@ def _close_env(env):
             logger.exception("closing an environment failed")
 
 
+def check_token(header, token):
+    """None when `header` (an Authorization value) carries `token`, else why not (as the reward server's)."""
+    if not header:
+        return "missing 'Authorization: Bearer <token>' header; this server requires a token"
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        return "the Authorization header must be 'Bearer <token>'"
+    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+        return "wrong bearer token"
+    return None
+
+
 def _json(payload, status=200):
     return Response(json.dumps(payload), status=status, mimetype="application/json")
 
@@ -166,8 +179,6 @@ def create_app(env_name, env_kwargs=None, token=None, max_sessions=1024, session
     """The Flask app serving `env_name` (built with `env_kwargs`); with `token`, every route but
     `/health` needs `Authorization: Bearer <token>`. ValueError at once when the environment
     cannot be built. `app.extensions["env_sessions"]` is the `SessionTable`."""
-    from ..reward_server import check_token
-
     facts = served_facts(env_name, env_kwargs)
     table = SessionTable(env_name, env_kwargs, max_sessions, session_ttl_s)
     app = Flask("ppo.env_server")

@@ -154,9 +154,15 @@ class AgentRollout:
                 decoder.compact(live)
         return decoder
 
+    decoder_hook = None
+    """`hook(build) -> decoder`: builds this rollout's decoder (ppo/agents/tp_rollout.py shares the
+    build and the passes with the other ranks of a tensor-parallel group); None: `build()`."""
+
     def make_decoder(self, lm, seed, row_offset):
-        """The `SlotDecoder` of this rollout (ppo/agents/tp_rollout.py wraps it under tensor parallel)."""
-        return SlotDecoder(self.engine, lm, len(self.rows), self.args.max_total_len, self.params, seed, row_offset)
+        def build():
+            return SlotDecoder(self.engine, lm, len(self.rows), self.args.max_total_len, self.params, seed, row_offset)
+
+        return self.decoder_hook(build) if self.decoder_hook is not None else build()
 
     @staticmethod
     def _stats(decoder, trajectories, wall):
@@ -329,11 +335,12 @@ def rollout_trajectories(engine, records, args, turn_format, params, seed=None, 
         import paddle
 
         with paddle.no_grad():
+            def new_rollout():  # the environments are built on the rank that runs them only
+                return AgentRollout(engine, records, args, turn_format, params, env_factory, pause, feed_interval)
+
             if group is not None and group.nranks > 1:  # one rank steps the environments, all run the passes
-                return rollout_tensor_parallel(group, engine, records, args, turn_format, params, seed, row_offset,
-                                               env_factory=env_factory, pause=pause, feed_interval=feed_interval)
-            rollout = AgentRollout(engine, records, args, turn_format, params, env_factory, pause, feed_interval)
-            return rollout.run(seed, row_offset)
+                return rollout_tensor_parallel(group, engine, new_rollout, len(records), args, params, seed, row_offset)
+            return new_rollout().run(seed, row_offset)
     finally:
         if was_training:
             unwrap_model(engine.model).train()

@@ -1,26 +1,26 @@
-"""Multi-turn rollouts under tensor (or pipeline) parallel: one rank of the group steps the
-environments and decides, every rank runs the same forward passes.
+"""Multi-turn rollouts under tensor or pipeline parallel: one rank of the group runs the
+environments and the schedule, every rank returns the same trajectories.
 
-The ranks of a tensor-parallel group hold the same prompts and run every forward pass of the
-engine together (sharded weights: an all-reduce per layer; gathered weights: the gather when the
-decoder is built). A multi-turn rollout's schedule, though, depends on when each environment
-answers, which differs from process to process, and an environment run on every rank would do
-each tool call once per rank. So the group's first rank (the leader) runs the whole rollout of
-:class:`AgentRollout` -- environments, stop strings, the pausing schedule -- and, before each
-pass of its decoder, broadcasts what the pass feeds (``("step", feeds, quiet, forced)``,
-``("compact", rows)``, and ``("build",)`` before the decoder is built, which may gather the
-weights over the group); the other ranks (followers) build no environment and run the same
-passes on their own decoder, discarding what they sample (their logits are the leader's: the
-same tokens were fed). With gathered weights (eval_mode single) the passes need no collective:
-only the build is shared, and the followers wait for the result. At the end the leader broadcasts ``("stop",)`` and then the result
-(trajectories, metrics, stats) or its error, so every rank returns the same
-:class:`AgentRolloutResult` (as verl's agent loop runs tools on the driver only).
+The ranks of a tensor-parallel group hold the same prompts and run the engine's passes together
+(sharded weights, eval_mode tensor_parallel: an all-reduce per layer; gathered weights, eval_mode
+single: a gather when the decoder is built). A multi-turn rollout's schedule depends on when each
+environment answers, which differs from process to process, and an environment run on every
+rank would do each tool call once per rank. So the group's first rank (the leader) runs the
+whole ``AgentRollout`` (ppo/agents/rollout.py): environments, stop strings, the pausing
+schedule. It broadcasts ``("build",)`` before building its decoder and, when the passes are
+collectives (sharded), what each pass feeds (``("step", feeds, quiet, forced)``, ``("compact",
+rows)``); the other ranks (followers) build no environment and run the same build and passes
+on their own decoder, discarding what they sample (the same tokens were fed, the logits are
+gathered: they are the leader's). Under pipeline parallel each stage generates from the gathered
+weights of every stage, with no collective: the group is the pipeline group and the followers
+only wait. At the end the leader broadcasts ``("stop",)`` and then the result (trajectories,
+metrics, stats) or its error, so every rank returns the same ``AgentRolloutResult`` (as verl's
+agent loop runs the tools on the driver only).
 """
 import paddle.distributed as dist
 
 from ..rollout.multi_turn import SlotDecoder
 from ..rollout.weights import unwrap_model
-from .rollout import AgentRollout
 
 
 def _broadcast(value, group):
@@ -52,22 +52,22 @@ class _BroadcastingDecoder:
         return getattr(self._decoder, name)
 
 
-class LeaderRollout(AgentRollout):
-    """:class:`AgentRollout` on the group's first rank, its passes announced to the group."""
+def _leader_hook(group, engine):
+    """`AgentRollout.decoder_hook` of the leader: the build, and each pass when sharded, announced."""
 
-    group = None
+    def hook(build):
+        _broadcast(("build",), group)  # building it may gather the weights over the group: together
+        decoder = build()
+        return _BroadcastingDecoder(decoder, group) if _sharded(engine) else decoder
 
-    def make_decoder(self, lm, seed, row_offset):
-        _broadcast(("build",), self.group)  # building it may gather the weights over the group: together
-        decoder = super().make_decoder(lm, seed, row_offset)
-        return _BroadcastingDecoder(decoder, self.group) if _sharded(self.engine) else decoder
+    return hook
 
 
-def _lead(group, engine, records, args, turn_format, params, seed, row_offset, kwargs):
-    rollout = LeaderRollout(engine, records, args, turn_format, params, **kwargs)
-    rollout.group = group
+def _lead(group, engine, new_rollout, seed, row_offset):
     result, error = None, None
     try:
+        rollout = new_rollout()
+        rollout.decoder_hook = _leader_hook(group, engine)
         result = rollout.run(seed, row_offset)
     except Exception as err:  # noqa: BLE001 - re-raised on every rank, after the followers are released
         error = err
@@ -78,7 +78,7 @@ def _lead(group, engine, records, args, turn_format, params, seed, row_offset, k
     return result
 
 
-def _follow(group, engine, records, args, params, seed, row_offset):
+def _follow(group, engine, rows, args, params, seed, row_offset):
     lm, decoder = unwrap_model(engine.model), None
     while True:
         plan = _broadcast(None, group)
@@ -86,7 +86,7 @@ def _follow(group, engine, records, args, params, seed, row_offset):
             break
         if plan[0] == "build":
             if engine.tensor_parallel_group is not None:  # a pipeline stage has nothing to gather with the leader
-                decoder = SlotDecoder(engine, lm, len(records), args.max_total_len, params, seed, row_offset)
+                decoder = SlotDecoder(engine, lm, rows, args.max_total_len, params, seed, row_offset)
         elif plan[0] == "step":
             decoder.step(*plan[1:])
         elif plan[0] == "compact":
@@ -107,9 +107,10 @@ def shared_rollout_group(engine):
     return group if group is not None and group.nranks > 1 else pipeline_group()
 
 
-def rollout_tensor_parallel(group, engine, records, args, turn_format, params, seed, row_offset, **kwargs):
-    """The :class:`AgentRolloutResult` of `records` on every rank of the tensor-parallel `group`
-    (see the module docstring); `kwargs` as `rollout_trajectories`'."""
+def rollout_tensor_parallel(group, engine, new_rollout, rows, args, params, seed, row_offset):
+    """The `AgentRolloutResult` of a rollout of `rows` records on every rank of `group` (see the
+    module docstring): `new_rollout()` builds the `AgentRollout` (and its environments) on the
+    leader only; `args` (`max_total_len`), `params`, `seed`, `row_offset` build the followers' decoders."""
     if dist.get_rank() == group.ranks[0]:
-        return _lead(group, engine, records, args, turn_format, params, seed, row_offset, kwargs)
-    return _follow(group, engine, records, args, params, seed, row_offset)
+        return _lead(group, engine, new_rollout, seed, row_offset)
+    return _follow(group, engine, rows, args, params, seed, row_offset)
