@@ -50,6 +50,7 @@ def test_written_mask_is_the_loss_mask_and_off_by_default(tiny_model_dir, tiny_d
         np.testing.assert_allclose(row["sampling_logprobs"], old[i, :n], atol=1e-6)
         assert all(lp == 0 for lp, m in zip(row["sampling_logprobs"], row["policy_mask"]) if not m)
         assert len(row["prompt_ids"]) == int(exp.attention_mask.numpy()[i, : exp.prompt_len].sum())
+        assert row["logprobs_of"] == "old_logprobs"  # the engine's are not kept by default (see below)
 
 
 def test_samples_file_lets_a_user_check_the_mask_against_the_turns(tiny_model_dir, tiny_data_dir, tmp_path):
@@ -69,21 +70,40 @@ def test_samples_file_lets_a_user_check_the_mask_against_the_turns(tiny_model_di
         ids = row["response_ids"]
         decoded = [decode_exact(tokenizer, ids[a:b]) for a, b in runs_of_ones(row["policy_mask"])]
         assert decoded == assistant and len(assistant) >= 2
+        assert row["logprobs_of"] == "engine"
+        assert all((lp < 0) == bool(m) for lp, m in zip(row["sampling_logprobs"], row["policy_mask"]))
         others = [decode_exact(tokenizer, ids[a:b]) for a, b in runs_of_ones([1 - m for m in row["policy_mask"]])]
         gaps = "".join("\n" if t["role"] == "assistant" else t["text"] for t in row["turns"]["turns"][1:])
         assert others == [g for g in gaps.split("\n") if g]  # each gap: glue, the tool's answer, glue
 
 
 def test_multi_turn_engine_logprobs_are_the_old_logprobs(tiny_model_dir, tiny_data_dir, tmp_path):
-    """use_rollout_logprobs (the default): the rollout's Experience comes with old log-probs, the
-    engine's, equal to the training forward's at every policy token, 0 elsewhere."""
-    trainer = build_trainer(grpo_agent_argv(tiny_model_dir, tiny_data_dir, str(tmp_path / "g")))
+    """reuse_trajectory_logprobs: the rollout's Experience comes with old log-probs, the engine's,
+    equal to the training forward's at every policy token, 0 elsewhere. Off (the default), the
+    old log-probs are left to the training forward (a run does not depend on the rows' schedule)."""
+    trainer = build_trainer(grpo_agent_argv(tiny_model_dir, tiny_data_dir, str(tmp_path / "g"),
+                                            "--reuse_trajectory_logprobs", "true"))
     exp = trainer.experience.rollout.generate()
     assert exp.old_logprobs is not None and exp.rollout_logprobs is None
     mask = exp.response_mask.numpy() == 1
     forward = trainer.passes.logprobs("actor", exp).numpy()
     np.testing.assert_allclose(exp.old_logprobs.numpy()[mask], forward[mask], atol=2e-4)
     assert not exp.old_logprobs.numpy()[~mask].any() and mask.sum() > 0
+    trainer = build_trainer(grpo_agent_argv(tiny_model_dir, tiny_data_dir, str(tmp_path / "d")))
+    exp = trainer.experience.rollout.generate()
+    assert exp.old_logprobs is None and exp.rollout_logprobs is None
+
+
+def test_reusing_logprobs_needs_a_multi_turn_run_that_keeps_them(tiny_model_dir, tiny_data_dir, tmp_path):
+    from ppo.common.argument_problems import UsageError
+    from ppo.run_ppo import start_up
+
+    argv = grpo_agent_argv(tiny_model_dir, tiny_data_dir, str(tmp_path / "r"), "--reuse_trajectory_logprobs", "true",
+                           "--use_rollout_logprobs", "false")
+    with pytest.raises(UsageError) as err:
+        start_up(argv)
+    assert "reuse_trajectory_logprobs makes the engine's log-probs the old log-probs; use_rollout_logprobs false" \
+        in str(err.value)
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])

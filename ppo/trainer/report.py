@@ -97,7 +97,8 @@ def token_details(exp, n):
     """`sample_token_details`: the first `n` rows of `exp` as ids and per-token lists, pads cut:
     `prompt_ids`, `response_ids` (every real response token, the environment's included),
     `policy_mask` (the loss mask: 1 on the policy's own tokens), `sampling_logprobs` (the
-    engine's log-prob of each token, 0 off the policy's)."""
+    engine's log-prob of each token, 0 off the policy's; `logprobs_of` "engine", or
+    "old_logprobs" where the run keeps them as the old log-probs only: the engine's when reused)."""
     Tp = exp.prompt_len
     attention = exp.attention_mask.numpy()
     sequences, mask = exp.sequences.numpy(), exp.response_mask.numpy()
@@ -112,5 +113,6 @@ def token_details(exp, n):
                "policy_mask": mask[i, :end].astype(int).tolist()}
         if logprobs is not None:
             row["sampling_logprobs"] = [round(float(x), 6) for x in logprobs[i, :end]]
+            row["logprobs_of"] = "engine" if exp.rollout_logprobs is not None else "old_logprobs"
         out.append(row)
     return out
