@@ -168,9 +168,6 @@ class PPOTrainingArguments(RolloutPlacementArguments, AgentArguments, PolicyLoss
     use_rollout_logprobs: bool = field(
         default=True, metadata={"help": "Reuse the engine's sampling log-probs as old log-probs when they equal a forward pass."}
     )
-    sample_token_details: bool = field(default=False, metadata={"help": "samples.jsonl rows also carry prompt_ids, "
-        "response_ids, the policy (loss) mask and the sampling log-probs of each response token, to check a multi-turn "
-        "trajectory's mask without running code in the trainer; off by default (a row gets several times larger)."})
     use_remove_padding: bool = field(
         default=False,
         metadata={"help": "PaddleNLP's name: the actor, reference and critic passes (old/reference log-probs, values and "

@@ -208,24 +208,3 @@ def text_sum_scorer(src, tgt, response):
     """A graded rule scorer: the characters' code points summed, mod 97, over 97 (random responses
     score differently, so that group advantages are not 0)."""
     return sum(map(ord, response)) % 97 / 97.0
-
-
-class CountingEchoEnv(EchoEnv):
-    """EchoEnv that appends one line `<pid> reset` / `<pid> step` to the file `log` for each call
-    (which processes ran the environment, and how often)."""
-
-    def __init__(self, log, turns=3, answer="ans"):
-        super().__init__(turns, answer)
-        self.log = log
-
-    def _note(self, what):
-        with open(self.log, "a") as f:
-            f.write(f"{os.getpid()} {what}\n")
-
-    def reset(self, record):
-        self._note("reset")
-        return super().reset(record)
-
-    def step(self, action_text):
-        self._note("step")
-        return super().step(action_text)

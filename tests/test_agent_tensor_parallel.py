@@ -23,7 +23,7 @@ LAYOUTS = {
 
 def counting_argv(model_dir, data_dir, out, log):
     env = json.dumps({"log": log, "turns": 3})
-    return grpo_agent_argv(model_dir, data_dir, out, "--env_name", "tests.agent_helpers:CountingEchoEnv", "--env_kwargs", env,
+    return grpo_agent_argv(model_dir, data_dir, out, "--env_name", "tests.agent_parallel_helpers:CountingEchoEnv", "--env_kwargs", env,
                            "--max_steps", "2")
 
 

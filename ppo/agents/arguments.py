@@ -54,6 +54,12 @@ class AgentArguments:
     tool_failure_steps: int = field(
         default=3, metadata={"help": "Training: consecutive failed steps (see max_tool_failure_frac) that stop the run."}
     )
+    sample_token_details: bool = field(
+        default=False,
+        metadata={"help": "Training: samples.jsonl rows also carry prompt_ids, response_ids, the policy (loss) mask and "
+                  "the sampling log-probs of each response token, to check a trajectory's mask without running code in "
+                  "the trainer (single-turn runs too); off by default (a row gets several times larger)."},
+    )
     reuse_trajectory_logprobs: bool = field(
         default=False,
         metadata={"help": "Training: the engine's log-probs of the policy's tokens are the old log-probs (no old-log-prob "

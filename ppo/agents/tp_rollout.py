@@ -114,3 +114,12 @@ def rollout_tensor_parallel(group, engine, new_rollout, rows, args, params, seed
     if dist.get_rank() == group.ranks[0]:
         return _lead(group, engine, new_rollout, seed, row_offset)
     return _follow(group, engine, rows, args, params, seed, row_offset)
+
+
+def run_on_rollout_group(engine, new_rollout, rows, args, params, seed, row_offset):
+    """`new_rollout().run(seed, row_offset)`, or under tensor or pipeline parallel the same result
+    on every rank of the group, the environments on its first rank only (`rollout_tensor_parallel`)."""
+    group = shared_rollout_group(engine)
+    if group is not None and group.nranks > 1:
+        return rollout_tensor_parallel(group, engine, new_rollout, rows, args, params, seed, row_offset)
+    return new_rollout().run(seed, row_offset)
