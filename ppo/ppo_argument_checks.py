@@ -342,11 +342,10 @@ def agent_run_problems(data_args, args):
     if not args.use_fusemt:
         problems.append("env_name with use_fusemt false: PaddleNLP's generate cannot feed a tool's answer onto a row's "
                         "KV cache mid-generation; multi-turn rollouts need the rollout engine (use_fusemt true)")
-    for name in ("tensor_parallel_degree", "pipeline_parallel_degree"):
-        if getattr(args, name, 1) > 1:
-            problems.append(f"env_name with {name} {getattr(args, name)}: the multi-turn decoder "
-                            "(ppo/rollout/multi_turn.py) has no tensor- or pipeline-parallel generation path here; use "
-                            "data parallel for multi-turn runs")
+    if getattr(args, "pipeline_parallel_degree", 1) > 1 and getattr(args, "tensor_parallel_degree", 1) > 1:
+        problems.append(f"env_name with tensor_parallel_degree {args.tensor_parallel_degree} and pipeline_parallel_degree "
+                        f"{args.pipeline_parallel_degree}: a multi-turn rollout runs its environments on one rank of the "
+                        "tensor- or the pipeline-parallel group, not of both; use one of them with data parallel")
     if split_specs(data_args.eval_datasets) and getattr(args, "eval_num_samples", 0):
         problems.append("env_name with eval_num_samples: the evaluation of trajectories runs one greedy trajectory per "
                         "prompt (eval/agent/*); sampled pass@k over trajectories is not implemented; set eval_num_samples 0")

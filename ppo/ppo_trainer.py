@@ -244,7 +244,8 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
     ptx = PtxBatches(ptx_dataset, ptx_sampler) if ptx_sampler is not None else None
     steps = OptimizerSteps(strategy, state, args.max_nan_skips, args.release_gradients)
     learner = PPOUpdater(actor, objectives, passes, steps, ptx, watch, offload, state, ranks, slice_of(UpdateSettings, args),
-                         ResponseSamples(tokenizer, objectives, args.rollout_n))
+                         ResponseSamples(tokenizer, objectives, args.rollout_n,
+                                         token_details=args.sample_token_details))
     if ranks.is_main:
         logger.info(policy_loss_startup_line(args))
     eval_parts = (eval_dataset, engine, sampling, tokenizer, passes, actor.model, scoring, offload, state, ranks,

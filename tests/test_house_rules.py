@@ -28,7 +28,7 @@ LAYERS = (
     ("ppo.passes", "ppo.strategy"),
     ("ppo.trainer",),
     ("ppo.entry", "ppo.ppo_argument_checks", "ppo.ppo_arguments", "ppo.paddlenlp_rl_arguments", "ppo.ppo_trainer"),
-    ("ppo.run_ppo", "ppo.cli", "ppo.reward_server", "sft", "rm", "dpo", "rl"),
+    ("ppo.run_ppo", "ppo.cli", "ppo.reward_server", "ppo.env_server", "sft", "rm", "dpo", "rl"),
 )
 """The layers of our packages, lowest first: a module imports only from its own layer (without
 cycles) or lower ones. `ppo` is the package's own `__init__`; every other entry names a

@@ -23,6 +23,7 @@ The built-in tools and environments register when this package is imported (the 
 in tools.py and environment.py import no entry of their own). docs/agents.md describes the whole.
 """
 from . import builtin_tools  # noqa: F401 (registers calculator, python, search)
+from . import remote_env  # noqa: F401 (registers remote: an environment served by paddle-align env-server)
 from .arguments import AgentArguments, agent_problems
 from .environment import (
     Environment,

@@ -78,6 +78,19 @@ class AgentArguments:
     tool_failure_steps: int = field(
         default=3, metadata={"help": "Training: consecutive failed steps (see max_tool_failure_frac) that stop the run."}
     )
+    sample_token_details: bool = field(
+        default=False,
+        metadata={"help": "Training: samples.jsonl rows also carry prompt_ids, response_ids, the policy (loss) mask and "
+                  "the sampling log-probs of each response token, to check a trajectory's mask without running code in "
+                  "the trainer (single-turn runs too); off by default (a row gets several times larger)."},
+    )
+    reuse_trajectory_logprobs: bool = field(
+        default=False,
+        metadata={"help": "Training: the engine's log-probs of the policy's tokens are the old log-probs (no old-log-prob "
+                  "pass; needs use_rollout_logprobs true). They depend at float rounding on how the rows were scheduled "
+                  "(when each tool answered), so a resumed run then matches an uninterrupted one only up to rounding; "
+                  "false: the training forward's."},
+    )
 
     def __post_init__(self):
         with problem_scope() as problems:
@@ -100,6 +113,11 @@ class AgentArguments:
         for name in ("max_turns", "max_tool_response_len", "max_total_len", "tool_failure_steps"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.reuse_trajectory_logprobs and not self.env_name:
+            problems.append("reuse_trajectory_logprobs acts on multi-turn rollouts: give env_name")
+        if self.reuse_trajectory_logprobs and not getattr(self, "use_rollout_logprobs", True):
+            problems.append("reuse_trajectory_logprobs makes the engine's log-probs the old log-probs; "
+                            "use_rollout_logprobs false says not to: set one of them")
         if self.turn_reward_mode not in TURN_REWARD_MODES:
             problems.append(f"turn_reward_mode must be one of {TURN_REWARD_MODES}, got {self.turn_reward_mode!r}")
         try:

@@ -36,6 +36,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Dict, List
 
 from ..rollout.multi_turn import SlotDecoder
@@ -99,6 +100,8 @@ def _step_worker(env, text, index, results):
 class AgentRollout:
     """The loop of :func:`rollout_trajectories` (see the module docstring)."""
 
+    decoder_hook = None  # hook(build) -> the decoder; ppo/agents/tp_rollout.py shares the build with other ranks
+
     def __init__(self, engine, records, args, turn_format, params, env_factory=None, pause="row", feed_interval=4):
         if pause not in PAUSE_MODES:
             raise ValueError(f"pause must be one of {PAUSE_MODES}, got {pause!r}")
@@ -151,7 +154,8 @@ class AgentRollout:
         positions = getattr(lm.config, "max_position_embeddings", None)
         if positions is not None and self.args.max_total_len > positions:
             raise ValueError(f"max_total_len={self.args.max_total_len} exceeds the model's max_position_embeddings={positions}")
-        decoder = SlotDecoder(self.engine, lm, len(self.rows), self.args.max_total_len, self.params, seed, row_offset)
+        build = partial(SlotDecoder, self.engine, lm, len(self.rows), self.args.max_total_len, self.params, seed, row_offset)
+        decoder = self.decoder_hook(build) if self.decoder_hook is not None else build()
         while True:
             self._collect(block=False)
             self._release_held()
@@ -354,14 +358,18 @@ def rollout_trajectories(engine, records, args, turn_format, params, seed=None, 
             "feed a tool's answer onto a row's KV cache mid-generation; set use_fusemt true")
     if not records:
         return AgentRolloutResult([], agent_metrics([]), {"tokens": 0, "wall_s": 0.0, "tokens_per_s": 0.0})
-    rollout = AgentRollout(engine, records, args, turn_format, params, env_factory, pause, feed_interval)
+    from .tp_rollout import run_on_rollout_group
+
+    def new_rollout():  # under tensor or pipeline parallel, built on one rank of the group only
+        return AgentRollout(engine, records, args, turn_format, params, env_factory, pause, feed_interval)
+
     was_training = unwrap_model(engine.model).training
     unwrap_model(engine.model).eval()
     try:
         import paddle
 
         with paddle.no_grad():
-            return rollout.run(seed, row_offset)
+            return run_on_rollout_group(engine, new_rollout, len(records), args, params, seed, row_offset)
     finally:
         if was_training:
             unwrap_model(engine.model).train()

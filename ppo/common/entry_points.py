@@ -54,6 +54,7 @@ ENTRY_POINTS = (
     EntryPoint("distill", "sft/run_distill.py", "on-policy distillation (GKD) from a teacher, full or LoRA student",
                _classes("sft.distill_arguments", "ModelArgument", "DataArgument", "DistillTrainingArguments")),
     EntryPoint("reward-server", "ppo/reward_server.py", "the HTTP reward server GRPO scores with"),
+    EntryPoint("env-server", "ppo/env_server.py", "an environment served over HTTP for env_name remote"),
     EntryPoint("merge-lora", "sft/merge_lora.py", "merge a LoRA adapter into its base model"),
     EntryPoint("quickstart", "scripts/quickstart.py", "the tiny CPU pipeline, end to end, and its results table"),
     EntryPoint("chat", "scripts/chat.py", "answers to prompts from a trained policy or LoRA adapter, by the rollout engine"),

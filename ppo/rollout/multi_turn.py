@@ -58,7 +58,8 @@ class SlotDecoder:
         self.place = _decoder(lm).embed_tokens.weight.place
         layout = engine._layout(lm, self.place)
         self.W = extract_weights(lm, fuse_gate_up=engine._gate_up_fused(lm), layout=layout,
-                                 pack_transposed=self.ops.pack_transposed, sharded=engine.sharded)
+                                 pack_transposed=self.ops.pack_transposed, sharded=engine.sharded,
+                                 group=engine.tensor_parallel_group)
         cos, sin = rotary_tables(self.W, max_positions, self.W.dtype)
         self.cache = {"cos": cos, "sin": sin, "scale": 1.0 / math.sqrt(self.W.head_dim)}
         self.rows = list(range(batch_size))  # trajectory index of each batch row
@@ -272,7 +273,8 @@ def prefill_logprobs(engine, lm, token_ids, temperature=1.0):
     ops = engine._select_ops(lm)
     place = _decoder(lm).embed_tokens.weight.place
     W = extract_weights(lm, fuse_gate_up=engine._gate_up_fused(lm), layout=engine._layout(lm, place),
-                        pack_transposed=ops.pack_transposed, sharded=engine.sharded)
+                        pack_transposed=ops.pack_transposed, sharded=engine.sharded,
+                        group=engine.tensor_parallel_group)
     T = len(token_ids)
     S = 8 * ((T + 7) // 8)
     cos, sin = rotary_tables(W, T, W.dtype)

@@ -116,6 +116,20 @@ def experience_from_trajectories(trajectories, batch, eos_token_id, group_ids, p
     )
 
 
+def keep_engine_logprobs(exp, response_logprobs, args):
+    """The engine's log-probs of the policy's tokens (`response_logprobs` `[N, Tr]`, 0 elsewhere)
+    become `exp.old_logprobs` with `args.reuse_trajectory_logprobs` (the multi-turn decoder samples
+    without a repetition penalty: they are the forward pass's up to rounding; the old-log-prob
+    pass is skipped), else are kept as `exp.rollout_logprobs` for the rollout correction
+    (`rollout_is`) or the samples (`sample_token_details`), else dropped: the old log-probs then
+    come from the training forward, which does not depend on how the rows were scheduled."""
+    engine_logprobs = paddle.to_tensor(response_logprobs, dtype="float32") * exp.response_mask
+    if args.reuse_trajectory_logprobs:
+        exp.old_logprobs = engine_logprobs
+    elif args.rollout_is != "none" or args.sample_token_details:
+        exp.rollout_logprobs = engine_logprobs
+
+
 def declared_tool_metrics(agent_args):
     """`tool/<name>/*` at 0 for every tool the environment declares (`tools` schemas), so that each
     step's metrics have the same names on every data rank whichever tools were called."""
@@ -166,6 +180,7 @@ class TrajectoryRollout:
                                            [p for p in batch["prompt"] for _ in range(n)], self.tokenizer.eos_token,
                                            self.agent_args.env_reward_weight)
         exp.version = self.state.step
+        keep_engine_logprobs(exp, layout.response_logprobs, self.agent_args)
         self.metrics = {**self.tool_zeros, **result.metrics, "agent/tool_failed_frac": failed_frac,
                         "agent/env_reward_mean": float(np.mean([sum(t.rewards) for t in trajectories]))}
         return exp

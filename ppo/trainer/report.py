@@ -72,8 +72,9 @@ class ResponseSamples:
     every objective's score (`objectives`: `ScoredObjective`s) and group id; the first `n` rows
     also go to the console."""
 
-    def __init__(self, tokenizer, objectives, group_size, n=4):
+    def __init__(self, tokenizer, objectives, group_size, n=4, token_details=False):
         self.tokenizer, self.objectives, self.group_size, self.n = tokenizer, list(objectives), group_size, n
+        self.token_details = token_details
 
     def __call__(self, exp):
         """`(rows, console table)` of `exp`."""
@@ -85,5 +86,33 @@ class ResponseSamples:
                  **{key: float(values[i]) for key, values in scores.items() if key != "score"},
                  **({"turns": exp.turns[i]} if exp.turns is not None else {})}  # a trajectory's turns with roles
                 for i in range(min(self.n * max(1, self.group_size), len(exp)))]
+        if self.token_details:
+            for row, details in zip(rows, token_details(exp, len(rows))):
+                row.update(details)
         table = "\n".join(f"  {r['score']:+.3f} | {r['prompt']!r} -> {r['response']!r}" for r in rows[: self.n])
         return rows, table
+
+
+def token_details(exp, n):
+    """`sample_token_details`: the first `n` rows of `exp` as ids and per-token lists, pads cut:
+    `prompt_ids`, `response_ids` (every real response token, the environment's included),
+    `policy_mask` (the loss mask: 1 on the policy's own tokens), `sampling_logprobs` (the
+    engine's log-prob of each token, 0 off the policy's; `logprobs_of` "engine", or
+    "old_logprobs" where the run keeps them as the old log-probs only: the engine's when reused)."""
+    Tp = exp.prompt_len
+    attention = exp.attention_mask.numpy()
+    sequences, mask = exp.sequences.numpy(), exp.response_mask.numpy()
+    engine = exp.rollout_logprobs if exp.rollout_logprobs is not None else exp.old_logprobs  # the engine's when reused
+    logprobs = engine.numpy() if engine is not None else None
+    out = []
+    for i in range(n):
+        real = attention[i, Tp:]
+        end = int(real.nonzero()[0].max()) + 1 if real.any() else 0
+        row = {"prompt_ids": sequences[i, :Tp][attention[i, :Tp] == 1].tolist(),
+               "response_ids": sequences[i, Tp: Tp + end].tolist(),
+               "policy_mask": mask[i, :end].astype(int).tolist()}
+        if logprobs is not None:
+            row["sampling_logprobs"] = [round(float(x), 6) for x in logprobs[i, :end]]
+            row["logprobs_of"] = "engine" if exp.rollout_logprobs is not None else "old_logprobs"
+        out.append(row)
+    return out
