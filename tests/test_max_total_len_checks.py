@@ -101,6 +101,7 @@ def test_an_environment_whose_reset_raises_is_named(agent_prompts):
 
     tokenizer, dataset = agent_prompts
     args = AgentArguments(env_name="tests.test_max_total_len_checks:ResetFails", max_total_len=64)
+    first = max(range(len(dataset)), key=lambda i: len(dataset[i]["src"]))  # the check starts the longest first
     assert prompt_room_problems(args, dataset, tokenizer) == [
-        f"env_name tests.test_max_total_len_checks:ResetFails: reset() of prompt 0 ({dataset[0]['src'][:40]!r}) raised "
+        f"env_name tests.test_max_total_len_checks:ResetFails: reset() of prompt {first} ({dataset[first]['src'][:40]!r}) raised "
         "KeyError: 'question'"]

@@ -64,6 +64,9 @@ class EnvironmentFacts:
     summary: str
     observation_role: str = "tool"
     options: Mapping[str, Any] = field(default_factory=dict)
+    startup_resets: int = 8
+    """How many training prompts (the longest) the start-up check starts with ``reset`` to measure
+    them (ppo/agents/prompt_room.py); 0 for an environment whose ``reset`` costs a session elsewhere."""
 
     def __post_init__(self):
         if self.observation_role not in OBSERVATION_ROLES:

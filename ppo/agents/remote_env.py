@@ -140,7 +140,8 @@ class RemoteClient:
 @register_environment("remote", facts=EnvironmentFacts(
     summary="an environment served over HTTP by paddle-align env-server (ppo/agents/env_server.py)",
     observation_role="tool",
-    options={"url": None, "env_kwargs": {}, "token": None, "timeout_s": 60.0, "max_retries": 3, "backoff": 0.5}))
+    options={"url": None, "env_kwargs": {}, "token": None, "timeout_s": 60.0, "max_retries": 3, "backoff": 0.5},
+    startup_resets=0))  # a reset opens a session on the server: the start-up check starts none
 class RemoteEnvironment(Environment):
     """One trajectory's session on an environment server (see the module docstring). `url`: the
     server; `env_kwargs`: passed to the served class's constructor for this session (the
