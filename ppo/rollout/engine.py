@@ -34,6 +34,7 @@ import paddle.nn.functional as F
 from .ops import get_ops
 from .paddlenlp_path import generate_with_paddlenlp
 from .params import RolloutOutput, SamplingParams, merge_outputs
+from .moe_mlp import routed_mlp
 from .qk_norm import apply_qk_norm
 from .step_inputs import on_place, prompt_presence, step_uniforms
 from .weights import _decoder, compute_dtype_of, extract_weights, rotary_tables, unwrap_model
@@ -228,11 +229,12 @@ class RolloutEngine:
                               finished, li, t0, W.num_heads, W.num_kv_heads, W.head_dim, lw.qkv_layout,
                               cache["scale"], lw.qkv_bias, cols)
             x, res = ops.add_rms_norm(self._reduce(W, mm(a, lw.o)), res, lw.ln_mlp, eps, cols)
-            if lw.gate_up is not None:
-                m = ops.swiglu(mm(x, lw.gate_up), None, cols)
+            if lw.moe is not None:  # routed experts, each on its own tokens
+                d = routed_mlp(ops, x, lw.moe, cols)
             else:
-                m = ops.swiglu(mm(x, lw.gate), mm(x, lw.up), cols)
-            d = self._reduce(W, mm(m, lw.down))
+                m = ops.swiglu(mm(x, lw.gate_up), None, cols) if lw.gate_up is not None else \
+                    ops.swiglu(mm(x, lw.gate), mm(x, lw.up), cols)
+                d = self._reduce(W, mm(m, lw.down))
             if li + 1 < nlayers:
                 x, res = ops.add_rms_norm(d, res, W.layers[li + 1].ln_attn, eps, cols)
             else:

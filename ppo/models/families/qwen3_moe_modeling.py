@@ -105,7 +105,7 @@ class Qwen3MoeForCausalLM(Qwen3MoePretrainedModel):
 
     _tied_weights_keys = ["lm_head.weight"]
     prepare_inputs_for_generation = Qwen3ForCausalLM.prepare_inputs_for_generation
-    update_model_kwargs_for_generation = Qwen3ForCausalLM.update_model_kwargs_for_generation
+    update_model_kwargs_for_generation = staticmethod(Qwen3ForCausalLM.update_model_kwargs_for_generation)
     tie_weights = Qwen3ForCausalLM.tie_weights
     get_output_embeddings = Qwen3ForCausalLM.get_output_embeddings
 

@@ -1,0 +1,52 @@
+"""The rollout engine's routed mixture-of-experts MLP (a layer whose ``mlp`` is
+`ppo.models.families.moe.SparseMoeBlock`).
+
+The same routing as the training forward (`moe.route`: float32 softmax, top-k, optional
+renormalisation) and the same gather / scatter by expert (`moe.dispatch`): each expert's
+SwiGLU runs once per step on the rows routed to it, never densely over all experts. Expert
+matrices are kept [in, out] (gate and up fused into [H, 2I]) in either engine layout; a "cols"
+decode step transposes its activations ``[H, B]`` to rows for this block and back.
+"""
+from dataclasses import dataclass
+from typing import List
+
+import paddle
+
+from ..models.families.moe import dispatch, route
+
+
+@dataclass
+class MoeWeights:
+    router: paddle.Tensor  # [H, E]
+    gate_up: List[paddle.Tensor]  # per expert [H, 2I]
+    down: List[paddle.Tensor]  # per expert [I, H]
+    top_k: int
+    norm_topk_prob: bool
+
+
+def is_moe_mlp(mlp):
+    return hasattr(mlp, "experts") and hasattr(mlp, "gate")
+
+
+def moe_weights(mlp, cast, effective_weight):
+    """`MoeWeights` of a sparse block; `cast` moves a tensor to the engine's dtype,
+    `effective_weight` adds an active LoRA delta."""
+    gate_up = [cast(paddle.concat([effective_weight(e.gate_proj), effective_weight(e.up_proj)], axis=1))
+               for e in mlp.experts]
+    down = [cast(effective_weight(e.down_proj)) for e in mlp.experts]
+    return MoeWeights(cast(effective_weight(mlp.gate)), gate_up, down, mlp.top_k, mlp.norm_topk_prob)
+
+
+def routed_mlp(ops, x, weights, cols):
+    """The block's output for normed activations ``x``: ``[B, T, H]`` / ``[B, H]`` rows, or
+    ``[H, B]`` with `cols`; the same shape back."""
+    rows = x.transpose([1, 0]) if cols else x
+    shape = rows.shape
+    flat = rows.reshape([-1, shape[-1]])
+    probs_w, indices = route(paddle.matmul(flat, weights.router), weights.top_k, weights.norm_topk_prob)
+
+    def expert(e):
+        return lambda h: paddle.matmul(ops.swiglu(paddle.matmul(h, weights.gate_up[e]), None, False), weights.down[e])
+
+    out = dispatch(flat, probs_w, indices, [expert(e) for e in range(len(weights.down))]).reshape(shape)
+    return out.transpose([1, 0]).contiguous() if cols else out
