@@ -153,4 +153,25 @@ def take_aux_loss(model):
     if aux is None:
         return None, {}
     lm.moe_aux_loss = None
+    if aux.stop_gradient:  # a forward without gradients (evaluation, old log-probs): nothing to train
+        return None, {}
     return aux, dict(getattr(lm, "moe_stats", {}))
+
+
+class StatsMean:
+    """Running means of the ``moe/*`` stats of the micro-batches since the last log."""
+
+    def __init__(self):
+        self.sums, self.count = {}, 0
+
+    def add(self, stats):
+        if stats:
+            for key, value in stats.items():
+                self.sums[key] = self.sums.get(key, 0.0) + float(value)
+            self.count += 1
+
+    def take(self):
+        """The means (empty when nothing was added); resets."""
+        out = {key: value / self.count for key, value in self.sums.items()} if self.count else {}
+        self.sums, self.count = {}, 0
+        return out
