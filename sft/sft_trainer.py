@@ -5,6 +5,7 @@ from paddlenlp.trainer import Trainer
 
 from ppo.common.step_tokens import STEP_TOKENS_KEY, count_step_tokens, step_token_scale
 from ppo.evaluation import GenerationEvalMixin
+from ppo.models.basics import unwrap_model
 from ppo.models.causal_lm import answer_nll
 from ppo.models.families.moe import StatsMean, take_aux_loss
 from ppo.entry.streaming_trainer import StreamingTrainerMixin
@@ -49,7 +50,7 @@ class SFTTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
     def add_moe_aux_loss(self, model, loss):
         """`loss` plus the router losses of a mixture-of-experts model's forward (with
         ``output_router_logits``; `ppo.models.families.moe.take_aux_loss`), their stats kept for the log."""
-        aux, stats = take_aux_loss(model)
+        aux, stats = take_aux_loss(unwrap_model(model))
         if aux is None:
             return loss
         if not hasattr(self, "moe_stats"):

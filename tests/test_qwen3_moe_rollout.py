@@ -99,3 +99,33 @@ def test_the_engine_routes_each_expert_only_its_tokens(moe, prompts, monkeypatch
     decode = [s for s in seen if s[0] == 8]
     assert decode and all(rows == 16 for _, rows in decode)
     assert len(seen) == 2 * 3  # two MoE layers x (prefill + 2 decode steps)
+
+
+def test_lora_wraps_attention_and_experts_not_the_router_and_the_engine_sees_it(prompts):
+    """The default LoRA targets wrap the 4 attention projections and each expert's 3 (the dense
+    layer's 3 too), never the router; the engine generates with the adapters' current deltas."""
+    from ppo.models.families.qwen3_moe_modeling import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from ppo.models.loading import apply_lora
+
+    cfg = Qwen3MoeConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=32, max_position_embeddings=128, tie_word_embeddings=True,
+                         eos_token_id=EOS, pad_token_id=PAD, initializer_range=0.1, dtype="float32", num_experts=4,
+                         num_experts_per_tok=2, moe_intermediate_size=48, mlp_only_layers=[0])
+    paddle.seed(13)
+    model = Qwen3MoeForCausalLM(cfg)
+    model.eval()
+    lora = apply_lora(model, rank=4, alpha=8)
+    trainable = sorted(n for n, p in lora.named_parameters() if not p.stop_gradient)
+    assert len(trainable) == 2 * ((4 + 3) + (4 + 4 * 3)) and not any("mlp.gate." in n for n in trainable)
+    for name, param in lora.named_parameters():
+        if "lora_B" in name:
+            param.set_value(paddle.randn(param.shape) * 0.1)
+    ids, mask = prompts
+    out = _engine(lora, "paddle").generate(ids, mask, SamplingParams(max_new_tokens=6), seed=2)
+    full = paddle.concat([mask, paddle.ones_like(out.response_ids)], axis=1)
+    with paddle.no_grad():
+        logits = lora(input_ids=out.sequences, attention_mask=full, position_ids=(paddle.cumsum(full, 1) - 1).clip(min=0),
+                      return_dict=True).logits
+    lp = F.log_softmax(logits[:, ids.shape[1] - 1:-1].astype("float32"), axis=-1)
+    ref = paddle.take_along_axis(lp, out.response_ids.unsqueeze(-1), axis=-1).squeeze(-1).numpy()
+    assert np.abs((ref - out.response_logprobs.numpy()) * out.response_mask.numpy()).max() < 1e-4

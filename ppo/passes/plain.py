@@ -9,6 +9,7 @@ import paddle
 
 from ..experience import in_chunks, response_logprobs, response_values
 from ..models.reward_tokens import reward_scores
+from ..models.basics import unwrap_model
 from ..models.causal_lm import answer_nll
 from ..models.families.moe import take_aux_loss
 from .base import ModelPasses
@@ -132,7 +133,7 @@ class PlainPasses(ModelPasses):
         a mixture-of-experts actor's router losses, each weight split over the step's `n_micro`
         micro-batches); `(loss as a float, stats)`."""
         loss, stats = losses.actor(mb, forward)
-        aux, moe_stats = take_aux_loss(self.actor)  # a mixture-of-experts actor's router losses, this forward's
+        aux, moe_stats = take_aux_loss(unwrap_model(self.actor))  # an MoE actor's router losses
         if aux is not None:
             loss = loss + aux.astype(loss.dtype) / n_micro
             stats = {**stats, **moe_stats}

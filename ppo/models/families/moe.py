@@ -142,13 +142,10 @@ def moe_losses(router_logits, config, mask=None):
     return loss, stats
 
 
-def take_aux_loss(model):
+def take_aux_loss(lm):
     """``(weighted auxiliary loss or None, stats)`` kept by the last forward of an MoE causal LM
-    (`model` or its wrappers) with ``output_router_logits``; handed out once. A trainer that
-    computes its loss from the logits adds the loss to its own."""
-    from ..basics import unwrap_model
-
-    lm = unwrap_model(model)
+    `lm` (unwrapped: `ppo.models.basics.unwrap_model`) with ``output_router_logits``; handed out
+    once. A trainer that computes its loss from the logits adds the loss to its own."""
     aux = getattr(lm, "moe_aux_loss", None)
     if aux is None:
         return None, {}
