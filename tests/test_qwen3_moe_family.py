@@ -243,7 +243,17 @@ def test_transformers_computes_the_same_logits_both_ways(tmp_path):
     for name, config in built.items():
         jobs.append({"dir": str(tmp_path / name), "kind": "build", "config": config, "seed": len(jobs),
                      "legacy_rope": name.endswith("v4")})
-    out = run_transformers(jobs, tmp_path)
+    from ppo.models.score_model import SCORE_CONFIG_DEFAULTS, score_model_class
+
+    config = moe_config()
+    for key, value in {**SCORE_CONFIG_DEFAULTS, "do_normalize": False}.items():
+        setattr(config, key, value)
+    scorer = randomize(score_model_class("qwen3_moe")(config), 1)
+    export_model(scorer, str(tmp_path / "score"))
+    out = run_transformers(jobs + [{"dir": str(tmp_path / "score"), "kind": "score"}], tmp_path)
+    bias = float(scorer.score_head.bias.numpy()[0])  # transformers' score layer has no bias
+    assert str(out[-1]["class_name"]) == "Qwen3MoeForSequenceClassification"
+    assert np.abs(out[-1]["scores"] + bias - end_scores(scorer)).max() <= TRANSFORMERS_ATOL
     for i, model in enumerate(ours.values()):
         assert str(out[i]["class_name"]) == "Qwen3MoeForCausalLM" and bool(out[i]["tied"]) == (i == 0)
         diff = np.abs(out[i]["logits"] * MASK[..., None] - causal_logits(model, mask=MASK)).max()
@@ -274,3 +284,13 @@ def test_recompute_gives_the_same_gradients_router_included(granularity):
     assert len(grads[1]) == len(grads[0]) > 20 and "qwen3_moe.layers.1.mlp.gate.weight" in grads[0]
     for name, grad in grads[0].items():
         np.testing.assert_allclose(grads[1][name], grad, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_moe_settings_on_a_dense_qwen3_are_refused_by_name(tmp_path):
+    from tests.test_qwen3_family import qwen3_model
+
+    config = export_model(qwen3_model(), str(tmp_path))
+    hf_files.write_json(dict(config, num_experts=8, num_experts_per_tok=2), str(tmp_path / "config.json"))
+    with pytest.raises(ValueError, match=r"Qwen3ForCausalLM config: not supported here: num_experts, num_experts_per_tok "
+                                         r"on a dense model \(model_type qwen3; the MoE family is qwen3_moe\)"):
+        load_hf_model(str(tmp_path))
