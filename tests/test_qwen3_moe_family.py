@@ -294,3 +294,11 @@ def test_moe_settings_on_a_dense_qwen3_are_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"Qwen3ForCausalLM config: not supported here: num_experts, num_experts_per_tok "
                                          r"on a dense model \(model_type qwen3; the MoE family is qwen3_moe\)"):
         load_hf_model(str(tmp_path))
+
+
+def test_a_resume_names_another_expert_count(tmp_path):
+    from ppo.resume_check import fact_differences, model_facts, saved_model_facts
+
+    moe_model().save_pretrained(str(tmp_path))
+    found = fact_differences(saved_model_facts(str(tmp_path)), model_facts(moe_model(num_experts=8)), "model")
+    assert found == ["model: num_experts is 4 in the checkpoint but 8 in this run"]
