@@ -19,8 +19,7 @@ def _ops_built():
     custom_and_fallback_ops()
 
 
-@pytest.fixture(scope="module")
-def moe():
+def random_moe():
     from ppo.models.families.qwen3_moe_modeling import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     cfg = Qwen3MoeConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
@@ -35,6 +34,11 @@ def moe():
             layer.mlp.gate.weight.set_value(paddle.randn(layer.mlp.gate.weight.shape) * 0.5)
     model.eval()
     return model
+
+
+@pytest.fixture(scope="module")
+def moe():
+    return random_moe()
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +133,52 @@ def test_lora_wraps_attention_and_experts_not_the_router_and_the_engine_sees_it(
     lp = F.log_softmax(logits[:, ids.shape[1] - 1:-1].astype("float32"), axis=-1)
     ref = paddle.take_along_axis(lp, out.response_ids.unsqueeze(-1), axis=-1).squeeze(-1).numpy()
     assert np.abs((ref - out.response_logprobs.numpy()) * out.response_mask.numpy()).max() < 1e-4
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_the_engine_records_the_experts_the_training_forward_replays(moe, prompts, chunked):
+    """With `record_routing` the engine returns each token's experts per MoE layer; they are the
+    training forward's own top-k at every real token the engine ran (rows dropped as they finish,
+    and row chunks, included; padding is routed too but means nothing), -1 where it ran none;
+    after the routers move, replaying them keeps the rollout's experts where the router alone
+    would pick others."""
+    ids, mask = prompts
+    engine = RolloutEngine(moe, eos_token_id=EOS, pad_token_id=PAD, kernels="paddle", compact_ratio=1.0,
+                           record_routing=True, max_num_seqs=3 if chunked else -1)
+    out = engine.generate(ids, mask, SamplingParams(max_new_tokens=10, stop_token_ids=list(range(4, 30))), seed=3)
+    lengths = out.response_lengths.numpy()
+    assert lengths.min() < lengths.max() and lengths.max() > 5  # rows stopped at different steps
+    Tp, T = ids.shape[1], out.sequences.shape[1]
+    assert len(out.expert_indices) == 2 and out.expert_indices[0].shape == [8, T, 2]
+    full = out.attention_mask
+    run = dict(input_ids=out.sequences, attention_mask=full, position_ids=(paddle.cumsum(full, 1) - 1).clip(min=0),
+               return_dict=True)
+    with paddle.no_grad():
+        moe(**run)
+    own = [i.reshape([8, T, 2]).numpy() for i in moe.last_expert_indices()]
+    ran = mask.numpy().astype(bool)
+    ran = np.concatenate([ran, np.zeros((8, T - Tp), bool)], axis=1)  # real prompt tokens, then
+    for b, n in enumerate(lengths):
+        ran[b, Tp:Tp + n - 1] = True  # the responses' (the last sampled token never went through the engine)
+    for recorded, mine in zip(out.expert_indices, own):
+        recorded = recorded.numpy()
+        np.testing.assert_array_equal(np.sort(recorded[ran], -1), np.sort(mine[ran], -1))
+        assert (recorded[:, -1] == -1).all()  # the longest row's last token
+    replay = [e.reshape([-1, 2]) for e in out.expert_indices]
+    saved = [layer.mlp.gate.weight.numpy().copy() for layer in moe.qwen3_moe.moe_layers()]
+    try:
+        with paddle.no_grad():
+            for layer in moe.qwen3_moe.moe_layers():  # an update moves the routers
+                layer.mlp.gate.weight.set_value(layer.mlp.gate.weight + paddle.randn(layer.mlp.gate.weight.shape) * 0.5)
+            moe(**run)
+            moved = [i.numpy() for i in moe.last_expert_indices()]
+            moe(**run, moe_expert_indices=replay)
+            kept = [i.numpy() for i in moe.last_expert_indices()]
+    finally:
+        for layer, w in zip(moe.qwen3_moe.moe_layers(), saved):
+            layer.mlp.gate.weight.set_value(w)
+    flat_ran = ran.reshape(-1)
+    for recorded, now, replayed in zip(out.expert_indices, moved, kept):
+        recorded = recorded.numpy().reshape(-1, 2)
+        np.testing.assert_array_equal(replayed[flat_ran], recorded[flat_ran])
+        assert (np.sort(now[flat_ran], -1) != np.sort(recorded[flat_ran], -1)).any()

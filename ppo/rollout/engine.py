@@ -34,7 +34,7 @@ import paddle.nn.functional as F
 from .ops import get_ops
 from .paddlenlp_path import generate_with_paddlenlp
 from .params import RolloutOutput, SamplingParams, merge_outputs
-from .moe_mlp import routed_mlp
+from .moe_mlp import RoutingRecord, routed_mlp
 from .qk_norm import apply_qk_norm
 from .step_inputs import on_place, prompt_presence, step_uniforms
 from .weights import _decoder, compute_dtype_of, extract_weights, rotary_tables, unwrap_model
@@ -77,8 +77,9 @@ class RolloutEngine:
 
     def __init__(self, model, eos_token_id, pad_token_id, use_rollout_engine=True, kernels="auto", fuse_gate_up=None,
                  tokenizer=None, compact_ratio=0.5, decode_layout="auto", keep_buffers=True,
-                 keep_tensor_parallel=False, max_num_seqs=-1, tensor_parallel_group=None):
+                 keep_tensor_parallel=False, max_num_seqs=-1, tensor_parallel_group=None, record_routing=False):
         self.sharded = bool(keep_tensor_parallel)
+        self.record_routing, self._routing = bool(record_routing), None  # moe_mlp.RoutingRecord of a generate()
         self.tensor_parallel_group = tensor_parallel_group
         self.model = model
         self.eos_token_id = int(eos_token_id)
@@ -230,7 +231,7 @@ class RolloutEngine:
                               cache["scale"], lw.qkv_bias, cols)
             x, res = ops.add_rms_norm(self._reduce(W, mm(a, lw.o)), res, lw.ln_mlp, eps, cols)
             if lw.moe is not None:  # routed experts, each on its own tokens
-                d = routed_mlp(ops, x, lw.moe, cols)
+                d = routed_mlp(ops, x, lw.moe, cols, self._routing, li, t0)
             else:
                 m = ops.swiglu(mm(x, lw.gate_up), None, cols) if lw.gate_up is not None else \
                     ops.swiglu(mm(x, lw.gate), mm(x, lw.up), cols)
@@ -325,6 +326,7 @@ class RolloutEngine:
         flat_seqs = [t for s in stop_seqs for t in s]
         seq_lens = [len(s) for s in stop_seqs]
 
+        self._routing = RoutingRecord(B, Tp + N) if self.record_routing else None
         logits = self._forward(W, cache, input_ids, pos_prefill, key_mask, finished, 0, prefill=True)
         logits_cols = False
         t_prefill = time.perf_counter() - t_start
@@ -347,6 +349,8 @@ class RolloutEngine:
                 pos = paddle.index_select(pos, keep)
                 key_mask = paddle.index_select(key_mask, keep)
                 tok = paddle.index_select(tok, keep)
+            if self._routing is not None:
+                self._routing.rows = rows
             logits = self._forward(W, cache, tok, pos, key_mask, finished, Tp + step, prefill=False)
             logits_cols = W.transposed
             decode_steps += 1
@@ -354,6 +358,8 @@ class RolloutEngine:
         res = self._finish(input_ids, attention_mask, out_tokens, out_logprobs, lengths, t_start, t_prefill,
                            decode_steps, match=not use_penalty)
         res.stats["weights"] = "tensor_parallel_slices" if W.shard is not None else "whole"
+        if self._routing is not None:
+            res.expert_indices, self._routing = self._routing.result(res.sequences.shape[1]), None
         return res
 
     def _finish(self, input_ids, attention_mask, out_tokens, out_logprobs, lengths, t_start, t_prefill, decode_steps,

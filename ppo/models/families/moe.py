@@ -31,13 +31,13 @@ from .decoder import MLP
 
 def route(logits, top_k, norm_topk_prob, expert_indices=None):
     """``(weights [N, k] float32, indices [N, k] int64)`` of router ``logits [N, E]``: the top-k
-    softmax probabilities, or the probabilities at the given ``expert_indices`` (replay);
-    renormalised over the k with `norm_topk_prob`."""
+    softmax probabilities, or the probabilities at the given ``expert_indices`` (replay; a -1
+    entry keeps the router's own choice); renormalised over the k with `norm_topk_prob`."""
     probs = F.softmax(logits.astype("float32"), axis=-1)
-    if expert_indices is None:
-        weights, indices = paddle.topk(probs, top_k, axis=-1)
-    else:
-        indices = expert_indices.astype("int64")
+    weights, indices = paddle.topk(probs, top_k, axis=-1)
+    if expert_indices is not None:  # -1: not recorded, the router's own choice
+        given = expert_indices.astype("int64")
+        indices = paddle.where(given >= 0, given, indices)
         weights = paddle.take_along_axis(probs, indices, axis=-1)
     if norm_topk_prob:
         weights = weights / weights.sum(axis=-1, keepdim=True)
