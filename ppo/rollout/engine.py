@@ -200,11 +200,12 @@ class RolloutEngine:
         big = lm.config.hidden_size >= 384
         return "cols" if (big and self.ops.name == "custom" and place.is_cpu_place()) else "rows"
 
-    def _forward(self, W, cache, ids, pos, key_mask, finished, t0, prefill, all_positions=False, ops=None):
+    def _forward(self, W, cache, ids, pos, key_mask, finished, t0, prefill, all_positions=False, ops=None, rows=None):
         """Run the decoder on ids ([B, T] prefill, [B] decode), writing K/V at cache slots t0..;
         returns float32 logits of the last position: [B, V], or [V, B] for a "cols" decode step
         (`all_positions`: of every prefill position, [B, T, V]). `ops`: another op set (the
-        multi-turn rollout's, which runs a few rows of the cache; default the engine's)."""
+        multi-turn rollout's, which runs a few rows of the cache; default the engine's). `rows`: the
+        original rows of a decode batch (where `record_routing` files their experts)."""
         ops = ops or self.ops
         eps = W.eps
         cols = W.transposed and not prefill  # activations [H, B]: token b is column b
@@ -231,7 +232,7 @@ class RolloutEngine:
                               cache["scale"], lw.qkv_bias, cols)
             x, res = ops.add_rms_norm(self._reduce(W, mm(a, lw.o)), res, lw.ln_mlp, eps, cols)
             if lw.moe is not None:  # routed experts, each on its own tokens
-                d = routed_mlp(ops, x, lw.moe, cols, self._routing, li, t0)
+                d = routed_mlp(ops, x, lw.moe, cols, self._routing, li, t0, rows)
             else:
                 m = ops.swiglu(mm(x, lw.gate_up), None, cols) if lw.gate_up is not None else \
                     ops.swiglu(mm(x, lw.gate), mm(x, lw.up), cols)
@@ -305,10 +306,8 @@ class RolloutEngine:
                             pack_transposed=ops.pack_transposed,
                             workspace=self._buffers.setdefault("weights", {}) if self.keep_buffers else None,
                             sharded=self.sharded, group=self.tensor_parallel_group)
-        B, Tp = input_ids.shape
-        N = p.max_new_tokens
-        dtype = W.dtype
-        place = input_ids.place
+        (B, Tp), N = input_ids.shape, p.max_new_tokens
+        dtype, place = W.dtype, input_ids.place
         cos, sin = rotary_tables(W, Tp + N, dtype)
         k_cache, v_cache = self._kv_buffers(len(W.layers), B, W.num_kv_heads, W.head_dim, Tp + N, dtype)
         cache = {"k": k_cache, "v": v_cache, "cos": cos, "sin": sin, "scale": 1.0 / math.sqrt(W.head_dim)}
@@ -349,17 +348,13 @@ class RolloutEngine:
                 pos = paddle.index_select(pos, keep)
                 key_mask = paddle.index_select(key_mask, keep)
                 tok = paddle.index_select(tok, keep)
-            if self._routing is not None:
-                self._routing.rows = rows
-            logits = self._forward(W, cache, tok, pos, key_mask, finished, Tp + step, prefill=False)
+            logits = self._forward(W, cache, tok, pos, key_mask, finished, Tp + step, prefill=False, rows=rows)
             logits_cols = W.transposed
             decode_steps += 1
         del cache
         res = self._finish(input_ids, attention_mask, out_tokens, out_logprobs, lengths, t_start, t_prefill,
                            decode_steps, match=not use_penalty)
         res.stats["weights"] = "tensor_parallel_slices" if W.shard is not None else "whole"
-        if self._routing is not None:
-            res.expert_indices, self._routing = self._routing.result(res.sequences.shape[1]), None
         return res
 
     def _finish(self, input_ids, attention_mask, out_tokens, out_logprobs, lengths, t_start, t_prefill, decode_steps,
@@ -371,6 +366,7 @@ class RolloutEngine:
         response_mask = (paddle.arange(Tr, dtype="int64").unsqueeze(0) < lengths.unsqueeze(1)).astype("float32")
         response_logprobs = response_logprobs * response_mask
         sequences = paddle.concat([input_ids, response_ids], axis=1)
+        routing, self._routing = self._routing, None
         wall = time.perf_counter() - t_start
         ntok = int(lens_np.sum())
         stats = {
@@ -390,6 +386,7 @@ class RolloutEngine:
             logprobs_match_forward=bool(match),
             stats=stats,
             attention_mask=paddle.concat([attention_mask, response_mask.astype("int64")], axis=1),
+            expert_indices=None if routing is None else routing.result(sequences.shape[1]),
         )
 
     # ------------------------------------------------------------------ PaddleNLP path (use_rollout_engine=False)

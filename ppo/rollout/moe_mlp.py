@@ -40,15 +40,15 @@ def moe_weights(mlp, cast, effective_weight):
 class RoutingRecord:
     """The experts each token of one `generate` call was routed to (routing replay, R3): per MoE
     layer ``[B, Tp + N, k]`` int64, -1 where the engine never ran the token (the last sampled
-    token, columns past a row's end). ``rows``: the original rows of the decode batch now
-    running (the engine drops finished rows as it goes)."""
+    token, columns past a row's end)."""
 
     def __init__(self, batch, length):
-        self.batch, self.length, self.layers, self.rows = batch, length, {}, None
+        self.batch, self.length, self.layers = batch, length, {}
 
-    def add(self, layer, indices, t0, shape):
+    def add(self, layer, indices, t0, shape, rows=None):
         """Record ``indices [N, k]`` of a prefill (``shape [B, T, H]``, columns t0..t0+T) or a
-        decode step (``shape [b, H]``, column t0 of `rows`)."""
+        decode step (``shape [b, H]``, column t0 of the original rows `rows [b]`: the engine
+        drops finished rows as it goes)."""
         k = indices.shape[1]
         if layer not in self.layers:
             self.layers[layer] = paddle.full([self.batch, self.length, k], -1, dtype="int64")
@@ -56,23 +56,23 @@ class RoutingRecord:
         if len(shape) == 3:
             record[:, t0:t0 + shape[1]] = indices.reshape([shape[0], shape[1], k])
         else:
-            record[:, t0] = paddle.scatter(record[:, t0], self.rows, indices)
+            record[:, t0] = paddle.scatter(record[:, t0], rows, indices)
 
     def result(self, length):
         """Per MoE layer (in layer order) ``[B, length, k]``."""
         return [self.layers[i][:, :length] for i in sorted(self.layers)]
 
 
-def routed_mlp(ops, x, weights, cols, record=None, layer=0, t0=0):
+def routed_mlp(ops, x, weights, cols, record=None, layer=0, t0=0, batch_rows=None):
     """The block's output for normed activations ``x``: ``[B, T, H]`` / ``[B, H]`` rows, or
     ``[H, B]`` with `cols`; the same shape back. `record`: a `RoutingRecord` that keeps the
-    chosen experts of layer `layer` at column `t0`."""
+    chosen experts of layer `layer` at column `t0` (of the original `batch_rows` in a decode step)."""
     rows = x.transpose([1, 0]) if cols else x
     shape = rows.shape
     flat = rows.reshape([-1, shape[-1]])
     probs_w, indices = route(paddle.matmul(flat, weights.router), weights.top_k, weights.norm_topk_prob)
     if record is not None:
-        record.add(layer, indices, t0, shape)
+        record.add(layer, indices, t0, shape, batch_rows)
 
     def expert(e):
         return lambda h: paddle.matmul(ops.swiglu(paddle.matmul(h, weights.gate_up[e]), None, False), weights.down[e])
