@@ -13,7 +13,8 @@ import os
 
 # the config fields that decide parameter shapes (PaddleNLP Llama/Qwen names; head_dim: Qwen3's own field)
 SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "head_dim", "intermediate_size", "vocab_size")
+              "head_dim", "intermediate_size", "vocab_size",
+              "num_experts", "moe_intermediate_size", "decoder_sparse_step", "mlp_only_layers")  # MoE: which weights exist
 LORA_KEYS = ("r", "target_modules")
 
 

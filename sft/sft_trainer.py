@@ -5,7 +5,9 @@ from paddlenlp.trainer import Trainer
 
 from ppo.common.step_tokens import STEP_TOKENS_KEY, count_step_tokens, step_token_scale
 from ppo.evaluation import GenerationEvalMixin
+from ppo.models.basics import unwrap_model
 from ppo.models.causal_lm import answer_nll
+from ppo.models.families.moe import StatsMean, take_aux_loss
 from ppo.entry.streaming_trainer import StreamingTrainerMixin
 from ppo.entry.trainer_resume import FreshOptimizerResumeMixin
 from ppo.models.tensor_parallel import DatasetOrderMixin
@@ -42,7 +44,24 @@ class SFTTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
             scale = step_token_scale(inputs, self.args.gradient_accumulation_steps, self.args.dataset_world_size)
             # the summed NLL x scale (the pipeline's last stage computes the same)
             loss = -paddle.sum(logprobs * (labels[:, 1:] >= 0).astype(logprobs.dtype)) * scale
+            loss = self.add_moe_aux_loss(model, loss)
         return (loss, {"logprobs": logprobs}) if return_outputs else loss
+
+    def add_moe_aux_loss(self, model, loss):
+        """`loss` plus the router losses of a mixture-of-experts model's forward (with
+        ``output_router_logits``; `ppo.models.families.moe.take_aux_loss`), their stats kept for the log."""
+        aux, stats = take_aux_loss(unwrap_model(model))
+        if aux is None:
+            return loss
+        if not hasattr(self, "moe_stats"):
+            self.moe_stats = StatsMean()
+        self.moe_stats.add(stats)
+        return loss + aux.astype(loss.dtype)
+
+    def log(self, logs, **kwargs):
+        if "loss" in logs and hasattr(self, "moe_stats"):  # a training log: the router stats since the last
+            logs = {**logs, **self.moe_stats.take()}
+        super().log(logs, **kwargs)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         if self.args.pipeline_parallel_degree > 1:  # the pipe's loss (ppo.models.pipeline.AnswerNLLCriterion)

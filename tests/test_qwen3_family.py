@@ -129,7 +129,7 @@ def test_fields_not_computed_here_are_refused_by_name(tmp_path, change, named):
 def test_an_unknown_model_type_is_refused_with_the_supported_list(tmp_path):
     config = export_model(qwen3_model(), str(tmp_path))
     hf_files.write_json(dict(config, model_type="qwen9"), str(tmp_path / "config.json"))
-    with pytest.raises(ValueError, match=r"model_type 'qwen9': .*\['llama', 'qwen2', 'qwen3'\]"):
+    with pytest.raises(ValueError, match=r"model_type 'qwen9': .*\['llama', 'qwen2', 'qwen3', 'qwen3_moe'\]"):
         load_hf_model(str(tmp_path))
 
 
@@ -194,7 +194,7 @@ def test_the_start_up_check_names_an_unsupported_model_type_before_loading(tmp_p
     config = json.load(open(tmp_path / "bad" / "config.json"))
     hf_files.write_json(dict(config, model_type="ernie4_5"), str(tmp_path / "bad" / "config.json"))
     (problem,) = model_dir_problems([("model_name_or_path", str(tmp_path / "bad"))])
-    assert "model_type 'ernie4_5' is not supported; supported model types are ['llama', 'qwen2', 'qwen3']" in problem
+    assert "model_type 'ernie4_5' is not supported; supported model types are ['llama', 'qwen2', 'qwen3', 'qwen3_moe']" in problem
 
 
 def test_pipeline_parallelism_refuses_qwen3_by_name(tmp_path):

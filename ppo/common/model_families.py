@@ -18,6 +18,8 @@ class Family:
     """Module holding our own Paddle classes and config mapping; None: PaddleNLP's classes."""
     qk_norm: bool = False
     """Attention applies RMSNorm to each q and k head before RoPE (``self_attn.q_norm`` / ``k_norm``)."""
+    moe: bool = False
+    """Some layers' MLP is a routed mixture of experts (`ppo.models.families.moe`)."""
 
 
 FAMILIES = {f.model_type: f for f in (
@@ -25,6 +27,8 @@ FAMILIES = {f.model_type: f for f in (
     Family("qwen2", "qwen2", "Qwen2ForCausalLM", "Qwen2ForSequenceClassification"),
     Family("qwen3", "qwen3", "Qwen3ForCausalLM", "Qwen3ForSequenceClassification",
            module="ppo.models.families.qwen3", qk_norm=True),
+    Family("qwen3_moe", "qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification",
+           module="ppo.models.families.qwen3_moe", qk_norm=True, moe=True),
 )}
 
 

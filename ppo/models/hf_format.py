@@ -14,6 +14,7 @@ change, matrices are transposed or split, values are never cast.
 | `layers.i.mlp.gate_up_fused_proj.weight` (`fuse_attention_ffn`: [gate | up]) | `gate_proj`, `up_proj`    |
 | `layers.i.{input,post_attention}_layernorm.weight`, `norm.weight` | the same names               |
 | `layers.i.self_attn.{q,k}_norm.weight` [head_dim] (Qwen3) | the same names                          |
+| `layers.i.mlp.gate.weight` [H, E], `mlp.experts.e.*_proj.weight` (MoE) | the same names, transposed  |
 | `lm_head.weight` [H, V] (untied)               | `lm_head.weight` [V, H]; omitted when tied           |
 | `score_head.weight` [H, 1], `score_head.bias` [1] | `score.weight` [1, H], `score.bias` [1]           |
 | `normalizer_{mean,var,count}` buffers          | `config.json` fields of the same names               |
@@ -42,7 +43,7 @@ COMMON_FIELDS = (
     "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id",
 )
 QWEN2_FIELDS = ("sliding_window", "max_window_layers")
-LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "gate")  # gate: an MoE router
 
 
 def head_dim(cfg):
@@ -205,6 +206,9 @@ def paddle_tensors(tensors, cfg, score=False):
     """PaddleNLP tensors (unfused layout, untied LM head [H, V]) of HF tensors. A tied model's
     `lm_head.weight` is left out (PaddleNLP shares the embedding). Raises on unknown names."""
     prefix = PREFIX[cfg["model_type"]] + "."
+    module = family_module(cfg["model_type"])
+    if hasattr(module, "split_fused_experts"):
+        tensors = module.split_fused_experts(tensors)
     out, unknown = {}, []
     for name, value in tensors.items():
         if "rotary_emb.inv_freq" in name:
@@ -258,4 +262,4 @@ def expected_hf_shapes(hf):
         shapes["score.weight"] = (hf.get("num_labels", 1), H)
     elif not hf.get("tie_word_embeddings", False):
         shapes["lm_head.weight"] = (V, H)
-    return shapes
+    return {name: shape for name, shape in shapes.items() if shape is not None}  # None: a family removed it

@@ -9,7 +9,9 @@ import paddle
 
 from ..experience import in_chunks, response_logprobs, response_values
 from ..models.reward_tokens import reward_scores
+from ..models.basics import unwrap_model
 from ..models.causal_lm import answer_nll
+from ..models.families.moe import take_aux_loss
 from .base import ModelPasses
 
 
@@ -127,9 +129,14 @@ class PlainPasses(ModelPasses):
         return actor_total, totals, records
 
     def actor_backward(self, mb, forward, losses, n_micro):
-        """Backward of the actor's loss on `forward` (plus the ptx NLL of one supervised batch,
-        its weight split over the step's `n_micro` micro-batches); `(loss as a float, stats)`."""
+        """Backward of the actor's loss on `forward` (plus the ptx NLL of one supervised batch and
+        a mixture-of-experts actor's router losses, each weight split over the step's `n_micro`
+        micro-batches); `(loss as a float, stats)`."""
         loss, stats = losses.actor(mb, forward)
+        aux, moe_stats = take_aux_loss(unwrap_model(self.actor))  # an MoE actor's router losses
+        if aux is not None:
+            loss = loss + aux.astype(loss.dtype) / n_micro
+            stats = {**stats, **moe_stats}
         if losses.next_ptx_batch is not None:
             ptx = ptx_nll(self.actor, losses.next_ptx_batch(), self.logprob_chunk_size)
             loss = loss + losses.ptx_coeff * ptx / n_micro

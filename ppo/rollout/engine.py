@@ -34,6 +34,7 @@ import paddle.nn.functional as F
 from .ops import get_ops
 from .paddlenlp_path import generate_with_paddlenlp
 from .params import RolloutOutput, SamplingParams, merge_outputs
+from .moe_mlp import RoutingRecord, routed_mlp
 from .qk_norm import apply_qk_norm
 from .step_inputs import on_place, prompt_presence, step_uniforms
 from .weights import _decoder, compute_dtype_of, extract_weights, rotary_tables, unwrap_model
@@ -76,8 +77,9 @@ class RolloutEngine:
 
     def __init__(self, model, eos_token_id, pad_token_id, use_rollout_engine=True, kernels="auto", fuse_gate_up=None,
                  tokenizer=None, compact_ratio=0.5, decode_layout="auto", keep_buffers=True,
-                 keep_tensor_parallel=False, max_num_seqs=-1, tensor_parallel_group=None):
+                 keep_tensor_parallel=False, max_num_seqs=-1, tensor_parallel_group=None, record_routing=False):
         self.sharded = bool(keep_tensor_parallel)
+        self.record_routing, self._routing = bool(record_routing), None  # moe_mlp.RoutingRecord of a generate()
         self.tensor_parallel_group = tensor_parallel_group
         self.model = model
         self.eos_token_id = int(eos_token_id)
@@ -198,11 +200,12 @@ class RolloutEngine:
         big = lm.config.hidden_size >= 384
         return "cols" if (big and self.ops.name == "custom" and place.is_cpu_place()) else "rows"
 
-    def _forward(self, W, cache, ids, pos, key_mask, finished, t0, prefill, all_positions=False, ops=None):
+    def _forward(self, W, cache, ids, pos, key_mask, finished, t0, prefill, all_positions=False, ops=None, rows=None):
         """Run the decoder on ids ([B, T] prefill, [B] decode), writing K/V at cache slots t0..;
         returns float32 logits of the last position: [B, V], or [V, B] for a "cols" decode step
         (`all_positions`: of every prefill position, [B, T, V]). `ops`: another op set (the
-        multi-turn rollout's, which runs a few rows of the cache; default the engine's)."""
+        multi-turn rollout's, which runs a few rows of the cache; default the engine's). `rows`: the
+        original rows of a decode batch (where `record_routing` files their experts)."""
         ops = ops or self.ops
         eps = W.eps
         cols = W.transposed and not prefill  # activations [H, B]: token b is column b
@@ -228,11 +231,12 @@ class RolloutEngine:
                               finished, li, t0, W.num_heads, W.num_kv_heads, W.head_dim, lw.qkv_layout,
                               cache["scale"], lw.qkv_bias, cols)
             x, res = ops.add_rms_norm(self._reduce(W, mm(a, lw.o)), res, lw.ln_mlp, eps, cols)
-            if lw.gate_up is not None:
-                m = ops.swiglu(mm(x, lw.gate_up), None, cols)
+            if lw.moe is not None:  # routed experts, each on its own tokens
+                d = routed_mlp(ops, x, lw.moe, cols, self._routing, li, t0, rows)
             else:
-                m = ops.swiglu(mm(x, lw.gate), mm(x, lw.up), cols)
-            d = self._reduce(W, mm(m, lw.down))
+                m = ops.swiglu(mm(x, lw.gate_up), None, cols) if lw.gate_up is not None else \
+                    ops.swiglu(mm(x, lw.gate), mm(x, lw.up), cols)
+                d = self._reduce(W, mm(m, lw.down))
             if li + 1 < nlayers:
                 x, res = ops.add_rms_norm(d, res, W.layers[li + 1].ln_attn, eps, cols)
             else:
@@ -302,10 +306,8 @@ class RolloutEngine:
                             pack_transposed=ops.pack_transposed,
                             workspace=self._buffers.setdefault("weights", {}) if self.keep_buffers else None,
                             sharded=self.sharded, group=self.tensor_parallel_group)
-        B, Tp = input_ids.shape
-        N = p.max_new_tokens
-        dtype = W.dtype
-        place = input_ids.place
+        (B, Tp), N = input_ids.shape, p.max_new_tokens
+        dtype, place = W.dtype, input_ids.place
         cos, sin = rotary_tables(W, Tp + N, dtype)
         k_cache, v_cache = self._kv_buffers(len(W.layers), B, W.num_kv_heads, W.head_dim, Tp + N, dtype)
         cache = {"k": k_cache, "v": v_cache, "cos": cos, "sin": sin, "scale": 1.0 / math.sqrt(W.head_dim)}
@@ -323,6 +325,7 @@ class RolloutEngine:
         flat_seqs = [t for s in stop_seqs for t in s]
         seq_lens = [len(s) for s in stop_seqs]
 
+        self._routing = RoutingRecord(B, Tp + N) if self.record_routing else None
         logits = self._forward(W, cache, input_ids, pos_prefill, key_mask, finished, 0, prefill=True)
         logits_cols = False
         t_prefill = time.perf_counter() - t_start
@@ -345,7 +348,7 @@ class RolloutEngine:
                 pos = paddle.index_select(pos, keep)
                 key_mask = paddle.index_select(key_mask, keep)
                 tok = paddle.index_select(tok, keep)
-            logits = self._forward(W, cache, tok, pos, key_mask, finished, Tp + step, prefill=False)
+            logits = self._forward(W, cache, tok, pos, key_mask, finished, Tp + step, prefill=False, rows=rows)
             logits_cols = W.transposed
             decode_steps += 1
         del cache
@@ -363,6 +366,7 @@ class RolloutEngine:
         response_mask = (paddle.arange(Tr, dtype="int64").unsqueeze(0) < lengths.unsqueeze(1)).astype("float32")
         response_logprobs = response_logprobs * response_mask
         sequences = paddle.concat([input_ids, response_ids], axis=1)
+        routing, self._routing = self._routing, None
         wall = time.perf_counter() - t_start
         ntok = int(lens_np.sum())
         stats = {
@@ -382,6 +386,7 @@ class RolloutEngine:
             logprobs_match_forward=bool(match),
             stats=stats,
             attention_mask=paddle.concat([attention_mask, response_mask.astype("int64")], axis=1),
+            expert_indices=None if routing is None else routing.result(sequences.shape[1]),
         )
 
     # ------------------------------------------------------------------ PaddleNLP path (use_rollout_engine=False)

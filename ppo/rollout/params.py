@@ -78,6 +78,12 @@ class RolloutOutput:
     pass), wall_s, tokens_per_s (tokens / wall_s), backend ("custom", "mixed" (compiled kernels but
     for those that failed their start-up check, see ops.py), "paddle" or "paddlenlp_generate"; the
     last also reports generate_s, the time before the log-prob pass)."""
+    expert_indices: Optional[List[paddle.Tensor]] = None
+    """Per mixture-of-experts layer ``[B, Tp + Tr, k]`` int64: the experts each token was routed to
+    (`ppo.rollout.moe_mlp.RoutingRecord`, -1 where the engine never ran the token; at padding
+    and after a row's end the values are the engine's routing of those filler tokens); None unless
+    the engine's ``record_routing``. The training forward replays them with
+    ``moe_expert_indices=[e.reshape([-1, k]) for e in expert_indices]``."""
 
 
 def merge_outputs(parts, pad_token_id):
@@ -107,4 +113,17 @@ def merge_outputs(parts, pad_token_id):
         logprobs_match_forward=all(p.logprobs_match_forward for p in parts),
         stats=stats,
         attention_mask=paddle.concat([prompt_mask, response_mask.astype(prompt_mask.dtype)], axis=1),
+        expert_indices=_merged_experts(parts, Tp + Tr),
     )
+
+
+def _merged_experts(parts, length):
+    """The parts' `expert_indices` stacked by rows, each right-padded with -1 to `length` columns."""
+    if parts[0].expert_indices is None:
+        return None
+
+    def right(t):
+        extra = length - t.shape[1]
+        return t if extra == 0 else paddle.concat([t, paddle.full([t.shape[0], extra, t.shape[2]], -1, t.dtype)], axis=1)
+
+    return [paddle.concat([right(p.expert_indices[i]) for p in parts], axis=0) for i in range(len(parts[0].expert_indices))]

@@ -1,7 +1,8 @@
 """Read the decoder weights the rollout engine needs straight from a PaddleNLP causal LM.
 
 Supported: `LlamaForCausalLM`, `Qwen2ForCausalLM`, our `Qwen3ForCausalLM` (its q/k norm
-weights read when its family says so, `ppo.models.families`) and any model with the same layout:
+weights read when its family says so, `ppo.models.families`), `Qwen3MoeForCausalLM` (a sparse
+layer's router and experts as `ppo.rollout.moe_mlp.MoeWeights`) and any model with the same layout:
 `<decoder>.embed_tokens/.layers/.norm`, `lm_head`, layers with `self_attn.{q,k,v,o}_proj` or
 `qkv_proj`, `mlp.{gate,up,down}_proj` or `gate_up_fused_proj`, `input_layernorm`,
 `post_attention_layernorm`), optionally wrapped in `paddle.DataParallel` and/or
@@ -31,6 +32,8 @@ from typing import List, Optional
 import paddle
 import paddle.distributed as dist
 
+from .moe_mlp import is_moe_mlp, moe_weights
+
 
 @dataclass
 class LayerWeights:
@@ -45,9 +48,10 @@ class LayerWeights:
     gate_up: Optional[paddle.Tensor]  # 2 I outputs ([gate | up]) when fused
     gate: Optional[paddle.Tensor]
     up: Optional[paddle.Tensor]
-    down: paddle.Tensor
+    down: Optional[paddle.Tensor]  # None on a mixture-of-experts layer
     q_norm: Optional[paddle.Tensor] = None  # [hd]: RMSNorm of each q head before RoPE (a family with q/k norm)
     k_norm: Optional[paddle.Tensor] = None  # [hd]
+    moe: Optional[object] = None  # `ppo.rollout.moe_mlp.MoeWeights` of a routed mixture-of-experts MLP
 
 
 @dataclass
@@ -265,21 +269,28 @@ def _layer_weights(layer, tp, packer, fuse_gate_up, family=None):
         bs = [tp.bias(attn.q_proj), tp.bias(attn.k_proj), tp.bias(attn.v_proj)]
         qkv_bias = packer.cast(paddle.concat(bs)) if bs[0] is not None else None
         layout_id = 0
-    if hasattr(mlp, "gate_up_fused_proj"):
+    moe, down = None, None
+    if is_moe_mlp(mlp):
+        if tp.sharded:
+            raise NotImplementedError("RolloutEngine: a mixture-of-experts layer with keep_tensor_parallel")
+        moe, gate_up, gate, up = moe_weights(mlp, packer.cast, effective_weight), None, None, None
+    elif hasattr(mlp, "gate_up_fused_proj"):
         gate_up, gate, up = pack([tp.weight(mlp.gate_up_fused_proj, effective_weight(mlp.gate_up_fused_proj), fused_parts=2)]), None, None
     elif fuse_gate_up or packer.cols:
         gate_up, gate, up = pack([tp.weight(lin, effective_weight(lin)) for lin in (mlp.gate_proj, mlp.up_proj)]), None, None
     else:
         gate_up, gate, up = (None, pack([tp.weight(mlp.gate_proj, effective_weight(mlp.gate_proj))]),
                              pack([tp.weight(mlp.up_proj, effective_weight(mlp.up_proj))]))
-    if _bias(mlp.down_proj) is not None or _bias(attn.o_proj) is not None:
+    if moe is None:
+        down = pack([tp.weight(mlp.down_proj, effective_weight(mlp.down_proj))])
+    if (moe is None and _bias(mlp.down_proj) is not None) or _bias(attn.o_proj) is not None:
         raise NotImplementedError("RolloutEngine: o_proj / MLP biases are not supported")
     q_norm, k_norm = _qk_norms(attn, family, qkv_bias, packer)
     return LayerWeights(
         ln_attn=packer.cast(layer.input_layernorm.weight), qkv=qkv, qkv_bias=qkv_bias, qkv_layout=layout_id,
         o=pack([tp.weight(attn.o_proj, effective_weight(attn.o_proj))]),
         ln_mlp=packer.cast(layer.post_attention_layernorm.weight), gate_up=gate_up, gate=gate, up=up,
-        down=pack([tp.weight(mlp.down_proj, effective_weight(mlp.down_proj))]), q_norm=q_norm, k_norm=k_norm,
+        down=down, q_norm=q_norm, k_norm=k_norm, moe=moe,
     )
 
 

@@ -4,7 +4,7 @@ The tokenizer is a SentencePiece character model wrapped as PaddleNLP's
 `LlamaTokenizer`: every printable ASCII symbol is one token, each template word
 (`USER:`, `ASSISTANT:`, `Reverse:`) is one token, a space is the token `▁`, and
 `<pad>` (id 3) is distinct from `</s>` (id 2). The model is a randomly
-initialised `LlamaForCausalLM` (`--arch qwen3`: our `Qwen3ForCausalLM`, see `ARCHS`). Both are
+initialised `LlamaForCausalLM` (`--arch qwen3` / `qwen3_moe`: our Qwen3 classes, see `ARCHS`). Both are
 saved with `save_pretrained`, so
 `AutoTokenizer.from_pretrained(dir)` and `AutoModelForCausalLM.from_pretrained(dir)`
 load them like any PaddleNLP model directory.
@@ -19,7 +19,7 @@ of the vocabulary, as Qwen pads its embedding; the rows past the tokenizer are z
 trained, as in a released checkpoint), so their logits are 0 and greedy decoding of a
 random model stays inside the tokenizer.
 
-CLI: `python -m ppo.tiny.factory --output_dir models/tiny --hidden_size 128 --num_layers 2 [--arch qwen3]`,
+CLI: `python -m ppo.tiny.factory --output_dir models/tiny --hidden_size 128 --num_layers 2 [--arch qwen3|qwen3_moe]`,
 `python -m ppo.tiny.factory --output_dir models/qwen --shape qwen2.5-0.5b --num_layers 2`
 """
 import argparse
@@ -89,16 +89,22 @@ def build_tokenizer(output_dir, tool_tags=False):
     return tokenizer
 
 
-ARCHS = ("llama", "qwen3")
+ARCHS = ("llama", "qwen3", "qwen3_moe")
 """Model families of the tiny model (`arch`): Llama (the default), or Qwen3 shaped as Qwen3-0.6B
 is (per-head q/k norms, two query heads per KV head, head_dim = 2 hidden / heads so that the
-attention width is twice the hidden size, tied embeddings, rope theta 1e6)."""
+attention width is twice the hidden size, tied embeddings, rope theta 1e6), or Qwen3-MoE: that
+Qwen3 with `TINY_MOE`'s routed experts on every layer but the first (dense), their width half
+the dense MLP's, the router losses on (``output_router_logits``)."""
+TINY_MOE = dict(num_experts=4, num_experts_per_tok=2, mlp_only_layers=[0], norm_topk_prob=True,
+                output_router_logits=True, router_aux_loss_coef=0.001)
 
 
-def _qwen3_model(vocab_size, hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings):
+def _qwen3_model(vocab_size, hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings, moe=False):
     from ..models.families.qwen3_modeling import Qwen3Config, Qwen3ForCausalLM
+    from ..models.families.qwen3_moe_modeling import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    config = Qwen3Config(
+    extra = dict(TINY_MOE, moe_intermediate_size=intermediate_size // 2) if moe else {}
+    config = (Qwen3MoeConfig if moe else Qwen3Config)(**extra,
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads,
         num_key_value_heads=num_heads // 2 if num_heads % 2 == 0 else num_heads, head_dim=2 * hidden_size // num_heads,
@@ -106,7 +112,7 @@ def _qwen3_model(vocab_size, hidden_size, num_layers, num_heads, intermediate_si
         bos_token_id=SPECIAL_IDS["bos"], eos_token_id=SPECIAL_IDS["eos"], pad_token_id=SPECIAL_IDS["pad"],
         tie_word_embeddings=True, dtype="float32",
     )
-    return Qwen3ForCausalLM(config)
+    return (Qwen3MoeForCausalLM if moe else Qwen3ForCausalLM)(config)
 
 
 def build_model(
@@ -126,9 +132,10 @@ def build_model(
 
     if arch not in ARCHS:
         raise ValueError(f"arch {arch!r}: choose one of {ARCHS}")
-    if arch == "qwen3":
+    if arch in ("qwen3", "qwen3_moe"):
         paddle.seed(seed)
-        model = _qwen3_model(vocab_size, hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings)
+        model = _qwen3_model(vocab_size, hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings,
+                             moe=arch == "qwen3_moe")
         model.eval()
         model.save_pretrained(output_dir)
         return model
@@ -270,7 +277,8 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--arch", choices=ARCHS, default="llama",
                         help="model family of the tiny model (the tokenizer is the same): llama, or qwen3 (q/k norms, "
-                        "GQA 2:1, head_dim 2 hidden / heads, tied embeddings)")
+                        "GQA 2:1, head_dim 2 hidden / heads, tied embeddings), or qwen3_moe (that Qwen3 with 4 experts, "
+                        "top-2, on every layer but the first)")
     parser.add_argument("--tool_tags", action="store_true",
                         help="add <tool_call>, </tool_call>, <tool_response>, </tool_response> as one token each")
     parser.add_argument(

@@ -21,7 +21,7 @@ import math
 import paddle
 import paddle.nn as nn
 from paddle.distributed.fleet.utils import recompute
-from paddlenlp.transformers.model_outputs import BaseModelOutputWithPast
+from paddlenlp.transformers.model_outputs import BaseModelOutputWithPast, MoEModelOutputWithPast
 from paddlenlp.transformers.qwen2.modeling import Qwen2Model, Qwen2RotaryEmbedding
 
 from .. import fused_train_ops as ops
@@ -140,11 +140,11 @@ class Attention(nn.Layer):
 
 
 class MLP(nn.Layer):
-    """``down(silu(gate(x)) * up(x))``."""
+    """``down(silu(gate(x)) * up(x))``, ``intermediate_size`` wide (default the config's)."""
 
-    def __init__(self, config):
+    def __init__(self, config, intermediate_size=None):
         super().__init__()
-        H, inner = config.hidden_size, config.intermediate_size
+        H, inner = config.hidden_size, intermediate_size or config.intermediate_size
         self.gate_proj = nn.Linear(H, inner, bias_attr=False)
         self.up_proj = nn.Linear(H, inner, bias_attr=False)
         self.down_proj = nn.Linear(inner, H, bias_attr=False)
@@ -165,21 +165,26 @@ class DecoderLayer(nn.Layer):
         self.enable_recompute = False
         self.recompute_granularity = config.recompute_granularity
 
-    def forward(self, x, position_ids, attention_mask, past_key_value=None, use_cache=False):
+    def attention_block(self, x, position_ids, attention_mask, past_key_value=None, use_cache=False):
+        """``(x + attn(norm(x)), cache)``: the layer's first residual branch."""
         h = self.input_layernorm(x)
         if self.enable_recompute and self.recompute_granularity == "full_attn" and not h.stop_gradient:
             a, present = recompute(self.self_attn, h, position_ids, attention_mask, past_key_value, use_cache,
                                    use_reentrant=self.config.recompute_use_reentrant)
         else:
             a, present = self.self_attn(h, position_ids, attention_mask, past_key_value, use_cache)
-        x = x + a
+        return x + a, present
+
+    def forward(self, x, position_ids, attention_mask, past_key_value=None, use_cache=False):
+        x, present = self.attention_block(x, position_ids, attention_mask, past_key_value, use_cache)
         return x + self.mlp(self.post_attention_layernorm(x)), present
 
 
 def decoder_forward(model, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None, use_cache=None,
                     past_key_values=None, output_hidden_states=None, return_dict=None, **kwargs):
     """The decoder stack of `model` (a family's base model: ``embed_tokens``, ``layers``,
-    ``norm``): `BaseModelOutputWithPast` (``last_hidden_state [B, T, H]``, the new cache)."""
+    ``norm``): `BaseModelOutputWithPast` (``last_hidden_state [B, T, H]``, the new cache), or
+    `MoEModelOutputWithPast` with ``router_logits`` when layers return them after their cache."""
     if kwargs.get("output_attentions") or kwargs.get("attn_mask_startend_row_indices") is not None:
         raise NotImplementedError(f"{type(model).__name__}: output_attentions / attn_mask_startend_row_indices")
     config = model.config
@@ -193,21 +198,25 @@ def decoder_forward(model, input_ids=None, position_ids=None, attention_mask=Non
     mask = Qwen2Model._prepare_decoder_attention_mask(attention_mask, (B, S), past, h.dtype)
     if position_ids is None:
         position_ids = paddle.arange(past, past + S, dtype="int64").expand([B, S])
-    hidden_states, cache = [], []
+    hidden_states, cache, router_logits = [], [], []
     for layer, layer_past in zip(model.layers, past_key_values):
         if output_hidden_states:
             hidden_states.append(h)
         if model.enable_recompute and config.recompute_granularity == "full" and not h.stop_gradient:
-            h, present = recompute(layer, h, position_ids, mask, layer_past, use_cache,
-                                   use_reentrant=config.recompute_use_reentrant)
+            outputs = recompute(layer, h, position_ids, mask, layer_past, use_cache,
+                                use_reentrant=config.recompute_use_reentrant)
         else:
-            h, present = layer(h, position_ids, mask, layer_past, use_cache)
+            outputs = layer(h, position_ids, mask, layer_past, use_cache)
+        h, present = outputs[0], outputs[1]
+        router_logits.extend(outputs[2:])  # a mixture-of-experts layer's router logits [B*T, E]
         cache.append(present)
     h = model.norm(h)
     if output_hidden_states:
         hidden_states.append(h)
-    out = BaseModelOutputWithPast(last_hidden_state=h, past_key_values=tuple(cache) if use_cache else None,
-                                  hidden_states=tuple(hidden_states) if output_hidden_states else None)
+    fields = dict(last_hidden_state=h, past_key_values=tuple(cache) if use_cache else None,
+                  hidden_states=tuple(hidden_states) if output_hidden_states else None)
+    out = (MoEModelOutputWithPast(**fields, router_logits=tuple(router_logits)) if router_logits
+           else BaseModelOutputWithPast(**fields))
     return out if return_dict or return_dict is None and config.use_return_dict else out.to_tuple()
 
 

@@ -5,7 +5,8 @@ Hugging Face ``config.json`` in, both layouts: transformers 4 writes ``rope_thet
 "rope_theta"}``. Only the default rotary embedding is computed here; any other ``rope_type``, a
 ``rope_scaling``, or a ``rope_parameters`` key other than ``rope_type`` / ``rope_theta`` is
 refused by name, as are ``attention_bias``, sliding-window layers (``use_sliding_window``,
-``layer_types`` other than ``full_attention``) and a non-SiLU ``hidden_act``. ``head_dim``
+``layer_types`` other than ``full_attention``), a non-SiLU ``hidden_act``, and mixture-of-experts
+fields (``num_experts`` ...) on ``model_type`` qwen3. ``head_dim``
 absent means 128, transformers' default for Qwen3.
 
 Out: both layouts at once (``rope_theta`` at the top and ``rope_parameters``), which
@@ -27,6 +28,7 @@ FIELDS = (
     "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id", "attention_dropout",
 )
 ROPE_KEYS = ("rope_type", "type", "rope_theta")
+MOE_KEYS = ("num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size")
 
 
 def rope_theta(hf):
@@ -58,6 +60,9 @@ def refusals(hf):
         problems.append(f"hidden_act {hf['hidden_act']!r} (only silu)")
     if hf.get("use_sliding_window"):
         problems.append("use_sliding_window true (sliding-window attention)")
+    moe_keys = [key for key in MOE_KEYS if key in hf]
+    if hf.get("model_type") == "qwen3" and moe_keys:
+        problems.append(f"{', '.join(moe_keys)} on a dense model (model_type qwen3; the MoE family is qwen3_moe)")
     layer_types = sorted(set(hf.get("layer_types") or []) - {"full_attention"})
     if layer_types:
         problems.append(f"layer_types {layer_types} (only full_attention)")

@@ -1,0 +1,81 @@
+"""The rollout engine's routed mixture-of-experts MLP (a layer whose ``mlp`` is
+`ppo.models.families.moe.SparseMoeBlock`).
+
+The same routing as the training forward (`moe.route`: float32 softmax, top-k, optional
+renormalisation) and the same gather / scatter by expert (`moe.dispatch`): each expert's
+SwiGLU runs once per step on the rows routed to it, never densely over all experts. Expert
+matrices are kept [in, out] (gate and up fused into [H, 2I]) in either engine layout; a "cols"
+decode step transposes its activations ``[H, B]`` to rows for this block and back.
+"""
+from dataclasses import dataclass
+from typing import List
+
+import paddle
+
+from ..models.families.moe import dispatch, route
+
+
+@dataclass
+class MoeWeights:
+    router: paddle.Tensor  # [H, E]
+    gate_up: List[paddle.Tensor]  # per expert [H, 2I]
+    down: List[paddle.Tensor]  # per expert [I, H]
+    top_k: int
+    norm_topk_prob: bool
+
+
+def is_moe_mlp(mlp):
+    return hasattr(mlp, "experts") and hasattr(mlp, "gate")
+
+
+def moe_weights(mlp, cast, effective_weight):
+    """`MoeWeights` of a sparse block; `cast` moves a tensor to the engine's dtype,
+    `effective_weight` adds an active LoRA delta."""
+    gate_up = [cast(paddle.concat([effective_weight(e.gate_proj), effective_weight(e.up_proj)], axis=1))
+               for e in mlp.experts]
+    down = [cast(effective_weight(e.down_proj)) for e in mlp.experts]
+    return MoeWeights(cast(effective_weight(mlp.gate)), gate_up, down, mlp.top_k, mlp.norm_topk_prob)
+
+
+class RoutingRecord:
+    """The experts each token of one `generate` call was routed to (routing replay, R3): per MoE
+    layer ``[B, Tp + N, k]`` int64, -1 where the engine never ran the token (the last sampled
+    token, columns past a row's end)."""
+
+    def __init__(self, batch, length):
+        self.batch, self.length, self.layers = batch, length, {}
+
+    def add(self, layer, indices, t0, shape, rows=None):
+        """Record ``indices [N, k]`` of a prefill (``shape [B, T, H]``, columns t0..t0+T) or a
+        decode step (``shape [b, H]``, column t0 of the original rows `rows [b]`: the engine
+        drops finished rows as it goes)."""
+        k = indices.shape[1]
+        if layer not in self.layers:
+            self.layers[layer] = paddle.full([self.batch, self.length, k], -1, dtype="int64")
+        record = self.layers[layer]
+        if len(shape) == 3:
+            record[:, t0:t0 + shape[1]] = indices.reshape([shape[0], shape[1], k])
+        else:
+            record[:, t0] = paddle.scatter(record[:, t0], rows, indices)
+
+    def result(self, length):
+        """Per MoE layer (in layer order) ``[B, length, k]``."""
+        return [self.layers[i][:, :length] for i in sorted(self.layers)]
+
+
+def routed_mlp(ops, x, weights, cols, record=None, layer=0, t0=0, batch_rows=None):
+    """The block's output for normed activations ``x``: ``[B, T, H]`` / ``[B, H]`` rows, or
+    ``[H, B]`` with `cols`; the same shape back. `record`: a `RoutingRecord` that keeps the
+    chosen experts of layer `layer` at column `t0` (of the original `batch_rows` in a decode step)."""
+    rows = x.transpose([1, 0]) if cols else x
+    shape = rows.shape
+    flat = rows.reshape([-1, shape[-1]])
+    probs_w, indices = route(paddle.matmul(flat, weights.router), weights.top_k, weights.norm_topk_prob)
+    if record is not None:
+        record.add(layer, indices, t0, shape, batch_rows)
+
+    def expert(e):
+        return lambda h: paddle.matmul(ops.swiglu(paddle.matmul(h, weights.gate_up[e]), None, False), weights.down[e])
+
+    out = dispatch(flat, probs_w, indices, [expert(e) for e in range(len(weights.down))]).reshape(shape)
+    return out.transpose([1, 0]).contiguous() if cols else out

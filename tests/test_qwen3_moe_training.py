@@ -1,0 +1,111 @@
+"""The tiny Qwen3-MoE (`ppo.tiny.factory --arch qwen3_moe`) through the entry points: 2 SFT steps from
+its Hugging Face export, then 2 GRPO steps with the rule scorer (the rollout engine generating, routed
+experts in it), each logging finite losses and the router stats (`moe/aux_loss`,
+`moe/expert_load_max_over_mean`, `moe/dropped_tokens` 0), and saving a model that reloads as our
+Qwen3MoeForCausalLM with the trained weights. The router's load-balancing loss joins the training
+loss: with it the router's gradient differs from the NLL's alone."""
+import json
+import os
+
+import numpy as np
+import paddle
+import pytest
+
+from tests.hf_weights_helpers import causal_logits
+
+IDS = [[1, 4, 7, 30, 31, 2, 9]]
+MOE_KEYS = ("moe/aux_loss", "moe/expert_load_max_over_mean", "moe/dropped_tokens")
+
+
+@pytest.fixture(scope="module")
+def tiny_moe_dir(tmp_path_factory):
+    from ppo.tiny.factory import build_tiny
+
+    path = str(tmp_path_factory.mktemp("tiny_qwen3_moe"))
+    build_tiny(path, seed=5, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, arch="qwen3_moe")
+    return path
+
+
+def test_the_factory_builds_a_tiny_qwen3_moe(tiny_moe_dir):
+    config = json.load(open(os.path.join(tiny_moe_dir, "config.json")))
+    assert config["model_type"] == "qwen3_moe" and config["architectures"] == ["Qwen3MoeForCausalLM"]
+    assert (config["num_experts"], config["num_experts_per_tok"], config["mlp_only_layers"]) == (4, 2, [0])
+    assert (config["moe_intermediate_size"], config["output_router_logits"]) == (64, True)
+
+
+def _moe_stats(line):
+    for key in MOE_KEYS:
+        assert key in line and np.isfinite(line[key]), (key, line)
+    assert line["moe/dropped_tokens"] == 0.0 and line["moe/expert_load_max_over_mean"] >= 1.0
+    assert line["moe/aux_loss"] > 0
+
+
+def test_sft_then_grpo_train_log_router_stats_and_reload(tmp_path, tiny_moe_dir, tiny_data_dir):
+    from ppo.models.hf_convert import export_dir
+    from ppo.models.loading import load_causal_lm
+    from ppo.run_ppo import build_trainer
+    from sft.run_sft import main as run_sft
+    from tests.test_ppo_trainer import read_metrics
+
+    hf_dir = str(tmp_path / "hf")
+    export_dir(tiny_moe_dir, hf_dir)
+    sft_out = str(tmp_path / "sft")
+    run_sft(["config/tiny/sft_argument.json", "--model_name_or_path", hf_dir,
+             "--train_datasets", f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl",
+             "--eval_datasets", f"Jsonfile:1.0:{tiny_data_dir}/test.jsonl", "--output_dir", sft_out,
+             "--logging_dir", f"{sft_out}/vdl", "--max_steps", "2", "--logging_steps", "1",
+             "--per_device_train_batch_size", "8", "--evaluation_strategy", "no", "--do_eval", "false",
+             "--save_steps", "0", "--disable_tqdm", "true"])
+    lines = [r for r in read_metrics(sft_out) if "loss/sft" in r]
+    assert len(lines) == 2 and all(np.isfinite(r["loss/sft"]) for r in lines), lines
+    for line in lines:
+        _moe_stats(line)
+    base, sft = load_causal_lm(tiny_moe_dir), load_causal_lm(sft_out)
+    np.testing.assert_array_equal(causal_logits(load_causal_lm(hf_dir), IDS), causal_logits(base, IDS))
+    assert type(sft).__name__ == "Qwen3MoeForCausalLM"
+    assert np.abs(causal_logits(sft, IDS) - causal_logits(base, IDS)).max() > 0
+
+    out = str(tmp_path / "grpo")
+    trainer = build_trainer([
+        "config/tiny/grpo_rule_argument.json", "--actor_model_name_or_path", sft_out,
+        "--train_datasets", f"Jsonfile:1.0:{tiny_data_dir}/prompts.jsonl",
+        "--eval_datasets", f"Jsonfile:1.0:{tiny_data_dir}/test.jsonl", "--output_dir", out, "--logging_dir", f"{out}/vdl",
+        "--max_steps", "2", "--per_device_prompt_batch_size", "4", "--rollout_n", "4", "--per_device_train_batch_size", "16",
+        "--max_dec_len", "6", "--evaluation_strategy", "no", "--save_steps", "0", "--num_sample_generations", "1",
+        "--learning_rate", "1e-3", "--disable_tqdm", "true",
+        "--rule_reward_scorers", "tests.rule_reward_helpers:_char_recall_scorer"])
+    trainer.train()
+    lines = [r for r in read_metrics(out) if "objective/scores" in r]
+    assert len(lines) == 2
+    for line in lines:
+        for key in ("objective/scores", "loss/policy_avg", "response_length/mean"):
+            assert np.isfinite(line[key]), (key, line)
+        _moe_stats(line)
+    policy = load_causal_lm(os.path.join(out, "policy"))
+    assert type(policy).__name__ == "Qwen3MoeForCausalLM"
+    np.testing.assert_array_equal(causal_logits(policy, IDS), causal_logits(trainer.passes.models.actor, IDS))
+    assert np.abs(causal_logits(policy, IDS) - causal_logits(sft, IDS)).max() > 0
+
+
+def test_the_aux_loss_joins_the_sft_loss(tiny_moe_dir):
+    """`SFTTrainer.add_moe_aux_loss` adds the forward's weighted router loss: the router gradient
+    with it differs from the NLL's alone by the aux loss's own gradient."""
+    from ppo.models.causal_lm import answer_nll
+    from ppo.models.loading import load_causal_lm
+    from sft.sft_trainer import SFTTrainer
+
+    grads = []
+    for with_aux in (False, True):
+        model = load_causal_lm(tiny_moe_dir)
+        model.config.router_aux_loss_coef = 10.0
+        model.train()
+        ids = paddle.to_tensor([[1, 4, 7, 30, 31, 2, 9, 12]])
+        mask = paddle.ones_like(ids)
+        loss, _ = answer_nll(model, ids, mask, ids, 0)
+        if with_aux:
+            trainer = SFTTrainer.__new__(SFTTrainer)
+            loss = trainer.add_moe_aux_loss(model, loss)
+            assert set(trainer.moe_stats.take()) >= set(MOE_KEYS)
+        loss.backward()
+        grads.append(model.qwen3_moe.layers[1].mlp.gate.weight.grad.numpy().copy())
+    assert np.abs(grads[1] - grads[0]).max() > 1e-6
