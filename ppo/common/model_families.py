@@ -18,6 +18,9 @@ class Family:
     """Module holding our own Paddle classes and config mapping; None: PaddleNLP's classes."""
     qk_norm: bool = False
     """Attention applies RMSNorm to each q and k head before RoPE (``self_attn.q_norm`` / ``k_norm``)."""
+    rope_interleaved: bool = False
+    """RoPE rotates the pairs ``(2i, 2i + 1)`` of each head (GPT-J / GLM style) instead of
+    ``(i, i + head_dim / 2)``; the rollout engine reorders q/k columns to its half layout."""
 
 
 FAMILIES = {f.model_type: f for f in (
@@ -25,6 +28,8 @@ FAMILIES = {f.model_type: f for f in (
     Family("qwen2", "qwen2", "Qwen2ForCausalLM", "Qwen2ForSequenceClassification"),
     Family("qwen3", "qwen3", "Qwen3ForCausalLM", "Qwen3ForSequenceClassification",
            module="ppo.models.families.qwen3", qk_norm=True),
+    Family("ernie4_5", "ernie", "Ernie4_5ForCausalLM", "Ernie4_5ForSequenceClassification",
+           module="ppo.models.families.ernie45", rope_interleaved=True),
 )}
 
 
