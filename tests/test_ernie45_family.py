@@ -198,3 +198,21 @@ def test_transformers_computes_the_same_logits_both_ways(tmp_path):
         diff = np.abs(out[i]["logits"] * MASK[..., None] - causal_logits(back, mask=MASK)).max()
         assert diff <= TRANSFORMERS_ATOL, (name, diff)
     assert IDS.shape == out[0]["logits"].shape[:2]
+
+
+@pytest.mark.parametrize("granularity", ["full", "full_attn", "core_attn"])
+def test_recompute_gives_the_same_gradients(granularity):
+    from ppo.models.loading import enable_recompute
+
+    grads = []
+    for recompute in (False, True):
+        model = ernie_model(use_bias=True)
+        model.train()
+        if recompute:
+            assert enable_recompute(model, granularity) >= 2
+        logits = model(input_ids=paddle.to_tensor(IDS), attention_mask=paddle.to_tensor(MASK), return_dict=True).logits
+        (logits.square().mean()).backward()
+        grads.append({n: p.grad.numpy() for n, p in model.named_parameters() if p.grad is not None})
+    assert len(grads[1]) == len(grads[0]) > 20
+    for name, grad in grads[0].items():
+        np.testing.assert_allclose(grads[1][name], grad, rtol=1e-5, atol=1e-7, err_msg=name)

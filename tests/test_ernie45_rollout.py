@@ -108,3 +108,21 @@ def test_projection_biases_are_refused_with_the_way_out(prompts):
     ids, mask = prompts
     with pytest.raises(NotImplementedError, match="o_proj / MLP biases are not supported; .*use_fusemt false"):
         _engine(random_ernie(use_bias=True), "paddle").generate(ids, mask, SamplingParams(max_new_tokens=2))
+
+
+def test_a_lora_adapter_is_trained_on_the_projections_and_seen_by_the_engine(prompts):
+    """The default LoRA targets wrap the seven projections of each layer, and the engine generates
+    with the adapter's current delta, reordered with the q/k columns."""
+    from ppo.models.loading import apply_lora
+
+    lora = apply_lora(random_ernie(), rank=4, alpha=8)
+    trainable = sorted(n for n, p in lora.named_parameters() if not p.stop_gradient)
+    assert len(trainable) == 2 * 7 * 2 and not any("norm" in n for n in trainable)
+    for name, param in lora.named_parameters():
+        if "lora_B" in name:
+            param.set_value(paddle.randn(param.shape) * 0.1)
+    ids, mask = prompts
+    out = _engine(lora, "custom").generate(ids, mask, SamplingParams(max_new_tokens=6), seed=2)
+    ref = _forward_logprobs(lora, mask, out, 1.0)
+    m = out.response_mask.numpy()
+    assert m.sum() > 20 and np.abs((ref - out.response_logprobs.numpy()) * m).max() < 1e-4
