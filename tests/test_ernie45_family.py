@@ -216,3 +216,22 @@ def test_recompute_gives_the_same_gradients(granularity):
     assert len(grads[1]) == len(grads[0]) > 20
     for name, grad in grads[0].items():
         np.testing.assert_allclose(grads[1][name], grad, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_the_start_up_check_names_a_refused_field_before_loading(tmp_path):
+    from ppo.models.hf_import import hf_config_problems
+
+    config = export_model(ernie_model(), str(tmp_path))
+    assert hf_config_problems([("model_name_or_path", str(tmp_path))]) == []
+    hf_files.write_json(dict(config, use_rmsnorm=False), str(tmp_path / "config.json"))
+    (problem,) = hf_config_problems([("model_name_or_path", str(tmp_path))])
+    assert problem.startswith("model_name_or_path: ") and "use_rmsnorm false (LayerNorm)" in problem
+
+
+def test_a_resume_names_another_use_bias(tmp_path):
+    """Biases change the parameter set (and the optimiser state) as a shape does."""
+    from ppo.resume_check import fact_differences, model_facts, saved_model_facts
+
+    ernie_model().save_pretrained(str(tmp_path))
+    found = fact_differences(saved_model_facts(str(tmp_path)), model_facts(ernie_model(use_bias=True)), "model")
+    assert found == ["model: use_bias is False in the checkpoint but True in this run"]
