@@ -235,3 +235,15 @@ def test_a_resume_names_another_use_bias(tmp_path):
     ernie_model().save_pretrained(str(tmp_path))
     found = fact_differences(saved_model_facts(str(tmp_path)), model_facts(ernie_model(use_bias=True)), "model")
     assert found == ["model: use_bias is False in the checkpoint but True in this run"]
+
+
+def test_bfloat16_weights_keep_their_dtype_and_bits(tmp_path):
+    model = ernie_model(use_bias=True)
+    model.to(dtype="bfloat16")
+    model.config.dtype = "bfloat16"
+    assert export_model(model, str(tmp_path))["torch_dtype"] == "bfloat16"
+    back = load_hf_model(str(tmp_path))
+    assert back.ernie.layers[0].self_attn.q_proj.bias.dtype == paddle.bfloat16
+    after = back.state_dict()
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(after[name].numpy(), value.numpy(), err_msg=name)

@@ -80,3 +80,29 @@ def test_sft_then_grpo_train_and_reload(tmp_path, tiny_ernie_dir, tiny_data_dir)
     np.testing.assert_array_equal(causal_logits(policy, IDS), causal_logits(trainer.passes.models.actor, IDS))
     assert np.abs(causal_logits(policy, IDS) - causal_logits(sft, IDS)).max() > 0
 
+
+
+def test_ppo_with_ernie45_reward_and_critic_models(tmp_path, tiny_ernie_dir, tiny_data_dir):
+    """PPO where the policy, the reward model and the critic are all ERNIE 4.5: one step moves the
+    actor and the critic, the saved critic reloads as an ERNIE 4.5 score model with the trained head."""
+    from ppo.models.loading import load_tokenizer
+    from ppo.models.score_model import AutoModelForScore
+    from ppo.run_ppo import build_trainer
+    from tests.test_ppo_trainer import ppo_argv, read_metrics
+
+    rm_dir = str(tmp_path / "rm")
+    reward = AutoModelForScore.from_pretrained(tiny_ernie_dir)
+    assert type(reward).__name__ == "Ernie4_5ModelForScore"
+    reward.save_pretrained(rm_dir)
+    load_tokenizer(tiny_ernie_dir).save_pretrained(rm_dir)
+    out = str(tmp_path / "ppo")
+    trainer = build_trainer(ppo_argv(tiny_ernie_dir, rm_dir, tiny_data_dir, out, "--max_steps", "1"))
+    critic = trainer.passes.models.critic
+    head_before = critic.score_head.weight.numpy().copy()
+    trainer.train()
+    (line,) = [r for r in read_metrics(out) if "objective/scores" in r]
+    assert all(np.isfinite(line[k]) for k in ("objective/scores", "loss/policy_avg", "loss/value_avg"))
+    saved = AutoModelForScore.from_pretrained(os.path.join(out, "value"))
+    assert type(saved).__name__ == "Ernie4_5ModelForScore" and saved.config.score_type == "critic"
+    np.testing.assert_array_equal(saved.score_head.weight.numpy(), critic.score_head.weight.numpy())
+    assert np.abs(saved.score_head.weight.numpy() - head_before).max() > 0
