@@ -11,9 +11,10 @@ a PPO checkpoint's `trainer_state.json` records.
 import json
 import os
 
-# the config fields that decide parameter shapes (PaddleNLP Llama/Qwen names; head_dim: Qwen3's own field)
+# the config fields that decide parameter shapes (PaddleNLP Llama/Qwen names; head_dim: Qwen3's own field;
+# use_bias: ERNIE 4.5's projection biases)
 SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "head_dim", "intermediate_size", "vocab_size",
+              "head_dim", "intermediate_size", "vocab_size", "use_bias",
               "num_experts", "moe_intermediate_size", "decoder_sparse_step", "mlp_only_layers")  # MoE: which weights exist
 LORA_KEYS = ("r", "target_modules")
 

@@ -20,6 +20,9 @@ class Family:
     """Attention applies RMSNorm to each q and k head before RoPE (``self_attn.q_norm`` / ``k_norm``)."""
     moe: bool = False
     """Some layers' MLP is a routed mixture of experts (`ppo.models.families.moe`)."""
+    rope_interleaved: bool = False
+    """RoPE rotates the pairs ``(2i, 2i + 1)`` of each head (GPT-J / GLM style) instead of
+    ``(i, i + head_dim / 2)``; the rollout engine reorders q/k columns to its half layout."""
 
 
 FAMILIES = {f.model_type: f for f in (
@@ -29,6 +32,8 @@ FAMILIES = {f.model_type: f for f in (
            module="ppo.models.families.qwen3", qk_norm=True),
     Family("qwen3_moe", "qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification",
            module="ppo.models.families.qwen3_moe", qk_norm=True, moe=True),
+    Family("ernie4_5", "ernie", "Ernie4_5ForCausalLM", "Ernie4_5ForSequenceClassification",
+           module="ppo.models.families.ernie45", rope_interleaved=True),
 )}
 
 

@@ -1,4 +1,4 @@
-"""Hugging Face <-> PaddleNLP names, layouts and configs for Llama, Qwen2 and Qwen3 (pure numpy, no I/O).
+"""Hugging Face <-> PaddleNLP names, layouts and configs of every family (pure numpy, no I/O).
 
 Tensors are numpy arrays; a `uint16` array holds bfloat16 bits (Paddle's own convention:
 `paddle.Tensor.numpy()` of a bfloat16 tensor is `uint16`). Every conversion is exact: names
@@ -21,7 +21,8 @@ change, matrices are transposed or split, values are never cast.
 | `layers.i.self_attn.rotary_emb.inv_freq`       | not stored (recomputed from `rope_theta`)            |
 
 Both libraries apply rotary embeddings with `rotate_half` on the same q/k column order, so
-q_proj and k_proj need no permutation (tests/test_hf_weights.py compares logits).
+q_proj and k_proj need no permutation (tests/test_hf_weights.py compares logits); ERNIE 4.5's
+interleaved rotation is computed by its own classes, so its columns keep their order too.
 
 The families with our own Paddle classes (`ppo.models.families`, e.g. Qwen3) map their
 ``config.json`` in their module (``paddle_config`` / ``hf_fields``); tensor names are shared.

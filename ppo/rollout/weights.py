@@ -2,7 +2,9 @@
 
 Supported: `LlamaForCausalLM`, `Qwen2ForCausalLM`, our `Qwen3ForCausalLM` (its q/k norm
 weights read when its family says so, `ppo.models.families`), `Qwen3MoeForCausalLM` (a sparse
-layer's router and experts as `ppo.rollout.moe_mlp.MoeWeights`) and any model with the same layout:
+layer's router and experts as `ppo.rollout.moe_mlp.MoeWeights`), our `Ernie4_5ForCausalLM` (its
+interleaved RoPE turned into the engine's half-split one by reordering q/k columns,
+`HalfRotationOrder`) and any model with the same layout:
 `<decoder>.embed_tokens/.layers/.norm`, `lm_head`, layers with `self_attn.{q,k,v,o}_proj` or
 `qkv_proj`, `mlp.{gate,up,down}_proj` or `gate_up_fused_proj`, `input_layernorm`,
 `post_attention_layernorm`), optionally wrapped in `paddle.DataParallel` and/or
@@ -33,6 +35,7 @@ import paddle
 import paddle.distributed as dist
 
 from .moe_mlp import is_moe_mlp, moe_weights
+from .rope_order import HalfRotationOrder
 
 
 @dataclass
@@ -247,26 +250,45 @@ def _sharded_heads(cfg, lm, dec, tp, nh, nkv, cols):
     return shard, nh // degree, nkv // degree
 
 
-def _qk_norms(attn, family, qkv_bias, packer):
+def _qk_norms(attn, family, qkv_bias, packer, order=None):
     """`(q_norm, k_norm)` weights of a family whose attention normalises q and k heads, else Nones."""
     if family is None or not family.qk_norm:
         return None, None
     if qkv_bias is not None:
         raise NotImplementedError("RolloutEngine: q/k norms after a q/k/v bias are not supported")
-    return packer.cast(attn.q_norm.weight), packer.cast(attn.k_norm.weight)
+    q_norm, k_norm = attn.q_norm.weight, attn.k_norm.weight
+    if order is not None:
+        q_norm, k_norm = paddle.index_select(q_norm, order.head), paddle.index_select(k_norm, order.head)
+    return packer.cast(q_norm), packer.cast(k_norm)
 
 
-def _layer_weights(layer, tp, packer, fuse_gate_up, family=None):
+def _unfused_qkv(attn, tp, order):
+    """`([q, k, v] weights [in, out], [q, k, v] biases or Nones)` of separate projections, q and
+    k columns reordered by `order` (a `HalfRotationOrder` or None)."""
+    mats = [tp.weight(lin, effective_weight(lin)) for lin in (attn.q_proj, attn.k_proj, attn.v_proj)]
+    biases = [tp.bias(attn.q_proj), tp.bias(attn.k_proj), tp.bias(attn.v_proj)]
+    if order is not None:
+        for i, columns in ((0, order.q), (1, order.k)):
+            mats[i] = paddle.index_select(mats[i], columns, axis=1)
+            if biases[i] is not None:
+                biases[i] = paddle.index_select(biases[i], columns)
+    return mats, biases
+
+
+def _layer_weights(layer, tp, packer, fuse_gate_up, family=None, order=None):
     """One decoder layer's `LayerWeights` (fused q/k/v, gate/up fused unless kept apart; the
-    q/k norms when `family` has them)."""
+    q/k norms when `family` has them; q/k columns in `order` when given)."""
     attn, mlp, pack = layer.self_attn, layer.mlp, packer.pack
     if hasattr(attn, "qkv_proj"):
+        if order is not None:
+            raise NotImplementedError("RolloutEngine: a fused qkv_proj with interleaved RoPE is not supported; "
+                                      + _USE_PADDLENLP)
         qkv = pack([tp.weight(attn.qkv_proj, effective_weight(attn.qkv_proj))])  # slices: whole kv-head groups
         qkv_bias = packer.cast(tp.bias(attn.qkv_proj))
         layout_id = 1
     else:
-        qkv = pack([tp.weight(lin, effective_weight(lin)) for lin in (attn.q_proj, attn.k_proj, attn.v_proj)])
-        bs = [tp.bias(attn.q_proj), tp.bias(attn.k_proj), tp.bias(attn.v_proj)]
+        mats, bs = _unfused_qkv(attn, tp, order)
+        qkv = pack(mats)
         qkv_bias = packer.cast(paddle.concat(bs)) if bs[0] is not None else None
         layout_id = 0
     moe, down = None, None
@@ -284,8 +306,8 @@ def _layer_weights(layer, tp, packer, fuse_gate_up, family=None):
     if moe is None:
         down = pack([tp.weight(mlp.down_proj, effective_weight(mlp.down_proj))])
     if (moe is None and _bias(mlp.down_proj) is not None) or _bias(attn.o_proj) is not None:
-        raise NotImplementedError("RolloutEngine: o_proj / MLP biases are not supported")
-    q_norm, k_norm = _qk_norms(attn, family, qkv_bias, packer)
+        raise NotImplementedError("RolloutEngine: o_proj / MLP biases are not supported; " + _USE_PADDLENLP)
+    q_norm, k_norm = _qk_norms(attn, family, qkv_bias, packer, order)
     return LayerWeights(
         ln_attn=packer.cast(layer.input_layernorm.weight), qkv=qkv, qkv_bias=qkv_bias, qkv_layout=layout_id,
         o=pack([tp.weight(attn.o_proj, effective_weight(attn.o_proj))]),
@@ -344,7 +366,8 @@ def extract_weights(model, fuse_gate_up=False, compute_dtype=None, layout="rows"
     if compute_dtype is None:
         compute_dtype = compute_dtype_of(embed)
     packer = _Packer(compute_dtype, cols, pack_transposed, workspace)
-    layers = [_layer_weights(layer, tp, packer, fuse_gate_up, family) for layer in dec.layers]
+    order = HalfRotationOrder.of(family, nh, nkv, hd)
+    layers = [_layer_weights(layer, tp, packer, fuse_gate_up, family, order) for layer in dec.layers]
     lm_w, transposed, vocab = _lm_head_weights(lm, tp, packer, shard)
     return ModelWeights(
         embed=packer.cast(embed), layers=layers, norm=packer.cast(dec.norm.weight), lm_head=lm_w,

@@ -4,7 +4,8 @@ The tokenizer is a SentencePiece character model wrapped as PaddleNLP's
 `LlamaTokenizer`: every printable ASCII symbol is one token, each template word
 (`USER:`, `ASSISTANT:`, `Reverse:`) is one token, a space is the token `▁`, and
 `<pad>` (id 3) is distinct from `</s>` (id 2). The model is a randomly
-initialised `LlamaForCausalLM` (`--arch qwen3` / `qwen3_moe`: our Qwen3 classes, see `ARCHS`). Both are
+initialised `LlamaForCausalLM` (`--arch qwen3` / `qwen3_moe` / `ernie45`: our Qwen3 and ERNIE 4.5
+classes, see `ARCHS`). Both are
 saved with `save_pretrained`, so
 `AutoTokenizer.from_pretrained(dir)` and `AutoModelForCausalLM.from_pretrained(dir)`
 load them like any PaddleNLP model directory.
@@ -19,10 +20,11 @@ of the vocabulary, as Qwen pads its embedding; the rows past the tokenizer are z
 trained, as in a released checkpoint), so their logits are 0 and greedy decoding of a
 random model stays inside the tokenizer.
 
-CLI: `python -m ppo.tiny.factory --output_dir models/tiny --hidden_size 128 --num_layers 2 [--arch qwen3|qwen3_moe]`,
+CLI: `python -m ppo.tiny.factory --output_dir models/tiny --hidden_size 128 --num_layers 2 [--arch qwen3|qwen3_moe|ernie45]`,
 `python -m ppo.tiny.factory --output_dir models/qwen --shape qwen2.5-0.5b --num_layers 2`
 """
 import argparse
+import functools
 import io
 import json
 import os
@@ -89,12 +91,14 @@ def build_tokenizer(output_dir, tool_tags=False):
     return tokenizer
 
 
-ARCHS = ("llama", "qwen3", "qwen3_moe")
+ARCHS = ("llama", "qwen3", "qwen3_moe", "ernie45")
 """Model families of the tiny model (`arch`): Llama (the default), or Qwen3 shaped as Qwen3-0.6B
 is (per-head q/k norms, two query heads per KV head, head_dim = 2 hidden / heads so that the
 attention width is twice the hidden size, tied embeddings, rope theta 1e6), or Qwen3-MoE: that
 Qwen3 with `TINY_MOE`'s routed experts on every layer but the first (dense), their width half
-the dense MLP's, the router losses on (``output_router_logits``)."""
+the dense MLP's, the router losses on (``output_router_logits``), or ERNIE 4.5 shaped as
+ERNIE-4.5-0.3B is (interleaved RoPE with theta 5e5, eight query heads per KV head where the head
+count allows, else one KV head, head_dim = 2 hidden / heads, tied embeddings, eps 1e-5)."""
 TINY_MOE = dict(num_experts=4, num_experts_per_tok=2, mlp_only_layers=[0], norm_topk_prob=True,
                 output_router_logits=True, router_aux_loss_coef=0.001)
 
@@ -115,6 +119,23 @@ def _qwen3_model(vocab_size, hidden_size, num_layers, num_heads, intermediate_si
     return (Qwen3MoeForCausalLM if moe else Qwen3ForCausalLM)(config)
 
 
+def _ernie45_model(vocab_size, hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings):
+    from ..models.families.ernie45_modeling import Ernie4_5Config, Ernie4_5ForCausalLM
+
+    config = Ernie4_5Config(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads,
+        num_key_value_heads=num_heads // 8 if num_heads % 8 == 0 else 1, head_dim=2 * hidden_size // num_heads,
+        max_position_embeddings=max_position_embeddings, rms_norm_eps=1e-5, rope_theta=500000.0,
+        initializer_range=0.02, bos_token_id=SPECIAL_IDS["bos"], eos_token_id=SPECIAL_IDS["eos"],
+        pad_token_id=SPECIAL_IDS["pad"], tie_word_embeddings=True, use_bias=False, dtype="float32",
+    )
+    return Ernie4_5ForCausalLM(config)
+
+
+_FAMILY_MODELS = {"qwen3": _qwen3_model, "qwen3_moe": functools.partial(_qwen3_model, moe=True), "ernie45": _ernie45_model}
+
+
 def build_model(
     output_dir,
     vocab_size,
@@ -132,10 +153,9 @@ def build_model(
 
     if arch not in ARCHS:
         raise ValueError(f"arch {arch!r}: choose one of {ARCHS}")
-    if arch in ("qwen3", "qwen3_moe"):
+    if arch in _FAMILY_MODELS:
         paddle.seed(seed)
-        model = _qwen3_model(vocab_size, hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings,
-                             moe=arch == "qwen3_moe")
+        model = _FAMILY_MODELS[arch](vocab_size, hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings)
         model.eval()
         model.save_pretrained(output_dir)
         return model
@@ -276,9 +296,10 @@ def main(argv=None):
     parser.add_argument("--max_position_embeddings", type=int, default=128)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--arch", choices=ARCHS, default="llama",
-                        help="model family of the tiny model (the tokenizer is the same): llama, or qwen3 (q/k norms, "
-                        "GQA 2:1, head_dim 2 hidden / heads, tied embeddings), or qwen3_moe (that Qwen3 with 4 experts, "
-                        "top-2, on every layer but the first)")
+                        help="model family of the tiny model (the tokenizer is the same): llama, qwen3 (q/k norms, "
+                        "GQA 2:1, head_dim 2 hidden / heads, tied embeddings), qwen3_moe (that Qwen3 with 4 experts, "
+                        "top-2, on every layer but the first) or ernie45 (interleaved RoPE, GQA 8:1 or one KV head, "
+                        "head_dim 2 hidden / heads, tied embeddings)")
     parser.add_argument("--tool_tags", action="store_true",
                         help="add <tool_call>, </tool_call>, <tool_response>, </tool_response> as one token each")
     parser.add_argument(

@@ -4,7 +4,9 @@ One decoder layer is ``x + attn(norm(x))`` then ``x + mlp(norm(x))`` with RMSNor
 embeddings on q and k (`rotate_half` over the head's two halves, as PaddleNLP's Llama and
 transformers), grouped-query attention and a SwiGLU MLP. What a family changes is data on its
 config: ``head_dim`` (independent of ``hidden_size / num_attention_heads``), ``qk_norm``
-(RMSNorm over each head's ``head_dim`` on q and k before RoPE, Qwen3's ``q_norm`` / ``k_norm``).
+(RMSNorm over each head's ``head_dim`` on q and k before RoPE, Qwen3's ``q_norm`` / ``k_norm``),
+``rope_interleaved`` (RoPE on the pairs ``(2i, 2i + 1)``, ERNIE 4.5's) and ``use_bias`` (a bias
+on every projection, ERNIE 4.5's); the last two default to off when the config lacks them.
 
 Weights are named as PaddleNLP names Llama's (``<prefix>.layers.i.self_attn.q_proj.weight``
 ``[in, out]``, ...), so `ppo.models.hf_format` renames them as it renames Llama's. Inputs
@@ -67,9 +69,27 @@ class RMSNorm(nn.Layer):
         return rms_norm(x, self.weight, self.variance_epsilon)
 
 
-def rope(q, k, cos, sin, position_ids):
+_HALF_ORDER = {}
+
+
+def half_order(head_dim):
+    """Index ``[D]`` that reorders a head ``(x0, x1, x2, x3, ...)`` to ``(x0, x2, ..., x1, x3, ...)``:
+    the interleaved pairs ``(2i, 2i + 1)`` become the half-split pairs ``(i, i + D / 2)``."""
+    if head_dim not in _HALF_ORDER:
+        _HALF_ORDER[head_dim] = paddle.to_tensor(list(range(0, head_dim, 2)) + list(range(1, head_dim, 2)), dtype="int64")
+    return _HALF_ORDER[head_dim]
+
+
+def rope(q, k, cos, sin, position_ids, interleaved=False):
     """q ``[B, S, Hq, D]``, k ``[B, S, Hk, D]`` rotated at ``position_ids [B, S]`` with the
-    rotary tables ``cos``/``sin`` ``[1, P, 1, D]``."""
+    rotary tables ``cos``/``sin`` ``[1, P, 1, D]`` (frequencies ``[f, f]``, `rotate_half`).
+    ``interleaved`` (transformers' ERNIE 4.5 / GLM ``apply_rotary_pos_emb``) rotates the pairs
+    ``(2i, 2i + 1)`` by frequency i: q and k are returned reordered by `half_order`, rotated in
+    the half-split layout; attention only takes ``q . k`` per head, which one common reordering
+    of both leaves unchanged (the cache holds k in that order too)."""
+    if interleaved:
+        order = half_order(q.shape[-1])
+        q, k = paddle.index_select(q, order, axis=-1), paddle.index_select(k, order, axis=-1)
     rows = position_ids.reshape([-1])
     cos = paddle.index_select(cos.squeeze(axis=[0, 2]), rows).reshape([*position_ids.shape, -1])
     sin = paddle.index_select(sin.squeeze(axis=[0, 2]), rows).reshape([*position_ids.shape, -1])
@@ -94,7 +114,7 @@ def repeat_kv(x, n_rep):
 
 class Attention(nn.Layer):
     """Grouped-query attention with ``config.head_dim`` per head and, with ``config.qk_norm``,
-    RMSNorm of each q and k head before RoPE. ``attention_bias`` is refused by the config."""
+    RMSNorm of each q and k head before RoPE; ``config.use_bias``: biases on q/k/v/o."""
 
     def __init__(self, config):
         super().__init__()
@@ -102,10 +122,12 @@ class Attention(nn.Layer):
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = config.head_dim
         H, hd = config.hidden_size, self.head_dim
-        self.q_proj = nn.Linear(H, self.num_heads * hd, bias_attr=False)
-        self.k_proj = nn.Linear(H, self.num_kv_heads * hd, bias_attr=False)
-        self.v_proj = nn.Linear(H, self.num_kv_heads * hd, bias_attr=False)
-        self.o_proj = nn.Linear(self.num_heads * hd, H, bias_attr=False)
+        bias = None if getattr(config, "use_bias", False) else False
+        self.q_proj = nn.Linear(H, self.num_heads * hd, bias_attr=bias)
+        self.k_proj = nn.Linear(H, self.num_kv_heads * hd, bias_attr=bias)
+        self.v_proj = nn.Linear(H, self.num_kv_heads * hd, bias_attr=bias)
+        self.o_proj = nn.Linear(self.num_heads * hd, H, bias_attr=bias)
+        self.rope_interleaved = bool(getattr(config, "rope_interleaved", False))
         if config.qk_norm:
             self.q_norm = RMSNorm(hd, config.rms_norm_eps)
             self.k_norm = RMSNorm(hd, config.rms_norm_eps)
@@ -125,7 +147,7 @@ class Attention(nn.Layer):
             q, k = self.q_norm(q), self.k_norm(k)
         past = 0 if past_key_value is None else past_key_value[0].shape[1]
         cos, sin = self.rotary_emb(v, seq_len=past + S)
-        q, k = rope(q, k, cos, sin, position_ids)
+        q, k = rope(q, k, cos, sin, position_ids, self.rope_interleaved)
         if past_key_value is not None:
             k = paddle.concat([past_key_value[0], k], axis=1)
             v = paddle.concat([past_key_value[1], v], axis=1)
@@ -140,14 +162,16 @@ class Attention(nn.Layer):
 
 
 class MLP(nn.Layer):
-    """``down(silu(gate(x)) * up(x))``, ``intermediate_size`` wide (default the config's)."""
+    """``down(silu(gate(x)) * up(x))``, ``intermediate_size`` wide (default the config's), with biases
+    when ``config.use_bias``."""
 
     def __init__(self, config, intermediate_size=None):
         super().__init__()
         H, inner = config.hidden_size, intermediate_size or config.intermediate_size
-        self.gate_proj = nn.Linear(H, inner, bias_attr=False)
-        self.up_proj = nn.Linear(H, inner, bias_attr=False)
-        self.down_proj = nn.Linear(inner, H, bias_attr=False)
+        bias = None if getattr(config, "use_bias", False) else False
+        self.gate_proj = nn.Linear(H, inner, bias_attr=bias)
+        self.up_proj = nn.Linear(H, inner, bias_attr=bias)
+        self.down_proj = nn.Linear(inner, H, bias_attr=bias)
 
     def forward(self, x):
         swiglu = ops.fused_swiglu if _patched() else ops.swiglu_reference

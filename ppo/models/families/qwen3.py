@@ -31,8 +31,8 @@ ROPE_KEYS = ("rope_type", "type", "rope_theta")
 MOE_KEYS = ("num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size")
 
 
-def rope_theta(hf):
-    """``(theta, problems)`` of a Hugging Face Qwen3 config in either layout."""
+def rope_theta(hf, default=DEFAULT_ROPE_THETA):
+    """``(theta, problems)`` of a Hugging Face config in either layout (`default` when it names none)."""
     problems, theta = [], hf.get("rope_theta")
     params = hf.get("rope_parameters")
     if params is not None:
@@ -48,7 +48,7 @@ def rope_theta(hf):
     scaling = hf.get("rope_scaling")
     if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
         problems.append(f"rope_scaling {scaling} (only the default rotary embedding)")
-    return (DEFAULT_ROPE_THETA if theta is None else float(theta)), problems
+    return (default if theta is None else float(theta)), problems
 
 
 def refusals(hf):
