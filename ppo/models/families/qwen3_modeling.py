@@ -9,14 +9,9 @@ with grouped-query attention, no q/k/v/o biases, ``head_dim`` its own field (Qwe
 are (``Qwen3ForCausalLM.from_pretrained(dir)``, ``save_pretrained``); the score model is
 `ppo.models.score_model`'s ``Qwen3ModelForScore``.
 """
-import paddle
-import paddle.nn as nn
 from paddlenlp.transformers.configuration_utils import PretrainedConfig
-from paddlenlp.transformers.model_outputs import CausalLMOutputWithPast
-from paddlenlp.transformers.model_utils import PretrainedModel, register_base_model
-from paddlenlp.transformers.qwen2.modeling import Qwen2ForCausalLM
 
-from .decoder import DecoderLayer, LMHead, RMSNorm, decoder_forward, warn_unimplemented_switches
+from .causal_classes import FamilyPretrainedModel, causal_lm_class, decoder_model_class
 
 __all__ = ["Qwen3Config", "Qwen3PretrainedModel", "Qwen3Model", "Qwen3ForCausalLM"]
 
@@ -55,91 +50,11 @@ class Qwen3Config(PretrainedConfig):
                          tie_word_embeddings=tie_word_embeddings, use_cache=use_cache, **kwargs)
 
 
-class Qwen3PretrainedModel(PretrainedModel):
+class Qwen3PretrainedModel(FamilyPretrainedModel):
     config_class = Qwen3Config
     base_model_prefix = "qwen3"
-    _keys_to_ignore_on_load_unexpected = [r"rotary_emb.inv_freq"]
-
-    def __init__(self, config):
-        if int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1:
-            raise ValueError("Qwen3: tensor_parallel_degree > 1 is not implemented for this family here; set it to 1")
-        warn_unimplemented_switches(config, "Qwen3")
-        super().__init__(config)
-
-    def _init_weights(self, layer):
-        """Normal(0, initializer_range) for linear, embedding and untied head weights."""
-        if isinstance(layer, (nn.Linear, nn.Embedding)) or isinstance(layer, LMHead) and not layer.transpose_y:
-            layer.weight.set_value(paddle.normal(0.0, self.config.initializer_range, layer.weight.shape)
-                                   .astype(layer.weight.dtype))
+    family_label = "Qwen3"
 
 
-@register_base_model
-class Qwen3Model(Qwen3PretrainedModel):
-    """Embedding, decoder layers and final norm; ``forward`` gives the last hidden states ``[B, T, H]``."""
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.LayerList([DecoderLayer(config) for _ in range(config.num_hidden_layers)])
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.enable_recompute = False
-
-    def get_input_embeddings(self):
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.embed_tokens = value
-
-    def forward(self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None, use_cache=None,
-                past_key_values=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
-        return decoder_forward(self, input_ids, position_ids, attention_mask, inputs_embeds, use_cache,
-                               past_key_values, output_hidden_states, return_dict, output_attentions=output_attentions,
-                               **kwargs)
-
-
-class Qwen3ForCausalLM(Qwen3PretrainedModel):
-    """`Qwen3Model` and an LM head (tied to the embedding with ``tie_word_embeddings``)."""
-
-    _tied_weights_keys = ["lm_head.weight"]
-    prepare_inputs_for_generation = Qwen2ForCausalLM.prepare_inputs_for_generation
-    update_model_kwargs_for_generation = staticmethod(Qwen2ForCausalLM.update_model_kwargs_for_generation)
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.qwen3 = Qwen3Model(config)
-        tied = self.qwen3.embed_tokens.weight if config.tie_word_embeddings else None
-        self.lm_head = LMHead(config, embedding_weight=tied)
-
-    def get_input_embeddings(self):
-        return self.qwen3.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.qwen3.embed_tokens = value
-
-    def get_output_embeddings(self):
-        return self.lm_head
-
-    def get_decoder(self):
-        return self.qwen3
-
-    def tie_weights(self):
-        """The head shares the embedding ``[V, H]`` by construction (``transpose_y``)."""
-
-    def forward(self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None, labels=None,
-                use_cache=None, past_key_values=None, output_attentions=None, output_hidden_states=None,
-                return_dict=None, **kwargs):
-        """``logits [B, T, V]`` (and the cache with ``use_cache``). ``labels`` are refused: the
-        trainers here compute their losses from the logits (`ppo.models.causal_lm`)."""
-        if labels is not None:
-            raise NotImplementedError("Qwen3ForCausalLM: labels (a built-in loss) are not implemented; use "
-                                      "ppo.models.causal_lm.answer_nll")
-        out = self.qwen3(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                         inputs_embeds=inputs_embeds, use_cache=use_cache, past_key_values=past_key_values,
-                         output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                         return_dict=True, **kwargs)
-        logits = self.lm_head(out.last_hidden_state)
-        result = CausalLMOutputWithPast(logits=logits, past_key_values=out.past_key_values,
-                                        hidden_states=out.hidden_states)
-        if return_dict or return_dict is None and self.config.use_return_dict:
-            return result
-        return (logits,) + tuple(v for v in (out.past_key_values, out.hidden_states) if v is not None)
+Qwen3Model = decoder_model_class(Qwen3PretrainedModel, "Qwen3Model")
+Qwen3ForCausalLM = causal_lm_class(Qwen3PretrainedModel, Qwen3Model, "Qwen3ForCausalLM")

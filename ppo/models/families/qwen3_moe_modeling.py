@@ -19,7 +19,8 @@ from paddlenlp.transformers.model_utils import register_base_model
 
 from .decoder import DecoderLayer, LMHead, RMSNorm, decoder_forward
 from .moe import SparseMoeBlock, moe_losses
-from .qwen3_modeling import Qwen3Config, Qwen3ForCausalLM, Qwen3Model, Qwen3PretrainedModel
+from .causal_classes import CausalLMMethods
+from .qwen3_modeling import Qwen3Config, Qwen3Model, Qwen3PretrainedModel
 
 __all__ = ["Qwen3MoeConfig", "Qwen3MoePretrainedModel", "Qwen3MoeModel", "Qwen3MoeForCausalLM"]
 
@@ -71,6 +72,7 @@ class MoeDecoderLayer(DecoderLayer):
 class Qwen3MoePretrainedModel(Qwen3PretrainedModel):
     config_class = Qwen3MoeConfig
     base_model_prefix = "qwen3_moe"
+    family_label = "Qwen3-MoE"
 
 
 @register_base_model
@@ -100,14 +102,8 @@ class Qwen3MoeModel(Qwen3MoePretrainedModel):
         return [layer for layer in self.layers if isinstance(layer, MoeDecoderLayer)]
 
 
-class Qwen3MoeForCausalLM(Qwen3MoePretrainedModel):
+class Qwen3MoeForCausalLM(CausalLMMethods, Qwen3MoePretrainedModel):
     """`Qwen3MoeModel` and an LM head (tied to the embedding with ``tie_word_embeddings``)."""
-
-    _tied_weights_keys = ["lm_head.weight"]
-    prepare_inputs_for_generation = Qwen3ForCausalLM.prepare_inputs_for_generation
-    update_model_kwargs_for_generation = staticmethod(Qwen3ForCausalLM.update_model_kwargs_for_generation)
-    tie_weights = Qwen3ForCausalLM.tie_weights
-    get_output_embeddings = Qwen3ForCausalLM.get_output_embeddings
 
     def __init__(self, config):
         super().__init__(config)
@@ -115,15 +111,6 @@ class Qwen3MoeForCausalLM(Qwen3MoePretrainedModel):
         tied = self.qwen3_moe.embed_tokens.weight if config.tie_word_embeddings else None
         self.lm_head = LMHead(config, embedding_weight=tied)
         self.moe_aux_loss, self.moe_stats = None, {}
-
-    def get_input_embeddings(self):
-        return self.qwen3_moe.embed_tokens
-
-    def set_input_embeddings(self, value):
-        self.qwen3_moe.embed_tokens = value
-
-    def get_decoder(self):
-        return self.qwen3_moe
 
     def last_expert_indices(self):
         """The experts each MoE layer chose in the last forward: a list of ``[B*T, k]`` int64."""
