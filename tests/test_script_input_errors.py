@@ -114,13 +114,19 @@ def test_import_hf_names_a_cut_short_weight_file(hf_dir, tmp_path):
                     f"its header needs {size + 100}); re-save or re-copy the model")
 
 
+def every_family_architecture():
+    """The causal-LM then the score-model class names of every family in the family table."""
+    from ppo.common.model_families import FAMILIES
+
+    return [f.causal_lm_arch for f in FAMILIES.values()] + [f.score_arch for f in FAMILIES.values()]
+
+
 def test_import_hf_names_an_architecture_it_does_not_build(hf_dir, tmp_path):
     path = broken_copy(hf_dir, tmp_path, config_change={"architectures": ["LlamaForTokenClassification"]})
     done = run_script("scripts/import_hf.py", "--hf_path", path, "--output_dir", str(tmp_path / "out"))
     assert refusal(done, tmp_path / "out") == (
         f"import_hf.py: error: hf_path: {path}/config.json: architectures ['LlamaForTokenClassification'] is not "
-        "imported here; supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-        "LlamaForSequenceClassification, Qwen2ForSequenceClassification, Qwen3ForSequenceClassification")
+        f"imported here; supported: {', '.join(every_family_architecture())}")
 
 
 def test_import_hf_names_the_missing_tensors(hf_dir, tmp_path):

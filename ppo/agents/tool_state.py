@@ -32,6 +32,7 @@ import importlib
 import inspect
 from typing import Any, Dict, List, Mapping, Optional
 
+from ..common.plugins import describe_import_error
 from .tools import DEFAULT_TIMEOUT_S, ToolSpec, signature_schema
 
 
@@ -69,6 +70,8 @@ def stateful_tool_class(name: str):
         obj = getattr(importlib.import_module(module_name), attr, None)
     except ImportError:
         return None  # the function-tool path reports the import error
+    except Exception as err:  # noqa: BLE001 - the user's module failed at import: one message naming it
+        raise ValueError(f"cannot import module {module_name!r} for tool {name!r}: {describe_import_error(err)}") from None
     return obj if inspect.isclass(obj) and issubclass(obj, StatefulTool) else None
 
 
