@@ -93,3 +93,52 @@ def test_the_data_splits_and_their_mix_of_calls(tmp_path):
         "<tool_response>862</tool_response><tool_call>calculator 347+862</tool_call><tool_response>1209</tool_response>1209")
     with pytest.raises(ValueError, match="shares summing to at most 1"):
         build_kv_data(str(tmp_path), tool_frac=0.8, lookup_frac=0.3)
+
+
+@pytest.mark.slow
+def test_the_demo_pipeline_at_reduced_size(tmp_path):
+    """scripts/kv_agent_demo.py end to end (SFT -> GRPO with the environment's reward alone ->
+    held-out success with the tools on and off), at a size that only checks the wiring."""
+    from scripts.kv_agent_demo import main
+
+    sizes = {"n_sft": 64, "n_prompts": 16, "n_test": 8}
+    extra = {"sft": ["--max_steps", "4", "--save_steps", "4", "--warmup_steps", "0"],
+             "grpo": ["--max_steps", "2", "--per_device_prompt_batch_size", "2", "--rollout_n", "2",
+                      "--per_device_train_batch_size", "4", "--eval_steps", "2", "--save_steps", "2",
+                      "--per_device_eval_batch_size", "8"]}
+    summary = main(["--seeds", "7", "--output_root", str(tmp_path / "kv")], data_sizes=sizes, extra=extra, max_rows=8)
+    rows = summary["rows"]
+    assert [(r["model"], r["seed"], r["tools"]) for r in rows] == [("sft", None, "on"), ("grpo", 7, "on"), ("grpo", 7, "off")]
+    assert all(r["success"] * 8 == int(r["success"] * 8) and 0 <= r["success"] <= 1 for r in rows)
+    metrics = [json.loads(line) for line in open(tmp_path / "kv" / "grpo-seed7" / "metrics.jsonl")]
+    evals = [m for m in metrics if "eval/agent/success" in m]
+    assert len(evals) == 2 and rows[1]["trainer_eval_last"] == evals[-1]["eval/agent/success"]
+    trains = [m for m in metrics if "objective/scores" in m]
+    assert len(trains) == 2
+    for m in trains:  # the environment's reward is the score: 0/1 per trajectory, its mean as logged
+        assert m["objective/scores"] == pytest.approx(m["agent/env_reward_mean"])
+    assert (tmp_path / "kv" / "kv_agent_summary.json").is_file()
+
+
+def test_the_start_up_prompt_check_resets_each_record_with_its_own_data(tmp_path, tiny_model_dir):
+    """The prompt-room check (ppo/agents/prompt_room.py) resets every record as the rollout does:
+    with its own fields (the store here) and in its own environment (a record's env_kwargs);
+    before, it passed src and tgt only and the run stopped at start-up ("the record has no store")."""
+    from ppo.agents import AgentArguments
+    from ppo.agents.prompt_room import prompt_room_problems
+    from ppo.data import PromptOnlyDataset
+    from ppo.models.loading import load_tokenizer
+
+    paths = build_kv_data(str(tmp_path), seed=1, n_sft=2, n_prompts=6, n_test=2)
+    rows = [json.loads(line) for line in open(paths["prompts"])]
+    rows[0]["env_kwargs"] = {"tools": [], "system_prompt": "answer at once " * 8}  # the longest first prompt
+    with open(paths["prompts"], "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    tokenizer = load_tokenizer(tiny_model_dir)
+    dataset = PromptOnlyDataset([f"Jsonfile:1.0:{paths['prompts']}"], tokenizer, max_prompt_len=24,
+                                prompt_template="USER: {input} ASSISTANT:")
+    args = AgentArguments(env_name=KV_ENV, max_total_len=400)
+    assert prompt_room_problems(args, dataset, tokenizer) == []
+    args.max_total_len = 100  # fits every record but the one with the long system prompt
+    problems = prompt_room_problems(args, dataset, tokenizer)
+    assert len(problems) == 1 and "prompt 0 of train_datasets" in problems[0], problems

@@ -5,24 +5,35 @@ first observation (``env.reset(record)``) formatted by the run's turn format (th
 a tool environment included); a prompt of `max_total_len` tokens or more leaves no room for one
 answer token and stops the rollout. `prompt_room_problems` builds the same prompts from the
 training data before any model loads, with one instance of the environment, and names the
-longest one when it does not fit (or the record whose ``reset`` raises).
+longest one when it does not fit (or the record whose ``reset`` raises). Each record is reset as
+the rollout resets it: with its own fields, in its own environment (ppo/agents/record_env.py).
 """
+import json
+
 from .environment import make_environment
 from .formats import turn_format_for
+from .record_env import close_all, record_choice
 
 
-def first_prompt_lengths(env, turn_format, dataset):
+def item_record(item):
+    """The record a prompt item's trajectory starts from: its own fields, `src` and `tgt`."""
+    return {**(item.get("extra") or {}), "src": item["src"], "tgt": item["label"]}
+
+
+def first_prompt_lengths(env, turn_format, dataset, env_for=None):
     """`[(dataset index, tokens)]` of every item of the prompt `dataset` as the rollout starts its
-    trajectory; raises ValueError naming the item whose ``env.reset`` raises."""
+    trajectory, each reset in `env` (or in `env_for(record)`, its own); raises ValueError naming
+    the item whose ``reset`` raises."""
     lengths = []
-    tools = getattr(env, "tools", None) or ()
     for index in range(len(dataset)):
         item = dataset[index]
+        record = item_record(item)
         try:
-            first = env.reset({"src": item["src"], "tgt": item["label"]})
+            record_env = env_for(record) if env_for is not None else env
+            first = record_env.reset(record)
         except Exception as err:  # noqa: BLE001 - the user's environment: any failure is the problem
             raise ValueError(f"reset() of prompt {index} ({item['src'][:40]!r}) raised {type(err).__name__}: {err}") from None
-        segments = turn_format.prompt_segments(first, tools)
+        segments = turn_format.prompt_segments(first, getattr(record_env, "tools", None) or ())
         lengths.append((index, sum(len(s.token_ids) for s in segments)))
     return lengths
 
@@ -33,14 +44,21 @@ def prompt_room_problems(args, dataset, tokenizer, datasets_name="train_datasets
     if not args.env_name or dataset is None or len(dataset) == 0:
         return []
     turn_format = turn_format_for(tokenizer, dataset.use_chat_template, dataset.prompt_template)
-    env = make_environment(args.env_name, args.env_options)
+    envs = {}
+
+    def env_for(record):  # one instance per distinct (environment, arguments) of the records
+        name, kwargs = record_choice(args, record)
+        key = (name, json.dumps(kwargs, sort_keys=True, default=str))
+        if key not in envs:
+            envs[key] = make_environment(name, kwargs)
+        return envs[key]
+
     try:
-        lengths = first_prompt_lengths(env, turn_format, dataset)
+        lengths = first_prompt_lengths(None, turn_format, dataset, env_for)
     except ValueError as err:
         return [f"env_name {args.env_name}: {err}"]
     finally:
-        if callable(getattr(env, "close", None)):
-            env.close()
+        close_all(envs.values())
     index, longest = max(lengths, key=lambda pair: pair[1])
     if longest + 1 <= args.max_total_len:
         return []
