@@ -10,7 +10,9 @@ already done are skipped):
  1. build: the tiny model with the four tool tags as tokens and the data: SFT demonstrations
     mixing the full chain (two lookups, the calculator, the sum copied out), lookups with the sum
     written directly, and a sum written at once; RL records; 200 held-out records;
- 2. SFT (`config/tiny/sft_kv_agent_argument.json`);
+ 2. SFT (`config/tiny/sft_kv_agent_argument.json`) twice, the second run starting from the
+    first's weights (`sft-r1`, then `sft`): one run of 400 steps left the model copying tool
+    answers badly (held-out success 0.000);
  3. per seed, GRPO (`config/tiny/grpo_kv_agent_argument.json`: `env_name`
     `ppo.tiny.kv_task:KVEnvironment` and no reward model or scorer -- the environment's reward
     is the only reward; `eval_datasets` the held-out records, so the trainer logs
@@ -37,6 +39,7 @@ ENV = dict(os.environ, MKL_DEBUG_CPU_TYPE="5", PYTHONUNBUFFERED="1", OMP_NUM_THR
 DEFAULT_ROOT = "outputs/tiny-kv-agent"
 TEMPLATE = "USER: {input} ASSISTANT:"
 TOOLS = ["ppo.tiny.kv_task:KVStore", "calculator"]
+SFT_ROUNDS = 2  # two passes of the SFT config (400 steps, cosine), the second from the first's weights
 
 
 def moved(root, *flags):
@@ -59,12 +62,16 @@ def train(root, seed, walls, extra=()):
     """Stages 2-3 (each skipped when its model exists): SFT once, GRPO per seed; `extra`: flags
     added to both (smaller runs)."""
     logs = os.path.join(root, "logs")
-    if not os.path.isfile(f"{root}/sft/model_state.pdparams"):
+    for r in range(1, SFT_ROUNDS + 1):  # round r starts from round r-1's weights; the last writes sft/
+        name = "sft" if r == SFT_ROUNDS else f"sft-r{r}"
+        start = f"{DEFAULT_ROOT}/base" if r == 1 else f"{DEFAULT_ROOT}/sft-r{r - 1}"
+        if os.path.isfile(f"{root}/sft/model_state.pdparams") or os.path.isfile(f"{root}/{name}/model_state.pdparams"):
+            continue
         cmd = [PY, "sft/run_sft.py", "config/tiny/sft_kv_agent_argument.json",
-               *moved(root, "--model_name_or_path", f"{DEFAULT_ROOT}/base", "--train_datasets",
-                      f"Jsonfile:1.0:{DEFAULT_ROOT}/data/sft.jsonl", "--output_dir", f"{DEFAULT_ROOT}/sft",
-                      "--logging_dir", f"{DEFAULT_ROOT}/sft/visualdl"), *extra.get("sft", ())]
-        walls["sft"] = run_logged(logs, "sft", cmd, ENV, "kv_agent_demo")
+               *moved(root, "--model_name_or_path", start, "--train_datasets",
+                      f"Jsonfile:1.0:{DEFAULT_ROOT}/data/sft.jsonl", "--output_dir", f"{DEFAULT_ROOT}/{name}",
+                      "--logging_dir", f"{DEFAULT_ROOT}/{name}/visualdl"), *extra.get("sft", ())]
+        walls[name] = run_logged(logs, name, cmd, ENV, "kv_agent_demo")
     out = f"{root}/grpo-seed{seed}"
     if not os.path.isfile(f"{out}/policy/model_state.pdparams"):
         cmd = [PY, "ppo/run_ppo.py", "config/tiny/grpo_kv_agent_argument.json", "--seed", str(seed),
@@ -128,7 +135,9 @@ def print_table(summary):
     print("\nheld-out sums (one sampled trajectory per record; trainer: greedy eval/agent/success at steps 0 / last):")
     print(f"  {'model':<6} {'seed':>5} {'tools':>6} {'success':>8} {'calls/episode':>14} {'trainer':>13} {'train s':>8}")
     for r in summary["rows"]:
-        wall = summary["stage_wall_s"].get("sft" if r["model"] == "sft" else f"grpo-seed{r['seed']}")
+        walls = summary["stage_wall_s"]
+        wall = sum(v for k, v in walls.items() if k.startswith("sft")) if r["model"] == "sft" else \
+            walls.get(f"grpo-seed{r['seed']}")
         wall = f"{wall:.0f}" if wall is not None else "-"
         trainer = "-" if r.get("trainer_eval_last") is None else \
             f"{r['trainer_eval_step0']:.3f}/{r['trainer_eval_last']:.3f}"
