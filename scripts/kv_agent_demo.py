@@ -58,12 +58,12 @@ def build(root, data_sizes=None):
         build_kv_data(f"{root}/data", seed=0, **(data_sizes or {}))
 
 
-def train(root, seed, walls, extra=()):
-    """Stages 2-3 (each skipped when its model exists): SFT once, GRPO per seed; `extra`: flags
-    added to both (smaller runs)."""
+def train(root, seed, walls, extra=(), sft_rounds=SFT_ROUNDS):
+    """Stages 2-3 (each skipped when its model exists): SFT (`sft_rounds` runs) once, GRPO per
+    seed; `extra`: flags added to both (smaller runs)."""
     logs = os.path.join(root, "logs")
-    for r in range(1, SFT_ROUNDS + 1):  # round r starts from round r-1's weights; the last writes sft/
-        name = "sft" if r == SFT_ROUNDS else f"sft-r{r}"
+    for r in range(1, sft_rounds + 1):  # round r starts from round r-1's weights; the last writes sft/
+        name = "sft" if r == sft_rounds else f"sft-r{r}"
         start = f"{DEFAULT_ROOT}/base" if r == 1 else f"{DEFAULT_ROOT}/sft-r{r - 1}"
         if os.path.isfile(f"{root}/sft/model_state.pdparams") or os.path.isfile(f"{root}/{name}/model_state.pdparams"):
             continue
@@ -153,7 +153,10 @@ def main(argv=None, data_sizes=None, extra=None, max_rows=200):
     parser.add_argument("--seeds", default="42,43,44", help="GRPO seeds, comma-separated")
     parser.add_argument("--output_root", default=DEFAULT_ROOT)
     parser.add_argument("--restart", action="store_true", help="delete the output root and run every stage again")
+    parser.add_argument("--sft_rounds", type=int, default=SFT_ROUNDS, help="SFT runs, each from the last one's weights")
     args = parser.parse_args(argv)
+    if args.sft_rounds < 1:
+        parser.error(f"--sft_rounds must be at least 1, got {args.sft_rounds}")
     seeds = [int(s) for s in args.seeds.split(",")]
     root = os.path.join(ROOT, args.output_root) if not os.path.isabs(args.output_root) else args.output_root
     if args.restart and os.path.isdir(root):
@@ -162,7 +165,7 @@ def main(argv=None, data_sizes=None, extra=None, max_rows=200):
     walls = json.load(open(walls_path)) if os.path.isfile(walls_path) else {}
     build(root, data_sizes)
     for seed in seeds:
-        train(root, seed, walls, extra or {})
+        train(root, seed, walls, extra or {}, args.sft_rounds)
         json.dump(walls, open(walls_path, "w"), indent=2)
     summary = {"output_root": root, "seeds": seeds, "rows": evaluate(root, seeds, max_rows), "stage_wall_s": walls}
     json.dump(summary, open(os.path.join(root, "kv_agent_summary.json"), "w"), indent=2)
