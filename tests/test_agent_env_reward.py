@@ -208,7 +208,9 @@ def test_stateful_tools_live_one_trajectory_and_score_it(tiny_model_dir, user_en
     # 0+3+4 = 7, and 5+1+1+0 = 7 cut at max_turns: reward 1; the third row's step hangs: env_timeout, reward 0
     assert rows[0]["agent/env_reward_mean"] == pytest.approx(4 / 6)
     assert rows[0]["agent/tool_calls_mean"] == pytest.approx((2 + 2 + 3 + 3 + 1 + 1) / 6)
-    assert log.read_text().count("released") == 6  # one per trajectory, the timed-out ones too
+    # one per trajectory, the timed-out ones too, and one per record for the start-up check that
+    # starts each training prompt as the rollout will (ppo/agents/prompt_room.py)
+    assert log.read_text().count("released") == 6 + 3
     assert sorted(os.listdir(log.parent)) == ["release.log"]
 
 
