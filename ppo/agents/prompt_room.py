@@ -28,8 +28,8 @@ def first_prompt_lengths(env, turn_format, dataset, env_for=None):
     for index in range(len(dataset)):
         item = dataset[index]
         record = item_record(item)
+        record_env = env_for(record) if env_for is not None else env
         try:
-            record_env = env_for(record) if env_for is not None else env
             first = record_env.reset(record)
         except Exception as err:  # noqa: BLE001 - the user's environment: any failure is the problem
             raise ValueError(f"reset() of prompt {index} ({item['src'][:40]!r}) raised {type(err).__name__}: {err}") from None
