@@ -10,9 +10,9 @@ already done are skipped):
  1. build: the tiny model with the four tool tags as tokens and the data: SFT demonstrations
     mixing the full chain (two lookups, the calculator, the sum copied out), lookups with the sum
     written directly, and a sum written at once; RL records; 200 held-out records;
- 2. SFT (`config/tiny/sft_kv_agent_argument.json`) twice, the second run starting from the
-    first's weights (`sft-r1`, then `sft`): one run of 400 steps left the model copying tool
-    answers badly (held-out success 0.000);
+ 2. SFT (`config/tiny/sft_kv_agent_argument.json`) three times (`--sft_rounds`), each run
+    starting from the last one's weights (`sft-r1`, `sft-r2`, then `sft`): one run of 400 steps
+    left the model copying tool answers badly (held-out success 0.000);
  3. per seed, GRPO (`config/tiny/grpo_kv_agent_argument.json`: `env_name`
     `ppo.tiny.kv_task:KVEnvironment` and no reward model or scorer -- the environment's reward
     is the only reward; `eval_datasets` the held-out records, so the trainer logs
@@ -39,7 +39,7 @@ ENV = dict(os.environ, MKL_DEBUG_CPU_TYPE="5", PYTHONUNBUFFERED="1", OMP_NUM_THR
 DEFAULT_ROOT = "outputs/tiny-kv-agent"
 TEMPLATE = "USER: {input} ASSISTANT:"
 TOOLS = ["ppo.tiny.kv_task:KVStore", "calculator"]
-SFT_ROUNDS = 2  # two passes of the SFT config (400 steps, cosine), the second from the first's weights
+SFT_ROUNDS = 3  # three passes of the SFT config (400 steps, cosine), each from the last one's weights
 
 
 def moved(root, *flags):
