@@ -24,7 +24,7 @@ LAYERS = (
      "ppo.models.train_patch"),
     ("ppo.models",),
     ("ppo.rollout", "ppo.experience", "ppo.evaluation", "ppo.sampled_eval", "ppo.resume_check", "ppo.checkpoint",
-     "ppo.agents", "ppo.judge", "ppo.scorers", "ppo.process_reward_scorer"),
+     "ppo.agents", "ppo.tiny.kv_task", "ppo.judge", "ppo.scorers", "ppo.process_reward_scorer"),
     ("ppo.passes", "ppo.strategy"),
     ("ppo.trainer",),
     ("ppo.entry", "ppo.ppo_argument_checks", "ppo.ppo_arguments", "ppo.paddlenlp_rl_arguments", "ppo.ppo_trainer"),
