@@ -18,11 +18,12 @@ import numpy as np
 import paddle
 
 from .models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE, causal_lm_token_logprobs, last_token_index, position_ids_from_mask
+from .models.routing_replay import packed_routing, pad_routing, replay_kwargs
 from .models.unpadded import pack_padded, packed_token_logprobs
 
 STAGES = ("rollout", "scored", "complete")
 ROW_TENSORS = ("sequences", "attention_mask", "position_ids", "response_ids", "response_mask", "group_ids", "old_logprobs",
-               "ref_logprobs", "advantages", "ends_with_eos", "rollout_logprobs", "rollout_is_weights", "env_rewards")
+               "ref_logprobs", "advantages", "ends_with_eos", "rollout_logprobs", "rollout_is_weights", "env_rewards", "routing")
 ROW_LISTS = ("src", "label", "prompt_text", "response_text", "turns")
 
 
@@ -80,6 +81,9 @@ class Experience:
     env_rewards: Optional[paddle.Tensor] = None  # [N, Tr] the environment's rewards (turn_reward_mode)
     response_text: Optional[List[str]] = None  # what scorers rate: every turn and answer after the prompt
     turns: Optional[List[dict]] = None  # each trajectory's segments with their roles (samples.jsonl)
+    # routing replay (`moe_routing_replay rollout`, `ppo.models.routing_replay`): the experts the
+    # rollout routed each token of `sequences` to, replayed by the actor's forwards
+    routing: Optional[paddle.Tensor] = None  # [N, T, L, k] int32, -1: not replayed
 
     def __len__(self):
         return self.sequences.shape[0]
@@ -204,23 +208,27 @@ def response_slice(tensor, prompt_len, response_len):
 
 
 def response_logprobs(model, exp, temperature, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE, with_entropy=False,
-                      remove_padding=False, dtype="float32"):
+                      remove_padding=False, dtype="float32", replay=False):
     """Log-probs `[N, Tr]` of the response tokens under `model` at `temperature` and, with
     `with_entropy`, the entropy `[N, Tr]` of each predicting distribution (else None); both 0
     outside the response mask. The LM head runs over response tokens only, `chunk_size` at a
     time (0: full logits). `remove_padding`: the model runs on the rows' real tokens packed
     together (`ppo.models.unpadded`), with the same results. `dtype`: of the logits' softmax and
-    the results (float32; the training dtype with PaddleNLP's `use_fp32_compute` off)."""
+    the results (float32; the training dtype with PaddleNLP's `use_fp32_compute` off). `replay`:
+    the forward uses the experts of `exp.routing` (routing replay; nothing when it is None)."""
     P = exp.prompt_len
+    routing = exp.routing if replay else None
     mask = paddle.concat([paddle.zeros([len(exp), P], "float32"), exp.response_mask.astype("float32")], axis=1)
     Tr = exp.response_ids.shape[1]
     if remove_padding:
         packed = pack_padded(exp.sequences, exp.attention_mask)
-        logprobs, entropy = packed_token_logprobs(model, packed, mask, temperature, chunk_size, with_entropy, dtype)
+        replayed = replay_kwargs(None if routing is None else packed_routing(packed, routing))
+        logprobs, entropy = packed_token_logprobs(model, packed, mask, temperature, chunk_size, with_entropy, dtype, replayed)
         return logprobs[:, P:P + Tr], (entropy[:, P:P + Tr] if with_entropy else None)
     logprobs, entropy = causal_lm_token_logprobs(
         model, exp.sequences, exp.attention_mask, exp.sequences, mask=mask, position_ids=exp.position_ids,
         temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, first_counted=P, dtype=dtype,
+        model_kwargs=replay_kwargs(routing),
     )
     return response_slice(logprobs, P, Tr), (response_slice(entropy, P, Tr) if with_entropy else None)
 
@@ -274,6 +282,8 @@ def pad_experience(exp, Tp, Tr, pad_id):
     for name in ("old_logprobs", "rollout_logprobs", "env_rewards"):
         if getattr(exp, name) is not None:
             setattr(out, name, pad_columns(getattr(exp, name), 0, dr, 0.0))
+    if exp.routing is not None:
+        out.routing = pad_routing(exp.routing, dp, dr, P)
     for trace in out.objectives.values():  # a process reward model's step tensors [N, Tr]
         for name in ("step_rewards", "step_mask"):
             if getattr(trace, name) is not None:

@@ -13,6 +13,7 @@ from .common import validation
 from .common.plugins import import_plugin_module
 from .common.report_writers import LOOP_PACKAGES, missing_report_packages
 from .entry.argument_groups import split_specs
+from .entry.routing_replay_arguments import routing_replay_problems
 from .models.hf_import import hf_config_problems
 from .paddlenlp_rl_arguments import process_reward_model_problems
 from .trainer.best_policy import EVAL_METRICS, eval_metric_name
@@ -326,7 +327,7 @@ def validate_arguments(model_args, data_args, training_args):
     problems += remove_padding_problems(training_args) + pass_size_problems(training_args)
     problems += lagrangian_problems(model_args, training_args)
     problems += agent_problems(training_args) + agent_run_problems(data_args, training_args)
-    problems += process_reward_model_problems(model_args, training_args)
+    problems += process_reward_model_problems(model_args, training_args) + routing_replay_problems(model_args, training_args)
     if training_args.load_best_model_at_end and not data_args.eval_datasets:
         problems.append("load_best_model_at_end picks the best evaluated policy: give eval_datasets")
     if training_args.early_stopping and not split_specs(data_args.eval_datasets):

@@ -27,6 +27,7 @@ from .entry.argument_groups import (
 )
 from .entry.policy_loss_arguments import LOSS_AGG_MODE_HELP, PolicyLossArguments, policy_loss_problems
 from .entry.rollout_placement_arguments import RolloutPlacementArguments
+from .entry.routing_replay_arguments import RoutingReplayArguments
 from .common.argument_problems import problem_scope
 from .paddlenlp_rl_arguments import PaddleNLPRLArguments
 from .ppo_argument_checks import (  # noqa: F401  (validate_arguments: the entry point's start-up pass)
@@ -111,9 +112,9 @@ class DataArgument(PromptFieldArguments, DatasetArguments):
 
 
 @dataclass
-class PPOTrainingArguments(RolloutPlacementArguments, AgentArguments, PolicyLossArguments, PaddleNLPRLArguments,
-                           RolloutLoopArguments, RolloutArguments, DivergenceArguments, LogprobArguments, GenerationArguments,
-                           PaddleNLPTrainingArguments):
+class PPOTrainingArguments(RoutingReplayArguments, RolloutPlacementArguments, AgentArguments, PolicyLossArguments,
+                           PaddleNLPRLArguments, RolloutLoopArguments, RolloutArguments, DivergenceArguments,
+                           LogprobArguments, GenerationArguments, PaddleNLPTrainingArguments):
     """The rollout (`RolloutArguments`) and the loop's optimiser (`RolloutLoopArguments`) are shared with
     online DPO; the policy loss's own settings are `PolicyLossArguments`; `AgentArguments` (env_name,
     env_kwargs, max_turns, ...) make the rollout multi-turn (ppo/agents); PaddleNLP's RL-entry extras

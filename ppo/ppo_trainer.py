@@ -148,7 +148,8 @@ def rollout_engine(args, model, tokenizer, tensor_parallel_group=None):
     return RolloutEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                          use_rollout_engine=args.use_fusemt, kernels=args.rollout_kernels,
                          keep_tensor_parallel=args.keep_tensor_parallel, max_num_seqs=args.rollout_max_num_seqs,
-                         tensor_parallel_group=tensor_parallel_group)
+                         tensor_parallel_group=tensor_parallel_group,
+                         record_routing=getattr(args, "moe_routing_replay", "none") == "rollout")
 
 
 def sampling_params(args):

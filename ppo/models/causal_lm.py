@@ -54,12 +54,14 @@ def _output_logits(out):
     return out.logits if hasattr(out, "logits") else out[0]
 
 
-def causal_lm_logits(model, input_ids, attention_mask, position_ids=None, dtype="float32"):
+def causal_lm_logits(model, input_ids, attention_mask, position_ids=None, dtype="float32", model_kwargs=None):
     """Full logits `[N, T, V]` in `dtype` (float32 unless `use_fp32_compute` is off) of a causal
-    LM or its LoRA / DataParallel wrapper."""
+    LM or its LoRA / DataParallel wrapper; `model_kwargs`: further forward arguments (a routing
+    replay's ``moe_expert_indices``, `ppo.models.routing_replay`)."""
     if position_ids is None:
         position_ids = position_ids_from_mask(attention_mask)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True,
+                **(model_kwargs or {}))
     return _output_logits(out).astype(dtype)
 
 
@@ -94,11 +96,12 @@ def lm_head_replaced(model, head_fn):
         del head.forward
 
 
-def _forward_through_head(model, head_fn, input_ids, attention_mask, position_ids):
+def _forward_through_head(model, head_fn, input_ids, attention_mask, position_ids, model_kwargs=None):
     if position_ids is None:
         position_ids = position_ids_from_mask(attention_mask)
     with lm_head_replaced(model, head_fn):
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True,
+                    **(model_kwargs or {}))
     return _output_logits(out)
 
 
@@ -120,7 +123,7 @@ def _shifted(labels, mask):
 
 def causal_lm_token_logprobs(
     model, input_ids, attention_mask, labels, mask=None, position_ids=None, temperature=1.0, chunk_size=DEFAULT_LOGPROB_CHUNK_SIZE,
-    with_entropy=False, first_counted=1, dtype="float32",
+    with_entropy=False, first_counted=1, dtype="float32", model_kwargs=None,
 ):
     """Log-prob (and entropy) of each counted token given the tokens before it.
 
@@ -141,13 +144,14 @@ def causal_lm_token_logprobs(
     A tensor-parallel model whose LM head holds a slice of the vocabulary never gathers the
     vocabulary: each rank computes its slice's logits at the counted positions and
     `ppo.algos.vocab_parallel_logprobs_from_hidden` all-reduces the per-token statistics,
-    `chunk_size` positions at a time as on one rank.
+    `chunk_size` positions at a time as on one rank. `model_kwargs`: further forward arguments
+    (a routing replay's ``moe_expert_indices``).
     """
     split_head = vocab_parallel_head(model)
     if split_head is not None:
         return _vocab_parallel_logprobs(
             model, split_head, input_ids, attention_mask, labels, mask, position_ids, temperature, chunk_size, with_entropy,
-            dtype,
+            dtype, model_kwargs,
         )
     weight, transpose_y = None, False
     if chunk_size and chunk_size > 0:
@@ -167,20 +171,20 @@ def causal_lm_token_logprobs(
             )
             return paddle.stack([logp, entropy] if with_entropy else [logp], axis=-1)
 
-        packed = _forward_through_head(model, head_fn, input_ids, attention_mask, position_ids)
+        packed = _forward_through_head(model, head_fn, input_ids, attention_mask, position_ids, model_kwargs)
         return packed[:, :-1, 0], (packed[:, :-1, 1] if with_entropy else None)
     return _full_logits_logprobs(
         model, input_ids, attention_mask, position_ids, shifted_labels, shifted_mask, temperature, with_entropy, first_counted,
-        dtype,
+        dtype, model_kwargs,
     )
 
 
 def _full_logits_logprobs(model, input_ids, attention_mask, position_ids, shifted_labels, shifted_mask, temperature,
-                          with_entropy, first_counted, dtype="float32"):
+                          with_entropy, first_counted, dtype="float32", model_kwargs=None):
     """`causal_lm_token_logprobs` from full `[N, T, V]` logits, normalised from output column
     `first_counted - 1` on (the columns before it are 0); labels and mask already shifted."""
     start = max(first_counted, 1) - 1  # first output column that can count
-    logits = causal_lm_logits(model, input_ids, attention_mask, position_ids, dtype)[:, start:-1]
+    logits = causal_lm_logits(model, input_ids, attention_mask, position_ids, dtype, model_kwargs)[:, start:-1]
     targets = shifted_labels[:, start:-1]
     counted = targets >= 0
     if shifted_mask is not None:
@@ -199,7 +203,7 @@ def _full_logits_logprobs(model, input_ids, attention_mask, position_ids, shifte
 
 
 def _vocab_parallel_logprobs(model, split_head, input_ids, attention_mask, labels, mask, position_ids, temperature,
-                             chunk_size, with_entropy, dtype="float32"):
+                             chunk_size, with_entropy, dtype="float32", model_kwargs=None):
     """`causal_lm_token_logprobs` for a column-parallel LM head (see there): the counted
     positions' hidden states times this rank's head slice, `chunk_size` positions at a time
     (`ppo.algos.vocab_parallel_logprobs_from_hidden`); the hidden states enter through the
@@ -215,7 +219,7 @@ def _vocab_parallel_logprobs(model, split_head, input_ids, attention_mask, label
         )
         return paddle.stack([logp, entropy] if with_entropy else [logp], axis=-1)
 
-    packed = _forward_through_head(model, head_fn, input_ids, attention_mask, position_ids)
+    packed = _forward_through_head(model, head_fn, input_ids, attention_mask, position_ids, model_kwargs)
     return packed[:, :-1, 0], (packed[:, :-1, 1] if with_entropy else None)
 
 

@@ -88,12 +88,13 @@ def pack_padded(input_ids, attention_mask, capacity=None):
     )
 
 
-def packed_token_logprobs(model, packed, counted, temperature=1.0, chunk_size=0, with_entropy=False, dtype="float32"):
+def packed_token_logprobs(model, packed, counted, temperature=1.0, chunk_size=0, with_entropy=False, dtype="float32",
+                          model_kwargs=None):
     """Log-probs (and entropies) of the counted tokens of a padded batch, computed on its packed
     rows: `counted [N, T]` (nonzero where a token counts; a row's first real token never does)
     -> `(logprobs [N, T], entropy [N, T] or None)` in input alignment (column t: the log-prob of
     the token at t given the tokens before it), in `dtype` (see `causal_lm_token_logprobs`), 0 where
-    not counted."""
+    not counted. `model_kwargs`: further forward arguments, already in the packed layout."""
     mask = packed.to_packed(counted, 0).numpy().astype("float32")
     N, T = packed.valid.shape
     mask.reshape(-1)[packed.index.reshape(N, T)[np.arange(N), packed.first]] = 0  # no sample's first token counts
@@ -101,6 +102,7 @@ def packed_token_logprobs(model, packed, counted, temperature=1.0, chunk_size=0,
     logp, entropy = causal_lm_token_logprobs(
         model, packed.input_ids, packed.attention_mask, packed.input_ids, mask=mask, position_ids=packed.position_ids,
         temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, first_counted=1, dtype=dtype,
+        model_kwargs=model_kwargs,
     )
     column = lambda t: paddle.concat([paddle.zeros([t.shape[0], 1], t.dtype), t], axis=1)  # noqa: E731 [R, L-1] -> [R, L]
     return packed.to_padded(column(logp)), (packed.to_padded(column(entropy)) if with_entropy else None)

@@ -12,6 +12,7 @@ from ..models.reward_tokens import reward_scores
 from ..models.basics import unwrap_model
 from ..models.causal_lm import answer_nll
 from ..models.families.moe import take_aux_loss
+from ..models.routing_replay import agreement_metric, take_replay_agreement
 from .base import ModelPasses
 
 
@@ -35,7 +36,13 @@ class PlainPasses(ModelPasses):
     from the actor's; remove_padding: the actor, reference and critic passes run on the rows'
     real tokens packed together (`use_remove_padding`, `ppo.models.unpadded`); the score
     models' stay padded; logprob_dtype: of the actor's and reference's log-probs (float32, or the
-    training dtype with PaddleNLP's `use_fp32_compute` off)."""
+    training dtype with PaddleNLP's `use_fp32_compute` off).
+
+    Routing replay (an experience with `routing`, `moe_routing_replay rollout`): the actor's
+    forwards (old log-probs, the update's) use the rollout's experts; the reference keeps its own
+    routing, as slime's actor (`fallthrough` for the reference, `replay_forward` for the old
+    log-probs, `replay_backward` for training: `slime/backends/megatron_utils/actor.py`). The
+    update's micro-batches report `moe/replay_agreement` (`ppo.models.routing_replay`)."""
 
     def __init__(self, models, actor, critics, temperature, logprob_chunk_size, chunk_rows, retokenizers=None,
                  remove_padding=False, logprob_dtype="float32"):
@@ -54,20 +61,23 @@ class PlainPasses(ModelPasses):
     # ---- no-gradient passes ----------------------------------------------------------
     def logprobs(self, which, exp):
         if which == "actor":
-            return self._logprobs_under(self.models.actor, exp)
-        with self.models.reference_mode() as reference:  # a LoRA actor with its adapter off
-            return self._logprobs_under(reference, exp)
+            logprobs = self._logprobs_under(self.models.actor, exp, replay=True)
+            take_replay_agreement(self.models.actor)  # the metric counts the update's forwards only
+            return logprobs
+        with self.models.reference_mode() as reference:  # a LoRA actor with its adapter off; its own routing
+            return self._logprobs_under(reference, exp, replay=False)
 
-    def _logprobs_under(self, model, exp):
-        return in_chunks(lambda e: self._actor_forward(model, e, with_entropy=False)[0], exp, self.chunk_rows["logprob"])
+    def _logprobs_under(self, model, exp, replay):
+        return in_chunks(lambda e: self._actor_forward(model, e, with_entropy=False, replay=replay)[0], exp,
+                         self.chunk_rows["logprob"])
 
     def values(self, objective, exp):
         critic = self.models.critic_models()[objective]
         return in_chunks(lambda e: self._critic_forward(critic, e), exp, self.chunk_rows["value"])
 
-    def _actor_forward(self, model, exp, with_entropy=True):
+    def _actor_forward(self, model, exp, with_entropy=True, replay=True):
         return response_logprobs(model, exp, self.temperature, self.logprob_chunk_size, with_entropy=with_entropy,
-                                 remove_padding=self.remove_padding, dtype=self.logprob_dtype)
+                                 remove_padding=self.remove_padding, dtype=self.logprob_dtype, replay=replay)
 
     def _critic_forward(self, model, exp):
         return response_values(model, exp, remove_padding=self.remove_padding)
@@ -137,6 +147,7 @@ class PlainPasses(ModelPasses):
         if aux is not None:
             loss = loss + aux.astype(loss.dtype) / n_micro
             stats = {**stats, **moe_stats}
+        stats = {**stats, **agreement_metric(unwrap_model(self.actor))}  # routing replay's, when replayed
         if losses.next_ptx_batch is not None:
             ptx = ptx_nll(self.actor, losses.next_ptx_batch(), self.logprob_chunk_size)
             loss = loss + losses.ptx_coeff * ptx / n_micro

@@ -61,6 +61,8 @@ def trim_padding(exp):
     for name in ("response_ids", "response_mask", "old_logprobs", "rollout_logprobs"):
         if getattr(exp, name) is not None:
             setattr(out, name, getattr(exp, name)[:, :Tr])
+    if exp.routing is not None:
+        out.routing = exp.routing[:, P - keep_p : P + Tr]
     return out
 
 

@@ -7,10 +7,12 @@ each data rank keeps its rows' columns, so a row samples the same tokens whateve
 data-parallel layout. The engine's log-probs of the sampled tokens become the old log-probs
 (`use_rollout_logprobs`) or are kept as `rollout_logprobs` for the rollout correction. The
 draw count lives in the run state (`gen_batches`): it seeds the draw and numbers the prompt
-groups (group ids never repeat across draws or ranks)."""
+groups (group ids never repeat across draws or ranks). An engine that records routing
+(`moe_routing_replay rollout`) gives each token's experts, kept as `Experience.routing`."""
 import paddle
 
 from ..experience import experience_from_rollout
+from ..models.routing_replay import rollout_routing
 
 
 class Rollout:
@@ -42,6 +44,8 @@ class Rollout:
         self.state.gen_batches += 1
         exp = experience_from_rollout(batch, out, self.tokenizer.eos_token_id, repeat=n, group_base=group_base)
         exp.version = self.state.step
+        if out.expert_indices is not None:  # routing replay: the experts of every token, aligned to `sequences`
+            exp.routing = rollout_routing(out.expert_indices, exp.attention_mask)
         engine_logprobs = out.response_logprobs * exp.response_mask
         if out.logprobs_match_forward and self.settings.use_rollout_logprobs:
             exp.old_logprobs = engine_logprobs

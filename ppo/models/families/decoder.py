@@ -226,11 +226,13 @@ def decoder_forward(model, input_ids=None, position_ids=None, attention_mask=Non
     for layer, layer_past in zip(model.layers, past_key_values):
         if output_hidden_states:
             hidden_states.append(h)
+        # a replayed routing goes in as an argument, so that a recomputed forward replays it too
+        replay = getattr(layer, "replay_indices", None)
+        args = (h, position_ids, mask, layer_past, use_cache) + (() if replay is None else (replay,))
         if model.enable_recompute and config.recompute_granularity == "full" and not h.stop_gradient:
-            outputs = recompute(layer, h, position_ids, mask, layer_past, use_cache,
-                                use_reentrant=config.recompute_use_reentrant)
+            outputs = recompute(layer, *args, use_reentrant=config.recompute_use_reentrant)
         else:
-            outputs = layer(h, position_ids, mask, layer_past, use_cache)
+            outputs = layer(*args)
         h, present = outputs[0], outputs[1]
         router_logits.extend(outputs[2:])  # a mixture-of-experts layer's router logits [B*T, E]
         cache.append(present)

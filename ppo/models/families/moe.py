@@ -10,7 +10,9 @@ computed only on the tokens routed to it (gathered by expert, weighted, scattere
 Routing replay (R3, Ma et al. 2025): ``forward(x, expert_indices=[N, k])`` uses those experts
 instead of its own top-k; their gate weights still come from the current router's softmax
 (gathered at the given indices, then renormalised as above), so the router keeps its gradient.
-The block returns the indices it used, so a rollout can record them.
+The block returns the indices it used, so a rollout can record them, and counts while it
+replays how many tokens its router's own top-k set equals the given one (`replay_agreement_counts`,
+read and reset by `ppo.models.routing_replay.take_replay_agreement`).
 
 Losses, over the router logits of every MoE layer of one forward (a list of ``[N, E]``):
 
@@ -44,6 +46,18 @@ def route(logits, top_k, norm_topk_prob, expert_indices=None):
     return weights, indices
 
 
+def replay_agreement_counts(logits, top_k, expert_indices):
+    """``(same, recorded)`` float32 scalars of a replayed routing: of the tokens whose ``k``
+    entries of ``expert_indices [N, k]`` are all given (>= 0), how many the router's own top-k of
+    ``logits [N, E]`` picks as the same set of experts, and how many there are."""
+    with paddle.no_grad():
+        own = paddle.sort(paddle.topk(logits.astype("float32"), top_k, axis=-1)[1], axis=-1)
+        given = paddle.sort(expert_indices.astype("int64"), axis=-1)
+        recorded = (given >= 0).all(axis=-1)
+        same = paddle.logical_and((own == given).all(axis=-1), recorded)
+        return same.astype("float32").sum(), recorded.astype("float32").sum()
+
+
 def dispatch(x, weights, indices, experts):
     """``sum_j weights[:, j] * experts[indices[:, j]](x)`` for ``x [N, H]``, each expert run
     once on the rows routed to it (none on an expert no token chose). Returns ``[N, H]``."""
@@ -73,14 +87,19 @@ class SparseMoeBlock(nn.Layer):
         self.norm_topk_prob = config.norm_topk_prob
         self.gate = nn.Linear(config.hidden_size, self.num_experts, bias_attr=False)
         self.experts = nn.LayerList([MLP(config, config.moe_intermediate_size) for _ in range(self.num_experts)])
+        self.replay_counts = None  # (same, recorded) summed over the replayed forwards since the last take
 
     def forward(self, x, expert_indices=None):
         """x ``[B, T, H]`` -> ``(out [B, T, H], router_logits [B*T, E], indices [B*T, k])``;
-        ``expert_indices [B*T, k]`` replays a recorded routing."""
+        ``expert_indices [B*T, k]`` replays a recorded routing (and adds to `replay_counts`)."""
         B, T, H = x.shape
         flat = x.reshape([-1, H])
         logits = self.gate(flat)
         weights, indices = route(logits, self.top_k, self.norm_topk_prob, expert_indices)
+        if expert_indices is not None:
+            counts = replay_agreement_counts(logits, self.top_k, expert_indices)
+            self.replay_counts = counts if self.replay_counts is None else tuple(
+                a + b for a, b in zip(self.replay_counts, counts))
         return dispatch(flat, weights, indices, self.experts).reshape([B, T, H]), logits, indices
 
 

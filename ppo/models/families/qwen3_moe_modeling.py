@@ -62,9 +62,10 @@ class MoeDecoderLayer(DecoderLayer):
         self.replay_indices = None  # [B*T, k] for the next forward (routing replay)
         self.last_indices = None
 
-    def forward(self, x, position_ids, attention_mask, past_key_value=None, use_cache=False):
+    def forward(self, x, position_ids, attention_mask, past_key_value=None, use_cache=False, expert_indices=None):
+        """``expert_indices [B*T, k]``: the routing to replay (`decoder_forward` passes ``replay_indices``)."""
         x, present = self.attention_block(x, position_ids, attention_mask, past_key_value, use_cache)
-        out, logits, indices = self.mlp(self.post_attention_layernorm(x), self.replay_indices)
+        out, logits, indices = self.mlp(self.post_attention_layernorm(x), expert_indices)
         self.last_indices = indices.detach()
         return x + out, present, logits
 
