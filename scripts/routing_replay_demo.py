@@ -2,19 +2,24 @@
 
     python scripts/routing_replay_demo.py                      # seeds 42 and 43, 30 GRPO steps each
     python scripts/routing_replay_demo.py --seeds 42 --steps 10
+    python scripts/routing_replay_demo.py --bf16_rollout  # the rollout from bfloat16-rounded weights
 
 Builds a small Qwen3-MoE (`ppo.tiny.factory --arch qwen3_moe`: 2 layers, hidden 64, 4 experts,
 top-2, the first layer dense) and the demo data, fine-tunes it briefly (`sft/run_sft.py`), then
 for each seed runs `ppo/run_ppo.py` with `config/tiny/grpo_rule_argument.json` twice,
 `moe_routing_replay none` and `rollout`, with the old log-probs recomputed by the training
 forward (`use_rollout_logprobs false`, so every step logs the rollout/training mismatch
-`rollout/logprob_diff_*`). One run at a time, each the real entry script in a subprocess. Writes
+`rollout/logprob_diff_*`). With `--bf16_rollout` every generate call runs on the actor's weights
+rounded to bfloat16 (restored after it), as an inference engine serving bfloat16 weights differs
+from a float32 trainer: the setting routing replay is for. One run at a time, each in a
+subprocess (the entry point's `build_trainer`, so the rollout can be wrapped). Writes
 `<out>/routing_replay_summary.json` and prints a markdown table of, per run: the mismatch (mean
 over steps of `rollout/logprob_diff_mean`, largest `rollout/logprob_diff_max`, the steps where
 that exceeds 1e-4), the replay agreement (`moe/replay_agreement`), the scores of the first and
 last five steps and the largest `policy/approxkl_avg`.
 """
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -54,17 +59,57 @@ def prepare(out, sft_steps):
     return data, sft
 
 
-def grpo(out, data, sft, seed, replay, steps):
+@contextlib.contextmanager
+def bfloat16_weights(model):
+    """`model`'s float32 weights rounded to bfloat16 inside the block, restored after it."""
+    import paddle
+
+    saved = {}
+    with paddle.no_grad():
+        for name, p in model.named_parameters():
+            if p.dtype == paddle.float32:
+                saved[name] = p.numpy().copy()
+                p.set_value(p.astype("bfloat16").astype("float32"))
+    try:
+        yield
+    finally:
+        with paddle.no_grad():
+            for name, p in model.named_parameters():
+                if name in saved:
+                    p.set_value(saved[name])
+
+
+def train_child(argv, bf16_rollout):
+    """The child process of one GRPO run: `ppo.run_ppo.build_trainer(argv)`, its rollout on
+    bfloat16-rounded weights with `bf16_rollout`, trained."""
+    from ppo.run_ppo import build_trainer
+
+    trainer = build_trainer(argv)
+    if bf16_rollout:
+        engine, actor = trainer.experience.rollout.engine, trainer.passes.models.actor
+        generate = engine.generate
+
+        def rounded(*args, **kwargs):
+            with bfloat16_weights(actor):
+                return generate(*args, **kwargs)
+
+        engine.generate = rounded
+    trainer.train()
+
+
+def grpo(out, data, sft, seed, replay, steps, bf16_rollout):
     """One GRPO run; its `metrics.jsonl` lines with a score."""
-    run_dir = os.path.join(out, f"grpo-{replay}-seed{seed}")
+    name = f"grpo-{'bf16-' if bf16_rollout else ''}{replay}-seed{seed}"
+    run_dir = os.path.join(out, name)
     if not os.path.exists(os.path.join(run_dir, "summary.json")):
-        run(["ppo/run_ppo.py", "config/tiny/grpo_rule_argument.json", "--actor_model_name_or_path", sft,
-             "--train_datasets", f"Jsonfile:1.0:{data}/prompts.jsonl", "--eval_datasets", f"Jsonfile:1.0:{data}/test.jsonl",
-             "--output_dir", run_dir, "--logging_dir", f"{run_dir}/vdl", "--max_steps", str(steps), "--seed", str(seed),
-             "--per_device_prompt_batch_size", "8", "--rollout_n", "8", "--per_device_train_batch_size", "64",
-             "--update_iters", "1", "--evaluation_strategy", "no", "--save_steps", "0", "--num_sample_generations", "0",
-             "--use_rollout_logprobs", "false", "--moe_routing_replay", replay, "--disable_tqdm", "true"],
-            os.path.join(out, f"grpo-{replay}-seed{seed}.log"))
+        argv = ["config/tiny/grpo_rule_argument.json", "--actor_model_name_or_path", sft,
+                "--train_datasets", f"Jsonfile:1.0:{data}/prompts.jsonl", "--eval_datasets", f"Jsonfile:1.0:{data}/test.jsonl",
+                "--output_dir", run_dir, "--logging_dir", f"{run_dir}/vdl", "--max_steps", str(steps), "--seed", str(seed),
+                "--per_device_prompt_batch_size", "8", "--rollout_n", "8", "--per_device_train_batch_size", "64",
+                "--update_iters", "1", "--evaluation_strategy", "no", "--save_steps", "0", "--num_sample_generations", "0",
+                "--use_rollout_logprobs", "false", "--moe_routing_replay", replay, "--disable_tqdm", "true"]
+        run([__file__, "--child", json.dumps(argv)] + (["--bf16_rollout"] if bf16_rollout else []),
+            os.path.join(out, f"{name}.log"))
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [r for r in map(json.loads, f) if "objective/scores" in r]
 
@@ -97,13 +142,18 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--sft_steps", type=int, default=300)
+    parser.add_argument("--bf16_rollout", action="store_true")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one run's argv (JSON), in the child process
     args = parser.parse_args(argv)
+    if args.child:
+        return train_child(json.loads(args.child), args.bf16_rollout)
     out = os.path.join(ROOT, args.out) if not os.path.isabs(args.out) else args.out
     os.makedirs(out, exist_ok=True)
     data, sft = prepare(out, args.sft_steps)
-    summary = {f"seed {seed}, replay {replay}": summarize(grpo(out, data, sft, seed, replay, args.steps))
+    summary = {f"seed {seed}, replay {replay}": summarize(grpo(out, data, sft, seed, replay, args.steps, args.bf16_rollout))
                for seed in args.seeds for replay in ("none", "rollout")}
-    with open(os.path.join(out, "routing_replay_summary.json"), "w") as f:
+    name = "routing_replay_summary_bf16_rollout.json" if args.bf16_rollout else "routing_replay_summary.json"
+    with open(os.path.join(out, name), "w") as f:
         json.dump(summary, f, indent=2)
     print(table(summary))
 
