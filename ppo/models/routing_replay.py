@@ -5,8 +5,8 @@ sample, and the training forward of the same tokens uses them instead of its own
 One experience holds them as ``routing [N, T, L, k]`` int32 (rows, the columns of its
 ``sequences``, the model's mixture-of-experts layers in order, the k experts), the layout of
 verl's router replay (``[bs, max_seq_len, layer_num, topk]``, `verl/utils/megatron/
-router_replay_utils.py`); -1 where nothing is replayed (padding, the last sampled token, which
-the engine never ran), which the model's block routes by its own router. A forward replays them
+router_replay_utils.py`); -1 where nothing is replayed (padding, each row's last token, which
+the engine never ran as a live row), which the model's block routes by its own router. A forward replays them
 through the family's hook, ``model(..., moe_expert_indices=[per MoE layer [B*T, k]])``
 (`ppo.models.families.moe.SparseMoeBlock`), which counts on the way how many replayed tokens
 its router would have sent to the same experts (`take_replay_agreement`).
@@ -14,15 +14,22 @@ its router would have sent to the same experts (`take_replay_agreement`).
 import numpy as np
 import paddle
 
+from .causal_lm import last_token_index
+
 ROUTING_DTYPE = "int32"
 
 
 def rollout_routing(expert_indices, attention_mask):
     """``[B, T, L, k]`` int32 of the engine's per-layer ``expert_indices`` (each ``[B, T, k]``,
-    `ppo.rollout.params.RolloutOutput`), -1 where ``attention_mask [B, T]`` is 0."""
+    `ppo.rollout.params.RolloutOutput`), -1 where ``attention_mask [B, T]`` is 0 and at each
+    row's last real token: the engine samples it and stops (a row that ends on its stop token
+    runs it once more as a finished row, whose attention is skipped, so the experts recorded
+    there are not the token's); its output predicts nothing the losses read."""
     stacked = paddle.stack([e.astype(ROUTING_DTYPE) for e in expert_indices], axis=2)
-    real = (attention_mask != 0).unsqueeze(-1).unsqueeze(-1)
-    return paddle.where(real, stacked, paddle.full_like(stacked, -1))
+    columns = paddle.arange(attention_mask.shape[1], dtype="int64").unsqueeze(0)
+    last = (columns == last_token_index(attention_mask).unsqueeze(1))
+    keep = paddle.logical_and(attention_mask != 0, paddle.logical_not(last)).unsqueeze(-1).unsqueeze(-1)
+    return paddle.where(keep, stacked, paddle.full_like(stacked, -1))
 
 
 def replay_kwargs(routing):
