@@ -1,6 +1,6 @@
 """The mixture-of-experts GRPO demo with routing replay off and on, side by side.
 
-    python scripts/routing_replay_demo.py                      # seeds 42 and 43, 30 GRPO steps each
+    python scripts/routing_replay_demo.py                      # seeds 42 and 43, 40 GRPO steps each
     python scripts/routing_replay_demo.py --seeds 42 --steps 10
     python scripts/routing_replay_demo.py --bf16_rollout  # the rollout from bfloat16-rounded weights
 
@@ -97,16 +97,18 @@ def train_child(argv, bf16_rollout):
     trainer.train()
 
 
-def grpo(out, data, sft, seed, replay, steps, bf16_rollout):
+def grpo(out, data, sft, seed, replay, args):
     """One GRPO run; its `metrics.jsonl` lines with a score."""
-    name = f"grpo-{'bf16-' if bf16_rollout else ''}{replay}-seed{seed}"
+    steps, bf16_rollout = args.steps, args.bf16_rollout
+    shape = "" if (args.update_iters, args.train_rows) == (1, 64) else f"it{args.update_iters}-rows{args.train_rows}-"
+    name = f"grpo-{'bf16-' if bf16_rollout else ''}{shape}{replay}-seed{seed}"
     run_dir = os.path.join(out, name)
     if not os.path.exists(os.path.join(run_dir, "summary.json")):
         argv = ["config/tiny/grpo_rule_argument.json", "--actor_model_name_or_path", sft,
                 "--train_datasets", f"Jsonfile:1.0:{data}/prompts.jsonl", "--eval_datasets", f"Jsonfile:1.0:{data}/test.jsonl",
                 "--output_dir", run_dir, "--logging_dir", f"{run_dir}/vdl", "--max_steps", str(steps), "--seed", str(seed),
-                "--per_device_prompt_batch_size", "8", "--rollout_n", "8", "--per_device_train_batch_size", "64",
-                "--update_iters", "1", "--evaluation_strategy", "no", "--save_steps", "0", "--num_sample_generations", "0",
+                "--per_device_prompt_batch_size", "8", "--rollout_n", "8",
+                "--per_device_train_batch_size", str(args.train_rows), "--update_iters", str(args.update_iters), "--evaluation_strategy", "no", "--save_steps", "0", "--num_sample_generations", "0",
                 "--use_rollout_logprobs", "false", "--moe_routing_replay", replay, "--disable_tqdm", "true"]
         run([__file__, "--child", json.dumps(argv)] + (["--bf16_rollout"] if bf16_rollout else []),
             os.path.join(out, f"{name}.log"))
@@ -121,11 +123,13 @@ def summarize(lines):
         return sum(values) / len(values) if values else None
 
     return {"steps": len(lines), "logprob_diff_mean": mean("rollout/logprob_diff_mean"),
+            "logprob_diff_max_mean": mean("rollout/logprob_diff_max"),
             "logprob_diff_max": max(r["rollout/logprob_diff_max"] for r in lines),
             "steps_diff_max_over_1e-4": sum(r["rollout/logprob_diff_max"] > 1e-4 for r in lines),
             "replay_agreement": mean("moe/replay_agreement"), "scores_first5": mean("objective/scores", slice(0, 5)),
             "scores_last5": mean("objective/scores", slice(-5, None)),
-            "approxkl_max": max(r.get("policy/approxkl_avg", 0.0) for r in lines)}
+            "approxkl_max": max(r.get("policy/approxkl_avg", 0.0) for r in lines),
+            "clipfrac_mean": mean("policy/clipfrac_avg"), "grad_norm_max": max(r["train/actor_grad_norm"] for r in lines)}
 
 
 def table(summary):
@@ -140,9 +144,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="outputs/moe-replay")
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43])
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--sft_steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--sft_steps", type=int, default=600)
     parser.add_argument("--bf16_rollout", action="store_true")
+    parser.add_argument("--update_iters", type=int, default=1)
+    parser.add_argument("--train_rows", type=int, default=64, help="per_device_train_batch_size (64: one optimiser step)")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one run's argv (JSON), in the child process
     args = parser.parse_args(argv)
     if args.child:
@@ -150,9 +156,10 @@ def main(argv=None):
     out = os.path.join(ROOT, args.out) if not os.path.isabs(args.out) else args.out
     os.makedirs(out, exist_ok=True)
     data, sft = prepare(out, args.sft_steps)
-    summary = {f"seed {seed}, replay {replay}": summarize(grpo(out, data, sft, seed, replay, args.steps, args.bf16_rollout))
+    summary = {f"seed {seed}, replay {replay}": summarize(grpo(out, data, sft, seed, replay, args))
                for seed in args.seeds for replay in ("none", "rollout")}
-    name = "routing_replay_summary_bf16_rollout.json" if args.bf16_rollout else "routing_replay_summary.json"
+    name = (f"routing_replay_summary{'_bf16_rollout' if args.bf16_rollout else ''}"
+            f"{'' if (args.update_iters, args.train_rows) == (1, 64) else f'_it{args.update_iters}_rows{args.train_rows}'}.json")
     with open(os.path.join(out, name), "w") as f:
         json.dump(summary, f, indent=2)
     print(table(summary))
