@@ -115,6 +115,28 @@ def test_routing_follows_the_rows_through_a_shuffle_and_a_merge(tiny_moe_dir, ro
     np.testing.assert_allclose(replayed(model, merged)[1, :10], full[2, :10], atol=2e-6)
 
 
+def test_the_passes_replay_for_the_actor_only(tiny_moe_dir, rollout):
+    """`PlainPasses`: the actor's old log-probs and training forward replay the rollout's
+    experts, the reference (here the same weights as a separate model) routes itself, and the
+    update's micro-batch reports `moe/replay_agreement` of its own forward only."""
+    from ppo.models.ppo_models import PPOModels
+    from ppo.passes.plain import PlainPasses
+
+    exp, _ = rollout
+    actor, reference = load(tiny_moe_dir, router_noise=0.3), load(tiny_moe_dir, router_noise=0.3)
+    passes = PlainPasses(PPOModels(actor=actor, reference=reference, reward=None, critic=None), actor, {}, 1.0, 0, 2)
+    with paddle.no_grad():
+        old, ref = passes.logprobs("actor", exp).numpy(), passes.logprobs("reference", exp).numpy()
+    assert agreement_metric(actor) == {}  # the old log-prob pass is not the update's
+    np.testing.assert_allclose(old, replayed(actor, exp), atol=2e-6)
+    np.testing.assert_allclose(ref, replayed(reference, exp, replay=False), atol=2e-6)
+    assert np.abs(old - ref).max() > 1e-2  # the routing differs where the rollout's router and theirs disagree
+    agreement_metric(actor)
+    forward = passes.training_forward(exp.select([2, 0]))
+    np.testing.assert_allclose(forward["logprobs"].numpy(), old[[2, 0]], atol=2e-6)
+    assert 0.8 < agreement_metric(actor)["moe/replay_agreement"] < 1.0
+
+
 def test_a_recomputed_layer_replays_the_routing_too(tiny_moe_dir):
     """With `recompute` the layer's forward runs again in the backward: it must see the replayed
     experts (before, the second run routed by itself and Paddle's recompute failed)."""
