@@ -34,15 +34,15 @@ from paddlenlp.trainer import Trainer
 from dpo.preference_objective import needs_reference, preference_objective
 from ppo.algos import PREFERENCE_LOSSES, get_preference_loss, kto_kl_reference_point, masked_sum
 from ppo.data import IGNORE_INDEX, right_padding
-from ppo.evaluation import GenerationEvalMixin
+from ppo.evaluation.trainer_mixin import GenerationEvalMixin
 from ppo.models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE, causal_lm_token_logprobs
 from ppo.models.unpadded import pack_padded, packed_token_logprobs
 from ppo.models.loading import find_lora_model, lora_disabled
-from ppo.models.pipeline import install_last_stage_loss, pipeline_group, wrapped_pipeline
-from ppo.models.preference_pipe import PreferenceCriterion, PreferencePolicyInputs, kl_sides, pipeline_answer_logps
+from ppo.strategy.pipeline.pipe import install_last_stage_loss, pipeline_group, wrapped_pipeline
+from ppo.strategy.pipeline.preference_pipe import PreferenceCriterion, PreferencePolicyInputs, kl_sides, pipeline_answer_logps
 from ppo.entry.streaming_trainer import StreamingTrainerMixin
 from ppo.entry.trainer_resume import FreshOptimizerResumeMixin
-from ppo.models.tensor_parallel import DatasetOrderMixin
+from ppo.strategy.data_order import DatasetOrderMixin
 
 LOSS_TYPES = tuple(PREFERENCE_LOSSES)
 __all__ = ["LOSS_TYPES", "DPOTrainer", "KTOCollator", "answer_logprobs", "needs_reference"]

@@ -154,7 +154,7 @@ def test_score_model_round_trip_keeps_its_scores(tmp_path):
 
 def test_pipeline_and_tensor_parallelism_refuse_the_family_by_name(tmp_path):
     from ppo.models.families.ernie45_modeling import Ernie4_5ForCausalLM
-    from ppo.models.pipeline import load_pipe
+    from ppo.strategy.pipeline.pipe import load_pipe
 
     ernie_model().save_pretrained(str(tmp_path))
     with pytest.raises(ValueError, match="no pipeline class for model_type 'ernie4_5'"):

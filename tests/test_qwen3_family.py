@@ -204,7 +204,7 @@ def test_the_start_up_check_names_an_unsupported_model_type_before_loading(tmp_p
 
 
 def test_pipeline_parallelism_refuses_qwen3_by_name(tmp_path):
-    from ppo.models.pipeline import load_pipe
+    from ppo.strategy.pipeline.pipe import load_pipe
 
     qwen3_model().save_pretrained(str(tmp_path))
     with pytest.raises(ValueError, match="no pipeline class for model_type 'qwen3'"):

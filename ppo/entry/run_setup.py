@@ -4,7 +4,7 @@ import logging
 import os
 
 from ..checkpoint import clear_previous_run, last_complete_trainer_checkpoint
-from ..models.pipeline import save_pipeline_merged
+from ..strategy.pipeline.pipe import save_pipeline_merged
 from ..common.console_report import closing_summary, output_paths
 from ..common.divergence import DivergenceError
 from ..resume_check import check_model_checkpoint

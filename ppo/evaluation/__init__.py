@@ -1,0 +1,6 @@
+"""Held-out evaluation: greedy generation with exact-match accuracy (`generation`), and, for
+PaddleNLP `Trainer` subclasses, the mixin that runs it in the run's layout (`trainer_mixin`,
+imported from there)."""
+from .generation import decode_responses, evaluate_generation, exact_match_metrics, reward_model_score_fn
+
+__all__ = ["decode_responses", "evaluate_generation", "exact_match_metrics", "reward_model_score_fn"]
