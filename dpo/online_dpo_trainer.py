@@ -10,9 +10,9 @@ loop's (`ppo.trainer`). Online DPO runs on one process."""
 import dataclasses
 
 from ppo.common.divergence import DivergenceDetector
-from ppo.offload import OffloadPlan
+from ppo.optimization.offload import OffloadPlan
 from ppo.ppo_trainer import reward_scorer, trained_model
-from ppo.prompt_sampler import PromptSampler
+from ppo.data.prompt_sampler import PromptSampler
 from ppo.rollout import RolloutEngine, SamplingParams
 from ppo.strategy import PassSettings, build_strategy
 from ppo.trainer.evaluator import Evaluator

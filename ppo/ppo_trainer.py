@@ -26,12 +26,12 @@ from .algos.normalizer import RunningMeanStd
 from .common.console_report import run_label
 from .common.divergence import DivergenceDetector
 from .entry.policy_loss_arguments import policy_loss_startup_line
-from .resume_check import ppo_run_facts
-from .offload import OffloadPlan, parse_offload_level
-from .optim import build_optimizer, build_scheduler
+from .checkpoints.resume_check import ppo_run_facts
+from .optimization.offload import OffloadPlan, parse_offload_level
+from .optimization.optim import build_optimizer, build_scheduler
 from .ppo_argument_checks import estimator_settings
-from .process_reward_scorer import ProcessRewardScorer
-from .prompt_sampler import PromptSampler
+from .scoring.process_reward import ProcessRewardScorer
+from .data.prompt_sampler import PromptSampler
 from .rollout import RolloutEngine, SamplingParams
 from .strategy import PassSettings, PlainStrategy, Ranks, build_strategy
 from .strategy.rollout_link import RolloutLink

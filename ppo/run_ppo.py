@@ -39,7 +39,7 @@ with quiet_third_party_warnings():
     from ppo.models.reward_tokens import check_cost_tokenizers, embedding_limit_problems, retokenizer_for_run  # noqa: E402
     from ppo.common.output_lock import acquire_output_dir  # noqa: E402
     from ppo.common.startup_checks import StartupPass  # noqa: E402
-    from ppo.reward_client import run_server_problems  # noqa: E402
+    from ppo.serving.reward_client import run_server_problems  # noqa: E402
     from ppo.agents.prompt_room import prompt_room_problems  # noqa: E402
     from ppo.agents.record_env import record_environment_problems  # noqa: E402
 

@@ -3,11 +3,11 @@ import json
 import logging
 import os
 
-from ..checkpoint import clear_previous_run, last_complete_trainer_checkpoint
+from ..checkpoints.checkpoint import clear_previous_run, last_complete_trainer_checkpoint
 from ..strategy.pipeline.pipe import save_pipeline_merged
 from ..common.console_report import closing_summary, output_paths
 from ..common.divergence import DivergenceError
-from ..resume_check import check_model_checkpoint
+from ..checkpoints.resume_check import check_model_checkpoint
 from ..common.tracking import interval_weighted_mean
 from .benchmark import REPORT_FILE, BenchmarkCallback
 from .trainer_resume import saved_global_step
@@ -22,7 +22,7 @@ logger = logging.getLogger("ppo")
 def last_checkpoint(args):
     """The checkpoint to resume from: `resume_from_checkpoint` if set, else the newest complete
     `checkpoint-*` in `output_dir` (unless `overwrite_output_dir`), else None. A checkpoint
-    cut short by a kill is skipped with a warning (see `ppo.checkpoint.incomplete_reason`)."""
+    cut short by a kill is skipped with a warning (see `ppo.checkpoints.checkpoint.incomplete_reason`)."""
     if args.resume_from_checkpoint:
         return args.resume_from_checkpoint
     if os.path.isdir(args.output_dir) and not args.overwrite_output_dir:

@@ -4,7 +4,7 @@
 when they give one, else exact match); reduced over the ranks."""
 from ..evaluation import evaluate_generation
 from ..experience import experience_from_rollout
-from ..sampled_eval import evaluate_sampled, sampled_eval_settings
+from ..evaluation.sampled import evaluate_sampled, sampled_eval_settings
 
 
 class Evaluator:
