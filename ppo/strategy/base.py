@@ -134,6 +134,12 @@ class Strategy:
         if tokenizer is not None and self.ranks.is_main:
             tokenizer.save_pretrained(path)
 
+    def save_trainer_model(self, trainer, path, merge_tensor_parallel=False):
+        """The final model of a PaddleNLP `Trainer` run (SFT, reward model, DPO) written to
+        `path` as one checkpoint a single process loads (`merge_tensor_parallel`: its
+        tensor-parallel slices merged)."""
+        trainer.save_model(path, merge_tensor_parallel=merge_tensor_parallel)
+
     def load_weights(self, model, state_dict):
         """Load a saved (single-process) state dict into `model` in place."""
         from ..models.loading import unwrap_parallel

@@ -48,6 +48,12 @@ class PipelineStrategy(Strategy):
         if tokenizer is not None and self.ranks.is_main:
             tokenizer.save_pretrained(path)
 
+    def save_trainer_model(self, trainer, path, merge_tensor_parallel=False):
+        """Every stage (tensor-parallel slices merged) gathered into one plain checkpoint."""
+        from .pipe import save_pipeline_merged
+
+        save_pipeline_merged(trainer.model, path)
+
     def load_weights(self, model, state_dict):
         self.tensor.load_weights(model, state_dict)
 
