@@ -416,3 +416,35 @@ def test_shims_only_re_export_and_nothing_of_ours_imports_them():
         assert new in mods and all(isinstance(n, (ast.Expr, ast.ImportFrom)) for n in tree.body), old
     users = {name: sorted(set(SHIMS) & imported) for name, imported in import_graph().items()}
     assert not {k: v for k, v in users.items() if v}, users
+
+
+MAX_POSITIONAL = 6
+LOOP_PARTS = {"ppo.trainer.loop": "OnlineLoop", "ppo.rollout.engine": "RolloutEngine",
+              "ppo.trainer.agent_rollout": "TrajectoryRollout", "ppo.trainer.evaluator": "Evaluator"}
+"""The online loop's parts that the run builders wire: their constructors take the rest by keyword."""
+
+
+def positional_parameters(path, cls):
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            init = next(b for b in node.body if isinstance(b, ast.FunctionDef) and b.name == "__init__")
+            return [a.arg for a in init.args.posonlyargs + init.args.args][1:]
+    raise AssertionError(f"{cls} not found in {path}")
+
+
+def test_loop_parts_take_at_most_six_positional_arguments():
+    mods = our_modules()
+    wide = {cls: len(params) for mod, cls in LOOP_PARTS.items()
+            for params in [positional_parameters(mods[mod], cls)] if len(params) > MAX_POSITIONAL}
+    assert not wide, f"constructors with more than {MAX_POSITIONAL} positional parameters (make the rest keyword-only): {wide}"
+
+
+def test_callers_pass_loop_parts_by_keyword_past_six():
+    """No call of a loop part gives more positional arguments than it takes (a `*parts` call counts as wide)."""
+    wide = []
+    for name, path in sorted(our_modules().items()):
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in LOOP_PARTS.values():
+                if len(node.args) > MAX_POSITIONAL or any(isinstance(a, ast.Starred) for a in node.args):
+                    wide.append(f"{name}:{node.lineno}")
+    assert not wide, wide

@@ -14,7 +14,7 @@ class Evaluator:
     `state`: the `RunState`; `ranks`: the run's `Ranks`; `offload`: the `OffloadPlan`;
     `settings`: `EvalSettings`."""
 
-    def __init__(self, dataset, engine, sampling, tokenizer, passes, actor, scoring, offload, state, ranks, settings,
+    def __init__(self, dataset, engine, sampling, tokenizer, passes, actor, *, scoring, offload, state, ranks, settings,
                  long_answer_len=5):
         self.dataset, self.engine, self.sampling, self.tokenizer = dataset, engine, sampling, tokenizer
         self.passes, self.actor, self.scoring, self.offload = passes, actor, scoring, offload

@@ -63,7 +63,7 @@ class OnlineLoop:
     `BestPolicy` with `load_best_model_at_end`, else None; `early_stop`: an `EvalEarlyStop` with
     `early_stopping`, else None."""
 
-    def __init__(self, experience, learner, state, report, evaluator, watch, strategy, settings, max_steps, actor, passes,
+    def __init__(self, experience, learner, state, report, evaluator, watch, *, strategy, settings, max_steps, actor, passes,
                  offload, best_policy=None, early_stop=None):
         self.experience, self.learner, self.state, self.report = experience, learner, state, report
         self.evaluator, self.watch, self.strategy, self.settings = evaluator, watch, strategy, settings
