@@ -133,7 +133,7 @@ def step_parts(args, models):
 
     from ppo.algos import FixedKLController
     from ppo.common.divergence import DivergenceDetector
-    from ppo.offload import OffloadPlan
+    from ppo.optimization.offload import OffloadPlan
     from ppo.ppo_trainer import CRITIC_NAMES, trained_model
     from ppo.strategy import PassSettings, PlainStrategy
     from ppo.trainer.advantages import AdvantageStage

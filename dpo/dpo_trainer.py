@@ -34,15 +34,14 @@ from paddlenlp.trainer import Trainer
 from dpo.preference_objective import needs_reference, preference_objective
 from ppo.algos import PREFERENCE_LOSSES, get_preference_loss, kto_kl_reference_point, masked_sum
 from ppo.data import IGNORE_INDEX, right_padding
-from ppo.evaluation import GenerationEvalMixin
+from ppo.evaluation.trainer_mixin import GenerationEvalMixin
 from ppo.models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE, causal_lm_token_logprobs
 from ppo.models.unpadded import pack_padded, packed_token_logprobs
 from ppo.models.loading import find_lora_model, lora_disabled
-from ppo.models.pipeline import install_last_stage_loss, pipeline_group, wrapped_pipeline
-from ppo.models.preference_pipe import PreferenceCriterion, PreferencePolicyInputs, kl_sides, pipeline_answer_logps
+from ppo.strategy.pipeline.preference_run import PreferencePipelineRun, from_last_stage
 from ppo.entry.streaming_trainer import StreamingTrainerMixin
 from ppo.entry.trainer_resume import FreshOptimizerResumeMixin
-from ppo.models.tensor_parallel import DatasetOrderMixin
+from ppo.strategy.data_order import DatasetOrderMixin
 
 LOSS_TYPES = tuple(PREFERENCE_LOSSES)
 __all__ = ["LOSS_TYPES", "DPOTrainer", "KTOCollator", "answer_logprobs", "needs_reference"]
@@ -114,6 +113,17 @@ def answer_logprobs(model, input_ids, attention_mask, labels, chunk_size=DEFAULT
     return masked_sum(tok, mask, axis=-1), mask.astype("float32").sum(axis=-1), tok, mask
 
 
+def answer_rows(inputs, data):
+    """`(input_ids, attention_mask, labels)` `[N, T]` of a batch's answers, answer-major (a pair
+    batch, `data` "pairs": chosen rows then rejected rows), and its `(scores, valid)` `[B, K]`
+    (None for pairs)."""
+    if data != "pairs":
+        return inputs["input_ids"], inputs["attention_mask"], inputs["labels"], inputs["scores"], inputs["valid"]
+    keys = ("input_ids", "attention_mask", "labels")
+    rows = [paddle.concat([inputs[f"better_{k}"], inputs[f"worse_{k}"]], axis=0) for k in keys]
+    return (*rows, None, None)
+
+
 class DPOTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMixin, Trainer):
     """`Trainer` for the DPO family on `PreferenceDataset` batches (`KTOCollator` for KTO).
 
@@ -148,63 +158,10 @@ class DPOTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
                 p.stop_gradient = True
         self.setup_generation_eval(eval_prompt_dataset, eval_max_new_tokens, eval_long_answer_len, use_rollout_engine)
         self._stat_sums, self._stat_count = {}, 0
-        self.pipelined = self.args.pipeline_parallel_degree > 1
-        self._ref_pipeline = None
-        if self.pipelined:
-            self.setup_pipeline()
-
-    # ---- pipeline parallel ---------------------------------------------------
-
-    def setup_pipeline(self):
-        """The policy pipe's last stage computes `preference_objective` (`PreferenceCriterion`);
-        the reference log-probs and KTO's KL point of each step are computed before the schedule
-        runs (`PreferencePolicyInputs`) through the reference pipe and the policy."""
-        prepare = self.model._prepare_pipeline_inputs_func
-        if not isinstance(prepare, PreferencePolicyInputs):
-            raise TypeError(f"a pipeline DPO policy needs PreferencePolicyInputs, got {type(prepare).__name__}")
-        kto = self.loss_fn.kl_point
-        install_last_stage_loss(self.model, PreferenceCriterion(self.preference_objective, self.record_stats, self.use_reference, kto))
-        if self.use_reference:
-            prepare.reference = lambda micro: pipeline_answer_logps(self.reference_pipeline(), micro)
-        if kto:
-            prepare.kl_point = self.pipeline_kl_points
-
-    def reference_pipeline(self):
-        """The reference pipe wrapped in fleet's `PipelineParallel` (built on first use)."""
-        if self._ref_pipeline is None:
-            from paddle.distributed import fleet
-
-            self._ref_pipeline = fleet.distributed_model(self.ref_model)
-        return self._ref_pipeline
-
-    def pipeline_kl_points(self, micro_batches):
-        """KTO's z0 of each micro-batch of mismatched pairs (stacked `[2m, T]`): policy and
-        reference log-probs through the pipelines, no gradients, averaged across ranks."""
-        policy = pipeline_answer_logps(wrapped_pipeline(self), micro_batches)
-        reference = pipeline_answer_logps(self.reference_pipeline(), micro_batches)
-        return [self.rank_mean_kl_point(p, r) for (p, _), (r, _) in zip(policy, reference)]
-
-    def pipeline_batch_logps(self, model, inputs, prefix=""):
-        """Summed answer log-probs and lengths `[2B]` (chosen rows first) of a whole batch's
-        pairs (`{prefix}better_*` / `{prefix}worse_*`) through a wrapped pipeline model."""
-        prepare = self.model._prepare_pipeline_inputs_func
-        micro, groups = prepare.evaluation_groups(inputs, prefix)
-        parts = pipeline_answer_logps(model, micro)
-        return prepare.ungroup(groups, [p for p, _ in parts]), prepare.ungroup(groups, [n for _, n in parts])
-
-    def pipeline_preference_loss(self, inputs):
-        """`preference_loss` of a batch through the pipelines (evaluation): the same values on
-        every rank of the pipeline group."""
-        policy = wrapped_pipeline(self)
-        logps, lengths = self.pipeline_batch_logps(policy, inputs)
-        ref = self.pipeline_batch_logps(self.reference_pipeline(), inputs)[0] if self.use_reference else None
-        kl_point = None
-        if self.loss_fn.kl_point:
-            sides = kl_sides(inputs)
-            kl_point = self.rank_mean_kl_point(
-                self.pipeline_batch_logps(policy, sides, "kl_")[0], self.pipeline_batch_logps(self.reference_pipeline(), sides, "kl_")[0]
-            )
-        return self.preference_objective(logps, lengths, ref, kl_point)
+        self.pipeline_run = None  # pipeline parallel: its path (PreferencePipelineRun)
+        if self.args.pipeline_parallel_degree > 1:
+            self.pipeline_run = PreferencePipelineRun(self, self.preference_objective, self.record_stats, self.rank_mean_kl_point,
+                                                  self.use_reference, self.loss_fn.kl_point)
 
     # ---- log-probs -------------------------------------------------------
 
@@ -239,19 +196,9 @@ class DPOTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
 
     # ---- loss ------------------------------------------------------------
 
-    def answer_rows(self, inputs):
-        """`(input_ids, attention_mask, labels)` `[N, T]` of a batch's answers, answer-major (a
-        pair batch: chosen rows then rejected rows), and its `(scores, valid)` `[B, K]` (None
-        for pairs)."""
-        if self.loss_fn.data != "pairs":
-            return inputs["input_ids"], inputs["attention_mask"], inputs["labels"], inputs["scores"], inputs["valid"]
-        keys = ("input_ids", "attention_mask", "labels")
-        rows = [paddle.concat([inputs[f"better_{k}"], inputs[f"worse_{k}"]], axis=0) for k in keys]
-        return (*rows, None, None)
-
     def preference_loss(self, model, inputs):
         """`(loss, stats)` of one preference batch; stats are detached scalars."""
-        ids, mask, labels, scores, valid = self.answer_rows(inputs)
+        ids, mask, labels, scores, valid = answer_rows(inputs, self.loss_fn.data)
         # 1. policy: one forward over every answer of the batch [N, T]
         logps, lengths, _, _ = self.answer_logprobs(model, ids, mask, labels)
         # 2. reference: one forward without gradients
@@ -287,8 +234,8 @@ class DPOTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
         if self._stat_count:
             names = sorted(self._stat_sums)
             means = (names, paddle.stack([self._stat_sums[n] for n in names]) / self._stat_count)
-        if self.pipelined:
-            means = self.from_last_stage(means)
+        if self.pipeline_run is not None:
+            means = from_last_stage(means)
         if means is None:
             return {}
         names, vec = means
@@ -299,16 +246,6 @@ class DPOTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
         self._stat_sums, self._stat_count = {}, 0
         return dict(zip(names, values))
 
-    @staticmethod
-    def from_last_stage(means):
-        """`(names, vector)` of the pipeline group's last stage, on every rank of the group."""
-        group = pipeline_group()
-        box = [None if means is None else (means[0], means[1].numpy())]
-        dist.broadcast_object_list(box, src=group.ranks[-1], group=group)
-        if box[0] is None:
-            return None
-        return box[0][0], paddle.to_tensor(box[0][1])
-
     def log(self, logs, **kwargs):
         if "loss" in logs:  # a training log: add the accumulated DPO statistics
             logs = {**logs, **self.reduced_stats()}
@@ -318,7 +255,7 @@ class DPOTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         with paddle.no_grad():
-            loss, _ = self.pipeline_preference_loss(inputs) if self.pipelined else self.preference_loss(model, inputs)
+            loss, _ = self.pipeline_run.preference_loss(inputs) if self.pipeline_run is not None else self.preference_loss(model, inputs)
         return loss.detach(), None, None
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
@@ -344,8 +281,8 @@ class DPOTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
         with paddle.no_grad():
             for inputs in dataloader:
                 inputs = self._prepare_inputs(inputs)
-                if self.pipelined:
-                    _, stats = self.pipeline_preference_loss(inputs)
+                if self.pipeline_run is not None:
+                    _, stats = self.pipeline_run.preference_loss(inputs)
                 else:
                     _, stats = self.preference_loss(self.model, inputs)
                 B = float((inputs["scores"] if "scores" in inputs else inputs["better_input_ids"]).shape[0])

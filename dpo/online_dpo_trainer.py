@@ -10,9 +10,9 @@ loop's (`ppo.trainer`). Online DPO runs on one process."""
 import dataclasses
 
 from ppo.common.divergence import DivergenceDetector
-from ppo.offload import OffloadPlan
+from ppo.optimization.offload import OffloadPlan
 from ppo.ppo_trainer import reward_scorer, trained_model
-from ppo.prompt_sampler import PromptSampler
+from ppo.data.prompt_sampler import PromptSampler
 from ppo.rollout import RolloutEngine, SamplingParams
 from ppo.strategy import PassSettings, build_strategy
 from ppo.trainer.evaluator import Evaluator
@@ -74,12 +74,12 @@ def build_online_dpo_trainer(args, models, tokenizer, train_dataset, eval_datase
     steps = OptimizerSteps(strategy, state, args.max_nan_skips, args.release_gradients)
     choose_pairs = ScoredPairs(args) if judge is None else JudgedPairs(judge, tokenizer, args)
     learner = OnlineDPOLearner(policy, models, passes, steps, watch, tokenizer, state, args, choose_pairs)
-    evaluator = Evaluator(eval_dataset, engine, sampling, tokenizer, passes, policy.model, scoring, offload, state, ranks,
-                          slice_of(EvalSettings, args), eval_long_answer_len)
+    evaluator = Evaluator(eval_dataset, engine, sampling, tokenizer, passes, policy.model, scoring=scoring, offload=offload,
+                          state=state, ranks=ranks, settings=slice_of(EvalSettings, args), long_answer_len=eval_long_answer_len)
     loop_settings = slice_of(LoopSettings, args)
     report = RunReport(loop_settings, ranks.is_main, "online DPO", STEP_LINE_METRICS)
-    return OnlineLoop(maker, learner, state, report, evaluator, watch, strategy, loop_settings, args.max_steps, models.actor,
-                      passes, offload)
+    return OnlineLoop(maker, learner, state, report, evaluator, watch, strategy=strategy, settings=loop_settings,
+                      max_steps=args.max_steps, actor=models.actor, passes=passes, offload=offload)
 
 
 def without_unused_reference(models, args):

@@ -38,8 +38,8 @@ with quiet_third_party_warnings():
     from ppo.data import PREFERENCE_DATASETS, PromptOnlyDataset  # noqa: E402
     from ppo.data.base import DataError  # noqa: E402
     from ppo.data.streaming import training_dataset  # noqa: E402
-    from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, load_pipe, log_pipeline_settings  # noqa: E402
-    from ppo.models.preference_pipe import PreferencePolicyInputs  # noqa: E402
+    from ppo.strategy.pipeline.pipe import AnswerNLLCriterion, CausalLMPipelineInputs, load_pipe, log_pipeline_settings  # noqa: E402
+    from ppo.strategy.pipeline.preference_pipe import PreferencePolicyInputs  # noqa: E402
     from ppo.models.adapters import load_merged_causal_lm  # noqa: E402
     from ppo.models.loading import (  # noqa: E402
         apply_lora,

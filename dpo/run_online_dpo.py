@@ -31,7 +31,7 @@ with quiet_third_party_warnings():
     from ppo.common.argument_parsing import save_resolved_arguments  # noqa: E402
     from ppo.common.startup_checks import StartupPass  # noqa: E402
     from ppo.models.reward_tokens import embedding_limit_problems  # noqa: E402
-    from ppo.reward_client import run_server_problems  # noqa: E402
+    from ppo.serving.reward_client import run_server_problems  # noqa: E402
     from ppo.common.process_exit import run_and_exit  # noqa: E402
     from ppo.data import PromptOnlyDataset  # noqa: E402
     from ppo.models.loading import enable_recompute, load_overrides, load_tokenizer, training_dtype  # noqa: E402

@@ -15,7 +15,7 @@ from typing import ClassVar
 from .algos.process_reward import PRM_REDUCTIONS
 from .algos.vapo import VAPO_ALPHA, VAPO_CRITIC_LAMBDA
 from .common.argument_problems import problem_scope
-from .offload import parse_offload_level
+from .optimization.offload import parse_offload_level
 
 DEFAULT_GAE_LAMBDA = 0.95  # PPOTrainingArguments.gae_lambda's default (PaddleNLP's hard-coded lambda)
 

@@ -151,7 +151,7 @@ def loss_problems(args):
     if args.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
         problems.append(f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, "
                         f"got {args.importance_sampling_level!r}")
-    from .offload import parse_offload_level
+    from .optimization.offload import parse_offload_level
 
     try:
         parse_offload_level(args.offload_level)

@@ -26,12 +26,12 @@ from .algos.normalizer import RunningMeanStd
 from .common.console_report import run_label
 from .common.divergence import DivergenceDetector
 from .entry.policy_loss_arguments import policy_loss_startup_line
-from .resume_check import ppo_run_facts
-from .offload import OffloadPlan, parse_offload_level
-from .optim import build_optimizer, build_scheduler
+from .checkpoints.resume_check import ppo_run_facts
+from .optimization.offload import OffloadPlan, parse_offload_level
+from .optimization.optim import build_optimizer, build_scheduler
 from .ppo_argument_checks import estimator_settings
-from .process_reward_scorer import ProcessRewardScorer
-from .prompt_sampler import PromptSampler
+from .scoring.process_reward import ProcessRewardScorer
+from .data.prompt_sampler import PromptSampler
 from .rollout import RolloutEngine, SamplingParams
 from .strategy import PassSettings, PlainStrategy, Ranks, build_strategy
 from .strategy.rollout_link import RolloutLink
@@ -170,8 +170,9 @@ def make_rollout(args, engine, sampling, sampler, dataset, tokenizer, passes, of
         return Rollout(engine, sampling, sampler, dataset, tokenizer, passes, offload, state, ranks, settings)
     watch = ToolFailureWatch(args.max_tool_failure_frac, args.tool_failure_steps)
     state.parts["tool_failures"] = watch
-    return TrajectoryRollout(engine, sampling, sampler, dataset, tokenizer, passes, offload, state, ranks, settings, args,
-                             (dataset.use_chat_template, dataset.prompt_template), watch)
+    return TrajectoryRollout(engine, sampling, sampler, dataset, tokenizer, passes, offload=offload, state=state, ranks=ranks,
+                             settings=settings, agent_args=args,
+                             prompt_format=(dataset.use_chat_template, dataset.prompt_template), watch=watch)
 
 
 def build_ppo_trainer(args, models, tokenizer, train_dataset, eval_dataset=None, ptx_dataset=None, reward_client=None,
@@ -249,13 +250,15 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
                                          token_details=args.sample_token_details))
     if ranks.is_main:
         logger.info(policy_loss_startup_line(args))
-    eval_parts = (eval_dataset, engine, sampling, tokenizer, passes, actor.model, scoring, offload, state, ranks,
-                  slice_of(EvalSettings, args), eval_long_answer_len)
-    evaluator = (AgentEvaluator(*eval_parts, agent_args=args, turn_format=rollout.turn_format) if args.env_name
-                 else Evaluator(*eval_parts))  # env_name: trajectories (ppo/trainer/agent_eval.py)
+    evaluator_class, agent_parts = ((AgentEvaluator, dict(agent_args=args, turn_format=rollout.turn_format)) if args.env_name
+                                    else (Evaluator, {}))  # env_name: trajectories (ppo/trainer/agent_eval.py)
+    evaluator = evaluator_class(eval_dataset, engine, sampling, tokenizer, passes, actor.model, scoring=scoring, offload=offload,
+                                state=state, ranks=ranks, settings=slice_of(EvalSettings, args),
+                                long_answer_len=eval_long_answer_len, **agent_parts)
     report = RunReport(slice_of(LoopSettings, args), ranks.is_main, run_label(args.adv_estimator, combiner.constrained))
-    return OnlineLoop(maker, learner, state, report, evaluator, watch, strategy, slice_of(LoopSettings, args), max_steps,
-                      models.actor, passes, offload, best, early_stop)
+    return OnlineLoop(maker, learner, state, report, evaluator, watch, strategy=strategy, settings=slice_of(LoopSettings, args),
+                      max_steps=max_steps, actor=models.actor, passes=passes, offload=offload, best_policy=best,
+                      early_stop=early_stop)
 
 
 def build_rollout_worker(args, actor, tokenizer, train_dataset, models=None):

@@ -29,17 +29,17 @@ with quiet_third_party_warnings():
     from ppo.common.process_exit import run_and_exit  # noqa: E402
     from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
     from ppo.models.loading import enable_recompute, load_overrides, load_tokenizer, training_dtype  # noqa: E402
-    from ppo.models.pipeline import log_pipeline_settings  # noqa: E402
-    from ppo.models.ppo_models import PPOModels, build_ppo_models, load_actor  # noqa: E402
+    from ppo.models.ppo_models import PPOModels, load_actor  # noqa: E402
     from ppo.models.loading import load_reference  # noqa: E402
     from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments, validate_arguments  # noqa: E402
     from ppo.ppo_trainer import build_ppo_trainer, build_rollout_worker  # noqa: E402
+    from ppo.strategy import build_strategy  # noqa: E402
     from ppo.common.training_world import set_training_world_size  # noqa: E402
     from ppo.trainer.scoring import score_sources  # noqa: E402
     from ppo.models.reward_tokens import check_cost_tokenizers, embedding_limit_problems, retokenizer_for_run  # noqa: E402
     from ppo.common.output_lock import acquire_output_dir  # noqa: E402
     from ppo.common.startup_checks import StartupPass  # noqa: E402
-    from ppo.reward_client import run_server_problems  # noqa: E402
+    from ppo.serving.reward_client import run_server_problems  # noqa: E402
     from ppo.agents.prompt_room import prompt_room_problems  # noqa: E402
     from ppo.agents.record_env import record_environment_problems  # noqa: E402
 
@@ -124,13 +124,10 @@ def build_trainer(argv=None, strategy=None):
         return rollout_rank_worker(model_args, training_args, tokenizer, train)
     if training_args.split_rollout:  # the trainer's collectives leave the rollout rank out
         set_training_world_size(training_args.training_world_size)
-    pipelined = training_args.pipeline_parallel_degree > 1
-    if pipelined:
-        log_pipeline_settings(training_args)
-    models = build_ppo_models(
-        model_args, training_args.use_critic, training_dtype(training_args), pipeline=pipelined,
-        **load_overrides(model_args, training_args, pipeline_entry="ppo"),
-    )
+    strategy = strategy or build_strategy(training_args)  # the layout: it loads the models in it
+    strategy.log_settings(training_args)
+    models = strategy.load_models(model_args, training_args.use_critic, training_dtype(training_args),
+                                  **load_overrides(model_args, training_args, pipeline_entry="ppo"))
     if training_args.recompute:
         enable_recompute(models.actor, model_args.recompute_granularity, model_args.recompute_use_reentrant)
     if training_args.critic_recompute and models.critic is not None:

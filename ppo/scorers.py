@@ -25,7 +25,7 @@ docs/verifiers.md, generated from their facts by ``scripts/gen_verifier_table.py
 - the verifiers ``math_boxed``, ``gsm8k``, ``gsm8k_flexible``, ``format``, ``code``,
   ``choice`` and the penalties ``length`` and ``repetition``.
 
-Every entry carries :class:`ScorerFacts` (``ppo/scorer_registry.py``): its values, what the
+Every entry carries :class:`ScorerFacts` (``ppo/scoring/registry.py``): its values, what the
 label holds, when it gives its lowest value and when it raises, the score of a correct answer
 and its options.
 
@@ -69,7 +69,7 @@ function on the command line as ``module.path:function``::
 directory it is started from), registers the function under the name
 ``my_rewards:length_penalty`` and returns it.
 """
-from .scorer_registry import (  # noqa: F401 (the registry's public names)
+from .scoring.registry import (  # noqa: F401 (the registry's public names)
     Scorer,
     ScorerEntry,
     ScorerError,

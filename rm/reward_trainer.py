@@ -4,12 +4,12 @@ import paddle
 from paddlenlp.trainer import Trainer
 
 from ppo.models.adapters import save_normalizer_stats
-from ppo.models.pipeline import wrapped_pipeline
-from ppo.models.score_model_pipe import pipeline_end_scores
+from ppo.strategy.pipeline.pipe import wrapped_pipeline
+from ppo.strategy.pipeline.score_pipe import pipeline_end_scores
 from ppo.models.score_model import LOSS_TYPES, pair_scores_loss  # noqa: F401 (LOSS_TYPES: rm/run_reward.py)
 from ppo.entry.streaming_trainer import StreamingTrainerMixin
 from ppo.entry.trainer_resume import FreshOptimizerResumeMixin
-from ppo.models.tensor_parallel import DatasetOrderMixin
+from ppo.strategy.data_order import DatasetOrderMixin
 from ppo.models.unpadded import pack_padded
 
 
@@ -43,7 +43,7 @@ def reward_loss(model, inputs, loss_type, regularization, packed_length=None):
 
 class RewardTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderMixin, Trainer):
     """`Trainer` for score models on `PreferenceDataset` batches. Under pipeline parallelism
-    the model is a stage of `ppo.models.score_model_pipe`, whose last stage computes the loss
+    the model is a stage of `ppo.strategy.pipeline.score_pipe`, whose last stage computes the loss
     (`PairwiseRewardCriterion`) in the `Trainer`'s pipeline steps, and evaluation scores the
     pairs through the pipeline (`pipeline_end_scores`). `packed_length` (`zero_padding`): each
     batch's sequences run packed into rows of at most that many tokens (see `score_pairs`)."""

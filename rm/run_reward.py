@@ -34,9 +34,9 @@ with quiet_third_party_warnings():
     from ppo.entry.trainer_callbacks import TrackerCallback  # noqa: E402
     from ppo.data import PreferenceDataset, ProcessRewardDataset, SafetyPreferenceDataset  # noqa: E402
     from ppo.models.loading import apply_lora, load_overrides, load_tokenizer  # noqa: E402
-    from ppo.models.pipeline import log_pipeline_settings  # noqa: E402
+    from ppo.strategy.pipeline.pipe import log_pipeline_settings  # noqa: E402
     from ppo.models.adapters import load_merged_score_model, score_lora_settings  # noqa: E402
-    from ppo.models.score_model_pipe import load_score_pipe  # noqa: E402
+    from ppo.strategy.pipeline.score_pipe import load_score_pipe  # noqa: E402
     from rm.reward_arguments import DataArgument, ModelArgument, RewardTrainingArguments, validate_arguments  # noqa: E402
     from rm.cost_trainer import CostTrainer  # noqa: E402
     from rm.process_reward_trainer import ProcessRewardTrainer  # noqa: E402

@@ -24,7 +24,7 @@ import time
 os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
 
 from ppo.scorers import WeightedScorer  # noqa: E402
-from ppo.eval_metrics import default_ks  # noqa: E402
+from ppo.evaluation.metrics import default_ks  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -88,7 +88,7 @@ def main(argv=None):
     from ppo.models.adapters import load_merged_causal_lm
     from ppo.models.loading import load_tokenizer
     from ppo.rollout import SamplingParams
-    from ppo.sampled_eval import evaluate_sampled, scorer_judge
+    from ppo.evaluation.sampled import evaluate_sampled, scorer_judge
 
     judge = scorer_judge(args.scorer)
     tokenizer = load_tokenizer(args.model)

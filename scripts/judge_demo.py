@@ -35,7 +35,7 @@ from scripts.distill_demo import PY, run  # noqa: E402
 def agreement(model, pairs, template="tiny"):
     """The three agreements of the judge `model` (pointwise `template`) with `reverse` on `pairs`
     [(question, better, worse)]; the reference of `tiny_reference` is the correct answer (the label)."""
-    from ppo.scorer_registry import WeightedScorer
+    from ppo.scoring.registry import WeightedScorer
     from ppo.scorers import reverse_score
 
     scorer = WeightedScorer({"judge": {"model": model, "template": template, "pair_template": "tiny_better"}})

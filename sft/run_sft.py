@@ -28,7 +28,7 @@ with quiet_third_party_warnings():
     from ppo.entry.trainer_callbacks import TrackerCallback  # noqa: E402
     from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
     from ppo.models.loading import apply_lora, load_causal_lm, load_overrides, load_tokenizer  # noqa: E402
-    from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, load_pipe, log_pipeline_settings  # noqa: E402
+    from ppo.strategy.pipeline.pipe import AnswerNLLCriterion, CausalLMPipelineInputs, load_pipe, log_pipeline_settings  # noqa: E402
     from sft.sft_arguments import DataArgument, ModelArgument, SFTTrainingArguments, validate_arguments  # noqa: E402
     from sft.sft_trainer import SFTTrainer  # noqa: E402
     from ppo.data.streaming import training_dataset  # noqa: E402

@@ -4,19 +4,19 @@ import paddle
 from paddlenlp.trainer import Trainer
 
 from ppo.common.step_tokens import STEP_TOKENS_KEY, count_step_tokens, step_token_scale
-from ppo.evaluation import GenerationEvalMixin
+from ppo.evaluation.trainer_mixin import GenerationEvalMixin
 from ppo.models.basics import unwrap_model
 from ppo.models.causal_lm import answer_nll
 from ppo.models.families.moe import StatsMean, take_aux_loss
 from ppo.entry.streaming_trainer import StreamingTrainerMixin
 from ppo.entry.trainer_resume import FreshOptimizerResumeMixin
-from ppo.models.tensor_parallel import DatasetOrderMixin
+from ppo.strategy.data_order import DatasetOrderMixin
 
 
 class SFTTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMixin, Trainer):
     """`Trainer` whose loss is the masked token-mean NLL of the answer tokens. Under pipeline
     parallelism the model is a pipeline stage whose last stage computes that loss itself
-    (`ppo.models.pipeline`); the `Trainer`'s pipeline steps run it.
+    (`ppo.strategy.pipeline.pipe`); the `Trainer`'s pipeline steps run it.
 
     `eval_prompt_dataset` (a `PromptOnlyDataset` with reference answers) adds
     `eval/accuracy`, `eval/accuracy_long`, `eval/accuracy_short` and
@@ -64,7 +64,7 @@ class SFTTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
         super().log(logs, **kwargs)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        if self.args.pipeline_parallel_degree > 1:  # the pipe's loss (ppo.models.pipeline.AnswerNLLCriterion)
+        if self.args.pipeline_parallel_degree > 1:  # the pipe's loss (ppo.strategy.pipeline.pipe.AnswerNLLCriterion)
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
         with paddle.no_grad():
             loss = self.compute_loss(model, inputs)

@@ -31,7 +31,7 @@ def run_engine(model, eval_mode, ids, mask):
     from ppo.rollout import RolloutEngine, SamplingParams
     from ppo.rollout.weights import extract_weights
 
-    from ppo.models.tensor_parallel import model_parallel_group
+    from ppo.common.parallel_groups import model_parallel_group
 
     engine = RolloutEngine(model, eos_token_id=2, pad_token_id=0, keep_tensor_parallel=eval_mode == "tensor_parallel",
                           decode_layout="rows", tensor_parallel_group=model_parallel_group())

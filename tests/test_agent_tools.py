@@ -1,5 +1,5 @@
 """The agents' tools (ppo/agents/tools.py, builtin_tools.py), reading calls out of the policy's
-text (tool_calls.py), and the sandbox the python tool runs in (ppo/sandbox.py): its limits,
+text (tool_calls.py), and the sandbox the python tool runs in (ppo/sandbox/): its limits,
 its clean environment, and writes outside its directory refused."""
 import json
 import os

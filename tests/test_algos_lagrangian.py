@@ -17,9 +17,9 @@ Checked line by line against safe-rlhf's `safe_rlhf/algorithms/ppo_lag/trainer.p
   multiplier * cost_advantages) / (1.0 + multiplier)` -> `combined_advantages`;
 - `add_kl_divergence_regularization`: `kl_penalty_rewards = -kl_coeff * (log_probs -
   ref_log_probs)`, rewards get `kl_penalty_rewards` plus the reward at the end index,
-  costs get `-kl_penalty_rewards` plus the cost -> `lagrangian_shaped_rewards` (safe-rlhf then
-  clamps the token rewards and costs to +-clip_range_score; here the score and cost are clipped
-  before they are added);
+  costs get `-kl_penalty_rewards` plus the cost -> `kl_shaped_rewards` once per objective, the
+  cost's with kl_weight -1 (`ppo/trainer/advantages.py`; safe-rlhf then clamps the token rewards
+  and costs to +-clip_range_score; here the score and cost are clipped before they are added);
 - cost advantages and returns: the same `get_advantages_and_returns` (GAE) as the reward's
   -> `gae_advantages_and_returns` on the token costs and the cost critic's values.
 """
@@ -33,8 +33,8 @@ from ppo.algos import (
     LagrangeMultiplier,
     combined_advantages,
     gae_advantages_and_returns,
+    kl_shaped_rewards,
     lagrange_multiplier_step,
-    lagrangian_shaped_rewards,
 )
 
 
@@ -171,6 +171,14 @@ def test_combined_advantage_loop_equals_vectorised():
 
 
 # ---------------------------------------------------------------- shaping and cost GAE
+def lagrangian_shaped_rewards(scores, costs, logprobs, ref_logprobs, mask, kl_coeff, clip_range_score):
+    """Safe RLHF's shaping as the trainer runs it (`ppo/trainer/advantages.py`): one
+    `kl_shaped_rewards` per objective, the cost's at `-kl_coeff` (its `kl_weight` -1)."""
+    rewards, kl = kl_shaped_rewards(scores, logprobs, ref_logprobs, mask, kl_coeff, clip_range_score)
+    token_costs, _ = kl_shaped_rewards(costs, logprobs, ref_logprobs, mask, -kl_coeff, clip_range_score)
+    return rewards, token_costs, kl
+
+
 def shaped_example(garbage=0.0):
     """Row 0: logp [-1, -2, pad], ref [-1.5, -1.7, pad] (k1 kl [0.5, -0.3]), score 3, cost -2;
     row 1: one token, logp -1, ref -1 (kl 0), score 20 (clipped to 10), cost 0.5."""
@@ -227,8 +235,6 @@ def test_full_kl_at_half_the_coefficient_is_the_former_half_kl_exactly():
     each side to the full KL: kl_coeff 0.05 now gives bit for bit the token rewards and costs
     that 0.5 * 0.1 gave (0.5 * 0.1 == 0.05 in binary floating point), e.g. row 0 rewards
     [-0.05 * 0.5, -0.05 * (-0.3) + 3] = [-0.025, 3.015], costs [0.025, -2.015]."""
-    from ppo.algos.kl import kl_shaped_rewards
-
     lp, ref = t([[-1.0, -2.0, 0.0], [-1.0, 0.0, 0.0]]), t([[-1.5, -1.7, 0.0], [-1.0, 0.0, 0.0]])
     mask = t([[1, 1, 0], [1, 0, 0]], "int64")
     scores, costs = t([3.0, 20.0]), t([-2.0, 0.5])
@@ -244,8 +250,6 @@ def test_full_kl_at_half_the_coefficient_is_the_former_half_kl_exactly():
 def test_rewards_match_plain_ppo_shaping_at_the_same_coefficient():
     """safe-rlhf's PPO-Lagrangian reward is plain PPO's KL-shaped reward: the same kl_coeff gives
     the same token rewards (a safe-rlhf config ported unchanged gets safe-rlhf's KL)."""
-    from ppo.algos.kl import kl_shaped_rewards
-
     rewards, _, _ = shaped_example()
     lp, ref = t([[-1.0, -2.0, 0.0], [-1.0, 0.0, 0.0]]), t([[-1.5, -1.7, 0.0], [-1.0, 0.0, 0.0]])
     plain, _ = kl_shaped_rewards(t([3.0, 20.0]), lp, ref, t([[1, 1, 0], [1, 0, 0]], "int64"), 0.1, 10.0)

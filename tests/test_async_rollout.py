@@ -12,7 +12,7 @@ from ppo.algos.rollout_correction import rollout_is_weights
 from ppo.common.argument_problems import ArgumentError
 from ppo.entry.rollout_placement_arguments import rollout_placement_problems
 from ppo.experience import Experience
-from ppo.prompt_sampler import PromptSampler
+from ppo.data.prompt_sampler import PromptSampler
 from ppo.run_ppo import build_trainer
 from ppo.strategy import rollout_link
 from ppo.strategy.rollout_link import RolloutLink, weights_checksum

@@ -10,7 +10,7 @@ import numpy as np
 import paddle
 import pytest
 
-from ppo.checkpoint import list_checkpoints
+from ppo.checkpoints.checkpoint import list_checkpoints
 from tests.test_ppo_trainer import ppo_argv, read_metrics
 from tests.warm_python import run
 
@@ -21,7 +21,7 @@ KILLER = r"""
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
 from tests.warm_python import rebind
-import ppo.checkpoint as ckpt
+import ppo.checkpoints.checkpoint as ckpt
 where, n = sys.argv[2], int(sys.argv[3])
 calls = [0]
 
@@ -129,7 +129,7 @@ def test_resume_falls_back_when_the_newest_checkpoint_is_damaged(tiny_model_dir,
 
 
 def test_clean_partial_saves_and_rotation_by_age(tmp_path):
-    from ppo.checkpoint import clean_partial_saves, rotate_checkpoints
+    from ppo.checkpoints.checkpoint import clean_partial_saves, rotate_checkpoints
 
     out = tmp_path
     for name in ("tmp-policy", "tmp-checkpoint-6", "value.old", "policy", "policy.old"):

@@ -51,7 +51,9 @@ def test_grpo_entry_point_checks_tgt_before_loading_models(tiny_model_dir, tmp_p
     def no_models(*a, **k):
         raise AssertionError("models were loaded before the data was checked")
 
-    monkeypatch.setattr(run_ppo, "build_ppo_models", no_models)
+    from ppo.strategy import Strategy
+
+    monkeypatch.setattr(Strategy, "load_models", no_models)
     with pytest.raises(ValueError, match=rf"{path}, line 2 .*no reference answer"):
         run_ppo.build_trainer(["config/tiny/grpo_argument.json", *GRPO_AS_BEFORE, "--actor_model_name_or_path", tiny_model_dir,
                                "--use_rm_server", "true", "--train_datasets", f"Jsonfile:1.0:{path}", "--eval_datasets", "",

@@ -1,10 +1,10 @@
-"""ppo.early_stopping against PaddleNLP's EarlyStoppingCallback (the same metric sequences give
+"""ppo.evaluation.early_stopping against PaddleNLP's EarlyStoppingCallback (the same metric sequences give
 the same stopping evaluation) and hand-worked sequences."""
 import types
 
 import pytest
 
-from ppo.early_stopping import EarlyStopping
+from ppo.evaluation.early_stopping import EarlyStopping
 
 
 def stop_index(values, **kwargs):

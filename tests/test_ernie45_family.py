@@ -154,7 +154,7 @@ def test_score_model_round_trip_keeps_its_scores(tmp_path):
 
 def test_pipeline_and_tensor_parallelism_refuse_the_family_by_name(tmp_path):
     from ppo.models.families.ernie45_modeling import Ernie4_5ForCausalLM
-    from ppo.models.pipeline import load_pipe
+    from ppo.strategy.pipeline.pipe import load_pipe
 
     ernie_model().save_pretrained(str(tmp_path))
     with pytest.raises(ValueError, match="no pipeline class for model_type 'ernie4_5'"):
@@ -230,7 +230,7 @@ def test_the_start_up_check_names_a_refused_field_before_loading(tmp_path):
 
 def test_a_resume_names_another_use_bias(tmp_path):
     """Biases change the parameter set (and the optimiser state) as a shape does."""
-    from ppo.resume_check import fact_differences, model_facts, saved_model_facts
+    from ppo.checkpoints.resume_check import fact_differences, model_facts, saved_model_facts
 
     ernie_model().save_pretrained(str(tmp_path))
     found = fact_differences(saved_model_facts(str(tmp_path)), model_facts(ernie_model(use_bias=True)), "model")

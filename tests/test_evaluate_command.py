@@ -42,7 +42,7 @@ def test_sampled_metrics_are_consistent_and_reproducible(tiny_model_dir, tiny_da
     assert first["prompts"] == again["prompts"] and first["metrics"] == again["metrics"]
     records = first["prompts"]
     assert any(len(set(r["responses"])) > 1 for r in records)  # sampled, not greedy
-    from ppo.eval_metrics import sampled_metrics
+    from ppo.evaluation.metrics import sampled_metrics
 
     own = [[resp == r["responses"][0] for resp in r["responses"]] for r in records]
     m = sampled_metrics(own, [r["answers"] for r in records], ks=[1, 3, 6])

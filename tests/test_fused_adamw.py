@@ -1,4 +1,4 @@
-"""FusedAdamW (ppo/optim.py over csrc/cpu/train_adamw.cc): the one-op step gives Paddle's AdamW
+"""FusedAdamW (ppo/optimization/optim.py over csrc/cpu/train_adamw.cc): the one-op step gives Paddle's AdamW
 with global-norm clipping to float tolerance over several steps (decay on some parameters, a
 learning-rate schedule, clipping active and not), keeps Paddle's optimizer state (so checkpoints
 load either way), and falls back to Paddle's step where it does not apply."""
@@ -6,7 +6,7 @@ import numpy as np
 import paddle
 import pytest
 
-from ppo.optim import FusedAdamW
+from ppo.optimization.optim import FusedAdamW
 from ppo import kernels
 
 kernels.ensure_built()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ppo.common.argument_problems import ArgumentError
-from ppo.reward_client import RewardServerError
+from ppo.serving.reward_client import RewardServerError
 from ppo.run_ppo import build_trainer
 from tests.test_reward_server import ServerProcess, free_port
 from tests.demo_config_flags import GRPO_AS_BEFORE

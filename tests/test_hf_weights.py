@@ -200,7 +200,7 @@ def test_model_paths_may_name_a_hugging_face_directory(tmp_path, tiny_model_dir)
         score = str(tmp_path / "score")
         export_model(score_model("llama"), score)
         load_causal_lm(score)
-    from ppo.models.pipeline import refuse_hf_dir
+    from ppo.strategy.pipeline.pipe import refuse_hf_dir
 
     with pytest.raises(ValueError, match="scripts/import_hf.py"):  # pipeline stages load PaddleNLP checkpoints
         refuse_hf_dir(hf)

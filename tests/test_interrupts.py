@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from ppo.checkpoint import list_checkpoints
+from ppo.checkpoints.checkpoint import list_checkpoints
 from tests.test_ppo_trainer import ppo_argv
 from tests.test_trainer_faults import sft_argv
 from tests.warm_python import popen, run
@@ -87,7 +87,7 @@ def test_sft_sigint_saves_through_the_callback_and_resumes(tiny_model_dir, tiny_
 def test_reward_server_gone_for_good_saves_before_the_run_stops(tiny_model_dir, tiny_data_dir, tmp_path):
     import pytest
 
-    from ppo.reward_client import RewardServerError
+    from ppo.serving.reward_client import RewardServerError
     from ppo.run_ppo import main as run_ppo
     from tests.test_grpo import grpo_argv
     from tests.test_reward_client import FakeServer, ok

@@ -139,7 +139,7 @@ def test_judge_scorer_scores_batches_and_serves(tiny_model_dir, judge):
     """The registry entry with options scores a batch in one call (`score_batch`), and the reward
     server answers the same scores; without a model option it refuses."""
     from ppo.reward_server import create_app
-    from ppo.scorer_registry import WeightedScorer, build_scorer
+    from ppo.scoring.registry import WeightedScorer, build_scorer
 
     spec = {"judge": {"model": tiny_model_dir, "template": "tiny", "pair_template": "tiny_better"}}
     scorer = WeightedScorer(spec)

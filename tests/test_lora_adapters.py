@@ -155,12 +155,12 @@ def test_whole_weight_training_refused_with_the_adapter_off_reference(adapters):
 
 
 def test_adapter_reward_model_refused_under_pipeline_parallel(adapters):
-    from ppo.models.ppo_models import build_ppo_models
     from ppo.ppo_arguments import ModelArgument
+    from ppo.strategy import PipelineStrategy
 
     args = ModelArgument(actor_model_name_or_path=adapters["base"], reward_model_name_or_path=adapters["rm"])
     with pytest.raises(ValueError, match=r"reward_model_name_or_path=.*pipeline_parallel_degree > 1 .*sft/merge_lora.py"):
-        build_ppo_models(args, use_critic=True, pipeline=True)
+        PipelineStrategy().load_models(args, use_critic=True)
 
 
 def test_adapters_naming_each_other_are_refused_before_loading(adapters, tmp_path):

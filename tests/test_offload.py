@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ppo.offload import OffloadPlan, parse_offload_level
+from ppo.optimization.offload import OffloadPlan, parse_offload_level
 
 
 class RecordingMover:

@@ -348,7 +348,7 @@ def post_only_server():
 
 
 def test_client_health_check_falls_back_to_a_probe(post_only_server):
-    from ppo.reward_client import RewardServerClient
+    from ppo.serving.reward_client import RewardServerClient
 
     client = RewardServerClient(post_only_server.address, timeout=10, max_retries=0)
     before = post_only_server.requests
@@ -358,7 +358,7 @@ def test_client_health_check_falls_back_to_a_probe(post_only_server):
 
 
 def test_client_stops_with_the_url_when_nothing_listens():
-    from ppo.reward_client import RewardServerClient, RewardServerError
+    from ppo.serving.reward_client import RewardServerClient, RewardServerError
     from tests.test_reward_server import free_port
 
     address = f"127.0.0.1:{free_port()}"

@@ -1,11 +1,11 @@
-"""pass@k, maj@k and mean@k (ppo/eval_metrics.py) against exact combinatorics."""
+"""pass@k, maj@k and mean@k (ppo/evaluation/metrics.py) against exact combinatorics."""
 import itertools
 from fractions import Fraction
 from math import comb
 
 import pytest
 
-from ppo.eval_metrics import default_ks, majority_correct, pass_at_k, sampled_metrics
+from ppo.evaluation.metrics import default_ks, majority_correct, pass_at_k, sampled_metrics
 
 
 def closed_form(n, c, k):

@@ -17,7 +17,7 @@ import paddle
 import pytest
 
 from ppo.common.validation import pipeline_problems
-from ppo.models.pipeline import AnswerNLLCriterion, CausalLMPipelineInputs, pipe_classes
+from ppo.strategy.pipeline.pipe import AnswerNLLCriterion, CausalLMPipelineInputs, pipe_classes
 from tests.tp_launch import launch_run, step_values
 
 MICRO, ACCUMULATE, STEPS = 4, 2, 3
@@ -261,7 +261,7 @@ def test_pairwise_criterion_equals_plain_reward_loss(tiny_rm_dir, loss_type):
     import copy
 
     from ppo.models.score_model import AutoModelForScore
-    from ppo.models.score_model_pipe import PairwiseRewardCriterion, PreferencePipelineInputs, ScoreHeadPipe
+    from ppo.strategy.pipeline.score_pipe import PairwiseRewardCriterion, PreferencePipelineInputs, ScoreHeadPipe
     from rm.reward_trainer import reward_loss
 
     settings = dict(do_normalize=True, normalizer_type="RunningMeanStd")
@@ -296,7 +296,7 @@ def test_preference_evaluation_groups_round_trip(pairs, accumulate):
     rows first; a group without pairs repeats pair 0) and put back by `ungroup` gives the batch's
     `[2B]` order: chosen rows of pairs 0..B-1, then their rejected rows; KTO's mismatched rows
     (`kl_*`) go through the same cut."""
-    from ppo.models.preference_pipe import PAIR_KEYS, PreferencePolicyInputs, kl_sides
+    from ppo.strategy.pipeline.preference_pipe import PAIR_KEYS, PreferencePolicyInputs, kl_sides
 
     rng = np.random.default_rng(pairs)
     batch = {f"{side}_{key}": paddle.to_tensor(rng.integers(0, 50, (pairs, 4))) for side in ("better", "worse") for key in PAIR_KEYS}

@@ -1,4 +1,4 @@
-"""The last-stage pieces of PPO/GRPO under pipeline parallel (`ppo/models/policy_pipe.py`) on a
+"""The last-stage pieces of PPO/GRPO under pipeline parallel (`ppo/strategy/pipeline/policy_pipe.py`) on a
 plain model's outputs: response log-probs, entropies and critic values from the last stage's
 logits / scores equal the plain trainer's passes; the criterion hands the trainer's loss the
 micro-batch's fields and undoes the schedule's division by the number of micro-batches; the
@@ -9,7 +9,7 @@ import pytest
 
 from ppo.experience import loss_view, response_logprobs, response_values
 from ppo.models.loading import load_causal_lm
-from ppo.models.policy_pipe import (
+from ppo.strategy.pipeline.policy_pipe import (
     ExperienceCriterion,
     response_logprobs_from_logits,
     response_values_from_scores,
@@ -19,7 +19,7 @@ from ppo.models.policy_pipe import (
     padded_first_stage_inputs,
     supervised_micro_batch,
 )
-from ppo.models.pipeline import answer_nll_from_logits
+from ppo.strategy.pipeline.pipe import answer_nll_from_logits
 from tests.test_chunked_trainer_losses import make_experience
 
 
@@ -128,7 +128,7 @@ def test_generation_copy_is_filled_for_the_block_and_released_after(tiny_model_d
     """Without a pipeline group the stages are this rank's model: the copy starts released,
     inside `gathered_into` it shares the model's tensors and gives its logits, and after the
     block its parameters hold no storage again while the model's own are untouched."""
-    from ppo.models.policy_pipe import gathered_into, plain_copy_of
+    from ppo.strategy.pipeline.policy_pipe import gathered_into, plain_copy_of
 
     source = load_causal_lm(tiny_model_dir)
     source.eval()
@@ -153,8 +153,8 @@ def test_nested_generation_blocks_gather_once(tiny_model_dir):
     the filled copy; the copy is released when the outermost block ends."""
     from types import SimpleNamespace
 
-    from ppo.models.policy_pipe import plain_copy_of
-    from ppo.passes.pipeline import PipelinePasses
+    from ppo.strategy.pipeline.policy_pipe import plain_copy_of
+    from ppo.strategy.pipeline.passes import PipelinePasses
 
     source = load_causal_lm(tiny_model_dir)
     passes = object.__new__(PipelinePasses)

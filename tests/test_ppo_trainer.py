@@ -186,7 +186,7 @@ def test_two_process_runs_keep_ranks_in_sync(tiny_model_dir, tiny_rm_dir, tiny_d
 
 
 def test_crash_during_save_keeps_previous_checkpoint(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path, monkeypatch):
-    from ppo.checkpoint import list_checkpoints
+    from ppo.checkpoints.checkpoint import list_checkpoints
 
     out = str(tmp_path / "atomic")
     argv = ppo_argv(tiny_model_dir, tiny_rm_dir, tiny_data_dir, out, "--max_steps", "4", "--save_steps", "2",

@@ -15,7 +15,7 @@ from tests.preference_shims import dpo_loss
 from scripts.gen_loss_table import main as gen_loss_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CALLERS = ("dpo/dpo_trainer.py", "dpo/run_dpo.py", "dpo/preference_objective.py", "ppo/models/preference_pipe.py")
+CALLERS = ("dpo/dpo_trainer.py", "dpo/run_dpo.py", "dpo/preference_objective.py", "ppo/strategy/pipeline/preference_pipe.py")
 
 
 def test_readme_loss_table_is_current():

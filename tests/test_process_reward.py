@@ -11,7 +11,7 @@ import pytest
 from ppo.common.argument_parsing import ArgumentError, parse_arguments
 from ppo.data import ProcessRewardDataset
 from ppo.data.process_reward import step_labels_from_text
-from ppo.process_reward_scorer import ProcessRewardScorer, step_token_groups
+from ppo.scoring.process_reward import ProcessRewardScorer, step_token_groups
 from tests.test_paddlenlp_dropin import entry_classes, fixture
 
 

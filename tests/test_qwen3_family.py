@@ -204,7 +204,7 @@ def test_the_start_up_check_names_an_unsupported_model_type_before_loading(tmp_p
 
 
 def test_pipeline_parallelism_refuses_qwen3_by_name(tmp_path):
-    from ppo.models.pipeline import load_pipe
+    from ppo.strategy.pipeline.pipe import load_pipe
 
     qwen3_model().save_pretrained(str(tmp_path))
     with pytest.raises(ValueError, match="no pipeline class for model_type 'qwen3'"):
@@ -242,7 +242,7 @@ def test_bfloat16_weights_keep_their_dtype_and_bits(tmp_path):
 
 
 def test_a_resume_names_another_head_dim(tmp_path):
-    from ppo.resume_check import fact_differences, model_facts, saved_model_facts
+    from ppo.checkpoints.resume_check import fact_differences, model_facts, saved_model_facts
 
     qwen3_model().save_pretrained(str(tmp_path))
     found = fact_differences(saved_model_facts(str(tmp_path)), model_facts(qwen3_model(head_dim=8)), "model")

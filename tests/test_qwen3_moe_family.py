@@ -297,7 +297,7 @@ def test_moe_settings_on_a_dense_qwen3_are_refused_by_name(tmp_path):
 
 
 def test_a_resume_names_another_expert_count(tmp_path):
-    from ppo.resume_check import fact_differences, model_facts, saved_model_facts
+    from ppo.checkpoints.resume_check import fact_differences, model_facts, saved_model_facts
 
     moe_model().save_pretrained(str(tmp_path))
     found = fact_differences(saved_model_facts(str(tmp_path)), model_facts(moe_model(num_experts=8)), "model")

@@ -1,4 +1,4 @@
-"""Tensor-parallel split / merge (ppo/models/reshard.py): round trips for every kind and degree,
+"""Tensor-parallel split / merge (ppo/strategy/tensor/reshard.py): round trips for every kind and degree,
 the same shards as PaddleNLP's own mappings on Llama and Qwen2 state dicts (fused layouts
 included), state-dict resharding 2 -> 1 -> 2 and 2 -> 4, and bad input named."""
 import copy
@@ -8,7 +8,7 @@ import paddle
 import pytest
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from ppo.models import reshard
+from ppo.strategy.tensor import reshard
 
 
 @pytest.mark.parametrize("kind", reshard.KINDS)

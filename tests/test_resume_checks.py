@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ppo.resume_check import CheckpointMismatchError, check_ppo_checkpoint, fact_differences, saved_model_facts
+from ppo.checkpoints.resume_check import CheckpointMismatchError, check_ppo_checkpoint, fact_differences, saved_model_facts
 from ppo.run_ppo import main as run_ppo
 from sft.run_sft import main as run_sft
 from tests.test_ppo_trainer import ppo_argv

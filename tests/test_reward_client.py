@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ppo.reward_client import RewardServerClient, RewardServerError
+from ppo.serving.reward_client import RewardServerClient, RewardServerError
 from tests.test_reward_server import ServerProcess, free_port
 
 FAST = dict(timeout=5.0, max_retries=2, backoff=0.01)

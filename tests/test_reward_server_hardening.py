@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import requests
 
-from ppo.reward_client import RewardServerClient, RewardServerError
+from ppo.serving.reward_client import RewardServerClient, RewardServerError
 from ppo.reward_server import create_app, parse_args
 from ppo.scorers import register_scorer
 from tests.test_reward_server import REQUEST_TIMEOUT_S, ServerProcess

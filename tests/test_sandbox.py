@@ -1,4 +1,4 @@
-"""The sandbox for model-written code (ppo/sandbox.py) and the `code` verifier that runs in it:
+"""The sandbox for model-written code (ppo/sandbox/) and the `code` verifier that runs in it:
 limits that end the child, its clean environment, and what the verifier makes of the results."""
 import json
 import os

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from ppo.sandbox import SandboxLimits, _result, run_python
-from ppo.sandbox_seccomp import filter_program
+from ppo.sandbox.seccomp import filter_program
 
 FAST = SandboxLimits(wall_s=10, cpu_s=3, memory_mb=512)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from ppo.common.argument_parsing import ArgumentError, parse_arguments
-from ppo.reward_client import startup_problem
+from ppo.serving.reward_client import startup_problem
 from tests import warm_python
 from tests.test_reward_server import ServerProcess, free_port
 

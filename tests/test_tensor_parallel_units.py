@@ -7,7 +7,7 @@ import paddle
 import pytest
 
 from ppo.models.loading import load_overrides
-from ppo.models.tensor_parallel import model_parallel_group, vocab_parallel_head
+from ppo.models.parallel_layers import model_parallel_group, vocab_parallel_head
 from ppo.rollout.weights import TensorParallelGather, split_kind
 
 MODEL_ARGS = SimpleNamespace(use_flash_attention=False, recompute_granularity="full", recompute_use_reentrant=False,
@@ -69,7 +69,7 @@ def test_gathered_slices_are_merged_back_to_the_full_weight(monkeypatch, fused_p
     import numpy as np
     import paddle
 
-    from ppo.models import reshard
+    from ppo.strategy.tensor import reshard
     from ppo.rollout import weights as weights_mod
 
     full = paddle.to_tensor(np.arange(4 * 8, dtype="float32").reshape(4, 8))

@@ -10,7 +10,7 @@
 - tools.py: the tool registry (``@register_tool``) and ``call_tool``; tool_worker.py: tools in
   worker processes (``tool_isolation`` "process"); tool_limits.py: the cap on concurrent calls,
   the per-call timeout and async tools' event loop; tool_config.py: tools declared in a JSON /
-  YAML file; builtin_tools.py: ``calculator``, ``python`` (in ppo/sandbox.py), ``search``
+  YAML file; builtin_tools.py: ``calculator``, ``python`` (in ppo/sandbox/), ``search``
   (BM25); tool_calls.py: reading one call; call_formats.py: the registry of call formats
   (hermes, qwen3, qwen3_coder, llama3_json, json_list); tool_runs.py: every call of a turn;
 - formats.py: observations as tokens (the chat template's tool slot and tool turn, or the

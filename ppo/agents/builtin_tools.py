@@ -4,7 +4,7 @@
   parentheses, read with :mod:`ast` (never ``eval``): a name, call, attribute, comparison or
   any other node is refused, and so are expressions past 200 characters, exponents above
   ``MAX_EXPONENT`` and integers past ``MAX_DIGITS`` digits (no ``9**9**9`` that runs for hours).
-- ``python(code)``: the code run by ppo/sandbox.py in a child process (wall-clock and CPU-time
+- ``python(code)``: the code run by ppo/sandbox/ in a child process (wall-clock and CPU-time
   limits, a memory rlimit, a process cap, its own temporary directory, a clean environment, no
   writes outside that directory, no network and no unix socket of the host, not root, every
   process it started killed when it returns, where the kernel allows each: see the module's

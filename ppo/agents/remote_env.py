@@ -22,7 +22,7 @@ when the server has a token):
   "done", "info"}``;
 - ``DELETE /sessions/<id>`` -> ``{"closed": true}``.
 
-Retries (as ppo/reward_client.py): connection errors, timeouts and HTTP 5xx are retried
+Retries (as ppo/serving/reward_client.py): connection errors, timeouts and HTTP 5xx are retried
 ``max_retries`` times with backoff ``backoff * 2 ** (k - 1)`` seconds. They are safe: the
 client names the session (a random id) and numbers its steps (``seq``), and the server answers
 a repeated ``POST /sessions`` or step of the same number with the reply it already gave,
@@ -40,7 +40,7 @@ import uuid
 
 import requests
 
-from ..reward_client import normalize_url
+from ..common.urls import normalize_url
 from .environment import Environment, EnvironmentFacts, register_environment
 
 logger = logging.getLogger("ppo.agents.remote_env")
@@ -146,7 +146,7 @@ class RemoteEnvironment(Environment):
     """One trajectory's session on an environment server (see the module docstring). `url`: the
     server; `env_kwargs`: passed to the served class's constructor for this session (the
     server's own options by default); `token`, `timeout_s` (per request), `max_retries`,
-    `backoff`: as ppo/reward_client.py's."""
+    `backoff`: as ppo/serving/reward_client.py's."""
 
     def __init__(self, url, env_kwargs=None, token=None, timeout_s=60.0, max_retries=3, backoff=0.5):
         if env_kwargs is not None and not isinstance(env_kwargs, dict):

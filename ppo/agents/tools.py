@@ -23,7 +23,7 @@ policy reads. ``isolation`` "thread" (the default) runs the function in a daemon
 process: a thread that does not return in time is left running (Python cannot stop a thread)
 and a tool that ends its process (``os._exit``, a crash) ends the trainer. "process" runs it
 in a worker process (ppo/agents/tool_worker.py): killed at the timeout, replaced when it dies
-("crashed"). The ``python`` tool runs its code in a sandboxed child either way (ppo/sandbox.py).
+("crashed"). The ``python`` tool runs its code in a sandboxed child either way (ppo/sandbox/).
 An ``async def`` tool runs on the shared event loop of ppo/agents/tool_limits.py (cancelled at
 its timeout), which also holds the run's cap on concurrent calls and its per-call timeout.
 """

@@ -101,7 +101,7 @@ def shared_rollout_group(engine):
     """The ranks that hold the same prompts and must return the same trajectories: the engine's
     tensor-parallel group, else the pipeline group (each stage generates from the gathered
     weights); None on a run with neither."""
-    from ..models.pipeline import pipeline_group
+    from ..common.parallel_groups import pipeline_group
 
     group = getattr(engine, "tensor_parallel_group", None)
     return group if group is not None and group.nranks > 1 else pipeline_group()

@@ -53,7 +53,7 @@ from .policy_losses import cispo_token_losses, gmpo_token_losses
 from .covariance_losses import clip_cov_token_losses, kl_cov_token_losses, token_covariance
 from .policy_registry import POLICY_LOSSES, TOP_ENTROPY_NORMS, PolicyLoss, get_policy_loss, policy_loss_table
 from .rollout_correction import ROLLOUT_IS_LEVELS, rollout_correction, rollout_is_weights, rollout_mismatch_metrics
-from .lagrangian import LagrangeMultiplier, combined_advantages, lagrange_multiplier_step, lagrangian_shaped_rewards
+from .lagrangian import LagrangeMultiplier, combined_advantages, lagrange_multiplier_step
 from .lm_head import token_logprobs_from_hidden
 from .distill import (
     bucket_divergence,
@@ -190,7 +190,6 @@ __all__ = [
     "LagrangeMultiplier",
     "combined_advantages",
     "lagrange_multiplier_step",
-    "lagrangian_shaped_rewards",
     # lm_head
     "token_logprobs_from_hidden",
     # distill (GKD's generalised JSD)

@@ -1,5 +1,6 @@
-"""PPO-Lagrangian (Safe RLHF): the Lagrange multiplier of the cost constraint, the reward and
-cost token rewards, and the advantage the actor is trained on.
+"""PPO-Lagrangian (Safe RLHF): the Lagrange multiplier of the cost constraint and the advantage
+the actor is trained on (the reward and cost token rewards are `kl.kl_shaped_rewards`, once per
+objective, the cost's at `-kl_coeff`).
 
 The constrained problem ``max_theta J_R(theta)  s.t.  J_C(theta) <= d`` becomes the min-max
 problem ``min_{lambda >= 0} max_theta J_R - lambda * (J_C - d)``. The policy ascends
@@ -16,9 +17,7 @@ Source: Dai et al. 2023 ("Safe RLHF", eq. 12-13); safe-rlhf
 """
 import math
 
-from .kl import kl_shaped_rewards
-
-__all__ = ["LagrangeMultiplier", "combined_advantages", "lagrange_multiplier_step", "lagrangian_shaped_rewards"]
+__all__ = ["LagrangeMultiplier", "combined_advantages", "lagrange_multiplier_step"]
 
 
 def lagrange_multiplier_step(log_lambda, episode_cost, threshold, lambda_lr, lambda_max=None):
@@ -47,28 +46,6 @@ def combined_advantages(reward_advantages, cost_advantages, multiplier):
     """
     lam = float(multiplier)
     return (reward_advantages.detach() - lam * cost_advantages.detach()) / (1.0 + lam)
-
-
-def lagrangian_shaped_rewards(scores, costs, logprobs, ref_logprobs, mask, kl_coeff, clip_range_score, kind="k1", clamp=None):
-    """Token rewards and token costs of PPO-Lagrangian: the full KL penalty on each.
-
-    Formula (``kl_t`` and the clipped score at the last token as in ``kl_shaped_rewards``):
-    ``r_t = -kl_coeff * kl_t + [t == last] * clip(score)``,
-    ``c_t = +kl_coeff * kl_t + [t == last] * clip(cost)``. In the combined advantage the
-    KL terms add up to ``-kl_coeff * kl_t`` whatever lambda is:
-    ``(-k - lambda * k) / (1 + lambda) = -k``, the same KL weight plain PPO's reward carries.
-    Shapes: ``scores``, ``costs`` ``[B]``; ``logprobs``, ``ref_logprobs``, ``mask`` ``[B, T]``;
-    returns ``(rewards [B, T], token_costs [B, T], kl_per_token [B, T])``, 0 outside the mask.
-    Source: safe-rlhf ``PPOLagTrainer.add_kl_divergence_regularization``
-    (``kl_penalty_rewards = -kl_coeff * (log_probs - ref_log_probs)``; rewards scatter-add the
-    reward onto ``kl_penalty_rewards``, costs the cost onto ``-kl_penalty_rewards``); the score
-    clip is this repository's, on the score before it is added, as in ``kl_shaped_rewards``
-    (safe-rlhf clamps the token rewards and costs after).
-    """
-    coeff = float(kl_coeff)
-    rewards, kl = kl_shaped_rewards(scores, logprobs, ref_logprobs, mask, coeff, clip_range_score, kind=kind, clamp=clamp)
-    token_costs, _ = kl_shaped_rewards(costs, logprobs, ref_logprobs, mask, -coeff, clip_range_score, kind=kind, clamp=clamp)
-    return rewards, token_costs, kl
 
 
 class LagrangeMultiplier:

@@ -3,11 +3,11 @@ import json
 import logging
 import os
 
-from ..checkpoint import clear_previous_run, last_complete_trainer_checkpoint
-from ..models.pipeline import save_pipeline_merged
+from ..checkpoints.checkpoint import clear_previous_run, last_complete_trainer_checkpoint
+from ..strategy import build_strategy
 from ..common.console_report import closing_summary, output_paths
 from ..common.divergence import DivergenceError
-from ..resume_check import check_model_checkpoint
+from ..checkpoints.resume_check import check_model_checkpoint
 from ..common.tracking import interval_weighted_mean
 from .benchmark import REPORT_FILE, BenchmarkCallback
 from .trainer_resume import saved_global_step
@@ -22,7 +22,7 @@ logger = logging.getLogger("ppo")
 def last_checkpoint(args):
     """The checkpoint to resume from: `resume_from_checkpoint` if set, else the newest complete
     `checkpoint-*` in `output_dir` (unless `overwrite_output_dir`), else None. A checkpoint
-    cut short by a kill is skipped with a warning (see `ppo.checkpoint.incomplete_reason`)."""
+    cut short by a kill is skipped with a warning (see `ppo.checkpoints.checkpoint.incomplete_reason`)."""
     if args.resume_from_checkpoint:
         return args.resume_from_checkpoint
     if os.path.isdir(args.output_dir) and not args.overwrite_output_dir:
@@ -152,10 +152,8 @@ def train_and_save(trainer, args, tokenizer, tracker_cb, guard):
     train_metrics = train_or_resume(trainer, args, tracker_cb, guard, checkpoint)
     if benchmark:
         return None, train_metrics
-    if args.pipeline_parallel_degree > 1:  # one plain checkpoint from the stages, loadable on one process
-        save_pipeline_merged(trainer.model, args.output_dir)
-    else:
-        trainer.save_model(args.output_dir, merge_tensor_parallel=args.tensor_parallel_degree > 1)  # a TP=1 run loads it
+    # one plain checkpoint (pipeline stages gathered, tensor-parallel slices merged) that a single process loads
+    build_strategy(args).save_trainer_model(trainer, args.output_dir, merge_tensor_parallel=args.tensor_parallel_degree > 1)
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(args.output_dir)
     trainer.save_state()

@@ -97,7 +97,7 @@ class StreamingTrainerMixin:
 
     def _save_checkpoint(self, model, metrics=None):
         """The stream position first: the Trainer's scheduler file, written last, marks a
-        complete checkpoint (`ppo.checkpoint.incomplete_reason`), so a complete one holds it."""
+        complete checkpoint (`ppo.checkpoints.checkpoint.incomplete_reason`), so a complete one holds it."""
         loader = getattr(self, "stream_loader", None)
         if loader is not None and self.args.should_save:
             folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")

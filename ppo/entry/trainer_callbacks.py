@@ -10,7 +10,7 @@ import os
 
 from paddlenlp.trainer import TrainerCallback
 
-from ..checkpoint import rotate_checkpoints
+from ..checkpoints.checkpoint import rotate_checkpoints
 from ..common.divergence import DivergenceDetector
 from ..common.tracking import RunTracker, interval_weighted_mean
 

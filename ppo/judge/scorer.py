@@ -14,7 +14,7 @@ this module imports no Paddle: the model loads when the scorer is built.
 import os
 import threading
 
-from ..scorer_registry import ScorerFacts, register_scorer
+from ..scoring.registry import ScorerFacts, register_scorer
 
 OPTIONS = {
     "model": None,

@@ -8,7 +8,7 @@
 
 See library.py for where the library is found and the environment variables that move or
 disable it. The callers of the ops: `ppo/rollout/ops.py` (rollout kernels),
-`ppo/models/fused_train_ops.py` and `ppo/optim.py` (training kernels).
+`ppo/models/fused_train_ops.py` and `ppo/optimization/optim.py` (training kernels).
 """
 from .library import ensure_built, lib_path, notice_fallback, ops_available, unavailable_reason
 

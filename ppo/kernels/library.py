@@ -2,7 +2,7 @@
 
 One shared library holds every op of csrc/: the rollout engine's (`rollout_*`, called through
 `ppo/rollout/ops.py`) and the training kernels (`train_*`, called through
-`ppo/models/fused_train_ops.py` and `ppo/optim.py`). This module only registers the library
+`ppo/models/fused_train_ops.py` and `ppo/optimization/optim.py`). This module only registers the library
 with Paddle once per process and says whether its ops can be used; each caller keeps its own
 pure-Paddle twin for when they cannot.
 

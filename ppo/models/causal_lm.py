@@ -30,7 +30,7 @@ from ..algos import (
 )
 from .fused_train_ops import LOGIT_KERNELS
 from .basics import unwrap_model
-from .tensor_parallel import group_all_reduce, model_parallel_identity, vocab_parallel_head
+from .parallel_layers import group_all_reduce, model_parallel_identity, vocab_parallel_head
 
 logger = logging.getLogger(__name__)
 NOT_COUNTED = -100  # any negative label is not counted

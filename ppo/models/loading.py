@@ -102,7 +102,7 @@ def gpu_switch_overrides(model_args, cuda=None):
 
 
 PIPELINE_ENTRY_POINTS = ("sft", "rm", "dpo", "ppo")
-"""Entry points that train pipeline-parallel models (`ppo.models.pipeline`)."""
+"""Entry points that train pipeline-parallel models (`ppo.strategy.pipeline.pipe`)."""
 
 
 def load_overrides(model_args, training_args, pipeline_entry=None):

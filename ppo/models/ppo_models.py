@@ -22,7 +22,7 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .adapters import MERGE_TOOL, load_merged_causal_lm, load_merged_score_model, score_lora_settings
+from .adapters import load_merged_causal_lm, load_merged_score_model, score_lora_settings
 from .loading import apply_lora, freeze, is_lora_dir, load_causal_lm, load_reference, lora_disabled, set_dropout_off
 
 
@@ -54,12 +54,11 @@ class PPOModels:
         return {name: model for name, model in (("reward", self.critic), ("cost", self.cost_critic)) if model is not None}
 
 
-def build_ppo_models(model_args, use_critic, dtype="float32", pipeline=False, **extra):
+def build_ppo_models(model_args, use_critic, dtype="float32", **extra):
     """Load the four models from `ModelArgument` paths (see module docstring);
-    `extra` are config overrides (see `loading.load_overrides`). `pipeline`: this rank's
-    stages of each (`build_ppo_pipes`)."""
-    if pipeline:
-        return build_ppo_pipes(model_args, use_critic, dtype, **extra)
+    `extra` are config overrides (see `loading.load_overrides`). A pipeline run loads this
+    rank's stages of each instead (its strategy's `load_models`,
+    `ppo.strategy.pipeline.models.build_ppo_pipes`)."""
     actor_path = model_args.actor_model_name_or_path
     actor = load_actor(model_args, dtype, **extra)
 
@@ -107,34 +106,3 @@ def build_critic(model_args, dtype="float32", critic_path=None, **extra):
             critic, base_model_name_or_path=critic_path, **score_lora_settings(model_args.lora_settings())
         )
     return set_dropout_off(critic)
-
-
-def build_ppo_pipes(model_args, use_critic, dtype="float32", **extra):
-    """The models as pipelines (`pipeline_parallel_degree > 1`, see `ppo.models.policy_pipe`):
-    PaddleNLP's causal-LM pipe for the actor and the frozen reference, the score-model pipe for
-    the frozen reward model and the critic (and PPO-Lagrangian's cost model and cost critic).
-    The pipeline passes set the trained pipes' losses."""
-    from .pipeline import load_pipe
-    from .score_model_pipe import load_plain_score_pipe
-
-    actor_path = model_args.actor_model_name_or_path
-    for name in ("reward_model_name_or_path", "reward_critic_model_name_or_path", "cost_model_name_or_path",
-                 "cost_critic_model_name_or_path"):
-        if is_lora_dir(getattr(model_args, name)):
-            raise ValueError(
-                f"{name}={getattr(model_args, name)}: a LoRA adapter with pipeline_parallel_degree > 1 is not implemented "
-                f"here; merge it into a full model first ({MERGE_TOOL})"
-            )
-    actor = set_dropout_off(load_pipe(actor_path, None, None, dtype=dtype, **extra))
-    reference = freeze(set_dropout_off(load_pipe(model_args.reference_model_name_or_path or actor_path, None, None, dtype=dtype, **extra)))
-    reward = None
-    if not (model_args.use_rm_server or model_args.use_rule_reward):
-        reward = freeze(set_dropout_off(load_plain_score_pipe(model_args.reward_model_name_or_path, dtype=dtype, **extra)))
-    critic_of = lambda path: set_dropout_off(load_plain_score_pipe(  # noqa: E731
-        path, dtype=dtype, score_type="critic", do_normalize=False, normalizer_type=None, **extra))
-    critic = critic_of(model_args.reward_critic_model_name_or_path or model_args.reward_model_name_or_path) if use_critic else None
-    cost = cost_critic = None
-    if model_args.cost_model_name_or_path:  # PPO-Lagrangian
-        cost = freeze(set_dropout_off(load_plain_score_pipe(model_args.cost_model_name_or_path, dtype=dtype, **extra)))
-        cost_critic = critic_of(model_args.cost_critic_model_name_or_path or model_args.cost_model_name_or_path)
-    return PPOModels(actor=actor, reference=reference, reward=reward, critic=critic, cost=cost, cost_critic=cost_critic)

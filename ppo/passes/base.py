@@ -1,7 +1,7 @@
 """The seam between a PPO / GRPO step and the parallel strategy: every pass a step runs
 through a model (generation, log-probs, values, scores, one optimiser step's gradients)
 behind one interface. `ppo.passes.plain.PlainPasses` runs the models as they are (one
-process, data parallel, sharding, tensor parallel); `ppo.passes.pipeline.PipelinePasses`
+process, data parallel, sharding, tensor parallel); `ppo.strategy.pipeline.passes.PipelinePasses`
 runs them as fleet pipelines. The run's strategy builds one (`ppo.strategy.Strategy.build_passes`);
 the trainer never asks which; the passes never call the trainer: the losses come in as
 `UpdateLosses`.

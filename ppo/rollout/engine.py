@@ -75,7 +75,7 @@ class RolloutEngine:
             strategy's `generation_group()`); None for a model that is not split.
     """
 
-    def __init__(self, model, eos_token_id, pad_token_id, use_rollout_engine=True, kernels="auto", fuse_gate_up=None,
+    def __init__(self, model, eos_token_id, pad_token_id, *, use_rollout_engine=True, kernels="auto", fuse_gate_up=None,
                  tokenizer=None, compact_ratio=0.5, decode_layout="auto", keep_buffers=True,
                  keep_tensor_parallel=False, max_num_seqs=-1, tensor_parallel_group=None, record_routing=False):
         self.sharded = bool(keep_tensor_parallel)

@@ -135,7 +135,7 @@ def _bias(linear):
 
 
 def split_kind(layer, transpose_y=False, fused_parts=1):
-    """How tensor parallelism split `layer`'s weight (a `ppo.models.reshard` kind): "row"
+    """How tensor parallelism split `layer`'s weight (a `ppo.strategy.tensor.reshard` kind): "row"
     (axis 0) for a row-parallel linear, a vocabulary-parallel embedding or a tied `[V, H]`
     head; "column" (last axis) for a column-parallel linear or LM head; "column_2fuse" for a
     column-parallel fused gate-up (`fused_parts=2`)."""
@@ -163,7 +163,7 @@ class TensorParallelGather:
 
     def weight(self, layer, value=None, transpose_y=False, fused_parts=1):
         """`value` (default: `layer.weight`) whole: every rank's slice gathered and merged with
-        `ppo.models.reshard.merge` when the layer's weight is a slice (`fused_parts=2`: a fused
+        `ppo.strategy.tensor.reshard.merge` when the layer's weight is a slice (`fused_parts=2`: a fused
         gate-up, whose slices hold ``[gate_r, up_r]``)."""
         value = layer.weight if value is None else value
         if self.group is None or self.sharded or not getattr(layer.weight, "is_distributed", False):
@@ -177,7 +177,7 @@ class TensorParallelGather:
         return self._merged(b, "column_2fuse" if fused_parts == 2 else "column")
 
     def _merged(self, value, kind):
-        from ..models.reshard import merge
+        from ..strategy.tensor.reshard import merge
 
         with paddle.no_grad():
             parts = []

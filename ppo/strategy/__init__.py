@@ -1,11 +1,27 @@
 """The run's parallel strategy (`ppo.strategy.base.Strategy`): plain (one process or
-`paddle.DataParallel`), fleet (tensor parallel, sharding, data parallel) or pipeline, picked
-once from the arguments by `build_strategy`."""
+`paddle.DataParallel`), the tensor layout (`ppo.strategy.tensor`: fleet's tensor parallel,
+sharding, data parallel) or the pipeline layout (`ppo.strategy.pipeline`), chosen in one place
+(`choose_layout`) from the arguments and built by `build_strategy`; the strategy then loads the
+models in its layout (`Strategy.load_models`)."""
 from .base import PassSettings, Strategy, first_non_finite
-from .fleet import FleetStrategy
 from .pipeline import PipelineStrategy
 from .plain import PlainStrategy
 from .ranks import Ranks
+from .tensor import FleetStrategy
+
+LAYOUTS = {"plain": PlainStrategy, "fleet": FleetStrategy, "pipeline": PipelineStrategy}
+"""`{layout name: its strategy class}`; `choose_layout` picks one."""
+
+
+def choose_layout(args, world_size):
+    """The layout name of PaddleNLP's `TrainingArguments` (`pipeline_parallel_degree`,
+    `use_hybrid_parallel`) on `world_size` training processes: the one place a run's layout is
+    decided."""
+    if args.pipeline_parallel_degree > 1:
+        return "pipeline"
+    if world_size > 1 and args.use_hybrid_parallel:
+        return "fleet"
+    return "plain"
 
 
 def build_strategy(args):
@@ -15,12 +31,11 @@ def build_strategy(args):
 
     world = getattr(args, "training_world_size", None) or dist.get_world_size()  # a split run's rollout rank: not in it
     ranks = Ranks(dist.get_rank(), world, args.dataset_rank, args.dataset_world_size)
-    if args.pipeline_parallel_degree > 1:
+    layout = choose_layout(args, ranks.world_size)
+    if layout == "pipeline":
         return PipelineStrategy(ranks, tensor_parallel=args.tensor_parallel_degree > 1)
-    if ranks.world_size > 1 and args.use_hybrid_parallel:
-        return FleetStrategy(ranks)
-    return PlainStrategy(ranks)
+    return LAYOUTS[layout](ranks)
 
 
-__all__ = ["FleetStrategy", "PassSettings", "PipelineStrategy", "PlainStrategy", "Ranks", "Strategy", "build_strategy",
-           "first_non_finite"]
+__all__ = ["FleetStrategy", "LAYOUTS", "PassSettings", "PipelineStrategy", "PlainStrategy", "Ranks", "Strategy",
+           "build_strategy", "choose_layout", "first_non_finite"]

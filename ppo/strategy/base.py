@@ -4,7 +4,9 @@ models (`ppo.passes`), one optimiser step with its gradient sync and norm, savin
 model weights, and the group the rollout engine generates over. The trainer's parts call it and
 never ask which strategy it is; `build_strategy` picks it once from the arguments.
 
-Adding a strategy is a new subclass and its passes (docs/architecture.md)."""
+A layout is one folder (`ppo.strategy.tensor`, `ppo.strategy.pipeline`) whose strategy
+subclasses `Strategy` alone and composes the axes it runs on (`FleetAxes`, `TensorAxis`, ...);
+no strategy inherits another (docs/architecture.md)."""
 import math
 from dataclasses import dataclass, field
 from typing import Dict
@@ -44,6 +46,16 @@ class PassSettings:
     logprob_dtype: str = "float32"
 
 
+def whole_model_passes(models, actor, critics, settings):
+    """`PlainPasses`: every model runs whole layers in this process (one process, data parallel,
+    tensor parallel with its slices)."""
+    from ..passes.plain import PlainPasses
+
+    return PlainPasses(models, actor, critics, settings.temperature, settings.logprob_chunk_size, settings.chunk_rows,
+                       retokenizers=settings.retokenizers, remove_padding=settings.remove_padding,
+                       logprob_dtype=settings.logprob_dtype)
+
+
 class Strategy:
     """The layout of one run (see the module docstring). `ranks`: its `Ranks`."""
 
@@ -52,7 +64,17 @@ class Strategy:
     def __init__(self, ranks=None):
         self.ranks = ranks or Ranks()
 
-    # ---- wrapping and passes -------------------------------------------------------------
+    # ---- loading, wrapping and passes ----------------------------------------------------
+    def load_models(self, model_args, use_critic, dtype="float32", **extra):
+        """The run's `PPOModels` in this layout (whole models by default,
+        `ppo.models.ppo_models.build_ppo_models`); `extra`: config overrides."""
+        from ..models.ppo_models import build_ppo_models
+
+        return build_ppo_models(model_args, use_critic, dtype, **extra)
+
+    def log_settings(self, args):
+        """Log what the layout makes of the arguments (nothing by default)."""
+
     def wrap(self, model, optimizer):
         """`(model, optimizer)` wrapped for the run's ranks (as they are when `model` is None)."""
         raise NotImplementedError
@@ -112,6 +134,12 @@ class Strategy:
         if tokenizer is not None and self.ranks.is_main:
             tokenizer.save_pretrained(path)
 
+    def save_trainer_model(self, trainer, path, merge_tensor_parallel=False):
+        """The final model of a PaddleNLP `Trainer` run (SFT, reward model, DPO) written to
+        `path` as one checkpoint a single process loads (`merge_tensor_parallel`: its
+        tensor-parallel slices merged)."""
+        trainer.save_model(path, merge_tensor_parallel=merge_tensor_parallel)
+
     def load_weights(self, model, state_dict):
         """Load a saved (single-process) state dict into `model` in place."""
         from ..models.loading import unwrap_parallel
@@ -119,6 +147,13 @@ class Strategy:
         unwrap_parallel(model).set_state_dict(state_dict)
 
     # ---- generation and bookkeeping ------------------------------------------------------
+    def generation_copy(self, model):
+        """Context giving a model that generates whole on this rank from `model`'s current
+        weights: `model` itself unless the layout splits it into stages."""
+        import contextlib
+
+        return contextlib.nullcontext(model)
+
     def generation_group(self):
         """The group the rollout engine all-reduces over when it generates from each rank's
         tensor-parallel slices; None when it generates from whole weights."""

@@ -1,6 +1,6 @@
 """One process, or data parallel alone (`paddle.DataParallel` all-reduces the gradients in
 the backward pass): the models run whole in every process (`ppo.passes.plain.PlainPasses`)."""
-from .base import Strategy
+from .base import Strategy, whole_model_passes
 
 
 class PlainStrategy(Strategy):
@@ -16,8 +16,4 @@ class PlainStrategy(Strategy):
         return paddle.DataParallel(model), optimizer
 
     def build_passes(self, models, actor, critics, optimizers, settings):
-        from ..passes.plain import PlainPasses
-
-        return PlainPasses(models, actor, critics, settings.temperature, settings.logprob_chunk_size, settings.chunk_rows,
-                           retokenizers=settings.retokenizers, remove_padding=settings.remove_padding,
-                           logprob_dtype=settings.logprob_dtype)
+        return whole_model_passes(models, actor, critics, settings)

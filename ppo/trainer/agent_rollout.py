@@ -148,7 +148,7 @@ class TrajectoryRollout:
     `(use_chat_template, prompt_template)` of the data; `watch`: a `ToolFailureWatch`; the
     other arguments are `Rollout`'s."""
 
-    def __init__(self, engine, sampling, sampler, dataset, tokenizer, passes, offload, state, ranks, settings, agent_args,
+    def __init__(self, engine, sampling, sampler, dataset, tokenizer, passes, *, offload, state, ranks, settings, agent_args,
                  prompt_format, watch):
         self.engine, self.sampling, self.sampler, self.dataset = engine, sampling, sampler, dataset
         self.tokenizer, self.passes, self.offload, self.state, self.ranks = tokenizer, passes, offload, state, ranks

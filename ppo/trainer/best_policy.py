@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from ..early_stopping import EarlyStopping
+from ..evaluation.early_stopping import EarlyStopping
 
 logger = logging.getLogger("ppo")
 
@@ -108,7 +108,7 @@ class BestPolicy:
 class EvalEarlyStop:
     """PaddleNLP's `early_stopping` (its `EarlyStoppingCallback`) on `metric` (a name of
     `EVAL_METRICS`): `observe(step, metrics)` feeds each evaluation (step 0's included) to
-    `ppo.early_stopping.EarlyStopping` and says whether the run stops there. Its count and
+    `ppo.evaluation.early_stopping.EarlyStopping` and says whether the run stops there. Its count and
     where it stopped (`stopped`) are a checkpoint part, so a resumed run counts on and an
     early-stopped run is finished."""
 

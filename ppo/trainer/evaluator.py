@@ -4,7 +4,7 @@
 when they give one, else exact match); reduced over the ranks."""
 from ..evaluation import evaluate_generation
 from ..experience import experience_from_rollout
-from ..sampled_eval import evaluate_sampled, sampled_eval_settings
+from ..evaluation.sampled import evaluate_sampled, sampled_eval_settings
 
 
 class Evaluator:
@@ -14,7 +14,7 @@ class Evaluator:
     `state`: the `RunState`; `ranks`: the run's `Ranks`; `offload`: the `OffloadPlan`;
     `settings`: `EvalSettings`."""
 
-    def __init__(self, dataset, engine, sampling, tokenizer, passes, actor, scoring, offload, state, ranks, settings,
+    def __init__(self, dataset, engine, sampling, tokenizer, passes, actor, *, scoring, offload, state, ranks, settings,
                  long_answer_len=5):
         self.dataset, self.engine, self.sampling, self.tokenizer = dataset, engine, sampling, tokenizer
         self.passes, self.actor, self.scoring, self.offload = passes, actor, scoring, offload

@@ -22,7 +22,7 @@ from ..common.console_report import number
 from ..common.divergence import DivergenceError
 from ..common.metrics import MetricAccumulator
 from ..common.run_guard import FlatRewardWatch, RolloutRankLost, RunInterrupted, interrupted_message, stop_requests
-from ..reward_client import RewardServerError
+from ..serving.reward_client import RewardServerError
 from .agent_rollout import ToolPoolError
 
 logger = logging.getLogger("ppo")
@@ -63,7 +63,7 @@ class OnlineLoop:
     `BestPolicy` with `load_best_model_at_end`, else None; `early_stop`: an `EvalEarlyStop` with
     `early_stopping`, else None."""
 
-    def __init__(self, experience, learner, state, report, evaluator, watch, strategy, settings, max_steps, actor, passes,
+    def __init__(self, experience, learner, state, report, evaluator, watch, *, strategy, settings, max_steps, actor, passes,
                  offload, best_policy=None, early_stop=None):
         self.experience, self.learner, self.state, self.report = experience, learner, state, report
         self.evaluator, self.watch, self.strategy, self.settings = evaluator, watch, strategy, settings
@@ -199,7 +199,7 @@ class OnlineLoop:
     def stop_diverged(self, messages):
         """Write `summary.json` naming the divergence and raise DivergenceError; nothing is
         saved, so `output_dir/policy` and the checkpoints keep the last good weights."""
-        from ..checkpoint import list_checkpoints
+        from ..checkpoints.checkpoint import list_checkpoints
 
         kept = list_checkpoints(self.settings.output_dir)
         where = f"the last good checkpoint is {kept[-1][1]}" if kept else "no checkpoint was saved before it"

@@ -7,10 +7,10 @@ when it is damaged, never past one of another run). Model weights are written an
 strategy (`ppo.strategy`), which knows how the models are split over the processes."""
 import logging
 
-from ..checkpoint import (
+from ..checkpoints.checkpoint import (
     list_checkpoints, load_checkpoint, load_part_files, prepare_output_dir, save_checkpoint, save_final_models,
 )
-from ..resume_check import CheckpointMismatchError
+from ..checkpoints.resume_check import CheckpointMismatchError
 
 logger = logging.getLogger("ppo")
 

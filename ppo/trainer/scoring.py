@@ -34,7 +34,7 @@ class ScoreModel:
 
 
 class ProcessRewardModelScorer:
-    """A process reward model as the reward (`ppo.process_reward_scorer.ProcessRewardScorer`
+    """A process reward model as the reward (`ppo.scoring.process_reward.ProcessRewardScorer`
     `prm`): each response's steps scored `P(good)`, and `reduction` (`prm_reduction`) says how
     they reward it: `last` / `min` give one score per response (at its last token, as a reward
     model's); `step` gives the last step's score as the response's score (metrics, penalties) and
@@ -86,7 +86,7 @@ class TextScorer:
 
 
 class RewardServerScorer(TextScorer):
-    """The HTTP reward server (`ppo.reward_client.RewardServerClient`)."""
+    """The HTTP reward server (`ppo.serving.reward_client.RewardServerClient`)."""
 
     def __init__(self, tokenizer, client):
         super().__init__(tokenizer)
@@ -150,7 +150,7 @@ def score_sources(model_args):
     """`(reward-server client, rule scorer)` of a run's model arguments (`use_rm_server`,
     `use_rule_reward` with `rule_reward_scorers` / `rule_reward_weights`): one of them, or
     neither when the reward model scores. A `module:function` scorer is found where the run starts."""
-    from ..reward_client import RewardServerClient
+    from ..serving.reward_client import RewardServerClient
     from ..scorers import WeightedScorer
 
     client = rule_scorer = None

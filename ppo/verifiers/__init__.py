@@ -1,12 +1,12 @@
 """The built-in scorers: rule rewards and verifiers, one module each, registered on the scorer
-registry (``ppo/scorer_registry.py``) with their facts when this package is imported.
+registry (``ppo/scoring/registry.py``) with their facts when this package is imported.
 
 - ``basic``: ``math`` (last number), ``reverse`` (the demo task);
 - ``kk``: Knights and Knaves (PaddleNLP's reward server);
 - ``gsm8k``: ``gsm8k`` and ``gsm8k_flexible`` (PaddleNLP's GSM8K rule);
 - ``math_boxed``: the last ``\\boxed{}``, LaTeX normal forms, exact numbers, sympy;
 - ``format_tags``: ``format``, think/answer tags;
-- ``code``: the response's program against the label's tests in ``ppo/sandbox.py``;
+- ``code``: the response's program against the label's tests in ``ppo/sandbox/``;
 - ``choice``: a multiple-choice letter;
 - ``penalties``: ``length`` and ``repetition``.
 
@@ -25,7 +25,7 @@ def _cell(text):
 def verifier_table():
     """The Markdown table of every registered scorer with facts: name, values, label, correct
     at, lowest when, raises when, options (with defaults)."""
-    from ..scorer_registry import list_scorers, scorer_facts
+    from ..scoring.registry import list_scorers, scorer_facts
 
     rows = ["| name | what it checks | values | label (`tgt`) | correct at | lowest value when (a legitimate score) "
             "| raises when (no reward can be computed) | options (defaults) |",

@@ -3,7 +3,7 @@ import math
 import re
 from typing import Optional
 
-from ..scorer_registry import ScorerFacts, register_scorer
+from ..scoring.registry import ScorerFacts, register_scorer
 
 # An optional minus (not after a digit, so "3-4" reads 3 and 4), digits with
 # optional thousands commas and decimals (or ".5"), an optional "/denominator".

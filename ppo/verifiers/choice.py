@@ -15,7 +15,7 @@ is not raises: the reward cannot be computed. Letters compare case-insensitively
 import re
 from typing import Optional
 
-from ..scorer_registry import ScorerFacts, register_scorer
+from ..scoring.registry import ScorerFacts, register_scorer
 from .latex import last_boxed
 
 _ANSWER_IS_RE = re.compile(r"(?i:answer)(?:\s+(?i:is)|\s*[:\-])\s*(?:\*\*)?\s*[\(\[]?\s*([A-Z])\s*[\)\]]?(?:\*\*)?(?![A-Za-z])")

@@ -1,4 +1,4 @@
-"""``code``: run the response's program against the label's tests in the sandbox (``ppo/sandbox.py``).
+"""``code``: run the response's program against the label's tests in the sandbox (``ppo/sandbox/``).
 
 The program is the last fenced block of the response (```` ```python ````, ```` ```py ```` or
 ```` ``` ````); with ``require_block`` False a response without one is run whole. The label holds
@@ -25,7 +25,7 @@ start) raise: the reward cannot be computed.
 The verdict of statement tests is printed from inside the process that ran the program, tagged
 with a token the harness reads from stdin; a program written to look for that token in its own
 interpreter could fake passes (stdin/stdout cases are judged here, outside). See
-``ppo/sandbox.py`` for what the sandbox does not protect against.
+``ppo/sandbox/`` for what the sandbox does not protect against.
 """
 import json
 import re
@@ -33,7 +33,7 @@ import secrets
 from typing import List, Optional
 
 from ..sandbox import SandboxLimits, run_python
-from ..scorer_registry import ScorerFacts, register_scorer
+from ..scoring.registry import ScorerFacts, register_scorer
 
 _BLOCK_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _HARNESS = """import json, sys

@@ -21,7 +21,7 @@ whitespace (PaddleNLP compares the decoded label with its pad tokens removed); n
 import re
 from typing import Optional
 
-from ..scorer_registry import ScorerFacts, register_scorer
+from ..scoring.registry import ScorerFacts, register_scorer
 
 _STRICT_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
 _FLEXIBLE_RE = re.compile(r"(\-?[0-9\.\,]+)")

@@ -2,7 +2,7 @@
 import re
 from typing import Dict, List, Optional
 
-from ..scorer_registry import ScorerFacts, register_scorer
+from ..scoring.registry import ScorerFacts, register_scorer
 
 KK_FORMAT_REWARD = 1.0
 KK_ANSWER_CORRECT = 2.0

@@ -12,7 +12,7 @@ characters, then falling linearly to -1 at ``max_chars``, and -1 beyond. The tra
 repeated n-gram, ``max_penalty`` (default -1) in the limit of one n-gram repeated; 0 for a
 response shorter than one n-gram.
 """
-from ..scorer_registry import ScorerFacts, register_scorer
+from ..scoring.registry import ScorerFacts, register_scorer
 
 
 def make_length(max_chars=4096, buffer_chars=1024):

@@ -3,7 +3,7 @@
 :func:`run_python` writes the code to ``main.py`` in a fresh temporary directory and runs it
 with this interpreter (``python -I``: no ``PYTHON*`` variables, no user site-packages) in a clean
 environment (``PATH``, ``HOME`` and ``TMPDIR`` = that directory, a UTF-8 locale, one math
-thread; nothing of the caller's: tokens, keys, proxies). Three processes (ppo/sandbox_child.py):
+thread; nothing of the caller's: tokens, keys, proxies). Three processes (ppo/sandbox/child.py):
 a launcher that enters namespaces and drops root, a supervisor that ends the code at the
 wall-clock limit and kills everything it left, and the code's own. The layers, each where the
 kernel allows it; the result says which held, and ``notes`` why one is missing:
@@ -61,7 +61,7 @@ from typing import Mapping, Optional, Tuple
 CODE_FILE = "main.py"
 
 # Runs inside the child, before the code: namespaces, Landlock, limits, then the code as __main__.
-_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_child.py")
+_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child.py")
 _NO_NETWORK_EXIT, _NO_FS_ISOLATION_EXIT = 97, 98
 
 

@@ -1,16 +1,16 @@
-"""The start of a sandboxed child (run by ppo/sandbox.py as ``python -I sandbox_child.py CONFIG``).
+"""The start of a sandboxed child (run by ppo/sandbox/runner.py as ``python -I child.py CONFIG``).
 
 Three processes, each writing what it did as one JSON line to the report pipe (``report_fd``):
 
 - the launcher (this process) enters the namespaces and, as root, drops to ``nobody``
-  (ppo/sandbox_ns.py), then waits for
+  (ppo/sandbox/ns.py), then waits for
 - the supervisor: pid 1 of the new pid namespace (or, without one, a child subreaper), which
   runs the code in a child of its own, ends it at the wall-clock limit, and when it has ended
   kills every process it left behind (``setsid`` does not leave the pid namespace, and orphans
   come back to a subreaper), then reports the code's exit status;
 - the code's process: takes away writes outside its working directory (Landlock: creating,
   writing, truncating, renaming, linking or removing files anywhere else is refused;
-  ``/dev/null`` stays writable), installs the seccomp filter (ppo/sandbox_seccomp.py: no unix
+  ``/dev/null`` stays writable), installs the seccomp filter (ppo/sandbox/seccomp.py: no unix
   socket of the host), sets the resource limits (``RLIMIT_NPROC`` where its count is the
   call's own), reports, closes the pipe and runs ``main.py`` as ``__main__``.
 
@@ -90,7 +90,7 @@ _SUPERVISOR_PROCESSES = 2  # the launcher and the supervisor count against RLIMI
 
 
 def _sibling(name):
-    """The module ppo/<name>.py, loaded by path (nothing is added to sys.path)."""
+    """The module ppo/sandbox/<name>.py, loaded by path (nothing is added to sys.path)."""
     spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                                       name + ".py"))
     module = importlib.util.module_from_spec(spec)
@@ -210,8 +210,8 @@ def supervise(cfg, facts):
 
 def main():
     cfg = json.loads(sys.argv[1])
-    seccomp = _sibling("sandbox_seccomp")  # both read before the user changes
-    facts = _sibling("sandbox_ns").isolate(os.getcwd(), want_net=not cfg["network"])
+    seccomp = _sibling("seccomp")  # both read before the user changes
+    facts = _sibling("ns").isolate(os.getcwd(), want_net=not cfg["network"])
     report(cfg, facts)
     supervisor = os.fork()
     if supervisor != 0:

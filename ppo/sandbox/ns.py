@@ -1,4 +1,4 @@
-"""Namespaces and the dropped user of the sandboxed child (loaded by ppo/sandbox_child.py by path).
+"""Namespaces and the dropped user of the sandboxed child (loaded by ppo/sandbox/child.py by path).
 
 :func:`isolate` runs in the launcher, before the supervisor and the code are started:
 

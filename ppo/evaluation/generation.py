@@ -34,7 +34,7 @@ def reward_model_score_fn(reward_model):
     """`score_fn(batch, out)` giving a score model's end scores of prompt+response."""
     import paddle
 
-    from .models.causal_lm import position_ids_from_mask
+    from ..models.causal_lm import position_ids_from_mask
 
     def score(batch, out):
         mask = paddle.concat([batch["attention_mask"].astype("int64"), out.response_mask.astype("int64")], axis=1)
@@ -57,7 +57,7 @@ def evaluate_generation(
     """
     import paddle
 
-    from .rollout import RolloutEngine, SamplingParams
+    from ..rollout import RolloutEngine, SamplingParams
 
     if engine is None:
         engine = RolloutEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
@@ -94,57 +94,3 @@ def evaluate_generation(
         for record, score in zip(records, scores):
             record["score"] = score
     return metrics, records
-
-
-class GenerationEvalMixin:
-    """For PaddleNLP `Trainer` subclasses: greedy exact-match evaluation on
-    `eval_prompt_dataset` (a `PromptOnlyDataset` with reference answers), with the
-    answers written to `output_dir/eval_samples.jsonl` by the main process."""
-
-    def setup_generation_eval(self, eval_prompt_dataset=None, eval_max_new_tokens=16, eval_long_answer_len=5, use_rollout_engine=True):
-        self.eval_prompt_dataset = eval_prompt_dataset
-        self.eval_max_new_tokens = eval_max_new_tokens
-        self.eval_long_answer_len = eval_long_answer_len
-        self.use_rollout_engine = use_rollout_engine
-
-    def generation_weights(self):
-        """Context giving the model to generate with: the trained model, or under pipeline
-        parallelism a plain copy on every rank filled with all its stages for the block and
-        released after it."""
-        import contextlib
-
-        if self.args.pipeline_parallel_degree <= 1:
-            return contextlib.nullcontext(self.model)
-        from .models.policy_pipe import gathered_into, plain_copy_of
-
-        if getattr(self, "_generation_copy", None) is None:
-            self._generation_copy = plain_copy_of(self.model)
-        return gathered_into(self._generation_copy, self.model)
-
-    def generation_metrics(self):
-        """`eval/accuracy`, `eval/accuracy_long`, `eval/accuracy_short`, `eval/response_length`; {} without prompts."""
-        import json
-        import os
-
-        from .models.tensor_parallel import model_parallel_group
-
-        if self.eval_prompt_dataset is None:
-            return {}
-        with self.generation_weights() as model:
-            metrics, records = evaluate_generation(
-                model,
-                self.tokenizer,
-                self.eval_prompt_dataset,
-                batch_size=self.args.per_device_eval_batch_size,
-                max_new_tokens=self.eval_max_new_tokens,
-                use_rollout_engine=self.use_rollout_engine,
-                long_answer_len=self.eval_long_answer_len,
-                tensor_parallel_group=model_parallel_group(),
-            )
-        if self.is_world_process_zero():
-            os.makedirs(self.args.output_dir, exist_ok=True)
-            with open(os.path.join(self.args.output_dir, "eval_samples.jsonl"), "w") as f:
-                for r in records:
-                    f.write(json.dumps(r) + "\n")
-        return metrics
-

@@ -1,4 +1,4 @@
-"""A seccomp-BPF filter for the sandboxed child (loaded by ppo/sandbox_child.py by path).
+"""A seccomp-BPF filter for the sandboxed child (loaded by ppo/sandbox/child.py by path).
 
 The filter, installed with ``prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER)`` after
 ``PR_SET_NO_NEW_PRIVS``, holds for the calling process and everything it starts:
