@@ -29,18 +29,25 @@ import paddle.nn.functional as F
 from .decoder import MLP
 
 
-def route(logits, top_k, norm_topk_prob, expert_indices=None):
+def route(logits, top_k, norm_topk_prob, expert_indices=None, selection_bias=None, norm_min=0.0):
     """``(weights [N, k] float32, indices [N, k] int64)`` of router ``logits [N, E]``: the top-k
     softmax probabilities, or the probabilities at the given ``expert_indices`` (replay; a -1
-    entry keeps the router's own choice); renormalised over the k with `norm_topk_prob`."""
+    entry keeps the router's own choice); renormalised over the k with `norm_topk_prob`
+    (divided by ``max(sum, norm_min)``). ``selection_bias [E]`` (ERNIE 4.5's
+    ``e_score_correction_bias``) is added to the probabilities for choosing the experts only:
+    the weights stay the unbiased probabilities."""
     probs = F.softmax(logits.astype("float32"), axis=-1)
-    weights, indices = paddle.topk(probs, top_k, axis=-1)
+    if selection_bias is None:
+        weights, indices = paddle.topk(probs, top_k, axis=-1)
+    else:
+        indices = paddle.topk(probs + selection_bias.astype("float32"), top_k, axis=-1)[1]
+        weights = paddle.take_along_axis(probs, indices, axis=-1)
     if expert_indices is not None:  # -1: not recorded, the router's own choice
         given = expert_indices.astype("int64")
         indices = paddle.where(given >= 0, given, indices)
         weights = paddle.take_along_axis(probs, indices, axis=-1)
     if norm_topk_prob:
-        weights = weights / weights.sum(axis=-1, keepdim=True)
+        weights = weights / weights.sum(axis=-1, keepdim=True).clip(min=norm_min)
     return weights, indices
 
 
@@ -65,7 +72,10 @@ def dispatch(x, weights, indices, experts):
 class SparseMoeBlock(nn.Layer):
     """Router ``gate`` and ``num_experts`` SwiGLU ``experts`` (see the module docstring).
     Config fields: ``hidden_size``, ``num_experts``, ``num_experts_per_tok``,
-    ``moe_intermediate_size``, ``norm_topk_prob``."""
+    ``moe_intermediate_size``, ``norm_topk_prob``. A family adds experts every token runs
+    (`shared_output`) and a selection bias (`selection_bias`) in a subclass."""
+
+    norm_min = 0.0
 
     def __init__(self, config):
         super().__init__()
@@ -74,14 +84,26 @@ class SparseMoeBlock(nn.Layer):
         self.gate = nn.Linear(config.hidden_size, self.num_experts, bias_attr=False)
         self.experts = nn.LayerList([MLP(config, config.moe_intermediate_size) for _ in range(self.num_experts)])
 
+    def selection_bias(self):
+        """``[E]`` added to the router's probabilities to choose experts (not to weigh them), or None."""
+        return None
+
+    def shared_output(self, x):
+        """``[N, H]`` of the experts every token ``x [N, H]`` runs, added to the routed sum, or None."""
+        return None
+
     def forward(self, x, expert_indices=None):
         """x ``[B, T, H]`` -> ``(out [B, T, H], router_logits [B*T, E], indices [B*T, k])``;
         ``expert_indices [B*T, k]`` replays a recorded routing."""
         B, T, H = x.shape
         flat = x.reshape([-1, H])
         logits = self.gate(flat)
-        weights, indices = route(logits, self.top_k, self.norm_topk_prob, expert_indices)
-        return dispatch(flat, weights, indices, self.experts).reshape([B, T, H]), logits, indices
+        weights, indices = route(logits, self.top_k, self.norm_topk_prob, expert_indices, self.selection_bias(),
+                                 self.norm_min)
+        out = dispatch(flat, weights, indices, self.experts)
+        shared = self.shared_output(flat)
+        out = out if shared is None else out + shared
+        return out.reshape([B, T, H]), logits, indices
 
 
 def _pooled(router_logits, top_k, mask):
