@@ -242,7 +242,7 @@ def expected_hf_shapes(hf):
     nh = hf["num_attention_heads"]
     nkv = hf.get("num_key_value_heads") or nh
     module = family_module(hf["model_type"])
-    hd = hf.get("head_dim") or (module.DEFAULT_HEAD_DIM if module is not None else H // nh)
+    hd = hf.get("head_dim") or (module.DEFAULT_HEAD_DIM if module is not None else None) or H // nh
     qwen2 = hf["model_type"] == "qwen2"
     shapes = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,)}
     for i in range(hf["num_hidden_layers"]):
