@@ -176,3 +176,22 @@ def test_router_losses_replay_and_the_score_model(tmp_path):
     back = load_hf_model(str(tmp_path))
     assert type(back).__name__ == "Ernie4_5_MoeModelForScore"
     np.testing.assert_array_equal(end_scores(back), end_scores(scorer))
+
+
+def test_moe_settings_on_a_dense_ernie45_are_refused_by_name(tmp_path):
+    from tests.test_ernie45_family import ernie_model
+
+    config = export_model(ernie_model(), str(tmp_path))
+    hf_files.write_json(dict(config, moe_num_experts=8, moe_k=2), str(tmp_path / "config.json"))
+    with pytest.raises(ValueError, match=r"Ernie4_5ForCausalLM config: not supported here: moe_num_experts, moe_k on a "
+                                         r"dense model \(model_type ernie4_5; the MoE family is ernie4_5_moe\)"):
+        load_hf_model(str(tmp_path))
+
+
+def test_a_resume_names_another_shared_expert_count(tmp_path):
+    from ppo.resume_check import fact_differences, model_facts, saved_model_facts
+
+    ernie_moe_model().save_pretrained(str(tmp_path))
+    found = fact_differences(saved_model_facts(str(tmp_path)), model_facts(ernie_moe_model(moe_num_shared_experts=1)),
+                             "model")
+    assert found == ["model: moe_num_shared_experts is 2 in the checkpoint but 1 in this run"]

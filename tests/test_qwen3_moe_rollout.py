@@ -161,13 +161,14 @@ def test_lora_wraps_attention_and_experts_not_the_router_and_the_engine_sees_it(
     assert np.abs((ref - out.response_logprobs.numpy()) * out.response_mask.numpy()).max() < 1e-4
 
 
-@pytest.mark.parametrize("chunked", [False, True])
-def test_the_engine_records_the_experts_the_training_forward_replays(moe, prompts, chunked):
+@pytest.mark.parametrize("family, chunked", [("moe", False), ("moe", True), ("ernie_moe", False)])
+def test_the_engine_records_the_experts_the_training_forward_replays(family, prompts, chunked, request):
     """With `record_routing` the engine returns each token's experts per MoE layer; they are the
     training forward's own top-k at every real token the engine ran (rows dropped as they finish,
     and row chunks, included; padding is routed too but means nothing), -1 where it ran none;
     after the routers move, replaying them keeps the rollout's experts where the router alone
-    would pick others."""
+    would pick others (ERNIE's: chosen with its correction bias)."""
+    moe = request.getfixturevalue(family)
     ids, mask = prompts
     engine = RolloutEngine(moe, eos_token_id=EOS, pad_token_id=PAD, kernels="paddle", compact_ratio=1.0,
                            record_routing=True, max_num_seqs=3 if chunked else -1)
