@@ -124,3 +124,29 @@ def run_transformers(jobs, tmp_path):
     done = subprocess.run([hf_python(), script, str(job_file)], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return [dict(np.load(job["out"])) for job in jobs]
+
+
+def transformers_round_trip(ours, built, tmp_path, legacy_suffix="v4"):
+    """Export each of our models `ours` ({name: causal LM}) and build each transformers config of
+    `built` ({name: config dict with model_type}; a name ending in `legacy_suffix` is rewritten in
+    transformers 4's rope layout) in transformers, run both sides on IDS / MASK. Returns
+    ``(out, diffs)``: the transformers outputs (one per job, ours first) and {name: max |logit
+    difference| at real tokens}, ours against transformers' load of our export, then transformers'
+    model against our import of it (`ppo.models.hf_import.load_hf_model`, kept in ``out[i]["ours"]``)."""
+    from ppo.models.hf_convert import export_model
+    from ppo.models.hf_import import load_hf_model
+
+    jobs = []
+    for name, model in ours.items():
+        export_model(model, str(tmp_path / name))
+        jobs.append({"dir": str(tmp_path / name), "kind": "causal"})
+    for name, config in built.items():
+        jobs.append({"dir": str(tmp_path / name), "kind": "build", "config": config, "seed": len(jobs),
+                     "legacy_rope": name.endswith(legacy_suffix)})
+    out = run_transformers(jobs, tmp_path)
+    diffs = {}
+    for i, (name, model) in enumerate(list(ours.items()) + [(n, None) for n in built]):
+        if model is None:
+            model = out[i]["ours"] = load_hf_model(str(tmp_path / name))
+        diffs[name] = float(np.abs(out[i]["logits"] * MASK[..., None] - causal_logits(model, mask=MASK)).max())
+    return out, diffs

@@ -15,6 +15,7 @@ change, matrices are transposed or split, values are never cast.
 | `layers.i.{input,post_attention}_layernorm.weight`, `norm.weight` | the same names               |
 | `layers.i.self_attn.{q,k}_norm.weight` [head_dim] (Qwen3) | the same names                          |
 | `layers.i.mlp.gate.weight` [H, E], `mlp.experts.e.*_proj.weight` (MoE) | the same names, transposed  |
+| `layers.i.mlp.shared_expert_gate.weight` [H, 1] (Qwen2-MoE) | the same name, [1, H]               |
 | `lm_head.weight` [H, V] (untied)               | `lm_head.weight` [V, H]; omitted when tied           |
 | `score_head.weight` [H, 1], `score_head.bias` [1] | `score.weight` [1, H], `score.bias` [1]           |
 | `normalizer_{mean,var,count}` buffers          | `config.json` fields of the same names               |
@@ -44,7 +45,8 @@ COMMON_FIELDS = (
     "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id",
 )
 QWEN2_FIELDS = ("sliding_window", "max_window_layers")
-LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "gate")  # gate: an MoE router
+LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "gate",  # gate: an MoE router
+          "shared_expert_gate")
 
 
 def head_dim(cfg):

@@ -99,8 +99,8 @@ class ErnieMoeBlock(SparseMoeBlock):
     def selection_bias(self):
         return self.moe_statics.e_score_correction_bias.reshape([-1])
 
-    def shared_output(self, x):
-        return None if self.shared_experts is None else self.shared_experts(x)
+    def shared_layers(self):
+        return self.shared_experts, None
 
 
 class Ernie4_5_MoePretrainedModel(Ernie4_5PretrainedModel):

@@ -73,7 +73,7 @@ class SparseMoeBlock(nn.Layer):
     """Router ``gate`` and ``num_experts`` SwiGLU ``experts`` (see the module docstring).
     Config fields: ``hidden_size``, ``num_experts``, ``num_experts_per_tok``,
     ``moe_intermediate_size``, ``norm_topk_prob``. A family adds experts every token runs
-    (`shared_output`) and a selection bias (`selection_bias`) in a subclass."""
+    (`shared_layers`) and a selection bias (`selection_bias`) in a subclass."""
 
     norm_min = 0.0
 
@@ -88,9 +88,18 @@ class SparseMoeBlock(nn.Layer):
         """``[E]`` added to the router's probabilities to choose experts (not to weigh them), or None."""
         return None
 
+    def shared_layers(self):
+        """``(shared MLP, its gate)``: the experts every token runs, added to the routed sum
+        (times ``sigmoid(gate(x))`` when a gate ``[H, 1]`` is given, Qwen2-MoE's); ``(None, None)``."""
+        return None, None
+
     def shared_output(self, x):
-        """``[N, H]`` of the experts every token ``x [N, H]`` runs, added to the routed sum, or None."""
-        return None
+        """``[N, H]`` of the shared experts on ``x [N, H]`` (see `shared_layers`), or None."""
+        mlp, gate = self.shared_layers()
+        if mlp is None:
+            return None
+        out = mlp(x)
+        return out if gate is None else F.sigmoid(gate(x)) * out
 
     def forward(self, x, expert_indices=None):
         """x ``[B, T, H]`` -> ``(out [B, T, H], router_logits [B*T, E], indices [B*T, k])``;
