@@ -1,6 +1,6 @@
-"""The rollout engine on a Qwen3-MoE model (one dense layer, two routed layers of 4 experts, top-2)
-and on an ERNIE 4.5 MoE model (the same shape with its correction bias choosing the experts and
-two shared experts): greedy tokens equal the model's own PaddleNLP `generate`, the engine's
+"""The rollout engine on a Qwen3-MoE model (one dense layer, two routed layers of 4 experts, top-2),
+an ERNIE 4.5 MoE model (the same shape with its correction bias choosing the experts and two
+shared experts) and a Qwen2-MoE model (q/k/v biases, a shared expert scaled by its sigmoid gate): greedy tokens equal the model's own PaddleNLP `generate`, the engine's
 log-probs equal the training forward within 1e-4 with the compiled kernels in both layouts and
 the pure-Paddle ops, and each expert runs only on the tokens routed to it."""
 import numpy as np
@@ -26,10 +26,15 @@ SHAPE = dict(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_l
 
 
 def random_moe(family="qwen3_moe"):
-    """Qwen3-MoE (``mlp_only_layers=[0]``) or ERNIE 4.5 MoE (``moe_layer_start_index=1``), with
-    routers far from uniform and, for ERNIE, a correction bias that overturns some choices, so a
-    wrong routing shows in the log-probs."""
-    if family == "qwen3_moe":
+    """Qwen3-MoE or Qwen2-MoE (``mlp_only_layers=[0]``) or ERNIE 4.5 MoE (``moe_layer_start_index=1``),
+    with routers far from uniform and, for ERNIE, a correction bias that overturns some choices, so
+    a wrong routing shows in the log-probs; Qwen2-MoE's biases random too."""
+    if family == "qwen2_moe":
+        from ppo.models.families.qwen2_moe_modeling import Qwen2MoeConfig as Config, Qwen2MoeForCausalLM as LM
+
+        cfg = Config(**SHAPE, rms_norm_eps=1e-6, rope_theta=1e6, num_experts=4, num_experts_per_tok=2,
+                     moe_intermediate_size=48, shared_expert_intermediate_size=64, mlp_only_layers=[0])
+    elif family == "qwen3_moe":
         from ppo.models.families.qwen3_moe_modeling import Qwen3MoeConfig as Config, Qwen3MoeForCausalLM as LM
 
         cfg = Config(**SHAPE, rms_norm_eps=1e-6, rope_theta=1e6, num_experts=4, num_experts_per_tok=2,
@@ -46,6 +51,9 @@ def random_moe(family="qwen3_moe"):
             layer.mlp.gate.weight.set_value(paddle.randn(layer.mlp.gate.weight.shape) * 0.5)
             if hasattr(layer.mlp, "moe_statics"):
                 layer.mlp.moe_statics.e_score_correction_bias.set_value(paddle.randn([1, 4]) * 0.3)
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.set_value(paddle.randn(param.shape) * 0.3)
     model.eval()
     return model
 
@@ -58,6 +66,11 @@ def moe():
 @pytest.fixture(scope="module")
 def ernie_moe():
     return random_moe("ernie4_5_moe")
+
+
+@pytest.fixture(scope="module")
+def qwen2_moe():
+    return random_moe("qwen2_moe")
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +89,7 @@ def _engine(model, backend):
                          decode_layout=layout)
 
 
-FAMILIES = ["moe", "ernie_moe"]
+FAMILIES = ["moe", "ernie_moe", "qwen2_moe"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
