@@ -202,6 +202,9 @@ def hf_tensors(state, cfg, lm_head_transposed=None):
             unknown.append(name)
     if unknown:
         raise ValueError(f"no Hugging Face name for these PaddleNLP tensors: {unknown}")
+    module = family_module(cfg["model_type"])
+    if hasattr(module, "hub_names"):  # a family whose hub names differ from ours (Mixtral's w1/w2/w3)
+        out = module.hub_names(out)
     return {name: np.ascontiguousarray(tensor) for name, tensor in out.items()}
 
 
