@@ -76,3 +76,14 @@ def test_transformers_computes_the_same_logits_both_ways(tmp_path):
     assert [str(o["class_name"]) for o in out] == ["Qwen2MoeForCausalLM"] * 4
     assert [bool(o["tied"]) for o in out] == [True, False, True, False]
     assert out[3]["ours"].config.rope_theta == 7000.0 and out[2]["ours"].config.qkv_bias
+
+
+@pytest.mark.parametrize("kind, family", [("qwen2", "qwen2_moe"), ("llama", "mixtral")])
+def test_moe_settings_on_a_dense_paddlenlp_model_are_refused_by_name(tmp_path, kind, family):
+    from tests.hf_weights_helpers import tiny_model
+
+    config = export_model(tiny_model(kind), str(tmp_path))
+    hf_files.write_json(dict(config, num_experts=8, num_experts_per_tok=2), str(tmp_path / "config.json"))
+    with pytest.raises(ValueError, match=f"num_experts, num_experts_per_tok on a dense model \\(model_type {kind}; "
+                                         f"the MoE family is {family}\\)"):
+        load_hf_model(str(tmp_path))

@@ -1,6 +1,7 @@
 """The rollout engine on a Qwen3-MoE model (one dense layer, two routed layers of 4 experts, top-2),
 an ERNIE 4.5 MoE model (the same shape with its correction bias choosing the experts and two
-shared experts) and a Qwen2-MoE model (q/k/v biases, a shared expert scaled by its sigmoid gate): greedy tokens equal the model's own PaddleNLP `generate`, the engine's
+shared experts), a Qwen2-MoE model (q/k/v biases, a shared expert scaled by its sigmoid gate) and
+a Mixtral model (every layer routed): greedy tokens equal the model's own PaddleNLP `generate`, the engine's
 log-probs equal the training forward within 1e-4 with the compiled kernels in both layouts and
 the pure-Paddle ops, and each expert runs only on the tokens routed to it."""
 import numpy as np
@@ -29,7 +30,11 @@ def random_moe(family="qwen3_moe"):
     """Qwen3-MoE or Qwen2-MoE (``mlp_only_layers=[0]``) or ERNIE 4.5 MoE (``moe_layer_start_index=1``),
     with routers far from uniform and, for ERNIE, a correction bias that overturns some choices, so
     a wrong routing shows in the log-probs; Qwen2-MoE's biases random too."""
-    if family == "qwen2_moe":
+    if family == "mixtral":
+        from ppo.models.families.mixtral_modeling import MixtralConfig as Config, MixtralForCausalLM as LM
+
+        cfg = Config(**dict(SHAPE, intermediate_size=48), num_local_experts=4, num_experts_per_tok=2)
+    elif family == "qwen2_moe":
         from ppo.models.families.qwen2_moe_modeling import Qwen2MoeConfig as Config, Qwen2MoeForCausalLM as LM
 
         cfg = Config(**SHAPE, rms_norm_eps=1e-6, rope_theta=1e6, num_experts=4, num_experts_per_tok=2,
@@ -74,6 +79,11 @@ def qwen2_moe():
 
 
 @pytest.fixture(scope="module")
+def mixtral():
+    return random_moe("mixtral")
+
+
+@pytest.fixture(scope="module")
 def prompts():
     rng = np.random.default_rng(0)
     lengths = [9, 4, 7, 1, 9, 6, 3, 8]
@@ -89,7 +99,7 @@ def _engine(model, backend):
                          decode_layout=layout)
 
 
-FAMILIES = ["moe", "ernie_moe", "qwen2_moe"]
+FAMILIES = ["moe", "ernie_moe", "qwen2_moe", "mixtral"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -1,8 +1,9 @@
-"""The tiny Qwen3-MoE, Qwen2-MoE and ERNIE 4.5 MoE (`ppo.tiny.factory --arch qwen3_moe | qwen2_moe |
-ernie45_moe`) through the entry points: 2 SFT steps from its Hugging Face export, then 2 GRPO steps
-with the rule scorer (the rollout engine generating, routed experts in it), each logging finite losses and the router
-stats (`moe/aux_loss`, `moe/expert_load_max_over_mean`, `moe/dropped_tokens` 0), and saving a
-model that reloads as our causal LM class with the trained weights. The router's load-balancing
+"""The tiny Qwen3-MoE, Qwen2-MoE, Mixtral and ERNIE 4.5 MoE (`ppo.tiny.factory --arch qwen3_moe |
+qwen2_moe | mixtral | ernie45_moe`) through the entry points: 2 SFT steps from its Hugging Face
+export, then 2 GRPO steps with the rule scorer (the rollout engine generating, routed experts in
+it), each logging finite losses and the router stats (`moe/aux_loss`,
+`moe/expert_load_max_over_mean`, `moe/dropped_tokens` 0), and saving a model that reloads as our
+causal LM class with the trained weights. The router's load-balancing
 loss joins the training loss: with it the router's gradient differs from the NLL's alone."""
 import json
 import os
@@ -17,11 +18,13 @@ IDS = [[1, 4, 7, 30, 31, 2, 9]]
 MOE_KEYS = ("moe/aux_loss", "moe/expert_load_max_over_mean", "moe/dropped_tokens")
 
 
-CLASS = {"qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "ernie45_moe": "Ernie4_5_MoeForCausalLM"}
+CLASS = {"qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "mixtral": "MixtralForCausalLM",
+         "ernie45_moe": "Ernie4_5_MoeForCausalLM"}
 ROUTING = {  # the tiny config's routing fields: 4 experts, top-2, the first layer dense
     "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [0], "moe_intermediate_size": 64},
     "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [0], "moe_intermediate_size": 64,
                   "shared_expert_intermediate_size": 128, "qkv_bias": True},
+    "mixtral": {"num_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 128, "tie_word_embeddings": False},
     "ernie45_moe": {"moe_num_experts": 4, "moe_k": 2, "moe_layer_start_index": 1, "moe_layer_end_index": 1,
                     "moe_num_shared_experts": 1, "moe_intermediate_size": 64},
 }
@@ -43,7 +46,7 @@ def tiny_moe_dir(tmp_path_factory):
     return tiny_moe(tmp_path_factory, "qwen3_moe")
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "ernie45_moe"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "mixtral", "ernie45_moe"])
 def test_the_factory_builds_a_tiny_moe(tmp_path_factory, arch):
     config = json.load(open(os.path.join(tiny_moe(tmp_path_factory, arch), "config.json")))
     assert config["architectures"] == [CLASS[arch]] and config["output_router_logits"] is True
@@ -57,7 +60,7 @@ def _moe_stats(line):
     assert line["moe/aux_loss"] > 0
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "ernie45_moe"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "mixtral", "ernie45_moe"])
 def test_sft_then_grpo_train_log_router_stats_and_reload(tmp_path, tmp_path_factory, tiny_data_dir, arch):
     from ppo.models.hf_convert import export_dir
     from ppo.models.loading import load_causal_lm

@@ -45,6 +45,8 @@ COMMON_FIELDS = (
     "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id",
 )
 QWEN2_FIELDS = ("sliding_window", "max_window_layers")
+MOE_KEYS = ("num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size")
+DENSE_TO_MOE = {"llama": "mixtral", "qwen2": "qwen2_moe"}
 LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "gate",  # gate: an MoE router
           "shared_expert_gate")
 
@@ -102,6 +104,10 @@ def _refusals(hf, model_type):
         problems.append("attention_bias / mlp_bias (PaddleNLP's Llama has no biases)")
     if hf.get("num_labels", 1) != 1 and is_score_arch(hf):
         problems.append(f"num_labels {hf['num_labels']} (a score model has one)")
+    moe_keys = [key for key in MOE_KEYS if key in hf]
+    if moe_keys:
+        problems.append(f"{', '.join(moe_keys)} on a dense model (model_type {model_type}; the MoE family is "
+                        f"{DENSE_TO_MOE[model_type]})")
     return problems
 
 
