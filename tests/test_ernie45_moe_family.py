@@ -183,3 +183,19 @@ def test_a_resume_names_another_shared_expert_count(tmp_path):
     found = fact_differences(saved_model_facts(str(tmp_path)), model_facts(ernie_moe_model(moe_num_shared_experts=1)),
                              "model")
     assert found == ["model: moe_num_shared_experts is 2 in the checkpoint but 1 in this run"]
+
+
+def test_the_router_runs_in_float32_for_bfloat16_weights():
+    """transformers keeps ERNIE's router in float32 (``hidden.float() @ weight.float()``): the block
+    and the engine's copy of it say so, and the router product of bfloat16 tensors is float32
+    (the CPU has no bfloat16 matmul to run the whole block)."""
+    from ppo.models.families.moe import router_logits
+    from ppo.rollout.moe_mlp import moe_weights
+
+    block = ernie_moe_model().ernie.layers[1].mlp
+    assert block.router_float32 and moe_weights(block, lambda t: t, lambda layer: layer.weight).router_float32
+    x, w = paddle.randn([3, 32]).astype("bfloat16"), block.gate.weight.astype("bfloat16")
+    logits = router_logits(x, w, block.router_float32)
+    assert logits.dtype == paddle.float32
+    np.testing.assert_allclose(logits.numpy(), x.astype("float32").numpy() @ w.astype("float32").numpy(), rtol=1e-5,
+                               atol=1e-5)

@@ -14,7 +14,7 @@ from typing import List, Optional
 import paddle
 import paddle.nn.functional as F
 
-from ..models.families.moe import dispatch, route
+from ..models.families.moe import dispatch, route, router_logits
 
 
 @dataclass
@@ -29,6 +29,7 @@ class MoeWeights:
     shared_gate_up: Optional[paddle.Tensor] = None  # [H, 2S] of the shared experts
     shared_down: Optional[paddle.Tensor] = None  # [S, H]
     shared_gate: Optional[paddle.Tensor] = None  # [H, 1]: the shared output times sigmoid(x @ it)
+    router_float32: bool = False
 
 
 def is_moe_mlp(mlp):
@@ -49,7 +50,7 @@ def moe_weights(mlp, cast, effective_weight):
     bias = mlp.selection_bias()
     return MoeWeights(cast(effective_weight(mlp.gate)), gate_up, down, mlp.top_k, mlp.norm_topk_prob,
                       None if bias is None else bias.astype("float32"), float(mlp.norm_min), shared_gate_up, shared_down,
-                      None if gate is None else cast(effective_weight(gate)))
+                      None if gate is None else cast(effective_weight(gate)), mlp.router_float32)
 
 
 class RoutingRecord:
@@ -85,7 +86,8 @@ def routed_mlp(ops, x, weights, cols, record=None, layer=0, t0=0, batch_rows=Non
     rows = x.transpose([1, 0]) if cols else x
     shape = rows.shape
     flat = rows.reshape([-1, shape[-1]])
-    probs_w, indices = route(paddle.matmul(flat, weights.router), weights.top_k, weights.norm_topk_prob,
+    logits = router_logits(flat, weights.router, weights.router_float32)
+    probs_w, indices = route(logits, weights.top_k, weights.norm_topk_prob,
                              selection_bias=weights.selection_bias, norm_min=weights.norm_min)
     if record is not None:
         record.add(layer, indices, t0, shape, batch_rows)

@@ -4,7 +4,7 @@ The architecture of transformers' `Ernie4_5_MoeForCausalLM` (Baidu, 2025; ERNIE-
 300B-A47B): ERNIE 4.5's attention (interleaved RoPE, grouped-query heads) and, on layer i, a
 sparse block when ``(i + 1) % moe_layer_interval == 0`` and ``moe_layer_start_index <= i <=
 moe_layer_end_index`` (-1: the last layer), else a dense SwiGLU MLP ``intermediate_size`` wide.
-The sparse block (`ErnieMoeBlock`): a router ``gate`` ``[H, E]`` with a softmax in float32;
+The sparse block (`ErnieMoeBlock`): a router ``gate`` ``[H, E]``, its matmul and softmax in float32;
 ``moe_statics.e_score_correction_bias [1, E]`` (float32, not trained) added to the
 probabilities to choose the ``moe_k`` experts, whose weights are the unbiased probabilities
 divided by ``max(their sum, moe_norm_min)``; ``moe_num_experts`` routed SwiGLU experts
@@ -87,7 +87,10 @@ class MoeStatics(nn.Layer):
 
 
 class ErnieMoeBlock(SparseMoeBlock):
-    """`moe.SparseMoeBlock` with ERNIE's selection bias, normalisation floor and shared experts."""
+    """`moe.SparseMoeBlock` with ERNIE's selection bias, normalisation floor, shared experts and
+    router matmul in float32 (transformers' ``Ernie4_5_MoeTopKRouter``)."""
+
+    router_float32 = True
 
     def __init__(self, config):
         super().__init__(config)

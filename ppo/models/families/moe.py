@@ -51,6 +51,13 @@ def route(logits, top_k, norm_topk_prob, expert_indices=None, selection_bias=Non
     return weights, indices
 
 
+def router_logits(x, weight, in_float32=False):
+    """``x [N, H] @ weight [H, E]``, in float32 when `in_float32` (``[N, E]``)."""
+    if in_float32:
+        return paddle.matmul(x.astype("float32"), weight.astype("float32"))
+    return paddle.matmul(x, weight)
+
+
 def dispatch(x, weights, indices, experts):
     """``sum_j weights[:, j] * experts[indices[:, j]](x)`` for ``x [N, H]``, each expert run
     once on the rows routed to it (none on an expert no token chose). Returns ``[N, H]``."""
@@ -76,6 +83,7 @@ class SparseMoeBlock(nn.Layer):
     (`shared_layers`) and a selection bias (`selection_bias`) in a subclass."""
 
     norm_min = 0.0
+    router_float32 = False  # the router's matmul in float32 whatever the model's dtype (ERNIE 4.5's)
 
     def __init__(self, config):
         super().__init__()
@@ -106,7 +114,7 @@ class SparseMoeBlock(nn.Layer):
         ``expert_indices [B*T, k]`` replays a recorded routing."""
         B, T, H = x.shape
         flat = x.reshape([-1, H])
-        logits = self.gate(flat)
+        logits = router_logits(flat, self.gate.weight, self.router_float32)
         weights, indices = route(logits, self.top_k, self.norm_topk_prob, expert_indices, self.selection_bias(),
                                  self.norm_min)
         out = dispatch(flat, weights, indices, self.experts)
