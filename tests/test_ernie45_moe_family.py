@@ -199,3 +199,15 @@ def test_the_router_runs_in_float32_for_bfloat16_weights():
     assert logits.dtype == paddle.float32
     np.testing.assert_allclose(logits.numpy(), x.astype("float32").numpy() @ w.astype("float32").numpy(), rtol=1e-5,
                                atol=1e-5)
+
+
+def test_multi_token_prediction_tensors_are_skipped_as_transformers_skips_them(tmp_path):
+    from ppo.models.hf_checks import hf_model_problems
+
+    model = ernie_moe_model()
+    export_model(model, str(tmp_path))
+    tensors = hf_files.read_safetensors(str(tmp_path))
+    tensors["model.mtp_linear_proj.0.weight"] = np.zeros([32, 64], "float32")
+    hf_files.write_safetensors(tensors, str(tmp_path))
+    assert hf_model_problems("model_name_or_path", str(tmp_path)) == []
+    np.testing.assert_array_equal(causal_logits(load_hf_model(str(tmp_path))), causal_logits(model))

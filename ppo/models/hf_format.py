@@ -219,6 +219,7 @@ def paddle_tensors(tensors, cfg, score=False):
     `lm_head.weight` is left out (PaddleNLP shares the embedding). Raises on unknown names."""
     prefix = PREFIX[cfg["model_type"]] + "."
     module = family_module(cfg["model_type"])
+    tensors = {n: v for n, v in tensors.items() if not is_ignored(n, cfg["model_type"])}
     if hasattr(module, "split_fused_experts"):
         tensors = module.split_fused_experts(tensors)
     out, unknown = {}, []
@@ -242,6 +243,12 @@ def paddle_tensors(tensors, cfg, score=False):
     if unknown:
         raise ValueError(f"no PaddleNLP name for these Hugging Face tensors: {unknown}")
     return {name: np.ascontiguousarray(tensor) for name, tensor in out.items()}
+
+
+def is_ignored(name, model_type):
+    """Whether HF tensor `name` is one transformers skips on load for `model_type` (a family's
+    ``IGNORED_HF_TENSORS`` substrings: ERNIE 4.5 MoE's multi-token-prediction ``mtp`` layers)."""
+    return any(part in name for part in getattr(family_module(model_type), "IGNORED_HF_TENSORS", ()))
 
 
 def expected_hf_shapes(hf):

@@ -15,7 +15,9 @@ layer indices). ``moe_capacity`` and ``moe_use_aux_free`` do not change a forwar
 Tensors: the hub's per-expert layout, ``model.layers.i.mlp.gate.weight [E, H]``,
 ``mlp.moe_statics.e_score_correction_bias [1, E]``, ``mlp.experts.e.{gate,up,down}_proj.weight``,
 ``mlp.shared_experts.{gate,up,down}_proj.weight`` (what transformers 5 `save_pretrained`
-writes); transformers 5's fused in-memory expert tensors are split as Qwen3-MoE's are.
+writes); transformers 5's fused in-memory expert tensors are split as Qwen3-MoE's are. Tensors
+named ``mtp`` (the released checkpoints' multi-token-prediction layers) are skipped on import, as
+transformers' ``_keys_to_ignore_on_load_unexpected`` skips them: the causal LM never runs them.
 """
 from . import ernie45
 from .ernie45_moe_modeling import (Ernie4_5_MoeConfig, Ernie4_5_MoeForCausalLM, Ernie4_5_MoeModel,
@@ -27,6 +29,7 @@ CAUSAL_LM_CLASS = Ernie4_5_MoeForCausalLM
 BASE_MODEL_CLASS = Ernie4_5_MoeModel
 PRETRAINED_CLASS = Ernie4_5_MoePretrainedModel
 DEFAULT_HEAD_DIM = None  # hidden_size / num_attention_heads
+IGNORED_HF_TENSORS = ("mtp",)  # multi-token-prediction layers: transformers skips them on load, as we do
 
 MOE_DEFAULTS = {"moe_num_experts": 64, "moe_k": 6, "moe_intermediate_size": 1536, "moe_num_shared_experts": 2,
                 "moe_layer_start_index": 1, "moe_layer_end_index": -1, "moe_layer_interval": 1, "moe_norm_min": 1e-12,
