@@ -9,11 +9,10 @@ import pytest
 from ppo.models import hf_files, hf_format
 from ppo.models.hf_convert import export_model
 from ppo.models.hf_import import load_hf_model
-from tests.hf_weights_helpers import PAD, SIZES, causal_logits, hf_python, randomize, transformers_round_trip
+from tests.hf_weights_helpers import (PAD, SIZES, causal_logits, family_score_model, hf_python, randomize,
+                                      transformers_round_trip)
 
 TRANSFORMERS_ATOL = 1e-4  # float32, torch vs Paddle kernels
-
-
 def mixtral_model(tied=False, seed=0, **overrides):
     from ppo.models.families.mixtral_modeling import MixtralConfig, MixtralForCausalLM
 
@@ -74,9 +73,10 @@ def test_transformers_computes_the_same_logits_both_ways(tmp_path):
         "hf_untied_v4": dict(HF_SIZES, model_type="mixtral", tie_word_embeddings=False, head_dim=16,
                              rope_parameters={"rope_type": "default", "rope_theta": 7000.0}),
     }
-    out, diffs = transformers_round_trip(ours, built, tmp_path)
+    scorer = family_score_model("mixtral", mixtral_model(seed=5).config)
+    out, diffs = transformers_round_trip(ours, built, tmp_path, scorer=scorer)
     print("max |logit diff| vs transformers:", diffs)
     assert max(diffs.values()) <= TRANSFORMERS_ATOL, diffs
-    assert [str(o["class_name"]) for o in out] == ["MixtralForCausalLM"] * 4
-    assert [bool(o["tied"]) for o in out] == [True, False, True, False]
+    assert [str(o["class_name"]) for o in out] == ["MixtralForCausalLM"] * 4 + ["MixtralForSequenceClassification"]
+    assert [bool(o["tied"]) for o in out] == [True, False, True, False, False]
     assert out[3]["ours"].config.head_dim == 16 and out[2]["ours"].config.head_dim == 8

@@ -10,9 +10,11 @@ import pytest
 from ppo.models import hf_files, hf_format
 from ppo.models.hf_convert import export_model
 from ppo.models.hf_import import load_hf_model
-from tests.hf_weights_helpers import PAD, SIZES, causal_logits, hf_python, randomize, transformers_round_trip
+from tests.hf_weights_helpers import (PAD, SIZES, causal_logits, family_score_model, hf_python, randomize,
+                                      transformers_round_trip)
 
 TRANSFORMERS_ATOL = 1e-4  # float32, torch vs Paddle kernels
+
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=40)
 
 
@@ -70,11 +72,12 @@ def test_transformers_computes_the_same_logits_both_ways(tmp_path):
         "hf_untied_v4": dict(HF_SIZES, model_type="qwen2_moe", tie_word_embeddings=False, decoder_sparse_step=2,
                              mlp_only_layers=[0], rope_parameters={"rope_type": "default", "rope_theta": 7000.0}),
     }
-    out, diffs = transformers_round_trip(ours, built, tmp_path)
+    scorer = family_score_model("qwen2_moe", qwen2_moe_model(seed=5).config)
+    out, diffs = transformers_round_trip(ours, built, tmp_path, scorer=scorer)
     print("max |logit diff| vs transformers:", diffs)
     assert max(diffs.values()) <= TRANSFORMERS_ATOL, diffs
-    assert [str(o["class_name"]) for o in out] == ["Qwen2MoeForCausalLM"] * 4
-    assert [bool(o["tied"]) for o in out] == [True, False, True, False]
+    assert [str(o["class_name"]) for o in out] == ["Qwen2MoeForCausalLM"] * 4 + ["Qwen2MoeForSequenceClassification"]
+    assert [bool(o["tied"]) for o in out] == [True, False, True, False, False]
     assert out[3]["ours"].config.rope_theta == 7000.0 and out[2]["ours"].config.qkv_bias
 
 

@@ -13,8 +13,9 @@ Names follow PaddleNLP's ``qwen2_moe`` layout: ``qwen2_moe.layers.i.mlp.gate.wei
 ``...mlp.experts.e.{gate,up,down}_proj.weight``, ``...mlp.shared_expert.{gate,up,down}_proj
 .weight``, ``...mlp.shared_expert_gate.weight [H, 1]``. The classes are
 `ppo.models.families.moe_classes`' (router losses, routing replay). PaddleNLP 3.0.0b4's own
-`Qwen2MoeForCausalLM` puts the sparse block on every layer (it reads neither
-``decoder_sparse_step`` nor ``mlp_only_layers``) and has no routing-replay hook, hence these.
+`Qwen2MoeForCausalLM` (same tensor names) stops in its forward under Paddle 3.3.1
+(``moe_gate._priority`` adds int64 to int32), puts the sparse block on every layer (it reads
+neither ``decoder_sparse_step`` nor ``mlp_only_layers``) and has no routing-replay hook, hence these.
 """
 import paddle.nn as nn
 
