@@ -80,3 +80,27 @@ def test_transformers_computes_the_same_logits_both_ways(tmp_path):
     assert [str(o["class_name"]) for o in out] == ["MixtralForCausalLM"] * 4 + ["MixtralForSequenceClassification"]
     assert [bool(o["tied"]) for o in out] == [True, False, True, False, False]
     assert out[3]["ours"].config.head_dim == 16 and out[2]["ours"].config.head_dim == 8
+
+
+def test_a_paddlenlp_mixtral_checkpoint_loads_into_ours_renamed(tmp_path):
+    """PaddleNLP's layout (``block_sparse_moe.experts.e.w1/w3/w2``) loads with every weight in
+    place (its own forward does not run under Paddle 3.3.1, so weights are compared)."""
+    from paddlenlp.transformers import MixtralConfig, MixtralForCausalLM
+
+    from ppo.models.families import causal_lm_from_pretrained
+
+    config = MixtralConfig(**dict(SIZES, intermediate_size=24), num_local_experts=4, num_experts_per_tok=2,
+                           rope_theta=5000.0, pad_token_id=PAD, tie_word_embeddings=False, dtype="float32")
+    theirs = randomize(MixtralForCausalLM(config), 2)
+    theirs.save_pretrained(str(tmp_path))
+    ours = causal_lm_from_pretrained(str(tmp_path))
+    state, loaded = theirs.state_dict(), ours.state_dict()
+    assert len(state) == len(loaded)
+    for i in range(2):
+        p = f"mixtral.layers.{i}."
+        pairs = [("block_sparse_moe.gate", "mlp.gate")] + [
+            (f"block_sparse_moe.experts.{e}.{w}", f"mlp.experts.{e}.{name}")
+            for e in range(4) for w, name in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj"))]
+        for old, new in pairs:
+            np.testing.assert_array_equal(loaded[p + new + ".weight"].numpy(), state[p + old + ".weight"].numpy())
+    np.testing.assert_array_equal(loaded["lm_head.weight"].numpy(), state["lm_head.weight"].numpy())

@@ -7,7 +7,10 @@ wide as ``intermediate_size``, the top ``num_experts_per_tok`` softmax probabili
 renormalised; no dense MLP, no shared expert. Names follow PaddleNLP's ``mixtral`` prefix with
 our per-expert layout: ``mixtral.layers.i.mlp.gate.weight [H, E]``,
 ``...mlp.experts.e.{gate,up,down}_proj.weight`` (the hub's ``block_sparse_moe.experts.e.{w1,w3,w2}``,
-renamed by `ppo.models.families.mixtral`). The classes are `ppo.models.families.moe_classes`'.
+renamed by `ppo.models.families.mixtral`, as are the same names in a PaddleNLP Mixtral checkpoint on
+load). The classes are `ppo.models.families.moe_classes`'. PaddleNLP 3.0.0b4's own
+`MixtralForCausalLM` stops in its forward under Paddle 3.3.1 (a broadcast error weighting an
+expert's output), hence these.
 """
 from .moe import SparseMoeBlock
 from .moe_classes import moe_causal_lm_class, moe_model_class
@@ -44,6 +47,20 @@ class MixtralPretrainedModel(Qwen3PretrainedModel):
     config_class = MixtralConfig
     base_model_prefix = "mixtral"
     family_label = "Mixtral"
+
+    @classmethod
+    def _load_pretrained_model(cls, model, state_dict, loaded_keys, *args, **kwargs):
+        """A checkpoint in PaddleNLP's own Mixtral layout (``block_sparse_moe.experts.e.w1/w3/w2``,
+        ``[in, out]`` as ours) is renamed to ours before it loads; sharded, it is refused by name."""
+        if any(".block_sparse_moe." in key for key in loaded_keys):
+            from .mixtral import split_fused_experts
+
+            if state_dict is None:
+                raise ValueError("Mixtral: a sharded checkpoint in PaddleNLP's block_sparse_moe layout is not read here; "
+                                 "save it unsharded or export it to Hugging Face safetensors")
+            state_dict = split_fused_experts(state_dict)
+            loaded_keys = list(state_dict)
+        return super()._load_pretrained_model(model, state_dict, loaded_keys, *args, **kwargs)
 
 
 def every_layer(config, index):
