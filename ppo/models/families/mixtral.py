@@ -16,7 +16,7 @@ Tensors: the hub's names, ``model.layers.i.block_sparse_moe.gate.weight [E, H]``
 import re
 
 from . import qwen3
-from .mixtral_modeling import MixtralConfig, MixtralForCausalLM, MixtralModel, MixtralPretrainedModel
+from .mixtral_modeling import HUB, MixtralConfig, MixtralForCausalLM, MixtralModel, MixtralPretrainedModel, our_expert_names
 from .qwen3_moe import split_fused_experts as _split
 
 CONFIG_CLASS = MixtralConfig
@@ -27,7 +27,6 @@ DEFAULT_HEAD_DIM = None  # hidden_size / num_attention_heads
 DEFAULT_ROPE_THETA = 1e6
 DEFAULTS = {"num_local_experts": 8, "num_experts_per_tok": 2, "output_router_logits": False,
             "router_aux_loss_coef": 0.001, "router_z_loss_coef": 0.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
-HUB = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 
 
 def refusals(hf):
@@ -79,23 +78,13 @@ def extra_hf_shapes(hf, layer_prefix):
     return shapes
 
 
-_IN = re.compile(r"\.block_sparse_moe\.(gate\.weight|experts\.(\d+)\.(w1|w2|w3)\.weight)$")
 _OUT = re.compile(r"\.mlp\.(gate\.weight|experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight)$")
 
 
 def split_fused_experts(tensors):
     """Hub names (``block_sparse_moe.experts.e.w1`` ...) and transformers 5's fused tensors as
     our per-expert Hugging Face names (``mlp.experts.e.gate_proj.weight`` ...)."""
-    back = {w: name for name, w in HUB.items()}
-    out = {}
-    for name, value in tensors.items():
-        m = _IN.search(name)
-        if m and m.group(2) is None:
-            name = name[:m.start()] + ".mlp.gate.weight"
-        elif m:
-            name = name[:m.start()] + f".mlp.experts.{m.group(2)}.{back[m.group(3)]}.weight"
-        out[name.replace(".block_sparse_moe.", ".mlp.")] = value
-    return _split(out)
+    return _split(our_expert_names(tensors))
 
 
 def hub_names(tensors):

@@ -12,6 +12,8 @@ load). The classes are `ppo.models.families.moe_classes`'. PaddleNLP 3.0.0b4's o
 `MixtralForCausalLM` stops in its forward under Paddle 3.3.1 (a broadcast error weighting an
 expert's output), hence these.
 """
+import re
+
 from .moe import SparseMoeBlock
 from .moe_classes import moe_causal_lm_class, moe_model_class
 from .qwen3_modeling import Qwen3PretrainedModel
@@ -19,6 +21,9 @@ from .qwen3_moe_modeling import Qwen3MoeConfig
 
 __all__ = ["MixtralConfig", "MixtralPretrainedModel", "MixtralModel", "MixtralForCausalLM"]
 
+HUB = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+"""Our expert matrices' names and the hub's (PaddleNLP's Mixtral uses the hub's too)."""
+_HUB_NAME = re.compile(r"\.block_sparse_moe\.(gate\.weight|experts\.(\d+)\.(w1|w2|w3)\.weight)$")
 DERIVED = ("num_experts", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers")
 
 
@@ -53,14 +58,27 @@ class MixtralPretrainedModel(Qwen3PretrainedModel):
         """A checkpoint in PaddleNLP's own Mixtral layout (``block_sparse_moe.experts.e.w1/w3/w2``,
         ``[in, out]`` as ours) is renamed to ours before it loads; sharded, it is refused by name."""
         if any(".block_sparse_moe." in key for key in loaded_keys):
-            from .mixtral import split_fused_experts
-
             if state_dict is None:
                 raise ValueError("Mixtral: a sharded checkpoint in PaddleNLP's block_sparse_moe layout is not read here; "
                                  "save it unsharded or export it to Hugging Face safetensors")
-            state_dict = split_fused_experts(state_dict)
+            state_dict = our_expert_names(state_dict)
             loaded_keys = list(state_dict)
         return super()._load_pretrained_model(model, state_dict, loaded_keys, *args, **kwargs)
+
+
+def our_expert_names(tensors):
+    """``{name: tensor}`` with the hub's ``block_sparse_moe.gate`` / ``experts.e.{w1,w3,w2}`` names
+    as ours (``mlp.gate``, ``mlp.experts.e.{gate,up,down}_proj``); other names unchanged."""
+    back = {w: name for name, w in HUB.items()}
+    out = {}
+    for name, value in tensors.items():
+        m = _HUB_NAME.search(name)
+        if m and m.group(2) is None:
+            name = name[:m.start()] + ".mlp.gate.weight"
+        elif m:
+            name = name[:m.start()] + f".mlp.experts.{m.group(2)}.{back[m.group(3)]}.weight"
+        out[name.replace(".block_sparse_moe.", ".mlp.")] = value
+    return out
 
 
 def every_layer(config, index):
