@@ -79,6 +79,16 @@ def score_model(kind, seed=1, score_bias=True, **settings):
     return model
 
 
+def family_score_model(model_type, config, seed=1):
+    """Our score model of `model_type` on the backbone `config`, random, normaliser off (as
+    transformers' `*ForSequenceClassification`, which applies none)."""
+    from ppo.models.score_model import SCORE_CONFIG_DEFAULTS, score_model_class
+
+    for key, value in {**SCORE_CONFIG_DEFAULTS, "do_normalize": False}.items():
+        setattr(config, key, value)
+    return randomize(score_model_class(model_type)(config), seed)
+
+
 def causal_logits(model, ids=IDS, mask=None):
     """float32 logits [B, T, V]; with `mask`, positions outside it are zeroed (padding queries
     attend to nothing, which libraries fill differently)."""
@@ -124,3 +134,38 @@ def run_transformers(jobs, tmp_path):
     done = subprocess.run([hf_python(), script, str(job_file)], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return [dict(np.load(job["out"])) for job in jobs]
+
+
+def transformers_round_trip(ours, built, tmp_path, legacy_suffix="v4", scorer=None):
+    """Export each of our models `ours` ({name: causal LM}) and build each transformers config of
+    `built` ({name: config dict with model_type}; a name ending in `legacy_suffix` is rewritten in
+    transformers 4's rope layout) in transformers, run both sides on IDS / MASK. Returns
+    ``(out, diffs)``: the transformers outputs (one per job, ours first) and {name: max |logit
+    difference| at real tokens}, ours against transformers' load of our export, then transformers'
+    model against our import of it (`ppo.models.hf_import.load_hf_model`, kept in ``out[i]["ours"]``).
+    `scorer`: a score model of ours (``do_normalize`` off), exported and run as transformers'
+    ``*ForSequenceClassification`` last; ``diffs["score"]`` compares the scores (its head bias,
+    which transformers' has not, added back)."""
+    from ppo.models.hf_convert import export_model
+    from ppo.models.hf_import import load_hf_model
+
+    jobs = []
+    for name, model in ours.items():
+        export_model(model, str(tmp_path / name))
+        jobs.append({"dir": str(tmp_path / name), "kind": "causal"})
+    for name, config in built.items():
+        jobs.append({"dir": str(tmp_path / name), "kind": "build", "config": config, "seed": len(jobs),
+                     "legacy_rope": name.endswith(legacy_suffix)})
+    if scorer is not None:
+        export_model(scorer, str(tmp_path / "score"))
+        jobs.append({"dir": str(tmp_path / "score"), "kind": "score"})
+    out = run_transformers(jobs, tmp_path)
+    diffs = {}
+    if scorer is not None:
+        bias = float(scorer.score_head.bias.numpy()[0])
+        diffs["score"] = float(np.abs(out[-1]["scores"] + bias - end_scores(scorer)).max())
+    for i, (name, model) in enumerate(list(ours.items()) + [(n, None) for n in built]):
+        if model is None:
+            model = out[i]["ours"] = load_hf_model(str(tmp_path / name))
+        diffs[name] = float(np.abs(out[i]["logits"] * MASK[..., None] - causal_logits(model, mask=MASK)).max())
+    return out, diffs

@@ -132,7 +132,7 @@ def test_an_unknown_model_type_is_refused_with_the_supported_list(tmp_path):
     hf_files.write_json(dict(config, model_type="qwen9"), str(tmp_path / "config.json"))
     from ppo.common.model_families import supported
 
-    assert {"llama", "qwen2", "qwen3", "qwen3_moe", "ernie4_5"} <= set(supported())
+    assert {"llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "ernie4_5", "ernie4_5_moe"} <= set(supported())
     with pytest.raises(ValueError, match=r"model_type 'qwen9': .*" + re.escape(str(supported()))):
         load_hf_model(str(tmp_path))
 

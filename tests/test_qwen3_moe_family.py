@@ -268,20 +268,24 @@ def test_transformers_computes_the_same_logits_both_ways(tmp_path):
         assert diff <= TRANSFORMERS_ATOL, (name, diff)
 
 
-@pytest.mark.parametrize("granularity", ["full", "full_attn", "core_attn"])
-def test_recompute_gives_the_same_gradients_router_included(granularity):
+@pytest.mark.parametrize("family, granularity", [("qwen3_moe", "full"), ("qwen3_moe", "full_attn"),
+                                                 ("qwen3_moe", "core_attn"), ("ernie4_5_moe", "full")])
+def test_recompute_gives_the_same_gradients_router_included(family, granularity):
     from ppo.models.loading import enable_recompute
+    from tests.test_ernie45_moe_family import ernie_moe_model
 
+    build = {"qwen3_moe": moe_model, "ernie4_5_moe": ernie_moe_model}[family]
     grads = []
     for recompute in (False, True):
-        model = moe_model(output_router_logits=True, router_aux_loss_coef=1.0)
+        model = build(output_router_logits=True, router_aux_loss_coef=1.0)
         model.train()
         if recompute:
             assert enable_recompute(model, granularity) >= 2
         out = model(input_ids=paddle.to_tensor(IDS), attention_mask=paddle.to_tensor(MASK), return_dict=True)
         (out.logits.square().mean() + out.aux_loss).backward()
         grads.append({n: p.grad.numpy() for n, p in model.named_parameters() if p.grad is not None})
-    assert len(grads[1]) == len(grads[0]) > 20 and "qwen3_moe.layers.1.mlp.gate.weight" in grads[0]
+    prefix = model.base_model_prefix
+    assert len(grads[1]) == len(grads[0]) > 20 and f"{prefix}.layers.1.mlp.gate.weight" in grads[0]
     for name, grad in grads[0].items():
         np.testing.assert_allclose(grads[1][name], grad, rtol=1e-5, atol=1e-7, err_msg=name)
 

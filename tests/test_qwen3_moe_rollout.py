@@ -1,7 +1,9 @@
-"""The rollout engine on a Qwen3-MoE model (one dense layer, two routed layers of 4 experts, top-2):
-greedy tokens equal the model's own PaddleNLP `generate`, the engine's log-probs equal the training
-forward within 1e-4 with the compiled kernels in both layouts and the pure-Paddle ops, and each
-expert runs only on the tokens routed to it."""
+"""The rollout engine on a Qwen3-MoE model (one dense layer, two routed layers of 4 experts, top-2),
+an ERNIE 4.5 MoE model (the same shape with its correction bias choosing the experts and two
+shared experts), a Qwen2-MoE model (q/k/v biases, a shared expert scaled by its sigmoid gate) and
+a Mixtral model (every layer routed): greedy tokens equal the model's own PaddleNLP `generate`, the engine's
+log-probs equal the training forward within 1e-4 with the compiled kernels in both layouts and
+the pure-Paddle ops, and each expert runs only on the tokens routed to it."""
 import numpy as np
 import paddle
 import paddle.nn.functional as F
@@ -19,19 +21,44 @@ def _ops_built():
     custom_and_fallback_ops()
 
 
-def random_moe():
-    from ppo.models.families.qwen3_moe_modeling import Qwen3MoeConfig, Qwen3MoeForCausalLM
+SHAPE = dict(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=32, max_position_embeddings=128, tie_word_embeddings=True, bos_token_id=1,
+             eos_token_id=EOS, pad_token_id=PAD, initializer_range=0.1, dtype="float32")
 
-    cfg = Qwen3MoeConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=32, max_position_embeddings=128, rms_norm_eps=1e-6,
-                         rope_theta=1e6, tie_word_embeddings=True, bos_token_id=1, eos_token_id=EOS, pad_token_id=PAD,
-                         initializer_range=0.1, dtype="float32", num_experts=4, num_experts_per_tok=2,
-                         moe_intermediate_size=48, mlp_only_layers=[0], norm_topk_prob=True)
+
+def random_moe(family="qwen3_moe"):
+    """Qwen3-MoE or Qwen2-MoE (``mlp_only_layers=[0]``) or ERNIE 4.5 MoE (``moe_layer_start_index=1``),
+    with routers far from uniform and, for ERNIE, a correction bias that overturns some choices, so
+    a wrong routing shows in the log-probs; Qwen2-MoE's biases random too."""
+    if family == "mixtral":
+        from ppo.models.families.mixtral_modeling import MixtralConfig as Config, MixtralForCausalLM as LM
+
+        cfg = Config(**dict(SHAPE, intermediate_size=48), num_local_experts=4, num_experts_per_tok=2)
+    elif family == "qwen2_moe":
+        from ppo.models.families.qwen2_moe_modeling import Qwen2MoeConfig as Config, Qwen2MoeForCausalLM as LM
+
+        cfg = Config(**SHAPE, rms_norm_eps=1e-6, rope_theta=1e6, num_experts=4, num_experts_per_tok=2,
+                     moe_intermediate_size=48, shared_expert_intermediate_size=64, mlp_only_layers=[0])
+    elif family == "qwen3_moe":
+        from ppo.models.families.qwen3_moe_modeling import Qwen3MoeConfig as Config, Qwen3MoeForCausalLM as LM
+
+        cfg = Config(**SHAPE, rms_norm_eps=1e-6, rope_theta=1e6, num_experts=4, num_experts_per_tok=2,
+                     moe_intermediate_size=48, mlp_only_layers=[0], norm_topk_prob=True)
+    else:
+        from ppo.models.families.ernie45_moe_modeling import Ernie4_5_MoeConfig as Config, Ernie4_5_MoeForCausalLM as LM
+
+        cfg = Config(**SHAPE, rope_theta=5e5, moe_num_experts=4, moe_k=2, moe_intermediate_size=48,
+                     moe_num_shared_experts=2)
     paddle.seed(12)
-    model = Qwen3MoeForCausalLM(cfg)
-    with paddle.no_grad():  # a router far from uniform, so a wrong routing shows in the log-probs
-        for layer in model.qwen3_moe.moe_layers():
+    model = LM(cfg)
+    with paddle.no_grad():
+        for layer in model.get_decoder().moe_layers():
             layer.mlp.gate.weight.set_value(paddle.randn(layer.mlp.gate.weight.shape) * 0.5)
+            if hasattr(layer.mlp, "moe_statics"):
+                layer.mlp.moe_statics.e_score_correction_bias.set_value(paddle.randn([1, 4]) * 0.3)
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.set_value(paddle.randn(param.shape) * 0.3)
     model.eval()
     return model
 
@@ -39,6 +66,21 @@ def random_moe():
 @pytest.fixture(scope="module")
 def moe():
     return random_moe()
+
+
+@pytest.fixture(scope="module")
+def ernie_moe():
+    return random_moe("ernie4_5_moe")
+
+
+@pytest.fixture(scope="module")
+def qwen2_moe():
+    return random_moe("qwen2_moe")
+
+
+@pytest.fixture(scope="module")
+def mixtral():
+    return random_moe("mixtral")
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +99,13 @@ def _engine(model, backend):
                          decode_layout=layout)
 
 
+FAMILIES = ["moe", "ernie_moe", "qwen2_moe", "mixtral"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_greedy_tokens_equal_the_models_own_generate(moe, prompts, backend):
+def test_greedy_tokens_equal_the_models_own_generate(family, prompts, backend, request):
+    moe = request.getfixturevalue(family)
     ids, mask = prompts
     with paddle.no_grad():
         ref = moe.generate(input_ids=ids, attention_mask=mask, position_ids=(paddle.cumsum(mask, 1) - 1).clip(min=0),
@@ -70,8 +117,10 @@ def test_greedy_tokens_equal_the_models_own_generate(moe, prompts, backend):
     np.testing.assert_array_equal(out.response_ids.numpy(), ref)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_logprobs_equal_the_training_forward(moe, prompts, backend):
+def test_logprobs_equal_the_training_forward(family, prompts, backend, request):
+    moe = request.getfixturevalue(family)
     ids, mask = prompts
     out = _engine(moe, backend).generate(ids, mask, SamplingParams(max_new_tokens=12, temperature=0.8), seed=4)
     full = paddle.concat([mask, paddle.ones_like(out.response_ids)], axis=1)
@@ -135,13 +184,14 @@ def test_lora_wraps_attention_and_experts_not_the_router_and_the_engine_sees_it(
     assert np.abs((ref - out.response_logprobs.numpy()) * out.response_mask.numpy()).max() < 1e-4
 
 
-@pytest.mark.parametrize("chunked", [False, True])
-def test_the_engine_records_the_experts_the_training_forward_replays(moe, prompts, chunked):
+@pytest.mark.parametrize("family, chunked", [("moe", False), ("moe", True), ("ernie_moe", False)])
+def test_the_engine_records_the_experts_the_training_forward_replays(family, prompts, chunked, request):
     """With `record_routing` the engine returns each token's experts per MoE layer; they are the
     training forward's own top-k at every real token the engine ran (rows dropped as they finish,
     and row chunks, included; padding is routed too but means nothing), -1 where it ran none;
     after the routers move, replaying them keeps the rollout's experts where the router alone
-    would pick others."""
+    would pick others (ERNIE's: chosen with its correction bias)."""
+    moe = request.getfixturevalue(family)
     ids, mask = prompts
     engine = RolloutEngine(moe, eos_token_id=EOS, pad_token_id=PAD, kernels="paddle", compact_ratio=1.0,
                            record_routing=True, max_num_seqs=3 if chunked else -1)
@@ -165,17 +215,17 @@ def test_the_engine_records_the_experts_the_training_forward_replays(moe, prompt
         np.testing.assert_array_equal(np.sort(recorded[ran], -1), np.sort(mine[ran], -1))
         assert (recorded[:, -1] == -1).all()  # the longest row's last token
     replay = [e.reshape([-1, 2]) for e in out.expert_indices]
-    saved = [layer.mlp.gate.weight.numpy().copy() for layer in moe.qwen3_moe.moe_layers()]
+    saved = [layer.mlp.gate.weight.numpy().copy() for layer in moe.get_decoder().moe_layers()]
     try:
         with paddle.no_grad():
-            for layer in moe.qwen3_moe.moe_layers():  # an update moves the routers
+            for layer in moe.get_decoder().moe_layers():  # an update moves the routers
                 layer.mlp.gate.weight.set_value(layer.mlp.gate.weight + paddle.randn(layer.mlp.gate.weight.shape) * 0.5)
             moe(**run)
             moved = [i.numpy() for i in moe.last_expert_indices()]
             moe(**run, moe_expert_indices=replay)
             kept = [i.numpy() for i in moe.last_expert_indices()]
     finally:
-        for layer, w in zip(moe.qwen3_moe.moe_layers(), saved):
+        for layer, w in zip(moe.get_decoder().moe_layers(), saved):
             layer.mlp.gate.weight.set_value(w)
     flat_ran = ran.reshape(-1)
     for recorded, now, replayed in zip(out.expert_indices, moved, kept):

@@ -1,9 +1,10 @@
-"""The tiny Qwen3-MoE (`ppo.tiny.factory --arch qwen3_moe`) through the entry points: 2 SFT steps from
-its Hugging Face export, then 2 GRPO steps with the rule scorer (the rollout engine generating, routed
-experts in it), each logging finite losses and the router stats (`moe/aux_loss`,
+"""The tiny Qwen3-MoE, Qwen2-MoE, Mixtral and ERNIE 4.5 MoE (`ppo.tiny.factory --arch qwen3_moe |
+qwen2_moe | mixtral | ernie45_moe`) through the entry points: 2 SFT steps from its Hugging Face
+export, then 2 GRPO steps with the rule scorer (the rollout engine generating, routed experts in
+it), each logging finite losses and the router stats (`moe/aux_loss`,
 `moe/expert_load_max_over_mean`, `moe/dropped_tokens` 0), and saving a model that reloads as our
-Qwen3MoeForCausalLM with the trained weights. The router's load-balancing loss joins the training
-loss: with it the router's gradient differs from the NLL's alone."""
+causal LM class with the trained weights. The router's load-balancing
+loss joins the training loss: with it the router's gradient differs from the NLL's alone."""
 import json
 import os
 
@@ -17,20 +18,39 @@ IDS = [[1, 4, 7, 30, 31, 2, 9]]
 MOE_KEYS = ("moe/aux_loss", "moe/expert_load_max_over_mean", "moe/dropped_tokens")
 
 
-@pytest.fixture(scope="module")
-def tiny_moe_dir(tmp_path_factory):
+CLASS = {"qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "mixtral": "MixtralForCausalLM",
+         "ernie45_moe": "Ernie4_5_MoeForCausalLM"}
+ROUTING = {  # the tiny config's routing fields: 4 experts, top-2, the first layer dense
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [0], "moe_intermediate_size": 64},
+    "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "mlp_only_layers": [0], "moe_intermediate_size": 64,
+                  "shared_expert_intermediate_size": 128, "qkv_bias": True},
+    "mixtral": {"num_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 128, "tie_word_embeddings": False},
+    "ernie45_moe": {"moe_num_experts": 4, "moe_k": 2, "moe_layer_start_index": 1, "moe_layer_end_index": 1,
+                    "moe_num_shared_experts": 1, "moe_intermediate_size": 64},
+}
+_built = {}
+
+
+def tiny_moe(tmp_path_factory, arch):
+    """The tiny MoE model of `arch`, built once per session."""
     from ppo.tiny.factory import build_tiny
 
-    path = str(tmp_path_factory.mktemp("tiny_qwen3_moe"))
-    build_tiny(path, seed=5, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, arch="qwen3_moe")
-    return path
+    if arch not in _built:
+        _built[arch] = str(tmp_path_factory.mktemp(f"tiny_{arch}"))
+        build_tiny(_built[arch], seed=5, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, arch=arch)
+    return _built[arch]
 
 
-def test_the_factory_builds_a_tiny_qwen3_moe(tiny_moe_dir):
-    config = json.load(open(os.path.join(tiny_moe_dir, "config.json")))
-    assert config["model_type"] == "qwen3_moe" and config["architectures"] == ["Qwen3MoeForCausalLM"]
-    assert (config["num_experts"], config["num_experts_per_tok"], config["mlp_only_layers"]) == (4, 2, [0])
-    assert (config["moe_intermediate_size"], config["output_router_logits"]) == (64, True)
+@pytest.fixture(scope="module")
+def tiny_moe_dir(tmp_path_factory):
+    return tiny_moe(tmp_path_factory, "qwen3_moe")
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "mixtral", "ernie45_moe"])
+def test_the_factory_builds_a_tiny_moe(tmp_path_factory, arch):
+    config = json.load(open(os.path.join(tiny_moe(tmp_path_factory, arch), "config.json")))
+    assert config["architectures"] == [CLASS[arch]] and config["output_router_logits"] is True
+    assert {key: config[key] for key in ROUTING[arch]} == ROUTING[arch]
 
 
 def _moe_stats(line):
@@ -40,13 +60,15 @@ def _moe_stats(line):
     assert line["moe/aux_loss"] > 0
 
 
-def test_sft_then_grpo_train_log_router_stats_and_reload(tmp_path, tiny_moe_dir, tiny_data_dir):
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "mixtral", "ernie45_moe"])
+def test_sft_then_grpo_train_log_router_stats_and_reload(tmp_path, tmp_path_factory, tiny_data_dir, arch):
     from ppo.models.hf_convert import export_dir
     from ppo.models.loading import load_causal_lm
     from ppo.run_ppo import build_trainer
     from sft.run_sft import main as run_sft
     from tests.test_ppo_trainer import read_metrics
 
+    tiny_moe_dir = tiny_moe(tmp_path_factory, arch)
     hf_dir = str(tmp_path / "hf")
     export_dir(tiny_moe_dir, hf_dir)
     sft_out = str(tmp_path / "sft")
@@ -62,7 +84,7 @@ def test_sft_then_grpo_train_log_router_stats_and_reload(tmp_path, tiny_moe_dir,
         _moe_stats(line)
     base, sft = load_causal_lm(tiny_moe_dir), load_causal_lm(sft_out)
     np.testing.assert_array_equal(causal_logits(load_causal_lm(hf_dir), IDS), causal_logits(base, IDS))
-    assert type(sft).__name__ == "Qwen3MoeForCausalLM"
+    assert type(sft).__name__ == CLASS[arch]
     assert np.abs(causal_logits(sft, IDS) - causal_logits(base, IDS)).max() > 0
 
     out = str(tmp_path / "grpo")
@@ -82,7 +104,7 @@ def test_sft_then_grpo_train_log_router_stats_and_reload(tmp_path, tiny_moe_dir,
             assert np.isfinite(line[key]), (key, line)
         _moe_stats(line)
     policy = load_causal_lm(os.path.join(out, "policy"))
-    assert type(policy).__name__ == "Qwen3MoeForCausalLM"
+    assert type(policy).__name__ == CLASS[arch]
     np.testing.assert_array_equal(causal_logits(policy, IDS), causal_logits(trainer.passes.models.actor, IDS))
     assert np.abs(causal_logits(policy, IDS) - causal_logits(sft, IDS)).max() > 0
 
@@ -107,5 +129,5 @@ def test_the_aux_loss_joins_the_sft_loss(tiny_moe_dir):
             loss = trainer.add_moe_aux_loss(model, loss)
             assert set(trainer.moe_stats.take()) >= set(MOE_KEYS)
         loss.backward()
-        grads.append(model.qwen3_moe.layers[1].mlp.gate.weight.grad.numpy().copy())
+        grads.append(model.get_decoder().layers[1].mlp.gate.weight.grad.numpy().copy())
     assert np.abs(grads[1] - grads[0]).max() > 1e-6

@@ -12,10 +12,12 @@ import json
 import os
 
 # the config fields that decide parameter shapes (PaddleNLP Llama/Qwen names; head_dim: Qwen3's own field;
-# use_bias: ERNIE 4.5's projection biases)
+# use_bias: ERNIE 4.5's projection biases; the MoE fields of Qwen3-MoE, Qwen2-MoE and ERNIE 4.5 MoE)
 SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
               "head_dim", "intermediate_size", "vocab_size", "use_bias",
-              "num_experts", "moe_intermediate_size", "decoder_sparse_step", "mlp_only_layers")  # MoE: which weights exist
+              "num_experts", "moe_intermediate_size", "decoder_sparse_step", "mlp_only_layers",  # MoE: which weights exist
+              "moe_num_experts", "moe_num_shared_experts", "moe_layer_start_index", "moe_layer_end_index",
+              "moe_layer_interval", "shared_expert_intermediate_size", "qkv_bias")
 LORA_KEYS = ("r", "target_modules")
 
 

@@ -32,8 +32,14 @@ FAMILIES = {f.model_type: f for f in (
            module="ppo.models.families.qwen3", qk_norm=True),
     Family("qwen3_moe", "qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeForSequenceClassification",
            module="ppo.models.families.qwen3_moe", qk_norm=True, moe=True),
+    Family("qwen2_moe", "qwen2_moe", "Qwen2MoeForCausalLM", "Qwen2MoeForSequenceClassification",
+           module="ppo.models.families.qwen2_moe", moe=True),
+    Family("mixtral", "mixtral", "MixtralForCausalLM", "MixtralForSequenceClassification",
+           module="ppo.models.families.mixtral", moe=True),
     Family("ernie4_5", "ernie", "Ernie4_5ForCausalLM", "Ernie4_5ForSequenceClassification",
            module="ppo.models.families.ernie45", rope_interleaved=True),
+    Family("ernie4_5_moe", "ernie", "Ernie4_5_MoeForCausalLM", "Ernie4_5_MoeForSequenceClassification",
+           module="ppo.models.families.ernie45_moe", rope_interleaved=True, moe=True),
 )}
 
 

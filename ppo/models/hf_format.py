@@ -15,6 +15,7 @@ change, matrices are transposed or split, values are never cast.
 | `layers.i.{input,post_attention}_layernorm.weight`, `norm.weight` | the same names               |
 | `layers.i.self_attn.{q,k}_norm.weight` [head_dim] (Qwen3) | the same names                          |
 | `layers.i.mlp.gate.weight` [H, E], `mlp.experts.e.*_proj.weight` (MoE) | the same names, transposed  |
+| `layers.i.mlp.shared_expert_gate.weight` [H, 1] (Qwen2-MoE) | the same name, [1, H]               |
 | `lm_head.weight` [H, V] (untied)               | `lm_head.weight` [V, H]; omitted when tied           |
 | `score_head.weight` [H, 1], `score_head.bias` [1] | `score.weight` [1, H], `score.bias` [1]           |
 | `normalizer_{mean,var,count}` buffers          | `config.json` fields of the same names               |
@@ -44,7 +45,10 @@ COMMON_FIELDS = (
     "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id",
 )
 QWEN2_FIELDS = ("sliding_window", "max_window_layers")
-LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "gate")  # gate: an MoE router
+MOE_KEYS = ("num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size")
+DENSE_TO_MOE = {"llama": "mixtral", "qwen2": "qwen2_moe"}
+LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "gate",  # gate: an MoE router
+          "shared_expert_gate")
 
 
 def head_dim(cfg):
@@ -100,6 +104,10 @@ def _refusals(hf, model_type):
         problems.append("attention_bias / mlp_bias (PaddleNLP's Llama has no biases)")
     if hf.get("num_labels", 1) != 1 and is_score_arch(hf):
         problems.append(f"num_labels {hf['num_labels']} (a score model has one)")
+    moe_keys = [key for key in MOE_KEYS if key in hf]
+    if moe_keys:
+        problems.append(f"{', '.join(moe_keys)} on a dense model (model_type {model_type}; the MoE family is "
+                        f"{DENSE_TO_MOE[model_type]})")
     return problems
 
 
@@ -200,6 +208,9 @@ def hf_tensors(state, cfg, lm_head_transposed=None):
             unknown.append(name)
     if unknown:
         raise ValueError(f"no Hugging Face name for these PaddleNLP tensors: {unknown}")
+    module = family_module(cfg["model_type"])
+    if hasattr(module, "hub_names"):  # a family whose hub names differ from ours (Mixtral's w1/w2/w3)
+        out = module.hub_names(out)
     return {name: np.ascontiguousarray(tensor) for name, tensor in out.items()}
 
 
@@ -208,6 +219,7 @@ def paddle_tensors(tensors, cfg, score=False):
     `lm_head.weight` is left out (PaddleNLP shares the embedding). Raises on unknown names."""
     prefix = PREFIX[cfg["model_type"]] + "."
     module = family_module(cfg["model_type"])
+    tensors = {n: v for n, v in tensors.items() if not is_ignored(n, cfg["model_type"])}
     if hasattr(module, "split_fused_experts"):
         tensors = module.split_fused_experts(tensors)
     out, unknown = {}, []
@@ -233,6 +245,12 @@ def paddle_tensors(tensors, cfg, score=False):
     return {name: np.ascontiguousarray(tensor) for name, tensor in out.items()}
 
 
+def is_ignored(name, model_type):
+    """Whether HF tensor `name` is one transformers skips on load for `model_type` (a family's
+    ``IGNORED_HF_TENSORS`` substrings: ERNIE 4.5 MoE's multi-token-prediction ``mtp`` layers)."""
+    return any(part in name for part in getattr(family_module(model_type), "IGNORED_HF_TENSORS", ()))
+
+
 def expected_hf_shapes(hf):
     """name -> shape of every tensor transformers' `LlamaForCausalLM` / `Qwen2ForCausalLM` (or
     their `*ForSequenceClassification`) loads for the HF config `hf`, as their modeling code
@@ -242,7 +260,7 @@ def expected_hf_shapes(hf):
     nh = hf["num_attention_heads"]
     nkv = hf.get("num_key_value_heads") or nh
     module = family_module(hf["model_type"])
-    hd = hf.get("head_dim") or (module.DEFAULT_HEAD_DIM if module is not None else H // nh)
+    hd = hf.get("head_dim") or (module.DEFAULT_HEAD_DIM if module is not None else None) or H // nh
     qwen2 = hf["model_type"] == "qwen2"
     shapes = {"model.embed_tokens.weight": (V, H), "model.norm.weight": (H,)}
     for i in range(hf["num_hidden_layers"]):

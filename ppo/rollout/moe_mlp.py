@@ -1,18 +1,20 @@
 """The rollout engine's routed mixture-of-experts MLP (a layer whose ``mlp`` is
 `ppo.models.families.moe.SparseMoeBlock`).
 
-The same routing as the training forward (`moe.route`: float32 softmax, top-k, optional
-renormalisation) and the same gather / scatter by expert (`moe.dispatch`): each expert's
-SwiGLU runs once per step on the rows routed to it, never densely over all experts. Expert
+The same routing as the training forward (`moe.route`: float32 softmax, top-k chosen with the
+block's selection bias if it has one, optional renormalisation) and the same gather / scatter by
+expert (`moe.dispatch`): each expert's SwiGLU runs once per step on the rows routed to it, never
+densely over all experts; the block's shared experts (ERNIE 4.5's; Qwen2-MoE's times its sigmoid gate) run on every row as one SwiGLU. Expert
 matrices are kept [in, out] (gate and up fused into [H, 2I]) in either engine layout; a "cols"
 decode step transposes its activations ``[H, B]`` to rows for this block and back.
 """
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 import paddle
+import paddle.nn.functional as F
 
-from ..models.families.moe import dispatch, route
+from ..models.families.moe import dispatch, route, router_logits
 
 
 @dataclass
@@ -22,6 +24,12 @@ class MoeWeights:
     down: List[paddle.Tensor]  # per expert [I, H]
     top_k: int
     norm_topk_prob: bool
+    selection_bias: Optional[paddle.Tensor] = None  # [E] float32, for choosing experts only
+    norm_min: float = 0.0
+    shared_gate_up: Optional[paddle.Tensor] = None  # [H, 2S] of the shared experts
+    shared_down: Optional[paddle.Tensor] = None  # [S, H]
+    shared_gate: Optional[paddle.Tensor] = None  # [H, 1]: the shared output times sigmoid(x @ it)
+    router_float32: bool = False
 
 
 def is_moe_mlp(mlp):
@@ -34,7 +42,15 @@ def moe_weights(mlp, cast, effective_weight):
     gate_up = [cast(paddle.concat([effective_weight(e.gate_proj), effective_weight(e.up_proj)], axis=1))
                for e in mlp.experts]
     down = [cast(effective_weight(e.down_proj)) for e in mlp.experts]
-    return MoeWeights(cast(effective_weight(mlp.gate)), gate_up, down, mlp.top_k, mlp.norm_topk_prob)
+    shared, gate = mlp.shared_layers()
+    shared_gate_up = shared_down = None
+    if shared is not None:
+        shared_gate_up = cast(paddle.concat([effective_weight(shared.gate_proj), effective_weight(shared.up_proj)], axis=1))
+        shared_down = cast(effective_weight(shared.down_proj))
+    bias = mlp.selection_bias()
+    return MoeWeights(cast(effective_weight(mlp.gate)), gate_up, down, mlp.top_k, mlp.norm_topk_prob,
+                      None if bias is None else bias.astype("float32"), float(mlp.norm_min), shared_gate_up, shared_down,
+                      None if gate is None else cast(effective_weight(gate)), mlp.router_float32)
 
 
 class RoutingRecord:
@@ -70,12 +86,20 @@ def routed_mlp(ops, x, weights, cols, record=None, layer=0, t0=0, batch_rows=Non
     rows = x.transpose([1, 0]) if cols else x
     shape = rows.shape
     flat = rows.reshape([-1, shape[-1]])
-    probs_w, indices = route(paddle.matmul(flat, weights.router), weights.top_k, weights.norm_topk_prob)
+    logits = router_logits(flat, weights.router, weights.router_float32)
+    probs_w, indices = route(logits, weights.top_k, weights.norm_topk_prob,
+                             selection_bias=weights.selection_bias, norm_min=weights.norm_min)
     if record is not None:
         record.add(layer, indices, t0, shape, batch_rows)
 
-    def expert(e):
-        return lambda h: paddle.matmul(ops.swiglu(paddle.matmul(h, weights.gate_up[e]), None, False), weights.down[e])
+    def swiglu(gate_up, down):
+        return lambda h: paddle.matmul(ops.swiglu(paddle.matmul(h, gate_up), None, False), down)
 
-    out = dispatch(flat, probs_w, indices, [expert(e) for e in range(len(weights.down))]).reshape(shape)
+    out = dispatch(flat, probs_w, indices, [swiglu(g, d) for g, d in zip(weights.gate_up, weights.down)])
+    if weights.shared_down is not None:
+        shared = swiglu(weights.shared_gate_up, weights.shared_down)(flat)
+        if weights.shared_gate is not None:
+            shared = F.sigmoid(paddle.matmul(flat, weights.shared_gate)) * shared
+        out = out + shared
+    out = out.reshape(shape)
     return out.transpose([1, 0]).contiguous() if cols else out

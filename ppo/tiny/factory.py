@@ -4,9 +4,8 @@ The tokenizer is a SentencePiece character model wrapped as PaddleNLP's
 `LlamaTokenizer`: every printable ASCII symbol is one token, each template word
 (`USER:`, `ASSISTANT:`, `Reverse:`) is one token, a space is the token `▁`, and
 `<pad>` (id 3) is distinct from `</s>` (id 2). The model is a randomly
-initialised `LlamaForCausalLM` (`--arch qwen3` / `qwen3_moe` / `ernie45`: our Qwen3 and ERNIE 4.5
-classes, see `ARCHS`). Both are
-saved with `save_pretrained`, so
+initialised `LlamaForCausalLM` (`--arch qwen3` / `qwen3_moe` / `qwen2_moe` / `mixtral` /
+`ernie45` / `ernie45_moe`: our classes, see `ARCHS`). Both are saved with `save_pretrained`, so
 `AutoTokenizer.from_pretrained(dir)` and `AutoModelForCausalLM.from_pretrained(dir)`
 load them like any PaddleNLP model directory.
 
@@ -20,7 +19,7 @@ of the vocabulary, as Qwen pads its embedding; the rows past the tokenizer are z
 trained, as in a released checkpoint), so their logits are 0 and greedy decoding of a
 random model stays inside the tokenizer.
 
-CLI: `python -m ppo.tiny.factory --output_dir models/tiny --hidden_size 128 --num_layers 2 [--arch qwen3|qwen3_moe|ernie45]`,
+CLI: `python -m ppo.tiny.factory --output_dir models/tiny --hidden_size 128 --num_layers 2 [--arch qwen3|qwen3_moe|qwen2_moe|mixtral|ernie45|ernie45_moe]`,
 `python -m ppo.tiny.factory --output_dir models/qwen --shape qwen2.5-0.5b --num_layers 2`
 """
 import argparse
@@ -91,38 +90,70 @@ def build_tokenizer(output_dir, tool_tags=False):
     return tokenizer
 
 
-ARCHS = ("llama", "qwen3", "qwen3_moe", "ernie45")
+ARCHS = ("llama", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "ernie45", "ernie45_moe")
 """Model families of the tiny model (`arch`): Llama (the default), or Qwen3 shaped as Qwen3-0.6B
 is (per-head q/k norms, two query heads per KV head, head_dim = 2 hidden / heads so that the
 attention width is twice the hidden size, tied embeddings, rope theta 1e6), or Qwen3-MoE: that
 Qwen3 with `TINY_MOE`'s routed experts on every layer but the first (dense), their width half
-the dense MLP's, the router losses on (``output_router_logits``), or ERNIE 4.5 shaped as
+the dense MLP's, the router losses on (``output_router_logits``), or Qwen2-MoE: those experts
+with Qwen2's attention (q/k/v biases, no q/k norm, head_dim hidden / heads, untied, rope theta
+1e6) and a gated shared expert as wide as the dense MLP, or Mixtral: Llama's attention (GQA 2:1,
+untied) with those 4 experts (top-2, the dense width) on every layer, or ERNIE 4.5 shaped as
 ERNIE-4.5-0.3B is (interleaved RoPE with theta 5e5, eight query heads per KV head where the head
-count allows, else one KV head, head_dim = 2 hidden / heads, tied embeddings, eps 1e-5)."""
+count allows, else one KV head, head_dim = 2 hidden / heads, tied embeddings, eps 1e-5), or ERNIE
+4.5 MoE: that ERNIE with `TINY_ERNIE_MOE`'s 4 routed experts (top-2, half the dense width) and one
+shared expert on every layer but the first (as ERNIE-4.5-21B-A3B's ``moe_layer_start_index`` 1),
+the router losses on."""
 TINY_MOE = dict(num_experts=4, num_experts_per_tok=2, mlp_only_layers=[0], norm_topk_prob=True,
                 output_router_logits=True, router_aux_loss_coef=0.001)
+TINY_ERNIE_MOE = dict(moe_num_experts=4, moe_k=2, moe_num_shared_experts=1, moe_layer_start_index=1,
+                      output_router_logits=True, router_aux_loss_coef=0.001)
 
 
-def _qwen3_model(vocab_size, hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings, moe=False):
+def _qwen3_model(vocab_size, hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings, moe=False,
+                 qwen2=False):
+    from ..models.families.qwen2_moe_modeling import Qwen2MoeConfig, Qwen2MoeForCausalLM
     from ..models.families.qwen3_modeling import Qwen3Config, Qwen3ForCausalLM
     from ..models.families.qwen3_moe_modeling import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     extra = dict(TINY_MOE, moe_intermediate_size=intermediate_size // 2) if moe else {}
-    config = (Qwen3MoeConfig if moe else Qwen3Config)(**extra,
+    if qwen2:
+        extra.update(shared_expert_intermediate_size=intermediate_size)
+    config_class, model_class = ((Qwen2MoeConfig, Qwen2MoeForCausalLM) if qwen2 else (Qwen3MoeConfig, Qwen3MoeForCausalLM)
+                                 if moe else (Qwen3Config, Qwen3ForCausalLM))
+    config = config_class(**extra,
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads,
-        num_key_value_heads=num_heads // 2 if num_heads % 2 == 0 else num_heads, head_dim=2 * hidden_size // num_heads,
+        num_key_value_heads=num_heads // 2 if num_heads % 2 == 0 else num_heads,
+        head_dim=hidden_size // num_heads if qwen2 else 2 * hidden_size // num_heads,
         max_position_embeddings=max_position_embeddings, rms_norm_eps=1e-6, rope_theta=1000000.0, initializer_range=0.02,
         bos_token_id=SPECIAL_IDS["bos"], eos_token_id=SPECIAL_IDS["eos"], pad_token_id=SPECIAL_IDS["pad"],
-        tie_word_embeddings=True, dtype="float32",
+        tie_word_embeddings=not qwen2, dtype="float32",
     )
-    return (Qwen3MoeForCausalLM if moe else Qwen3ForCausalLM)(config)
+    return model_class(config)
 
 
-def _ernie45_model(vocab_size, hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings):
+def _mixtral_model(vocab_size, hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings):
+    from ..models.families.mixtral_modeling import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size, num_hidden_layers=num_layers,
+        num_attention_heads=num_heads, num_key_value_heads=num_heads // 2 if num_heads % 2 == 0 else num_heads,
+        max_position_embeddings=max_position_embeddings, num_local_experts=TINY_MOE["num_experts"],
+        num_experts_per_tok=TINY_MOE["num_experts_per_tok"], output_router_logits=True,
+        router_aux_loss_coef=TINY_MOE["router_aux_loss_coef"], initializer_range=0.02, bos_token_id=SPECIAL_IDS["bos"],
+        eos_token_id=SPECIAL_IDS["eos"], pad_token_id=SPECIAL_IDS["pad"], tie_word_embeddings=False, dtype="float32",
+    )
+    return MixtralForCausalLM(config)
+
+
+def _ernie45_model(vocab_size, hidden_size, num_layers, num_heads, intermediate_size, max_position_embeddings,
+                   moe=False):
     from ..models.families.ernie45_modeling import Ernie4_5Config, Ernie4_5ForCausalLM
+    from ..models.families.ernie45_moe_modeling import Ernie4_5_MoeConfig, Ernie4_5_MoeForCausalLM
 
-    config = Ernie4_5Config(
+    extra = dict(TINY_ERNIE_MOE, moe_intermediate_size=intermediate_size // 2) if moe else {}
+    config = (Ernie4_5_MoeConfig if moe else Ernie4_5Config)(**extra,
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads,
         num_key_value_heads=num_heads // 8 if num_heads % 8 == 0 else 1, head_dim=2 * hidden_size // num_heads,
@@ -130,10 +161,13 @@ def _ernie45_model(vocab_size, hidden_size, num_layers, num_heads, intermediate_
         initializer_range=0.02, bos_token_id=SPECIAL_IDS["bos"], eos_token_id=SPECIAL_IDS["eos"],
         pad_token_id=SPECIAL_IDS["pad"], tie_word_embeddings=True, use_bias=False, dtype="float32",
     )
-    return Ernie4_5ForCausalLM(config)
+    return (Ernie4_5_MoeForCausalLM if moe else Ernie4_5ForCausalLM)(config)
 
 
-_FAMILY_MODELS = {"qwen3": _qwen3_model, "qwen3_moe": functools.partial(_qwen3_model, moe=True), "ernie45": _ernie45_model}
+_FAMILY_MODELS = {"qwen3": _qwen3_model, "qwen3_moe": functools.partial(_qwen3_model, moe=True),
+                  "qwen2_moe": functools.partial(_qwen3_model, moe=True, qwen2=True), "mixtral": _mixtral_model,
+                  "ernie45": _ernie45_model,
+                  "ernie45_moe": functools.partial(_ernie45_model, moe=True)}
 
 
 def build_model(
@@ -298,8 +332,10 @@ def main(argv=None):
     parser.add_argument("--arch", choices=ARCHS, default="llama",
                         help="model family of the tiny model (the tokenizer is the same): llama, qwen3 (q/k norms, "
                         "GQA 2:1, head_dim 2 hidden / heads, tied embeddings), qwen3_moe (that Qwen3 with 4 experts, "
-                        "top-2, on every layer but the first) or ernie45 (interleaved RoPE, GQA 8:1 or one KV head, "
-                        "head_dim 2 hidden / heads, tied embeddings)")
+                        "top-2, on every layer but the first), qwen2_moe (those experts with Qwen2's attention and a gated "
+                        "shared expert), mixtral (4 experts, top-2, on every layer), ernie45 (interleaved RoPE, GQA 8:1 or one KV head, "
+                        "head_dim 2 hidden / heads, tied embeddings) or ernie45_moe (that ERNIE with 4 experts, top-2, "
+                        "and one shared expert on every layer but the first)")
     parser.add_argument("--tool_tags", action="store_true",
                         help="add <tool_call>, </tool_call>, <tool_response>, </tool_response> as one token each")
     parser.add_argument(

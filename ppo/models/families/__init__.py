@@ -10,7 +10,10 @@ table itself, importable by the start-up checks); callers read the entry's facts
 
 A family module provides ``CONFIG_CLASS``, ``CAUSAL_LM_CLASS``, ``BASE_MODEL_CLASS``,
 ``PRETRAINED_CLASS``, ``paddle_config(hf) -> config kwargs``, ``hf_fields(cfg) -> config.json
-fields`` and ``extra_hf_shapes(hf, layer_prefix) -> {name: shape}`` of one layer.
+fields`` and ``extra_hf_shapes(hf, layer_prefix) -> {name: shape}`` of one layer; optionally
+``split_fused_experts(tensors)`` (Hugging Face tensors as our per-expert names, on import),
+``hub_names(tensors)`` (the reverse, on export, where the hub's names differ: Mixtral's) and
+``IGNORED_HF_TENSORS`` (substrings of tensor names transformers skips on load).
 """
 import importlib
 import json

@@ -44,15 +44,16 @@ def _named(cls, pretrained, name, doc):
     return cls
 
 
-def decoder_model_class(pretrained, name, layer_class=DecoderLayer):
+def decoder_model_class(pretrained, name, layer_of=None):
     """The family's base model class `name` (registered as its base model), built on `pretrained`
-    with one `layer_class(config)` per layer."""
+    with one `layer_of(config, index)` per layer (default a `DecoderLayer`)."""
+    layer_of = layer_of or (lambda config, index: DecoderLayer(config))
 
     class DecoderModel(pretrained):
         def __init__(self, config):
             super().__init__(config)
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-            self.layers = nn.LayerList([layer_class(config) for _ in range(config.num_hidden_layers)])
+            self.layers = nn.LayerList([layer_of(config, i) for i in range(config.num_hidden_layers)])
             self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
             self.enable_recompute = False
 
@@ -100,35 +101,45 @@ class CausalLMMethods:
         logits = self.lm_head(out.last_hidden_state)
         result = CausalLMOutputWithPast(logits=logits, past_key_values=out.past_key_values,
                                         hidden_states=out.hidden_states)
+        return self.as_output(result, logits, out, return_dict)
+
+    def as_output(self, result, logits, out, return_dict):
         if return_dict or return_dict is None and self.config.use_return_dict:
             return result
         return (logits,) + tuple(v for v in (out.past_key_values, out.hidden_states) if v is not None)
 
+    def decoder_outputs(self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None,
+                        labels=None, use_cache=None, past_key_values=None, output_attentions=None,
+                        output_hidden_states=None, **kwargs):
+        """The decoder's output (a dict-like model output); ``labels`` are refused: the trainers
+        here compute their losses from the logits (`ppo.models.causal_lm`)."""
+        if labels is not None:
+            raise NotImplementedError(f"{type(self).__name__}: labels (a built-in loss) are not implemented; use "
+                                      "ppo.models.causal_lm.answer_nll")
+        return self.get_decoder()(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                                  inputs_embeds=inputs_embeds, use_cache=use_cache, past_key_values=past_key_values,
+                                  output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                                  return_dict=True, **kwargs)
 
-def causal_lm_class(pretrained, model_class, name):
+    def forward(self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None, labels=None,
+                use_cache=None, past_key_values=None, output_attentions=None, output_hidden_states=None,
+                return_dict=None, **kwargs):
+        """``logits [B, T, V]`` (and the cache with ``use_cache``); see `decoder_outputs`."""
+        out = self.decoder_outputs(input_ids, position_ids, attention_mask, inputs_embeds, labels, use_cache,
+                                   past_key_values, output_attentions, output_hidden_states, **kwargs)
+        return self.logits_output(out, return_dict)
+
+
+def causal_lm_class(pretrained, model_class, name, methods=CausalLMMethods):
     """The family's causal LM class `name`: `model_class` under ``base_model_prefix`` and an LM
-    head; ``forward`` gives ``logits [B, T, V]`` (and the cache with ``use_cache``)."""
+    head, with `methods`' forward (`CausalLMMethods`: ``logits [B, T, V]``, the cache with ``use_cache``)."""
 
-    class CausalLM(CausalLMMethods, pretrained):  # the methods first: PretrainedModel has defaults of theirs
+    class CausalLM(methods, pretrained):  # the methods first: PretrainedModel has defaults of theirs
         def __init__(self, config):
             super().__init__(config)
             setattr(self, self.base_model_prefix, model_class(config))
             tied = self.get_decoder().embed_tokens.weight if config.tie_word_embeddings else None
             self.lm_head = LMHead(config, embedding_weight=tied)
-
-        def forward(self, input_ids=None, position_ids=None, attention_mask=None, inputs_embeds=None, labels=None,
-                    use_cache=None, past_key_values=None, output_attentions=None, output_hidden_states=None,
-                    return_dict=None, **kwargs):
-            """``labels`` are refused: the trainers here compute their losses from the logits
-            (`ppo.models.causal_lm`)."""
-            if labels is not None:
-                raise NotImplementedError(f"{name}: labels (a built-in loss) are not implemented; use "
-                                          "ppo.models.causal_lm.answer_nll")
-            out = self.get_decoder()(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                                     inputs_embeds=inputs_embeds, use_cache=use_cache, past_key_values=past_key_values,
-                                     output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-                                     return_dict=True, **kwargs)
-            return self.logits_output(out, return_dict)
 
     doc = (f"`{model_class.__name__}` and an LM head (tied to the embedding with ``tie_word_embeddings``).")
     return _named(CausalLM, pretrained, name, doc)

@@ -5,8 +5,9 @@ embeddings on q and k (`rotate_half` over the head's two halves, as PaddleNLP's 
 transformers), grouped-query attention and a SwiGLU MLP. What a family changes is data on its
 config: ``head_dim`` (independent of ``hidden_size / num_attention_heads``), ``qk_norm``
 (RMSNorm over each head's ``head_dim`` on q and k before RoPE, Qwen3's ``q_norm`` / ``k_norm``),
-``rope_interleaved`` (RoPE on the pairs ``(2i, 2i + 1)``, ERNIE 4.5's) and ``use_bias`` (a bias
-on every projection, ERNIE 4.5's); the last two default to off when the config lacks them.
+``rope_interleaved`` (RoPE on the pairs ``(2i, 2i + 1)``, ERNIE 4.5's), ``use_bias`` (a bias
+on every projection, ERNIE 4.5's) and ``qkv_bias`` (on q/k/v only, Qwen2-MoE's); the last three
+default to off when the config lacks them.
 
 Weights are named as PaddleNLP names Llama's (``<prefix>.layers.i.self_attn.q_proj.weight``
 ``[in, out]``, ...), so `ppo.models.hf_format` renames them as it renames Llama's. Inputs
@@ -114,7 +115,8 @@ def repeat_kv(x, n_rep):
 
 class Attention(nn.Layer):
     """Grouped-query attention with ``config.head_dim`` per head and, with ``config.qk_norm``,
-    RMSNorm of each q and k head before RoPE; ``config.use_bias``: biases on q/k/v/o."""
+    RMSNorm of each q and k head before RoPE; ``config.use_bias``: biases on q/k/v/o;
+    ``config.qkv_bias``: on q/k/v only (Qwen2-MoE's)."""
 
     def __init__(self, config):
         super().__init__()
@@ -123,9 +125,10 @@ class Attention(nn.Layer):
         self.head_dim = config.head_dim
         H, hd = config.hidden_size, self.head_dim
         bias = None if getattr(config, "use_bias", False) else False
-        self.q_proj = nn.Linear(H, self.num_heads * hd, bias_attr=bias)
-        self.k_proj = nn.Linear(H, self.num_kv_heads * hd, bias_attr=bias)
-        self.v_proj = nn.Linear(H, self.num_kv_heads * hd, bias_attr=bias)
+        qkv_bias = None if getattr(config, "qkv_bias", False) else bias
+        self.q_proj = nn.Linear(H, self.num_heads * hd, bias_attr=qkv_bias)
+        self.k_proj = nn.Linear(H, self.num_kv_heads * hd, bias_attr=qkv_bias)
+        self.v_proj = nn.Linear(H, self.num_kv_heads * hd, bias_attr=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * hd, H, bias_attr=bias)
         self.rope_interleaved = bool(getattr(config, "rope_interleaved", False))
         if config.qk_norm:

@@ -8,7 +8,8 @@ absent means true, ``rope_theta`` absent means 500,000, ``rms_norm_eps`` absent 
 but the default, a ``rope_scaling``, ``rope_parameters`` keys other than ``rope_type`` /
 ``rope_theta`` (``partial_rotary_factor`` ...), a non-SiLU ``hidden_act``, and the fields of
 ERNIE's original Paddle configs that change the numbers when set off their defaults
-(``use_rmsnorm`` false: LayerNorm; ``compression_ratio`` != 1: position interpolation).
+(``use_rmsnorm`` false: LayerNorm; ``compression_ratio`` != 1: position interpolation), and the
+routing fields of ERNIE 4.5 MoE on a dense ``ernie4_5`` config (the MoE family is ``ernie4_5_moe``).
 
 Out: both rope layouts at once. Tensor names are Llama's (biases ``.bias`` ``[out]``, not
 transposed); transformers has no ``Ernie4_5ForSequenceClassification``, so an exported score
@@ -29,6 +30,7 @@ FIELDS = (
     "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
     "initializer_range", "bos_token_id", "eos_token_id", "pad_token_id", "use_bias",
 )
+MOE_KEYS = ("moe_num_experts", "moe_k", "moe_intermediate_size", "moe_num_shared_experts")
 
 
 def refusals(hf):
@@ -40,6 +42,9 @@ def refusals(hf):
         problems.append("use_rmsnorm false (LayerNorm)")
     if float(hf.get("compression_ratio", 1.0) or 1.0) != 1.0:
         problems.append(f"compression_ratio {hf['compression_ratio']} (position interpolation)")
+    moe_keys = [key for key in MOE_KEYS if key in hf]
+    if hf.get("model_type") == "ernie4_5" and moe_keys:
+        problems.append(f"{', '.join(moe_keys)} on a dense model (model_type ernie4_5; the MoE family is ernie4_5_moe)")
     return problems + rope_theta(hf, DEFAULT_ROPE_THETA)[1]
 
 

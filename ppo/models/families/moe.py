@@ -31,31 +31,48 @@ import paddle.nn.functional as F
 from .decoder import MLP
 
 
-def route(logits, top_k, norm_topk_prob, expert_indices=None):
+def route(logits, top_k, norm_topk_prob, expert_indices=None, selection_bias=None, norm_min=0.0):
     """``(weights [N, k] float32, indices [N, k] int64)`` of router ``logits [N, E]``: the top-k
     softmax probabilities, or the probabilities at the given ``expert_indices`` (replay; a -1
-    entry keeps the router's own choice); renormalised over the k with `norm_topk_prob`."""
+    entry keeps the router's own choice); renormalised over the k with `norm_topk_prob`
+    (divided by ``max(sum, norm_min)``). ``selection_bias [E]`` (ERNIE 4.5's
+    ``e_score_correction_bias``) is added to the probabilities for choosing the experts only:
+    the weights stay the unbiased probabilities."""
     probs = F.softmax(logits.astype("float32"), axis=-1)
-    weights, indices = paddle.topk(probs, top_k, axis=-1)
+    if selection_bias is None:
+        weights, indices = paddle.topk(probs, top_k, axis=-1)
+    else:
+        indices = paddle.topk(probs + selection_bias.astype("float32"), top_k, axis=-1)[1]
+        weights = paddle.take_along_axis(probs, indices, axis=-1)
     if expert_indices is not None:  # -1: not recorded, the router's own choice
         given = expert_indices.astype("int64")
         indices = paddle.where(given >= 0, given, indices)
         weights = paddle.take_along_axis(probs, indices, axis=-1)
     if norm_topk_prob:
-        weights = weights / weights.sum(axis=-1, keepdim=True)
+        weights = weights / weights.sum(axis=-1, keepdim=True).clip(min=norm_min)
     return weights, indices
 
 
-def replay_agreement_counts(logits, top_k, expert_indices):
+def replay_agreement_counts(logits, top_k, expert_indices, selection_bias=None):
     """``(same, recorded)`` float32 scalars of a replayed routing: of the tokens whose ``k``
-    entries of ``expert_indices [N, k]`` are all given (>= 0), how many the router's own top-k of
-    ``logits [N, E]`` picks as the same set of experts, and how many there are."""
+    entries of ``expert_indices [N, k]`` are all given (>= 0), how many the router's own choice
+    from ``logits [N, E]`` (top-k of the probabilities plus ``selection_bias [E]`` where given, as
+    `route` selects) is the same set of experts, and how many there are."""
     with paddle.no_grad():
-        own = paddle.sort(paddle.topk(logits.astype("float32"), top_k, axis=-1)[1], axis=-1)
+        scores = F.softmax(logits.astype("float32"), axis=-1)
+        scores = scores if selection_bias is None else scores + selection_bias.astype("float32")
+        own = paddle.sort(paddle.topk(scores, top_k, axis=-1)[1], axis=-1)
         given = paddle.sort(expert_indices.astype("int64"), axis=-1)
         recorded = (given >= 0).all(axis=-1)
         same = paddle.logical_and((own == given).all(axis=-1), recorded)
         return same.astype("float32").sum(), recorded.astype("float32").sum()
+
+
+def router_logits(x, weight, in_float32=False):
+    """``x [N, H] @ weight [H, E]``, in float32 when `in_float32` (``[N, E]``)."""
+    if in_float32:
+        return paddle.matmul(x.astype("float32"), weight.astype("float32"))
+    return paddle.matmul(x, weight)
 
 
 def dispatch(x, weights, indices, experts):
@@ -79,7 +96,11 @@ def dispatch(x, weights, indices, experts):
 class SparseMoeBlock(nn.Layer):
     """Router ``gate`` and ``num_experts`` SwiGLU ``experts`` (see the module docstring).
     Config fields: ``hidden_size``, ``num_experts``, ``num_experts_per_tok``,
-    ``moe_intermediate_size``, ``norm_topk_prob``."""
+    ``moe_intermediate_size``, ``norm_topk_prob``. A family adds experts every token runs
+    (`shared_layers`) and a selection bias (`selection_bias`) in a subclass."""
+
+    norm_min = 0.0
+    router_float32 = False  # the router's matmul in float32 whatever the model's dtype (ERNIE 4.5's)
 
     def __init__(self, config):
         super().__init__()
@@ -89,18 +110,39 @@ class SparseMoeBlock(nn.Layer):
         self.experts = nn.LayerList([MLP(config, config.moe_intermediate_size) for _ in range(self.num_experts)])
         self.replay_counts = None  # (same, recorded) summed over the replayed forwards since the last take
 
+    def selection_bias(self):
+        """``[E]`` added to the router's probabilities to choose experts (not to weigh them), or None."""
+        return None
+
+    def shared_layers(self):
+        """``(shared MLP, its gate)``: the experts every token runs, added to the routed sum
+        (times ``sigmoid(gate(x))`` when a gate ``[H, 1]`` is given, Qwen2-MoE's); ``(None, None)``."""
+        return None, None
+
+    def shared_output(self, x):
+        """``[N, H]`` of the shared experts on ``x [N, H]`` (see `shared_layers`), or None."""
+        mlp, gate = self.shared_layers()
+        if mlp is None:
+            return None
+        out = mlp(x)
+        return out if gate is None else F.sigmoid(gate(x)) * out
+
     def forward(self, x, expert_indices=None):
         """x ``[B, T, H]`` -> ``(out [B, T, H], router_logits [B*T, E], indices [B*T, k])``;
         ``expert_indices [B*T, k]`` replays a recorded routing (and adds to `replay_counts`)."""
         B, T, H = x.shape
         flat = x.reshape([-1, H])
-        logits = self.gate(flat)
-        weights, indices = route(logits, self.top_k, self.norm_topk_prob, expert_indices)
+        logits = router_logits(flat, self.gate.weight, self.router_float32)
+        weights, indices = route(logits, self.top_k, self.norm_topk_prob, expert_indices, self.selection_bias(),
+                                 self.norm_min)
         if expert_indices is not None:
-            counts = replay_agreement_counts(logits, self.top_k, expert_indices)
+            counts = replay_agreement_counts(logits, self.top_k, expert_indices, self.selection_bias())
             self.replay_counts = counts if self.replay_counts is None else tuple(
                 a + b for a, b in zip(self.replay_counts, counts))
-        return dispatch(flat, weights, indices, self.experts).reshape([B, T, H]), logits, indices
+        out = dispatch(flat, weights, indices, self.experts)
+        shared = self.shared_output(flat)
+        out = out if shared is None else out + shared
+        return out.reshape([B, T, H]), logits, indices
 
 
 def _pooled(router_logits, top_k, mask):
