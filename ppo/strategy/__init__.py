@@ -1,6 +1,7 @@
 """The run's parallel strategy (`ppo.strategy.base.Strategy`): plain (one process or
 `paddle.DataParallel`), fleet (tensor parallel, sharding, data parallel) or pipeline, picked
-once from the arguments by `build_strategy`."""
+once from the arguments by `build_strategy`; the expert axis (`ppo.strategy.expert`) composes
+with the plain one."""
 from .base import PassSettings, Strategy, first_non_finite
 from .fleet import FleetStrategy
 from .pipeline import PipelineStrategy
@@ -19,7 +20,9 @@ def build_strategy(args):
         return PipelineStrategy(ranks, tensor_parallel=args.tensor_parallel_degree > 1)
     if ranks.world_size > 1 and args.use_hybrid_parallel:
         return FleetStrategy(ranks)
-    return PlainStrategy(ranks)
+    from .expert import with_expert_axis
+
+    return with_expert_axis(PlainStrategy(ranks), args)
 
 
 __all__ = ["FleetStrategy", "PassSettings", "PipelineStrategy", "PlainStrategy", "Ranks", "Strategy", "build_strategy",

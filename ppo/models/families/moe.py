@@ -5,7 +5,9 @@ a router ``gate`` (linear ``[H, E]``, no bias), softmax over the ``E`` experts i
 ``num_experts_per_tok`` (k) largest probabilities as each token's experts, renormalised to sum
 to 1 with ``norm_topk_prob``, and each expert a SwiGLU MLP of width ``moe_intermediate_size``
 computed only on the tokens routed to it (gathered by expert, weighted, scattered back with
-``index_add``). There is no capacity limit: no token is dropped.
+``index_add``). There is no capacity limit: no token is dropped. Under expert parallelism
+(`ppo.strategy.expert`) the block holds only its rank's experts and its ``expert_parallel``
+hook exchanges the tokens with the other ranks.
 
 Routing replay (R3, Ma et al. 2025): ``forward(x, expert_indices=[N, k])`` uses those experts
 instead of its own top-k; their gate weights still come from the current router's softmax
@@ -73,6 +75,7 @@ class SparseMoeBlock(nn.Layer):
         self.norm_topk_prob = config.norm_topk_prob
         self.gate = nn.Linear(config.hidden_size, self.num_experts, bias_attr=False)
         self.experts = nn.LayerList([MLP(config, config.moe_intermediate_size) for _ in range(self.num_experts)])
+        self.expert_parallel = None  # set by ppo.strategy.expert: this rank's experts, tokens exchanged
 
     def forward(self, x, expert_indices=None):
         """x ``[B, T, H]`` -> ``(out [B, T, H], router_logits [B*T, E], indices [B*T, k])``;
@@ -81,7 +84,8 @@ class SparseMoeBlock(nn.Layer):
         flat = x.reshape([-1, H])
         logits = self.gate(flat)
         weights, indices = route(logits, self.top_k, self.norm_topk_prob, expert_indices)
-        return dispatch(flat, weights, indices, self.experts).reshape([B, T, H]), logits, indices
+        run = dispatch if self.expert_parallel is None else self.expert_parallel
+        return run(flat, weights, indices, self.experts).reshape([B, T, H]), logits, indices
 
 
 def _pooled(router_logits, top_k, mask):
