@@ -17,12 +17,15 @@ tensor-parallel slices) and ``expert_parallel``. `whole_experts(model)` gathers 
 into every rank for a block (saving a checkpoint, generating): a collective.
 """
 import contextlib
+import logging
 
 import paddle
 import paddle.distributed as dist
 import paddle.nn as nn
 
 from .exchange import GroupComm, exchange_dispatch
+
+logger = logging.getLogger("ppo")
 
 
 class ExpertLayout:
@@ -94,6 +97,9 @@ def shard_experts(model, layout, config):
         block.expert_parallel = ExpertDispatch(layout, lambda: MLP(config, config.moe_intermediate_size))
         for p in kept.parameters():
             p.no_sync, p.is_distributed, p.expert_parallel = True, True, True
+    if blocks:
+        logger.info(f"expert parallel: rank {layout.rank} holds experts {layout.owned(config.num_experts)} of "
+                    f"{config.num_experts} in {len(blocks)} sparse blocks (expert_parallel_degree {layout.degree})")
     return len(blocks)
 
 
