@@ -2,6 +2,7 @@
 two threads standing for two ranks (their collectives meet at a barrier) against the one-process
 MoE block (`ppo.models.families.moe.dispatch`), forward and backward; the expert ownership; the
 gradient sync and the clip's norm. The multi-process runs are in tests/test_expert_parallel_launch.py."""
+import json
 import threading
 
 import numpy as np
@@ -68,31 +69,53 @@ def _one_process(gate, experts, xs, top_k):
     return out.numpy(), np.concatenate([x.grad.numpy() for x in xs]), _grads(experts), _grads([gate])
 
 
-def _two_ranks(gate, experts, xs, top_k):
-    """Each thread: its rows `xs[r]`, the experts `r * E/2 ...` only, the same loss."""
-    shared, per = ([None, None], threading.Barrier(2, timeout=60)), len(experts) // 2
-    outs, x_grads, errors = [None, None], [None, None], []
+def _in_threads(fn, n=2):
+    """`fn(rank, comm)` on `n` threads meeting at one barrier; their results in rank order."""
+    shared, results, errors = ([None] * n, threading.Barrier(n, timeout=60)), [None] * n, []
 
-    def rank(r):
+    def run(r):
         try:
-            x = xs[r].clone()
-            x.stop_gradient = False
-            weights, indices = route(gate(x), top_k, True)
-            own = {e: experts[e] for e in range(r * per, (r + 1) * per)}
-            out = exchange_dispatch(x, weights, indices, own, r, ThreadComm(shared, r))
-            (out * out).sum().backward()
-            outs[r], x_grads[r] = out.numpy(), x.grad.numpy()
+            results[r] = fn(r, ThreadComm(shared, r))
         except Exception as error:  # surfaced below
             errors.append(error)
             shared[1].abort()
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors, errors
-    return np.concatenate(outs), np.concatenate(x_grads), _grads(experts), _grads([gate])
+    return results
+
+
+def _copy(layer):
+    """A layer of the same class and weights (each thread's rank holds its own parameters)."""
+    twin = paddle.nn.Linear(*layer.weight.shape, bias_attr=False) if isinstance(layer, paddle.nn.Linear) else MLP(Config, 16)
+    twin.set_state_dict(layer.state_dict())
+    return twin
+
+
+def _two_ranks(gate, experts, xs, top_k):
+    """Each thread: its own copy of the router and of its experts `r * E/2 ...`, its rows `xs[r]`,
+    the same loss. Returns the outputs, input gradients, expert gradients (from their owner) and
+    the router gradient summed over the ranks, as the data-parallel all-reduce sums it."""
+    per = len(experts) // 2
+    copies = [(_copy(gate), {e: _copy(experts[e]) for e in range(r * per, (r + 1) * per)}) for r in range(2)]
+
+    def rank(r, comm):
+        x = xs[r].clone()
+        x.stop_gradient = False
+        own_gate, own = copies[r]
+        weights, indices = route(own_gate(x), top_k, True)
+        out = exchange_dispatch(x, weights, indices, own, r, comm)
+        (out * out).sum().backward()
+        return out.numpy(), x.grad.numpy()
+
+    results = _in_threads(rank)
+    expert_grads = _grads([copies[e // per][1][e] for e in range(len(experts))])
+    gate_grad = _grads([copies[0][0]])[0] + _grads([copies[1][0]])[0]
+    return (np.concatenate([o for o, _ in results]), np.concatenate([g for _, g in results]), expert_grads, [gate_grad])
 
 
 @pytest.mark.parametrize("rows", [(5, 3), (6, 0)])
@@ -135,3 +158,82 @@ def test_layout_owns_consecutive_experts_inside_groups_carved_from_data_ranks():
         ExpertLayout(4, 0, 4).owned(6)
     with pytest.raises(ValueError, match="does not divide the 3 ranks"):
         ExpertLayout(2, 0, 3)
+
+
+class Args:
+    """The fields the expert-parallel checks read, at PaddleNLP's defaults."""
+
+    def __init__(self, **fields):
+        self.expert_parallel_degree, self.use_expert_parallel, self.tensor_parallel_degree = -1, False, -1
+        self.pipeline_parallel_degree, self.sharding, self.sharding_parallel_degree = -1, [], -1
+        self.__dict__.update(fields)
+
+
+def _model_dir(tmp_path, name, **config):
+    path = tmp_path / name
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+def test_refusals_name_the_key(tmp_path, monkeypatch):
+    from ppo.strategy.expert.checks import layout_problems, model_problems
+
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "4")
+    assert layout_problems(Args(expert_parallel_degree=2)) == []
+    assert layout_problems(Args(expert_parallel_degree=3)) == [
+        "expert_parallel_degree 3 does not divide the world size 4 (the launched processes)"]
+    assert layout_problems(Args(expert_parallel_degree=2, tensor_parallel_degree=2)) == [
+        "expert_parallel_degree 2 with tensor_parallel_degree > 1: not supported yet (expert parallelism composes with "
+        "data parallelism only)"]
+    assert "sharding: not supported yet" in layout_problems(Args(expert_parallel_degree=2, sharding=["stage1"],
+                                                                 sharding_parallel_degree=2))[0]
+    assert "use_lora: not supported yet" in layout_problems(Args(expert_parallel_degree=2), use_lora=True)[0]
+    assert layout_problems(Args(expert_parallel_degree=2), supported=False) == [
+        "expert_parallel_degree 2: this entry point does not run expert parallelism (SFT, PPO and GRPO do); set it to 1"]
+    assert layout_problems(Args(use_expert_parallel=True)) == [
+        "use_expert_parallel: true needs expert_parallel_degree > 1 (the ranks the experts are split over)"]
+    dense = _model_dir(tmp_path, "dense", model_type="llama")
+    moe6 = _model_dir(tmp_path, "moe6", model_type="qwen3_moe", num_experts=6)
+    moe8 = _model_dir(tmp_path, "moe8", model_type="mixtral", num_local_experts=8)
+    dirs = [("actor_model_name_or_path", dense), ("model_name_or_path", moe6), ("model_name_or_path", moe8)]
+    assert model_problems(Args(expert_parallel_degree=4), dirs) == [
+        f"expert_parallel_degree 4: actor_model_name_or_path {dense} is a dense model (llama, no experts)",
+        f"expert_parallel_degree 4 does not divide num_experts 6 of model_name_or_path {moe6}"]
+    assert model_problems(Args(expert_parallel_degree=1), dirs) == []
+
+
+def test_expert_gradients_are_summed_over_their_holders_and_averaged_over_data_ranks():
+    """Expert parallel 2 x data parallel 2: ranks 0 and 2 hold the same experts. Rank 0's tokens
+    reached expert 0, rank 2's did not (no gradient there): both end with (g0 + 0) / 4, the
+    gradient one process gives it with every rank's loss a quarter of the mean."""
+    from ppo.strategy.expert.grads import sync_expert_gradients
+
+    def rank(r, comm):
+        layout = ExpertLayout(2, 2 * r, 4)
+        layout.grad_comm = comm
+        p = paddle.create_parameter([2], "float32")
+        if r == 0:
+            p.grad = paddle.to_tensor([4.0, -8.0])
+        sync_expert_gradients([p], layout, data_world=4)
+        return p.grad.numpy()
+
+    for grad in _in_threads(rank):
+        np.testing.assert_array_equal(grad, [1.0, -2.0])
+
+
+def test_the_clip_counts_each_expert_once_and_replicated_weights_once():
+    """Two ranks, each with its expert's gradient and the same replicated gradient: the global
+    norm is sqrt(|shared|^2 + |e0|^2 + |e1|^2) = sqrt(9 + 16 + 144) = 13 on both, every
+    gradient scaled by clip / 13."""
+    from ppo.strategy.expert.grads import ExpertClipGrad
+
+    def rank(r, comm):
+        layout = ExpertLayout(2, r, 2)
+        layout.comm = comm
+        shared, expert = paddle.create_parameter([1], "float32"), paddle.create_parameter([1], "float32")
+        clip = ExpertClipGrad(6.5, layout, [expert], data_world=2)
+        out = clip._dygraph_clip([(shared, paddle.to_tensor([3.0])), (expert, paddle.to_tensor([4.0 if r == 0 else 12.0]))])
+        return [float(g.numpy()[0]) for _, g in out]
+
+    assert _in_threads(rank) == [[1.5, 2.0], [1.5, 6.0]]

@@ -13,7 +13,6 @@ the squared norms of the experts' gradients summed over the expert-parallel grou
 (replicated) others, as Paddle's ``ClipGradForMOEByGlobalNorm``; with `sync` it runs
 `sync_expert_gradients` first (for trainers that step the optimiser themselves)."""
 import paddle
-import paddle.distributed as dist
 
 
 def sync_expert_gradients(params, layout, data_world):
@@ -22,8 +21,8 @@ def sync_expert_gradients(params, layout, data_world):
     if not params:
         return
     has = paddle.to_tensor([int(p.grad is not None) for p in params], dtype="int64")
-    if layout.grad_group is not None:
-        dist.all_reduce(has, group=layout.grad_group)
+    if layout.grad_comm is not None:
+        layout.grad_comm.all_reduce_inplace(has)
     with paddle.no_grad():
         for p, anyone in zip(params, has.numpy().tolist()):
             if not anyone:
@@ -31,8 +30,8 @@ def sync_expert_gradients(params, layout, data_world):
             if p.grad is None:
                 p.grad = paddle.zeros_like(p)
             grad = p.grad
-            if layout.grad_group is not None:
-                dist.all_reduce(grad, group=layout.grad_group)
+            if layout.grad_comm is not None:
+                layout.grad_comm.all_reduce_inplace(grad)
             grad.scale_(1.0 / data_world)
 
 

@@ -37,7 +37,7 @@ class ExpertLayout:
             raise ValueError(f"expert_parallel_degree {degree} does not divide the {world} ranks")
         self.degree, self.rank, self.world = degree, rank, world
         self.group_rank = rank % degree
-        self.comm, self.grad_group = GroupComm(None), None
+        self.comm, self.grad_comm = GroupComm(None), None  # grad_comm: None when each expert has one holder
 
     def build_groups(self):
         """The exchange group (all ranks when `degree` is the world) and the expert gradient group."""
@@ -50,7 +50,7 @@ class ExpertLayout:
         for offset in range(self.degree):
             group = dist.new_group(list(range(offset, self.world, self.degree)))
             if self.rank % self.degree == offset:
-                self.grad_group = group
+                self.grad_comm = GroupComm(group)
         return self
 
     def owned(self, num_experts):
