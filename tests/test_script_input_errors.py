@@ -158,7 +158,7 @@ def test_a_reward_model_audit_whose_tokenizer_outgrows_the_embedding(tiny_rm_dir
         f"embedding has {vocab} rows (vocab_size); resize the embedding or use the model's own tokenizer")
 
 
-def test_expert_parallel_on_a_dense_model_is_refused_before_it_loads(tiny_model_dir, tiny_data_dir, tmp_path):
+def test_expert_parallel_refusals_name_the_key_before_a_model_loads(tiny_model_dir, tiny_data_dir, tmp_path):
     out = str(tmp_path / "grpo")
     done = run_script("ppo/run_ppo.py", "config/tiny/grpo_rule_argument.json", "--actor_model_name_or_path", tiny_model_dir,
                       "--train_datasets", f"Jsonfile:1.0:{tiny_data_dir}/prompts.jsonl", "--output_dir", out,
