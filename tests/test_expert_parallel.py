@@ -237,3 +237,40 @@ def test_the_clip_counts_each_expert_once_and_replicated_weights_once():
         return [float(g.numpy()[0]) for _, g in out]
 
     assert _in_threads(rank) == [[1.5, 2.0], [1.5, 6.0]]
+
+
+def test_sharded_blocks_keep_one_process_names_and_gather_back_whole():
+    """Two ranks shard the tiny Qwen3-MoE's experts (the second layer is sparse): each keeps its
+    two experts under their one-process names, marked for the data-parallel wrapper to skip;
+    inside `whole_experts` both hold the model's state dict exactly, and the shards after it."""
+    from ppo.models.families.qwen3_moe_modeling import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from ppo.strategy.expert.layout import expert_parameters, shard_experts, whole_experts
+
+    config = Qwen3MoeConfig(vocab_size=32, hidden_size=16, intermediate_size=32, moe_intermediate_size=8,
+                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                            num_experts=4, num_experts_per_tok=2, mlp_only_layers=[0])
+    paddle.seed(0)
+    whole = {k: v.numpy() for k, v in Qwen3MoeForCausalLM(config).state_dict().items()}
+    models = []
+    for _ in range(2):
+        model = Qwen3MoeForCausalLM(config)
+        model.set_state_dict({k: paddle.to_tensor(v) for k, v in whole.items()})
+        models.append(model)
+
+    def rank(r, comm):
+        layout = ExpertLayout(2, r, 2)
+        layout.comm = comm
+        model = models[r]
+        assert shard_experts(model, layout, config) == 1
+        sharded = sorted(model.state_dict())
+        assert all(p.no_sync and p.is_distributed for p in expert_parameters(model))
+        with whole_experts(model):
+            gathered = {k: v.numpy() for k, v in model.state_dict().items()}
+        return sharded, gathered, sorted(model.state_dict())
+
+    for r, (sharded, gathered, after) in enumerate(_in_threads(rank)):
+        experts = sorted({k.split("experts.")[1].split(".")[0] for k in sharded if "experts." in k})
+        assert experts == (["0", "1"] if r == 0 else ["2", "3"]) and after == sharded
+        assert sorted(gathered) == sorted(whole)
+        for key, value in whole.items():
+            np.testing.assert_array_equal(gathered[key], value, err_msg=key)
