@@ -120,11 +120,15 @@ def assert_rank0_samples_lead(one, out):
 
 def test_grpo_expert_parallel_matches_one_process(moe_dir, tiny_data_dir, tmp_path):
     """The rollout engine generates from the gathered experts on every rank (each its own
-    prompts); the log-prob and update passes exchange tokens; the same samples result."""
+    prompts); the log-prob and update passes exchange tokens; the same samples result. Data
+    parallel alone on the same model (every rank all experts) matches too: its all-reduce is
+    told that an expert may get no gradient on a rank (before, gloo timed out there)."""
     one = launch("ppo/run_ppo.py", grpo_argv(moe_dir, tiny_data_dir, *grpo_sizes(1)), str(tmp_path / "one"), 1, expert=False)
-    for nproc in (2, 4):
-        out = launch("ppo/run_ppo.py", grpo_argv(moe_dir, tiny_data_dir, *grpo_sizes(nproc)), str(tmp_path / f"ep_{nproc}"), nproc)
-        assert_sharded(out, nproc)
+    for nproc, expert in ((2, False), (2, True), (4, True)):
+        out = launch("ppo/run_ppo.py", grpo_argv(moe_dir, tiny_data_dir, *grpo_sizes(nproc)),
+                     str(tmp_path / f"{'ep' if expert else 'dp'}_{nproc}"), nproc, expert)
+        if expert:
+            assert_sharded(out, nproc)
         assert_close_runs(one, out, GRPO_KEYS, 2, "policy", GRPO_WEIGHT_ATOL)
         assert_rank0_samples_lead(one, out)
 
