@@ -193,6 +193,10 @@ def test_refusals_name_the_key(tmp_path, monkeypatch):
         "expert_parallel_degree 2: this entry point does not run expert parallelism (SFT, PPO and GRPO do); set it to 1"]
     assert layout_problems(Args(use_expert_parallel=True)) == [
         "use_expert_parallel: true needs expert_parallel_degree > 1 (the ranks the experts are split over)"]
+    assert layout_problems(Args(use_expert_parallel=True, expert_parallel_degree=2)) == []
+    assert layout_problems(Args(use_expert_parallel=True, expert_parallel_degree=2), trainer=True) == [
+        "use_expert_parallel: true makes PaddleNLP's Trainer write per-rank mixture-of-experts checkpoints; "
+        "expert_parallel_degree alone runs expert parallelism here (one-process checkpoints): leave it false"]
     dense = _model_dir(tmp_path, "dense", model_type="llama")
     moe6 = _model_dir(tmp_path, "moe6", model_type="qwen3_moe", num_experts=6)
     moe8 = _model_dir(tmp_path, "moe8", model_type="mixtral", num_local_experts=8)

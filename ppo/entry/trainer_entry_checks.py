@@ -74,7 +74,7 @@ def trainer_entry_problems(model_args, data_args, training_args, model_dirs):
     problems += do_train_problems(training_args, has_eval)
     problems += pipeline_problems(training_args, model_args.use_lora)
     problems += expert_layout_problems(training_args, getattr(training_args, "runs_expert_parallel", False),
-                                       model_args.use_lora)
+                                       model_args.use_lora, trainer=True)
     problems += expert_model_problems(training_args, model_dirs[:1])
     problems += zero_padding_problems(data_args, training_args)
     problems += run_mode_problems(data_args, training_args)

@@ -1,6 +1,7 @@
 """Argument refusals of expert parallelism, each one line naming the key, before a model loads.
 
-`expert_parallel_degree` (PaddleNLP's key; ``use_expert_parallel`` true is accepted with it):
+`expert_parallel_degree` (PaddleNLP's key; ``use_expert_parallel`` true is accepted with it in
+PPO/GRPO, and refused in the `Trainer` entry points, where PaddleNLP's Trainer would act on it):
 composes with data parallelism (the expert groups are carved out of the data ranks). Not yet:
 tensor, pipeline or sharding parallelism, LoRA, a split rollout rank."""
 import os
@@ -22,9 +23,13 @@ def world_size():
     return int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
 
 
-def layout_problems(args, supported=True, use_lora=False):
-    """Problems of the arguments' expert-parallel layout (`supported`: the entry point runs it)."""
+def layout_problems(args, supported=True, use_lora=False, trainer=False):
+    """Problems of the arguments' expert-parallel layout (`supported`: the entry point runs it;
+    `trainer`: it runs PaddleNLP's `Trainer`, which acts on ``use_expert_parallel`` itself)."""
     degree = expert_degree(args)
+    if args.use_expert_parallel and trainer:
+        return ["use_expert_parallel: true makes PaddleNLP's Trainer write per-rank mixture-of-experts checkpoints; "
+                "expert_parallel_degree alone runs expert parallelism here (one-process checkpoints): leave it false"]
     if args.use_expert_parallel and degree == 1:
         return ["use_expert_parallel: true needs expert_parallel_degree > 1 (the ranks the experts are split over)"]
     if degree == 1:
