@@ -173,3 +173,8 @@ def test_expert_parallel_refusals_name_the_key_before_a_model_loads(tiny_model_d
     lines = [line.strip() for line in done.stderr.strip().splitlines()[-2:]]
     assert lines == ["expert_parallel_degree 2 does not divide the world size 1 (the launched processes)",
                      f"expert_parallel_degree 2: model_name_or_path {tiny_model_dir} is a dense model (llama, no experts)"]
+    done = run_script("dpo/run_online_dpo.py", "config/tiny/online_dpo_argument.json", "--actor_model_name_or_path",
+                      tiny_model_dir, "--train_datasets", f"Jsonfile:1.0:{tiny_data_dir}/prompts.jsonl", "--output_dir", out,
+                      "--eval_datasets", f"Jsonfile:1.0:{tiny_data_dir}/test.jsonl", "--expert_parallel_degree", "2")
+    assert refusal(done, f"{out}/policy").endswith(
+        "expert_parallel_degree 2: this entry point does not run expert parallelism (SFT, PPO and GRPO do); set it to 1")
