@@ -15,6 +15,7 @@ from typing import ClassVar, Optional
 from ppo.algos.preference_registry import PREFERENCE_LOSSES
 from ppo.common import paddlenlp_keys as pk
 from ppo.common import validation
+from ppo.strategy.expert.checks import layout_problems as expert_layout_problems
 from ppo.models.hf_import import hf_config_problems
 from ppo.entry.argument_groups import (
     DivergenceArguments,
@@ -204,6 +205,7 @@ def validate_arguments(model_args, data_args, training_args):
         ("reward_model_name_or_path", model_args.reward_model_name_or_path)]
     problems = validation.size_problems(model_args, data_args, training_args)
     problems += validation.required_problems(model_args, ["actor_model_name_or_path"])
+    problems += expert_layout_problems(training_args, supported=False)
     if not model_args.external_scores and not model_args.judge_model:
         problems += validation.required_problems(
             model_args, ["reward_model_name_or_path"], " unless use_rm_server, use_rule_reward or judge_model is set")

@@ -30,6 +30,7 @@ with quiet_third_party_warnings():
     from ppo.models.loading import apply_lora, load_causal_lm, load_overrides, load_tokenizer  # noqa: E402
     from ppo.strategy.pipeline.pipe import AnswerNLLCriterion, CausalLMPipelineInputs, load_pipe, log_pipeline_settings  # noqa: E402
     from sft.sft_arguments import DataArgument, ModelArgument, SFTTrainingArguments, validate_arguments  # noqa: E402
+    from ppo.strategy.expert.trainer import shard_for_trainer  # noqa: E402
     from sft.sft_trainer import SFTTrainer  # noqa: E402
     from ppo.data.streaming import training_dataset  # noqa: E402
 
@@ -82,8 +83,10 @@ def main(argv=None):
         model = load_causal_lm(model_args.model_name_or_path, **overrides)
     if model_args.use_lora:
         model = apply_lora(model, base_model_name_or_path=model_args.model_name_or_path, **model_args.lora_settings())
+    expert_layout = shard_for_trainer(model, training_args)  # expert_parallel_degree > 1: this rank's experts
     trainer = SFTTrainer(
         model=model,
+        expert_layout=expert_layout,
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,

@@ -4,6 +4,7 @@ Defaults live here only; every field has a help. `validate_arguments` is the ent
 start-up pass (see `ppo.common.validation`), run by `parse_arguments` before any model loads.
 """
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ppo.entry.argument_groups import (
     BenchmarkArguments,
@@ -33,7 +34,7 @@ class DataArgument(StreamingArguments, ZeroPaddingArguments, PromptTruncationArg
 @dataclass
 class SFTTrainingArguments(BenchmarkArguments, DivergenceArguments, LogprobArguments, EvalGenerationArguments,
                            PaddleNLPTrainingArguments):
-    pass
+    runs_expert_parallel: ClassVar[bool] = True  # expert_parallel_degree (ppo.strategy.expert)
 
 
 def validate_arguments(model_args, data_args, training_args):

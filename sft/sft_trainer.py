@@ -11,9 +11,11 @@ from ppo.models.families.moe import StatsMean, take_aux_loss
 from ppo.entry.streaming_trainer import StreamingTrainerMixin
 from ppo.entry.trainer_resume import FreshOptimizerResumeMixin
 from ppo.strategy.data_order import DatasetOrderMixin
+from ppo.strategy.expert.trainer import ExpertTrainerMixin
 
 
-class SFTTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMixin, Trainer):
+class SFTTrainer(ExpertTrainerMixin, StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMixin,
+                 Trainer):
     """`Trainer` whose loss is the masked token-mean NLL of the answer tokens. Under pipeline
     parallelism the model is a pipeline stage whose last stage computes that loss itself
     (`ppo.strategy.pipeline.pipe`); the `Trainer`'s pipeline steps run it.
@@ -23,7 +25,9 @@ class SFTTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
     `eval/response_length` to every evaluation.
     """
 
-    def __init__(self, *args, eval_prompt_dataset=None, eval_max_new_tokens=16, eval_long_answer_len=5, use_rollout_engine=True, **kwargs):
+    def __init__(self, *args, eval_prompt_dataset=None, eval_max_new_tokens=16, eval_long_answer_len=5, use_rollout_engine=True,
+                 expert_layout=None, **kwargs):
+        self.expert_layout = expert_layout  # experts sharded (ppo.strategy.expert.trainer)
         super().__init__(*args, **kwargs)
         self.setup_generation_eval(eval_prompt_dataset, eval_max_new_tokens, eval_long_answer_len, use_rollout_engine)
 

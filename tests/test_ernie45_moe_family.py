@@ -177,7 +177,7 @@ def test_moe_settings_on_a_dense_ernie45_are_refused_by_name(tmp_path):
 
 
 def test_a_resume_names_another_shared_expert_count(tmp_path):
-    from ppo.resume_check import fact_differences, model_facts, saved_model_facts
+    from ppo.checkpoints.resume_check import fact_differences, model_facts, saved_model_facts
 
     ernie_moe_model().save_pretrained(str(tmp_path))
     found = fact_differences(saved_model_facts(str(tmp_path)), model_facts(ernie_moe_model(moe_num_shared_experts=1)),

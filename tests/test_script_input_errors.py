@@ -156,3 +156,25 @@ def test_a_reward_model_audit_whose_tokenizer_outgrows_the_embedding(tiny_rm_dir
     assert refusal(done, tmp_path / "out") == (
         f"audit_reward.py: error: model_name_or_path={path}: the tokenizer produces ids up to {top} but the model's "
         f"embedding has {vocab} rows (vocab_size); resize the embedding or use the model's own tokenizer")
+
+
+def test_expert_parallel_refusals_name_the_key_before_a_model_loads(tiny_model_dir, tiny_data_dir, tmp_path):
+    out = str(tmp_path / "grpo")
+    done = run_script("ppo/run_ppo.py", "config/tiny/grpo_rule_argument.json", "--actor_model_name_or_path", tiny_model_dir,
+                      "--train_datasets", f"Jsonfile:1.0:{tiny_data_dir}/prompts.jsonl", "--output_dir", out,
+                      "--eval_datasets", f"Jsonfile:1.0:{tiny_data_dir}/test.jsonl", "--rule_reward_scorers", "tests.rule_reward_helpers:_len_scorer", "--expert_parallel_degree", "1",
+                      "--use_expert_parallel", "true")
+    assert refusal(done, f"{out}/policy").endswith(
+        "use_expert_parallel: true needs expert_parallel_degree > 1 (the ranks the experts are split over)")
+    done = run_script("sft/run_sft.py", "config/tiny/sft_argument.json", "--model_name_or_path", tiny_model_dir,
+                      "--train_datasets", f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl", "--output_dir", out,
+                      "--eval_datasets", f"Jsonfile:1.0:{tiny_data_dir}/test.jsonl", "--expert_parallel_degree", "2")
+    refusal(done, f"{out}/model_state.pdparams")
+    lines = [line.strip() for line in done.stderr.strip().splitlines()[-2:]]
+    assert lines == ["expert_parallel_degree 2 does not divide the world size 1 (the launched processes)",
+                     f"expert_parallel_degree 2: model_name_or_path {tiny_model_dir} is a dense model (llama, no experts)"]
+    done = run_script("dpo/run_online_dpo.py", "config/tiny/online_dpo_argument.json", "--actor_model_name_or_path",
+                      tiny_model_dir, "--train_datasets", f"Jsonfile:1.0:{tiny_data_dir}/prompts.jsonl", "--output_dir", out,
+                      "--eval_datasets", f"Jsonfile:1.0:{tiny_data_dir}/test.jsonl", "--expert_parallel_degree", "2")
+    assert refusal(done, f"{out}/policy").endswith(
+        "expert_parallel_degree 2: this entry point does not run expert parallelism (SFT, PPO and GRPO do); set it to 1")

@@ -261,11 +261,16 @@ class PaddleNLPTrainingArguments(TrainingArguments):
 
     def __post_init__(self):
         self.paddlenlp_refused = False
+        # PaddleNLP's own expert parallelism (inside sharding, GPU kernels) is not the one this
+        # toolkit runs (ppo.strategy.expert, carved out of the data ranks): hidden from its set-up
+        expert_degree, self.expert_parallel_degree = self.expert_parallel_degree, -1
         try:
             super().__post_init__()
         except PADDLENLP_REFUSALS as error:
             self.paddlenlp_refused = True  # the fields PaddleNLP normalises may be left raw: skip checks on them
             report_problems([paddlenlp_refusal(error)])
+        finally:
+            self.expert_parallel_degree = expert_degree
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Start-up checks shared by the `Trainer` entry points (SFT, RM, the DPO family), which run
 PaddleNLP's Trainer; PPO/GRPO has its own loop and checks (`ppo/ppo_argument_checks.py`)."""
 from ..common.report_writers import TRAINER_PACKAGES, missing_report_packages
+from ..strategy.expert.checks import layout_problems as expert_layout_problems, model_problems as expert_model_problems
 from ..common.validation import (
     dtype_device_problems,
     model_dir_problems,
@@ -72,6 +73,9 @@ def trainer_entry_problems(model_args, data_args, training_args, model_dirs):
     has_eval = bool([s for s in data_args.eval_datasets if s] or [s for s in getattr(data_args, "eval_generation_datasets", []) if s])
     problems += do_train_problems(training_args, has_eval)
     problems += pipeline_problems(training_args, model_args.use_lora)
+    problems += expert_layout_problems(training_args, getattr(training_args, "runs_expert_parallel", False),
+                                       model_args.use_lora, trainer=True)
+    problems += expert_model_problems(training_args, model_dirs[:1])
     problems += zero_padding_problems(data_args, training_args)
     problems += run_mode_problems(data_args, training_args)
     problems += missing_report_packages(training_args.report_to or [], TRAINER_PACKAGES)  # PaddleNLP's integrations

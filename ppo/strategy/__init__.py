@@ -2,7 +2,8 @@
 `paddle.DataParallel`), the tensor layout (`ppo.strategy.tensor`: fleet's tensor parallel,
 sharding, data parallel) or the pipeline layout (`ppo.strategy.pipeline`), chosen in one place
 (`choose_layout`) from the arguments and built by `build_strategy`; the strategy then loads the
-models in its layout (`Strategy.load_models`)."""
+models in its layout (`Strategy.load_models`). The expert axis (`ppo.strategy.expert`)
+composes with the plain layout."""
 from .base import PassSettings, Strategy, first_non_finite
 from .pipeline import PipelineStrategy
 from .plain import PlainStrategy
@@ -34,6 +35,10 @@ def build_strategy(args):
     layout = choose_layout(args, ranks.world_size)
     if layout == "pipeline":
         return PipelineStrategy(ranks, tensor_parallel=args.tensor_parallel_degree > 1)
+    if layout == "plain":
+        from .expert import with_expert_axis
+
+        return with_expert_axis(PlainStrategy(ranks), args)
     return LAYOUTS[layout](ranks)
 
 

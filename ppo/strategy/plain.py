@@ -13,7 +13,12 @@ class PlainStrategy(Strategy):
             return model, optimizer
         import paddle
 
-        return paddle.DataParallel(model), optimizer
+        from ..models.families.moe import SparseMoeBlock
+
+        # a mixture of experts: an expert no token of this rank reached has no gradient here, which
+        # the all-reduce must be told (else the ranks' reductions part ways and gloo times out)
+        routed = any(isinstance(layer, SparseMoeBlock) for layer in model.sublayers())
+        return paddle.DataParallel(model, find_unused_parameters=routed), optimizer
 
     def build_passes(self, models, actor, critics, optimizers, settings):
         return whole_model_passes(models, actor, critics, settings)

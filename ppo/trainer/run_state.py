@@ -21,7 +21,7 @@ class RunState:
     folder: object or None}` (the models unwrapped); `parts`: `{trainer_state key: object with
     state_dict / set_state_dict, or None}`, those with `save_files` / `load_files` also writing
     files of their own into each checkpoint; `run_facts`: what a resume compares
-    (`ppo.resume_check`)."""
+    (`ppo.checkpoints.resume_check`)."""
 
     def __init__(self, settings, strategy, tokenizer, models=None, optimizers=None, schedulers=None, parts=None,
                  run_facts=None):

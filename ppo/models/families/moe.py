@@ -5,7 +5,9 @@ a router ``gate`` (linear ``[H, E]``, no bias), softmax over the ``E`` experts i
 ``num_experts_per_tok`` (k) largest probabilities as each token's experts, renormalised to sum
 to 1 with ``norm_topk_prob``, and each expert a SwiGLU MLP of width ``moe_intermediate_size``
 computed only on the tokens routed to it (gathered by expert, weighted, scattered back with
-``index_add``). There is no capacity limit: no token is dropped.
+``index_add``). There is no capacity limit: no token is dropped. Under expert parallelism
+(`ppo.strategy.expert`) the block holds only its rank's experts and its ``expert_parallel``
+hook exchanges the tokens with the other ranks.
 
 Routing replay (R3, Ma et al. 2025): ``forward(x, expert_indices=[N, k])`` uses those experts
 instead of its own top-k; their gate weights still come from the current router's softmax
@@ -109,6 +111,7 @@ class SparseMoeBlock(nn.Layer):
         self.gate = nn.Linear(config.hidden_size, self.num_experts, bias_attr=False)
         self.experts = nn.LayerList([MLP(config, config.moe_intermediate_size) for _ in range(self.num_experts)])
         self.replay_counts = None  # (same, recorded) summed over the replayed forwards since the last take
+        self.expert_parallel = None  # set by ppo.strategy.expert: this rank's experts, tokens exchanged
 
     def selection_bias(self):
         """``[E]`` added to the router's probabilities to choose experts (not to weigh them), or None."""
@@ -139,7 +142,8 @@ class SparseMoeBlock(nn.Layer):
             counts = replay_agreement_counts(logits, self.top_k, expert_indices, self.selection_bias())
             self.replay_counts = counts if self.replay_counts is None else tuple(
                 a + b for a, b in zip(self.replay_counts, counts))
-        out = dispatch(flat, weights, indices, self.experts)
+        run = dispatch if self.expert_parallel is None else self.expert_parallel
+        out = run(flat, weights, indices, self.experts)
         shared = self.shared_output(flat)
         out = out if shared is None else out + shared
         return out.reshape([B, T, H]), logits, indices

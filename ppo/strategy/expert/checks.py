@@ -1,0 +1,68 @@
+"""Argument refusals of expert parallelism, each one line naming the key, before a model loads.
+
+`expert_parallel_degree` (PaddleNLP's key; ``use_expert_parallel`` true is accepted with it in
+PPO/GRPO, and refused in the `Trainer` entry points, where PaddleNLP's Trainer would act on it):
+composes with data parallelism (the expert groups are carved out of the data ranks). Not yet:
+tensor, pipeline or sharding parallelism, LoRA, a split rollout rank."""
+import os
+
+NOT_YET = (
+    ("tensor_parallel_degree", lambda a: a.tensor_parallel_degree > 1, "tensor_parallel_degree > 1"),
+    ("pipeline_parallel_degree", lambda a: a.pipeline_parallel_degree > 1, "pipeline_parallel_degree > 1"),
+    ("sharding", lambda a: bool(a.sharding) and max(a.sharding_parallel_degree, 1) > 1, "sharding"),
+    ("rollout_placement", lambda a: getattr(a, "split_rollout", False), "a split rollout rank"),
+)
+
+
+def expert_degree(args):
+    """The run's expert-parallel degree (1: off)."""
+    return max(int(args.expert_parallel_degree or 1), 1) if hasattr(args, "expert_parallel_degree") else 1
+
+
+def world_size():
+    return int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+
+
+def layout_problems(args, supported=True, use_lora=False, trainer=False):
+    """Problems of the arguments' expert-parallel layout (`supported`: the entry point runs it;
+    `trainer`: it runs PaddleNLP's `Trainer`, which acts on ``use_expert_parallel`` itself)."""
+    degree = expert_degree(args)
+    if args.use_expert_parallel and trainer:
+        return ["use_expert_parallel: true makes PaddleNLP's Trainer write per-rank mixture-of-experts checkpoints; "
+                "expert_parallel_degree alone runs expert parallelism here (one-process checkpoints): leave it false"]
+    if args.use_expert_parallel and degree == 1:
+        return ["use_expert_parallel: true needs expert_parallel_degree > 1 (the ranks the experts are split over)"]
+    if degree == 1:
+        return []
+    if not supported:
+        return [f"expert_parallel_degree {degree}: this entry point does not run expert parallelism "
+                "(SFT, PPO and GRPO do); set it to 1"]
+    world = world_size()
+    if world % degree:
+        return [f"expert_parallel_degree {degree} does not divide the world size {world} (the launched processes)"]
+    problems = [f"expert_parallel_degree {degree} with {what}: not supported yet (expert parallelism composes with "
+                f"data parallelism only)" for key, test, what in NOT_YET if test(args)]
+    if use_lora:
+        problems.append(f"expert_parallel_degree {degree} with use_lora: not supported yet (LoRA adapters on sharded experts)")
+    return problems
+
+
+def model_problems(args, model_dirs):
+    """Problems of the models `(argument name, path)` that the expert-parallel layout would shard."""
+    from ppo.common.startup_checks import model_config
+
+    degree = expert_degree(args)
+    if degree == 1:
+        return []
+    problems = []
+    for name, path in model_dirs:
+        config = model_config(path) if path and os.path.isdir(path) else None
+        if config is None:
+            continue
+        experts = config.get("num_experts", config.get("num_local_experts"))
+        if not experts:
+            problems.append(f"expert_parallel_degree {degree}: {name} {path} is a dense model "
+                            f"({config.get('model_type')}, no experts)")
+        elif experts % degree:
+            problems.append(f"expert_parallel_degree {degree} does not divide num_experts {experts} of {name} {path}")
+    return problems

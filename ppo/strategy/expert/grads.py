@@ -1,0 +1,66 @@
+"""Expert gradients under expert parallelism.
+
+Each rank's loss is its share of the global mean (the data-parallel convention: the ranks'
+gradients are averaged). Through the exchange's backward, the owner of expert e receives the
+gradient of e from every token of its expert-parallel group, summed. `sync_expert_gradients`
+sums that over the ranks holding the same experts (the expert gradient group) and divides by
+the number of data ranks, which gives e the gradient the one-process run gives it; an expert
+no token reached on this rank but reached on a peer gets a zero gradient first (a collective
+needs every member). The other parameters stay with `paddle.DataParallel`'s average.
+
+`ExpertClipGrad`: `paddle.nn.ClipGradByGlobalNorm` whose global norm counts each expert once:
+the squared norms of the experts' gradients summed over the expert-parallel group, plus the
+(replicated) others, as Paddle's ``ClipGradForMOEByGlobalNorm``; with `sync` it runs
+`sync_expert_gradients` first (for trainers that step the optimiser themselves)."""
+import paddle
+
+
+def sync_expert_gradients(params, layout, data_world):
+    """Sum the gradients of `params` (this rank's experts) over the expert gradient group and
+    divide by `data_world`, in place."""
+    if not params:
+        return
+    has = paddle.to_tensor([int(p.grad is not None) for p in params], dtype="int64")
+    if layout.grad_comm is not None:
+        layout.grad_comm.all_reduce_inplace(has)
+    with paddle.no_grad():
+        for p, anyone in zip(params, has.numpy().tolist()):
+            if not anyone:
+                continue
+            if p.grad is None:
+                p.grad = paddle.zeros_like(p)
+            grad = p.grad
+            if layout.grad_comm is not None:
+                layout.grad_comm.all_reduce_inplace(grad)
+            grad.scale_(1.0 / data_world)
+
+
+class ExpertClipGrad(paddle.nn.ClipGradByGlobalNorm):
+    """Global-norm clip with the experts counted once (see the module docstring). `layout`:
+    the `ExpertLayout`; `expert_params`: this rank's expert parameters."""
+
+    def __init__(self, clip_norm, layout, expert_params, data_world, sync=False):
+        super().__init__(clip_norm)
+        self.layout, self.data_world, self.sync = layout, data_world, sync
+        self.expert_ids = {id(p) for p in expert_params}
+        self.expert_params = list(expert_params)
+
+    def _dygraph_clip(self, params_grads):
+        if self.sync:
+            sync_expert_gradients(self.expert_params, self.layout, self.data_world)
+            have = {id(p) for p, _ in params_grads}
+            params_grads = list(params_grads) + [(p, p.grad) for p in self.expert_params
+                                                 if id(p) not in have and p.grad is not None]
+        if self.clip_norm == float("inf"):
+            return params_grads
+        normal = [paddle.sum(paddle.square(g.astype("float32"))) for p, g in params_grads
+                  if g is not None and id(p) not in self.expert_ids]
+        expert = [paddle.sum(paddle.square(g.astype("float32"))) for p, g in params_grads
+                  if g is not None and id(p) in self.expert_ids]
+        expert_sum = paddle.add_n(expert).reshape([1]) if expert else paddle.zeros([1], "float32")
+        self.layout.comm.all_reduce_inplace(expert_sum)
+        total = expert_sum + (paddle.add_n(normal).reshape([1]) if normal else paddle.zeros([1], "float32"))
+        norm = paddle.sqrt(total)
+        limit = paddle.full([1], self.clip_norm, "float32")
+        scale = limit / paddle.maximum(norm, limit)
+        return [(p, g if g is None else g * scale.astype(g.dtype)) for p, g in params_grads]

@@ -1,0 +1,280 @@
+"""Expert parallelism's pieces in one process (`ppo.strategy.expert`): the token exchange run by
+two threads standing for two ranks (their collectives meet at a barrier) against the one-process
+MoE block (`ppo.models.families.moe.dispatch`), forward and backward; the expert ownership; the
+gradient sync and the clip's norm. The multi-process runs are in tests/test_expert_parallel_launch.py."""
+import json
+import threading
+
+import numpy as np
+import paddle
+import pytest
+
+from ppo.models.families.decoder import MLP
+from ppo.models.families.moe import dispatch, route
+from ppo.strategy.expert.exchange import exchange_dispatch
+from ppo.strategy.expert.layout import ExpertLayout
+
+
+class ThreadComm:
+    """`GroupComm`'s two collectives between threads of one process: rank `rank` of `n`."""
+
+    def __init__(self, shared, rank):
+        self.shared, self.rank = shared, rank
+
+    def _meet(self, x):
+        slots, barrier = self.shared
+        slots[self.rank] = x
+        barrier.wait()
+        seen = list(slots)
+        barrier.wait()
+        return seen
+
+    def all_gather(self, x):
+        seen = self._meet(x.detach().clone())
+        return [x if r == self.rank else t for r, t in enumerate(seen)]
+
+    def all_reduce(self, x):
+        return paddle.add_n(self._meet(x.detach().clone()))
+
+    def all_reduce_inplace(self, x):
+        x.set_value(self.all_reduce(x))
+
+
+class Config:
+    hidden_size, intermediate_size, hidden_act = 8, 16, "silu"
+
+
+def _model(num_experts=4, seed=0):
+    paddle.seed(seed)
+    return paddle.nn.Linear(8, num_experts, bias_attr=False), [MLP(Config, 16) for _ in range(num_experts)]
+
+
+def _grads(layers):
+    out = [None if p.grad is None else p.grad.numpy().copy() for layer in layers for p in layer.parameters()]
+    for layer in layers:
+        layer.clear_gradients()
+    return out
+
+
+def _one_process(gate, experts, xs, top_k):
+    """The block on all rows; the router runs on each rank's rows as in the two-rank run (a
+    matmul's last bits may depend on its row count, which is not the exchange's doing)."""
+    xs = [x.clone() for x in xs]
+    for x in xs:
+        x.stop_gradient = False
+    routed = [route(gate(x), top_k, True) for x in xs]
+    weights, indices = (paddle.concat([r[i] for r in routed]) for i in (0, 1))
+    out = dispatch(paddle.concat(xs), weights, indices, experts)
+    (out * out).sum().backward()
+    return out.numpy(), np.concatenate([x.grad.numpy() for x in xs]), _grads(experts), _grads([gate])
+
+
+def _in_threads(fn, n=2):
+    """`fn(rank, comm)` on `n` threads meeting at one barrier; their results in rank order."""
+    shared, results, errors = ([None] * n, threading.Barrier(n, timeout=60)), [None] * n, []
+
+    def run(r):
+        try:
+            results[r] = fn(r, ThreadComm(shared, r))
+        except Exception as error:  # surfaced below
+            errors.append(error)
+            shared[1].abort()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return results
+
+
+def _copy(layer):
+    """A layer of the same class and weights (each thread's rank holds its own parameters)."""
+    twin = paddle.nn.Linear(*layer.weight.shape, bias_attr=False) if isinstance(layer, paddle.nn.Linear) else MLP(Config, 16)
+    twin.set_state_dict(layer.state_dict())
+    return twin
+
+
+def _two_ranks(gate, experts, xs, top_k):
+    """Each thread: its own copy of the router and of its experts `r * E/2 ...`, its rows `xs[r]`,
+    the same loss. Returns the outputs, input gradients, expert gradients (from their owner) and
+    the router gradient summed over the ranks, as the data-parallel all-reduce sums it."""
+    per = len(experts) // 2
+    copies = [(_copy(gate), {e: _copy(experts[e]) for e in range(r * per, (r + 1) * per)}) for r in range(2)]
+
+    def rank(r, comm):
+        x = xs[r].clone()
+        x.stop_gradient = False
+        own_gate, own = copies[r]
+        weights, indices = route(own_gate(x), top_k, True)
+        out = exchange_dispatch(x, weights, indices, own, r, comm)
+        (out * out).sum().backward()
+        return out.numpy(), x.grad.numpy()
+
+    results = _in_threads(rank)
+    expert_grads = _grads([copies[e // per][1][e] for e in range(len(experts))])
+    gate_grad = _grads([copies[0][0]])[0] + _grads([copies[1][0]])[0]
+    return (np.concatenate([o for o, _ in results]), np.concatenate([g for _, g in results]), expert_grads, [gate_grad])
+
+
+@pytest.mark.parametrize("rows", [(5, 3), (6, 0)])
+def test_exchange_equals_the_one_process_block(rows):
+    """Top-2 of 4 experts, 2 per rank, rank 1 with 0 rows in the second case: the outputs, the
+    inputs' and the experts' gradients equal the one-process block's bit for bit (each token's
+    two terms are added from zero in either layout; each expert sees the same rows in the same
+    order); the router's gradient is summed over the two ranks' backward passes (rounding only)."""
+    gate, experts = _model()
+    paddle.seed(1)
+    xs = [paddle.randn([n, 8]) for n in rows]
+    ref_out, ref_dx, ref_expert, ref_gate = _one_process(gate, experts, xs, 2)
+    out, dx, expert, gate_grad = _two_ranks(gate, experts, xs, 2)
+    np.testing.assert_array_equal(out, ref_out)
+    np.testing.assert_array_equal(dx, ref_dx)
+    for got, want in zip(expert, ref_expert):
+        assert (got is None) == (want is None)
+        if want is not None:
+            np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(gate_grad[0], ref_gate[0], rtol=0, atol=1e-6)
+    assert np.abs(ref_gate[0]).max() > 1e-3  # the router does get a gradient through the exchange
+
+
+def test_top3_differs_from_one_process_by_rounding_only():
+    """With 3 experts per token the terms are grouped by rank before the sum: float rounding."""
+    gate, experts = _model(num_experts=6, seed=3)
+    paddle.seed(4)
+    xs = [paddle.randn([7, 8]), paddle.randn([4, 8])]
+    ref_out, ref_dx, _, _ = _one_process(gate, experts, xs, 3)
+    out, dx, _, _ = _two_ranks(gate, experts, xs, 3)
+    np.testing.assert_allclose(out, ref_out, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(dx, ref_dx, rtol=0, atol=1e-6)
+
+
+def test_layout_owns_consecutive_experts_inside_groups_carved_from_data_ranks():
+    owned = [ExpertLayout(2, rank, 4).owned(8) for rank in range(4)]
+    assert owned == [[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3], [4, 5, 6, 7]]
+    assert ExpertLayout(4, 3, 4).owned(8) == [6, 7]
+    with pytest.raises(ValueError, match="does not divide num_experts 6"):
+        ExpertLayout(4, 0, 4).owned(6)
+    with pytest.raises(ValueError, match="does not divide the 3 ranks"):
+        ExpertLayout(2, 0, 3)
+
+
+class Args:
+    """The fields the expert-parallel checks read, at PaddleNLP's defaults."""
+
+    def __init__(self, **fields):
+        self.expert_parallel_degree, self.use_expert_parallel, self.tensor_parallel_degree = -1, False, -1
+        self.pipeline_parallel_degree, self.sharding, self.sharding_parallel_degree = -1, [], -1
+        self.__dict__.update(fields)
+
+
+def _model_dir(tmp_path, name, **config):
+    path = tmp_path / name
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+def test_refusals_name_the_key(tmp_path, monkeypatch):
+    from ppo.strategy.expert.checks import layout_problems, model_problems
+
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "4")
+    assert layout_problems(Args(expert_parallel_degree=2)) == []
+    assert layout_problems(Args(expert_parallel_degree=3)) == [
+        "expert_parallel_degree 3 does not divide the world size 4 (the launched processes)"]
+    assert layout_problems(Args(expert_parallel_degree=2, tensor_parallel_degree=2)) == [
+        "expert_parallel_degree 2 with tensor_parallel_degree > 1: not supported yet (expert parallelism composes with "
+        "data parallelism only)"]
+    assert "sharding: not supported yet" in layout_problems(Args(expert_parallel_degree=2, sharding=["stage1"],
+                                                                 sharding_parallel_degree=2))[0]
+    assert "use_lora: not supported yet" in layout_problems(Args(expert_parallel_degree=2), use_lora=True)[0]
+    assert layout_problems(Args(expert_parallel_degree=2), supported=False) == [
+        "expert_parallel_degree 2: this entry point does not run expert parallelism (SFT, PPO and GRPO do); set it to 1"]
+    assert layout_problems(Args(use_expert_parallel=True)) == [
+        "use_expert_parallel: true needs expert_parallel_degree > 1 (the ranks the experts are split over)"]
+    assert layout_problems(Args(use_expert_parallel=True, expert_parallel_degree=2)) == []
+    assert layout_problems(Args(use_expert_parallel=True, expert_parallel_degree=2), trainer=True) == [
+        "use_expert_parallel: true makes PaddleNLP's Trainer write per-rank mixture-of-experts checkpoints; "
+        "expert_parallel_degree alone runs expert parallelism here (one-process checkpoints): leave it false"]
+    dense = _model_dir(tmp_path, "dense", model_type="llama")
+    moe6 = _model_dir(tmp_path, "moe6", model_type="qwen3_moe", num_experts=6)
+    moe8 = _model_dir(tmp_path, "moe8", model_type="mixtral", num_local_experts=8)
+    dirs = [("actor_model_name_or_path", dense), ("model_name_or_path", moe6), ("model_name_or_path", moe8)]
+    assert model_problems(Args(expert_parallel_degree=4), dirs) == [
+        f"expert_parallel_degree 4: actor_model_name_or_path {dense} is a dense model (llama, no experts)",
+        f"expert_parallel_degree 4 does not divide num_experts 6 of model_name_or_path {moe6}"]
+    assert model_problems(Args(expert_parallel_degree=1), dirs) == []
+
+
+def test_expert_gradients_are_summed_over_their_holders_and_averaged_over_data_ranks():
+    """Expert parallel 2 x data parallel 2: ranks 0 and 2 hold the same experts. Rank 0's tokens
+    reached expert 0, rank 2's did not (no gradient there): both end with (g0 + 0) / 4, the
+    gradient one process gives it with every rank's loss a quarter of the mean."""
+    from ppo.strategy.expert.grads import sync_expert_gradients
+
+    def rank(r, comm):
+        layout = ExpertLayout(2, 2 * r, 4)
+        layout.grad_comm = comm
+        p = paddle.create_parameter([2], "float32")
+        if r == 0:
+            p.grad = paddle.to_tensor([4.0, -8.0])
+        sync_expert_gradients([p], layout, data_world=4)
+        return p.grad.numpy()
+
+    for grad in _in_threads(rank):
+        np.testing.assert_array_equal(grad, [1.0, -2.0])
+
+
+def test_the_clip_counts_each_expert_once_and_replicated_weights_once():
+    """Two ranks, each with its expert's gradient and the same replicated gradient: the global
+    norm is sqrt(|shared|^2 + |e0|^2 + |e1|^2) = sqrt(9 + 16 + 144) = 13 on both, every
+    gradient scaled by clip / 13."""
+    from ppo.strategy.expert.grads import ExpertClipGrad
+
+    def rank(r, comm):
+        layout = ExpertLayout(2, r, 2)
+        layout.comm = comm
+        shared, expert = paddle.create_parameter([1], "float32"), paddle.create_parameter([1], "float32")
+        clip = ExpertClipGrad(6.5, layout, [expert], data_world=2)
+        out = clip._dygraph_clip([(shared, paddle.to_tensor([3.0])), (expert, paddle.to_tensor([4.0 if r == 0 else 12.0]))])
+        return [float(g.numpy()[0]) for _, g in out]
+
+    assert _in_threads(rank) == [[1.5, 2.0], [1.5, 6.0]]
+
+
+def test_sharded_blocks_keep_one_process_names_and_gather_back_whole():
+    """Two ranks shard the tiny Qwen3-MoE's experts (the second layer is sparse): each keeps its
+    two experts under their one-process names, marked for the data-parallel wrapper to skip;
+    inside `whole_experts` both hold the model's state dict exactly, and the shards after it."""
+    from ppo.models.families.qwen3_moe_modeling import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from ppo.strategy.expert.layout import expert_parameters, shard_experts, whole_experts
+
+    config = Qwen3MoeConfig(vocab_size=32, hidden_size=16, intermediate_size=32, moe_intermediate_size=8,
+                            num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                            num_experts=4, num_experts_per_tok=2, mlp_only_layers=[0])
+    paddle.seed(0)
+    whole = {k: v.numpy() for k, v in Qwen3MoeForCausalLM(config).state_dict().items()}
+    models = []
+    for _ in range(2):
+        model = Qwen3MoeForCausalLM(config)
+        model.set_state_dict({k: paddle.to_tensor(v) for k, v in whole.items()})
+        models.append(model)
+
+    def rank(r, comm):
+        layout = ExpertLayout(2, r, 2)
+        layout.comm = comm
+        model = models[r]
+        assert shard_experts(model, layout, config) == 1
+        sharded = sorted(model.state_dict())
+        assert all(p.no_sync and p.is_distributed for p in expert_parameters(model))
+        with whole_experts(model):
+            gathered = {k: v.numpy() for k, v in model.state_dict().items()}
+        return sharded, gathered, sorted(model.state_dict())
+
+    for r, (sharded, gathered, after) in enumerate(_in_threads(rank)):
+        experts = sorted({k.split("experts.")[1].split(".")[0] for k in sharded if "experts." in k})
+        assert experts == (["0", "1"] if r == 0 else ["2", "3"]) and after == sharded
+        assert sorted(gathered) == sorted(whole)
+        for key, value in whole.items():
+            np.testing.assert_array_equal(gathered[key], value, err_msg=key)
