@@ -53,6 +53,7 @@ def test_written_mask_is_the_loss_mask_and_off_by_default(tiny_model_dir, tiny_d
         assert row["logprobs_of"] == "old_logprobs"  # the engine's are not kept by default (see below)
 
 
+@pytest.mark.slow
 def test_samples_file_lets_a_user_check_the_mask_against_the_turns(tiny_model_dir, tiny_data_dir, tmp_path):
     """ppo/run_ppo.py with sample_token_details true: in samples.jsonl, the runs of 1 in each
     row's policy_mask decode to exactly the row's assistant turns, in order."""

@@ -17,6 +17,7 @@ from tests.agent_outside import agent_row, run_outside
 TWO_CALLS = "<tool_call>lookup a</tool_call> then <tool_call>lookup b</tool_call>"
 
 
+@pytest.mark.slow
 def test_every_call_of_a_turn_runs_through_run_ppo(tiny_model_dir, tiny_data_dir, tmp_path):
     """A user's module (in tmp_path) whose turn holds two calls: both run, in order, on every
     row (16 calls over 8 rows); the policy reads both answers, each in its own tags."""

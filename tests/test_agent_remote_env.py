@@ -115,6 +115,7 @@ def test_a_wrong_or_missing_token_is_refused_at_once(serve, monkeypatch):
     env.close()
 
 
+@pytest.mark.slow
 def test_a_dead_server_stops_the_run_with_one_line_before_models_load(tiny_model_dir, tiny_data_dir, tmp_path):
     import socket
 
@@ -151,6 +152,7 @@ RUN_METRICS = ("objective/scores", "agent/turns_mean", "agent/tool_calls_mean", 
                "agent/env_reward_mean", "response_length/mean", "loss/policy_avg")
 
 
+@pytest.mark.slow
 def test_a_remote_environment_server_drives_a_grpo_run(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
     """ppo/run_ppo.py, 2 GRPO steps, against `paddle-align env-server` serving the echo class
     (with a token): every trajectory was a session on the server, opened and closed, and the

@@ -77,6 +77,7 @@ class _ToolServer(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow
 def test_a_json_tool_config_declares_a_tool_served_over_http(tmp_path, monkeypatch):
     server = HTTPServer(("127.0.0.1", 0), _ToolServer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -127,6 +128,7 @@ def test_a_tool_config_that_is_not_yaml_is_named(tmp_path):
     assert f"tool_config {path}: not valid YAML" in environment_problems("tools", {"tool_config": str(path)})[0]
 
 
+@pytest.mark.slow
 def test_a_verl_tool_config_drives_a_grpo_run(tiny_model_dir, tiny_data_dir, tmp_path):
     """ppo/run_ppo.py with the tools environment's tools declared in the YAML file only: every
     row's call of `kv_get` runs the user's function (8 calls, their answers read)."""

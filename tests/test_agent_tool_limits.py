@@ -23,6 +23,7 @@ def tags_model_dir(tmp_path_factory):
     return str(path)
 
 
+@pytest.mark.slow
 def test_async_tools_run_under_the_cap_and_time_out_per_call(tags_model_dir, tiny_data_dir, tmp_path):
     """A user's async tool (a coroutine function in a module in tmp_path): turn 1 makes two
     0.3 s calls on each of the 8 rows, never more than max_concurrent_tool_calls=2 running at
@@ -40,6 +41,7 @@ def test_async_tools_run_under_the_cap_and_time_out_per_call(tags_model_dir, tin
     assert all("<tool_response>Error: nap timed out after 1 s</tool_response>" in s["response"] for s in samples)
 
 
+@pytest.mark.slow
 def test_a_trajectory_past_its_timeout_ends_and_is_counted(tiny_model_dir, tiny_data_dir, tmp_path):
     """trajectory_timeout_s=3 and a tool call of 20 s on every row (its own timeout 30 s, the
     step's 600 s): each row ends at its trajectory's deadline (trajectory_timeout, truncated),
@@ -66,10 +68,10 @@ def llama(tmp_path_factory):
 
 
 def test_other_rows_decode_while_an_async_call_waits(llama):
-    """Row 0's async call sleeps 2 s; the other rows make their (instant) calls and write all
+    """Row 0's async call sleeps 3 s; the other rows make their (instant) calls and write all
     their turns before it returns; the turn-synchronous baseline makes them wait for it."""
     tok, model = llama
-    records = [{"src": f"Reverse: {'abcdef'[: 2 + i]}", "actions": [f"<tool_call>test_async_nap {2 if i == 0 else 0}"
+    records = [{"src": f"Reverse: {'abcdef'[: 2 + i]}", "actions": [f"<tool_call>test_async_nap {3 if i == 0 else 0}"
                 "</tool_call>", "<tool_call>test_async_nap 0</tool_call>"]} for i in range(4)]
     args = AgentArguments(max_turns=4, max_total_len=120)
     for pause in ("row", "batch"):

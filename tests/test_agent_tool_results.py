@@ -15,7 +15,7 @@ from ppo.trainer.agent_rollout import ToolFailureWatch, ToolPoolError
 from tests import agent_helpers  # noqa: F401 (registers the test tools)
 
 
-@pytest.mark.parametrize("isolation", ["thread", "process"])
+@pytest.mark.parametrize("isolation", ["thread", pytest.param("process", marks=pytest.mark.slow)])
 def test_results_that_are_not_text(isolation):
     def returns(kind):
         return call_tool(get_tool("test_returns"), {"kind": kind}, **({"isolation": isolation} if isolation != "thread" else {}))
@@ -43,6 +43,7 @@ def test_a_cut_answer_keeps_its_notice_inside_the_budget(tmp_path):
     assert short.text == "y" * 20
 
 
+@pytest.mark.slow
 def test_a_tool_that_exits_or_hangs_in_a_worker_process_leaves_the_trainer_running():
     """`os._exit(3)` in the tool ends its worker only (the call is "crashed"); a tool that sleeps
     past its 1 s timeout is killed with its worker; the next calls get a new worker."""
@@ -111,6 +112,7 @@ def _running(pid):
         return False
 
 
+@pytest.mark.slow
 def test_a_worker_ends_when_its_trainer_is_killed():
     """A trainer killed with SIGKILL while its worker runs a hanging call: the worker notices its
     parent is gone and ends itself (nothing is left running)."""

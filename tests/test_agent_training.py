@@ -146,6 +146,7 @@ def test_a_failing_tool_pool_stops_the_run_after_saving(tiny_model_dir, tiny_dat
     assert [r["agent/env_errors"] for r in read_metrics(out) if "agent/env_errors" in r] == [8.0]
 
 
+@pytest.mark.slow
 def test_the_entry_point_says_why_the_tools_stopped_the_run_in_one_message(tiny_model_dir, tiny_data_dir, tmp_path):
     """ppo/run_ppo.py with an environment that fails on every row: exit status 1 and one error
     line naming the environment's last error, no traceback."""
@@ -170,6 +171,7 @@ def test_a_reward_that_cannot_be_computed_stops_the_run(tiny_model_dir, tiny_dat
     assert "cannot score a tool answer" in str(err.value) and "prompt 'Reverse:" in str(err.value)
 
 
+@pytest.mark.slow
 def test_kill_9_and_rerun_equals_an_uninterrupted_run(tiny_model_dir, tiny_data_dir, tmp_path):
     """GRPO on trajectories killed with SIGKILL mid-save and at a random moment, rerun each time:
     the same final weights and metrics (tool and agent counts included) as the run never killed."""

@@ -39,10 +39,13 @@ def clean_inputs(n, seed=0):
 
 
 def junk_versions(xs):
-    """(label, inputs) with one junk value in one input, then in all of them at once."""
+    """(label, inputs) with one junk value in one input, then in all of them at once: each junk
+    value everywhere, and each rotation of the junk values over the inputs (mixed junk)."""
     for i, j in itertools.product(range(len(xs)), JUNK):
         yield f"input{i}={j}", [np.where(MASK == 1, x, j) if k == i else x for k, x in enumerate(xs)]
-    for combo in itertools.product(JUNK, repeat=len(xs)):
+    combos = [(j,) * len(xs) for j in JUNK] + [tuple(JUNK[(k + s) % len(JUNK)] for k in range(len(xs)))
+                                                for s in range(len(JUNK))]
+    for combo in combos:
         yield f"all={combo}", [np.where(MASK == 1, x, j) for x, j in zip(xs, combo)]
 
 

@@ -107,6 +107,7 @@ def split(tiny_model_dir, tiny_data_dir, tmp_path_factory):
     return launch(out, run_argv(tiny_model_dir, tiny_data_dir, out))
 
 
+@pytest.mark.slow
 def test_split_staleness_0_is_the_colocated_run(split, colocated):
     assert_same_run(split, colocated)
     rows = steps(split)

@@ -228,6 +228,7 @@ def test_trim_padding_keeps_the_real_tokens(knob_trainer):
             np.testing.assert_array_equal(getattr(back, name).numpy(), getattr(tight, name).numpy(), err_msg=name)
 
 
+@pytest.mark.slow
 def test_balance_batch_on_two_ranks_evens_tokens_and_trains_as_one_process(tiny_model_dir, tiny_data_dir, tmp_path):
     """Two data ranks with balance_batch: the groups move between ranks for even token counts
     (the logged imbalance falls), and since every loss is a token mean over the global batch

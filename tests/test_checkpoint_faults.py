@@ -63,7 +63,8 @@ def policy_weights(path):
 
 @pytest.mark.parametrize(
     "where,nth",
-    [("save_checkpoint", 2), ("replace_policy", 2), ("rename_into_policy", 1)],
+    [pytest.param("save_checkpoint", 2, marks=pytest.mark.slow), ("replace_policy", 2),
+     pytest.param("rename_into_policy", 1, marks=pytest.mark.slow)],
 )
 def test_sigkill_during_save_then_rerun_completes(where, nth, tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path):
     out = str(tmp_path / where)

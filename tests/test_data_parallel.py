@@ -7,6 +7,7 @@ their models, samplers and seeds the same way; only the data-parallel split diff
 import json
 
 import numpy as np
+import pytest
 
 from tests.test_tensor_parallel import assert_same_steps, assert_same_weights, assert_weights_moved, ppo_argv
 from tests.tp_launch import launch_run, read_jsonl
@@ -44,6 +45,7 @@ def test_sft_dp2_matches_one_process(tiny_model_dir, tiny_data_dir, tmp_path):
     assert s2["eval/accuracy"] == s1["eval/accuracy"]
 
 
+@pytest.mark.slow
 def test_ppo_dp2_matches_one_process(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path):
     """PPO with a reward model and a critic: each data rank rolls out its half of the global
     prompt batch (the prompt order is shared, and each row draws its own columns of one set of
@@ -74,6 +76,7 @@ def test_grpo_dp2_matches_one_process(tiny_model_dir, tiny_data_dir, tmp_path):
     assert_same_rl_runs(out1, out2, ("loss/kl",), ("policy",), tiny_model_dir)
 
 
+@pytest.mark.slow
 def test_ppo_lagrangian_dp2_matches_one_process(tiny_model_dir, tiny_rm_dir, tiny_rm_dir_cost, tiny_data_dir, tmp_path):
     """PPO-Lagrangian with a cost model whose costs vary by response: each data rank scores its
     half of the prompts, the episode costs of both ranks are gathered in data-rank order into

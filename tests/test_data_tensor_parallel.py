@@ -91,12 +91,14 @@ def check_grpo_against_dp2(model_dir, data_dir, out_dp, tmp_path, model_parallel
         [s["response"] for s in read_jsonl(f"{out_dp}/samples.jsonl")]
 
 
+@pytest.mark.slow
 def test_grpo_dp2_tp2_matches_dp2(two_layer_model_dir, tiny_data_dir, grpo_dp2, tmp_path):
     """GRPO: each data rank samples its own prompts; the tensor-parallel pair of a data rank
     draws the same samples, so rollouts, advantages and updates match the two-process run."""
     check_grpo_against_dp2(two_layer_model_dir, tiny_data_dir, grpo_dp2, tmp_path, TP2)
 
 
+@pytest.mark.slow
 def test_grpo_dp2_pp2_matches_dp2(two_layer_model_dir, tiny_data_dir, grpo_dp2, tmp_path):
     """GRPO with each data rank's model split into two pipeline stages: the two stages of a data
     rank draw the same samples; gradients are averaged over the data ranks of each stage."""

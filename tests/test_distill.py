@@ -145,6 +145,7 @@ def test_lora_student_with_top_k_teacher_trains_only_the_adapter(tiny_model_dir,
     assert moved
 
 
+@pytest.mark.slow
 def test_on_policy_distill_dp2_matches_one_process(tiny_model_dir, teacher_dir, tiny_data_dir, tmp_path):
     """Two data ranks with half the batch each sample the same answers as one process (each row
     draws its own columns of the step's uniforms) and take the token mean over both ranks, so the

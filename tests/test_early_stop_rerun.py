@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import paddle
+import pytest
 
 from ppo.run_ppo import build_trainer
 from ppo.trainer.best_policy import BestPolicy, EvalEarlyStop
@@ -63,6 +64,7 @@ def test_the_record_and_the_stop_are_checkpoint_state(tmp_path):
     assert resumed.stopped == stop.stopped and resumed.stopped["step"] == 1
 
 
+@pytest.mark.slow
 def test_an_early_stopped_run_is_finished(tiny_model_dir, tiny_data_dir, tmp_path):
     """Patience 2, threshold 10 (no score beats its best by 10): the evaluations of steps 0, 1, 2
     give counts 0, 1, 2, so the run stops at step 2 of its 8."""

@@ -101,6 +101,7 @@ def test_server_dying_mid_run_stops_training(tiny_model_dir, tiny_data_dir, tmp_
     assert not os.path.exists(tmp_path / "dies" / "policy")  # no step completed, nothing saved
 
 
+@pytest.mark.slow
 def test_group_ids_stay_on_one_rank_in_two_process_run(tiny_model_dir, tiny_data_dir, reverse_server, tmp_path):
     out = str(tmp_path / "dp")
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", f"{out}/launch",

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEAVY = ("sklearn", "seqeval", "scipy.stats", "paddlenlp.taskflow.taskflow")
 
@@ -20,6 +22,7 @@ def fresh(code, **env):
 LOADED = "[m for m in %r if m in sys.modules]" % (HEAVY,)
 
 
+@pytest.mark.slow
 def test_entry_points_start_without_the_deferred_packages_and_load_them_on_first_use():
     out = fresh(
         "import json, sys\n"
@@ -38,6 +41,7 @@ def test_entry_points_start_without_the_deferred_packages_and_load_them_on_first
     assert "sklearn" in out["after"] and "seqeval" in out["after"]
 
 
+@pytest.mark.slow
 def test_eager_switch_and_other_versions_leave_the_import_alone():
     eager = fresh(f"import json, sys\nimport ppo, paddlenlp\nprint(json.dumps({LOADED}))", PPO_EAGER_PADDLENLP="1")
     assert "sklearn" in eager and "paddlenlp.taskflow.taskflow" in eager

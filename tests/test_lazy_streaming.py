@@ -64,6 +64,7 @@ def _peak_bytes_streaming(path, tokenizer):
     return count, peak
 
 
+@pytest.mark.slow
 def test_memory_does_not_grow_with_the_file(tokenizer, tmp_path):
     """Peak Python memory while streaming 200 and 1,600 records: the same (within 64 KiB), while
     the 1,600 items themselves hold over 600 kB (what an eager read keeps)."""

@@ -38,6 +38,7 @@ def refusal(done, tmp_path):
     return done.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_max_total_len_beyond_the_models_positions_is_refused_at_start(tiny_model_dir, tiny_data_dir, tmp_path):
     positions = json.load(open(os.path.join(tiny_model_dir, "config.json")))["max_position_embeddings"]
     done = run_agent_config(tmp_path, tiny_model_dir, tiny_data_dir, "--max_total_len", str(positions + 72))

@@ -94,7 +94,7 @@ def sft_pp1(two_layer_model_dir, tiny_data_dir, tmp_path_factory):
     return run_plain(run_sft, sft_argv(two_layer_model_dir, tiny_data_dir), str(tmp_path_factory.mktemp("sft_pp1")))
 
 
-@pytest.mark.parametrize("layout", ["pp2", "tp2_pp2"])
+@pytest.mark.parametrize("layout", ["pp2", pytest.param("tp2_pp2", marks=pytest.mark.slow)])
 def test_sft_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, sft_pp1, tmp_path, layout):
     """PP=2 on two processes, and TP=2 x PP=2 on four (each stage's weights split in two, merged
     back for the generation evaluation and the saved checkpoint)."""
@@ -150,7 +150,7 @@ def test_reward_model_pp2_matches_pp1(two_layer_score_dir, tiny_data_dir, tmp_pa
 
 @pytest.mark.parametrize(
     "loss_type,layout",
-    [("sigmoid", "pp2"), ("kto", "pp2"), ("simpo", "pp2"), pytest.param("sigmoid", "tp2_pp2", marks=pytest.mark.slow)],
+    [("sigmoid", "pp2"), pytest.param("kto", "pp2", marks=pytest.mark.slow), ("simpo", "pp2"), pytest.param("sigmoid", "tp2_pp2", marks=pytest.mark.slow)],
 )
 def test_dpo_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path, loss_type, layout):
     """DPO (with the NLL term), KTO and SimPO (no reference) under pipeline parallel: the policy pipe's last stage

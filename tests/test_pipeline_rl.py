@@ -40,6 +40,7 @@ def compare_pipeline_rl_runs(argv, tmp_path, keys, models, steps=2, layout="pp2"
     return out1, out2
 
 
+@pytest.mark.slow
 def test_grpo_pp2_matches_pp1(two_layer_model_dir, tiny_data_dir, tmp_path):
     """Critic-free, rule rewards (response length), a k3 KL loss against the reference pipe,
     an entropy bonus and a ptx loss on supervised data (its batches join the actor's schedule);
@@ -88,6 +89,7 @@ def test_ppo_pp2_matches_pp1(two_layer_model_dir, two_layer_score_dir, tiny_data
     compare_pipeline_rl_runs(argv, tmp_path, keys, ("policy", "value"), layout=layout)
 
 
+@pytest.mark.slow
 def test_ppo_lagrangian_pp2_matches_pp1(two_layer_model_dir, two_layer_score_dir, two_layer_cost_dir, tiny_data_dir,
                                        tmp_path):
     """Safe RLHF under pipeline parallel: the cost model and the cost critic are pipes too (the
@@ -104,6 +106,7 @@ def test_ppo_lagrangian_pp2_matches_pp1(two_layer_model_dir, two_layer_score_dir
     compare_pipeline_rl_runs(argv, tmp_path, keys, ("policy", "value", "cost_value"))
 
 
+@pytest.mark.slow
 def test_ppo_pp2_resumes_from_its_merged_checkpoint(two_layer_model_dir, two_layer_score_dir, tiny_data_dir, tmp_path):
     """A PP=2 run stopped after step 1 saves merged policy/value checkpoints and each rank's
     optimiser states; resuming at PP=2 loads every stage's weights and AdamW moments back, and

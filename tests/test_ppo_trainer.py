@@ -174,6 +174,7 @@ def run_two_processes(mode, tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path
     return lines
 
 
+@pytest.mark.slow
 def test_two_process_runs_keep_ranks_in_sync(tiny_model_dir, tiny_rm_dir, tiny_data_dir, tmp_path):
     """Data parallel and sharding stage 1 on two processes: ranks end with the same actor, and
     both layouts log the same losses and the same gradient norms (sharding's norm is taken

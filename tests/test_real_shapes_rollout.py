@@ -62,7 +62,8 @@ def test_shape_is_the_real_one(shaped):
         assert model.llama.layers[0].self_attn.q_proj.bias is None
 
 
-@pytest.mark.parametrize("backend", ["custom", "custom_cols", "paddle"])
+@pytest.mark.parametrize("backend", ["custom", pytest.param("custom_cols", marks=pytest.mark.slow),
+                                     pytest.param("paddle", marks=pytest.mark.slow)])
 def test_greedy_matches_paddlenlp_generate(shaped, backend):
     shape, tok, model, ids, mask = shaped
     with paddle.no_grad():

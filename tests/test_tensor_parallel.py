@@ -49,6 +49,7 @@ def assert_weights_moved(start_dir, trained_dir):
     assert any(not np.allclose(a[k], b[k]) for k in a if k in b)
 
 
+@pytest.mark.slow
 def test_sft_tp2_matches_tp1(tiny_model_dir, tiny_data_dir, tmp_path):
     from sft.run_sft import main as run_sft
 
@@ -84,6 +85,7 @@ def lora_dir(tiny_model_dir, tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_sft_lora_tp2_matches_tp1(lora_dir, tiny_data_dir, tmp_path):
     """Adapter training under TP=2 (column / row parallel LoRA layers) equals TP=1; the saved
     adapter is merged back into full shapes."""
@@ -182,6 +184,7 @@ def compare_rl_runs(run, argv, tmp_path, keys, models, out1=None):
     return out1, out2
 
 
+@pytest.mark.slow
 def test_ppo_lagrangian_tp2_matches_tp1(tiny_model_dir, tiny_rm_dir, tiny_rm_dir_cost, tiny_data_dir, tmp_path):
     """Safe RLHF with every model split (the cost model and cost critic too): the multiplier, the
     cost metrics and the three trained models equal the one-process run's."""
@@ -240,6 +243,7 @@ def test_grpo_tp2_matches_tp1(tiny_model_dir, tiny_data_dir, grpo_tp1_run, tmp_p
     compare_rl_runs(None, grpo_argv(tiny_model_dir, tiny_data_dir), tmp_path, GRPO_KEYS, ("policy",), out1=grpo_tp1_run)
 
 
+@pytest.mark.slow
 def test_grpo_tp2_with_sharded_rollout_matches_tp1(tiny_model_dir, tiny_data_dir, grpo_tp1_run, tmp_path):
     """eval_mode tensor_parallel: each rank generates from its own slices; same rollouts,
     metrics and weights as the TP=1 run."""
@@ -247,6 +251,7 @@ def test_grpo_tp2_with_sharded_rollout_matches_tp1(tiny_model_dir, tiny_data_dir
     compare_rl_runs(None, argv, tmp_path, GRPO_KEYS, ("policy",), out1=grpo_tp1_run)
 
 
+@pytest.mark.slow
 def test_grpo_tp2_resumes_from_its_merged_checkpoint(tiny_model_dir, tiny_data_dir, grpo_tp1_run, tmp_path):
     """A TP=2 run stopped after step 1 saves a merged checkpoint; resuming it at TP=2 splits the
     weights again and step 2 is the step an uninterrupted TP=1 run takes.

@@ -137,6 +137,7 @@ def test_launch_workers_run_in_zygote_children_with_their_own_ranks(tmp_path):
         assert r["socket"] is None  # the script's own children start cold
 
 
+@pytest.mark.slow
 def test_launch_workers_start_cold_with_warm_python_off(tmp_path, monkeypatch):
     monkeypatch.setenv("WARM_PYTHON", "0")
     records = launch_probe(tmp_path)
