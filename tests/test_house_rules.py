@@ -7,6 +7,7 @@ ppo/strategy/ imports a layout folder (`LAYOUT_FOLDERS`), and the trainer's part
 the parallel machinery (the strategy owns it). The allow-lists below are short, each entry with
 its reason; a new violation fails."""
 import ast
+import functools
 import os
 import subprocess
 
@@ -87,6 +88,13 @@ SHIMS = {
 of ours, left out of the module checks (docs/architecture.md lists them)."""
 
 
+@functools.lru_cache(maxsize=None)
+def parsed(path):
+    """The syntax tree of the file at `path`, parsed once per session (the checks only read it)."""
+    with open(path) as f:
+        return ast.parse(f.read())
+
+
 def our_modules(with_shims=False):
     """`{dotted name: path}` of every module of OUR_PACKAGES (symlinked folders skipped; the
     `SHIMS` unless `with_shims`)."""
@@ -114,7 +122,7 @@ def import_time_nodes(tree):
 
 def imported_modules(name, path, mods, import_time_only=True):
     """Our modules that module `name` imports (a `from pkg import sub` counts `pkg.sub`)."""
-    tree = ast.parse(open(path).read())
+    tree = parsed(path)
     nodes = import_time_nodes(tree) if import_time_only else (n for n in ast.walk(tree)
                                                                if isinstance(n, (ast.Import, ast.ImportFrom)))
 
@@ -192,7 +200,7 @@ def test_allowed_long_files_exist():
 def test_no_long_functions_in_the_library():
     long = []
     for name, path in sorted(our_modules().items()):
-        for node in ast.walk(ast.parse(open(path).read())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
                 if n > MAX_FUNCTION_LINES:
@@ -208,8 +216,10 @@ def test_algos_imports_nothing_of_ours():
     assert not {k: v for k, v in bad.items() if v}, bad
 
 
+@functools.lru_cache(maxsize=None)
 def import_graph(import_time_only=False):
-    """`{module: our modules it imports}`, imports inside functions included unless `import_time_only`."""
+    """`{module: our modules it imports}`, imports inside functions included unless `import_time_only`
+    (computed once per session: callers must not change it)."""
     mods = our_modules()
     return {name: imported_modules(name, path, mods, import_time_only) for name, path in mods.items()}
 
@@ -256,7 +266,7 @@ def all_imports(path):
     rel = os.path.relpath(path, ROOT)[:-3].split(os.sep)
     package = rel[:-1] if rel[-1] != "__init__" else rel[:-1]
     found = set()
-    for node in ast.walk(ast.parse(open(path).read())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -291,7 +301,7 @@ def class_index(mods):
     """`({(module, class name): ClassDef}, {module: {local name: (module, name)}})` of `mods`."""
     classes, names = {}, {}
     for mod, path in mods.items():
-        tree, names[mod] = ast.parse(open(path).read()), {}
+        tree, names[mod] = parsed(path), {}
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
                 classes[(mod, node.name)] = node
@@ -389,7 +399,7 @@ def test_fleet_private_pipeline_attributes_have_one_writer():
     `ppo.strategy.pipeline.pipe.install_last_stage_loss`."""
     writers = []
     for name, path in sorted(our_modules().items()):
-        for node in ast.walk(ast.parse(open(path).read())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.FunctionDef) and node.name != "install_last_stage_loss":
                 for sub in ast.walk(node):
                     targets = sub.targets if isinstance(sub, ast.Assign) else []
@@ -412,7 +422,7 @@ def test_cycle_finder_finds_a_cycle():
 def test_shims_only_re_export_and_nothing_of_ours_imports_them():
     mods = our_modules(with_shims=True)
     for old, new in SHIMS.items():
-        tree = ast.parse(open(mods[old]).read())
+        tree = parsed(mods[old])
         assert new in mods and all(isinstance(n, (ast.Expr, ast.ImportFrom)) for n in tree.body), old
     users = {name: sorted(set(SHIMS) & imported) for name, imported in import_graph().items()}
     assert not {k: v for k, v in users.items() if v}, users
@@ -425,7 +435,7 @@ LOOP_PARTS = {"ppo.trainer.loop": "OnlineLoop", "ppo.rollout.engine": "RolloutEn
 
 
 def positional_parameters(path, cls):
-    for node in ast.walk(ast.parse(open(path).read())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.ClassDef) and node.name == cls:
             init = next(b for b in node.body if isinstance(b, ast.FunctionDef) and b.name == "__init__")
             return [a.arg for a in init.args.posonlyargs + init.args.args][1:]
@@ -443,7 +453,7 @@ def test_callers_pass_loop_parts_by_keyword_past_six():
     """No call of a loop part gives more positional arguments than it takes (a `*parts` call counts as wide)."""
     wide = []
     for name, path in sorted(our_modules().items()):
-        for node in ast.walk(ast.parse(open(path).read())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in LOOP_PARTS.values():
                 if len(node.args) > MAX_POSITIONAL or any(isinstance(a, ast.Starred) for a in node.args):
                     wide.append(f"{name}:{node.lineno}")

@@ -12,6 +12,8 @@ from tests.rollout_ops_helpers import custom_and_fallback_ops
 from ppo.tiny.bpe_tokenizers import build_tokenizer
 from ppo.tiny.factory import REAL_SHAPES, real_shape_model
 
+pytestmark = pytest.mark.slow  # real vocabularies (128k-152k): minutes here; tests/test_rollout_engine.py covers the same on tiny shapes
+
 NEW_TOKENS = 12
 
 
@@ -62,8 +64,7 @@ def test_shape_is_the_real_one(shaped):
         assert model.llama.layers[0].self_attn.q_proj.bias is None
 
 
-@pytest.mark.parametrize("backend", ["custom", pytest.param("custom_cols", marks=pytest.mark.slow),
-                                     pytest.param("paddle", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("backend", ["custom", "custom_cols", "paddle"])
 def test_greedy_matches_paddlenlp_generate(shaped, backend):
     shape, tok, model, ids, mask = shaped
     with paddle.no_grad():
