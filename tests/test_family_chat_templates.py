@@ -138,3 +138,17 @@ def test_enable_thinking_reaches_the_prompt_data_and_the_agent_format(qwen3_dir,
     assert prompt.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
     with pytest.raises(ArgumentError, match="use_chat_template is false"):
         parse_arguments(entry_classes("sft"), argv[:2] + argv[4:])
+
+
+def test_scorers_see_the_think_block_as_generated(qwen3_dir):
+    """A Qwen3 response with its reasoning decodes for the scorers with `<think>...</think>` as
+    written (not special: kept, as verl and TRL pass it to reward functions), `<|im_end|>` dropped."""
+    import paddle
+
+    from ppo.evaluation import decode_responses
+    from ppo.models.basics import load_tokenizer
+
+    tok = load_tokenizer(qwen3_dir)
+    ids = tok("<think>\nr\n</think>\n\nA b<|im_end|>", add_special_tokens=False)["input_ids"]
+    texts = decode_responses(tok, paddle.to_tensor([ids + [0]]), paddle.to_tensor([[1] * len(ids) + [0]]))
+    assert texts == ["<think>\nr\n</think>\n\nA b"]
