@@ -152,3 +152,18 @@ def test_scorers_see_the_think_block_as_generated(qwen3_dir):
     ids = tok("<think>\nr\n</think>\n\nA b<|im_end|>", add_special_tokens=False)["input_ids"]
     texts = decode_responses(tok, paddle.to_tensor([ids + [0]]), paddle.to_tensor([[1] * len(ids) + [0]]))
     assert texts == ["<think>\nr\n</think>\n\nA b"]
+
+
+def test_an_unread_template_argument_stops_sft_before_the_model_loads(tmp_path):
+    from ppo.tiny.factory import build_tiny
+    from sft.run_sft import start_up
+
+    model = str(tmp_path / "qwen3")
+    build_tiny(model, seed=1, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, arch="qwen3")
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps({"src": "hi", "tgt": "ih"}) + "\n")
+    argv = ["--model_name_or_path", model, "--train_datasets", f"Jsonfile:1:{data}", "--output_dir", str(tmp_path / "o"),
+            "--use_chat_template", "true", "--chat_template_kwargs", '{"enable_thinkin": false}']
+    with pytest.raises(ArgumentError, match=r"^chat_template_kwargs: 'enable_thinkin' is not read by .*tokenizer_config.json"):
+        start_up(argv)
+    assert not (tmp_path / "o").exists()

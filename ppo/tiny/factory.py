@@ -5,7 +5,9 @@ The tokenizer is a SentencePiece character model wrapped as PaddleNLP's
 (`USER:`, `ASSISTANT:`, `Reverse:`) is one token, a space is the token `▁`, and
 `<pad>` (id 3) is distinct from `</s>` (id 2). The model is a randomly
 initialised `LlamaForCausalLM` (`--arch qwen3` / `qwen3_moe` / `ernie45`: our Qwen3 and ERNIE 4.5
-classes, see `ARCHS`). Both are
+classes, see `ARCHS`; their tokenizer also has a newline token (id 7) and, after the vocabulary,
+the family's template tokens, with the family's chat template in `tokenizer_config.json`:
+`ppo.tiny.family_chat`). Both are
 saved with `save_pretrained`, so
 `AutoTokenizer.from_pretrained(dir)` and `AutoModelForCausalLM.from_pretrained(dir)`
 load them like any PaddleNLP model directory.
