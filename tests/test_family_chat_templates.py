@@ -81,7 +81,7 @@ def qwen3_dir(tmp_path_factory):
     return path
 
 
-def test_tiny_qwen3_tokenizer_has_the_template_and_whole_tokens(qwen3_dir):
+def test_tiny_qwen3_tokenizer_has_the_template_and_whole_tokens(qwen3_dir, tmp_path):
     from ppo.models.basics import load_tokenizer
 
     tok = load_tokenizer(qwen3_dir)
@@ -89,6 +89,8 @@ def test_tiny_qwen3_tokenizer_has_the_template_and_whole_tokens(qwen3_dir):
     ids = tok("<think>\n\n</think><|im_end|><tool_call>", add_special_tokens=False)["input_ids"]
     assert [tok.convert_ids_to_tokens(i) for i in ids] == ["<think>", "\n", "\n", "</think>", "<|im_end|>", "<tool_call>"]
     assert "<|im_end|>" in tok.all_special_tokens and "<think>" not in tok.all_special_tokens  # as Qwen3's
+    tok.save_pretrained(str(tmp_path))  # a checkpoint keeps the template
+    assert load_tokenizer(str(tmp_path)).chat_template.source == QWEN3_TEMPLATE
 
 
 def test_chat_template_jinja_wins_over_tokenizer_config(qwen3_dir, tmp_path):

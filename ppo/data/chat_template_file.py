@@ -78,6 +78,7 @@ def apply_chat_template_setting(tokenizer, value, kwargs=None):
     ArgumentError naming the argument or the file for a bad path, file or keyword."""
     if value is not None and str(value).lower() == "none":
         tokenizer.chat_template = None
+        getattr(tokenizer, "init_kwargs", {}).pop("chat_template", None)  # not saved with the run's checkpoints
         if kwargs:
             raise ArgumentError("chat_template_kwargs: chat_template is 'none', so no template reads them")
         return tokenizer

@@ -148,8 +148,11 @@ def checkpoint_template_source(path):
 
 
 def install_chat_template(tokenizer, source, origin, kwargs=None):
-    """Set `tokenizer.chat_template` to `source` compiled with `kwargs` (see compile_chat_template)."""
+    """Set `tokenizer.chat_template` to `source` compiled with `kwargs` (see compile_chat_template);
+    `save_pretrained` then writes `source` into `tokenizer_config.json` (a checkpoint keeps it)."""
     tokenizer.chat_template = compile_chat_template(source, origin, kwargs)
+    if isinstance(getattr(tokenizer, "init_kwargs", None), dict):
+        tokenizer.init_kwargs["chat_template"] = source
     return tokenizer
 
 
