@@ -223,10 +223,10 @@ def encode_prompts(prompts, tokenizer, template, use_chat_template):
     """`(texts, ids)`: each prompt formatted as the datasets format a final user turn and tokenised
     as they tokenise it (no special tokens added after a chat template)."""
     from ppo.data.collate import format_prompt
-    from ppo.data.encode import encode_text
+    from ppo.data.encode import encode_exact, encode_text
 
     texts = [format_prompt(p, tokenizer, template=template, use_chat_template=use_chat_template) for p in prompts]
-    return texts, [encode_text(tokenizer, t, add_special_tokens=not use_chat_template) for t in texts]
+    return texts, [encode_exact(tokenizer, t) if use_chat_template else encode_text(tokenizer, t) for t in texts]
 
 
 def generate(engine, tokenizer, ids, params, batch_size, seed=None):

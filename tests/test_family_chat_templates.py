@@ -135,7 +135,11 @@ def test_enable_thinking_reaches_the_prompt_data_and_the_agent_format(qwen3_dir,
     tok = load_tokenizer(qwen3_dir)
     ds = PromptOnlyDataset(f"Jsonfile:1:{data}", max_prompt_len=64, **data_args.dataset_kwargs(tok, 1))
     expected = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-    assert list(ds[0]["input_ids"]) == tok(expected, add_special_tokens=False)["input_ids"]
+    ids = list(ds[0]["input_ids"])
+    pieces = ["<|im_start|>", "user", "\n", "hi", "<|im_end|>", "\n", "<|im_start|>", "assistant", "\n", "<think>", "\n\n",
+              "</think>", "\n\n"]  # every newline kept, as transformers tokenises the text
+    assert ids == [i for p in pieces for i in tok.convert_tokens_to_ids(tok.tokenize(p))]
+    assert tok.decode(ids, spaces_between_special_tokens=False) == expected
     prompt = turn_format_for(tok, use_chat_template=True).prompt_segments("hi", tools=[TOOL])[0].text
     assert prompt.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
     with pytest.raises(ArgumentError, match="use_chat_template is false"):
