@@ -140,8 +140,12 @@ def test_enable_thinking_reaches_the_prompt_data_and_the_agent_format(qwen3_dir,
               "</think>", "\n\n"]  # every newline kept, as transformers tokenises the text
     assert ids == [i for p in pieces for i in tok.convert_tokens_to_ids(tok.tokenize(p))]
     assert tok.decode(ids, spaces_between_special_tokens=False) == expected
-    prompt = turn_format_for(tok, use_chat_template=True).prompt_segments("hi", tools=[TOOL])[0].text
+    fmt = turn_format_for(tok, use_chat_template=True)
+    prompt = fmt.prompt_segments("hi", tools=[TOOL])[0].text
     assert prompt.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert fmt.turn_end_text == "<|im_end|>"
+    assert fmt.glue_between(("tool",), [TOOL]) == ["\n<|im_start|>user\n<tool_response>\n",
+                                                    "\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"]
     with pytest.raises(ArgumentError, match="use_chat_template is false"):
         parse_arguments(entry_classes("sft"), argv[:2] + argv[4:])
 

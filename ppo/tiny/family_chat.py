@@ -132,3 +132,4 @@ FAMILY_CHAT = {
     "ernie45": (ERNIE45_TEMPLATE, ERNIE45_SPECIAL, (), {"cls_token": "<|begin_of_sentence|>",
                                                          "sep_token": "<|end_of_sentence|>"}),
 }
+FAMILY_CHAT["ernie45_moe"] = FAMILY_CHAT["ernie45"]  # a tiny ERNIE 4.5 MoE gets the dense template (a checkpoint: its own)
