@@ -13,7 +13,9 @@ in memory), or a run's `output_dir` whose `policy/` is the model (PPO, GRPO, onl
 Prompt format: as the run trained it when its `resolved_arguments.json` sits in the model
 directory or one or two levels above (`use_chat_template`, `prompt_template`); otherwise the
 tokenizer's chat template where it has one, else the default text template. `--prompt_template` /
-`--use_chat_template` override either.
+`--use_chat_template` override either. With the chat template, the run's `chat_template` file and
+`chat_template_kwargs` apply too (`--chat_template_kwargs '{"enable_thinking": false}'` overrides
+the arguments).
 
 Sampling: the training arguments' names (`max_dec_len`, `min_dec_len`, `temperature`, `top_k`,
 `top_p`, `repetition_penalty`), each the run's value when its `resolved_arguments.json` has one
@@ -35,6 +37,28 @@ PROMPT_KEYS = ("prompt", "src", "input", "query", "question", "instruction")
 RUN_FILE = "resolved_arguments.json"
 
 
+def json_object(text):
+    """A `--chat_template_kwargs` value: a JSON object."""
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def template_settings(args, run, chat):
+    """`(chat_template, chat_template_kwargs)` of the run (its template file and arguments; the
+    flag's arguments over the run's), applied only when prompts use the chat template."""
+    if not chat:
+        if args.chat_template_kwargs:
+            raise ValueError("--chat_template_kwargs needs the chat template (use_chat_template false here)")
+        return None, {}
+    kwargs = args.chat_template_kwargs if args.chat_template_kwargs is not None else run.get("chat_template_kwargs")
+    return run.get("chat_template"), dict(kwargs or {})
+
+
 def parse_args(argv=None):
     """The command line, parsed before Paddle is imported (`--help` and mistakes answer at once)."""
     doc = __doc__.split("\n\n")
@@ -50,6 +74,8 @@ def parse_args(argv=None):
     parser.add_argument("--prompt_template", default=None, help="a text template with {input} (default: the run's, see above)")
     parser.add_argument("--use_chat_template", choices=("true", "false"), default=None,
                         help="format with the tokenizer's chat template (default: the run's, else where the tokenizer has one)")
+    parser.add_argument("--chat_template_kwargs", type=json_object, default=None,
+                        help='arguments of the chat template as JSON, e.g. \'{"enable_thinking": false}\' (default: the run\'s)')
     for name, kind in zip(SAMPLING, (int, int, float, int, float, float)):
         parser.add_argument(f"--{name}", type=kind, default=None, help=f"{name} (default: the run's, else the training default)")
     parser.add_argument("--max_new_tokens", type=int, dest="max_dec_len", help="the same as --max_dec_len")
@@ -197,10 +223,10 @@ def encode_prompts(prompts, tokenizer, template, use_chat_template):
     """`(texts, ids)`: each prompt formatted as the datasets format a final user turn and tokenised
     as they tokenise it (no special tokens added after a chat template)."""
     from ppo.data.collate import format_prompt
-    from ppo.data.encode import encode_text
+    from ppo.data.encode import encode_exact, encode_text
 
     texts = [format_prompt(p, tokenizer, template=template, use_chat_template=use_chat_template) for p in prompts]
-    return texts, [encode_text(tokenizer, t, add_special_tokens=not use_chat_template) for t in texts]
+    return texts, [encode_exact(tokenizer, t) if use_chat_template else encode_text(tokenizer, t) for t in texts]
 
 
 def generate(engine, tokenizer, ids, params, batch_size, seed=None):
@@ -248,6 +274,9 @@ def main(argv=None, stdin=None):
         params = SamplingParams(max_new_tokens=sampling["max_dec_len"], min_new_tokens=sampling["min_dec_len"],
                                 temperature=sampling["temperature"], top_k=sampling["top_k"], top_p=sampling["top_p"],
                                 repetition_penalty=sampling["repetition_penalty"], do_sample=not args.greedy)
+        from ppo.data.chat_template_file import apply_chat_template_setting
+
+        apply_chat_template_setting(tokenizer, *template_settings(args, read_run_arguments(run_file), chat))
         texts, ids = encode_prompts(prompts, tokenizer, template, chat)
     except ValueError as err:
         parser.exit(2, f"chat.py: error: {err}\n")

@@ -175,3 +175,20 @@ def test_settings_come_from_the_flags_then_the_run_then_the_training_defaults():
     assert chat.choose_settings(args, {}, defaults, has_chat_template=False)[1:] == (BEAVER, False)
     sft_run = {"eval_max_new_tokens": 12, "max_dec_len": None}  # SFT/DPO: their held-out generation length
     assert chat.choose_settings(args, sft_run, defaults, has_chat_template=False)[0]["max_dec_len"] == 12
+
+
+def test_a_qwen3_model_chats_with_its_template_and_enable_thinking(tmp_path, capsys):
+    """The tiny Qwen3's own template (ppo.tiny.family_chat); `--chat_template_kwargs` reaches it
+    (the prompt ends after Qwen3's empty think block) and a key it does not read stops with exit 2."""
+    from ppo.tiny.factory import build_tiny
+
+    path = str(tmp_path / "qwen3")
+    build_tiny(path, seed=1, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, arch="qwen3")
+    base = ["--model", path, "--greedy", "--max_dec_len", "2", "--prompt", "hi"]
+    records, _ = run_chat(base, capsys)
+    assert records[0]["prompt_text"] == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    records, _ = run_chat(base + ["--chat_template_kwargs", '{"enable_thinking": false}'], capsys)
+    assert records[0]["prompt_text"] == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    with pytest.raises(SystemExit) as stop:
+        run_chat(base + ["--chat_template_kwargs", '{"enable_thinkin": false}'], capsys)
+    assert stop.value.code == 2 and "'enable_thinkin' is not read by" in capsys.readouterr().err

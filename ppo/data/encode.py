@@ -51,7 +51,16 @@ def encode_exact(tokenizer: Any, text: str) -> List[int]:
     special token unless it was added as an `AddedToken` saying otherwise (`<|im_end|>\\n<|im_start|>`
     loses its newline); here only an explicit ``lstrip``/``rstrip`` strips. Tokenizers that do not
     use that `tokenize` (e.g. PaddleNLP's tiktoken-based Llama 3 one, which keeps the whitespace)
-    are called as usual."""
+    are called as usual. Added tokens that are not special stay whole when the tokenizer was
+    loaded with `ppo.models.basics.load_tokenizer` (its `tokenize` an `AddedTokensWhole`)."""
+    whole = getattr(tokenizer.tokenize, "added", None)
+    if whole:
+        pieces = [p for p in tokenizer.tokenize.pattern.split(text) if p]
+        return [i for p in pieces for i in (tokenizer.convert_tokens_to_ids([p]) if p in whole else _encode_exact(tokenizer, p))]
+    return _encode_exact(tokenizer, text)
+
+
+def _encode_exact(tokenizer: Any, text: str) -> List[int]:
     if not _base_tokenize(tokenizer):
         return encode_text(tokenizer, text, add_special_tokens=False)
     from paddlenlp.transformers.tokenizer_utils_base import AddedToken

@@ -11,7 +11,7 @@ from paddle.io import Dataset
 
 from .base import DEFAULT_TEMPLATE, IGNORE_INDEX, DataError, RawDataset, RawSample, _logger, sample_conversation
 from .collate import format_prompt
-from .encode import encode_text
+from .encode import encode_exact, encode_text
 from .specs import parse_dataset_spec
 
 # --------------------------------------------------------------------------- tokenised datasets
@@ -181,14 +181,22 @@ class TokenizedDataset(Dataset):
         return prompt, final
 
     def tokenize_prompt(self, prompt: str) -> List[int]:
-        """Prompt ids: `tokenizer(prompt)["input_ids"]` (no special tokens added after a chat template)."""
-        return encode_text(self.tokenizer, prompt, add_special_tokens=not self.use_chat_template)
+        """Prompt ids: `tokenizer(prompt)["input_ids"]`; after a chat template, the ids transformers
+        and inference servers give the rendered text (`encode_exact`: no special tokens added, the
+        newline between `<|im_end|>` and `<|im_start|>` kept)."""
+        return self._encode(prompt, special=True)
 
     def tokenize_answer(self, answer: str) -> List[int]:
-        """Answer ids: `tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos_token_id]`."""
+        """Answer ids: `tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos_token_id]`
+        (`encode_exact` after a chat template)."""
         if self.tokenizer.eos_token_id is None:
             raise ValueError(f"the tokenizer ({type(self.tokenizer).__name__}) has no EOS token to end answers with")
-        return encode_text(self.tokenizer, answer, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        return self._encode(answer, special=False) + [self.tokenizer.eos_token_id]
+
+    def _encode(self, text: str, special: bool) -> List[int]:
+        if self.use_chat_template:
+            return encode_exact(self.tokenizer, text)
+        return encode_text(self.tokenizer, text, add_special_tokens=special)
 
     def cut_prompt(self, prompt_ids: List[int], limit: Optional[int]) -> List[int]:
         """The last `limit` prompt ids (PaddleNLP's `src_length` / DPO `max_prompt_len`: the end

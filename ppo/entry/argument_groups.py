@@ -297,21 +297,28 @@ class DatasetArguments:
         metadata={"help": "PaddleNLP's chat template file for use_chat_template: a chat_template.json (or .jinja) file, a "
                   "directory holding chat_template.json, or 'none' (no chat template); unset: the tokenizer's own."},
     )
+    chat_template_kwargs: dict = field(
+        default_factory=dict,
+        metadata={"help": "Arguments of the Jinja chat template, passed to every render (TRL's chat_template_kwargs, "
+                  "verl's apply_chat_template_kwargs), e.g. {\"enable_thinking\": false} for Qwen3; a key the "
+                  "template does not read is refused."},
+    )
 
     def __post_init__(self):
         with problem_scope() as problems:
             if hasattr(super(), "__post_init__"):
                 super().__post_init__()
-            from ..data.chat_template_file import chat_template_problem
+            from ..data.chat_template_file import chat_template_problem, chat_template_kwargs_problem
 
-            problems += [p for p in [chat_template_problem(self.chat_template)] if p]
+            problems += [p for p in [chat_template_problem(self.chat_template),
+                                     chat_template_kwargs_problem(self.chat_template_kwargs, self.use_chat_template)] if p]
 
     def dataset_kwargs(self, tokenizer, seed):
         """Keyword arguments every tokenised dataset of a run is built with; the tokenizer gets the
-        run's `chat_template` first (`ppo.data.chat_template_file`)."""
+        run's `chat_template` and `chat_template_kwargs` first (`ppo.data.chat_template_file`)."""
         from ..data.chat_template_file import apply_chat_template_setting
 
-        apply_chat_template_setting(tokenizer, self.chat_template)
+        apply_chat_template_setting(tokenizer, self.chat_template, self.chat_template_kwargs)
         return dict(tokenizer=tokenizer, prompt_template=self.prompt_template, use_chat_template=self.use_chat_template, seed=seed)
 
 

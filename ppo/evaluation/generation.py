@@ -9,10 +9,13 @@ import math
 
 
 def decode_responses(tokenizer, response_ids, response_mask):
-    """Texts of the masked response tokens, special tokens dropped. `[B, T]` -> `list[str]`."""
+    """Texts of the masked response tokens, special tokens dropped, added tokens that are not
+    special kept as they were generated (Qwen3's `<think>...</think>` reaches the scorers whole, as
+    in verl's and TRL's reward functions; no space put around them). `[B, T]` -> `list[str]`."""
     ids = response_ids.numpy().tolist()
     mask = response_mask.numpy().tolist()
-    return [tokenizer.decode([t for t, m in zip(row, mrow) if m > 0], skip_special_tokens=True) for row, mrow in zip(ids, mask)]
+    return [tokenizer.decode([t for t, m in zip(row, mrow) if m > 0], skip_special_tokens=True,
+                             spaces_between_special_tokens=False) for row, mrow in zip(ids, mask)]
 
 
 def exact_match_metrics(responses, labels, lengths, long_answer_len=5, prefix="eval"):

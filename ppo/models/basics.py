@@ -6,10 +6,12 @@ the tokenizer (and base path) of a model or adapter directory. It imports no oth
 import contextlib
 import json
 import os
+import re
 
 import paddle.nn as nn
 
 from ..common.validation import is_lora_dir
+from ..data.chat_templates import checkpoint_template_source, install_chat_template
 
 
 def lora_base_path(lora_dir):
@@ -21,15 +23,44 @@ def lora_base_path(lora_dir):
 
 
 def load_tokenizer(path):
-    """The tokenizer of `path`, or of the base model when `path` is a LoRA adapter."""
+    """The tokenizer of `path`, or of the base model when `path` is a LoRA adapter, with the
+    checkpoint's chat template read and rendered as transformers does (`ppo.data.chat_templates`)."""
     from paddlenlp.transformers import AutoTokenizer
 
     while is_lora_dir(path) and not os.path.isfile(os.path.join(path, "tokenizer_config.json")):
         path = lora_base_path(path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    source, origin = checkpoint_template_source(path)
+    # ours replaces PaddleNLP's compile of the template (which refuses transformers' list of named templates)
+    tokenizer = AutoTokenizer.from_pretrained(path, **({"chat_template": None} if source is not None else {}))
     if tokenizer.pad_token_id is None:
         raise ValueError(f"{path}: the tokenizer has no pad token; set pad_token in tokenizer_config.json")
+    keep_added_tokens_whole(tokenizer)
+    return install_chat_template(tokenizer, source, origin) if source is not None else tokenizer
+
+
+def keep_added_tokens_whole(tokenizer):
+    """Tokenise every added token that is not special (Qwen3's `<think>`, `<tool_call>`) as one
+    token, the text around it as it is: transformers' rule for added tokens. PaddleNLP's slow
+    tokenizers reload those of `added_tokens_decoder` as vocabulary entries only and tokenise their
+    text character by character (and, listed as unsplittable, would strip the newlines around them)."""
+    special = set(tokenizer.all_special_tokens)
+    added = [str(t) for t in getattr(tokenizer, "added_tokens_encoder", {}) if str(t) not in special]
+    if not added:
+        return tokenizer
+    tokenizer.tokenize = AddedTokensWhole(tokenizer.tokenize, added)
     return tokenizer
+
+
+class AddedTokensWhole:
+    """A tokenizer's `tokenize` that first cuts the text at the `added` tokens, keeps each whole and
+    tokenises the pieces between them with `tokenize` (a picklable callable)."""
+
+    def __init__(self, tokenize, added):
+        self.inner, self.added = tokenize, set(added)
+        self.pattern = re.compile("(" + "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)) + ")")
+
+    def __call__(self, text, **kwargs):
+        return [t for p in self.pattern.split(text) if p for t in ([p] if p in self.added else self.inner(p, **kwargs))]
 
 
 def is_lora_model(model):

@@ -5,7 +5,10 @@ The tokenizer is a SentencePiece character model wrapped as PaddleNLP's
 (`USER:`, `ASSISTANT:`, `Reverse:`) is one token, a space is the token `▁`, and
 `<pad>` (id 3) is distinct from `</s>` (id 2). The model is a randomly
 initialised `LlamaForCausalLM` (`--arch qwen3` / `qwen3_moe` / `qwen2_moe` / `mixtral` /
-`ernie45` / `ernie45_moe`: our classes, see `ARCHS`). Both are saved with `save_pretrained`, so
+`ernie45` / `ernie45_moe`: our classes, see `ARCHS`; the Qwen3 and ERNIE 4.5 ones' tokenizer also
+has a newline token (id 7) and, after the vocabulary, the family's template tokens, with the
+family's chat template in `tokenizer_config.json`: `ppo.tiny.family_chat`). Both are saved with
+`save_pretrained`, so
 `AutoTokenizer.from_pretrained(dir)` and `AutoModelForCausalLM.from_pretrained(dir)`
 load them like any PaddleNLP model directory.
 
@@ -30,17 +33,22 @@ import os
 import string
 import tempfile
 
+from .family_chat import FAMILY_CHAT
+
 TEMPLATE_WORDS = ["USER:", "ASSISTANT:", "Reverse:"]
 SYMBOLS = string.ascii_lowercase + string.digits + string.ascii_uppercase + ".,:;!?()[]{}<>/+-*=_'\"#@%&|~^$"
 SPECIAL_IDS = {"unk": 0, "bos": 1, "eos": 2, "pad": 3}
+FAMILY_SYMBOLS = ["\n"]
+"""One more symbol of the Qwen3 / ERNIE 4.5 tiny tokenizers (id 7): their chat templates' newline."""
 TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 """With `tool_tags=True`, one token each, appended after the vocabulary (ids 100-103): the tagged
 tool-call form of ppo/agents/tool_calls.py in four tokens instead of 50 characters. Off by
 default, so the demo's vocabulary, model and tokenisation stay as they were."""
 
 
-def build_sentencepiece_proto():
-    """Return the serialised SentencePiece model (bytes); deterministic, no randomness."""
+def build_sentencepiece_proto(extra_symbols=()):
+    """Return the serialised SentencePiece model (bytes); deterministic, no randomness.
+    `extra_symbols`: more one-token symbols after `TEMPLATE_WORDS` (the families' newline)."""
     import sentencepiece as spm
 
     corpus = [" ".join(SYMBOLS)] * 3
@@ -49,8 +57,8 @@ def build_sentencepiece_proto():
         sentence_iterator=iter(corpus),
         model_writer=buf,
         model_type="char",
-        vocab_size=len(SPECIAL_IDS) + len(TEMPLATE_WORDS) + len(SYMBOLS) + 1,  # +1: "▁"
-        user_defined_symbols=TEMPLATE_WORDS,
+        vocab_size=len(SPECIAL_IDS) + len(TEMPLATE_WORDS) + len(extra_symbols) + len(SYMBOLS) + 1,  # +1: "▁"
+        user_defined_symbols=TEMPLATE_WORDS + list(extra_symbols),
         unk_id=SPECIAL_IDS["unk"],
         bos_id=SPECIAL_IDS["bos"],
         eos_id=SPECIAL_IDS["eos"],
@@ -65,15 +73,17 @@ def build_sentencepiece_proto():
     return buf.getvalue()
 
 
-def build_tokenizer(output_dir, tool_tags=False):
-    """Write a `LlamaTokenizer` into `output_dir` and return it (`tool_tags`: with `TOOL_TAGS`)."""
+def build_tokenizer(output_dir, tool_tags=False, arch="llama"):
+    """Write a `LlamaTokenizer` into `output_dir` and return it (`tool_tags`: with `TOOL_TAGS`;
+    `arch` qwen3 / qwen3_moe / ernie45: with the family's template tokens and chat template,
+    `ppo.tiny.family_chat`)."""
     from paddlenlp.transformers import LlamaTokenizer
 
     os.makedirs(output_dir, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         vocab_file = os.path.join(tmp, "sentencepiece.bpe.model")
         with open(vocab_file, "wb") as f:
-            f.write(build_sentencepiece_proto())
+            f.write(build_sentencepiece_proto(FAMILY_SYMBOLS if arch in FAMILY_CHAT else ()))
         tokenizer = LlamaTokenizer(
             vocab_file=vocab_file,
             unk_token="<unk>",
@@ -86,8 +96,34 @@ def build_tokenizer(output_dir, tool_tags=False):
         )
         if tool_tags:  # as special tokens: a reloaded tokenizer keeps them unsplit (added tokens it splits)
             tokenizer.add_special_tokens({"additional_special_tokens": TOOL_TAGS})
+        if arch in FAMILY_CHAT:
+            add_family_chat(tokenizer, arch)
         tokenizer.save_pretrained(output_dir)
+    if arch in FAMILY_CHAT:
+        write_chat_template(output_dir, FAMILY_CHAT[arch][0])
     return tokenizer
+
+
+def add_family_chat(tokenizer, arch):
+    """The family's template tokens after the vocabulary (special ones, then the added ones that are
+    not special) and its special-token attributes (ERNIE 4.5's cls / sep)."""
+    from ..data.chat_templates import install_chat_template
+
+    template, special, added, attributes = FAMILY_CHAT[arch]
+    extra = list(tokenizer.additional_special_tokens) + [t for t in special if t not in tokenizer.additional_special_tokens]
+    tokenizer.add_special_tokens({"additional_special_tokens": extra, **attributes})
+    tokenizer.add_tokens([t for t in added if t not in tokenizer.get_vocab()])
+    install_chat_template(tokenizer, template, f"the {arch} chat template")
+
+
+def write_chat_template(output_dir, template):
+    """`chat_template` into the saved `tokenizer_config.json` (where PaddleNLP and transformers read it)."""
+    path = os.path.join(output_dir, "tokenizer_config.json")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    config["chat_template"] = template
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f, ensure_ascii=False, indent=2)
 
 
 ARCHS = ("llama", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "ernie45", "ernie45_moe")
@@ -222,7 +258,7 @@ def build_tiny(output_dir, seed=42, tool_tags=False, **model_kwargs):
     (in `model_kwargs`, see `ARCHS`) is recorded in `tiny_factory.json` only when not llama."""
     if model_kwargs.get("arch") == "llama":
         model_kwargs.pop("arch")
-    tokenizer = build_tokenizer(output_dir, tool_tags=tool_tags)
+    tokenizer = build_tokenizer(output_dir, tool_tags=tool_tags, arch=model_kwargs.get("arch", "llama"))
     model = build_model(output_dir, vocab_size=len(tokenizer), seed=seed, **model_kwargs)
     with open(os.path.join(output_dir, "tiny_factory.json"), "w") as f:
         json.dump({"seed": seed, **({"tool_tags": True} if tool_tags else {}), **model_kwargs}, f, indent=2)
