@@ -138,3 +138,78 @@ def test_correction_uses_each_tokens_behaviour_logprob(tiny):
     expected = np.exp(train_lp.numpy() - out.response_logprobs.numpy())[v == 0]
     np.testing.assert_allclose(w[v == 0], expected, rtol=1e-5)
     assert np.abs(w[v == 0] - 1).max() > 1e-3
+
+
+# ---------------------------------------------------------------- the split run's schedule and refusals
+from types import SimpleNamespace  # noqa: E402
+
+from ppo.common.argument_problems import ArgumentError  # noqa: E402
+from ppo.data.prompt_sampler import PromptSampler  # noqa: E402
+from ppo.entry.rollout_placement_arguments import rollout_placement_problems  # noqa: E402
+from ppo.run_ppo import build_trainer  # noqa: E402
+from ppo.trainer.remote_rollout import RemoteRollout  # noqa: E402
+from ppo.trainer.rollout_worker import RolloutWorker, RolloutWorkerState  # noqa: E402
+from tests.rule_reward_helpers import rule_argv  # noqa: E402
+from tests.test_async_rollout import RecordingLink, placement_args, tiny_experience  # noqa: E402
+
+
+class ChunkedFakeRollout:
+    """A `Rollout` with a `partial` switch: three chunks of one token each, versions from `at_boundary`."""
+
+    def __init__(self, chunks=3):
+        self.state, self.sampler, self.partial, self.chunks = RolloutWorkerState(), PromptSampler(64, 4, seed=1), None, chunks
+
+    def generate(self):
+        self.sampler.next_indices()
+        self.state.gen_batches += 1
+        versions = [self.partial.at_boundary(c) for c in range(self.chunks)]
+        exp = tiny_experience(self.state.step, [-1.0, -2.0, 0.0])
+        exp.token_versions = paddle.to_tensor([versions[:2] + [-1]], dtype="int64")  # 2 real tokens, then padding
+        return exp
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+@pytest.mark.parametrize("start", [0, 3])
+def test_partial_schedule_pairs_up_and_batches_span_one_update(staleness, start):
+    """Trainer and rollout rank pair their collectives one for one; batch b >= start + s starts
+    under version b - s and takes b - s + 1 after its first chunk; no token is over s stale."""
+    max_steps = 7
+    link = RecordingLink([{"start": start, "max_steps": max_steps, "gen_batches": start, "sampler": {"epoch": 0, "offset": 0}},
+                          *range(start, max_steps - staleness + 1)])
+    RolloutWorker(link, ChunkedFakeRollout(), [], staleness, partial_tokens=1).train()
+    trainer_link = RecordingLink(link.sent_objects)
+    state = SimpleNamespace(step=start, gen_batches=start)
+    remote = RemoteRollout(trainer_link, lambda: [], PromptSampler(64, 4, seed=1), state, staleness, max_steps, partial=True)
+    for step in range(start, max_steps):
+        exp = remote.generate()
+        first, second = exp.token_versions.numpy()[0, :2].tolist()
+        expected = [max(start, step - staleness), max(start, step - staleness + 1)]
+        assert [first, second] == expected, step
+        assert exp.version == expected[0]
+        assert remote.metrics["async/staleness_max"] == step - expected[0] <= staleness
+        np.testing.assert_allclose(remote.metrics["async/staleness_mean"], step - (first + second) / 2)
+        state.step += 1
+    assert trainer_link.ops == link.ops and not trainer_link.inbox and not link.inbox
+
+
+@pytest.mark.parametrize("changes, key", [
+    ({"async_staleness": 0}, "partial_rollout needs rollout_placement split with async_staleness >= 1"),
+    ({"rollout_placement": "colocated", "async_staleness": 0}, "partial_rollout needs rollout_placement split"),
+    ({"partial_rollout_tokens": 16}, "partial_rollout_tokens 16 must be in 1..max_dec_len - 1 (15)"),
+    ({"partial_rollout_tokens": 0}, "partial_rollout_tokens 0 must be in"),
+    ({"moe_routing_replay": "rollout"}, "moe_routing_replay rollout with partial_rollout"),
+])
+def test_partial_rollout_problems_name_the_key(changes, key):
+    base = dict(async_staleness=1, rollout_is="token", partial_rollout=True, partial_rollout_tokens=4, max_dec_len=16)
+    args = placement_args(**{**base, **changes})
+    problems = rollout_placement_problems(args, 2 if args.split_rollout else 1)
+    assert any(key in p for p in problems), problems
+    assert rollout_placement_problems(placement_args(**base), 2) == []
+
+
+def test_partial_rollout_refused_before_models_load(tiny_model_dir, tiny_data_dir, tmp_path):
+    argv = rule_argv(tiny_model_dir, tiny_data_dir, str(tmp_path / "o"), "--partial_rollout", "true")
+    with pytest.raises(ArgumentError) as err:
+        build_trainer(argv)
+    assert "partial_rollout needs rollout_placement split with async_staleness >= 1" in str(err.value)
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
