@@ -5,11 +5,13 @@ Before each chunk it calls `at_boundary(chunk)`, which may load new weights into
 model and returns the weights version that samples the chunk. Rows still unfinished after a
 chunk keep their tokens: the next chunk re-prefills prompt + tokens so far under the weights
 then current (the KV cache of the old weights is dropped), as slime's partial rollout does
-(`slime/rollout/sglang_rollout.py`: aborted samples go back to the buffer with their partial
-response and continue under the new weights) and AReaL's interruptible generation
-(`areal/engine/sglang_remote.py`: a request interrupted by a weight update resumes with its
-generated tokens appended to the prompt). Each token keeps the log-prob of the weights that
-sampled it and that version (`token_versions`).
+(`slime/rollout/sglang_rollout.py`, `abort`: requests unfinished at a weight update go back to
+the data buffer with their partial response, and the next generation sends prompt + response)
+and AReaL's interruptible generation (`areal/engine/sglang_remote.py`,
+`RemoteSGLangEngine.agenerate`: a request aborted by `update_weights` is re-sent with its output
+tokens appended to `input_ids` and `max_new_tokens` reduced, its tokens' log-probs and
+`output_versions` accumulated). Each token keeps the log-prob of the weights that sampled it and
+that version (`token_versions`).
 
 The sampling uniforms are columns/steps of the one draw an uninterrupted call makes
 (`ChunkDraw`), so with unchanged weights the tokens are the uninterrupted call's (the log-probs
