@@ -61,9 +61,11 @@ def _perturbed(model, seed=11):
             for k, v in model.state_dict().items()}
 
 
-def test_chunked_generation_equals_uninterrupted_when_weights_stay(tiny):
+@pytest.mark.parametrize("max_num_seqs", [-1, 4])
+def test_chunked_generation_equals_uninterrupted_when_weights_stay(tiny, max_num_seqs):
+    """Also with the engine's row chunks (`rollout_max_num_seqs`) inside each token chunk."""
     model, ids, mask = tiny
-    engine = _engine(model)
+    engine = RolloutEngine(model, eos_token_id=EOS, pad_token_id=PAD, kernels="paddle", max_num_seqs=max_num_seqs)
     params = SamplingParams(max_new_tokens=12, min_new_tokens=5, temperature=0.9, top_k=20)
     ref = engine.generate(ids, mask, params, seed=5)
     switch = Switch(model, at=2)  # versions change, weights do not
@@ -162,6 +164,7 @@ class ChunkedFakeRollout:
     def generate(self):
         self.sampler.next_indices()
         self.state.gen_batches += 1
+        assert [self.partial.chunk_tokens(c) for c in range(2)] == [1, 1 << 30]
         versions = [self.partial.at_boundary(c) for c in range(self.chunks)]
         exp = tiny_experience(self.state.step, [-1.0, -2.0, 0.0])
         exp.token_versions = paddle.to_tensor([versions[:2] + [-1]], dtype="int64")  # 2 real tokens, then padding

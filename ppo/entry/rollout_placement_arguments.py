@@ -57,7 +57,8 @@ class RolloutPlacementArguments:
     partial_rollout_tokens: int = field(
         default=8,
         metadata={"help": "partial_rollout: the tokens every response generates under the older weights before the "
-                  "update is taken (the chunk size of the interruptible generation); below max_dec_len."},
+                  "update is taken (the first chunk of the interruptible generation; the rest follows in one chunk, "
+                  "re-prefilled under the new weights); below max_dec_len."},
     )
 
     def __post_init__(self):

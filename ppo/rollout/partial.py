@@ -53,7 +53,8 @@ def _finished(out, stop_ids):
 
 def generate_partial(engine, input_ids, attention_mask, params, seed, chunk_tokens, at_boundary, row_offset=0,
                      total_rows=None):
-    """`engine.generate` in chunks of `chunk_tokens`; returns `(RolloutOutput, token_versions)`,
+    """`engine.generate` in chunks of `chunk_tokens` new tokens (an int, or `chunk -> int`: the size
+    of chunk 0, 1, ...); returns `(RolloutOutput, token_versions)`,
     `token_versions` `[B, Tr]` int64 (the version of each response token, -1 after its row's
     end). `at_boundary(chunk) -> version` runs before chunk 0, 1, ... `input_ids` `[B, Tp]`
     left-padded as for `generate`; `seed` an int (not None: the chunks share one draw)."""
@@ -70,7 +71,7 @@ def generate_partial(engine, input_ids, attention_mask, params, seed, chunk_toke
     lengths, active, done, chunk = np.zeros([B], dtype=np.int64), np.arange(B), 0, 0
     while active.size and done < N:
         version = int(at_boundary(chunk))
-        steps = min(chunk_tokens, N - done)
+        steps = min(chunk_tokens(chunk) if callable(chunk_tokens) else chunk_tokens, N - done)
         sel = paddle.to_tensor(active)
         ids = paddle.concat([paddle.index_select(input_ids, sel), paddle.to_tensor(tokens[active, :done])], axis=1)
         mask = paddle.concat([paddle.index_select(prompt_mask, sel), paddle.ones([active.size, done], "int64")], axis=1)

@@ -47,14 +47,15 @@ class RolloutWorker:
     `staleness`: `async_staleness`; `reference_pass`: `exp -> ref_logprobs [N, Tr]` (no
     gradient), or None when the run has no KL to a reference; `partial_tokens`: `partial_rollout_tokens`
     of a `partial_rollout` run (0: off), the tokens every response generates before the update of
-    its step is taken (then the rollout's `partial` is this worker: `chunk_tokens`, `at_boundary`)."""
+    its step is taken (then the rollout's `partial` is this worker: `chunk_tokens`, `at_boundary`:
+    two chunks, so a response is re-prefilled once, at the update)."""
 
     def __init__(self, link, rollout, params, staleness, reference_pass=None, partial_tokens=0):
         self.link, self.rollout, self.params, self.staleness = link, rollout, params, staleness
-        self.reference_pass, self.chunk_tokens = reference_pass, int(partial_tokens)
+        self.reference_pass, self.partial_tokens = reference_pass, int(partial_tokens)
         self.state = rollout.state
         self.used, self.pending, self.waited = {}, False, 0.0
-        if self.chunk_tokens:
+        if self.partial_tokens:
             rollout.partial = self
 
     def train(self):
@@ -73,7 +74,7 @@ class RolloutWorker:
                 self.take_weights()
             self.state.step = self.version  # the Rollout stamps the experience with it (the oldest token's)
             self.used = {self.version: self.checksum}
-            self.pending = self.chunk_tokens > 0 and index - self.staleness + 1 > self.version
+            self.pending = self.partial_tokens > 0 and index - self.staleness + 1 > self.version
             exp = self.rollout.generate()
             if self.pending:  # every response ended before the update: it serves the next batch
                 self.take_weights()
@@ -93,6 +94,10 @@ class RolloutWorker:
         self.version, self.checksum = self.link.receive_weights(self.params)
         self.used[self.version] = self.checksum
         self.pending, self.waited = False, self.waited + time.time() - t0
+
+    def chunk_tokens(self, chunk):
+        """A partial rollout's chunk sizes: `partial_rollout_tokens`, then the rest of the response."""
+        return self.partial_tokens if chunk == 0 else 1 << 30
 
     def at_boundary(self, chunk):
         """A partial rollout's chunk boundary: before chunk 1 of a batch whose update is due, take
