@@ -216,3 +216,16 @@ def test_partial_rollout_refused_before_models_load(tiny_model_dir, tiny_data_di
         build_trainer(argv)
     assert "partial_rollout needs rollout_placement split with async_staleness >= 1" in str(err.value)
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
+def test_token_versions_cross_the_link_and_pad_with_minus_one():
+    from ppo.experience import pad_experience
+    from ppo.trainer.remote_rollout import experience_from_message, experience_message
+
+    exp = tiny_experience(2, [-1.0, -2.0, 0.0])
+    exp.token_versions = paddle.to_tensor([[2, 3, -1]], dtype="int64")
+    back = experience_from_message(experience_message(exp))
+    assert back.token_versions.numpy().tolist() == [[2, 3, -1]] and back.token_versions.dtype == paddle.int64
+    wide = pad_experience(back, 3, 5, 0)
+    assert wide.token_versions.numpy().tolist() == [[2, 3, -1, -1, -1]]
+    assert back.select([0]).token_versions.numpy().tolist() == [[2, 3, -1]]
