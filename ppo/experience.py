@@ -23,7 +23,8 @@ from .models.unpadded import pack_padded, packed_token_logprobs
 
 STAGES = ("rollout", "scored", "complete")
 ROW_TENSORS = ("sequences", "attention_mask", "position_ids", "response_ids", "response_mask", "group_ids", "old_logprobs",
-               "ref_logprobs", "advantages", "ends_with_eos", "rollout_logprobs", "rollout_is_weights", "env_rewards", "routing")
+               "ref_logprobs", "advantages", "ends_with_eos", "rollout_logprobs", "rollout_is_weights", "env_rewards", "routing",
+               "token_versions")
 ROW_LISTS = ("src", "label", "prompt_text", "response_text", "turns")
 
 
@@ -84,6 +85,9 @@ class Experience:
     # routing replay (`moe_routing_replay rollout`, `ppo.models.routing_replay`): the experts the
     # rollout routed each token of `sequences` to, replayed by the actor's forwards
     routing: Optional[paddle.Tensor] = None  # [N, T, L, k] int32, -1: not replayed
+    # partial rollouts (`partial_rollout`, `ppo.rollout.partial`): the weights version that sampled
+    # each response token; None when one version (`version`) sampled the whole batch
+    token_versions: Optional[paddle.Tensor] = None  # [N, Tr] int64, -1 after a row's end
 
     def __len__(self):
         return self.sequences.shape[0]
@@ -282,6 +286,8 @@ def pad_experience(exp, Tp, Tr, pad_id):
     for name in ("old_logprobs", "rollout_logprobs", "env_rewards"):
         if getattr(exp, name) is not None:
             setattr(out, name, pad_columns(getattr(exp, name), 0, dr, 0.0))
+    if exp.token_versions is not None:
+        out.token_versions = pad_columns(exp.token_versions, 0, dr, -1)
     if exp.routing is not None:
         out.routing = pad_routing(exp.routing, dp, dr, P)
     for trace in out.objectives.values():  # a process reward model's step tensors [N, Tr]

@@ -165,7 +165,7 @@ def make_rollout(args, engine, sampling, sampler, dataset, tokenizer, passes, of
     a multi-turn run goes into the checkpoints."""
     if args.split_rollout:
         params, max_steps = remote
-        return RemoteRollout(RolloutLink(), params, sampler, state, args.async_staleness, max_steps)
+        return RemoteRollout(RolloutLink(), params, sampler, state, args.async_staleness, max_steps, args.partial_rollout)
     if not args.env_name:
         return Rollout(engine, sampling, sampler, dataset, tokenizer, passes, offload, state, ranks, settings)
     watch = ToolFailureWatch(args.max_tool_failure_frac, args.tool_failure_steps)
@@ -279,7 +279,8 @@ def build_rollout_worker(args, actor, tokenizer, train_dataset, models=None):
     offload = OffloadPlan(parse_offload_level(args.offload_level), models={"actor": actor}, optimizers={})
     rollout = Rollout(rollout_engine(args, actor, tokenizer), sampling_params(args), sampler, train_dataset, tokenizer,
                       GenerationInPlace(), offload, RolloutWorkerState(), ranks, slice_of(RolloutSettings, args))
-    return RolloutWorker(RolloutLink(), rollout, list(actor.parameters()), args.async_staleness, reference_pass)
+    return RolloutWorker(RolloutLink(), rollout, list(actor.parameters()), args.async_staleness, reference_pass,
+                         partial_tokens=args.partial_rollout_tokens if args.partial_rollout else 0)
 
 
 def no_grad_call(fn, *args):

@@ -225,3 +225,30 @@ def test_resume_after_sigkill_loses_and_repeats_no_batch(stale, colocated, tiny_
         assert resumed in (2, 4)
         expected = [max(0, b - 1) for b in range(resumed)] + [max(resumed, b - 1) for b in range(resumed, STEPS)]
         assert [r["async/weights_version"] for r in rows] == expected
+
+
+@pytest.mark.slow
+def test_partial_rollout_responses_span_an_update(tiny_model_dir, tiny_data_dir, tmp_path):
+    """`partial_rollout` at staleness 1, 2 tokens before the update: from step 2 on, responses
+    longer than 2 tokens carry two versions (k - 1 then k, the trainer's weights of this step),
+    every token is at most 1 step stale, and the correction weights each token by its own
+    sampling log-prob: 1 on the tokens of the trainer's own version, not 1 on the older ones."""
+    out = str(tmp_path / "partial")
+    launch(out, run_argv(tiny_model_dir, tiny_data_dir, out, *STALE, "--partial_rollout", "true",
+                         "--partial_rollout_tokens", "2", "--sample_token_details", "true"))
+    rows = steps(out)
+    assert [r["async/weights_version"] for r in rows] == [0, 0, 1, 2, 3]  # the oldest token's version
+    assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 1.0, 1.0, 1.0]
+    assert all(0.0 < r["async/staleness_mean"] < 1.0 for r in rows[1:]), [r["async/staleness_mean"] for r in rows]
+    samples = [s for s in map(json.loads, open(f"{out}/samples.jsonl")) if s["step"] >= 2]
+    spanning, old_weights = 0, []
+    for s in samples:
+        k, versions, weights = s["step"] - 1, s["token_versions"], s["rollout_is_weights"]
+        assert versions[:2] == [k - 1] * min(2, len(versions)) and set(versions[2:]) <= {k}, s
+        spanning += len(versions) > 2
+        for v, w in zip(versions, weights):
+            if v == k:
+                assert w == pytest.approx(1.0, abs=2e-4), s
+            else:
+                old_weights.append(w)
+    assert spanning > 0 and max(abs(w - 1.0) for w in old_weights) > 1e-3

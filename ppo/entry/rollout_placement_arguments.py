@@ -7,6 +7,8 @@ receive the actor's weights after each optimiser step and send back the batches
 trainer is one rank and the rollout one rank (a launch of two processes). With
 `async_staleness` s > 0 the batch of step k may come from the weights of step k - s (generated
 while the trainer trains), corrected by the rollout importance weights (`rollout_is`).
+`partial_rollout` lets a response span a weight update (slime, AReaL): its tokens carry the
+versions that sampled them (`ppo.rollout.partial`, `ppo.trainer.rollout_worker`).
 `rollout_placement_problems` refuses, before any model loads, what a split run cannot do.
 """
 from dataclasses import dataclass, field
@@ -43,6 +45,20 @@ class RolloutPlacementArguments:
         metadata={"help": f"rollout_placement split: 0 generates step k's batch with the weights after step k "
                   f"(synchronous, the colocated run's numbers); s in 1..{MAX_ASYNC_STALENESS} lets it come from the "
                   "weights of step k - s while the trainer trains (one-step-off-policy at 1); needs rollout_is."},
+    )
+
+    partial_rollout: bool = field(
+        default=False,
+        metadata={"help": "rollout_placement split with async_staleness >= 1: batch k starts under the weights of step "
+                  "k - s and, after partial_rollout_tokens tokens of every response, continues under those of step "
+                  "k - s + 1 (re-prefilled); each token records the version that sampled it, the staleness bound holds "
+                  "per token and the rollout correction uses each token's own log-prob (slime / AReaL partial rollouts)."},
+    )
+    partial_rollout_tokens: int = field(
+        default=8,
+        metadata={"help": "partial_rollout: the tokens every response generates under the older weights before the "
+                  "update is taken (the first chunk of the interruptible generation; the rest follows in one chunk, "
+                  "re-prefilled under the new weights); below max_dec_len."},
     )
 
     def __post_init__(self):
@@ -88,6 +104,7 @@ def rollout_placement_problems(args, world_size):
     if not 0 <= args.async_staleness <= MAX_ASYNC_STALENESS:
         problems.append(f"async_staleness must be in 0..{MAX_ASYNC_STALENESS} (batches at most that many optimiser steps "
                         f"behind), got {args.async_staleness}")
+    problems += partial_rollout_problems(args)
     if not args.split_rollout:
         if args.async_staleness:
             problems.append("async_staleness > 0 needs rollout_placement split (a colocated rollout always uses the "
@@ -118,4 +135,22 @@ def rollout_placement_problems(args, world_size):
     if args.async_staleness > 0 and args.rollout_is == "none":
         problems.append(f"async_staleness {args.async_staleness} with rollout_is none: stale batches need the importance "
                         "weights of the rollout correction (rollout_is token or sequence)")
+    return problems
+
+
+def partial_rollout_problems(args):
+    """What `partial_rollout` cannot be combined with, each naming its key."""
+    if not getattr(args, "partial_rollout", False):
+        return []
+    problems = []
+    if not args.split_rollout or args.async_staleness < 1:
+        problems.append("partial_rollout needs rollout_placement split with async_staleness >= 1: only there does a "
+                        "weight update arrive while a batch is generated (a colocated or synchronous rollout always "
+                        "samples a batch with one version)")
+    if not 1 <= args.partial_rollout_tokens < args.max_dec_len:
+        problems.append(f"partial_rollout_tokens {args.partial_rollout_tokens} must be in 1..max_dec_len - 1 "
+                        f"({args.max_dec_len - 1}): the tokens a response generates before the update")
+    if getattr(args, "moe_routing_replay", "none") == "rollout":
+        problems.append("moe_routing_replay rollout with partial_rollout: the experts of re-prefilled chunks are not "
+                        "recorded")
     return problems

@@ -24,7 +24,10 @@ def step_uniforms(draw, steps, rows, place):
     `[row_offset, row_offset + rows)` of the `[steps, total_rows]` draw from `seed`
     (`draw = (seed, row_offset, total_rows)`, see `RolloutEngine.generate`)."""
     seed, offset, total = draw
-    u = np.random.default_rng(seed).random((steps, total), dtype=np.float32)[:, offset : offset + rows]
+    if hasattr(seed, "uniforms"):  # a chunk of a partial rollout (`ppo.rollout.partial.ChunkDraw`)
+        u = seed.uniforms(steps, offset, rows)
+    else:
+        u = np.random.default_rng(seed).random((steps, total), dtype=np.float32)[:, offset : offset + rows]
     return paddle.to_tensor(np.minimum(np.ascontiguousarray(u), np.float32(_U_MAX)), place=place)
 
 

@@ -58,7 +58,7 @@ def trim_padding(exp):
     out.sequences = exp.sequences[:, P - keep_p : P + Tr]
     out.attention_mask = exp.attention_mask[:, P - keep_p : P + Tr]
     out.position_ids = position_ids_from_mask(out.attention_mask)
-    for name in ("response_ids", "response_mask", "old_logprobs", "rollout_logprobs"):
+    for name in ("response_ids", "response_mask", "old_logprobs", "rollout_logprobs", "token_versions"):
         if getattr(exp, name) is not None:
             setattr(out, name, getattr(exp, name)[:, :Tr])
     if exp.routing is not None:

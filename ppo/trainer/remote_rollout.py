@@ -20,11 +20,19 @@ resume where an uninterrupted run would.
 Metrics: `async/staleness_mean` (training steps between the weights that sampled the batch and
 this step), `async/rollout_wait_s` (time the trainer waited for batches),
 `async/train_wait_s` (time the rollout rank waited for weights before generating it),
-`async/weights_sync_s` (sending the weights)."""
+`async/weights_sync_s` (sending the weights).
+
+Partial rollouts (`partial_rollout`, s >= 1): at step k the trainer sends version k FIRST (when
+k > start and batch k + s - 1 exists), then receives the batches below k + s: the rollout rank
+takes version k in the middle of batch k + s - 1 (`RolloutWorker.at_boundary`). A batch then
+carries per-token versions (`Experience.token_versions`) and the checksum of each version it
+used; the staleness metrics are per token (`async/staleness_mean` over tokens,
+`async/staleness_max` the oldest token's, at most s, `async/fresh_token_frac`)."""
 import time
 
 import paddle
 
+from ..algos.token_versions import token_staleness_metrics
 from ..experience import ROW_LISTS, ROW_TENSORS, Experience
 
 
@@ -45,11 +53,11 @@ class RemoteRollout:
     """`link`: the run's `RolloutLink`; `params`: the trainer's actor parameters (a callable
     giving them in order); `sampler`: the run's `PromptSampler` (its position follows the
     batches trained on); `state`: the `RunState`; `staleness`: `async_staleness`; `max_steps`:
-    the run's steps."""
+    the run's steps; `partial`: `partial_rollout` (the weights go out before the batches come in)."""
 
-    def __init__(self, link, params, sampler, state, staleness, max_steps):
+    def __init__(self, link, params, sampler, state, staleness, max_steps, partial=False):
         self.link, self.params, self.sampler, self.state = link, params, sampler, state
-        self.staleness, self.max_steps = staleness, max_steps
+        self.staleness, self.max_steps, self.partial = staleness, max_steps, bool(partial)
         self.start, self.received, self.metrics = None, {}, {}
         self.sent = {}  # version -> checksum of the weights sent as that version
 
@@ -77,13 +85,22 @@ class RemoteRollout:
         if self.start is None:
             self.hello()
         k, s = self.state.step, self.staleness
+        # 2. the weights a later batch needs: before the batches with partial rollouts (taken in
+        # the middle of batch k + s - 1), else after them (taken before batch k + s)
+        sync = self.send_version(k, k + s - 1) if self.partial else 0.0
         waited = self.receive_below(k + s)  # 1. what the rollout rank generated meanwhile
-        sync = 0.0
-        if k > self.start and k + s < self.max_steps and k not in self.sent:  # 2. the weights a later batch needs
-            t0 = time.time()
-            self.sent[k] = self.link.send_weights(self.params(), k)
-            sync = time.time() - t0
+        if not self.partial:
+            sync = self.send_version(k, k + s)
         return waited, sync
+
+    def send_version(self, k, first_batch):
+        """Send the weights of version `k` once when a batch from `first_batch` on still needs them;
+        returns the seconds it took."""
+        if not (k > self.start and first_batch < self.max_steps and k not in self.sent):
+            return 0.0
+        t0 = time.time()
+        self.sent[k] = self.link.send_weights(self.params(), k)
+        return time.time() - t0
 
     def check_peer(self):
         """After a stop request was saved: the next step's exchanges that come before its batch
@@ -102,14 +119,28 @@ class RemoteRollout:
         self.state.gen_batches = message["gen_batches"]  # as after the colocated run's draw of this batch
         self.sampler.set_state_dict(message["sampler"])
         version, checksum = message["version"], message["checksum"]
-        if checksum != self.sent[version]:  # the rollout rank checks each set it applies: never expected
-            raise RuntimeError(f"batch {k} was generated from weights of version {version} with checksum {checksum!r}, "
-                               f"not the {self.sent[version]!r} sent")
+        for v, c in message.get("versions", {version: checksum}).items():
+            if c != self.sent[v]:  # the rollout rank checks each set it applies: never expected
+                raise RuntimeError(f"batch {k} was generated from weights of version {v} with checksum {c!r}, "
+                                   f"not the {self.sent[v]!r} sent")
         self.sent = {v: c for v, c in self.sent.items() if v >= version}  # later batches need no older version
+        exp = experience_from_message(message["experience"])
         self.metrics = {"async/staleness_mean": float(k - version), "async/rollout_wait_s": waited,
                         "async/train_wait_s": message["train_wait_s"], "async/weights_sync_s": sync,
                         "async/weights_version": float(version), "async/weights_checksum": checksum}
-        return experience_from_message(message["experience"])
+        if exp.token_versions is not None:
+            self.metrics.update(self.token_metrics(exp, k))
+        return exp
+
+    def token_metrics(self, exp, k):
+        """The per-token staleness of a partial rollout's batch trained at step `k`; raises when
+        its oldest token is more than `async_staleness` behind (the schedule never lets it)."""
+        metrics = {name: float(value) for name, value in token_staleness_metrics(exp.token_versions, exp.response_mask,
+                                                                                k).items()}
+        if metrics["async/staleness_max"] > self.staleness:
+            raise RuntimeError(f"batch {k} has tokens {metrics['async/staleness_max']:.0f} steps stale, over "
+                               f"async_staleness {self.staleness}")
+        return metrics
 
     def close(self):
         """At the end of the run: a rollout rank never started (a finished run resumed) is told

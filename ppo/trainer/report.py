@@ -98,7 +98,9 @@ def token_details(exp, n):
     `prompt_ids`, `response_ids` (every real response token, the environment's included),
     `policy_mask` (the loss mask: 1 on the policy's own tokens), `sampling_logprobs` (the
     engine's log-prob of each token, 0 off the policy's; `logprobs_of` "engine", or
-    "old_logprobs" where the run keeps them as the old log-probs only: the engine's when reused)."""
+    "old_logprobs" where the run keeps them as the old log-probs only: the engine's when reused);
+    with a partial rollout `token_versions` (the weights version of each token) and, with the rollout
+    correction on, `rollout_is_weights` (each token's weight)."""
     Tp = exp.prompt_len
     attention = exp.attention_mask.numpy()
     sequences, mask = exp.sequences.numpy(), exp.response_mask.numpy()
@@ -114,5 +116,9 @@ def token_details(exp, n):
         if logprobs is not None:
             row["sampling_logprobs"] = [round(float(x), 6) for x in logprobs[i, :end]]
             row["logprobs_of"] = "engine" if exp.rollout_logprobs is not None else "old_logprobs"
+        for name in ("token_versions", "rollout_is_weights"):
+            if getattr(exp, name) is not None:
+                values = getattr(exp, name).numpy()[i, :end]
+                row[name] = values.tolist() if name == "token_versions" else [round(float(x), 6) for x in values]
         out.append(row)
     return out

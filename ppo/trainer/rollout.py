@@ -8,23 +8,28 @@ data-parallel layout. The engine's log-probs of the sampled tokens become the ol
 (`use_rollout_logprobs`) or are kept as `rollout_logprobs` for the rollout correction. The
 draw count lives in the run state (`gen_batches`): it seeds the draw and numbers the prompt
 groups (group ids never repeat across draws or ranks). An engine that records routing
-(`moe_routing_replay rollout`) gives each token's experts, kept as `Experience.routing`."""
+(`moe_routing_replay rollout`) gives each token's experts, kept as `Experience.routing`.
+With a `partial` switch (a split run's rollout rank, `partial_rollout`) the engine generates in
+chunks that a weight update may interrupt (`ppo.rollout.partial`) and each token's weights
+version is kept as `Experience.token_versions`; `Experience.version` is then the oldest."""
 import paddle
 
 from ..experience import experience_from_rollout
 from ..models.routing_replay import rollout_routing
+from ..rollout.partial import generate_partial
 
 
 class Rollout:
     """`engine`: a `RolloutEngine`; `sampling`: its `SamplingParams`; `sampler`: this data
     rank's `PromptSampler`; `dataset`: the prompt dataset; `passes`: the step's `ModelPasses`
     (their `generation_weights`); `offload`: the `OffloadPlan`; `state`: the `RunState`
-    (`gen_batches`, `step`); `ranks`: the run's `Ranks`; `settings`: `RolloutSettings`."""
+    (`gen_batches`, `step`); `ranks`: the run's `Ranks`; `settings`: `RolloutSettings`;
+    `partial`: None, or an object with `chunk_tokens` and `at_boundary(chunk) -> version`."""
 
-    def __init__(self, engine, sampling, sampler, dataset, tokenizer, passes, offload, state, ranks, settings):
+    def __init__(self, engine, sampling, sampler, dataset, tokenizer, passes, offload, state, ranks, settings, partial=None):
         self.engine, self.sampling, self.sampler, self.dataset = engine, sampling, sampler, dataset
         self.tokenizer, self.passes, self.offload, self.state, self.ranks = tokenizer, passes, offload, state, ranks
-        self.settings = settings
+        self.settings, self.partial = settings, partial
         self.collate = dataset.get_collator()
         self.metrics = {}  # a single-turn rollout adds no counts (`TrajectoryRollout` does)
 
@@ -37,13 +42,17 @@ class Rollout:
         prompt_mask = paddle.repeat_interleave(batch["attention_mask"], n, axis=0)
         draws = self.state.gen_batches
         seed, rows = self.settings.seed + 1_000_003 * draws, input_ids.shape[0]
+        token_versions, where = None, dict(row_offset=ranks.data_rank * rows, total_rows=ranks.data_world * rows)
         with self.offload.scope("actor"), self.passes.generation_weights():
-            out = self.engine.generate(input_ids, prompt_mask, self.sampling, seed=seed, row_offset=ranks.data_rank * rows,
-                                       total_rows=ranks.data_world * rows)
+            if self.partial is None:
+                out = self.engine.generate(input_ids, prompt_mask, self.sampling, seed=seed, **where)
+            else:
+                out, token_versions = generate_partial(self.engine, input_ids, prompt_mask, self.sampling, seed,
+                                                       self.partial.chunk_tokens, self.partial.at_boundary, **where)
         group_base = (draws * ranks.data_world + ranks.data_rank) * len(indices)
         self.state.gen_batches += 1
         exp = experience_from_rollout(batch, out, self.tokenizer.eos_token_id, repeat=n, group_base=group_base)
-        exp.version = self.state.step
+        exp.version, exp.token_versions = self.state.step, token_versions
         if out.expert_indices is not None:  # routing replay: the experts of every token, aligned to `sequences`
             exp.routing = rollout_routing(out.expert_indices, exp.attention_mask)
         engine_logprobs = out.response_logprobs * exp.response_mask

@@ -8,7 +8,15 @@ generates batch b with the same `Rollout` a colocated run uses (same prompts, sa
 draws), adds the reference log-probs when the run needs them (`reference_pass`: the same
 `PlainPasses` pass the colocated trainer runs, so the numbers are the same; the trainer then
 skips its own, which moves that frozen model's work off the training critical path) and sends it with the version and checksum of the weights that sampled it, its
-sampler position and draw count afterwards, and the seconds it waited for the weights."""
+sampler position and draw count afterwards, and the seconds it waited for the weights.
+
+With `partial_rollout` (staleness s >= 1) batch b starts under version b - s and, after every
+response's first `partial_rollout_tokens` tokens, takes version b - s + 1, which the trainer
+sends as soon as its step b - s + 1 begins (`RemoteRollout`); unfinished responses continue
+under it (re-prefilled, `ppo.rollout.partial`), so a response spans the update and its tokens
+carry two versions, the oldest at most s steps behind the step that trains on them.
+The update lands at that chunk boundary every run (the rank waits for it there), so the
+batches are the same whatever the timing, unlike slime's and AReaL's interrupt-when-ready."""
 import contextlib
 import logging
 import time
@@ -37,12 +45,18 @@ class RolloutWorker:
     """`link`: the `RolloutLink`; `rollout`: a `Rollout` over this rank's actor whose `state`
     is a `RolloutWorkerState`; `params`: the actor's parameters in the trainer's order;
     `staleness`: `async_staleness`; `reference_pass`: `exp -> ref_logprobs [N, Tr]` (no
-    gradient), or None when the run has no KL to a reference."""
+    gradient), or None when the run has no KL to a reference; `partial_tokens`: `partial_rollout_tokens`
+    of a `partial_rollout` run (0: off), the tokens every response generates before the update of
+    its step is taken (then the rollout's `partial` is this worker: `chunk_tokens`, `at_boundary`:
+    two chunks, so a response is re-prefilled once, at the update)."""
 
-    def __init__(self, link, rollout, params, staleness, reference_pass=None):
+    def __init__(self, link, rollout, params, staleness, reference_pass=None, partial_tokens=0):
         self.link, self.rollout, self.params, self.staleness = link, rollout, params, staleness
-        self.reference_pass = reference_pass
+        self.reference_pass, self.partial_tokens = reference_pass, int(partial_tokens)
         self.state = rollout.state
+        self.used, self.pending, self.waited = {}, False, 0.0
+        if self.partial_tokens:
+            rollout.partial = self
 
     def train(self):
         """Serve the run's batches; returns a summary of what was generated."""
@@ -52,25 +66,45 @@ class RolloutWorker:
             return {"batches": 0}
         self.state.gen_batches = hello["gen_batches"]
         self.rollout.sampler.set_state_dict(hello["sampler"])
-        version, checksum = self.link.receive_weights(self.params)
+        self.version, self.checksum = self.link.receive_weights(self.params)
         waited_total = 0.0
         for index in range(start, max_steps):
-            waited = 0.0
-            if index - self.staleness > version:
-                t0 = time.time()
-                version, checksum = self.link.receive_weights(self.params)
-                waited = time.time() - t0
-            self.state.step = version  # the Rollout stamps the experience with it
+            self.waited = 0.0
+            if index - self.staleness > self.version:
+                self.take_weights()
+            self.state.step = self.version  # the Rollout stamps the experience with it (the oldest token's)
+            self.used = {self.version: self.checksum}
+            self.pending = self.partial_tokens > 0 and index - self.staleness + 1 > self.version
             exp = self.rollout.generate()
+            if self.pending:  # every response ended before the update: it serves the next batch
+                self.take_weights()
             if self.reference_pass is not None:
                 exp.ref_logprobs = self.reference_pass(exp)
-            message = {"index": index, "version": version, "checksum": checksum, "train_wait_s": waited,
-                       "gen_batches": self.state.gen_batches, "sampler": self.rollout.sampler.state_dict(),
-                       "experience": experience_message(exp)}
+            message = {"index": index, "version": exp.version, "checksum": self.used[exp.version],
+                       "versions": dict(self.used), "train_wait_s": self.waited, "gen_batches": self.state.gen_batches,
+                       "sampler": self.rollout.sampler.state_dict(), "experience": experience_message(exp)}
             self.link.send_object(message, self.link.trainer_rank)
-            waited_total += waited
+            waited_total += self.waited
         logger.info(f"rollout rank: generated batches {start}..{max_steps - 1}, {waited_total:.1f} s waiting for weights")
         return {"batches": max_steps - start, "train_wait_s": waited_total}
+
+    def take_weights(self):
+        """Receive the next weights version (blocking until the trainer sends it)."""
+        t0 = time.time()
+        self.version, self.checksum = self.link.receive_weights(self.params)
+        self.used[self.version] = self.checksum
+        self.pending, self.waited = False, self.waited + time.time() - t0
+
+    def chunk_tokens(self, chunk):
+        """A partial rollout's chunk sizes: `partial_rollout_tokens`, then the rest of the response."""
+        return self.partial_tokens if chunk == 0 else 1 << 30
+
+    def at_boundary(self, chunk):
+        """A partial rollout's chunk boundary: before chunk 1 of a batch whose update is due, take
+        the new weights; the tokens so far keep their version. Returns the version now held."""
+        if self.pending and chunk >= 1:
+            self.take_weights()
+        return self.version
 
     def closing_text(self, summary):
         return f"rollout rank done: {summary}"
