@@ -33,7 +33,7 @@ import os
 import string
 import tempfile
 
-from .family_chat import FAMILY_CHAT
+from .family_chat import FAMILY_CHAT, add_family_chat, write_chat_template
 
 TEMPLATE_WORDS = ["USER:", "ASSISTANT:", "Reverse:"]
 SYMBOLS = string.ascii_lowercase + string.digits + string.ascii_uppercase + ".,:;!?()[]{}<>/+-*=_'\"#@%&|~^$"
@@ -102,28 +102,6 @@ def build_tokenizer(output_dir, tool_tags=False, arch="llama"):
     if arch in FAMILY_CHAT:
         write_chat_template(output_dir, FAMILY_CHAT[arch][0])
     return tokenizer
-
-
-def add_family_chat(tokenizer, arch):
-    """The family's template tokens after the vocabulary (special ones, then the added ones that are
-    not special) and its special-token attributes (ERNIE 4.5's cls / sep)."""
-    from ..data.chat_templates import install_chat_template
-
-    template, special, added, attributes = FAMILY_CHAT[arch]
-    extra = list(tokenizer.additional_special_tokens) + [t for t in special if t not in tokenizer.additional_special_tokens]
-    tokenizer.add_special_tokens({"additional_special_tokens": extra, **attributes})
-    tokenizer.add_tokens([t for t in added if t not in tokenizer.get_vocab()])
-    install_chat_template(tokenizer, template, f"the {arch} chat template")
-
-
-def write_chat_template(output_dir, template):
-    """`chat_template` into the saved `tokenizer_config.json` (where PaddleNLP and transformers read it)."""
-    path = os.path.join(output_dir, "tokenizer_config.json")
-    with open(path, encoding="utf-8") as f:
-        config = json.load(f)
-    config["chat_template"] = template
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(config, f, ensure_ascii=False, indent=2)
 
 
 ARCHS = ("llama", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "ernie45", "ernie45_moe")

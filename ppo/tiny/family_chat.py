@@ -19,6 +19,9 @@ which its demo data ends answers with; Qwen3's own EOS is `<|im_end|>`), `<think
 special (as in Qwen3's `added_tokens_decoder`: decoding with `skip_special_tokens` keeps them);
 ERNIE 4.5's `<|begin_of_sentence|>` / `<|end_of_sentence|>` are its `cls_token` / `sep_token`.
 """
+import json
+import os
+
 
 QWEN3_TEMPLATE = """\
 {%- if tools %}
@@ -133,3 +136,25 @@ FAMILY_CHAT = {
                                                          "sep_token": "<|end_of_sentence|>"}),
 }
 FAMILY_CHAT["ernie45_moe"] = FAMILY_CHAT["ernie45"]  # a tiny ERNIE 4.5 MoE gets the dense template (a checkpoint: its own)
+
+
+def add_family_chat(tokenizer, arch):
+    """The family's template tokens after the vocabulary (special ones, then the added ones that are
+    not special) and its special-token attributes (ERNIE 4.5's cls / sep)."""
+    from ..data.chat_templates import install_chat_template
+
+    template, special, added, attributes = FAMILY_CHAT[arch]
+    extra = list(tokenizer.additional_special_tokens) + [t for t in special if t not in tokenizer.additional_special_tokens]
+    tokenizer.add_special_tokens({"additional_special_tokens": extra, **attributes})
+    tokenizer.add_tokens([t for t in added if t not in tokenizer.get_vocab()])
+    install_chat_template(tokenizer, template, f"the {arch} chat template")
+
+
+def write_chat_template(output_dir, template):
+    """`chat_template` into the saved `tokenizer_config.json` (where PaddleNLP and transformers read it)."""
+    path = os.path.join(output_dir, "tokenizer_config.json")
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    config["chat_template"] = template
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(config, f, ensure_ascii=False, indent=2)
