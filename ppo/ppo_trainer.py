@@ -22,6 +22,7 @@ import logging
 import paddle
 
 from .algos import AdaptiveKLController, FixedKLController
+from .agents.arguments import AgentSettings
 from .algos.normalizer import RunningMeanStd
 from .common.console_report import run_label
 from .common.divergence import DivergenceDetector
@@ -168,10 +169,11 @@ def make_rollout(args, engine, sampling, sampler, dataset, tokenizer, passes, of
         return RemoteRollout(RolloutLink(), params, sampler, state, args.async_staleness, max_steps)
     if not args.env_name:
         return Rollout(engine, sampling, sampler, dataset, tokenizer, passes, offload, state, ranks, settings)
-    watch = ToolFailureWatch(args.max_tool_failure_frac, args.tool_failure_steps)
+    agent = AgentSettings.of(args)
+    watch = ToolFailureWatch(agent.max_tool_failure_frac, agent.tool_failure_steps)
     state.parts["tool_failures"] = watch
     return TrajectoryRollout(engine, sampling, sampler, dataset, tokenizer, passes, offload=offload, state=state, ranks=ranks,
-                             settings=settings, agent_args=args,
+                             settings=settings, agent=agent,
                              prompt_format=(dataset.use_chat_template, dataset.prompt_template), watch=watch)
 
 
@@ -250,8 +252,8 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
                                          token_details=args.sample_token_details))
     if ranks.is_main:
         logger.info(policy_loss_startup_line(args))
-    evaluator_class, agent_parts = ((AgentEvaluator, dict(agent_args=args, turn_format=rollout.turn_format)) if args.env_name
-                                    else (Evaluator, {}))  # env_name: trajectories (ppo/trainer/agent_eval.py)
+    evaluator_class, agent_parts = ((AgentEvaluator, dict(agent=rollout.agent, turn_format=rollout.turn_format))
+                                    if args.env_name else (Evaluator, {}))  # env_name: trajectories (ppo/trainer/agent_eval.py)
     evaluator = evaluator_class(eval_dataset, engine, sampling, tokenizer, passes, actor.model, scoring=scoring, offload=offload,
                                 state=state, ranks=ranks, settings=slice_of(EvalSettings, args),
                                 long_answer_len=eval_long_answer_len, **agent_parts)
