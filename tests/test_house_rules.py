@@ -417,7 +417,10 @@ def test_shims_only_re_export_and_nothing_of_ours_imports_them():
 
 MAX_POSITIONAL = 6
 LOOP_PARTS = {"ppo.trainer.loop": "OnlineLoop", "ppo.rollout.engine": "RolloutEngine",
-              "ppo.trainer.agent_rollout": "TrajectoryRollout", "ppo.trainer.evaluator": "Evaluator"}
+              "ppo.trainer.agent_rollout": "TrajectoryRollout", "ppo.trainer.evaluator": "Evaluator",
+              "ppo.trainer.rollout": "Rollout", "ppo.trainer.updater": "PPOUpdater",
+              "ppo.trainer.advantages": "AdvantageStage", "ppo.trainer.run_state": "RunState",
+              "dpo.online_learner": "OnlineDPOLearner"}
 """The online loop's parts that the run builders wire: their constructors take the rest by keyword."""
 
 

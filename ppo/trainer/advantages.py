@@ -37,7 +37,7 @@ class AdvantageStage:
     `reference_scope`: the offload names the reference pass needs; `ranks`: the run's `Ranks`;
     `state`: the `RunState`; `settings`: `AdvantageSettings`."""
 
-    def __init__(self, passes, objectives, combiner, estimator, kl_control, offload, reference_scope, ranks, state, settings,
+    def __init__(self, passes, objectives, combiner, estimator, *, kl_control, offload, reference_scope, ranks, state, settings,
                  estimator_settings=None):
         self.passes, self.objectives, self.combiner, self.estimator = passes, list(objectives), combiner, estimator
         self.estimator_settings = dict(estimator_settings or {})

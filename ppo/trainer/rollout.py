@@ -21,7 +21,7 @@ class Rollout:
     (their `generation_weights`); `offload`: the `OffloadPlan`; `state`: the `RunState`
     (`gen_batches`, `step`); `ranks`: the run's `Ranks`; `settings`: `RolloutSettings`."""
 
-    def __init__(self, engine, sampling, sampler, dataset, tokenizer, passes, offload, state, ranks, settings):
+    def __init__(self, engine, sampling, sampler, dataset, tokenizer, passes, *, offload, state, ranks, settings):
         self.engine, self.sampling, self.sampler, self.dataset = engine, sampling, sampler, dataset
         self.tokenizer, self.passes, self.offload, self.state, self.ranks = tokenizer, passes, offload, state, ranks
         self.settings = settings

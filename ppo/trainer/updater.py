@@ -102,7 +102,7 @@ class PPOUpdater:
     progress_metrics = {"score": "objective/scores", "kl": "objective/kl", "len": "response_length/mean"}
     """The progress bar's numbers: label -> metric."""
 
-    def __init__(self, actor, objectives, passes, steps, ptx, divergence, offload, state, ranks, settings, samples):
+    def __init__(self, actor, objectives, passes, steps, *, ptx, divergence, offload, state, ranks, settings, samples):
         self.actor, self.passes, self.steps, self.ptx, self.divergence = actor, passes, steps, ptx, divergence
         self.critics = [o for o in objectives if o.critic is not None]
         self.offload, self.state, self.ranks, self.settings, self.sample_rows = offload, state, ranks, settings, samples
