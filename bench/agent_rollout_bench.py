@@ -71,7 +71,7 @@ def bench_env_class():
 def build(tmp):
     import paddle
 
-    from ppo.agents import AgentArguments, TaggedFormat
+    from ppo.agents import AgentSettings, TaggedFormat
     from ppo.rollout import RolloutEngine, SamplingParams
     from ppo.tiny.factory import build_tiny
 
@@ -81,7 +81,7 @@ def build(tmp):
     model.eval()
     engine = RolloutEngine(model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     records = [{"src": f"Reverse: {'abcdefghij'[: 3 + r % 6]}{r}", "row": r} for r in range(BATCH)]
-    args = AgentArguments(max_turns=TURNS, max_total_len=512, max_tool_response_len=32)
+    args = AgentSettings(max_turns=TURNS, max_total_len=512, max_tool_response_len=32)
     params = SamplingParams(max_new_tokens=TURN_TOKENS, min_new_tokens=TURN_TOKENS, temperature=1.0)
     return engine, records, args, TaggedFormat(tok, "USER: {input} ASSISTANT:"), params
 

@@ -149,11 +149,13 @@ def step_parts(args, models):
     passes = strategy.build_passes(models, actor.model, {"reward": critic.model} if critic else {}, {}, PassSettings(
         temperature=args.temperature, logprob_chunk_size=args.logprob_chunk_size, pad_token_id=0,
         chunk_rows={which: args.pass_rows(which) for which in ("logprob", "value", "reward")}))
-    stage = AdvantageStage(passes, objectives, PlainCombiner(), args.estimator, FixedKLController(args.kl_coeff), offload,
-                           ("reference",), strategy.ranks, state, slice_of(AdvantageSettings, args))
+    stage = AdvantageStage(passes, objectives, PlainCombiner(), args.estimator, kl_control=FixedKLController(args.kl_coeff),
+                           offload=offload, reference_scope=("reference",), ranks=strategy.ranks, state=state,
+                           settings=slice_of(AdvantageSettings, args))
     watch = DivergenceWatch(DivergenceDetector(), strategy.ranks)
-    learner = PPOUpdater(actor, objectives, passes, OptimizerSteps(strategy, state, args.max_nan_skips, False), None, watch,
-                         offload, state, strategy.ranks, slice_of(UpdateSettings, args), None)
+    learner = PPOUpdater(actor, objectives, passes, OptimizerSteps(strategy, state, args.max_nan_skips, False), ptx=None,
+                         divergence=watch, offload=offload, state=state, ranks=strategy.ranks,
+                         settings=slice_of(UpdateSettings, args), samples=None)
     return stage, learner
 
 

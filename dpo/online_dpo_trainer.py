@@ -69,11 +69,13 @@ def build_online_dpo_trainer(args, models, tokenizer, train_dataset, eval_datase
                                                                               rule_scorer)
     scoring = Scoring([ScoredObjective("reward", scorer, penalties=ScorePenalties(slice_of(PenaltySettings, args)))])
     settings = slice_of(RolloutSettings, args)
-    rollout = Rollout(engine, sampling, sampler, train_dataset, tokenizer, passes, offload, state, ranks, settings)
+    rollout = Rollout(engine, sampling, sampler, train_dataset, tokenizer, passes, offload=offload, state=state, ranks=ranks,
+                      settings=settings)
     maker = ExperienceMaker(rollout, scoring, None, policy.model, state, ranks, settings, tokenizer.pad_token_id)
     steps = OptimizerSteps(strategy, state, args.max_nan_skips, args.release_gradients)
     choose_pairs = ScoredPairs(args) if judge is None else JudgedPairs(judge, tokenizer, args)
-    learner = OnlineDPOLearner(policy, models, passes, steps, watch, tokenizer, state, args, choose_pairs)
+    learner = OnlineDPOLearner(policy, models, passes, steps, divergence=watch, tokenizer=tokenizer, state=state, args=args,
+                               choose_pairs=choose_pairs)
     evaluator = Evaluator(eval_dataset, engine, sampling, tokenizer, passes, policy.model, scoring=scoring, offload=offload,
                           state=state, ranks=ranks, settings=slice_of(EvalSettings, args), long_answer_len=eval_long_answer_len)
     loop_settings = slice_of(LoopSettings, args)

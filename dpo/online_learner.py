@@ -36,7 +36,7 @@ class OnlineDPOLearner:
     progress_metrics = {"score": "objective/scores", "pairs": "online_dpo/num_pairs"}
     """The progress bar's numbers: label -> metric."""
 
-    def __init__(self, policy, models, passes, steps, divergence, tokenizer, state, args, choose_pairs=None):
+    def __init__(self, policy, models, passes, steps, *, divergence, tokenizer, state, args, choose_pairs=None):
         self.policy, self.models, self.passes, self.steps, self.divergence = policy, models, passes, steps, divergence
         self.tokenizer, self.state, self.args = tokenizer, state, args
         self.choose_pairs = choose_pairs or ScoredPairs(args)

@@ -88,6 +88,10 @@ class Experience:
     # partial rollouts (`partial_rollout`, `ppo.rollout.partial`): the weights version that sampled
     # each response token; None when one version (`version`) sampled the whole batch
     token_versions: Optional[paddle.Tensor] = None  # [N, Tr] int64, -1 after a row's end
+    # `reuse_first_update_forward`: the update's first training forward over all rows, with
+    # gradients ({"logprobs", "entropy", "values"} [N, Tr]), run by `AdvantageStage` and taken by
+    # the updater's first optimiser step; a copy of other rows (`map_rows`) does not carry it
+    first_forward: Optional[dict] = None
 
     def __len__(self):
         return self.sequences.shape[0]
@@ -100,7 +104,7 @@ class Experience:
     def map_rows(self, tensor_fn, list_fn):
         """A new experience with `tensor_fn` applied to every row tensor (the objectives' too)
         and `list_fn` to every row list; the other fields are kept."""
-        out = Experience(**{f.name: getattr(self, f.name) for f in fields(self)})
+        out = Experience(**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "first_forward"})
         for name in ROW_TENSORS:
             if getattr(self, name) is not None:
                 setattr(out, name, tensor_fn(getattr(self, name)))

@@ -22,6 +22,7 @@ import logging
 import paddle
 
 from .algos import AdaptiveKLController, FixedKLController
+from .agents.arguments import AgentSettings
 from .algos.normalizer import RunningMeanStd
 from .common.console_report import run_label
 from .common.divergence import DivergenceDetector
@@ -165,13 +166,16 @@ def make_rollout(args, engine, sampling, sampler, dataset, tokenizer, passes, of
     a multi-turn run goes into the checkpoints."""
     if args.split_rollout:
         params, max_steps = remote
-        return RemoteRollout(RolloutLink(), params, sampler, state, args.async_staleness, max_steps, args.partial_rollout)
+        return RemoteRollout(RolloutLink(), params, sampler, state, args.async_staleness, max_steps,
+                             partial=args.partial_rollout)
     if not args.env_name:
-        return Rollout(engine, sampling, sampler, dataset, tokenizer, passes, offload, state, ranks, settings)
-    watch = ToolFailureWatch(args.max_tool_failure_frac, args.tool_failure_steps)
+        return Rollout(engine, sampling, sampler, dataset, tokenizer, passes, offload=offload, state=state, ranks=ranks,
+                       settings=settings)
+    agent = AgentSettings.of(args)
+    watch = ToolFailureWatch(agent.max_tool_failure_frac, agent.tool_failure_steps)
     state.parts["tool_failures"] = watch
     return TrajectoryRollout(engine, sampling, sampler, dataset, tokenizer, passes, offload=offload, state=state, ranks=ranks,
-                             settings=settings, agent_args=args,
+                             settings=settings, agent=agent,
                              prompt_format=(dataset.use_chat_template, dataset.prompt_template), watch=watch)
 
 
@@ -237,21 +241,22 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
     )
     scoring = Scoring(objectives)
     reference_scope = ("reference",) if models.reference is not None else ("reference", "actor")
-    completion = AdvantageStage(passes, objectives, combiner, args.estimator, kl_control, offload, reference_scope, ranks, state,
-                                slice_of(AdvantageSettings, args), estimator_settings(args))
+    completion = AdvantageStage(passes, objectives, combiner, args.estimator, kl_control=kl_control, offload=offload,
+                                reference_scope=reference_scope, ranks=ranks, state=state,
+                                settings=slice_of(AdvantageSettings, args), estimator_settings=estimator_settings(args))
     rollout_settings = slice_of(RolloutSettings, args)
     rollout = make_rollout(args, engine, sampling, sampler, train_dataset, tokenizer, passes, offload, state, ranks,
                            rollout_settings, remote=(models.actor.parameters, max_steps))
     maker = ExperienceMaker(rollout, scoring, completion, actor.model, state, ranks, rollout_settings, tokenizer.pad_token_id)
     ptx = PtxBatches(ptx_dataset, ptx_sampler) if ptx_sampler is not None else None
     steps = OptimizerSteps(strategy, state, args.max_nan_skips, args.release_gradients)
-    learner = PPOUpdater(actor, objectives, passes, steps, ptx, watch, offload, state, ranks, slice_of(UpdateSettings, args),
-                         ResponseSamples(tokenizer, objectives, args.rollout_n,
-                                         token_details=args.sample_token_details))
+    learner = PPOUpdater(actor, objectives, passes, steps, ptx=ptx, divergence=watch, offload=offload, state=state, ranks=ranks,
+                         settings=slice_of(UpdateSettings, args),
+                         samples=ResponseSamples(tokenizer, objectives, args.rollout_n, token_details=args.sample_token_details))
     if ranks.is_main:
         logger.info(policy_loss_startup_line(args))
-    evaluator_class, agent_parts = ((AgentEvaluator, dict(agent_args=args, turn_format=rollout.turn_format)) if args.env_name
-                                    else (Evaluator, {}))  # env_name: trajectories (ppo/trainer/agent_eval.py)
+    evaluator_class, agent_parts = ((AgentEvaluator, dict(agent=rollout.agent, turn_format=rollout.turn_format))
+                                    if args.env_name else (Evaluator, {}))  # env_name: trajectories (ppo/trainer/agent_eval.py)
     evaluator = evaluator_class(eval_dataset, engine, sampling, tokenizer, passes, actor.model, scoring=scoring, offload=offload,
                                 state=state, ranks=ranks, settings=slice_of(EvalSettings, args),
                                 long_answer_len=eval_long_answer_len, **agent_parts)
@@ -278,7 +283,8 @@ def build_rollout_worker(args, actor, tokenizer, train_dataset, models=None):
     sampler, _ = samplers(args, ranks, train_dataset, None)
     offload = OffloadPlan(parse_offload_level(args.offload_level), models={"actor": actor}, optimizers={})
     rollout = Rollout(rollout_engine(args, actor, tokenizer), sampling_params(args), sampler, train_dataset, tokenizer,
-                      GenerationInPlace(), offload, RolloutWorkerState(), ranks, slice_of(RolloutSettings, args))
+                      GenerationInPlace(), offload=offload, state=RolloutWorkerState(), ranks=ranks,
+                      settings=slice_of(RolloutSettings, args))
     return RolloutWorker(RolloutLink(), rollout, list(actor.parameters()), args.async_staleness, reference_pass,
                          partial_tokens=args.partial_rollout_tokens if args.partial_rollout else 0)
 

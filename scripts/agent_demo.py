@@ -80,7 +80,7 @@ def success(model_dir, test_path, tools, seed, max_rows=200):
     trajectory per problem with `tools` (names; [] switches them off)."""
     import paddle
 
-    from ppo.agents import AgentArguments, TaggedFormat
+    from ppo.agents import AgentSettings, TaggedFormat, rollout_trajectories
     from ppo.models.loading import load_causal_lm, load_tokenizer, set_dropout_off
     from ppo.rollout import RolloutEngine, SamplingParams
     from ppo.tiny.agent_task import final_answer_scorer
@@ -92,10 +92,10 @@ def success(model_dir, test_path, tools, seed, max_rows=200):
     engine = RolloutEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     records = [json.loads(line) for line in open(test_path)][:max_rows]
     records = [{"src": r["src"][0], "tgt": r["tgt"][0]} for r in records]
-    agent_args = AgentArguments(env_name="tools", env_kwargs=json.dumps({"tools": tools}), max_turns=2,
+    agent_args = AgentSettings(env_name="tools", env_kwargs=json.dumps({"tools": tools}), max_turns=2,
                                 max_tool_response_len=16, max_total_len=96)
-    result = engine.generate_trajectories(records, agent_args, TaggedFormat(tokenizer, TEMPLATE),
-                                          SamplingParams(max_new_tokens=24, temperature=1.0), seed=seed)
+    result = rollout_trajectories(engine, records, agent_args, TaggedFormat(tokenizer, TEMPLATE),
+                                  SamplingParams(max_new_tokens=24, temperature=1.0), seed=seed)
     scores = [final_answer_scorer(r["src"], r["tgt"], rated_text(t, tokenizer.eos_token))
               for r, t in zip(records, result.trajectories)]
     return sum(scores) / len(scores), result.metrics["agent/tool_calls_mean"]

@@ -88,7 +88,7 @@ def success(model_dir, test_path, tools, seed, max_rows=200):
     trajectory per record with `tools` ([] switches both off); success: the environment's reward."""
     import paddle
 
-    from ppo.agents import AgentArguments, TaggedFormat
+    from ppo.agents import AgentSettings, TaggedFormat, rollout_trajectories
     from ppo.models.loading import load_causal_lm, load_tokenizer, set_dropout_off
     from ppo.rollout import RolloutEngine, SamplingParams
     from ppo.tiny.kv_task import KV_ENV
@@ -99,10 +99,10 @@ def success(model_dir, test_path, tools, seed, max_rows=200):
     engine = RolloutEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     records = [json.loads(line) for line in open(test_path)][:max_rows]
     records = [{**r, "src": r["src"][0], "tgt": r["tgt"][0]} for r in records]
-    agent_args = AgentArguments(env_name=KV_ENV, env_kwargs=json.dumps({"tools": tools}), max_turns=4,
+    agent_args = AgentSettings(env_name=KV_ENV, env_kwargs=json.dumps({"tools": tools}), max_turns=4,
                                 max_tool_response_len=8, max_total_len=104)
-    result = engine.generate_trajectories(records, agent_args, TaggedFormat(tokenizer, TEMPLATE),
-                                          SamplingParams(max_new_tokens=24, temperature=1.0), seed=seed)
+    result = rollout_trajectories(engine, records, agent_args, TaggedFormat(tokenizer, TEMPLATE),
+                                  SamplingParams(max_new_tokens=24, temperature=1.0), seed=seed)
     solved = [1.0 if sum(t.rewards) > 0 else 0.0 for t in result.trajectories]
     return sum(solved) / len(solved), result.metrics["agent/tool_calls_mean"]
 

@@ -15,7 +15,7 @@ import paddle
 import paddle.nn.functional as F
 import pytest
 
-from ppo.agents import AgentArguments, ChatTemplateFormat, collate_trajectories, rollout_trajectories
+from ppo.agents import AgentSettings, ChatTemplateFormat, collate_trajectories, rollout_trajectories
 from ppo.agents import tokenization_drift
 from ppo.agents.tools import get_tool
 from ppo.algos.losses import ppo_policy_loss
@@ -63,7 +63,7 @@ def rollout(qwen):
     chain = encode_exact(tok, "\n") + encode_exact(tok, CALL)
     model = chain_qwen2(len(tok), chain)
     engine = RolloutEngine(model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, kernels="paddle")
-    args = AgentArguments(env_name="tools", env_kwargs=json.dumps({"tools": ["sq"]}), max_turns=2, max_total_len=900,
+    args = AgentSettings(env_name="tools", env_kwargs=json.dumps({"tools": ["sq"]}), max_turns=2, max_total_len=900,
                           max_tool_response_len=32)
     result = rollout_trajectories(engine, [{"src": "What is 7 squared?"}], args, fmt,
                                   SamplingParams(max_new_tokens=12, do_sample=False), seed=0)
@@ -142,7 +142,7 @@ def test_a_turn_that_ends_with_the_sampled_eos_is_not_closed_twice(qwen):
     chain = encode_exact(tok, "\n") + encode_exact(tok, "It is 49.") + [im_end]
     engine = RolloutEngine(chain_qwen2(len(tok), chain), eos_token_id=im_end, pad_token_id=tok.pad_token_id,
                            kernels="paddle")
-    result = rollout_trajectories(engine, [{"src": "What is 7 squared?"}], AgentArguments(max_turns=3, max_total_len=200),
+    result = rollout_trajectories(engine, [{"src": "What is 7 squared?"}], AgentSettings(max_turns=3, max_total_len=200),
                                   fmt, SamplingParams(max_new_tokens=12, do_sample=False), seed=0,
                                   env_factory=lambda: EchoEnv(turns=2))
     (traj,) = result.trajectories

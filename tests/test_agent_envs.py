@@ -10,6 +10,7 @@ import pytest
 from ppo import kernels
 from ppo.agents import (
     AgentArguments,
+    AgentSettings,
     Environment,
     EnvironmentFacts,
     TaggedFormat,
@@ -116,7 +117,7 @@ def llama(tmp_path_factory):
 def _rollout(llama, records, env_factory, **args):
     tok, model = llama
     engine = RolloutEngine(model, eos_token_id=EOS, pad_token_id=PAD, kernels="custom")
-    agent_args = AgentArguments(**{"max_turns": 3, "max_total_len": 128, "max_tool_response_len": 60, **args})
+    agent_args = AgentSettings(**{"max_turns": 3, "max_total_len": 128, "max_tool_response_len": 60, **args})
     params = SamplingParams(max_new_tokens=4, min_new_tokens=4)
     return rollout_trajectories(engine, records, agent_args, TaggedFormat(tok, "USER: {input} ASSISTANT:"), params,
                                 seed=0, env_factory=env_factory)

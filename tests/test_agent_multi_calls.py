@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ppo.agents import AgentArguments, ChatTemplateFormat, ToolEnvironment, rollout_trajectories
+from ppo.agents import AgentSettings, ChatTemplateFormat, ToolEnvironment, rollout_trajectories
 from ppo.agents.metrics import agent_metrics
 from ppo.data.encode import encode_exact
 from ppo.rollout import RolloutEngine, SamplingParams
@@ -93,7 +93,7 @@ def test_the_turn_ends_at_the_models_end_of_turn_when_a_turn_may_hold_several_ca
     engine = RolloutEngine(chain_qwen2(len(tok), chain), eos_token_id=im_end, pad_token_id=tok.pad_token_id,
                            kernels="paddle")
     kwargs = {"tools": ["sq"], "max_calls_per_turn": max_calls}
-    args = AgentArguments(env_name="tools", env_kwargs=json.dumps(kwargs), max_turns=2, max_total_len=900)
+    args = AgentSettings(env_name="tools", env_kwargs=json.dumps(kwargs), max_turns=2, max_total_len=900)
     import tests.agent_helpers  # noqa: F401 (registers sq)
 
     result = rollout_trajectories(engine, [{"src": "What is 7 squared?"}], args, ChatTemplateFormat(tok),

@@ -9,7 +9,7 @@ import paddle
 import paddle.nn.functional as F
 import pytest
 
-from ppo.agents import AgentArguments, TaggedFormat, collate_trajectories, policy_mask, rollout_trajectories
+from ppo.agents import AgentSettings, TaggedFormat, collate_trajectories, policy_mask, rollout_trajectories
 from ppo.rollout import RolloutEngine, SamplingParams
 from ppo.rollout.multi_turn import prefill_logprobs
 from tests.rollout_ops_helpers import custom_and_fallback_ops
@@ -41,7 +41,7 @@ def _records(n, **extra):
 
 def _run(llama, backend="custom", records=None, turns=3, params=None, pause="row", **args):
     tok, model = llama
-    agent_args = AgentArguments(**{"max_turns": 4, "max_total_len": 120, **args})
+    agent_args = AgentSettings(**{"max_turns": 4, "max_total_len": 120, **args})
     params = params or SamplingParams(max_new_tokens=6, min_new_tokens=6, temperature=0.8)
     return rollout_trajectories(_engine(model, backend), records or _records(5), agent_args, TaggedFormat(tok, TEMPLATE),
                                 params, seed=3, env_factory=lambda: EchoEnv(turns=turns), pause=pause)
@@ -191,7 +191,8 @@ def test_paddlenlp_generate_path_refuses_multi_turn(llama):
     tok, model = llama
     engine = RolloutEngine(model, eos_token_id=EOS, pad_token_id=PAD, use_rollout_engine=False)
     with pytest.raises(NotImplementedError, match="use_fusemt"):
-        engine.generate_trajectories(_records(1), AgentArguments(env_name="tools"), TaggedFormat(tok, TEMPLATE))
+        rollout_trajectories(engine, _records(1), AgentSettings(env_name="tools"), TaggedFormat(tok, TEMPLATE),
+                             SamplingParams())
 
 
 @pytest.mark.parametrize("backend", ["custom", "paddle"])

@@ -5,7 +5,7 @@ outside the package, and the pausing rollout, whose other rows decode while a ro
 waits."""
 import pytest
 
-from ppo.agents import AgentArguments, TaggedFormat, rollout_trajectories
+from ppo.agents import AgentArguments, AgentSettings, TaggedFormat, rollout_trajectories
 from ppo.common.argument_problems import ArgumentError
 from ppo.rollout import RolloutEngine, SamplingParams
 from tests.agent_helpers import EOS, PAD, ScriptedToolEnv, tiny_llama
@@ -73,7 +73,7 @@ def test_other_rows_decode_while_an_async_call_waits(llama):
     tok, model = llama
     records = [{"src": f"Reverse: {'abcdef'[: 2 + i]}", "actions": [f"<tool_call>test_async_nap {3 if i == 0 else 0}"
                 "</tool_call>", "<tool_call>test_async_nap 0</tool_call>"]} for i in range(4)]
-    args = AgentArguments(max_turns=4, max_total_len=120)
+    args = AgentSettings(max_turns=4, max_total_len=120)
     for pause in ("row", "batch"):
         result = rollout_trajectories(
             RolloutEngine(model, eos_token_id=EOS, pad_token_id=PAD, kernels="paddle"), records, args,

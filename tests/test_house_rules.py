@@ -53,10 +53,7 @@ LAYOUT_IMPORTS_ALLOWED = {
     "ppo.rollout.weights": "the rollout engine merges gathered tensor-parallel slices (reshard.merge) itself",
 }
 """Modules outside ppo/strategy/ that still import a layout folder, with the reason."""
-PACKAGE_CYCLES_ALLOWED = {
-    frozenset({"ppo.agents", "ppo.rollout"}): "the engine runs agent rollouts and the agent rollout uses the engine's "
-                                              "multi-turn pieces; the agent settings slice is to break it",
-}
+PACKAGE_CYCLES_ALLOWED = {}
 """Package cycles (`package_of`) kept for now, with the reason."""
 TRAINER_MODULES = ("ppo.trainer", "ppo.ppo_trainer", "dpo.online_learner", "dpo.online_dpo_trainer")
 """The trainer, its updater and learners, and the builders of their runs."""
@@ -430,7 +427,10 @@ def test_shims_only_re_export_and_nothing_of_ours_imports_them():
 
 MAX_POSITIONAL = 6
 LOOP_PARTS = {"ppo.trainer.loop": "OnlineLoop", "ppo.rollout.engine": "RolloutEngine",
-              "ppo.trainer.agent_rollout": "TrajectoryRollout", "ppo.trainer.evaluator": "Evaluator"}
+              "ppo.trainer.agent_rollout": "TrajectoryRollout", "ppo.trainer.evaluator": "Evaluator",
+              "ppo.trainer.rollout": "Rollout", "ppo.trainer.updater": "PPOUpdater",
+              "ppo.trainer.advantages": "AdvantageStage", "ppo.trainer.run_state": "RunState",
+              "dpo.online_learner": "OnlineDPOLearner"}
 """The online loop's parts that the run builders wire: their constructors take the rest by keyword."""
 
 

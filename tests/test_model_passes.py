@@ -92,10 +92,11 @@ class RecordingPasses(ModelPasses):
     def first_forward_reusable(self):
         return False
 
-    def keep_first_forward(self, exp):
+    def first_forward(self, exp):
         raise AssertionError("the trainer asked for a first forward the passes said they cannot keep")
 
-    def backward_step(self, exp, plan, losses):
+    def backward_step(self, exp, plan, losses, first_forward=None):
+        assert first_forward is None, "a first forward the passes said they cannot keep"
         with self.inside("backward_step"):
             return self.inner.backward_step(exp, plan, losses)
 

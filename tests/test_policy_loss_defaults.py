@@ -101,7 +101,8 @@ def updater(**given):
 
     args = ppo_arguments.PPOTrainingArguments(output_dir="/tmp/unused_policy_loss_defaults", **given)
     ranks = SimpleNamespace(sum=lambda xs: list(xs), world_size=1)
-    return PPOUpdater(None, [], None, None, None, None, None, None, ranks, slice_of(UpdateSettings, args), None)
+    return PPOUpdater(None, [], None, None, ptx=None, divergence=None, offload=None, state=None, ranks=ranks,
+                      settings=slice_of(UpdateSettings, args), samples=None)
 
 
 def micro_batch():

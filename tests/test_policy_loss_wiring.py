@@ -96,7 +96,8 @@ def updater_with(args):
     """A `PPOUpdater` with only what `actor_loss` reads (its slice of the arguments)."""
     from ppo.trainer.updater import PPOUpdater
 
-    return PPOUpdater(None, [], None, None, None, None, None, None, None, slice_of(UpdateSettings, args), None)
+    return PPOUpdater(None, [], None, None, ptx=None, divergence=None, offload=None, state=None, ranks=None,
+                      settings=slice_of(UpdateSettings, args), samples=None)
 
 
 def micro_batch(seed=0, n=3, t=5):

@@ -121,8 +121,8 @@ def stage_without_models(lambda_lr):
     estimator = lambda rewards, mask, values=None, **_: (rewards * mask.astype(rewards.dtype), rewards + values)  # noqa: E731
     objectives = [ScoredObjective("reward", None), ScoredObjective("cost", None, kl_weight=-1.0)]
     combiner = LagrangianCombiner(LagrangeMultiplier(1.0, lambda_lr, threshold=0.0), Ranks())
-    return AdvantageStage(None, objectives, combiner, estimator, None, None, (), Ranks(), types.SimpleNamespace(step=0),
-                          settings)
+    return AdvantageStage(None, objectives, combiner, estimator, kl_control=None, offload=None, reference_scope=(),
+                          ranks=Ranks(), state=types.SimpleNamespace(step=0), settings=settings)
 
 
 def test_multiplier_moves_before_the_actor_advantage_uses_it():

@@ -111,9 +111,8 @@ def update_grads(models, remove_padding, exp, keep_first):
         model.clear_gradients()
     runner = passes(models, remove_padding)
     plan = [[0, 2, 4], [1, 3, 5]]
-    if keep_first:
-        runner.keep_first_forward(exp.select(list(range(len(exp)))))
-    actor_loss, value_totals, _ = runner.backward_step(exp, plan, update_losses(exp))
+    first = runner.first_forward(exp.select(list(range(len(exp))))) if keep_first else None
+    actor_loss, value_totals, _ = runner.backward_step(exp, plan, update_losses(exp), first)
     critic_loss = value_totals["reward"]
     grads = {f"{who}.{n}": p.grad.numpy().copy() for who, m in (("actor", models.actor), ("critic", models.critic))
              for n, p in m.named_parameters() if p.grad is not None}

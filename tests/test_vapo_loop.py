@@ -35,7 +35,8 @@ def t(rows, dtype="float32"):
 def toy_updater(**given):
     args = PPOTrainingArguments(output_dir="/tmp/unused_vapo_loop", entropy_coeff=0.0, kl_loss_coeff=0.0, **given)
     state = SimpleNamespace(step=int(given.get("pretrain_critic_steps", 0)))  # past the pretraining steps
-    return PPOUpdater(None, [], None, None, None, None, None, state, None, slice_of(UpdateSettings, args), None)
+    return PPOUpdater(None, [], None, None, ptx=None, divergence=None, offload=None, state=state, ranks=None,
+                      settings=slice_of(UpdateSettings, args), samples=None)
 
 
 def toy_batch(rows=(0, 1)):

@@ -1,7 +1,7 @@
 """Multi-turn, tool-using rollouts: environments, tools, trajectories and the pausing rollout.
 
-    from ppo.agents import AgentArguments, TaggedFormat, rollout_trajectories
-    args = AgentArguments(env_name="tools", env_kwargs='{"tools": ["calculator"]}', max_turns=3)
+    from ppo.agents import AgentSettings, TaggedFormat, rollout_trajectories
+    args = AgentSettings(env_name="tools", env_kwargs='{"tools": ["calculator"]}', max_turns=3)
     result = rollout_trajectories(engine, records, args, TaggedFormat(tokenizer, "USER: {input} ASSISTANT:"),
                                   SamplingParams(max_new_tokens=48), seed=0)
 
@@ -17,14 +17,15 @@
   tagged form of text templates); trajectory.py: ``Trajectory``/``Segment``, the policy mask
   and the batch layout; rollout.py: the rollout; metrics.py: its counts;
 - arguments.py: ``AgentArguments`` (env_name, env_kwargs, max_turns, max_tool_response_len,
-  max_total_len, step_timeout_s, turn_reward_mode) and the start-up check ``agent_problems``.
+  max_total_len, step_timeout_s, turn_reward_mode), the start-up check ``agent_problems``, and
+  ``AgentSettings``, the rollout's frozen slice of those fields (``AgentSettings.of(args)``).
 
 The built-in tools and environments register when this package is imported (the registries
 in tools.py and environment.py import no entry of their own). docs/agents.md describes the whole.
 """
 from . import builtin_tools  # noqa: F401 (registers calculator, python, search)
 from . import remote_env  # noqa: F401 (registers remote: an environment served by paddle-align env-server)
-from .arguments import AgentArguments, agent_problems
+from .arguments import AgentArguments, AgentSettings, agent_problems
 from .environment import (
     Environment,
     EnvironmentFacts,
@@ -45,7 +46,7 @@ from .tools import ToolResult, ToolSpec, ToolTimeout, call_tool, get_tool, list_
 from .trajectory import Segment, Trajectory, TrajectoryBatch, collate_trajectories, policy_mask, tokenization_drift
 
 __all__ = [
-    "AgentArguments", "agent_problems", "Environment", "EnvironmentFacts", "environment_facts", "environment_problems",
+    "AgentArguments", "AgentSettings", "agent_problems", "Environment", "EnvironmentFacts", "environment_facts", "environment_problems",
     "get_environment", "list_environments", "make_environment", "register_environment", "ChatTemplateFormat",
     "TaggedFormat", "turn_format_for", "AgentRolloutResult", "rollout_trajectories", "ToolEnvironment", "ToolResult",
     "ToolSpec", "ToolTimeout", "call_tool", "get_tool", "list_tools", "register_tool", "Segment", "Trajectory",

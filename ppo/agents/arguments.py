@@ -4,10 +4,12 @@
 has a help, problems are collected in ``__post_init__``); an entry point mixes it into its
 training arguments and adds :func:`agent_problems` to its start-up pass, so an environment
 that does not exist, cannot be imported, lacks ``reset``/``step`` or does not take
-``env_kwargs`` stops the run before any model loads.
+``env_kwargs`` stops the run before any model loads. The run builder hands the agent rollout
+``AgentSettings.of(args)``: the same fields, frozen, never the whole argument object.
 """
 import json
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import ClassVar
 
 from ..common.argument_problems import problem_scope
@@ -97,52 +99,84 @@ class AgentArguments:
             sup = super()
             if hasattr(sup, "__post_init__"):
                 sup.__post_init__()
-            problems += self._agent_value_problems()
-
-    def _agent_value_problems(self):
-        problems = []
-        if not self.step_timeout_s > 0:
-            problems.append(f"step_timeout_s must be > 0, got {self.step_timeout_s}")
-        if self.env_reward_weight != self.env_reward_weight or abs(self.env_reward_weight) == float("inf"):
-            problems.append(f"env_reward_weight must be a finite number, got {self.env_reward_weight}")
-        for name in ("tool_timeout_s", "trajectory_timeout_s", "max_concurrent_tool_calls"):
-            if not getattr(self, name) >= 0:
-                problems.append(f"{name} must be >= 0 (0: none), got {getattr(self, name)}")
-        if not 0.0 <= self.max_tool_failure_frac < 1.0:
-            problems.append(f"max_tool_failure_frac must be in [0, 1), got {self.max_tool_failure_frac}")
-        for name in ("max_turns", "max_tool_response_len", "max_total_len", "tool_failure_steps"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.reuse_trajectory_logprobs and not self.env_name:
-            problems.append("reuse_trajectory_logprobs acts on multi-turn rollouts: give env_name")
-        if self.reuse_trajectory_logprobs and not getattr(self, "use_rollout_logprobs", True):
-            problems.append("reuse_trajectory_logprobs makes the engine's log-probs the old log-probs; "
-                            "use_rollout_logprobs false says not to: set one of them")
-        if self.turn_reward_mode not in TURN_REWARD_MODES:
-            problems.append(f"turn_reward_mode must be one of {TURN_REWARD_MODES}, got {self.turn_reward_mode!r}")
-        try:
-            self.env_options
-        except ValueError as err:
-            problems.append(str(err))
-        return problems
+            problems += agent_value_problems(self)
 
     @property
     def env_options(self):
         """`env_kwargs` as a dict (a JSON object string or a dict)."""
-        value = self.env_kwargs
-        if isinstance(value, dict):
-            return dict(value)
-        try:
-            parsed = json.loads(value or "{}")
-        except ValueError as err:
-            raise ValueError(f"env_kwargs must be a JSON object, got {value!r} ({err})") from None
-        if not isinstance(parsed, dict):
-            raise ValueError(f"env_kwargs must be a JSON object, got {value!r}")
-        return parsed
+        return env_options_of(self.env_kwargs)
 
     @property
     def multi_turn(self):
         return bool(self.env_name)
+
+
+def agent_value_problems(args):
+    """The problems of the agent fields' values of `args` (an `AgentArguments` or `AgentSettings`;
+    `use_rollout_logprobs` is read when `args` has it)."""
+    problems = []
+    if not args.step_timeout_s > 0:
+        problems.append(f"step_timeout_s must be > 0, got {args.step_timeout_s}")
+    if args.env_reward_weight != args.env_reward_weight or abs(args.env_reward_weight) == float("inf"):
+        problems.append(f"env_reward_weight must be a finite number, got {args.env_reward_weight}")
+    for name in ("tool_timeout_s", "trajectory_timeout_s", "max_concurrent_tool_calls"):
+        if not getattr(args, name) >= 0:
+            problems.append(f"{name} must be >= 0 (0: none), got {getattr(args, name)}")
+    if not 0.0 <= args.max_tool_failure_frac < 1.0:
+        problems.append(f"max_tool_failure_frac must be in [0, 1), got {args.max_tool_failure_frac}")
+    for name in ("max_turns", "max_tool_response_len", "max_total_len", "tool_failure_steps"):
+        if getattr(args, name) < 1:
+            problems.append(f"{name} must be >= 1, got {getattr(args, name)}")
+    if args.reuse_trajectory_logprobs and not args.env_name:
+        problems.append("reuse_trajectory_logprobs acts on multi-turn rollouts: give env_name")
+    if args.reuse_trajectory_logprobs and not getattr(args, "use_rollout_logprobs", True):
+        problems.append("reuse_trajectory_logprobs makes the engine's log-probs the old log-probs; "
+                        "use_rollout_logprobs false says not to: set one of them")
+    if args.turn_reward_mode not in TURN_REWARD_MODES:
+        problems.append(f"turn_reward_mode must be one of {TURN_REWARD_MODES}, got {args.turn_reward_mode!r}")
+    try:
+        env_options_of(args.env_kwargs)
+    except ValueError as err:
+        problems.append(str(err))
+    return problems
+
+
+def env_options_of(value):
+    """`env_kwargs` (a JSON object string or a dict) as a new dict; ValueError otherwise."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    try:
+        parsed = json.loads(value or "{}")
+    except ValueError as err:
+        raise ValueError(f"env_kwargs must be a JSON object, got {value!r} ({err})") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"env_kwargs must be a JSON object, got {value!r}")
+    return parsed
+
+
+class _AgentSlice:
+    """What `AgentSettings` adds to its fields: the parsed options, the check, the slicing."""
+
+    env_options = AgentArguments.env_options
+    multi_turn = AgentArguments.multi_turn
+
+    def __post_init__(self):
+        problems = agent_value_problems(self)
+        if problems:
+            raise ValueError("AgentSettings: " + "; ".join(problems))
+
+    @classmethod
+    def of(cls, args):
+        """The agent fields of `args` (the parsed arguments of an entry point, or `AgentArguments`)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+AgentSettings = make_dataclass(
+    "AgentSettings", [(f.name, f.type, field(default=f.default, metadata=f.metadata)) for f in fields(AgentArguments)],
+    bases=(_AgentSlice,), frozen=True, namespace={"__doc__": (
+        "The agent rollout's slice of the arguments: the fields of `AgentArguments` (declared there "
+        "once), frozen and checked; `AgentSettings.of(args)` takes them from the parsed arguments."),
+        "__module__": __name__})
 
 
 def agent_problems(args):

@@ -1,6 +1,6 @@
 """Multi-turn rollouts that pause rows, not the batch.
 
-    result = rollout_trajectories(engine, records, AgentArguments(env_name="tools", ...),
+    result = rollout_trajectories(engine, records, AgentSettings(env_name="tools", ...),
                                   TaggedFormat(tokenizer, "USER: {input} ASSISTANT:"),
                                   SamplingParams(max_new_tokens=64), seed=0)
     result.trajectories, result.metrics, result.stats
@@ -21,8 +21,8 @@ onto that row's cache, chunk-prefilled (with the other answers that came back wi
 
 The episode ends when the environment says ``done``, after ``max_turns`` policy turns, when
 the trajectory would pass ``max_total_len`` tokens (both ``truncated``), or when ``env.step``
-raises ("env_error") or takes longer than ``args.step_timeout_s`` ("env_timeout"), or when the
-trajectory has run ``args.trajectory_timeout_s`` seconds ("trajectory_timeout", truncated: a
+raises ("env_error") or takes longer than ``settings.step_timeout_s`` ("env_timeout"), or when the
+trajectory has run ``settings.trajectory_timeout_s`` seconds ("trajectory_timeout", truncated: a
 turn being written is closed, a step being waited for is abandoned); nothing of one row stops
 the others. An observation may be a list of messages (one per tool call of the turn), fed as
 the format renders consecutive messages. The run's tool limits (``max_concurrent_tool_calls``,
@@ -41,6 +41,7 @@ from typing import Any, Dict, List
 
 from ..rollout.multi_turn import SlotDecoder
 from ..rollout.weights import unwrap_model
+from .arguments import AgentSettings
 from .environment import environment_facts
 from .formats import decode_exact
 from .metrics import agent_metrics
@@ -102,20 +103,20 @@ class AgentRollout:
 
     decoder_hook = None  # hook(build) -> the decoder; ppo/agents/tp_rollout.py shares the build with other ranks
 
-    def __init__(self, engine, records, args, turn_format, params, env_factory=None, pause="row", feed_interval=4):
+    def __init__(self, engine, records, settings, turn_format, params, env_factory=None, pause="row", feed_interval=4):
         if pause not in PAUSE_MODES:
             raise ValueError(f"pause must be one of {PAUSE_MODES}, got {pause!r}")
-        self.engine, self.args, self.format, self.params = engine, args, turn_format, params
+        self.engine, self.settings, self.format, self.params = engine, settings, turn_format, params
         self.tokenizer = turn_format.tokenizer
-        self.pause, self.step_timeout_s = pause, float(args.step_timeout_s)
-        self.trajectory_timeout_s = float(getattr(args, "trajectory_timeout_s", 0.0) or 0.0)
-        set_tool_limits(getattr(args, "max_concurrent_tool_calls", 0), getattr(args, "tool_timeout_s", 0.0))
+        self.pause, self.step_timeout_s = pause, float(settings.step_timeout_s)
+        self.trajectory_timeout_s = float(settings.trajectory_timeout_s or 0.0)
+        set_tool_limits(settings.max_concurrent_tool_calls, settings.tool_timeout_s)
         self.feed_interval, self.steps = max(int(feed_interval), 1), 0
-        factory = env_factory or (lambda record: record_environment(args, record))  # ppo/agents/record_env.py
+        factory = env_factory or (lambda record: record_environment(settings, record))  # ppo/agents/record_env.py
         self.rows = [_Row(i, env, r) for i, (env, r) in enumerate(zip(build_environments(factory, records), records))]
-        self.role = environment_facts(args.env_name).observation_role if args.env_name else "tool"
+        self.role = environment_facts(settings.env_name).observation_role if settings.env_name else "tool"
         for row in self.rows:  # a record that names its own environment speaks in that one's role
-            row.role = record_role(args, row.traj.record) if args.env_name and env_factory is None else self.role
+            row.role = record_role(settings, row.traj.record) if settings.env_name and env_factory is None else self.role
         self.stop_ids = set(params.stop_token_ids if params.stop_token_ids is not None else [engine.eos_token_id])
         strings = {s for r in self.rows for s in getattr(r.env, "stop_strings", [])} | set(params.stop_strings or [])
         self.stop_strings = sorted(s for s in strings if s)
@@ -134,9 +135,9 @@ class AgentRollout:
             row.extend(segments)
             row.traj.messages = [dict(m) for m in ([{"role": "user", "content": first}] if isinstance(first, str) else first)]
             row.pending = [t for s in segments for t in s.token_ids]
-            if len(row.pending) + 1 > self.args.max_total_len:
+            if len(row.pending) + 1 > self.settings.max_total_len:
                 raise ValueError(f"record {row.index}: its prompt has {len(row.pending)} tokens, no room under "
-                                 f"max_total_len={self.args.max_total_len}")
+                                 f"max_total_len={self.settings.max_total_len}")
 
     def run(self, seed=None, row_offset=0):
         t_start = time.perf_counter()
@@ -152,9 +153,9 @@ class AgentRollout:
     def _loop(self, seed, row_offset):
         lm = unwrap_model(self.engine.model)
         positions = getattr(lm.config, "max_position_embeddings", None)
-        if positions is not None and self.args.max_total_len > positions:
-            raise ValueError(f"max_total_len={self.args.max_total_len} exceeds the model's max_position_embeddings={positions}")
-        build = partial(SlotDecoder, self.engine, lm, len(self.rows), self.args.max_total_len, self.params, seed, row_offset)
+        if positions is not None and self.settings.max_total_len > positions:
+            raise ValueError(f"max_total_len={self.settings.max_total_len} exceeds the model's max_position_embeddings={positions}")
+        build = partial(SlotDecoder, self.engine, lm, len(self.rows), self.settings.max_total_len, self.params, seed, row_offset)
         decoder = self.decoder_hook(build) if self.decoder_hook is not None else build()
         while True:
             self._collect(block=False)
@@ -202,16 +203,16 @@ class AgentRollout:
         row.sampled += 1
         by_string = token not in self.stop_ids and self._ends_with_stop_string(row)
         ended = token in self.stop_ids or by_string or len(row.turn_ids) >= self.params.max_new_tokens
-        if not ended and total < self.args.max_total_len:
+        if not ended and total < self.settings.max_total_len:
             if now > row.ends_by:
                 self._close_turn(row)
                 self._finish(row, "trajectory_timeout", truncated=True)
             return
         end = list(self.format.turn_end_ids)
-        if by_string and end and total + len(end) <= self.args.max_total_len:
+        if by_string and end and total + len(end) <= self.settings.max_total_len:
             row.forced = end  # the policy ended its turn: the template's end-of-turn tokens are its own
             return
-        if total >= self.args.max_total_len and token not in self.stop_ids:
+        if total >= self.settings.max_total_len and token not in self.stop_ids:
             self._close_turn(row)
             self._finish(row, "max_total_len", truncated=True)
             return
@@ -300,7 +301,7 @@ class AgentRollout:
             row.traj.tool_calls.append({**call, "turn": turn, "start": start, "end": end})
         if done:
             self._finish(row, "done")
-        elif row.traj.num_turns >= self.args.max_turns:
+        elif row.traj.num_turns >= self.settings.max_turns:
             self._finish(row, "max_turns", truncated=True)
         elif observation is None:
             self._finish(row, "env_error")
@@ -316,10 +317,10 @@ class AgentRollout:
     def _feed_observation(self, row, messages, turn):
         end = list(self.format.turn_end_ids)
         closed = not end or row.traj.segments[-1].token_ids[-len(end):] == end
-        segments = self.format.messages_segments(messages, turn, self.args.max_tool_response_len,
+        segments = self.format.messages_segments(messages, turn, self.settings.max_tool_response_len,
                                                  getattr(row.env, "tools", ()), turn_closed=closed)
         added = [t for s in segments for t in s.token_ids]
-        if row.length + len(added) + 1 > self.args.max_total_len:
+        if row.length + len(added) + 1 > self.settings.max_total_len:
             self._finish(row, "max_total_len", truncated=True)
             return
         row.extend(segments)
@@ -344,14 +345,18 @@ class AgentRollout:
                 row.state = "feed"
 
 
-def rollout_trajectories(engine, records, args, turn_format, params, seed=None, row_offset=0, env_factory=None,
+def rollout_trajectories(engine, records, settings, turn_format, params, seed=None, row_offset=0, env_factory=None,
                          pause="row", feed_interval=4):
-    """Run one multi-turn rollout of `records` (see the module docstring); returns an
-    :class:`AgentRolloutResult` (trajectories, the metrics dict, stats). `env_factory`: builds
-    one environment per record (default: `args.env_name` with `args.env_options`);
-    `feed_interval`: answers that come back while other rows decode wait at most this many
-    decode steps, to be fed in one pass with the others that came back; `args.step_timeout_s`:
-    the most seconds one `env.step` may take."""
+    """Run one multi-turn rollout of `records` (see the module docstring) with the engine
+    `engine` (a `ppo.rollout.RolloutEngine`); returns an :class:`AgentRolloutResult`
+    (trajectories, the metrics dict, stats). `settings`: `AgentSettings` (TypeError for anything
+    else, e.g. a whole argument object); `env_factory`: builds one environment per record
+    (default: `settings.env_name` with `settings.env_options`); `feed_interval`: answers that come
+    back while other rows decode wait at most this many decode steps, to be fed in one pass with
+    the others that came back; `settings.step_timeout_s`: the most seconds one `env.step` may take."""
+    if not isinstance(settings, AgentSettings):
+        raise TypeError(f"rollout_trajectories takes AgentSettings (AgentSettings.of(args) takes the agent fields of "
+                        f"parsed arguments), got {type(settings).__name__}")
     if not engine.use_rollout_engine:
         raise NotImplementedError(
             "multi-turn rollouts (env_name) need the rollout engine: PaddleNLP's generate (use_fusemt false) cannot "
@@ -361,7 +366,7 @@ def rollout_trajectories(engine, records, args, turn_format, params, seed=None, 
     from .tp_rollout import run_on_rollout_group
 
     def new_rollout():  # under tensor or pipeline parallel, built on one rank of the group only
-        return AgentRollout(engine, records, args, turn_format, params, env_factory, pause, feed_interval)
+        return AgentRollout(engine, records, settings, turn_format, params, env_factory, pause, feed_interval)
 
     was_training = unwrap_model(engine.model).training
     unwrap_model(engine.model).eval()
@@ -369,7 +374,7 @@ def rollout_trajectories(engine, records, args, turn_format, params, seed=None, 
         import paddle
 
         with paddle.no_grad():
-            return run_on_rollout_group(engine, new_rollout, len(records), args, params, seed, row_offset)
+            return run_on_rollout_group(engine, new_rollout, len(records), settings, params, seed, row_offset)
     finally:
         if was_training:
             unwrap_model(engine.model).train()

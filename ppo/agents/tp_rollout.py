@@ -78,7 +78,7 @@ def _lead(group, engine, new_rollout, seed, row_offset):
     return result
 
 
-def _follow(group, engine, rows, args, params, seed, row_offset):
+def _follow(group, engine, rows, settings, params, seed, row_offset):
     lm, decoder = unwrap_model(engine.model), None
     while True:
         plan = _broadcast(None, group)
@@ -86,7 +86,7 @@ def _follow(group, engine, rows, args, params, seed, row_offset):
             break
         if plan[0] == "build":
             if engine.tensor_parallel_group is not None:  # a pipeline stage has nothing to gather with the leader
-                decoder = SlotDecoder(engine, lm, rows, args.max_total_len, params, seed, row_offset)
+                decoder = SlotDecoder(engine, lm, rows, settings.max_total_len, params, seed, row_offset)
         elif plan[0] == "step":
             decoder.step(*plan[1:])
         elif plan[0] == "compact":
@@ -107,19 +107,20 @@ def shared_rollout_group(engine):
     return group if group is not None and group.nranks > 1 else pipeline_group()
 
 
-def rollout_tensor_parallel(group, engine, new_rollout, rows, args, params, seed, row_offset):
+def rollout_tensor_parallel(group, engine, new_rollout, rows, settings, params, seed, row_offset):
     """The `AgentRolloutResult` of a rollout of `rows` records on every rank of `group` (see the
     module docstring): `new_rollout()` builds the `AgentRollout` (and its environments) on the
-    leader only; `args` (`max_total_len`), `params`, `seed`, `row_offset` build the followers' decoders."""
+    leader only; `settings` (`AgentSettings`: `max_total_len`), `params`, `seed`, `row_offset`
+    build the followers' decoders."""
     if dist.get_rank() == group.ranks[0]:
         return _lead(group, engine, new_rollout, seed, row_offset)
-    return _follow(group, engine, rows, args, params, seed, row_offset)
+    return _follow(group, engine, rows, settings, params, seed, row_offset)
 
 
-def run_on_rollout_group(engine, new_rollout, rows, args, params, seed, row_offset):
+def run_on_rollout_group(engine, new_rollout, rows, settings, params, seed, row_offset):
     """`new_rollout().run(seed, row_offset)`, or under tensor or pipeline parallel the same result
     on every rank of the group, the environments on its first rank only (`rollout_tensor_parallel`)."""
     group = shared_rollout_group(engine)
     if group is not None and group.nranks > 1:
-        return rollout_tensor_parallel(group, engine, new_rollout, rows, args, params, seed, row_offset)
+        return rollout_tensor_parallel(group, engine, new_rollout, rows, settings, params, seed, row_offset)
     return new_rollout().run(seed, row_offset)

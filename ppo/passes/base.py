@@ -67,22 +67,25 @@ class ModelPasses:
         raise NotImplementedError
 
     def first_forward_reusable(self):
-        """Whether the update's first forward can be run ahead (`keep_first_forward`) and
+        """Whether the update's first forward can be run ahead (`first_forward`) and
         double as the old-policy pass."""
         raise NotImplementedError
 
-    def keep_first_forward(self, exp):
-        """The training forward over all of `exp`'s rows, with gradients, kept for the next
-        `backward_step`'s micro-batches: `{"logprobs", "entropy", "values"}` (`[N, Tr]`; values:
-        the first critic's, None without one). Only when `first_forward_reusable()`."""
+    def first_forward(self, exp):
+        """The training forward over all of `exp`'s rows, with gradients, run ahead of the update:
+        `{"logprobs", "entropy", "values"}` (`[N, Tr]`; values: the first critic's, None without
+        one). The passes keep nothing: the experience carries it (`Experience.first_forward`) and
+        the updater hands it to the first `backward_step`. Only when `first_forward_reusable()`."""
         raise NotImplementedError
 
-    def backward_step(self, exp, plan, losses):
+    def backward_step(self, exp, plan, losses, first_forward=None):
         """Gradients of one optimiser step: `plan` lists its micro-batches' row indices into
         `exp`, `losses` the `UpdateLosses`. Returns `(actor loss, value losses, stats)`: the
         losses summed over the micro-batches as floats (equal on every rank of a pipeline group),
         the value losses a dict `{objective: float}` of the critics the losses name, `stats`
-        one dict per real micro-batch. The caller steps the optimisers."""
+        one dict per real micro-batch. The caller steps the optimisers. `first_forward`: a
+        `first_forward(exp)` of all of `exp`'s rows with the current weights, to serve the first
+        micro-batch instead of its forward (None: every micro-batch runs its own)."""
         raise NotImplementedError
 
     def group_sum(self, value):

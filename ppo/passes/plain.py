@@ -50,7 +50,6 @@ class PlainPasses(ModelPasses):
         self.temperature, self.logprob_chunk_size = temperature, logprob_chunk_size
         self.chunk_rows = chunk_rows if isinstance(chunk_rows, dict) else dict.fromkeys(("logprob", "value", "reward"), chunk_rows)
         self.generation_model = models.actor
-        self.kept_forward = None  # `keep_first_forward`'s result until the next backward_step takes it
         self.retokenizers = dict(retokenizers or {})
         self.remove_padding = remove_padding
         self.logprob_dtype = logprob_dtype
@@ -90,9 +89,8 @@ class PlainPasses(ModelPasses):
     def first_forward_reusable(self):
         return True
 
-    def keep_first_forward(self, exp):
-        self.kept_forward = self.training_forward(exp)
-        return self.kept_forward
+    def first_forward(self, exp):
+        return self.training_forward(exp)
 
     def training_forward(self, mb):
         """The training forward of one micro-batch, with gradients: actor log-probs and entropy
@@ -105,24 +103,24 @@ class PlainPasses(ModelPasses):
             values = self._critic_forward(critic, mb)
         return {"logprobs": logprobs, "entropy": entropy, "values": values}
 
-    def take_kept_forward(self, rows):
-        """The kept first forward gathered to `rows`; None when there is none. Handed out once."""
-        kept, self.kept_forward = self.kept_forward, None
-        if kept is None:
+    @staticmethod
+    def gathered(forward, rows):
+        """A forward over all rows (`first_forward`) gathered to `rows`; None when there is none."""
+        if forward is None:
             return None
         index = paddle.to_tensor(np.asarray(rows, dtype="int64"))
-        return {k: (None if v is None else paddle.gather(v, index)) for k, v in kept.items()}
+        return {k: (None if v is None else paddle.gather(v, index)) for k, v in forward.items()}
 
-    def backward_step(self, exp, plan, losses):
+    def backward_step(self, exp, plan, losses, first_forward=None):
         """Per micro-batch: the actor's loss (plus the ptx NLL of one supervised batch) and its
-        backward, then each critic's; the kept first forward serves the first micro-batch. With
+        backward, then each critic's; `first_forward` serves the first micro-batch. With
         `losses.actor` None (value pretraining) the actor runs no pass and its total is 0."""
         actor_total = 0.0
         totals = dict.fromkeys(losses.critics, 0.0)
         records = []
-        for rows in plan:
+        for index, rows in enumerate(plan):
             mb = exp.select(rows)
-            forward = self.take_kept_forward(rows) or {"values": None}  # a kept one: only ever the first micro-batch
+            forward = (self.gathered(first_forward, rows) if index == 0 else None) or {"values": None}
             stats = {}
             if losses.actor is not None:
                 if "logprobs" not in forward:

@@ -160,14 +160,6 @@ class RolloutEngine:
             if was_training:
                 lm.train()
 
-    def generate_trajectories(self, records, agent_args, turn_format, params=None, seed=None, row_offset=0, **kwargs):
-        """Multi-turn rollouts, an environment per record, rows paused while their tool runs:
-        `ppo.agents.rollout.rollout_trajectories` (its keyword arguments pass through)."""
-        from ..agents.rollout import rollout_trajectories
-
-        return rollout_trajectories(self, records, agent_args, turn_format, params or SamplingParams(), seed, row_offset,
-                                    **kwargs)
-
     # ------------------------------------------------------------------ engine path
     def _select_ops(self, lm):
         """The op set of `kernels` for where `lm` computes now (its embedding's place; float32 on

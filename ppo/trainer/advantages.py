@@ -7,17 +7,15 @@ added to the reward's), runs the estimator and the whitening on each, lets the c
 actor's advantage, sets the rollout correction's importance weights (when the engine's log-probs
 were kept beside the training forward's), and returns the step's `objective/*`,
 `response_length/*`, `rollout/*` (and per-group) metrics. With `reuse_first_update_forward`
-the old log-probs and the first critic's values come from the update's first forward, which
-the passes keep. Every model pass goes through the passes; every reduction over processes
+the old log-probs and the first critic's values come from the update's first forward, run
+here and carried to the updater by the experience (`Experience.first_forward`). Every model pass goes through the passes; every reduction over processes
 through the run's `Ranks`."""
 import paddle
 
 from ..algos import (
-    add_to_last_step,
     in_value_pretraining,
     group_zero_std_fraction,
     process_group_advantages,
-    reduce_step_scores,
     rollout_correction,
     kl_shaped_rewards,
     masked_centered_square_sum,
@@ -28,6 +26,7 @@ from ..algos import (
 )
 from ..algos.kl import K3_NAMES
 from .groups import check_groups
+from .reward_terms import placement_of, with_token_reward_terms
 
 
 class AdvantageStage:
@@ -38,7 +37,7 @@ class AdvantageStage:
     `reference_scope`: the offload names the reference pass needs; `ranks`: the run's `Ranks`;
     `state`: the `RunState`; `settings`: `AdvantageSettings`."""
 
-    def __init__(self, passes, objectives, combiner, estimator, kl_control, offload, reference_scope, ranks, state, settings,
+    def __init__(self, passes, objectives, combiner, estimator, *, kl_control, offload, reference_scope, ranks, state, settings,
                  estimator_settings=None):
         self.passes, self.objectives, self.combiner, self.estimator = passes, list(objectives), combiner, estimator
         self.estimator_settings = dict(estimator_settings or {})
@@ -76,7 +75,8 @@ class AdvantageStage:
     def fill_model_passes(self, exp):
         """`exp.ref_logprobs` (unless a split run's rollout rank computed them), `old_logprobs`
         (unless the rollout's own) and each critic's values `[N, Tr]`; with a reusable first forward, the old log-probs and the first
-        critic's values come from the update's first forward (kept by the passes)."""
+        critic's values come from the update's first forward, which `exp.first_forward` carries
+        to the updater."""
         s = self.settings
         need_ref = s.kl_coeff != 0 or s.kl_loss_coeff != 0
         reuse = self.first_update_forward_reusable(len(exp))
@@ -92,12 +92,12 @@ class AdvantageStage:
                 if i > 0 or not reuse:  # the first critic's values come with a kept first forward
                     with self.offload.scope(objective.critic.name):
                         exp.objectives[objective.name].values = self.passes.values(objective.name, exp)
-        if reuse:
-            first_forward = self.passes.keep_first_forward(exp)
+        if reuse:  # the experience carries the update's first forward (`Experience.first_forward`)
+            exp.first_forward = self.passes.first_forward(exp)
             if exp.old_logprobs is None:  # else the rollout's own log-probs (use_rollout_logprobs)
-                exp.old_logprobs = first_forward["logprobs"].detach()
+                exp.old_logprobs = exp.first_forward["logprobs"].detach()
             for objective in critics[:1]:
-                exp.objectives[objective.name].values = first_forward["values"].detach()
+                exp.objectives[objective.name].values = exp.first_forward["values"].detach()
         if not need_ref:
             exp.ref_logprobs = exp.old_logprobs
 
@@ -118,38 +118,29 @@ class AdvantageStage:
     def shape(self, exp, kl_coeff):
         """Each objective's token rewards, advantages and returns `[N, Tr]`, then the actor's
         advantage from the combiner (its metrics kept in `self.combined`); returns the per-token
-        KL `[N, Tr]` (the first objective's, the step's KL)."""
+        KL `[N, Tr]` (the first objective's, the step's KL). Where the scores go, advantages of a
+        scorer's own and token rewards from elsewhere (the environment's) are asked of their owners
+        (ppo/trainer/reward_terms.py)."""
         s, mask, kl = self.settings, exp.response_mask, None
         clamp = s.kl_clamp if s.kl_estimator in K3_NAMES else None
         with paddle.no_grad():
-            for objective in self.objectives:
-                trace = exp.objectives[objective.name]
-                scores = self.normalized(objective, trace.scores)
-                steps = None
-                if trace.step_rewards is not None:  # a process reward model's steps: the penalties ride on the last step
-                    steps = add_to_last_step(trace.step_rewards, trace.step_mask,
-                                             scores - reduce_step_scores(trace.step_rewards, trace.step_mask, "last"))
-                    scores = paddle.zeros_like(scores)
-                coeff = kl_coeff if objective.kl_weight == 1.0 else objective.kl_weight * float(kl_coeff)
-                trace.rewards, objective_kl = kl_shaped_rewards(scores, exp.old_logprobs, exp.ref_logprobs, mask, coeff,
-                                                                s.clip_range_score, kind=s.kl_estimator, clamp=clamp)
+            for index, objective in enumerate(self.objectives):
+                trace, owner = exp.objectives[objective.name], placement_of(objective.scorer)
+                scores, token_rewards = owner.place(trace, self.normalized(objective, trace.scores))
+                trace.rewards, objective_kl = kl_shaped_rewards(scores, exp.old_logprobs, exp.ref_logprobs, mask,
+                                                                objective.kl_weight * float(kl_coeff), s.clip_range_score,
+                                                                kind=s.kl_estimator, clamp=clamp)
                 kl = objective_kl if kl is None else kl
-                if self.adds_env_rewards(exp, objective):  # a multi-turn environment's own (ppo/trainer/env_reward.py)
-                    trace.rewards = trace.rewards + exp.env_rewards * mask
-                if steps is not None:
-                    trace.rewards = trace.rewards + steps * mask
-                if steps is not None and self.estimator.per_group:  # DeepSeekMath's process supervision
-                    trace.advantages = trace.returns = self.process_advantages(steps, trace.step_mask, mask)
+                trace.rewards = with_token_reward_terms(trace.rewards, exp, objective, index == 0, mask)
+                if token_rewards is not None:
+                    trace.rewards = trace.rewards + token_rewards * mask
+                own = owner.advantages(self, trace, token_rewards, mask)
+                if own is not None:
+                    trace.advantages = trace.returns = own
                 else:
                     trace.advantages, trace.returns = self.advantages_and_returns(trace.rewards, trace.values, mask)
             self.combined = self.combiner.combine(exp, self.state.step)
         return kl
-
-    def adds_env_rewards(self, exp, objective):
-        """Whether the environment's token rewards go onto `objective`'s: the reward's, unless its
-        scores already are the environment's (`EnvironmentScorer`)."""
-        return (getattr(exp, "env_rewards", None) is not None and objective is self.objectives[0]
-                and not getattr(objective.scorer, "from_environment", False))
 
     def normalized(self, objective, scores):
         """`scores` after the objective's running normaliser, updated with every rank's batch first."""

@@ -17,7 +17,7 @@ then over the ranks):
 """
 import numpy as np
 
-from ..agents import collate_trajectories
+from ..agents import collate_trajectories, rollout_trajectories
 from ..rollout import SamplingParams
 from .agent_rollout import experience_from_trajectories
 from .evaluator import Evaluator
@@ -43,12 +43,12 @@ def agent_eval_metrics(trajectories, rewards, env_sums):
 
 
 class AgentEvaluator(Evaluator):
-    """`Evaluator` for multi-turn runs (module docstring); `agent_args`: the run's
-    `AgentArguments` fields; `turn_format`: the prompts' turn format (as the training rollout's)."""
+    """`Evaluator` for multi-turn runs (module docstring); `agent`: the run's `AgentSettings`;
+    `turn_format`: the prompts' turn format (as the training rollout's)."""
 
-    def __init__(self, *args, agent_args, turn_format, **kwargs):
+    def __init__(self, *args, agent, turn_format, **kwargs):
         super().__init__(*args, **kwargs)
-        self.agent_args, self.turn_format = agent_args, turn_format
+        self.agent, self.turn_format = agent, turn_format
 
     def evaluate(self):
         """The `eval/agent/*` metrics, reduced over the ranks; {} without eval prompts."""
@@ -72,10 +72,10 @@ class AgentEvaluator(Evaluator):
     def rate(self, items, params):
         """`(trajectories, rewards, summed env rewards)` of one greedy trajectory per item."""
         records = [{**(item.get("extra") or {}), "src": item["src"], "tgt": item["label"]} for item in items]
-        result = self.engine.generate_trajectories(records, self.agent_args, self.turn_format, params, seed=self.settings.seed)
+        result = rollout_trajectories(self.engine, records, self.agent, self.turn_format, params, seed=self.settings.seed)
         trajectories = result.trajectories
-        layout = collate_trajectories(trajectories, self.tokenizer.pad_token_id, self.agent_args.turn_reward_mode)
-        weight = float(self.agent_args.env_reward_weight)
+        layout = collate_trajectories(trajectories, self.tokenizer.pad_token_id, self.agent.turn_reward_mode)
+        weight = float(self.agent.env_reward_weight)
         exp = experience_from_trajectories(trajectories, layout, self.tokenizer.eos_token_id,
                                            np.arange(len(trajectories)), [item["prompt"] for item in items],
                                            self.tokenizer.eos_token, weight)

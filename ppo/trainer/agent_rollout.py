@@ -2,8 +2,8 @@
 
 `TrajectoryRollout` has `Rollout`'s interface (`generate() -> Experience` at stage "rollout")
 and is chosen where the run is built: each prompt, repeated `rollout_n` times, gets its own
-environment, and the rollout engine's multi-turn decoder (`RolloutEngine.generate_trajectories`,
-ppo/agents/rollout.py) writes, pauses the row while its tool runs, feeds the answer onto the
+environment, and the multi-turn decoder (`rollout_trajectories` of ppo/agents/rollout.py, on the
+rollout engine's kernels) writes, pauses the row while its tool runs, feeds the answer onto the
 row's cache and writes again. The trajectories are laid out by `collate_trajectories` (the one
 layout of ppo/agents/trajectory.py): left-padded prompt columns, then response columns that
 hold the policy's turns and the environment's answers. `response_mask` is the policy mask (1 on
@@ -17,7 +17,7 @@ most rows for several steps in a row: the loop saves the last completed step fir
 import numpy as np
 import paddle
 
-from ..agents import collate_trajectories, make_environment, turn_format_for
+from ..agents import collate_trajectories, make_environment, rollout_trajectories, turn_format_for
 from ..agents.record_env import rollout_record
 from ..common.process_exit import RunStopped
 from ..experience import Experience
@@ -116,24 +116,26 @@ def experience_from_trajectories(trajectories, batch, eos_token_id, group_ids, p
     )
 
 
-def keep_engine_logprobs(exp, response_logprobs, args):
+def keep_engine_logprobs(exp, response_logprobs, agent, rollout_is):
     """The engine's log-probs of the policy's tokens (`response_logprobs` `[N, Tr]`, 0 elsewhere)
-    become `exp.old_logprobs` with `args.reuse_trajectory_logprobs` (the multi-turn decoder samples
+    become `exp.old_logprobs` with `agent.reuse_trajectory_logprobs` (the multi-turn decoder samples
     without a repetition penalty: they are the forward pass's up to rounding; the old-log-prob
     pass is skipped), else are kept as `exp.rollout_logprobs` for the rollout correction
-    (`rollout_is`) or the samples (`sample_token_details`), else dropped: the old log-probs then
-    come from the training forward, which does not depend on how the rows were scheduled."""
+    (`rollout_is` not "none") or the samples (`agent.sample_token_details`), else dropped: the old
+    log-probs then come from the training forward, which does not depend on how the rows were
+    scheduled. `agent`: the run's `AgentSettings`."""
     engine_logprobs = paddle.to_tensor(response_logprobs, dtype="float32") * exp.response_mask
-    if args.reuse_trajectory_logprobs:
+    if agent.reuse_trajectory_logprobs:
         exp.old_logprobs = engine_logprobs
-    elif args.rollout_is != "none" or args.sample_token_details:
+    elif rollout_is != "none" or agent.sample_token_details:
         exp.rollout_logprobs = engine_logprobs
 
 
-def declared_tool_metrics(agent_args):
-    """`tool/<name>/*` at 0 for every tool the environment declares (`tools` schemas), so that each
-    step's metrics have the same names on every data rank whichever tools were called."""
-    env = make_environment(agent_args.env_name, agent_args.env_options)
+def declared_tool_metrics(agent):
+    """`tool/<name>/*` at 0 for every tool the environment of `agent` (`AgentSettings`) declares
+    (`tools` schemas), so that each step's metrics have the same names on every data rank
+    whichever tools were called."""
+    env = make_environment(agent.env_name, agent.env_options)
     try:
         names = [t.get("function", t).get("name") for t in getattr(env, "tools", None) or []]
     finally:
@@ -143,20 +145,20 @@ def declared_tool_metrics(agent_args):
 
 
 class TrajectoryRollout:
-    """`Rollout` for multi-turn runs (see the module docstring). `agent_args`: the run's
-    `AgentArguments` fields (`env_name`, `env_options`, `max_turns`, ...); `prompt_format`:
+    """`Rollout` for multi-turn runs (see the module docstring). `agent`: the run's `AgentSettings`
+    (`env_name`, `env_options`, `max_turns`, ...; built once by the run builder); `prompt_format`:
     `(use_chat_template, prompt_template)` of the data; `watch`: a `ToolFailureWatch`; the
     other arguments are `Rollout`'s."""
 
-    def __init__(self, engine, sampling, sampler, dataset, tokenizer, passes, *, offload, state, ranks, settings, agent_args,
+    def __init__(self, engine, sampling, sampler, dataset, tokenizer, passes, *, offload, state, ranks, settings, agent,
                  prompt_format, watch):
         self.engine, self.sampling, self.sampler, self.dataset = engine, sampling, sampler, dataset
         self.tokenizer, self.passes, self.offload, self.state, self.ranks = tokenizer, passes, offload, state, ranks
-        self.settings, self.agent_args, self.watch = settings, agent_args, watch
+        self.settings, self.agent, self.watch = settings, agent, watch
         self.turn_format = turn_format_for(tokenizer, *prompt_format)
         self.collate = dataset.get_collator()
         self.metrics = {}  # the last rollout's agent/* and tool/* counts
-        self.tool_zeros = declared_tool_metrics(agent_args)
+        self.tool_zeros = declared_tool_metrics(agent)
 
     def generate(self):
         """`rollout_n` trajectories from each of the next prompts, as an `Experience` at stage "rollout"."""
@@ -168,19 +170,19 @@ class TrajectoryRollout:
         draws = self.state.gen_batches
         seed, rows = self.settings.seed + 1_000_003 * draws, len(records)
         with self.offload.scope("actor"), self.passes.generation_weights():
-            result = self.engine.generate_trajectories(records, self.agent_args, self.turn_format, self.sampling, seed=seed,
-                                                       row_offset=ranks.data_rank * rows)
+            result = rollout_trajectories(self.engine, records, self.agent, self.turn_format, self.sampling, seed=seed,
+                                          row_offset=ranks.data_rank * rows)
         group_base = (draws * ranks.data_world + ranks.data_rank) * len(indices)
         self.state.gen_batches += 1
         trajectories = result.trajectories
         failed_frac = self.watch.check(trajectories, self.state.step + 1)
-        layout = collate_trajectories(trajectories, self.tokenizer.pad_token_id, self.agent_args.turn_reward_mode)
+        layout = collate_trajectories(trajectories, self.tokenizer.pad_token_id, self.agent.turn_reward_mode)
         exp = experience_from_trajectories(trajectories, layout, self.tokenizer.eos_token_id,
                                            np.repeat(np.arange(len(indices)) + group_base, n),
                                            [p for p in batch["prompt"] for _ in range(n)], self.tokenizer.eos_token,
-                                           self.agent_args.env_reward_weight)
+                                           self.agent.env_reward_weight)
         exp.version = self.state.step
-        keep_engine_logprobs(exp, layout.response_logprobs, self.agent_args)
+        keep_engine_logprobs(exp, layout.response_logprobs, self.agent, self.settings.rollout_is)
         self.metrics = {**self.tool_zeros, **result.metrics, "agent/tool_failed_frac": failed_frac,
                         "agent/env_reward_mean": float(np.mean([sum(t.rewards) for t in trajectories]))}
         return exp

@@ -34,6 +34,15 @@ class EnvironmentScorer:
         return scores, np.asarray(scores.numpy(), dtype="float64"), {}
 
 
+def environment_token_rewards(exp, objective, first):
+    """The environment's token rewards `exp.env_rewards` `[N, Tr]` for the run's reward (`first`),
+    unless its scorer's scores already are them (`EnvironmentScorer`); None otherwise
+    (ppo/trainer/reward_terms.py adds them)."""
+    if getattr(exp, "env_rewards", None) is None or not first or getattr(objective.scorer, "from_environment", False):
+        return None
+    return exp.env_rewards
+
+
 def env_only_reward(model_args, training_args):
     """Whether the environment's rewards are the run's only reward: `env_name` set and no reward
     model, reward server or rule scorer."""

@@ -26,7 +26,7 @@ class Rollout:
     (`gen_batches`, `step`); `ranks`: the run's `Ranks`; `settings`: `RolloutSettings`;
     `partial`: None, or an object with `chunk_tokens` and `at_boundary(chunk) -> version`."""
 
-    def __init__(self, engine, sampling, sampler, dataset, tokenizer, passes, offload, state, ranks, settings, partial=None):
+    def __init__(self, engine, sampling, sampler, dataset, tokenizer, passes, *, offload, state, ranks, settings, partial=None):
         self.engine, self.sampling, self.sampler, self.dataset = engine, sampling, sampler, dataset
         self.tokenizer, self.passes, self.offload, self.state, self.ranks = tokenizer, passes, offload, state, ranks
         self.settings, self.partial = settings, partial

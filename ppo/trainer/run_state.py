@@ -23,7 +23,7 @@ class RunState:
     files of their own into each checkpoint; `run_facts`: what a resume compares
     (`ppo.checkpoints.resume_check`)."""
 
-    def __init__(self, settings, strategy, tokenizer, models=None, optimizers=None, schedulers=None, parts=None,
+    def __init__(self, settings, strategy, tokenizer, *, models=None, optimizers=None, schedulers=None, parts=None,
                  run_facts=None):
         self.settings, self.strategy, self.tokenizer = settings, strategy, tokenizer
         self.models, self.optimizers, self.schedulers = dict(models or {}), dict(optimizers or {}), dict(schedulers or {})

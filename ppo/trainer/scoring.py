@@ -12,7 +12,7 @@ responses without EOS and adds DAPO's overlong penalty (the reward's scores only
 import numpy as np
 import paddle
 
-from ..algos import overlong_penalty, reduce_step_scores
+from ..algos import add_to_last_step, overlong_penalty, reduce_step_scores
 from ..evaluation import decode_responses
 from ..experience import ObjectiveTrace
 
@@ -39,7 +39,8 @@ class ProcessRewardModelScorer:
     they reward it: `last` / `min` give one score per response (at its last token, as a reward
     model's); `step` gives the last step's score as the response's score (metrics, penalties) and
     every step's score at the step's last token (`AdvantageStage` turns them into token rewards,
-    or DeepSeekMath's process-supervision advantages for per-group estimators)."""
+    or DeepSeekMath's process-supervision advantages for per-group estimators: `place`,
+    `advantages`, ppo/trainer/reward_terms.py)."""
 
     needs_labels = False
     judge = None
@@ -55,6 +56,25 @@ class ProcessRewardModelScorer:
         stats = {"prm/step_score_mean": float((rewards * marks).sum() / marks.sum().clip(min=1.0)),
                  "prm/steps_per_response": float(marks.sum(axis=-1).mean())}
         return scores, None, stats, ((rewards, marks) if self.reduction == "step" else None)
+
+    @staticmethod
+    def place(trace, scores):
+        """Where the (normalised) `scores` `[N]` go (ppo/trainer/reward_terms.py): at the last token
+        (`last` / `min`), or with `step` nothing there and every step's score at the step's last
+        token `[N, Tr]`, what the penalties and normaliser changed riding on the last step."""
+        if trace.step_rewards is None:
+            return scores, None
+        steps = add_to_last_step(trace.step_rewards, trace.step_mask,
+                                 scores - reduce_step_scores(trace.step_rewards, trace.step_mask, "last"))
+        return paddle.zeros_like(scores), steps
+
+    @staticmethod
+    def advantages(stage, trace, token_rewards, mask):
+        """DeepSeekMath's process-supervision advantages `[N, Tr]` of the step rewards under a
+        per-group estimator (`stage.process_advantages`); None otherwise (the estimator's)."""
+        if token_rewards is None or not stage.estimator.per_group:
+            return None
+        return stage.process_advantages(token_rewards, trace.step_mask, mask)
 
 
 class TextScorer:

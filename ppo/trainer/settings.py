@@ -16,12 +16,14 @@ def slice_of(cls, args, **given):
 @dataclass(frozen=True)
 class RolloutSettings:
     """The rollout: samples per prompt, the sampling seed, whether the engine's log-probs serve
-    as old log-probs, and DAPO's dynamic sampling and the data-rank balance."""
+    as old log-probs (or are kept for the rollout correction `rollout_is`), and DAPO's dynamic
+    sampling and the data-rank balance."""
 
     rollout_n: int
     seed: int
     per_device_prompt_batch_size: int
     use_rollout_logprobs: bool = False
+    rollout_is: str = "none"
     dynamic_sampling: bool = False
     max_gen_batches: int = 1
     balance_batch: bool = False

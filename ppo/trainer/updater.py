@@ -102,7 +102,7 @@ class PPOUpdater:
     progress_metrics = {"score": "objective/scores", "kl": "objective/kl", "len": "response_length/mean"}
     """The progress bar's numbers: label -> metric."""
 
-    def __init__(self, actor, objectives, passes, steps, ptx, divergence, offload, state, ranks, settings, samples):
+    def __init__(self, actor, objectives, passes, steps, *, ptx, divergence, offload, state, ranks, settings, samples):
         self.actor, self.passes, self.steps, self.ptx, self.divergence = actor, passes, steps, ptx, divergence
         self.critics = [o for o in objectives if o.critic is not None]
         self.offload, self.state, self.ranks, self.settings, self.sample_rows = offload, state, ranks, settings, samples
@@ -152,14 +152,16 @@ class PPOUpdater:
 
     def update_on_plan(self, exp, plan, response_mask, acc):
         """One optimiser step of every trained model over `plan`'s micro-batches of `exp`:
-        gradients from the passes, the steps, the divergence watch and the non-finite check."""
+        gradients from the passes, the steps, the divergence watch and the non-finite check. The
+        first step takes the experience's first forward (`Experience.first_forward`) off it."""
+        first_forward, exp.first_forward = exp.first_forward, None  # the first step's only: the weights change after it
         mask = response_mask[[r for mb in plan for r in mb]]
         world = self.ranks.world_size
         num_tokens = self.ranks.sum([mask.sum()])[0] / world  # the per-rank share of the global counts
         num_seqs = self.ranks.sum([(mask.sum(-1) > 0).sum()])[0] / world
         positive_tokens = self.positive_token_count(exp, plan, mask)
         losses = self.losses(num_tokens, num_seqs, positive_tokens, self.kept_token_count(plan, response_mask))
-        actor_total, value_totals, micro_stats = self.passes.backward_step(exp, plan, losses)
+        actor_total, value_totals, micro_stats = self.passes.backward_step(exp, plan, losses, first_forward)
         if positive_tokens is not None:  # the step's token mean: the sum of its micro-batches' parts
             acc.add({"loss/positive_lm": sum(float(st.pop("loss/positive_lm_part")) for st in micro_stats)})
         for stats in micro_stats:

@@ -134,7 +134,7 @@ class PipelinePasses(ModelPasses):
     def first_forward_reusable(self):
         return False  # the schedule's forward stays inside the schedule
 
-    def keep_first_forward(self, exp):
+    def first_forward(self, exp):
         raise RuntimeError("under pipeline parallel the update's forward runs inside fleet's schedule; it cannot be kept")
 
     def run_schedule(self, model, optimizer, criterion, data, fields, prompt_len, objective, tail=()):
@@ -160,10 +160,14 @@ class PipelinePasses(ModelPasses):
 
         return [(*supervised_micro_batch(b, rows, width, self.pad_token_id), ["labels"], ptx_objective) for b in batches]
 
-    def backward_step(self, exp, plan, losses):
+    def backward_step(self, exp, plan, losses, first_forward=None):
         """The actor's schedule (with the ptx loss's micro-batches in it when there is ptx data),
         then the critic's. Every micro-batch is padded to `micro_rows` rows and one width (see
-        `schedule_data`); the stats are every rank's copy of the last stage's."""
+        `schedule_data`); the stats are every rank's copy of the last stage's. No `first_forward`:
+        the schedule runs its own forwards (`first_forward_reusable` is False)."""
+        if first_forward is not None:
+            raise RuntimeError("under pipeline parallel the update's forward runs inside fleet's schedule; "
+                               "a first forward run ahead cannot serve it")
         if len(plan) > self.steps:
             raise ValueError(f"an optimiser step of {len(plan)} micro-batches; the pipeline schedule runs {self.steps}")
         rows = max([self.micro_rows] + [len(r) for r in plan])
