@@ -38,7 +38,7 @@ def dp_and_dp_tp_runs(script, argv, tmp_path, model_parallel=TP2):
 
 
 # tp2 in the slow suite: by default test_tensor_parallel.py checks SFT at tp 2 and test_grpo_dp2_tp2_matches_dp2 dp x tp
-@pytest.mark.parametrize("layout", [pytest.param("tp2", marks=pytest.mark.slow), "pp2"])
+@pytest.mark.parametrize("layout", [pytest.param("tp2", marks=pytest.mark.slow), pytest.param("pp2", marks=pytest.mark.slow)])
 def test_sft_dp2_with_model_parallel_matches_dp2(tiny_model_dir, two_layer_model_dir, tiny_data_dir, tmp_path, layout):
     """SFT through PaddleNLP's Trainer: dp 2 x tp 2, and dp 2 x pp 2 (two micro-batches per
     step through the schedule), against dp 2. (Each layout keeps its own dp 2 run and model:
@@ -105,7 +105,7 @@ def test_grpo_dp2_pp2_matches_dp2(two_layer_model_dir, tiny_data_dir, grpo_dp2, 
     check_grpo_against_dp2(two_layer_model_dir, tiny_data_dir, grpo_dp2, tmp_path, PP2)
 
 
-@pytest.mark.parametrize("layout", ["tp2", pytest.param("pp2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("layout", [pytest.param("tp2", marks=pytest.mark.slow), pytest.param("pp2", marks=pytest.mark.slow)])
 def test_ppo_dp2_with_model_parallel_matches_dp2(tiny_model_dir, two_layer_model_dir, two_layer_score_dir, tiny_data_dir,
                                                  tmp_path, layout):
     """PPO with a critic and a reward model, all four models split inside each data rank:

@@ -17,7 +17,8 @@ def bench():
     return module
 
 
-@pytest.mark.parametrize("case, recompute", [pytest.param("ppo", False, marks=pytest.mark.slow), ("grpo", False), ("ppo", True)])
+@pytest.mark.parametrize("case, recompute", [pytest.param("ppo", False, marks=pytest.mark.slow), ("grpo", False),
+                                             pytest.param("ppo", True, marks=pytest.mark.slow)])
 def test_step_full_and_chunked_agree(bench, case, recompute, tmp_path):
     model_dir = bench.build_model_dir(str(tmp_path / "qwen"), num_layers=1, vocab_size=512)
     full = bench.run_case(model_dir, case, 0, batch=8, prompt_len=8, seq_len=20, warmup=False, recompute=recompute)

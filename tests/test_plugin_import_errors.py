@@ -48,7 +48,7 @@ def assert_one_line_refusal(done, expected, tmp_path):
 
 
 @pytest.mark.parametrize("module, error", [
-    ("boom_plugin", "RuntimeError: no licence server at example:7070 ({dir}/boom_plugin.py, line 3)"),
+    pytest.param("boom_plugin", "RuntimeError: no licence server at example:7070 ({dir}/boom_plugin.py, line 3)", marks=pytest.mark.slow),
     pytest.param("broken_plugin", "SyntaxError: invalid syntax ({dir}/broken_plugin.py, line 1)", marks=pytest.mark.slow),
 ])
 def test_an_environment_module_that_fails_at_import_is_one_line_before_models_load(
