@@ -14,7 +14,6 @@ caps the open sessions (HTTP 503 beyond, which the client retries with backoff);
 Flask app served by waitress, as ppo/reward_server.py; the bearer token as there.
 """
 import argparse
-import hmac
 import json
 import logging
 import os
@@ -23,6 +22,8 @@ import threading
 import time
 
 from flask import Flask, Response, request
+
+from ppo.common.bearer import check_token
 
 logger = logging.getLogger("ppo.env_server")
 DEFAULT_PORT = 8741
@@ -133,18 +134,6 @@ def _close_env(env):
             close()
         except Exception:  # noqa: BLE001 - a failing close must not take the server down
             logger.exception("closing an environment failed")
-
-
-def check_token(header, token):
-    """None when `header` (an Authorization value) carries `token`, else why not (as the reward server's)."""
-    if not header:
-        return "missing 'Authorization: Bearer <token>' header; this server requires a token"
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not given:
-        return "the Authorization header must be 'Bearer <token>'"
-    if not hmac.compare_digest(given.strip().encode(), token.encode()):
-        return "wrong bearer token"
-    return None
 
 
 def _json(payload, status=200):

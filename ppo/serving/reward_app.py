@@ -2,7 +2,6 @@
 scoring of a batch and the request counts; `ppo/reward_server.py` is its command line (the
 contract and the errors are in its docstring). This module does not import paddle."""
 
-import hmac
 import json
 import logging
 import threading
@@ -11,6 +10,7 @@ import time
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from ppo.common.bearer import check_token
 from ppo.scorers import ScorerError, WeightedScorer
 
 logger = logging.getLogger("ppo.reward_server")
@@ -133,18 +133,6 @@ def parse_request(body, max_batch):
     if n > max_batch:
         raise RequestError(400, ERR_BATCH_TOO_LARGE, f"batch has {n} items, more than max_batch={max_batch}")
     return data["src"], data["tgt"], data["response"]
-
-
-def check_token(header, token):
-    """None when `header` (an Authorization value) carries `token`, else the reason it does not."""
-    if not header:
-        return "missing 'Authorization: Bearer <token>' header; this server requires a token"
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not given:
-        return "the Authorization header must be 'Bearer <token>'"
-    if not hmac.compare_digest(given.strip().encode(), token.encode()):
-        return "wrong bearer token"
-    return None
 
 
 def score_batch(scorer, src, tgt, response):
