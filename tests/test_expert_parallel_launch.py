@@ -26,6 +26,7 @@ import shutil
 import numpy as np
 import pytest
 
+from ppo.strategy.expert.checks import expert_count
 from tests.test_tensor_parallel import ppo_argv, saved_weights
 from tests.tp_launch import cold_launch_run, read_jsonl, step_values, worker_logs
 
@@ -35,16 +36,46 @@ LOSS_RTOL = 2e-6
 SFT_WEIGHT_ATOL, GRPO_WEIGHT_ATOL = 1e-4, 5e-6
 
 
-@pytest.fixture(scope="module")
-def moe_dir(tmp_path_factory):
+ARCHS = ("qwen3_moe", "ernie45_moe")
+"""Qwen3-MoE (routed experts only) and ERNIE 4.5 MoE (a shared expert, a non-zero selection bias
+set below, the router in float32): both 4 experts, top-2, one sparse layer."""
+
+
+def build_moe_dir(path, arch):
+    """A tiny `arch` model without the load-balancing loss; ERNIE's selection bias made non-zero
+    (it changes some tokens' experts), as a trained checkpoint's is."""
+    import paddle
+
     from ppo.tiny.factory import build_tiny
 
-    path = str(tmp_path_factory.mktemp("tiny_qwen3_moe"))
-    build_tiny(path, seed=5, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, arch="qwen3_moe")
+    build_tiny(path, seed=5, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, arch=arch)
     config_file = os.path.join(path, "config.json")
     config = json.load(open(config_file))
     json.dump(dict(config, router_aux_loss_coef=0.0), open(config_file, "w"))
+    weights_file = os.path.join(path, "model_state.pdparams")
+    weights = paddle.load(weights_file)
+    for key in [k for k in weights if k.endswith("e_score_correction_bias")]:
+        weights[key] = paddle.to_tensor([[0.0, 0.01, -0.01, 0.005]])
+    paddle.save(weights, weights_file)
     return path
+
+
+@pytest.fixture(scope="module")
+def moe_dirs(tmp_path_factory):
+    """`arch` -> its tiny model directory, built once per module."""
+    built = {}
+
+    def get(arch):
+        if arch not in built:
+            built[arch] = build_moe_dir(str(tmp_path_factory.mktemp(f"tiny_{arch}")), arch)
+        return built[arch]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def moe_dir(moe_dirs):
+    return moe_dirs("qwen3_moe")
 
 
 def launch(script, argv, out, nproc, expert=True):
@@ -70,7 +101,7 @@ def assert_close_runs(out1, out, keys, steps, weights_sub, atol):
     for key in a:
         np.testing.assert_allclose(b[key], a[key], atol=atol, rtol=0, err_msg=key)
     config = json.load(open(os.path.join(out, weights_sub, "config.json")))
-    assert config["num_experts"] == 4 and "expert_parallel_degree" not in config
+    assert expert_count(config)[1] == 4 and "expert_parallel_degree" not in config
 
 
 def sft_argv(model_dir, data_dir):
@@ -81,8 +112,9 @@ def sft_argv(model_dir, data_dir):
             "--warmup_steps", "0", "--disable_tqdm", "true", "--eval_max_new_tokens", "6"]
 
 
-def test_sft_expert_parallel_matches_one_process(moe_dir, tiny_data_dir, tmp_path):
-    argv = sft_argv(moe_dir, tiny_data_dir)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sft_expert_parallel_matches_one_process(arch, moe_dirs, tiny_data_dir, tmp_path):
+    argv = sft_argv(moe_dirs(arch), tiny_data_dir)
     one = launch("sft/run_sft.py", [*argv, "--per_device_train_batch_size", "8"], str(tmp_path / "one"), 1, expert=False)
     for nproc in (2, 4):
         out = launch("sft/run_sft.py", [*argv, "--per_device_train_batch_size", str(8 // nproc)], str(tmp_path / f"ep_{nproc}"), nproc)
@@ -118,13 +150,17 @@ def assert_rank0_samples_lead(one, out):
         assert responses == by_step[0][step][:len(responses)], step
 
 
-def test_grpo_expert_parallel_matches_one_process(moe_dir, tiny_data_dir, tmp_path):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_grpo_expert_parallel_matches_one_process(arch, moe_dirs, tiny_data_dir, tmp_path):
     """The rollout engine generates from the gathered experts on every rank (each its own
     prompts); the log-prob and update passes exchange tokens; the same samples result. Data
     parallel alone on the same model (every rank all experts) matches too: its all-reduce is
-    told that an expert may get no gradient on a rank (before, gloo timed out there)."""
+    told that an expert may get no gradient on a rank (before, gloo timed out there); that run
+    is Qwen3-MoE's only."""
+    moe_dir = moe_dirs(arch)
     one = launch("ppo/run_ppo.py", grpo_argv(moe_dir, tiny_data_dir, *grpo_sizes(1)), str(tmp_path / "one"), 1, expert=False)
-    for nproc, expert in ((2, False), (2, True), (4, True)):
+    layouts = ((2, False), (2, True), (4, True)) if arch == "qwen3_moe" else ((2, True), (4, True))
+    for nproc, expert in layouts:
         out = launch("ppo/run_ppo.py", grpo_argv(moe_dir, tiny_data_dir, *grpo_sizes(nproc)),
                      str(tmp_path / f"{'ep' if expert else 'dp'}_{nproc}"), nproc, expert)
         if expert:
