@@ -33,7 +33,8 @@ from tests.tp_launch import cold_launch_run, read_jsonl, step_values, worker_log
 pytestmark = pytest.mark.slow
 
 LOSS_RTOL = 2e-6
-SFT_WEIGHT_ATOL, GRPO_WEIGHT_ATOL = 1e-4, 5e-6
+SFT_WEIGHT_ATOL = {"qwen3_moe": 1e-4, "ernie45_moe": 2.5e-4}  # Adam at 1e-2 on near-zero gradients, see above
+GRPO_WEIGHT_ATOL = 5e-6
 
 
 ARCHS = ("qwen3_moe", "ernie45_moe")
@@ -119,7 +120,7 @@ def test_sft_expert_parallel_matches_one_process(arch, moe_dirs, tiny_data_dir, 
     for nproc in (2, 4):
         out = launch("sft/run_sft.py", [*argv, "--per_device_train_batch_size", str(8 // nproc)], str(tmp_path / f"ep_{nproc}"), nproc)
         assert_sharded(out, nproc)
-        assert_close_runs(one, out, ("loss/sft",), 3, "", SFT_WEIGHT_ATOL)
+        assert_close_runs(one, out, ("loss/sft",), 3, "", SFT_WEIGHT_ATOL[arch])
         s1, s = (json.load(open(f"{o}/summary.json"))["final_eval"] for o in (one, out))
         np.testing.assert_allclose(s["eval/loss"], s1["eval/loss"], rtol=LOSS_RTOL)
         assert s["eval/accuracy"] == s1["eval/accuracy"]
