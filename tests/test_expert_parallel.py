@@ -56,13 +56,13 @@ def _grads(layers):
     return out
 
 
-def _one_process(gate, experts, xs, top_k):
+def _one_process(gate, experts, xs, top_k, bias=0.0):
     """The block on all rows; the router runs on each rank's rows as in the two-rank run (a
     matmul's last bits may depend on its row count, which is not the exchange's doing)."""
     xs = [x.clone() for x in xs]
     for x in xs:
         x.stop_gradient = False
-    routed = [route(gate(x), top_k, True) for x in xs]
+    routed = [route(gate(x) + bias, top_k, True) for x in xs]
     weights, indices = (paddle.concat([r[i] for r in routed]) for i in (0, 1))
     out = dispatch(paddle.concat(xs), weights, indices, experts)
     (out * out).sum().backward()
@@ -71,7 +71,7 @@ def _one_process(gate, experts, xs, top_k):
 
 def _in_threads(fn, n=2):
     """`fn(rank, comm)` on `n` threads meeting at one barrier; their results in rank order."""
-    shared, results, errors = ([None] * n, threading.Barrier(n, timeout=60)), [None] * n, []
+    shared, results, errors = ([None] * n, threading.Barrier(n, timeout=20)), [None] * n, []
 
     def run(r):
         try:
@@ -96,7 +96,7 @@ def _copy(layer):
     return twin
 
 
-def _two_ranks(gate, experts, xs, top_k):
+def _two_ranks(gate, experts, xs, top_k, bias=0.0):
     """Each thread: its own copy of the router and of its experts `r * E/2 ...`, its rows `xs[r]`,
     the same loss. Returns the outputs, input gradients, expert gradients (from their owner) and
     the router gradient summed over the ranks, as the data-parallel all-reduce sums it."""
@@ -107,7 +107,7 @@ def _two_ranks(gate, experts, xs, top_k):
         x = xs[r].clone()
         x.stop_gradient = False
         own_gate, own = copies[r]
-        weights, indices = route(own_gate(x), top_k, True)
+        weights, indices = route(own_gate(x) + bias, top_k, True)
         out = exchange_dispatch(x, weights, indices, own, r, comm)
         (out * out).sum().backward()
         return out.numpy(), x.grad.numpy()
@@ -137,6 +137,27 @@ def test_exchange_equals_the_one_process_block(rows):
             np.testing.assert_array_equal(got, want)
     np.testing.assert_allclose(gate_grad[0], ref_gate[0], rtol=0, atol=1e-6)
     assert np.abs(ref_gate[0]).max() > 1e-3  # the router does get a gradient through the exchange
+
+
+def test_a_rank_whose_experts_no_token_reaches_still_joins_the_backward_exchange():
+    """Every token of both ranks routed to experts 0 and 1 (rank 0's, as a trained router can
+    send them): rank 1 runs no expert, yet its backward must run the exchange's collectives as
+    rank 0's does (before, the gathered rows got no gradient there, rank 1 skipped them and the
+    processes' collectives parted ways: a gloo error in the launched runs, a stuck barrier here).
+    Outputs and gradients equal the one-process block's."""
+    gate, experts = _model()
+    paddle.seed(5)
+    xs = [paddle.randn([4, 8]), paddle.randn([3, 8])]
+    bias = paddle.to_tensor([20.0, 20.0, 0.0, 0.0])
+    ref_out, ref_dx, ref_expert, ref_gate = _one_process(gate, experts, xs, 2, bias)
+    out, dx, expert, gate_grad = _two_ranks(gate, experts, xs, 2, bias)
+    np.testing.assert_array_equal(out, ref_out)
+    np.testing.assert_array_equal(dx, ref_dx)
+    assert expert[-1] is None and ref_expert[-1] is None  # expert 3 (rank 1's) ran on no row
+    for got, want in zip(expert, ref_expert):
+        if want is not None:
+            np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(gate_grad[0], ref_gate[0], rtol=0, atol=1e-6)
 
 
 def test_top3_differs_from_one_process_by_rounding_only():
