@@ -1,6 +1,7 @@
 """Expert parallelism from a cold `python -m paddle.distributed.launch` on CPU processes (gloo),
-against one process with the same global batch, on the tiny Qwen3-MoE and ERNIE 4.5 MoE (4
-experts, top-2; ERNIE's shared expert, non-zero selection bias and float32 router):
+against one process with the same global batch, on the tiny Qwen3-MoE, ERNIE 4.5 MoE (a shared
+expert, a non-zero selection bias, the float32 router), Qwen2-MoE (a gated shared expert) and
+Mixtral (every layer sparse), all 4 experts, top-2:
 expert parallel 2 (two processes, two experts each, each reading half of every batch) and
 expert parallel 2 x data parallel 2 (four processes: expert groups [0, 1] and [2, 3] carved out
 of the data ranks). SFT and GRPO; the saved models are the one-process layout.
@@ -20,7 +21,10 @@ within 4.8e-7 relative, entropy within 3.1e-6 (step 2), weights within 8.1e-6, a
 2 alone on it as far from one process (entropy 2.4e-6, weights 6.2e-6; EP 2 against DP 2:
 entropy equal, weights within 1.9e-6); SFT losses within 1.1e-7 relative, eval loss within
 7e-8, weights within 5.7e-5 (EP 2) and 1.1e-4 (EP 2 x DP 2, two of 8,192 entries above 1e-5).
-The tolerances below sit a little above.
+Qwen2-MoE: GRPO losses, KL and gradient norm within 4.8e-7 relative, entropy within 2.2e-6,
+weights within 1.7e-5 (DP 2 alone: KL 1.9e-6, weights 1.7e-5); SFT losses within 6e-8, eval
+loss equal, weights within 2.5e-5. Mixtral: SFT losses within 1.1e-7, eval loss equal, weights
+within 1.8e-5; its GRPO under EP is off (see `MIXTRAL_GRPO`). The tolerances sit a little above.
 
 Four CPU processes with groups of different members need the test stand-in for gloo's group
 rendezvous (`tests/tp_cpu_collectives.install_group_stores`, installed by the cold-launch
@@ -38,9 +42,12 @@ from tests.tp_launch import cold_launch_run, read_jsonl, step_values, worker_log
 
 pytestmark = pytest.mark.slow
 
-LOSS_RTOL = {"qwen3_moe": 2e-6, "ernie45_moe": 5e-6, "qwen2_moe": 1e-3, "mixtral": 1e-3}
-SFT_WEIGHT_ATOL = {"qwen3_moe": 1e-4, "ernie45_moe": 2.5e-4, "qwen2_moe": 1e-2, "mixtral": 1e-2}  # Adam at 1e-2 on near-zero gradients, see above
-GRPO_WEIGHT_ATOL = {"qwen3_moe": 5e-6, "ernie45_moe": 2e-5, "qwen2_moe": 1e-2, "mixtral": 1e-2}
+LOSS_RTOL = {"qwen3_moe": 2e-6, "ernie45_moe": 5e-6, "qwen2_moe": 5e-6, "mixtral": 5e-6}
+SFT_WEIGHT_ATOL = {"qwen3_moe": 1e-4, "ernie45_moe": 2.5e-4, "qwen2_moe": 1e-4, "mixtral": 1e-4}  # Adam at 1e-2, see above
+GRPO_WEIGHT_ATOL = {"qwen3_moe": 5e-6, "ernie45_moe": 2e-5, "qwen2_moe": 2.5e-5, "mixtral": 2.5e-5}
+MIXTRAL_GRPO = pytest.param("mixtral", marks=pytest.mark.xfail(strict=True, reason=(
+    "EP 2 on Mixtral's GRPO: layer-0 experts and 164 embedding entries 1.8e-3 from one process after 2 steps, "
+    "KL 6.5e-5 relative (DP 2 alone: 1.1e-5, 1.9e-6); SFT matches. Cause not found yet")))
 SPARSE_BLOCKS = {"mixtral": 2}  # every layer; the others' first layer is dense
 
 
@@ -158,7 +165,7 @@ def assert_rank0_samples_lead(one, out):
         assert responses == by_step[0][step][:len(responses)], step
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", [*ARCHS[:3], MIXTRAL_GRPO])
 def test_grpo_expert_parallel_matches_one_process(arch, moe_dirs, tiny_data_dir, tmp_path):
     """The rollout engine generates from the gathered experts on every rank (each its own
     prompts); the log-prob and update passes exchange tokens; the same samples result. Data
