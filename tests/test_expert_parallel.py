@@ -56,13 +56,13 @@ def _grads(layers):
     return out
 
 
-def _one_process(gate, experts, xs, top_k):
+def _one_process(gate, experts, xs, top_k, bias=0.0):
     """The block on all rows; the router runs on each rank's rows as in the two-rank run (a
     matmul's last bits may depend on its row count, which is not the exchange's doing)."""
     xs = [x.clone() for x in xs]
     for x in xs:
         x.stop_gradient = False
-    routed = [route(gate(x), top_k, True) for x in xs]
+    routed = [route(gate(x) + bias, top_k, True) for x in xs]
     weights, indices = (paddle.concat([r[i] for r in routed]) for i in (0, 1))
     out = dispatch(paddle.concat(xs), weights, indices, experts)
     (out * out).sum().backward()
@@ -71,7 +71,7 @@ def _one_process(gate, experts, xs, top_k):
 
 def _in_threads(fn, n=2):
     """`fn(rank, comm)` on `n` threads meeting at one barrier; their results in rank order."""
-    shared, results, errors = ([None] * n, threading.Barrier(n, timeout=60)), [None] * n, []
+    shared, results, errors = ([None] * n, threading.Barrier(n, timeout=20)), [None] * n, []
 
     def run(r):
         try:
@@ -96,7 +96,7 @@ def _copy(layer):
     return twin
 
 
-def _two_ranks(gate, experts, xs, top_k):
+def _two_ranks(gate, experts, xs, top_k, bias=0.0):
     """Each thread: its own copy of the router and of its experts `r * E/2 ...`, its rows `xs[r]`,
     the same loss. Returns the outputs, input gradients, expert gradients (from their owner) and
     the router gradient summed over the ranks, as the data-parallel all-reduce sums it."""
@@ -107,7 +107,7 @@ def _two_ranks(gate, experts, xs, top_k):
         x = xs[r].clone()
         x.stop_gradient = False
         own_gate, own = copies[r]
-        weights, indices = route(own_gate(x), top_k, True)
+        weights, indices = route(own_gate(x) + bias, top_k, True)
         out = exchange_dispatch(x, weights, indices, own, r, comm)
         (out * out).sum().backward()
         return out.numpy(), x.grad.numpy()
@@ -137,6 +137,27 @@ def test_exchange_equals_the_one_process_block(rows):
             np.testing.assert_array_equal(got, want)
     np.testing.assert_allclose(gate_grad[0], ref_gate[0], rtol=0, atol=1e-6)
     assert np.abs(ref_gate[0]).max() > 1e-3  # the router does get a gradient through the exchange
+
+
+def test_a_rank_whose_experts_no_token_reaches_still_joins_the_backward_exchange():
+    """Every token of both ranks routed to experts 0 and 1 (rank 0's, as a trained router can
+    send them): rank 1 runs no expert, yet its backward must run the exchange's collectives as
+    rank 0's does (before, the gathered rows got no gradient there, rank 1 skipped them and the
+    processes' collectives parted ways: a gloo error in the launched runs, a stuck barrier here).
+    Outputs and gradients equal the one-process block's."""
+    gate, experts = _model()
+    paddle.seed(5)
+    xs = [paddle.randn([4, 8]), paddle.randn([3, 8])]
+    bias = paddle.to_tensor([20.0, 20.0, 0.0, 0.0])
+    ref_out, ref_dx, ref_expert, ref_gate = _one_process(gate, experts, xs, 2, bias)
+    out, dx, expert, gate_grad = _two_ranks(gate, experts, xs, 2, bias)
+    np.testing.assert_array_equal(out, ref_out)
+    np.testing.assert_array_equal(dx, ref_dx)
+    assert expert[-1] is None and ref_expert[-1] is None  # expert 3 (rank 1's) ran on no row
+    for got, want in zip(expert, ref_expert):
+        if want is not None:
+            np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(gate_grad[0], ref_gate[0], rtol=0, atol=1e-6)
 
 
 def test_top3_differs_from_one_process_by_rounding_only():
@@ -205,6 +226,23 @@ def test_refusals_name_the_key(tmp_path, monkeypatch):
         f"expert_parallel_degree 4: actor_model_name_or_path {dense} is a dense model (llama, no experts)",
         f"expert_parallel_degree 4 does not divide num_experts 6 of model_name_or_path {moe6}"]
     assert model_problems(Args(expert_parallel_degree=1), dirs) == []
+
+
+@pytest.mark.parametrize("model_type, key", [("ernie4_5_moe", "moe_num_experts"), ("mixtral", "num_local_experts"),
+                                             ("qwen3_moe", "num_experts"), ("qwen2_moe", "num_experts")])
+def test_expert_count_refusal_names_the_family_key(tmp_path, model_type, key):
+    """The degree must divide the routed expert count read under the family's own key (ERNIE
+    4.5's ``moe_num_experts``; Mixtral's ``num_local_experts``, or ``num_experts`` as our saved
+    Mixtral configs write it), and the message names that key."""
+    from ppo.strategy.expert.checks import model_problems
+
+    six = _model_dir(tmp_path, "six", model_type=model_type, **{key: 6})
+    assert model_problems(Args(expert_parallel_degree=4), [("actor_model_name_or_path", six)]) == [
+        f"expert_parallel_degree 4 does not divide {key} 6 of actor_model_name_or_path {six}"]
+    assert model_problems(Args(expert_parallel_degree=2), [("actor_model_name_or_path", six)]) == []
+    saved = _model_dir(tmp_path, "saved", model_type=model_type, num_experts=6)
+    assert model_problems(Args(expert_parallel_degree=4), [("model_name_or_path", saved)]) == [
+        f"expert_parallel_degree 4 does not divide {key} 6 of model_name_or_path {saved}"]
 
 
 def test_expert_gradients_are_summed_over_their_holders_and_averaged_over_data_ranks():
@@ -278,3 +316,120 @@ def test_sharded_blocks_keep_one_process_names_and_gather_back_whole():
         assert sorted(gathered) == sorted(whole)
         for key, value in whole.items():
             np.testing.assert_array_equal(gathered[key], value, err_msg=key)
+
+
+MOE_ARCHS = ("qwen3_moe", "ernie45_moe", "qwen2_moe", "mixtral")
+"""The tiny factory's mixture-of-experts families: Qwen3-MoE (routed experts only), ERNIE 4.5 MoE
+(a shared expert, the selection bias, the router in float32, the norm floor), Qwen2-MoE (a
+sigmoid-gated shared expert), Mixtral (every layer sparse)."""
+
+
+def _tiny_moe(arch):
+    """A tiny causal LM of `arch` (4 experts, top-2) with its one-process weights as numpy; ERNIE's
+    selection bias made non-zero (it changes which experts some tokens choose)."""
+    from ppo.tiny.factory import _FAMILY_MODELS
+
+    paddle.seed(0)
+    model = _FAMILY_MODELS[arch](vocab_size=32, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
+                                 max_position_embeddings=64)
+    model.eval()
+    for name, p in model.named_parameters():
+        if name.endswith("e_score_correction_bias"):
+            p.set_value(paddle.to_tensor([[0.0, 0.04, -0.03, 0.02]]))
+    return model.config, {k: v.numpy() for k, v in model.state_dict().items()}
+
+
+def _loaded(arch, whole):
+    from ppo.tiny.factory import _FAMILY_MODELS
+
+    model = _FAMILY_MODELS[arch](vocab_size=32, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
+                                 max_position_embeddings=64)
+    model.set_state_dict({k: paddle.to_tensor(v) for k, v in whole.items()})
+    model.eval()
+    return model
+
+
+def _forward_backward(model, ids, w):
+    """``logits [B, T, V]`` and ``{name: gradient}`` of the loss ``sum(logits * w)``."""
+    logits = model(input_ids=ids, return_dict=True).logits
+    (logits * w).sum().backward()
+    return logits.numpy(), {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_sharded_family_model_equals_one_process(arch):
+    """Each family's causal LM, its experts sharded over two ranks (threads), each rank its own
+    rows: the logits equal the one-process model's on all rows, a routed expert's gradient on
+    its owner equals the one-process one, and every replicated parameter (router, shared
+    experts, their gate, attention, embeddings) gets the one-process gradient once summed over
+    the ranks as data parallelism sums it. Only routed experts are sharded; ERNIE's selection
+    bias stays on every rank, untrained, and changes the result (the ranks do use it).
+    Measured: logits within 4e-8, gradients within 6e-7 of their largest entry (the dense
+    layers' matmuls run on other row counts and the ranks' gradients are summed: rounding)."""
+    from ppo.strategy.expert.layout import expert_parameters, shard_experts
+
+    config, whole = _tiny_moe(arch)
+    paddle.seed(2)
+    ids = [paddle.randint(0, 32, [2, 5]), paddle.randint(0, 32, [1, 5])]
+    w = paddle.randn([3, 5, 32])
+    ref_logits, ref_grads = _forward_backward(_loaded(arch, whole), paddle.concat(ids), w)
+    models = [_loaded(arch, whole) for _ in range(2)]
+
+    def rank(r, comm):
+        layout = ExpertLayout(2, r, 2)
+        layout.comm = comm
+        model = models[r]
+        assert shard_experts(model, layout, config) >= 1
+        names = {id(p): n for n, p in model.named_parameters()}
+        sharded = sorted(names[id(p)] for p in expert_parameters(model))
+        rows = slice(0, 2) if r == 0 else slice(2, 3)
+        logits, grads = _forward_backward(model, ids[r], w[rows])
+        return sharded, logits, grads
+
+    results = _in_threads(rank)
+    np.testing.assert_allclose(np.concatenate([r[1] for r in results]), ref_logits, rtol=0, atol=1e-6)
+    for r, (sharded, _, grads) in enumerate(results):
+        assert sharded and all(".mlp.experts." in n for n in sharded)
+        assert {n.split(".mlp.experts.")[1].split(".")[0] for n in sharded} == ({"0", "1"} if r == 0 else {"2", "3"})
+        assert not any("bias" in n and "correction" in n for n in grads)
+    for name, want in ref_grads.items():
+        holders = [grads[name] for sharded, _, grads in results if name in grads]
+        owner = [name in sharded for sharded, _, _ in results]
+        got = holders[0] if any(owner) else sum(holders)
+        assert len(holders) == (1 if any(owner) else 2) or np.abs(want).max() == 0, name
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * max(np.abs(want).max(), 1.0), err_msg=name)
+    if arch == "ernie45_moe":
+        unbiased = {k: (np.zeros_like(v) if k.endswith("e_score_correction_bias") else v) for k, v in whole.items()}
+        logits = _loaded(arch, unbiased)(input_ids=paddle.concat(ids), return_dict=True).logits.numpy()
+        assert np.abs(logits - ref_logits).max() > 1e-4  # the bias changed some tokens' experts
+
+
+def test_ernie_float32_router_in_a_wider_model_under_expert_parallel():
+    """ERNIE 4.5 MoE's router runs in float32 whatever the model's dtype: in a float64 model (the
+    mixed precision a CPU can run; it has no bfloat16 matmul) with two ranks as threads, the
+    router logits stay float32 and the logits equal the one-process model's within float64
+    rounding (measured: 1.4e-17; the experts run on the group's gathered rows)."""
+    from ppo.strategy.expert.layout import shard_experts
+
+    config, whole = _tiny_moe("ernie45_moe")
+    paddle.seed(2)
+    ids = [paddle.randint(0, 32, [2, 5]), paddle.randint(0, 32, [1, 5])]
+    models = [_loaded("ernie45_moe", whole) for _ in range(3)]
+    for model in models:
+        model.to(dtype="float64")
+
+    def forward(model, rows):
+        with paddle.no_grad():
+            out = model(input_ids=rows, return_dict=True, output_router_logits=True)
+        assert out.logits.dtype == paddle.float64 and [g.dtype for g in out.router_logits] == [paddle.float32]
+        return out.logits.numpy()
+
+    ref = np.concatenate([forward(models[2], rows) for rows in ids])
+
+    def rank(r, comm):
+        layout = ExpertLayout(2, r, 2)
+        layout.comm = comm
+        shard_experts(models[r], layout, config)
+        return forward(models[r], ids[r])
+
+    np.testing.assert_allclose(np.concatenate(_in_threads(rank)), ref, rtol=0, atol=1e-14)

@@ -59,10 +59,24 @@ def model_problems(args, model_dirs):
         config = model_config(path) if path and os.path.isdir(path) else None
         if config is None:
             continue
-        experts = config.get("num_experts", config.get("num_local_experts"))
+        key, experts = expert_count(config)
         if not experts:
             problems.append(f"expert_parallel_degree {degree}: {name} {path} is a dense model "
                             f"({config.get('model_type')}, no experts)")
         elif experts % degree:
-            problems.append(f"expert_parallel_degree {degree} does not divide num_experts {experts} of {name} {path}")
+            problems.append(f"expert_parallel_degree {degree} does not divide {key} {experts} of {name} {path}")
     return problems
+
+
+def expert_count(config):
+    """``(the family's key, routed experts)`` of a ``config.json`` dict: the count under the
+    family's own key (ERNIE 4.5's ``moe_num_experts``, Mixtral's ``num_local_experts``, Qwen's
+    ``num_experts``), else ``num_experts`` as our saved configs may write it; ``(None, 0)`` for a
+    dense family."""
+    from ppo.common.model_families import FAMILIES
+
+    family = FAMILIES.get(config.get("model_type"))
+    if family is None or not family.moe:
+        return None, 0
+    key = family.experts_key
+    return key, int(config.get(key) or config.get("num_experts") or 0)

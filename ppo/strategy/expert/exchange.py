@@ -117,10 +117,15 @@ def local_dispatch(x, weights, indices, experts):
 def exchange_dispatch(x, weights, indices, experts, rank, comm):
     """The MoE output ``[N, H]`` of this rank's tokens ``x [N, H]`` routed by ``weights [N, k]``
     / ``indices [N, k]`` (global expert indices) when each rank of `group` holds the experts in
-    its `experts` (``{global index: layer}``). Collective: every rank of `group` calls it."""
+    its `experts` (``{global index: layer}``). Collective: every rank of `group` calls it.
+
+    The rows and their weights travel as one tensor ``[N, H + k]``, and the gathered tensor
+    always reaches the output (a zero term), so every rank's backward runs the same collectives
+    in the same order: one per gathered tensor, also on a rank whose experts no row chose."""
     counts = row_counts(x.shape[0], comm)
-    all_x = gather_rows(x, counts, rank, comm)
-    all_weights = gather_rows(weights.astype(x.dtype), counts, rank, comm)
+    hidden = x.shape[1]
+    packed = gather_rows(paddle.concat([x, weights.astype(x.dtype)], axis=1), counts, rank, comm)
     all_indices = _all_gather_rows(indices, counts, comm)
-    partial = local_dispatch(all_x, all_weights, all_indices, experts)
+    partial = local_dispatch(packed[:, :hidden], packed[:, hidden:], all_indices, experts)
+    partial = partial + packed[:, :1] * 0.0
     return scatter_sum(partial, counts, rank, comm)
