@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from ppo.data.encode import encode_exact
 from ppo.tiny.chat_data import write_long_chat_data
 from ppo.tiny.factory import build_real_shape
 from tests import chat_pipeline as cp
@@ -30,7 +31,7 @@ def shaped(request, tmp_path_factory):
         record = json.loads(f.readline())
     text = tok.apply_chat_template([[u, a] for u, a in zip(record["src"][:-1], record["tgt"][:-1])] + [[record["src"][-1]]],
                                    tokenize=False)
-    n = len(tok(text, add_special_tokens=False)["input_ids"])
+    n = len(encode_exact(tok, text))  # as the datasets encode it
     assert SEQ - 64 <= n <= SEQ - 16, n  # really a ~1k-token prompt
     return shape, path, tok, data
 

@@ -15,14 +15,16 @@ import json
 import os
 import random
 
+from ..data.encode import encode_exact
 from . import demo_data
 from .bpe_tokenizers import ENGLISH_TEXT
 
 
 def _prompt_length(tokenizer, users, assistants, final_turn):
+    """Tokens of the chat-template prompt, encoded as the datasets encode it (`encode_exact`)."""
     conversation = [[u, a] for u, a in zip(users, assistants)] + [[final_turn]]
     text = tokenizer.apply_chat_template(conversation, tokenize=False)
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return len(encode_exact(tokenizer, text))
 
 
 def long_conversation(tokenizer, prompt_tokens, rng):
