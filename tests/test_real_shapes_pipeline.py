@@ -32,7 +32,7 @@ def shaped(request, tmp_path_factory):
     text = tok.apply_chat_template([[u, a] for u, a in zip(record["src"][:-1], record["tgt"][:-1])] + [[record["src"][-1]]],
                                    tokenize=False)
     n = len(encode_exact(tok, text))  # as the datasets encode it
-    assert SEQ - 64 <= n <= SEQ - 16, n  # really a ~1k-token prompt
+    assert SEQ - 96 <= n <= SEQ - 16, n  # really a ~1k-token prompt (a conversation grows by whole turns)
     return shape, path, tok, data
 
 
