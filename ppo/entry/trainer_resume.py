@@ -6,10 +6,16 @@ the RNG state but no `optimizer.pdopt` or `scheduler.pdparams`; PaddleNLP's Trai
 refuses every resume ("optimizer-state-dict not found"). Here such a resume starts a fresh
 optimizer (AdamW moments at zero) with a warning, and moves the learning-rate schedule on to the
 checkpoint's step, so the rate continues where the saved run left it.
+
+Before every optimiser step a parameter the optimiser holds moments for and that has no gradient
+gets a zero gradient (`ppo.optimization.stepped`): a resumed run steps an expert that no token
+reached as the uninterrupted run does.
 """
 import json
 import logging
 import os
+
+from paddlenlp.trainer import TrainerCallback
 
 logger = logging.getLogger("ppo")
 
@@ -39,10 +45,25 @@ def has_optimizer_states(checkpoint, args):
     return os.path.isfile(optimizer_file(checkpoint, args.optimizer_name_suffix or ""))
 
 
+class SteppedGradientsCallback(TrainerCallback):
+    """`zero_missing_gradients` before each of the Trainer's optimiser steps."""
+
+    def on_optimizer_begin(self, args, state, control, optimizer=None, **kwargs):
+        from ppo.optimization.stepped import zero_missing_gradients
+
+        if optimizer is not None:
+            zero_missing_gradients(optimizer)
+
+
 class FreshOptimizerResumeMixin:
     """For PaddleNLP `Trainer` subclasses: resuming from a checkpoint without optimizer states
     (`ignore_save_lr_and_optim`) keeps the fresh optimizer, warns, and steps the learning-rate
-    scheduler to the checkpoint's global step, instead of failing."""
+    scheduler to the checkpoint's global step, instead of failing; a parameter stepped before
+    is stepped at every step, also after a resume (`SteppedGradientsCallback`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_callback(SteppedGradientsCallback())
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         if checkpoint is None or has_optimizer_states(checkpoint, self.args):

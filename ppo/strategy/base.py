@@ -102,8 +102,10 @@ class Strategy:
         what was non-finite (None when stepped) and the gradient norm before clipping (None when
         not stepped or nothing has a gradient). The norm and the check see the gradients after
         the optimiser's own sync, so all ranks agree."""
+        from ..optimization.stepped import zero_missing_gradients
         from .grad_sync import squared_grad_norm
 
+        zero_missing_gradients(optimizer)  # a parameter stepped before is stepped again, also after a resume
         where = " (on this or another rank)" if self.ranks.world_size > 1 else ""
         bad = None if not self.ranks.any(not math.isfinite(loss_value)) else f"loss of the {name}{where}"
         prepared = self.prepare_step(model, optimizer)
