@@ -14,6 +14,16 @@ same math as an all-to-all dispatch and combine (GShard, Lepikhin et al. 2021; P
   experts' weighted outputs, zero elsewhere) over the group and keeps this rank's rows.
   Backward: the all-gather of the rows' gradients.
 
+An expert runs the rows of each source rank as a matmul of their own (`segmented_dispatch`):
+the last bits of a matmul's row depend on how many rows it has (a CPU BLAS treats blocks of 4
+rows and the rest differently), so a token's expert output is then what its own rank's
+unsharded block computes on the same rows, bit for bit: the same numbers as data parallelism
+and as the unsharded reference model on that rank. (Run on the gathered rows at once, the
+trained actor's log-probs differed from the reference's in the last bits where one process has
+them equal; a KL gradient then turned from exactly 0 into about 1e-10, which AdamW's
+``g / (|g| + eps)`` makes a few percent of a full step: Mixtral's GRPO under expert parallelism
+drifted 1.8e-3 from one process in two steps.)
+
 With ``k`` experts per token, a token's output is the sum of its ``k`` weighted expert outputs:
 each rank adds its experts' terms in expert order from zero, and the ranks' partials are summed.
 For ``k = 2`` this is the one-process sum bit for bit; for larger ``k`` the additions are
@@ -114,6 +124,19 @@ def local_dispatch(x, weights, indices, experts):
     return out
 
 
+def segmented_dispatch(x, weights, indices, experts, counts):
+    """`local_dispatch` on each source rank's rows ``counts[r]`` of the gathered ``x [sum(counts),
+    H]`` (``weights`` / ``indices [sum(counts), k]``) separately, concatenated: every expert's
+    matmul sees one rank's rows, as that rank's unsharded block does (see the module docstring)."""
+    parts, start = [], 0
+    for n in counts:
+        if n:
+            rows = slice(start, start + n)
+            parts.append(local_dispatch(x[rows], weights[rows], indices[rows], experts))
+        start += n
+    return paddle.concat(parts, axis=0) if parts else paddle.zeros_like(x)
+
+
 def exchange_dispatch(x, weights, indices, experts, rank, comm):
     """The MoE output ``[N, H]`` of this rank's tokens ``x [N, H]`` routed by ``weights [N, k]``
     / ``indices [N, k]`` (global expert indices) when each rank of `group` holds the experts in
@@ -126,6 +149,6 @@ def exchange_dispatch(x, weights, indices, experts, rank, comm):
     hidden = x.shape[1]
     packed = gather_rows(paddle.concat([x, weights.astype(x.dtype)], axis=1), counts, rank, comm)
     all_indices = _all_gather_rows(indices, counts, comm)
-    partial = local_dispatch(packed[:, :hidden], packed[:, hidden:], all_indices, experts)
+    partial = segmented_dispatch(packed[:, :hidden], packed[:, hidden:], all_indices, experts, counts)
     partial = partial + packed[:, :1] * 0.0
     return scatter_sum(partial, counts, rank, comm)
