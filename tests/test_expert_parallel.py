@@ -460,7 +460,7 @@ def test_ernie_float32_router_in_a_wider_model_under_expert_parallel():
     """ERNIE 4.5 MoE's router runs in float32 whatever the model's dtype: in a float64 model (the
     mixed precision a CPU can run; it has no bfloat16 matmul) with two ranks as threads, the
     router logits stay float32 and the logits equal the one-process model's within float64
-    rounding (measured: 1.4e-17; the experts run on the group's gathered rows)."""
+    rounding (measured: 1.4e-17)."""
     from ppo.strategy.expert.layout import shard_experts
 
     config, whole = _tiny_moe("ernie45_moe")

@@ -14,19 +14,19 @@ same math as an all-to-all dispatch and combine (GShard, Lepikhin et al. 2021; P
   experts' weighted outputs, zero elsewhere) over the group and keeps this rank's rows.
   Backward: the all-gather of the rows' gradients.
 
-An expert runs the rows of each source rank as a matmul of their own (`segmented_dispatch`):
-the last bits of a matmul's row depend on how many rows it has (a CPU BLAS treats blocks of 4
-rows and the rest differently), so a token's expert output is then what its own rank's
-unsharded block computes on the same rows, bit for bit: the same numbers as data parallelism
-and as the unsharded reference model on that rank. (Run on the gathered rows at once, the
-trained actor's log-probs differed from the reference's in the last bits where one process has
-them equal; a KL gradient then turned from exactly 0 into about 1e-10, which AdamW's
+An expert runs the rows of each source rank as a matmul of their own (`segmented_dispatch`;
+``degree`` times as many, smaller matmuls): the last bits of a matmul's row depend on how many
+rows it has (a CPU BLAS treats blocks of 4 rows and the rest differently), so a token's expert
+output is what its own rank's unsharded block computes, bit for bit: data parallelism's numbers,
+and the unsharded reference model's on that rank. (Run on the gathered rows at once, the trained
+actor's log-probs differed from the reference's in the last bits where one process has them
+equal; a KL gradient then turned from exactly 0 into about 1e-10, which AdamW's
 ``g / (|g| + eps)`` makes a few percent of a full step: Mixtral's GRPO under expert parallelism
 drifted 1.8e-3 from one process in two steps.)
 
 With ``k`` experts per token, a token's output is the sum of its ``k`` weighted expert outputs:
 each rank adds its experts' terms in expert order from zero, and the ranks' partials are summed.
-For ``k = 2`` this is the one-process sum bit for bit; for larger ``k`` the additions are
+For ``k = 2`` this is the unsharded block's sum bit for bit; for larger ``k`` the additions are
 grouped by rank (float rounding only)."""
 import paddle
 import paddle.distributed as dist
