@@ -4,9 +4,15 @@
     python bench/rollout_bench.py --config tiny      # tiny | 30m | all
     python bench/rollout_bench.py --reps 5 --decode greedy
 
-Configs (random-weight Llama from ppo.tiny.factory, vocab 100):
-  tiny: 4 layers, hidden 256, 4 heads, intermediate 688  (~3.2M parameters)
-  30m:  9 layers, hidden 512, 8 heads, intermediate 1536 (~30.7M parameters)
+Configs (random weights, vocab 100; `--config all` runs the two Llama ones):
+  tiny: Llama, 4 layers, hidden 256, 4 heads, intermediate 688  (~3.2M parameters)
+  30m:  Llama, 9 layers, hidden 512, 8 heads, intermediate 1536 (~30.7M parameters)
+  qwen2_moe: Qwen2-MoE, 4 layers, hidden 256, 4 heads (2 KV), 8 experts top-2 of width 256 on
+        every layer and a gated shared expert of width 512
+  mixtral: Mixtral, 4 layers, hidden 256, 4 heads (2 KV), 8 experts top-2 of width 512
+  (`--config moe` runs both). The MoE baselines are PaddleNLP's own classes with the two
+  Paddle 3.3.1 breakages mended (`bench/paddlenlp_moe_compat.py`); the engine runs our classes
+  (`ppo.models.families`) loaded from the same checkpoint.
 Both: batch 16, prompt 32 (rows left-padded by 0-7 tokens), 64 new tokens; every row generates
 all 64 (min_new_tokens = max_new_tokens on both sides) so the token counts are identical.
 
@@ -41,7 +47,12 @@ warnings.filterwarnings("ignore")
 CONFIGS = {
     "tiny": dict(hidden_size=256, num_layers=4, num_heads=4, intermediate_size=688),
     "30m": dict(hidden_size=512, num_layers=9, num_heads=8, intermediate_size=1536),
+    "qwen2_moe": dict(family="qwen2_moe", hidden_size=256, num_layers=4, num_heads=4, num_experts=8, top_k=2,
+                      expert_size=256, shared_expert_size=512),
+    "mixtral": dict(family="mixtral", hidden_size=256, num_layers=4, num_heads=4, num_experts=8, top_k=2,
+                    expert_size=512),
 }
+CONFIG_GROUPS = {"all": ["tiny", "30m"], "moe": ["qwen2_moe", "mixtral"]}
 
 
 def _on_gpu():
@@ -130,22 +141,70 @@ def matmul_bound_step(model, batch, reps=20):
     return statistics.median(times), min(times)
 
 
-def run_config(name, reps, decode, batch, prompt_len, new_tokens):
+def _moe_checkpoint(path, kw):
+    """Write a random `kw["family"]` model of our classes (experts on every layer) into `path`."""
     import paddle
+
+    from ppo.models.families.mixtral_modeling import MixtralConfig, MixtralForCausalLM
+    from ppo.models.families.qwen2_moe_modeling import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    paddle.seed(42)
+    common = dict(vocab_size=100, hidden_size=kw["hidden_size"], num_hidden_layers=kw["num_layers"],
+                  num_attention_heads=kw["num_heads"], num_key_value_heads=kw["num_heads"] // 2,
+                  max_position_embeddings=128, num_experts_per_tok=kw["top_k"], output_router_logits=False,
+                  tie_word_embeddings=False, dtype="float32", bos_token_id=1, eos_token_id=2, pad_token_id=3)
+    if kw["family"] == "qwen2_moe":
+        config = Qwen2MoeConfig(**common, num_experts=kw["num_experts"], mlp_only_layers=[], decoder_sparse_step=1,
+                                moe_intermediate_size=kw["expert_size"], intermediate_size=kw["shared_expert_size"],
+                                shared_expert_intermediate_size=kw["shared_expert_size"], norm_topk_prob=False)
+        Qwen2MoeForCausalLM(config).save_pretrained(path)
+    else:
+        config = MixtralConfig(**common, num_local_experts=kw["num_experts"], intermediate_size=kw["expert_size"])
+        MixtralForCausalLM(config).save_pretrained(path)
+
+
+def load_models(name, kw):
+    """(PaddleNLP's model for `generate`, the model the engine runs, extra `generate` kwargs) of
+    config `name`: one Llama for both, or for an MoE config PaddleNLP's class (mended) and ours."""
     from paddlenlp.transformers import AutoModelForCausalLM
 
-    from ppo.rollout import RolloutEngine, SamplingParams
     from ppo.tiny.factory import build_tiny
 
-    kw = CONFIGS[name]
     tmp = tempfile.mkdtemp(prefix=f"rollout_bench_{name}_")
-    build_tiny(tmp, seed=42, max_position_embeddings=128, **kw)
-    model = AutoModelForCausalLM.from_pretrained(tmp)
-    model.eval()
+    if "family" not in kw:
+        build_tiny(tmp, seed=42, max_position_embeddings=128, **kw)
+        model = AutoModelForCausalLM.from_pretrained(tmp)
+        return model.eval(), model, {}
+    import paddlenlp.transformers as nlp
+
+    from bench import paddlenlp_moe_compat
+    from ppo.models.adapters import load_causal_lm
+
+    _moe_checkpoint(tmp, kw)
+    paddlenlp_moe_compat.apply()
+    ours = load_causal_lm(tmp).eval()
+    if kw["family"] == "qwen2_moe":
+        baseline = nlp.Qwen2MoeForCausalLM.from_pretrained(tmp)
+    else:  # PaddleNLP's Mixtral: `num_local_experts`, the hub's expert names (w1, w3, w2)
+        from ppo.models.families.mixtral import hub_names
+
+        baseline = nlp.MixtralForCausalLM.from_pretrained(tmp, num_local_experts=kw["num_experts"])
+        missing, unexpected = baseline.set_state_dict(hub_names(ours.state_dict()))
+        assert not missing and not unexpected, (missing, unexpected)
+    return baseline.eval(), ours, dict(paddlenlp_moe_compat.GENERATE_KWARGS)
+
+
+def run_config(name, reps, decode, batch, prompt_len, new_tokens):
+    import paddle
+
+    from ppo.rollout import RolloutEngine, SamplingParams
+
+    kw = CONFIGS[name]
+    model, engine_model, generate_kwargs = load_models(name, kw)
     n_params = sum(int(p.numel()) for p in model.parameters())
     ids, mask = make_prompts(batch, prompt_len)
     do_sample = decode == "sampling"
-    engine = RolloutEngine(model, eos_token_id=2, pad_token_id=3)
+    engine = RolloutEngine(engine_model, eos_token_id=2, pad_token_id=3)
     params = SamplingParams(max_new_tokens=new_tokens, min_new_tokens=new_tokens, temperature=1.0, top_k=0,
                             top_p=1.0, do_sample=do_sample)
 
@@ -155,7 +214,7 @@ def run_config(name, reps, decode, batch, prompt_len, new_tokens):
         with paddle.no_grad():
             out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens,
                                  min_new_tokens=new_tokens, decode_strategy=decode, top_k=0, top_p=1.0,
-                                 temperature=1.0, eos_token_id=2, pad_token_id=3)
+                                 temperature=1.0, eos_token_id=2, pad_token_id=3, **generate_kwargs)
         wall, cpu = time.perf_counter() - t, time.process_time() - c
         ntok = int(out[0].shape[0] * out[0].shape[1])
         return dict(tokens_per_s=ntok / wall, tokens_per_cpu_s=ntok / cpu, wall_s=wall,
@@ -176,7 +235,7 @@ def run_config(name, reps, decode, batch, prompt_len, new_tokens):
     # greedy parity on these prompts (engine vs PaddleNLP), 16 tokens
     with paddle.no_grad():
         ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=16, decode_strategy="greedy_search",
-                             eos_token_id=2, pad_token_id=3)[0].numpy()
+                             eos_token_id=2, pad_token_id=3, **generate_kwargs)[0].numpy()
     g = engine.generate(ids, mask, SamplingParams(max_new_tokens=16, min_new_tokens=0, do_sample=False))
     gi, gl = g.response_ids.numpy(), g.response_lengths.numpy()
     parity = all((gi[b, : gl[b]] == ref[b, : gl[b]]).all() for b in range(batch))
@@ -187,13 +246,14 @@ def run_config(name, reps, decode, batch, prompt_len, new_tokens):
     for _ in range(reps):
         base_runs.append(run_baseline())
         eng_runs.append(run_engine())
-        mm.append(matmul_bound_step(model, batch)[0])
+        if "family" not in kw:  # the dense decode-step matmuls; an MoE step's depend on its routing
+            mm.append(matmul_bound_step(model, batch)[0])
 
     def med(runs, key):
         return statistics.median(r[key] for r in runs)
 
     b_tps, e_tps = med(base_runs, "tokens_per_s"), med(eng_runs, "tokens_per_s")
-    e_step, mm_step = med(eng_runs, "step_ms"), statistics.median(mm) * 1e3
+    e_step, mm_step = med(eng_runs, "step_ms"), statistics.median(mm) * 1e3 if mm else None
     return {
         "config": name,
         "model": dict(kw, vocab_size=100, parameters=n_params),
@@ -220,8 +280,8 @@ def run_config(name, reps, decode, batch, prompt_len, new_tokens):
         },
         "speedup": round(e_tps / b_tps, 2),
         "speedup_cpu_time": round(med(eng_runs, "tokens_per_cpu_s") / med(base_runs, "tokens_per_cpu_s"), 2),
-        "matmul_bound_step_ms": round(mm_step, 3),
-        "step_vs_matmul_bound": round(e_step / mm_step, 2),
+        "matmul_bound_step_ms": round(mm_step, 3) if mm else None,
+        "step_vs_matmul_bound": round(e_step / mm_step, 2) if mm else None,
         "greedy_parity": bool(parity),
     }
 
@@ -229,7 +289,7 @@ def run_config(name, reps, decode, batch, prompt_len, new_tokens):
 def main(argv=None):
     from ppo.common.argument_help import doc_summary
     parser = argparse.ArgumentParser(description=doc_summary(__doc__))
-    parser.add_argument("--config", default="all", choices=["tiny", "30m", "all"])
+    parser.add_argument("--config", default="all", choices=[*CONFIGS, *CONFIG_GROUPS])
     parser.add_argument("--reps", type=int, default=3, help="interleaved measured runs per side")
     parser.add_argument("--decode", default="sampling", choices=["sampling", "greedy_search"])
     parser.add_argument("--batch", type=int, default=16)
@@ -243,7 +303,7 @@ def main(argv=None):
     from ppo.kernels import ops_available, unavailable_reason
 
     paddle.set_device("cpu") if not paddle.is_compiled_with_cuda() else None
-    names = ["tiny", "30m"] if args.config == "all" else [args.config]
+    names = CONFIG_GROUPS.get(args.config, [args.config])
     result = {
         "env": {
             "MKL_DEBUG_CPU_TYPE": os.environ.get("MKL_DEBUG_CPU_TYPE"),

@@ -1,14 +1,21 @@
-"""Seconds per GRPO step and per PPO step on the tiny Llama shape, in this toolkit's trainer
-and (when PyTorch + TRL are installed, see requirements-bench.txt) in TRL on the same shape.
+"""Seconds per GRPO step and per PPO step on the tiny Llama shape (or the tiny Qwen3 or
+Qwen3-MoE of that width, `--arch`), in this toolkit's trainer and (when PyTorch + TRL are
+installed, see requirements-bench.txt) in TRL on the same shape.
 
     python bench/step_bench.py                                  # ours and TRL (if found)
     python bench/step_bench.py --trl_python /work/benchvenv/bin/python
     python bench/step_bench.py --case grpo --steps 2 --no_trl   # quick
+    python bench/step_bench.py --arch qwen3_moe                 # a family of ppo/tiny/factory.py
 
 Model: `LlamaForCausalLM` from `ppo.tiny.factory.build_tiny` with hidden 256, intermediate
 688, 4 layers, 4 heads (vocabulary of the tiny tokenizer), random weights; the reward model
 is `AutoModelForScore` over the same weights. TRL builds a transformers `LlamaForCausalLM`
 with the same config (its own random weights: same shapes and lengths, not the same numbers).
+`--arch qwen3` / `qwen3_moe`: `build_tiny`'s Qwen3 of that width (q/k norms, 2 KV heads, head
+dim 128, tied embeddings) or Qwen3-MoE (4 experts, top-2, of width 344 on every layer but the
+first; the router's load-balancing loss off on both sides, as transformers 5.23's
+`load_balancing_loss_func` fails on a padded batch when some layers are dense); TRL builds
+transformers' `Qwen3ForCausalLM` / `Qwen3MoeForCausalLM` from the same config.json.
 
 Steps (each side runs `--steps` (10) of them after one warm-up step; medians are reported; the
 two sides' steps alternate, TRL's worker waiting while ours runs, so that a load change on a
@@ -61,8 +68,20 @@ TRL_PROBES = {  # what each case needs from TRL (its PPOTrainer left TRL after 1
 }
 
 
-def build_assets(root, shape=SHAPE, num_prompts=64):
-    """Tiny model + tokenizer, a reward model over the same weights, and prompt data."""
+ARCHS = ("llama", "qwen3", "qwen3_moe")
+"""The families both sides build (ours from `ppo.tiny.factory`, TRL's from transformers)."""
+
+
+def _set_config(model_dir, **fields):
+    path = os.path.join(model_dir, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    with open(path, "w") as f:
+        json.dump(dict(config, **fields), f, indent=2)
+
+
+def build_assets(root, shape=SHAPE, num_prompts=64, arch="llama"):
+    """Tiny model + tokenizer of `arch`, a reward model over the same weights, and prompt data."""
     import paddle
 
     from ppo.models.loading import load_tokenizer
@@ -71,7 +90,9 @@ def build_assets(root, shape=SHAPE, num_prompts=64):
     from ppo.tiny.factory import build_tiny
 
     model_dir, rm_dir, data_dir = (os.path.join(root, n) for n in ("model", "rm", "data"))
-    build_tiny(model_dir, seed=7, **shape)
+    build_tiny(model_dir, seed=7, arch=arch, **shape)
+    if arch == "qwen3_moe":  # router losses off on both sides (transformers 5.23's fails with a padding mask)
+        _set_config(model_dir, output_router_logits=False)
     paddle.seed(5)
     AutoModelForScore.from_pretrained(model_dir).save_pretrained(rm_dir)
     load_tokenizer(model_dir).save_pretrained(rm_dir)
@@ -244,6 +265,7 @@ def main(argv=None):
     from ppo.common.argument_help import doc_summary
     parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("--case", choices=["grpo", "ppo", "all"], default="all")
+    parser.add_argument("--arch", choices=ARCHS, default="llama", help="the tiny model's family (both sides)")
     parser.add_argument("--steps", type=int, default=10, help="measured steps after one warm-up step (each side)")
     parser.add_argument("--trl_python", default=None, help="interpreter with torch + transformers + trl for GRPO (default: /work/benchvenv, then this one)")
     parser.add_argument("--trl_ppo_python", default=None,
@@ -267,13 +289,14 @@ def main(argv=None):
     for case in cases:
         explicit = args.trl_python if case == "grpo" else args.trl_ppo_python
         trl[case] = (None, "disabled with --no_trl") if args.no_trl else find_trl_python(case, explicit)
-    report = {"model": dict(shape, architecture="LlamaForCausalLM"), "new_tokens": new_tokens, "measured_steps": args.steps,
+    report = {"model": dict(shape, arch=args.arch), "new_tokens": new_tokens, "measured_steps": args.steps,
               "grpo_setup": GRPO, "ppo_setup": PPO,
               "threads": {"paddle": paddle_threads(), "trl": args.trl_threads or paddle_threads()}, "trl": {c: note for c, (py, note) in trl.items() if py},
               "note": "; ".join(f"{c}: TRL not run ({note}), our numbers only" for c, (py, note) in trl.items() if not py) or None,
               "results": {}}
     with tempfile.TemporaryDirectory(prefix="step_bench_") as tmp:
-        assets = build_assets(tmp, shape)
+        assets = build_assets(tmp, shape, arch=args.arch)
+        report["model"]["architecture"] = json.load(open(os.path.join(assets[0], "config.json")))["architectures"][0]
         for case in cases:
             report["results"][case] = run_case(case, assets, args, new_tokens, trl[case][0])
     text = json.dumps(report, indent=2)

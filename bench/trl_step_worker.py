@@ -1,13 +1,14 @@
-"""TRL side of bench/step_bench.py: one GRPO or PPO run in TRL on the tiny Llama shape, in an
-environment with torch + transformers + trl (requirements-bench.txt), never with Paddle.
+"""TRL side of bench/step_bench.py: one GRPO or PPO run in TRL on the tiny Llama (Qwen3,
+Qwen3-MoE) shape, in an environment with torch + transformers + trl (requirements-bench.txt),
+never with Paddle.
 
     python bench/trl_step_worker.py --case grpo --model_dir DIR --prompts FILE --steps 5
 
 The shape comes from DIR/config.json (written by ppo.tiny.factory); weights are transformers'
 own random initialisation. The tokenizer is a character-level `PreTrainedTokenizerFast` over
 the tiny tokenizer's symbols (same vocabulary size as the model), so prompts have about the
-lengths they have in this toolkit. The reward model (and PPO's critic) is a
-`LlamaForSequenceClassification` of the same shape. Step time: wall time from one `on_step_end`
+lengths they have in this toolkit. The reward model (and PPO's critic) is the family's
+`...ForSequenceClassification` of the same shape. Step time: wall time from one `on_step_end`
 callback to the next (everything one optimisation step does, generation included; with
 `--interleave`, less the wait between steps while the parent runs one of its own); the first
 step is the warm-up and is dropped. One JSON line on stdout, last.
@@ -47,18 +48,34 @@ def char_tokenizer(vocab_size):
     return fast
 
 
-def llama_config(model_dir):
-    from transformers import LlamaConfig
+def hf_config(model_dir):
+    """transformers' config of DIR/config.json's family (llama, qwen3, qwen3_moe), one score label."""
+    from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
     with open(os.path.join(model_dir, "config.json")) as f:
         c = json.load(f)
-    return LlamaConfig(
+    common = dict(
         vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
         num_hidden_layers=c["num_hidden_layers"], num_attention_heads=c["num_attention_heads"],
         num_key_value_heads=c.get("num_key_value_heads", c["num_attention_heads"]),
         max_position_embeddings=c.get("max_position_embeddings", 128), rms_norm_eps=c.get("rms_norm_eps", 1e-6),
-        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=3, num_labels=1,
+        bos_token_id=1, eos_token_id=2, pad_token_id=3, num_labels=1,
     )
+    if c["model_type"] == "llama":
+        return LlamaConfig(**common, tie_word_embeddings=False)
+    family = dict(head_dim=c["head_dim"], rope_theta=c["rope_theta"], tie_word_embeddings=c["tie_word_embeddings"])
+    if c["model_type"] == "qwen3":
+        return Qwen3Config(**common, **family)
+    moe = {k: c[k] for k in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "mlp_only_layers",
+                             "decoder_sparse_step", "norm_topk_prob", "output_router_logits", "router_aux_loss_coef")}
+    return Qwen3MoeConfig(**common, **family, **moe)
+
+
+def family_models(config):
+    """(causal LM, sequence classifier) of `config`'s family, transformers' random initialisation."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    return AutoModelForCausalLM.from_config(config), AutoModelForSequenceClassification.from_config(config)
 
 
 def read_prompts(path, template="USER: {input} ASSISTANT:"):
@@ -102,15 +119,15 @@ class StepTimer:
 def run_grpo(model_dir, prompts, steps, new_tokens, cfg, out, interleave=False):
     import torch
     from datasets import Dataset
-    from transformers import LlamaForCausalLM, LlamaForSequenceClassification
     from trl import GRPOConfig, GRPOTrainer
 
-    config = llama_config(model_dir)
+    config = hf_config(model_dir)
     tokenizer = char_tokenizer(config.vocab_size)
     torch.manual_seed(0)
     model_path, reward_path = os.path.join(out, "policy"), os.path.join(out, "reward")
-    LlamaForCausalLM(config).save_pretrained(model_path)  # TRL builds its reference model from the path
-    LlamaForSequenceClassification(config).save_pretrained(reward_path)
+    policy, reward = family_models(config)
+    policy.save_pretrained(model_path)  # TRL builds its reference model from the path
+    reward.save_pretrained(reward_path)
     rows = cfg["prompts"] * cfg["samples"]
     args = GRPOConfig(
         output_dir=out, per_device_train_batch_size=rows, num_generations=cfg["samples"], max_completion_length=new_tokens,
@@ -129,18 +146,16 @@ def run_grpo(model_dir, prompts, steps, new_tokens, cfg, out, interleave=False):
 def run_ppo(model_dir, prompts, steps, new_tokens, cfg, out, interleave=False):
     import torch
     from datasets import Dataset
-    from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 
     try:
         from trl import PPOConfig, PPOTrainer
     except ImportError:
         from trl.experimental.ppo import PPOConfig, PPOTrainer
 
-    config = llama_config(model_dir)
+    config = hf_config(model_dir)
     tokenizer = char_tokenizer(config.vocab_size)
     torch.manual_seed(0)
-    policy, ref = LlamaForCausalLM(config), LlamaForCausalLM(config)
-    reward, value = LlamaForSequenceClassification(config), LlamaForSequenceClassification(config)
+    (policy, reward), (ref, value) = family_models(config), family_models(config)
     ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     n = cfg["prompts"]
     args = PPOConfig(

@@ -3,7 +3,12 @@ trainer (ours only), and the JSON it reports."""
 import json
 import math
 import os
+import subprocess
 import sys
+
+import pytest
+
+from tests.hf_weights_helpers import hf_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -101,3 +106,36 @@ def test_run_trl_talks_to_the_worker_step_by_step(monkeypatch, tmp_path):
     (tmp_path / "bench" / "trl_step_worker.py").write_text("import sys; sys.exit('no trl here')")
     failed = step_bench.run_trl(sys.executable, "grpo", "M", "D", 4, threads=1)
     assert failed["failed"] == "exit status 1" and "no trl here" in failed["stderr_tail"]
+
+
+def test_arch_runs_the_family_on_our_side():
+    report = step_bench.main(["--small", "--steps", "1", "--no_trl", "--case", "grpo", "--arch", "qwen3"])
+    assert report["model"]["arch"] == "qwen3" and report["model"]["architecture"] == "Qwen3ForCausalLM"
+    assert report["results"]["grpo"]["ours"]["sequences_per_step"] == 16
+
+
+def test_qwen3_moe_assets_turn_the_router_losses_off_for_both_sides(tmp_path):
+    model_dir, _, _ = step_bench.build_assets(str(tmp_path), dict(step_bench.SHAPE, num_layers=2), num_prompts=4,
+                                              arch="qwen3_moe")
+    config = json.load(open(os.path.join(model_dir, "config.json")))
+    assert config["model_type"] == "qwen3_moe" and config["output_router_logits"] is False
+    assert config["num_experts"] == 4 and config["mlp_only_layers"] == [0]
+
+
+@pytest.mark.skipif(hf_python() is None, reason="no Python with torch and transformers (set PADDLE_ALIGN_HF_PYTHON)")
+def test_the_trl_worker_builds_the_same_family_and_shape(tmp_path):
+    """The worker's transformers model has the family and the parameter count of ours, per arch."""
+    from ppo.tiny.factory import build_tiny
+
+    archs = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+    ours = {}
+    for arch in archs:
+        model = build_tiny(str(tmp_path / arch), seed=7, arch=arch, **dict(step_bench.SHAPE, num_layers=2))[1]
+        ours[arch] = sum(int(p.numel()) for p in model.parameters())
+    code = ("import sys, json; sys.path.insert(0, sys.argv[1]); import trl_step_worker as w; "
+            "models = {a: w.family_models(w.hf_config(sys.argv[2] + '/' + a))[0] for a in sys.argv[3:]}; "
+            "print(json.dumps({a: [type(m).__name__, sum(p.numel() for p in m.parameters())] for a, m in models.items()}))")
+    out = subprocess.run([hf_python(), "-c", code, os.path.join(ROOT, "bench"), str(tmp_path), *archs],
+                         capture_output=True, text=True, check=True).stdout
+    theirs = json.loads(out.strip().splitlines()[-1])
+    assert theirs == {arch: [name, ours[arch]] for arch, name in archs.items()}

@@ -3,8 +3,9 @@
 
 The same routing as the training forward (`moe.route`: float32 softmax, top-k chosen with the
 block's selection bias if it has one, optional renormalisation) and the same gather / scatter by
-expert (`moe.dispatch`): each expert's SwiGLU runs once per step on the rows routed to it, never
-densely over all experts; the block's shared experts (ERNIE 4.5's; Qwen2-MoE's times its sigmoid gate) run on every row as one SwiGLU. Expert
+expert as `moe.dispatch`, grouped by one sort (`grouped_dispatch`): each expert's SwiGLU runs
+once per step on the rows routed to it, never densely over all experts; the block's shared
+experts (ERNIE 4.5's; Qwen2-MoE's times its sigmoid gate) run on every row as one SwiGLU. Expert
 matrices are kept [in, out] (gate and up fused into [H, 2I]) in either engine layout; a "cols"
 decode step transposes its activations ``[H, B]`` to rows for this block and back.
 """
@@ -14,7 +15,7 @@ from typing import List, Optional
 import paddle
 import paddle.nn.functional as F
 
-from ..models.families.moe import dispatch, route, router_logits
+from ..models.families.moe import route, router_logits
 
 
 @dataclass
@@ -79,6 +80,26 @@ class RoutingRecord:
         return [self.layers[i][:, :length] for i in sorted(self.layers)]
 
 
+def grouped_dispatch(x, weights, indices, experts):
+    """`ppo.models.families.moe.dispatch` with the rows grouped by expert in one stable sort: the
+    same rows per expert in the same order, added to each output row in the same (expert) order,
+    so the same numbers, with a handful of ops per step instead of about ten per expert.
+    ``x [N, H]``, ``weights [N, k]``, ``indices [N, k]`` -> ``[N, H]``."""
+    top_k = indices.shape[1]
+    flat = indices.reshape([-1])
+    counts = paddle.bincount(flat, minlength=len(experts)).numpy()
+    order = paddle.argsort(flat, stable=True)  # slots grouped by expert, slot order within
+    rows = order // top_k
+    grouped = paddle.gather(x, rows)
+    pieces, start = [], 0
+    for e, count in enumerate(counts):
+        if count:
+            pieces.append(experts[e](grouped[start:start + int(count)]))
+            start += int(count)
+    scale = paddle.gather(weights.reshape([-1]).astype(x.dtype), order).unsqueeze(-1)
+    return paddle.index_add(paddle.zeros_like(x), rows, 0, paddle.concat(pieces) * scale)
+
+
 def routed_mlp(ops, x, weights, cols, record=None, layer=0, t0=0, batch_rows=None):
     """The block's output for normed activations ``x``: ``[B, T, H]`` / ``[B, H]`` rows, or
     ``[H, B]`` with `cols`; the same shape back. `record`: a `RoutingRecord` that keeps the
@@ -95,7 +116,7 @@ def routed_mlp(ops, x, weights, cols, record=None, layer=0, t0=0, batch_rows=Non
     def swiglu(gate_up, down):
         return lambda h: paddle.matmul(ops.swiglu(paddle.matmul(h, gate_up), None, False), down)
 
-    out = dispatch(flat, probs_w, indices, [swiglu(g, d) for g, d in zip(weights.gate_up, weights.down)])
+    out = grouped_dispatch(flat, probs_w, indices, [swiglu(g, d) for g, d in zip(weights.gate_up, weights.down)])
     if weights.shared_down is not None:
         shared = swiglu(weights.shared_gate_up, weights.shared_down)(flat)
         if weights.shared_gate is not None:
