@@ -116,7 +116,8 @@ class PPOTrainingArguments(RoutingReplayArguments, RolloutPlacementArguments, Ag
                            PaddleNLPRLArguments, RolloutLoopArguments, RolloutArguments, DivergenceArguments,
                            LogprobArguments, GenerationArguments, PaddleNLPTrainingArguments):
     """The rollout (`RolloutArguments`) and the loop's optimiser (`RolloutLoopArguments`) are shared with
-    online DPO; the policy loss's own settings are `PolicyLossArguments`; `AgentArguments` (env_name,
+    online DPO; the policy loss and the settings its registry entries declare (the PPO clip settings
+    among them) are `PolicyLossArguments`; `AgentArguments` (env_name,
     env_kwargs, max_turns, ...) make the rollout multi-turn (ppo/agents); PaddleNLP's RL-entry extras
     (VAPO, PRM, early stopping, placement) are `PaddleNLPRLArguments`; the fields below are PPO/GRPO's own."""
 
@@ -234,17 +235,10 @@ class PPOTrainingArguments(RoutingReplayArguments, RolloutPlacementArguments, Ag
     )
     threshold: float = field(default=0.0, metadata={"help": "PPO-Lagrangian: the cost budget d in E[cost] <= d."})
     # update
-    clip_range_ratio: float = field(default=0.2, metadata={"help": "PPO ratio clip."})
-    clip_range_ratio_low: Optional[float] = field(default=None, metadata={"help": "Lower ratio clip (default clip_range_ratio)."})
-    clip_range_ratio_high: Optional[float] = field(default=None, metadata={"help": "Upper ratio clip (default clip_range_ratio)."})
-    dual_clip: Optional[float] = field(default=None, metadata={"help": "Dual-clip constant (>1) for negative advantages."})
     clip_range_value: float = field(default=5.0, metadata={"help": "Value clip around the old values."})
     loss_agg_mode: Optional[str] = field(default=None, metadata={"help": LOSS_AGG_MODE_HELP})
     loss_scale_factor: Optional[float] = field(
         default=None, metadata={"help": "seq-mean-token-sum-norm (Dr.GRPO): the constant divisor; None: max_dec_len."}
-    )
-    importance_sampling_level: str = field(
-        default="token", metadata={"help": "token (PPO) | sequence (GSPO: sequence-level ratio, geometric mean)."}
     )
     pg_loss_coeff: float = field(default=1.0, metadata={"help": "Weight of the policy-gradient loss."})
     entropy_coeff: float = field(default=0.0, metadata={"help": "Entropy bonus: entropy_coeff * entropy is subtracted from the loss."})
