@@ -14,7 +14,6 @@ from typing import ClassVar
 
 from .algos.process_reward import PRM_REDUCTIONS
 from .algos.vapo import VAPO_ESTIMATOR
-from .common.argument_problems import problem_scope
 from .optimization.offload import parse_offload_level
 
 DEFAULT_GAE_LAMBDA = 0.95  # PPOTrainingArguments.gae_lambda's default (PaddleNLP's hard-coded lambda)
@@ -100,12 +99,11 @@ class PaddleNLPRLArguments:
             return "float32"
         return "bfloat16" if self.bf16 else "float16" if self.fp16 else "float32"
 
-    def __post_init__(self):
-        with problem_scope() as problems:
-            super().__post_init__()
-            problems += paddlenlp_rl_problems(self)
-            self.eval_mode = rollout_eval_mode(self)
-            self.offload_level = offload_level_with_optim(self)
+    def resolve_group(self):
+        problems = paddlenlp_rl_problems(self)
+        self.eval_mode = rollout_eval_mode(self)
+        self.offload_level = offload_level_with_optim(self)
+        return problems
 
 
 def rollout_eval_mode(args):
