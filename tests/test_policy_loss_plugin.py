@@ -124,3 +124,36 @@ def test_an_outside_policy_loss_trains_with_its_setting(tmp_path, plugin, tiny_m
     resolved = json.load(open(out / "resolved_arguments.json"))
     assert resolved["PPOTrainingArguments"]["scaled_coef"] == 0.7
     assert resolved["PPOTrainingArguments"]["policy_loss"] == f"{plugin}:SCALED"
+
+
+ESTIMATOR_PLUGIN = textwrap.dedent('''
+    """An advantage estimator of one's own: GRPO on scores raised to its setting `power`."""
+    from ppo.algos import AdvEstimator, Setting, broadcast_sequence_advantages, grpo_advantages
+
+
+    def _powered(rewards, mask, values, group_size, gamma, gae_lambda, scale_by_std, power=1.0):
+        scores = (rewards * mask.astype(rewards.dtype)).sum(axis=-1)
+        return broadcast_sequence_advantages(grpo_advantages(scores**power, group_size), mask), None
+
+
+    POWERED = AdvEstimator("powered", _powered, needs_critic=False, per_group=True, whitens=False, min_group_size=2,
+                           settings=(Setting("power", float, 1.0, "powered: the scores' exponent.",
+                                             bounds=(0.0, False, None, False)),))
+''')
+
+
+def test_an_outside_estimator_setting_is_a_key_of_the_argument_file(tmp_path, monkeypatch):
+    from ppo.ppo_argument_checks import estimator_settings
+
+    name = f"outside_estimator_{os.getpid()}"
+    (tmp_path / f"{name}.py").write_text(ESTIMATOR_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        path = argument_file(tmp_path, adv_estimator=f"{name}:POWERED", rollout_n=4, power=3.0)
+        _, _, args = parse_arguments(CLASSES, [path])
+        assert args.power == 3.0 and estimator_settings(args) == {"power": 3.0}
+        with pytest.raises(ArgumentError) as err:
+            parse_arguments(CLASSES, [argument_file(tmp_path, adv_estimator=f"{name}:POWERED", rollout_n=4, power=0.0)])
+        assert str(err.value) == "power=0.0 (must be > 0)"
+    finally:
+        sys.modules.pop(name, None)

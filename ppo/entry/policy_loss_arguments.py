@@ -15,7 +15,7 @@ chosen loss, correction or estimator would not read. The advantage estimators' s
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
-from ..algos import ADV_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES, TOP_ENTROPY_NORMS, PolicyLoss
+from ..algos import ADV_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES, TOP_ENTROPY_NORMS, AdvEstimator, PolicyLoss
 from ..algos.rollout_correction import ROLLOUT_IS_LEVELS
 from ..common.plugins import find_entry
 from ..common.registry_settings import (collect_settings, setting_origins, setting_problems, settings_dataclass,
@@ -49,7 +49,7 @@ class PolicyLossOptions:
     field_choices: ClassVar[dict] = {"policy_loss": "ppo.algos.policy_registry:POLICY_LOSSES",
                                      "rollout_is": "ppo.algos.rollout_correction:ROLLOUT_IS_LEVELS"}
     # fields whose value may name an outside entry (module.path:NAME) that declares arguments of its own
-    outside_entries: ClassVar[tuple] = ("policy_loss",)
+    outside_entries: ClassVar[tuple] = ("policy_loss", "adv_estimator")
     policy_loss: str = field(
         default="ppo_clip",
         metadata={"help": f"Policy loss (ppo.algos.POLICY_LOSSES, docs/algorithms.md): {' | '.join(POLICY_LOSSES)} "
@@ -86,21 +86,31 @@ class PolicyLossOptions:
     @classmethod
     def with_outside_settings(cls, given):
         """`cls`, or (when `given`, the argument file's and command line's keys, names an outside
-        policy loss) the dataclass of the same name with that entry's settings as fields. A name
-        that cannot be imported leaves `cls` (the start-up check reports it)."""
-        name = given.get("policy_loss")
-        if not isinstance(name, str) or ":" not in name or name in POLICY_LOSSES:
-            return cls
-        try:
-            entry = find_policy_loss(name)
-        except ValueError:
-            return cls
-        return with_settings(cls, entry.declared, getattr(entry.fn, "__module__", None), f"policy_loss {name}")
+        policy loss or advantage estimator) the dataclass of the same name with that entry's
+        declared settings as fields. A name that cannot be imported adds nothing (the start-up
+        check reports it)."""
+        for what, entry in outside_entries(given):
+            cls = with_settings(cls, entry.declared, getattr(entry.fn, "__module__", None), f"{what} {given[what]}")
+        return cls
 
     @property
     def policy_settings(self):
         """The chosen policy loss's own settings, name -> value (`UpdateSettings.policy_settings`)."""
         return find_policy_loss(self.policy_loss).settings_from(self)
+
+
+def outside_entries(given):
+    """`(field, entry)` of each outside entry (`module.path:NAME` that imports) that `given` (keys
+    -> values) names for `policy_loss` or `adv_estimator`."""
+    found = []
+    for what, registry, kind in (("policy_loss", POLICY_LOSSES, PolicyLoss), ("adv_estimator", ADV_ESTIMATORS, AdvEstimator)):
+        name = given.get(what)
+        if isinstance(name, str) and ":" in name and name not in registry:
+            try:
+                found.append((what, find_entry(name, registry, kind, what)))
+            except ValueError:
+                continue
+    return found
 
 
 PolicyLossArguments = settings_dataclass(
@@ -151,6 +161,7 @@ def policy_loss_problems(args, estimator=None):
     when `adv_estimator` itself is refused)."""
     problems = chosen_policy_loss_problems(args)[1] + setting_problems(args, ESTIMATOR_SETTINGS.values())
     if estimator is not None:
+        problems += setting_problems(args, [s for s in estimator.declared if s.name not in ESTIMATOR_SETTINGS])
         problems += _foreign_settings(args, ADV_ESTIMATORS, estimator, "adv_estimator")
         if "pass_k" in estimator.settings and isinstance(args.rollout_n, int) and not 1 <= args.pass_k <= args.rollout_n:
             problems.append(f"pass_k must be in [1, rollout_n={args.rollout_n}] (pass@k of a group), got {args.pass_k}")
