@@ -20,7 +20,6 @@ from ppo.entry.argument_groups import (
     StreamingArguments,
     ZeroPaddingArguments,
 )
-from ppo.common.argument_problems import problem_scope
 from ppo.entry.trainer_entry_checks import trainer_entry_problems
 
 
@@ -50,10 +49,8 @@ class DPOTrainingArguments(BenchmarkArguments, PreferenceLossArguments, Divergen
         default="sigmoid", metadata={"help": f"Preference loss (the table in docs/algorithms.md): {' | '.join(LOSS_TYPES)}."}
     )
 
-    def __post_init__(self):
-        with problem_scope() as problems:
-            super().__post_init__()
-            problems += self.preference_loss_problems()
+    def resolve_group(self):
+        return self.preference_loss_problems()
 
 
 def validate_arguments(model_args, data_args, training_args):

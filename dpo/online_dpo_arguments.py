@@ -26,7 +26,6 @@ from ppo.entry.argument_groups import (
     RolloutLoopArguments,
     default_override,
 )
-from ppo.common.argument_problems import problem_scope
 from ppo.ppo_arguments import DataArgument as PPODataArgument
 from ppo.ppo_arguments import ModelArgument as PPOModelArgument
 
@@ -69,12 +68,10 @@ class ModelArgument(PPOModelArgument):
     judge_pair_words: str = field(default=JUDGE_DEFAULTS["judge_pair_words"],
                                   metadata={"help": "The pairwise verdict words: first answer better, second better."})
 
-    def __post_init__(self):
-        with problem_scope() as problems:
-            super().__post_init__()
-            if self.reward_critic_model_name_or_path:
-                problems.append("reward_critic_model_name_or_path: online DPO trains no critic; remove it")
-            problems += self.judge_problems()
+    def resolve_group(self):
+        problems = ["reward_critic_model_name_or_path: online DPO trains no critic; remove it"] \
+            if self.reward_critic_model_name_or_path else []
+        return problems + self.judge_problems()
 
     def judge_problems(self):
         """Judge settings without a judge (they would be ignored), templates that are neither a
@@ -106,10 +103,10 @@ class ModelArgument(PPOModelArgument):
 class DataArgument(PPODataArgument):
     """`run_ppo.py`'s data arguments; the supervised term is `sft_loss_ratio` on the chosen answers."""
 
-    def __post_init__(self):
-        with problem_scope() as problems:
-            if self.ptx_datasets:
-                problems.append("ptx_datasets: online DPO has no ptx loss; sft_loss_ratio adds the NLL of the chosen answers")
+    def resolve_group(self):
+        if self.ptx_datasets:
+            return ["ptx_datasets: online DPO has no ptx loss; sft_loss_ratio adds the NLL of the chosen answers"]
+        return []
 
 
 @dataclass
@@ -140,12 +137,11 @@ class OnlineDPOTrainingArguments(PreferenceLossArguments, RolloutLoopArguments, 
         metadata={"help": "Copy the policy into the reference every this many rounds (iterative DPO); 0: fixed reference."},
     )
 
-    def __post_init__(self):
-        with problem_scope() as problems:
-            super().__post_init__()
-            problems += self.round_problems() + self.loss_problems()
-            if not self.paddlenlp_refused:
-                problems += pk.ppo_value_problems(self) + self.parallel_problems()
+    def resolve_group(self):
+        problems = self.round_problems() + self.loss_problems()
+        if not self.paddlenlp_refused:
+            problems += pk.ppo_value_problems(self) + self.parallel_problems()
+        return problems
 
     def round_problems(self):
         """Pairs need two answers per prompt; margins, refresh period and round count in range."""

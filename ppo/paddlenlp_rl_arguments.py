@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from .algos.process_reward import PRM_REDUCTIONS
-from .algos.vapo import VAPO_ALPHA, VAPO_CRITIC_LAMBDA
-from .common.argument_problems import problem_scope
+from .algos.vapo import VAPO_ESTIMATOR
 from .optimization.offload import parse_offload_level
 
 DEFAULT_GAE_LAMBDA = 0.95  # PPOTrainingArguments.gae_lambda's default (PaddleNLP's hard-coded lambda)
@@ -31,15 +30,7 @@ class PaddleNLPRLArguments:
                   "optimizer state and learning-rate schedule wait until step N+1. 0: none. Needs an estimator with a "
                   "critic (ppo, vapo)."},
     )
-    vapo_alpha: float = field(
-        default=VAPO_ALPHA,
-        metadata={"help": "adv_estimator vapo: the actor's GAE lambda of a response of length l is 1 - 1/(vapo_alpha * l) "
-                  "(length-adaptive GAE; the paper's 0.05)."},
-    )
-    critic_gae_lambda: float = field(
-        default=VAPO_CRITIC_LAMBDA,
-        metadata={"help": "adv_estimator vapo: the GAE lambda of the critic's targets (decoupled GAE; 1.0: Monte-Carlo returns)."},
-    )
+    # vapo_alpha, critic_gae_lambda: the vapo entry's settings (ppo.algos.vapo.VAPO_ESTIMATOR), generated fields
     positive_example_lm_coeff: float = field(
         default=0.0,
         metadata={"help": "VAPO's positive-example LM loss weight mu (the paper's 0.1): mu x the NLL of the tokens of the "
@@ -108,12 +99,11 @@ class PaddleNLPRLArguments:
             return "float32"
         return "bfloat16" if self.bf16 else "float16" if self.fp16 else "float32"
 
-    def __post_init__(self):
-        with problem_scope() as problems:
-            super().__post_init__()
-            problems += paddlenlp_rl_problems(self)
-            self.eval_mode = rollout_eval_mode(self)
-            self.offload_level = offload_level_with_optim(self)
+    def resolve_group(self):
+        problems = paddlenlp_rl_problems(self)
+        self.eval_mode = rollout_eval_mode(self)
+        self.offload_level = offload_level_with_optim(self)
+        return problems
 
 
 def rollout_eval_mode(args):
@@ -147,11 +137,7 @@ def vapo_problems(args):
         problems.append(f"pretrain_critic_steps must be >= 0, got {args.pretrain_critic_steps}")
     elif args.pretrain_critic_steps > 0:
         problems += value_pretraining_problems(args)
-    if not args.vapo_alpha > 0:
-        problems.append(f"vapo_alpha must be > 0, got {args.vapo_alpha}")
-    if not 0.0 <= args.critic_gae_lambda <= 1.0:
-        problems.append(f"critic_gae_lambda must lie in [0, 1], got {args.critic_gae_lambda}")
-    changed = [n for n, d in (("vapo_alpha", VAPO_ALPHA), ("critic_gae_lambda", VAPO_CRITIC_LAMBDA)) if getattr(args, n) != d]
+    changed = [n for n, d in VAPO_ESTIMATOR.settings.items() if getattr(args, n) != d]
     if changed and args.adv_estimator != "vapo":  # the vapo entry's settings (ppo.algos.vapo.VAPO_ESTIMATOR)
         problems.append(f"{', '.join(changed)} set, but only adv_estimator vapo (rl_algorithm vapo) reads them")
     if args.adv_estimator == "vapo" and args.gae_lambda != DEFAULT_GAE_LAMBDA:

@@ -6,7 +6,7 @@ the checks that need several groups or the file system, and runs before any mode
 import json
 
 from .strategy.expert.checks import layout_problems as expert_layout_problems, model_problems as expert_model_problems
-from .algos import ADV_ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES, AdvEstimator, get_adv_estimator
+from .algos import ADV_ESTIMATORS, LOSS_AGG_MODES, AdvEstimator, get_adv_estimator
 from .agents.arguments import agent_problems
 from .algos.kl import K3_NAMES, KL_ESTIMATOR_NAMES
 from .common import paddlenlp_keys as pk
@@ -24,7 +24,6 @@ PPO_FIELD_CHOICES = {
     "adv_estimator": ("ppo.algos.advantage_registry:ADV_ESTIMATORS", "module.path:NAME of an AdvEstimator"),
     "kl_estimator": "ppo.algos.kl:KL_ESTIMATOR_NAMES", "kl_loss_type": "ppo.algos.kl:KL_ESTIMATOR_NAMES",
     "loss_agg_mode": "ppo.algos.losses:LOSS_AGG_MODES",
-    "importance_sampling_level": "ppo.algos.losses:IMPORTANCE_SAMPLING_LEVELS",
     "eval_mode": "ppo.ppo_argument_checks:EVAL_MODES",
     "critic_recompute_granularity": "ppo.entry.argument_groups:RECOMPUTE_GRANULARITIES",
 }
@@ -143,15 +142,12 @@ def generation_problems(args):
 
 
 def loss_problems(args):
-    """Loss aggregation, its scale, the importance-sampling level, offloading and the DAPO buffer."""
+    """Loss aggregation, its scale, offloading and the DAPO buffer."""
     problems = []
     if args.loss_agg_mode is not None and args.loss_agg_mode not in LOSS_AGG_MODES:
         problems.append(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {args.loss_agg_mode!r}")
     if args.loss_scale_factor is not None and not args.loss_scale_factor > 0:
         problems.append(f"loss_scale_factor must be positive, got {args.loss_scale_factor}")
-    if args.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-        problems.append(f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, "
-                        f"got {args.importance_sampling_level!r}")
     from .optimization.offload import parse_offload_level
 
     try:

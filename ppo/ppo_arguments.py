@@ -1,8 +1,9 @@
 """Arguments of `run_ppo.py` (PPO, GRPO, RLOO, REINFORCE++), PaddleNLP's names kept.
 
-Defaults live here only; every field has a help; nothing is rewritten after
-`__post_init__` checks it (`ppo_argument_checks.py`: the checks; `validate_arguments` those
-that need several groups or the file system, run by `parse_arguments` before any model loads).
+Defaults live here only; every field has a help; nothing is rewritten after the one
+`__post_init__` pass (`resolve_arguments`: each group's `resolve_group`) checks it
+(`ppo_argument_checks.py`: the checks; `validate_arguments` those that need several groups or
+the file system, run by `parse_arguments` before any model loads).
 """
 import math
 from dataclasses import dataclass, field
@@ -28,7 +29,6 @@ from .entry.argument_groups import (
 from .entry.policy_loss_arguments import LOSS_AGG_MODE_HELP, PolicyLossArguments, policy_loss_problems
 from .entry.rollout_placement_arguments import RolloutPlacementArguments
 from .entry.routing_replay_arguments import RoutingReplayArguments
-from .common.argument_problems import problem_scope
 from .paddlenlp_rl_arguments import PaddleNLPRLArguments
 from .ppo_argument_checks import (  # noqa: F401  (validate_arguments: the entry point's start-up pass)
     PPO_FIELD_CHOICES, batch_problems, estimator_problems, find_adv_estimator, generation_problems, kl_problems,
@@ -88,12 +88,10 @@ class ModelArgument(ModelCommonArguments):
         default="", metadata={"help": "use_rule_reward: comma-separated weight per scorer (default 1 each); score = weighted sum."}
     )
 
-    def __post_init__(self):
-        with problem_scope() as problems:
-            super().__post_init__()
-            if self.use_rule_reward and not self.rule_reward_scorers:
-                self.rule_reward_scorers = DEFAULT_RULE_SCORER  # PaddleNLP's use_rule_reward scores GSM8K answers
-            problems += score_source_problems(self)
+    def resolve_group(self):
+        if self.use_rule_reward and not self.rule_reward_scorers:
+            self.rule_reward_scorers = DEFAULT_RULE_SCORER  # PaddleNLP's use_rule_reward scores GSM8K answers
+        return score_source_problems(self)
 
     @property
     def external_scores(self):
@@ -116,7 +114,8 @@ class PPOTrainingArguments(RoutingReplayArguments, RolloutPlacementArguments, Ag
                            PaddleNLPRLArguments, RolloutLoopArguments, RolloutArguments, DivergenceArguments,
                            LogprobArguments, GenerationArguments, PaddleNLPTrainingArguments):
     """The rollout (`RolloutArguments`) and the loop's optimiser (`RolloutLoopArguments`) are shared with
-    online DPO; the policy loss's own settings are `PolicyLossArguments`; `AgentArguments` (env_name,
+    online DPO; the policy loss and the settings its registry entries declare (the PPO clip settings
+    among them) are `PolicyLossArguments`; `AgentArguments` (env_name,
     env_kwargs, max_turns, ...) make the rollout multi-turn (ppo/agents); PaddleNLP's RL-entry extras
     (VAPO, PRM, early stopping, placement) are `PaddleNLPRLArguments`; the fields below are PPO/GRPO's own."""
 
@@ -234,17 +233,10 @@ class PPOTrainingArguments(RoutingReplayArguments, RolloutPlacementArguments, Ag
     )
     threshold: float = field(default=0.0, metadata={"help": "PPO-Lagrangian: the cost budget d in E[cost] <= d."})
     # update
-    clip_range_ratio: float = field(default=0.2, metadata={"help": "PPO ratio clip."})
-    clip_range_ratio_low: Optional[float] = field(default=None, metadata={"help": "Lower ratio clip (default clip_range_ratio)."})
-    clip_range_ratio_high: Optional[float] = field(default=None, metadata={"help": "Upper ratio clip (default clip_range_ratio)."})
-    dual_clip: Optional[float] = field(default=None, metadata={"help": "Dual-clip constant (>1) for negative advantages."})
     clip_range_value: float = field(default=5.0, metadata={"help": "Value clip around the old values."})
     loss_agg_mode: Optional[str] = field(default=None, metadata={"help": LOSS_AGG_MODE_HELP})
     loss_scale_factor: Optional[float] = field(
         default=None, metadata={"help": "seq-mean-token-sum-norm (Dr.GRPO): the constant divisor; None: max_dec_len."}
-    )
-    importance_sampling_level: str = field(
-        default="token", metadata={"help": "token (PPO) | sequence (GSPO: sequence-level ratio, geometric mean)."}
     )
     pg_loss_coeff: float = field(default=1.0, metadata={"help": "Weight of the policy-gradient loss."})
     entropy_coeff: float = field(default=0.0, metadata={"help": "Entropy bonus: entropy_coeff * entropy is subtracted from the loss."})
@@ -287,31 +279,32 @@ class PPOTrainingArguments(RoutingReplayArguments, RolloutPlacementArguments, Ag
         default="full", metadata={"help": "What critic_recompute recomputes: full | full_attn | core_attn."}
     )
 
-    def __post_init__(self):
-        with problem_scope() as problems:
-            super().__post_init__()
-            # PaddleNLP sets the parallel layout (dataset_world_size) late in its __post_init__: after
-            # a refusal the batch checks that split over data-parallel ranks cannot run
-            ranks = None if self.paddlenlp_refused else self.dataset_world_size
-            problems += prompt_batch_problems(self) if ranks else []
-            if self.per_device_prompt_batch_size is None:  # PaddleNLP's global_batch_size, else our default
-                gbs = self.global_batch_size
-                self.per_device_prompt_batch_size = gbs // ranks if ranks and gbs > 0 and gbs % ranks == 0 else 16
-            problems += estimator_problems(self) + kl_problems(self) + loss_problems(self)
-            problems += batch_problems(self) if ranks else []
-            problems += generation_problems(self)
-            problems += lagrange_value_problems(self)
-            if self.eval_num_samples < 0:
-                problems.append(f"eval_num_samples must be >= 0 (0: greedy evaluation only), got {self.eval_num_samples}")
-            if self.critic_recompute_granularity not in RECOMPUTE_GRANULARITIES:
-                problems.append(f"critic_recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, "
-                                f"got {self.critic_recompute_granularity!r}")
-            if not self.paddlenlp_refused:
-                problems += paddlenlp_setting_problems(self)
-            estimator_ok = not estimator_problems(self)
-            problems += policy_loss_problems(self, self.estimator if estimator_ok else None)
-            if self.normalize_advantage is None and estimator_ok:
-                self.normalize_advantage = self.estimator.whitens
+    def resolve_group(self):
+        """PPO/GRPO's own checks, and what it fills in: `per_device_prompt_batch_size` from
+        PaddleNLP's `global_batch_size`, `normalize_advantage` from the estimator."""
+        # PaddleNLP sets the parallel layout (dataset_world_size) late in its __post_init__: after
+        # a refusal the batch checks that split over data-parallel ranks cannot run
+        ranks = None if self.paddlenlp_refused else self.dataset_world_size
+        problems = prompt_batch_problems(self) if ranks else []
+        if self.per_device_prompt_batch_size is None:  # PaddleNLP's global_batch_size, else our default
+            gbs = self.global_batch_size
+            self.per_device_prompt_batch_size = gbs // ranks if ranks and gbs > 0 and gbs % ranks == 0 else 16
+        problems += estimator_problems(self) + kl_problems(self) + loss_problems(self)
+        problems += batch_problems(self) if ranks else []
+        problems += generation_problems(self)
+        problems += lagrange_value_problems(self)
+        if self.eval_num_samples < 0:
+            problems.append(f"eval_num_samples must be >= 0 (0: greedy evaluation only), got {self.eval_num_samples}")
+        if self.critic_recompute_granularity not in RECOMPUTE_GRANULARITIES:
+            problems.append(f"critic_recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, "
+                            f"got {self.critic_recompute_granularity!r}")
+        if not self.paddlenlp_refused:
+            problems += paddlenlp_setting_problems(self)
+        estimator_ok = not estimator_problems(self)
+        problems += policy_loss_problems(self, self.estimator if estimator_ok else None)
+        if self.normalize_advantage is None and estimator_ok:
+            self.normalize_advantage = self.estimator.whitens
+        return problems
 
     @property
     def evaluates(self):

@@ -16,7 +16,6 @@ from ppo.entry.argument_groups import (
     StreamingArguments,
     ZeroPaddingArguments,
 )
-from ppo.common.argument_problems import problem_scope
 from ppo.entry.trainer_entry_checks import trainer_entry_problems
 from ppo.data.specs import dataset_names  # noqa: F401  (tests/test_configs.py reads it from here)
 from rm.process_reward_checks import process_reward_problems
@@ -69,11 +68,10 @@ class RewardTrainingArguments(BenchmarkArguments, DivergenceArguments, PaddleNLP
     loss_type: str = field(default="sequence-wise", metadata={"help": f"Pairwise loss: {' | '.join(LOSS_TYPES)}."})
     regularization: float = field(default=0.0, metadata={"help": "Weight of the squared-score regulariser."})
 
-    def __post_init__(self):
-        with problem_scope() as problems:
-            super().__post_init__()
-            if self.loss_type not in LOSS_TYPES:
-                problems.append(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+    def resolve_group(self):
+        if self.loss_type not in LOSS_TYPES:
+            return [f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}"]
+        return []
 
 
 def score_type_problems(model_args, data_args, training_args):

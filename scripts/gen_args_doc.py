@@ -7,7 +7,8 @@ stored argument table of `--help` (ppo/common/argument_table.json) from the argu
 Each page's section sits between `<!-- ARGS:BEGIN -->` and `<!-- ARGS:END -->`. Fields
 inherited from PaddleNLP's `TrainingArguments` are not repeated (they keep their
 PaddleNLP meaning and defaults); every field the toolkit adds is listed with its
-default and help. The entry points and their dataclasses come from
+default and help; a field generated from a registry entry's `ppo.algos.Setting` names the entries
+that read it. The entry points and their dataclasses come from
 `ppo/common/entry_points.py`.
 """
 import argparse
@@ -17,6 +18,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from ppo.common import argument_help, argument_table  # noqa: E402
+from ppo.common.registry_settings import declarations_of  # noqa: E402
 from ppo.common.entry_points import entry_point  # noqa: E402
 
 README = os.path.join(ROOT, "docs", "arguments.md")  # the generated reference (linked from README.md)
@@ -57,9 +59,12 @@ def render(commands=tuple(TITLES)):
     lines = []
     for title, classes in entry_points(commands):
         lines += [f"## {title}", "", "| argument | default | meaning |", "|---|---|---|"]
+        declared = declarations_of(classes)
         for cls in classes:
             for f in own_fields(cls):
                 help_text = f.metadata.get("help", "").replace("|", "\\|")
+                if f.name in declared:  # a registry entry's setting: the row comes from its declaration
+                    help_text += f" *(a setting of {declared[f.name][2]}, declared beside it)*"
                 lines.append(f"| `{f.name}` | `{default_text(f)}` | {help_text} |")
         if any(c.__name__.endswith("TrainingArguments") for c in classes):
             lines.append("| *(all of PaddleNLP's `TrainingArguments`)* | | `output_dir`, `max_steps`, `learning_rate`, "

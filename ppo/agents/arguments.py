@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import ClassVar
 
-from ..common.argument_problems import problem_scope
+from ..common.argument_problems import resolve_arguments
 from .environment import environment_problems
 from .trajectory import TURN_REWARD_MODES
 
@@ -94,12 +94,10 @@ class AgentArguments:
                   "false: the training forward's."},
     )
 
-    def __post_init__(self):
-        with problem_scope() as problems:
-            sup = super()
-            if hasattr(sup, "__post_init__"):
-                sup.__post_init__()
-            problems += agent_value_problems(self)
+    __post_init__ = resolve_arguments  # the one pass (built alone, or as a group of the training arguments)
+
+    def resolve_group(self):
+        return agent_value_problems(self)
 
     @property
     def env_options(self):

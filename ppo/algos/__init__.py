@@ -51,6 +51,7 @@ from .vapo import (
 from .token_selection import count_from_fraction, high_entropy_mask, top_k_mask
 from .policy_losses import cispo_token_losses, gmpo_token_losses
 from .covariance_losses import clip_cov_token_losses, kl_cov_token_losses, token_covariance
+from .setting import Setting
 from .policy_registry import POLICY_LOSSES, TOP_ENTROPY_NORMS, PolicyLoss, get_policy_loss, policy_loss_table
 from .rollout_correction import ROLLOUT_IS_LEVELS, rollout_correction, rollout_is_weights, rollout_mismatch_metrics
 from .lagrangian import LagrangeMultiplier, combined_advantages, lagrange_multiplier_step
@@ -172,6 +173,7 @@ __all__ = [
     "TOP_ENTROPY_NORMS",
     "PolicyLoss",
     "get_policy_loss",
+    "Setting",
     "policy_loss_table",
     "cispo_token_losses",
     "gmpo_token_losses",

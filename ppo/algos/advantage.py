@@ -24,6 +24,7 @@ from .groups import group_view as _group_view
 from .groups import zero_equal_groups as _zero_equal_groups
 from .masked import _float_mask, _zero_outside, masked_whiten
 from .pass_at_k import pass_at_k_advantages
+from .setting import Setting, declared_settings
 
 __all__ = [
     "gae_advantages_and_returns",
@@ -250,18 +251,20 @@ class AdvEstimator:
     computed unless asked (group estimators are already relative to their group, as
     verl and TRL use GRPO/RLOO; REINFORCE++ whitens inside). An explicit
     ``normalize_advantage: true`` whitens any estimator's advantages, as PaddleNLP does.
-    ``settings``: the estimator's own arguments beyond the shared ones, name -> default
-    (``pass_at_k``: ``pass_k``, ``pass_k_threshold``); the caller passes exactly these as
-    keywords (unknown ones are an error), ``fn`` receives every one of them.
+    ``settings``: the estimator's own arguments beyond the shared ones, each a
+    :class:`~ppo.algos.setting.Setting` (``pass_at_k``: ``pass_k``, ``pass_k_threshold``; the
+    argument of that name is generated from it) or a dict name -> default;
+    ``self.settings`` is name -> default, ``self.declared`` the declarations. The caller
+    passes exactly these as keywords (unknown ones are an error), ``fn`` receives every one.
     """
 
-    __slots__ = ("name", "fn", "needs_critic", "per_group", "whitens", "min_group_size", "settings")
+    __slots__ = ("name", "fn", "needs_critic", "per_group", "whitens", "min_group_size", "settings", "declared")
 
     def __init__(self, name, fn, needs_critic, per_group, whitens, min_group_size=1, settings=None):
         self.name, self.fn = name, fn
         self.needs_critic, self.per_group, self.whitens = bool(needs_critic), bool(per_group), bool(whitens)
         self.min_group_size = int(min_group_size)
-        self.settings = dict(settings or {})
+        self.settings, self.declared = declared_settings(settings or {})
 
     def __repr__(self):
         return (f"AdvEstimator({self.name!r}, needs_critic={self.needs_critic}, per_group={self.per_group}, "
@@ -291,7 +294,10 @@ BUILT_IN_ESTIMATORS = (
     AdvEstimator("reinforce_pp_baseline", _reinforce_pp_baseline, needs_critic=False, per_group=True, whitens=False,
                  min_group_size=2),
     AdvEstimator("pass_at_k", _pass_at_k, needs_critic=False, per_group=True, whitens=False, min_group_size=2,
-                 settings={"pass_k": 4, "pass_k_threshold": 0.5}),
+                 settings=(Setting("pass_k", int, 4, "adv_estimator pass_at_k: the k of pass@k (1 <= k <= rollout_n).",
+                                   bounds=(1, True, None, False)),
+                           Setting("pass_k_threshold", float, 0.5,
+                                   "adv_estimator pass_at_k: a response scoring above this counts as correct."))),
 )
 """The estimators of this module; ``ppo.algos.advantage_registry.ADV_ESTIMATORS`` registers them
 with the ones other modules define (VAPO's, ``ppo.algos.vapo``)."""

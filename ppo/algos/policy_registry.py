@@ -10,9 +10,10 @@ selection by entropy (``top_entropy_frac``). Callers read an entry's facts, neve
 Source: verl ``core_algos.register_policy_loss`` / ``get_policy_loss_fn`` (registry pattern).
 """
 from .covariance_losses import clip_cov_token_losses, kl_cov_token_losses
-from .losses import LOSS_AGG_MODES, _detached, aggregate_loss, ppo_clip_token_losses
+from .losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES, _detached, aggregate_loss, ppo_clip_token_losses
 from .masked import _float_mask, _zero_outside, masked_mean, zero_masked_inputs
 from .policy_losses import cispo_token_losses, gmpo_token_losses
+from .setting import Setting, declared_settings
 from .token_selection import high_entropy_mask
 
 __all__ = ["POLICY_LOSSES", "PolicyLoss", "TOP_ENTROPY_NORMS", "get_policy_loss", "policy_loss_table"]
@@ -20,7 +21,34 @@ __all__ = ["POLICY_LOSSES", "PolicyLoss", "TOP_ENTROPY_NORMS", "get_policy_loss"
 TOP_ENTROPY_NORMS = ("kept", "all")
 """``top_entropy_norm``: divide by the kept tokens (the Beyond-the-80/20 authors' code) or by all (TRL)."""
 
-_PPO_CLIP = {"clip_range_ratio": 0.2, "clip_range_ratio_low": None, "clip_range_ratio_high": None}
+_POSITIVE = (0.0, False, None, False)
+_PPO_CLIP = (
+    Setting("clip_range_ratio", float, 0.2, "PPO ratio clip.", bounds=_POSITIVE),
+    Setting("clip_range_ratio_low", float, None, "Lower ratio clip (default clip_range_ratio).", bounds=_POSITIVE),
+    Setting("clip_range_ratio_high", float, None, "Upper ratio clip (default clip_range_ratio).", bounds=_POSITIVE),
+    Setting("dual_clip", float, None, "Dual-clip constant (>1) for negative advantages.", bounds=(1.0, False, None, False)),
+)
+"""The clip settings of ``ppo_clip``, ``gspo`` and ``clip_cov`` (PaddleNLP's ``clip_range_ratio``)."""
+_IS_LEVEL = Setting("importance_sampling_level", str, "token",
+                    "token (PPO) | sequence (GSPO: sequence-level ratio, geometric mean).", choices=IMPORTANCE_SAMPLING_LEVELS)
+_CISPO = (
+    Setting("cispo_clip_low", float, None, "cispo: the weight's lower bound is 1 - this (None: no lower bound, as MiniMax-M1)."),
+    Setting("cispo_clip_high", float, 4.0, "cispo: the weight's upper bound is 1 + this (None: no upper bound).",
+            optional=True),
+)
+_GMPO = (
+    Setting("gmpo_clip_low", float, 0.4, "gmpo: lower clip of the token log-ratio (-this)."),
+    Setting("gmpo_clip_high", float, 0.4, "gmpo: upper clip of the token log-ratio."),
+)
+_CLIP_COV = (
+    Setting("clip_cov_ratio", float, 2e-4, "clip_cov: fraction of the response tokens whose loss is dropped (at least 1)."),
+    Setting("clip_cov_lb", float, 1.0, "clip_cov: a dropped token's covariance is above this."),
+    Setting("clip_cov_ub", float, 5.0, "clip_cov: a dropped token's covariance is below this."),
+)
+_KL_COV = (
+    Setting("kl_cov_ratio", float, 2e-4, "kl_cov: fraction of the response tokens (largest covariance) given the KL penalty."),
+    Setting("kl_cov_coef", float, 1.0, "kl_cov: weight of the |logp - old logp| penalty."),
+)
 
 
 def _gspo(logprobs, old_logprobs, advantages, mask, **settings):
@@ -32,22 +60,25 @@ class PolicyLoss:
     """One policy loss and the facts its callers need.
 
     ``fn(logprobs, old_logprobs, advantages, mask, **settings)`` -> ``(token_loss [B, T],
-    stats)``. ``settings``: name -> default of every argument ``fn`` reads beyond the four
-    tensors. ``needs_old_logprobs``: the loss reads the old policy's log-probs (a ratio).
+    stats)``. ``settings``: the :class:`~ppo.algos.setting.Setting` of every argument ``fn``
+    reads beyond the four tensors (its name, type, default, help and valid values: the argument
+    of that name is generated from it), or a dict name -> default of arguments declared
+    elsewhere; ``self.settings`` is name -> default, ``self.declared`` the declarations. ``needs_old_logprobs``: the loss reads the old policy's log-probs (a ratio).
     ``sequence_level``: the ratio is per sequence (one value on every token of a row).
     ``loss_agg_mode``: the reduction the method's paper uses (any of ``LOSS_AGG_MODES`` is
     honoured). ``random``: the loss draws random numbers (``uniforms`` makes it
     deterministic). ``source``: the paper; ``compared``: the code its tests compare with.
     """
 
-    __slots__ = ("name", "fn", "settings", "needs_old_logprobs", "sequence_level", "loss_agg_mode", "random",
+    __slots__ = ("name", "fn", "settings", "declared", "needs_old_logprobs", "sequence_level", "loss_agg_mode", "random",
                  "source", "compared")
 
     def __init__(self, name, fn, settings, source, compared, needs_old_logprobs=True, sequence_level=False,
                  loss_agg_mode="token-mean", random=False):
         if loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(f"bad facts for policy loss {name!r}: loss_agg_mode={loss_agg_mode!r}")
-        self.name, self.fn, self.settings, self.source, self.compared = name, fn, dict(settings), source, compared
+        self.name, self.fn, self.source, self.compared = name, fn, source, compared
+        self.settings, self.declared = declared_settings(settings)
         self.needs_old_logprobs, self.sequence_level = bool(needs_old_logprobs), bool(sequence_level)
         self.loss_agg_mode, self.random = loss_agg_mode, bool(random)
 
@@ -118,22 +149,22 @@ _VERL = "verl core_algos.py"
 POLICY_LOSSES = {
     e.name: e
     for e in (
-        PolicyLoss("ppo_clip", ppo_clip_token_losses, {**_PPO_CLIP, "dual_clip": None, "importance_sampling_level": "token"},
+        PolicyLoss("ppo_clip", ppo_clip_token_losses, (*_PPO_CLIP, _IS_LEVEL),
                    "Schulman et al. 2017 (PPO); Yu et al. 2025 (DAPO clip-higher); Ye et al. 2020 (dual clip)",
                    f"{_VERL}:1159 (vanilla); ppo_policy_loss (bit-identical)"),
-        PolicyLoss("gspo", _gspo, {**_PPO_CLIP, "dual_clip": None}, "Zheng et al. 2025 (GSPO)",
+        PolicyLoss("gspo", _gspo, _PPO_CLIP, "Zheng et al. 2025 (GSPO)",
                    f"{_VERL}:1253; ppo_policy_loss sequence level (bit-identical)", sequence_level=True,
                    loss_agg_mode="seq-mean-token-mean"),
-        PolicyLoss("cispo", cispo_token_losses, {"cispo_clip_low": None, "cispo_clip_high": 4.0},
+        PolicyLoss("cispo", cispo_token_losses, _CISPO,
                    "MiniMax 2025 (MiniMax-M1, CISPO)", f"{_VERL}:1721; TRL grpo_trainer.py:3080"),
-        PolicyLoss("gmpo", gmpo_token_losses, {"gmpo_clip_low": 0.4, "gmpo_clip_high": 0.4},
+        PolicyLoss("gmpo", gmpo_token_losses, _GMPO,
                    "Zhao et al. 2025 (GMPO)", f"callsys/GMPO train_zero_math_gmpo.py:675; {_VERL}:1635",
                    sequence_level=True, loss_agg_mode="seq-mean-token-mean"),
         PolicyLoss("clip_cov", clip_cov_token_losses,
-                   {**_PPO_CLIP, "clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0},
+                   _PPO_CLIP[:3] + _CLIP_COV,
                    "Cui et al. 2025 (Entropy Mechanism, Clip-Cov)",
                    f"PRIME-RL/Entropy-Mechanism-of-RL core_algos.py:469; {_VERL}:1450", random=True),
-        PolicyLoss("kl_cov", kl_cov_token_losses, {"kl_cov_ratio": 2e-4, "kl_cov_coef": 1.0},
+        PolicyLoss("kl_cov", kl_cov_token_losses, _KL_COV,
                    "Cui et al. 2025 (Entropy Mechanism, KL-Cov)",
                    f"PRIME-RL/Entropy-Mechanism-of-RL core_algos.py:426; {_VERL}:1555"),
     )

@@ -24,6 +24,7 @@ import paddle
 
 from .advantage import AdvEstimator, gae_advantages_and_returns
 from .masked import _float_mask, zero_masked_inputs
+from .setting import Setting
 
 __all__ = [
     "VAPO_ALPHA",
@@ -84,7 +85,15 @@ def _vapo(rewards, mask, values, group_size, gamma, gae_lambda, scale_by_std, va
 
 
 VAPO_ESTIMATOR = AdvEstimator("vapo", _vapo, needs_critic=True, per_group=False, whitens=True,
-                              settings={"vapo_alpha": VAPO_ALPHA, "critic_gae_lambda": VAPO_CRITIC_LAMBDA})
+                              settings=(
+                                  Setting("vapo_alpha", float, VAPO_ALPHA,
+                                          "adv_estimator vapo: the actor's GAE lambda of a response of length l is "
+                                          "1 - 1/(vapo_alpha * l) (length-adaptive GAE; the paper's 0.05).",
+                                          bounds=(0.0, False, None, False)),
+                                  Setting("critic_gae_lambda", float, VAPO_CRITIC_LAMBDA,
+                                          "adv_estimator vapo: the GAE lambda of the critic's targets (decoupled GAE; "
+                                          "1.0: Monte-Carlo returns).", bounds=(0.0, True, 1.0, True)),
+                              ))
 """``adv_estimator vapo``: GAE with a critic, the actor's lambda length-adaptive, the critic's
 targets from their own lambda (PaddleNLP's ``rl_algorithm: vapo``)."""
 

@@ -260,6 +260,30 @@ def fixed_field_names(dataclass_types):
     return {k for dt in dataclass_types for k in getattr(dt, "paddlenlp_fixed_fields", ())}
 
 
+def given_keys(argv):
+    """The argument file's keys and the command line's as given (untranslated; `{}` for what
+    cannot be read: the parse itself reports it)."""
+    given = {}
+    try:
+        if argv and not argv[0].startswith("--") and not argument_file_token_problem(argv[0]):
+            given.update(load_argument_file(resolve_config_path(argv[0])))
+            argv = argv[1:]
+        given.update(command_line_to_dict(argv))
+    except (ArgumentError, OSError, ValueError):
+        pass
+    return given
+
+
+def with_outside_settings(dataclass_types, argv):
+    """`dataclass_types` with each one that names outside entries (`with_outside_settings`, e.g.
+    `policy_loss: my_module:MY_LOSS`) replaced by its dataclass with those entries' settings
+    as fields, so that they are keys of the argument file."""
+    if not any(hasattr(dt, "with_outside_settings") for dt in dataclass_types):
+        return tuple(dataclass_types)
+    given = given_keys(argv)
+    return tuple(dt.with_outside_settings(given) if hasattr(dt, "with_outside_settings") else dt for dt in dataclass_types)
+
+
 def parse_collecting(dataclass_types, argv=None, validate=None):
     """`(instances or None, problems)` for `[args.json|args.yaml] [--key value ...]`: one instance
     per dataclass type (None when they could not be built) and every problem found, the entry
@@ -269,6 +293,7 @@ def parse_collecting(dataclass_types, argv=None, validate=None):
     if wants_help(argv):
         print_help_and_exit(dataclass_types)
     problems = []
+    dataclass_types = with_outside_settings(dataclass_types, argv)
     parser = collecting_parser(dataclass_types)
     tokens = read_arguments(argv, set(valid_field_names(dataclass_types)), fixed_field_names(dataclass_types),
                             parser._option_string_actions, problems)

@@ -1,8 +1,11 @@
 """Argument problems collected into one error instead of raised one at a time.
 
-Every argument dataclass checks itself in `__post_init__` inside `problem_scope()`: the
-problems of its fields (and of its mixins, whose scopes nest) are raised together as one
-`ArgumentError` when the instance is built in code. While an entry point parses its
+Every argument dataclass is checked in one pass when it is built: the root of its kind (the
+training, model or data arguments, `ppo/entry/argument_groups.py`) has the only `__post_init__`,
+which runs `group_problems`: the `resolve_group` of every group class among its bases, each
+declared in that group's own body (base first), which fills what the group derives from other
+fields and returns its problems. They are raised together as one `ArgumentError` when the
+instance is built in code. While an entry point parses its
 arguments inside `collecting_problems(problems)`, they are appended to that list instead,
 so unknown keys, bad values, PaddleNLP's own refusals and cross-field checks of all the
 dataclasses end in ONE message (`joined_problems`).
@@ -64,6 +67,26 @@ def problem_scope():
     finally:
         _SINK.reset(token)
     report_problems(found)
+
+
+def group_problems(args):
+    """The problems of every argument group of `args`: `resolve_group(args)` of each class of
+    `type(args).__mro__` that declares one in its own body, bases first (as a `__post_init__`
+    chain calling `super()` first ran them), each filling what its group derives."""
+    problems = []
+    for cls in reversed(type(args).__mro__):
+        resolve = vars(cls).get("resolve_group")
+        if resolve is not None:
+            problems += resolve(args) or []
+    return problems
+
+
+def resolve_arguments(args):
+    """The one `__post_init__` of the argument dataclasses (the roots name it: no `super()`
+    chain): `group_problems(args)` in one `problem_scope`, raised together when `args` is built
+    in code, collected while an entry point parses."""
+    with problem_scope() as problems:
+        problems += group_problems(args)
 
 
 PADDLENLP_REFUSALS = (ValueError, AssertionError, NotImplementedError, TypeError)

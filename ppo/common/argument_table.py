@@ -120,8 +120,10 @@ def package_file(path):
 
 def source_files(classes):
     """The files of this toolkit's packages (paths inside the package root) that define `classes`
-    and their bases."""
+    and their bases, and the modules of the registry entries whose settings are their fields."""
     import inspect
+
+    from .registry_settings import declarations_of, module_file
 
     found = set()
     for cls in classes:
@@ -132,6 +134,8 @@ def source_files(classes):
                 continue
             if relative:
                 found.add(relative)
+    declaring = {module_file(found[1]) for found in declarations_of(classes).values()}  # registry entries' settings
+    found |= {package_file(path) for path in declaring if path} - {None}
     return found
 
 
@@ -147,7 +151,8 @@ def entry_table(classes):
             choices = list(action.choices) if action.choices is not None else None
             options[flag] = [type_name(action.type), action.nargs, choices, bool(action.required)]
     rules, files = value_rules(classes, options)
-    return dict({"help": help_body(classes), "valid": valid_field_names(classes),
+    outside = sorted({name for cls in classes for name in getattr(cls, "outside_entries", ())})
+    return dict({"help": help_body(classes), "valid": valid_field_names(classes), "outside_entries": outside,
                  "fixed_fields": sorted(fixed_field_names(classes)), "options": options}, **rules), files
 
 
@@ -234,12 +239,16 @@ def converted(action, text):
 
 def early_problems(entry, argv):
     """The problems of `argv` the table can tell: the argument file, unknown keys, values of the
-    wrong type or outside their choices and ranges, required arguments left out. Raises
-    ArgumentError for an unreadable argument file."""
+    wrong type or outside their choices and ranges, required arguments left out; none when a
+    field of `outside_entries` names a module of one's own, whose entry may add arguments (the
+    full pass checks them all). Raises ArgumentError for an unreadable argument file."""
     problems = []
     actions = stored_actions(entry)
     tokens = read_arguments(argv, set(entry["valid"]), set(entry["fixed_fields"]), actions, problems)
-    problems += value_problems(entry, given_values(tokens, lambda key, text: converted(actions.get(f"--{key}"), text)))
+    values = given_values(tokens, lambda key, text: converted(actions.get(f"--{key}"), text))
+    if any(":" in str(values.get(name, "")) for name in entry.get("outside_entries", ())):
+        return []  # an outside entry (module.path:NAME) may declare arguments of its own: the full pass checks all
+    problems += value_problems(entry, values)
     given = {token for token in tokens if token.startswith("--")}
     missing = [flag for flag, (_, _, _, required) in entry["options"].items() if required and flag not in given]
     if missing:

@@ -7,12 +7,14 @@ Choices: an argument dataclass declares its fields' valid names in a class attri
 own check reads (or to `("module:NAME", form)` when a value of that `form`, such as
 `module.path:NAME` of one's own, is accepted too); a subclass's entry wins over its bases'.
 Ranges: the sizes, rates and coefficients of `validation.MIN_VALUES`, `FLOATS_ABOVE` and
-`VALUE_RANGES`, with their messages. The full start-up pass checks the same values again.
+`VALUE_RANGES`, with their messages. A field generated from a registry entry's `ppo.algos.Setting`
+(`registry_settings.declarations_of`) carries its own `choices` and `bounds`. The full start-up pass checks the same values again.
 """
 import difflib
 import importlib
 import inspect
 
+from .registry_settings import declarations_of
 from .validation import FLOATS_ABOVE, MIN_VALUES, VALUE_RANGES, in_range, range_text
 
 LEFT_TO_THE_FULL_PASS = ("num_train_epochs",)
@@ -48,11 +50,17 @@ def value_rules(classes, options):
             values, file = resolve(reference)
             choices[name] = [values, form]
             files.add(file)
+    declared = {name: found[0] for name, found in declarations_of(classes).items()}
+    for name, setting in declared.items():
+        if name in fields and name not in choices and setting.choices:
+            choices[name] = [[str(v) for v in setting.choices], None]
     ranges = {}
     for name, kind in fields.items():
         if kind[0] not in ("int", "float") or kind[1] is not None or name in LEFT_TO_THE_FULL_PASS:
             continue
-        if name in VALUE_RANGES:
+        if name in declared and declared[name].bounds:
+            ranges[name] = ["range", *declared[name].bounds]
+        elif name in VALUE_RANGES:
             ranges[name] = ["range", *VALUE_RANGES[name]]
         elif name in MIN_VALUES:
             ranges[name] = ["min", MIN_VALUES[name]]

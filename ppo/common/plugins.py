@@ -1,5 +1,5 @@
 """Importing a module of one's own named by an argument (`module.path:NAME`: an environment, a
-tool, a scorer, an advantage estimator).
+tool, a scorer, an advantage estimator, a policy loss; `find_entry`).
 
 Such a module is the user's code: its import may fail in any way, not only with ImportError (a
 SyntaxError, a RuntimeError raised by its top-level code, a missing environment variable).
@@ -42,3 +42,23 @@ def import_plugin_module(module_name, what, importer=importlib.import_module):
         return importer(module_name)
     except Exception as error:  # noqa: BLE001 - the user's module: any failure is the problem to report
         raise ValueError(f"cannot import module {module_name!r} for {what}: {describe_import_error(error)}") from None
+
+
+def find_entry(name, registry, kind, what):
+    """The entry `name` of `registry` (a dict name -> entry), or the `kind` instance that
+    `module.path:NAME` names in a module of one's own (imported here). ValueError naming the
+    choices when neither."""
+    name = str(name)
+    module_name, _, attr = name.partition(":")
+    if name in registry:
+        return registry[name]
+    if not (module_name and attr):
+        raise ValueError(f"Unknown {what} {name!r}; valid choices: {list(registry)}")
+    module = import_plugin_module(module_name, f"{what} {name!r}")
+    try:
+        entry = getattr(module, attr)
+    except AttributeError as err:
+        raise ValueError(f"{what} {name!r}: {err}") from None
+    if not isinstance(entry, kind):
+        raise ValueError(f"{what} {name!r} is a {type(entry).__name__}, not a {kind.__module__}.{kind.__name__}")
+    return entry

@@ -70,10 +70,6 @@ VALUE_RANGES = {
     "repetition_penalty": (0.0, False, None, False),
     "kl_coeff": (0.0, True, None, False),
     "kl_loss_coeff": (0.0, True, None, False),
-    "clip_range_ratio": (0.0, False, None, False),
-    "clip_range_ratio_low": (0.0, False, None, False),
-    "clip_range_ratio_high": (0.0, False, None, False),
-    "dual_clip": (1.0, False, None, False),
     "clip_range_value": (0.0, False, None, False),
     "clip_range_score": (0.0, False, None, False),
     "gamma": (0.0, True, 1.0, True),
@@ -87,7 +83,8 @@ VALUE_RANGES = {
 """Ranges of the rates, coefficients and sampling settings. Out of range, each fails late (a
 negative learning rate after the models load, inside the scheduler) or trains the wrong way
 (a negative KL coefficient rewards drifting away from the reference); None is skipped. PaddleNLP
-checks `warmup_ratio` itself."""
+checks `warmup_ratio` itself. A registry entry's settings (the PPO clip settings among them) carry
+their ranges in their own declaration (`ppo.algos.Setting`, `ppo.common.registry_settings`)."""
 
 WEIGHT_FILES = ("model_state.pdparams", "model.safetensors")
 SHARD_INDEX_FILES = ("model_state.pdparams.index.json", "model.safetensors.index.json")

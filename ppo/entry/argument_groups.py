@@ -3,8 +3,9 @@
 Defaults live here and in the entry points' argument modules only; every field has a help
 and is declared once. An entry point whose default of a shared field differs redeclares it
 with `default_override` (same help, its own default, a comment saying why). Each group checks
-its own fields in `__post_init__` inside a `problem_scope`, so every problem of an instance is
-reported together (see `argument_problems`).
+its own fields in its `resolve_group`; the roots (`ModelCommonArguments`, `DatasetArguments`,
+`PaddleNLPTrainingArguments`) have the one `__post_init__`, `resolve_arguments`, which runs every
+group's in one pass, so every problem of an instance is reported together (see `argument_problems`).
 """
 from dataclasses import dataclass, field
 from typing import ClassVar, List, Optional
@@ -14,7 +15,7 @@ from paddlenlp.trainer import TrainingArguments
 from ..models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE
 from ..models.loading import DEFAULT_LORA_TARGETS
 from ..rollout.ops import KERNEL_MODES
-from ..common.argument_problems import PADDLENLP_REFUSALS, paddlenlp_refusal, problem_scope, report_problems
+from ..common.argument_problems import PADDLENLP_REFUSALS, paddlenlp_refusal, resolve_arguments
 
 RECOMPUTE_GRANULARITIES = ("full", "full_attn", "core_attn")
 DEFAULT_EVAL_MAX_NEW_TOKENS = 32
@@ -89,12 +90,12 @@ class ModelCommonArguments(LoRAArguments):
                   "refused at tensor_parallel_degree > 1 (at 1 there is nothing to split: the same run either way)."},
     )
 
-    def __post_init__(self):
-        with problem_scope() as problems:
-            if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
-                problems.append(
-                    f"recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, got {self.recompute_granularity!r}"
-                )
+    __post_init__ = resolve_arguments
+
+    def resolve_group(self):
+        if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
+            return [f"recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, got {self.recompute_granularity!r}"]
+        return []
 
 
 def default_override(group, name, default):
@@ -133,11 +134,10 @@ class LogprobArguments:
         },
     )
 
-    def __post_init__(self):
-        with problem_scope() as problems:
-            super().__post_init__()
-            if self.logprob_chunk_size < 0:
-                problems.append(f"logprob_chunk_size must be >= 0 (0 = full logits), got {self.logprob_chunk_size}")
+    def resolve_group(self):
+        if self.logprob_chunk_size < 0:
+            return [f"logprob_chunk_size must be >= 0 (0 = full logits), got {self.logprob_chunk_size}"]
+        return []
 
 
 @dataclass
@@ -216,14 +216,13 @@ class RolloutArguments:
                   "path for every op."},
     )
 
-    def __post_init__(self):
-        with problem_scope() as problems:
-            super().__post_init__()
-            if self.rollout_kernels not in KERNEL_MODES:
-                problems.append(f"rollout_kernels must be one of {KERNEL_MODES}, got {self.rollout_kernels!r}")
-            elif self.rollout_kernels != "auto" and not getattr(self, "use_fusemt", True):
-                problems.append(f"rollout_kernels {self.rollout_kernels} picks the rollout engine's kernels, and use_fusemt "
-                                "false generates with PaddleNLP's generate instead: set use_fusemt true or rollout_kernels auto")
+    def resolve_group(self):
+        if self.rollout_kernels not in KERNEL_MODES:
+            return [f"rollout_kernels must be one of {KERNEL_MODES}, got {self.rollout_kernels!r}"]
+        if self.rollout_kernels != "auto" and not getattr(self, "use_fusemt", True):
+            return [f"rollout_kernels {self.rollout_kernels} picks the rollout engine's kernels, and use_fusemt false "
+                    "generates with PaddleNLP's generate instead: set use_fusemt true or rollout_kernels auto"]
+        return []
 
 
 @dataclass
@@ -255,22 +254,26 @@ class RolloutLoopArguments:
 
 @dataclass
 class PaddleNLPTrainingArguments(TrainingArguments):
-    """PaddleNLP's `TrainingArguments`, whose own refusals in `__post_init__` join the
-    problem list of the entry point instead of stopping the parse. Placed last among the
-    bases of each entry point's training arguments (right before `TrainingArguments`)."""
+    """PaddleNLP's `TrainingArguments`, whose own `__post_init__` runs as the first group of the
+    one pass (`resolve_arguments`), its refusals joining the problem list of the entry point
+    instead of stopping the parse. Placed last among the bases of each entry point's training
+    arguments (right before `TrainingArguments`)."""
 
-    def __post_init__(self):
+    __post_init__ = resolve_arguments
+
+    def resolve_group(self):
         self.paddlenlp_refused = False
         # PaddleNLP's own expert parallelism (inside sharding, GPU kernels) is not the one this
         # toolkit runs (ppo.strategy.expert, carved out of the data ranks): hidden from its set-up
         expert_degree, self.expert_parallel_degree = self.expert_parallel_degree, -1
         try:
-            super().__post_init__()
+            TrainingArguments.__post_init__(self)
         except PADDLENLP_REFUSALS as error:
             self.paddlenlp_refused = True  # the fields PaddleNLP normalises may be left raw: skip checks on them
-            report_problems([paddlenlp_refusal(error)])
+            return [paddlenlp_refusal(error)]
         finally:
             self.expert_parallel_degree = expert_degree
+        return []
 
 
 @dataclass
@@ -304,14 +307,13 @@ class DatasetArguments:
                   "template does not read is refused."},
     )
 
-    def __post_init__(self):
-        with problem_scope() as problems:
-            if hasattr(super(), "__post_init__"):
-                super().__post_init__()
-            from ..data.chat_template_file import chat_template_problem, chat_template_kwargs_problem
+    __post_init__ = resolve_arguments
 
-            problems += [p for p in [chat_template_problem(self.chat_template),
-                                     chat_template_kwargs_problem(self.chat_template_kwargs, self.use_chat_template)] if p]
+    def resolve_group(self):
+        from ..data.chat_template_file import chat_template_problem, chat_template_kwargs_problem
+
+        return [p for p in [chat_template_problem(self.chat_template),
+                            chat_template_kwargs_problem(self.chat_template_kwargs, self.use_chat_template)] if p]
 
     def dataset_kwargs(self, tokenizer, seed):
         """Keyword arguments every tokenised dataset of a run is built with; the tokenizer gets the

@@ -1,18 +1,25 @@
-"""PPO/GRPO's policy loss, its rollout correction and the pass@k estimator's settings.
+"""PPO/GRPO's policy loss, its rollout correction and the advantage estimators' own settings.
 
-`policy_loss` names an entry of `ppo.algos.POLICY_LOSSES`; each entry's own settings are the
-fields below of the same names (`PolicyLoss.settings_from(args)` reads them), the PPO clip
-settings (`clip_range_ratio*`, `dual_clip`, `importance_sampling_level`) are declared with
-the other update settings in `ppo/ppo_arguments.py`. `rollout_is*` turn the rollout engine's
-log-probs into importance weights on the policy loss (`ppo.algos.rollout_correction`).
-`policy_loss_problems` refuses, before any model loads, a name that is not registered and a
-setting that the chosen loss, correction or estimator would not read.
+`policy_loss` names an entry of `ppo.algos.POLICY_LOSSES`, or `module.path:NAME` of a
+`ppo.algos.PolicyLoss` in a module of one's own. Each entry declares its own settings beside it
+(`ppo.algos.Setting`: the PPO clip settings `clip_range_ratio*`, `dual_clip`,
+`importance_sampling_level`, and each loss's own); `PolicyLossArguments` is generated from those
+declarations (one field per setting), and an outside entry's settings are added when the argument
+file names it (`PolicyLossOptions.with_outside_settings`), so they are keys of the argument file
+too. `rollout_is*` turn the rollout engine's log-probs into importance weights on the policy loss
+(`ppo.algos.rollout_correction`). `policy_loss_problems` refuses, before any model loads, a name
+that is not registered, a setting value its declaration does not allow, and a setting that the
+chosen loss, correction or estimator would not read. The advantage estimators' settings
+(`ppo.algos.AdvEstimator`, e.g. `pass_k`, VAPO's `vapo_alpha`) are generated and checked the same way.
 """
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
-from ..algos import ADV_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES, TOP_ENTROPY_NORMS
+from ..algos import ADV_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES, TOP_ENTROPY_NORMS, AdvEstimator, PolicyLoss
 from ..algos.rollout_correction import ROLLOUT_IS_LEVELS
+from ..common.plugins import find_entry
+from ..common.registry_settings import (collect_settings, setting_origins, setting_problems, settings_dataclass,
+                                        with_settings)
 
 LOSS_AGG_MODE_HELP = (
     f"Loss aggregation: {' | '.join(LOSS_AGG_MODES)}; None (not set): the policy loss's paper's (seq-mean-token-mean "
@@ -20,35 +27,35 @@ LOSS_AGG_MODE_HELP = (
     "start-up log names the one used and why."
 )
 """The help of `loss_agg_mode` (declared with the update settings in `ppo/ppo_arguments.py`)."""
+POLICY_LOSS_SETTINGS = collect_settings(POLICY_LOSSES)
+"""name -> `ppo.algos.Setting` of every registered policy loss's settings (generated fields)."""
+ESTIMATOR_SETTINGS = collect_settings(ADV_ESTIMATORS)
+"""name -> `ppo.algos.Setting` of every registered advantage estimator's settings (generated fields:
+`pass_k`, `pass_k_threshold`, VAPO's `vapo_alpha`, `critic_gae_lambda`)."""
+
+
+def find_policy_loss(name):
+    """The `PolicyLoss` of `policy_loss`: a registered name, or `module.path:NAME` naming one in a
+    module of one's own (imported here). ValueError when neither."""
+    return find_entry(name, POLICY_LOSSES, PolicyLoss, "policy_loss")
 
 
 @dataclass
-class PolicyLossArguments:
+class PolicyLossOptions:
+    """The choice of policy loss and what acts with any of them; `PolicyLossArguments` adds the
+    entries' own settings."""
+
     # the valid names, checked before Paddle loads (ppo/common/early_values.py)
     field_choices: ClassVar[dict] = {"policy_loss": "ppo.algos.policy_registry:POLICY_LOSSES",
                                      "rollout_is": "ppo.algos.rollout_correction:ROLLOUT_IS_LEVELS"}
+    # fields whose value may name an outside entry (module.path:NAME) that declares arguments of its own
+    outside_entries: ClassVar[tuple] = ("policy_loss", "adv_estimator")
     policy_loss: str = field(
         default="ppo_clip",
-        metadata={"help": f"Policy loss (ppo.algos.POLICY_LOSSES, docs/algorithms.md): {' | '.join(POLICY_LOSSES)}; "
+        metadata={"help": f"Policy loss (ppo.algos.POLICY_LOSSES, docs/algorithms.md): {' | '.join(POLICY_LOSSES)} "
+                  "| module.path:NAME of a ppo.algos.PolicyLoss of your own (its settings become arguments); "
                   "ppo_clip is PPO's clipped loss (GSPO too with importance_sampling_level sequence)."},
     )
-    cispo_clip_low: Optional[float] = field(
-        default=None, metadata={"help": "cispo: the weight's lower bound is 1 - this (None: no lower bound, as MiniMax-M1)."}
-    )
-    cispo_clip_high: Optional[float] = field(
-        default=4.0, metadata={"help": "cispo: the weight's upper bound is 1 + this (None: no upper bound)."}
-    )
-    gmpo_clip_low: float = field(default=0.4, metadata={"help": "gmpo: lower clip of the token log-ratio (-this)."})
-    gmpo_clip_high: float = field(default=0.4, metadata={"help": "gmpo: upper clip of the token log-ratio."})
-    clip_cov_ratio: float = field(
-        default=2e-4, metadata={"help": "clip_cov: fraction of the response tokens whose loss is dropped (at least 1)."}
-    )
-    clip_cov_lb: float = field(default=1.0, metadata={"help": "clip_cov: a dropped token's covariance is above this."})
-    clip_cov_ub: float = field(default=5.0, metadata={"help": "clip_cov: a dropped token's covariance is below this."})
-    kl_cov_ratio: float = field(
-        default=2e-4, metadata={"help": "kl_cov: fraction of the response tokens (largest covariance) given the KL penalty."}
-    )
-    kl_cov_coef: float = field(default=1.0, metadata={"help": "kl_cov: weight of the |logp - old logp| penalty."})
     top_entropy_frac: float = field(
         default=1.0,
         metadata={"help": "Train only on this fraction of each micro-batch's response tokens, those of highest entropy "
@@ -75,10 +82,42 @@ class PolicyLossArguments:
     rollout_is_upper: Optional[float] = field(
         default=None, metadata={"help": "MIS: a token (sequence) whose weight is above this gets weight 0; None: no bound."}
     )
-    pass_k: int = field(default=4, metadata={"help": "adv_estimator pass_at_k: the k of pass@k (1 <= k <= rollout_n)."})
-    pass_k_threshold: float = field(
-        default=0.5, metadata={"help": "adv_estimator pass_at_k: a response scoring above this counts as correct."}
-    )
+
+    @classmethod
+    def with_outside_settings(cls, given):
+        """`cls`, or (when `given`, the argument file's and command line's keys, names an outside
+        policy loss or advantage estimator) the dataclass of the same name with that entry's
+        declared settings as fields. A name that cannot be imported adds nothing (the start-up
+        check reports it)."""
+        for what, entry in outside_entries(given):
+            cls = with_settings(cls, entry.declared, getattr(entry.fn, "__module__", None), f"{what} {given[what]}")
+        return cls
+
+    @property
+    def policy_settings(self):
+        """The chosen policy loss's own settings, name -> value (`UpdateSettings.policy_settings`)."""
+        return find_policy_loss(self.policy_loss).settings_from(self)
+
+
+def outside_entries(given):
+    """`(field, entry)` of each outside entry (`module.path:NAME` that imports) that `given` (keys
+    -> values) names for `policy_loss` or `adv_estimator`."""
+    found = []
+    for what, registry, kind in (("policy_loss", POLICY_LOSSES, PolicyLoss), ("adv_estimator", ADV_ESTIMATORS, AdvEstimator)):
+        name = given.get(what)
+        if isinstance(name, str) and ":" in name and name not in registry:
+            try:
+                found.append((what, find_entry(name, registry, kind, what)))
+            except ValueError:
+                continue
+    return found
+
+
+PolicyLossArguments = settings_dataclass(
+    "PolicyLossArguments", [*POLICY_LOSS_SETTINGS.values(), *ESTIMATOR_SETTINGS.values()], (PolicyLossOptions,), __name__,
+    "`PolicyLossOptions` and one field per setting the registered policy losses and advantage estimators declare "
+    "(`POLICY_LOSS_SETTINGS`, `ESTIMATOR_SETTINGS`).",
+    origins=setting_origins((POLICY_LOSSES, "policy_loss"), (ADV_ESTIMATORS, "adv_estimator")))
 
 
 ROLLOUT_CORRECTION_FIELDS = ("rollout_is_threshold", "rollout_is_lower", "rollout_is_upper")
@@ -101,15 +140,28 @@ def _foreign_settings(args, registry, chosen, what):
             f"{what} {getattr(args, what)} does not read it" for name in sorted(owners) if _changed(args, name)]
 
 
+def chosen_policy_loss_problems(args):
+    """`(entry or None, problems)` of `policy_loss`: its name (registered, or an outside entry
+    that imports), the values of every declared setting, and the settings of other entries set
+    although the chosen one does not read them."""
+    try:
+        entry = find_policy_loss(args.policy_loss)
+    except ValueError as err:
+        outside = f" or module.path:NAME of a ppo.algos.PolicyLoss ({err})" if ":" in str(args.policy_loss) else ""
+        return None, [f"policy_loss must be one of {list(POLICY_LOSSES)}{outside}, got {args.policy_loss!r}"]
+    outside = [s for s in entry.declared if s.name not in POLICY_LOSS_SETTINGS]
+    problems = setting_problems(args, [*POLICY_LOSS_SETTINGS.values(), *outside])
+    problems += [f"{name}: policy_loss {entry.name} reads it, but it is no argument (declare it as a ppo.algos.Setting)"
+                 for name in entry.settings if not hasattr(args, name)]
+    return entry, problems + _foreign_settings(args, POLICY_LOSSES, entry, "policy_loss")
+
+
 def policy_loss_problems(args, estimator=None):
     """Every problem of the policy-loss group (`estimator`: the chosen `AdvEstimator`, or None
     when `adv_estimator` itself is refused)."""
-    entry = POLICY_LOSSES.get(args.policy_loss)
-    if entry is None:
-        problems = [f"policy_loss must be one of {list(POLICY_LOSSES)}, got {args.policy_loss!r}"]
-    else:
-        problems = _foreign_settings(args, POLICY_LOSSES, entry, "policy_loss")
+    problems = chosen_policy_loss_problems(args)[1] + setting_problems(args, ESTIMATOR_SETTINGS.values())
     if estimator is not None:
+        problems += setting_problems(args, [s for s in estimator.declared if s.name not in ESTIMATOR_SETTINGS])
         problems += _foreign_settings(args, ADV_ESTIMATORS, estimator, "adv_estimator")
         if "pass_k" in estimator.settings and isinstance(args.rollout_n, int) and not 1 <= args.pass_k <= args.rollout_n:
             problems.append(f"pass_k must be in [1, rollout_n={args.rollout_n}] (pass@k of a group), got {args.pass_k}")
@@ -132,7 +184,7 @@ def top_entropy_problems(args):
 def policy_loss_startup_line(args):
     """The start-up log line of the policy loss: its aggregation and why, the other loss terms'
     aggregation, and with `top_entropy_frac` < 1 the normaliser of the kept tokens."""
-    entry = POLICY_LOSSES[args.policy_loss]
+    entry = find_policy_loss(args.policy_loss)
     mode, why = entry.aggregation(args.loss_agg_mode)
     terms = args.loss_agg_mode if args.loss_agg_mode is not None else LOSS_AGG_MODES[0]
     line = f"policy_loss {entry.name}: loss_agg_mode {mode} ({why}); value, entropy and KL terms: {terms}"

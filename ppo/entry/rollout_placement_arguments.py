@@ -14,7 +14,6 @@ versions that sampled them (`ppo.rollout.partial`, `ppo.trainer.rollout_worker`)
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..common.argument_problems import problem_scope
 
 ROLLOUT_PLACEMENTS = ("colocated", "split")
 MAX_ASYNC_STALENESS = 4
@@ -61,12 +60,8 @@ class RolloutPlacementArguments:
                   "re-prefilled under the new weights); below max_dec_len."},
     )
 
-    def __post_init__(self):
-        with problem_scope() as problems:
-            sup = super()
-            if hasattr(sup, "__post_init__"):
-                sup.__post_init__()
-            problems += rollout_placement_problems(self, launch_world_size())
+    def resolve_group(self):
+        return rollout_placement_problems(self, launch_world_size())
 
     @property
     def split_rollout(self):

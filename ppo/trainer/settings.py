@@ -5,6 +5,9 @@ point's arguments do not have keeps its default here (online DPO has no critic s
 from dataclasses import dataclass, fields
 from typing import Optional
 
+from ..algos import POLICY_LOSSES
+from ..common.registry_settings import collect_settings, settings_dataclass
+
 
 def slice_of(cls, args, **given):
     """`cls` (a dataclass of this module) with each field read from `args` by name (properties
@@ -66,10 +69,12 @@ class AdvantageSettings:
 
 
 @dataclass(frozen=True)
-class UpdateSettings:
+class UpdateOptions:
     """The PPO-family update: epochs and their optimiser steps, the loss terms and their
-    aggregation, VAPO's value pretraining (its returns' `gamma`) and positive-example NLL. The policy loss is `policy_loss` of `ppo.algos.POLICY_LOSSES`, and every
-    setting a registered loss reads is a field here (`PolicyLoss.settings_from(settings)`)."""
+    aggregation, VAPO's value pretraining (its returns' `gamma`) and positive-example NLL. The
+    policy loss is `policy_loss` (a name of `ppo.algos.POLICY_LOSSES` or `module.path:NAME`) with
+    `policy_settings`, its own settings (name -> value); `UpdateSettings` adds a field per setting
+    the registered losses declare."""
 
     update_iters: int
     update_micro_rows: int
@@ -77,23 +82,9 @@ class UpdateSettings:
     seed: int
     loss_agg_mode: Optional[str]
     loss_scale: float
-    clip_range_ratio: float
-    clip_range_ratio_low: Optional[float]
-    clip_range_ratio_high: Optional[float]
-    dual_clip: Optional[float]
-    importance_sampling_level: str
     policy_loss: str
     top_entropy_frac: float
     top_entropy_norm: str
-    cispo_clip_low: Optional[float]
-    cispo_clip_high: Optional[float]
-    gmpo_clip_low: float
-    gmpo_clip_high: float
-    clip_cov_ratio: float
-    clip_cov_lb: float
-    clip_cov_ub: float
-    kl_cov_ratio: float
-    kl_cov_coef: float
     pg_loss_coeff: float
     entropy_coeff: float
     kl_loss_coeff: float
@@ -105,6 +96,14 @@ class UpdateSettings:
     pretrain_critic_steps: int = 0
     positive_example_lm_coeff: float = 0.0
     positive_example_min_score: float = 1.0
+    policy_settings: Optional[dict] = None
+
+
+UpdateSettings = settings_dataclass(
+    "UpdateSettings", collect_settings(POLICY_LOSSES).values(), (UpdateOptions,), __name__,
+    "`UpdateOptions` and a field per setting the registered policy losses declare (`ppo.algos.Setting`); "
+    "`policy_settings` (filled from the arguments' property of that name) holds the chosen loss's, "
+    "an outside entry's included.", frozen=True)
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,11 @@ import logging
 import numpy as np
 import paddle
 
-from ..algos import (LOSS_AGG_MODES, count_from_fraction, entropy_bonus_from_token_entropy, get_policy_loss,
+from ..algos import (LOSS_AGG_MODES, POLICY_LOSSES, PolicyLoss, count_from_fraction, entropy_bonus_from_token_entropy,
                      in_value_pretraining, kl_loss, masked_mean, positive_example_nll, value_loss,
                      value_pretraining_targets)
 from ..algos.kl import K3_NAMES
+from ..common.plugins import find_entry
 from ..passes import UpdateLosses
 
 logger = logging.getLogger("ppo")
@@ -97,7 +98,8 @@ class PPOUpdater:
     `DivergenceWatch`; `offload`: the `OffloadPlan`; `state`: the `RunState`; `ranks`: the
     run's `Ranks`; `settings`: `UpdateSettings`; `samples`: the `samples.jsonl` rows of an
     experience (`ppo.trainer.report.ResponseSamples`). The actor's policy loss is the registry
-    entry `settings.policy_loss` with its own settings read off `settings`."""
+    entry `settings.policy_loss` (or `module.path:NAME`) with its own settings
+    (`settings.policy_settings`, else read off `settings`)."""
 
     progress_metrics = {"score": "objective/scores", "kl": "objective/kl", "len": "response_length/mean"}
     """The progress bar's numbers: label -> metric."""
@@ -106,8 +108,9 @@ class PPOUpdater:
         self.actor, self.passes, self.steps, self.ptx, self.divergence = actor, passes, steps, ptx, divergence
         self.critics = [o for o in objectives if o.critic is not None]
         self.offload, self.state, self.ranks, self.settings, self.sample_rows = offload, state, ranks, settings, samples
-        self.policy_loss = get_policy_loss(settings.policy_loss)
-        self.policy_settings = self.policy_loss.settings_from(settings)
+        self.policy_loss = find_entry(settings.policy_loss, POLICY_LOSSES, PolicyLoss, "policy_loss")
+        given = settings.policy_settings
+        self.policy_settings = dict(given) if given is not None else self.policy_loss.settings_from(settings)
 
     @property
     def trained(self):
