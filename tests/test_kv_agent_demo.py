@@ -1,6 +1,6 @@
 """The second agent demo's task (ppo/tiny/kv_task.py): the data splits and their mix of calls, the
-per-record `lookup` tool, and the environment's reward (the run's only reward) on hand-written
-trajectories."""
+per-record `lookup` tool, the environment's reward (the run's only reward) on hand-written
+trajectories, and scripts/kv_agent_demo.py's held-out evaluation settings."""
 import json
 
 import pytest
