@@ -15,10 +15,12 @@ already done are skipped):
     left the model copying tool answers badly (held-out success 0.000);
  3. per seed, GRPO (`config/tiny/grpo_kv_agent_argument.json`: `env_name`
     `ppo.tiny.kv_task:KVEnvironment` and no reward model or scorer -- the environment's reward
-    is the only reward; `eval_datasets` the held-out records, so the trainer logs
-    `eval/agent/success` of greedy trajectories at steps 0 and 40);
- 4. held-out success (the share of the 200 records whose final answer is the sum; one sampled
-    trajectory each at the training temperature), with both tools, of the SFT model and of every
+    is the only reward; 100 steps at learning rate 1e-4, constant: at 3e-4 the model copied
+    numbers worse after GRPO than before; `eval_datasets` the held-out records, so the trainer
+    logs `eval/agent/success` of greedy trajectories at steps 0 and 100);
+ 4. held-out success (the share of the 200 records whose final answer is the sum; one trajectory
+    each sampled with the GRPO config's temperature, response length and turn limits:
+    `rollout_settings`), with both tools, of the SFT model and of every
     GRPO model, and of every GRPO model with the tools switched off (`tools: []`: a call reads
     "Error: there is no tool"); tool calls per episode beside each, and the trainer's own
     greedy `eval/agent/success` at its last evaluation.
@@ -39,6 +41,7 @@ ENV = dict(os.environ, MKL_DEBUG_CPU_TYPE="5", PYTHONUNBUFFERED="1", OMP_NUM_THR
 DEFAULT_ROOT = "outputs/tiny-kv-agent"
 TEMPLATE = "USER: {input} ASSISTANT:"
 TOOLS = ["ppo.tiny.kv_task:KVStore", "calculator"]
+GRPO_CONFIG = "config/tiny/grpo_kv_agent_argument.json"
 SFT_ROUNDS = 3  # three passes of the SFT config (400 steps, cosine), each from the last one's weights
 
 
@@ -74,7 +77,7 @@ def train(root, seed, walls, extra=(), sft_rounds=SFT_ROUNDS):
         walls[name] = run_logged(logs, name, cmd, ENV, "kv_agent_demo")
     out = f"{root}/grpo-seed{seed}"
     if not os.path.isfile(f"{out}/policy/model_state.pdparams"):
-        cmd = [PY, "ppo/run_ppo.py", "config/tiny/grpo_kv_agent_argument.json", "--seed", str(seed),
+        cmd = [PY, "ppo/run_ppo.py", GRPO_CONFIG, "--seed", str(seed),
                *moved(root, "--actor_model_name_or_path", f"{DEFAULT_ROOT}/sft", "--train_datasets",
                       f"Jsonfile:1.0:{DEFAULT_ROOT}/data/prompts.jsonl", "--eval_datasets",
                       f"Jsonfile:1.0:{DEFAULT_ROOT}/data/test.jsonl"),
@@ -83,9 +86,18 @@ def train(root, seed, walls, extra=(), sft_rounds=SFT_ROUNDS):
     return out
 
 
+def rollout_settings(config=GRPO_CONFIG):
+    """The GRPO config's rollout settings (dict: temperature, max_dec_len, max_turns,
+    max_tool_response_len, max_total_len), so the held-out evaluation samples as training did."""
+    with open(os.path.join(ROOT, config)) as f:
+        args = json.load(f)
+    return {k: args[k] for k in ("temperature", "max_dec_len", "max_turns", "max_tool_response_len", "max_total_len")}
+
+
 def success(model_dir, test_path, tools, seed, max_rows=200):
-    """`(success, tool calls per episode)` of the policy in `model_dir` on `test_path`: one sampled
-    trajectory per record with `tools` ([] switches both off); success: the environment's reward."""
+    """`(success, tool calls per episode)` of the policy in `model_dir` on `test_path`: one
+    trajectory per record sampled with the GRPO config's settings (`rollout_settings`) and
+    `tools` ([] switches both off); success: the environment's reward."""
     import paddle
 
     from ppo.agents import AgentSettings, TaggedFormat, rollout_trajectories
@@ -99,10 +111,11 @@ def success(model_dir, test_path, tools, seed, max_rows=200):
     engine = RolloutEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     records = [json.loads(line) for line in open(test_path)][:max_rows]
     records = [{**r, "src": r["src"][0], "tgt": r["tgt"][0]} for r in records]
-    agent_args = AgentSettings(env_name=KV_ENV, env_kwargs=json.dumps({"tools": tools}), max_turns=4,
-                                max_tool_response_len=8, max_total_len=104)
-    result = rollout_trajectories(engine, records, agent_args, TaggedFormat(tokenizer, TEMPLATE),
-                                  SamplingParams(max_new_tokens=24, temperature=1.0), seed=seed)
+    run = rollout_settings()
+    agent_args = AgentSettings(env_name=KV_ENV, env_kwargs=json.dumps({"tools": tools}), max_turns=run["max_turns"],
+                                max_tool_response_len=run["max_tool_response_len"], max_total_len=run["max_total_len"])
+    sampling = SamplingParams(max_new_tokens=run["max_dec_len"], temperature=run["temperature"])
+    result = rollout_trajectories(engine, records, agent_args, TaggedFormat(tokenizer, TEMPLATE), sampling, seed=seed)
     solved = [1.0 if sum(t.rewards) > 0 else 0.0 for t in result.trajectories]
     return sum(solved) / len(solved), result.metrics["agent/tool_calls_mean"]
 

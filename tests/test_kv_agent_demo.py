@@ -1,6 +1,6 @@
 """The second agent demo's task (ppo/tiny/kv_task.py): the data splits and their mix of calls, the
-per-record `lookup` tool, and the environment's reward (the run's only reward) on hand-written
-trajectories."""
+per-record `lookup` tool, the environment's reward (the run's only reward) on hand-written
+trajectories, and scripts/kv_agent_demo.py's held-out evaluation settings."""
 import json
 
 import pytest
@@ -142,3 +142,20 @@ def test_the_start_up_prompt_check_resets_each_record_with_its_own_data(tmp_path
     args.max_total_len = 100  # fits every record but the one with the long system prompt
     problems = prompt_room_problems(args, dataset, tokenizer)
     assert len(problems) == 1 and "prompt 0 of train_datasets" in problems[0], problems
+
+
+def test_the_held_out_evaluation_samples_as_the_grpo_run_does(tmp_path):
+    """scripts/kv_agent_demo.py rates the policy with the GRPO config's own rollout settings (the
+    training temperature, response length, turn and length limits): one home for them, so the
+    table's "sampled" column cannot drift from training; and the config keeps the settings the
+    measured table rests on (learning rate 1e-4: at 3e-4 GRPO made the copying of numbers worse)."""
+    import scripts.kv_agent_demo as demo
+
+    args = json.load(open(demo.ROOT + "/" + demo.GRPO_CONFIG))
+    assert demo.rollout_settings() == {"temperature": 1.0, "max_dec_len": 24, "max_turns": 4,
+                                       "max_tool_response_len": 8, "max_total_len": 104}
+    assert args["learning_rate"] == 1e-4 and args["lr_scheduler_type"] == "constant"
+    assert args["eval_steps"] == args["max_steps"] == 100 and args["env_name"] == KV_ENV and args["kl_loss_coeff"] == 0
+    other = tmp_path / "grpo.json"
+    other.write_text(json.dumps({**args, "temperature": 0.7, "max_turns": 3}))
+    assert demo.rollout_settings(str(other)) == {**demo.rollout_settings(), "temperature": 0.7, "max_turns": 3}
