@@ -159,9 +159,11 @@ def test_pipeline_refuses_the_family_and_tensor_parallelism_an_indivisible_width
     ernie_model().save_pretrained(str(tmp_path))
     with pytest.raises(ValueError, match="no pipeline class for model_type 'ernie4_5'"):
         load_pipe(str(tmp_path), loss_fn=None, prepare_inputs=None)
-    kv_heads = ernie_config().num_key_value_heads
-    with pytest.raises(ValueError, match=f"ERNIE 4.5: tensor parallelism: num_key_value_heads {kv_heads} is not divisible"):
-        Ernie4_5ForCausalLM(ernie_config(tensor_parallel_degree=kv_heads + 1))
+    heads, kv_heads = ernie_config().num_attention_heads, ernie_config().num_key_value_heads
+    assert heads % kv_heads == 0 and heads > kv_heads
+    with pytest.raises(ValueError, match=f"ERNIE 4.5: tensor parallelism: num_key_value_heads {kv_heads} is not divisible "
+                                         f"by tensor_parallel_degree {heads}"):
+        Ernie4_5ForCausalLM(ernie_config(tensor_parallel_degree=heads))
 
 
 HF_SIZES = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
