@@ -27,6 +27,7 @@ from paddle.distributed.fleet.utils import recompute
 from paddlenlp.transformers.model_outputs import BaseModelOutputWithPast, MoEModelOutputWithPast
 from paddlenlp.transformers.qwen2.modeling import Qwen2Model, Qwen2RotaryEmbedding
 
+from ...common.parallel_groups import model_parallel_group
 from .. import fused_train_ops as ops
 from . import tensor_parallel as tp
 
@@ -69,6 +70,26 @@ class RMSNorm(nn.Layer):
 
     def forward(self, x):
         return rms_norm(x, self.weight, self.variance_epsilon)
+
+
+class HeadRMSNorm(RMSNorm):
+    """`RMSNorm` over each head's ``head_dim`` (q/k norm), its weight shared by every head. Under
+    tensor parallelism a rank holds only its heads, so its weight gradient is a partial sum over
+    them: the weight enters through Megatron-LM's ``f`` (identity forward, gradient all-reduced
+    over the model-parallel group), which makes the gradient whole and equal on every rank."""
+
+    def __init__(self, dim, eps, split_heads=False):
+        super().__init__(dim, eps)
+        self.split_heads = split_heads  # this rank holds a part of the heads (tensor parallelism)
+
+    def forward(self, x):
+        weight = self.weight
+        group = model_parallel_group() if self.split_heads else None
+        if group is not None and not weight.stop_gradient:
+            from ..parallel_layers import model_parallel_identity
+
+            weight = model_parallel_identity(weight, group)
+        return rms_norm(x, weight, self.variance_epsilon)
 
 
 _HALF_ORDER = {}
@@ -135,8 +156,8 @@ class Attention(nn.Layer):
         self.o_proj = tp.row_linear(config, nh * hd, H, bias)
         self.rope_interleaved = bool(getattr(config, "rope_interleaved", False))
         if config.qk_norm:
-            self.q_norm = RMSNorm(hd, config.rms_norm_eps)
-            self.k_norm = RMSNorm(hd, config.rms_norm_eps)
+            self.q_norm = HeadRMSNorm(hd, config.rms_norm_eps, split_heads=n > 1)
+            self.k_norm = HeadRMSNorm(hd, config.rms_norm_eps, split_heads=n > 1)
         self.rotary_emb = Qwen2RotaryEmbedding(hd, max_position_embeddings=config.max_position_embeddings,
                                                base=config.rope_theta)
         self.enable_recompute = False
