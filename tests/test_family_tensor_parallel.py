@@ -107,3 +107,17 @@ def test_widths_the_degree_does_not_divide_are_refused_by_name(arch, overrides, 
     """Refused in the model's constructor, before any layer (or fleet group) is built."""
     with pytest.raises(ValueError, match=message):
         family_model(arch, **overrides)
+
+
+def test_the_argument_checks_name_an_indivisible_width_before_a_model_loads(tmp_path):
+    from ppo.strategy.tensor.checks import model_problems
+
+    family_model("ernie45").save_pretrained(str(tmp_path))  # 16 heads, 2 KV heads
+
+    class Args:
+        tensor_parallel_degree = 4
+
+    assert model_problems(Args(), [("model_name_or_path", str(tmp_path)), ("reference", None)]) == [
+        f"model_name_or_path {tmp_path}: num_key_value_heads 2 is not divisible by tensor_parallel_degree 4"]
+    Args.tensor_parallel_degree = 2
+    assert model_problems(Args(), [("model_name_or_path", str(tmp_path))]) == []
