@@ -6,7 +6,7 @@ the checks that need several groups or the file system, and runs before any mode
 import json
 
 from .strategy.expert.checks import layout_problems as expert_layout_problems, model_problems as expert_model_problems
-from .strategy.tensor.checks import model_problems as tensor_model_problems
+from .strategy import tensor_model_problems
 from .algos import ADV_ESTIMATORS, IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES, AdvEstimator, get_adv_estimator
 from .agents.arguments import agent_problems
 from .algos.kl import K3_NAMES, KL_ESTIMATOR_NAMES

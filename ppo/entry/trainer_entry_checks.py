@@ -2,7 +2,7 @@
 PaddleNLP's Trainer; PPO/GRPO has its own loop and checks (`ppo/ppo_argument_checks.py`)."""
 from ..common.report_writers import TRAINER_PACKAGES, missing_report_packages
 from ..strategy.expert.checks import layout_problems as expert_layout_problems, model_problems as expert_model_problems
-from ..strategy.tensor.checks import model_problems as tensor_model_problems
+from ..strategy import tensor_model_problems
 from ..common.validation import (
     dtype_device_problems,
     model_dir_problems,

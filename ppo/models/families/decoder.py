@@ -86,9 +86,7 @@ class HeadRMSNorm(RMSNorm):
         weight = self.weight
         group = model_parallel_group() if self.split_heads else None
         if group is not None and not weight.stop_gradient:
-            from ..parallel_layers import model_parallel_identity
-
-            weight = model_parallel_identity(weight, group)
+            weight = tp.gradient_all_reduced(weight, group)
         return rms_norm(x, weight, self.variance_epsilon)
 
 

@@ -68,6 +68,14 @@ def embedding(config):
     return nn.Embedding(config.vocab_size, config.hidden_size)
 
 
+def gradient_all_reduced(x, group):
+    """``x`` unchanged forward, its gradient all-reduced over `group` backward (Megatron-LM's
+    ``f``): a replicated weight used on a rank's part of the heads gets its whole gradient."""
+    from paddle.distributed.fleet.layers.mpu import mp_ops
+
+    return mp_ops._c_identity(x, group=group)
+
+
 def parallel_layer_types():
     """Fleet's tensor-parallel layer classes (for weight initialisation)."""
     mpu = _mpu()
