@@ -121,3 +121,15 @@ def test_the_argument_checks_name_an_indivisible_width_before_a_model_loads(tmp_
         f"model_name_or_path {tmp_path}: num_key_value_heads 2 is not divisible by tensor_parallel_degree 4"]
     Args.tensor_parallel_degree = 2
     assert model_problems(Args(), [("model_name_or_path", str(tmp_path))]) == []
+
+
+def test_mixtral_in_paddlenlp_block_sparse_moe_names_is_refused_under_tensor_parallelism():
+    """PaddleNLP splits a checkpoint by our names before the class renames the hub's: refused by name."""
+    from types import SimpleNamespace
+
+    from ppo.models.families.mixtral_modeling import MixtralPretrainedModel
+
+    model = SimpleNamespace(config=SimpleNamespace(tensor_parallel_degree=2))
+    keys = ["mixtral.layers.0.block_sparse_moe.experts.0.w1.weight"]
+    with pytest.raises(ValueError, match="block_sparse_moe layout is not split for tensor_parallel_degree > 1"):
+        MixtralPretrainedModel._load_pretrained_model(model, {keys[0]: None}, keys)
