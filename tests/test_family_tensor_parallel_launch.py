@@ -118,3 +118,20 @@ def test_grpo_tensor_parallel_matches_one_process(case, family_dirs, tiny_data_d
     assert_same_run(one, tp2, keys, 2, "policy", GRPO_WEIGHT_ATOL)
     responses = [[r["response"] for r in read_jsonl(f"{o}/samples.jsonl")] for o in (one, tp2)]
     assert responses[1] == responses[0] and responses[0]
+
+
+@pytest.mark.parametrize("case", ["qwen3_moe_even_vocab"])
+def test_reward_model_tensor_parallel_matches_one_process(case, family_dirs, tiny_data_dir, tmp_path):
+    """A score model on the family's backbone: the backbone split, the score head replicated."""
+    from tests.conftest import save_score_model
+
+    rm_dir = save_score_model(family_dirs(case), str(tmp_path / "rm"))
+    argv = ["config/tiny/rm_argument.json", "--model_name_or_path", rm_dir,
+            "--train_datasets", f"PKU-SafeRLHF/train:1.0:{tiny_data_dir}/preference.jsonl",
+            "--eval_datasets", f"PKU-SafeRLHF/test:1.0:{tiny_data_dir}/preference_eval.jsonl",
+            "--max_steps", "3", "--per_device_train_batch_size", "16", "--logging_steps", "1", "--learning_rate", "1e-2",
+            "--eval_steps", "3", "--save_steps", "3", "--warmup_steps", "0", "--disable_tqdm", "true"]
+    one = launch("rm/run_reward.py", argv, str(tmp_path / "one"), False)
+    tp2 = launch("rm/run_reward.py", argv, str(tmp_path / "tp2"), True)
+    assert_same_run(one, tp2, ("rm/loss", "rm/accuracy"), 3, "", SFT_WEIGHT_ATOL)
+    assert "score_head.weight" in saved_weights(tp2)
