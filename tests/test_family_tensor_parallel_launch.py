@@ -6,14 +6,16 @@ Qwen3 with 110 tokens and an untied head (vocabulary-parallel embedding, head ``
 log-probs over the split vocabulary), Qwen3-MoE with 110 tokens (tied vocabulary-parallel head,
 experts split along their width, router replicated, the load-balancing loss on: every rank
 sees every token, so it is the one-process loss) and ERNIE 4.5 MoE (16 heads, 2 KV heads,
-interleaved RoPE, a shared expert). Both ranks read the same batches, so the batch sizes are
+interleaved RoPE, a shared expert), Qwen2-MoE (q/k/v biases, a gated shared expert) and Mixtral
+(every layer sparse); a reward model and LoRA SFT on Qwen3-MoE. Both ranks read the same batches, so the batch sizes are
 the one-process run's. The saved models are the one-process layout.
 
 Measured against one process: SFT losses within 1.3e-7 relative (often equal), eval loss and
 accuracy equal, weights within 1.9e-4 (three steps of AdamW at learning rate 1e-2 turn rounding on
 near-zero gradients into up to 2e-4 on a few entries; most tensors within 2e-5); GRPO losses,
-KL, entropy and gradient norm within 1.7e-6 relative, the same sampled responses, weights
-within 1.4e-5; a reward model on Qwen3-MoE: losses equal, weights within 6.4e-5. Before the q/k norm weights entered through the model-parallel identity (their
+KL, entropy and gradient norm within 1.7e-6 relative (Mixtral's KL 4.4e-6), the same sampled
+responses, weights within 1.7e-5; a reward model on Qwen3-MoE: losses equal, weights within
+6.4e-5; LoRA SFT: losses within 1.1e-7, adapter weights within 1.6e-5. Before the q/k norm weights entered through the model-parallel identity (their
 gradient is a partial sum over a rank's heads) Qwen3's SFT weights were 3.7e-2 apart."""
 import json
 import os
