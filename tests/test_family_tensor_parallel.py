@@ -5,6 +5,7 @@ biases), along the right axis, and merging the two ranks' slices gives the check
 widths a degree does not divide are refused by name. The runs themselves (TP 2 against one
 process) are in tests/test_family_tensor_parallel_launch.py."""
 import copy
+import os
 
 import numpy as np
 import paddle
@@ -133,3 +134,23 @@ def test_mixtral_in_paddlenlp_block_sparse_moe_names_is_refused_under_tensor_par
     keys = ["mixtral.layers.0.block_sparse_moe.experts.0.w1.weight"]
     with pytest.raises(ValueError, match="block_sparse_moe layout is not split for tensor_parallel_degree > 1"):
         MixtralPretrainedModel._load_pretrained_model(model, {keys[0]: None}, keys)
+
+
+def test_a_launch_with_an_indivisible_width_stops_with_one_line_before_a_model_loads(tiny_data_dir, tmp_path):
+    """The tiny ERNIE 4.5 with 4 heads has one KV head: SFT at tensor_parallel_degree 2 from a cold
+    two-process launch exits 2 naming the key, no traceback (the argument checks, not the model)."""
+    from ppo.tiny.factory import build_tiny
+    from tests.tp_launch import cold_launch, worker_logs
+
+    model_dir, out = str(tmp_path / "ernie"), str(tmp_path / "out")
+    build_tiny(model_dir, seed=5, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64, arch="ernie45")
+    argv = ["config/tiny/sft_argument.json", "--model_name_or_path", model_dir,
+            "--train_datasets", f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl",
+            "--eval_datasets", f"Jsonfile:1.0:{tiny_data_dir}/test.jsonl", "--tensor_parallel_degree", "2",
+            "--output_dir", out, "--logging_dir", f"{out}/vdl"]
+    proc = cold_launch("sft/run_sft.py", argv, out, nproc=2, cpu_tp_standins=True)
+    logs = worker_logs(f"{out}/launch", tail=10**6)
+    assert proc.returncode == 2, logs
+    assert (f"run_sft.py: error: model_name_or_path {model_dir}: num_key_value_heads 1 is not divisible by "
+            "tensor_parallel_degree 2") in logs
+    assert "Traceback" not in logs and not os.path.exists(os.path.join(out, "model_state.pdparams"))
