@@ -5,7 +5,7 @@ embeddings, a vocabulary of 109 that 2 does not divide: embedding and head whole
 Qwen3 with 110 tokens and an untied head (vocabulary-parallel embedding, head ``[H, V / 2]``,
 log-probs over the split vocabulary), Qwen3-MoE with 110 tokens (tied vocabulary-parallel head,
 experts split along their width, router replicated, the load-balancing loss on: every rank
-sees every token, so it is the one-process loss) and ERNIE 4.5 MoE (16 heads, 2 KV heads,
+sees every token, so it is the one-process loss), ERNIE 4.5 dense and ERNIE 4.5 MoE (16 heads, 2 KV heads,
 interleaved RoPE, a shared expert), Qwen2-MoE (q/k/v biases, a gated shared expert) and Mixtral
 (every layer sparse); a reward model and LoRA SFT on Qwen3-MoE. Both ranks read the same batches, so the batch sizes are
 the one-process run's. The saved models are the one-process layout.
@@ -38,6 +38,7 @@ CASES = {  # name: (arch, num_heads, vocabulary made even, head untied)
     "qwen3": ("qwen3", 4, False, False),
     "qwen3_untied_even_vocab": ("qwen3", 4, True, True),
     "qwen3_moe_even_vocab": ("qwen3_moe", 4, True, False),
+    "ernie45": ("ernie45", 16, False, False),
     "ernie45_moe": ("ernie45_moe", 16, False, False),
     "qwen2_moe": ("qwen2_moe", 4, False, False),
     "mixtral": ("mixtral", 4, False, False),
