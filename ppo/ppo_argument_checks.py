@@ -6,6 +6,7 @@ the checks that need several groups or the file system, and runs before any mode
 import json
 
 from .strategy.expert.checks import layout_problems as expert_layout_problems, model_problems as expert_model_problems
+from .strategy import tensor_model_problems
 from .algos import ADV_ESTIMATORS, LOSS_AGG_MODES, AdvEstimator, get_adv_estimator
 from .agents.arguments import agent_problems
 from .algos.kl import K3_NAMES, KL_ESTIMATOR_NAMES
@@ -323,6 +324,7 @@ def validate_arguments(model_args, data_args, training_args):
     problems += validation.pipeline_problems(training_args, model_args.use_lora)
     problems += expert_layout_problems(training_args, True, model_args.use_lora)
     problems += expert_model_problems(training_args, model_dirs[:1])
+    problems += tensor_model_problems(training_args, model_dirs + score_dirs)
     problems += remove_padding_problems(training_args) + pass_size_problems(training_args)
     problems += lagrangian_problems(model_args, training_args)
     problems += agent_problems(training_args) + agent_run_problems(data_args, training_args)

@@ -2,7 +2,9 @@
 weights gathered) and `tensor_parallel` (each rank keeps its slices; all-reduce after
 attention, MLP and embedding; logits gathered) give the TP=1 engine's greedy tokens and
 log-probs and, with one seed, the same sampled tokens on both ranks; for a plain Llama with
-grouped-query attention and for one with fused q/k/v and gate/up projections."""
+grouped-query attention, for one with fused q/k/v and gate/up projections, and for our own
+Qwen3 (per-head q/k norms) and ERNIE 4.5 (interleaved RoPE) split by their families' classes."""
+import functools
 import os
 
 import numpy as np
@@ -30,7 +32,31 @@ def build_model_dir(path, fused):
     return model
 
 
+def build_family_dir(path, arch):
+    """Our Qwen3 or ERNIE 4.5 in the Llama models' shapes (4 heads, 2 KV heads of 16), weights scaled as theirs."""
+    import paddle
+
+    from ppo.models.families import family_module
+
+    module = family_module(arch)
+    config = module.CONFIG_CLASS(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                                 rms_norm_eps=1e-6, eos_token_id=2, pad_token_id=0, bos_token_id=1,
+                                 tie_word_embeddings=False, dtype="float32")
+    paddle.seed(13)
+    model = module.CAUSAL_LM_CLASS(config)
+    with paddle.no_grad():
+        for p in model.parameters():
+            if len(p.shape) == 2:
+                p.set_value(p * 25.0)
+    model.save_pretrained(path)
+    return model
+
+
 FUSED = {"split_projections": False, "fused_qkv_gate_up": True}
+BUILDERS = {**{name: functools.partial(build_model_dir, fused=fused) for name, fused in FUSED.items()},
+            "qwen3_qk_norm": functools.partial(build_family_dir, arch="qwen3"),
+            "ernie45_interleaved_rope": functools.partial(build_family_dir, arch="ernie4_5")}
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +65,15 @@ def tp2_engine_outputs(tmp_path_factory):
     worker takes several model/output pairs and loads and runs each on its own)."""
     root = tmp_path_factory.mktemp("engine_tp2")
     models, args = {}, []
-    for name, fused in FUSED.items():
+    for name, build in BUILDERS.items():
         model_dir, out = str(root / name / "model"), str(root / name / "out")
-        models[name] = (build_model_dir(model_dir, fused), out)
+        models[name] = (build(model_dir), out)
         args += [model_dir, out]
     launch_run("tests/engine_tp_worker.py", args, str(root / "launch_out"))
     return models
 
 
-@pytest.mark.parametrize("variant", list(FUSED))
+@pytest.mark.parametrize("variant", list(BUILDERS))
 def test_sharded_and_gathered_engines_match_tp1(variant, tp2_engine_outputs):
     model, out = tp2_engine_outputs[variant]
     model.eval()

@@ -152,15 +152,18 @@ def test_score_model_round_trip_keeps_its_scores(tmp_path):
     np.testing.assert_array_equal(end_scores(back), end_scores(scorer))
 
 
-def test_pipeline_and_tensor_parallelism_refuse_the_family_by_name(tmp_path):
+def test_pipeline_refuses_the_family_and_tensor_parallelism_an_indivisible_width_by_name(tmp_path):
     from ppo.models.families.ernie45_modeling import Ernie4_5ForCausalLM
     from ppo.strategy.pipeline.pipe import load_pipe
 
     ernie_model().save_pretrained(str(tmp_path))
     with pytest.raises(ValueError, match="no pipeline class for model_type 'ernie4_5'"):
         load_pipe(str(tmp_path), loss_fn=None, prepare_inputs=None)
-    with pytest.raises(ValueError, match="ERNIE 4.5: tensor_parallel_degree > 1"):
-        Ernie4_5ForCausalLM(ernie_config(tensor_parallel_degree=2))
+    heads, kv_heads = ernie_config().num_attention_heads, ernie_config().num_key_value_heads
+    assert heads % kv_heads == 0 and heads > kv_heads
+    with pytest.raises(ValueError, match=f"ERNIE 4.5: tensor parallelism: num_key_value_heads {kv_heads} is not divisible "
+                                         f"by tensor_parallel_degree {heads}"):
+        Ernie4_5ForCausalLM(ernie_config(tensor_parallel_degree=heads))
 
 
 HF_SIZES = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,

@@ -2,6 +2,7 @@
 PaddleNLP's Trainer; PPO/GRPO has its own loop and checks (`ppo/ppo_argument_checks.py`)."""
 from ..common.report_writers import TRAINER_PACKAGES, missing_report_packages
 from ..strategy.expert.checks import layout_problems as expert_layout_problems, model_problems as expert_model_problems
+from ..strategy import tensor_model_problems
 from ..common.validation import (
     dtype_device_problems,
     model_dir_problems,
@@ -76,6 +77,7 @@ def trainer_entry_problems(model_args, data_args, training_args, model_dirs):
     problems += expert_layout_problems(training_args, getattr(training_args, "runs_expert_parallel", False),
                                        model_args.use_lora, trainer=True)
     problems += expert_model_problems(training_args, model_dirs[:1])
+    problems += tensor_model_problems(training_args, model_dirs)
     problems += zero_padding_problems(data_args, training_args)
     problems += run_mode_problems(data_args, training_args)
     problems += missing_report_packages(training_args.report_to or [], TRAINER_PACKAGES)  # PaddleNLP's integrations

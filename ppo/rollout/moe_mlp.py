@@ -37,21 +37,22 @@ def is_moe_mlp(mlp):
     return hasattr(mlp, "experts") and hasattr(mlp, "gate")
 
 
-def moe_weights(mlp, cast, effective_weight):
+def moe_weights(mlp, cast, weight_of):
     """`MoeWeights` of a sparse block; `cast` moves a tensor to the engine's dtype,
-    `effective_weight` adds an active LoRA delta."""
-    gate_up = [cast(paddle.concat([effective_weight(e.gate_proj), effective_weight(e.up_proj)], axis=1))
+    `weight_of(linear)` is the whole weight a linear multiplies by (an active LoRA delta added,
+    tensor-parallel slices gathered: `ppo.rollout.weights`)."""
+    gate_up = [cast(paddle.concat([weight_of(e.gate_proj), weight_of(e.up_proj)], axis=1))
                for e in mlp.experts]
-    down = [cast(effective_weight(e.down_proj)) for e in mlp.experts]
+    down = [cast(weight_of(e.down_proj)) for e in mlp.experts]
     shared, gate = mlp.shared_layers()
     shared_gate_up = shared_down = None
     if shared is not None:
-        shared_gate_up = cast(paddle.concat([effective_weight(shared.gate_proj), effective_weight(shared.up_proj)], axis=1))
-        shared_down = cast(effective_weight(shared.down_proj))
+        shared_gate_up = cast(paddle.concat([weight_of(shared.gate_proj), weight_of(shared.up_proj)], axis=1))
+        shared_down = cast(weight_of(shared.down_proj))
     bias = mlp.selection_bias()
-    return MoeWeights(cast(effective_weight(mlp.gate)), gate_up, down, mlp.top_k, mlp.norm_topk_prob,
+    return MoeWeights(cast(weight_of(mlp.gate)), gate_up, down, mlp.top_k, mlp.norm_topk_prob,
                       None if bias is None else bias.astype("float32"), float(mlp.norm_min), shared_gate_up, shared_down,
-                      None if gate is None else cast(effective_weight(gate)), mlp.router_float32)
+                      None if gate is None else cast(weight_of(gate)), mlp.router_float32)
 
 
 class RoutingRecord:

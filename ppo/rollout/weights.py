@@ -295,7 +295,8 @@ def _layer_weights(layer, tp, packer, fuse_gate_up, family=None, order=None):
     if is_moe_mlp(mlp):
         if tp.sharded:
             raise NotImplementedError("RolloutEngine: a mixture-of-experts layer with keep_tensor_parallel")
-        moe, gate_up, gate, up = moe_weights(mlp, packer.cast, effective_weight), None, None, None
+        moe = moe_weights(mlp, packer.cast, lambda lin: tp.weight(lin, effective_weight(lin)))
+        gate_up, gate, up = None, None, None
     elif hasattr(mlp, "gate_up_fused_proj"):
         gate_up, gate, up = pack([tp.weight(mlp.gate_up_fused_proj, effective_weight(mlp.gate_up_fused_proj), fused_parts=2)]), None, None
     elif fuse_gate_up or packer.cols:

@@ -3,12 +3,14 @@
 sharding, data parallel) or the pipeline layout (`ppo.strategy.pipeline`), chosen in one place
 (`choose_layout`) from the arguments and built by `build_strategy`; the strategy then loads the
 models in its layout (`Strategy.load_models`). The expert axis (`ppo.strategy.expert`)
-composes with the plain layout."""
+composes with the plain layout. `tensor_model_problems`: the tensor layout's refusals of a
+model, for the argument checks."""
 from .base import PassSettings, Strategy, first_non_finite
 from .pipeline import PipelineStrategy
 from .plain import PlainStrategy
 from .ranks import Ranks
 from .tensor import FleetStrategy
+from .tensor.checks import model_problems as tensor_model_problems
 
 LAYOUTS = {"plain": PlainStrategy, "fleet": FleetStrategy, "pipeline": PipelineStrategy}
 """`{layout name: its strategy class}`; `choose_layout` picks one."""

@@ -14,26 +14,37 @@ from paddlenlp.transformers.model_outputs import CausalLMOutputWithPast
 from paddlenlp.transformers.model_utils import PretrainedModel, register_base_model
 from paddlenlp.transformers.qwen2.modeling import Qwen2ForCausalLM
 
+from . import tensor_parallel as tp
 from .decoder import DecoderLayer, LMHead, RMSNorm, decoder_forward, warn_unimplemented_switches
 
 
 class FamilyPretrainedModel(PretrainedModel):
-    """Refuses tensor parallelism (not implemented for our families), logs the GPU switches that
-    do nothing in these classes, and initialises weights as the families' reference code does."""
+    """Checks the tensor-parallel widths (`tensor_parallel.problems`, one line naming each key),
+    logs the GPU switches that do nothing in these classes, initialises weights as the families'
+    reference code does, and gives PaddleNLP its tensor-parallel mappings (`tensor_parallel`).
+    ``moe_layout``: a mixture-of-experts family's `tensor_parallel.MoeLayout` (set by
+    `moe_classes.moe_model_class`)."""
 
     family_label = "this family"
+    moe_layout = None
     _keys_to_ignore_on_load_unexpected = [r"rotary_emb.inv_freq"]
 
     def __init__(self, config):
-        if int(getattr(config, "tensor_parallel_degree", 1) or 1) > 1:
-            raise ValueError(f"{self.family_label}: tensor_parallel_degree > 1 is not implemented for this family here; "
-                             "set it to 1")
+        problems = tp.problems(config, self.moe_layout)
+        if problems:
+            raise ValueError(f"{self.family_label}: tensor parallelism: " + "; ".join(problems))
         warn_unimplemented_switches(config, self.family_label)
         super().__init__(config)
 
+    @classmethod
+    def _get_tensor_parallel_mappings(cls, config, is_split=True):
+        """``{key: split or merge function}`` of every split weight (`tensor_parallel.mappings`)."""
+        return tp.mappings(config, cls.moe_layout, is_split)
+
     def _init_weights(self, layer):
         """Normal(0, initializer_range) for linear, embedding and untied head weights (biases stay 0)."""
-        if isinstance(layer, (nn.Linear, nn.Embedding)) or isinstance(layer, LMHead) and not layer.transpose_y:
+        kinds = (nn.Linear, nn.Embedding) + (tp.parallel_layer_types() if tp.degree(self.config) > 1 else ())
+        if isinstance(layer, kinds) or isinstance(layer, LMHead) and not layer.transpose_y:
             layer.weight.set_value(paddle.normal(0.0, self.config.initializer_range, layer.weight.shape)
                                    .astype(layer.weight.dtype))
 
@@ -52,7 +63,7 @@ def decoder_model_class(pretrained, name, layer_of=None):
     class DecoderModel(pretrained):
         def __init__(self, config):
             super().__init__(config)
-            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.embed_tokens = tp.embedding(config)
             self.layers = nn.LayerList([layer_of(config, i) for i in range(config.num_hidden_layers)])
             self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
             self.enable_recompute = False

@@ -27,7 +27,9 @@ from paddle.distributed.fleet.utils import recompute
 from paddlenlp.transformers.model_outputs import BaseModelOutputWithPast, MoEModelOutputWithPast
 from paddlenlp.transformers.qwen2.modeling import Qwen2Model, Qwen2RotaryEmbedding
 
+from ...common.parallel_groups import model_parallel_group
 from .. import fused_train_ops as ops
+from . import tensor_parallel as tp
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +70,24 @@ class RMSNorm(nn.Layer):
 
     def forward(self, x):
         return rms_norm(x, self.weight, self.variance_epsilon)
+
+
+class HeadRMSNorm(RMSNorm):
+    """`RMSNorm` over each head's ``head_dim`` (q/k norm), its weight shared by every head. Under
+    tensor parallelism a rank holds only its heads, so its weight gradient is a partial sum over
+    them: the weight enters through Megatron-LM's ``f`` (identity forward, gradient all-reduced
+    over the model-parallel group), which makes the gradient whole and equal on every rank."""
+
+    def __init__(self, dim, eps, split_heads=False):
+        super().__init__(dim, eps)
+        self.split_heads = split_heads  # this rank holds a part of the heads (tensor parallelism)
+
+    def forward(self, x):
+        weight = self.weight
+        group = model_parallel_group() if self.split_heads else None
+        if group is not None and not weight.stop_gradient:
+            weight = tp.gradient_all_reduced(weight, group)
+        return rms_norm(x, weight, self.variance_epsilon)
 
 
 _HALF_ORDER = {}
@@ -116,24 +136,26 @@ def repeat_kv(x, n_rep):
 class Attention(nn.Layer):
     """Grouped-query attention with ``config.head_dim`` per head and, with ``config.qk_norm``,
     RMSNorm of each q and k head before RoPE; ``config.use_bias``: biases on q/k/v/o;
-    ``config.qkv_bias``: on q/k/v only (Qwen2-MoE's)."""
+    ``config.qkv_bias``: on q/k/v only (Qwen2-MoE's). Under tensor parallelism (`tensor_parallel`)
+    this rank's ``num_heads`` / ``num_kv_heads`` are the config's divided by the degree."""
 
     def __init__(self, config):
         super().__init__()
         self.config = config
-        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        n = tp.degree(config)  # tensor parallel: this rank's heads (whole heads, see `tensor_parallel`)
+        self.num_heads, self.num_kv_heads = config.num_attention_heads // n, config.num_key_value_heads // n
         self.head_dim = config.head_dim
         H, hd = config.hidden_size, self.head_dim
-        bias = None if getattr(config, "use_bias", False) else False
-        qkv_bias = None if getattr(config, "qkv_bias", False) else bias
-        self.q_proj = nn.Linear(H, self.num_heads * hd, bias_attr=qkv_bias)
-        self.k_proj = nn.Linear(H, self.num_kv_heads * hd, bias_attr=qkv_bias)
-        self.v_proj = nn.Linear(H, self.num_kv_heads * hd, bias_attr=qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * hd, H, bias_attr=bias)
+        qkv_bias, bias = tp.projection_biases(config)
+        nh, nkv = config.num_attention_heads, config.num_key_value_heads
+        self.q_proj = tp.column_linear(config, H, nh * hd, qkv_bias)
+        self.k_proj = tp.column_linear(config, H, nkv * hd, qkv_bias)
+        self.v_proj = tp.column_linear(config, H, nkv * hd, qkv_bias)
+        self.o_proj = tp.row_linear(config, nh * hd, H, bias)
         self.rope_interleaved = bool(getattr(config, "rope_interleaved", False))
         if config.qk_norm:
-            self.q_norm = RMSNorm(hd, config.rms_norm_eps)
-            self.k_norm = RMSNorm(hd, config.rms_norm_eps)
+            self.q_norm = HeadRMSNorm(hd, config.rms_norm_eps, split_heads=n > 1)
+            self.k_norm = HeadRMSNorm(hd, config.rms_norm_eps, split_heads=n > 1)
         self.rotary_emb = Qwen2RotaryEmbedding(hd, max_position_embeddings=config.max_position_embeddings,
                                                base=config.rope_theta)
         self.enable_recompute = False
@@ -166,15 +188,15 @@ class Attention(nn.Layer):
 
 class MLP(nn.Layer):
     """``down(silu(gate(x)) * up(x))``, ``intermediate_size`` wide (default the config's), with biases
-    when ``config.use_bias``."""
+    when ``config.use_bias``; under tensor parallelism gate/up column- and down row-parallel."""
 
     def __init__(self, config, intermediate_size=None):
         super().__init__()
         H, inner = config.hidden_size, intermediate_size or config.intermediate_size
-        bias = None if getattr(config, "use_bias", False) else False
-        self.gate_proj = nn.Linear(H, inner, bias_attr=bias)
-        self.up_proj = nn.Linear(H, inner, bias_attr=bias)
-        self.down_proj = nn.Linear(inner, H, bias_attr=bias)
+        bias = tp.projection_biases(config)[1]
+        self.gate_proj = tp.column_linear(config, H, inner, bias)
+        self.up_proj = tp.column_linear(config, H, inner, bias)
+        self.down_proj = tp.row_linear(config, inner, H, bias)
 
     def forward(self, x):
         swiglu = ops.fused_swiglu if _patched() else ops.swiglu_reference
@@ -251,15 +273,30 @@ def decoder_forward(model, input_ids=None, position_ids=None, attention_mask=Non
 
 class LMHead(nn.Layer):
     """``hidden [B, T, H] @ weight``: ``[H, V]``, or the tied embedding ``[V, H]`` with
-    ``transpose_y`` (the attribute `ppo.models.causal_lm.lm_head_weight` reads)."""
+    ``transpose_y`` (the attribute `ppo.models.causal_lm.lm_head_weight` reads). Under tensor
+    parallelism with a split vocabulary the weight is this rank's ``[H, V / n]`` (tied:
+    ``[V / n, H]``) and the logits are gathered unless ``tensor_parallel_output``
+    (PaddleNLP's `parallel_matmul`)."""
 
     def __init__(self, config, embedding_weight=None):
         super().__init__()
+        self.config = config
         self.transpose_y = embedding_weight is not None
         if self.transpose_y:
             self.weight = embedding_weight
-        else:
-            self.weight = self.create_parameter([config.hidden_size, config.vocab_size], dtype=paddle.get_default_dtype())
+            return
+        split = tp.vocab_split(config)
+        vocab = config.vocab_size // tp.degree(config) if split else config.vocab_size
+        self.weight = self.create_parameter([config.hidden_size, vocab], dtype=paddle.get_default_dtype())
+        if split:
+            self.weight.is_distributed, self.weight.split_axis = True, 1
 
     def forward(self, hidden_states, tensor_parallel_output=None):
-        return paddle.matmul(hidden_states, self.weight, transpose_y=self.transpose_y)
+        if not getattr(self.weight, "is_distributed", False):
+            return paddle.matmul(hidden_states, self.weight, transpose_y=self.transpose_y)
+        from paddlenlp.transformers.llama.modeling import parallel_matmul
+
+        if tensor_parallel_output is None:
+            tensor_parallel_output = bool(getattr(self.config, "tensor_parallel_output", False))
+        return parallel_matmul(hidden_states, self.weight, transpose_y=self.transpose_y,
+                               tensor_parallel_output=tensor_parallel_output)

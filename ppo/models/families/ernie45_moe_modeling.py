@@ -91,13 +91,18 @@ class ErnieMoeBlock(SparseMoeBlock):
     router matmul in float32 (transformers' ``Ernie4_5_MoeTopKRouter``)."""
 
     router_float32 = True
+    shared_name = "shared_experts"
+
+    @staticmethod
+    def shared_width(config):
+        return config.moe_intermediate_size * config.moe_num_shared_experts
 
     def __init__(self, config):
         super().__init__(config)
         self.norm_min = float(config.moe_norm_min)
         self.moe_statics = MoeStatics(config.moe_num_experts)
-        shared = config.moe_num_shared_experts
-        self.shared_experts = MLP(config, config.moe_intermediate_size * shared) if shared else None
+        width = self.shared_width(config)
+        self.shared_experts = MLP(config, width) if width else None
 
     def selection_bias(self):
         return self.moe_statics.e_score_correction_bias.reshape([-1])

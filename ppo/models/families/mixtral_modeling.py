@@ -56,8 +56,12 @@ class MixtralPretrainedModel(Qwen3PretrainedModel):
     @classmethod
     def _load_pretrained_model(cls, model, state_dict, loaded_keys, *args, **kwargs):
         """A checkpoint in PaddleNLP's own Mixtral layout (``block_sparse_moe.experts.e.w1/w3/w2``,
-        ``[in, out]`` as ours) is renamed to ours before it loads; sharded, it is refused by name."""
+        ``[in, out]`` as ours) is renamed to ours before it loads; sharded, or split for tensor
+        parallelism (the split reads our names), it is refused by name."""
         if any(".block_sparse_moe." in key for key in loaded_keys):
+            if int(getattr(model.config, "tensor_parallel_degree", 1) or 1) > 1:
+                raise ValueError("Mixtral: a checkpoint in PaddleNLP's block_sparse_moe layout is not split for "
+                                 "tensor_parallel_degree > 1 here; load and save it once at degree 1 (our names) first")
             if state_dict is None:
                 raise ValueError("Mixtral: a sharded checkpoint in PaddleNLP's block_sparse_moe layout is not read here; "
                                  "save it unsharded or export it to Hugging Face safetensors")

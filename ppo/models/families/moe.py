@@ -103,6 +103,12 @@ class SparseMoeBlock(nn.Layer):
 
     norm_min = 0.0
     router_float32 = False  # the router's matmul in float32 whatever the model's dtype (ERNIE 4.5's)
+    shared_name = None  # the attribute of the shared experts (`shared_layers`), if the family has them
+
+    @staticmethod
+    def shared_width(config):
+        """The shared experts' SwiGLU width (0: none)."""
+        return 0
 
     def __init__(self, config):
         super().__init__()

@@ -16,6 +16,7 @@ from paddlenlp.transformers.model_outputs import MoECausalLMOutputWithPast
 from .causal_classes import CausalLMMethods, causal_lm_class, decoder_model_class
 from .decoder import DecoderLayer
 from .moe import moe_losses
+from .tensor_parallel import MoeLayout
 
 
 class MoeDecoderLayer(DecoderLayer):
@@ -36,7 +37,9 @@ class MoeDecoderLayer(DecoderLayer):
 
 
 def moe_model_class(pretrained, name, is_sparse, block_class):
-    """The family's base model: a `MoeDecoderLayer` where ``is_sparse(config, i)``, else a dense one."""
+    """The family's base model: a `MoeDecoderLayer` where ``is_sparse(config, i)``, else a dense one;
+    records that layout on `pretrained` (``moe_layout``: its tensor-parallel mappings read it)."""
+    pretrained.moe_layout = MoeLayout(is_sparse, block_class.shared_name, block_class.shared_width)
 
     def layer_of(config, index):
         return MoeDecoderLayer(config, block_class) if is_sparse(config, index) else DecoderLayer(config)

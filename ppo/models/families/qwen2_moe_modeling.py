@@ -49,9 +49,15 @@ class Qwen2MoeConfig(Qwen3MoeConfig):
 class Qwen2MoeBlock(SparseMoeBlock):
     """`moe.SparseMoeBlock` with Qwen2-MoE's gated shared expert."""
 
+    shared_name = "shared_expert"
+
+    @staticmethod
+    def shared_width(config):
+        return config.shared_expert_intermediate_size
+
     def __init__(self, config):
         super().__init__(config)
-        self.shared_expert = MLP(config, config.shared_expert_intermediate_size)
+        self.shared_expert = MLP(config, self.shared_width(config))
         self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias_attr=False)
 
     def shared_layers(self):
