@@ -12,7 +12,7 @@ from .agents.arguments import agent_problems
 from .algos.kl import K3_NAMES, KL_ESTIMATOR_NAMES
 from .common import paddlenlp_keys as pk
 from .common import validation
-from .common.plugins import import_plugin_module
+from .common.plugins import find_entry
 from .common.report_writers import LOOP_PACKAGES, missing_report_packages
 from .entry.argument_groups import split_specs
 from .entry.routing_replay_arguments import routing_replay_problems
@@ -64,14 +64,7 @@ def find_adv_estimator(name):
     module_name, _, attr = str(name).partition(":")
     if name in ADV_ESTIMATORS or not (module_name and attr):
         return get_adv_estimator(name)
-    module = import_plugin_module(module_name, f"adv_estimator {name!r}")
-    try:
-        entry = getattr(module, attr)
-    except AttributeError as err:
-        raise ValueError(f"adv_estimator {name!r}: {err}") from None
-    if not isinstance(entry, AdvEstimator):
-        raise ValueError(f"adv_estimator {name!r} is a {type(entry).__name__}, not a ppo.algos.AdvEstimator")
-    return entry
+    return find_entry(name, ADV_ESTIMATORS, AdvEstimator, "adv_estimator")
 
 
 def estimator_settings(args):
