@@ -185,7 +185,8 @@ def run_stages(root, out, seed, online_dpo=False, jobs=None, stage_threads=1, st
     return walls
 
 
-def main(argv=None):
+def parse_args(argv):
+    """The quickstart's arguments; a bad value ends here with one line (exit code 2)."""
     from ppo.common.argument_help import doc_summary
     parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("--restart", action="store_true", help="delete the output root and run every stage again")
@@ -220,6 +221,11 @@ def main(argv=None):
     if problem:
         print(f"[quickstart] {problem}", file=sys.stderr)
         raise SystemExit(2)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if args.agent:
         return run_agent_demo(args.restart, args.seed)
     root = args.output_root or default_output_root(DEFAULT_ROOT, args.arch, args.seed)
