@@ -6,6 +6,7 @@ of held-out results.
     python scripts/quickstart.py            # continue: stages already done are skipped
     python scripts/quickstart.py --restart  # start over
     python scripts/quickstart.py --seed 43  # every training seed 43, into outputs/tiny-seed43
+    python scripts/quickstart.py --arch qwen3_moe  # the same pipeline on a tiny Qwen3-MoE, into outputs/tiny-qwen3_moe
     python scripts/quickstart.py --online-dpo  # also online DPO from the SFT model
     python scripts/quickstart.py --safe     # the safety demo only: SFT -> RM, cost model -> PPO vs PPO-Lagrangian
     python scripts/quickstart.py --agent    # the agent demo only: SFT -> GRPO with the calculator tool (scripts/agent_demo.py)
@@ -19,7 +20,10 @@ then PPO beside the audit; the first failing stage stops the pipeline (and the s
 running beside it) with its log path. `--seed` sets
 the seed of the base model's initialisation and of every training stage (the
 demo data, held-out prompts included, stay the same); `--output_root` moves every
-path of the configs from `outputs/tiny` to another directory. Results go to
+path of the configs from `outputs/tiny` to another directory; `--arch` builds the base model of
+another family (`ppo.tiny.factory.ARCHS`; same tokenizer characters, data and evaluation), each
+stage run with that family's overrides from `ARCH_OVERRIDES` (`scripts/quickstart_arch.py`), into
+`outputs/tiny-<arch>` by default. Results go to
 `<output root>/quickstart_summary.json`, each stage's training curves beside them to
 `<output root>/curves/<stage>.png` (`scripts/plot_metrics.py`; PPO's after the table, the others
 beside PPO).
@@ -34,6 +38,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from scripts.quickstart_arch import ARCHS, DEFAULT_ARCH, arch_problem, default_output_root, factory_flags, stage_flags  # noqa: E402
 from scripts.stage_scheduler import Stage, run_dag, sigterm_stops_stages, stage_env  # noqa: E402
 
 DEFAULT_ROOT = "outputs/tiny"  # the root every path in config/tiny/*.json is written under
@@ -98,29 +103,34 @@ EXIT_WITHOUT_TEARDOWN = "from scripts.stage_launcher import exit_without_teardow
 Paddle loaded (about 1.2 s) would hold up SFT; the same end as the stages `stage_launcher.py` runs."""
 
 
-def pipeline_stages(root, seed, online_dpo=False):
+def pipeline_stages(root, seed, online_dpo=False, arch=DEFAULT_ARCH):
     """The quickstart's stage table, in priority order: build -> SFT -> reward model -> PPO and
     the reward audit (which only reports: nothing waits for it), GRPO (with its reward server)
     and DPO from the SFT model (-> online DPO) -> evaluation (SFT's, GRPO's and DPO's beside PPO,
     PPO's after it). SFT -> reward model -> PPO is the critical path; with one thread per stage on
-    two cores the reward model runs beside GRPO and then DPO, and PPO beside the audit."""
+    two cores the reward model runs beside GRPO and then DPO, and PPO beside the audit. `arch`: the
+    base model's family, each training stage with its `stage_flags`."""
     seed_flags = [] if seed is None else ["--seed", str(seed)]
-    build = [PY, "-c", (f"from ppo.tiny.factory import main as m; m({['--output_dir', root + '/base'] + seed_flags!r});"
+    factory_argv = ["--output_dir", root + "/base"] + seed_flags + factory_flags(arch)
+    build = [PY, "-c", (f"from ppo.tiny.factory import main as m; m({factory_argv!r});"
                         f"from ppo.tiny.demo_data import main as d; d({['--output_dir', root + '/data']!r});"
                         f"{EXIT_WITHOUT_TEARDOWN}")]
+    def command(stage, script, config, with_seed=True):
+        return config_command(script, config, root, seed if with_seed else None) + stage_flags(arch, stage)
+
     stages = [
         Stage("build", build),
-        Stage("sft", config_command("sft/run_sft.py", "config/tiny/sft_argument.json", root, seed), ("build",), alone=True),
-        Stage("rm", config_command("rm/run_reward.py", "config/tiny/rm_argument.json", root, seed), ("sft",)),
-        Stage("ppo", config_command("ppo/run_ppo.py", "config/tiny/ppo_argument.json", root, seed), ("rm",)),
-        Stage("grpo", config_command("ppo/run_ppo.py", "config/tiny/grpo_argument.json", root, seed), ("sft",),
+        Stage("sft", command("sft", "sft/run_sft.py", "config/tiny/sft_argument.json"), ("build",), alone=True),
+        Stage("rm", command("rm", "rm/run_reward.py", "config/tiny/rm_argument.json"), ("sft",)),
+        Stage("ppo", command("ppo", "ppo/run_ppo.py", "config/tiny/ppo_argument.json"), ("rm",)),
+        Stage("grpo", command("grpo", "ppo/run_ppo.py", "config/tiny/grpo_argument.json"), ("sft",),
               setup=reward_server_setup),
-        Stage("dpo", config_command("dpo/run_dpo.py", "config/tiny/dpo_argument.json", root, seed), ("sft",)),
-        Stage("audit", config_command("rm/audit_reward.py", "config/tiny/audit_argument.json", root), ("rm",)),
+        Stage("dpo", command("dpo", "dpo/run_dpo.py", "config/tiny/dpo_argument.json"), ("sft",)),
+        Stage("audit", command("audit", "rm/audit_reward.py", "config/tiny/audit_argument.json", False), ("rm",)),
     ]
     if online_dpo:
-        stages.append(Stage("online_dpo", config_command(
-            "dpo/run_online_dpo.py", "config/tiny/online_dpo_argument.json", root, seed), ("sft",)))
+        stages.append(Stage("online_dpo", command("online_dpo", "dpo/run_online_dpo.py",
+                                                  "config/tiny/online_dpo_argument.json"), ("sft",)))
     evaluate = [PY, "scripts/evaluate_stages.py", "--runs_dir", root, "--test_data", f"{root}/data/test.jsonl",
                 "--reward_model", f"{root}/rm"]
     early = f"{root}/evaluation_sft_grpo_dpo.json"
@@ -161,11 +171,11 @@ def up_to(stages, last):
     return [s for s in stages if s.name in needed]
 
 
-def run_stages(root, out, seed, online_dpo=False, jobs=None, stage_threads=1, stop_after=None):
+def run_stages(root, out, seed, online_dpo=False, jobs=None, stage_threads=1, stop_after=None, arch=DEFAULT_ARCH):
     """Run every stage not yet done under `out` (the absolute `root`) on `jobs` cores (default
     all) with `stage_threads` threads each, online DPO too with `online_dpo`, only those up to
-    `stop_after` when given; returns `{stage: wall seconds}`."""
-    stages = pipeline_stages(root, seed, online_dpo)
+    `stop_after` when given, on the base model of `arch`; returns `{stage: wall seconds}`."""
+    stages = pipeline_stages(root, seed, online_dpo, arch)
     if stop_after:
         stages = up_to(stages, stop_after)
     walls = run_dag(out, stages, jobs or os.cpu_count() or 1, ENV, ROOT, max_threads=stage_threads,
@@ -175,14 +185,19 @@ def run_stages(root, out, seed, online_dpo=False, jobs=None, stage_threads=1, st
     return walls
 
 
-def main(argv=None):
+def parse_args(argv):
+    """The quickstart's arguments; a bad value ends here with one line (exit code 2)."""
     from ppo.common.argument_help import doc_summary
     parser = argparse.ArgumentParser(description=doc_summary(__doc__))
     parser.add_argument("--restart", action="store_true", help="delete the output root and run every stage again")
     parser.add_argument("--seed", type=int, default=None,
                         help="seed of the base model and of every training stage (default: the configs' own, 42)")
     parser.add_argument("--output_root", default=None,
-                        help="directory for every output (default outputs/tiny, or outputs/tiny-seed<N> with --seed)")
+                        help="directory for every output (default outputs/tiny, outputs/tiny-<arch> with --arch, "
+                             "then -seed<N> with --seed)")
+    parser.add_argument("--arch", default=DEFAULT_ARCH,
+                        help=f"family of the tiny base model: {', '.join(ARCHS)} (default %(default)s); the tokenizer, "
+                             "data, configs and evaluation stay the same (docs/quickstart_families.md)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="cores to use: independent stages run side by side (default: every core, here %(default)s)")
     parser.add_argument("--stage-threads", type=int, default=1,
@@ -200,9 +215,20 @@ def main(argv=None):
     for flag, value in (("--jobs", args.jobs), ("--stage-threads", args.stage_threads)):
         if value < 1:
             parser.error(f"{flag} must be at least 1, got {value}")
+    problem = arch_problem(args.arch)
+    if problem is None and args.arch != DEFAULT_ARCH and (args.agent or args.safe):
+        problem = f"--arch {args.arch} runs the main pipeline only; --agent and --safe build their own tiny Llama"
+    if problem:
+        print(f"[quickstart] {problem}", file=sys.stderr)
+        raise SystemExit(2)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if args.agent:
         return run_agent_demo(args.restart, args.seed)
-    root = args.output_root or (DEFAULT_ROOT if args.seed is None else f"{DEFAULT_ROOT}-seed{args.seed}")
+    root = args.output_root or default_output_root(DEFAULT_ROOT, args.arch, args.seed)
     out = os.path.join(ROOT, root)
     if args.restart and os.path.isdir(out):
         shutil.rmtree(out)
@@ -211,7 +237,8 @@ def main(argv=None):
     with sigterm_stops_stages():
         if args.safe:
             return run_safe_demo(root, out, args.seed, t0)
-        walls = run_stages(root, out, args.seed, args.online_dpo, args.jobs, args.stage_threads, args.stop_after)
+        walls = run_stages(root, out, args.seed, args.online_dpo, args.jobs, args.stage_threads, args.stop_after,
+                           args.arch)
     if args.stop_after:
         print(f"[quickstart] stopped after {args.stop_after} (run again without --stop-after for the rest)")
         return {"stage_wall_s": walls}
@@ -221,6 +248,7 @@ def main(argv=None):
     stages = ("sft", "ppo", "grpo", "dpo") + (("online_dpo",) if args.online_dpo else ())
     rows = [{"stage": stage, **evaluation[stage], "wall_s": walls[stage]} for stage in stages]
     summary = {
+        **({} if args.arch == DEFAULT_ARCH else {"arch": args.arch}),
         "seed": args.seed,
         "output_root": root,
         "stages": rows,
