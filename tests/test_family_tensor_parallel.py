@@ -6,6 +6,8 @@ widths a degree does not divide are refused by name. The runs themselves (TP 2 a
 process) are in tests/test_family_tensor_parallel_launch.py."""
 import copy
 import os
+import re
+import signal
 
 import numpy as np
 import paddle
@@ -150,7 +152,10 @@ def test_a_launch_with_an_indivisible_width_stops_with_one_line_before_a_model_l
             "--output_dir", out, "--logging_dir", f"{out}/vdl"]
     proc = cold_launch("sft/run_sft.py", argv, out, nproc=2, cpu_tp_standins=True)
     logs = worker_logs(f"{out}/launch", tail=10**6)
-    assert proc.returncode == 2, logs
+    # Both ranks refuse; the launcher reports rank 0's code, which is 2, or SIGTERM's when rank 1
+    # exited first and the launcher stopped rank 0 (Paddle's launcher, not ours).
+    assert proc.returncode in (2, 256 - signal.SIGTERM), (proc.returncode, logs)
     assert (f"run_sft.py: error: model_name_or_path {model_dir}: num_key_value_heads 1 is not divisible by "
             "tensor_parallel_degree 2") in logs
-    assert "Traceback" not in logs and not os.path.exists(os.path.join(out, "model_state.pdparams"))
+    assert not re.search(r"^Traceback \(most recent call last\)", logs, re.M), logs
+    assert not os.path.exists(os.path.join(out, "model_state.pdparams"))
