@@ -29,6 +29,7 @@ from .argument_files import (  # noqa: F401  (REPO_ROOT, load_argument_file: par
 )
 from .argument_help import accept_negative_numbers, print_help_and_exit, wants_help
 from .argument_problems import ArgumentError, collecting_problems, joined_problems
+from .training_world import unlaunched_degree_notes
 
 logger = logging.getLogger("ppo")
 
@@ -307,6 +308,9 @@ def parse_collecting(dataclass_types, argv=None, validate=None):
             problems.append(str(err))
     if parsed is not None and validate is not None:
         run_validation(validate, parsed, problems)
+    if parsed is not None and not problems:
+        for note in unlaunched_degree_notes(given_keys(argv)):
+            logger.warning(note)
     return (None if parsed is None else tuple(parsed)), problems
 
 
