@@ -77,7 +77,7 @@ class ModelArgument(ModelCommonArguments):
         },
     )
     use_rule_reward: bool = field(
-        default=False, metadata={"help": "Score with rule scorers (ppo/scorers.py) in the trainer process, no server or reward model."}
+        default=False, metadata={"help": "Score with rule scorers (ppo/scorers/) in the trainer process, no server or reward model."}
     )
     rule_reward_scorers: str = field(
         default="",
