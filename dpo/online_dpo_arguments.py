@@ -26,8 +26,8 @@ from ppo.entry.argument_groups import (
     RolloutLoopArguments,
     default_override,
 )
-from ppo.ppo_arguments import DataArgument as PPODataArgument
-from ppo.ppo_arguments import ModelArgument as PPOModelArgument
+from ppo.entry.ppo_arguments import DataArgument as PPODataArgument
+from ppo.entry.ppo_arguments import ModelArgument as PPOModelArgument
 
 from .online_pairs import PAIR_SELECTIONS
 from .preference_arguments import PreferenceLossArguments
