@@ -38,13 +38,17 @@ LAYERS = (
 cycles) or lower ones. `ppo` is the package's own `__init__`; every other entry names a
 package or a module with everything under it (docs/architecture.md draws them)."""
 
-PARALLEL_MODULES = ("ppo.strategy.tensor", "ppo.strategy.pipeline", "ppo.passes.plain", "ppo.strategy.grad_sync",
+PARALLEL_MODULES = ("ppo.strategy.tensor", "ppo.strategy.pipeline", "ppo.strategy.expert", "ppo.passes.plain", "ppo.strategy.grad_sync",
                     "ppo.strategy.plain", "ppo.strategy.hybrid", "ppo.models.parallel_layers", "paddle.distributed")
 """The parallel machinery: the strategy (`ppo.strategy`) chooses and runs it."""
-LAYOUT_FOLDERS = ("ppo.strategy.tensor", "ppo.strategy.pipeline")
-"""The layout-specific packages: only modules under ppo/strategy/ import them."""
+LAYOUT_FOLDERS = ("ppo.strategy.tensor", "ppo.strategy.pipeline", "ppo.strategy.expert")
+"""The layout-specific packages (a layout or an axis): only modules under ppo/strategy/ import them;
+what others need of them (the argument refusals) `ppo.strategy` re-exports."""
 LAYOUT_IMPORTS_ALLOWED = {
-    "sft.run_sft": "builds PaddleNLP's pipe and its loss for PaddleNLP's Trainer (no strategy object yet)",
+    "sft.run_sft": "builds PaddleNLP's pipe and its loss, and shards the experts (expert.trainer), for PaddleNLP's Trainer "
+                   "(no strategy object yet)",
+    "sft.sft_trainer": "SFTTrainer mixes in ExpertTrainerMixin (expert.trainer): PaddleNLP's Trainer steps the expert "
+                       "axis through that mixin (no strategy object yet)",
     "rm.run_reward": "builds the score-model pipe for PaddleNLP's Trainer (no strategy object yet)",
     "rm.reward_trainer": "the reward Trainer's pipeline evaluation (no strategy object yet)",
     "dpo.run_dpo": "builds the DPO family's policy pipe for PaddleNLP's Trainer (no strategy object yet)",

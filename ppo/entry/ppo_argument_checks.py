@@ -5,8 +5,7 @@ the checks that need several groups or the file system, and runs before any mode
 """
 import json
 
-from ..strategy.expert.checks import layout_problems as expert_layout_problems, model_problems as expert_model_problems
-from ..strategy import tensor_model_problems
+from ..strategy import expert_layout_problems, expert_model_problems, tensor_model_problems
 from ..algos import ADV_ESTIMATORS, LOSS_AGG_MODES, AdvEstimator, get_adv_estimator
 from ..agents.arguments import agent_problems
 from ..algos.kl import K3_NAMES, KL_ESTIMATOR_NAMES
