@@ -190,6 +190,19 @@ def test_no_long_files_outside_tests():
     assert not long, f"files over {MAX_FILE_LINES} lines (split them): {long}"
 
 
+def installed_packages():
+    """The top-level packages setup.py installs (`find_packages(include=[...])`)."""
+    for node in ast.walk(parsed(os.path.join(ROOT, "setup.py"))):
+        if isinstance(node, ast.keyword) and node.arg == "include":
+            return {ast.literal_eval(e).split(".")[0] for e in node.value.elts}
+    raise AssertionError("setup.py: no find_packages(include=[...])")
+
+
+def test_the_rules_cover_every_installed_package():
+    """Every package setup.py installs is library the rules check (`OUR_PACKAGES`)."""
+    assert installed_packages() == set(OUR_PACKAGES) and {"ppo", "dpo", "scripts"} <= installed_packages()
+
+
 def test_allowed_long_files_exist():
     """An entry of the allow-list that no longer exists is removed from it."""
     assert all(os.path.isfile(os.path.join(ROOT, f)) for f in LONG_FILES_ALLOWED), LONG_FILES_ALLOWED
