@@ -134,7 +134,7 @@ def step_parts(args, models):
     from ppo.algos import FixedKLController
     from ppo.common.divergence import DivergenceDetector
     from ppo.optimization.offload import OffloadPlan
-    from ppo.ppo_trainer import CRITIC_NAMES, trained_model
+    from ppo.entry.ppo_trainer import CRITIC_NAMES, trained_model
     from ppo.strategy import PassSettings, PlainStrategy
     from ppo.trainer.advantages import AdvantageStage
     from ppo.trainer.objectives import PlainCombiner, ScoredObjective
@@ -169,7 +169,7 @@ def run_case(model_dir, case, chunk_size, batch, prompt_len, seq_len, warmup=Tru
     from ppo.models.loading import enable_recompute, freeze, load_causal_lm, set_dropout_off
     from ppo.models.ppo_models import PPOModels
     from ppo.models.score_model import AutoModelForScore
-    from ppo.ppo_arguments import PPOTrainingArguments
+    from ppo.entry.ppo_arguments import PPOTrainingArguments
     from ppo.trainer.loop import StepClock
 
     paddle.seed(0)

@@ -15,7 +15,7 @@ from typing import ClassVar, Optional
 from ppo.algos.preference_registry import PREFERENCE_LOSSES
 from ppo.common import paddlenlp_keys as pk
 from ppo.common import validation
-from ppo.strategy.expert.checks import layout_problems as expert_layout_problems
+from ppo.strategy import expert_layout_problems
 from ppo.models.hf_import import hf_config_problems
 from ppo.entry.argument_groups import (
     DivergenceArguments,
@@ -26,8 +26,8 @@ from ppo.entry.argument_groups import (
     RolloutLoopArguments,
     default_override,
 )
-from ppo.ppo_arguments import DataArgument as PPODataArgument
-from ppo.ppo_arguments import ModelArgument as PPOModelArgument
+from ppo.entry.ppo_arguments import DataArgument as PPODataArgument
+from ppo.entry.ppo_arguments import ModelArgument as PPOModelArgument
 
 from .online_pairs import PAIR_SELECTIONS
 from .preference_arguments import PreferenceLossArguments

@@ -11,7 +11,7 @@ import dataclasses
 
 from ppo.common.divergence import DivergenceDetector
 from ppo.optimization.offload import OffloadPlan
-from ppo.ppo_trainer import reward_scorer, trained_model
+from ppo.entry.ppo_trainer import reward_scorer, trained_model
 from ppo.data.prompt_sampler import PromptSampler
 from ppo.rollout import RolloutEngine, SamplingParams
 from ppo.strategy import PassSettings, build_strategy

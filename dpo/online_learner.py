@@ -17,7 +17,7 @@ import numpy as np
 import paddle
 
 from ppo.evaluation import decode_responses
-from ppo.experience import Experience
+from ppo.experience.stages import Experience
 from ppo.passes import UpdateLosses
 
 from .online_pairs import pair_batches

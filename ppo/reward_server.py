@@ -35,7 +35,7 @@ Errors never carry made-up scores (PaddleNLP answers zeros; here there is no
   something that is not a finite number. ``error_msg`` names the item index.
 - Other HTTP errors (404, 405) answer JSON with ``error_code`` = the status.
 
-The app is ``ppo/serving/reward_app.py``. Scorers are pure functions (``ppo/scorers.py``), so requests are scored in
+The app is ``ppo/serving/reward_app.py``. Scorers are pure functions (``ppo/scorers/``), so requests are scored in
 parallel by waitress's worker threads without a lock. Request, item and error
 counts are logged every ``--log_interval`` seconds (on the next request), and
 every rejected request is logged with its reason. ``--connection_limit`` caps the

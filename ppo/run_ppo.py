@@ -31,8 +31,8 @@ with quiet_third_party_warnings():
     from ppo.models.loading import enable_recompute, load_overrides, load_tokenizer, training_dtype  # noqa: E402
     from ppo.models.ppo_models import PPOModels, load_actor  # noqa: E402
     from ppo.models.loading import load_reference  # noqa: E402
-    from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments, validate_arguments  # noqa: E402
-    from ppo.ppo_trainer import build_ppo_trainer, build_rollout_worker  # noqa: E402
+    from ppo.entry.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments, validate_arguments  # noqa: E402
+    from ppo.entry.ppo_trainer import build_ppo_trainer, build_rollout_worker  # noqa: E402
     from ppo.strategy import build_strategy  # noqa: E402
     from ppo.common.training_world import set_training_world_size  # noqa: E402
     from ppo.trainer.scoring import score_sources  # noqa: E402

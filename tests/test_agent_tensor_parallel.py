@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ppo.ppo_argument_checks import agent_run_problems
+from ppo.entry.ppo_argument_checks import agent_run_problems
 from ppo.run_ppo import main as run_ppo
 from tests.test_agent_training import grpo_agent_argv
 from tests.tp_launch import launch_run, step_values

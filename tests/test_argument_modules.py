@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from dpo import dpo_arguments, online_dpo_arguments
-from ppo import ppo_arguments
+from ppo.entry import ppo_arguments
 from ppo.entry import argument_groups
 from ppo.common.argument_parsing import ArgumentError, parse_arguments
 from rm import audit_arguments, reward_arguments

@@ -18,7 +18,7 @@ def test_one_post_init_per_argument_class(command, cls):
 
 
 def test_groups_run_once_base_first_with_paddlenlp_first():
-    from ppo.ppo_arguments import PPOTrainingArguments
+    from ppo.entry.ppo_arguments import PPOTrainingArguments
 
     order = [c.__name__ for c in reversed(PPOTrainingArguments.__mro__) if "resolve_group" in vars(c)]
     assert order[0] == "PaddleNLPTrainingArguments" and order[-1] == "PPOTrainingArguments"
@@ -28,7 +28,7 @@ def test_groups_run_once_base_first_with_paddlenlp_first():
 
 
 def test_every_problem_of_every_group_in_one_error():
-    from ppo.ppo_arguments import PPOTrainingArguments
+    from ppo.entry.ppo_arguments import PPOTrainingArguments
 
     with pytest.raises(ArgumentError) as err:
         PPOTrainingArguments(output_dir="/tmp/unused_argument_pass", logprob_chunk_size=-1, rollout_kernels="x",

@@ -9,7 +9,7 @@ import pytest
 
 import tests.rule_reward_helpers  # noqa: F401  (registers the test scorers)
 from ppo.common.argument_parsing import ArgumentError, parse_arguments
-from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments
+from ppo.entry.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments
 from ppo.trainer.balance import balanced_partition, imbalance, trim_padding
 from tests.rule_reward_helpers import read_metrics
 from tests.demo_config_flags import PPO_AS_BEFORE
@@ -270,7 +270,7 @@ def test_pass_sizes_under_pipeline_parallel_are_refused_by_name():
     """The no-gradient passes run through the pipeline schedule there: a row chunk size cannot act."""
     from types import SimpleNamespace
 
-    from ppo.ppo_argument_checks import pass_size_problems
+    from ppo.entry.ppo_argument_checks import pass_size_problems
 
     sizes = dict(per_device_logprob_batch_size=4, per_device_reward_batch_size=-1, per_device_value_batch_size=2)
     problems = pass_size_problems(SimpleNamespace(pipeline_parallel_degree=2, **sizes))

@@ -63,7 +63,7 @@ def param_grads(model):
 
 
 def ppo_args(chunk, temperature=0.8, entropy_coeff=0.0):
-    from ppo.ppo_arguments import PPOTrainingArguments
+    from ppo.entry.ppo_arguments import PPOTrainingArguments
 
     return PPOTrainingArguments(output_dir="/tmp/unused_chunk_test", logprob_chunk_size=chunk, temperature=temperature,
                                 clip_range_ratio=0.2, loss_agg_mode="token-mean", entropy_coeff=entropy_coeff)

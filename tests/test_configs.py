@@ -36,7 +36,7 @@ def entry_dataclasses(name):
     elif name.startswith("online_dpo"):
         from dpo.online_dpo_arguments import DataArgument, ModelArgument, OnlineDPOTrainingArguments as T
     elif name.startswith(("ppo", "safe_ppo", "grpo", "rloo", "reinforce", "vapo")):
-        from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments as T
+        from ppo.entry.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments as T
     elif name.startswith(("dpo", "simpo", "orpo", "kto", "ipo", "hinge")) or is_preference_loss_config(name):
         from dpo.dpo_arguments import DataArgument, DPOTrainingArguments as T, ModelArgument
     else:

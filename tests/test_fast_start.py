@@ -95,7 +95,7 @@ def test_argument_file_errors_come_without_paddle_in_one_message(tmp_path):
 def test_a_table_older_than_the_argument_sources_is_not_used(tmp_path, monkeypatch):
     assert argument_table.load_entry_table("ppo") is not None
     table = json.load(open(argument_table.TABLE_PATH))
-    table["sources"]["ppo/ppo_arguments.py"] = "0" * 64  # as after an edit without rebuilding the table
+    table["sources"]["ppo/entry/ppo_arguments.py"] = "0" * 64  # as after an edit without rebuilding the table
     stale = tmp_path / "argument_table.json"
     stale.write_text(json.dumps(table))
     monkeypatch.setattr(argument_table, "TABLE_PATH", str(stale))

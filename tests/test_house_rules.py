@@ -31,21 +31,24 @@ LAYERS = (
      "ppo.scorers", "ppo.scoring.process_reward", "ppo.serving.reward_app"),
     ("ppo.passes", "ppo.strategy"),
     ("ppo.trainer",),
-    ("ppo.entry", "ppo.evaluation.trainer_mixin", "ppo.ppo_argument_checks", "ppo.ppo_arguments",
-     "ppo.paddlenlp_rl_arguments", "ppo.ppo_trainer"),
+    ("ppo.entry", "ppo.evaluation.trainer_mixin"),
     ("ppo.run_ppo", "ppo.cli", "ppo.reward_server", "ppo.env_server", "sft", "rm", "dpo", "rl", "scripts"),
 )
 """The layers of our packages, lowest first: a module imports only from its own layer (without
 cycles) or lower ones. `ppo` is the package's own `__init__`; every other entry names a
 package or a module with everything under it (docs/architecture.md draws them)."""
 
-PARALLEL_MODULES = ("ppo.strategy.tensor", "ppo.strategy.pipeline", "ppo.passes.plain", "ppo.strategy.grad_sync",
+PARALLEL_MODULES = ("ppo.strategy.tensor", "ppo.strategy.pipeline", "ppo.strategy.expert", "ppo.passes.plain", "ppo.strategy.grad_sync",
                     "ppo.strategy.plain", "ppo.strategy.hybrid", "ppo.models.parallel_layers", "paddle.distributed")
 """The parallel machinery: the strategy (`ppo.strategy`) chooses and runs it."""
-LAYOUT_FOLDERS = ("ppo.strategy.tensor", "ppo.strategy.pipeline")
-"""The layout-specific packages: only modules under ppo/strategy/ import them."""
+LAYOUT_FOLDERS = ("ppo.strategy.tensor", "ppo.strategy.pipeline", "ppo.strategy.expert")
+"""The layout-specific packages (a layout or an axis): only modules under ppo/strategy/ import them;
+what others need of them (the argument refusals) `ppo.strategy` re-exports."""
 LAYOUT_IMPORTS_ALLOWED = {
-    "sft.run_sft": "builds PaddleNLP's pipe and its loss for PaddleNLP's Trainer (no strategy object yet)",
+    "sft.run_sft": "builds PaddleNLP's pipe and its loss, and shards the experts (expert.trainer), for PaddleNLP's Trainer "
+                   "(no strategy object yet)",
+    "sft.sft_trainer": "SFTTrainer mixes in ExpertTrainerMixin (expert.trainer): PaddleNLP's Trainer steps the expert "
+                       "axis through that mixin (no strategy object yet)",
     "rm.run_reward": "builds the score-model pipe for PaddleNLP's Trainer (no strategy object yet)",
     "rm.reward_trainer": "the reward Trainer's pipeline evaluation (no strategy object yet)",
     "dpo.run_dpo": "builds the DPO family's policy pipe for PaddleNLP's Trainer (no strategy object yet)",
@@ -53,9 +56,12 @@ LAYOUT_IMPORTS_ALLOWED = {
     "ppo.rollout.weights": "the rollout engine merges gathered tensor-parallel slices (reshard.merge) itself",
 }
 """Modules outside ppo/strategy/ that still import a layout folder, with the reason."""
+ENTRY_MODULES = ("ppo.run_ppo", "ppo.cli", "ppo.reward_server", "ppo.env_server")
+"""The modules at the top of ppo/ besides the `SHIMS`: `python ppo/run_ppo.py`, `python ppo/reward_server.py`,
+`python ppo/env_server.py` and the `paddle-align` command (setup.py)."""
 PACKAGE_CYCLES_ALLOWED = {}
 """Package cycles (`package_of`) kept for now, with the reason."""
-TRAINER_MODULES = ("ppo.trainer", "ppo.ppo_trainer", "dpo.online_learner", "dpo.online_dpo_trainer")
+TRAINER_MODULES = ("ppo.trainer", "ppo.entry.ppo_trainer", "dpo.online_learner", "dpo.online_dpo_trainer")
 """The trainer, its updater and learners, and the builders of their runs."""
 
 
@@ -74,12 +80,7 @@ SHIMS = {
     "ppo.models.preference_pipe": "ppo.strategy.pipeline.preference_pipe",
     "ppo.models.reshard": "ppo.strategy.tensor.reshard", "ppo.passes.pipeline": "ppo.strategy.pipeline.passes",
     "ppo.models.tensor_parallel": "ppo.models.parallel_layers",
-    "ppo.scorer_registry": "ppo.scoring.registry", "ppo.reward_client": "ppo.serving.reward_client",
-    "ppo.process_reward_scorer": "ppo.scoring.process_reward", "ppo.eval_metrics": "ppo.evaluation.metrics",
-    "ppo.checkpoint": "ppo.checkpoints.checkpoint", "ppo.resume_check": "ppo.checkpoints.resume_check",
-    "ppo.sampled_eval": "ppo.evaluation.sampled", "ppo.early_stopping": "ppo.evaluation.early_stopping",
-    "ppo.offload": "ppo.optimization.offload", "ppo.optim": "ppo.optimization.optim",
-    "ppo.prompt_sampler": "ppo.data.prompt_sampler",
+    "ppo.reward_client": "ppo.serving.reward_client", "ppo.ppo_arguments": "ppo.entry.ppo_arguments",
 }
 """Old import paths kept for one release (`{old: new}`): re-exports only, imported by nothing
 of ours, left out of the module checks (docs/architecture.md lists them)."""
@@ -187,6 +188,19 @@ def test_no_long_files_outside_tests():
         if n > MAX_FILE_LINES and rel not in LONG_FILES_ALLOWED:
             long[rel] = n
     assert not long, f"files over {MAX_FILE_LINES} lines (split them): {long}"
+
+
+def installed_packages():
+    """The top-level packages setup.py installs (`find_packages(include=[...])`)."""
+    for node in ast.walk(parsed(os.path.join(ROOT, "setup.py"))):
+        if isinstance(node, ast.keyword) and node.arg == "include":
+            return {ast.literal_eval(e).split(".")[0] for e in node.value.elts}
+    raise AssertionError("setup.py: no find_packages(include=[...])")
+
+
+def test_the_rules_cover_every_installed_package():
+    """Every package setup.py installs is library the rules check (`OUR_PACKAGES`)."""
+    assert installed_packages() == set(OUR_PACKAGES) and {"ppo", "dpo", "scripts"} <= installed_packages()
 
 
 def test_allowed_long_files_exist():
@@ -411,18 +425,31 @@ def test_cycle_finder_finds_a_cycle():
     assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
     mods = our_modules()
     assert "ppo.data.base" in imported_modules("ppo.data.tokenized", mods["ppo.data.tokenized"], mods)
-    assert "ppo.trainer.updater" in import_graph()["ppo.ppo_trainer"]
+    assert "ppo.trainer.updater" in import_graph()["ppo.entry.ppo_trainer"]
 
 
 
 
-def test_shims_only_re_export_and_nothing_of_ours_imports_them():
+def test_shims_only_re_export_warn_and_nothing_of_ours_imports_them():
+    """A shim is its docstring, `import warnings`, re-exports of the new module and one
+    `DeprecationWarning` naming the new path."""
     mods = our_modules(with_shims=True)
     for old, new in SHIMS.items():
         tree = parsed(mods[old])
-        assert new in mods and all(isinstance(n, (ast.Expr, ast.ImportFrom)) for n in tree.body), old
+        assert new in mods and all(isinstance(n, (ast.Expr, ast.Import, ast.ImportFrom)) for n in tree.body), old
+        assert all(a.name == "warnings" for n in tree.body if isinstance(n, ast.Import) for a in n.names), old
+        warns = [n.value for n in tree.body if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)]
+        assert len(warns) == 1 and ast.unparse(warns[0].func) == "warnings.warn", old
+        assert "DeprecationWarning" in ast.unparse(warns[0]) and new in ast.unparse(warns[0]), old
     users = {name: sorted(set(SHIMS) & imported) for name, imported in import_graph().items()}
     assert not {k: v for k, v in users.items() if v}, users
+
+
+def test_the_top_of_ppo_holds_entry_points_shims_and_packages_only():
+    """ppo/*.py: the package's `__init__`, the entry points users run, and the `SHIMS`."""
+    loose = {name for name in our_modules(with_shims=True) if name.count(".") == 1 and name.startswith("ppo.")
+             and not os.path.isdir(os.path.join(ROOT, *name.split(".")))}
+    assert loose - set(SHIMS) == set(ENTRY_MODULES), sorted(loose - set(SHIMS))
 
 
 MAX_POSITIONAL = 6

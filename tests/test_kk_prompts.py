@@ -31,7 +31,7 @@ def entry(config):
         from dpo.online_dpo_arguments import DataArgument, ModelArgument, OnlineDPOTrainingArguments
 
         return ModelArgument, DataArgument, OnlineDPOTrainingArguments
-    from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments
+    from ppo.entry.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments
 
     return ModelArgument, DataArgument, PPOTrainingArguments
 

@@ -51,8 +51,20 @@ def test_old_import_paths_answer_with_the_moved_objects():
     assert pipeline.load_pipe is pipe.load_pipe and reshard.merge is moved_reshard.merge
     assert tensor_parallel.DatasetOrderMixin is DatasetOrderMixin
     assert tensor_parallel.save_pretrained_merged is save_pretrained_merged
-    from ppo import reward_client, scorer_registry
-    from ppo.scoring.registry import register_scorer
+    from ppo import ppo_arguments, reward_client
+    from ppo.entry.ppo_arguments import PPOTrainingArguments
     from ppo.serving.reward_client import RewardServerClient
 
-    assert scorer_registry.register_scorer is register_scorer and reward_client.RewardServerClient is RewardServerClient
+    assert reward_client.RewardServerClient is RewardServerClient and ppo_arguments.PPOTrainingArguments is PPOTrainingArguments
+
+
+@pytest.mark.parametrize("old,new", [("ppo.reward_client", "ppo.serving.reward_client"),
+                                     ("ppo.ppo_arguments", "ppo.entry.ppo_arguments"),
+                                     ("ppo.models.reshard", "ppo.strategy.tensor.reshard")])
+def test_old_import_paths_warn_with_the_new_path(old, new):
+    import importlib
+    import sys
+
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")):
+        importlib.import_module(old)

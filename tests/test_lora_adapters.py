@@ -118,7 +118,7 @@ def test_adapter_chain_refused_under_tensor_parallel(adapters):
 
 def test_ppo_models_from_adapters(adapters):
     from ppo.models.ppo_models import build_ppo_models
-    from ppo.ppo_arguments import ModelArgument
+    from ppo.entry.ppo_arguments import ModelArgument
 
     args = ModelArgument(actor_model_name_or_path=adapters["sft"], reward_model_name_or_path=adapters["rm"], use_lora=True,
                          lora_rank=4)
@@ -145,7 +145,7 @@ def test_merged_model_is_plain_and_trainable(adapters):
 
 def test_whole_weight_training_refused_with_the_adapter_off_reference(adapters):
     from ppo.models.ppo_models import build_ppo_models
-    from ppo.ppo_arguments import ModelArgument
+    from ppo.entry.ppo_arguments import ModelArgument
 
     args = ModelArgument(actor_model_name_or_path=adapters["sft"], reward_model_name_or_path=adapters["rm"], use_lora=True,
                          lora_rank=4, lora_trainable_modules="lm_head.*")
@@ -155,7 +155,7 @@ def test_whole_weight_training_refused_with_the_adapter_off_reference(adapters):
 
 
 def test_adapter_reward_model_refused_under_pipeline_parallel(adapters):
-    from ppo.ppo_arguments import ModelArgument
+    from ppo.entry.ppo_arguments import ModelArgument
     from ppo.strategy import PipelineStrategy
 
     args = ModelArgument(actor_model_name_or_path=adapters["base"], reward_model_name_or_path=adapters["rm"])

@@ -14,7 +14,7 @@ from ppo.trainer.updater import minibatch_plan
 from tests.test_ppo_trainer import ppo_argv, read_metrics, weights
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAINER_FILES = ["ppo/ppo_trainer.py"] + sorted(f"ppo/trainer/{name}" for name in os.listdir(os.path.join(REPO, "ppo", "trainer"))
+TRAINER_FILES = ["ppo/entry/ppo_trainer.py"] + sorted(f"ppo/trainer/{name}" for name in os.listdir(os.path.join(REPO, "ppo", "trainer"))
                                                 if name.endswith(".py"))
 FLEET_PRIVATE = {"_loss_fn", "_prepare_training", "optimizer", "lr_scheduler", "accumulate_steps", "forward_hooks",
                  "backward_hooks", "forward_backward_pipeline"}

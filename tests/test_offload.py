@@ -91,7 +91,7 @@ def test_a_ppo_step_moves_each_model_around_the_phase_that_uses_it(tiny_model_di
 
 def test_eval_mode_and_pipeline_refusals(tmp_path):
     from ppo.models.loading import load_overrides
-    from ppo.ppo_arguments import PPOTrainingArguments
+    from ppo.entry.ppo_arguments import PPOTrainingArguments
 
     assert PPOTrainingArguments(output_dir=str(tmp_path), eval_mode="single").eval_mode == "single"
     assert PPOTrainingArguments(output_dir=str(tmp_path), eval_mode="tensor_parallel").eval_mode == "tensor_parallel"

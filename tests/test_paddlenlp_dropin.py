@@ -28,7 +28,7 @@ def fixture(name):
 
 def entry_classes(kind):
     if kind in ("ppo", "grpo", "reinforce"):
-        from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments
+        from ppo.entry.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments
 
         return ModelArgument, DataArgument, PPOTrainingArguments
     if kind == "sft":
@@ -687,7 +687,7 @@ def test_ppo_only_knobs_are_refused_as_such_elsewhere(tmp_path):
     from dataclasses import fields
 
     from dpo.online_dpo_arguments import DataArgument, ModelArgument, OnlineDPOTrainingArguments
-    from ppo.ppo_arguments import PPOTrainingArguments
+    from ppo.entry.ppo_arguments import PPOTrainingArguments
 
     assert set(pk.PPO_ONLY) <= {f.name for f in fields(PPOTrainingArguments)}
     flags = [x for key in pk.PPO_ONLY for x in (f"--{key}", "true" if key in ("balance_batch", "use_remove_padding") else "4")]

@@ -1,11 +1,11 @@
-"""The keys of PaddleNLP's RL entry (ppo/paddlenlp_rl_arguments.py): each acts with PaddleNLP's
+"""The keys of PaddleNLP's RL entry (ppo/entry/paddlenlp_rl_arguments.py): each acts with PaddleNLP's
 meaning, or a value that needs a missing feature is refused naming it."""
 from types import SimpleNamespace
 
 import pytest
 
 from ppo.common.argument_parsing import ArgumentError, parse_arguments
-from ppo.paddlenlp_rl_arguments import (
+from ppo.entry.paddlenlp_rl_arguments import (
     offload_level_with_optim,
     paddlenlp_rl_problems,
     placement_problems,
@@ -79,8 +79,8 @@ def test_vapo_selects_the_estimator_and_names_its_refused_combinations(tmp_path)
 
 def test_vapo_settings_reach_the_estimator(tmp_path):
     """vapo_alpha and critic_gae_lambda are the vapo entry's settings: the loop passes the
-    arguments of those names (ppo.ppo_argument_checks.estimator_settings)."""
-    from ppo.ppo_argument_checks import estimator_settings
+    arguments of those names (ppo.entry.ppo_argument_checks.estimator_settings)."""
+    from ppo.entry.ppo_argument_checks import estimator_settings
 
     _, _, args = parse_ppo(tmp_path, "--rl_algorithm", "vapo", "--vapo_alpha", "0.1", "--critic_gae_lambda", "0.9")
     assert estimator_settings(args) == {"vapo_alpha": 0.1, "critic_gae_lambda": 0.9}

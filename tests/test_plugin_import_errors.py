@@ -70,7 +70,7 @@ def test_a_scorer_module_that_fails_at_import_is_one_line_before_models_load(
 
 
 def test_a_tool_or_estimator_module_that_fails_at_import_is_a_value_error(plugin_dir, monkeypatch):
-    from ppo.ppo_argument_checks import find_adv_estimator
+    from ppo.entry.ppo_argument_checks import find_adv_estimator
 
     monkeypatch.syspath_prepend(str(plugin_dir))
     problems = environment_problems("tools", {"tools": ["broken_plugin:fn"]})

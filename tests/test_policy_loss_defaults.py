@@ -10,7 +10,7 @@ import numpy as np
 import paddle
 import pytest
 
-from ppo import ppo_arguments
+from ppo.entry import ppo_arguments
 from ppo.algos import POLICY_LOSSES, entropy_bonus_from_token_entropy, get_policy_loss
 from ppo.common.argument_parsing import ArgumentError, parse_arguments
 from ppo.entry.policy_loss_arguments import policy_loss_startup_line

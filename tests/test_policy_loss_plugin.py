@@ -15,7 +15,7 @@ import pytest
 
 from ppo.common.argument_parsing import ArgumentError, parse_arguments
 from ppo.common.argument_table import check_early
-from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments
+from ppo.entry.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments
 from ppo.trainer.settings import UpdateSettings, slice_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -143,7 +143,7 @@ ESTIMATOR_PLUGIN = textwrap.dedent('''
 
 
 def test_an_outside_estimator_setting_is_a_key_of_the_argument_file(tmp_path, monkeypatch):
-    from ppo.ppo_argument_checks import estimator_settings
+    from ppo.entry.ppo_argument_checks import estimator_settings
 
     name = f"outside_estimator_{os.getpid()}"
     (tmp_path / f"{name}.py").write_text(ESTIMATOR_PLUGIN)

@@ -13,7 +13,7 @@ import pytest
 
 from ppo.algos import ADV_ESTIMATORS, POLICY_LOSSES, get_policy_loss
 from ppo.common.argument_problems import ArgumentError
-from ppo.ppo_arguments import PPOTrainingArguments
+from ppo.entry.ppo_arguments import PPOTrainingArguments
 from ppo.trainer.settings import AdvantageSettings, UpdateSettings, slice_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

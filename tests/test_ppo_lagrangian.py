@@ -225,7 +225,7 @@ def test_a_cost_model_needs_critics_and_any_parallel_layout_takes_it():
     tests/test_tensor_parallel.py and tests/test_pipeline_rl.py."""
     from types import SimpleNamespace
 
-    from ppo.ppo_argument_checks import lagrangian_problems
+    from ppo.entry.ppo_argument_checks import lagrangian_problems
 
     model_args = SimpleNamespace(cost_model_name_or_path="cost", cost_critic_model_name_or_path=None)
     base = dict(adv_estimator="gae", adv_estimator_settings="", rollout_n=1, dynamic_sampling=False, use_critic=True)

@@ -9,7 +9,7 @@ import paddle
 import pytest
 
 from ppo.algos import ADV_ESTIMATORS
-from ppo.ppo_arguments import PPOTrainingArguments
+from ppo.entry.ppo_arguments import PPOTrainingArguments
 from tests.rule_reward_helpers import read_metrics, rule_argv
 
 

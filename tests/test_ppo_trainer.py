@@ -9,7 +9,7 @@ import paddle
 import pytest
 
 from ppo.models.score_model import AutoModelForScore
-from ppo.ppo_trainer import NonFiniteError
+from ppo.entry.ppo_trainer import NonFiniteError
 from ppo.run_ppo import build_trainer
 from tests.demo_config_flags import PPO_AS_BEFORE
 from tests.tp_launch import launch_run

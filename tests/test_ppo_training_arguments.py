@@ -2,7 +2,7 @@
 why it does nothing.
 
 SFT, RM and DPO run PaddleNLP's Trainer, which acts on every TrainingArguments field; PPO and
-GRPO run the loop in ppo/ppo_trainer.py. Every field of paddlenlp's TrainingArguments is read by
+GRPO run the loop in ppo/entry/ppo_trainer.py. Every field of paddlenlp's TrainingArguments is read by
 the PPO modules or sits in one of the tables of ppo/common/paddlenlp_keys.py, and the keys
 PaddleNLP's own PPO/GRPO argument files set act as they do there.
 """
@@ -47,7 +47,7 @@ def ppo_source():
     `args.X` (`training_args.X`, `self.args.X`) there and `self.X` in ppo_arguments.py."""
     out = subprocess.run([sys.executable, "-c", LIST_PPO_MODULES, ROOT], cwd=ROOT, capture_output=True, text=True, check=True)
     files = json.loads(out.stdout.strip().splitlines()[-1])
-    assert os.path.join(ROOT, "ppo", "ppo_trainer.py") in files and os.path.join(ROOT, "ppo", "run_ppo.py") in files
+    assert os.path.join(ROOT, "ppo", "entry", "ppo_trainer.py") in files and os.path.join(ROOT, "ppo", "run_ppo.py") in files
     return {os.path.relpath(f, ROOT): open(f).read() for f in files}
 
 
@@ -61,7 +61,7 @@ def slice_fields():
 def reads(sources, name):
     args_read = re.compile(r"args\.%s\b" % re.escape(name))
     self_read = re.compile(r"\bself\.%s\b" % re.escape(name))
-    own = (os.path.join("ppo", "ppo_arguments.py"), os.path.join("ppo", "entry", "argument_groups.py"))
+    own = (os.path.join("ppo", "entry", "ppo_arguments.py"), os.path.join("ppo", "entry", "argument_groups.py"))
     found = [path for path, text in sources.items() if args_read.search(text) or (path in own and self_read.search(text))]
     return found + (["ppo/trainer/settings.py"] if name in slice_fields() else [])
 
@@ -100,7 +100,7 @@ def test_every_training_argument_is_read_by_the_ppo_loop_or_in_a_table():
 
 
 def test_paddlenlp_defaults_are_the_values_the_loop_runs_with(tmp_path):
-    from ppo.ppo_arguments import PPOTrainingArguments
+    from ppo.entry.ppo_arguments import PPOTrainingArguments
 
     defaults = {f.name: f.default for f in training_argument_fields()}
     for name, (accepted, _) in pk.PPO_FIXED_VALUE.items():
@@ -281,7 +281,7 @@ def test_readme_names_every_ppo_table_entry():
 
 
 def test_values_set_in_code_are_checked_after_parsing_too(tmp_path):
-    from ppo.ppo_arguments import PPOTrainingArguments
+    from ppo.entry.ppo_arguments import PPOTrainingArguments
 
     with pytest.raises(ValueError) as info:
         PPOTrainingArguments(output_dir=str(tmp_path), save_strategy="epoch", report_to="autonlp", use_async_save=True)

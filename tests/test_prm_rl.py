@@ -16,7 +16,7 @@ import pytest
 
 from ppo.algos import add_to_last_step
 from ppo.common.argument_parsing import REPO_ROOT
-from ppo.paddlenlp_rl_arguments import process_reward_model_problems
+from ppo.entry.paddlenlp_rl_arguments import process_reward_model_problems
 from ppo.scoring.process_reward import fixed_step_groups
 from tests.pinned_metrics import assert_pinned
 

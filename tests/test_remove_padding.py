@@ -134,7 +134,7 @@ def test_update_gives_the_padded_losses_and_gradients(models, keep_first):
 def test_pipeline_parallel_is_refused_by_name():
     from types import SimpleNamespace
 
-    from ppo.ppo_argument_checks import remove_padding_problems
+    from ppo.entry.ppo_argument_checks import remove_padding_problems
 
     (problem,) = remove_padding_problems(SimpleNamespace(use_remove_padding=True, pipeline_parallel_degree=2))
     assert problem.startswith("use_remove_padding with pipeline_parallel_degree 2") and "set use_remove_padding false" in problem

@@ -155,7 +155,7 @@ def test_a_recomputed_layer_replays_the_routing_too(tiny_moe_dir):
 
 
 def refusal(tmp_path, *flags):
-    from ppo.ppo_argument_checks import validate_arguments
+    from ppo.entry.ppo_argument_checks import validate_arguments
     from tests.test_paddlenlp_dropin import entry_classes
 
     with pytest.raises(ArgumentError) as info:

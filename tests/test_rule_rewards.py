@@ -69,7 +69,7 @@ def test_server_command_line_weights():
 
 
 def test_rule_reward_arguments():
-    from ppo.ppo_arguments import ModelArgument
+    from ppo.entry.ppo_arguments import ModelArgument
 
     m = ModelArgument(actor_model_name_or_path="a", use_rule_reward=True, rule_reward_scorers="reverse,math",
                       rule_reward_weights="1,0.5")

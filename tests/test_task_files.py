@@ -7,7 +7,7 @@ import pytest
 
 from ppo.common.argument_parsing import ArgumentError, parse_arguments
 from ppo.common.task_files import task_file_specs
-from ppo.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments
+from ppo.entry.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments
 
 CLASSES = (ModelArgument, DataArgument, PPOTrainingArguments)
 

@@ -18,7 +18,7 @@ RENDEZVOUS_RESET = """  File "fleet/fleet.py", line 12, in _create_hcg
 RuntimeError: TCP connection reset by peer
 """
 SCRIPT_FAILURE = """I1125 08:25:45.386183 23522 tcp_store.cc:336] create libuv server at port: 54968
-  File "ppo/ppo_trainer.py", line 300, in train
+  File "ppo/entry/ppo_trainer.py", line 300, in train
 ValueError: loss is nan
 """
 LATER_ABORT = """I1125 tcp_store.cc:336] create libuv server at port: 54968

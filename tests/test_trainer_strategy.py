@@ -1,4 +1,4 @@
-"""The PPO trainer (ppo/ppo_trainer.py and ppo/trainer/) does not know the parallel strategy:
+"""The PPO trainer (ppo/entry/ppo_trainer.py and ppo/trainer/) does not know the parallel strategy:
 every pass through a model goes through `ModelPasses` (ppo/passes/), picked once by
 `build_model_passes`. Checked on the source: the trainer never names the pipeline machinery or
 a parallel degree, and no condition of it tests anything that names a strategy."""
@@ -9,7 +9,7 @@ import re
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAINER_FILES = ["ppo/ppo_trainer.py"] + sorted(
+TRAINER_FILES = ["ppo/entry/ppo_trainer.py"] + sorted(
     f"ppo/trainer/{name}" for name in os.listdir(os.path.join(ROOT, "ppo", "trainer")) if name.endswith(".py"))
 
 # names that only code choosing or running a strategy needs

@@ -19,7 +19,7 @@ import pytest
 import tests.rule_reward_helpers  # noqa: F401  (registers test_rule_len: the response's length as its score)
 from ppo.algos import positive_example_nll
 from ppo.common.argument_parsing import REPO_ROOT
-from ppo.ppo_arguments import PPOTrainingArguments
+from ppo.entry.ppo_arguments import PPOTrainingArguments
 from ppo.trainer.best_policy import EvalEarlyStop
 from ppo.trainer.settings import UpdateSettings, slice_of
 from ppo.trainer.updater import PPOUpdater

@@ -173,7 +173,7 @@ def test_mapping_spec_weights_options_and_errors():
 
 def test_rule_reward_arguments_take_the_mapping_from_an_argument_file():
     from ppo.common.argument_parsing import file_arguments_to_argv
-    from ppo.ppo_arguments import ModelArgument
+    from ppo.entry.ppo_arguments import ModelArgument
 
     argv = file_arguments_to_argv({"rule_reward_scorers": {"gsm8k": 1.0, "format": {"weight": 0.2}}})
     m = ModelArgument(actor_model_name_or_path="a", use_rule_reward=True, rule_reward_scorers=argv[1])

@@ -3,7 +3,7 @@
 Each module defines its estimators' functions and entries (``ppo.algos.advantage``: GAE, GRPO,
 RLOO, REINFORCE++ (+ baseline), pass@k; ``ppo.algos.vapo``: VAPO); registering one under a name
 is one entry below. An entry in a module of one's own needs none: ``adv_estimator
-my_package.my_module:ENTRY`` (``ppo.ppo_argument_checks.find_adv_estimator``).
+my_package.my_module:ENTRY`` (``ppo.entry.ppo_argument_checks.find_adv_estimator``).
 Source: verl ``core_algos.register_adv_est`` / ``get_adv_estimator_fn`` (registry pattern).
 """
 from .advantage import BUILT_IN_ESTIMATORS

@@ -13,7 +13,7 @@ status 2), all without importing Paddle. Arguments that pass go on to the full s
 which checks them again with everything else.
 
 The table records the installed PaddleNLP version and a hash of every file of this package that
-defines the dataclasses (by its path inside the package: `ppo/ppo_arguments.py`, wherever the
+defines the dataclasses (by its path inside the package: `ppo/entry/ppo_arguments.py`, wherever the
 package is installed); when either differs (an argument added and the table not yet rebuilt),
 the table is not used and the entry point parses as before. PaddleNLP's own files are keyed by
 its version alone: they are not where the repository keeps them in another environment (a
@@ -109,7 +109,7 @@ def import_classes(entry):
 
 
 def package_file(path):
-    """`path` relative to the package root (`ppo/ppo_arguments.py`) when it is a file of this
+    """`path` relative to the package root (`ppo/entry/ppo_arguments.py`) when it is a file of this
     toolkit's packages, else None (PaddleNLP's files, wherever its environment lives)."""
     path = os.path.abspath(path)
     if not path.startswith(REPO_ROOT + os.sep):

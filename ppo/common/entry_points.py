@@ -41,10 +41,10 @@ ENTRY_POINTS = (
     EntryPoint("audit-cost", "rm/audit_cost.py", "a cost model's accuracy on held-out safety pairs",
                _classes("rm.audit_arguments", "CostAuditArgument")),
     EntryPoint("ppo", "ppo/run_ppo.py", "PPO, GRPO, RLOO, REINFORCE++ (adv_estimator picks; PPO-Lagrangian with a cost model)",
-               _classes("ppo.ppo_arguments", "ModelArgument", "DataArgument", "PPOTrainingArguments"), ("grpo",)),
+               _classes("ppo.entry.ppo_arguments", "ModelArgument", "DataArgument", "PPOTrainingArguments"), ("grpo",)),
     EntryPoint("rl", "rl/run_rl.py", "PaddleNLP's run_rl.py: the ppo entry reading rl_algorithm (ppo, grpo, "
                "reinforce_plus_plus, rloo, vapo) from PaddleNLP's rl/ YAML files",
-               _classes("ppo.ppo_arguments", "ModelArgument", "DataArgument", "PPOTrainingArguments")),
+               _classes("ppo.entry.ppo_arguments", "ModelArgument", "DataArgument", "PPOTrainingArguments")),
     EntryPoint("dpo", "dpo/run_dpo.py", "DPO and the preference-loss family (loss_type picks)",
                _classes("dpo.dpo_arguments", "ModelArgument", "DataArgument", "DPOTrainingArguments")),
     EntryPoint("kto", "dpo/run_kto.py", "dpo with loss_type kto by default (PaddleNLP's kto_argument.json)",

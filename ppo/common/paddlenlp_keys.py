@@ -179,7 +179,7 @@ def fixed_value_matches(key, value):
 
 # ---------------------------------------------------------------- PaddleNLP's TrainingArguments in the PPO loop
 # SFT, RM and the DPO family run PaddleNLP's own Trainer, which acts on every TrainingArguments
-# field. PPO / GRPO (ppo/run_ppo.py) runs the loop in ppo/ppo_trainer.py instead: a field it does
+# field. PPO / GRPO (ppo/run_ppo.py) runs the loop in ppo/entry/ppo_trainer.py instead: a field it does
 # not read is in exactly one of the three tables below (tests/test_ppo_training_arguments.py
 # walks the dataclass and checks that).
 

@@ -26,7 +26,7 @@ LOSS_AGG_MODE_HELP = (
     "for gspo and gmpo, as verl; token-mean for the others) and token-mean for the value, entropy and KL terms. The "
     "start-up log names the one used and why."
 )
-"""The help of `loss_agg_mode` (declared with the update settings in `ppo/ppo_arguments.py`)."""
+"""The help of `loss_agg_mode` (declared with the update settings in `ppo/entry/ppo_arguments.py`)."""
 POLICY_LOSS_SETTINGS = collect_settings(POLICY_LOSSES)
 """name -> `ppo.algos.Setting` of every registered policy loss's settings (generated fields)."""
 ESTIMATOR_SETTINGS = collect_settings(ADV_ESTIMATORS)

@@ -1,7 +1,7 @@
 """Start-up checks shared by the `Trainer` entry points (SFT, RM, the DPO family), which run
-PaddleNLP's Trainer; PPO/GRPO has its own loop and checks (`ppo/ppo_argument_checks.py`)."""
+PaddleNLP's Trainer; PPO/GRPO has its own loop and checks (`ppo/entry/ppo_argument_checks.py`)."""
 from ..common.report_writers import TRAINER_PACKAGES, missing_report_packages
-from ..strategy.expert.checks import layout_problems as expert_layout_problems, model_problems as expert_model_problems
+from ..strategy import expert_layout_problems, expert_model_problems
 from ..strategy import tensor_model_problems
 from ..common.validation import (
     dtype_device_problems,

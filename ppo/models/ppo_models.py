@@ -64,7 +64,7 @@ def build_ppo_models(model_args, use_critic, dtype="float32", **extra):
 
     reference = load_reference(actor, actor_path, model_args.reference_model_name_or_path, dtype, **extra)
 
-    reward = None  # the model paths were checked at start (ppo.ppo_argument_checks.model_path_problems)
+    reward = None  # the model paths were checked at start (ppo.entry.ppo_argument_checks.model_path_problems)
     if model_args.reward_model_name_or_path and not (model_args.use_rm_server or model_args.use_rule_reward):
         reward = freeze(set_dropout_off(load_merged_score_model(model_args.reward_model_name_or_path, dtype=dtype, **extra)))
 

@@ -7,7 +7,7 @@ import contextlib
 import numpy as np
 import paddle
 
-from ..experience import in_chunks, response_logprobs, response_values
+from ..experience.forward import in_chunks, response_logprobs, response_values
 from ..models.reward_tokens import reward_scores
 from ..models.basics import unwrap_model
 from ..models.causal_lm import answer_nll

@@ -1,7 +1,7 @@
 """The scorer registry: one entry per name, a pure function and its facts.
 
 A scorer is a PURE function ``score(src: str, tgt: str, response: str) -> float`` (decoded
-prompt, the prompt's label, decoded completion; see ``ppo/scorers.py``). Its
+prompt, the prompt's label, decoded completion; see ``ppo/scorers/``). Its
 :class:`ScorerFacts` say what callers need to know without reading its code: the values it
 gives, what the label must hold, when it gives its lowest value (a wrong or unreadable answer:
 a legitimate score) and when it raises (the reward cannot be computed), the score at which an

@@ -3,9 +3,11 @@
 sharding, data parallel) or the pipeline layout (`ppo.strategy.pipeline`), chosen in one place
 (`choose_layout`) from the arguments and built by `build_strategy`; the strategy then loads the
 models in its layout (`Strategy.load_models`). The expert axis (`ppo.strategy.expert`)
-composes with the plain layout. `tensor_model_problems`: the tensor layout's refusals of a
-model, for the argument checks."""
+composes with the plain layout. `tensor_model_problems`, `expert_layout_problems` and
+`expert_model_problems`: the tensor layout's and the expert axis's refusals, for the argument
+checks (callers outside this package import them from here, never from a layout folder)."""
 from .base import PassSettings, Strategy, first_non_finite
+from .expert.checks import layout_problems as expert_layout_problems, model_problems as expert_model_problems
 from .pipeline import PipelineStrategy
 from .plain import PlainStrategy
 from .ranks import Ranks
@@ -45,4 +47,5 @@ def build_strategy(args):
 
 
 __all__ = ["FleetStrategy", "LAYOUTS", "PassSettings", "PipelineStrategy", "PlainStrategy", "Ranks", "Strategy",
-           "build_strategy", "choose_layout", "first_non_finite"]
+           "build_strategy", "choose_layout", "expert_layout_problems", "expert_model_problems", "first_non_finite",
+           "tensor_model_problems"]

@@ -20,7 +20,7 @@ import paddle
 from ..agents import collate_trajectories, make_environment, rollout_trajectories, turn_format_for
 from ..agents.record_env import rollout_record
 from ..common.process_exit import RunStopped
-from ..experience import Experience
+from ..experience.stages import Experience
 from ..models.causal_lm import position_ids_from_mask
 
 FAILED_CALLS = ("raised", "timeout", "crashed", "bad_result", "env_error")

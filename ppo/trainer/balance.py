@@ -10,7 +10,7 @@ best for these sizes and simpler to check by hand).
 import numpy as np
 import paddle
 
-from ..experience import merge_rows
+from ..experience.stages import merge_rows
 from ..models.causal_lm import position_ids_from_mask
 
 

@@ -3,7 +3,7 @@
 `eval_num_samples`, sampled answers (pass@k, maj@n, mean@n, judged by the rule scorers' verdicts
 when they give one, else exact match); reduced over the ranks."""
 from ..evaluation import evaluate_generation
-from ..experience import experience_from_rollout
+from ..experience.stages import experience_from_rollout
 from ..evaluation.sampled import evaluate_sampled, sampled_eval_settings
 
 

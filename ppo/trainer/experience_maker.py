@@ -7,7 +7,7 @@ reorders the groups over the data ranks for even token counts, and, for the PPO 
 completes it in one place (`ppo.trainer.advantages.AdvantageStage`: log-probs, values, rewards,
 advantages). Online DPO's maker stops at the scored experience: its learner makes the pairs.
 The stages an experience passes are marked on it (`Experience.stage`)."""
-from ..experience import merge_rows
+from ..experience.stages import merge_rows
 from .balance import balance_rows
 from .groups import split_groups
 

@@ -33,7 +33,7 @@ import time
 import paddle
 
 from ..algos.token_versions import token_staleness_metrics
-from ..experience import ROW_LISTS, ROW_TENSORS, Experience
+from ..experience.stages import ROW_LISTS, ROW_TENSORS, Experience
 
 
 def experience_message(exp):

@@ -14,7 +14,7 @@ chunks that a weight update may interrupt (`ppo.rollout.partial`) and each token
 version is kept as `Experience.token_versions`; `Experience.version` is then the oldest."""
 import paddle
 
-from ..experience import experience_from_rollout
+from ..experience.stages import experience_from_rollout
 from ..models.routing_replay import rollout_routing
 from ..rollout.partial import generate_partial
 

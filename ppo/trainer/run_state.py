@@ -2,7 +2,7 @@
 rollout draws so far, which seed the next one), the stateful parts a resume must restore
 (prompt samplers, score normaliser, KL controller, divergence history, Lagrange multiplier), and
 the checkpoints that carry them: `save` writes `checkpoint-<step>` atomically
-(`ppo.checkpoint`), `resume` restores the newest one that loads (falling back to older ones
+(`ppo.checkpoints.checkpoint`), `resume` restores the newest one that loads (falling back to older ones
 when it is damaged, never past one of another run). Model weights are written and read by the
 strategy (`ppo.strategy`), which knows how the models are split over the processes."""
 import logging

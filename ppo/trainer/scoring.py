@@ -14,7 +14,7 @@ import paddle
 
 from ..algos import add_to_last_step, overlong_penalty, reduce_step_scores
 from ..evaluation import decode_responses
-from ..experience import ObjectiveTrace
+from ..experience.stages import ObjectiveTrace
 
 
 class ScoreModel:

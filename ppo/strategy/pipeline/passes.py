@@ -24,7 +24,7 @@ from .policy_pipe import (
     supervised_micro_batch,
 )
 from .score_pipe import end_scores_of, score_head_of
-from ...experience import loss_view
+from ...experience.stages import loss_view
 from ...passes.base import ModelPasses
 
 logger = logging.getLogger(__name__)

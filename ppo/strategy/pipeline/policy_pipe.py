@@ -38,7 +38,7 @@ def first_stage_inputs(exp):
 
 def response_logprobs_from_logits(logits, exp, temperature, with_entropy=False):
     """Response log-probs `[n, Tr]` (and entropies, else None) from the last stage's logits
-    `[n, T, V]`, 0 outside the response mask, as `ppo.experience.response_logprobs`."""
+    `[n, T, V]`, 0 outside the response mask, as `ppo.experience.forward.response_logprobs`."""
     P, Tr = exp.prompt_len, exp.response_ids.shape[1]
     z = logits[:, P - 1 : P - 1 + Tr].astype("float32")
     if temperature != 1.0:
@@ -51,7 +51,7 @@ def response_logprobs_from_logits(logits, exp, temperature, with_entropy=False):
 
 
 def response_values_from_scores(scores, exp):
-    """Critic values `[n, Tr]` from per-token scores `[n, T]`, as `ppo.experience.response_values`."""
+    """Critic values `[n, Tr]` from per-token scores `[n, T]`, as `ppo.experience.forward.response_values`."""
     P, Tr = exp.prompt_len, exp.response_ids.shape[1]
     return scores[:, P - 1 : P - 1 + Tr].astype("float32") * exp.response_mask
 

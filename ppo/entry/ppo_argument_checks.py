@@ -1,31 +1,30 @@
-"""Checks of the PPO/GRPO arguments (`ppo/ppo_arguments.py`), each returning a list of problems.
+"""Checks of the PPO/GRPO arguments (`ppo/entry/ppo_arguments.py`), each returning a list of problems.
 
 The per-group checks run in the dataclasses' `__post_init__`; `validate_arguments` holds
 the checks that need several groups or the file system, and runs before any model loads.
 """
 import json
 
-from .strategy.expert.checks import layout_problems as expert_layout_problems, model_problems as expert_model_problems
-from .strategy import tensor_model_problems
-from .algos import ADV_ESTIMATORS, LOSS_AGG_MODES, AdvEstimator, get_adv_estimator
-from .agents.arguments import agent_problems
-from .algos.kl import K3_NAMES, KL_ESTIMATOR_NAMES
-from .common import paddlenlp_keys as pk
-from .common import validation
-from .common.plugins import find_entry
-from .common.report_writers import LOOP_PACKAGES, missing_report_packages
-from .entry.argument_groups import split_specs
-from .entry.routing_replay_arguments import routing_replay_problems
-from .models.hf_import import hf_config_problems
+from ..strategy import expert_layout_problems, expert_model_problems, tensor_model_problems
+from ..algos import ADV_ESTIMATORS, LOSS_AGG_MODES, AdvEstimator, get_adv_estimator
+from ..agents.arguments import agent_problems
+from ..algos.kl import K3_NAMES, KL_ESTIMATOR_NAMES
+from ..common import paddlenlp_keys as pk
+from ..common import validation
+from ..common.plugins import find_entry
+from ..common.report_writers import LOOP_PACKAGES, missing_report_packages
+from .argument_groups import split_specs
+from .routing_replay_arguments import routing_replay_problems
+from ..models.hf_import import hf_config_problems
 from .paddlenlp_rl_arguments import process_reward_model_problems
-from .trainer.best_policy import EVAL_METRICS, eval_metric_name
-from .trainer.env_reward import env_reward_problems
+from ..trainer.best_policy import EVAL_METRICS, eval_metric_name
+from ..trainer.env_reward import env_reward_problems
 
 PPO_FIELD_CHOICES = {
     "adv_estimator": ("ppo.algos.advantage_registry:ADV_ESTIMATORS", "module.path:NAME of an AdvEstimator"),
     "kl_estimator": "ppo.algos.kl:KL_ESTIMATOR_NAMES", "kl_loss_type": "ppo.algos.kl:KL_ESTIMATOR_NAMES",
     "loss_agg_mode": "ppo.algos.losses:LOSS_AGG_MODES",
-    "eval_mode": "ppo.ppo_argument_checks:EVAL_MODES",
+    "eval_mode": "ppo.entry.ppo_argument_checks:EVAL_MODES",
     "critic_recompute_granularity": "ppo.entry.argument_groups:RECOMPUTE_GRANULARITIES",
 }
 """`PPOTrainingArguments.field_choices`: the fields whose names `ppo/common/early_values.py` checks
@@ -47,7 +46,7 @@ def score_source_problems(model_args):
     if model_args.reward_model_name_or_path:
         problems.append(f"use_rule_reward is set but reward_model_name_or_path={model_args.reward_model_name_or_path!r} "
                         "too: choose one source of scores")
-    from .scorers import get_scorer, parse_scorer_list
+    from ..scorers import get_scorer, parse_scorer_list
 
     try:
         names, _ = parse_scorer_list(model_args.rule_reward_scorers, model_args.rule_reward_weights)
@@ -142,7 +141,7 @@ def loss_problems(args):
         problems.append(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {args.loss_agg_mode!r}")
     if args.loss_scale_factor is not None and not args.loss_scale_factor > 0:
         problems.append(f"loss_scale_factor must be positive, got {args.loss_scale_factor}")
-    from .optimization.offload import parse_offload_level
+    from ..optimization.offload import parse_offload_level
 
     try:
         parse_offload_level(args.offload_level)

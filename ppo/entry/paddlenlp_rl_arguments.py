@@ -4,7 +4,7 @@
 early stopping on the evaluation metric, the rollout's tensor-parallel degree, the compute dtype
 and the optimizer offload.
 
-A mixin of `PPOTrainingArguments` (`ppo/ppo_arguments.py`). Each field acts; a combination the
+A mixin of `PPOTrainingArguments` (`ppo/entry/ppo_arguments.py`). Each field acts; a combination the
 loop cannot run is refused saying why; nothing is accepted and then ignored.
 """
 import json
@@ -12,9 +12,9 @@ import os
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from .algos.process_reward import PRM_REDUCTIONS
-from .algos.vapo import VAPO_ESTIMATOR
-from .optimization.offload import parse_offload_level
+from ..algos.process_reward import PRM_REDUCTIONS
+from ..algos.vapo import VAPO_ESTIMATOR
+from ..optimization.offload import parse_offload_level
 
 DEFAULT_GAE_LAMBDA = 0.95  # PPOTrainingArguments.gae_lambda's default (PaddleNLP's hard-coded lambda)
 
@@ -200,7 +200,7 @@ def process_reward_model_problems(model_args, args):
                 "config says process_reward)"] if changed else []
     problems = []
     if args.tensor_parallel_degree > 1 or args.pipeline_parallel_degree > 1:
-        problems.append("a process reward model as the reward runs whole in each process (ppo.process_reward_scorer): "
+        problems.append("a process reward model as the reward runs whole in each process (ppo.scoring.process_reward): "
                         "tensor/pipeline parallel degrees above 1 are not implemented for it")
     if args.prm_reduction == "step" and args.normalize_reward:
         problems.append("prm_reduction step rewards each step with its P(good) as it is; normalize_reward (one running "

@@ -21,37 +21,37 @@ import logging
 
 import paddle
 
-from .algos import AdaptiveKLController, FixedKLController
-from .agents.arguments import AgentSettings
-from .algos.normalizer import RunningMeanStd
-from .common.console_report import run_label
-from .common.divergence import DivergenceDetector
-from .entry.policy_loss_arguments import policy_loss_startup_line
-from .checkpoints.resume_check import ppo_run_facts
-from .optimization.offload import OffloadPlan, parse_offload_level
-from .optimization.optim import build_optimizer, build_scheduler
+from ..algos import AdaptiveKLController, FixedKLController
+from ..agents.arguments import AgentSettings
+from ..algos.normalizer import RunningMeanStd
+from ..common.console_report import run_label
+from ..common.divergence import DivergenceDetector
+from .policy_loss_arguments import policy_loss_startup_line
+from ..checkpoints.resume_check import ppo_run_facts
+from ..optimization.offload import OffloadPlan, parse_offload_level
+from ..optimization.optim import build_optimizer, build_scheduler
 from .ppo_argument_checks import estimator_settings
-from .scoring.process_reward import ProcessRewardScorer
-from .data.prompt_sampler import PromptSampler
-from .rollout import RolloutEngine, SamplingParams
-from .strategy import PassSettings, PlainStrategy, Ranks, build_strategy
-from .strategy.rollout_link import RolloutLink
-from .trainer.advantages import AdvantageStage
-from .trainer.agent_eval import AgentEvaluator
-from .trainer.agent_rollout import ToolFailureWatch, TrajectoryRollout
-from .trainer.best_policy import BestPolicy, EvalEarlyStop, eval_metric_name
-from .trainer.env_reward import EnvironmentScorer
-from .trainer.evaluator import Evaluator
-from .trainer.experience_maker import ExperienceMaker
-from .trainer.loop import OnlineLoop
-from .trainer.objectives import COST_VALUE_STATS, LagrangianCombiner, PlainCombiner, ScoredObjective, TrainedModel
-from .trainer.report import ResponseSamples, RunReport
-from .trainer.remote_rollout import RemoteRollout
-from .trainer.rollout import Rollout
-from .trainer.rollout_worker import GenerationInPlace, RolloutWorker, RolloutWorkerState
-from .trainer.run_state import RunState
-from .trainer.scoring import ProcessRewardModelScorer, RewardServerScorer, RuleScorer, ScoreModel, ScorePenalties, Scoring
-from .trainer.settings import (
+from ..scoring.process_reward import ProcessRewardScorer
+from ..data.prompt_sampler import PromptSampler
+from ..rollout import RolloutEngine, SamplingParams
+from ..strategy import PassSettings, PlainStrategy, Ranks, build_strategy
+from ..strategy.rollout_link import RolloutLink
+from ..trainer.advantages import AdvantageStage
+from ..trainer.agent_eval import AgentEvaluator
+from ..trainer.agent_rollout import ToolFailureWatch, TrajectoryRollout
+from ..trainer.best_policy import BestPolicy, EvalEarlyStop, eval_metric_name
+from ..trainer.env_reward import EnvironmentScorer
+from ..trainer.evaluator import Evaluator
+from ..trainer.experience_maker import ExperienceMaker
+from ..trainer.loop import OnlineLoop
+from ..trainer.objectives import COST_VALUE_STATS, LagrangianCombiner, PlainCombiner, ScoredObjective, TrainedModel
+from ..trainer.report import ResponseSamples, RunReport
+from ..trainer.remote_rollout import RemoteRollout
+from ..trainer.rollout import Rollout
+from ..trainer.rollout_worker import GenerationInPlace, RolloutWorker, RolloutWorkerState
+from ..trainer.run_state import RunState
+from ..trainer.scoring import ProcessRewardModelScorer, RewardServerScorer, RuleScorer, ScoreModel, ScorePenalties, Scoring
+from ..trainer.settings import (
     AdvantageSettings,
     CheckpointSettings,
     EvalSettings,
@@ -61,9 +61,9 @@ from .trainer.settings import (
     UpdateSettings,
     slice_of,
 )
-from .trainer.updater import NonFiniteError, OptimizerSteps, PPOUpdater, PtxBatches
-from .trainer.watch import DivergenceWatch
-from .strategy import first_non_finite
+from ..trainer.updater import NonFiniteError, OptimizerSteps, PPOUpdater, PtxBatches
+from ..trainer.watch import DivergenceWatch
+from ..strategy import first_non_finite
 
 logger = logging.getLogger("ppo")
 
@@ -226,7 +226,7 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
     early_stop = EvalEarlyStop(eval_metric_name(args.metric_for_best_model or "loss"), args.greater_is_better is not False,
                                args.early_stopping_patience, args.early_stopping_threshold) if args.early_stopping else None
     best = None
-    if args.load_best_model_at_end:  # PaddleNLP's names; checked in ppo.ppo_argument_checks
+    if args.load_best_model_at_end:  # PaddleNLP's names; checked in ppo.entry.ppo_argument_checks
         best = BestPolicy(eval_metric_name(args.metric_for_best_model), args.greater_is_better is not False)
     trained = [actor] + [o.critic for o in objectives if o.critic is not None]
     state = RunState(

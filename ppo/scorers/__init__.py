@@ -69,7 +69,7 @@ function on the command line as ``module.path:function``::
 directory it is started from), registers the function under the name
 ``my_rewards:length_penalty`` and returns it.
 """
-from .scoring.registry import (  # noqa: F401 (the registry's public names)
+from ..scoring.registry import (  # noqa: F401 (the registry's public names)
     Scorer,
     ScorerEntry,
     ScorerError,
@@ -85,10 +85,10 @@ from .scoring.registry import (  # noqa: F401 (the registry's public names)
     register_scorer,
     scorer_facts,
 )
-from .verifiers import verifier_table  # noqa: F401,E402 (registers the built-in scorers)
-from . import judge  # noqa: F401,E402 (registers the model judge, ppo/judge/scorer.py)
-from .verifiers.basic import MATH_ABS_TOL, MATH_REL_TOL, last_number, math_score, reverse_score  # noqa: F401,E402
-from .verifiers.kk import (  # noqa: F401,E402
+from ..verifiers import verifier_table  # noqa: F401,E402 (registers the built-in scorers)
+from .. import judge  # noqa: F401,E402 (registers the model judge, ppo/judge/scorer.py)
+from ..verifiers.basic import MATH_ABS_TOL, MATH_REL_TOL, last_number, math_score, reverse_score  # noqa: F401,E402
+from ..verifiers.kk import (  # noqa: F401,E402
     KK_ANSWER_CORRECT,
     KK_ANSWER_UNPARSEABLE,
     KK_ANSWER_WRONG,
