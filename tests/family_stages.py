@@ -130,7 +130,8 @@ def dpo(model_dir, data_dir, out, monkeypatch, loss_type):
                   "--train_datasets", f"PKU-SafeRLHF/train:1.0:{data_dir}/preference.jsonl",
                   "--eval_datasets", "", "--eval_generation_datasets", "", "--output_dir", out,
                   "--logging_dir", f"{out}/vdl", "--per_device_train_batch_size", "8", "--learning_rate", "1e-2",
-                  "--warmup_steps", "0", "--evaluation_strategy", "no", "--do_eval", "false", *COMMON])
+                  "--warmup_steps", "0", "--evaluation_strategy", "no", "--do_eval", "false", *COMMON,
+                  *(["--sft_loss_ratio", "0"] if loss_type == "orpo" else [])])  # ORPO's loss holds the NLL
     return read_steps(out, "loss/total"), seen["trainer"]
 
 

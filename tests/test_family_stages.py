@@ -19,8 +19,8 @@ import pytest
 from tests import family_stages as fs
 from tests.test_qwen3_moe_training import tiny_moe as tiny_family
 
-DEFAULT = {"sft_lora": "qwen3", "rm": "ernie45", "ppo": "qwen2_moe", "grpo_server": "mixtral", "dpo": "qwen3_moe",
-           "online_dpo": "ernie45_moe", "distill": "mixtral", "agent": "ernie45"}
+DEFAULT = {"sft_lora": "qwen3", "rm": "ernie45_moe", "ppo": "qwen2_moe", "grpo_server": "mixtral", "dpo": "qwen3_moe",
+           "online_dpo": "ernie45", "distill": "mixtral", "agent": "qwen3_moe"}
 """The cell of each stage in the default suite; the other families' cells are slow."""
 
 
