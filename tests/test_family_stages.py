@@ -99,6 +99,9 @@ def test_ppo_with_the_family_reward_model_and_critic(arch, tmp_path, tmp_path_fa
                      "policy/approxkl_avg", "response_length/mean")
     assert records[0]["objective/kl"] == pytest.approx(0.0, abs=1e-5)  # step 1 samples from the reference's weights
     fs.assert_router_stats(arch, records)
+    critic_keys = [key.replace("moe/", "moe/reward_critic_") for key in fs.MOE_KEYS]
+    fs.assert_finite(records, *critic_keys)  # the critic's router loss joins its value loss
+    assert all(r["moe/reward_critic_aux_loss"] > 0 and r["moe/reward_critic_dropped_tokens"] == 0.0 for r in records)
     models = trainer.passes.models
     fs.assert_causal_reload(os.path.join(out, "policy"), models.actor, model_dir, arch)
     fs.assert_score_reload(os.path.join(out, "value"), models.critic, model_dir, arch, score_type="critic")
