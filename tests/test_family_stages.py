@@ -9,7 +9,8 @@ an MoE family), and that the saved weights reload as the family's class with the
 keys and shapes and the trained model's logits (scores for a score model). Full SFT and GRPO with
 rule scorers on every family are in tests/test_qwen3_training.py, test_ernie45_training.py and
 test_qwen3_moe_training.py; PPO on Qwen3 and ERNIE 4.5 there too. The default suite runs one
-family per stage (rotating); the whole matrix is marked slow (docs/moe_families.md has the table)."""
+family per stage (rotating); the whole matrix is marked slow (docs/quickstart_families.md has the
+table)."""
 import os
 import re
 
@@ -59,7 +60,9 @@ def test_lora_sft(arch, tmp_path, tmp_path_factory, tiny_data_dir, monkeypatch):
     records, model = fs.sft_lora(model_dir, tiny_data_dir, out, monkeypatch)
     fs.assert_router_stats(arch, records)
     assert adapted_modules(model) == LORA_TARGETS[arch]
-    assert not any(n.endswith("mlp.gate.weight") and not p.stop_gradient for n, p in model.named_parameters())
+    routers = [p for n, p in model.named_parameters() if n.endswith(("mlp.gate.weight", "mlp.shared_expert_gate.weight"))]
+    assert len(routers) == {"qwen3": 0, "ernie45": 0, "qwen3_moe": 1, "ernie45_moe": 1, "qwen2_moe": 2, "mixtral": 2}[arch]
+    assert all(p.stop_gradient for p in routers)  # frozen with the base weights
     base = load_causal_lm(model_dir).state_dict()
     moved = []
     for name, value in model.state_dict().items():
