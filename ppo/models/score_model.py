@@ -117,11 +117,12 @@ class ScoreModelMixin:
     def keep_router_losses(self, out, attention_mask):
         """A mixture-of-experts backbone's weighted router losses of this forward and their stats
         (``moe_aux_loss``, ``moe_stats``, as the MoE causal LM keeps them; a trainer adds them with
-        `ppo.models.families.moe.take_aux_loss`), when ``output_router_logits`` is on. A packed
-        `[B, 1, T, T]` mask counts every token."""
+        `ppo.models.families.moe.take_aux_loss`), in training with ``output_router_logits`` on (a
+        reward model scoring in eval mode computes none). A packed `[B, 1, T, T]` mask counts
+        every token."""
         routers = getattr(out, "router_logits", None) or ()
         self.moe_aux_loss = None
-        if routers and getattr(self.config, "output_router_logits", False):
+        if routers and self.training and getattr(self.config, "output_router_logits", False):
             mask = attention_mask if attention_mask.ndim == 2 else None
             self.moe_aux_loss, self.moe_stats = moe_losses(routers, self.config, mask)
 
