@@ -230,3 +230,66 @@ def test_agent_rollout(arch, tmp_path, tmp_path_factory, tiny_data_dir):
     assert records[0]["objective/scores"] > 0
     fs.assert_router_stats(arch, records)
     fs.assert_causal_reload(os.path.join(out, "policy"), trainer.passes.models.actor, model_dir, arch)
+
+
+def test_the_router_loss_joins_the_reward_model_loss(tmp_path_factory):
+    """In training, `RewardTrainer.compute_loss` on an MoE score model is the pair loss plus
+    `router_aux_loss_coef` x the load-balancing loss of the same forward (logged as
+    `moe/aux_loss`); in eval mode the score model computes no router loss."""
+    import types
+
+    import paddle
+
+    from ppo.models.score_model import AutoModelForScore
+    from rm.reward_trainer import RewardTrainer, reward_loss
+
+    model = AutoModelForScore.from_pretrained(tiny_family(tmp_path_factory, "qwen3_moe"))
+    model.config.router_aux_loss_coef = 10.0
+    ids = paddle.to_tensor([[1, 4, 7, 30, 31, 2], [1, 9, 12, 5, 2, 2]])
+    inputs = {"better_input_ids": ids, "worse_input_ids": ids.flip([1]), "better_attention_mask": paddle.ones_like(ids),
+              "worse_attention_mask": paddle.ones_like(ids)}
+    trainer = RewardTrainer.__new__(RewardTrainer)
+    trainer.args, trainer.packed_length = types.SimpleNamespace(loss_type="sequence-wise", regularization=0.0), None
+    model.train()
+    total = float(trainer.compute_loss(model, inputs))
+    aux = trainer.moe_stats.take()["moe/aux_loss"]
+    pair = float(reward_loss(model, inputs, "sequence-wise", 0.0)[0])
+    assert aux > 0 and total == pytest.approx(pair + 10.0 * aux, rel=1e-5)
+    model.eval()
+    assert float(trainer.compute_loss(model, inputs)) == pytest.approx(pair, rel=1e-6) and not trainer.moe_stats.take()
+
+
+def test_the_router_loss_joins_the_critic_value_loss(tmp_path_factory):
+    """`PlainPasses.value_backward` backpropagates an MoE critic's value loss plus its router loss
+    split over the step's micro-batches: the router's gradient is the value loss's plus that of
+    aux / n_micro, and the stats name the critic (`moe/reward_critic_aux_loss`)."""
+    import paddle
+
+    from ppo.models.families.moe import take_aux_loss
+    from ppo.models.score_model import AutoModelForScore
+    from ppo.passes.plain import PlainPasses
+
+    model = AutoModelForScore.from_pretrained(tiny_family(tmp_path_factory, "qwen3_moe"), score_type="critic")
+    model.config.router_aux_loss_coef = 10.0
+    model.train()
+    router = model.qwen3_moe.layers[1].mlp.gate.weight
+    ids = paddle.to_tensor([[1, 4, 7, 30, 31, 2, 9]])
+
+    def router_grad(with_router, aux_only=False):
+        model.clear_gradients()
+        values = model(ids).scores
+        taken = take_aux_loss(model)
+        if aux_only:
+            (taken[0] / 2).backward()
+            return router.grad.numpy().copy(), {}
+        totals = {"reward": 0.0}
+        stats = PlainPasses.value_backward(lambda mb, forward: (forward["values"].square().sum(), {}), None, values, totals,
+                                           "reward", taken if with_router else (None, {}), 2)
+        return router.grad.numpy().copy(), stats
+
+    value_only, no_stats = router_grad(False)
+    both, stats = router_grad(True)
+    aux_only, _ = router_grad(True, aux_only=True)
+    assert not no_stats and stats["moe/reward_critic_aux_loss"] > 0 and "moe/aux_loss" not in stats
+    np.testing.assert_allclose(both, value_only + aux_only, rtol=1e-5, atol=1e-7)
+    assert np.abs(aux_only).max() > 1e-6
