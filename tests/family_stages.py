@@ -63,15 +63,20 @@ def shapes(model):
     return {name: tuple(value.shape) for name, value in model.state_dict().items()}
 
 
-def assert_causal_reload(path, trained, base_dir, arch):
+def assert_causal_reload(path, trained, base_dir, arch, adapter=False):
     """The causal LM saved in `path` reloads (`load_causal_lm`, i.e. our family class's
-    `from_pretrained`) as the family's class, with the base model's keys and shapes and the
-    trained model's logits; the training moved them off the base model's."""
+    `from_pretrained`) as the family's class, with the base model's keys and shapes (`adapter`: a
+    LoRA adapter on the base model) and the trained model's logits; the training moved them off
+    the base model's."""
     from ppo.models.loading import load_causal_lm, unwrap_model
 
     saved, base = load_causal_lm(path), load_causal_lm(base_dir)
-    assert type(saved).__name__ == CAUSAL[arch]
-    assert shapes(saved) == shapes(base)
+    assert type(unwrap_model(saved)).__name__ == CAUSAL[arch]
+    if adapter:
+        base_keys = {k.split(".", 1)[1]: v for k, v in shapes(saved).items() if "lora_" not in k}
+        assert base_keys == shapes(base)
+    else:
+        assert shapes(saved) == shapes(base)
     np.testing.assert_array_equal(causal_logits(saved, IDS), causal_logits(unwrap_model(trained), IDS))
     assert np.abs(causal_logits(saved, IDS) - causal_logits(base, IDS)).max() > 0
     return saved
@@ -193,3 +198,16 @@ def distill(student_dir, teacher_dir, data_dir, out, monkeypatch):
                                   "--per_device_train_batch_size", "8", "--save_steps", "0", "--evaluation_strategy", "no",
                                   "--do_eval", "false", *COMMON))
     return read_steps(out, "loss/distill"), seen["trainer"].model
+
+
+def lora_grpo(model_dir, data_dir, out):
+    """GRPO with a LoRA policy (rule scorer), the old log-probs from the training forward so that
+    `rollout/logprob_diff_*` compare the engine's (adapter deltas applied) with it."""
+    from ppo.run_ppo import build_trainer
+
+    trainer = build_trainer(rl_argv("config/tiny/grpo_rule_argument.json", model_dir, data_dir, out,
+                                    "--rule_reward_scorers", "tests.rule_reward_helpers:_char_recall_scorer",
+                                    "--use_lora", "true", "--lora_rank", "4", "--learning_rate", "5e-2",
+                                    "--use_rollout_logprobs", "false"))
+    trainer.train()
+    return read_steps(out, "objective/scores"), trainer
