@@ -1,8 +1,10 @@
 """Every training stage on every model family of our own Paddle classes (Qwen3, Qwen3-MoE,
 ERNIE 4.5, ERNIE 4.5 MoE, Qwen2-MoE, Mixtral; the tiny models of `ppo.tiny.factory`), 2 steps each
 through the real entry points: LoRA SFT, the reward model, PPO with the family's reward model and
-critic, GRPO scored by the reward server, the DPO family, online DPO, distillation between two
-families that share a tokenizer, and the agent rollout (GRPO over a multi-turn environment).
+critic, GRPO scored by the reward server, GRPO with a LoRA policy, the DPO family, online DPO,
+distillation between two families that share a tokenizer, and the agent rollout (GRPO over a
+multi-turn environment); and, by value, the router's aux loss joining the reward model's and the
+PPO critic's losses.
 
 Each cell asserts one finite record per step with the stage's own metrics (and the router's on
 an MoE family), and that the saved weights reload as the family's class with the base model's
