@@ -14,6 +14,9 @@ One training step on a batch of B prompts with K answers each (pairs: K = 2):
 3. the registry loss (`dpo.preference_objective`; logged as `loss/dpo`, its own NLL term
    included) times `pref_loss_ratio`, plus `sft_loss_ratio * NLL` of the chosen / best /
    desirable answers (token mean, `loss/sft`) when asked;
+   A mixture-of-experts policy adds its router losses of step 1's forward
+   (`ppo.models.families.moe.take_aux_loss`: `router_aux_loss_coef` x the load-balancing loss,
+   as `SFTTrainer` and the RL actor do) and logs `moe/*`;
 4. the detached statistics are summed on device and averaged into the next
    Trainer log (one host transfer per log, reduced across ranks there).
 
@@ -35,7 +38,9 @@ from dpo.preference_objective import needs_reference, preference_objective
 from ppo.algos import PREFERENCE_LOSSES, get_preference_loss, kto_kl_reference_point, masked_sum
 from ppo.data import IGNORE_INDEX, right_padding
 from ppo.evaluation.trainer_mixin import GenerationEvalMixin
+from ppo.models.basics import unwrap_model
 from ppo.models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE, causal_lm_token_logprobs
+from ppo.models.families.moe import take_aux_loss
 from ppo.models.unpadded import pack_padded, packed_token_logprobs
 from ppo.models.loading import find_lora_model, lora_disabled
 from ppo.strategy.pipeline.preference_run import PreferencePipelineRun, from_last_stage
@@ -201,10 +206,14 @@ class DPOTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
         ids, mask, labels, scores, valid = answer_rows(inputs, self.loss_fn.data)
         # 1. policy: one forward over every answer of the batch [N, T]
         logps, lengths, _, _ = self.answer_logprobs(model, ids, mask, labels)
+        aux, moe_stats = take_aux_loss(unwrap_model(model))  # an MoE policy's router losses (None without gradients)
         # 2. reference: one forward without gradients
         ref = self.reference_logprobs(model, ids, mask, labels) if self.use_reference else None
         kl_point = self.kl_reference_point(model, inputs) if self.loss_fn.kl_point else None
-        return self.preference_objective(logps, lengths, ref, kl_point, scores, valid)
+        loss, stats = self.preference_objective(logps, lengths, ref, kl_point, scores, valid)
+        if aux is not None:
+            loss, stats = loss + aux.astype(loss.dtype), {**stats, **moe_stats}
+        return loss, stats
 
     def preference_objective(self, logps, lengths, ref, kl_point=None, scores=None, valid=None):
         """`(loss, stats)` from summed answer log-probs `[N]` (answer-major rows; pairs: chosen

@@ -52,6 +52,7 @@ class CostTrainer(RewardTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False):
         loss, stats = cost_loss(model, inputs, self.args.loss_type, self.args.regularization, self.packed_length)
+        loss = self.add_moe_aux_loss(model, loss)  # an MoE backbone's router losses
         return (loss, stats) if return_outputs else loss
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):

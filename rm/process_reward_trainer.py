@@ -62,6 +62,7 @@ class ProcessRewardTrainer(RewardTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False):
         loss, stats = process_loss(model, inputs)
+        loss = self.add_moe_aux_loss(model, loss)  # an MoE backbone's router losses
         return (loss, stats) if return_outputs else loss
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):

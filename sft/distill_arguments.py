@@ -106,17 +106,17 @@ def validate_arguments(model_args, data_args, training_args):
 def tokenizer_problems(student, teacher, student_path, teacher_path):
     """Why the teacher's tokenizer is not the student's (None when it is): the loss compares the two
     models' distributions token id by token id, so the ids must mean the same strings. The message
-    names both tokenizers (class, path) and the first difference."""
-    names = (f"the student's {type(student).__name__} ({student_path}) and the teacher's {type(teacher).__name__} "
-             f"({teacher_path})")
+    names the key, both tokenizers (class, path) and the first difference."""
+    names = (f"teacher_model_name_or_path: different tokenizers: the student's {type(student).__name__} ({student_path}) "
+             f"and the teacher's {type(teacher).__name__} ({teacher_path})")
     a, b = student.get_vocab(), teacher.get_vocab()
     if a != b:
         differ = sorted(set(a.items()) ^ set(b.items()), key=lambda kv: (kv[1], repr(kv[0])))[:3]
-        return (f"different tokenizers: {names} have vocabularies of {len(a)} and {len(b)} tokens that differ at "
+        return (f"{names} have vocabularies of {len(a)} and {len(b)} tokens that differ at "
                 f"{differ}; distillation compares per-token distributions, so the teacher must use the student's tokenizer")
     for special in ("bos_token_id", "eos_token_id", "pad_token_id"):
         if getattr(student, special) != getattr(teacher, special):
-            return (f"different tokenizers: {names} disagree on {special} ({getattr(student, special)} vs "
+            return (f"{names} disagree on {special} ({getattr(student, special)} vs "
                     f"{getattr(teacher, special)}); distillation needs the same tokenizer")
     return None
 

@@ -56,7 +56,7 @@ class DistillTrainer(SFTTrainer):
         loss = (jsd * counted).sum() / tokens
         if STEP_TOKENS_KEY in inputs:
             scale = step_token_scale(inputs, self.args.gradient_accumulation_steps, self.args.dataset_world_size)
-            loss = (jsd * counted).sum() * scale
+            loss = self.add_moe_aux_loss(model, (jsd * counted).sum() * scale)  # an MoE student's router losses
             self.record(jsd, teacher_logp, counted, inputs)
         return (loss, {"jsd": jsd}) if return_outputs else loss
 

@@ -70,10 +70,12 @@ def start_up(argv):
     teacher_tokenizer = startup.attempt(load_tokenizer, teacher_path) if teacher_path else None
     datasets = None
     if tokenizer is not None and teacher_tokenizer is not None:
-        startup.add([tokenizer_problems(tokenizer, teacher_tokenizer, student_path, teacher_path)])
-        startup.add(vocabulary_problems(student_path, teacher_path))
+        mismatch = tokenizer_problems(tokenizer, teacher_tokenizer, student_path, teacher_path)
+        startup.add([mismatch])  # its consequences (vocab_size, the teacher's embedding rows) are not repeated
+        if mismatch is None:
+            startup.add(vocabulary_problems(student_path, teacher_path))
         datasets = build_datasets(data_args, training_args, tokenizer, startup.attempt)
-        dirs = [("model_name_or_path", student_path), ("teacher_model_name_or_path", teacher_path)]
+        dirs = [("model_name_or_path", student_path)] + [("teacher_model_name_or_path", teacher_path)] * (mismatch is None)
         length = data_args.max_length + training_args.max_dec_len
         startup.add(token_and_position_problems(tokenizer, dirs, length, "max_length + max_dec_len"))
     startup.finish()

@@ -21,6 +21,7 @@ import paddle.nn as nn
 from ..algos import pairwise_reward_loss, tokenwise_pairwise_reward_loss
 from ..algos.normalizer import build_normalizer
 from .causal_lm import last_token_index, position_ids_from_mask
+from .families.moe import moe_losses
 
 SCORE_TYPES = ("reward", "critic", "cost")
 SCORE_CONFIG_DEFAULTS = {
@@ -113,6 +114,18 @@ class ScoreModelMixin:
         std = paddle.sqrt(self.normalizer_var + 1e-8)
         return (scores - self.normalizer_mean) / std
 
+    def keep_router_losses(self, out, attention_mask):
+        """A mixture-of-experts backbone's weighted router losses of this forward and their stats
+        (``moe_aux_loss``, ``moe_stats``, as the MoE causal LM keeps them; a trainer adds them with
+        `ppo.models.families.moe.take_aux_loss`), in training with ``output_router_logits`` on (a
+        reward model scoring in eval mode computes none). A packed `[B, 1, T, T]` mask counts
+        every token."""
+        routers = getattr(out, "router_logits", None) or ()
+        self.moe_aux_loss = None
+        if routers and self.training and getattr(self.config, "output_router_logits", False):
+            mask = attention_mask if attention_mask.ndim == 2 else None
+            self.moe_aux_loss, self.moe_stats = moe_losses(routers, self.config, mask)
+
     def forward(self, input_ids, attention_mask=None, position_ids=None, ends=None, **kwargs):
         """Per-token and end scores of `input_ids [B, T]`. Packed rows (`ppo.models.unpadded`: a
         `[B, 1, T, T]` mask, position ids given) name each sample's last token as a flat cell
@@ -124,6 +137,7 @@ class ScoreModelMixin:
         out = self.backbone(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True
         )
+        self.keep_router_losses(out, attention_mask)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         scores = self.score_head(hidden).squeeze(-1).astype("float32")  # [B, T]
         if ends is not None:

@@ -132,7 +132,8 @@ class PlainPasses(ModelPasses):
                 values = forward["values"] if i == 0 and forward["values"] is not None else None
                 if values is None:
                     values = self._critic_forward(self.critics[objective], mb)
-                stats = {**stats, **self.value_backward(loss_fn, mb, values, totals, objective)}
+                router = take_aux_loss(unwrap_model(self.critics[objective]))  # an MoE critic's, of that forward
+                stats = {**stats, **self.value_backward(loss_fn, mb, values, totals, objective, router, len(plan))}
             records.append(stats)
         return actor_total, totals, records
 
@@ -154,12 +155,16 @@ class PlainPasses(ModelPasses):
         return float(loss), stats
 
     @staticmethod
-    def value_backward(loss_fn, mb, values, totals, name):
-        """Backward of one critic's loss on `values` `[n, Tr]`, added to `totals[name]`; its stats."""
+    def value_backward(loss_fn, mb, values, totals, name, router=(None, {}), n_micro=1):
+        """Backward of one critic's loss on `values` `[n, Tr]` (the value loss added to
+        `totals[name]`), plus a mixture-of-experts critic's router losses `router` (`(aux, stats)`
+        of `take_aux_loss`, the weight split over the step's `n_micro` micro-batches, the stats
+        logged as `moe/<name>_critic_*`); its stats."""
         vloss, vstats = loss_fn(mb, {"values": values})
-        vloss.backward()
+        aux, moe_stats = router
+        (vloss if aux is None else vloss + aux.astype(vloss.dtype) / n_micro).backward()
         totals[name] += float(vloss)
-        return vstats
+        return {**vstats, **{key.replace("moe/", f"moe/{name}_critic_", 1): v for key, v in moe_stats.items()}}
 
     def group_sum(self, value):
         return value
