@@ -47,14 +47,18 @@ def _rank_name(layout, rank):
 class RolloutLink:
     """`layout`: the run's `RolloutLayout` (default: trainer rank 0, rollout rank 1); `rank`:
     this process's (default: Paddle's); `weight_group`: the process group of
-    `layout.weight_group_ranks` (None: the default group, when they are the whole launch)."""
+    `layout.weight_group_ranks`; `pair_groups`: `{(trainer rank, rollout rank): their group}`
+    (`ppo.strategy.split_groups`; None or absent: the default group, a launch of these ranks only)."""
 
     trainer_rank = 0  # the source of the weights
 
-    def __init__(self, layout=None, rank=None, weight_group=None):
+    def __init__(self, layout=None, rank=None, weight_group=None, pair_groups=None):
         self.layout = layout or RolloutLayout(2, 1)
         self.rank = dist.get_rank() if rank is None else rank
-        self.weight_group = weight_group
+        self.weight_group, self.pair_groups = weight_group, dict(pair_groups or {})
+
+    def _pair_group(self, peer):
+        return self.pair_groups.get((min(self.rank, peer), max(self.rank, peer)))
 
     def _collective(self, what, peer, fn, *args, **kwargs):
         try:
@@ -75,15 +79,15 @@ class RolloutLink:
 
     def send_object(self, obj, dst, what="sending a batch"):
         data = np.frombuffer(pickle.dumps(obj, protocol=4), dtype=np.uint8)
-        peer = _rank_name(self.layout, dst)
-        self._collective(what, peer, dist.send, paddle.to_tensor([data.size], dtype="int64"), dst=dst)
-        self._collective(what, peer, dist.send, paddle.to_tensor(data), dst=dst)
+        peer, group = _rank_name(self.layout, dst), self._pair_group(dst)
+        self._collective(what, peer, dist.send, paddle.to_tensor([data.size], dtype="int64"), dst=dst, group=group)
+        self._collective(what, peer, dist.send, paddle.to_tensor(data), dst=dst, group=group)
 
     def recv_object(self, src, what="waiting for a batch"):
-        size, peer = paddle.zeros([1], dtype="int64"), _rank_name(self.layout, src)
-        self._collective(what, peer, dist.recv, size, src=src)
+        size, peer, group = paddle.zeros([1], dtype="int64"), _rank_name(self.layout, src), self._pair_group(src)
+        self._collective(what, peer, dist.recv, size, src=src, group=group)
         payload = paddle.zeros([int(size.numpy()[0])], dtype="uint8")
-        self._collective(what, peer, dist.recv, payload, src=src)
+        self._collective(what, peer, dist.recv, payload, src=src, group=group)
         return pickle.loads(payload.numpy().tobytes())
 
     def send_weights(self, params, version):
@@ -131,10 +135,10 @@ def open_split_world(world, rollout_ranks):
     rank's link, also kept for `run_link`."""
     global _run_link
     layout = RolloutLayout(world, rollout_ranks)
-    trainer_group, weight_group = split_groups(layout)
+    trainer_group, weight_group, pair_groups = split_groups(layout)
     if not layout.is_replica(dist.get_rank()):
         set_training_world(layout.trainers, trainer_group)
-    _run_link = RolloutLink(layout, weight_group=weight_group)
+    _run_link = RolloutLink(layout, weight_group=weight_group, pair_groups=pair_groups)
     return _run_link
 
 

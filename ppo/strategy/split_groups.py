@@ -1,5 +1,11 @@
-"""The process groups of a split run (`rollout_placement split`): its trainer ranks', and the
-weights group of trainer rank 0 and its rollout ranks (`ppo.strategy.rollout_layout`).
+"""The process groups of a split run (`rollout_placement split`): its trainer ranks', the weights
+group of trainer rank 0 and its rollout ranks, and one group per trainer rank and rollout rank
+that exchange batches (`ppo.strategy.rollout_layout`).
+
+Paddle's gloo send / recv pair up by a tag that each process counts per process group (one per
+operation on that group), so a point-to-point exchange over the default group of a launch of
+more than two ranks pairs a message with another's; a group of just the two ranks keeps both
+counts in step.
 
 Paddle 3.3's gloo process group rendezvouses twice when it is made: once under keys prefixed
 by the group's id, and once more in the `ProcessGroupGloo` constructor under the bare group
@@ -46,9 +52,13 @@ def isolated_group(ranks, name):
 
 
 def split_groups(layout):
-    """`(trainer group, weights group)` of a `RolloutLayout`, each None where Paddle's default group
-    serves (one trainer rank; a weights group that is the whole launch). Collective over the launch."""
-    trainer_group = isolated_group(layout.trainer_ranks, "trainers") if layout.trainers > 1 else None
-    weight_ranks = layout.weight_group_ranks
-    weight_group = isolated_group(weight_ranks, "weights") if len(weight_ranks) < layout.world else None
-    return trainer_group, weight_group
+    """`(trainer group, weights group, {(trainer rank, rollout rank): their group})` of a
+    `RolloutLayout`, each None where Paddle's default group serves (one trainer rank; a group that
+    is the whole launch). Collective over the launch."""
+    def group(ranks, name):
+        return isolated_group(ranks, name) if 1 < len(ranks) < layout.world else None
+
+    trainer_group = group(layout.trainer_ranks, "trainers")
+    weight_group = group(layout.weight_group_ranks, "weights")
+    pairs = {(t, r): group([t, r], f"pair_{t}_{r}") for r in layout.replica_ranks for t in layout.served_trainers(r)}
+    return trainer_group, weight_group, pairs
