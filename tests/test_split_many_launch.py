@@ -1,0 +1,123 @@
+"""rollout_placement split with several trainer or rollout ranks, as users run it: one
+`paddle.distributed.launch` of CPU processes from a cold start, against the colocated run with
+as many data-parallel ranks as the split run has trainer ranks (same tiny GRPO config as
+tests/test_async_launch.py, 3 steps). At staleness 0, 2 trainer + 2 rollout ranks and 2 trainer
++ 1 rollout rank give the colocated 2-rank run's per-step metrics, samples and final weights bit
+for bit (the gradient all-reduce adds the same two numbers), 1 trainer + 2 rollout ranks the
+one-process run's; at staleness 1 each batch records the checksum of exactly the trainer's
+weights of the version that sampled it. Four processes on two cores: slow suite."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ppo.models.loading import load_causal_lm
+from ppo.run_ppo import build_trainer
+from ppo.strategy.rollout_link import weights_checksum
+from tests.test_async_launch import NOT_COMPARED, STALE, env, logs, policy_weights, run_argv, steps
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 3
+
+
+def argv_of(model_dir, data_dir, out, *extra):
+    argv = run_argv(model_dir, data_dir, out, *extra)
+    i = argv.index("--max_steps")
+    return argv[:i + 1] + [str(STEPS)] + argv[i + 2:]
+
+
+def launch(out, argv, nproc, rollout_ranks=None):
+    """`paddle.distributed.launch --nproc_per_node nproc`; split with `rollout_ranks` rollout ranks
+    (None: colocated)."""
+    split = ["--rollout_placement", "split", "--rollout_ranks", str(rollout_ranks)] if rollout_ranks else []
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc), "--log_dir", f"{out}/launch",
+           "ppo/run_ppo.py", *argv, *split]
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + logs(out)
+    return out
+
+
+def assert_same_run(got, want, trainer_ranks):
+    """Every compared metric of every step, the samples, the final weights and every trainer
+    rank's weights fingerprint: bit for bit."""
+    a, b = steps(got), steps(want)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, STEPS + 1))
+    for ra, rb in zip(a, b):
+        keys = {k for k in rb if not k.startswith(NOT_COMPARED)}
+        assert {k: ra[k] for k in keys} == {k: rb[k] for k in keys}, ra["step"]
+    samples = lambda out: [(s["step"], s["prompt"], s["response"], s["score"])  # noqa: E731
+                           for s in map(json.loads, open(f"{out}/samples.jsonl"))]
+    assert samples(got) == samples(want)
+    wa, wb = policy_weights(f"{got}/policy"), policy_weights(f"{want}/policy")
+    assert wa.keys() == wb.keys() and all(np.array_equal(wa[k], wb[k]) for k in wb)
+    fingerprints = json.load(open(f"{got}/summary.json"))["actor_fingerprints"]
+    assert fingerprints == json.load(open(f"{want}/summary.json"))["actor_fingerprints"]
+    assert len(fingerprints) == trainer_ranks
+
+
+def generated(out, rank):
+    """The batches rollout rank `rank` reports it generated."""
+    line = [ln for ln in open(f"{out}/launch/workerlog.{rank}") if "rollout rank: generated" in ln]
+    assert len(line) == 1, logs(out)
+    return int(line[0].split("rollout rank: generated ")[1].split()[0])
+
+
+@pytest.fixture(scope="module")
+def colocated_dp2(tiny_model_dir, tiny_data_dir, tmp_path_factory):
+    """The colocated run on two data-parallel ranks."""
+    out = str(tmp_path_factory.mktemp("colocated_dp2"))
+    return launch(out, argv_of(tiny_model_dir, tiny_data_dir, out), 2)
+
+
+@pytest.mark.slow
+def test_two_trainer_and_two_rollout_ranks_are_the_colocated_dp2_run(colocated_dp2, tiny_model_dir, tiny_data_dir,
+                                                                    tmp_path):
+    out = str(tmp_path / "split_2x2")
+    launch(out, argv_of(tiny_model_dir, tiny_data_dir, out), 4, rollout_ranks=2)
+    assert_same_run(out, colocated_dp2, trainer_ranks=2)
+    rows = steps(out)
+    assert [r["async/weights_version"] for r in rows] == list(range(STEPS))
+    assert [r["async/staleness_mean"] for r in rows] == [0.0] * STEPS
+    assert [generated(out, 2), generated(out, 3)] == [STEPS, STEPS]  # rollout rank 2 + t serves trainer rank t
+
+
+@pytest.mark.slow
+def test_two_trainer_ranks_and_one_rollout_rank_are_the_colocated_dp2_run(colocated_dp2, tiny_model_dir, tiny_data_dir,
+                                                                        tmp_path):
+    out = str(tmp_path / "split_2x1")
+    launch(out, argv_of(tiny_model_dir, tiny_data_dir, out), 3, rollout_ranks=1)
+    assert_same_run(out, colocated_dp2, trainer_ranks=2)
+    assert generated(out, 2) == 2 * STEPS  # both trainer ranks' batches, every step
+
+
+@pytest.mark.slow
+def test_one_trainer_and_two_rollout_ranks_are_the_colocated_run(tiny_model_dir, tiny_data_dir, tmp_path):
+    colocated = str(tmp_path / "colocated")
+    build_trainer(argv_of(tiny_model_dir, tiny_data_dir, colocated)).train()
+    out = str(tmp_path / "split_1x2")
+    launch(out, argv_of(tiny_model_dir, tiny_data_dir, out), 3, rollout_ranks=2)
+    assert_same_run(out, colocated, trainer_ranks=1)
+    assert [generated(out, 1), generated(out, 2)] == [2, 1]  # steps 1 and 3, then step 2: the ranks take turns
+
+
+@pytest.mark.slow
+def test_two_by_two_at_staleness_1_records_the_checksum_of_the_weights_that_sampled_each_batch(tiny_model_dir,
+                                                                                              tiny_data_dir, tmp_path):
+    """Batch k + 1 comes from the weights after step k on both rollout ranks; the checksum each
+    reports after applying them (both trainer ranks check it against their own weights) is that
+    of the trainer's checkpoint of that version (version 0: the initial model)."""
+    out = str(tmp_path / "stale_2x2")
+    launch(out, argv_of(tiny_model_dir, tiny_data_dir, out, *STALE, "--save_steps", "1", "--save_total_limit", "10"), 4,
+           rollout_ranks=2)
+    rows = steps(out)
+    assert [r["async/weights_version"] for r in rows] == [0, 0, 1]
+    assert [r["async/staleness_mean"] for r in rows] == [0.0, 1.0, 1.0]
+    for r in rows:
+        version = int(r["async/weights_version"])
+        path = f"{out}/checkpoint-{version}/policy" if version else tiny_model_dir
+        assert r["async/weights_checksum"] == weights_checksum(list(load_causal_lm(path).parameters())), r["step"]
+    assert all(abs(r["rollout/logprob_diff_max"]) > 1e-3 for r in rows[1:])  # the stale batches are corrected
+    assert [generated(out, 2), generated(out, 3)] == [STEPS, STEPS]
