@@ -269,9 +269,9 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
 def build_rollout_worker(args, actor, tokenizer, train_dataset, models=None):
     """A split run's rollout rank (`rollout_placement split`): the `RolloutWorker` generating with
     `actor` (loaded alone, `ppo.models.ppo_models.load_actor`) the batches the colocated run's
-    `Rollout` of each trainer rank it serves would, from the same prompts and seeded draws. `models`: `PPOModels` with the
-    actor and its reference when the run has a KL to the reference (the rollout rank then
-    computes the reference log-probs with the trainer's own pass), else None."""
+    `Rollout` of each trainer rank it serves would, from the same prompts and seeded draws.
+    `models`: `PPOModels` with the actor and its reference when the run has a KL to the reference
+    (the rollout rank then computes the reference log-probs with the trainer's own pass), else None."""
     reference_pass = None
     if models is not None:
         passes = PlainStrategy(Ranks()).build_passes(models, actor, {}, {}, PassSettings(  # split: plain layouts only

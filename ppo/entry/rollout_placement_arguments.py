@@ -113,8 +113,8 @@ def rollout_placement_problems(args, world_size):
                             "current weights)")
         return problems
     if world_size < 2:
-        problems.append("rollout_placement split needs a launch of 2 processes (python -m paddle.distributed.launch "
-                        "--nproc_per_node 2 ...): rank 0 trains, rank 1 generates; this run has 1")
+        problems.append("rollout_placement split needs a launch of 2 processes or more (python -m "
+                        "paddle.distributed.launch --nproc_per_node 2 ...: rank 0 trains, rank 1 generates); this run has 1")
     elif not 1 <= args.rollout_ranks < world_size:
         problems.append(f"rollout_ranks {args.rollout_ranks} with {world_size} processes: a split run needs at least one "
                         "rollout rank and one trainer rank (the first processes - rollout_ranks train)")
@@ -150,8 +150,8 @@ def partial_rollout_problems(args, world_size=2):
                         "samples a batch with one version)")
     elif world_size != 2:
         problems.append(f"partial_rollout with {world_size} processes: a response spans an update with one trainer rank "
-                        "and one rollout rank only (2 processes); with more, the update would land in one trainer "
-                        "rank's batch of a rollout rank's several")
+                        "and one rollout rank only (2 processes); mid-batch updates across several batches of a step "
+                        "are not implemented")
     if not 1 <= args.partial_rollout_tokens < args.max_dec_len:
         problems.append(f"partial_rollout_tokens {args.partial_rollout_tokens} must be in 1..max_dec_len - 1 "
                         f"({args.max_dec_len - 1}): the tokens a response generates before the update")

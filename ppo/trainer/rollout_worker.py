@@ -7,9 +7,10 @@ when they are newer than its own (`ppo.trainer.remote_rollout` gives the schedul
 follows), and walks batch b's units in the layout's fixed order (`RolloutLayout.units`):
 trainer rank t's unit dealt to this rank it generates with the same `Rollout` colocated data
 rank t uses (same prompts, same seeded draws, one `Rollout` per trainer rank served), one dealt
-to another rollout rank only advances that `Rollout`'s prompt sampler and draw count. It adds the reference log-probs when the run needs them (`reference_pass`: the same
-`PlainPasses` pass the colocated trainer runs, so the numbers are the same; the trainer then
-skips its own, which moves that frozen model's work off the training critical path) and sends
+to another rollout rank only advances that `Rollout`'s prompt sampler and draw count. It adds
+the reference log-probs when the run needs them (`reference_pass`: the same `PlainPasses` pass
+the colocated trainer runs, so the numbers are the same; the trainer then skips its own, which
+moves that frozen model's work off the training critical path) and sends
 it to trainer rank t with the version and checksum of the weights that sampled it, its sampler
 position and draw count afterwards, and the seconds it waited for the weights.
 
@@ -47,7 +48,8 @@ class RolloutWorkerState:
 class RolloutWorker:
     """`link`: the `RolloutLink`; `rollout`: a `Rollout` over this rank's actor whose `state`
     is a `RolloutWorkerState`, or `{trainer rank: such a Rollout}` for every trainer rank this
-    rank serves (a lone `Rollout` serves trainer rank 0); `params`: the actor's parameters in the trainer's order;
+    rank serves (a lone `Rollout` serves trainer rank 0); `params`: the actor's parameters in the
+    trainer's order;
     `staleness`: `async_staleness`; `reference_pass`: `exp -> ref_logprobs [N, Tr]` (no
     gradient), or None when the run has no KL to a reference; `partial_tokens`: `partial_rollout_tokens`
     of a `partial_rollout` run (0: off), the tokens every response generates before the update of
