@@ -4,8 +4,8 @@ as many data-parallel ranks as the split run has trainer ranks (same tiny GRPO c
 tests/test_async_launch.py, 3 steps). At staleness 0, 2 trainer + 2 rollout ranks and 2 trainer
 + 1 rollout rank give the colocated 2-rank run's per-step metrics, samples and final weights bit
 for bit (the gradient all-reduce adds the same two numbers), 1 trainer + 2 rollout ranks the
-one-process run's; at staleness 1 each batch records the checksum of exactly the trainer's
-weights of the version that sampled it. Four processes on two cores: slow suite."""
+one-process run's; at staleness 1 (each layout) each batch records the checksum of exactly the
+trainer's weights of the version that sampled it. Three or four processes on two cores: slow suite."""
 import json
 import os
 import subprocess
@@ -104,14 +104,17 @@ def test_one_trainer_and_two_rollout_ranks_are_the_colocated_run(tiny_model_dir,
 
 
 @pytest.mark.slow
-def test_two_by_two_at_staleness_1_records_the_checksum_of_the_weights_that_sampled_each_batch(tiny_model_dir,
-                                                                                              tiny_data_dir, tmp_path):
-    """Batch k + 1 comes from the weights after step k on both rollout ranks; the checksum each
-    reports after applying them (both trainer ranks check it against their own weights) is that
-    of the trainer's checkpoint of that version (version 0: the initial model)."""
-    out = str(tmp_path / "stale_2x2")
-    launch(out, argv_of(tiny_model_dir, tiny_data_dir, out, *STALE, "--save_steps", "1", "--save_total_limit", "10"), 4,
-           rollout_ranks=2)
+@pytest.mark.parametrize("nproc, rollout_ranks, batches", [(4, 2, [STEPS, STEPS]), (3, 1, [2 * STEPS]), (3, 2, [2, 1])])
+def test_at_staleness_1_each_batch_records_the_checksum_of_the_weights_that_sampled_it(nproc, rollout_ranks, batches,
+                                                                                      tiny_model_dir, tiny_data_dir,
+                                                                                      tmp_path):
+    """2 + 2, 2 + 1 and 1 + 2 ranks: batch k + 1 comes from the weights after step k on every
+    rollout rank; the checksum each reports after applying them (every trainer rank checks it
+    against its own weights) is that of the trainer's checkpoint of that version (version 0: the
+    initial model)."""
+    out = str(tmp_path / "stale")
+    launch(out, argv_of(tiny_model_dir, tiny_data_dir, out, *STALE, "--save_steps", "1", "--save_total_limit", "10"),
+           nproc, rollout_ranks=rollout_ranks)
     rows = steps(out)
     assert [r["async/weights_version"] for r in rows] == [0, 0, 1]
     assert [r["async/staleness_mean"] for r in rows] == [0.0, 1.0, 1.0]
@@ -120,4 +123,4 @@ def test_two_by_two_at_staleness_1_records_the_checksum_of_the_weights_that_samp
         path = f"{out}/checkpoint-{version}/policy" if version else tiny_model_dir
         assert r["async/weights_checksum"] == weights_checksum(list(load_causal_lm(path).parameters())), r["step"]
     assert all(abs(r["rollout/logprob_diff_max"]) > 1e-3 for r in rows[1:])  # the stale batches are corrected
-    assert [generated(out, 2), generated(out, 3)] == [STEPS, STEPS]
+    assert [generated(out, rank) for rank in range(nproc - rollout_ranks, nproc)] == batches
