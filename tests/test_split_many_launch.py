@@ -4,7 +4,7 @@ as many data-parallel ranks as the split run has trainer ranks (same tiny GRPO c
 tests/test_async_launch.py, 3 steps). At staleness 0, 2 trainer + 2 rollout ranks and 2 trainer
 + 1 rollout rank give the colocated 2-rank run's per-step metrics, samples and final weights bit
 for bit (the gradient all-reduce adds the same two numbers), 1 trainer + 2 rollout ranks the
-one-process run's; at staleness 1 (each layout) each batch records the checksum of exactly the
+one-process run's (2 + 2 also as a two-node launch on one host); at staleness 1 (each layout) each batch records the checksum of exactly the
 trainer's weights of the version that sampled it. Three or four processes on two cores: slow suite."""
 import json
 import os
@@ -18,6 +18,7 @@ from ppo.models.loading import load_causal_lm
 from ppo.run_ppo import build_trainer
 from ppo.strategy.rollout_link import weights_checksum
 from tests.test_async_launch import NOT_COMPARED, STALE, env, logs, policy_weights, run_argv, steps
+from tests.test_reward_server import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 3
@@ -82,6 +83,22 @@ def test_two_trainer_and_two_rollout_ranks_are_the_colocated_dp2_run(colocated_d
     assert [r["async/weights_version"] for r in rows] == list(range(STEPS))
     assert [r["async/staleness_mean"] for r in rows] == [0.0] * STEPS
     assert [generated(out, 2), generated(out, 3)] == [STEPS, STEPS]  # rollout rank 2 + t serves trainer rank t
+
+
+@pytest.mark.slow
+def test_two_node_launch_of_two_trainer_and_two_rollout_ranks(colocated_dp2, tiny_model_dir, tiny_data_dir, tmp_path):
+    """`--nnodes 2 --master 127.0.0.1:PORT --rank {0,1}`, two processes each, as on two machines:
+    node 0 holds the trainer ranks, node 1 the rollout ranks; the colocated 2-rank run bit for bit."""
+    out, port = str(tmp_path / "two_nodes"), free_port()
+    argv = argv_of(tiny_model_dir, tiny_data_dir, out) + ["--rollout_placement", "split", "--rollout_ranks", "2"]
+    procs = [subprocess.Popen([sys.executable, "-m", "paddle.distributed.launch", "--nnodes", "2", "--nproc_per_node", "2",
+                               "--master", f"127.0.0.1:{port}", "--rank", str(node), "--log_dir", f"{out}/node{node}",
+                               "ppo/run_ppo.py", *argv], cwd=REPO, env=env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+    outputs = [p.communicate()[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs[0][-2000:] + logs(out)
+    assert_same_run(out, colocated_dp2, trainer_ranks=2)
+    assert all("rollout rank: generated 3 batches" in open(f"{out}/node1/workerlog.{i}").read() for i in (0, 1))
 
 
 @pytest.mark.slow
