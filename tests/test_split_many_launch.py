@@ -4,7 +4,8 @@ as many data-parallel ranks as the split run has trainer ranks (same tiny GRPO c
 tests/test_async_launch.py, 3 steps). At staleness 0, 2 trainer + 2 rollout ranks and 2 trainer
 + 1 rollout rank give the colocated 2-rank run's per-step metrics, samples and final weights bit
 for bit (the gradient all-reduce adds the same two numbers), 1 trainer + 2 rollout ranks the
-one-process run's (2 + 2 also as a two-node launch on one host); at staleness 1 (each layout) each batch records the checksum of exactly the
+one-process run's (2 + 2 also as a two-node launch on one host, and resumed from a checkpoint);
+at staleness 1 (each layout) each batch records the checksum of exactly the
 trainer's weights of the version that sampled it. Three or four processes on two cores: slow suite."""
 import json
 import os
@@ -60,10 +61,10 @@ def assert_same_run(got, want, trainer_ranks):
 
 
 def generated(out, rank):
-    """The batches rollout rank `rank` reports it generated."""
-    line = [ln for ln in open(f"{out}/launch/workerlog.{rank}") if "rollout rank: generated" in ln]
-    assert len(line) == 1, logs(out)
-    return int(line[0].split("rollout rank: generated ")[1].split()[0])
+    """The batches rollout rank `rank` reports it generated in the last launch (a launch appends to its logs)."""
+    lines = [ln for ln in open(f"{out}/launch/workerlog.{rank}") if "rollout rank: generated" in ln]
+    assert lines, logs(out)
+    return int(lines[-1].split("rollout rank: generated ")[1].split()[0])
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +84,22 @@ def test_two_trainer_and_two_rollout_ranks_are_the_colocated_dp2_run(colocated_d
     assert [r["async/weights_version"] for r in rows] == list(range(STEPS))
     assert [r["async/staleness_mean"] for r in rows] == [0.0] * STEPS
     assert [generated(out, 2), generated(out, 3)] == [STEPS, STEPS]  # rollout rank 2 + t serves trainer rank t
+
+
+@pytest.mark.slow
+def test_two_by_two_resumed_from_a_checkpoint_is_the_colocated_dp2_run(colocated_dp2, tiny_model_dir, tiny_data_dir,
+                                                                      tmp_path):
+    """Stopped after step 2 (its checkpoint), then the same command for 3 steps: every trainer rank
+    tells the rollout ranks it is served by its checkpoint's sampler position and draw count, so
+    step 3 is the uninterrupted run's, bit for bit."""
+    out = str(tmp_path / "resumed_2x2")
+    argv = argv_of(tiny_model_dir, tiny_data_dir, out, "--save_steps", "2", "--overwrite_output_dir", "false")
+    i = argv.index("--max_steps")
+    launch(out, argv[:i + 1] + ["2"] + argv[i + 2:], 4, rollout_ranks=2)
+    assert os.path.exists(f"{out}/checkpoint-2/trainer_state.json") and len(steps(out)) == 2
+    launch(out, argv, 4, rollout_ranks=2)
+    assert_same_run(out, colocated_dp2, trainer_ranks=2)
+    assert [generated(out, 2), generated(out, 3)] == [1, 1]  # the resumed launch generates step 3 only
 
 
 @pytest.mark.slow
