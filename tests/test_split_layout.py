@@ -190,3 +190,13 @@ def test_every_trainer_rank_gets_its_colocated_draws_from_the_rank_dealt_them(wo
             theirs = [(kind, index) for peer, kind, index in trainers[t].ops if peer == r]
             assert mine == theirs  # hello, then the batches dealt to r, in step order
         assert [op for op in link.ops if op[1] == "weights"] == [op for op in trainers[0].ops if op[1] == "weights"]
+
+
+def test_a_rollout_rank_refuses_trainer_ranks_that_start_apart():
+    """Trainer ranks resumed from different checkpoints would ask for different batches: stop, naming both."""
+    layout = RolloutLayout(3, 1)
+    hello = {"max_steps": 5, "gen_batches": 0, "sampler": {"epoch": 0, "offset": 0}}
+    link = RoutedLink(layout, 2, {0: [{**hello, "start": 2}], 1: [{**hello, "start": 3}]}, [2])
+    worker = RolloutWorker(link, {t: DataRankRollout(t, 2) for t in (0, 1)}, [], 0)
+    with pytest.raises(RuntimeError, match=r"start at different \(step, max_steps\): \{0: \(2, 5\), 1: \(3, 5\)\}"):
+        worker.train()

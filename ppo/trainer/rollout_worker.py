@@ -68,7 +68,10 @@ class RolloutWorker:
     def train(self):
         """Serve the run's batches; returns a summary of what was generated."""
         hellos = {t: self.link.recv_object(t, "waiting for the trainer to start") for t in self.rollouts}
-        start, max_steps = hellos[min(hellos)]["start"], hellos[min(hellos)]["max_steps"]
+        starts = {t: (hello["start"], hello["max_steps"]) for t, hello in hellos.items()}
+        if len(set(starts.values())) > 1:  # the trainer ranks resumed from different checkpoints: never expected
+            raise RuntimeError(f"the trainer ranks start at different (step, max_steps): {starts}")
+        start, max_steps = starts[min(starts)]
         if start >= max_steps:
             return {"batches": 0}
         for t, hello in hellos.items():
