@@ -77,11 +77,12 @@ def test_more_than_one_trainer_or_rollout_rank_is_accepted(world, rollout_ranks)
 
 def test_what_stays_refused_with_more_ranks_names_its_key():
     args = placement_args(rollout_ranks=2, async_staleness=1, rollout_is="token", partial_rollout=True,
-                          partial_rollout_tokens=2, max_dec_len=8, tensor_parallel_degree=2)
+                          partial_rollout_tokens=2, max_dec_len=8, tensor_parallel_degree=2, rollout_tensor_parallel_degree=2)
     problems = rollout_placement_problems(args, 4)
     assert any(p.startswith("partial_rollout with 4 processes") for p in problems), problems
     assert any(p.startswith("tensor_parallel_degree 2 with rollout_placement split") for p in problems), problems
-    assert len(problems) == 2
+    assert any(p.startswith("rollout_tensor_parallel_degree 2 with rollout_placement split") for p in problems), problems
+    assert len(problems) == 3
 
 
 # ---------------------------------------------------------------- the schedule, with routed recording links

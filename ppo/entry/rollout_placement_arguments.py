@@ -122,6 +122,10 @@ def rollout_placement_problems(args, world_size):
         if max(getattr(args, name, 1), 1) > 1:
             problems.append(f"{name} {getattr(args, name)} with rollout_placement split: each trainer rank trains the "
                             "whole model here (data parallel only)")
+    if getattr(args, "rollout_tensor_parallel_degree", -1) > 1:
+        problems.append(f"rollout_tensor_parallel_degree {args.rollout_tensor_parallel_degree} with rollout_placement "
+                        "split: each rollout rank generates from a whole copy of the actor (rollout replicas with tensor "
+                        "parallelism of their own are not implemented)")
     if not args.use_fusemt:
         problems.append("use_fusemt false with rollout_placement split: the rollout rank reproduces the trainer's samples "
                         "from the engine's seeded draws; PaddleNLP's generate draws from the process's global generator")
