@@ -34,7 +34,7 @@ with quiet_third_party_warnings():
     from ppo.entry.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments, validate_arguments  # noqa: E402
     from ppo.entry.ppo_trainer import build_ppo_trainer, build_rollout_worker  # noqa: E402
     from ppo.strategy import build_strategy  # noqa: E402
-    from ppo.common.training_world import set_training_world_size  # noqa: E402
+    from ppo.strategy.rollout_link import open_split_world  # noqa: E402
     from ppo.trainer.scoring import score_sources  # noqa: E402
     from ppo.models.reward_tokens import check_cost_tokenizers, embedding_limit_problems, retokenizer_for_run  # noqa: E402
     from ppo.common.output_lock import acquire_output_dir  # noqa: E402
@@ -120,10 +120,10 @@ def build_trainer(argv=None, strategy=None):
         for message in inert_setting_messages(training_args) + batch_knob_messages(model_args, training_args):
             logger.warning(message)
     paddle.seed(training_args.seed + training_args.dataset_rank)  # tensor-parallel ranks draw alike
+    if training_args.split_rollout:  # the groups of the trainer ranks and of the weights, on every rank
+        open_split_world(paddle.distributed.get_world_size(), training_args.rollout_ranks)
     if training_args.is_rollout_rank:  # rollout_placement split: this rank only generates
         return rollout_rank_worker(model_args, training_args, tokenizer, train)
-    if training_args.split_rollout:  # the trainer's collectives leave the rollout rank out
-        set_training_world_size(training_args.training_world_size)
     strategy = strategy or build_strategy(training_args)  # the layout: it loads the models in it
     strategy.log_settings(training_args)
     models = strategy.load_models(model_args, training_args.use_critic, training_dtype(training_args),

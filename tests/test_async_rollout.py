@@ -15,6 +15,7 @@ from ppo.experience import Experience
 from ppo.data.prompt_sampler import PromptSampler
 from ppo.run_ppo import build_trainer
 from ppo.strategy import rollout_link
+from ppo.strategy.rollout_layout import RolloutLayout
 from ppo.strategy.rollout_link import RolloutLink, weights_checksum
 from ppo.trainer.advantages import AdvantageStage
 from ppo.trainer.remote_rollout import RemoteRollout, experience_from_message, experience_message
@@ -35,7 +36,8 @@ def placement_args(**changes):
 @pytest.mark.parametrize("changes, world, key", [
     ({}, 1, "rollout_placement split needs a launch of 2 processes"),
     ({"rollout_ranks": 2}, 2, "rollout_ranks 2 with 2 processes"),
-    ({}, 3, "rollout_ranks 1 with 3 processes"),
+    ({"rollout_ranks": 3}, 3, "rollout_ranks 3 with 3 processes: a split run needs at least one"),
+    ({"rollout_ranks": 0}, 4, "rollout_ranks 0 with 4 processes: a split run needs at least one"),
     ({"tensor_parallel_degree": 2}, 2, "tensor_parallel_degree 2 with rollout_placement split"),
     ({"pipeline_parallel_degree": 2}, 2, "pipeline_parallel_degree 2 with rollout_placement split"),
     ({"async_staleness": 5, "rollout_is": "token"}, 2, "async_staleness must be in 0..4"),
@@ -71,10 +73,10 @@ def test_split_on_one_process_is_refused_before_models_load(tiny_model_dir, tiny
 class RecordingLink:
     """A `RolloutLink` stand-in: each side's operations in order, and the batches handed over."""
 
-    trainer_rank, rollout_rank = 0, 1
+    trainer_rank, layout = 0, RolloutLayout(2, 1)
 
-    def __init__(self, inbox=()):
-        self.ops, self.inbox, self.sent_objects = [], list(inbox), []
+    def __init__(self, inbox=(), rank=0):
+        self.ops, self.inbox, self.sent_objects, self.rank = [], list(inbox), [], rank
 
     def send_object(self, obj, dst, what=""):
         self.ops.append(("object", obj.get("index", "hello")))
@@ -122,7 +124,7 @@ class FakeRollout:
 def worker_ops(staleness, start, max_steps):
     """The rollout rank's operations when the trainer starts at `start`."""
     link = RecordingLink([{"start": start, "max_steps": max_steps, "gen_batches": start, "sampler": {"epoch": 0, "offset": 0}},
-                          *range(start, max_steps)])
+                          *range(start, max_steps)], rank=1)
     worker = RolloutWorker(link, FakeRollout(), [], staleness)
     worker.train()
     return link.ops, link.sent_objects
@@ -205,7 +207,7 @@ class ScriptedBroadcast:
     def __init__(self, arrivals):
         self.arrivals = list(arrivals)
 
-    def __call__(self, tensor, src=0):
+    def __call__(self, tensor, src=0, group=None):
         tensor.set_value(paddle.to_tensor(self.arrivals.pop(0), dtype=tensor.dtype))
 
 

@@ -30,7 +30,7 @@ import paddle
 import paddle.distributed as dist
 
 from .resume_check import check_ppo_checkpoint
-from ..common.training_world import training_world_size
+from ..common.training_world import training_group, training_world_size
 from ..common.validation import weights_problem
 from ..models.loading import unwrap_parallel
 
@@ -43,8 +43,8 @@ RUN_FILES = ("samples.jsonl",)  # per-run traces besides metrics.jsonl (which Ru
 
 
 def barrier():
-    if training_world_size() > 1:  # a split run's rollout rank is not part of the checkpoint
-        dist.barrier()
+    if training_world_size() > 1:  # a split run's rollout ranks are not part of the checkpoint
+        dist.barrier(group=training_group())
 
 
 def is_main_process():

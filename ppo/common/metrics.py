@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from .training_world import training_world_size
+from .training_world import training_group, training_world_size
 
 
 def reduction_of(name):
@@ -42,15 +42,18 @@ class MetricAccumulator:
 
 
 def reduce_across_ranks(metrics, group=None):
-    """All-reduce a name -> float dict with each name's reduction; identity on one rank.
+    """All-reduce a name -> float dict with each name's reduction over `group` (default: the
+    trainer ranks, `training_group`); identity on one rank.
 
     Every rank must pass the same names (sorted here so the order agrees).
     """
     import paddle
     import paddle.distributed as dist
 
-    if (training_world_size() if group is None else dist.get_world_size()) <= 1:  # a split run's rollout rank: not in it
-        return dict(metrics)
+    if group is None:
+        if training_world_size() <= 1:  # a split run's rollout ranks are not in it
+            return dict(metrics)
+        group = training_group()
     names = sorted(metrics)
     out = {}
     for kind, op in (("mean", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX), ("min", dist.ReduceOp.MIN)):

@@ -74,8 +74,10 @@ class StopRequest:
         import paddle
         import paddle.distributed as dist
 
+        from .training_world import training_group
+
         flag = paddle.to_tensor([self.signum or 0], dtype="int64")
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=training_group())
         if int(flag.numpy()[0]) and self.signum is None:  # another rank's signal: this one's come as repeats
             self.signum, self.first_at = int(flag.numpy()[0]), self.clock()
         return self.signum is not None

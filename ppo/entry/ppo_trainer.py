@@ -35,7 +35,7 @@ from ..scoring.process_reward import ProcessRewardScorer
 from ..data.prompt_sampler import PromptSampler
 from ..rollout import RolloutEngine, SamplingParams
 from ..strategy import PassSettings, PlainStrategy, Ranks, build_strategy
-from ..strategy.rollout_link import RolloutLink
+from ..strategy.rollout_link import run_link
 from ..trainer.advantages import AdvantageStage
 from ..trainer.agent_eval import AgentEvaluator
 from ..trainer.agent_rollout import ToolFailureWatch, TrajectoryRollout
@@ -166,7 +166,7 @@ def make_rollout(args, engine, sampling, sampler, dataset, tokenizer, passes, of
     a multi-turn run goes into the checkpoints."""
     if args.split_rollout:
         params, max_steps = remote
-        return RemoteRollout(RolloutLink(), params, sampler, state, args.async_staleness, max_steps,
+        return RemoteRollout(run_link(), params, sampler, state, args.async_staleness, max_steps,
                              partial=args.partial_rollout)
     if not args.env_name:
         return Rollout(engine, sampling, sampler, dataset, tokenizer, passes, offload=offload, state=state, ranks=ranks,
@@ -268,10 +268,10 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
 
 def build_rollout_worker(args, actor, tokenizer, train_dataset, models=None):
     """A split run's rollout rank (`rollout_placement split`): the `RolloutWorker` generating with
-    `actor` (loaded alone, `ppo.models.ppo_models.load_actor`) the batches a colocated run's
-    `Rollout` would, from the same prompts and seeded draws. `models`: `PPOModels` with the
-    actor and its reference when the run has a KL to the reference (the rollout rank then
-    computes the reference log-probs with the trainer's own pass), else None."""
+    `actor` (loaded alone, `ppo.models.ppo_models.load_actor`) the batches the colocated run's
+    `Rollout` of each trainer rank it serves would, from the same prompts and seeded draws.
+    `models`: `PPOModels` with the actor and its reference when the run has a KL to the reference
+    (the rollout rank then computes the reference log-probs with the trainer's own pass), else None."""
     reference_pass = None
     if models is not None:
         passes = PlainStrategy(Ranks()).build_passes(models, actor, {}, {}, PassSettings(  # split: plain layouts only
@@ -279,13 +279,16 @@ def build_rollout_worker(args, actor, tokenizer, train_dataset, models=None):
             chunk_rows={which: args.pass_rows(which) for which in ("logprob", "value", "reward")},
             remove_padding=args.use_remove_padding, logprob_dtype=args.logprob_dtype))
         reference_pass = functools.partial(no_grad_call, passes.logprobs, "reference")
-    ranks = Ranks()  # the rollout rank draws the whole batch of the one trainer rank
-    sampler, _ = samplers(args, ranks, train_dataset, None)
+    link = run_link()
+    layout, engine = link.layout, rollout_engine(args, actor, tokenizer)
     offload = OffloadPlan(parse_offload_level(args.offload_level), models={"actor": actor}, optimizers={})
-    rollout = Rollout(rollout_engine(args, actor, tokenizer), sampling_params(args), sampler, train_dataset, tokenizer,
-                      GenerationInPlace(), offload=offload, state=RolloutWorkerState(), ranks=ranks,
-                      settings=slice_of(RolloutSettings, args))
-    return RolloutWorker(RolloutLink(), rollout, list(actor.parameters()), args.async_staleness, reference_pass,
+    rollouts = {}
+    for t in layout.served_trainers(link.rank):  # each draws as colocated data rank t would
+        ranks = Ranks(data_rank=t, data_world=layout.trainers)
+        sampler, _ = samplers(args, ranks, train_dataset, None)
+        rollouts[t] = Rollout(engine, sampling_params(args), sampler, train_dataset, tokenizer, GenerationInPlace(),
+                              offload=offload, state=RolloutWorkerState(), ranks=ranks, settings=slice_of(RolloutSettings, args))
+    return RolloutWorker(link, rollouts, list(actor.parameters()), args.async_staleness, reference_pass,
                          partial_tokens=args.partial_rollout_tokens if args.partial_rollout else 0)
 
 

@@ -1,10 +1,11 @@
 """Where the rollout runs (`rollout_placement`) and how stale its weights may be (`async_staleness`).
 
 `colocated` (the default) generates and trains on the same ranks, one after the other.
-`split` gives the last `rollout_ranks` processes of the launch to generation only: they
+`split` gives the last `rollout_ranks` M processes of the launch to generation only: they
 receive the actor's weights after each optimiser step and send back the batches
-(`ppo.trainer.remote_rollout`, `ppo.trainer.rollout_worker`, docs/distributed.md). Here the
-trainer is one rank and the rollout one rank (a launch of two processes). With
+(`ppo.trainer.remote_rollout`, `ppo.trainer.rollout_worker`, docs/distributed.md). The first
+N = world - M processes train, data parallel among themselves; the batches are dealt to the
+rollout ranks in a fixed order (`ppo.strategy.rollout_layout`). With
 `async_staleness` s > 0 the batch of step k may come from the weights of step k - s (generated
 while the trainer trains), corrected by the rollout importance weights (`rollout_is`).
 `partial_rollout` lets a response span a weight update (slime, AReaL): its tokens carry the
@@ -33,11 +34,13 @@ class RolloutPlacementArguments:
     rollout_placement: str = field(
         default="colocated",
         metadata={"help": "colocated: every rank generates then trains (one after the other); split: the last "
-                  "rollout_ranks processes of the launch only generate, rank 0 only trains, weights go to the rollout "
-                  "rank after each optimiser step and batches come back (docs/distributed.md)."},
+                  "rollout_ranks processes of the launch only generate, the others only train (data parallel), the "
+                  "weights go from rank 0 to the rollout ranks after each optimiser step and batches come back "
+                  "(docs/distributed.md)."},
     )
     rollout_ranks: int = field(
-        default=1, metadata={"help": "rollout_placement split: how many of the launch's processes only generate (1 here)."}
+        default=1, metadata={"help": "rollout_placement split: how many of the launch's processes (the last ones) only "
+                             "generate, each a whole replica of the actor; the rest train (OpenRLHF's vllm_num_engines)."}
     )
     async_staleness: int = field(
         default=0,
@@ -87,7 +90,11 @@ class RolloutPlacementArguments:
 
     @property
     def dataset_rank(self):
-        return 0 if self.split_rollout else super().dataset_rank
+        if not self.split_rollout:
+            return super().dataset_rank
+        import paddle.distributed as dist
+
+        return 0 if self.is_rollout_rank else dist.get_rank()  # trainer rank t reads data rank t
 
 
 def rollout_placement_problems(args, world_size):
@@ -99,23 +106,26 @@ def rollout_placement_problems(args, world_size):
     if not 0 <= args.async_staleness <= MAX_ASYNC_STALENESS:
         problems.append(f"async_staleness must be in 0..{MAX_ASYNC_STALENESS} (batches at most that many optimiser steps "
                         f"behind), got {args.async_staleness}")
-    problems += partial_rollout_problems(args)
+    problems += partial_rollout_problems(args, world_size)
     if not args.split_rollout:
         if args.async_staleness:
             problems.append("async_staleness > 0 needs rollout_placement split (a colocated rollout always uses the "
                             "current weights)")
         return problems
     if world_size < 2:
-        problems.append("rollout_placement split needs a launch of 2 processes (python -m paddle.distributed.launch "
-                        "--nproc_per_node 2 ...): rank 0 trains, rank 1 generates; this run has 1")
-    elif args.rollout_ranks != 1 or world_size != 2:
-        problems.append(f"rollout_ranks {args.rollout_ranks} with {world_size} processes: rollout_placement split runs "
-                        "one trainer rank and one rollout rank here (rollout_ranks 1, 2 processes); several of either "
-                        "are not implemented")
+        problems.append("rollout_placement split needs a launch of 2 processes or more (python -m "
+                        "paddle.distributed.launch --nproc_per_node 2 ...: rank 0 trains, rank 1 generates); this run has 1")
+    elif not 1 <= args.rollout_ranks < world_size:
+        problems.append(f"rollout_ranks {args.rollout_ranks} with {world_size} processes: a split run needs at least one "
+                        "rollout rank and one trainer rank (the first processes - rollout_ranks train)")
     for name in ("tensor_parallel_degree", "pipeline_parallel_degree", "sharding_parallel_degree"):
         if max(getattr(args, name, 1), 1) > 1:
-            problems.append(f"{name} {getattr(args, name)} with rollout_placement split: the trainer rank trains the whole "
-                            "model alone here")
+            problems.append(f"{name} {getattr(args, name)} with rollout_placement split: each trainer rank trains the "
+                            "whole model here (data parallel only)")
+    if getattr(args, "rollout_tensor_parallel_degree", -1) > 1:
+        problems.append(f"rollout_tensor_parallel_degree {args.rollout_tensor_parallel_degree} with rollout_placement "
+                        "split: each rollout rank generates from a whole copy of the actor (rollout replicas with tensor "
+                        "parallelism of their own are not implemented)")
     if not args.use_fusemt:
         problems.append("use_fusemt false with rollout_placement split: the rollout rank reproduces the trainer's samples "
                         "from the engine's seeded draws; PaddleNLP's generate draws from the process's global generator")
@@ -133,7 +143,7 @@ def rollout_placement_problems(args, world_size):
     return problems
 
 
-def partial_rollout_problems(args):
+def partial_rollout_problems(args, world_size=2):
     """What `partial_rollout` cannot be combined with, each naming its key."""
     if not getattr(args, "partial_rollout", False):
         return []
@@ -142,6 +152,10 @@ def partial_rollout_problems(args):
         problems.append("partial_rollout needs rollout_placement split with async_staleness >= 1: only there does a "
                         "weight update arrive while a batch is generated (a colocated or synchronous rollout always "
                         "samples a batch with one version)")
+    elif world_size != 2:
+        problems.append(f"partial_rollout with {world_size} processes: a response spans an update with one trainer rank "
+                        "and one rollout rank only (2 processes); mid-batch updates across several batches of a step "
+                        "are not implemented")
     if not 1 <= args.partial_rollout_tokens < args.max_dec_len:
         problems.append(f"partial_rollout_tokens {args.partial_rollout_tokens} must be in 1..max_dec_len - 1 "
                         f"({args.max_dec_len - 1}): the tokens a response generates before the update")

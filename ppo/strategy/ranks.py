@@ -6,9 +6,11 @@ collective; on several, every rank must call the same methods in the same order.
 
 `data_rank` / `data_world`: PaddleNLP's dataset rank and world (the ranks that read different
 data); `copies`: how many ranks hold each data rank's rows (its tensor- and pipeline-parallel
-ranks)."""
+ranks). A split run's collectives span its trainer ranks only (`training_group`)."""
 import numpy as np
 import paddle
+
+from ..common.training_world import training_group
 
 
 class Ranks:
@@ -33,7 +35,7 @@ class Ranks:
         if self.world_size > 1:
             import paddle.distributed as dist
 
-            dist.all_reduce(t)
+            dist.all_reduce(t, group=training_group())
         return (t.numpy() / divisor).tolist()
 
     def any(self, flag):
@@ -43,7 +45,7 @@ class Ranks:
         import paddle.distributed as dist
 
         t = paddle.to_tensor([int(bool(flag))], dtype="int64")
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=training_group())
         return bool(int(t))
 
     def gather(self, values, dtype="float64"):
@@ -54,7 +56,7 @@ class Ranks:
         import paddle.distributed as dist
 
         gathered = []
-        dist.all_gather(gathered, paddle.to_tensor(list(values), dtype=dtype))
+        dist.all_gather(gathered, paddle.to_tensor(list(values), dtype=dtype), group=training_group())
         return [g.numpy() for g in gathered]
 
     def gather_objects(self, obj):
@@ -64,7 +66,7 @@ class Ranks:
         import paddle.distributed as dist
 
         gathered = []
-        dist.all_gather_object(gathered, obj)
+        dist.all_gather_object(gathered, obj, group=training_group())
         return gathered
 
     def reduce_metrics(self, metrics):

@@ -1,14 +1,15 @@
 """Step 1 of a split run's trainer (`rollout_placement split`): the rollout comes from another rank.
 
 `RemoteRollout` stands where `Rollout` stands in the `ExperienceMaker`: `generate()` returns
-the batch of this step, generated on the rollout rank (`ppo.trainer.rollout_worker`) with the
-weights of step `step - staleness` or newer, and before that hands the rollout rank the weights
-it will need next. Both ranks follow one schedule, so the blocking collectives always pair up:
-with staleness s, at step k the trainer
+this trainer rank's batch of this step, generated on the rollout rank the run's layout deals it
+to (`RolloutLayout.replica_of`, `ppo.trainer.rollout_worker`) with the weights of step
+`step - staleness` or newer, and before that hands the rollout ranks the weights they will need
+next (trainer rank 0 sends them; the others only note their checksum). Every rank follows one
+schedule, so the blocking exchanges always pair up: with staleness s, at step k the trainer
   1. receives the batches numbered below k + s (the rollout rank generated them meanwhile),
   2. sends the weights of version k when a batch still to come needs them (k > start, k + s < max_steps),
   3. receives batch k if it has not yet,
-and the rollout rank, for each batch b, first receives version b - s when it is newer than
+and each rollout rank, for each batch b, first receives version b - s when it is newer than
 what it holds. s = 0 is the synchronous run (the weights of step k sample batch k, as the
 colocated run); s = 1 generates batch k + 1 while step k trains. Batch b is the b-th draw
 of the colocated run: the same prompts (`PromptSampler` position) and sampling seed
@@ -62,11 +63,14 @@ class RemoteRollout:
         self.sent = {}  # version -> checksum of the weights sent as that version
 
     def hello(self):
-        """Tell the rollout rank where the run starts (its step, draw count and sampler position:
-        the checkpoint's on a resume) and send it the current weights."""
-        self.start = self.state.step
-        self.link.send_object({"start": self.start, "max_steps": self.max_steps, "gen_batches": self.state.gen_batches,
-                               "sampler": self.sampler.state_dict()}, self.link.rollout_rank, "starting the rollout rank")
+        """Tell the rollout ranks that serve this trainer rank where the run starts (its step, draw
+        count and sampler position: the checkpoint's on a resume) and send them the current weights."""
+        self.start, layout = self.state.step, self.link.layout
+        message = {"start": self.start, "max_steps": self.max_steps, "gen_batches": self.state.gen_batches,
+                   "sampler": self.sampler.state_dict()}
+        for replica in layout.replica_ranks:
+            if self.link.rank in layout.served_trainers(replica):
+                self.link.send_object(message, replica, "starting the rollout rank")
         if self.start < self.max_steps:
             self.sent[self.start] = self.link.send_weights(self.params(), self.start)
 
@@ -75,7 +79,8 @@ class RemoteRollout:
         returns the seconds it waited."""
         t0 = time.time()
         while self.state.step + len(self.received) < min(end, self.max_steps):  # batches below `step` are trained on
-            message = self.link.recv_object(self.link.rollout_rank)
+            index = self.state.step + len(self.received)
+            message = self.link.recv_object(self.link.layout.replica_of(index, self.link.rank))
             self.received[message["index"]] = message
         return time.time() - t0
 

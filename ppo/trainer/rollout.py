@@ -62,5 +62,11 @@ class Rollout:
             exp.rollout_logprobs = engine_logprobs
         return exp
 
+    def skip(self):
+        """Pass over the next draw without generating (its prompts and draw count are used up):
+        a split run's rollout rank at a batch the layout deals to another rollout rank."""
+        self.sampler.next_indices()
+        self.state.gen_batches += 1
+
     def close(self):
         """Nothing to release at the end of the run (a split run's `RemoteRollout` tells its rollout rank)."""

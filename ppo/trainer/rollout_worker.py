@@ -1,14 +1,18 @@
 """The loop of a split run's rollout rank (`rollout_placement split`): generate, send, take new weights.
 
-The rollout rank loads the actor only. It learns from the trainer where the run starts (step,
-draw count, sampler position) and gets the weights of that step; then for each batch b from
-there to the run's last step it receives the weights of version b - staleness when they are
-newer than its own (`ppo.trainer.remote_rollout` gives the schedule both ranks follow),
-generates batch b with the same `Rollout` a colocated run uses (same prompts, same seeded
-draws), adds the reference log-probs when the run needs them (`reference_pass`: the same
-`PlainPasses` pass the colocated trainer runs, so the numbers are the same; the trainer then
-skips its own, which moves that frozen model's work off the training critical path) and sends it with the version and checksum of the weights that sampled it, its
-sampler position and draw count afterwards, and the seconds it waited for the weights.
+The rollout rank loads the actor only. It learns from each trainer rank it serves where the run
+starts (step, draw count, sampler position) and gets the weights of that step; then for each
+batch b from there to the run's last step it receives the weights of version b - staleness
+when they are newer than its own (`ppo.trainer.remote_rollout` gives the schedule every rank
+follows), and walks batch b's units in the layout's fixed order (`RolloutLayout.units`):
+trainer rank t's unit dealt to this rank it generates with the same `Rollout` colocated data
+rank t uses (same prompts, same seeded draws, one `Rollout` per trainer rank served), one dealt
+to another rollout rank only advances that `Rollout`'s prompt sampler and draw count. It adds
+the reference log-probs when the run needs them (`reference_pass`: the same `PlainPasses` pass
+the colocated trainer runs, so the numbers are the same; the trainer then skips its own, which
+moves that frozen model's work off the training critical path) and sends
+it to trainer rank t with the version and checksum of the weights that sampled it, its sampler
+position and draw count afterwards, and the seconds it waited for the weights.
 
 With `partial_rollout` (staleness s >= 1) batch b starts under version b - s and, after every
 response's first `partial_rollout_tokens` tokens, takes version b - s + 1, which the trainer
@@ -43,7 +47,9 @@ class RolloutWorkerState:
 
 class RolloutWorker:
     """`link`: the `RolloutLink`; `rollout`: a `Rollout` over this rank's actor whose `state`
-    is a `RolloutWorkerState`; `params`: the actor's parameters in the trainer's order;
+    is a `RolloutWorkerState`, or `{trainer rank: such a Rollout}` for every trainer rank this
+    rank serves (a lone `Rollout` serves trainer rank 0); `params`: the actor's parameters in the
+    trainer's order;
     `staleness`: `async_staleness`; `reference_pass`: `exp -> ref_logprobs [N, Tr]` (no
     gradient), or None when the run has no KL to a reference; `partial_tokens`: `partial_rollout_tokens`
     of a `partial_rollout` run (0: off), the tokens every response generates before the update of
@@ -51,42 +57,57 @@ class RolloutWorker:
     two chunks, so a response is re-prefilled once, at the update)."""
 
     def __init__(self, link, rollout, params, staleness, reference_pass=None, partial_tokens=0):
-        self.link, self.rollout, self.params, self.staleness = link, rollout, params, staleness
+        self.rollouts = rollout if isinstance(rollout, dict) else {0: rollout}
+        self.link, self.params, self.staleness = link, params, staleness
         self.reference_pass, self.partial_tokens = reference_pass, int(partial_tokens)
-        self.state = rollout.state
         self.used, self.pending, self.waited = {}, False, 0.0
         if self.partial_tokens:
-            rollout.partial = self
+            for each in self.rollouts.values():
+                each.partial = self
 
     def train(self):
         """Serve the run's batches; returns a summary of what was generated."""
-        hello = self.link.recv_object(self.link.trainer_rank, "waiting for the trainer to start")
-        start, max_steps = hello["start"], hello["max_steps"]
+        hellos = {t: self.link.recv_object(t, "waiting for the trainer to start") for t in self.rollouts}
+        starts = {t: (hello["start"], hello["max_steps"]) for t, hello in hellos.items()}
+        if len(set(starts.values())) > 1:  # the trainer ranks resumed from different checkpoints: never expected
+            raise RuntimeError(f"the trainer ranks start at different (step, max_steps): {starts}")
+        start, max_steps = starts[min(starts)]
         if start >= max_steps:
             return {"batches": 0}
-        self.state.gen_batches = hello["gen_batches"]
-        self.rollout.sampler.set_state_dict(hello["sampler"])
+        for t, hello in hellos.items():
+            self.rollouts[t].state.gen_batches = hello["gen_batches"]
+            self.rollouts[t].sampler.set_state_dict(hello["sampler"])
         self.version, self.checksum = self.link.receive_weights(self.params)
-        waited_total = 0.0
+        waited_total, generated = 0.0, 0
         for index in range(start, max_steps):
             self.waited = 0.0
             if index - self.staleness > self.version:
                 self.take_weights()
-            self.state.step = self.version  # the Rollout stamps the experience with it (the oldest token's)
-            self.used = {self.version: self.checksum}
-            self.pending = self.partial_tokens > 0 and index - self.staleness + 1 > self.version
-            exp = self.rollout.generate()
-            if self.pending:  # every response ended before the update: it serves the next batch
-                self.take_weights()
-            if self.reference_pass is not None:
-                exp.ref_logprobs = self.reference_pass(exp)
-            message = {"index": index, "version": exp.version, "checksum": self.used[exp.version],
-                       "versions": dict(self.used), "train_wait_s": self.waited, "gen_batches": self.state.gen_batches,
-                       "sampler": self.rollout.sampler.state_dict(), "experience": experience_message(exp)}
-            self.link.send_object(message, self.link.trainer_rank)
-            waited_total += self.waited
-        logger.info(f"rollout rank: generated batches {start}..{max_steps - 1}, {waited_total:.1f} s waiting for weights")
-        return {"batches": max_steps - start, "train_wait_s": waited_total}
+            for t, replica in self.link.layout.units(index):
+                if t not in self.rollouts:
+                    continue
+                if replica != self.link.rank:  # another rollout rank generates it
+                    self.rollouts[t].skip()
+                    continue
+                self.link.send_object(self.generate(index, self.rollouts[t]), t)
+                waited_total, generated, self.waited = waited_total + self.waited, generated + 1, 0.0
+        logger.info(f"rollout rank: generated {generated} batches of steps {start}..{max_steps - 1}, "
+                    f"{waited_total:.1f} s waiting for weights")
+        return {"batches": generated, "train_wait_s": waited_total}
+
+    def generate(self, index, rollout):
+        """Batch `index` of one trainer rank, as the message that carries it."""
+        rollout.state.step = self.version  # the Rollout stamps the experience with it (the oldest token's)
+        self.used = {self.version: self.checksum}
+        self.pending = self.partial_tokens > 0 and index - self.staleness + 1 > self.version
+        exp = rollout.generate()
+        if self.pending:  # every response ended before the update: it serves the next batch
+            self.take_weights()
+        if self.reference_pass is not None:
+            exp.ref_logprobs = self.reference_pass(exp)
+        return {"index": index, "version": exp.version, "checksum": self.used[exp.version], "versions": dict(self.used),
+                "train_wait_s": self.waited, "gen_batches": rollout.state.gen_batches,
+                "sampler": rollout.sampler.state_dict(), "experience": experience_message(exp)}
 
     def take_weights(self):
         """Receive the next weights version (blocking until the trainer sends it)."""

@@ -1,0 +1,64 @@
+"""The process groups of a split run (`rollout_placement split`): its trainer ranks', the weights
+group of trainer rank 0 and its rollout ranks, and one group per trainer rank and rollout rank
+that exchange batches (`ppo.strategy.rollout_layout`).
+
+Paddle's gloo send / recv pair up by a tag that each process counts per process group (one per
+operation on that group), so a point-to-point exchange over the default group of a launch of
+more than two ranks pairs a message with another's; a group of just the two ranks keeps both
+counts in step.
+
+Paddle 3.3's gloo process group rendezvouses twice when it is made: once under keys prefixed
+by the group's id, and once more in the `ProcessGroupGloo` constructor under the bare group
+ranks ("0", "1", ...) of the launch's shared store. A second group therefore reads the first
+group's (or the default group's) stale addresses and fails at random ("sizeof(impl_) ==
+bytes.size(). 136 vs 68", or a connect timeout). Each group here rendezvouses in a store of
+its own, served by its first rank on a free port that it publishes in the launch's store."""
+import os
+import socket
+
+import paddle.distributed as dist
+
+_stores = []  # the groups' stores, kept for the life of the process
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def isolated_group(ranks, name):
+    """`dist.new_group(ranks)`, rendezvousing in a store of its own (see the module docstring).
+    Collective over the whole launch: every rank calls it, in the same order, with the same
+    `ranks` and `name` (a key unique to this group in the launch's store)."""
+    from paddle.base import core
+    from paddle.distributed import collective
+
+    shared, rank, key = collective._default_store, dist.get_rank(), f"ppo_split_group/{name}"
+    if rank == ranks[0]:
+        host = (os.getenv("PADDLE_CURRENT_ENDPOINT") or "127.0.0.1:0").split(":")[0]
+        shared.set(key, f"{host}:{_free_port()}".encode())
+    if rank not in ranks:
+        return dist.new_group(ranks)  # numbers the group alike on every rank; no store is read
+    shared.wait(key)
+    host, port = bytes(shared.get(key)).decode().rsplit(":", 1)
+    store = core.TCPStore(host, int(port), rank == ranks[0], len(ranks), 900)
+    _stores.append(store)
+    collective._default_store = store
+    try:
+        return dist.new_group(ranks)
+    finally:
+        collective._default_store = shared
+
+
+def split_groups(layout):
+    """`(trainer group, weights group, {(trainer rank, rollout rank): their group})` of a
+    `RolloutLayout`, each None where Paddle's default group serves (one trainer rank; a group that
+    is the whole launch). Collective over the launch."""
+    def group(ranks, name):
+        return isolated_group(ranks, name) if 1 < len(ranks) < layout.world else None
+
+    trainer_group = group(layout.trainer_ranks, "trainers")
+    weight_group = group(layout.weight_group_ranks, "weights")
+    pairs = {(t, r): group([t, r], f"pair_{t}_{r}") for r in layout.replica_ranks for t in layout.served_trainers(r)}
+    return trainer_group, weight_group, pairs
