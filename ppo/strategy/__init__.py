@@ -3,7 +3,7 @@
 sharding, data parallel) or the pipeline layout (`ppo.strategy.pipeline`), chosen in one place
 (`choose_layout`) from the arguments and built by `build_strategy`; the strategy then loads the
 models in its layout (`Strategy.load_models`). The expert axis (`ppo.strategy.expert`)
-composes with the plain layout. `tensor_model_problems`: the tensor layout's refusals of a
+composes with the plain layout and the tensor layout. `tensor_model_problems`: the tensor layout's refusals of a
 model, for the argument checks."""
 from .base import PassSettings, Strategy, first_non_finite
 from .pipeline import PipelineStrategy
@@ -37,11 +37,9 @@ def build_strategy(args):
     layout = choose_layout(args, ranks.world_size)
     if layout == "pipeline":
         return PipelineStrategy(ranks, tensor_parallel=args.tensor_parallel_degree > 1)
-    if layout == "plain":
-        from .expert import with_expert_axis
+    from .expert import with_expert_axis
 
-        return with_expert_axis(PlainStrategy(ranks), args)
-    return LAYOUTS[layout](ranks)
+    return with_expert_axis(LAYOUTS[layout](ranks), args)
 
 
 __all__ = ["FleetStrategy", "LAYOUTS", "PassSettings", "PipelineStrategy", "PlainStrategy", "Ranks", "Strategy",

@@ -2,12 +2,12 @@
 
 `expert_parallel_degree` (PaddleNLP's key; ``use_expert_parallel`` true is accepted with it in
 PPO/GRPO, and refused in the `Trainer` entry points, where PaddleNLP's Trainer would act on it):
-composes with data parallelism (the expert groups are carved out of the data ranks). Not yet:
-tensor, pipeline or sharding parallelism, LoRA, a split rollout rank."""
+composes with data parallelism (the expert groups are carved out of the data ranks) and tensor
+parallelism (one set of groups per tensor-parallel slice, each expert split along its width).
+Not yet: pipeline or sharding parallelism, LoRA, a split rollout rank."""
 import os
 
 NOT_YET = (
-    ("tensor_parallel_degree", lambda a: a.tensor_parallel_degree > 1, "tensor_parallel_degree > 1"),
     ("pipeline_parallel_degree", lambda a: a.pipeline_parallel_degree > 1, "pipeline_parallel_degree > 1"),
     ("sharding", lambda a: bool(a.sharding) and max(a.sharding_parallel_degree, 1) > 1, "sharding"),
     ("rollout_placement", lambda a: getattr(a, "split_rollout", False), "a split rollout rank"),
@@ -37,11 +37,14 @@ def layout_problems(args, supported=True, use_lora=False, trainer=False):
     if not supported:
         return [f"expert_parallel_degree {degree}: this entry point does not run expert parallelism "
                 "(SFT, PPO and GRPO do); set it to 1"]
-    world = world_size()
-    if world % degree:
+    world, tensor = world_size(), max(int(getattr(args, "tensor_parallel_degree", 1) or 1), 1)
+    if tensor == 1 and world % degree:
         return [f"expert_parallel_degree {degree} does not divide the world size {world} (the launched processes)"]
+    if tensor > 1 and not world % tensor and (world // tensor) % degree:  # (world % tensor: refused as tensor parallelism)
+        return [f"expert_parallel_degree {degree} does not divide the data-parallel ranks {world // tensor} (world size "
+                f"{world} / tensor_parallel_degree {tensor}): the experts are split over data ranks"]
     problems = [f"expert_parallel_degree {degree} with {what}: not supported yet (expert parallelism composes with "
-                f"data parallelism only)" for key, test, what in NOT_YET if test(args)]
+                f"data and tensor parallelism only)" for key, test, what in NOT_YET if test(args)]
     if use_lora:
         problems.append(f"expert_parallel_degree {degree} with use_lora: not supported yet (LoRA adapters on sharded experts)")
     return problems

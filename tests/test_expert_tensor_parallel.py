@@ -1,0 +1,80 @@
+"""Expert parallelism composed with tensor parallelism, in one process: the groups of a layout
+(expert groups of data ranks, one set per tensor-parallel slice, in fleet's rank order), the
+clip's global norm over both axes with four ranks as threads, and the refusals that remain. The
+cold launches are in tests/test_expert_tensor_parallel_launch.py."""
+import numpy as np
+import paddle
+import pytest
+
+from ppo.strategy.expert.layout import ExpertLayout
+from tests.test_expert_parallel import Args, ThreadComm, _in_threads
+
+
+def test_tensor_parallel_layout_forms_expert_groups_per_slice_across_data_ranks():
+    """Four processes, tensor parallel 2 (fleet: rank = data rank * 2 + slice), expert parallel 2:
+    the data ranks are [0, 1] and [2, 3]; ranks 0 and 2 (slice 0) exchange tokens, as ranks 1
+    and 3 (slice 1) do; each expert has one holder per slice (no gradient group)."""
+    layouts = [ExpertLayout(2, rank, 4, model_parallel=2) for rank in range(4)]
+    assert [(l.data_rank, l.mp_rank, l.group_rank) for l in layouts] == [(0, 0, 0), (0, 1, 0), (1, 0, 1), (1, 1, 1)]
+    assert [l.owned(4) for l in layouts] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert layouts[0].exchange_groups() == [[0, 2], [1, 3]] and layouts[0].gradient_groups() == []
+
+
+def test_eight_processes_tensor_parallel_2_expert_parallel_2_data_parallel_2():
+    """Eight processes (4 data ranks x 2 slices), expert parallel 2: expert groups of data ranks
+    [0, 1] and [2, 3] for each slice, gradient groups of the data ranks holding the same experts
+    ([0, 2], [1, 3]) for each slice; every rank in exactly one group of each kind."""
+    layout = ExpertLayout(2, 5, 8, model_parallel=2)
+    assert (layout.data_rank, layout.mp_rank, layout.owned(8)) == (2, 1, [0, 1, 2, 3])
+    assert layout.exchange_groups() == [[0, 2], [4, 6], [1, 3], [5, 7]]
+    assert layout.gradient_groups() == [[0, 4], [2, 6], [1, 5], [3, 7]]
+    for groups in (layout.exchange_groups(), layout.gradient_groups()):
+        assert sorted(r for g in groups for r in g) == list(range(8))
+    plain = ExpertLayout(2, 3, 4)  # without tensor parallelism: as before
+    assert plain.exchange_groups() == [[0, 1], [2, 3]] and plain.gradient_groups() == [[0, 2], [1, 3]]
+    with pytest.raises(ValueError, match="does not divide the 1 data-parallel ranks"):
+        ExpertLayout(2, 0, 2, model_parallel=2)
+
+
+def test_the_clip_sums_experts_over_both_axes_and_tensor_slices_over_the_slices():
+    """Ranks 0..3 as threads (tensor parallel 2 x expert parallel 2): each holds a replicated
+    gradient r (equal on all: 1), a tensor slice s (2 on slice 0, 4 on slice 1) and an expert
+    slice e (its own on each rank: 1, 2, 3, 5). Global norm^2 = 1 + (4 + 16) + (1 + 4 + 9 + 25)
+    = 60 on every rank, every gradient scaled by clip / sqrt(60)."""
+    from ppo.strategy.expert.grads import ExpertClipGrad
+
+    pairs = {"ep": ([None, None], __import__("threading").Barrier(2)),
+             "ep1": ([None, None], __import__("threading").Barrier(2)),
+             "mp0": ([None, None], __import__("threading").Barrier(2)),
+             "mp1": ([None, None], __import__("threading").Barrier(2))}
+    experts = [1.0, 2.0, 3.0, 5.0]
+
+    def rank(r, _):
+        layout = ExpertLayout(2, r, 4, model_parallel=2)
+        layout.comm = ThreadComm(pairs["ep" if r % 2 == 0 else "ep1"], layout.data_rank)
+        shared, split, expert = (paddle.create_parameter([1], "float32") for _ in range(3))
+        split.is_distributed = True
+        clip = ExpertClipGrad(1.0, layout, [expert], data_world=2)
+        clip.model_parallel = ThreadComm(pairs[f"mp{layout.data_rank}"], layout.mp_rank)
+        out = clip._dygraph_clip([(shared, paddle.to_tensor([1.0])), (split, paddle.to_tensor([2.0 * (1 + r % 2)])),
+                                  (expert, paddle.to_tensor([experts[r]]))])
+        return [float(g.numpy()[0]) for _, g in out]
+
+    scale = 1.0 / np.sqrt(60.0)
+    for r, got in enumerate(_in_threads(rank, n=4)):
+        np.testing.assert_allclose(got, [scale, 2.0 * (1 + r % 2) * scale, experts[r] * scale], rtol=1e-6)
+
+
+def test_tensor_parallel_with_expert_parallel_is_accepted_sharding_and_pipelines_are_not(monkeypatch):
+    from ppo.strategy.expert.checks import layout_problems
+
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "4")
+    assert layout_problems(Args(expert_parallel_degree=2, tensor_parallel_degree=2)) == []
+    assert layout_problems(Args(expert_parallel_degree=2, tensor_parallel_degree=4)) == [
+        "expert_parallel_degree 2 does not divide the data-parallel ranks 1 (world size 4 / tensor_parallel_degree 4): "
+        "the experts are split over data ranks"]
+    assert layout_problems(Args(expert_parallel_degree=2, sharding=["stage1"], sharding_parallel_degree=2)) == [
+        "expert_parallel_degree 2 with sharding: not supported yet (expert parallelism composes with data and tensor "
+        "parallelism only)"]
+    assert "pipeline_parallel_degree > 1: not supported yet" in layout_problems(
+        Args(expert_parallel_degree=2, pipeline_parallel_degree=2))[0]
