@@ -2,6 +2,8 @@
 (expert groups of data ranks, one set per tensor-parallel slice, in fleet's rank order), the
 clip's global norm over both axes with four ranks as threads, and the refusals that remain. The
 cold launches are in tests/test_expert_tensor_parallel_launch.py."""
+import threading
+
 import numpy as np
 import paddle
 import pytest
@@ -43,15 +45,12 @@ def test_the_clip_sums_experts_over_both_axes_and_tensor_slices_over_the_slices(
     = 60 on every rank, every gradient scaled by clip / sqrt(60)."""
     from ppo.strategy.expert.grads import ExpertClipGrad
 
-    pairs = {"ep": ([None, None], __import__("threading").Barrier(2)),
-             "ep1": ([None, None], __import__("threading").Barrier(2)),
-             "mp0": ([None, None], __import__("threading").Barrier(2)),
-             "mp1": ([None, None], __import__("threading").Barrier(2))}
+    pairs = {name: ([None, None], threading.Barrier(2)) for name in ("ep0", "ep1", "mp0", "mp1")}
     experts = [1.0, 2.0, 3.0, 5.0]
 
     def rank(r, _):
         layout = ExpertLayout(2, r, 4, model_parallel=2)
-        layout.comm = ThreadComm(pairs["ep" if r % 2 == 0 else "ep1"], layout.data_rank)
+        layout.comm = ThreadComm(pairs[f"ep{layout.mp_rank}"], layout.data_rank)
         shared, split, expert = (paddle.create_parameter([1], "float32") for _ in range(3))
         split.is_distributed = True
         clip = ExpertClipGrad(1.0, layout, [expert], data_world=2)
@@ -65,7 +64,7 @@ def test_the_clip_sums_experts_over_both_axes_and_tensor_slices_over_the_slices(
         np.testing.assert_allclose(got, [scale, 2.0 * (1 + r % 2) * scale, experts[r] * scale], rtol=1e-6)
 
 
-def test_tensor_parallel_with_expert_parallel_is_accepted_sharding_and_pipelines_are_not(monkeypatch):
+def test_tensor_parallel_and_stage1_sharding_over_the_expert_group_are_accepted_others_not(monkeypatch):
     from ppo.strategy.expert.checks import layout_problems
 
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", "4")
@@ -73,8 +72,13 @@ def test_tensor_parallel_with_expert_parallel_is_accepted_sharding_and_pipelines
     assert layout_problems(Args(expert_parallel_degree=2, tensor_parallel_degree=4)) == [
         "expert_parallel_degree 2 does not divide the data-parallel ranks 1 (world size 4 / tensor_parallel_degree 4): "
         "the experts are split over data ranks"]
-    assert layout_problems(Args(expert_parallel_degree=2, sharding=["stage1"], sharding_parallel_degree=2)) == [
-        "expert_parallel_degree 2 with sharding: not supported yet (expert parallelism composes with data and tensor "
-        "parallelism only)"]
+    assert layout_problems(Args(expert_parallel_degree=2, sharding=["stage1"], sharding_parallel_degree=2)) == []
+    refused = ["expert_parallel_degree 2 with sharding other than stage1 at sharding_parallel_degree = "
+               "expert_parallel_degree: not supported yet (expert parallelism composes with data, tensor and stage-1 "
+               "sharding parallelism only)"]
+    assert layout_problems(Args(expert_parallel_degree=2, sharding=["stage2"], sharding_parallel_degree=2)) == refused
+    assert layout_problems(Args(expert_parallel_degree=2, sharding=["stage1"], sharding_parallel_degree=4)) == refused
+    assert layout_problems(Args(expert_parallel_degree=2, sharding=["stage1"], sharding_parallel_degree=2,
+                                sharding_parallel_config="split_param")) == refused
     assert "pipeline_parallel_degree > 1: not supported yet" in layout_problems(
         Args(expert_parallel_degree=2, pipeline_parallel_degree=2))[0]

@@ -48,6 +48,7 @@ class ExpertClipGrad(paddle.nn.ClipGradByGlobalNorm):
         super().__init__(clip_norm)
         self.layout, self.data_world, self.sync = layout, data_world, sync
         self.model_parallel = None if model_parallel_group is None else GroupComm(model_parallel_group)
+        self.sharding = None  # a GroupComm when stage-1 sharding over the expert group holds the other parts
         self.expert_ids = {id(p) for p in expert_params}
         self.expert_params = list(expert_params)
 
@@ -59,7 +60,7 @@ class ExpertClipGrad(paddle.nn.ClipGradByGlobalNorm):
                                                  if id(p) not in have and p.grad is not None]
         if self.clip_norm == float("inf"):
             return params_grads
-        total = squared_norm(params_grads, self.expert_ids, self.layout.comm, self.model_parallel)
+        total = squared_norm(params_grads, self.expert_ids, self.layout.comm, self.model_parallel, self.sharding)
         norm = paddle.sqrt(total)
         limit = paddle.full([1], self.clip_norm, "float32")
         scale = limit / paddle.maximum(norm, limit)
@@ -71,19 +72,23 @@ def _square_sum(grads):
     return paddle.add_n(squares).reshape([1]) if squares else paddle.zeros([1], "float32")
 
 
-def squared_norm(params_grads, expert_ids, expert_comm, model_parallel_comm=None):
+def squared_norm(params_grads, expert_ids, expert_comm, model_parallel_comm=None, sharding_comm=None):
     """``[1]`` float32: the squared global norm of `params_grads` (see the module docstring):
     the experts' (ids in `expert_ids`) summed over `expert_comm` (a `GroupComm`), the other
     slices' (``is_distributed``) added, both summed over `model_parallel_comm` (a `GroupComm`;
-    None: no tensor parallelism), the replicated ones added once."""
+    None: no tensor parallelism), the replicated ones added once. With `sharding_comm` (stage-1
+    sharding over the expert group: each rank holds its part of the others and its own experts)
+    every sum is taken over it instead of `expert_comm`."""
     kinds = {"expert": [], "split": [], "whole": []}
     for p, g in params_grads:
         if g is not None:
             kind = "expert" if id(p) in expert_ids else ("split" if getattr(p, "is_distributed", False) else "whole")
             kinds[kind].append(g)
-    expert = _square_sum(kinds["expert"])
-    expert_comm.all_reduce_inplace(expert)
-    split = expert + _square_sum(kinds["split"])
-    if model_parallel_comm is not None:
-        model_parallel_comm.all_reduce_inplace(split)
-    return split + _square_sum(kinds["whole"])
+    expert, split, whole = (_square_sum(kinds[k]) for k in ("expert", "split", "whole"))
+    if sharding_comm is None:
+        expert_comm.all_reduce_inplace(expert)
+    split = expert + split
+    for comm, value in ((sharding_comm, split), (sharding_comm, whole), (model_parallel_comm, split)):
+        if comm is not None:
+            comm.all_reduce_inplace(value)
+    return split + whole

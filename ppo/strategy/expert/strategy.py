@@ -29,6 +29,7 @@ class ExpertStrategy:
     def __init__(self, inner, layout):
         self.inner, self.layout = inner, layout
         self.ranks, self.name = inner.ranks, f"expert+{inner.name}"
+        self.sharded = False  # stage-1 sharding over the expert group (`ppo.strategy.expert.sharding`)
 
     def __getattr__(self, name):  # everything the expert axis does not change
         return getattr(self.inner, name)
@@ -44,7 +45,7 @@ class ExpertStrategy:
             optimizer._grad_clip = clip
         model, optimizer = self.inner.wrap(model, optimizer)
         if clip is not None:
-            innermost(optimizer)._grad_clip = clip  # fleet's wrapper put its own clip around it
+            self.sharded = install_clip(optimizer, clip) is not None
         return model, optimizer
 
     def build_passes(self, models, actor, critics, optimizers, settings):
@@ -71,8 +72,8 @@ class ExpertStrategy:
     def gradient_groups(self):
         return self.inner.gradient_groups()
 
-    def expert_group(self):
-        return self.layout.comm.group or _default_group()
+    def expert_group(self):  # under sharding, the sharding group (the expert group) sums the experts
+        return None if self.sharded else self.layout.comm.group or _default_group()
 
     def saves_models(self):
         return True  # the gather is collective; rank 0 writes
@@ -104,8 +105,17 @@ def _default_group():
     return collective._get_default_group()
 
 
-def innermost(optimizer):
-    """The optimiser inside fleet's wrappers (`HybridParallelOptimizer`, ...): the one that clips."""
-    while "_inner_opt" in vars(optimizer):
-        optimizer = optimizer._inner_opt
-    return optimizer
+def install_clip(optimizer, clip):
+    """`clip` on the optimiser inside fleet's wrappers (`HybridParallelOptimizer`, ...), which put
+    their own clip around it, and this rank's experts in its own part of a stage-1 sharding
+    optimizer (`adopt_sharding_optimizer`). Returns the sharding group, or None."""
+    from .exchange import GroupComm
+    from .sharding import adopt_sharding_optimizer
+
+    inner = optimizer
+    while "_inner_opt" in vars(inner):
+        inner = inner._inner_opt
+    inner._grad_clip = clip
+    group = adopt_sharding_optimizer(optimizer, clip.expert_params)
+    clip.sharding = None if group is None else GroupComm(group)
+    return group

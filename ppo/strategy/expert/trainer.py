@@ -16,7 +16,7 @@ from ...common.parallel_groups import model_parallel_group
 from .checks import expert_degree
 from .grads import ExpertClipGrad
 from .layout import expert_parameters, shard_experts, whole_experts
-from .strategy import innermost
+from .strategy import install_clip
 
 
 def shard_for_trainer(model, args):
@@ -52,7 +52,7 @@ class ExpertTrainerMixin:
         clip = getattr(self.optimizer, "_grad_clip", None)
         wrapped = super()._wrap_model(model, training)
         if isinstance(clip, ExpertClipGrad):  # fleet's optimiser wrapper put its own clip around it
-            innermost(self.optimizer)._grad_clip = clip
+            install_clip(self.optimizer, clip)
         return wrapped
 
     def save_model(self, output_dir=None, merge_tensor_parallel=False):
