@@ -72,13 +72,17 @@ def test_tensor_parallel_and_stage1_sharding_over_the_expert_group_are_accepted_
     assert layout_problems(Args(expert_parallel_degree=2, tensor_parallel_degree=4)) == [
         "expert_parallel_degree 2 does not divide the data-parallel ranks 1 (world size 4 / tensor_parallel_degree 4): "
         "the experts are split over data ranks"]
-    assert layout_problems(Args(expert_parallel_degree=2, sharding=["stage1"], sharding_parallel_degree=2)) == []
-    refused = ["expert_parallel_degree 2 with sharding other than stage1 at sharding_parallel_degree = "
+    stage1 = dict(expert_parallel_degree=2, sharding=["stage1"], sharding_parallel_degree=2)
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
+    assert layout_problems(Args(**stage1)) == []
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "4")
+    assert layout_problems(Args(**stage1, tensor_parallel_degree=2)) == []  # sharding group per tensor slice
+    refused = ["expert_parallel_degree 2 with sharding other than stage1 over every data rank at sharding_parallel_degree = "
                "expert_parallel_degree: not supported yet (expert parallelism composes with data, tensor and stage-1 "
                "sharding parallelism only)"]
+    assert layout_problems(Args(**stage1)) == refused  # data parallel 2 beside it
     assert layout_problems(Args(expert_parallel_degree=2, sharding=["stage2"], sharding_parallel_degree=2)) == refused
     assert layout_problems(Args(expert_parallel_degree=2, sharding=["stage1"], sharding_parallel_degree=4)) == refused
-    assert layout_problems(Args(expert_parallel_degree=2, sharding=["stage1"], sharding_parallel_degree=2,
-                                sharding_parallel_config="split_param")) == refused
+    assert layout_problems(Args(**stage1, tensor_parallel_degree=2, sharding_parallel_config="split_param")) == refused
     assert "pipeline_parallel_degree > 1: not supported yet" in layout_problems(
         Args(expert_parallel_degree=2, pipeline_parallel_degree=2))[0]

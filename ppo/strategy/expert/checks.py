@@ -4,15 +4,16 @@
 PPO/GRPO, and refused in the `Trainer` entry points, where PaddleNLP's Trainer would act on it):
 composes with data parallelism (the expert groups are carved out of the data ranks) and tensor
 parallelism (one set of groups per tensor-parallel slice, each expert split along its width),
-and sharding stage 1 whose group is the expert group (``sharding_parallel_degree`` equal to
-``expert_parallel_degree``, no parameter fusion or split). Not yet: pipeline parallelism, other
+and sharding stage 1 whose group is the expert group and every data rank
+(``sharding_parallel_degree`` equal to ``expert_parallel_degree``, no data parallelism beside
+it, no parameter fusion or split). Not yet: pipeline parallelism, other
 sharding, LoRA, a split rollout rank."""
 import os
 
 NOT_YET = (
     ("pipeline_parallel_degree", lambda a: a.pipeline_parallel_degree > 1, "pipeline_parallel_degree > 1"),
     ("sharding", lambda a: _sharded(a) and not _stage1_over_experts(a),
-     "sharding other than stage1 at sharding_parallel_degree = expert_parallel_degree"),
+     "sharding other than stage1 over every data rank at sharding_parallel_degree = expert_parallel_degree"),
     ("rollout_placement", lambda a: getattr(a, "split_rollout", False), "a split rollout rank"),
 )
 
@@ -29,7 +30,9 @@ def _stage1_over_experts(args):
     the stage-1 options that fuse or split the parameters."""
     stages = {str(getattr(s, "value", s)) for s in args.sharding}
     config = str(getattr(args, "sharding_parallel_config", "") or "")
-    return stages == {"stage1"} and args.sharding_parallel_degree == expert_degree(args) and not any(
+    tensor = max(int(getattr(args, "tensor_parallel_degree", 1) or 1), 1)
+    every_data_rank = args.sharding_parallel_degree * tensor == world_size()  # no data parallelism beside it (untested)
+    return stages == {"stage1"} and args.sharding_parallel_degree == expert_degree(args) and every_data_rank and not any(
         option in config for option in STAGE1_OPTIONS_REFUSED)
 
 
