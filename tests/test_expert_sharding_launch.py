@@ -91,11 +91,12 @@ def test_expert_parallel_with_tensor_parallel_and_sharding_stage1_matches_one_pr
     from tests.test_expert_tensor_parallel_launch import (GRPO_WEIGHT_ATOL as TP_GRPO_ATOL, LOSS_RTOL as TP_RTOL,
                                                           SFT_WEIGHT_ATOL as TP_SFT_ATOL, assert_sharded_per_slice)
 
+    model = moe_dirs("qwen3_moe")
     if stage == "sft":
-        script, argv, keys, sub, atol = "sft/run_sft.py", sft_argv(moe_dirs("qwen3_moe"), tiny_data_dir), ("loss/sft",), "", TP_SFT_ATOL
+        script, argv, keys, sub, atol = "sft/run_sft.py", sft_argv(model, tiny_data_dir), ("loss/sft",), "", TP_SFT_ATOL
         sizes = lambda data_ranks: ["--per_device_train_batch_size", str(8 // data_ranks)]  # noqa: E731
     else:
-        script, argv, keys, sub, atol = "ppo/run_ppo.py", grpo_argv(moe_dirs("qwen3_moe"), tiny_data_dir), GRPO_KEYS, "policy", TP_GRPO_ATOL
+        script, argv, keys, sub, atol = "ppo/run_ppo.py", grpo_argv(model, tiny_data_dir), GRPO_KEYS, "policy", TP_GRPO_ATOL
         sizes = grpo_sizes
     one, ep_tp, out = runs(script, argv, tmp_path, sizes, TP_LAYOUTS)
     assert_sharded_per_slice(out)

@@ -3,8 +3,8 @@
 sharding, data parallel) or the pipeline layout (`ppo.strategy.pipeline`), chosen in one place
 (`choose_layout`) from the arguments and built by `build_strategy`; the strategy then loads the
 models in its layout (`Strategy.load_models`). The expert axis (`ppo.strategy.expert`)
-composes with the plain layout and the tensor layout. `tensor_model_problems`: the tensor layout's refusals of a
-model, for the argument checks."""
+composes with the plain layout and the tensor layout (tensor parallel, sharding stage 1).
+`tensor_model_problems`: the tensor layout's refusals of a model, for the argument checks."""
 from .base import PassSettings, Strategy, first_non_finite
 from .pipeline import PipelineStrategy
 from .plain import PlainStrategy
