@@ -86,3 +86,36 @@ def test_tensor_parallel_and_stage1_sharding_over_the_expert_group_are_accepted_
     assert layout_problems(Args(**stage1, tensor_parallel_degree=2, sharding_parallel_config="split_param")) == refused
     assert "pipeline_parallel_degree > 1: not supported yet" in layout_problems(
         Args(expert_parallel_degree=2, pipeline_parallel_degree=2))[0]
+
+
+def test_stage1_sharding_leaves_each_ranks_experts_out_of_fleets_partition(monkeypatch):
+    """Fleet's stage-1 partition puts the parameter at each position with one owner; the experts
+    (other experts on each rank at the same positions) leave every part, join this rank's own
+    part (the inner optimiser's parameter list, the same list object), and are neither reduced
+    nor broadcast; the other parameters keep their owners."""
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import \
+        DygraphShardingOptimizer
+
+    from ppo.strategy.expert.sharding import ExpertShardingOptimizer, adopt_sharding_optimizer
+
+    dense = [paddle.create_parameter([4], "float32") for _ in range(3)]
+    experts = [paddle.create_parameter([4], "float32") for _ in range(2)]
+    sharding = object.__new__(DygraphShardingOptimizer)
+    own = [dense[1], experts[0]]
+    sharding.__dict__.update(_rank2params={0: [dense[0], experts[1], dense[2]], 1: own}, _sharding_rank=1,
+                             _param2rank={}, tensor_fusion=False, comm_overlap=False,
+                             _hcg=type("Hcg", (), {"get_sharding_parallel_group": lambda self: "sharding group"})())
+    wrapper = type("Hybrid", (), {})()
+    wrapper._inner_opt = sharding
+    assert adopt_sharding_optimizer(wrapper, experts) == "sharding group"
+    assert type(sharding) is ExpertShardingOptimizer
+    assert sharding._rank2params[0] == [dense[0], dense[2]] and sharding._rank2params[1] is own
+    assert own == [dense[1], *experts] and {sharding._param2rank[p.name] for p in experts} == {1}
+    seen = {}
+    monkeypatch.setattr(DygraphShardingOptimizer, "reduce_gradients", lambda self, params, hcg: seen.update(reduce=params))
+    monkeypatch.setattr(DygraphShardingOptimizer, "_sharding_sync_parameters",
+                        lambda self: seen.update(broadcast={r: list(ps) for r, ps in self._rank2params.items()}))
+    sharding.reduce_gradients([*dense, *experts], None)
+    sharding._sharding_sync_parameters()
+    assert seen["reduce"] == dense and seen["broadcast"] == {0: [dense[0], dense[2]], 1: [dense[1]]}
+    assert sharding._rank2params[1] is own  # the experts stay in this rank's part for its step
