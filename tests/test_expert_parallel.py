@@ -228,11 +228,12 @@ def test_refusals_name_the_key(tmp_path, monkeypatch):
     assert layout_problems(Args(expert_parallel_degree=2)) == []
     assert layout_problems(Args(expert_parallel_degree=3)) == [
         "expert_parallel_degree 3 does not divide the world size 4 (the launched processes)"]
-    assert layout_problems(Args(expert_parallel_degree=2, tensor_parallel_degree=2)) == [
-        "expert_parallel_degree 2 with tensor_parallel_degree > 1: not supported yet (expert parallelism composes with "
-        "data parallelism only)"]
-    assert "sharding: not supported yet" in layout_problems(Args(expert_parallel_degree=2, sharding=["stage1"],
-                                                                 sharding_parallel_degree=2))[0]
+    assert layout_problems(Args(expert_parallel_degree=2, tensor_parallel_degree=2)) == []
+    assert layout_problems(Args(expert_parallel_degree=4, tensor_parallel_degree=2)) == [
+        "expert_parallel_degree 4 does not divide the data-parallel ranks 2 (world size 4 / tensor_parallel_degree 2): "
+        "the experts are split over data ranks"]
+    assert "sharding other than stage1 over every data rank at sharding_parallel_degree = expert_parallel_degree: not supported yet" in \
+        layout_problems(Args(expert_parallel_degree=2, sharding=["stage2"], sharding_parallel_degree=2))[0]
     assert "use_lora: not supported yet" in layout_problems(Args(expert_parallel_degree=2), use_lora=True)[0]
     assert layout_problems(Args(expert_parallel_degree=2), supported=False) == [
         "expert_parallel_degree 2: this entry point does not run expert parallelism (SFT, PPO and GRPO do); set it to 1"]

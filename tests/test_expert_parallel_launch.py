@@ -55,14 +55,14 @@ ARCHS = ("qwen3_moe", "ernie45_moe", "qwen2_moe", "mixtral")
 set below, the router in float32): both 4 experts, top-2, one sparse layer."""
 
 
-def build_moe_dir(path, arch):
+def build_moe_dir(path, arch, num_heads=4):
     """A tiny `arch` model without the load-balancing loss; ERNIE's selection bias made non-zero
     (it changes some tokens' experts), as a trained checkpoint's is."""
     import paddle
 
     from ppo.tiny.factory import build_tiny
 
-    build_tiny(path, seed=5, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, arch=arch)
+    build_tiny(path, seed=5, hidden_size=64, num_layers=2, num_heads=num_heads, intermediate_size=128, arch=arch)
     config_file = os.path.join(path, "config.json")
     config = json.load(open(config_file))
     json.dump(dict(config, router_aux_loss_coef=0.0), open(config_file, "w"))

@@ -3,9 +3,10 @@
 sharding, data parallel) or the pipeline layout (`ppo.strategy.pipeline`), chosen in one place
 (`choose_layout`) from the arguments and built by `build_strategy`; the strategy then loads the
 models in its layout (`Strategy.load_models`). The expert axis (`ppo.strategy.expert`)
-composes with the plain layout. `tensor_model_problems`, `expert_layout_problems` and
-`expert_model_problems`: the tensor layout's and the expert axis's refusals, for the argument
-checks (callers outside this package import them from here, never from a layout folder)."""
+composes with the plain layout and the tensor layout (tensor parallel, sharding stage 1).
+`tensor_model_problems`, `expert_layout_problems` and `expert_model_problems`: the tensor layout's
+and the expert axis's refusals, for the argument checks (callers outside this package import them
+from here, never from a layout folder)."""
 from .base import PassSettings, Strategy, first_non_finite
 from .expert.checks import layout_problems as expert_layout_problems, model_problems as expert_model_problems
 from .pipeline import PipelineStrategy
@@ -39,11 +40,9 @@ def build_strategy(args):
     layout = choose_layout(args, ranks.world_size)
     if layout == "pipeline":
         return PipelineStrategy(ranks, tensor_parallel=args.tensor_parallel_degree > 1)
-    if layout == "plain":
-        from .expert import with_expert_axis
+    from .expert import with_expert_axis
 
-        return with_expert_axis(PlainStrategy(ranks), args)
-    return LAYOUTS[layout](ranks)
+    return with_expert_axis(LAYOUTS[layout](ranks), args)
 
 
 __all__ = ["FleetStrategy", "LAYOUTS", "PassSettings", "PipelineStrategy", "PlainStrategy", "Ranks", "Strategy",

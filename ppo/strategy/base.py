@@ -97,6 +97,11 @@ class Strategy:
         """`(model-parallel group, pipeline group)` the squared gradient norm is summed over."""
         return None, None
 
+    def expert_group(self):
+        """The group the experts' squared gradient norm is summed over first (expert
+        parallelism: each rank holds other experts); None without it."""
+        return None
+
     def optimizer_step(self, model, optimizer, loss_value, name, release_gradients=False):
         """Step unless the loss or a gradient is non-finite on some rank. Returns `(bad, norm)`:
         what was non-finite (None when stepped) and the gradient norm before clipping (None when
@@ -110,7 +115,8 @@ class Strategy:
         bad = None if not self.ranks.any(not math.isfinite(loss_value)) else f"loss of the {name}{where}"
         prepared = self.prepare_step(model, optimizer)
         # collective (model-parallel / sharding groups): every rank computes it, even with nothing to count
-        total = squared_grad_norm(prepared.params, self.gradient_groups()[0], prepared.sharding_group, self.gradient_groups()[1])
+        model_parallel, pipeline = self.gradient_groups()
+        total = squared_grad_norm(prepared.params, model_parallel, prepared.sharding_group, pipeline, self.expert_group())
         norm = None
         if bad is None and not math.isfinite(total):  # one host sync; search names only when needed
             grads = [(f"{name} grad of {p.name}", p.grad) for p in prepared.params]

@@ -6,7 +6,9 @@ data-parallel all-reduce and its sharding reduce inside `step()`. A gradient nor
 finiteness check taken before `step()` would then see this rank's local gradients: a wrong
 norm, and ranks that disagree on whether to skip a step (one rank skipping a step the others
 take would stop the collectives inside it). `prepare_step` runs the optimizer's own gradient
-sync first and returns the parameters whose gradients this rank holds after it, the group
+sync first (leaving out the parameters marked ``no_sync``, as `paddle.DataParallel` and
+PaddleNLP's Trainer do: expert-parallel experts, whose gradients `ppo.strategy.expert` syncs)
+and returns the parameters whose gradients this rank holds after it, the group
 those are summed over, and the rest of the step.
 """
 from dataclasses import dataclass
@@ -42,8 +44,8 @@ def prepare_step(model, optimizer):
     from paddle.distributed.fleet.utils.hybrid_parallel_util import obtain_optimizer_parameters_list
 
     all_params = list(obtain_optimizer_parameters_list(hybrid._inner_opt))
-    with paddle.no_grad():
-        hybrid._hybrid_sync_grad(all_params)  # data-parallel all-reduce; sharding: reduce to the owner
+    with paddle.no_grad():  # data-parallel all-reduce; sharding: reduce to the owner. Not the `no_sync` ones
+        hybrid._hybrid_sync_grad([p for p in all_params if not getattr(p, "no_sync", False)])  # (experts: their own sync)
     sharding_group = None
     if hybrid._sharding_enable:
         owned = {id(p) for p in hybrid._inner_opt.filter_parameters(all_params, hybrid._hcg)}
@@ -57,15 +59,22 @@ def prepare_step(model, optimizer):
     return PreparedStep(params, sharding_group, step)
 
 
-def squared_grad_norm(params, model_parallel_group=None, sharding_group=None, pipeline_group=None):
-    """Squared norm of the whole gradient as a float: tensor-parallel slices (`is_distributed`)
-    summed over `model_parallel_group`, replicated parameters counted once (their gradients are
-    equal on every rank there), then every shard's part summed over `sharding_group` and every
-    pipeline stage's over `pipeline_group`."""
-    split, whole = [], []
+def squared_grad_norm(params, model_parallel_group=None, sharding_group=None, pipeline_group=None, expert_group=None):
+    """Squared norm of the whole gradient as a float: expert-parallel experts (``expert_parallel``)
+    summed over `expert_group` when given, tensor-parallel slices (`is_distributed`, the experts
+    among them) summed over `model_parallel_group`, replicated parameters counted once (their
+    gradients are equal on every rank there), then every shard's part summed over
+    `sharding_group` and every pipeline stage's over `pipeline_group`."""
+    expert, split, whole = [], [], []
     for p in params:
-        (split if getattr(p, "is_distributed", False) else whole).append(paddle.sum(paddle.square(p.grad.astype("float32"))))
+        kind = expert if expert_group is not None and getattr(p, "expert_parallel", False) else (
+            split if getattr(p, "is_distributed", False) else whole)
+        kind.append(paddle.sum(paddle.square(p.grad.astype("float32"))))
     split_sum = paddle.add_n(split).reshape([1]) if split else paddle.zeros([1], "float32")
+    if expert_group is not None:
+        expert_sum = paddle.add_n(expert).reshape([1]) if expert else paddle.zeros([1], "float32")
+        dist.all_reduce(expert_sum, group=expert_group)
+        split_sum = expert_sum + split_sum
     if model_parallel_group is not None:
         dist.all_reduce(split_sum, group=model_parallel_group)
     total = (paddle.add_n(whole).reshape([1]) if whole else paddle.zeros([1], "float32")) + split_sum

@@ -2,16 +2,38 @@
 
 `expert_parallel_degree` (PaddleNLP's key; ``use_expert_parallel`` true is accepted with it in
 PPO/GRPO, and refused in the `Trainer` entry points, where PaddleNLP's Trainer would act on it):
-composes with data parallelism (the expert groups are carved out of the data ranks). Not yet:
-tensor, pipeline or sharding parallelism, LoRA, a split rollout rank."""
+composes with data parallelism (the expert groups are carved out of the data ranks) and tensor
+parallelism (one set of groups per tensor-parallel slice, each expert split along its width),
+and sharding stage 1 whose group is the expert group and every data rank
+(``sharding_parallel_degree`` equal to ``expert_parallel_degree``, no data parallelism beside
+it, no parameter fusion or split). Not yet: pipeline parallelism, other
+sharding, LoRA, a split rollout rank."""
 import os
 
 NOT_YET = (
-    ("tensor_parallel_degree", lambda a: a.tensor_parallel_degree > 1, "tensor_parallel_degree > 1"),
     ("pipeline_parallel_degree", lambda a: a.pipeline_parallel_degree > 1, "pipeline_parallel_degree > 1"),
-    ("sharding", lambda a: bool(a.sharding) and max(a.sharding_parallel_degree, 1) > 1, "sharding"),
+    ("sharding", lambda a: _sharded(a) and not _stage1_over_experts(a),
+     "sharding other than stage1 over every data rank at sharding_parallel_degree = expert_parallel_degree"),
     ("rollout_placement", lambda a: getattr(a, "split_rollout", False), "a split rollout rank"),
 )
+
+
+STAGE1_OPTIONS_REFUSED = ("split_param", "enable_stage1_tensor_fusion", "enable_stage1_overlap")
+
+
+def _sharded(args):
+    return bool(args.sharding) and max(args.sharding_parallel_degree, 1) > 1
+
+
+def _stage1_over_experts(args):
+    """Sharding stage 1 whose group is the expert group (`ppo.strategy.expert.sharding`), without
+    the stage-1 options that fuse or split the parameters."""
+    stages = {str(getattr(s, "value", s)) for s in args.sharding}
+    config = str(getattr(args, "sharding_parallel_config", "") or "")
+    tensor = max(int(getattr(args, "tensor_parallel_degree", 1) or 1), 1)
+    every_data_rank = args.sharding_parallel_degree * tensor == world_size()  # no data parallelism beside it (untested)
+    return stages == {"stage1"} and args.sharding_parallel_degree == expert_degree(args) and every_data_rank and not any(
+        option in config for option in STAGE1_OPTIONS_REFUSED)
 
 
 def expert_degree(args):
@@ -37,11 +59,14 @@ def layout_problems(args, supported=True, use_lora=False, trainer=False):
     if not supported:
         return [f"expert_parallel_degree {degree}: this entry point does not run expert parallelism "
                 "(SFT, PPO and GRPO do); set it to 1"]
-    world = world_size()
-    if world % degree:
+    world, tensor = world_size(), max(int(getattr(args, "tensor_parallel_degree", 1) or 1), 1)
+    if tensor == 1 and world % degree:
         return [f"expert_parallel_degree {degree} does not divide the world size {world} (the launched processes)"]
+    if tensor > 1 and not world % tensor and (world // tensor) % degree:  # (world % tensor: refused as tensor parallelism)
+        return [f"expert_parallel_degree {degree} does not divide the data-parallel ranks {world // tensor} (world size "
+                f"{world} / tensor_parallel_degree {tensor}): the experts are split over data ranks"]
     problems = [f"expert_parallel_degree {degree} with {what}: not supported yet (expert parallelism composes with "
-                f"data parallelism only)" for key, test, what in NOT_YET if test(args)]
+                f"data, tensor and stage-1 sharding parallelism only)" for key, test, what in NOT_YET if test(args)]
     if use_lora:
         problems.append(f"expert_parallel_degree {degree} with use_lora: not supported yet (LoRA adapters on sharded experts)")
     return problems

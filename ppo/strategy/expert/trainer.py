@@ -1,8 +1,9 @@
 """Expert parallelism in PaddleNLP's `Trainer` (SFT): `ExpertTrainerMixin`, placed before
 `Trainer` among the bases, with the model sharded by `shard_for_trainer` before the trainer is
-built. The trainer's `paddle.DataParallel` averages the other gradients; the optimiser's clip
-(`ExpertClipGrad` with ``sync``) syncs the expert gradients first, then clips with the experts
-counted once. Saving gathers the experts (every rank joins; the trainer's main rank writes the
+built. The trainer's `paddle.DataParallel` (or, with tensor parallelism, its fleet all-reduce,
+which skips ``no_sync`` parameters) averages the other gradients; the optimiser's clip
+(`ExpertClipGrad` with ``sync``, put back after fleet's optimiser wrapper replaced it) syncs the
+expert gradients first, then clips with the experts counted once. Saving gathers the experts (every rank joins; the trainer's main rank writes the
 one-process checkpoint); generation for evaluation runs on the gathered experts. The Trainer
 writes rank 0's optimiser states only: each rank also writes its experts' AdamW states to
 ``checkpoint-N/expert_optimizer.rank{r}.pdopt`` and takes them back on resume."""
@@ -11,20 +12,23 @@ import os
 
 import paddle
 
+from ...common.parallel_groups import model_parallel_group
 from .checks import expert_degree
 from .grads import ExpertClipGrad
-from .layout import ExpertLayout, expert_parameters, shard_experts, whole_experts
+from .layout import expert_parameters, shard_experts, whole_experts
+from .strategy import install_clip
 
 
 def shard_for_trainer(model, args):
     """`model` with its experts sharded for `args`' expert-parallel degree (unchanged at 1);
     builds the groups (collective). Returns the layout or None."""
-    degree = expert_degree(args)
-    if degree == 1:
+    if expert_degree(args) == 1:
         return None
     import paddle.distributed as dist
 
-    layout = ExpertLayout(degree, dist.get_rank(), dist.get_world_size()).build_groups()
+    from . import expert_layout
+
+    layout = expert_layout(args, dist.get_rank(), dist.get_world_size()).build_groups()
     shard_experts(model, layout, model.config)
     return layout
 
@@ -40,8 +44,16 @@ class ExpertTrainerMixin:
         if self.expert_layout is not None:
             clip = optimizer._grad_clip.clip_norm if optimizer._grad_clip is not None else float("inf")
             optimizer._grad_clip = ExpertClipGrad(clip, self.expert_layout, expert_parameters(self.model),
-                                                  self.args.dataset_world_size, sync=True)
+                                                  self.args.dataset_world_size, sync=True,
+                                                  model_parallel_group=model_parallel_group())
         return optimizer
+
+    def _wrap_model(self, model, training=True):
+        clip = getattr(self.optimizer, "_grad_clip", None)
+        wrapped = super()._wrap_model(model, training)
+        if isinstance(clip, ExpertClipGrad):  # fleet's optimiser wrapper put its own clip around it
+            install_clip(self.optimizer, clip)
+        return wrapped
 
     def save_model(self, output_dir=None, merge_tensor_parallel=False):
         if self.expert_layout is None:
