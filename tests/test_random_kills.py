@@ -93,14 +93,17 @@ def timed_attempt(entry, argv):
 
 
 def kill_plan(seed, wall_s, saves, appends):
-    """Kill moments for a run that takes `wall_s` when not killed: timed kills between 30% and
-    60% of it (start-up or the first steps: a kill must land even when this attempt runs faster
-    than the measured one, e.g. beside another test on the same cores, or resumes with less work
-    left; a timed attempt that finishes leaves the rest of the plan nothing to kill), the n-th
-    save, the n-th trace append."""
+    """Kill moments for a run that takes `wall_s` when not killed: a timed kill between 30% and
+    60% of it (start-up or the first steps), the n-th save, the n-th trace append, a second timed
+    kill between 15% and 30% (a resumed attempt has less work left), then an early save and an
+    early append of the attempt. A timed kill misses when the attempt runs faster than the
+    measured run (the cores less busy), and a late event misses when the attempt finishes first:
+    a finished run leaves the rest of the plan nothing to kill, so the plan ends with two kills
+    that land while any step is left, and holds more kills than the tests require."""
     rng = random.Random(seed)
-    timed = lambda: ("time", round(rng.uniform(0.3, 0.6) * wall_s, 2))  # noqa: E731
-    return [timed(), ("save", rng.randint(*saves)), ("trace", rng.randint(*appends)), timed(), ("save", rng.randint(*saves))]
+    timed = lambda low, high: ("time", round(rng.uniform(low, high) * wall_s, 2))  # noqa: E731
+    return [timed(0.3, 0.6), ("save", rng.randint(*saves)), ("trace", rng.randint(*appends)), timed(0.15, 0.3),
+            ("save", rng.randint(saves[0], min(saves[0] + 2, saves[1]))), ("trace", appends[0])]
 
 
 def metrics_without_timings(out):
