@@ -71,7 +71,8 @@ def build_online_dpo_trainer(args, models, tokenizer, train_dataset, eval_datase
     settings = slice_of(RolloutSettings, args)
     rollout = Rollout(engine, sampling, sampler, train_dataset, tokenizer, passes, offload=offload, state=state, ranks=ranks,
                       settings=settings)
-    maker = ExperienceMaker(rollout, scoring, None, policy.model, state, ranks, settings, tokenizer.pad_token_id)
+    maker = ExperienceMaker(rollout, scoring, None, policy.model, state, ranks, settings=settings,
+                            pad_token_id=tokenizer.pad_token_id)
     steps = OptimizerSteps(strategy, state, args.max_nan_skips, args.release_gradients)
     choose_pairs = ScoredPairs(args) if judge is None else JudgedPairs(judge, tokenizer, args)
     learner = OnlineDPOLearner(policy, models, passes, steps, divergence=watch, tokenizer=tokenizer, state=state, args=args,

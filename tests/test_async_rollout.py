@@ -140,7 +140,7 @@ def test_both_ranks_follow_one_schedule(staleness, start):
     w_ops, batches = worker_ops(staleness, start, max_steps)
     link = RecordingLink(batches)
     state = SimpleNamespace(step=start, gen_batches=start)
-    remote = RemoteRollout(link, lambda: [], PromptSampler(64, 4, seed=1), state, staleness, max_steps)
+    remote = RemoteRollout(link, lambda: [], PromptSampler(64, 4, seed=1), state, staleness=staleness, max_steps=max_steps)
     versions = []
     for step in range(start, max_steps):
         exp = remote.generate()
@@ -154,7 +154,7 @@ def test_both_ranks_follow_one_schedule(staleness, start):
 
 def test_a_finished_run_tells_the_rollout_rank_there_is_nothing_to_do():
     link = RecordingLink()
-    RemoteRollout(link, lambda: [], PromptSampler(64, 4), SimpleNamespace(step=5, gen_batches=5), 1, 5).close()
+    RemoteRollout(link, lambda: [], PromptSampler(64, 4), SimpleNamespace(step=5, gen_batches=5), staleness=1, max_steps=5).close()
     assert link.ops == [("object", "hello")]
     assert worker_ops(1, 5, 5)[0] == [("object", "hello")]
 
@@ -184,7 +184,7 @@ def test_importance_weights_of_a_stale_batch(level):
                               "sampler": {"epoch": 0, "offset": 8},
                               "experience": experience_message(tiny_experience(0, [-1.0, -3.0, 0.0]))}]
     state = SimpleNamespace(step=0, gen_batches=0)
-    remote = RemoteRollout(RecordingLink(batches), lambda: [], PromptSampler(64, 4), state, staleness, 3)
+    remote = RemoteRollout(RecordingLink(batches), lambda: [], PromptSampler(64, 4), state, staleness=staleness, max_steps=3)
     remote.generate()
     state.step = 1
     exp = remote.generate()

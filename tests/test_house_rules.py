@@ -457,7 +457,10 @@ LOOP_PARTS = {"ppo.trainer.loop": "OnlineLoop", "ppo.rollout.engine": "RolloutEn
               "ppo.trainer.agent_rollout": "TrajectoryRollout", "ppo.trainer.evaluator": "Evaluator",
               "ppo.trainer.rollout": "Rollout", "ppo.trainer.updater": "PPOUpdater",
               "ppo.trainer.advantages": "AdvantageStage", "ppo.trainer.run_state": "RunState",
-              "dpo.online_learner": "OnlineDPOLearner"}
+              "dpo.online_learner": "OnlineDPOLearner", "ppo.trainer.experience_maker": "ExperienceMaker",
+              "ppo.trainer.remote_rollout": "RemoteRollout", "ppo.passes.plain": "PlainPasses",
+              "ppo.strategy.pipeline.passes": "PipelinePasses", "ppo.agents.rollout": "AgentRollout",
+              "ppo.rollout.multi_turn": "SlotDecoder", "ppo.agents.tool_env": "ToolEnvironment"}
 """The online loop's parts that the run builders wire: their constructors take the rest by keyword."""
 
 

@@ -182,7 +182,7 @@ def test_partial_schedule_pairs_up_and_batches_span_one_update(staleness, start)
     RolloutWorker(link, ChunkedFakeRollout(), [], staleness, partial_tokens=1).train()
     trainer_link = RecordingLink(link.sent_objects)
     state = SimpleNamespace(step=start, gen_batches=start)
-    remote = RemoteRollout(trainer_link, lambda: [], PromptSampler(64, 4, seed=1), state, staleness, max_steps, partial=True)
+    remote = RemoteRollout(trainer_link, lambda: [], PromptSampler(64, 4, seed=1), state, staleness=staleness, max_steps=max_steps, partial=True)
     for step in range(start, max_steps):
         exp = remote.generate()
         first, second = exp.token_versions.numpy()[0, :2].tolist()

@@ -159,7 +159,7 @@ def run_schedule(layout, staleness, start, max_steps):
     for t in range(n):
         trainers[t] = RoutedLink(layout, t, {r: list(link.outbox.get(t, [])) for r, link in replicas.items()})
         state = SimpleNamespace(step=start, gen_batches=start)
-        remote = RemoteRollout(trainers[t], lambda: [], PromptSampler(64, 4, t, n, seed=1), state, staleness, max_steps)
+        remote = RemoteRollout(trainers[t], lambda: [], PromptSampler(64, 4, t, n, seed=1), state, staleness=staleness, max_steps=max_steps)
         got[t] = []
         for _ in range(start, max_steps):
             got[t].append(remote.generate())

@@ -103,7 +103,7 @@ class AgentRollout:
 
     decoder_hook = None  # hook(build) -> the decoder; ppo/agents/tp_rollout.py shares the build with other ranks
 
-    def __init__(self, engine, records, settings, turn_format, params, env_factory=None, pause="row", feed_interval=4):
+    def __init__(self, engine, records, settings, turn_format, params, *, env_factory=None, pause="row", feed_interval=4):
         if pause not in PAUSE_MODES:
             raise ValueError(f"pause must be one of {PAUSE_MODES}, got {pause!r}")
         self.engine, self.settings, self.format, self.params = engine, settings, turn_format, params
@@ -155,7 +155,8 @@ class AgentRollout:
         positions = getattr(lm.config, "max_position_embeddings", None)
         if positions is not None and self.settings.max_total_len > positions:
             raise ValueError(f"max_total_len={self.settings.max_total_len} exceeds the model's max_position_embeddings={positions}")
-        build = partial(SlotDecoder, self.engine, lm, len(self.rows), self.settings.max_total_len, self.params, seed, row_offset)
+        build = partial(SlotDecoder, self.engine, lm, len(self.rows), self.settings.max_total_len, self.params, seed=seed,
+                        row_offset=row_offset)
         decoder = self.decoder_hook(build) if self.decoder_hook is not None else build()
         while True:
             self._collect(block=False)
@@ -366,7 +367,8 @@ def rollout_trajectories(engine, records, settings, turn_format, params, seed=No
     from .tp_rollout import run_on_rollout_group
 
     def new_rollout():  # under tensor or pipeline parallel, built on one rank of the group only
-        return AgentRollout(engine, records, settings, turn_format, params, env_factory, pause, feed_interval)
+        return AgentRollout(engine, records, settings, turn_format, params, env_factory=env_factory, pause=pause,
+                            feed_interval=feed_interval)
 
     was_training = unwrap_model(engine.model).training
     unwrap_model(engine.model).eval()

@@ -86,7 +86,7 @@ def _follow(group, engine, rows, settings, params, seed, row_offset):
             break
         if plan[0] == "build":
             if engine.tensor_parallel_group is not None:  # a pipeline stage has nothing to gather with the leader
-                decoder = SlotDecoder(engine, lm, rows, settings.max_total_len, params, seed, row_offset)
+                decoder = SlotDecoder(engine, lm, rows, settings.max_total_len, params, seed=seed, row_offset=row_offset)
         elif plan[0] == "step":
             decoder.step(*plan[1:])
         elif plan[0] == "compact":

@@ -166,7 +166,7 @@ def make_rollout(args, engine, sampling, sampler, dataset, tokenizer, passes, of
     a multi-turn run goes into the checkpoints."""
     if args.split_rollout:
         params, max_steps = remote
-        return RemoteRollout(run_link(), params, sampler, state, args.async_staleness, max_steps,
+        return RemoteRollout(run_link(), params, sampler, state, staleness=args.async_staleness, max_steps=max_steps,
                              partial=args.partial_rollout)
     if not args.env_name:
         return Rollout(engine, sampling, sampler, dataset, tokenizer, passes, offload=offload, state=state, ranks=ranks,
@@ -247,7 +247,8 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
     rollout_settings = slice_of(RolloutSettings, args)
     rollout = make_rollout(args, engine, sampling, sampler, train_dataset, tokenizer, passes, offload, state, ranks,
                            rollout_settings, remote=(models.actor.parameters, max_steps))
-    maker = ExperienceMaker(rollout, scoring, completion, actor.model, state, ranks, rollout_settings, tokenizer.pad_token_id)
+    maker = ExperienceMaker(rollout, scoring, completion, actor.model, state, ranks, settings=rollout_settings,
+                            pad_token_id=tokenizer.pad_token_id)
     ptx = PtxBatches(ptx_dataset, ptx_sampler) if ptx_sampler is not None else None
     steps = OptimizerSteps(strategy, state, args.max_nan_skips, args.release_gradients)
     learner = PPOUpdater(actor, objectives, passes, steps, ptx=ptx, divergence=watch, offload=offload, state=state, ranks=ranks,

@@ -44,7 +44,7 @@ class PlainPasses(ModelPasses):
     log-probs, `replay_backward` for training: `slime/backends/megatron_utils/actor.py`). The
     update's micro-batches report `moe/replay_agreement` (`ppo.models.routing_replay`)."""
 
-    def __init__(self, models, actor, critics, temperature, logprob_chunk_size, chunk_rows, retokenizers=None,
+    def __init__(self, models, actor, critics, temperature, logprob_chunk_size, chunk_rows, *, retokenizers=None,
                  remove_padding=False, logprob_dtype="float32"):
         self.models, self.actor, self.critics = models, actor, dict(critics)
         self.temperature, self.logprob_chunk_size = temperature, logprob_chunk_size

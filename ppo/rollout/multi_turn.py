@@ -50,7 +50,7 @@ class SlotDecoder:
         seed / row_offset: uniform streams; row b draws from (seed, row_offset + b).
     """
 
-    def __init__(self, engine, lm, batch_size, max_positions, params, seed=None, row_offset=0):
+    def __init__(self, engine, lm, batch_size, max_positions, params, *, seed=None, row_offset=0):
         if params.repetition_penalty != 1.0:
             raise NotImplementedError("multi-turn rollouts sample without a repetition penalty (repetition_penalty 1.0)")
         self.engine, self.params = engine, params

@@ -18,7 +18,7 @@ class ExperienceMaker:
     made); `state`: the `RunState`; `ranks`: the run's `Ranks`; `settings`: `RolloutSettings`;
     `pad_token_id`: the padding of merged draws."""
 
-    def __init__(self, rollout, scoring, completion, actor, state, ranks, settings, pad_token_id):
+    def __init__(self, rollout, scoring, completion, actor, state, ranks, *, settings, pad_token_id):
         self.rollout, self.scoring, self.completion, self.actor = rollout, scoring, completion, actor
         self.state, self.ranks, self.settings, self.pad_token_id = state, ranks, settings, pad_token_id
 

@@ -56,7 +56,7 @@ class RemoteRollout:
     batches trained on); `state`: the `RunState`; `staleness`: `async_staleness`; `max_steps`:
     the run's steps; `partial`: `partial_rollout` (the weights go out before the batches come in)."""
 
-    def __init__(self, link, params, sampler, state, staleness, max_steps, partial=False):
+    def __init__(self, link, params, sampler, state, *, staleness, max_steps, partial=False):
         self.link, self.params, self.sampler, self.state = link, params, sampler, state
         self.staleness, self.max_steps, self.partial = staleness, max_steps, bool(partial)
         self.start, self.received, self.metrics = None, {}, {}

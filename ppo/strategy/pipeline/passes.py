@@ -69,7 +69,7 @@ class PipelinePasses(ModelPasses):
     Holds the generation copy (the whole actor as one plain model on every rank, for the
     rollout engine), filled only while a rollout or an evaluation uses it."""
 
-    def __init__(self, models, actor, critics, optimizers, temperature, micro_batches, micro_rows, pad_token_id,
+    def __init__(self, models, actor, critics, optimizers, temperature, micro_batches, *, micro_rows, pad_token_id,
                  keep_tensor_parallel=False):
         from paddle.distributed import fleet
 
