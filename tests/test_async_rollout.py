@@ -125,7 +125,7 @@ def worker_ops(staleness, start, max_steps):
     """The rollout rank's operations when the trainer starts at `start`."""
     link = RecordingLink([{"start": start, "max_steps": max_steps, "gen_batches": start, "sampler": {"epoch": 0, "offset": 0}},
                           *range(start, max_steps)], rank=1)
-    worker = RolloutWorker(link, FakeRollout(), [], staleness)
+    worker = RolloutWorker(link, {0: FakeRollout()}, [], staleness)
     worker.train()
     return link.ops, link.sent_objects
 

@@ -19,7 +19,8 @@ gradient norm within 1.4e-6 relative, weights within 2.3e-5 (layer 0's dense up_
 TP 2 x DP 2 alone is as far); ERNIE 4.5 MoE SFT losses within 1.2e-7, eval loss equal, weights
 within 1.3e-5; GRPO within 5.2e-7 relative, weights within 2.9e-5. Against TP 2 x DP 2 (the
 same processes, every rank all experts' slices; Qwen3-MoE): SFT losses equal, weights within
-9.9e-7; GRPO entropy equal, losses within 5.7e-7 relative, weights within 1.2e-7. The
+9.9e-7; GRPO entropy equal, losses within 5.7e-7 relative, weights within 1.2e-7; ERNIE 4.5
+MoE weights within 4.2e-6 (SFT) and 3.3e-6 (GRPO). The
 tolerances sit a little above (the one-process ones are those of the tensor-parallel tests)."""
 import json
 import os
@@ -38,7 +39,8 @@ HEADS = {"qwen3_moe": 4, "ernie45_moe": 16}  # ERNIE's tiny model has one key-va
 LOSS_RTOL = 1e-5
 SFT_WEIGHT_ATOL = 3e-4
 GRPO_WEIGHT_ATOL = 4e-5
-SAME_LAYOUT_RTOL, SAME_LAYOUT_WEIGHT_ATOL = 2e-6, 3e-6  # against tensor parallel 2 x data parallel 2
+SAME_LAYOUT_RTOL = 2e-6  # against tensor parallel 2 x data parallel 2
+SAME_LAYOUT_WEIGHT_ATOL = {"qwen3_moe": 3e-6, "ernie45_moe": 1e-5}  # ERNIE measured 4.2e-6 (SFT), 3.3e-6 (GRPO)
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +62,11 @@ LAYOUTS = {"one": (1, []), "tp2_dp2": (4, ["--tensor_parallel_degree", "2"]),
 """One process; tensor parallel 2 x data parallel 2 (every rank all experts' slices); the same
 with expert parallel 2 over the data ranks. Name: (processes, flags)."""
 
-TP_DP_ARCHS = ("qwen3_moe",)
-"""Where tensor parallel 2 x data parallel 2 runs to compare with. On the tiny ERNIE 4.5 MoE it
-stops in gloo ("op.preamble.length <= op.nbytes"): an expert that no token of one data rank
-reached has no gradient there, and fleet's fused data-parallel all-reduce then gets buffers of
-other sizes on the two data ranks. Expert parallelism leaves the experts out of that all-reduce."""
+TP_DP_ARCHS = ("qwen3_moe", "ernie45_moe")
+"""Where tensor parallel 2 x data parallel 2 runs to compare with: both. On the tiny ERNIE 4.5 MoE
+an expert that no token of one data rank reached has no gradient there; fleet's fused
+data-parallel all-reduce stopped in gloo ("op.preamble.length <= op.nbytes") on the buffers of
+other sizes until `ppo.strategy.grad_sync.fill_unreached_gradients` gave it a zero gradient."""
 
 
 def runs(script, argv, tmp_path, sizes, arch):
@@ -98,7 +100,7 @@ def test_sft_expert_parallel_with_tensor_parallel_matches_one_process(arch, moe_
     assert_sharded_per_slice(out)
     assert_close_runs(one, out, ("loss/sft",), 3, "", SFT_WEIGHT_ATOL, LOSS_RTOL)
     if tp_dp:
-        assert_close_runs(tp_dp, out, ("loss/sft",), 3, "", SAME_LAYOUT_WEIGHT_ATOL, SAME_LAYOUT_RTOL)
+        assert_close_runs(tp_dp, out, ("loss/sft",), 3, "", SAME_LAYOUT_WEIGHT_ATOL[arch], SAME_LAYOUT_RTOL)
     s1, s = (json.load(open(f"{o}/summary.json"))["final_eval"] for o in (one, out))
     np.testing.assert_allclose(s["eval/loss"], s1["eval/loss"], rtol=LOSS_RTOL)
     assert s["eval/accuracy"] == s1["eval/accuracy"]  # greedy generation from the gathered, merged weights
@@ -114,6 +116,6 @@ def test_grpo_expert_parallel_with_tensor_parallel_matches_one_process(arch, moe
     assert_sharded_per_slice(out)
     assert_close_runs(one, out, GRPO_KEYS, 2, "policy", GRPO_WEIGHT_ATOL, LOSS_RTOL)
     if tp_dp:
-        assert_close_runs(tp_dp, out, GRPO_KEYS, 2, "policy", SAME_LAYOUT_WEIGHT_ATOL, SAME_LAYOUT_RTOL)
+        assert_close_runs(tp_dp, out, GRPO_KEYS, 2, "policy", SAME_LAYOUT_WEIGHT_ATOL[arch], SAME_LAYOUT_RTOL)
     assert_rank0_samples_lead(one, out)
     assert json.load(open(os.path.join(out, "policy", "config.json"))).get("tensor_parallel_degree", 1) == 1

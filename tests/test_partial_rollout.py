@@ -179,7 +179,7 @@ def test_partial_schedule_pairs_up_and_batches_span_one_update(staleness, start)
     max_steps = 7
     link = RecordingLink([{"start": start, "max_steps": max_steps, "gen_batches": start, "sampler": {"epoch": 0, "offset": 0}},
                           *range(start, max_steps - staleness + 1)], rank=1)
-    RolloutWorker(link, ChunkedFakeRollout(), [], staleness, partial_tokens=1).train()
+    RolloutWorker(link, {0: ChunkedFakeRollout()}, [], staleness, partial_tokens=1).train()
     trainer_link = RecordingLink(link.sent_objects)
     state = SimpleNamespace(step=start, gen_batches=start)
     remote = RemoteRollout(trainer_link, lambda: [], PromptSampler(64, 4, seed=1), state, staleness=staleness, max_steps=max_steps, partial=True)

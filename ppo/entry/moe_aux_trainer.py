@@ -6,9 +6,23 @@ The MoE causal LM and score model keep the weighted router loss of their last fo
 ``router_z_loss_coef`` x the z-loss, with ``output_router_logits``); `add_moe_aux_loss` adds it
 to the micro-batch's loss, and every training log carries the means of the ``moe/*`` stats since
 the last one. A model without routers, or a forward without gradients, adds nothing. The RL
-actor's update does the same in `ppo.passes.plain`."""
+actor's update does the same in `ppo.passes.plain`. Under fleet's hybrid optimiser (tensor
+parallel with data parallel or sharding) each micro-step ends with `fill_unreached_before_sync`:
+an expert no token of this rank reached gets a zero gradient where another rank's tokens reached
+it, so that the fused all-reduce sees the same buffers on every rank.
+
+`EXPERT_COUNT_KEYS`: the config keys that make a model a mixture of experts."""
 from ppo.models.basics import unwrap_model
 from ppo.models.families.moe import StatsMean, take_aux_loss
+
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "moe_num_experts")
+
+
+def has_experts(model):
+    """Whether `model`'s config names more than one expert (ERNIE 4.5 may give a list: one count per modality)."""
+    config = getattr(unwrap_model(model), "config", None)
+    counts = [getattr(config, key, 0) or 0 for key in EXPERT_COUNT_KEYS]
+    return any((max(c) if isinstance(c, (list, tuple)) and c else int(c or 0)) > 1 for c in counts)
 
 
 class MoeAuxLossMixin:
@@ -23,6 +37,14 @@ class MoeAuxLossMixin:
             self.moe_stats = StatsMean()
         self.moe_stats.add(stats)
         return loss + aux.astype(loss.dtype)
+
+    def training_step(self, model, *args, **kwargs):
+        loss = super().training_step(model, *args, **kwargs)
+        if has_experts(model):
+            from ppo.strategy.grad_sync import fill_unreached_before_sync
+
+            fill_unreached_before_sync(self.optimizer)
+        return loss
 
     def log(self, logs, **kwargs):
         if "loss" in logs and hasattr(self, "moe_stats"):  # a training log: the router stats since the last

@@ -35,6 +35,46 @@ def _hybrid_optimizer(optimizer):
     return optimizer if isinstance(optimizer, HybridParallelOptimizer) else None
 
 
+def _reducing_groups(hybrid):
+    """The groups fleet's sync sums gradients over: data parallel, and sharding when enabled."""
+    hcg = hybrid._hcg
+    groups = [hcg.get_data_parallel_group()] + ([hcg.get_sharding_parallel_group()] if hybrid._sharding_enable else [])
+    return [g for g in groups if g.nranks > 1]
+
+
+def fill_unreached_gradients(params, groups):
+    """Give a zero gradient to each of `params` that has none on this rank but has one on another
+    rank of `groups`; returns those. In a mixture of experts an expert that no token of this rank
+    reached has no gradient here, and fleet's fused all-reduce would get buffers of other sizes
+    on the ranks (gloo stops: "op.preamble.length <= op.nbytes"). The zero adds nothing to the
+    sum, so the expert steps as in one process; one that no rank reached keeps no gradient
+    anywhere, as in one process."""
+    if not groups or not params:
+        return []
+    reached = paddle.to_tensor([int(p.grad is not None) for p in params], dtype="int32")
+    for group in groups:
+        dist.all_reduce(reached, group=group)
+    filled = [p for p, n in zip(params, reached.numpy().tolist()) if n > 0 and p.grad is None]
+    for p in filled:
+        p.grad = paddle.zeros_like(p)
+    return filled
+
+
+def fill_unreached_before_sync(optimizer):
+    """`fill_unreached_gradients` over the trainable parameters fleet's sync will reduce, when
+    `optimizer` is fleet's hybrid optimiser with data-parallel or sharding ranks (a PaddleNLP
+    Trainer's micro-step: its sync runs before the optimiser step, out of `prepare_step`'s reach)."""
+    hybrid = _hybrid_optimizer(optimizer)
+    if hybrid is None:
+        return []
+    from paddle.distributed.fleet.utils.hybrid_parallel_util import obtain_optimizer_parameters_list
+
+    params = [p for p in obtain_optimizer_parameters_list(hybrid._inner_opt)
+              if not p.stop_gradient and not getattr(p, "no_sync", False)]
+    with paddle.no_grad():
+        return fill_unreached_gradients(params, _reducing_groups(hybrid))
+
+
 def prepare_step(model, optimizer):
     """Sync gradients as `optimizer.step()` would, now; see the module docstring."""
     params = [p for p in model.parameters() if not p.stop_gradient and p.grad is not None]
@@ -44,8 +84,11 @@ def prepare_step(model, optimizer):
     from paddle.distributed.fleet.utils.hybrid_parallel_util import obtain_optimizer_parameters_list
 
     all_params = list(obtain_optimizer_parameters_list(hybrid._inner_opt))
+    synced = [p for p in all_params if not getattr(p, "no_sync", False)]  # (experts: their own sync)
     with paddle.no_grad():  # data-parallel all-reduce; sharding: reduce to the owner. Not the `no_sync` ones
-        hybrid._hybrid_sync_grad([p for p in all_params if not getattr(p, "no_sync", False)])  # (experts: their own sync)
+        fill_unreached_gradients([p for p in synced if not p.stop_gradient], _reducing_groups(hybrid))
+        hybrid._hybrid_sync_grad(synced)
+    params = [p for p in model.parameters() if not p.stop_gradient and p.grad is not None]  # the filled ones too
     sharding_group = None
     if hybrid._sharding_enable:
         owned = {id(p) for p in hybrid._inner_opt.filter_parameters(all_params, hybrid._hcg)}

@@ -46,9 +46,9 @@ class RolloutWorkerState:
 
 
 class RolloutWorker:
-    """`link`: the `RolloutLink`; `rollout`: a `Rollout` over this rank's actor whose `state`
-    is a `RolloutWorkerState`, or `{trainer rank: such a Rollout}` for every trainer rank this
-    rank serves (a lone `Rollout` serves trainer rank 0); `params`: the actor's parameters in the
+    """`link`: the `RolloutLink`; `rollouts`: `Rollout`s over this rank's actor whose `state`
+    is a `RolloutWorkerState`, as `{trainer rank: such a Rollout}` for every trainer rank this
+    rank serves; `params`: the actor's parameters in the
     trainer's order;
     `staleness`: `async_staleness`; `reference_pass`: `exp -> ref_logprobs [N, Tr]` (no
     gradient), or None when the run has no KL to a reference; `partial_tokens`: `partial_rollout_tokens`
@@ -56,8 +56,8 @@ class RolloutWorker:
     its step is taken (then the rollout's `partial` is this worker: `chunk_tokens`, `at_boundary`:
     two chunks, so a response is re-prefilled once, at the update)."""
 
-    def __init__(self, link, rollout, params, staleness, reference_pass=None, partial_tokens=0):
-        self.rollouts = rollout if isinstance(rollout, dict) else {0: rollout}
+    def __init__(self, link, rollouts, params, staleness, reference_pass=None, partial_tokens=0):
+        self.rollouts = dict(rollouts)
         self.link, self.params, self.staleness = link, params, staleness
         self.reference_pass, self.partial_tokens = reference_pass, int(partial_tokens)
         self.used, self.pending, self.waited = {}, False, 0.0
