@@ -13,7 +13,8 @@ One training step on a batch of B prompts with K answers each (pairs: K = 2):
    itself with its LoRA adapter disabled (`use_lora`: one copy of the base weights);
 3. the registry loss (`dpo.preference_objective`; logged as `loss/dpo`, its own NLL term
    included) times `pref_loss_ratio`, plus `sft_loss_ratio * NLL` of the chosen / best /
-   desirable answers (token mean, `loss/sft`) when asked;
+   desirable answers (token mean, `loss/sft`) when asked, plus a mixture-of-experts policy's
+   weighted router losses of step 1 (``output_router_logits``; stats logged as ``moe/*``);
 4. the detached statistics are summed on device and averaged into the next
    Trainer log (one host transfer per log, reduced across ranks there).
 
@@ -36,6 +37,8 @@ from ppo.algos import PREFERENCE_LOSSES, get_preference_loss, kto_kl_reference_p
 from ppo.data import IGNORE_INDEX, right_padding
 from ppo.evaluation.trainer_mixin import GenerationEvalMixin
 from ppo.models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE, causal_lm_token_logprobs
+from ppo.models.basics import unwrap_model
+from ppo.models.families.moe import take_aux_loss
 from ppo.models.unpadded import pack_padded, packed_token_logprobs
 from ppo.models.loading import find_lora_model, lora_disabled
 from ppo.strategy.pipeline.preference_run import PreferencePipelineRun, from_last_stage
@@ -201,10 +204,14 @@ class DPOTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
         ids, mask, labels, scores, valid = answer_rows(inputs, self.loss_fn.data)
         # 1. policy: one forward over every answer of the batch [N, T]
         logps, lengths, _, _ = self.answer_logprobs(model, ids, mask, labels)
+        aux, moe_stats = take_aux_loss(unwrap_model(model))  # an MoE policy's router losses, before the reference's forward
         # 2. reference: one forward without gradients
         ref = self.reference_logprobs(model, ids, mask, labels) if self.use_reference else None
         kl_point = self.kl_reference_point(model, inputs) if self.loss_fn.kl_point else None
-        return self.preference_objective(logps, lengths, ref, kl_point, scores, valid)
+        loss, stats = self.preference_objective(logps, lengths, ref, kl_point, scores, valid)
+        if aux is None:
+            return loss, stats
+        return loss + aux.astype(loss.dtype), {**stats, **moe_stats}
 
     def preference_objective(self, logps, lengths, ref, kl_point=None, scores=None, valid=None):
         """`(loss, stats)` from summed answer log-probs `[N]` (answer-major rows; pairs: chosen

@@ -7,6 +7,7 @@ from ppo.models.adapters import save_normalizer_stats
 from ppo.strategy.pipeline.pipe import wrapped_pipeline
 from ppo.strategy.pipeline.score_pipe import pipeline_end_scores
 from ppo.models.score_model import LOSS_TYPES, pair_scores_loss  # noqa: F401 (LOSS_TYPES: rm/run_reward.py)
+from ppo.entry.router_loss import RouterLossMixin
 from ppo.entry.streaming_trainer import StreamingTrainerMixin
 from ppo.entry.trainer_resume import FreshOptimizerResumeMixin
 from ppo.strategy.data_order import DatasetOrderMixin
@@ -41,7 +42,7 @@ def reward_loss(model, inputs, loss_type, regularization, packed_length=None):
     )
 
 
-class RewardTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderMixin, Trainer):
+class RewardTrainer(RouterLossMixin, StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderMixin, Trainer):
     """`Trainer` for score models on `PreferenceDataset` batches. Under pipeline parallelism
     the model is a stage of `ppo.strategy.pipeline.score_pipe`, whose last stage computes the loss
     (`PairwiseRewardCriterion`) in the `Trainer`'s pipeline steps, and evaluation scores the
@@ -54,6 +55,7 @@ class RewardTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrd
 
     def compute_loss(self, model, inputs, return_outputs=False):
         loss, stats = reward_loss(model, inputs, self.args.loss_type, self.args.regularization, self.packed_length)
+        loss = self.add_moe_aux_loss(model, loss)  # an MoE backbone's router losses (none without gradients)
         return (loss, stats) if return_outputs else loss
 
     def _save(self, output_dir=None, state_dict=None, merge_tensor_parallel=False):

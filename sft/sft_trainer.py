@@ -7,14 +7,14 @@ from ppo.common.step_tokens import STEP_TOKENS_KEY, count_step_tokens, step_toke
 from ppo.evaluation.trainer_mixin import GenerationEvalMixin
 from ppo.models.basics import unwrap_model
 from ppo.models.causal_lm import answer_nll
-from ppo.models.families.moe import StatsMean, take_aux_loss
+from ppo.entry.router_loss import RouterLossMixin
 from ppo.entry.streaming_trainer import StreamingTrainerMixin
 from ppo.entry.trainer_resume import FreshOptimizerResumeMixin
 from ppo.strategy.data_order import DatasetOrderMixin
 from ppo.strategy.expert.trainer import ExpertTrainerMixin
 
 
-class SFTTrainer(ExpertTrainerMixin, StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMixin,
+class SFTTrainer(RouterLossMixin, ExpertTrainerMixin, StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMixin,
                  Trainer):
     """`Trainer` whose loss is the masked token-mean NLL of the answer tokens. Under pipeline
     parallelism the model is a pipeline stage whose last stage computes that loss itself
@@ -50,22 +50,6 @@ class SFTTrainer(ExpertTrainerMixin, StreamingTrainerMixin, FreshOptimizerResume
             loss = -paddle.sum(logprobs * (labels[:, 1:] >= 0).astype(logprobs.dtype)) * scale
             loss = self.add_moe_aux_loss(model, loss)
         return (loss, {"logprobs": logprobs}) if return_outputs else loss
-
-    def add_moe_aux_loss(self, model, loss):
-        """`loss` plus the router losses of a mixture-of-experts model's forward (with
-        ``output_router_logits``; `ppo.models.families.moe.take_aux_loss`), their stats kept for the log."""
-        aux, stats = take_aux_loss(unwrap_model(model))
-        if aux is None:
-            return loss
-        if not hasattr(self, "moe_stats"):
-            self.moe_stats = StatsMean()
-        self.moe_stats.add(stats)
-        return loss + aux.astype(loss.dtype)
-
-    def log(self, logs, **kwargs):
-        if "loss" in logs and hasattr(self, "moe_stats"):  # a training log: the router stats since the last
-            logs = {**logs, **self.moe_stats.take()}
-        super().log(logs, **kwargs)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         if self.args.pipeline_parallel_degree > 1:  # the pipe's loss (ppo.strategy.pipeline.pipe.AnswerNLLCriterion)

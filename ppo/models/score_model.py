@@ -106,6 +106,17 @@ class ScoreModelMixin:
         self.normalizer_var.set_value(paddle.to_tensor([state["var"]], dtype="float32"))
         self.normalizer_count.set_value(paddle.to_tensor([state["count"]], dtype="float32"))
 
+    def router_losses(self, out, attention_mask):
+        """`(weighted router loss or None, stats)` of a mixture-of-experts backbone's output with
+        ``output_router_logits`` (`ppo.models.families.moe.moe_losses`, padding excluded), kept on the
+        model for the trainer (`ppo.models.families.moe.take_aux_loss`); `(None, {})` otherwise."""
+        routers = getattr(out, "router_logits", None)
+        if not routers or not getattr(self.config, "output_router_logits", False):
+            return None, {}
+        from .families.moe import moe_losses
+
+        return moe_losses(routers, self.config, attention_mask if attention_mask.ndim == 2 else None)
+
     def normalize(self, scores):
         """`(scores - mean) / std` with the saved statistics; identity when disabled."""
         if not (self.config.do_normalize and self.config.normalizer_type):
@@ -125,6 +136,7 @@ class ScoreModelMixin:
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, return_dict=True
         )
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        self.moe_aux_loss, self.moe_stats = self.router_losses(out, attention_mask)
         scores = self.score_head(hidden).squeeze(-1).astype("float32")  # [B, T]
         if ends is not None:
             end_index = ends if isinstance(ends, paddle.Tensor) else paddle.to_tensor(ends, dtype="int64")
