@@ -42,21 +42,21 @@ def run_sft(model_dir, data, out, max_length):
     return train_records(out, "loss/sft")
 
 
-def run_rm(model_dir, data, out, max_length):
+def run_rm(model_dir, data, out, max_length, extra=()):
     from rm.run_reward import main
 
     main(["config/tiny/rm_argument.json", "--model_name_or_path", model_dir,
           "--train_datasets", f"json:1.0:{data['preference']}", "--per_device_train_batch_size", "1",
-          *common_flags(out, max_length)])
+          *common_flags(out, max_length), *extra])
     return train_records(out, "rm/loss")
 
 
-def run_dpo(model_dir, data, out, max_length):
+def run_dpo(model_dir, data, out, max_length, extra=()):
     from dpo.run_dpo import main
 
     main(["config/tiny/dpo_argument.json", "--model_name_or_path", model_dir,
           "--train_datasets", f"json:1.0:{data['preference']}", "--eval_generation_datasets", "",
-          "--per_device_train_batch_size", "1", *common_flags(out, max_length)])
+          "--per_device_train_batch_size", "1", *common_flags(out, max_length), *extra])
     return train_records(out, "loss/dpo")
 
 
@@ -71,23 +71,24 @@ def rl_flags(data, out, max_prompt_len, max_dec_len):
     ]
 
 
-def run_ppo(model_dir, rm_dir, data, out, max_prompt_len, max_dec_len=4):
+def run_ppo(model_dir, rm_dir, data, out, max_prompt_len, max_dec_len=4, extra=()):
     from ppo.run_ppo import build_trainer
 
     trainer = build_trainer(["config/tiny/ppo_argument.json", *PPO_AS_BEFORE, "--actor_model_name_or_path", model_dir,
                              "--reward_model_name_or_path", rm_dir, "--per_device_prompt_batch_size", "1",
-                             "--per_device_train_batch_size", "1", *rl_flags(data, out, max_prompt_len, max_dec_len)])
+                             "--per_device_train_batch_size", "1", *rl_flags(data, out, max_prompt_len, max_dec_len),
+                             *extra])
     trainer.train()
     return trainer, train_records(out, "objective/scores")
 
 
-def run_grpo(model_dir, url, data, out, max_prompt_len, max_dec_len=4):
+def run_grpo(model_dir, url, data, out, max_prompt_len, max_dec_len=4, extra=()):
     from ppo.run_ppo import build_trainer
 
     trainer = build_trainer(["config/tiny/grpo_argument.json", *GRPO_AS_BEFORE, "--actor_model_name_or_path", model_dir,
                              "--reward_server", url, "--per_device_prompt_batch_size", "1", "--rollout_n", "2",
                              "--per_device_train_batch_size", "2", "--reward_server_retries", "1",
-                             *rl_flags(data, out, max_prompt_len, max_dec_len)])
+                             *rl_flags(data, out, max_prompt_len, max_dec_len), *extra])
     trainer.train()
     return trainer, train_records(out, "objective/scores")
 
@@ -171,3 +172,25 @@ def assert_real_shape_saved(model_dir, spec, num_layers, causal=True):
         assert shapes["lm_head.weight"] == ([V, H] if spec["tie_word_embeddings"] else [H, V])
     else:
         assert "lm_head.weight" not in shapes
+
+
+def assert_real_shape_adapter(model_dir, spec, num_layers):
+    """The LoRA adapter saved in `model_dir` sits on `spec`'s layers (`REAL_SHAPES`): every adapted
+    weight of `layer_shapes` has `lora_A [in, r]` and `lora_B [r, out]` of the real widths, and
+    each of the `num_experts` experts of every layer has its adapters (none past them)."""
+    assert os.path.isfile(os.path.join(model_dir, "lora_config.json")), sorted(os.listdir(model_dir))
+    shapes = saved_shapes(model_dir)
+    adapted = 0
+    for i in range(num_layers):
+        for name, shape in layer_shapes(spec).items():
+            base = f"layers.{i}.{name[:-len('.weight')]}"
+            a = [s for k, s in shapes.items() if k.endswith(f"{base}.lora_A")]
+            b = [s for k, s in shapes.items() if k.endswith(f"{base}.lora_B")]
+            if len(shape) == 2 and a:
+                assert a[0][0] == shape[0] and b[0][1] == shape[1] and a[0][1] == b[0][0], (base, a, b, shape)
+                adapted += 1
+        for e in range(spec.get("num_experts", 0)):
+            assert [k for k in shapes if f"layers.{i}.mlp.experts.{e}." in k], (i, e)
+    assert adapted > 0
+    if "num_experts" in spec:
+        assert not [k for k in shapes if f"experts.{spec['num_experts']}." in k]
