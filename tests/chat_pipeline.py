@@ -33,12 +33,12 @@ def common_flags(out, max_length):
     ]
 
 
-def run_sft(model_dir, data, out, max_length):
+def run_sft(model_dir, data, out, max_length, extra=()):
     from sft.run_sft import main
 
     main(["config/tiny/sft_argument.json", "--model_name_or_path", model_dir,
           "--train_datasets", f"Jsonfile:1.0:{data['sft']}", "--per_device_train_batch_size", "1",
-          *common_flags(out, max_length)])
+          *common_flags(out, max_length), *extra])
     return train_records(out, "loss/sft")
 
 
