@@ -5,7 +5,7 @@ tied embeddings, rope theta 1e6), a Llama-3-shaped Llama (vocabulary 128,256, 32
 the hidden size), ERNIE-4.5-0.3B (interleaved RoPE, 16 query / 2 KV heads) and Qwen3-30B-A3B's
 widths with 16 experts, top-4, prompted with their own chat templates. Greedy decoding must be
 token-for-token identical to the model's own `generate` on every kernel set, and sampled
-log-probs equal the training forward's within 1e-4 (as tests/test_qwen3_moe_rollout.py)."""
+log-probs equal the training forward's within `LOGPROB_TOLERANCE`."""
 import numpy as np
 import paddle
 import pytest
@@ -19,6 +19,13 @@ from ppo.tiny.factory import REAL_SHAPES, real_shape_model
 pytestmark = pytest.mark.slow  # real vocabularies (128k-152k): minutes here; tests/test_rollout_engine.py covers the same on tiny shapes
 
 NEW_TOKENS = 12
+LOGPROB_TOLERANCE = {"paddle": 1e-4, "custom": 3e-3, "custom_cols": 3e-3}
+"""Engine versus training-forward log-probs. The pure-Paddle ops normalise as the training forward
+does (1e-4, as on the tiny shapes). The compiled sampling kernel sums the softmax normaliser in
+float32 over 8 lanes, Paddle's log_softmax in its own order: over 103k-152k near-flat logits (a
+random model's) the two differ by 1.1e-3 to 1.4e-3 here (measured on ERNIE-4.5-0.3B and
+Qwen3-0.6B shapes), and against a float64 log_softmax each is off by 2e-4 (kernel) to 1.2e-3
+(Paddle) on a synthetic 151,936-logit row."""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -119,4 +126,4 @@ def test_logprobs_equal_the_training_forward(shaped, backend):
     ref = paddle.take_along_axis(lp, out.response_ids.unsqueeze(-1), axis=-1).squeeze(-1).numpy()
     m = out.response_mask.numpy()
     assert m.sum() >= 6, f"{shape}: {m.sum()} sampled tokens"
-    assert np.abs((ref - out.response_logprobs.numpy()) * m).max() < 1e-4, shape
+    assert np.abs((ref - out.response_logprobs.numpy()) * m).max() < LOGPROB_TOLERANCE[backend], shape
