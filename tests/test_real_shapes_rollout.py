@@ -19,12 +19,12 @@ from ppo.tiny.factory import REAL_SHAPES, real_shape_model
 pytestmark = pytest.mark.slow  # real vocabularies (128k-152k): minutes here; tests/test_rollout_engine.py covers the same on tiny shapes
 
 NEW_TOKENS = 12
-LOGPROB_TOLERANCE = {"paddle": 1e-4, "custom": 3e-3, "custom_cols": 3e-3}
+LOGPROB_TOLERANCE = {"paddle": 1e-4, "custom": 4e-3, "custom_cols": 4e-3}
 """Engine versus training-forward log-probs. The pure-Paddle ops normalise as the training forward
 does (1e-4, as on the tiny shapes). The compiled sampling kernel sums the softmax normaliser in
 float32 over 8 lanes, Paddle's log_softmax in its own order: over 103k-152k near-flat logits (a
-random model's) the two differ by 1.1e-3 to 1.4e-3 here (measured on ERNIE-4.5-0.3B and
-Qwen3-0.6B shapes), and against a float64 log_softmax each is off by 2e-4 (kernel) to 1.2e-3
+random model's) the two differ by 1.3e-3 (ERNIE-4.5-0.3B), 1.6e-3 (Qwen3-0.6B) and 2.1e-3
+(Qwen3-30B-A3B widths) here, and against a float64 log_softmax each is off by 2e-4 (kernel) to 1.2e-3
 (Paddle) on a synthetic 151,936-logit row."""
 
 
