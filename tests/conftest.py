@@ -23,7 +23,7 @@ failed (captured output is shown only for failures, and pytest-xdist workers' ou
 
 
 LONGEST_FILES_FIRST = (
-    "test_demo_quality.py", "test_tensor_parallel.py", "test_real_shapes_pipeline.py", "test_cold_launch.py",
+    "test_real_shapes_pipeline.py", "test_demo_quality.py", "test_tensor_parallel.py", "test_cold_launch.py",
     "test_parallel_accuracy.py",
     "test_data_tensor_parallel.py",
     "test_data_parallel.py", "test_pipeline_entry.py", "test_pipeline_rl.py", "test_cost_model.py", "test_cuda_compile.py",
@@ -34,7 +34,8 @@ LONGEST_FILES_FIRST = (
 pytest-xdist hands whole files to its workers in collection order (pytest.ini:
 `--no-loadscope-reorder`): starting the longest first keeps one worker from finishing a long file
 alone at the end (the slow suite's two longest runs had landed on one worker: 838 s instead of
-about 600). `test_parallel_accuracy.py` comes after the real-shape runs and the cold launches (slow
+about 600); the real-shape runs, five shapes of five stages (about 40 minutes alone), start first.
+`test_parallel_accuracy.py` comes after the real-shape runs and the cold launches (slow
 suite, about 110 s): by then the demo guard has trained the SFT and reward models it shares
 (`tests/shared_demo.py`)."""
 

@@ -164,6 +164,21 @@ def test_scorers_see_the_think_block_as_generated(qwen3_dir):
     assert texts == ["<think>\nr\n</think>\n\nA b"]
 
 
+def test_ids_past_a_sentencepiece_tokenizer_decode_as_nothing(tmp_path):
+    """A model whose vocabulary is padded past its tokenizer (ERNIE-4.5-0.3B: 103,424 rows) can
+    sample a padded row; decoding the response drops it instead of raising SentencePiece's
+    OUT_OF_RANGE (before, the PPO / GRPO sample trace of a real-shaped ERNIE run died on it)."""
+    import paddle
+
+    from ppo.evaluation import decode_responses
+    from ppo.tiny.factory import build_tokenizer
+
+    tok = build_tokenizer(str(tmp_path / "ernie"), arch="ernie45")
+    ids = tok("ab", add_special_tokens=False)["input_ids"]
+    row = ids[:1] + [len(tok), len(tok) + 5000] + ids[1:]
+    assert decode_responses(tok, paddle.to_tensor([row]), paddle.ones([1, len(row)], "int64")) == ["ab"]
+
+
 def test_an_unread_template_argument_stops_sft_before_the_model_loads(tmp_path):
     from ppo.tiny.factory import build_tiny
     from sft.run_sft import start_up

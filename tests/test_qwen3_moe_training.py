@@ -131,3 +131,57 @@ def test_the_aux_loss_joins_the_sft_loss(tiny_moe_dir):
         loss.backward()
         grads.append(model.get_decoder().layers[1].mlp.gate.weight.grad.numpy().copy())
     assert np.abs(grads[1] - grads[0]).max() > 1e-6
+
+
+def test_the_aux_loss_joins_the_dpo_loss_and_its_stats_the_log(tiny_moe_dir):
+    """`DPOTrainer.preference_loss` adds the policy forward's weighted router loss to the
+    preference objective and hands its ``moe/*`` stats to the log (before, DPO on an MoE policy
+    trained its routers without the load-balancing loss and logged no router stats)."""
+    import types
+
+    from dpo.dpo_trainer import DPOTrainer
+    from ppo.models.loading import load_causal_lm
+
+    model = load_causal_lm(tiny_moe_dir)
+    model.config.router_aux_loss_coef = 10.0
+    model.train()
+    trainer = DPOTrainer.__new__(DPOTrainer)
+    trainer.args, trainer.packed_length, trainer.use_reference = types.SimpleNamespace(logprob_chunk_size=0), None, False
+    trainer.loss_fn = types.SimpleNamespace(data="pairs", kl_point=False)
+    seen = {}
+    trainer.preference_objective = lambda logps, *rest: (seen.setdefault("objective", -logps.sum()), {"loss/dpo": -logps.sum()})
+    ids = paddle.to_tensor([[1, 4, 7, 30, 31, 2, 9, 12]])
+    labels = paddle.to_tensor([[-100, -100, -100, -100, 31, 2, 9, 12]])
+    inputs = {f"{side}_{key}": value for side in ("better", "worse")
+              for key, value in (("input_ids", ids), ("attention_mask", paddle.ones_like(ids)), ("labels", labels))}
+    loss, stats = trainer.preference_loss(model, inputs)
+    assert set(stats) >= set(MOE_KEYS) | {"loss/dpo"} and float(stats["moe/aux_loss"]) > 0
+    aux = float(loss) - float(seen["objective"])
+    np.testing.assert_allclose(aux, 10.0 * float(stats["moe/aux_loss"]), rtol=1e-5)
+
+
+def test_the_aux_loss_joins_the_reward_model_loss_and_its_stats_the_log(tiny_moe_dir):
+    """A score model on an MoE backbone keeps its forward's weighted router loss, and
+    `RewardTrainer.compute_loss` adds it to the pairwise loss and logs the ``moe/*`` stats (before,
+    reward models on MoE trained their routers without the load-balancing loss, unlogged)."""
+    import types
+
+    from ppo.models.score_model import AutoModelForScore, pair_scores_loss
+    from rm.reward_trainer import RewardTrainer
+
+    model = AutoModelForScore.from_pretrained(tiny_moe_dir, score_type="reward")
+    model.config.router_aux_loss_coef = 10.0
+    model.train()
+    trainer = RewardTrainer.__new__(RewardTrainer)
+    trainer.args, trainer.packed_length = types.SimpleNamespace(loss_type="sequence-wise", regularization=0.0), None
+    better, worse = paddle.to_tensor([[1, 4, 7, 30, 31, 2]]), paddle.to_tensor([[1, 4, 7, 30, 9, 2]])
+    inputs = {"better_input_ids": better, "worse_input_ids": worse, "better_attention_mask": paddle.ones_like(better),
+              "worse_attention_mask": paddle.ones_like(worse)}
+    loss = trainer.compute_loss(model, inputs)
+    stats = trainer.moe_stats.take()
+    assert set(stats) >= set(MOE_KEYS) and stats["moe/aux_loss"] > 0
+    with paddle.no_grad():
+        out = model(paddle.concat([better, worse]), paddle.ones([2, 6], "int64"))
+    pair_loss, _ = pair_scores_loss(out.scores, out.end_scores, better, worse, inputs["better_attention_mask"],
+                                    inputs["worse_attention_mask"], "sequence-wise", 0.0)
+    np.testing.assert_allclose(float(loss) - float(pair_loss), 10.0 * stats["moe/aux_loss"], rtol=1e-4)

@@ -11,10 +11,14 @@ import math
 def decode_responses(tokenizer, response_ids, response_mask):
     """Texts of the masked response tokens, special tokens dropped, added tokens that are not
     special kept as they were generated (Qwen3's `<think>...</think>` reaches the scorers whole, as
-    in verl's and TRL's reward functions; no space put around them). `[B, T]` -> `list[str]`."""
+    in verl's and TRL's reward functions; no space put around them). Ids past the tokenizer (rows
+    of a vocabulary padded beyond it: Qwen's 151,936, ERNIE 4.5's 103,424) have no text and are
+    dropped, as transformers' fast tokenizers decode them (a SentencePiece tokenizer would raise).
+    `[B, T]` -> `list[str]`."""
     ids = response_ids.numpy().tolist()
     mask = response_mask.numpy().tolist()
-    return [tokenizer.decode([t for t, m in zip(row, mrow) if m > 0], skip_special_tokens=True,
+    n = len(tokenizer)
+    return [tokenizer.decode([t for t, m in zip(row, mrow) if m > 0 and t < n], skip_special_tokens=True,
                              spaces_between_special_tokens=False) for row, mrow in zip(ids, mask)]
 
 

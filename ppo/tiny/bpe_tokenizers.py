@@ -31,6 +31,7 @@ import json
 import os
 
 from . import demo_data
+from .family_chat import FAMILY_CHAT, QWEN3_ADDED, QWEN3_TEMPLATE, add_family_chat, write_chat_template
 
 QWEN2_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
@@ -166,13 +167,16 @@ def _write_json(path, obj):
         json.dump(obj, f, ensure_ascii=False, indent=2)
 
 
-def build_qwen2_tokenizer(output_dir, vocab_size=1024, seed=0, tool_calls=False):
+def build_qwen2_tokenizer(output_dir, vocab_size=1024, seed=0, tool_calls=False, qwen3=False):
     """Write a Qwen2-style tokenizer into `output_dir`; returns it loaded by `AutoTokenizer`.
 
     Ids: BPE tokens `0 .. V-1`, then `<|endoftext|>` = V, `<|im_start|>` = V+1,
     `<|im_end|>` = V+2 (as Qwen2.5: 151,643 / 151,644 / 151,645). `tool_calls`: Qwen2.5's
     template with its tool slot (QWEN25_TOOL_TEMPLATE) and `<tool_call>` = V+3, `</tool_call>`
-    = V+4 as added, non-special tokens (Qwen2.5's 151,657 / 151,658).
+    = V+4 as added, non-special tokens (Qwen2.5's 151,657 / 151,658). `qwen3`: Qwen3's tokenizer
+    (Qwen3-0.6B / Qwen3-30B-A3B: the same BPE pattern and special tokens) with its template
+    (`ppo.tiny.family_chat.QWEN3_TEMPLATE`) and its non-special added tokens `<think>`, `</think>`,
+    `<tool_call>`, `</tool_call>`, `<tool_response>`, `</tool_response>` from V+3 on.
     """
     from paddlenlp.transformers import AutoTokenizer
 
@@ -184,7 +188,10 @@ def build_qwen2_tokenizer(output_dir, vocab_size=1024, seed=0, tool_calls=False)
         for a, b in merges:
             f.write(f"{a} {b}\n")
     n = len(vocab)
-    tokens = [(t, True) for t in QWEN2_SPECIALS] + [(t, False) for t in (QWEN25_TOOL_TOKENS if tool_calls else ())]
+    if qwen3 and tool_calls:
+        raise ValueError("build_qwen2_tokenizer: qwen3 has its own tool tokens; tool_calls is for Qwen2.5's")
+    added_plain = QWEN3_ADDED if qwen3 else QWEN25_TOOL_TOKENS if tool_calls else ()
+    tokens = [(t, True) for t in QWEN2_SPECIALS] + [(t, False) for t in added_plain]
     added = {
         str(n + i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False, "special": sp}
         for i, (t, sp) in enumerate(tokens)
@@ -204,7 +211,7 @@ def build_qwen2_tokenizer(output_dir, vocab_size=1024, seed=0, tool_calls=False)
             "split_special_tokens": False,
             "model_max_length": 32768,
             "padding_side": "left",
-            "chat_template": QWEN25_TOOL_TEMPLATE if tool_calls else CHATML_TEMPLATE,
+            "chat_template": QWEN3_TEMPLATE if qwen3 else QWEN25_TOOL_TEMPLATE if tool_calls else CHATML_TEMPLATE,
         },
     )
     return AutoTokenizer.from_pretrained(output_dir)
@@ -243,11 +250,48 @@ def build_llama3_tokenizer(output_dir, vocab_size=1024, seed=0):
     return AutoTokenizer.from_pretrained(output_dir)
 
 
-BUILDERS = {"qwen2": build_qwen2_tokenizer, "llama3": build_llama3_tokenizer}
+def build_ernie45_tokenizer(output_dir, vocab_size=1024, seed=0):
+    """Write an ERNIE-4.5-style tokenizer into `output_dir`; returns it loaded by `AutoTokenizer`.
+
+    ERNIE 4.5's tokenizer is a SentencePiece BPE model (``tokenizer.model``) with byte fallback:
+    here one of at most `vocab_size` pieces trained on `training_corpus`, ``\\n`` one piece, wrapped
+    as PaddleNLP's `LlamaTokenizer` (PaddleNLP 3.0.0b4 has no ERNIE 4.5 tokenizer class). Ids
+    ``<unk>`` 0 (also the pad token, as ERNIE-4.5-0.3B's ``pad_token_id`` 0), ``<s>`` 1, ``</s>``
+    2 (EOS), then the pieces, then ``<|begin_of_sentence|>`` / ``<|end_of_sentence|>`` (its
+    ``cls_token`` / ``sep_token``) and its chat template (`ppo.tiny.family_chat`).
+    """
+    import io
+    import tempfile
+
+    import sentencepiece as spm
+    from paddlenlp.transformers import AutoTokenizer, LlamaTokenizer
+
+    os.makedirs(output_dir, exist_ok=True)
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(training_corpus(seed)), model_writer=buf, model_type="bpe", vocab_size=vocab_size,
+        hard_vocab_limit=False, byte_fallback=True, user_defined_symbols=["\n"], unk_id=0, bos_id=1, eos_id=2,
+        pad_id=-1, add_dummy_prefix=False, remove_extra_whitespaces=False, normalization_rule_name="identity",
+        character_coverage=1.0, minloglevel=2, num_threads=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab_file = os.path.join(tmp, "tokenizer.model")
+        with open(vocab_file, "wb") as f:
+            f.write(buf.getvalue())
+        tokenizer = LlamaTokenizer(vocab_file=vocab_file, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                   pad_token="<unk>", add_bos_token=False, add_eos_token=False, padding_side="left")
+        add_family_chat(tokenizer, "ernie45")
+        tokenizer.save_pretrained(output_dir)
+    write_chat_template(output_dir, FAMILY_CHAT["ernie45"][0])
+    return AutoTokenizer.from_pretrained(output_dir)
+
+
+BUILDERS = {"qwen2": build_qwen2_tokenizer, "llama3": build_llama3_tokenizer, "ernie45": build_ernie45_tokenizer,
+            "qwen3": lambda output_dir, **kw: build_qwen2_tokenizer(output_dir, qwen3=True, **kw)}
 
 
 def build_tokenizer(style, output_dir, vocab_size=1024, seed=0):
-    """`build_qwen2_tokenizer` or `build_llama3_tokenizer` by `style` ("qwen2" / "llama3")."""
+    """The builder of `style` (`BUILDERS`): qwen2, qwen3 (`build_qwen2_tokenizer` with ``qwen3``),
+    llama3 or ernie45."""
     if style not in BUILDERS:
         raise ValueError(f"unknown tokenizer style {style!r}; choose one of {sorted(BUILDERS)}")
     return BUILDERS[style](output_dir, vocab_size=vocab_size, seed=seed)

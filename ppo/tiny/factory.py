@@ -12,15 +12,9 @@ family's chat template in `tokenizer_config.json`: `ppo.tiny.family_chat`). Both
 `AutoTokenizer.from_pretrained(dir)` and `AutoModelForCausalLM.from_pretrained(dir)`
 load them like any PaddleNLP model directory.
 
-Real shapes (`build_real_shape`, `--shape`): a Qwen2.5-0.5B-shaped `Qwen2ForCausalLM`
-(vocabulary 151,936, hidden 896, 14 query / 2 KV heads, q/k/v biases, tied embeddings,
-rope theta 1e6, intermediate 4,864) with the Qwen2-style tokenizer, and a Llama-3-shaped
-`LlamaForCausalLM` (vocabulary 128,256, 32 query / 8 KV heads at hidden 512, intermediate
-1,792, rope theta 500,000, untied LM head) with the Llama-3-style tokenizer
-(`ppo.tiny.bpe_tokenizers`); few layers, random weights. The tokenizer's ids are a prefix
-of the vocabulary, as Qwen pads its embedding; the rows past the tokenizer are zero (never
-trained, as in a released checkpoint), so their logits are 0 and greedy decoding of a
-random model stays inside the tokenizer.
+Real shapes (`--shape`): `ppo.tiny.real_shapes` (re-exported here): the published widths of
+Qwen2.5-0.5B, Llama 3, Qwen3-0.6B, ERNIE-4.5-0.3B and Qwen3-30B-A3B (fewer experts) with few
+layers, random weights and a locally trained tokenizer of the family's style.
 
 CLI: `python -m ppo.tiny.factory --output_dir models/tiny --hidden_size 128 --num_layers 2 [--arch qwen3|qwen3_moe|qwen2_moe|mixtral|ernie45|ernie45_moe]`,
 `python -m ppo.tiny.factory --output_dir models/qwen --shape qwen2.5-0.5b --num_layers 2`
@@ -34,6 +28,7 @@ import string
 import tempfile
 
 from .family_chat import FAMILY_CHAT, add_family_chat, write_chat_template
+from .real_shapes import REAL_SHAPES, SMALL_OVERRIDES, build_real_shape, real_shape_model  # noqa: F401 (re-exported)
 
 TEMPLATE_WORDS = ["USER:", "ASSISTANT:", "Reverse:"]
 SYMBOLS = string.ascii_lowercase + string.digits + string.ascii_uppercase + ".,:;!?()[]{}<>/+-*=_'\"#@%&|~^$"
@@ -240,96 +235,6 @@ def build_tiny(output_dir, seed=42, tool_tags=False, **model_kwargs):
     model = build_model(output_dir, vocab_size=len(tokenizer), seed=seed, **model_kwargs)
     with open(os.path.join(output_dir, "tiny_factory.json"), "w") as f:
         json.dump({"seed": seed, **({"tool_tags": True} if tool_tags else {}), **model_kwargs}, f, indent=2)
-    return tokenizer, model
-
-
-REAL_SHAPES = {
-    "qwen2.5-0.5b": dict(
-        tokenizer="qwen2", model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
-        num_attention_heads=14, num_key_value_heads=2, rope_theta=1000000.0, tie_word_embeddings=True,
-        rms_norm_eps=1e-6, max_position_embeddings=32768,
-    ),
-    "llama3": dict(
-        tokenizer="llama3", model_type="llama", vocab_size=128256, hidden_size=512, intermediate_size=1792,
-        num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0, tie_word_embeddings=False,
-        rms_norm_eps=1e-5, max_position_embeddings=8192,
-    ),
-}
-"""Model shapes by name: the real vocabulary, heads, biases, tying and rope theta; the layer
-count is chosen by the caller (`num_layers`)."""
-
-SMALL_OVERRIDES = {
-    "qwen2.5-0.5b": dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2),
-    "llama3": dict(hidden_size=64, intermediate_size=128, num_attention_heads=8, num_key_value_heads=2),
-}
-"""Sizes of the small stand-ins (`build_real_shape(..., small=True)`), same head ratios as the real shapes."""
-
-
-def real_shape_model(shape, tokenizer, num_layers=1, seed=42, **overrides):
-    """A randomly initialised model of `shape` (see `REAL_SHAPES`) for `tokenizer`, in eval mode.
-
-    `overrides` replace entries of the shape (e.g. `hidden_size=64, vocab_size=len(tokenizer)`
-    for a small model of the same family: GQA, biases, tying and rope theta kept).
-    Embedding (and untied LM-head) rows from `len(tokenizer)` to the model vocabulary are zero.
-    """
-    import paddle
-    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    if shape not in REAL_SHAPES:
-        raise ValueError(f"unknown shape {shape!r}; choose one of {sorted(REAL_SHAPES)}")
-    unknown = set(overrides) - (set(REAL_SHAPES[shape]) - {"tokenizer", "model_type"})
-    if unknown:
-        raise ValueError(f"real_shape_model: unknown override(s) {sorted(unknown)}")
-    spec = {**REAL_SHAPES[shape], **overrides}
-    spec.pop("tokenizer")
-    model_type = spec.pop("model_type")
-    n_tok = len(tokenizer)
-    if n_tok > spec["vocab_size"]:
-        raise ValueError(f"tokenizer has {n_tok} ids, more than the model vocabulary {spec['vocab_size']}")
-    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.pad_token_id
-    common = dict(
-        num_hidden_layers=num_layers,
-        initializer_range=0.02,
-        bos_token_id=bos,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        use_flash_attention=False,
-        dtype="float32",
-        **spec,
-    )
-    paddle.seed(seed)
-    if model_type == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(use_sliding_window=False, **common))
-    else:
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    model.eval()
-    with paddle.no_grad():
-        model.get_input_embeddings().weight[n_tok:] = 0.0
-        if not spec["tie_word_embeddings"]:
-            model.lm_head.weight[:, n_tok:] = 0.0  # [H, V]
-    return model
-
-
-def build_real_shape(output_dir, shape, num_layers=1, seed=42, tokenizer_vocab_size=1024, small=False):
-    """Build a real-shaped model (see `REAL_SHAPES`) and its BPE tokenizer into `output_dir`.
-
-    `small=True` keeps the family (GQA ratio, biases, tying, rope theta, tokenizer and chat
-    template) at `SMALL_OVERRIDES` sizes with the vocabulary cut to the tokenizer: a fast
-    stand-in for pipeline tests. Returns `(tokenizer, model)`; both load with PaddleNLP's
-    `Auto*.from_pretrained(output_dir)`.
-    """
-    from .bpe_tokenizers import build_tokenizer as build_bpe_tokenizer
-
-    if shape not in REAL_SHAPES:
-        raise ValueError(f"unknown shape {shape!r}; choose one of {sorted(REAL_SHAPES)}")
-    style = REAL_SHAPES[shape]["tokenizer"]
-    tokenizer = build_bpe_tokenizer(style, output_dir, vocab_size=tokenizer_vocab_size, seed=seed)
-    overrides = dict(SMALL_OVERRIDES[shape], vocab_size=len(tokenizer)) if small else {}
-    model = real_shape_model(shape, tokenizer, num_layers=num_layers, seed=seed, **overrides)
-    model.save_pretrained(output_dir)
-    with open(os.path.join(output_dir, "tiny_factory.json"), "w") as f:
-        json.dump({"shape": shape, "small": small, "num_layers": num_layers, "seed": seed,
-                   "tokenizer_ids": len(tokenizer)}, f, indent=2)
     return tokenizer, model
 
 
