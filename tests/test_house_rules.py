@@ -460,7 +460,7 @@ LOOP_PARTS = {"ppo.trainer.loop": "OnlineLoop", "ppo.rollout.engine": "RolloutEn
               "dpo.online_learner": "OnlineDPOLearner", "ppo.trainer.experience_maker": "ExperienceMaker",
               "ppo.trainer.remote_rollout": "RemoteRollout", "ppo.passes.plain": "PlainPasses",
               "ppo.strategy.pipeline.passes": "PipelinePasses", "ppo.agents.rollout": "AgentRollout",
-              "ppo.rollout.multi_turn": "SlotDecoder", "ppo.agents.tool_env": "ToolEnvironment"}
+              "ppo.rollout.multi_turn": "SlotDecoder"}
 """The online loop's parts that the run builders wire: their constructors take the rest by keyword."""
 
 

@@ -65,7 +65,7 @@ class ToolEnvironment(Environment):
     in ``tools`` lives one trajectory (ppo/agents/tool_state.py): created at ``reset``, its
     ``reward()`` the reward of the episode's end, released at ``close``."""
 
-    def __init__(self, *, tools: Optional[Sequence[str]] = None, tool_options: Optional[Mapping[str, Mapping]] = None,
+    def __init__(self, tools: Optional[Sequence[str]] = None, tool_options: Optional[Mapping[str, Mapping]] = None,
                  max_output_chars: int = 4096, prompt_key: Optional[str] = None, system_prompt: Optional[str] = None,
                  tool_isolation: str = "thread", call_format: str = "hermes", max_calls_per_turn: int = 1,
                  concurrent_calls: bool = True, tool_config: Optional[str] = None):
