@@ -33,6 +33,8 @@ pytestmark = pytest.mark.slow
 LOSS_RTOL = 1e-5
 SFT_WEIGHT_ATOL = 3e-4
 GRPO_WEIGHT_ATOL = 2.5e-5
+RM_WEIGHT_ATOL = 5e-4  # measured 3.3e-4 (one expert element of 4,096) after the router loss joined the reward
+# model's loss: AdamW at lr 1e-2 moves an element whose gradient is rounding-sized by up to lr per step
 GRPO_KEYS = ("loss/policy_avg", "loss/kl", "objective/scores", "policy/entropy_avg", "train/actor_grad_norm")
 CASES = {  # name: (arch, num_heads, vocabulary made even, head untied)
     "qwen3": ("qwen3", 4, False, False),
@@ -143,7 +145,7 @@ def test_reward_model_tensor_parallel_matches_one_process(case, family_dirs, tin
             "--eval_steps", "3", "--save_steps", "3", "--warmup_steps", "0", "--disable_tqdm", "true"]
     one = launch("rm/run_reward.py", argv, str(tmp_path / "one"), False)
     tp2 = launch("rm/run_reward.py", argv, str(tmp_path / "tp2"), True)
-    assert_same_run(one, tp2, ("rm/loss",), 3, "", SFT_WEIGHT_ATOL)
+    assert_same_run(one, tp2, ("rm/loss",), 3, "", RM_WEIGHT_ATOL)
     assert "score_head.weight" in saved_weights(tp2)
 
 
