@@ -74,17 +74,23 @@ def build_moe_dir(path, arch, num_heads=4):
     return path
 
 
-@pytest.fixture(scope="module")
-def moe_dirs(tmp_path_factory):
-    """`arch` -> its tiny model directory, built once per module."""
+def moe_dir_getter(tmp_path_factory, heads=None):
+    """`arch` -> its tiny model directory (`build_moe_dir`, `heads[arch]` heads when given), built once."""
     built = {}
 
     def get(arch):
         if arch not in built:
-            built[arch] = build_moe_dir(str(tmp_path_factory.mktemp(f"tiny_{arch}")), arch)
+            extra = (heads[arch],) if heads else ()
+            built[arch] = build_moe_dir(str(tmp_path_factory.mktemp(f"tiny_{arch}")), arch, *extra)
         return built[arch]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def moe_dirs(tmp_path_factory):
+    """`arch` -> its tiny model directory, built once per module."""
+    return moe_dir_getter(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -30,16 +30,9 @@ SAME_EXPERTS_RTOL, SAME_EXPERTS_WEIGHT_ATOL = 2e-6, 3e-6  # against expert paral
 
 @pytest.fixture(scope="module")
 def moe_dirs(tmp_path_factory):
-    from tests.test_expert_parallel_launch import build_moe_dir
+    from tests.test_expert_parallel_launch import moe_dir_getter
 
-    built = {}
-
-    def get(arch):
-        if arch not in built:
-            built[arch] = build_moe_dir(str(tmp_path_factory.mktemp(f"tiny_{arch}")), arch)
-        return built[arch]
-
-    return get
+    return moe_dir_getter(tmp_path_factory)
 
 
 TP_LAYOUTS = {"one": (1, []), "ep2_tp2": (4, ["--tensor_parallel_degree", "2", "--expert_parallel_degree", "2"]),

@@ -45,16 +45,9 @@ SAME_LAYOUT_WEIGHT_ATOL = {"qwen3_moe": 3e-6, "ernie45_moe": 1e-5}  # ERNIE meas
 
 @pytest.fixture(scope="module")
 def moe_dirs(tmp_path_factory):
-    from tests.test_expert_parallel_launch import build_moe_dir
+    from tests.test_expert_parallel_launch import moe_dir_getter
 
-    built = {}
-
-    def get(arch):
-        if arch not in built:
-            built[arch] = build_moe_dir(str(tmp_path_factory.mktemp(f"tiny_{arch}")), arch, HEADS[arch])
-        return built[arch]
-
-    return get
+    return moe_dir_getter(tmp_path_factory, HEADS)
 
 
 LAYOUTS = {"one": (1, []), "tp2_dp2": (4, ["--tensor_parallel_degree", "2"]),

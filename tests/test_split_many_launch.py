@@ -12,13 +12,13 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from ppo.models.loading import load_causal_lm
 from ppo.run_ppo import build_trainer
 from ppo.strategy.rollout_link import weights_checksum
-from tests.test_async_launch import NOT_COMPARED, STALE, env, logs, policy_weights, run_argv, steps
+from tests.test_async_launch import STALE, env, logs, run_argv, steps
+from tests.test_async_launch import assert_same_run as assert_same_async_run
 from tests.test_reward_server import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,16 +45,7 @@ def launch(out, argv, nproc, rollout_ranks=None):
 def assert_same_run(got, want, trainer_ranks):
     """Every compared metric of every step, the samples, the final weights and every trainer
     rank's weights fingerprint: bit for bit."""
-    a, b = steps(got), steps(want)
-    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, STEPS + 1))
-    for ra, rb in zip(a, b):
-        keys = {k for k in rb if not k.startswith(NOT_COMPARED)}
-        assert {k: ra[k] for k in keys} == {k: rb[k] for k in keys}, ra["step"]
-    samples = lambda out: [(s["step"], s["prompt"], s["response"], s["score"])  # noqa: E731
-                           for s in map(json.loads, open(f"{out}/samples.jsonl"))]
-    assert samples(got) == samples(want)
-    wa, wb = policy_weights(f"{got}/policy"), policy_weights(f"{want}/policy")
-    assert wa.keys() == wb.keys() and all(np.array_equal(wa[k], wb[k]) for k in wb)
+    assert_same_async_run(got, want, STEPS)
     fingerprints = json.load(open(f"{got}/summary.json"))["actor_fingerprints"]
     assert fingerprints == json.load(open(f"{want}/summary.json"))["actor_fingerprints"]
     assert len(fingerprints) == trainer_ranks

@@ -40,12 +40,12 @@ def test_without_data_parallel_ranks_nothing_is_exchanged(monkeypatch):
     assert params[0].grad is None
 
 
-def test_the_expert_count_keys_of_each_family():
+def test_the_mixture_of_experts_families_are_the_ones_filled():
     from types import SimpleNamespace
 
-    def model(**config):
-        return SimpleNamespace(config=SimpleNamespace(**config))
+    def model(model_type):
+        return SimpleNamespace(config=SimpleNamespace(model_type=model_type))
 
-    assert has_experts(model(num_experts=4)) and has_experts(model(num_local_experts=8))
-    assert has_experts(model(moe_num_experts=[64, 64])) and has_experts(model(moe_num_experts=4))
-    assert not has_experts(model(hidden_size=8)) and not has_experts(model(num_experts=0))
+    assert all(has_experts(model(t)) for t in ("qwen3_moe", "qwen2_moe", "mixtral", "ernie4_5_moe"))
+    assert not any(has_experts(model(t)) for t in ("llama", "qwen2", "qwen3", "ernie4_5", "unknown"))
+    assert not has_experts(SimpleNamespace())

@@ -9,20 +9,16 @@ the last one. A model without routers, or a forward without gradients, adds noth
 actor's update does the same in `ppo.passes.plain`. Under fleet's hybrid optimiser (tensor
 parallel with data parallel or sharding) each micro-step ends with `fill_unreached_before_sync`:
 an expert no token of this rank reached gets a zero gradient where another rank's tokens reached
-it, so that the fused all-reduce sees the same buffers on every rank.
-
-`EXPERT_COUNT_KEYS`: the config keys that make a model a mixture of experts."""
+it, so that the fused all-reduce sees the same buffers on every rank."""
 from ppo.models.basics import unwrap_model
 from ppo.models.families.moe import StatsMean, take_aux_loss
 
-EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "moe_num_experts")
-
-
 def has_experts(model):
-    """Whether `model`'s config names more than one expert (ERNIE 4.5 may give a list: one count per modality)."""
-    config = getattr(unwrap_model(model), "config", None)
-    counts = [getattr(config, key, 0) or 0 for key in EXPERT_COUNT_KEYS]
-    return any((max(c) if isinstance(c, (list, tuple)) and c else int(c or 0)) > 1 for c in counts)
+    """Whether `model` is of a mixture-of-experts family (`ppo.common.model_families`)."""
+    from ppo.common.model_families import FAMILIES
+
+    family = FAMILIES.get(getattr(getattr(unwrap_model(model), "config", None), "model_type", None))
+    return bool(family and family.moe)
 
 
 class MoeAuxLossMixin:
