@@ -72,10 +72,13 @@ def long_answer_sft(args):
     return out
 
 
-def run_arm(args, model, prompts, seed, staleness, out):
-    """One split run; returns its steps/s, held-out accuracy and async metrics."""
+def run_arm(args, model, prompts, seed, staleness, out, layout=(1, 1)):
+    """One split run of `layout` (trainer ranks, rollout ranks); returns its steps/s, held-out
+    accuracy and async metrics (trainer rank 0's)."""
     demo = os.path.abspath(args.demo_root)
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", f"{out}/launch",
+    trainers, replicas = layout
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(trainers + replicas),
+           "--log_dir", f"{out}/launch",
            "ppo/run_ppo.py", "config/tiny/grpo_argument.json", "--actor_model_name_or_path", model,
            "--use_rm_server", "false", "--use_rule_reward", "true", "--rule_reward_scorers", "reverse",
            "--train_datasets", f"Jsonfile:1.0:{prompts}", "--eval_datasets", f"Jsonfile:1.0:{demo}/data/test.jsonl",
@@ -84,7 +87,7 @@ def run_arm(args, model, prompts, seed, staleness, out):
            "--load_best_model_at_end", "false", "--max_prompt_len", str(args.long_max + 16),
            "--max_length", str(args.long_max + 16 + args.max_dec_len),
            "--max_dec_len", str(args.max_dec_len), "--disable_tqdm", "true", "--num_sample_generations", "0",
-           "--rollout_placement", "split", "--async_staleness", str(staleness), "--rollout_is", "token",
+           "--rollout_placement", "split", "--rollout_ranks", str(replicas), "--async_staleness", str(staleness), "--rollout_is", "token",
            "--use_rollout_logprobs", "false", "--use_remove_padding", str(args.remove_padding).lower()]
     env = dict(os.environ, PYTHONPATH=REPO, MKL_DEBUG_CPU_TYPE="5", OMP_NUM_THREADS=str(args.threads),
                MKL_NUM_THREADS=str(args.threads))
@@ -96,7 +99,6 @@ def run_arm(args, model, prompts, seed, staleness, out):
     steps = [r for r in rows if "objective/scores" in r]
     evals = [r for r in rows if "eval/accuracy" in r]
     mean = lambda key: statistics.fmean(r[key] for r in steps)  # noqa: E731
-    mean = lambda key: statistics.fmean(r[key] for r in steps)  # noqa: E731
     step_s = sum(r["timing_s/step"] for r in steps) / len(steps)
     return {"steps": len(steps), "steps_per_s": 1 / step_s,
             # the speed-up if the generation this run waited for were hidden entirely behind training
@@ -106,6 +108,16 @@ def run_arm(args, model, prompts, seed, staleness, out):
             "train_wait_s": mean("async/train_wait_s"), "weights_sync_s": mean("async/weights_sync_s"),
             "is_weight_mean": mean("rollout/is_weight_mean") if "rollout/is_weight_mean" in steps[0] else None,
             "response_length_max": max(r["response_length/max"] for r in steps)}
+
+
+def layout_summary(runs, layout, seeds):
+    """Staleness 1 against staleness 0 of one layout ("N+M") over `seeds`."""
+    arm = lambda s, key: [runs[f"{layout}_s{s}_seed{seed}"][key] for seed in seeds]  # noqa: E731
+    ratio = [a / s for a, s in zip(arm(1, "steps_per_s"), arm(0, "steps_per_s"))]
+    return {"sync_steps_per_s": arm(0, "steps_per_s"), "async_steps_per_s": arm(1, "steps_per_s"),
+            "ratio": ratio, "ratio_median": statistics.median(ratio), "sync_overlap_bound": arm(0, "overlap_bound"),
+            "sync_accuracy": arm(0, "accuracy"), "async_accuracy": arm(1, "accuracy"),
+            "accuracy_gap_points": 100 * (statistics.fmean(arm(1, "accuracy")) - statistics.fmean(arm(0, "accuracy")))}
 
 
 def main(argv=None):
@@ -121,7 +133,10 @@ def main(argv=None):
     parser.add_argument("--sft_steps", type=int, default=400, help="SFT steps teaching the long answers")
     parser.add_argument("--remove_padding", type=int, default=1,
                         help="use_remove_padding: training passes cost the real tokens, not batch x longest row")
-    parser.add_argument("--threads", type=int, default=1, help="threads per process (two processes)")
+    parser.add_argument("--threads", type=int, default=1, help="threads per process")
+    parser.add_argument("--layouts", default="1+1",
+                        help="comma-separated N+M: N trainer ranks beside M rollout ranks (rollout_ranks), each run at "
+                             "staleness 0 and 1 (scripts/throughput_model.py --validate reads the JSON)")
     parser.add_argument("--out", default="/tmp/async_bench")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -132,25 +147,22 @@ def main(argv=None):
                         args.long_max)
     model = long_answer_sft(args)
     runs, load_before = {}, os.getloadavg()
-    for seed in map(int, args.seeds.split(",")):
-        for staleness in (0, 1):
-            runs[f"s{staleness}_seed{seed}"] = run_arm(args, model, prompts, seed, staleness, f"{args.out}/s{staleness}_seed{seed}")
-            print(json.dumps({f"s{staleness}_seed{seed}": runs[f"s{staleness}_seed{seed}"]}), file=sys.stderr, flush=True)
-    seeds = list(map(int, args.seeds.split(",")))
-    arm = lambda s, key: [runs[f"s{s}_seed{seed}"][key] for seed in seeds]  # noqa: E731
+    seeds, layouts = list(map(int, args.seeds.split(","))), args.layouts.split(",")
+    for layout in layouts:
+        for seed in seeds:
+            for staleness in (0, 1):
+                name = f"{layout}_s{staleness}_seed{seed}"
+                runs[name] = run_arm(args, model, prompts, seed, staleness, f"{args.out}/{name}",
+                                     layout=tuple(map(int, layout.split("+"))))
+                print(json.dumps({name: runs[name]}), file=sys.stderr, flush=True)
     result = {
         "setup": {"prompts": total, "long_answer_prompts": n_long, "long_len": [args.long_min, args.long_max],
                   "max_dec_len": args.max_dec_len, "sft_steps": args.sft_steps, "max_steps": args.max_steps, "seeds": seeds,
-                  "threads_per_process": args.threads, "use_remove_padding": bool(args.remove_padding), "cpu_count": os.cpu_count(),
-                  "loadavg_1_5_15_before": load_before, "loadavg_1_5_15_after": os.getloadavg()},
-        "sync_steps_per_s": arm(0, "steps_per_s"), "async_steps_per_s": arm(1, "steps_per_s"),
-        "ratio": [a / s for a, s in zip(arm(1, "steps_per_s"), arm(0, "steps_per_s"))],
-        "sync_overlap_bound": arm(0, "overlap_bound"),
-        "sync_accuracy": arm(0, "accuracy"), "async_accuracy": arm(1, "accuracy"),
-        "accuracy_gap_points": 100 * (statistics.fmean(arm(1, "accuracy")) - statistics.fmean(arm(0, "accuracy"))),
+                  "layouts": layouts, "threads_per_process": args.threads, "use_remove_padding": bool(args.remove_padding),
+                  "cpu_count": os.cpu_count(), "loadavg_1_5_15_before": load_before, "loadavg_1_5_15_after": os.getloadavg()},
+        "layouts": {layout: layout_summary(runs, layout, seeds) for layout in layouts},
         "runs": runs,
     }
-    result["ratio_median"] = statistics.median(result["ratio"])
     print(json.dumps(result, indent=1))
 
 
