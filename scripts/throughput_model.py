@@ -181,6 +181,9 @@ def best_split(model, workload, gpus, tp, staleness, gpu=Gpu()):
     return best
 
 
+LONG_REASONING = Workload(prompts=128, prompt_len=512, response_len=4096, response_max=16384)
+"""Long reasoning responses (docs/throughput_model.md's second case)."""
+
 GPU_CASES = [("Qwen2.5-7B", 8, 1), ("Qwen2.5-7B", 16, 1), ("Llama-2-70B", 32, 8), ("Llama-2-70B", 64, 8),
              ("Qwen3-30B-A3B", 16, 2), ("Qwen3-30B-A3B", 64, 2)]
 """(model, GPUs, the rollout replicas' tensor-parallel degree)."""
@@ -210,11 +213,14 @@ def measured_components(run):
 def validate(bench, background=0.0):
     """Per measured run of `bench` (`bench/async_bench.py --layouts ...`'s JSON): the steps/s the
     schedule predicts from the first seed's 1+1 synchronous run's components on the machine's
-    cores (`setup.cpu_count` / `threads_per_process`) beside `background` other busy threads, the
+    cores (`setup.cpu_count` / `threads_per_process`) beside `background` other busy threads (the
+    components' seconds are turned into work at the rate one process had beside them), the
     measured steps/s and their ratio."""
     setup = bench["setup"]
     cores = setup["cpu_count"] / setup["threads_per_process"]
-    gen, train, sync = measured_components(bench["runs"][f"1+1_s0_seed{setup['seeds'][0]}"])
+    measured = measured_components(bench["runs"][f"1+1_s0_seed{setup['seeds'][0]}"])
+    # the 1+1 synchronous run has one process working at a time: its seconds are work at this rate
+    gen, train, sync = (seconds * min(1.0, cores / (1 + background)) for seconds in measured)
     rows = []
     for name, run in sorted(bench["runs"].items()):
         layout, staleness = name.split("_")[0], int(name.split("_")[1][1:])

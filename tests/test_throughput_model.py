@@ -2,12 +2,14 @@
 schedule of ppo.trainer.remote_rollout / rollout_worker, and the GPU cost model's arithmetic
 (scripts/throughput_model.py)."""
 import math
+import os
+import re
 
 import pytest
 
 from scripts.split_sim import SplitRun, simulate
 from scripts.sizing import MODELS
-from scripts.throughput_model import (Workload, _weights_read, fits_training, generate_seconds, gpu_table, live_fraction,
+from scripts.throughput_model import (LONG_REASONING, Workload, _weights_read, fits_training, generate_seconds, gpu_table, live_fraction,
                                       measured_components, rows_per_wave, train_seconds, validate)
 
 GEN, TRAIN, SYNC, STEPS = 1.0, 0.6, 0.1, 20
@@ -104,3 +106,15 @@ def test_validation_predicts_each_run_from_the_synchronous_1_plus_1_components()
 def test_measured_components_invert_a_synchronous_step():
     run = {"steps_per_s": 1 / (GEN + TRAIN + SYNC), "rollout_wait_s": GEN, "weights_sync_s": SYNC}
     assert measured_components(run) == pytest.approx((GEN, TRAIN, SYNC))
+
+
+def test_the_docs_table_is_the_scripts_output():
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "throughput_model.md")
+    block = re.search(r"<!-- THROUGHPUT:BEGIN -->\n(.*?)\n<!-- THROUGHPUT:END -->", open(path).read(), re.S)
+    assert block and block.group(1).strip() == gpu_table().strip(), "run: python scripts/throughput_model.py, paste"
+
+
+def test_the_long_reasoning_range_the_docs_state():
+    """docs/throughput_model.md: with long reasoning responses staleness 1 reaches 0.37-0.81x colocated."""
+    ratios = [float(row.split("|")[-2].strip()[:-1]) for row in gpu_table(LONG_REASONING).splitlines()[2:]]
+    assert (min(ratios), max(ratios)) == (0.37, 0.81)
