@@ -4,19 +4,27 @@ sharding, data parallel) or the pipeline layout (`ppo.strategy.pipeline`), chose
 (`choose_layout`) from the arguments and built by `build_strategy`; the strategy then loads the
 models in its layout (`Strategy.load_models`). The expert axis (`ppo.strategy.expert`)
 composes with the plain layout and the tensor layout (tensor parallel, sharding stage 1).
+The PaddleNLP-`Trainer` entry points (SFT, reward model, offline DPO family) get the same
+layout's `Trainer` side from `trainer_strategy` (`ppo.strategy.trainer_layout`: the models
+they load, the `Trainer` hooks of `LayoutTrainerMixin`, the pipeline's evaluation paths).
 `tensor_model_problems`, `expert_layout_problems` and `expert_model_problems`: the tensor layout's
 and the expert axis's refusals, for the argument checks (callers outside this package import them
 from here, never from a layout folder)."""
 from .base import PassSettings, Strategy, first_non_finite
 from .expert.checks import layout_problems as expert_layout_problems, model_problems as expert_model_problems
 from .pipeline import PipelineStrategy
+from .pipeline.trainer import PipelineTrainerLayout
 from .plain import PlainStrategy
 from .ranks import Ranks
 from .tensor import FleetStrategy
 from .tensor.checks import model_problems as tensor_model_problems
+from .trainer_layout import LayoutTrainerMixin, TrainerLayout
 
 LAYOUTS = {"plain": PlainStrategy, "fleet": FleetStrategy, "pipeline": PipelineStrategy}
 """`{layout name: its strategy class}`; `choose_layout` picks one."""
+TRAINER_LAYOUTS = {"plain": TrainerLayout, "fleet": TrainerLayout, "pipeline": PipelineTrainerLayout}
+"""`{layout name: its TrainerLayout class}`: the `Trainer` side of `LAYOUTS` (PaddleNLP's
+`Trainer` runs fleet itself: the plain and the tensor layout load and step whole models alike)."""
 
 
 def choose_layout(args, world_size):
@@ -45,6 +53,17 @@ def build_strategy(args):
     return with_expert_axis(LAYOUTS[layout](ranks), args)
 
 
-__all__ = ["FleetStrategy", "LAYOUTS", "PassSettings", "PipelineStrategy", "PlainStrategy", "Ranks", "Strategy",
-           "build_strategy", "choose_layout", "expert_layout_problems", "expert_model_problems", "first_non_finite",
-           "tensor_model_problems"]
+def trainer_strategy(args):
+    """The `Trainer` side of the run's layout (a `TrainerLayout`, with the expert axis when the
+    arguments ask for it: its groups built, collective), for PaddleNLP's `TrainingArguments`."""
+    import paddle.distributed as dist
+
+    from .expert.trainer import with_expert_trainer_axis
+
+    layout = TRAINER_LAYOUTS[choose_layout(args, dist.get_world_size())](args)
+    return with_expert_trainer_axis(layout, args)
+
+
+__all__ = ["FleetStrategy", "LAYOUTS", "LayoutTrainerMixin", "PassSettings", "PipelineStrategy", "PlainStrategy", "Ranks",
+           "Strategy", "TRAINER_LAYOUTS", "TrainerLayout", "build_strategy", "choose_layout", "expert_layout_problems",
+           "expert_model_problems", "first_non_finite", "tensor_model_problems", "trainer_strategy"]
