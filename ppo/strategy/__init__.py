@@ -21,21 +21,40 @@ from .tensor.checks import model_problems as tensor_model_problems
 from .trainer_layout import LayoutTrainerMixin, TrainerLayout
 
 LAYOUTS = {"plain": PlainStrategy, "fleet": FleetStrategy, "pipeline": PipelineStrategy}
-"""`{layout name: its strategy class}`; `choose_layout` picks one."""
+"""`{layout name: its strategy class}`; `choose_layout` picks one (`register_layout` adds one)."""
 TRAINER_LAYOUTS = {"plain": TrainerLayout, "fleet": TrainerLayout, "pipeline": PipelineTrainerLayout}
 """`{layout name: its TrainerLayout class}`: the `Trainer` side of `LAYOUTS` (PaddleNLP's
 `Trainer` runs fleet itself: the plain and the tensor layout load and step whole models alike)."""
 
 
+def _pipelines(args, world_size):
+    return args.pipeline_parallel_degree > 1
+
+
+def _fleet(args, world_size):
+    return world_size > 1 and args.use_hybrid_parallel
+
+
+LAYOUT_RULES = [("pipeline", _pipelines), ("fleet", _fleet)]
+"""`(layout name, chooses(args, world_size) -> bool)` in the order `choose_layout` asks them;
+"plain" when none chooses."""
+
+
 def choose_layout(args, world_size):
     """The layout name of PaddleNLP's `TrainingArguments` (`pipeline_parallel_degree`,
-    `use_hybrid_parallel`) on `world_size` training processes: the one place a run's layout is
-    decided."""
-    if args.pipeline_parallel_degree > 1:
-        return "pipeline"
-    if world_size > 1 and args.use_hybrid_parallel:
-        return "fleet"
-    return "plain"
+    `use_hybrid_parallel`, and what a registered layout reads) on `world_size` training
+    processes: the one place a run's layout is decided."""
+    return next((name for name, chooses in LAYOUT_RULES if chooses(args, world_size)), "plain")
+
+
+def register_layout(name, strategy, trainer_layout, chooses):
+    """Add a layout: its `Strategy` class (built as `strategy(ranks)`), its `TrainerLayout` class
+    (built as `trainer_layout(args)`) and `chooses(args, world_size) -> bool`, asked before the
+    layouts already known. The expert axis composes with it as with the plain layout."""
+    if name in LAYOUTS:
+        raise ValueError(f"parallel layout {name!r} is registered already")
+    LAYOUTS[name], TRAINER_LAYOUTS[name] = strategy, trainer_layout
+    LAYOUT_RULES.insert(0, (name, chooses))
 
 
 def build_strategy(args):
@@ -66,4 +85,4 @@ def trainer_strategy(args):
 
 __all__ = ["FleetStrategy", "LAYOUTS", "LayoutTrainerMixin", "PassSettings", "PipelineStrategy", "PlainStrategy", "Ranks",
            "Strategy", "TRAINER_LAYOUTS", "TrainerLayout", "build_strategy", "choose_layout", "expert_layout_problems",
-           "expert_model_problems", "first_non_finite", "tensor_model_problems", "trainer_strategy"]
+           "expert_model_problems", "first_non_finite", "register_layout", "tensor_model_problems", "trainer_strategy"]
