@@ -35,6 +35,7 @@ def test_the_trainer_layout_follows_choose_layout(args, world, cls):
 
 def test_trainer_layouts_compose_and_none_inherits_another():
     CALLS.clear()
+    assert set(strategy.TRAINER_LAYOUTS) == set(strategy.LAYOUTS)  # every layout has its Trainer side
     assert PipelineTrainerLayout.__bases__ == (TrainerLayout,) and ExpertTrainerAxis.__bases__ == (object,)
     inner = Recording(layout_args())
     axis = ExpertTrainerAxis(inner, layout=SimpleNamespace(rank=0))
