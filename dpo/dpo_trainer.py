@@ -43,9 +43,9 @@ from ppo.models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE, causal_lm_token_log
 from ppo.models.families.moe import take_aux_loss
 from ppo.models.unpadded import pack_padded, packed_token_logprobs
 from ppo.models.loading import find_lora_model, lora_disabled
-from ppo.strategy.pipeline.preference_run import PreferencePipelineRun, from_last_stage
 from ppo.entry.streaming_trainer import StreamingTrainerMixin
 from ppo.entry.trainer_resume import FreshOptimizerResumeMixin
+from ppo.strategy import trainer_strategy
 from ppo.strategy.data_order import DatasetOrderMixin
 
 LOSS_TYPES = tuple(PREFERENCE_LOSSES)
@@ -137,6 +137,8 @@ class DPOTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
     `PromptOnlyDataset` with reference answers) adds greedy exact-match metrics to
     every evaluation, as in `SFTTrainer`. `packed_length` (`zero_padding`): every answer
     log-prob pass runs packed into rows of at most that many tokens (see `answer_logprobs`).
+    `trainer_layout`: the run's `ppo.strategy.trainer_strategy(args)` (its default); under
+    pipeline parallelism its `preference_run` is the pipeline path (`pipeline_run`).
     """
 
     def __init__(
@@ -148,6 +150,7 @@ class DPOTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
         eval_long_answer_len=5,
         use_rollout_engine=True,
         packed_length=None,
+        trainer_layout=None,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
@@ -163,10 +166,10 @@ class DPOTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
                 p.stop_gradient = True
         self.setup_generation_eval(eval_prompt_dataset, eval_max_new_tokens, eval_long_answer_len, use_rollout_engine)
         self._stat_sums, self._stat_count = {}, 0
-        self.pipeline_run = None  # pipeline parallel: its path (PreferencePipelineRun)
-        if self.args.pipeline_parallel_degree > 1:
-            self.pipeline_run = PreferencePipelineRun(self, self.preference_objective, self.record_stats, self.rank_mean_kl_point,
-                                                  self.use_reference, self.loss_fn.kl_point)
+        self.trainer_layout = trainer_layout or trainer_strategy(self.args)
+        # the path through the layout's model parts (a pipeline's PreferencePipelineRun); None: whole models
+        self.pipeline_run = self.trainer_layout.preference_run(self, self.preference_objective, self.record_stats,
+                                                               self.rank_mean_kl_point, self.use_reference, self.loss_fn.kl_point)
 
     # ---- log-probs -------------------------------------------------------
 
@@ -238,13 +241,12 @@ class DPOTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
     def reduced_stats(self):
         """Mean of the accumulated statistics since the last log, across ranks; resets them.
         Under pipeline parallelism only the last stage computes them: it sends the means to the
-        other stages of its group first."""
+        other stages of its group first (`trainer_layout.last_stage_means`)."""
         means = None
         if self._stat_count:
             names = sorted(self._stat_sums)
             means = (names, paddle.stack([self._stat_sums[n] for n in names]) / self._stat_count)
-        if self.pipeline_run is not None:
-            means = from_last_stage(means)
+        means = self.trainer_layout.last_stage_means(means)
         if means is None:
             return {}
         names, vec = means

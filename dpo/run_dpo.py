@@ -38,33 +38,24 @@ with quiet_third_party_warnings():
     from ppo.data import PREFERENCE_DATASETS, PromptOnlyDataset  # noqa: E402
     from ppo.data.base import DataError  # noqa: E402
     from ppo.data.streaming import training_dataset  # noqa: E402
-    from ppo.strategy.pipeline.pipe import AnswerNLLCriterion, CausalLMPipelineInputs, load_pipe, log_pipeline_settings  # noqa: E402
-    from ppo.strategy.pipeline.preference_pipe import PreferencePolicyInputs  # noqa: E402
-    from ppo.models.adapters import load_merged_causal_lm  # noqa: E402
-    from ppo.models.loading import (  # noqa: E402
-        apply_lora,
-        freeze,
-        load_causal_lm,
-        load_overrides,
-        load_reference,
-        load_tokenizer,
-        set_dropout_off,
-        training_dtype,
-    )
+    from ppo.models.loading import apply_lora, load_overrides, load_tokenizer, set_dropout_off  # noqa: E402
+    from ppo.strategy import trainer_strategy  # noqa: E402
 
 
-def load_pipeline_models(model_args, training_args, overrides):
-    """This rank's stages of the policy pipe (its loss is set by `DPOTrainer`) and of the
-    frozen reference pipe (None when the loss needs no reference), under
-    `pipeline_parallel_degree > 1`."""
-    log_pipeline_settings(training_args)
-    steps = training_args.gradient_accumulation_steps
-    model = set_dropout_off(load_pipe(model_args.model_name_or_path, None, PreferencePolicyInputs(steps), **overrides))
+def load_models(layout, model_args, training_args, overrides):
+    """The policy (its dropout off; with `use_lora` an adapter in `model_name_or_path` merged and a
+    fresh one applied, as TRL does) and the frozen reference (None when the loss needs none, or a
+    LoRA policy's disabled adapter serves as one), in the run's `layout`
+    (`ppo.strategy.trainer_strategy`: under pipeline parallelism this rank's stages, the policy's
+    loss set by `DPOTrainer`)."""
+    path = model_args.model_name_or_path
+    model = layout.load_preference_policy(path, merge_adapter=model_args.use_lora, **overrides)
+    if model_args.use_lora:
+        model = apply_lora(model, base_model_name_or_path=path, **model_args.lora_settings())
+    set_dropout_off(model)
     if not needs_reference(training_args.loss_type, training_args.reference_free):
         return model, None
-    ref_path = model_args.ref_model_name_or_path or model_args.model_name_or_path
-    reference = load_pipe(ref_path, AnswerNLLCriterion(), CausalLMPipelineInputs(steps), **overrides)
-    return model, freeze(set_dropout_off(reference))
+    return model, layout.load_preference_reference(model, path, model_args.ref_model_name_or_path, **overrides)
 
 
 KL_COLLATORS = {"pairs": KTOCollator, "unpaired": UnpairedKTOCollator}
@@ -123,25 +114,14 @@ def start_up(argv, training_arguments):
 
 def build_trainer(model_args, data_args, training_args, tokenizer, datasets, eval_prompts):
     """Models and the `DPOTrainer` for arguments, tokenizer and datasets that passed `start_up`."""
-    path = model_args.model_name_or_path
     train_dataset, eval_dataset, collator = datasets
-    extra = load_overrides(model_args, training_args, pipeline_entry="dpo")
-    if training_args.pipeline_parallel_degree > 1:
-        model, ref_model = load_pipeline_models(model_args, training_args, extra)
-    else:
-        if model_args.use_lora:  # an SFT adapter is merged first and a fresh adapter trained (as TRL does)
-            model = apply_lora(load_merged_causal_lm(path, **extra), base_model_name_or_path=path, **model_args.lora_settings())
-        else:
-            model = load_causal_lm(path, **extra)
-        set_dropout_off(model)
-        # the reference: none when the loss needs none; a LoRA policy with its adapter off; else a frozen copy
-        ref_model = None
-        if needs_reference(training_args.loss_type, training_args.reference_free):
-            ref_model = load_reference(model, path, model_args.ref_model_name_or_path, training_dtype(training_args), **extra)
-
+    layout = trainer_strategy(training_args)
+    layout.log_settings()
+    model, ref_model = load_models(layout, model_args, training_args, load_overrides(model_args, training_args, pipeline_entry="dpo"))
     return DPOTrainer(
         model=model,
         ref_model=ref_model,
+        trainer_layout=layout,
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,

@@ -4,12 +4,11 @@ import paddle
 from paddlenlp.trainer import Trainer
 
 from ppo.models.adapters import save_normalizer_stats
-from ppo.strategy.pipeline.pipe import wrapped_pipeline
-from ppo.strategy.pipeline.score_pipe import pipeline_end_scores
 from ppo.models.score_model import LOSS_TYPES, pair_scores_loss  # noqa: F401 (LOSS_TYPES: rm/run_reward.py)
 from ppo.entry.moe_aux_trainer import MoeAuxLossMixin
 from ppo.entry.streaming_trainer import StreamingTrainerMixin
 from ppo.entry.trainer_resume import FreshOptimizerResumeMixin
+from ppo.strategy import trainer_strategy
 from ppo.strategy.data_order import DatasetOrderMixin
 from ppo.models.unpadded import pack_padded
 
@@ -46,12 +45,14 @@ class RewardTrainer(MoeAuxLossMixin, StreamingTrainerMixin, FreshOptimizerResume
     """`Trainer` for score models on `PreferenceDataset` batches. Under pipeline parallelism
     the model is a stage of `ppo.strategy.pipeline.score_pipe`, whose last stage computes the loss
     (`PairwiseRewardCriterion`) in the `Trainer`'s pipeline steps, and evaluation scores the
-    pairs through the pipeline (`pipeline_end_scores`). `packed_length` (`zero_padding`): each
+    pairs through the pipeline (`trainer_layout.pair_end_scores`; `trainer_layout`: the run's
+    `ppo.strategy.trainer_strategy(args)`, its default). `packed_length` (`zero_padding`): each
     batch's sequences run packed into rows of at most that many tokens (see `score_pairs`)."""
 
-    def __init__(self, *args, packed_length=None, **kwargs):
+    def __init__(self, *args, packed_length=None, trainer_layout=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.packed_length = packed_length
+        self.trainer_layout = trainer_layout or trainer_strategy(self.args)
 
     def compute_loss(self, model, inputs, return_outputs=False):
         loss, stats = reward_loss(model, inputs, self.args.loss_type, self.args.regularization, self.packed_length)
@@ -68,16 +69,13 @@ class RewardTrainer(MoeAuxLossMixin, StreamingTrainerMixin, FreshOptimizerResume
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
         """Pairwise accuracy and margin over the whole eval set (`rm/accuracy`, `rm/margin`, `rm/eval_loss`)."""
         dataloader = self.get_eval_dataloader(eval_dataset)
-        pipelined = self.args.pipeline_parallel_degree > 1
         self.model.eval()
         correct, margin, loss_sum, pairs = 0.0, 0.0, 0.0, 0
         with paddle.no_grad():
             for inputs in dataloader:
                 inputs = self._prepare_inputs(inputs)
-                if pipelined:
-                    end_scores, B = pipeline_end_scores(wrapped_pipeline(self), inputs), inputs["better_input_ids"].shape[0]
-                else:
-                    _, end_scores, B = score_pairs(self.model, inputs, self.packed_length)
+                scored = self.trainer_layout.pair_end_scores(self, inputs)  # None: the model scores them whole
+                end_scores, B = scored if scored is not None else score_pairs(self.model, inputs, self.packed_length)[1:]
                 diff = end_scores[:B] - end_scores[B:]
                 correct += float((diff > 0).astype("float32").sum())
                 margin += float(diff.sum())

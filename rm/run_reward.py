@@ -34,9 +34,8 @@ with quiet_third_party_warnings():
     from ppo.entry.trainer_callbacks import TrackerCallback  # noqa: E402
     from ppo.data import PreferenceDataset, ProcessRewardDataset, SafetyPreferenceDataset  # noqa: E402
     from ppo.models.loading import apply_lora, load_overrides, load_tokenizer  # noqa: E402
-    from ppo.strategy.pipeline.pipe import log_pipeline_settings  # noqa: E402
-    from ppo.models.adapters import load_merged_score_model, score_lora_settings  # noqa: E402
-    from ppo.strategy.pipeline.score_pipe import load_score_pipe  # noqa: E402
+    from ppo.models.adapters import score_lora_settings  # noqa: E402
+    from ppo.strategy import trainer_strategy  # noqa: E402
     from rm.reward_arguments import DataArgument, ModelArgument, RewardTrainingArguments, validate_arguments  # noqa: E402
     from rm.cost_trainer import CostTrainer  # noqa: E402
     from rm.process_reward_trainer import ProcessRewardTrainer  # noqa: E402
@@ -98,20 +97,16 @@ def main(argv=None):
     if model_args.process_reward:  # saved in config.json: the PRM's scorer reads its placeholder from there
         score_settings.update(process_reward=True, placeholder_token=data_args.placeholder_token,
                               reward_tokens=data_args.reward_tokens)
-    if training_args.pipeline_parallel_degree > 1:
-        log_pipeline_settings(training_args)
-        model = load_score_pipe(
-            model_args.model_name_or_path, training_args.loss_type, training_args.regularization,
-            training_args.gradient_accumulation_steps, **score_settings,
-        )
-    else:
-        model = load_merged_score_model(model_args.model_name_or_path, **score_settings)
+    layout = trainer_strategy(training_args)  # pipeline: this rank's stages with the pairwise loss on the last
+    layout.log_settings()
+    model = layout.load_score_model(model_args.model_name_or_path, **score_settings)
     if model_args.use_lora:  # the adapter saves the LoRA matrices, the score head and (file) the normaliser
         model = apply_lora(
             model, base_model_name_or_path=model_args.model_name_or_path, **score_lora_settings(model_args.lora_settings()),
         )
     trainer = trainer_class(
         model=model,
+        trainer_layout=layout,
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,

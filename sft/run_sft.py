@@ -27,10 +27,9 @@ with quiet_third_party_warnings():
     from ppo.entry.run_setup import finish_trainer_run  # noqa: E402
     from ppo.entry.trainer_callbacks import TrackerCallback  # noqa: E402
     from ppo.data import PromptOnlyDataset, SupervisedDataset  # noqa: E402
-    from ppo.models.loading import apply_lora, load_causal_lm, load_overrides, load_tokenizer  # noqa: E402
-    from ppo.strategy.pipeline.pipe import AnswerNLLCriterion, CausalLMPipelineInputs, load_pipe, log_pipeline_settings  # noqa: E402
+    from ppo.models.loading import apply_lora, load_overrides, load_tokenizer  # noqa: E402
+    from ppo.strategy import trainer_strategy  # noqa: E402
     from sft.sft_arguments import DataArgument, ModelArgument, SFTTrainingArguments, validate_arguments  # noqa: E402
-    from ppo.strategy.expert.trainer import shard_for_trainer  # noqa: E402
     from sft.sft_trainer import SFTTrainer  # noqa: E402
     from ppo.data.streaming import training_dataset  # noqa: E402
 
@@ -72,21 +71,15 @@ def main(argv=None):
     set_seed(training_args.seed)  # fresh LoRA adapters and score heads start from the run's seed (PaddleNLP's llm scripts)
 
     overrides = load_overrides(model_args, training_args, pipeline_entry="sft")
-    if training_args.pipeline_parallel_degree > 1:
-        log_pipeline_settings(training_args)
-        model = load_pipe(
-            model_args.model_name_or_path, AnswerNLLCriterion(),
-            CausalLMPipelineInputs(training_args.gradient_accumulation_steps, training_args.dataset_world_size),
-            **overrides,
-        )
-    else:
-        model = load_causal_lm(model_args.model_name_or_path, **overrides)
+    layout = trainer_strategy(training_args)  # pipeline: this rank's stages with the SFT loss; experts: this rank's
+    layout.log_settings()
+    model = layout.load_causal_lm(model_args.model_name_or_path, **overrides)
     if model_args.use_lora:
         model = apply_lora(model, base_model_name_or_path=model_args.model_name_or_path, **model_args.lora_settings())
-    expert_layout = shard_for_trainer(model, training_args)  # expert_parallel_degree > 1: this rank's experts
+    model = layout.place(model)
     trainer = SFTTrainer(
         model=model,
-        expert_layout=expert_layout,
+        trainer_layout=layout,
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,

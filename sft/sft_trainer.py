@@ -9,15 +9,17 @@ from ppo.models.causal_lm import answer_nll
 from ppo.entry.moe_aux_trainer import MoeAuxLossMixin
 from ppo.entry.streaming_trainer import StreamingTrainerMixin
 from ppo.entry.trainer_resume import FreshOptimizerResumeMixin
+from ppo.strategy import LayoutTrainerMixin, TrainerLayout
 from ppo.strategy.data_order import DatasetOrderMixin
-from ppo.strategy.expert.trainer import ExpertTrainerMixin
 
 
-class SFTTrainer(MoeAuxLossMixin, ExpertTrainerMixin, StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMixin,
+class SFTTrainer(MoeAuxLossMixin, LayoutTrainerMixin, StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderMixin, GenerationEvalMixin,
                  Trainer):
     """`Trainer` whose loss is the masked token-mean NLL of the answer tokens. Under pipeline
     parallelism the model is a pipeline stage whose last stage computes that loss itself
-    (`ppo.strategy.pipeline.pipe`); the `Trainer`'s pipeline steps run it.
+    (`ppo.strategy.pipeline.pipe`); the `Trainer`'s pipeline steps run it. `trainer_layout`:
+    the run's `ppo.strategy.trainer_strategy(args)`, whose hooks `LayoutTrainerMixin` calls (the
+    expert axis: `ppo.strategy.expert.trainer`); default: the whole-model layout.
 
     `eval_prompt_dataset` (a `PromptOnlyDataset` with reference answers) adds
     `eval/accuracy`, `eval/accuracy_long`, `eval/accuracy_short` and
@@ -25,8 +27,8 @@ class SFTTrainer(MoeAuxLossMixin, ExpertTrainerMixin, StreamingTrainerMixin, Fre
     """
 
     def __init__(self, *args, eval_prompt_dataset=None, eval_max_new_tokens=16, eval_long_answer_len=5, use_rollout_engine=True,
-                 expert_layout=None, **kwargs):
-        self.expert_layout = expert_layout  # experts sharded (ppo.strategy.expert.trainer)
+                 trainer_layout=None, **kwargs):
+        self.trainer_layout = trainer_layout or TrainerLayout(kwargs.get("args"))  # the model as it was given
         super().__init__(*args, **kwargs)
         self.setup_generation_eval(eval_prompt_dataset, eval_max_new_tokens, eval_long_answer_len, use_rollout_engine)
 

@@ -65,8 +65,9 @@ def cost_argv(model_dir, data_dir, out, *extra):
 
 def test_cost_run_refuses_data_without_safety_labels(tiny_model_dir, tiny_data_dir, tmp_path, monkeypatch):
     import rm.run_reward as run_reward
+    from ppo.strategy import TrainerLayout
 
-    monkeypatch.setattr(run_reward, "load_merged_score_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(TrainerLayout, "load_score_model", lambda *a, **k: pytest.fail("model loaded"))
     argv = cost_argv(tiny_model_dir, tiny_data_dir, str(tmp_path / "c"))
     argv += ["--train_datasets", f"Jsonfile:1.0:{tiny_data_dir}/sft.jsonl"]
     with pytest.raises(ValueError, match=r"train_datasets dataset 'Jsonfile' has none: use PKU-SafeRLHF/safety"):
@@ -94,8 +95,9 @@ def test_cost_run_refuses_records_missing_safety_fields_before_loading(tiny_mode
     """A dataset that only may carry safety labels (PKU-SafeRLHF/train, json) fails on the first record
     without them, naming the file, before the model loads."""
     import rm.run_reward as run_reward
+    from ppo.strategy import TrainerLayout
 
-    monkeypatch.setattr(run_reward, "load_merged_score_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(TrainerLayout, "load_score_model", lambda *a, **k: pytest.fail("model loaded"))
     path = tmp_path / "helpful.jsonl"
     path.write_text(json.dumps({"prompt": "Reverse: ab1", "response_0": "1ba", "response_1": "b1a", "better_response_id": 0}) + "\n")
     argv = cost_argv(tiny_model_dir, tiny_data_dir, str(tmp_path / "c")) + ["--train_datasets", f"PKU-SafeRLHF/train:1.0:{path}"]

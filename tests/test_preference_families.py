@@ -92,10 +92,9 @@ def test_loss_trains_the_tiny_model(tiny, loss_type):
     ],
 )
 def test_wrong_data_kind_is_refused_by_name_before_models_load(tiny, monkeypatch, loss_type, data, kind):
-    import ppo.models.loading as loading
+    from ppo.strategy import TrainerLayout
 
-    monkeypatch.setattr(run_dpo, "load_causal_lm", lambda *a, **k: pytest.fail("a model loaded"))
-    assert loading  # the entry script's own name is patched
+    monkeypatch.setattr(TrainerLayout, "load_preference_policy", lambda *a, **k: pytest.fail("a model loaded"))
     out = str(tiny.root / f"refused_{loss_type}")
     argv = config_argv(tiny, "rrhf", out, loss_type=loss_type, train_datasets=data.format(tiny.data), eval_datasets="")
     with pytest.raises(ValueError) as info:

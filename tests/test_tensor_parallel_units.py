@@ -69,12 +69,12 @@ def test_gathered_slices_are_merged_back_to_the_full_weight(monkeypatch, fused_p
     import numpy as np
     import paddle
 
+    from ppo.models import parallel_layers
     from ppo.strategy.tensor import reshard
-    from ppo.rollout import weights as weights_mod
 
     full = paddle.to_tensor(np.arange(4 * 8, dtype="float32").reshape(4, 8))
     shards = reshard.split(full, kind, 2)
-    monkeypatch.setattr(weights_mod.dist, "all_gather", lambda out, value, group=None: out.extend(shards))
+    monkeypatch.setattr(parallel_layers.dist, "all_gather", lambda out, value, group=None: out.extend(shards))
     gather = TensorParallelGather(SimpleNamespace(tensor_parallel_degree=1))
     gather.group = object()  # a model-parallel group (the collective is faked above)
     layer = type("ColumnParallelLinear", (), {})()

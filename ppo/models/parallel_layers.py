@@ -11,18 +11,20 @@ linears and a vocabulary-parallel embedding: every rank keeps its slice of those
   takes, on that group;
 * `vocab_parallel_head(model)`: the LM head's slice of the vocabulary, for log-probs that
   never gather the vocabulary;
-* `gather_full_weight(tensor, axis, group)`: one weight put back together from its slices
-  (the rollout engine runs the whole model on every rank, see `ppo.rollout.weights`).
+* `gather_full_weight(tensor, kind, group)`: one weight put back together from its slices by
+  its kind (`ppo.models.tensor_slices`; the rollout engine runs the whole model on every rank,
+  see `ppo.rollout.weights`).
 
 Every layout builds the same model classes from these (each is an identity or None at degree
 1); the tensor layout's own pieces (merged saves, this rank's slices of a checkpoint,
-resharding) live in `ppo.strategy.tensor`.
+resharding whole state dicts) live in `ppo.strategy.tensor`.
 """
 import paddle
 import paddle.distributed as dist
 
 from ..common.parallel_groups import model_parallel_group
 from .basics import unwrap_model
+from .tensor_slices import merge
 
 _OPS = {"max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}
 
@@ -66,10 +68,11 @@ def model_parallel_identity(x, group):
     return mp_ops._c_identity(x, group=group)
 
 
-def gather_full_weight(tensor, axis, group):
-    """The full tensor from the slices every rank of `group` holds, concatenated along `axis`
-    in rank order (how PaddleNLP splits column / row parallel weights). No gradient."""
+def gather_full_weight(tensor, kind, group):
+    """The full tensor from the slices every rank of `group` holds (rank order), put back together
+    by its tensor-parallel `kind` (`ppo.models.tensor_slices.merge`: "column", "row",
+    "column_2fuse"). No gradient."""
     with paddle.no_grad():
         parts = []
         dist.all_gather(parts, tensor, group=group)
-        return paddle.concat(parts, axis=axis)
+        return merge(parts, kind)

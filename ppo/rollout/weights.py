@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 import paddle
-import paddle.distributed as dist
 
 from .moe_mlp import is_moe_mlp, moe_weights
 from .rope_order import HalfRotationOrder
@@ -135,7 +134,7 @@ def _bias(linear):
 
 
 def split_kind(layer, transpose_y=False, fused_parts=1):
-    """How tensor parallelism split `layer`'s weight (a `ppo.strategy.tensor.reshard` kind): "row"
+    """How tensor parallelism split `layer`'s weight (a `ppo.models.tensor_slices` kind): "row"
     (axis 0) for a row-parallel linear, a vocabulary-parallel embedding or a tied `[V, H]`
     head; "column" (last axis) for a column-parallel linear or LM head; "column_2fuse" for a
     column-parallel fused gate-up (`fused_parts=2`)."""
@@ -163,7 +162,7 @@ class TensorParallelGather:
 
     def weight(self, layer, value=None, transpose_y=False, fused_parts=1):
         """`value` (default: `layer.weight`) whole: every rank's slice gathered and merged with
-        `ppo.strategy.tensor.reshard.merge` when the layer's weight is a slice (`fused_parts=2`: a fused
+        `ppo.models.parallel_layers.gather_full_weight` when the layer's weight is a slice (`fused_parts=2`: a fused
         gate-up, whose slices hold ``[gate_r, up_r]``)."""
         value = layer.weight if value is None else value
         if self.group is None or self.sharded or not getattr(layer.weight, "is_distributed", False):
@@ -177,12 +176,9 @@ class TensorParallelGather:
         return self._merged(b, "column_2fuse" if fused_parts == 2 else "column")
 
     def _merged(self, value, kind):
-        from ..strategy.tensor.reshard import merge
+        from ..models.parallel_layers import gather_full_weight
 
-        with paddle.no_grad():
-            parts = []
-            dist.all_gather(parts, value, group=self.group)
-            return merge(parts, kind)
+        return gather_full_weight(value, kind, self.group)
 
 
 _USE_PADDLENLP = "generate with PaddleNLP's generate: RolloutEngine(use_rollout_engine=False), argument use_fusemt false"

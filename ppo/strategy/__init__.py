@@ -4,30 +4,57 @@ sharding, data parallel) or the pipeline layout (`ppo.strategy.pipeline`), chose
 (`choose_layout`) from the arguments and built by `build_strategy`; the strategy then loads the
 models in its layout (`Strategy.load_models`). The expert axis (`ppo.strategy.expert`)
 composes with the plain layout and the tensor layout (tensor parallel, sharding stage 1).
+The PaddleNLP-`Trainer` entry points (SFT, reward model, offline DPO family) get the same
+layout's `Trainer` side from `trainer_strategy` (`ppo.strategy.trainer_layout`: the models
+they load, the `Trainer` hooks of `LayoutTrainerMixin`, the pipeline's evaluation paths).
 `tensor_model_problems`, `expert_layout_problems` and `expert_model_problems`: the tensor layout's
 and the expert axis's refusals, for the argument checks (callers outside this package import them
 from here, never from a layout folder)."""
 from .base import PassSettings, Strategy, first_non_finite
 from .expert.checks import layout_problems as expert_layout_problems, model_problems as expert_model_problems
 from .pipeline import PipelineStrategy
+from .pipeline.trainer import PipelineTrainerLayout
 from .plain import PlainStrategy
 from .ranks import Ranks
 from .tensor import FleetStrategy
 from .tensor.checks import model_problems as tensor_model_problems
+from .trainer_layout import LayoutTrainerMixin, TrainerLayout
 
 LAYOUTS = {"plain": PlainStrategy, "fleet": FleetStrategy, "pipeline": PipelineStrategy}
-"""`{layout name: its strategy class}`; `choose_layout` picks one."""
+"""`{layout name: its strategy class}`; `choose_layout` picks one (`register_layout` adds one)."""
+TRAINER_LAYOUTS = {"plain": TrainerLayout, "fleet": TrainerLayout, "pipeline": PipelineTrainerLayout}
+"""`{layout name: its TrainerLayout class}`: the `Trainer` side of `LAYOUTS` (PaddleNLP's
+`Trainer` runs fleet itself: the plain and the tensor layout load and step whole models alike)."""
+
+
+def _pipelines(args, world_size):
+    return args.pipeline_parallel_degree > 1
+
+
+def _fleet(args, world_size):
+    return world_size > 1 and args.use_hybrid_parallel
+
+
+LAYOUT_RULES = [("pipeline", _pipelines), ("fleet", _fleet)]
+"""`(layout name, chooses(args, world_size) -> bool)` in the order `choose_layout` asks them;
+"plain" when none chooses."""
 
 
 def choose_layout(args, world_size):
     """The layout name of PaddleNLP's `TrainingArguments` (`pipeline_parallel_degree`,
-    `use_hybrid_parallel`) on `world_size` training processes: the one place a run's layout is
-    decided."""
-    if args.pipeline_parallel_degree > 1:
-        return "pipeline"
-    if world_size > 1 and args.use_hybrid_parallel:
-        return "fleet"
-    return "plain"
+    `use_hybrid_parallel`, and what a registered layout reads) on `world_size` training
+    processes: the one place a run's layout is decided."""
+    return next((name for name, chooses in LAYOUT_RULES if chooses(args, world_size)), "plain")
+
+
+def register_layout(name, strategy, trainer_layout, chooses):
+    """Add a layout: its `Strategy` class (built as `strategy(ranks)`), its `TrainerLayout` class
+    (built as `trainer_layout(args)`) and `chooses(args, world_size) -> bool`, asked before the
+    layouts already known. The expert axis composes with it as with the plain layout."""
+    if name in LAYOUTS:
+        raise ValueError(f"parallel layout {name!r} is registered already")
+    LAYOUTS[name], TRAINER_LAYOUTS[name] = strategy, trainer_layout
+    LAYOUT_RULES.insert(0, (name, chooses))
 
 
 def build_strategy(args):
@@ -45,6 +72,17 @@ def build_strategy(args):
     return with_expert_axis(LAYOUTS[layout](ranks), args)
 
 
-__all__ = ["FleetStrategy", "LAYOUTS", "PassSettings", "PipelineStrategy", "PlainStrategy", "Ranks", "Strategy",
-           "build_strategy", "choose_layout", "expert_layout_problems", "expert_model_problems", "first_non_finite",
-           "tensor_model_problems"]
+def trainer_strategy(args):
+    """The `Trainer` side of the run's layout (a `TrainerLayout`, with the expert axis when the
+    arguments ask for it: its groups built, collective), for PaddleNLP's `TrainingArguments`."""
+    import paddle.distributed as dist
+
+    from .expert.trainer import with_expert_trainer_axis
+
+    layout = TRAINER_LAYOUTS[choose_layout(args, dist.get_world_size())](args)
+    return with_expert_trainer_axis(layout, args)
+
+
+__all__ = ["FleetStrategy", "LAYOUTS", "LayoutTrainerMixin", "PassSettings", "PipelineStrategy", "PlainStrategy", "Ranks",
+           "Strategy", "TRAINER_LAYOUTS", "TrainerLayout", "build_strategy", "choose_layout", "expert_layout_problems",
+           "expert_model_problems", "first_non_finite", "register_layout", "tensor_model_problems", "trainer_strategy"]

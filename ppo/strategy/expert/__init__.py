@@ -1,8 +1,8 @@
 """Expert parallelism (`expert_parallel_degree`): the experts of every mixture-of-experts layer
 sharded over the ranks of an expert-parallel group, tokens exchanged with their experts' owners
 (`exchange`), the layout and the model hook (`layout`), expert gradients (`grads`), the axis
-composed with data parallelism and tensor parallelism (`strategy`) and its argument refusals
-(`checks`)."""
+composed with data parallelism and tensor parallelism (`strategy`), its `Trainer` side for SFT
+(`trainer`) and its argument refusals (`checks`)."""
 from .checks import expert_degree, layout_problems, model_problems
 from .layout import ExpertLayout, expert_parameters, shard_experts, whole_experts
 from .strategy import ExpertStrategy

@@ -1,12 +1,13 @@
-"""Expert parallelism in PaddleNLP's `Trainer` (SFT): `ExpertTrainerMixin`, placed before
-`Trainer` among the bases, with the model sharded by `shard_for_trainer` before the trainer is
-built. The trainer's `paddle.DataParallel` (or, with tensor parallelism, its fleet all-reduce,
-which skips ``no_sync`` parameters) averages the other gradients; the optimiser's clip
-(`ExpertClipGrad` with ``sync``, put back after fleet's optimiser wrapper replaced it) syncs the
-expert gradients first, then clips with the experts counted once. Saving gathers the experts (every rank joins; the trainer's main rank writes the
-one-process checkpoint); generation for evaluation runs on the gathered experts. The Trainer
-writes rank 0's optimiser states only: each rank also writes its experts' AdamW states to
-``checkpoint-N/expert_optimizer.rank{r}.pdopt`` and takes them back on resume."""
+"""Expert parallelism in PaddleNLP's `Trainer` (SFT): `ExpertTrainerAxis`, the expert axis over
+a `ppo.strategy.trainer_layout.TrainerLayout`, whose hooks `LayoutTrainerMixin` calls; the entry
+point shards the model's experts with its `place` before the trainer is built. The trainer's
+`paddle.DataParallel` (or, with tensor parallelism, its fleet all-reduce, which skips ``no_sync``
+parameters) averages the other gradients; the optimiser's clip (`ExpertClipGrad` with ``sync``,
+put back after fleet's optimiser wrapper replaced it) syncs the expert gradients first, then
+clips with the experts counted once. Saving gathers the experts (every rank joins; the trainer's
+main rank writes the one-process checkpoint); generation for evaluation runs on the gathered
+experts. The Trainer writes rank 0's optimiser states only: each rank also writes its experts'
+AdamW states to ``checkpoint-N/expert_optimizer.rank{r}.pdopt`` and takes them back on resume."""
 import contextlib
 import os
 
@@ -19,78 +20,83 @@ from .layout import expert_parameters, shard_experts, whole_experts
 from .strategy import install_clip
 
 
-def shard_for_trainer(model, args):
-    """`model` with its experts sharded for `args`' expert-parallel degree (unchanged at 1);
-    builds the groups (collective). Returns the layout or None."""
+def with_expert_trainer_axis(inner, args):
+    """`inner` (a `TrainerLayout`) with the expert axis when `args` ask for it (their groups built:
+    collective)."""
     if expert_degree(args) == 1:
-        return None
+        return inner
     import paddle.distributed as dist
 
     from . import expert_layout
 
-    layout = expert_layout(args, dist.get_rank(), dist.get_world_size()).build_groups()
-    shard_experts(model, layout, model.config)
-    return layout
+    return ExpertTrainerAxis(inner, expert_layout(args, dist.get_rank(), dist.get_world_size()).build_groups())
 
 
-class ExpertTrainerMixin:
-    """`Trainer` methods under expert parallelism (see the module docstring); `expert_layout`:
-    the `ExpertLayout` (None: off)."""
+class ExpertTrainerAxis:
+    """The expert axis of a `Trainer` run over `inner`'s layout (see the module docstring);
+    `layout`: the `ExpertLayout`. Everything else is `inner`'s."""
 
-    expert_layout = None
+    def __init__(self, inner, layout):
+        self.inner, self.layout = inner, layout
+        self.args, self.name = inner.args, f"expert+{inner.name}"
 
-    def create_optimizer(self, lr_scheduler=None):
-        optimizer = super().create_optimizer(lr_scheduler)
-        if self.expert_layout is not None:
-            clip = optimizer._grad_clip.clip_norm if optimizer._grad_clip is not None else float("inf")
-            optimizer._grad_clip = ExpertClipGrad(clip, self.expert_layout, expert_parameters(self.model),
-                                                  self.args.dataset_world_size, sync=True,
-                                                  model_parallel_group=model_parallel_group())
+    def __getattr__(self, name):  # everything the expert axis does not change
+        return getattr(self.inner, name)
+
+    def place(self, model):
+        """`model` with this rank's experts only (the others dropped)."""
+        model = self.inner.place(model)
+        shard_experts(model, self.layout, model.config)
+        return model
+
+    def optimizer_created(self, trainer, optimizer):
+        optimizer = self.inner.optimizer_created(trainer, optimizer)
+        clip = optimizer._grad_clip.clip_norm if optimizer._grad_clip is not None else float("inf")
+        optimizer._grad_clip = ExpertClipGrad(clip, self.layout, expert_parameters(trainer.model),
+                                              trainer.args.dataset_world_size, sync=True,
+                                              model_parallel_group=model_parallel_group())
         return optimizer
 
-    def _wrap_model(self, model, training=True):
-        clip = getattr(self.optimizer, "_grad_clip", None)
-        wrapped = super()._wrap_model(model, training)
+    @contextlib.contextmanager
+    def wrapping(self, trainer):
+        clip = getattr(trainer.optimizer, "_grad_clip", None)
+        with self.inner.wrapping(trainer):
+            yield
         if isinstance(clip, ExpertClipGrad):  # fleet's optimiser wrapper put its own clip around it
-            install_clip(self.optimizer, clip)
-        return wrapped
+            install_clip(trainer.optimizer, clip)
 
-    def save_model(self, output_dir=None, merge_tensor_parallel=False):
-        if self.expert_layout is None:
-            return super().save_model(output_dir, merge_tensor_parallel)
-        with whole_experts(self.model):
-            return super().save_model(output_dir, merge_tensor_parallel)
+    @contextlib.contextmanager
+    def whole_model(self, model):
+        with self.inner.whole_model(model), whole_experts(model):
+            yield
 
-    def _save_checkpoint(self, model, metrics=None):
-        super()._save_checkpoint(model, metrics)
-        if self.expert_layout is not None and not self.args.ignore_save_lr_and_optim:
-            folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
+    def generation_weights(self, model, inner):
+        return _gathered(model, self.inner.generation_weights(model, inner))
+
+    def checkpoint_saved(self, trainer):
+        self.inner.checkpoint_saved(trainer)
+        if not trainer.args.ignore_save_lr_and_optim:
+            folder = os.path.join(trainer.args.output_dir, f"checkpoint-{trainer.state.global_step}")
             os.makedirs(folder, exist_ok=True)
-            paddle.save(expert_optimizer_states(self.optimizer, expert_parameters(self.model)),
-                        expert_optimizer_file(folder, self.expert_layout.rank))
+            paddle.save(expert_optimizer_states(trainer.optimizer, expert_parameters(trainer.model)),
+                        expert_optimizer_file(folder, self.layout.rank))
 
-    def _load_from_checkpoint(self, resume_from_checkpoint=None):
+    def checkpoint_loaded(self, trainer, checkpoint):
         """The Trainer loads a resumed model on data rank 0 and broadcasts it; experts are not
         broadcast: every rank takes its own from the checkpoint's one-process weights."""
-        super()._load_from_checkpoint(resume_from_checkpoint)
-        if self.expert_layout is not None and resume_from_checkpoint is not None:
+        self.inner.checkpoint_loaded(trainer, checkpoint)
+        if checkpoint is not None:
             from paddlenlp.utils.env import PADDLE_WEIGHTS_NAME
 
-            saved = paddle.load(os.path.join(resume_from_checkpoint, PADDLE_WEIGHTS_NAME))
-            mine = {name for name, p in self.model.named_parameters() if getattr(p, "expert_parallel", False)}
-            self.model.set_state_dict({name: value for name, value in saved.items() if name in mine})
+            saved = paddle.load(os.path.join(checkpoint, PADDLE_WEIGHTS_NAME))
+            mine = {name for name, p in trainer.model.named_parameters() if getattr(p, "expert_parallel", False)}
+            trainer.model.set_state_dict({name: value for name, value in saved.items() if name in mine})
 
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        path = None if checkpoint is None or self.expert_layout is None else \
-            expert_optimizer_file(checkpoint, self.expert_layout.rank)
+    def optimizer_loaded(self, trainer, checkpoint):
+        self.inner.optimizer_loaded(trainer, checkpoint)
+        path = None if checkpoint is None else expert_optimizer_file(checkpoint, self.layout.rank)
         if path is not None and os.path.isfile(path):  # loaded when the optimiser creates the moments
-            self.optimizer._accumulators_holder.update(paddle.load(path))
-
-    def generation_weights(self):
-        if self.expert_layout is None:
-            return super().generation_weights()
-        return _gathered(self.model, super().generation_weights())
+            trainer.optimizer._accumulators_holder.update(paddle.load(path))
 
 
 @contextlib.contextmanager
