@@ -224,3 +224,14 @@ def make_environment(name: str, kwargs: Optional[Mapping[str, Any]] = None) -> E
     if problems:
         raise ValueError("; ".join(problems))
     return get_environment(name)(**dict(kwargs or {}))
+
+
+def environment_settings_table():
+    """The Markdown rows of every declared setting (`env_kwargs` key) of every environment this
+    package registers (name, type, default, values, help), generated from its declarations."""
+    from ..common.registry_settings import settings_rows
+
+    with _LOCK:
+        entries = [(name, _FACTS[name].settings) for name in sorted(_FACTS)
+                   if _REGISTRY[name].__module__.startswith("ppo.") and ":" not in name]
+    return settings_rows(entries, "environment")

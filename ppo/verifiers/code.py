@@ -121,7 +121,7 @@ SETTINGS = (
             bounds=(0.0, False, None, False)),
     Setting("memory_mb", int, 1024, "Address space (MB) of one sandboxed run.", bounds=(1, True, None, False)),
     Setting("partial", bool, False, "Score the fraction of the tests passed (false: 1 only when all pass)."),
-    Setting("require_block", bool, True, "The program is the last fenced python block (false: the whole response "
+    Setting("require_block", bool, True, "The program is the last fenced code block (false: the whole response "
             "when it has none)."),
 )
 
