@@ -35,10 +35,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
-from ..algos.setting import declared_settings
 from ..common.plugins import import_plugin_module
 from ..common.registry_settings import option_problems as declared_option_problems
-from ..common.registry_settings import options_of, signature_problem
+from ..common.registry_settings import declared_settings, options_of, signature_problem
 
 REQUIRED_METHODS = ("reset", "step")
 OBSERVATION_ROLES = ("tool", "user")

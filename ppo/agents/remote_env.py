@@ -40,7 +40,7 @@ import uuid
 
 import requests
 
-from ..algos.setting import Setting
+from ..common.registry_settings import Setting
 from ..common.urls import normalize_url
 from .environment import Environment, EnvironmentFacts, register_environment
 

@@ -29,8 +29,7 @@ process does not end the trainer). ``tool_config``: a JSON/YAML file of tools
 import pickle
 from typing import Any, Mapping, Optional, Sequence
 
-from ..algos.setting import Setting
-from ..common.registry_settings import checked_values
+from ..common.registry_settings import Setting, checked_values
 from .environment import Environment, EnvironmentFacts, register_environment
 from .call_formats import call_format_facts, get_call_format
 from .tool_config import load_tool_config

@@ -14,10 +14,33 @@ alone:
   the argument file too.
 """
 import dataclasses
+import importlib
+import importlib.util
+import os
 import sys
 from typing import Optional
 
 from .validation import in_range, range_text
+
+
+def _setting_module():
+    """`ppo.algos.setting` (a leaf module: no imports), loaded from its file when `ppo.algos` is not
+    imported yet, so that the registries that declare settings at import (scorers, environments)
+    keep Paddle out of `--help` and of the argument errors; `ppo.algos` then finds this module in
+    `sys.modules` and uses it, so there is one `Setting` class."""
+    name = "ppo.algos.setting"
+    if name in sys.modules or "ppo.algos" in sys.modules:
+        return importlib.import_module(name)
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "algos", "setting.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+Setting = _setting_module().Setting
+declared_settings = _setting_module().declared_settings
 
 
 def collect_settings(*registries):

@@ -95,13 +95,11 @@ def range_text(low, low_in, high, high_in):
     """`>= 0`, `> 0` or `in (0, 1]` for a `VALUE_RANGES` entry."""
     if high is None:
         return f"{'>=' if low_in else '>'} {low:g}"
-    if low is None:
-        return f"{'<=' if high_in else '<'} {high:g}"
     return f"in {'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
 
 
 def in_range(value, low, low_in, high, high_in):
-    above = low is None or (value >= low if low_in else value > low)
+    above = value >= low if low_in else value > low
     below = high is None or (value <= high if high_in else value < high)
     return above and below
 

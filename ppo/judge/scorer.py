@@ -14,8 +14,7 @@ this module imports no Paddle: the model loads when the scorer is built.
 import os
 import threading
 
-from ..algos.setting import Setting
-from ..common.registry_settings import options_of
+from ..common.registry_settings import Setting, options_of
 from ..scoring.registry import ScorerFacts, register_scorer
 from .templates import VERDICTS
 

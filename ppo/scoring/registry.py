@@ -5,11 +5,9 @@ prompt, the prompt's label, decoded completion; see ``ppo/scorers/``). Its
 :class:`ScorerFacts` say what callers need to know without reading its code: the values it
 gives, what the label must hold, when it gives its lowest value (a wrong or unreadable answer:
 a legitimate score) and when it raises (the reward cannot be computed), the score at which an
-answer counts as correct (pass@k, maj@k), and the options it takes: its `settings`, each
-declared once as a ``ppo.algos.Setting`` (name, type, default, help, valid values). From those
-declarations the options' defaults, the check of a given option (its name, type and values, one
-line naming it, before any model loads) and the rows of docs/verifiers.md are generated; the
-build function's keywords must agree with them (checked when the scorer registers).
+answer counts as correct (pass@k, maj@k), and its options: `settings`, each declared once as a
+``ppo.algos.Setting``, from which the defaults, the check of a given option (one line naming it)
+and the rows of docs/verifiers.md come; the build function's keywords must agree with them.
 
 A scorer may also carry ``extract_answer(src, response) -> str | None``, the answer it read
 (majority votes compare those), and ``score_batch(src, tgt, response) -> list`` to score a whole
@@ -31,9 +29,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
-from ..algos.setting import declared_settings
 from ..common.plugins import import_plugin_module
-from ..common.registry_settings import option_problems, options_of, signature_problem
+from ..common.registry_settings import declared_settings, option_problems, options_of, signature_problem
 
 Scorer = Callable[[str, str, str], float]
 
@@ -44,9 +41,9 @@ _REGISTRY_LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class ScorerFacts:
-    """What a registered scorer gives, needs and takes (see the module docstring). `settings`:
-    the options `build` takes, as `ppo.algos.Setting` declarations (`options`, name -> default,
-    is derived from them; a plain `options` dict without declarations is still taken, unchecked)."""
+    """What a registered scorer gives, needs and takes (see the module docstring). `settings`: the
+    options of `build` as `ppo.algos.Setting`s (`options`, name -> default, comes from them; a
+    plain `options` dict without declarations is still taken, its values unchecked)."""
 
     summary: str
     values: str = "a finite number"
@@ -167,17 +164,14 @@ def get_scorer(name: str) -> Scorer:
         return fn
     if isinstance(name, str) and ":" in name:
         return load_scorer(name)
-    raise ValueError(
-        f"unknown scorer {name!r}; valid names: {', '.join(list_scorers())} "
-        "(or 'module.path:function' for your own)"
-    )
+    raise ValueError(f"unknown scorer {name!r}; valid names: {', '.join(list_scorers())} "
+                     "(or 'module.path:function' for your own)")
 
 
 def option_problem(name, options):
-    """Why `options` cannot configure the scorer `name`, in one line (None when they can, or when a
-    registered name is unknown: the caller reports that). A `module.path:function` is imported
-    first (its module may register it with facts); its import failing raises ValueError. Declared
-    settings check each option's name, type and values; a plain `options` dict only the names."""
+    """Why `options` cannot configure the scorer `name`, in one line (None when they can or a
+    registered name is unknown). A `module.path:function` is imported first (ValueError when it
+    cannot be); declared settings check each option's name, type and values."""
     if not options:
         return None
     if isinstance(name, str) and ":" in name:
@@ -186,8 +180,7 @@ def option_problem(name, options):
     if facts is None or not facts.options:
         return f"scorer {name!r} takes no options, got {sorted(options)}"
     if facts.settings:
-        problems = option_problems(facts.settings, options, f"scorer {name!r}")
-        return "; ".join(problems) or None
+        return "; ".join(option_problems(facts.settings, options, f"scorer {name!r}")) or None
     unknown = sorted(set(options) - set(facts.options))
     if unknown:
         return f"scorer {name!r} has no option {', '.join(map(repr, unknown))}; its options: {', '.join(facts.options)}"

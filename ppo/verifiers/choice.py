@@ -15,7 +15,7 @@ is not raises: the reward cannot be computed. Letters compare case-insensitively
 import re
 from typing import Optional
 
-from ..algos.setting import Setting
+from ..common.registry_settings import Setting
 from ..scoring.registry import ScorerFacts, register_scorer
 from .latex import last_boxed
 

@@ -33,7 +33,7 @@ import secrets
 from typing import List, Optional
 
 from ..sandbox import SandboxLimits, run_python
-from ..algos.setting import Setting
+from ..common.registry_settings import Setting
 from ..scoring.registry import ScorerFacts, register_scorer
 
 _BLOCK_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)

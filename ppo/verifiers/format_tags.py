@@ -13,7 +13,7 @@ that tag in front. It needs no label and never raises.
 import re
 from typing import Optional
 
-from ..algos.setting import Setting
+from ..common.registry_settings import Setting
 from ..scoring.registry import ScorerFacts, register_scorer
 
 _TAG_NAME_RE = re.compile(r"[A-Za-z][\w\-]*")

@@ -25,7 +25,7 @@ braces raises: the reward cannot be computed.
 import logging
 from typing import Optional
 
-from ..algos.setting import Setting
+from ..common.registry_settings import Setting
 from ..scoring.registry import ScorerFacts, register_scorer
 from .latex import last_boxed, normalize, number
 from .symbolic import SymbolicTimeout, equivalent, to_sympy_syntax

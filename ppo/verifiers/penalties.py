@@ -12,7 +12,7 @@ characters, then falling linearly to -1 at ``max_chars``, and -1 beyond. The tra
 repeated n-gram, ``max_penalty`` (default -1) in the limit of one n-gram repeated; 0 for a
 response shorter than one n-gram.
 """
-from ..algos.setting import Setting
+from ..common.registry_settings import Setting
 from ..scoring.registry import ScorerFacts, register_scorer
 
 LENGTH_SETTINGS = (
@@ -22,7 +22,8 @@ LENGTH_SETTINGS = (
 )
 REPETITION_SETTINGS = (
     Setting("ngram_size", int, 3, "Words per n-gram.", bounds=(1, True, None, False)),
-    Setting("max_penalty", float, -1.0, "The penalty of one n-gram repeated throughout.", bounds=(None, False, 0.0, True)),
+    Setting("max_penalty", float, -1.0, "The penalty of one n-gram repeated throughout (<= 0).",
+            check=lambda value: None if value <= 0 else "must be <= 0"),
 )
 
 
