@@ -54,7 +54,8 @@ def test_registry_by_name_and_by_module_path():
     ("tests.agent_helpers:NoStepEnv", {}, r"lacks step\(\)"),
     ("tests.agent_helpers:plain_function", {}, "must be a class"),
     ("tests.agent_helpers:NeedsArgEnv", {}, "do not fit .*missing a required argument: 'level'"),
-    ("tools", {"tools": ["calculator"], "colour": "red"}, "unexpected keyword argument 'colour'"),
+    ("tools", {"tools": ["calculator"], "colour": "red"}, "env_kwargs has no option 'colour'; its options: tools, "),
+    ("tools", {"max_calls_per_turn": 0}, r"env_kwargs: max_calls_per_turn=0 \(must be >= 1\)"),
     ("tools", {"tools": ["no_such_tool"]}, "could not be built .*unknown tool 'no_such_tool'"),
 ])
 def test_environment_problems_are_named(name, kwargs, message):

@@ -155,5 +155,9 @@ def test_an_outside_estimator_setting_is_a_key_of_the_argument_file(tmp_path, mo
         with pytest.raises(ArgumentError) as err:
             parse_arguments(CLASSES, [argument_file(tmp_path, adv_estimator=f"{name}:POWERED", rollout_n=4, power=0.0)])
         assert str(err.value) == "power=0.0 (must be > 0)"
+        with pytest.raises(ArgumentError) as err:  # the same declaration checks the JSON object's value
+            parse_arguments(CLASSES, [argument_file(tmp_path, adv_estimator=f"{name}:POWERED", rollout_n=4,
+                                                    adv_estimator_settings={"power": -2})])
+        assert str(err.value) == "adv_estimator_settings: power=-2 (must be > 0)"
     finally:
         sys.modules.pop(name, None)

@@ -31,6 +31,7 @@ from .environment import (
     EnvironmentFacts,
     environment_facts,
     environment_problems,
+    environment_settings_table,
     get_environment,
     list_environments,
     make_environment,
@@ -47,6 +48,7 @@ from .trajectory import Segment, Trajectory, TrajectoryBatch, collate_trajectori
 
 __all__ = [
     "AgentArguments", "AgentSettings", "agent_problems", "Environment", "EnvironmentFacts", "environment_facts", "environment_problems",
+    "environment_settings_table",
     "get_environment", "list_environments", "make_environment", "register_environment", "ChatTemplateFormat",
     "TaggedFormat", "turn_format_for", "AgentRolloutResult", "rollout_trajectories", "ToolEnvironment", "ToolResult",
     "ToolSpec", "ToolTimeout", "call_tool", "get_tool", "list_tools", "register_tool", "Segment", "Trajectory",

@@ -21,9 +21,14 @@ an episode the rollout cut at ``max_turns`` / ``max_total_len`` before ``done``)
 the rollout (ppo/agents/rollout.py), one call at a time per instance.
 
 :class:`EnvironmentFacts` say what callers need to know: the role of its observations
-(``"tool"`` or ``"user"``) and the options its constructor takes (``env_kwargs``).
+(``"tool"`` or ``"user"``) and the options its constructor takes (``env_kwargs``): its
+``settings``, each declared once as a ``ppo.algos.Setting`` (name, type, default, help, valid
+values), from which the options' defaults, the start-up check of ``env_kwargs`` (each key's name,
+type and values, one line naming it, before any model loads) and the rows of docs/agents.md are
+generated; the constructor's keywords must agree with them (checked when the class registers).
 Environments are registered with ``@register_environment("name")`` or loaded from
-``module.path:Class``; callers read the facts, never the name.
+``module.path:Class`` (a class its module registered with facts keeps them); callers read the
+facts, never the name.
 """
 import inspect
 import threading
@@ -31,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 from ..common.plugins import import_plugin_module
+from ..common.registry_settings import option_problems as declared_option_problems
+from ..common.registry_settings import declared_settings, options_of, signature_problem
 
 REQUIRED_METHODS = ("reset", "step")
 OBSERVATION_ROLES = ("tool", "user")
@@ -59,7 +66,9 @@ class Environment:
 
 @dataclass(frozen=True)
 class EnvironmentFacts:
-    """What a registered environment gives and takes."""
+    """What a registered environment gives and takes. `settings`: the constructor's options as
+    `ppo.algos.Setting` declarations (`options`, name -> default, is derived from them; a plain
+    `options` dict without declarations is still taken, and the signature alone checks it)."""
 
     summary: str
     observation_role: str = "tool"
@@ -68,7 +77,15 @@ class EnvironmentFacts:
     """How many training prompts (the longest) the start-up check starts with ``reset`` to measure
     them (ppo/agents/prompt_room.py); 0 for an environment whose ``reset`` costs a session elsewhere."""
 
+    settings: tuple = ()
+
     def __post_init__(self):
+        _, declared = declared_settings(self.settings)
+        if declared and self.options:
+            raise ValueError(f"environment facts {self.summary!r}: give settings (declared) or options, not both")
+        if declared:
+            object.__setattr__(self, "settings", declared)
+            object.__setattr__(self, "options", options_of(declared))
         if self.observation_role not in OBSERVATION_ROLES:
             raise ValueError(f"observation_role must be one of {OBSERVATION_ROLES}, got {self.observation_role!r}")
 
@@ -84,6 +101,8 @@ def register_environment(name: str, cls: Optional[type] = None, facts: Optional[
 
     def decorator(klass):
         problem = class_problem(name, klass)
+        if not problem and facts is not None and facts.settings:
+            problem = signature_problem(klass, facts.settings, f"environment {name!r}")
         if problem:
             raise TypeError(problem)
         with _LOCK:
@@ -133,8 +152,10 @@ def _load(spec):
         if not hasattr(obj, part):
             raise ValueError(f"module {module_name!r} has no attribute {attr!r} (environment {spec!r})")
         obj = getattr(obj, part)
+    with _LOCK:  # registered by its module under a name with facts: the same facts here
+        facts = next((_FACTS[n] for n, c in _REGISTRY.items() if c is obj and n in _FACTS), None)
     try:
-        return register_environment(spec, obj)
+        return register_environment(spec, obj, facts)
     except TypeError as err:
         raise ValueError(str(err)) from None
 
@@ -155,8 +176,15 @@ def get_environment(name: str) -> type:
 
 
 def option_problems(name, kwargs):
-    """Why `kwargs` cannot build the environment `name` (its constructor's signature decides)."""
+    """Why `kwargs` cannot build the environment `name`: one line per key its declared settings
+    refuse (name, type, values), else what its constructor's signature refuses."""
     cls = get_environment(name)
+    with _LOCK:
+        facts = _FACTS.get(name)
+    if facts is not None and facts.settings:
+        problems = declared_option_problems(facts.settings, dict(kwargs or {}), "env_kwargs")
+        if problems:
+            return problems
     try:
         inspect.signature(cls).bind(**dict(kwargs or {}))
     except TypeError as err:
@@ -195,3 +223,14 @@ def make_environment(name: str, kwargs: Optional[Mapping[str, Any]] = None) -> E
     if problems:
         raise ValueError("; ".join(problems))
     return get_environment(name)(**dict(kwargs or {}))
+
+
+def environment_settings_table():
+    """The Markdown rows of every declared setting (`env_kwargs` key) of every environment this
+    package registers (name, type, default, values, help), generated from its declarations."""
+    from ..common.registry_settings import settings_rows
+
+    with _LOCK:
+        entries = [(name, _FACTS[name].settings) for name in sorted(_FACTS)
+                   if _REGISTRY[name].__module__.startswith("ppo.") and ":" not in name]
+    return settings_rows(entries, "environment")

@@ -40,6 +40,7 @@ import uuid
 
 import requests
 
+from ..common.registry_settings import Setting
 from ..common.urls import normalize_url
 from .environment import Environment, EnvironmentFacts, register_environment
 
@@ -137,10 +138,20 @@ class RemoteClient:
         self.http.close()
 
 
+SETTINGS = (
+    Setting("url", str, None, "The environment server (http://host:port; required)."),
+    Setting("env_kwargs", dict, None, "The served class's constructor arguments for this session (None: the server's "
+            "own)."),
+    Setting("token", str, None, "The server's bearer token (None: $PPO_ENV_SERVER_TOKEN, or none)."),
+    Setting("timeout_s", float, 60.0, "Seconds of one request.", bounds=(0.0, False, None, False)),
+    Setting("max_retries", int, 3, "Retries of a request that failed (a connection error, a timeout, HTTP 5xx).", bounds=(0, True, None, False)),
+    Setting("backoff", float, 0.5, "Seconds before the first retry (doubling before each next one).", bounds=(0.0, True, None, False)),
+)
+
+
 @register_environment("remote", facts=EnvironmentFacts(
     summary="an environment served over HTTP by paddle-align env-server (ppo/agents/env_server.py)",
-    observation_role="tool",
-    options={"url": None, "env_kwargs": {}, "token": None, "timeout_s": 60.0, "max_retries": 3, "backoff": 0.5},
+    observation_role="tool", settings=SETTINGS,
     startup_resets=0))  # a reset opens a session on the server: the start-up check starts none
 class RemoteEnvironment(Environment):
     """One trajectory's session on an environment server (see the module docstring). `url`: the

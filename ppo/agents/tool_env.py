@@ -29,6 +29,7 @@ process does not end the trainer). ``tool_config``: a JSON/YAML file of tools
 import pickle
 from typing import Any, Mapping, Optional, Sequence
 
+from ..common.registry_settings import Setting, checked_values
 from .environment import Environment, EnvironmentFacts, register_environment
 from .call_formats import call_format_facts, get_call_format
 from .tool_config import load_tool_config
@@ -51,12 +52,38 @@ def record_prompt(record: Mapping[str, Any], prompt_key: Optional[str] = None) -
     return str(value[-1] if isinstance(value, (list, tuple)) else value)
 
 
+def _call_format_problem(name):
+    try:
+        call_format_facts(name)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+SETTINGS = (
+    Setting("tools", list, None, "Names (or module.path:function, module.path:Class of a StatefulTool) of the tools the "
+            "policy may call; None: calculator, or none with tool_config."),
+    Setting("tool_options", dict, None, "Per tool name, its options (e.g. {\"search\": {\"corpus\": \"docs.jsonl\"}}).",
+            optional=True),
+    Setting("max_output_chars", int, 4096, "Most characters of one tool answer; longer ones are cut.",
+            bounds=(1, True, None, False)),
+    Setting("prompt_key", str, None, "The record's field holding the user's message (None: the first of src, prompt, "
+            "input, question, query)."),
+    Setting("system_prompt", str, None, "A system message put before the user's (None: none)."),
+    Setting("tool_isolation", str, "thread", "thread: the tools run in this process; process: in worker processes.",
+            choices=ISOLATIONS),
+    Setting("call_format", str, "hermes", "The parser of a turn's tool calls (ppo/agents/call_formats.py) or "
+            "module.path:function.", check=_call_format_problem),
+    Setting("max_calls_per_turn", int, 1, "Most tool calls of one turn (1: the turn stops at the format's closing "
+            "text).", bounds=(1, True, None, False)),
+    Setting("concurrent_calls", bool, True, "The calls of one turn run at once (false: one after the other)."),
+    Setting("tool_config", str, None, "A JSON/YAML file of tools (ppo/agents/tool_config.py), added to tools."),
+)
+
+
 @register_environment("tools", facts=EnvironmentFacts(
     summary="the policy calls registered tools inside <tool_call></tool_call>; a turn without a call ends the episode",
-    observation_role="tool",
-    options={"tools": None, "tool_options": {}, "max_output_chars": 4096, "prompt_key": None,
-             "system_prompt": None, "tool_isolation": "thread", "call_format": "hermes", "max_calls_per_turn": 1,
-             "concurrent_calls": True, "tool_config": None}))
+    observation_role="tool", settings=SETTINGS))
 class ToolEnvironment(Environment):
     """See the module docstring. ``tools``: names (or ``module.path:function``) of the tools the
     policy may call; ``tool_options``: per tool name, its options (e.g. search's corpus);
@@ -69,10 +96,7 @@ class ToolEnvironment(Environment):
                  max_output_chars: int = 4096, prompt_key: Optional[str] = None, system_prompt: Optional[str] = None,
                  tool_isolation: str = "thread", call_format: str = "hermes", max_calls_per_turn: int = 1,
                  concurrent_calls: bool = True, tool_config: Optional[str] = None):
-        if tool_isolation not in ISOLATIONS:
-            raise ValueError(f"tool_isolation must be one of {ISOLATIONS}, got {tool_isolation!r}")
-        if not isinstance(max_calls_per_turn, int) or max_calls_per_turn < 1:
-            raise ValueError(f"max_calls_per_turn must be an integer >= 1, got {max_calls_per_turn!r}")
+        checked_values(SETTINGS, tool_isolation=tool_isolation, max_calls_per_turn=max_calls_per_turn)
         tools = list(tools) if tools is not None else ([] if tool_config else ["calculator"])
         tool_options = dict(tool_options or {})
         unknown = sorted(set(tool_options) - set(tools))

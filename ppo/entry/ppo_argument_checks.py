@@ -12,6 +12,7 @@ from ..algos.kl import K3_NAMES, KL_ESTIMATOR_NAMES
 from ..common import paddlenlp_keys as pk
 from ..common import validation
 from ..common.plugins import find_entry
+from ..common.registry_settings import typed_value_problem
 from ..common.report_writers import LOOP_PACKAGES, missing_report_packages
 from .argument_groups import split_specs
 from .routing_replay_arguments import routing_replay_problems
@@ -89,7 +90,8 @@ def estimator_settings_problems(args, entry):
     if unknown:
         return [f"adv_estimator_settings: adv_estimator {args.adv_estimator} takes no {unknown} "
                 f"(its settings: {sorted(entry.settings) or 'none'})"]
-    return []
+    declared = [(s, given[s.name]) for s in entry.declared if s.name in given]  # the declaration checks this route too
+    return [f"adv_estimator_settings: {p}" for s, value in declared for p in [typed_value_problem(s, value)] if p]
 
 
 def estimator_problems(args):

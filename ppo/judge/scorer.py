@@ -14,21 +14,28 @@ this module imports no Paddle: the model loads when the scorer is built.
 import os
 import threading
 
+from ..common.registry_settings import Setting, options_of
 from ..scoring.registry import ScorerFacts, register_scorer
+from .templates import VERDICTS
 
-OPTIONS = {
-    "model": None,
-    "template": "correct",
-    "pair_template": "better",
-    "verdict": "yes_no",
-    "yes": "Yes",
-    "no": "No",
-    "scores": "1,2,3,4,5,6,7,8,9,10",
-    "pair_words": "A,B",
-    "batch_size": 64,
-    "max_prompt_len": 0,
-    "use_rollout_engine": True,
-}
+SETTINGS = (
+    Setting("model", str, None, "The judge: a model directory or LoRA adapter (required)."),
+    Setting("template", str, "correct", "The pointwise rubric: a template name or a text with {question} and {answer}."),
+    Setting("pair_template", str, "better", "The pairwise rubric: a template name or a text with {question}, "
+            "{answer_a} and {answer_b}."),
+    Setting("verdict", str, "yes_no", "yes_no: P(yes) / (P(yes) + P(no)); score: the expected score over the score "
+            "tokens, scaled to [0, 1].", choices=VERDICTS),
+    Setting("yes", str, "Yes", "The verdict word of a correct answer (its first token is read)."),
+    Setting("no", str, "No", "The verdict word of a wrong answer."),
+    Setting("scores", (str, list), "1,2,3,4,5,6,7,8,9,10", "verdict score: the score words, lowest first (one token each)."),
+    Setting("pair_words", (str, list), "A,B", "The words naming the first and the second answer of a pair."),
+    Setting("batch_size", int, 64, "Items per judge forward.", bounds=(1, True, None, False)),
+    Setting("max_prompt_len", int, 0, "Most tokens of a judge prompt (longer ones are cut from the left); 0: no cap.",
+            bounds=(0, True, None, False)),
+    Setting("use_rollout_engine", bool, True, "Score through the rollout engine's prefill (false: the model's forward)."),
+)
+OPTIONS = options_of(SETTINGS)
+"""name -> default of the judge's options (its `SETTINGS`)."""
 _JUDGES = {}
 _LOCK = threading.Lock()
 
@@ -57,9 +64,9 @@ def build_judge(**options):
 def judge_option_problems(**options):
     """What `build_judge` would fail on, found without loading a model: no `model`, a `model` that
     is no model directory here (PaddleNLP would take a missing path for a model-hub name and try to
-    download it), an unknown verdict kind or template."""
+    download it), a template unknown (each option's type and values are its declaration's)."""
     from ..common.validation import check_model_dir
-    from .templates import VERDICTS, check_template, template_text
+    from .templates import check_template, template_text
 
     model, problems = options.get("model"), []
     if not model:
@@ -72,8 +79,6 @@ def judge_option_problems(**options):
             check_model_dir("option model", os.path.expanduser(str(model)))
         except ValueError as err:
             problems.append(str(err))
-    if options.get("verdict") not in VERDICTS:
-        problems.append(f"option verdict must be one of {VERDICTS}, got {options.get('verdict')!r}")
     for name, pairwise in (("template", False), ("pair_template", True)):
         try:
             check_template(template_text(str(options.get(name))), pairwise)
@@ -107,5 +112,5 @@ register_scorer("judge", unconfigured_judge, ScorerFacts(
     lowest_when="the judge model is sure the answer is wrong",
     raises_when="no model option; verdict words that start with the same token; a template that needs a reference "
                 "and an empty label",
-    correct_at=0.5, options=OPTIONS, build=judge_scorer, check=judge_option_problems,
+    correct_at=0.5, settings=SETTINGS, build=judge_scorer, check=judge_option_problems,
 ))

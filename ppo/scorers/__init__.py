@@ -85,7 +85,7 @@ from ..scoring.registry import (  # noqa: F401 (the registry's public names)
     register_scorer,
     scorer_facts,
 )
-from ..verifiers import verifier_table  # noqa: F401,E402 (registers the built-in scorers)
+from ..verifiers import scorer_settings_table, verifier_table  # noqa: F401,E402 (registers the built-in scorers)
 from .. import judge  # noqa: F401,E402 (registers the model judge, ppo/judge/scorer.py)
 from ..verifiers.basic import MATH_ABS_TOL, MATH_REL_TOL, last_number, math_score, reverse_score  # noqa: F401,E402
 from ..verifiers.kk import (  # noqa: F401,E402

@@ -5,7 +5,9 @@ prompt, the prompt's label, decoded completion; see ``ppo/scorers/``). Its
 :class:`ScorerFacts` say what callers need to know without reading its code: the values it
 gives, what the label must hold, when it gives its lowest value (a wrong or unreadable answer:
 a legitimate score) and when it raises (the reward cannot be computed), the score at which an
-answer counts as correct (pass@k, maj@k), and the options it takes with their defaults.
+answer counts as correct (pass@k, maj@k), and its options: `settings`, each declared once as a
+``ppo.algos.Setting``, from which the defaults, the check of a given option (one line naming it)
+and the rows of docs/verifiers.md come; the build function's keywords must agree with them.
 
 A scorer may also carry ``extract_answer(src, response) -> str | None``, the answer it read
 (majority votes compare those), and ``score_batch(src, tgt, response) -> list`` to score a whole
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..common.plugins import import_plugin_module
+from ..common.registry_settings import declared_settings, option_problems, options_of, signature_problem
 
 Scorer = Callable[[str, str, str], float]
 
@@ -38,7 +41,9 @@ _REGISTRY_LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class ScorerFacts:
-    """What a registered scorer gives, needs and takes (see the module docstring)."""
+    """What a registered scorer gives, needs and takes (see the module docstring). `settings`: the
+    options of `build` as `ppo.algos.Setting`s (`options`, name -> default, comes from them; a
+    plain `options` dict without declarations is still taken, its values unchecked)."""
 
     summary: str
     values: str = "a finite number"
@@ -53,9 +58,20 @@ class ScorerFacts:
     fail on, found without building (a model directory that is not there, a template unknown), so
     that a run refuses it before any model loads."""
 
+    settings: tuple = ()
+
     def __post_init__(self):
+        _, declared = declared_settings(self.settings)
+        if declared and self.options:
+            raise ValueError(f"scorer facts {self.summary!r}: give settings (declared) or options, not both")
+        if declared:
+            object.__setattr__(self, "settings", declared)
+            object.__setattr__(self, "options", options_of(declared))
         if self.options and self.build is None:
             raise ValueError(f"scorer facts {self.summary!r}: options need a build function")
+        problem = signature_problem(self.build, declared, f"scorer facts {self.summary!r}") if declared else None
+        if problem:
+            raise ValueError(problem)
 
 
 def register_scorer(name: str, fn: Optional[Scorer] = None, facts: Optional[ScorerFacts] = None):
@@ -132,7 +148,9 @@ def load_scorer(spec: str) -> Scorer:
             raise ValueError(f"module {module_name!r} has no attribute {attr!r} (scorer {spec!r})") from None
     if not callable(obj):
         raise ValueError(f"scorer {spec!r} is not callable (got {type(obj).__name__})")
-    return register_scorer(spec, obj)
+    with _REGISTRY_LOCK:  # registered by its module under a name with facts: the same facts here
+        facts = next((_FACTS[n] for n, f in _REGISTRY.items() if f is obj and n in _FACTS), None)
+    return register_scorer(spec, obj, facts)
 
 
 def get_scorer(name: str) -> Scorer:
@@ -146,19 +164,23 @@ def get_scorer(name: str) -> Scorer:
         return fn
     if isinstance(name, str) and ":" in name:
         return load_scorer(name)
-    raise ValueError(
-        f"unknown scorer {name!r}; valid names: {', '.join(list_scorers())} "
-        "(or 'module.path:function' for your own)"
-    )
+    raise ValueError(f"unknown scorer {name!r}; valid names: {', '.join(list_scorers())} "
+                     "(or 'module.path:function' for your own)")
 
 
 def option_problem(name, options):
-    """Why `options` cannot configure the scorer `name` (None when they can or it is unknown yet)."""
-    facts = scorer_facts(name)
+    """Why `options` cannot configure the scorer `name`, in one line (None when they can or a
+    registered name is unknown). A `module.path:function` is imported first (ValueError when it
+    cannot be); declared settings check each option's name, type and values."""
     if not options:
         return None
+    if isinstance(name, str) and ":" in name:
+        get_scorer(name)
+    facts = scorer_facts(name)
     if facts is None or not facts.options:
         return f"scorer {name!r} takes no options, got {sorted(options)}"
+    if facts.settings:
+        return "; ".join(option_problems(facts.settings, options, f"scorer {name!r}")) or None
     unknown = sorted(set(options) - set(facts.options))
     if unknown:
         return f"scorer {name!r} has no option {', '.join(map(repr, unknown))}; its options: {', '.join(facts.options)}"

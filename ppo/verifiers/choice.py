@@ -15,6 +15,7 @@ is not raises: the reward cannot be computed. Letters compare case-insensitively
 import re
 from typing import Optional
 
+from ..common.registry_settings import Setting
 from ..scoring.registry import ScorerFacts, register_scorer
 from .latex import last_boxed
 
@@ -36,11 +37,20 @@ def _letter_of(text: str) -> Optional[str]:
     return m.group(1).upper() if m else None
 
 
+def _letters_problem(choices):
+    letters = str(choices).upper()
+    if not letters or not letters.isalpha() or len(set(letters)) != len(letters):
+        return "must be distinct letters, e.g. 'ABCD'"
+    return None
+
+
+SETTINGS = (Setting("choices", str, "ABCDEFGHIJ", "The letters an answer may be (distinct letters).",
+                    check=_letters_problem),)
+
+
 def make_choice(choices="ABCDEFGHIJ"):
     """The ``choice`` scorer over the letters of `choices`."""
     letters = str(choices).upper()
-    if not letters or not letters.isalpha() or len(set(letters)) != len(letters):
-        raise ValueError(f"choice: choices must be distinct letters, e.g. 'ABCD', got {choices!r}")
 
     def choice_answer(src: str, response: str) -> Optional[str]:
         letter = _letter_of(response)
@@ -62,5 +72,5 @@ register_scorer("choice", choice_score, ScorerFacts(
     values="{0, 1}", label="a letter: 'B', '(B)', 'Answer: B'",
     lowest_when="another letter, a letter outside the choices, or no letter found",
     raises_when="the label is not one of the letters", correct_at=1.0,
-    options={"choices": "ABCDEFGHIJ"}, build=make_choice,
+    settings=SETTINGS, build=make_choice,
 ))

@@ -33,6 +33,7 @@ import secrets
 from typing import List, Optional
 
 from ..sandbox import SandboxLimits, run_python
+from ..common.registry_settings import Setting
 from ..scoring.registry import ScorerFacts, register_scorer
 
 _BLOCK_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -115,6 +116,16 @@ def run_io(program: str, cases, limits: SandboxLimits, stop_at_failure: bool) ->
     return out
 
 
+SETTINGS = (
+    Setting("timeout_s", float, 10.0, "Wall-clock seconds of one sandboxed run (and as many CPU seconds, rounded up).",
+            bounds=(0.0, False, None, False)),
+    Setting("memory_mb", int, 1024, "Address space (MB) of one sandboxed run.", bounds=(1, True, None, False)),
+    Setting("partial", bool, False, "Score the fraction of the tests passed (false: 1 only when all pass)."),
+    Setting("require_block", bool, True, "The program is the last fenced code block (false: the whole response "
+            "when it has none)."),
+)
+
+
 def make_code(timeout_s=10.0, memory_mb=1024, partial=False, require_block=True):
     """The ``code`` scorer: each sandboxed run gets `timeout_s` wall-clock seconds (and as many
     CPU seconds, rounded up) and `memory_mb` of address space."""
@@ -143,5 +154,5 @@ register_scorer("code", make_code(), ScorerFacts(
     label="JSON: tests (assert statements), inputs/outputs (stdin/stdout), test + entry_point; or test code",
     lowest_when="no code block; a test fails; the program raises, times out or runs out of memory",
     raises_when="the label holds no test in a known form; the sandbox cannot run", correct_at=1.0,
-    options={"timeout_s": 10.0, "memory_mb": 1024, "partial": False, "require_block": True}, build=make_code,
+    settings=SETTINGS, build=make_code,
 ))

@@ -13,6 +13,7 @@ that tag in front. It needs no label and never raises.
 import re
 from typing import Optional
 
+from ..common.registry_settings import Setting
 from ..scoring.registry import ScorerFacts, register_scorer
 
 _TAG_NAME_RE = re.compile(r"[A-Za-z][\w\-]*")
@@ -30,11 +31,21 @@ def _block(text, tag):
     return start, close + len(closing), text[start + len(opening) : close]
 
 
+def _tag_problem(tag):
+    return None if isinstance(tag, str) and _TAG_NAME_RE.fullmatch(tag) else "tag names are words such as 'think' (no brackets)"
+
+
+SETTINGS = (
+    Setting("think_tag", str, "think", "Name of the reasoning block's tag.", check=_tag_problem),
+    Setting("answer_tag", str, "answer", "Name of the answer block's tag.", check=_tag_problem),
+    Setting("require_think", bool, True, "The think block must be there (false: it may be left out; a second one is "
+            "still wrong)."),
+    Setting("allow_outside", bool, False, "Text before, between and after the blocks is fine."),
+)
+
+
 def make_format(think_tag="think", answer_tag="answer", require_think=True, allow_outside=False):
     """The ``format`` scorer with these tag names and rules (see the module docstring)."""
-    for tag in (think_tag, answer_tag):
-        if not isinstance(tag, str) or not _TAG_NAME_RE.fullmatch(tag):
-            raise ValueError(f"format: tag names are words such as 'think' (no brackets), got {tag!r}")
     if think_tag == answer_tag:
         raise ValueError(f"format: think_tag and answer_tag must differ, both are {think_tag!r}")
 
@@ -68,6 +79,6 @@ register_scorer("format", format_score, ScorerFacts(
     values="{0, 1}", label="not used",
     lowest_when="a tag missing, repeated or out of order, an empty answer, text outside the blocks",
     correct_at=1.0,
-    options={"think_tag": "think", "answer_tag": "answer", "require_think": True, "allow_outside": False},
+    settings=SETTINGS,
     build=make_format,
 ))

@@ -25,6 +25,7 @@ braces raises: the reward cannot be computed.
 import logging
 from typing import Optional
 
+from ..common.registry_settings import Setting
 from ..scoring.registry import ScorerFacts, register_scorer
 from .latex import last_boxed, normalize, number
 from .symbolic import SymbolicTimeout, equivalent, to_sympy_syntax
@@ -103,11 +104,17 @@ def boxed_answer(src: str, response: str) -> Optional[str]:
     return None if given is None else normalize(given)
 
 
+SETTINGS = (
+    Setting("symbolic", bool, True, "Rule 4: an answer sympy proves equal to the label counts (false: skip it)."),
+    Setting("timeout_s", float, DEFAULT_TIMEOUT_S, "CPU seconds of one symbolic check (its wall-clock limit is "
+            "twice that plus 2 s).", bounds=(0.0, False, None, False)),
+    Setting("memory_mb", int, 2048, "Memory (MB) of the symbolic check's worker process.", bounds=(256, True, None, False)),
+)
+
+
 def make_math_boxed(symbolic=True, timeout_s=DEFAULT_TIMEOUT_S, memory_mb=2048):
     """The ``math_boxed`` scorer; `symbolic` False skips rule 4, `timeout_s` is the CPU time of
     one symbolic check (its wall-clock limit is twice that plus 2 s), `memory_mb` its memory."""
-    if not timeout_s > 0 or int(memory_mb) < 256:
-        raise ValueError(f"math_boxed: timeout_s must be > 0 and memory_mb >= 256, got {timeout_s}, {memory_mb}")
 
     def math_boxed_score(src: str, tgt: str, response: str) -> float:
         expected = normalize(reference_answer(tgt))
@@ -126,5 +133,5 @@ register_scorer("math_boxed", math_boxed_score, ScorerFacts(
     values="{0, 1}", label="the answer (LaTeX), or a solution whose last \\boxed{} holds it",
     lowest_when="no \\boxed{} or unclosed braces; a different answer; a symbolic check past its limits (warned)",
     raises_when="the label is empty or its \\boxed{} does not close", correct_at=1.0,
-    options={"symbolic": True, "timeout_s": DEFAULT_TIMEOUT_S, "memory_mb": 2048}, build=make_math_boxed,
+    settings=SETTINGS, build=make_math_boxed,
 ))
