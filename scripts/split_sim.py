@@ -1,5 +1,7 @@
-"""A discrete-event model of a split run's schedule (`rollout_placement split`): N trainer ranks
-beside M rollout ranks at staleness s, each process a sequence of work and blocking exchanges.
+"""A discrete-event model of a split run's schedule (`rollout_placement split`).
+
+N trainer ranks beside M rollout ranks at staleness s, each process a sequence of work and
+blocking exchanges.
 
 It follows the schedule `ppo.trainer.remote_rollout` and `ppo.trainer.rollout_worker` run
 (non-partial rollouts):

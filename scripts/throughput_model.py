@@ -1,5 +1,6 @@
-"""A throughput model of GRPO with rollout beside training: checked against split runs measured
-here, then applied to 7B / 70B / 30B-A3B models on 8-64 GPUs (docs/split_rollout.md).
+"""A throughput model of GRPO placements, checked against split runs measured here.
+
+It is then applied to 7B / 70B / 30B-A3B models on 8-64 GPUs (docs/throughput_model.md).
 
     python scripts/throughput_model.py                           # the GPU table (markdown)
     python scripts/throughput_model.py --validate runs.json      # predicted vs measured split runs
