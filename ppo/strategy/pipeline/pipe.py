@@ -8,8 +8,9 @@ runs `gradient_accumulation_steps` micro-batches of `per_device_train_batch_size
 the last stage applies the layer's loss function `loss_fn(output, labels)` to each
 micro-batch, dividing it by the number of micro-batches. The pieces here:
 
-* `load_pipe(path, ...)`: PaddleNLP's `LlamaForCausalLMPipe` / `Qwen2ForCausalLMPipe` for a
-  plain checkpoint, with our loss and input preparation;
+* `load_pipe(path, ...)`: PaddleNLP's `LlamaForCausalLMPipe` / `Qwen2ForCausalLMPipe`, or
+  our families' pipes (`family_pipes`: Qwen3, ERNIE 4.5), for a plain checkpoint, with our
+  loss and input preparation;
 * `AnswerNLLCriterion`: the SFT loss (`ppo.models.causal_lm.answer_nll`) on the last stage's
   logits. PaddleNLP's `LlamaPretrainingCriterion` expects labels already shifted by one
   position; our collators give labels in input alignment (`labels[:, t]` is the token at
@@ -44,9 +45,12 @@ def pipe_classes(config):
     import paddlenlp.transformers as transformers
 
     model_type = getattr(config, "model_type", None)
+    family = family_pipe(model_type)
+    if family is not None:
+        return family
     if model_type not in PIPE_CLASSES:
         raise ValueError(
-            f"pipeline_parallel_degree > 1: no pipeline class for model_type {model_type!r}; supported: {sorted(PIPE_CLASSES)}"
+            f"pipeline_parallel_degree > 1: no pipeline class for model_type {model_type!r}; supported: {pipe_model_types()}"
         )
     if model_type == "qwen2" and getattr(config, "tie_word_embeddings", False):
         raise ValueError(
@@ -56,6 +60,43 @@ def pipe_classes(config):
         )
     pipe_name, plain_name = PIPE_CLASSES[model_type]
     return getattr(transformers, pipe_name), plain_name
+
+
+def pipe_model_types():
+    """The model types with a pipeline class: PaddleNLP's and the dense families written here."""
+    from ...models.families import FAMILIES
+
+    return sorted(set(PIPE_CLASSES) | {t for t, f in FAMILIES.items() if f.module and not f.moe})
+
+
+def family_pipe(model_type):
+    """`(pipe class, plain class name)` of a family written here (`family_pipes`), None for
+    PaddleNLP's; a mixture-of-experts family is refused by name (see `family_pipes`)."""
+    from ...models.families import FAMILIES, family_module
+
+    module = family_module(model_type)
+    if module is None:
+        return None
+    if FAMILIES[model_type].moe:
+        raise ValueError(
+            f"pipeline_parallel_degree > 1 is not implemented for model_type {model_type!r} (mixture of experts: the "
+            "router loss pools every MoE layer over the stages); use tensor_parallel_degree or expert_parallel_degree"
+        )
+    from .family_pipes import family_pipe_class
+
+    return family_pipe_class(module), module.CAUSAL_LM_CLASS.__name__
+
+
+def plain_class(config):
+    """The plain (one-process) causal LM class of a pipe's config: the keys of its merged checkpoint."""
+    from ...models.families import family_module
+
+    module = family_module(getattr(config, "model_type", None))
+    if module is not None:
+        return module.CAUSAL_LM_CLASS
+    import paddlenlp.transformers as transformers
+
+    return getattr(transformers, pipe_classes(config)[1])
 
 
 def install_last_stage_loss(pipe, criterion, prepare_inputs=None):
@@ -226,16 +267,13 @@ def merged_tensor_parallel_state(pipe, state):
     """This stage's state dict (plain keys) with tensor-parallel slices merged over the
     model-parallel group (all its ranks call it), by the plain class's own tensor-parallel
     mappings (`ppo.strategy.tensor.reshard`); unchanged without tensor parallelism."""
-    import paddlenlp.transformers as transformers
-
     from ..tensor.reshard import merge, tensor_parallel_kinds
     from ...common.parallel_groups import model_parallel_group
 
     group = model_parallel_group()
     if group is None or group.nranks <= 1:
         return state
-    plain_class = getattr(transformers, pipe_classes(pipe.config)[1])
-    kinds = tensor_parallel_kinds(plain_class, pipe.config, list(state), degree=group.nranks)
+    kinds = tensor_parallel_kinds(plain_class(pipe.config), pipe.config, list(state), degree=group.nranks)
     merged = {}
     for name, value in state.items():
         if kinds[name] == "replicated":

@@ -188,15 +188,12 @@ def plain_copy_of(pipe, keep_tensor_parallel=False):
     stage (the rollout engine's `eval_mode` tensor_parallel), instead of whole weights."""
     import copy
 
-    import paddlenlp.transformers as transformers
-
-    from .pipe import pipe_classes
+    from .pipe import plain_class
 
     config = copy.deepcopy(pipe.config)
     if not keep_tensor_parallel:
         config.tensor_parallel_degree, config.tensor_parallel_rank = 1, 0  # whole weights (see all_stage_states)
-    _, plain_name = pipe_classes(config)
-    model = getattr(transformers, plain_name).from_config(config, dtype=config.dtype or "float32")
+    model = plain_class(config).from_config(config, dtype=config.dtype or "float32")
     model.eval()
     for p in model.parameters():
         p.stop_gradient = True
