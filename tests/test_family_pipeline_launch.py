@@ -1,0 +1,107 @@
+"""Pipeline parallel 2 on our own dense families (`ppo/strategy/pipeline/family_pipes.py`) from a
+cold `python -m paddle.distributed.launch` of two CPU processes (the test stand-ins of fleet's
+pipeline collectives installed by the cold-launch site), against one process from a cold launch
+too: SFT on the tiny Qwen3 (tied embeddings: the embedding on stage 0, its copy as the head on
+stage 1, their gradients summed), Qwen3 with an untied head and the tiny ERNIE 4.5 (tied,
+interleaved RoPE); GRPO (the rollout engine generating from the stages gathered on every rank)
+on the tiny Qwen3 and ERNIE 4.5; a reward model (score-model pipe) and DPO (policy and
+reference pipes) on the tiny Qwen3. Tolerances are the Llama pipeline tests'
+(tests/test_pipeline_entry.py, tests/test_pipeline_rl.py); the measured differences are in
+docs/family_parallel.md."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.test_pipeline_entry import PP_ARGS, assert_same_saved_weights, assert_same_steps, entry_argv, final_eval, sft_argv
+from tests.test_tensor_parallel import assert_same_steps as assert_same_rl_steps, assert_same_weights, ppo_argv
+from tests.tp_launch import cold_launch_run, read_jsonl
+
+pytestmark = pytest.mark.slow
+
+CASES = {"qwen3": ("qwen3", False), "qwen3_untied": ("qwen3", True), "ernie45": ("ernie45", False)}
+"""name: (arch, head untied)."""
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    """`case` -> its tiny two-layer model directory (one layer per stage), built once per module."""
+    from tests.family_pipe_pp1_worker import build
+
+    built = {}
+
+    def get(case):
+        if case not in built:
+            arch, untied = CASES[case]
+            built[case] = str(tmp_path_factory.mktemp(f"tiny_{case}"))
+            build(built[case], arch, untied)
+        return built[case]
+
+    return get
+
+
+def launch(script, argv, out, pipeline):
+    extra = PP_ARGS if pipeline else []
+    return cold_launch_run(script, [*argv, *extra, "--output_dir", out, "--logging_dir", f"{out}/vdl"], out,
+                           nproc=2 if pipeline else 1, cpu_tp_standins=pipeline)
+
+
+def one_and_pp2(script, argv, tmp_path):
+    return launch(script, argv, str(tmp_path / "one"), False), launch(script, argv, str(tmp_path / "pp2"), True)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_sft_pipeline_matches_one_process(case, family_dirs, tiny_data_dir, tmp_path):
+    model_dir = family_dirs(case)
+    one, pp2 = one_and_pp2("sft/run_sft.py", sft_argv(model_dir, tiny_data_dir), tmp_path)
+    assert_same_steps(one, pp2, "loss/sft")
+    np.testing.assert_allclose(final_eval(pp2, "eval/loss"), final_eval(one, "eval/loss"), rtol=1e-5)
+    assert final_eval(pp2, "eval/accuracy") == final_eval(one, "eval/accuracy")  # greedy, stages gathered
+    # atol 1e-4: measured 6.8e-5 on one of ERNIE's 8,192 o_proj entries (4.2e-5 on one up_proj entry
+    # of the untied Qwen3, 4.5e-6 tied), the weights moving 2e-2: AdamW at lr 1e-2 turns rounding
+    # on a near-zero gradient into up to lr a step
+    assert_same_saved_weights(one, pp2, model_dir, atol=1e-4)
+    arch = json.load(open(os.path.join(model_dir, "config.json")))["architectures"]
+    assert json.load(open(os.path.join(pp2, "config.json")))["architectures"] == arch
+
+
+@pytest.mark.parametrize("case", ["qwen3", "ernie45"])
+def test_grpo_pipeline_matches_one_process(case, family_dirs, tiny_data_dir, tmp_path):
+    """Rule rewards, a k3 KL loss against the reference pipe, two micro-batches per step."""
+    model_dir = family_dirs(case)
+    argv = ["config/tiny/grpo_rule_argument.json", *ppo_argv(
+        model_dir, tiny_data_dir, "--per_device_prompt_batch_size", "4", "--rollout_n", "4",
+        "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2", "--learning_rate", "1e-3",
+        "--kl_loss_coeff", "0.05", "--rule_reward_scorers", "tests.rule_reward_helpers:_len_scorer")]
+    one, pp2 = one_and_pp2("ppo/run_ppo.py", argv, tmp_path)
+    for key in ("loss/policy_avg", "objective/scores", "loss/kl", "policy/entropy_avg", "train/actor_grad_norm"):
+        assert_same_rl_steps(one, pp2, key, 2)
+    assert_same_weights(os.path.join(one, "policy"), os.path.join(pp2, "policy"))
+    responses = [[s["response"] for s in read_jsonl(f"{o}/samples.jsonl")] for o in (one, pp2)]
+    assert responses[1] == responses[0] and responses[0]
+
+
+def test_reward_model_pipeline_matches_one_process(family_dirs, tiny_data_dir, tmp_path):
+    from tests.conftest import save_score_model
+
+    rm_dir = save_score_model(family_dirs("qwen3"), str(tmp_path / "rm"))
+    argv = entry_argv("config/tiny/rm_argument.json", rm_dir, f"PKU-SafeRLHF/train:1.0:{tiny_data_dir}/preference.jsonl",
+                      f"PKU-SafeRLHF/test:0.9:{tiny_data_dir}/preference_eval.jsonl")
+    one, pp2 = one_and_pp2("rm/run_reward.py", argv, tmp_path)
+    assert_same_steps(one, pp2, "rm/loss")
+    for key in ("rm/accuracy", "rm/eval_loss"):
+        np.testing.assert_allclose(final_eval(pp2, key), final_eval(one, key), rtol=1e-4, atol=1e-6, err_msg=key)
+    assert_same_saved_weights(one, pp2, rm_dir, atol=5e-5)
+    assert json.load(open(os.path.join(pp2, "config.json")))["architectures"] == ["Qwen3ModelForScore"]
+
+
+def test_dpo_pipeline_matches_one_process(family_dirs, tiny_data_dir, tmp_path):
+    model_dir = family_dirs("qwen3")
+    argv = entry_argv("config/tiny/dpo_argument.json", model_dir, f"PKU-SafeRLHF/train:1.0:{tiny_data_dir}/preference.jsonl",
+                      f"PKU-SafeRLHF/test:0.9:{tiny_data_dir}/preference_eval.jsonl", "--loss_type", "sigmoid")
+    one, pp2 = one_and_pp2("dpo/run_dpo.py", argv, tmp_path)
+    assert_same_steps(one, pp2, "loss/total")
+    for key in ("eval/loss", "eval/preference_accuracy"):
+        np.testing.assert_allclose(final_eval(pp2, key), final_eval(one, key), rtol=1e-4, atol=1e-6, err_msg=key)
+    assert_same_saved_weights(one, pp2, model_dir, atol=5e-5)
