@@ -20,6 +20,12 @@ from tests.tp_launch import cold_launch_run, read_jsonl
 
 pytestmark = pytest.mark.slow
 
+WEIGHT_ATOL = 3e-4
+"""Saved weights of SFT, RM and DPO, as tests/test_family_tensor_parallel_launch.py's SFT: the
+losses agree (mostly bit for bit) while AdamW at lr 1e-2 turns rounding on a near-zero gradient
+into up to lr a step on a lone entry. Measured: DPO 1.8e-4 on one of 8,192 q_proj entries, ERNIE
+SFT 6.8e-5 (one o_proj entry), untied Qwen3 SFT 4.2e-5, RM 2.6e-5, tied Qwen3 SFT 4.5e-6; every
+other tensor within 1e-5 (the weights move by 2e-2)."""
 CASES = {"qwen3": ("qwen3", False), "qwen3_untied": ("qwen3", True), "ernie45": ("ernie45", False)}
 """name: (arch, head untied)."""
 
@@ -58,10 +64,7 @@ def test_sft_pipeline_matches_one_process(case, family_dirs, tiny_data_dir, tmp_
     assert_same_steps(one, pp2, "loss/sft")
     np.testing.assert_allclose(final_eval(pp2, "eval/loss"), final_eval(one, "eval/loss"), rtol=1e-5)
     assert final_eval(pp2, "eval/accuracy") == final_eval(one, "eval/accuracy")  # greedy, stages gathered
-    # atol 1e-4: measured 6.8e-5 on one of ERNIE's 8,192 o_proj entries (4.2e-5 on one up_proj entry
-    # of the untied Qwen3, 4.5e-6 tied), the weights moving 2e-2: AdamW at lr 1e-2 turns rounding
-    # on a near-zero gradient into up to lr a step
-    assert_same_saved_weights(one, pp2, model_dir, atol=1e-4)
+    assert_same_saved_weights(one, pp2, model_dir, atol=WEIGHT_ATOL)
     arch = json.load(open(os.path.join(model_dir, "config.json")))["architectures"]
     assert json.load(open(os.path.join(pp2, "config.json")))["architectures"] == arch
 
@@ -89,19 +92,21 @@ def test_reward_model_pipeline_matches_one_process(family_dirs, tiny_data_dir, t
     argv = entry_argv("config/tiny/rm_argument.json", rm_dir, f"PKU-SafeRLHF/train:1.0:{tiny_data_dir}/preference.jsonl",
                       f"PKU-SafeRLHF/test:0.9:{tiny_data_dir}/preference_eval.jsonl")
     one, pp2 = one_and_pp2("rm/run_reward.py", argv, tmp_path)
-    assert_same_steps(one, pp2, "rm/loss")
+    assert_same_rl_steps(one, pp2, "rm/loss", 3)  # (its loss need not fall in 3 steps)
     for key in ("rm/accuracy", "rm/eval_loss"):
         np.testing.assert_allclose(final_eval(pp2, key), final_eval(one, key), rtol=1e-4, atol=1e-6, err_msg=key)
-    assert_same_saved_weights(one, pp2, rm_dir, atol=5e-5)
+    assert_same_saved_weights(one, pp2, rm_dir, atol=WEIGHT_ATOL)
     assert json.load(open(os.path.join(pp2, "config.json")))["architectures"] == ["Qwen3ModelForScore"]
 
 
 def test_dpo_pipeline_matches_one_process(family_dirs, tiny_data_dir, tmp_path):
     model_dir = family_dirs("qwen3")
     argv = entry_argv("config/tiny/dpo_argument.json", model_dir, f"PKU-SafeRLHF/train:1.0:{tiny_data_dir}/preference.jsonl",
-                      f"PKU-SafeRLHF/test:0.9:{tiny_data_dir}/preference_eval.jsonl", "--loss_type", "sigmoid")
+                      f"PKU-SafeRLHF/test:0.9:{tiny_data_dir}/preference_eval.jsonl", "--loss_type", "sigmoid",
+                      "--eval_generation_datasets", f"Jsonfile:1.0:{tiny_data_dir}/test.jsonl", "--eval_max_new_tokens", "6")
     one, pp2 = one_and_pp2("dpo/run_dpo.py", argv, tmp_path)
     assert_same_steps(one, pp2, "loss/total")
     for key in ("eval/loss", "eval/preference_accuracy"):
         np.testing.assert_allclose(final_eval(pp2, key), final_eval(one, key), rtol=1e-4, atol=1e-6, err_msg=key)
-    assert_same_saved_weights(one, pp2, model_dir, atol=5e-5)
+    assert final_eval(pp2, "eval/accuracy") == final_eval(one, "eval/accuracy")  # generation, stages gathered
+    assert_same_saved_weights(one, pp2, model_dir, atol=WEIGHT_ATOL)
