@@ -1,7 +1,7 @@
 """Worker for tests/test_family_pipes.py: one process, fleet at pp_degree=1.
 
 `python tests/family_pipe_pp1_worker.py DIR CASE...` runs each CASE (`qwen3`, `qwen3:untied`,
-`ernie45`, `ernie45:untied`, `qwen3:score`) in turn: it builds the tiny model of the family in
+`ernie45`, `ernie45:untied`, `qwen3:score`, `qwen3:recompute`: full recompute on) in turn: it builds the tiny model of the family in
 DIR/CASE (tied as the factory builds it; `untied`: the head a scaled copy of the embedding,
 ``[H, V]``), loads it as the plain causal LM (or score model) and as our pipeline class
 (`ppo.strategy.pipeline.family_pipes`, or the score-model pipe built on it), and prints
@@ -58,6 +58,25 @@ def outputs(plain, pipe, score):
     return a, b
 
 
+def count_recompute(pipe):
+    """Full recompute on `pipe`'s layers (as the Trainer's ``recompute`` sets it); the list that
+    records each recomputed layer call."""
+    from ppo.strategy.pipeline import family_pipes
+
+    calls, original = [], family_pipes.recompute
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    family_pipes.recompute = counted
+    pipe.config.recompute_granularity = "full"
+    for layer in pipe.sublayers():
+        if hasattr(layer, "enable_recompute"):
+            layer.enable_recompute = True
+    return calls
+
+
 def run_case(case, path):
     from ppo.models.families import causal_lm_from_pretrained
     from ppo.models.score_model import AutoModelForScore
@@ -73,6 +92,7 @@ def run_case(case, path):
         plain, pipe = AutoModelForScore.from_pretrained(path_rm), load_plain_score_pipe(path_rm)
     else:
         plain, pipe = causal_lm_from_pretrained(path), load_pipe(path, None, None)
+    calls = count_recompute(pipe) if variant == "recompute" else []
     a, b = outputs(plain, pipe, variant == "score")
     pa = [p for p in plain.parameters() if p.grad is not None]
     pb = [p for p in pipe.parameters() if p.grad is not None]
@@ -81,7 +101,7 @@ def run_case(case, path):
     return {"pipe_class": type(pipe).__name__, "shape": list(b.shape), "out_diff": float((a - b).abs().max()),
             "n_grads": len(pa), "grad_diff": max(float((x.grad - y.grad).abs().max()) for x, y in zip(pa, pb)),
             "grad_max": max(float(x.grad.abs().max()) for x in pa),
-            "missing_keys": sorted(set(plain.state_dict()) - set(pipe.state_dict())),
+            "recomputed_layers": len(calls), "missing_keys": sorted(set(plain.state_dict()) - set(pipe.state_dict())),
             "extra_keys": sorted(set(pipe.state_dict()) - set(plain.state_dict()))}
 
 

@@ -26,8 +26,11 @@ losses agree (mostly bit for bit) while AdamW at lr 1e-2 turns rounding on a nea
 into up to lr a step on a lone entry. Measured: DPO 1.8e-4 on one of 8,192 q_proj entries, ERNIE
 SFT 6.8e-5 (one o_proj entry), untied Qwen3 SFT 4.2e-5, RM 2.6e-5, tied Qwen3 SFT 4.5e-6; every
 other tensor within 1e-5 (the weights move by 2e-2)."""
-CASES = {"qwen3": ("qwen3", False), "qwen3_untied": ("qwen3", True), "ernie45": ("ernie45", False)}
-"""name: (arch, head untied)."""
+CASES = {"qwen3": ("qwen3", False), "qwen3_untied": ("qwen3", True), "ernie45": ("ernie45", False),
+         "qwen3_even_vocab": ("qwen3", False)}
+"""name: (arch, head untied); `even_vocab`: one more token, so that tensor parallel 2 splits the vocabulary."""
+SFT_CASES = {"qwen3": (), "qwen3_untied": (), "ernie45": (), "ernie45_recompute": ("--recompute", "true")}
+"""SFT case: its extra arguments (the model is the case's name before `_recompute`)."""
 
 
 @pytest.fixture(scope="module")
@@ -42,25 +45,29 @@ def family_dirs(tmp_path_factory):
             arch, untied = CASES[case]
             built[case] = str(tmp_path_factory.mktemp(f"tiny_{case}"))
             build(built[case], arch, untied)
+            if case.endswith("even_vocab"):
+                from tests.test_family_tensor_parallel_launch import one_more_token
+
+                one_more_token(built[case], untie=False)
         return built[case]
 
     return get
 
 
-def launch(script, argv, out, pipeline):
-    extra = PP_ARGS if pipeline else []
-    return cold_launch_run(script, [*argv, *extra, "--output_dir", out, "--logging_dir", f"{out}/vdl"], out,
-                           nproc=2 if pipeline else 1, cpu_tp_standins=pipeline)
+def launch(script, argv, out, parallel=(), nproc=1):
+    return cold_launch_run(script, [*argv, *parallel, "--output_dir", out, "--logging_dir", f"{out}/vdl"], out,
+                           nproc=nproc, cpu_tp_standins=nproc > 1)
 
 
-def one_and_pp2(script, argv, tmp_path):
-    return launch(script, argv, str(tmp_path / "one"), False), launch(script, argv, str(tmp_path / "pp2"), True)
+def one_and_pp2(script, argv, tmp_path, parallel=PP_ARGS, nproc=2):
+    return launch(script, argv, str(tmp_path / "one")), launch(script, argv, str(tmp_path / "pp2"), parallel, nproc)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", list(SFT_CASES))
 def test_sft_pipeline_matches_one_process(case, family_dirs, tiny_data_dir, tmp_path):
-    model_dir = family_dirs(case)
-    one, pp2 = one_and_pp2("sft/run_sft.py", sft_argv(model_dir, tiny_data_dir), tmp_path)
+    """`ernie45_recompute`: full recompute, each decoder layer of a stage run again in backward."""
+    model_dir = family_dirs(case.replace("_recompute", ""))
+    one, pp2 = one_and_pp2("sft/run_sft.py", [*sft_argv(model_dir, tiny_data_dir), *SFT_CASES[case]], tmp_path)
     assert_same_steps(one, pp2, "loss/sft")
     np.testing.assert_allclose(final_eval(pp2, "eval/loss"), final_eval(one, "eval/loss"), rtol=1e-5)
     assert final_eval(pp2, "eval/accuracy") == final_eval(one, "eval/accuracy")  # greedy, stages gathered
@@ -110,3 +117,17 @@ def test_dpo_pipeline_matches_one_process(family_dirs, tiny_data_dir, tmp_path):
         np.testing.assert_allclose(final_eval(pp2, key), final_eval(one, key), rtol=1e-4, atol=1e-6, err_msg=key)
     assert final_eval(pp2, "eval/accuracy") == final_eval(one, "eval/accuracy")  # generation, stages gathered
     assert_same_saved_weights(one, pp2, model_dir, atol=WEIGHT_ATOL)
+
+
+def test_sft_tensor_and_pipeline_parallel_matches_one_process(family_dirs, tiny_data_dir, tmp_path):
+    """TP 2 x PP 2 on four processes: each stage split over two tensor-parallel ranks, the tied
+    head's copy on stage 1 split over the vocabulary like the embedding on stage 0; the generation
+    copy and the saved checkpoint merge the slices."""
+    model_dir = family_dirs("qwen3_even_vocab")
+    one, pp2 = one_and_pp2("sft/run_sft.py", sft_argv(model_dir, tiny_data_dir), tmp_path,
+                           (*PP_ARGS, "--tensor_parallel_degree", "2"), 4)
+    assert_same_steps(one, pp2, "loss/sft")
+    np.testing.assert_allclose(final_eval(pp2, "eval/loss"), final_eval(one, "eval/loss"), rtol=1e-5)
+    assert final_eval(pp2, "eval/accuracy") == final_eval(one, "eval/accuracy")
+    assert_same_saved_weights(one, pp2, model_dir, atol=WEIGHT_ATOL)
+    assert json.load(open(os.path.join(pp2, "config.json"))).get("tensor_parallel_degree", 1) == 1

@@ -1,6 +1,6 @@
 """Our families' pipeline classes (`ppo/strategy/pipeline/family_pipes.py`) at pp_degree=1 equal the
 plain models from the same checkpoint, bit for bit: logits (score-model pipe: scores) on a padded
-batch and every parameter's gradient, tied and untied heads. The cases run in one process of
+batch and every parameter's gradient, tied and untied heads, and with full recompute. The cases run in one process of
 tests/family_pipe_pp1_worker.py (`fleet.init` is process-global). Also: which model types have a
 pipeline class, and the mixture-of-experts families refused by name."""
 import json
@@ -14,7 +14,7 @@ import pytest
 from ppo.strategy.pipeline.pipe import pipe_classes, pipe_model_types
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASES = ("qwen3", "qwen3:untied", "ernie45", "ernie45:untied", "qwen3:score", "ernie45:score")
+CASES = ("qwen3", "qwen3:untied", "ernie45", "ernie45:untied", "qwen3:score", "ernie45:score", "ernie45:recompute")
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,8 @@ def test_family_pipe_pp1_equals_plain_model(pp1_results, case):
     assert res["out_diff"] == 0.0 and res["grad_diff"] == 0.0
     assert res["n_grads"] > 10 and res["grad_max"] > 0
     # one stage holds the embedding and the tied head: one parameter, as in the plain model
-    assert res["missing_keys"] == (["lm_head.weight"] if variant == "" else []) and res["extra_keys"] == []
+    assert res["missing_keys"] == (["lm_head.weight"] if variant in ("", "recompute") else []) and res["extra_keys"] == []
+    assert res["recomputed_layers"] == (2 if variant == "recompute" else 0)  # each decoder layer once
 
 
 def test_pipeline_model_types():
