@@ -1,7 +1,8 @@
 """Worker for tests/test_family_pipes.py: one process, fleet at pp_degree=1.
 
 `python tests/family_pipe_pp1_worker.py DIR CASE...` runs each CASE (`qwen3`, `qwen3:untied`,
-`ernie45`, `ernie45:untied`, `qwen3:score`, `qwen3:recompute`: full recompute on) in turn: it builds the tiny model of the family in
+`ernie45`, `ernie45:untied`, `qwen3:score`, `qwen3:recompute`: full recompute on; the MoE
+archs, e.g. `mixtral`, `qwen3_moe:score`: refused) in turn: it builds the tiny model of the family in
 DIR/CASE (tied as the factory builds it; `untied`: the head a scaled copy of the embedding,
 ``[H, V]``), loads it as the plain causal LM (or score model) and as our pipeline class
 (`ppo.strategy.pipeline.family_pipes`, or the score-model pipe built on it), and prints
@@ -25,7 +26,8 @@ if not hasattr(dist.ParallelEnv(), "_device_id"):  # CPU: PipelineLayer reads th
 def build(path, arch, untied):
     from ppo.tiny.factory import build_tiny
 
-    build_tiny(path, seed=5, hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, arch=arch)
+    build_tiny(path, seed=5, hidden_size=64, num_layers=2, num_heads=16 if arch.startswith("ernie") else 4,
+               intermediate_size=128, arch=arch)
     if untied:
         config_file, weights_file = os.path.join(path, "config.json"), os.path.join(path, "model_state.pdparams")
         config, weights = json.load(open(config_file)), paddle.load(weights_file)
@@ -46,16 +48,27 @@ def batch():
 
 
 def outputs(plain, pipe, score):
+    """Both models' outputs on `batch()` in training mode, and a weighted sum of them backward
+    (plus the router losses of a mixture of experts: the plain model's `moe_aux_loss`, the
+    pipe's from its router sums); `(plain output, pipe output, their router losses)`."""
+    from ppo.strategy.pipeline.family_moe_pipe import router_losses_from_sums
+
     ids, mask, positions = batch()
     weights = paddle.to_tensor(np.random.RandomState(1).randn(2, 12, 1).astype("float32"))
+    plain.train(), pipe.train()
     if score:
         a = plain(ids, attention_mask=mask, position_ids=positions).scores
     else:
         a = plain(input_ids=ids, attention_mask=mask, position_ids=positions, return_dict=True).logits
     b = pipe((ids, mask.astype("bool"), positions))
-    for out in (a, b):
-        (out * (weights if out.ndim == 3 else weights[..., 0])).sum().backward()
-    return a, b
+    aux = [getattr(plain, "moe_aux_loss", None), None]
+    if isinstance(b, tuple):
+        b, sums = b
+        aux[1] = router_losses_from_sums(sums.sum(axis=0), pipe.config)[0]
+    for out, extra in zip((a, b), aux):
+        loss = (out * (weights if out.ndim == 3 else weights[..., 0])).sum()
+        (loss if extra is None else loss + extra * 100).backward()  # x100: the router's gradient counts
+    return a, b, [None if x is None else float(x) for x in aux]
 
 
 def count_recompute(pipe):
@@ -93,7 +106,7 @@ def run_case(case, path):
     else:
         plain, pipe = causal_lm_from_pretrained(path), load_pipe(path, None, None)
     calls = count_recompute(pipe) if variant == "recompute" else []
-    a, b = outputs(plain, pipe, variant == "score")
+    a, b, aux = outputs(plain, pipe, variant == "score")
     pa = [p for p in plain.parameters() if p.grad is not None]
     pb = [p for p in pipe.parameters() if p.grad is not None]
     assert len(pa) == len(pb), (len(pa), len(pb))
@@ -101,7 +114,7 @@ def run_case(case, path):
     return {"pipe_class": type(pipe).__name__, "shape": list(b.shape), "out_diff": float((a - b).abs().max()),
             "n_grads": len(pa), "grad_diff": max(float((x.grad - y.grad).abs().max()) for x, y in zip(pa, pb)),
             "grad_max": max(float(x.grad.abs().max()) for x in pa),
-            "recomputed_layers": len(calls), "missing_keys": sorted(set(plain.state_dict()) - set(pipe.state_dict())),
+            "router_losses": aux, "recomputed_layers": len(calls), "missing_keys": sorted(set(plain.state_dict()) - set(pipe.state_dict())),
             "extra_keys": sorted(set(pipe.state_dict()) - set(plain.state_dict()))}
 
 

@@ -24,9 +24,10 @@ embedding on the hidden states.)
 
 Recompute: with ``enable_recompute`` (the Trainer's ``recompute``) and granularity ``full``
 each decoder layer is recomputed in backward; ``full_attn`` / ``core_attn`` are the layer's own.
-Mixture-of-experts families are refused (`ppo.strategy.pipeline.pipe.pipe_classes`): their
-load-balancing loss pools every MoE layer's routing over the whole model, which these stages
-do not carry.
+Mixture-of-experts families: a sparse layer is the plain `MoeDecoderLayer`; with
+``output_router_logits`` the layers also carry each row's router sums to the last stage, whose
+loss adds the router losses of one process (`family_moe_pipe`). A score model carrying them is
+refused by name (its head does not take them).
 """
 import paddle
 import paddle.nn as nn
@@ -37,22 +38,27 @@ from paddlenlp.transformers.model_utils import PipelinePretrainedModel
 from paddlenlp.transformers.qwen2.modeling import Qwen2Model
 
 from ...models.families import tensor_parallel as tp
+from ...models.families.causal_classes import FamilyPretrainedModel
 from ...models.families.decoder import DecoderLayer, LMHead, RMSNorm, warn_unimplemented_switches
+from ...models.families.moe_classes import MoeDecoderLayer
+from .family_moe_pipe import carries_router_sums, real_tokens, router_row_sums, sums_width
 
 SHARED = "family_shared_embedding"
 
 
 def parse_args(args):
-    """``(first, mask or None, position_ids or None)`` of a pipeline layer's input (a tensor or a tuple)."""
+    """``(first, mask, position_ids, router sums)`` of a pipeline layer's input (a tensor or a
+    tuple; what it lacks is None)."""
     if not isinstance(args, (tuple, list)):
-        return args, None, None
-    args = tuple(args) + (None,) * (3 - len(args))
-    return args[0], args[1], args[2]
+        return args, None, None, None
+    args = tuple(args) + (None,) * (4 - len(args))
+    return args[0], args[1], args[2], args[3]
 
 
-def passed_on(hidden, mask, position_ids):
+def passed_on(hidden, mask, position_ids, sums=None):
     """The next layer's input; mask and position ids copied (fleet releases a stage's outputs once sent)."""
-    return hidden, mask.clone(), position_ids.clone()
+    out = (hidden, mask.clone(), position_ids.clone())
+    return out if sums is None else out + (sums,)
 
 
 class FamilyEmbeddingPipe(nn.Layer):
@@ -70,7 +76,7 @@ class FamilyEmbeddingPipe(nn.Layer):
         return self.embed_tokens.weight
 
     def forward(self, args):
-        input_ids, mask, position_ids = parse_args(args)
+        input_ids, mask, position_ids, _ = parse_args(args)
         hidden = self.embed_tokens(input_ids)
         B, T = input_ids.shape
         if mask is None:
@@ -79,31 +85,62 @@ class FamilyEmbeddingPipe(nn.Layer):
         if position_ids is None:
             position_ids = paddle.arange(T, dtype="int64").expand([B, T])
         mask.stop_gradient, position_ids.stop_gradient = True, True
-        return hidden, mask, position_ids
+        if not carries_router_sums(self.config):
+            return hidden, mask, position_ids
+        return hidden, mask, position_ids, paddle.zeros([B, sums_width(self.config)], dtype="float32")
+
+
+def run_layer(layer, forward, hidden, mask, position_ids):
+    """`forward(hidden, position_ids, mask)` of a decoder layer, recomputed in backward with
+    full recompute on; the layer's outputs."""
+    if layer.enable_recompute and layer.config.recompute_granularity == "full" and not hidden.stop_gradient:
+        return recompute(forward, hidden, position_ids, mask, use_reentrant=layer.config.recompute_use_reentrant)
+    return forward(hidden, position_ids, mask)
 
 
 class FamilyDecoderLayerPipe(DecoderLayer):
-    """A plain `DecoderLayer` over the pipeline's ``(hidden, mask, position_ids)``."""
+    """A plain `DecoderLayer` over the pipeline's ``(hidden, mask, position_ids[, router sums])``."""
 
     def forward(self, args):
-        hidden, mask, position_ids = parse_args(args)
-        if self.enable_recompute and self.config.recompute_granularity == "full" and not hidden.stop_gradient:
-            hidden = recompute(super().forward, hidden, position_ids, mask,
-                               use_reentrant=self.config.recompute_use_reentrant)[0]
-        else:
-            hidden = super().forward(hidden, position_ids, mask)[0]
-        return passed_on(hidden, mask, position_ids)
+        hidden, mask, position_ids, sums = parse_args(args)
+        hidden = run_layer(self, super().forward, hidden, mask, position_ids)[0]
+        return passed_on(hidden, mask, position_ids, sums)
+
+
+class FamilyMoeDecoderLayerPipe(MoeDecoderLayer):
+    """A mixture-of-experts `MoeDecoderLayer`; adds its routing to the carried router sums
+    (`family_moe_pipe.router_row_sums`)."""
+
+    def forward(self, args):
+        hidden, mask, position_ids, sums = parse_args(args)
+        hidden, _, logits = run_layer(self, super().forward, hidden, mask, position_ids)
+        if sums is not None:
+            sums = sums + router_row_sums(logits, real_tokens(mask), self.config)
+        return passed_on(hidden, mask, position_ids, sums)
 
 
 class FamilyNormPipe(nn.Layer):
-    """The final RMSNorm: ``(hidden, ...)`` -> normed hidden ``[B, T, H]``."""
+    """The final RMSNorm: ``(hidden, ...)`` -> normed hidden ``[B, T, H]``; in training with router
+    sums, ``(normed hidden, sums)`` (the head passes the sums to the loss)."""
 
     def __init__(self, config):
         super().__init__()
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, args):
-        return self.norm(parse_args(args)[0])
+        hidden, _, _, sums = parse_args(args)
+        hidden = self.norm(hidden)
+        return (hidden, sums) if sums is not None and self.training else hidden
+
+
+class FamilyLMHeadPipe(LMHead):
+    """The untied head ``[H, V]`` (``lm_head.weight``): hidden -> logits ``[B, T, V]``; the router
+    sums passed on after them."""
+
+    def forward(self, args):
+        if isinstance(args, (tuple, list)):
+            return super().forward(args[0]), args[1]
+        return super().forward(args)
 
 
 class TiedLMHeadPipe(nn.Layer):
@@ -127,7 +164,10 @@ class TiedLMHeadPipe(nn.Layer):
 def tied_head_forward(layer, hidden):
     """The tied head's ``forward_func``: hidden ``[B, T, H]`` @ the shared layer's ``[V, H]``^T, the
     embedding's own weight on a stage that holds it, else the `TiedLMHeadPipe` copy's; over a
-    split vocabulary as `decoder.LMHead` (PaddleNLP's `parallel_matmul`)."""
+    split vocabulary as `decoder.LMHead` (PaddleNLP's `parallel_matmul`). Router sums after the
+    hidden states are passed on after the logits."""
+    if isinstance(hidden, (tuple, list)):
+        return tied_head_forward(layer, hidden[0]), hidden[1]
     weight = layer.embedding_weight
     if not getattr(weight, "is_distributed", False):
         return paddle.matmul(hidden, weight, transpose_y=True)
@@ -150,15 +190,16 @@ class FamilyCausalLMPipe(PipelinePretrainedModel, PipelineLayer):
         hcg = fleet.get_hybrid_communicate_group()
         config.tensor_parallel_degree = max(hcg.get_model_parallel_world_size(), 1)
         config.tensor_parallel_rank = max(hcg.get_model_parallel_rank(), 0)
-        problems = tp.problems(config)
+        problems = tp.problems(config, self.PLAIN_PRETRAINED.moe_layout)
         if problems:
             raise ValueError(f"{self.PLAIN_PRETRAINED.family_label}: tensor parallelism: " + "; ".join(problems))
         warn_unimplemented_switches(config, self.PLAIN_PRETRAINED.family_label)
         self.add_pipe_layers(config)
+        self.refuse_moe_score_head(config)
         pipe_degree = hcg.topology().get_dim_size("pipe")
         PipelineLayer.__init__(
             self, layers=self.get_sequential_layers(), loss_fn=None, topology=hcg.topology(),
-            seg_method="layer:FamilyDecoderLayerPipe" if config.num_hidden_layers % pipe_degree == 0 else "uniform",
+            seg_method="layer:DecoderLayerPipe" if config.num_hidden_layers % pipe_degree == 0 else "uniform",
             recompute_interval=0,
             recompute_ctx={"mp_group": hcg.get_model_parallel_group(), "offload": False, "partition": False},
         )
@@ -170,15 +211,32 @@ class FamilyCausalLMPipe(PipelinePretrainedModel, PipelineLayer):
         tied = config.tie_word_embeddings
         embedding = SharedLayerDesc(SHARED, FamilyEmbeddingPipe, shared_weight_attr="embedding_weight", config=config)
         self.add_sequential_layer(embedding if tied else LayerDesc(FamilyEmbeddingPipe, config=config), prefix)
+        moe = self.PLAIN_PRETRAINED.moe_layout
         for i in range(config.num_hidden_layers):
-            self.add_sequential_layer(LayerDesc(FamilyDecoderLayerPipe, config=config), f"{prefix}.layers.{i}")
+            if moe is not None and moe.is_sparse(config, i):
+                block = self.PLAIN_PRETRAINED.moe_block_class
+                layer = LayerDesc(FamilyMoeDecoderLayerPipe, config=config, block_class=block)
+            else:
+                layer = LayerDesc(FamilyDecoderLayerPipe, config=config)
+            self.add_sequential_layer(layer, f"{prefix}.layers.{i}")
         self.add_sequential_layer(LayerDesc(FamilyNormPipe, config=config), prefix)
         if tied:
             head = SharedLayerDesc(SHARED, TiedLMHeadPipe, forward_func=tied_head_forward,
                                    shared_weight_attr="embedding_weight", config=config)
         else:
-            head = LayerDesc(LMHead, config=config)  # untied: [H, V]
+            head = LayerDesc(FamilyLMHeadPipe, config=config)
         self.add_sequential_layer(head, "lm_head")
+
+    def refuse_moe_score_head(self, config):
+        """A score model (reward model, critic) of a pipe carrying router sums: refused (its head
+        does not take them)."""
+        last = self._sequential_layers[-1]["layer"]
+        if carries_router_sums(config) and getattr(last, "layer_func", None) is not None \
+                and last.layer_func.__name__ == "ScoreHeadPipe":
+            raise ValueError(
+                f"pipeline_parallel_degree > 1: a score model (reward model, critic) on model_type {config.model_type!r} "
+                "(mixture of experts) with output_router_logits true is not implemented; set output_router_logits "
+                "false for it, or use tensor_parallel_degree or expert_parallel_degree")
 
     def mark_shared_copies(self):
         """The tied weight's copy on a later stage: left out of the gradient norm (counted on the first)."""
@@ -208,7 +266,7 @@ def family_pipe_class(module):
             "PLAIN_PRETRAINED": pretrained,
             "config_class": module.CONFIG_CLASS,
             "_get_tensor_parallel_mappings": pretrained._get_tensor_parallel_mappings,
-            "_init_weights": pretrained._init_weights,
+            "_init_weights": FamilyPretrainedModel._init_weights,  # a family's own may call super() of its class
             "__doc__": f"{module.CAUSAL_LM_CLASS.__name__} as a pipeline (`FamilyCausalLMPipe`).",
             "__module__": __name__,
         })

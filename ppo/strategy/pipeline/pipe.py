@@ -9,8 +9,8 @@ the last stage applies the layer's loss function `loss_fn(output, labels)` to ea
 micro-batch, dividing it by the number of micro-batches. The pieces here:
 
 * `load_pipe(path, ...)`: PaddleNLP's `LlamaForCausalLMPipe` / `Qwen2ForCausalLMPipe`, or
-  our families' pipes (`family_pipes`: Qwen3, ERNIE 4.5), for a plain checkpoint, with our
-  loss and input preparation;
+  our families' pipes (`family_pipes`), for a plain checkpoint, with our loss and input
+  preparation;
 * `AnswerNLLCriterion`: the SFT loss (`ppo.models.causal_lm.answer_nll`) on the last stage's
   logits. PaddleNLP's `LlamaPretrainingCriterion` expects labels already shifted by one
   position; our collators give labels in input alignment (`labels[:, t]` is the token at
@@ -63,25 +63,19 @@ def pipe_classes(config):
 
 
 def pipe_model_types():
-    """The model types with a pipeline class: PaddleNLP's and the dense families written here."""
+    """The model types with a pipeline class: PaddleNLP's and the families written here."""
     from ...models.families import FAMILIES
 
-    return sorted(set(PIPE_CLASSES) | {t for t, f in FAMILIES.items() if f.module and not f.moe})
+    return sorted(set(PIPE_CLASSES) | {t for t, f in FAMILIES.items() if f.module})
 
 
 def family_pipe(model_type):
-    """`(pipe class, plain class name)` of a family written here (`family_pipes`), None for
-    PaddleNLP's; a mixture-of-experts family is refused by name (see `family_pipes`)."""
-    from ...models.families import FAMILIES, family_module
+    """`(pipe class, plain class name)` of a family written here (`family_pipes`), None for PaddleNLP's."""
+    from ...models.families import family_module
 
     module = family_module(model_type)
     if module is None:
         return None
-    if FAMILIES[model_type].moe:
-        raise ValueError(
-            f"pipeline_parallel_degree > 1 is not implemented for model_type {model_type!r} (mixture of experts: the "
-            "router loss pools every MoE layer over the stages); use tensor_parallel_degree or expert_parallel_degree"
-        )
     from .family_pipes import family_pipe_class
 
     return family_pipe_class(module), module.CAUSAL_LM_CLASS.__name__
@@ -102,7 +96,13 @@ def plain_class(config):
 def install_last_stage_loss(pipe, criterion, prepare_inputs=None):
     """Make `criterion(output, labels)` the loss fleet's schedule computes on `pipe`'s last stage
     and, when given, `prepare_inputs` the `Trainer`'s `_prepare_pipeline_inputs_func`: the one
-    place that writes fleet's and PaddleNLP's private pipeline attributes."""
+    place that writes fleet's and PaddleNLP's private pipeline attributes. A pipe carrying a
+    mixture of experts' router sums adds the router losses to `criterion`'s
+    (`family_moe_pipe.RouterLossCriterion`)."""
+    from .family_moe_pipe import RouterLossCriterion, carries_router_sums
+
+    if criterion is not None and carries_router_sums(pipe.config):
+        criterion = RouterLossCriterion(criterion, pipe.config)
     pipe._loss_fn = [criterion]
     if prepare_inputs is not None:
         pipe._prepare_pipeline_inputs_func = prepare_inputs

@@ -97,11 +97,23 @@ class ExperienceCriterion(nn.Layer):
     def __init__(self, accumulate_steps, record, view):
         super().__init__()
         self.accumulate_steps, self.record, self.view = accumulate_steps, record, view
-        self.prompt_len, self.kinds, self.calls = None, [], 0
+        self.prompt_len, self.kinds, self.calls, self.real_rows = None, [], 0, []
 
-    def prepare(self, prompt_len, fields, objective, tail=()):
+    def prepare(self, prompt_len, fields, objective, tail=(), real_rows=None):
+        """`real_rows`: the experience micro-batches' real rows (the rest stand in; None: all real)."""
         self.prompt_len, self.calls = prompt_len, 0
         self.kinds = [(tuple(fields), objective)] * self.accumulate_steps + [(tuple(f), o) for f, o in tail]
+        self.real_rows = list(real_rows) if real_rows is not None else [None] * self.accumulate_steps
+
+    def router_loss_share(self):
+        """`(real rows, weight)` of the next micro-batch's router loss (a mixture-of-experts actor,
+        `family_moe_pipe.RouterLossCriterion`): the plain update adds each real micro-batch's
+        router loss over their count, the schedule divides every loss by `len(kinds)`; stand-in
+        and ptx micro-batches add none."""
+        if self.calls >= self.accumulate_steps or self.real_rows[self.calls] == 0:
+            return 0, 0.0
+        real = sum(1 for rows in self.real_rows if rows != 0)
+        return self.real_rows[self.calls], len(self.kinds) / real
 
     def forward(self, output, labels):
         fields, objective = self.kinds[self.calls]  # the last stage sees the micro-batches in order
