@@ -25,9 +25,9 @@ pytestmark = pytest.mark.slow
 WEIGHT_ATOL = 3e-4
 """Saved weights of SFT, RM and DPO, as tests/test_family_tensor_parallel_launch.py's SFT: the
 losses agree (mostly bit for bit) while AdamW at lr 1e-2 turns rounding on a near-zero gradient
-into up to lr a step on a lone entry. Measured: DPO 1.8e-4 on one of 8,192 q_proj entries, ERNIE
-SFT 6.8e-5 (one o_proj entry), untied Qwen3 SFT 4.2e-5, RM 2.6e-5, tied Qwen3 SFT 4.5e-6; every
-other tensor within 1e-5 (the weights move by 2e-2)."""
+into up to lr a step on a lone entry. Measured: DPO 1.8e-4 on one of 8,192 q_proj entries, TP 2 x
+PP 2 SFT 1.3e-4, untied Qwen3 SFT 4.2e-5, RM 2.6e-5, Mixtral SFT 2.1e-5, ERNIE SFT 1.9e-5, tied
+Qwen3 SFT 4.5e-6 (the weights move by 2e-2)."""
 CASES = {"qwen3": ("qwen3", False), "qwen3_untied": ("qwen3", True), "ernie45": ("ernie45", False),
          "qwen3_even_vocab": ("qwen3", False), "qwen3_moe": ("qwen3_moe", False), "mixtral": ("mixtral", False)}
 """name: (arch, head untied); `even_vocab`: one more token, so that tensor parallel 2 splits the vocabulary."""

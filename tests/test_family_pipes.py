@@ -74,3 +74,55 @@ def test_pipeline_model_types():
     assert pipe_classes(Qwen3Config(tie_word_embeddings=True))[1] == "Qwen3ForCausalLM"
     with pytest.raises(ValueError, match=r"no pipeline class for model_type 'gpt'; supported: \['ernie4_5', 'ernie4_5_moe'"):
         pipe_classes(SimpleNamespace(model_type="gpt"))
+
+
+def test_router_sums_give_the_one_process_router_losses():
+    """Two layers' router sums per row, of the real rows only, give `moe_losses` of the layers'
+    logits pooled with the padding mask (float32 summation order: 1e-6 relative), z-loss on."""
+    import numpy as np
+    import paddle
+
+    from ppo.models.families.moe import moe_losses
+    from ppo.models.families.qwen2_moe_modeling import Qwen2MoeConfig
+    from ppo.strategy.pipeline.family_moe_pipe import router_losses_from_sums, router_row_sums
+
+    config = Qwen2MoeConfig(num_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.01, router_z_loss_coef=0.1)
+    rng = np.random.default_rng(0)
+    mask = np.ones([3, 5], "float32")
+    mask[1, 3:] = 0
+    layers = [paddle.to_tensor(rng.normal(size=[15, 4]).astype("float32")) for _ in range(2)]
+    expected, stats = moe_losses(layers, config, paddle.to_tensor(mask))
+    rows = paddle.to_tensor(mask)
+    sums = router_row_sums(layers[0], rows, config) + router_row_sums(layers[1], rows, config)
+    assert sums.shape == [3, 10] and float(sums[1, 8]) == 2 * 3  # two layers x three real tokens
+    loss, got = router_losses_from_sums(sums.sum(axis=0), config)
+    np.testing.assert_allclose(float(loss), float(expected), rtol=1e-6)
+    for key in stats:
+        np.testing.assert_allclose(float(got[key]), float(stats[key]), rtol=1e-6, err_msg=key)
+
+
+def test_rl_update_counts_the_router_loss_of_real_micro_batches_only():
+    """`RouterLossCriterion` around the RL update's criterion: a micro-batch's first real rows
+    only, weighted by micro-batches / real ones (the schedule's mean undone: each real one's
+    router loss over their count, as the plain update); a stand-in or ptx micro-batch adds
+    nothing and records no `moe/*` stats."""
+    import paddle
+
+    from ppo.models.families.qwen2_moe_modeling import Qwen2MoeConfig
+    from ppo.strategy.pipeline.family_moe_pipe import RouterLossCriterion, router_losses_from_sums
+    from ppo.strategy.pipeline.policy_pipe import ExperienceCriterion
+
+    config = Qwen2MoeConfig(num_experts=2, num_experts_per_tok=1, router_aux_loss_coef=1.0)
+    recorded = []
+    inner = ExperienceCriterion(accumulate_steps=2, record=recorded.append, view=lambda p, fields: fields)
+    criterion = RouterLossCriterion(inner, config)
+    inner.prepare(0, ["x"], lambda mb, out: (out.sum(), {"x": out.sum()}), tail=[(["x"], lambda mb, out: (out.sum(), {}))],
+                  real_rows=[1, 0])
+    sums = paddle.to_tensor([[3.0, 1.0, 2.5, 1.5, 4.0, 0.0], [9.0, 9.0, 9.0, 9.0, 9.0, 0.0]])
+    logits = paddle.ones([2, 1])
+    first = criterion((logits, sums), [paddle.zeros([1])])
+    aux = float(router_losses_from_sums(sums[:1].sum(axis=0), config)[0])
+    assert abs(float(first) - (3 * 2.0 + 3 * aux)) < 1e-5  # (2 + aux) x 3 kinds / 1 real micro-batch
+    assert float(criterion((logits, sums), [paddle.zeros([1])])) == 3 * 2.0  # stand-in
+    assert float(criterion((logits, sums), [paddle.zeros([1])])) == 3 * 2.0  # ptx
+    assert "moe/aux_loss" in recorded[0] and "moe/aux_loss" not in recorded[1] and "moe/aux_loss" not in recorded[2]
