@@ -2,7 +2,7 @@
 
 `python tests/family_pipe_pp1_worker.py DIR CASE...` runs each CASE (`qwen3`, `qwen3:untied`,
 `ernie45`, `ernie45:untied`, `qwen3:score`, `qwen3:recompute`: full recompute on; the MoE
-archs, e.g. `mixtral`, `qwen3_moe:score`: refused) in turn: it builds the tiny model of the family in
+archs, e.g. `mixtral`, `qwen3_moe:score`: refused, `qwen3_moe:score_no_router_loss`) in turn: it builds the tiny model of the family in
 DIR/CASE (tied as the factory builds it; `untied`: the head a scaled copy of the embedding,
 ``[H, V]``), loads it as the plain causal LM (or score model) and as our pipeline class
 (`ppo.strategy.pipeline.family_pipes`, or the score-model pipe built on it), and prints
@@ -98,6 +98,10 @@ def run_case(case, path):
 
     arch, _, variant = case.partition(":")
     build(path, arch, untied=variant == "untied")
+    if variant == "score_no_router_loss":  # an MoE score pipe without router sums (output_router_logits false)
+        config = json.load(open(os.path.join(path, "config.json")))
+        json.dump({**config, "output_router_logits": False}, open(os.path.join(path, "config.json"), "w"))
+        variant = "score"
     if variant == "score":
         paddle.seed(5)
         path_rm = path + "_rm"
