@@ -35,7 +35,7 @@ from ..scoring.process_reward import ProcessRewardScorer
 from ..data.prompt_sampler import PromptSampler
 from ..rollout import RolloutEngine, SamplingParams
 from ..strategy import PassSettings, PlainStrategy, Ranks, build_strategy
-from ..strategy.rollout_link import run_link
+from ..strategy.rollout_link import run_link, whole_parameters
 from ..trainer.advantages import AdvantageStage
 from ..trainer.agent_eval import AgentEvaluator
 from ..trainer.agent_rollout import ToolFailureWatch, TrajectoryRollout
@@ -246,7 +246,7 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
                                 settings=slice_of(AdvantageSettings, args), estimator_settings=estimator_settings(args))
     rollout_settings = slice_of(RolloutSettings, args)
     rollout = make_rollout(args, engine, sampling, sampler, train_dataset, tokenizer, passes, offload, state, ranks,
-                           rollout_settings, remote=(models.actor.parameters, max_steps))
+                           rollout_settings, remote=(functools.partial(whole_parameters, models.actor), max_steps))
     maker = ExperienceMaker(rollout, scoring, completion, actor.model, state, ranks, settings=rollout_settings,
                             pad_token_id=tokenizer.pad_token_id)
     ptx = PtxBatches(ptx_dataset, ptx_sampler) if ptx_sampler is not None else None
@@ -284,10 +284,10 @@ def build_rollout_worker(args, actor, tokenizer, train_dataset, models=None):
     layout, engine = link.layout, rollout_engine(args, actor, tokenizer)
     offload = OffloadPlan(parse_offload_level(args.offload_level), models={"actor": actor}, optimizers={})
     rollouts = {}
-    for t in layout.served_trainers(link.rank):  # each draws as colocated data rank t would
-        ranks = Ranks(data_rank=t, data_world=layout.trainers)
+    for d in layout.served_data_ranks(link.rank):  # each draws as colocated data rank d would
+        ranks = Ranks(data_rank=d, data_world=layout.data_ranks)
         sampler, _ = samplers(args, ranks, train_dataset, None)
-        rollouts[t] = Rollout(engine, sampling_params(args), sampler, train_dataset, tokenizer, GenerationInPlace(),
+        rollouts[d] = Rollout(engine, sampling_params(args), sampler, train_dataset, tokenizer, GenerationInPlace(),
                               offload=offload, state=RolloutWorkerState(), ranks=ranks, settings=slice_of(RolloutSettings, args))
     return RolloutWorker(link, rollouts, list(actor.parameters()), args.async_staleness, reference_pass,
                          partial_tokens=args.partial_rollout_tokens if args.partial_rollout else 0)
