@@ -53,7 +53,8 @@ LAYOUT_IMPORTS_ALLOWED = {
     "rm.reward_trainer": "the reward Trainer's pipeline evaluation (no strategy object yet)",
     "dpo.run_dpo": "builds the DPO family's policy pipe for PaddleNLP's Trainer (no strategy object yet)",
     "dpo.dpo_trainer": "holds PreferencePipelineRun, the offline DPO pipeline path (no strategy object yet)",
-    "ppo.rollout.weights": "the rollout engine merges gathered tensor-parallel slices (reshard.merge) itself",
+    "ppo.rollout.tp_weights": "the rollout engine merges gathered tensor-parallel slices (reshard.merge) and cuts a whole "
+                              "model into a replica rank's slices (reshard.split) itself",
 }
 """Modules outside ppo/strategy/ that still import a layout folder, with the reason."""
 ENTRY_MODULES = ("ppo.run_ppo", "ppo.cli", "ppo.reward_server", "ppo.env_server")

@@ -120,13 +120,20 @@ def test_what_stays_refused_with_more_ranks_names_its_key():
     args = placement_args(rollout_ranks=2, async_staleness=1, rollout_is="token", partial_rollout=True,
                           partial_rollout_tokens=2, max_dec_len=8, tensor_parallel_degree=2, rollout_tensor_parallel_degree=2)
     problems = rollout_placement_problems(args, 4)
-    assert any(p.startswith("partial_rollout with 4 processes") for p in problems), problems
-    assert any(p.startswith("rollout_tensor_parallel_degree 2 with rollout_placement split") for p in problems), problems
-    assert len(problems) == 2  # tensor_parallel_degree 2 on 2 trainer ranks of 4 processes runs
+    assert len(problems) == 1 and problems[0].startswith("partial_rollout with 4 processes"), problems
+    # tensor_parallel_degree 2 on 2 trainer ranks of 4 processes runs, so do replicas of 2 ranks
     for name in ("pipeline_parallel_degree", "sharding_parallel_degree"):
         problems = rollout_placement_problems(placement_args(rollout_ranks=2, **{name: 2}), 4)
         assert problems == [f"{name} 2 with rollout_placement split: the trainer ranks train data and tensor parallel "
                             "only (pipeline stages and sharding beside rollout ranks are not implemented)"]
+
+
+@pytest.mark.parametrize("rollout_ranks, ok", [(2, True), (4, True), (3, False), (1, False)])
+def test_rollout_tensor_parallel_needs_rollout_ranks_that_divide_by_it(rollout_ranks, ok):
+    args = placement_args(rollout_ranks=rollout_ranks, rollout_tensor_parallel_degree=2)
+    assert rollout_placement_problems(args, 5) == ([] if ok else [
+        f"rollout_tensor_parallel_degree 2 with rollout_placement split needs rollout_ranks ({rollout_ranks}) to divide "
+        "by it (each replica is that many consecutive rollout ranks)"])
 
 
 @pytest.mark.parametrize("world, rollout_ranks, ok", [(4, 2, True), (6, 2, True), (3, 1, False), (4, 1, False)])

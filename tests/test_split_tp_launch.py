@@ -9,21 +9,38 @@ installed, tests/tp_launch.py), the tiny GRPO config of tests/test_split_many_la
   same seeded draws, and the trainer computes its reference log-probs with its own TP2 pass (a
   rollout rank's whole-model pass would sum them in another order). At staleness 1 each batch
   records the checksum of exactly the trainer's checkpoint of the version that sampled it.
+- Trainer TP1 beside one rollout replica of TP2 (3 processes, `rollout_ranks 2`,
+  `rollout_tensor_parallel_degree 2`): both replica ranks receive the whole weights, generate
+  together from their slices of them (heads, MLP columns and rows, vocabulary) and the first
+  sends the batch. Against the colocated one-process run at staleness 0: the same samples; every
+  metric within 1e-6 x max(1, |value|) and the final weights within 1e-6 (measured 7.0e-8 and
+  1.2e-7): the replica all-reduces o_proj's, down_proj's and the embedding's partial sums of two
+  slices, so its logits, and the rollout log-probs the update reads, differ in the last bits.
 Three or four processes on two cores: slow suite."""
+import json
+
+import numpy as np
 import pytest
 
 from ppo.models.loading import load_causal_lm
+from ppo.run_ppo import build_trainer
 from ppo.strategy.rollout_link import weights_checksum
-from tests.test_async_launch import STALE, steps
+from tests.test_async_launch import NOT_COMPARED, STALE, policy_weights, steps
 from tests.test_split_many_launch import STEPS, argv_of, assert_same_run, generated
 from tests.tp_launch import cold_launch_run
 
 pytestmark = pytest.mark.slow
 TP2 = ("--tensor_parallel_degree", "2")
+METRIC_TOL = 1e-6  # x max(1, |value|): measured 7.0e-8 (loss/policy_avg and objective/kl of step 1)
+WEIGHT_TOL = 1e-6  # measured 1.2e-7
 
 
 def launch(out, argv, nproc, *split):
     return cold_launch_run("ppo/run_ppo.py", [*argv, *split], out, nproc=nproc, cpu_tp_standins=True)
+
+
+def samples(out):
+    return [(s["step"], s["prompt"], s["response"], s["score"]) for s in map(json.loads, open(f"{out}/samples.jsonl"))]
 
 
 def split_args(rollout_ranks):
@@ -64,3 +81,25 @@ def test_trainer_tp2_at_staleness_1_records_the_checksum_of_the_weights_that_sam
         assert r["async/weights_checksum"] == weights_checksum(list(load_causal_lm(path).parameters())), r["step"]
     assert all(abs(r["rollout/logprob_diff_max"]) > 1e-3 for r in rows[1:])  # the stale batches are corrected
     assert [generated(out, 2), generated(out, 3)] == [2, 1]
+
+
+def test_one_replica_of_tp2_beside_a_tp1_trainer_is_the_colocated_run(tiny_model_dir, tiny_data_dir, tmp_path):
+    colocated = str(tmp_path / "colocated")
+    build_trainer(argv_of(tiny_model_dir, tiny_data_dir, colocated)).train()
+    out = str(tmp_path / "split_1x_rtp2")
+    launch(out, argv_of(tiny_model_dir, tiny_data_dir, out), 3, *split_args(2), "--rollout_tensor_parallel_degree", "2")
+    got, want = steps(out), steps(colocated)
+    assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(1, STEPS + 1))
+    for a, b in zip(got, want):
+        keys = {k for k in b if not k.startswith(NOT_COMPARED)}
+        assert keys <= set(a), sorted(keys - set(a))
+        far = {k: (a[k], b[k]) for k in keys if abs(a[k] - b[k]) > METRIC_TOL * max(1.0, abs(b[k]))}
+        assert not far, (a["step"], far)
+    assert samples(out) == samples(colocated)  # the same tokens sampled
+    wa, wb = policy_weights(f"{out}/policy"), policy_weights(f"{colocated}/policy")
+    assert wa.keys() == wb.keys() and max(float(np.abs(wa[k] - wb[k]).max()) for k in wb) <= WEIGHT_TOL
+    assert [r["async/staleness_mean"] for r in got] == [0.0] * STEPS
+    for rank in (1, 2):  # both ranks of the replica generate every batch from their slice; rank 1 sends it
+        log = open(f"{out}/launch/workerlog.{rank}").read()
+        assert f"generating from this rank's tensor-parallel slice ({rank} of 2)" in log
+        assert generated(out, rank) == STEPS

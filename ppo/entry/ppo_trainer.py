@@ -144,11 +144,14 @@ def samplers(args, ranks, train_dataset, ptx_dataset):
     return sampler, ptx_sampler
 
 
-def rollout_engine(args, model, tokenizer, tensor_parallel_group=None):
-    """The run's `RolloutEngine` over `model` (the passes' generation model, or a rollout rank's actor)."""
+def rollout_engine(args, model, tokenizer, tensor_parallel_group=None, keep_tensor_parallel=None):
+    """The run's `RolloutEngine` over `model` (the passes' generation model, or a rollout rank's
+    actor); `keep_tensor_parallel` (default: the run's `eval_mode`) True with a whole model and a
+    group generates from this rank's slices (a split run's replica of several ranks)."""
+    keep = args.keep_tensor_parallel if keep_tensor_parallel is None else keep_tensor_parallel
     return RolloutEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                          use_rollout_engine=args.use_fusemt, kernels=args.rollout_kernels,
-                         keep_tensor_parallel=args.keep_tensor_parallel, max_num_seqs=args.rollout_max_num_seqs,
+                         keep_tensor_parallel=keep, max_num_seqs=args.rollout_max_num_seqs,
                          tensor_parallel_group=tensor_parallel_group,
                          record_routing=getattr(args, "moe_routing_replay", "none") == "rollout")
 
@@ -281,7 +284,11 @@ def build_rollout_worker(args, actor, tokenizer, train_dataset, models=None):
             remove_padding=args.use_remove_padding, logprob_dtype=args.logprob_dtype))
         reference_pass = functools.partial(no_grad_call, passes.logprobs, "reference")
     link = run_link()
-    layout, engine = link.layout, rollout_engine(args, actor, tokenizer)
+    layout, group = link.layout, link.replica_group  # a replica of several ranks: its group
+    engine = rollout_engine(args, actor, tokenizer, group, keep_tensor_parallel=group is not None)
+    if group is not None:
+        logger.info(f"rollout replica of ranks {layout.replica_members(link.rank)}: generating from this rank's "
+                    f"tensor-parallel slice ({group.rank + 1} of {group.nranks}) of the whole weights it receives")
     offload = OffloadPlan(parse_offload_level(args.offload_level), models={"actor": actor}, optimizers={})
     rollouts = {}
     for d in layout.served_data_ranks(link.rank):  # each draws as colocated data rank d would

@@ -123,10 +123,6 @@ def rollout_placement_problems(args, world_size):
         problems.append(f"rollout_ranks {args.rollout_ranks} with {world_size} processes: a split run needs at least one "
                         "rollout rank and one trainer rank (the first processes - rollout_ranks train)")
     problems += split_degree_problems(args, world_size)
-    if getattr(args, "rollout_tensor_parallel_degree", -1) > 1:
-        problems.append(f"rollout_tensor_parallel_degree {args.rollout_tensor_parallel_degree} with rollout_placement "
-                        "split: each rollout rank generates from a whole copy of the actor (rollout replicas with tensor "
-                        "parallelism of their own are not implemented)")
     if not args.use_fusemt:
         problems.append("use_fusemt false with rollout_placement split: the rollout rank reproduces the trainer's samples "
                         "from the engine's seeded draws; PaddleNLP's generate draws from the process's global generator")
@@ -177,4 +173,8 @@ def split_degree_problems(args, world_size):
     if tp > 1 and (trainers % tp or world_size % tp):
         problems.append(f"tensor_parallel_degree {tp} with rollout_placement split needs the trainer ranks ({trainers}) and "
                         f"the launch's processes ({world_size}) to divide by it (fleet's topology spans the whole launch)")
+    rollout_tp = getattr(args, "rollout_tensor_parallel_degree", -1)
+    if rollout_tp > 1 and args.rollout_ranks % rollout_tp:
+        problems.append(f"rollout_tensor_parallel_degree {rollout_tp} with rollout_placement split needs rollout_ranks "
+                        f"({args.rollout_ranks}) to divide by it (each replica is that many consecutive rollout ranks)")
     return problems
