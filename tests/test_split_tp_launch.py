@@ -16,6 +16,10 @@ installed, tests/tp_launch.py), the tiny GRPO config of tests/test_split_many_la
   metric within 1e-6 x max(1, |value|) and the final weights within 1e-6 (measured 7.0e-8 and
   1.2e-7): the replica all-reduces o_proj's, down_proj's and the embedding's partial sums of two
   slices, so its logits, and the rollout log-probs the update reads, differ in the last bits.
+  At staleness 1 the checksums as above.
+- Trainer TP2 beside one replica of TP2 (4 processes): the colocated TP2 run with
+  `rollout_tensor_parallel_degree 2` bit for bit (the slices the replica cuts from the whole
+  weights are the colocated TP2 model's own).
 Three or four processes on two cores: slow suite."""
 import json
 
@@ -35,16 +39,16 @@ METRIC_TOL = 1e-6  # x max(1, |value|): measured 7.0e-8 (loss/policy_avg and obj
 WEIGHT_TOL = 1e-6  # measured 1.2e-7
 
 
+def split_args(rollout_ranks):
+    return ("--rollout_placement", "split", "--rollout_ranks", str(rollout_ranks))
+
+
 def launch(out, argv, nproc, *split):
     return cold_launch_run("ppo/run_ppo.py", [*argv, *split], out, nproc=nproc, cpu_tp_standins=True)
 
 
 def samples(out):
     return [(s["step"], s["prompt"], s["response"], s["score"]) for s in map(json.loads, open(f"{out}/samples.jsonl"))]
-
-
-def split_args(rollout_ranks):
-    return ("--rollout_placement", "split", "--rollout_ranks", str(rollout_ranks))
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +68,23 @@ def test_trainer_tp2_beside_two_replicas_is_the_colocated_tp2_run(colocated_tp2,
     assert [generated(out, 2), generated(out, 3)] == [2, 1]  # steps 1 and 3, then step 2: the replicas take turns
 
 
-def test_trainer_tp2_at_staleness_1_records_the_checksum_of_the_weights_that_sampled_each_batch(
-        tiny_model_dir, tiny_data_dir, tmp_path):
-    """Batch k + 1 comes from the whole weights after step k; the checksum each replica reports
-    (both trainer ranks check it against the whole weights they gathered) is that of the
-    trainer's merged checkpoint of that version (version 0: the initial model)."""
-    out = str(tmp_path / "stale_tp2")
-    argv = argv_of(tiny_model_dir, tiny_data_dir, out, *TP2, *STALE, "--save_steps", "1", "--save_total_limit", "10")
-    launch(out, argv, 4, *split_args(2))
+RTP2 = ("--rollout_tensor_parallel_degree", "2")
+STALE_CASES = {  # name: (processes, arguments, {rollout rank: batches it generates})
+    "tp2_trainer_two_replicas": (4, (*TP2, *split_args(2)), {2: 2, 3: 1}),
+    "tp1_trainer_one_tp2_replica": (3, (*split_args(2), *RTP2), {1: STEPS, 2: STEPS}),
+}
+
+
+@pytest.mark.parametrize("case", list(STALE_CASES))
+def test_at_staleness_1_each_batch_records_the_checksum_of_the_weights_that_sampled_it(case, tiny_model_dir,
+                                                                                      tiny_data_dir, tmp_path):
+    """Batch k + 1 comes from the whole weights after step k; the checksum each rollout rank
+    reports (every trainer rank checks it against the whole weights it sent or gathered) is that
+    of the trainer's merged checkpoint of that version (version 0: the initial model)."""
+    nproc, extra, batches = STALE_CASES[case]
+    out = str(tmp_path / case)
+    argv = argv_of(tiny_model_dir, tiny_data_dir, out, *STALE, "--save_steps", "1", "--save_total_limit", "10")
+    launch(out, argv, nproc, *extra)
     rows = steps(out)
     assert [r["async/weights_version"] for r in rows] == [0, 0, 1]
     assert [r["async/staleness_mean"] for r in rows] == [0.0, 1.0, 1.0]
@@ -80,14 +93,27 @@ def test_trainer_tp2_at_staleness_1_records_the_checksum_of_the_weights_that_sam
         path = f"{out}/checkpoint-{version}/policy" if version else tiny_model_dir
         assert r["async/weights_checksum"] == weights_checksum(list(load_causal_lm(path).parameters())), r["step"]
     assert all(abs(r["rollout/logprob_diff_max"]) > 1e-3 for r in rows[1:])  # the stale batches are corrected
-    assert [generated(out, 2), generated(out, 3)] == [2, 1]
+    assert {rank: generated(out, rank) for rank in batches} == batches
+
+
+def test_trainer_tp2_beside_one_tp2_replica_is_the_colocated_tp2_run_with_its_sliced_rollout(tiny_model_dir,
+                                                                                            tiny_data_dir, tmp_path):
+    """The replica's slices, cut from the whole weights by the model's own mappings, are the
+    colocated TP2 model's slices: the colocated TP2 run with `rollout_tensor_parallel_degree 2`
+    (each rank generating from its own slices) bit for bit, at staleness 0."""
+    colocated = str(tmp_path / "colocated_tp2_rtp2")
+    launch(colocated, argv_of(tiny_model_dir, tiny_data_dir, colocated, *TP2, *RTP2), 2)
+    out = str(tmp_path / "split_tp2_rtp2")
+    launch(out, argv_of(tiny_model_dir, tiny_data_dir, out, *TP2), 4, *split_args(2), *RTP2)
+    assert_same_run(out, colocated, trainer_ranks=2)
+    assert [generated(out, 2), generated(out, 3)] == [STEPS, STEPS]
 
 
 def test_one_replica_of_tp2_beside_a_tp1_trainer_is_the_colocated_run(tiny_model_dir, tiny_data_dir, tmp_path):
     colocated = str(tmp_path / "colocated")
     build_trainer(argv_of(tiny_model_dir, tiny_data_dir, colocated)).train()
     out = str(tmp_path / "split_1x_rtp2")
-    launch(out, argv_of(tiny_model_dir, tiny_data_dir, out), 3, *split_args(2), "--rollout_tensor_parallel_degree", "2")
+    launch(out, argv_of(tiny_model_dir, tiny_data_dir, out), 3, *split_args(2), *RTP2)
     got, want = steps(out), steps(colocated)
     assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(1, STEPS + 1))
     for a, b in zip(got, want):
