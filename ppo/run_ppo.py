@@ -34,7 +34,7 @@ with quiet_third_party_warnings():
     from ppo.entry.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments, validate_arguments  # noqa: E402
     from ppo.entry.ppo_trainer import build_ppo_trainer, build_rollout_worker  # noqa: E402
     from ppo.strategy import build_strategy  # noqa: E402
-    from ppo.strategy.rollout_link import open_split_world  # noqa: E402
+    from ppo.strategy.rollout_link import open_split_world, run_link  # noqa: E402
     from ppo.trainer.scoring import score_sources  # noqa: E402
     from ppo.models.reward_tokens import check_cost_tokenizers, embedding_limit_problems, retokenizer_for_run  # noqa: E402
     from ppo.common.output_lock import acquire_output_dir  # noqa: E402
@@ -107,7 +107,9 @@ def rollout_rank_worker(model_args, training_args, tokenizer, train):
     models = None
     # the reference log-probs here only when the trainer's own pass would compute the same numbers
     # (a tensor-parallel trainer sums its reference's slices in another order: it computes them)
-    if (training_args.kl_coeff != 0 or training_args.kl_loss_coeff != 0) and training_args.tensor_parallel_degree <= 1:
+    link = run_link()  # the reference pass runs on a replica's leader only
+    if (training_args.kl_coeff != 0 or training_args.kl_loss_coeff != 0) and training_args.tensor_parallel_degree <= 1 \
+            and link.rank == link.layout.leader(link.rank):
         reference = load_reference(actor, model_args.actor_model_name_or_path, model_args.reference_model_name_or_path,
                                    dtype, **overrides)
         models = PPOModels(actor=actor, reference=reference, reward=None, critic=None)

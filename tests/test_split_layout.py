@@ -96,6 +96,9 @@ def test_each_rank_of_a_trainer_tensor_parallel_group_pairs_with_each_replica(mo
     trainers, weights, pairs = split_groups.split_groups(RolloutLayout(4, 2, trainer_tp=2))
     assert (trainers, weights, sorted(pairs)) == ([0, 1], [0, 2, 3], [(0, 2), (0, 3), (1, 2), (1, 3)])
     assert calls == ["trainers", "weights", "pair_0_2", "pair_1_2", "pair_0_3", "pair_1_3"]
+    calls.clear()  # beside one TP2 replica: rank 3 only gets trainer rank 0's hello, rank 2 sends to both
+    _, _, pairs = split_groups.split_groups(RolloutLayout(4, 2, trainer_tp=2, rollout_tp=2))
+    assert sorted(pairs) == [(0, 2), (0, 3), (1, 2)] and calls == ["trainers", "weights", "pair_0_2", "pair_1_2", "pair_0_3"]
 
 
 def test_only_trainer_rank_0_broadcasts_the_weights(monkeypatch):

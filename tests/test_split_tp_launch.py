@@ -17,10 +17,13 @@ installed, tests/tp_launch.py), the tiny GRPO config of tests/test_split_many_la
   1.2e-7): the replica all-reduces o_proj's, down_proj's and the embedding's partial sums of two
   slices, so its logits, and the rollout log-probs the update reads, differ in the last bits.
   At staleness 1 the checksums as above.
+- Trainer TP2 x DP2 beside two rollout ranks (6 processes: data ranks {0, 1} and {2, 3}, fleet's
+  data axis confined to the trainer ranks, their gradients summed over [0, 2] and [1, 3]): the
+  colocated TP2 x DP2 run (4 processes) bit for bit.
 - Trainer TP2 beside one replica of TP2 (4 processes): the colocated TP2 run with
   `rollout_tensor_parallel_degree 2` bit for bit (the slices the replica cuts from the whole
   weights are the colocated TP2 model's own).
-Three or four processes on two cores: slow suite."""
+Three to six processes on two cores: slow suite."""
 import json
 
 import numpy as np
@@ -129,3 +132,12 @@ def test_one_replica_of_tp2_beside_a_tp1_trainer_is_the_colocated_run(tiny_model
         log = open(f"{out}/launch/workerlog.{rank}").read()
         assert f"generating from this rank's tensor-parallel slice ({rank} of 2)" in log
         assert generated(out, rank) == STEPS
+
+
+def test_trainer_tp2_dp2_beside_two_rollout_ranks_is_the_colocated_tp2_dp2_run(tiny_model_dir, tiny_data_dir, tmp_path):
+    colocated = str(tmp_path / "colocated_tp2_dp2")
+    launch(colocated, argv_of(tiny_model_dir, tiny_data_dir, colocated, *TP2), 4)
+    out = str(tmp_path / "split_tp2_dp2")
+    launch(out, argv_of(tiny_model_dir, tiny_data_dir, out, *TP2), 6, *split_args(2))
+    assert_same_run(out, colocated, trainer_ranks=4)
+    assert [generated(out, 4), generated(out, 5)] == [STEPS, STEPS]  # rollout rank 4 + d serves data rank d

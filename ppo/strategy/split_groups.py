@@ -54,15 +54,19 @@ def isolated_group(ranks, name):
 def split_groups(layout):
     """`(trainer group, weights group, {(trainer rank, rollout rank): their group})` of a
     `RolloutLayout`, each None where Paddle's default group serves (one trainer rank; a group that
-    is the whole launch). Every rollout rank of a replica that serves a trainer rank has a pair
-    with it (the hello reaches them all; the replica's leader sends the batches). Collective over
-    the launch."""
+    is the whole launch). A pair for each exchange: the first trainer rank of a data rank sends its
+    hello to every rank of each replica that serves it, and a replica's leader sends the batches to
+    every trainer rank of the data rank. Collective over the launch."""
     def group(ranks, name):
         return isolated_group(ranks, name) if 1 < len(ranks) < layout.world else None
 
     trainer_group = group(layout.trainer_ranks, "trainers")
     weight_group = group(layout.weight_group_ranks, "weights")
-    pairs = {(t, r): group([t, r], f"pair_{t}_{r}") for r in layout.replica_ranks for t in layout.served_trainers(r)}
+    def exchanges(t, r):
+        return r == layout.leader(r) or t == layout.data_rank_trainers(layout.data_rank(t))[0]
+
+    pairs = {(t, r): group([t, r], f"pair_{t}_{r}") for r in layout.replica_ranks for t in layout.served_trainers(r)
+             if exchanges(t, r)}
     return trainer_group, weight_group, pairs
 
 
