@@ -4,8 +4,9 @@
 `split` gives the last `rollout_ranks` M processes of the launch to generation only: they
 receive the actor's weights after each optimiser step and send back the batches
 (`ppo.trainer.remote_rollout`, `ppo.trainer.rollout_worker`, docs/distributed.md). The first
-N = world - M processes train, data parallel among themselves; the batches are dealt to the
-rollout ranks in a fixed order (`ppo.strategy.rollout_layout`). With
+N = world - M processes train, data and tensor parallel among themselves; the batches are dealt
+to the rollout replicas (of `rollout_tensor_parallel_degree` ranks each) in a fixed order
+(`ppo.strategy.rollout_layout`). With
 `async_staleness` s > 0 the batch of step k may come from the weights of step k - s (generated
 while the trainer trains), corrected by the rollout importance weights (`rollout_is`).
 `partial_rollout` lets a response span a weight update (slime, AReaL): its tokens carry the
@@ -40,7 +41,8 @@ class RolloutPlacementArguments:
     )
     rollout_ranks: int = field(
         default=1, metadata={"help": "rollout_placement split: how many of the launch's processes (the last ones) only "
-                             "generate, each a whole replica of the actor; the rest train (OpenRLHF's vllm_num_engines)."}
+                             "generate, as rollout_ranks / rollout_tensor_parallel_degree replicas of the actor of that "
+                             "many consecutive ranks each; the rest train (OpenRLHF's vllm_num_engines)."}
     )
     async_staleness: int = field(
         default=0,

@@ -3,15 +3,17 @@
 Weights go one way, batches the other (gloo on CPU, NCCL on GPU); who meets whom is the run's
 `ppo.strategy.rollout_layout.RolloutLayout`.
 - Weights (`send_weights` / `receive_weights`): a header `[version, checksum]` (float64), then
-  the actor's parameters flattened into one buffer per dtype, broadcast from trainer rank 0
-  to every rollout rank over the group of those ranks (Paddle's default group when they are
-  the whole launch); another trainer rank (data parallel: the same weights) only computes the
-  checksum of what it would send. A rollout rank receives into buffers of its own and copies them into its model only once every
+  the actor's parameters, whole (`whole_parameters`: a tensor-parallel trainer gathers its
+  slices first), flattened into one buffer per dtype, broadcast from trainer rank 0 to every
+  rollout rank over the group of those ranks (Paddle's default group when they are the whole
+  launch); another trainer rank (the same whole weights) only computes the checksum of what it
+  would send. A rollout rank receives into buffers of its own and copies them into its model only once every
   buffer has arrived and the checksum of what it now holds equals the trainer's, so it never
   generates from half-received or torn weights; each set carries its version (the trainer's
   completed optimiser steps).
 - Batches and messages (`send_object` / `recv_object`): a pickled object as an int64 length and
-  a uint8 payload through point-to-point send / recv between one trainer and one rollout rank.
+  a uint8 payload through point-to-point send / recv between one trainer and one rollout rank
+  (over the pair's own group).
 A peer that dies makes the collective fail (gloo: the pair's socket closes) and the link raises
 `RolloutRankLost` naming it."""
 import pickle
