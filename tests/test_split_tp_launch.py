@@ -9,6 +9,7 @@ installed, tests/tp_launch.py), the tiny GRPO config of tests/test_split_many_la
   same seeded draws, and the trainer computes its reference log-probs with its own TP2 pass (a
   rollout rank's whole-model pass would sum them in another order). At staleness 1 each batch
   records the checksum of exactly the trainer's checkpoint of the version that sampled it.
+  Resumed from a checkpoint after step 2, the uninterrupted run bit for bit.
 - Trainer TP1 beside one rollout replica of TP2 (3 processes, `rollout_ranks 2`,
   `rollout_tensor_parallel_degree 2`): both replica ranks receive the whole weights, generate
   together from their slices of them (heads, MLP columns and rows, vocabulary) and the first
@@ -69,6 +70,21 @@ def test_trainer_tp2_beside_two_replicas_is_the_colocated_tp2_run(colocated_tp2,
     assert [r["async/weights_version"] for r in rows] == list(range(STEPS))
     assert [r["async/staleness_mean"] for r in rows] == [0.0] * STEPS
     assert [generated(out, 2), generated(out, 3)] == [2, 1]  # steps 1 and 3, then step 2: the replicas take turns
+
+
+def test_trainer_tp2_resumed_from_a_checkpoint_is_the_colocated_tp2_run(colocated_tp2, tiny_model_dir, tiny_data_dir,
+                                                                        tmp_path):
+    """Stopped after step 2 (its merged checkpoint), then the same command for 3 steps: the trainer
+    ranks load the checkpoint back into their slices, trainer rank 0 tells both replicas its
+    sampler position and draw count, and step 3 is the uninterrupted run's, bit for bit."""
+    out = str(tmp_path / "resumed_tp2")
+    argv = argv_of(tiny_model_dir, tiny_data_dir, out, *TP2, "--save_steps", "2", "--overwrite_output_dir", "false")
+    i = argv.index("--max_steps")
+    launch(out, argv[:i + 1] + ["2"] + argv[i + 2:], 4, *split_args(2))
+    assert len(steps(out)) == 2
+    launch(out, argv, 4, *split_args(2))
+    assert_same_run(out, colocated_tp2, trainer_ranks=2)
+    assert [generated(out, 2), generated(out, 3)] == [1, 0]  # the resumed launch generates step 3 only
 
 
 RTP2 = ("--rollout_tensor_parallel_degree", "2")
