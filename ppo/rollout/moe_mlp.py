@@ -18,7 +18,6 @@ import paddle
 import paddle.nn.functional as F
 
 from ..models.families.moe import route, router_logits
-from . import fallback
 
 
 @dataclass
@@ -112,7 +111,7 @@ def moe_experts(x, weights, indices, gate_up, down):
     """The routed experts' weighted sum for ``x [N, H]``, ``weights [N, k]``, ``indices [N, k]``
     and per expert ``gate_up [H, 2I]``, ``down [I, H]`` -> ``[N, H]``: `grouped_dispatch` of
     SwiGLU experts in pure Paddle, the twin of the compiled ``rollout_moe_experts``."""
-    return grouped_dispatch(x, weights, indices, [_swiglu_expert(fallback.swiglu, g, d) for g, d in zip(gate_up, down)])
+    return grouped_dispatch(x, weights, indices, [_swiglu_expert(F.swiglu, g, d) for g, d in zip(gate_up, down)])
 
 
 def routed_mlp(ops, x, weights, cols, record=None, layer=0, t0=0, batch_rows=None):

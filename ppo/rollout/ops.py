@@ -17,7 +17,6 @@ import paddle
 
 from ..kernels import notice_fallback, unavailable_reason
 from . import fallback
-from .moe_mlp import moe_experts as moe_experts_paddle
 
 KERNEL_MODES = ("auto", "custom", "paddle")
 ROLLOUT_OPS = ("rms_norm", "add_rms_norm", "swiglu", "pack_transposed", "attention", "sample", "update",
@@ -72,7 +71,7 @@ class CustomOps:
         """The routed experts of an MoE MLP (`moe_mlp.moe_experts`); a CPU float32 kernel, the
         pure-Paddle twin elsewhere."""
         if not x.place.is_cpu_place() or x.dtype != paddle.float32:
-            return moe_experts_paddle(x, weights, indices, gate_up, down)
+            return fallback.moe_experts(x, weights, indices, gate_up, down)
         return self._run("rollout_moe_experts", x, weights, indices, list(gate_up), list(down))[0]
 
 
@@ -87,7 +86,7 @@ class FallbackOps:
     attention = staticmethod(fallback.attention)
     sample = staticmethod(fallback.sample)
     update = staticmethod(fallback.update)
-    moe_experts = staticmethod(moe_experts_paddle)
+    moe_experts = staticmethod(fallback.moe_experts)
 
 
 class MixedOps:
