@@ -97,3 +97,13 @@ def test_the_engine_block_equals_the_training_block(rollout_ops, models, family,
                              msg=f"{ops.name} cols")
         finally:
             block.norm_topk_prob = norm
+
+
+def test_the_op_takes_strided_expert_weights(rollout_ops):
+    """Expert matrices that are views (column slices of a wider matrix) give the same result."""
+    custom, fb = rollout_ops
+    x, weights, indices, gate_up, down = _case(np.random.default_rng(3), 9, 32, 16, 4, 2)
+    wide = [paddle.concat([g, paddle.ones([32, 8])], axis=1)[:, :32] for g in gate_up]
+    assert not wide[0].is_contiguous()
+    assert_close(custom.moe_experts(x, weights, indices, wide, down), fb.moe_experts(x, weights, indices, gate_up, down),
+                 atol=1e-5, rtol=1e-5)

@@ -82,8 +82,6 @@ void swiglu_rows(const float* g, int64_t R, int64_t I, float* act, float* tmp) {
 void check_expert(const paddle::Tensor& gate_up, const paddle::Tensor& down, int64_t H, size_t e) {
   PPO_CHECK_CPU_F32(gate_up, "rollout_moe_experts: gate_up");
   PPO_CHECK_CPU_F32(down, "rollout_moe_experts: down");
-  PPO_CHECK_CONTIGUOUS(gate_up, "rollout_moe_experts: gate_up");
-  PPO_CHECK_CONTIGUOUS(down, "rollout_moe_experts: down");
   const auto gs = gate_up.shape(), ds = down.shape();
   PD_CHECK(gs.size() == 2 && gs[0] == H && gs[1] % 2 == 0, "rollout_moe_experts: gate_up[", e,
            "] must be [H, 2I] with H = ", H);
@@ -93,8 +91,8 @@ void check_expert(const paddle::Tensor& gate_up, const paddle::Tensor& down, int
 }  // namespace
 
 std::vector<paddle::Tensor> MoeExperts(const paddle::Tensor& x_in, const paddle::Tensor& weights_in,
-                                       const paddle::Tensor& indices_in, const std::vector<paddle::Tensor>& gate_up,
-                                       const std::vector<paddle::Tensor>& down) {
+                                       const paddle::Tensor& indices_in, const std::vector<paddle::Tensor>& gate_up_in,
+                                       const std::vector<paddle::Tensor>& down_in) {
   PD_CHECK(x_in.is_cpu(), "rollout_moe_experts: a CPU kernel (on a GPU the engine runs the Paddle path)");
   const auto x = ppo_ops::contig(x_in);
   const auto wts = ppo_ops::contig(weights_in);
@@ -107,9 +105,14 @@ std::vector<paddle::Tensor> MoeExperts(const paddle::Tensor& x_in, const paddle:
   PD_CHECK(idx.shape().size() == 2 && idx.shape()[0] == N, "rollout_moe_experts: indices must be [N, k]");
   PD_CHECK(wts.shape() == idx.shape(), "rollout_moe_experts: weights must have the shape of indices [N, k]");
   const int64_t k = idx.shape()[1];
-  const size_t E = gate_up.size();
-  PD_CHECK(E > 0 && down.size() == E, "rollout_moe_experts: gate_up and down need one tensor per expert");
-  for (size_t e = 0; e < E; ++e) check_expert(gate_up[e], down[e], H, e);
+  const size_t E = gate_up_in.size();
+  PD_CHECK(E > 0 && down_in.size() == E, "rollout_moe_experts: gate_up and down need one tensor per expert");
+  std::vector<paddle::Tensor> gate_up, down;  // contiguous (a view, e.g. a slice, is copied once here)
+  for (size_t e = 0; e < E; ++e) {
+    gate_up.push_back(ppo_ops::contig(gate_up_in[e]));
+    down.push_back(ppo_ops::contig(down_in[e]));
+    check_expert(gate_up[e], down[e], H, e);
+  }
 
   const int64_t* pi = idx.data<int64_t>();
   std::vector<std::vector<int64_t>> slots(E);  // per expert, its slots n * k + j in ascending order
@@ -147,15 +150,14 @@ std::vector<paddle::Tensor> MoeExperts(const paddle::Tensor& x_in, const paddle:
   return {out};
 }
 
-std::vector<std::vector<int64_t>> MoeExpertsShape(const std::vector<int64_t>& x, const std::vector<int64_t>& w,
-                                                  const std::vector<int64_t>& i,
-                                                  const std::vector<std::vector<int64_t>>& gate_up,
-                                                  const std::vector<std::vector<int64_t>>& down) {
+std::vector<std::vector<int64_t>> MoeExpertsShape(const std::vector<int64_t>& x, const std::vector<int64_t>&,
+                                                  const std::vector<int64_t>&, const std::vector<std::vector<int64_t>>&,
+                                                  const std::vector<std::vector<int64_t>>&) {
   return {x};
 }
-std::vector<paddle::DataType> MoeExpertsDtype(const paddle::DataType& x, const paddle::DataType& w,
-                                              const paddle::DataType& i, const std::vector<paddle::DataType>& gate_up,
-                                              const std::vector<paddle::DataType>& down) {
+std::vector<paddle::DataType> MoeExpertsDtype(const paddle::DataType& x, const paddle::DataType&,
+                                              const paddle::DataType&, const std::vector<paddle::DataType>&,
+                                              const std::vector<paddle::DataType>&) {
   return {x};
 }
 
