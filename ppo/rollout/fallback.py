@@ -7,6 +7,8 @@ same contract. They run under `paddle.no_grad()` inside the engine.
 import paddle
 import paddle.nn.functional as F
 
+from .moe_mlp import moe_experts  # noqa: F401  (rollout_moe_experts' twin: grouped_dispatch of SwiGLU experts)
+
 NEG_INF = float("-inf")
 
 

@@ -6,7 +6,8 @@ fallback.py run in float32 on the CPU from the same (rounded) inputs: RMSNorm by
 SwiGLU by `F.swiglu`, attention by the plain matmul / softmax path (prefill Tq > 1 and decode
 Tq = 1, GQA, left padding, a finished row, q/k/v bias, both q/k/v layouts), greedy sampling by the
 argmax of the penalised and suppressed logits, top-k/top-p and unfiltered sampling on fixed
-uniforms, the log-probs, the step bookkeeping and the weight packing; the "rows" and "cols"
+uniforms, the log-probs, the step bookkeeping, the weight packing and the routed experts of an
+MoE MLP (`moe_mlp.moe_experts`); the "rows" and "cols"
 layouts both. Every output and every in-place write is compared. A kernel that differs beyond the
 dtype's tolerance (`TOLERANCES`), gives NaN where the reference has none, or raises, is reported
 with the size of its error; `ops.get_ops` then runs that op's pure-Paddle twin instead.
@@ -198,8 +199,20 @@ def _update(custom, io):
         yield name, s[name].kernel, s[name].ref
 
 
+def _moe_experts(custom, io):
+    """7 tokens, top-2 of 4 experts (one with no token, one with 5: a full and a partial row
+    block), hidden 24, expert width 20 (column tails beside the 16-wide blocks)."""
+    x, weights = io.normal([7, 24]), io.pair(io.rng.uniform(0.1, 1.0, [7, 2]).astype("float32"))
+    indices = io.pair(np.array([[0, 2], [2, 0], [3, 2], [2, 0], [0, 3], [2, 3], [0, 2]], "int64"))
+    gate_up, down = [io.normal([24, 40], 0.3) for _ in range(4)], [io.normal([20, 24], 0.3) for _ in range(4)]
+    yield "routed sum", custom.moe_experts(x.kernel, weights.kernel, indices.kernel, [g.kernel for g in gate_up],
+                                           [d.kernel for d in down]), \
+        fallback.moe_experts(x.ref, weights.ref, indices.ref, [g.ref for g in gate_up], [d.ref for d in down])
+
+
 CHECKS = {"rms_norm": _rms_norm, "add_rms_norm": _add_rms_norm, "swiglu": _swiglu,
-          "pack_transposed": _pack_transposed, "attention": _attention, "sample": _sample, "update": _update}
+          "pack_transposed": _pack_transposed, "attention": _attention, "sample": _sample, "update": _update,
+          "moe_experts": _moe_experts}
 """One check per rollout op (`ops.ROLLOUT_OPS`), each with its own seed (the position here)."""
 
 

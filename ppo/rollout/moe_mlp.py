@@ -5,7 +5,9 @@ The same routing as the training forward (`moe.route`: float32 softmax, top-k ch
 block's selection bias if it has one, optional renormalisation) and the same gather / scatter by
 expert as `moe.dispatch`, grouped by one sort (`grouped_dispatch`): each expert's SwiGLU runs
 once per step on the rows routed to it, never densely over all experts; the block's shared
-experts (ERNIE 4.5's; Qwen2-MoE's times its sigmoid gate) run on every row as one SwiGLU. Expert
+experts (ERNIE 4.5's; Qwen2-MoE's times its sigmoid gate) run on every row as one SwiGLU. The routed
+experts of a step (decode or prefill) are one op, `ops.moe_experts`: the compiled
+`rollout_moe_experts` for CPU float32, else `moe_experts` here, its pure-Paddle twin. Expert
 matrices are kept [in, out] (gate and up fused into [H, 2I]) in either engine layout; a "cols"
 decode step transposes its activations ``[H, B]`` to rows for this block and back.
 """
@@ -101,6 +103,17 @@ def grouped_dispatch(x, weights, indices, experts):
     return paddle.index_add(paddle.zeros_like(x), rows, 0, paddle.concat(pieces) * scale)
 
 
+def _swiglu_expert(swiglu, gate_up, down):
+    return lambda h: paddle.matmul(swiglu(paddle.matmul(h, gate_up), None, False), down)
+
+
+def moe_experts(x, weights, indices, gate_up, down):
+    """The routed experts' weighted sum for ``x [N, H]``, ``weights [N, k]``, ``indices [N, k]``
+    and per expert ``gate_up [H, 2I]``, ``down [I, H]`` -> ``[N, H]``: `grouped_dispatch` of
+    SwiGLU experts in pure Paddle, the twin of the compiled ``rollout_moe_experts``."""
+    return grouped_dispatch(x, weights, indices, [_swiglu_expert(F.swiglu, g, d) for g, d in zip(gate_up, down)])
+
+
 def routed_mlp(ops, x, weights, cols, record=None, layer=0, t0=0, batch_rows=None):
     """The block's output for normed activations ``x``: ``[B, T, H]`` / ``[B, H]`` rows, or
     ``[H, B]`` with `cols`; the same shape back. `record`: a `RoutingRecord` that keeps the
@@ -114,12 +127,9 @@ def routed_mlp(ops, x, weights, cols, record=None, layer=0, t0=0, batch_rows=Non
     if record is not None:
         record.add(layer, indices, t0, shape, batch_rows)
 
-    def swiglu(gate_up, down):
-        return lambda h: paddle.matmul(ops.swiglu(paddle.matmul(h, gate_up), None, False), down)
-
-    out = grouped_dispatch(flat, probs_w, indices, [swiglu(g, d) for g, d in zip(weights.gate_up, weights.down)])
+    out = ops.moe_experts(flat, probs_w, indices, weights.gate_up, weights.down)  # every routed expert, one op
     if weights.shared_down is not None:
-        shared = swiglu(weights.shared_gate_up, weights.shared_down)(flat)
+        shared = _swiglu_expert(ops.swiglu, weights.shared_gate_up, weights.shared_down)(flat)
         if weights.shared_gate is not None:
             shared = F.sigmoid(paddle.matmul(flat, weights.shared_gate)) * shared
         out = out + shared

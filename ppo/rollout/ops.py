@@ -1,6 +1,6 @@
 """The rollout engine's op set: the compiled kernels of csrc/ or their pure-Paddle twins (fallback.py).
 
-`get_ops(kernels, place, dtype)` returns an object with the seven rollout ops (`ROLLOUT_OPS`) as
+`get_ops(kernels, place, dtype)` returns an object with the eight rollout ops (`ROLLOUT_OPS`) as
 methods, chosen by the run argument `rollout_kernels` (`KERNEL_MODES`):
 
 - "paddle": the pure-Paddle twins for every op (`FallbackOps`);
@@ -13,11 +13,14 @@ methods, chosen by the run argument `rollout_kernels` (`KERNEL_MODES`):
 Without the compiled library (`ppo.kernels`, built by `python csrc/build_ops.py`) "auto" runs the
 pure-Paddle twins and ONE warning says so (the engine is then slower, never silently).
 """
+import paddle
+
 from ..kernels import notice_fallback, unavailable_reason
 from . import fallback
 
 KERNEL_MODES = ("auto", "custom", "paddle")
-ROLLOUT_OPS = ("rms_norm", "add_rms_norm", "swiglu", "pack_transposed", "attention", "sample", "update")
+ROLLOUT_OPS = ("rms_norm", "add_rms_norm", "swiglu", "pack_transposed", "attention", "sample", "update",
+               "moe_experts")
 
 
 class CustomOps:
@@ -64,6 +67,13 @@ class CustomOps:
                          [int(s) for s in stop_seqs], [int(s) for s in stop_seq_lens], bool(update_presence))
         return outs[0]
 
+    def moe_experts(self, x, weights, indices, gate_up, down):
+        """The routed experts of an MoE MLP (`moe_mlp.moe_experts`); a CPU float32 kernel, the
+        pure-Paddle twin elsewhere."""
+        if not x.place.is_cpu_place() or x.dtype != paddle.float32:
+            return fallback.moe_experts(x, weights, indices, gate_up, down)
+        return self._run("rollout_moe_experts", x, weights, indices, list(gate_up), list(down))[0]
+
 
 class FallbackOps:
     """The same contract in pure Paddle (ppo/rollout/fallback.py)."""
@@ -76,6 +86,7 @@ class FallbackOps:
     attention = staticmethod(fallback.attention)
     sample = staticmethod(fallback.sample)
     update = staticmethod(fallback.update)
+    moe_experts = staticmethod(fallback.moe_experts)
 
 
 class MixedOps:
