@@ -1,0 +1,103 @@
+"""Resuming expert-parallel runs from a checkpoint, from a cold `python -m paddle.distributed.launch`
+on CPU processes (gloo): a run stopped after its step-1 checkpoint and started again ends where
+the uninterrupted run ends. Expert parallel 2 x tensor parallel 2 (four processes: GRPO, and PPO
+with a critic on the tiny Qwen3-MoE and ERNIE 4.5 MoE) and expert parallel 2 x sharding stage 1
+(two processes: GRPO), on the tiny models of tests/test_expert_tensor_parallel_launch.py.
+
+A checkpoint holds the one-process model layout (experts gathered over the expert group, slices
+merged over the tensor group) and one optimiser file per rank: each rank's AdamW moments of its
+own experts' slices (under sharding stage 1, its part of the other parameters' moments too). On
+resume every rank takes its experts' slices from the one-process weights and its moments from its
+own file; the test checks that rank 0 and rank 2 (EP x TP: the holders of experts 0, 1 and 2, 3)
+saved moments of their own experts only, and that the resumed run's losses and weights equal the
+uninterrupted run's."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from tests.test_expert_critic_launch import ppo_critic_argv, ppo_sizes, score_dir
+from tests.test_expert_parallel_launch import GRPO_KEYS, grpo_argv, grpo_sizes, saved_weights
+from tests.test_expert_tensor_parallel_launch import HEADS
+from tests.tp_launch import cold_launch_run, read_jsonl, step_values, worker_logs
+
+pytestmark = pytest.mark.slow
+
+EP_TP = ["--tensor_parallel_degree", "2", "--expert_parallel_degree", "2"]
+EP_SHARDING = ["--expert_parallel_degree", "2", "--sharding", "stage1", "--sharding_parallel_degree", "2"]
+PPO_KEYS = ("loss/policy_avg", "loss/value_avg", "loss/kl", "objective/scores", "policy/entropy_avg",
+            "train/actor_grad_norm", "train/critic_grad_norm")
+
+
+@pytest.fixture(scope="module")
+def moe_dirs(tmp_path_factory):
+    from tests.test_expert_parallel_launch import moe_dir_getter
+
+    return moe_dir_getter(tmp_path_factory, HEADS)
+
+
+def launch(argv, out, nproc):
+    return cold_launch_run("ppo/run_ppo.py", [*argv, "--output_dir", out, "--logging_dir", f"{out}/vdl"], out,
+                           nproc=nproc, cpu_tp_standins=nproc > 1)
+
+
+def straight_and_resumed(argv, tmp_path, nproc):
+    """The uninterrupted 2-step run of `argv` (a checkpoint after every step) and the run started
+    again from its step-1 checkpoint alone (what a kill after step 1's save leaves)."""
+    argv = [*argv, "--save_steps", "1", "--save_total_limit", "3", "--overwrite_output_dir", "true"]
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    launch(argv, straight, nproc)
+    os.makedirs(resumed)
+    shutil.copytree(f"{straight}/checkpoint-1", f"{resumed}/checkpoint-1")
+    with open(f"{resumed}/metrics.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in read_jsonl(f"{straight}/metrics.jsonl") if r.get("step", 0) <= 1)
+    launch([*argv, "--overwrite_output_dir", "false"], resumed, nproc)
+    assert f"resumed from {resumed}/checkpoint-1 at step 1" in worker_logs(f"{resumed}/launch", tail=10**7)
+    return straight, resumed
+
+
+def assert_expert_moments_per_rank(checkpoint, name, holders):
+    """`{rank: experts}`: each rank's optimiser file holds moments of its own experts, no other's."""
+    for rank, experts in holders.items():
+        state = json.dumps(sorted(__import__("paddle").load(f"{checkpoint}/{name}_optimizer.rank{rank}.pdopt")))
+        for e in range(4):
+            assert (f"experts.{e}.up_proj.weight_moment1" in state) == (e in experts), (rank, e)
+
+
+def assert_resumed_equal(straight, resumed, keys, models):
+    for key in keys:
+        assert step_values(resumed, key) == step_values(straight, key), key
+    for sub in models:
+        a, b = saved_weights(f"{straight}/{sub}"), saved_weights(f"{resumed}/{sub}")
+        assert sorted(a) == sorted(b) and any("experts.3." in k for k in a)
+        for key in a:
+            np.testing.assert_array_equal(b[key], a[key], err_msg=f"{sub}: {key}")
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "ernie45_moe"])
+def test_grpo_expert_parallel_with_tensor_parallel_resumes_exactly(arch, moe_dirs, tiny_data_dir, tmp_path):
+    straight, resumed = straight_and_resumed([*grpo_argv(moe_dirs(arch), tiny_data_dir, *grpo_sizes(2)), *EP_TP],
+                                             tmp_path, 4)
+    assert_expert_moments_per_rank(f"{straight}/checkpoint-1", "policy", {0: (0, 1), 1: (0, 1), 2: (2, 3), 3: (2, 3)})
+    assert_resumed_equal(straight, resumed, GRPO_KEYS, ("policy",))
+
+
+def test_ppo_with_a_critic_expert_parallel_with_tensor_parallel_resumes_exactly(moe_dirs, tiny_data_dir, tmp_path):
+    """The critic's experts' moments are saved and restored per rank too (Qwen3-MoE)."""
+    model_dir = moe_dirs("qwen3_moe")
+    argv = [*ppo_critic_argv(model_dir, score_dir(model_dir, str(tmp_path / "rm")), tiny_data_dir), *ppo_sizes(2), *EP_TP]
+    straight, resumed = straight_and_resumed(argv, tmp_path, 4)
+    for name in ("policy", "value"):
+        assert_expert_moments_per_rank(f"{straight}/checkpoint-1", name, {0: (0, 1), 2: (2, 3)})
+    assert_resumed_equal(straight, resumed, PPO_KEYS, ("policy", "value"))
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "ernie45_moe"])
+def test_grpo_expert_parallel_with_sharding_stage1_resumes_exactly(arch, moe_dirs, tiny_data_dir, tmp_path):
+    straight, resumed = straight_and_resumed([*grpo_argv(moe_dirs(arch), tiny_data_dir, *grpo_sizes(2)), *EP_SHARDING],
+                                             tmp_path, 2)
+    assert "init DygraphShardingOptimizer" in worker_logs(f"{straight}/launch", tail=10**7)
+    assert_expert_moments_per_rank(f"{straight}/checkpoint-1", "policy", {0: (0, 1), 1: (2, 3)})
+    assert_resumed_equal(straight, resumed, GRPO_KEYS, ("policy",))
