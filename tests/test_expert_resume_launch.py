@@ -101,3 +101,25 @@ def test_grpo_expert_parallel_with_sharding_stage1_resumes_exactly(arch, moe_dir
     assert "init DygraphShardingOptimizer" in worker_logs(f"{straight}/launch", tail=10**7)
     assert_expert_moments_per_rank(f"{straight}/checkpoint-1", "policy", {0: (0, 1), 1: (2, 3)})
     assert_resumed_equal(straight, resumed, GRPO_KEYS, ("policy",))
+
+
+def test_sft_expert_parallel_with_tensor_parallel_resumes_exactly(moe_dirs, tiny_data_dir, tmp_path):
+    """SFT through PaddleNLP's Trainer under EP 2 x TP 2 (Qwen3-MoE): resumed from checkpoint-2,
+    each rank takes its experts' slices and their AdamW states (``expert_optimizer.rank{r}.pdopt``)
+    back, and step 3 ends with the uninterrupted run's weights."""
+    from tests.test_expert_parallel_launch import sft_argv
+
+    argv = [*sft_argv(moe_dirs("qwen3_moe"), tiny_data_dir), "--per_device_train_batch_size", "4", "--save_steps", "1",
+            "--save_total_limit", "5", "--learning_rate", "1e-3", *EP_TP]
+    straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+    for out, extra in ((straight, []), (resumed, ["--overwrite_output_dir", "false"])):
+        if extra:
+            os.makedirs(resumed)
+            shutil.copytree(f"{straight}/checkpoint-2", f"{resumed}/checkpoint-2")
+        cold_launch_run("sft/run_sft.py", [*argv, *extra, "--output_dir", out, "--logging_dir", f"{out}/vdl"], out,
+                        nproc=4, cpu_tp_standins=True)
+    assert sorted(f for f in os.listdir(f"{straight}/checkpoint-2") if f.startswith("expert_optimizer")) == [
+        f"expert_optimizer.rank{r}.pdopt" for r in range(4)]
+    assert "Starting training from resume_from_checkpoint" in worker_logs(f"{resumed}/launch", tail=10**7)
+    assert step_values(resumed, "loss/sft") == {3: step_values(straight, "loss/sft")[3]}
+    assert_resumed_equal(straight, resumed, (), ("",))
