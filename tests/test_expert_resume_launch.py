@@ -103,23 +103,27 @@ def test_grpo_expert_parallel_with_sharding_stage1_resumes_exactly(arch, moe_dir
     assert_resumed_equal(straight, resumed, GRPO_KEYS, ("policy",))
 
 
-def test_sft_expert_parallel_with_tensor_parallel_resumes_exactly(moe_dirs, tiny_data_dir, tmp_path):
-    """SFT through PaddleNLP's Trainer under EP 2 x TP 2 (Qwen3-MoE): resumed from checkpoint-2,
-    each rank takes its experts' slices and their AdamW states (``expert_optimizer.rank{r}.pdopt``)
-    back, and step 3 ends with the uninterrupted run's weights."""
+@pytest.mark.parametrize("layout", ["ep2_tp2", "ep2_sharding2"])
+def test_sft_expert_parallel_resumes_exactly_with_tensor_parallel_or_sharding(layout, moe_dirs, tiny_data_dir, tmp_path):
+    """SFT through PaddleNLP's Trainer under EP 2 x TP 2 and EP 2 x sharding stage 1 (Qwen3-MoE):
+    resumed from checkpoint-2, each rank takes its experts (their slices under TP, from the
+    slice's ``model_state.tp0{m}.pdparams``) and their AdamW states
+    (``expert_optimizer.rank{r}.pdopt``) back, and step 3 ends with the uninterrupted run's
+    weights, bit for bit."""
     from tests.test_expert_parallel_launch import sft_argv
 
+    nproc, extra = (4, EP_TP) if layout == "ep2_tp2" else (2, EP_SHARDING)
     argv = [*sft_argv(moe_dirs("qwen3_moe"), tiny_data_dir), "--per_device_train_batch_size", "4", "--save_steps", "1",
-            "--save_total_limit", "5", "--learning_rate", "1e-3", *EP_TP]
+            "--save_total_limit", "5", "--learning_rate", "1e-3", *extra]
     straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
-    for out, extra in ((straight, []), (resumed, ["--overwrite_output_dir", "false"])):
-        if extra:
+    for out, again in ((straight, []), (resumed, ["--overwrite_output_dir", "false"])):
+        if again:
             os.makedirs(resumed)
             shutil.copytree(f"{straight}/checkpoint-2", f"{resumed}/checkpoint-2")
-        cold_launch_run("sft/run_sft.py", [*argv, *extra, "--output_dir", out, "--logging_dir", f"{out}/vdl"], out,
-                        nproc=4, cpu_tp_standins=True)
+        cold_launch_run("sft/run_sft.py", [*argv, *again, "--output_dir", out, "--logging_dir", f"{out}/vdl"], out,
+                        nproc=nproc, cpu_tp_standins=True)
     assert sorted(f for f in os.listdir(f"{straight}/checkpoint-2") if f.startswith("expert_optimizer")) == [
-        f"expert_optimizer.rank{r}.pdopt" for r in range(4)]
+        f"expert_optimizer.rank{r}.pdopt" for r in range(nproc)]
     assert "Starting training from resume_from_checkpoint" in worker_logs(f"{resumed}/launch", tail=10**7)
     assert step_values(resumed, "loss/sft") == {3: step_values(straight, "loss/sft")[3]}
     assert_resumed_equal(straight, resumed, (), ("",))
