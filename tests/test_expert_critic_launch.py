@@ -14,10 +14,11 @@ TP 2, against TP 2 x DP 2 (the same four processes without expert parallelism).
 
 Measured against one process: Qwen3-MoE EP 2 losses within 2.3e-6 relative (value loss), weights
 within 1.8e-5 (critic's layer-0 dense up_proj); EP 2 x TP 2 losses within 2.8e-6, weights within
-2.5e-5, and against TP 2 x DP 2 losses within 9.8e-7, weights within 1.2e-7. ERNIE 4.5 MoE EP 2 losses within 8.1e-6 (value loss, step 2), weights within 1.1e-5; EP 2 x
-TP 2 value loss 1.2e-5 relative and policy weights 4.5e-5 (layer 0's attention o_proj) from one
-process, where TP 2 x DP 2 alone is as far (1.2e-5, 4.6e-5): EP 2 x TP 2 against TP 2 x DP 2 is
-within 4.7e-7 (losses) and 1.7e-6 (weights). Tolerances: those of the EP x TP launch tests
+2.5e-5, and against TP 2 x DP 2 losses within 9.8e-7, weights within 1.2e-7. ERNIE 4.5 MoE EP 2
+losses within 8.1e-6 (value loss, step 2), weights within 1.1e-5; EP 2 x TP 2 value loss 1.2e-5
+relative and policy weights 4.5e-5 (layer 0's attention o_proj) from one process, where TP 2 x
+DP 2 alone is as far (1.2e-5, 4.6e-5): EP 2 x TP 2 against TP 2 x DP 2 is within 4.7e-7 (losses)
+and 1.7e-6 (weights). Tolerances: those of the EP x TP launch tests
 (tests/test_expert_tensor_parallel_launch.py: losses 1e-5 relative, weights 4e-5, against TP 2 x
 DP 2 2e-6 and 3e-6 / ERNIE 1e-5), but ERNIE's against one process under EP 2 x TP 2 at the
 tensor-parallel tests' 2e-5 (losses) and 6e-5 (weights): TP 2 x DP 2's own distance."""
@@ -34,9 +35,10 @@ ARCHS = ("qwen3_moe", "ernie45_moe")
 LOSS_RTOL = 1e-5
 WEIGHT_ATOL = 4e-5
 TP_ONE_PROCESS = {"ernie45_moe": (2e-5, 6e-5)}  # (losses, weights) under EP 2 x TP 2: TP 2 x DP 2 alone is as far
-PPO_KEYS = ("loss/policy_avg", "loss/value_avg", "loss/kl", "objective/scores", "policy/entropy_avg", "train/actor_grad_norm",
-            "train/critic_grad_norm")
-LAYOUTS = {"one": (1, []), "ep2": (2, ["--expert_parallel_degree", "2"]), "tp2_dp2": (4, ["--tensor_parallel_degree", "2"]),
+PPO_KEYS = ("loss/policy_avg", "loss/value_avg", "loss/kl", "objective/scores", "policy/entropy_avg",
+            "train/actor_grad_norm", "train/critic_grad_norm")
+LAYOUTS = {"one": (1, []), "ep2": (2, ["--expert_parallel_degree", "2"]),
+           "tp2_dp2": (4, ["--tensor_parallel_degree", "2"]),
            "ep2_tp2": (4, ["--tensor_parallel_degree", "2", "--expert_parallel_degree", "2"])}
 """Name: (processes, flags)."""
 
@@ -77,14 +79,15 @@ def ppo_critic_argv(model_dir, rm_dir, data_dir, *extra):
 
 
 def ppo_sizes(data_ranks):
-    return ["--per_device_prompt_batch_size", str(8 // data_ranks), "--per_device_train_batch_size", str(8 // data_ranks)]
+    return ["--per_device_prompt_batch_size", str(8 // data_ranks),
+            "--per_device_train_batch_size", str(8 // data_ranks)]
 
 
 def launch(argv, out, layout):
     nproc, extra = LAYOUTS[layout]
     data_ranks = nproc // 2 if "--tensor_parallel_degree" in extra else nproc
-    return cold_launch_run("ppo/run_ppo.py", [*argv, *ppo_sizes(data_ranks), *extra, "--output_dir", out,
-                                              "--logging_dir", f"{out}/vdl"], out, nproc=nproc, cpu_tp_standins=nproc > 1)
+    argv = [*argv, *ppo_sizes(data_ranks), *extra, "--output_dir", out, "--logging_dir", f"{out}/vdl"]
+    return cold_launch_run("ppo/run_ppo.py", argv, out, nproc=nproc, cpu_tp_standins=nproc > 1)
 
 
 def assert_critic_sharded(out, nproc):

@@ -1,21 +1,30 @@
 """Resuming expert-parallel runs from a checkpoint, from a cold `python -m paddle.distributed.launch`
-on CPU processes (gloo): a run stopped after its step-1 checkpoint and started again ends where
-the uninterrupted run ends. Expert parallel 2 x tensor parallel 2 (four processes: GRPO, and PPO
-with a critic on the tiny Qwen3-MoE and ERNIE 4.5 MoE) and expert parallel 2 x sharding stage 1
-(two processes: GRPO), on the tiny models of tests/test_expert_tensor_parallel_launch.py.
+on CPU processes (gloo): a run stopped after a checkpoint and started again from it alone ends
+where the uninterrupted run ends, bit for bit (losses and every saved weight). Expert parallel 2 x
+tensor parallel 2 (four processes): GRPO on the tiny Qwen3-MoE and ERNIE 4.5 MoE, PPO with a
+critic and SFT on Qwen3-MoE; expert parallel 2 x sharding stage 1 (two processes): GRPO on both,
+SFT on Qwen3-MoE. The tiny models of tests/test_expert_tensor_parallel_launch.py.
 
-A checkpoint holds the one-process model layout (experts gathered over the expert group, slices
-merged over the tensor group) and one optimiser file per rank: each rank's AdamW moments of its
-own experts' slices (under sharding stage 1, its part of the other parameters' moments too). On
-resume every rank takes its experts' slices from the one-process weights and its moments from its
-own file; the test checks that rank 0 and rank 2 (EP x TP: the holders of experts 0, 1 and 2, 3)
-saved moments of their own experts only, and that the resumed run's losses and weights equal the
-uninterrupted run's."""
+PPO/GRPO checkpoints hold the one-process model layout (experts gathered over the expert group,
+slices merged over the tensor group) and one optimiser file per rank, each with the AdamW moments
+of that rank's own experts (slices), checked below for the actor and the critic; under sharding
+stage 1 also its part of the other parameters' moments. SFT's (PaddleNLP's Trainer) hold one
+model file per tensor slice, each with every expert's slice, and each rank's expert moments in
+``expert_optimizer.rank{r}.pdopt``.
+
+Two bugs these tests found: an SFT resume under EP x TP looked for ``model_state.pdparams`` and
+stopped (`ppo.strategy.expert.trainer` now reads the slice's ``model_state.tp0{m}.pdparams``);
+an SFT resume under EP x sharding stage 1 skipped an expert that no token reached in step 3,
+where the uninterrupted run steps it from its zeroed gradient, and ended 1.3e-4 away
+(`ppo.optimization.stepped` now applies its rule to the experts a sharding optimiser keeps local).
+Zeroing the experts' moments in a checkpoint moves the resumed EP x sharding GRPO run's step-2
+policy loss by 4.6e-3 relative and its experts by 2.8e-3: the comparison sees lost moments."""
 import json
 import os
 import shutil
 
 import numpy as np
+import paddle
 import pytest
 
 from tests.test_expert_critic_launch import ppo_critic_argv, ppo_sizes, score_dir
@@ -61,7 +70,7 @@ def straight_and_resumed(argv, tmp_path, nproc):
 def assert_expert_moments_per_rank(checkpoint, name, holders):
     """`{rank: experts}`: each rank's optimiser file holds moments of its own experts, no other's."""
     for rank, experts in holders.items():
-        state = json.dumps(sorted(__import__("paddle").load(f"{checkpoint}/{name}_optimizer.rank{rank}.pdopt")))
+        state = json.dumps(sorted(paddle.load(f"{checkpoint}/{name}_optimizer.rank{rank}.pdopt")))
         for e in range(4):
             assert (f"experts.{e}.up_proj.weight_moment1" in state) == (e in experts), (rank, e)
 
@@ -87,7 +96,8 @@ def test_grpo_expert_parallel_with_tensor_parallel_resumes_exactly(arch, moe_dir
 def test_ppo_with_a_critic_expert_parallel_with_tensor_parallel_resumes_exactly(moe_dirs, tiny_data_dir, tmp_path):
     """The critic's experts' moments are saved and restored per rank too (Qwen3-MoE)."""
     model_dir = moe_dirs("qwen3_moe")
-    argv = [*ppo_critic_argv(model_dir, score_dir(model_dir, str(tmp_path / "rm")), tiny_data_dir), *ppo_sizes(2), *EP_TP]
+    rm_dir = score_dir(model_dir, str(tmp_path / "rm"))
+    argv = [*ppo_critic_argv(model_dir, rm_dir, tiny_data_dir), *ppo_sizes(2), *EP_TP]
     straight, resumed = straight_and_resumed(argv, tmp_path, 4)
     for name in ("policy", "value"):
         assert_expert_moments_per_rank(f"{straight}/checkpoint-1", name, {0: (0, 1), 2: (2, 3)})
@@ -104,7 +114,8 @@ def test_grpo_expert_parallel_with_sharding_stage1_resumes_exactly(arch, moe_dir
 
 
 @pytest.mark.parametrize("layout", ["ep2_tp2", "ep2_sharding2"])
-def test_sft_expert_parallel_resumes_exactly_with_tensor_parallel_or_sharding(layout, moe_dirs, tiny_data_dir, tmp_path):
+def test_sft_expert_parallel_resumes_exactly_with_tensor_parallel_or_sharding(layout, moe_dirs, tiny_data_dir,
+                                                                             tmp_path):
     """SFT through PaddleNLP's Trainer under EP 2 x TP 2 and EP 2 x sharding stage 1 (Qwen3-MoE):
     resumed from checkpoint-2, each rank takes its experts (their slices under TP, from the
     slice's ``model_state.tp0{m}.pdparams``) and their AdamW states

@@ -58,7 +58,8 @@ def stepped_without_gradient(optimizer):
         return []
     created = inner._accumulators.get(key, {})
     held = [k for k in getattr(inner, "_accumulators_holder", {}) if isinstance(k, str)]
-    missing = [p for p in _parameters(inner) if not p.stop_gradient and p.grad is None and (local is None or id(p) in local)]
+    missing = [p for p in _parameters(inner)
+               if not p.stop_gradient and p.grad is None and (local is None or id(p) in local)]
     if not missing:
         return []
     loaded = {k.rsplit(f"_{key}_", 1)[0] for k in held if f"_{key}_" in k}

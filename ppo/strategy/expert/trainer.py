@@ -93,7 +93,8 @@ class ExpertTrainerAxis:
             from paddlenlp.transformers.model_utils import _add_variant
             from paddlenlp.utils.env import PADDLE_WEIGHTS_NAME
 
-            saved = paddle.load(os.path.join(checkpoint, _add_variant(PADDLE_WEIGHTS_NAME, trainer.args.weight_name_suffix)))
+            weights_file = _add_variant(PADDLE_WEIGHTS_NAME, trainer.args.weight_name_suffix)
+            saved = paddle.load(os.path.join(checkpoint, weights_file))
             mine = {name for name, p in trainer.model.named_parameters() if getattr(p, "expert_parallel", False)}
             trainer.model.set_state_dict({name: value for name, value in saved.items() if name in mine})
 
