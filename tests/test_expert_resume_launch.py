@@ -3,7 +3,7 @@ on CPU processes (gloo): a run stopped after a checkpoint and started again from
 where the uninterrupted run ends, bit for bit (losses and every saved weight). Expert parallel 2 x
 tensor parallel 2 (four processes): GRPO on the tiny Qwen3-MoE and ERNIE 4.5 MoE, PPO with a
 critic and SFT on Qwen3-MoE; expert parallel 2 x sharding stage 1 (two processes): GRPO on both,
-SFT on Qwen3-MoE. The tiny models of tests/test_expert_tensor_parallel_launch.py.
+PPO with a critic and SFT on Qwen3-MoE. The tiny models of tests/test_expert_tensor_parallel_launch.py.
 
 PPO/GRPO checkpoints hold the one-process model layout (experts gathered over the expert group,
 slices merged over the tensor group) and one optimiser file per rank, each with the AdamW moments
@@ -93,14 +93,17 @@ def test_grpo_expert_parallel_with_tensor_parallel_resumes_exactly(arch, moe_dir
     assert_resumed_equal(straight, resumed, GRPO_KEYS, ("policy",))
 
 
-def test_ppo_with_a_critic_expert_parallel_with_tensor_parallel_resumes_exactly(moe_dirs, tiny_data_dir, tmp_path):
+@pytest.mark.parametrize("layout", ["ep2_tp2", "ep2_sharding2"])
+def test_ppo_with_a_critic_resumes_exactly_with_tensor_parallel_or_sharding(layout, moe_dirs, tiny_data_dir, tmp_path):
     """The critic's experts' moments are saved and restored per rank too (Qwen3-MoE)."""
     model_dir = moe_dirs("qwen3_moe")
     rm_dir = score_dir(model_dir, str(tmp_path / "rm"))
-    argv = [*ppo_critic_argv(model_dir, rm_dir, tiny_data_dir), *ppo_sizes(2), *EP_TP]
-    straight, resumed = straight_and_resumed(argv, tmp_path, 4)
+    nproc, extra, holders = (4, EP_TP, {0: (0, 1), 2: (2, 3)}) if layout == "ep2_tp2" else (
+        2, EP_SHARDING, {0: (0, 1), 1: (2, 3)})
+    argv = [*ppo_critic_argv(model_dir, rm_dir, tiny_data_dir), *ppo_sizes(2), *extra]  # two data ranks in both
+    straight, resumed = straight_and_resumed(argv, tmp_path, nproc)
     for name in ("policy", "value"):
-        assert_expert_moments_per_rank(f"{straight}/checkpoint-1", name, {0: (0, 1), 2: (2, 3)})
+        assert_expert_moments_per_rank(f"{straight}/checkpoint-1", name, holders)
     assert_resumed_equal(straight, resumed, PPO_KEYS, ("policy", "value"))
 
 
