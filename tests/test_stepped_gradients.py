@@ -88,3 +88,28 @@ def test_only_parameters_with_moments_get_a_zero_gradient():
         assert zero_missing_gradients(optimizer) == 2
         assert all(float(p.grad.abs().sum()) == 0.0 for p in model.experts[0].parameters())
         assert all(p.grad is None for p in model.experts[1].parameters())
+
+
+class ShardingWrapper:
+    """The chain of a stage-1 sharding optimiser (`_inner_opt`: the optimiser of this rank's part);
+    `expert_ids`: the parameters it neither reduces nor broadcasts (`ppo.strategy.expert.sharding`)."""
+
+    def __init__(self, inner, expert_ids=None):
+        self._inner_opt = inner
+        if expert_ids is not None:
+            self.expert_ids = frozenset(expert_ids)
+
+
+def test_under_sharding_only_the_local_experts_get_a_zero_gradient():
+    """Under sharding the rule holds for the parameters only this rank steps (its experts under
+    expert parallelism); the others' gradients are reduced over the group, so none is made up."""
+    with paddle.utils.unique_name.guard():
+        model, optimizer = fresh()
+        model(paddle.ones([1, 4]), (0, 1)).sum().backward()
+        optimizer.step()
+        optimizer.clear_grad(set_to_zero=False)  # every parameter stepped once, none has a gradient now
+        assert stepped_without_gradient(ShardingWrapper(optimizer)) == []
+        local = model.experts[0].parameters()
+        found = stepped_without_gradient(ShardingWrapper(optimizer, [id(p) for p in local]))
+        assert sorted(p.name for p in found) == sorted(p.name for p in local)
+        assert len(stepped_without_gradient(optimizer)) == 4  # without sharding: both experts' weights and biases

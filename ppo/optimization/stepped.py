@@ -17,8 +17,12 @@ exactly the parameters it stepped before. (Megatron-LM's contiguous gradient buf
 parameter from its zeroed ``main_grad``; PyTorch's ``zero_grad(set_to_none=True)`` skips an
 unreached one every time; Paddle's default sits between, and this keeps it.)
 
-Under sharding each rank holds only its own parameters' moments, so the rule cannot be read
-locally; it is left out there (`zero_missing_gradients` returns 0)."""
+Under sharding each rank holds only its own parameters' moments and the gradients are reduced to
+their owner over the group, so the rule cannot be read locally; it is left out there, except for
+the parameters a sharding optimiser keeps out of its reduce and broadcast (its ``expert_ids``:
+each rank's own experts under expert parallelism, `ppo.strategy.expert.sharding`), whose moments
+and gradients are this rank's alone. (Before, a resumed EP x sharding stage-1 SFT run skipped an
+expert that no token reached after the resume, and ended 1.3e-4 from the uninterrupted run.)"""
 import paddle
 
 
@@ -40,18 +44,22 @@ def _parameters(optimizer):
 
 def stepped_without_gradient(optimizer):
     """The trainable parameters of `optimizer` that it holds moments for and that have no
-    gradient now (see the module docstring); [] under sharding or for an optimiser without a
-    first moment."""
+    gradient now (see the module docstring); under sharding only those its sharding optimiser
+    keeps local; [] for an optimiser without a first moment."""
     chain = _optimizer_chain(optimizer)
+    local = None  # under sharding: the ids of the parameters only this rank steps (module docstring)
     if any(getattr(o, "_sharding_enable", False) or "Sharding" in type(o).__name__ for o in chain):
-        return []
+        local = frozenset().union(*(vars(o).get("expert_ids", ()) for o in chain))
+        if not local:
+            return []
     inner = chain[-1]
     key = getattr(inner, "_moment1_acc_str", None)
     if key is None:
         return []
     created = inner._accumulators.get(key, {})
     held = [k for k in getattr(inner, "_accumulators_holder", {}) if isinstance(k, str)]
-    missing = [p for p in _parameters(inner) if not p.stop_gradient and p.grad is None]
+    missing = [p for p in _parameters(inner)
+               if not p.stop_gradient and p.grad is None and (local is None or id(p) in local)]
     if not missing:
         return []
     loaded = {k.rsplit(f"_{key}_", 1)[0] for k in held if f"_{key}_" in k}

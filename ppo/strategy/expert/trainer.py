@@ -83,12 +83,18 @@ class ExpertTrainerAxis:
 
     def checkpoint_loaded(self, trainer, checkpoint):
         """The Trainer loads a resumed model on data rank 0 and broadcasts it; experts are not
-        broadcast: every rank takes its own from the checkpoint's one-process weights."""
+        broadcast: every rank takes its own from the checkpoint's weights, which hold every
+        expert (gathered for the save): the one-process file, or with tensor parallelism the
+        file of this rank's slice (``model_state.tp0{m}.pdparams``, the Trainer's
+        ``weight_name_suffix``; before, the resume looked for ``model_state.pdparams`` there
+        and stopped)."""
         self.inner.checkpoint_loaded(trainer, checkpoint)
         if checkpoint is not None:
+            from paddlenlp.transformers.model_utils import _add_variant
             from paddlenlp.utils.env import PADDLE_WEIGHTS_NAME
 
-            saved = paddle.load(os.path.join(checkpoint, PADDLE_WEIGHTS_NAME))
+            weights_file = _add_variant(PADDLE_WEIGHTS_NAME, trainer.args.weight_name_suffix)
+            saved = paddle.load(os.path.join(checkpoint, weights_file))
             mine = {name for name, p in trainer.model.named_parameters() if getattr(p, "expert_parallel", False)}
             trainer.model.set_state_dict({name: value for name, value in saved.items() if name in mine})
 
