@@ -20,6 +20,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
+from ..common.rank_faults import open_beacons
 from ..common.run_guard import RolloutRankLost
 from ..common.training_world import set_training_world
 from .rollout_layout import RolloutLayout
@@ -136,6 +137,7 @@ def open_split_world(world, rollout_ranks):
     global _run_link
     layout = RolloutLayout(world, rollout_ranks)
     trainer_group, weight_group, pair_groups = split_groups(layout)
+    open_beacons(layout)  # who is gone when an exchange fails (ppo.common.rank_faults)
     if not layout.is_replica(dist.get_rank()):
         set_training_world(layout.trainers, trainer_group)
     _run_link = RolloutLink(layout, weight_group=weight_group, pair_groups=pair_groups)

@@ -21,6 +21,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from ..common.console_report import number
 from ..common.divergence import DivergenceError
 from ..common.metrics import MetricAccumulator
+from ..common.rank_faults import lost_rank_error
 from ..common.run_guard import FlatRewardWatch, RolloutRankLost, RunInterrupted, interrupted_message, stop_requests
 from ..serving.reward_client import RewardServerError
 from .agent_rollout import ToolPoolError
@@ -118,6 +119,8 @@ class OnlineLoop:
                 except RolloutRankLost as err:  # a split run's rollout rank died: keep the work
                     self.save_before_stopping(err, lambda note, e=err: RolloutRankLost(
                         f"{e}; {note}: run the same command again to resume from it"))
+                except RuntimeError as err:  # a collective with a rank that died (split: it is named)
+                    self.stop_on_lost_rank(err)
                 state.step += 1
                 bar.update(1)
                 bar.set_postfix({label: number(metrics[k]) for label, k in self.learner.progress_metrics.items() if k in metrics})
@@ -207,13 +210,26 @@ class OnlineLoop:
         raise DivergenceError(f"stopped: {'; '.join(messages)}; {where} (stop_on_divergence=False lets the run go on)")
 
     def save_before_stopping(self, err, stopped):
-        """Save a checkpoint of the last completed step (one process only: the ranks may not all have
-        failed at one point) and raise `stopped(note)`, the error again with a note saying where it is."""
-        if self.ranks.world_size > 1 or self.state.step == 0:
+        """Save a checkpoint of the last completed step (one process only, or every rank when `err`
+        was raised on all of them at one point: `on_every_trainer`) and raise `stopped(note)`, the
+        error again with a note saying where it is."""
+        if (self.ranks.world_size > 1 and not getattr(err, "on_every_trainer", False)) or self.state.step == 0:
             raise err
         self.state.save()
         saved = os.path.join(self.settings.output_dir, f"checkpoint-{self.state.step}")
         raise stopped(f"saved {saved} (after step {self.state.step}) before stopping") from err
+
+    def stop_on_lost_rank(self, err):
+        """Raise `err`, or `TrainerRankLost` naming the ranks that are gone when a split run's
+        rank died (`ppo.common.rank_faults.lost_rank_error`) with the newest checkpoint on disk."""
+        from ..checkpoints.checkpoint import list_checkpoints
+
+        lost = lost_rank_error(err)
+        if lost is None:
+            raise err
+        kept = list_checkpoints(self.settings.output_dir)
+        where = f"the last checkpoint is {kept[-1][1]}" if kept else "no checkpoint was saved before it"
+        raise type(lost)(f"{lost}; {where}: run the same command again to resume from it") from err
 
     def stop_on_signal(self):
         """Save a checkpoint at this step, write `summary.json` and raise RunInterrupted; in a split
