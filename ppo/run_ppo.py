@@ -34,7 +34,7 @@ with quiet_third_party_warnings():
     from ppo.entry.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments, validate_arguments  # noqa: E402
     from ppo.entry.ppo_trainer import build_ppo_trainer, build_rollout_worker  # noqa: E402
     from ppo.strategy import build_strategy  # noqa: E402
-    from ppo.strategy.rollout_link import open_split_world  # noqa: E402
+    from ppo.strategy.rollout_link import open_split_world, run_link  # noqa: E402
     from ppo.trainer.scoring import score_sources  # noqa: E402
     from ppo.models.reward_tokens import check_cost_tokenizers, embedding_limit_problems, retokenizer_for_run  # noqa: E402
     from ppo.common.output_lock import acquire_output_dir  # noqa: E402
@@ -101,9 +101,15 @@ def rollout_rank_worker(model_args, training_args, tokenizer, train):
     """A split run's rollout rank: the actor alone, with its reference when the run has a KL to
     it (the rollout rank then computes the reference log-probs)."""
     dtype, overrides = training_dtype(training_args), load_overrides(model_args, training_args, pipeline_entry="ppo")
+    for key in ("tensor_parallel_degree", "tensor_parallel_rank", "tensor_parallel_output"):  # a whole copy
+        overrides.pop(key, None)
     actor = load_actor(model_args, dtype, **overrides)
     models = None
-    if training_args.kl_coeff != 0 or training_args.kl_loss_coeff != 0:
+    # the reference log-probs here only when the trainer's own pass would compute the same numbers
+    # (a tensor-parallel trainer sums its reference's slices in another order: it computes them)
+    link = run_link()  # the reference pass runs on a replica's leader only
+    if (training_args.kl_coeff != 0 or training_args.kl_loss_coeff != 0) and training_args.tensor_parallel_degree <= 1 \
+            and link.rank == link.layout.leader(link.rank):
         reference = load_reference(actor, model_args.actor_model_name_or_path, model_args.reference_model_name_or_path,
                                    dtype, **overrides)
         models = PPOModels(actor=actor, reference=reference, reward=None, critic=None)
@@ -121,7 +127,8 @@ def build_trainer(argv=None, strategy=None):
             logger.warning(message)
     paddle.seed(training_args.seed + training_args.dataset_rank)  # tensor-parallel ranks draw alike
     if training_args.split_rollout:  # the groups of the trainer ranks and of the weights, on every rank
-        open_split_world(paddle.distributed.get_world_size(), training_args.rollout_ranks)
+        open_split_world(paddle.distributed.get_world_size(), training_args.rollout_ranks,
+                         max(training_args.tensor_parallel_degree, 1), max(training_args.rollout_tensor_parallel_degree, 1))
     if training_args.is_rollout_rank:  # rollout_placement split: this rank only generates
         return rollout_rank_worker(model_args, training_args, tokenizer, train)
     strategy = strategy or build_strategy(training_args)  # the layout: it loads the models in it

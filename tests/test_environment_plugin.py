@@ -8,7 +8,6 @@ import json
 import os
 import sys
 import textwrap
-import uuid
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from ppo.common.argument_problems import UsageError
 from ppo.entry.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments
 from ppo.run_ppo import build_trainer, start_up
 from ppo.trainer.loop import StepClock
+from tests.plugin_helpers import forget_module, write_plugin_module
 from tests.test_agent_training import grpo_agent_argv
 
 CLASSES = (ModelArgument, DataArgument, PPOTrainingArguments)
@@ -50,13 +50,9 @@ PLUGIN = textwrap.dedent('''
 @pytest.fixture
 def plugin(tmp_path, monkeypatch):
     """`module:Class` of the outside environment (importable from tmp_path; the one file written)."""
-    name = f"outside_env_{uuid.uuid4().hex[:12]}"  # a new module each test: the registry outlives it
-    folder = tmp_path / "plugin"
-    folder.mkdir()
-    (folder / f"{name}.py").write_text(PLUGIN)
-    monkeypatch.syspath_prepend(str(folder))
-    yield f"{name}:BonusEnv"
-    sys.modules.pop(name, None)
+    name = write_plugin_module(tmp_path, monkeypatch, "outside_env", PLUGIN)
+    yield name + ":BonusEnv"
+    forget_module(name)
 
 
 def test_an_outside_environment_setting_reaches_the_environment(tmp_path, plugin):

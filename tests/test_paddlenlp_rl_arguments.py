@@ -44,6 +44,14 @@ def test_rollout_tensor_parallel_degree(degree, eval_mode, problem, mode):
     assert rollout_eval_mode(args) == mode
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_with_split_rollout_the_degree_is_the_replicas_own(tp):
+    """rollout_placement split: any degree is the rollout replicas' (resharded from the trainer's
+    tensor_parallel_degree, checked against rollout_ranks elsewhere); the trainer's eval_mode is left as given."""
+    args = placement(rollout_tensor_parallel_degree=4, tensor_parallel_degree=tp, rollout_placement="split")
+    assert placement_problems(args) == [] and rollout_eval_mode(args) == ""
+
+
 def test_use_fp32_compute_false_is_the_training_dtype(tmp_path):
     """false: the log-prob passes run in the training dtype (float32 training: float32); bf16/fp16
     is accepted with it except on pipeline stages, whose log-probs are float32 only."""

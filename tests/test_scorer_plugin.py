@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import uuid
 
 import pytest
 
@@ -17,6 +16,7 @@ from ppo.common.argument_parsing import ArgumentError, parse_arguments
 from ppo.entry.ppo_arguments import DataArgument, ModelArgument, PPOTrainingArguments
 from ppo.scorers import list_scorers, scorer_facts
 from ppo.trainer.scoring import score_sources
+from tests.plugin_helpers import forget_module, write_plugin_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLASSES = (ModelArgument, DataArgument, PPOTrainingArguments)
@@ -47,13 +47,9 @@ PLUGIN = textwrap.dedent('''
 @pytest.fixture
 def plugin(tmp_path, monkeypatch):
     """The module name of the outside scorer (importable from tmp_path; the one file written)."""
-    name = f"outside_scorer_{uuid.uuid4().hex[:12]}"  # a new module each test: the registry outlives it
-    folder = tmp_path / "plugin"
-    folder.mkdir()
-    (folder / f"{name}.py").write_text(PLUGIN)
-    monkeypatch.syspath_prepend(str(folder))
+    name = write_plugin_module(tmp_path, monkeypatch, "outside_scorer", PLUGIN)
     yield name
-    sys.modules.pop(name, None)
+    forget_module(name)
 
 
 def argument_file(tmp_path, scorers, **keys):

@@ -38,6 +38,38 @@ def test_units_are_dealt_round_robin_in_a_fixed_order():
     assert [RolloutLayout(2, 1).units(b) for b in range(2)] == [[(0, 1)]] * 2  # the one-and-one run
 
 
+def test_tensor_parallel_groups_count_once_in_the_deal():
+    """A trainer tensor-parallel group is one data rank: its units go to one replica and come to
+    each of its ranks; a replica of rollout_tp ranks is one replica whose first rank (its leader)
+    is named in the deal."""
+    tp_trainer = RolloutLayout(4, 2, trainer_tp=2)  # ranks 0-1 train together, 2 and 3 are replicas
+    assert (tp_trainer.data_ranks, tp_trainer.replicas, tp_trainer.data_rank_trainers(0)) == (1, 2, [0, 1])
+    assert [tp_trainer.units(b) for b in range(3)] == [[(0, 2)], [(0, 3)], [(0, 2)]]  # the replicas take turns
+    assert tp_trainer.served_trainers(2) == tp_trainer.served_trainers(3) == [0, 1]
+    assert [tp_trainer.data_rank(t) for t in (0, 1)] == [0, 0] and tp_trainer.weight_group_ranks == [0, 2, 3]
+    tp_replica = RolloutLayout(3, 2, rollout_tp=2)  # rank 0 trains, ranks 1-2 are one replica
+    assert (tp_replica.data_ranks, tp_replica.replicas) == (1, 1)
+    assert [tp_replica.units(b) for b in range(2)] == [[(0, 1)]] * 2
+    assert [tp_replica.leader(r) for r in (1, 2)] == [1, 1] and tp_replica.replica_members(2) == [1, 2]
+    assert tp_replica.served_trainers(1) == tp_replica.served_trainers(2) == [0]
+    both = RolloutLayout(8, 4, trainer_tp=2, rollout_tp=2)  # data ranks {0, 1} and {2, 3}; replicas 4-5 and 6-7
+    assert [both.units(b) for b in range(2)] == [[(0, 4), (1, 6)]] * 2
+    assert both.served_trainers(7) == [2, 3] and both.served_data_ranks(5) == [0]
+
+
+@pytest.mark.parametrize("layout, replica, data", [
+    (RolloutLayout(4, 2, trainer_tp=2), {}, {}),  # one data rank, replicas of one rank: no group of either
+    (RolloutLayout(3, 2, rollout_tp=2), {1: [1, 2], 2: [1, 2]}, {}),
+    (RolloutLayout(8, 4, trainer_tp=2, rollout_tp=2), {4: [4, 5], 5: [4, 5], 6: [6, 7], 7: [6, 7]},
+     {0: [0, 2], 2: [0, 2], 1: [1, 3], 3: [1, 3]}),
+])
+def test_parallel_groups_of_replicas_and_trainer_data_ranks(monkeypatch, layout, replica, data):
+    """Each replica of several ranks generates over a group of its own; with several trainer data
+    ranks of tensor parallelism, the ranks of one model-parallel index sum gradients over theirs."""
+    monkeypatch.setattr(split_groups, "isolated_group", lambda ranks, name: list(ranks))
+    assert split_groups.parallel_groups(layout) == (replica, data)
+
+
 @pytest.mark.parametrize("world, rollout_ranks, want, made", [
     (2, 1, (None, None, {(0, 1): None}), []),  # the launch is the pair: Paddle's default group
     (4, 2, ([0, 1], [0, 2, 3], {(0, 2): [0, 2], (1, 3): [1, 3]}),
@@ -55,6 +87,18 @@ def test_split_groups_are_made_in_one_order_on_every_rank(monkeypatch, world, ro
     monkeypatch.setattr(split_groups, "isolated_group", lambda ranks, name: calls.append((name, ranks)) or list(ranks))
     assert split_groups.split_groups(RolloutLayout(world, rollout_ranks)) == want
     assert calls == made
+
+
+def test_each_rank_of_a_trainer_tensor_parallel_group_pairs_with_each_replica(monkeypatch):
+    """Trainer TP2 beside two replicas: every trainer rank receives batches from both replicas."""
+    calls = []
+    monkeypatch.setattr(split_groups, "isolated_group", lambda ranks, name: calls.append(name) or list(ranks))
+    trainers, weights, pairs = split_groups.split_groups(RolloutLayout(4, 2, trainer_tp=2))
+    assert (trainers, weights, sorted(pairs)) == ([0, 1], [0, 2, 3], [(0, 2), (0, 3), (1, 2), (1, 3)])
+    assert calls == ["trainers", "weights", "pair_0_2", "pair_1_2", "pair_0_3", "pair_1_3"]
+    calls.clear()  # beside one TP2 replica: rank 3 only gets trainer rank 0's hello, rank 2 sends to both
+    _, _, pairs = split_groups.split_groups(RolloutLayout(4, 2, trainer_tp=2, rollout_tp=2))
+    assert sorted(pairs) == [(0, 2), (0, 3), (1, 2)] and calls == ["trainers", "weights", "pair_0_2", "pair_1_2", "pair_0_3"]
 
 
 def test_only_trainer_rank_0_broadcasts_the_weights(monkeypatch):
@@ -79,10 +123,28 @@ def test_what_stays_refused_with_more_ranks_names_its_key():
     args = placement_args(rollout_ranks=2, async_staleness=1, rollout_is="token", partial_rollout=True,
                           partial_rollout_tokens=2, max_dec_len=8, tensor_parallel_degree=2, rollout_tensor_parallel_degree=2)
     problems = rollout_placement_problems(args, 4)
-    assert any(p.startswith("partial_rollout with 4 processes") for p in problems), problems
-    assert any(p.startswith("tensor_parallel_degree 2 with rollout_placement split") for p in problems), problems
-    assert any(p.startswith("rollout_tensor_parallel_degree 2 with rollout_placement split") for p in problems), problems
-    assert len(problems) == 3
+    assert len(problems) == 1 and problems[0].startswith("partial_rollout with 4 processes"), problems
+    # tensor_parallel_degree 2 on 2 trainer ranks of 4 processes runs, so do replicas of 2 ranks
+    for name in ("pipeline_parallel_degree", "sharding_parallel_degree"):
+        problems = rollout_placement_problems(placement_args(rollout_ranks=2, **{name: 2}), 4)
+        assert problems == [f"{name} 2 with rollout_placement split: the trainer ranks train data and tensor parallel "
+                            "only (pipeline stages and sharding beside rollout ranks are not implemented)"]
+
+
+@pytest.mark.parametrize("rollout_ranks, ok", [(2, True), (4, True), (3, False), (1, False)])
+def test_rollout_tensor_parallel_needs_rollout_ranks_that_divide_by_it(rollout_ranks, ok):
+    args = placement_args(rollout_ranks=rollout_ranks, rollout_tensor_parallel_degree=2)
+    assert rollout_placement_problems(args, 5) == ([] if ok else [
+        f"rollout_tensor_parallel_degree 2 with rollout_placement split needs rollout_ranks ({rollout_ranks}) to divide "
+        "by it (each replica is that many consecutive rollout ranks)"])
+
+
+@pytest.mark.parametrize("world, rollout_ranks, ok", [(4, 2, True), (6, 2, True), (3, 1, False), (4, 1, False)])
+def test_trainer_tensor_parallel_needs_trainer_ranks_that_divide_by_it(world, rollout_ranks, ok):
+    problems = rollout_placement_problems(placement_args(rollout_ranks=rollout_ranks, tensor_parallel_degree=2), world)
+    assert problems == ([] if ok else [f"tensor_parallel_degree 2 with rollout_placement split needs the trainer ranks "
+                                       f"({world - rollout_ranks}) and the launch's processes ({world}) to divide by it "
+                                       "(fleet's topology spans the whole launch)"])
 
 
 # ---------------------------------------------------------------- the schedule, with routed recording links
@@ -141,25 +203,27 @@ def colocated_draws(t, n, count):
 
 def run_schedule(layout, staleness, start, max_steps):
     """Every rollout rank's loop, then every trainer rank's steps, over routed links; returns
-    `({trainer: [its experiences]}, {trainer: its link}, {replica: its link})`."""
-    n, sent_versions = layout.trainers, [start] + [k for k in range(start + 1, max_steps) if k + staleness < max_steps]
+    `({trainer: [its experiences]}, {trainer: its link}, {replica: its link})`. A data rank's
+    hello comes from its first trainer rank; every rank of a replica walks the units."""
+    n, sent_versions = layout.data_ranks, [start] + [k for k in range(start + 1, max_steps) if k + staleness < max_steps]
     hellos = {}
-    for t in range(n):
-        sampler = PromptSampler(64, 4, t, n, seed=1)
+    for d in range(n):
+        sampler = PromptSampler(64, 4, d, n, seed=1)
         for _ in range(start):
             sampler.next_indices()
-        hellos[t] = {"start": start, "max_steps": max_steps, "gen_batches": start, "sampler": sampler.state_dict()}
+        hellos[d] = {"start": start, "max_steps": max_steps, "gen_batches": start, "sampler": sampler.state_dict()}
     replicas = {}
     for r in layout.replica_ranks:
-        served = layout.served_trainers(r)
-        replicas[r] = RoutedLink(layout, r, {t: [hellos[t]] for t in served}, sent_versions)
-        RolloutWorker(replicas[r], {t: DataRankRollout(t, n) for t in served}, [], staleness).train()
+        served = layout.served_data_ranks(r)
+        replicas[r] = RoutedLink(layout, r, {layout.data_rank_trainers(d)[0]: [hellos[d]] for d in served}, sent_versions)
+        RolloutWorker(replicas[r], {d: DataRankRollout(d, n) for d in served}, [], staleness).train()
         assert not replicas[r].versions  # every version sent was taken
     got, trainers = {}, {}
-    for t in range(n):
+    for t in layout.trainer_ranks:
         trainers[t] = RoutedLink(layout, t, {r: list(link.outbox.get(t, [])) for r, link in replicas.items()})
-        state = SimpleNamespace(step=start, gen_batches=start)
-        remote = RemoteRollout(trainers[t], lambda: [], PromptSampler(64, 4, t, n, seed=1), state, staleness=staleness, max_steps=max_steps)
+        state, d = SimpleNamespace(step=start, gen_batches=start), layout.data_rank(t)
+        remote = RemoteRollout(trainers[t], lambda: [], PromptSampler(64, 4, d, n, seed=1), state, staleness=staleness,
+                               max_steps=max_steps)
         got[t] = []
         for _ in range(start, max_steps):
             got[t].append(remote.generate())
@@ -169,22 +233,27 @@ def run_schedule(layout, staleness, start, max_steps):
     return got, trainers, replicas
 
 
-@pytest.mark.parametrize("world, rollout_ranks", [(4, 2), (3, 1), (3, 2), (5, 2), (2, 1)])
+@pytest.mark.parametrize("layout", [RolloutLayout(4, 2), RolloutLayout(3, 1), RolloutLayout(3, 2), RolloutLayout(5, 2),
+                                    RolloutLayout(2, 1), RolloutLayout(4, 2, trainer_tp=2), RolloutLayout(3, 2, rollout_tp=2),
+                                    RolloutLayout(8, 4, trainer_tp=2, rollout_tp=2), RolloutLayout(7, 4, rollout_tp=2)],
+                         ids=lambda lay: f"{lay.trainers}x{lay.rollout_ranks}-tp{lay.trainer_tp}-rtp{lay.rollout_tp}")
 @pytest.mark.parametrize("staleness", [0, 1, 2])
 @pytest.mark.parametrize("start", [0, 3])
-def test_every_trainer_rank_gets_its_colocated_draws_from_the_rank_dealt_them(world, rollout_ranks, staleness, start):
-    """Trainer rank t's batch b is colocated data rank t's draw b (its prompts, its seed count),
-    sampled by version max(start, b - staleness), received from replica_of(b, t); each pair's
-    exchanges match one for one, and trainer rank 0's weights go to every rollout rank in order."""
-    layout, max_steps = RolloutLayout(world, rollout_ranks), 7
+def test_every_trainer_rank_gets_its_colocated_draws_from_the_rank_dealt_them(layout, staleness, start):
+    """Trainer rank t's batch b is colocated data rank d(t)'s draw b (its prompts, its seed count;
+    d(t) = t // trainer_tp), sampled by version max(start, b - staleness), received from the leader
+    of replica_of(b, d(t)); each pair's exchanges match one for one, and trainer rank 0's weights
+    go to every rollout rank in order."""
+    max_steps = 7
     got, trainers, replicas = run_schedule(layout, staleness, start, max_steps)
     for t, batches in got.items():
-        draws = colocated_draws(t, layout.trainers, max_steps)
-        assert [e.src[0] for e in batches] == [f"rank {t} draw {b}" for b in range(start, max_steps)]
+        d = layout.data_rank(t)
+        draws = colocated_draws(d, layout.data_ranks, max_steps)
+        assert [e.src[0] for e in batches] == [f"rank {d} draw {b}" for b in range(start, max_steps)]
         assert [int(e.group_ids.numpy()[0]) for e in batches] == draws[start:]
         assert [e.version for e in batches] == [max(start, b - staleness) for b in range(start, max_steps)]
         received = [(peer, index) for peer, kind, index in trainers[t].ops if kind == "object" and index != "hello"]
-        assert received == [(layout.replica_of(b, t), b) for b in range(start, max_steps)]
+        assert received == [(layout.replica_of(b, d), b) for b in range(start, max_steps)]
     for r, link in replicas.items():
         for t in layout.served_trainers(r):
             mine = [(kind, index) for peer, kind, index in link.ops if peer == t]

@@ -81,3 +81,35 @@ def test_gathered_slices_are_merged_back_to_the_full_weight(monkeypatch, fused_p
     layer.weight = shards[0]
     layer.weight.is_distributed = True
     np.testing.assert_array_equal(gather.weight(layer, fused_parts=fused_parts).numpy(), full.numpy())
+
+
+def test_a_whole_model_is_cut_into_each_replica_ranks_slices(tiny_model_dir):
+    """A split run's rollout replica of 2 ranks (`TensorParallelSlices`): rank r's q/k/v and
+    gate/up columns, o_proj and down_proj rows, embedding rows and untied head columns (a
+    vocabulary of 100) are its block of the whole weights (their concatenation over the ranks
+    gives the whole back) and the heads halve, as PaddleNLP's mappings cut them."""
+    import numpy as np
+
+    from ppo.models.loading import load_causal_lm
+    from ppo.rollout.weights import extract_weights
+
+    lm = load_causal_lm(tiny_model_dir)
+    whole = extract_weights(lm, fuse_gate_up=True)
+    ranks = [extract_weights(lm, fuse_gate_up=True, sharded=True, group=SimpleNamespace(nranks=2, rank=r)) for r in (0, 1)]
+    for r, part in enumerate(ranks):
+        shard = part.shard
+        assert (shard.degree, shard.vocab_start, shard.embed_sharded, shard.head_sharded) == (2, 50 * r, True, True)
+        assert (part.num_heads, part.num_kv_heads, part.vocab_size) == (whole.num_heads // 2, whole.num_kv_heads // 2, 100)
+    np.testing.assert_array_equal(np.concatenate([p.embed.numpy() for p in ranks]), whole.embed.numpy())
+    np.testing.assert_array_equal(np.concatenate([p.lm_head.numpy() for p in ranks], axis=1), whole.lm_head.numpy())
+    for i, layer in enumerate(whole.layers):
+        o = np.concatenate([p.layers[i].o.numpy() for p in ranks], axis=0)
+        down = np.concatenate([p.layers[i].down.numpy() for p in ranks], axis=0)
+        np.testing.assert_array_equal(o, layer.o.numpy())
+        np.testing.assert_array_equal(down, layer.down.numpy())
+        h = whole.head_dim
+        q = np.concatenate([p.layers[i].qkv.numpy()[:, :h * whole.num_heads // 2] for p in ranks], axis=1)
+        np.testing.assert_array_equal(q, layer.qkv.numpy()[:, :h * whole.num_heads])
+        inter = layer.gate_up.shape[1] // 2  # [gate | up] on each rank: its half of each
+        gate = np.concatenate([p.layers[i].gate_up.numpy()[:, :inter // 2] for p in ranks], axis=1)
+        np.testing.assert_array_equal(gate, layer.gate_up.numpy()[:, :inter])

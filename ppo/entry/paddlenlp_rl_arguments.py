@@ -83,7 +83,9 @@ class PaddleNLPRLArguments:
         default=-1,
         metadata={"help": "Tensor-parallel degree of the rollout (PaddleNLP's name): 1 generates from the whole weights "
                   "gathered on each rank (eval_mode single), tensor_parallel_degree from each rank's slices (eval_mode "
-                  "tensor_parallel); -1: eval_mode decides. Other degrees (a resharded rollout) are refused."},
+                  "tensor_parallel); -1: eval_mode decides. Other degrees are refused colocated; with rollout_placement "
+                  "split it is each rollout replica's degree (rollout_ranks / it replicas, each generating from its "
+                  "ranks' slices of the whole weights the trainer sends)."},
     )
     use_fp32_compute: bool = field(
         default=True,
@@ -109,8 +111,8 @@ class PaddleNLPRLArguments:
 def rollout_eval_mode(args):
     """`eval_mode` with `rollout_tensor_parallel_degree` applied: a degree above 1 (equal to
     `tensor_parallel_degree`, else refused) generates from each rank's own slices."""
-    if args.rollout_tensor_parallel_degree > 1 and args.eval_mode == "":
-        return "tensor_parallel"
+    if args.rollout_tensor_parallel_degree > 1 and args.eval_mode == "" and getattr(args, "rollout_placement", "") != "split":
+        return "tensor_parallel"  # (with split the degree is the rollout replicas' own)
     return args.eval_mode
 
 
@@ -246,6 +248,8 @@ def placement_problems(args):
     degree, tp = args.rollout_tensor_parallel_degree, max(args.tensor_parallel_degree, 1)
     if degree == 0 or degree < -1:
         problems.append(f"rollout_tensor_parallel_degree must be positive or -1, got {degree}")
+    elif getattr(args, "rollout_placement", "") == "split":
+        pass  # the rollout replicas' own degree: ppo.entry.rollout_placement_arguments checks it
     elif degree == 1 and args.eval_mode == "tensor_parallel" and tp > 1:
         problems.append("rollout_tensor_parallel_degree 1 generates from the gathered weights, eval_mode tensor_parallel "
                         "from each rank's slices: choose one")

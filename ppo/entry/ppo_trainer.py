@@ -35,7 +35,7 @@ from ..scoring.process_reward import ProcessRewardScorer
 from ..data.prompt_sampler import PromptSampler
 from ..rollout import RolloutEngine, SamplingParams
 from ..strategy import PassSettings, PlainStrategy, Ranks, build_strategy
-from ..strategy.rollout_link import run_link
+from ..strategy.rollout_link import run_link, whole_parameters
 from ..trainer.advantages import AdvantageStage
 from ..trainer.agent_eval import AgentEvaluator
 from ..trainer.agent_rollout import ToolFailureWatch, TrajectoryRollout
@@ -144,11 +144,14 @@ def samplers(args, ranks, train_dataset, ptx_dataset):
     return sampler, ptx_sampler
 
 
-def rollout_engine(args, model, tokenizer, tensor_parallel_group=None):
-    """The run's `RolloutEngine` over `model` (the passes' generation model, or a rollout rank's actor)."""
+def rollout_engine(args, model, tokenizer, tensor_parallel_group=None, keep_tensor_parallel=None):
+    """The run's `RolloutEngine` over `model` (the passes' generation model, or a rollout rank's
+    actor); `keep_tensor_parallel` (default: the run's `eval_mode`) True with a whole model and a
+    group generates from this rank's slices (a split run's replica of several ranks)."""
+    keep = args.keep_tensor_parallel if keep_tensor_parallel is None else keep_tensor_parallel
     return RolloutEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                          use_rollout_engine=args.use_fusemt, kernels=args.rollout_kernels,
-                         keep_tensor_parallel=args.keep_tensor_parallel, max_num_seqs=args.rollout_max_num_seqs,
+                         keep_tensor_parallel=keep, max_num_seqs=args.rollout_max_num_seqs,
                          tensor_parallel_group=tensor_parallel_group,
                          record_routing=getattr(args, "moe_routing_replay", "none") == "rollout")
 
@@ -246,7 +249,7 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
                                 settings=slice_of(AdvantageSettings, args), estimator_settings=estimator_settings(args))
     rollout_settings = slice_of(RolloutSettings, args)
     rollout = make_rollout(args, engine, sampling, sampler, train_dataset, tokenizer, passes, offload, state, ranks,
-                           rollout_settings, remote=(models.actor.parameters, max_steps))
+                           rollout_settings, remote=(functools.partial(whole_parameters, models.actor), max_steps))
     maker = ExperienceMaker(rollout, scoring, completion, actor.model, state, ranks, settings=rollout_settings,
                             pad_token_id=tokenizer.pad_token_id)
     ptx = PtxBatches(ptx_dataset, ptx_sampler) if ptx_sampler is not None else None
@@ -281,13 +284,17 @@ def build_rollout_worker(args, actor, tokenizer, train_dataset, models=None):
             remove_padding=args.use_remove_padding, logprob_dtype=args.logprob_dtype))
         reference_pass = functools.partial(no_grad_call, passes.logprobs, "reference")
     link = run_link()
-    layout, engine = link.layout, rollout_engine(args, actor, tokenizer)
+    layout, group = link.layout, link.replica_group  # a replica of several ranks: its group
+    engine = rollout_engine(args, actor, tokenizer, group, keep_tensor_parallel=group is not None)
+    if group is not None:
+        logger.info(f"rollout replica of ranks {layout.replica_members(link.rank)}: generating from this rank's "
+                    f"tensor-parallel slice ({group.rank + 1} of {group.nranks}) of the whole weights it receives")
     offload = OffloadPlan(parse_offload_level(args.offload_level), models={"actor": actor}, optimizers={})
     rollouts = {}
-    for t in layout.served_trainers(link.rank):  # each draws as colocated data rank t would
-        ranks = Ranks(data_rank=t, data_world=layout.trainers)
+    for d in layout.served_data_ranks(link.rank):  # each draws as colocated data rank d would
+        ranks = Ranks(data_rank=d, data_world=layout.data_ranks)
         sampler, _ = samplers(args, ranks, train_dataset, None)
-        rollouts[t] = Rollout(engine, sampling_params(args), sampler, train_dataset, tokenizer, GenerationInPlace(),
+        rollouts[d] = Rollout(engine, sampling_params(args), sampler, train_dataset, tokenizer, GenerationInPlace(),
                               offload=offload, state=RolloutWorkerState(), ranks=ranks, settings=slice_of(RolloutSettings, args))
     return RolloutWorker(link, rollouts, list(actor.parameters()), args.async_staleness, reference_pass,
                          partial_tokens=args.partial_rollout_tokens if args.partial_rollout else 0)

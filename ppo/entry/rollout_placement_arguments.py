@@ -4,8 +4,9 @@
 `split` gives the last `rollout_ranks` M processes of the launch to generation only: they
 receive the actor's weights after each optimiser step and send back the batches
 (`ppo.trainer.remote_rollout`, `ppo.trainer.rollout_worker`, docs/distributed.md). The first
-N = world - M processes train, data parallel among themselves; the batches are dealt to the
-rollout ranks in a fixed order (`ppo.strategy.rollout_layout`). With
+N = world - M processes train, data and tensor parallel among themselves; the batches are dealt
+to the rollout replicas (of `rollout_tensor_parallel_degree` ranks each) in a fixed order
+(`ppo.strategy.rollout_layout`). With
 `async_staleness` s > 0 the batch of step k may come from the weights of step k - s (generated
 while the trainer trains), corrected by the rollout importance weights (`rollout_is`).
 `partial_rollout` lets a response span a weight update (slime, AReaL): its tokens carry the
@@ -40,7 +41,8 @@ class RolloutPlacementArguments:
     )
     rollout_ranks: int = field(
         default=1, metadata={"help": "rollout_placement split: how many of the launch's processes (the last ones) only "
-                             "generate, each a whole replica of the actor; the rest train (OpenRLHF's vllm_num_engines)."}
+                             "generate, as rollout_ranks / rollout_tensor_parallel_degree replicas of the actor of that "
+                             "many consecutive ranks each; the rest train (OpenRLHF's vllm_num_engines)."}
     )
     async_staleness: int = field(
         default=0,
@@ -85,8 +87,11 @@ class RolloutPlacementArguments:
 
     @property
     def dataset_world_size(self):
-        # a split run's data ranks are its trainer ranks (PaddleNLP's property counts every process)
-        return self.training_world_size if self.split_rollout else super().dataset_world_size
+        # a split run's data ranks are its trainer ranks, a tensor-parallel group of them counted once
+        # (PaddleNLP's property counts every process)
+        if not self.split_rollout:
+            return super().dataset_world_size
+        return self.training_world_size // max(self.tensor_parallel_degree, 1)
 
     @property
     def dataset_rank(self):
@@ -94,7 +99,8 @@ class RolloutPlacementArguments:
             return super().dataset_rank
         import paddle.distributed as dist
 
-        return 0 if self.is_rollout_rank else dist.get_rank()  # trainer rank t reads data rank t
+        # trainer rank t reads data rank t // tensor_parallel_degree (fleet's model axis is the innermost)
+        return 0 if self.is_rollout_rank else dist.get_rank() // max(self.tensor_parallel_degree, 1)
 
 
 def rollout_placement_problems(args, world_size):
@@ -118,14 +124,7 @@ def rollout_placement_problems(args, world_size):
     elif not 1 <= args.rollout_ranks < world_size:
         problems.append(f"rollout_ranks {args.rollout_ranks} with {world_size} processes: a split run needs at least one "
                         "rollout rank and one trainer rank (the first processes - rollout_ranks train)")
-    for name in ("tensor_parallel_degree", "pipeline_parallel_degree", "sharding_parallel_degree"):
-        if max(getattr(args, name, 1), 1) > 1:
-            problems.append(f"{name} {getattr(args, name)} with rollout_placement split: each trainer rank trains the "
-                            "whole model here (data parallel only)")
-    if getattr(args, "rollout_tensor_parallel_degree", -1) > 1:
-        problems.append(f"rollout_tensor_parallel_degree {args.rollout_tensor_parallel_degree} with rollout_placement "
-                        "split: each rollout rank generates from a whole copy of the actor (rollout replicas with tensor "
-                        "parallelism of their own are not implemented)")
+    problems += split_degree_problems(args, world_size)
     if not args.use_fusemt:
         problems.append("use_fusemt false with rollout_placement split: the rollout rank reproduces the trainer's samples "
                         "from the engine's seeded draws; PaddleNLP's generate draws from the process's global generator")
@@ -162,4 +161,22 @@ def partial_rollout_problems(args, world_size=2):
     if getattr(args, "moe_routing_replay", "none") == "rollout":
         problems.append("moe_routing_replay rollout with partial_rollout: the experts of re-prefilled chunks are not "
                         "recorded")
+    return problems
+
+
+def split_degree_problems(args, world_size):
+    """The trainer's and the rollout's parallel degrees a split run cannot take, each naming its key."""
+    problems = []
+    for name in ("pipeline_parallel_degree", "sharding_parallel_degree"):
+        if max(getattr(args, name, 1), 1) > 1:
+            problems.append(f"{name} {getattr(args, name)} with rollout_placement split: the trainer ranks train data "
+                            "and tensor parallel only (pipeline stages and sharding beside rollout ranks are not implemented)")
+    tp, trainers = max(getattr(args, "tensor_parallel_degree", 1), 1), world_size - args.rollout_ranks
+    if tp > 1 and (trainers % tp or world_size % tp):
+        problems.append(f"tensor_parallel_degree {tp} with rollout_placement split needs the trainer ranks ({trainers}) and "
+                        f"the launch's processes ({world_size}) to divide by it (fleet's topology spans the whole launch)")
+    rollout_tp = getattr(args, "rollout_tensor_parallel_degree", -1)
+    if rollout_tp > 1 and args.rollout_ranks % rollout_tp:
+        problems.append(f"rollout_tensor_parallel_degree {rollout_tp} with rollout_placement split needs rollout_ranks "
+                        f"({args.rollout_ranks}) to divide by it (each replica is that many consecutive rollout ranks)")
     return problems

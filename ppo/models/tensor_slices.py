@@ -17,6 +17,8 @@ PaddleNLP cuts a Llama / Qwen2 checkpoint for tensor parallelism by its
 `split` / `merge` work on numpy arrays and on Paddle tensors; ``merge(split(w, k, n), k) == w``
 for every kind and degree.
 """
+import copy
+
 import numpy as np
 import paddle
 
@@ -78,3 +80,24 @@ def merge(shards, kind, name="weight"):
         halves = [_split_n(s, 2, axis) for s in shards]
         return _concat([h[0] for h in halves] + [h[1] for h in halves], axis)
     return _concat(list(shards), axis)
+
+
+def tensor_parallel_kinds(model_class, config, names, degree=2):
+    """``{name: kind}`` for the state-dict keys ``names`` of a ``model_class`` model (a PaddleNLP
+    class with ``_get_tensor_parallel_mappings``), from those mappings at ``degree`` (a key the
+    mappings do not cut is replicated: k/v with fewer key-value heads than ranks, a vocabulary
+    the degree does not divide). Keys may carry a prefix (``llama.``, ``model.``)."""
+    probe = copy.deepcopy(config)  # from_dict(to_dict()) would drop LlamaConfig's fuse_* switches
+    probe.tensor_parallel_degree, probe.tensor_parallel_rank = degree, 0
+    actions = model_class._get_tensor_parallel_mappings(probe, is_split=True)
+    kinds = {}
+    for name in names:
+        action = next((a for key, a in actions.items() if name == key or name.endswith("." + key)), None)
+        if action is None:
+            kinds[name] = "replicated"
+            continue
+        kw = getattr(action, "keywords", {}) or {}
+        if kw.get("is_naive_3fuse") or kw.get("is_old_qkv") or kw.get("transpose"):
+            raise NotImplementedError(f"{name}: PaddleNLP's {kw} layout is not handled here")
+        kinds[name] = "column_2fuse" if kw.get("is_naive_2fuse") else ("column" if kw.get("is_column", True) else "row")
+    return kinds

@@ -72,7 +72,9 @@ class RolloutEngine:
             down_proj and the embedding, and all-gathers the logits before sampling, in the
             "rows" layout. Every rank draws the same tokens. No effect without tensor parallel.
         tensor_parallel_group: the model-parallel group of a tensor-parallel model (the run
-            strategy's `generation_group()`); None for a model that is not split.
+            strategy's `generation_group()`); None for a model that is not split. A whole model
+            with `keep_tensor_parallel` and a group of several ranks generates from this rank's
+            slices of it (a split run's rollout replica, `ppo.rollout.tp_weights.TensorParallelSlices`).
     """
 
     def __init__(self, model, eos_token_id, pad_token_id, *, use_rollout_engine=True, kernels="auto", fuse_gate_up=None,
@@ -182,7 +184,8 @@ class RolloutEngine:
         >= 384, else 'rows'. Measured here (bench/): 30M model (hidden 512) decode step -16%
         with 'cols'; the 4-layer hidden-256 model is ~8% faster with 'rows' (its matmuls gain
         nothing and the per-call packing and the extra transposes cost)."""
-        if self.sharded and getattr(lm.config, "tensor_parallel_degree", 1) > 1:
+        group = self.tensor_parallel_group
+        if self.sharded and (getattr(lm.config, "tensor_parallel_degree", 1) > 1 or (group is not None and group.nranks > 1)):
             if self.decode_layout == "cols":
                 raise ValueError("RolloutEngine: keep_tensor_parallel (eval_mode tensor_parallel) runs the 'rows' layout; "
                                  "use decode_layout auto or rows")

@@ -35,6 +35,9 @@ import paddle
 
 from .moe_mlp import is_moe_mlp, moe_weights
 from .rope_order import HalfRotationOrder
+from .tp_weights import TensorParallelGather, TensorParallelShard, sharded_heads, split_kind, weight_source
+
+__all__ = ["LayerWeights", "ModelWeights", "TensorParallelGather", "TensorParallelShard", "extract_weights", "split_kind"]
 
 
 @dataclass
@@ -72,21 +75,6 @@ class ModelWeights:
     dtype: str = "float32"
     transposed: bool = False  # layer matrices stored [out, in] ("cols" layout)
     shard: Optional["TensorParallelShard"] = None  # set when the weights are this rank's slices
-
-
-@dataclass
-class TensorParallelShard:
-    """Where this rank's slices sit: heads num_heads / R (and kv heads) and the matching
-    columns of q/k/v and gate/up, rows of o_proj and down_proj (their products are partial sums,
-    all-reduced over `group`), vocabulary rows [vocab_start, vocab_start + V / R) of the
-    embedding (ids elsewhere look up zeros; all-reduced), and a vocabulary slice of the LM head
-    (logits all-gathered over `group`, in rank order)."""
-
-    group: object
-    degree: int
-    vocab_start: int
-    embed_sharded: bool
-    head_sharded: bool
 
 
 def unwrap_model(model):
@@ -131,54 +119,6 @@ def effective_weight(linear):
 
 def _bias(linear):
     return getattr(linear, "bias", None)
-
-
-def split_kind(layer, transpose_y=False, fused_parts=1):
-    """How tensor parallelism split `layer`'s weight (a `ppo.models.tensor_slices` kind): "row"
-    (axis 0) for a row-parallel linear, a vocabulary-parallel embedding or a tied `[V, H]`
-    head; "column" (last axis) for a column-parallel linear or LM head; "column_2fuse" for a
-    column-parallel fused gate-up (`fused_parts=2`)."""
-    name = type(layer).__name__
-    if "RowParallel" in name or "VocabParallel" in name:
-        return "row"
-    if "ColumnParallel" not in name and transpose_y:
-        return "row"
-    return "column_2fuse" if fused_parts == 2 else "column"
-
-
-class TensorParallelGather:
-    """Full weights of a tensor-parallel model for the engine, gathered from every rank's slice
-    on each call (this rank then runs the whole model for the rollout, as PaddleNLP's
-    `eval_mode="single"`; every rank generates the same tokens from the same seed). `group`:
-    the model-parallel group the run's strategy names (`tensor_parallel_group` of the engine);
-    without tensor parallelism weights pass through."""
-
-    def __init__(self, cfg, group=None, sharded=False):
-        self.group = group if getattr(cfg, "tensor_parallel_degree", 1) > 1 else None
-        if getattr(cfg, "tensor_parallel_degree", 1) > 1 and self.group is None:
-            raise RuntimeError("RolloutEngine: the model is tensor-parallel; give the engine its model-parallel group "
-                               "(RolloutEngine(tensor_parallel_group=...), the run strategy's generation_group())")
-        self.sharded = bool(sharded) and self.group is not None  # keep slices: no gather
-
-    def weight(self, layer, value=None, transpose_y=False, fused_parts=1):
-        """`value` (default: `layer.weight`) whole: every rank's slice gathered and merged with
-        `ppo.models.parallel_layers.gather_full_weight` when the layer's weight is a slice (`fused_parts=2`: a fused
-        gate-up, whose slices hold ``[gate_r, up_r]``)."""
-        value = layer.weight if value is None else value
-        if self.group is None or self.sharded or not getattr(layer.weight, "is_distributed", False):
-            return value
-        return self._merged(value, split_kind(layer, transpose_y, fused_parts))
-
-    def bias(self, layer, fused_parts=1):
-        b = _bias(layer)
-        if b is None or self.group is None or self.sharded or not getattr(b, "is_distributed", False):
-            return b
-        return self._merged(b, "column_2fuse" if fused_parts == 2 else "column")
-
-    def _merged(self, value, kind):
-        from ..models.parallel_layers import gather_full_weight
-
-        return gather_full_weight(value, kind, self.group)
 
 
 _USE_PADDLENLP = "generate with PaddleNLP's generate: RolloutEngine(use_rollout_engine=False), argument use_fusemt false"
@@ -226,24 +166,6 @@ class _Packer:
             dst = self.buffer([sum(int(w.shape[1]) for w in ws), int(ws[0].shape[0])], ws[0].dtype)
             return self.pack_transposed(dst, ws)
         return ws[0] if len(ws) == 1 else paddle.concat(ws, axis=1)
-
-
-def _sharded_heads(cfg, lm, dec, tp, nh, nkv, cols):
-    """With `tp.sharded` (tensor-parallel slices kept): `(TensorParallelShard, heads per rank,
-    kv heads per rank)`; else `(None, nh, nkv)`."""
-    if not tp.sharded:
-        return None, nh, nkv
-    if cols:
-        raise ValueError("sharded tensor-parallel weights use the 'rows' layout")
-    degree = int(cfg.tensor_parallel_degree)
-    if nh % degree or nkv % degree:
-        raise ValueError(f"eval_mode tensor_parallel: {nh} heads / {nkv} kv heads do not split over {degree} ranks")
-    emb_w = dec.embed_tokens.weight
-    embed_sharded = bool(getattr(emb_w, "is_distributed", False))
-    vocab_start = int(cfg.tensor_parallel_rank) * int(emb_w.shape[0]) if embed_sharded else 0
-    shard = TensorParallelShard(tp.group, degree, vocab_start, embed_sharded,
-                                bool(getattr(lm.lm_head.weight, "is_distributed", False)))
-    return shard, nh // degree, nkv // degree
 
 
 def _qk_norms(attn, family, qkv_bias, packer, order=None):
@@ -351,11 +273,11 @@ def extract_weights(model, fuse_gate_up=False, compute_dtype=None, layout="rows"
     cfg = lm.config
     _check_config(cfg)
     dec = _decoder(lm)
-    tp = TensorParallelGather(cfg, group=group, sharded=sharded)
+    tp = weight_source(lm, group=group, sharded=sharded)
     nh = cfg.num_attention_heads
     nkv = getattr(cfg, "num_key_value_heads", None) or nh
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // nh
-    shard, nh, nkv = _sharded_heads(cfg, lm, dec, tp, nh, nkv, cols)
+    shard, nh, nkv = sharded_heads(lm, dec, tp, nh, nkv, cols)
     from ..models.families import FAMILIES
 
     family = FAMILIES.get(getattr(cfg, "model_type", None))

@@ -107,9 +107,12 @@ def squared_grad_norm(params, model_parallel_group=None, sharding_group=None, pi
     summed over `expert_group` when given, tensor-parallel slices (`is_distributed`, the experts
     among them) summed over `model_parallel_group`, replicated parameters counted once (their
     gradients are equal on every rank there), then every shard's part summed over
-    `sharding_group` and every pipeline stage's over `pipeline_group`."""
+    `sharding_group` and every pipeline stage's over `pipeline_group`. A tied weight's copy on a
+    later pipeline stage (``is_firstly_shared`` False, fleet's mark) is counted on the first only."""
     expert, split, whole = [], [], []
     for p in params:
+        if not getattr(p, "is_firstly_shared", True):
+            continue
         kind = expert if expert_group is not None and getattr(p, "expert_parallel", False) else (
             split if getattr(p, "is_distributed", False) else whole)
         kind.append(paddle.sum(paddle.square(p.grad.astype("float32"))))

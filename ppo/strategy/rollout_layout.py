@@ -12,19 +12,32 @@ M = 1 has the one replica generate trainer 0's then trainer 1's batch, and N = 1
 alternates the replicas from step to step (OpenRLHF's `vllm_num_engines` and verl's rollout
 worker group, with a deal that makes the run reproducible).
 
-Weights go from trainer rank 0 to every replica in one broadcast per dtype over the process
-group of trainer 0 and the replicas (`weight_group_ranks`); the trainers' own collectives
-(gradients, metrics, checkpoint barriers) run over the group of the trainer ranks
-(`trainer_ranks`). Pure arithmetic: no process group is made here."""
+With tensor parallelism on either side the deal is the same over bigger units of ranks: a
+trainer tensor-parallel group of `trainer_tp` consecutive ranks is one data rank (`data_rank`:
+t // trainer_tp; each of its ranks receives the unit's batch), and a replica of `rollout_tp`
+consecutive rollout ranks is one replica (its first rank, the `leader`, is named in the deal and
+sends the batches; every rank of it generates). Unit (b, d) goes to replica (b * D + d) mod R
+of the D = N / trainer_tp data ranks and R = M / rollout_tp replicas.
+
+Weights go from trainer rank 0 to every rollout rank in one broadcast per dtype over the process
+group of trainer 0 and the rollout ranks (`weight_group_ranks`), whole (a tensor-parallel
+trainer gathers its slices first; a tensor-parallel replica's ranks each take their slice); the
+trainers' own collectives (gradients, metrics, checkpoint barriers) run over the group of the
+trainer ranks (`trainer_ranks`). Pure arithmetic: no process group is made here."""
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class RolloutLayout:
-    """`world`: the launch's processes; `rollout_ranks`: M, the last M of them."""
+    """`world`: the launch's processes; `rollout_ranks`: M, the last M of them; `trainer_tp`: the
+    trainer's tensor-parallel degree (a group of that many consecutive trainer ranks is one data
+    rank); `rollout_tp`: each replica's tensor-parallel degree (that many consecutive rollout
+    ranks generate together; the first of them, its leader, sends the batches)."""
 
     world: int
     rollout_ranks: int
+    trainer_tp: int = 1
+    rollout_tp: int = 1
 
     @property
     def trainers(self):
@@ -32,31 +45,62 @@ class RolloutLayout:
         return self.world - self.rollout_ranks
 
     @property
+    def data_ranks(self):
+        """D, the trainer's data ranks (N / trainer_tp)."""
+        return self.trainers // self.trainer_tp
+
+    @property
+    def replicas(self):
+        """R, the rollout replicas (M / rollout_tp)."""
+        return self.rollout_ranks // self.rollout_tp
+
+    @property
     def trainer_ranks(self):
         return list(range(self.trainers))
 
     @property
     def replica_ranks(self):
-        """The rollout ranks' global ranks, in replica order."""
+        """Every rollout rank's global rank, in replica order."""
         return list(range(self.trainers, self.world))
 
     @property
     def weight_group_ranks(self):
-        """The ranks of the weights broadcast: trainer rank 0 (its source) and every replica."""
+        """The ranks of the weights broadcast: trainer rank 0 (its source) and every rollout rank."""
         return [0] + self.replica_ranks
 
     def is_replica(self, rank):
         return rank >= self.trainers
 
-    def replica_of(self, batch, trainer):
-        """The global rank of the replica that generates trainer rank `trainer`'s batch `batch`."""
-        return self.trainers + (batch * self.trainers + trainer) % self.rollout_ranks
+    def data_rank(self, trainer):
+        """The data rank of trainer rank `trainer` (fleet's model axis is the innermost)."""
+        return trainer // self.trainer_tp
+
+    def data_rank_trainers(self, data_rank):
+        """The trainer ranks of data rank `data_rank` (its tensor-parallel group), ascending."""
+        return list(range(data_rank * self.trainer_tp, (data_rank + 1) * self.trainer_tp))
+
+    def leader(self, rank):
+        """The first rank (the one that sends batches) of rollout rank `rank`'s replica."""
+        return self.trainers + (rank - self.trainers) // self.rollout_tp * self.rollout_tp
+
+    def replica_members(self, rank):
+        """The rollout ranks of `rank`'s replica (its tensor-parallel group), ascending."""
+        first = self.leader(rank)
+        return list(range(first, first + self.rollout_tp))
+
+    def replica_of(self, batch, data_rank):
+        """The leader's global rank of the replica that generates data rank `data_rank`'s batch `batch`."""
+        return self.trainers + (batch * self.data_ranks + data_rank) % self.replicas * self.rollout_tp
 
     def units(self, batch):
-        """Every unit of batch `batch` in the fixed order: `[(trainer, replica rank), ...]`."""
-        return [(t, self.replica_of(batch, t)) for t in range(self.trainers)]
+        """Every unit of batch `batch` in the fixed order: `[(data rank, replica leader), ...]`."""
+        return [(d, self.replica_of(batch, d)) for d in range(self.data_ranks)]
 
-    def served_trainers(self, replica):
-        """The trainer ranks replica `replica` generates for at some step (ascending)."""
-        batches = range(self.rollout_ranks)  # the deal repeats every M batches
-        return sorted({t for b in batches for t, r in self.units(b) if r == replica})
+    def served_data_ranks(self, rank):
+        """The data ranks rollout rank `rank`'s replica generates for at some step (ascending)."""
+        leader, batches = self.leader(rank), range(self.replicas)  # the deal repeats every R batches
+        return sorted({d for b in batches for d, r in self.units(b) if r == leader})
+
+    def served_trainers(self, rank):
+        """The trainer ranks rollout rank `rank`'s replica generates for at some step (ascending)."""
+        return [t for d in self.served_data_ranks(rank) for t in self.data_rank_trainers(d)]

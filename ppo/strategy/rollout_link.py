@@ -3,15 +3,17 @@
 Weights go one way, batches the other (gloo on CPU, NCCL on GPU); who meets whom is the run's
 `ppo.strategy.rollout_layout.RolloutLayout`.
 - Weights (`send_weights` / `receive_weights`): a header `[version, checksum]` (float64), then
-  the actor's parameters flattened into one buffer per dtype, broadcast from trainer rank 0
-  to every rollout rank over the group of those ranks (Paddle's default group when they are
-  the whole launch); another trainer rank (data parallel: the same weights) only computes the
-  checksum of what it would send. A rollout rank receives into buffers of its own and copies them into its model only once every
+  the actor's parameters, whole (`whole_parameters`: a tensor-parallel trainer gathers its
+  slices first), flattened into one buffer per dtype, broadcast from trainer rank 0 to every
+  rollout rank over the group of those ranks (Paddle's default group when they are the whole
+  launch); another trainer rank (the same whole weights) only computes the checksum of what it
+  would send. A rollout rank receives into buffers of its own and copies them into its model only once every
   buffer has arrived and the checksum of what it now holds equals the trainer's, so it never
   generates from half-received or torn weights; each set carries its version (the trainer's
   completed optimiser steps).
 - Batches and messages (`send_object` / `recv_object`): a pickled object as an int64 length and
-  a uint8 payload through point-to-point send / recv between one trainer and one rollout rank.
+  a uint8 payload through point-to-point send / recv between one trainer and one rollout rank
+  (over the pair's own group).
 A peer that dies makes the collective fail (gloo: the pair's socket closes) and the link raises
 `RolloutRankLost` naming it."""
 import pickle
@@ -24,13 +26,43 @@ from ..common.rank_faults import open_beacons
 from ..common.run_guard import RolloutRankLost
 from ..common.training_world import set_training_world
 from .rollout_layout import RolloutLayout
-from .split_groups import split_groups
+from .split_groups import confine_fleet_data_axis, parallel_groups, split_groups
 
 
 def weights_checksum(params):
     """One float64 number of `params` (a list of tensors, in order): sum over i of (i + 1) x the
     float64 sum of tensor i, the formula of `Strategy.fingerprint`."""
     return sum(float((p.astype("float64") * (i + 1)).sum()) for i, p in enumerate(params))
+
+
+def whole_parameters(model):
+    """`model`'s parameters in order, each whole: a tensor-parallel model's slices all-gathered
+    over fleet's model-parallel group and merged (`ppo.strategy.tensor.reshard.merge`, the
+    kinds from the model's own tensor-parallel mappings), so the trainer sends the weights of
+    the one-process layout whatever its degree. Collective over that group; without tensor
+    parallelism the parameters themselves."""
+    from ..common.parallel_groups import model_parallel_group
+    from ..models.basics import unwrap_model
+
+    base, group = unwrap_model(model), model_parallel_group()
+    if group is None or getattr(base.config, "tensor_parallel_degree", 1) <= 1:
+        return list(model.parameters())
+    from .tensor.reshard import merge, tensor_parallel_kinds
+
+    named = list(base.named_parameters())
+    kinds = tensor_parallel_kinds(type(base), base.config, [n for n, _ in named], degree=group.nranks)
+    whole = []
+    with paddle.no_grad():
+        for name, p in named:
+            if not getattr(p, "is_distributed", False):
+                whole.append(p)
+                continue
+            if kinds[name] == "replicated":  # never expected: the mappings cut every split parameter
+                raise RuntimeError(f"{name} is a tensor-parallel slice that the model's mappings do not cut")
+            parts = []
+            dist.all_gather(parts, p, group=group)
+            whole.append(merge(parts, kinds[name], name))
+    return whole
 
 
 def _dtype_groups(params):
@@ -52,6 +84,7 @@ class RolloutLink:
     (`ppo.strategy.split_groups`; None or absent: the default group, a launch of these ranks only)."""
 
     trainer_rank = 0  # the source of the weights
+    replica_group = None  # a rollout rank's replica group (`rollout_tp` > 1)
 
     def __init__(self, layout=None, rank=None, weight_group=None, pair_groups=None):
         self.layout = layout or RolloutLayout(2, 1)
@@ -130,17 +163,23 @@ class RolloutLink:
 _run_link = None
 
 
-def open_split_world(world, rollout_ranks):
-    """Make a split run's process groups on every rank of the launch (`split_groups`); a trainer
-    rank's own collectives then span the trainer group (`set_training_world`). Returns this
-    rank's link, also kept for `run_link`."""
+def open_split_world(world, rollout_ranks, trainer_tp=1, rollout_tp=1):
+    """Make a split run's process groups on every rank of the launch (`split_groups`,
+    `parallel_groups`); a trainer rank's own collectives then span the trainer group
+    (`set_training_world`), and with `trainer_tp` > 1 fleet's data axis its data ranks only
+    (`confine_fleet_data_axis`). Returns this rank's link, also kept for `run_link`; a rollout
+    rank of a replica with `rollout_tp` > 1 finds its replica's group in `link.replica_group`."""
     global _run_link
-    layout = RolloutLayout(world, rollout_ranks)
+    layout, rank = RolloutLayout(world, rollout_ranks, trainer_tp, rollout_tp), dist.get_rank()
     trainer_group, weight_group, pair_groups = split_groups(layout)
+    replica_groups, data_groups = parallel_groups(layout)
     open_beacons(layout)  # who is gone when an exchange fails (ppo.common.rank_faults)
-    if not layout.is_replica(dist.get_rank()):
+    if not layout.is_replica(rank):
         set_training_world(layout.trainers, trainer_group)
+        if trainer_tp > 1:
+            confine_fleet_data_axis(layout, rank, data_groups.get(rank))
     _run_link = RolloutLink(layout, weight_group=weight_group, pair_groups=pair_groups)
+    _run_link.replica_group = replica_groups.get(rank)
     return _run_link
 
 

@@ -54,11 +54,56 @@ def isolated_group(ranks, name):
 def split_groups(layout):
     """`(trainer group, weights group, {(trainer rank, rollout rank): their group})` of a
     `RolloutLayout`, each None where Paddle's default group serves (one trainer rank; a group that
-    is the whole launch). Collective over the launch."""
+    is the whole launch). A pair for each exchange: the first trainer rank of a data rank sends its
+    hello to every rank of each replica that serves it, and a replica's leader sends the batches to
+    every trainer rank of the data rank. Collective over the launch."""
     def group(ranks, name):
         return isolated_group(ranks, name) if 1 < len(ranks) < layout.world else None
 
     trainer_group = group(layout.trainer_ranks, "trainers")
     weight_group = group(layout.weight_group_ranks, "weights")
-    pairs = {(t, r): group([t, r], f"pair_{t}_{r}") for r in layout.replica_ranks for t in layout.served_trainers(r)}
+    def exchanges(t, r):
+        return r == layout.leader(r) or t == layout.data_rank_trainers(layout.data_rank(t))[0]
+
+    pairs = {(t, r): group([t, r], f"pair_{t}_{r}") for r in layout.replica_ranks for t in layout.served_trainers(r)
+             if exchanges(t, r)}
     return trainer_group, weight_group, pairs
+
+
+def parallel_groups(layout):
+    """`({rollout rank: its replica's group}, {trainer rank: its data-parallel group})` of a layout
+    with tensor parallelism: each replica of `rollout_tp` > 1 ranks generates over a group of its
+    own, and with `trainer_tp` > 1 and several data ranks the trainer ranks of one model-parallel
+    index sum their gradients over theirs. Empty without. Collective over the launch."""
+    replica, data = {}, {}
+    if layout.rollout_tp > 1:
+        for leader in layout.replica_ranks[::layout.rollout_tp]:
+            members = layout.replica_members(leader)
+            made = isolated_group(members, f"replica_{leader}")
+            replica.update({r: made for r in members})
+    if layout.trainer_tp > 1 and layout.data_ranks > 1:
+        for index in range(layout.trainer_tp):
+            ranks = layout.trainer_ranks[index::layout.trainer_tp]
+            made = isolated_group(ranks, f"trainer_data_{index}")
+            data.update({t: made for t in ranks})
+    return replica, data
+
+
+def confine_fleet_data_axis(layout, rank, data_group=None):
+    """Fleet's data axis on trainer rank `rank` of a split run with tensor parallelism: fleet's
+    topology spans the whole launch (`fleet.init` in PaddleNLP's arguments), so its data axis
+    holds the rollout ranks too, and fleet's wrappers would broadcast the initial parameters and
+    all-reduce the gradients with ranks that never train. From here fleet sees the trainer's own
+    data axis: `layout.data_ranks` ranks, this rank's index among them, over `data_group` (the
+    trainer ranks of this model-parallel index, `parallel_groups`; a group of this rank alone
+    when there is one data rank). Its model-parallel and check groups (the ranks of one data
+    index: one trainer tensor-parallel group) are left as fleet made them."""
+    from paddle.distributed import fleet
+    from paddle.distributed.communication.group import Group
+
+    hcg = fleet.get_hybrid_communicate_group()
+    ranks = layout.trainer_ranks[rank % layout.trainer_tp::layout.trainer_tp]
+    if data_group is None:
+        data_group = Group(0, -1 - rank, [rank], name=f"ppo_split_data_{rank}")  # one rank: no collective runs on it
+    hcg._dp_degree, hcg._data_parallel_id = layout.data_ranks, layout.data_rank(rank)
+    hcg._dp_group, hcg._dp_comm_group = ranks, data_group

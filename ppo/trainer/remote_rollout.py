@@ -66,12 +66,13 @@ class RemoteRollout:
     def hello(self):
         """Tell the rollout ranks that serve this trainer rank where the run starts (its step, draw
         count and sampler position: the checkpoint's on a resume) and send them the current weights."""
-        self.start, layout = self.state.step, self.link.layout
+        self.start, layout, rank = self.state.step, self.link.layout, self.link.rank
         message = {"start": self.start, "max_steps": self.max_steps, "gen_batches": self.state.gen_batches,
                    "sampler": self.sampler.state_dict()}
-        for replica in layout.replica_ranks:
-            if self.link.rank in layout.served_trainers(replica):
-                self.link.send_object(message, replica, "starting the rollout rank")
+        if rank == layout.data_rank_trainers(layout.data_rank(rank))[0]:  # one hello per data rank
+            for replica in layout.replica_ranks:
+                if rank in layout.served_trainers(replica):
+                    self.link.send_object(message, replica, "starting the rollout rank")
         if self.start < self.max_steps:
             self.sent[self.start] = self.link.send_weights(self.params(), self.start)
 
@@ -81,7 +82,8 @@ class RemoteRollout:
         t0 = time.time()
         while self.state.step + len(self.received) < min(end, self.max_steps):  # batches below `step` are trained on
             index = self.state.step + len(self.received)
-            message = self.link.recv_object(self.link.layout.replica_of(index, self.link.rank))
+            layout = self.link.layout
+            message = self.link.recv_object(layout.replica_of(index, layout.data_rank(self.link.rank)))
             self.received[message["index"]] = message
         return time.time() - t0
 

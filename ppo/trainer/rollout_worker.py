@@ -47,9 +47,10 @@ class RolloutWorkerState:
 
 class RolloutWorker:
     """`link`: the `RolloutLink`; `rollouts`: `Rollout`s over this rank's actor whose `state`
-    is a `RolloutWorkerState`, as `{trainer rank: such a Rollout}` for every trainer rank this
-    rank serves; `params`: the actor's parameters in the
-    trainer's order;
+    is a `RolloutWorkerState`, as `{data rank: such a Rollout}` for every trainer data rank this
+    rank's replica serves (a data rank is one trainer rank, or one tensor-parallel group of them;
+    every rank of a replica generates each batch, its leader sends it to each trainer rank of the
+    data rank); `params`: the actor's parameters in the trainer's order;
     `staleness`: `async_staleness`; `reference_pass`: `exp -> ref_logprobs [N, Tr]` (no
     gradient), or None when the run has no KL to a reference; `partial_tokens`: `partial_rollout_tokens`
     of a `partial_rollout` run (0: off), the tokens every response generates before the update of
@@ -67,8 +68,10 @@ class RolloutWorker:
 
     def train(self):
         """Serve the run's batches; returns a summary of what was generated."""
-        hellos = {t: self.link.recv_object(t, "waiting for the trainer to start") for t in self.rollouts}
-        starts = {t: (hello["start"], hello["max_steps"]) for t, hello in hellos.items()}
+        layout, rank = self.link.layout, self.link.rank
+        hellos = {d: self.link.recv_object(layout.data_rank_trainers(d)[0], "waiting for the trainer to start")
+                  for d in self.rollouts}
+        starts = {layout.data_rank_trainers(d)[0]: (hello["start"], hello["max_steps"]) for d, hello in hellos.items()}
         if len(set(starts.values())) > 1:  # the trainer ranks resumed from different checkpoints: never expected
             raise RuntimeError(f"the trainer ranks start at different (step, max_steps): {starts}")
         start, max_steps = starts[min(starts)]
@@ -83,13 +86,15 @@ class RolloutWorker:
             self.waited = 0.0
             if index - self.staleness > self.version:
                 self.take_weights()
-            for t, replica in self.link.layout.units(index):
-                if t not in self.rollouts:
+            for d, leader in layout.units(index):
+                if d not in self.rollouts:
                     continue
-                if replica != self.link.rank:  # another rollout rank generates it
-                    self.rollouts[t].skip()
+                if leader != layout.leader(rank):  # another replica generates it
+                    self.rollouts[d].skip()
                     continue
-                self.link.send_object(self.generate(index, self.rollouts[t]), t)
+                message = self.generate(index, self.rollouts[d])  # every rank of the replica, together
+                for t in layout.data_rank_trainers(d) if rank == leader else ():
+                    self.link.send_object(message, t)
                 waited_total, generated, self.waited = waited_total + self.waited, generated + 1, 0.0
         logger.info(f"rollout rank: generated {generated} batches of steps {start}..{max_steps - 1}, "
                     f"{waited_total:.1f} s waiting for weights")
@@ -103,7 +108,7 @@ class RolloutWorker:
         exp = rollout.generate()
         if self.pending:  # every response ended before the update: it serves the next batch
             self.take_weights()
-        if self.reference_pass is not None:
+        if self.reference_pass is not None and self.link.rank == self.link.layout.leader(self.link.rank):
             exp.ref_logprobs = self.reference_pass(exp)
         return {"index": index, "version": exp.version, "checksum": self.used[exp.version], "versions": dict(self.used),
                 "train_wait_s": self.waited, "gen_batches": rollout.state.gen_batches,

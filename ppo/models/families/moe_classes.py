@@ -40,6 +40,7 @@ def moe_model_class(pretrained, name, is_sparse, block_class):
     """The family's base model: a `MoeDecoderLayer` where ``is_sparse(config, i)``, else a dense one;
     records that layout on `pretrained` (``moe_layout``: its tensor-parallel mappings read it)."""
     pretrained.moe_layout = MoeLayout(is_sparse, block_class.shared_name, block_class.shared_width)
+    pretrained.moe_block_class = block_class  # the pipeline classes build their sparse layers with it
 
     def layer_of(config, index):
         return MoeDecoderLayer(config, block_class) if is_sparse(config, index) else DecoderLayer(config)

@@ -137,12 +137,13 @@ class PipelinePasses(ModelPasses):
     def first_forward(self, exp):
         raise RuntimeError("under pipeline parallel the update's forward runs inside fleet's schedule; it cannot be kept")
 
-    def run_schedule(self, model, optimizer, criterion, data, fields, prompt_len, objective, tail=()):
+    def run_schedule(self, model, optimizer, criterion, data, fields, prompt_len, objective, tail=(), real_rows=None):
         """One forward-backward of fleet's schedule over `data`; returns the summed loss of its
         micro-batches (the same on every rank). `tail`: `(first-stage inputs, labels, fields,
         objective)` of micro-batches run after `data`'s in the same schedule (shared weights are
-        all-reduced once per schedule, so extra losses must join it, not follow it)."""
-        criterion.prepare(prompt_len, fields, objective, [(f, o) for _, _, f, o in tail])
+        all-reduced once per schedule, so extra losses must join it, not follow it). `real_rows`:
+        each data micro-batch's real rows (`ExperienceCriterion.prepare`)."""
+        criterion.prepare(prompt_len, fields, objective, [(f, o) for _, _, f, o in tail], real_rows)
         if tail:
             firsts, labels = data
             columns = [list(c) + [t[0][i] for t in tail] for i, c in enumerate(firsts)]
@@ -184,8 +185,10 @@ class PipelinePasses(ModelPasses):
             logprobs, entropy = response_logprobs_from_logits(logits, mb, temperature, with_entropy=True)
             return losses.actor(mb, {"logprobs": logprobs, "entropy": entropy})
 
+        real_rows = [len(r) for r in plan] + [0] * (self.steps - len(plan))
         actor_total = self.run_schedule(
-            self.actor, self.optimizers["actor"], self.criteria["actor"], data, fields, exp.prompt_len, actor_objective, tail
+            self.actor, self.optimizers["actor"], self.criteria["actor"], data, fields, exp.prompt_len, actor_objective, tail,
+            real_rows,
         )
         totals = {}
         for name, loss_fn in losses.critics.items():

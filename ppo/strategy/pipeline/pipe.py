@@ -8,8 +8,9 @@ runs `gradient_accumulation_steps` micro-batches of `per_device_train_batch_size
 the last stage applies the layer's loss function `loss_fn(output, labels)` to each
 micro-batch, dividing it by the number of micro-batches. The pieces here:
 
-* `load_pipe(path, ...)`: PaddleNLP's `LlamaForCausalLMPipe` / `Qwen2ForCausalLMPipe` for a
-  plain checkpoint, with our loss and input preparation;
+* `load_pipe(path, ...)`: PaddleNLP's `LlamaForCausalLMPipe` / `Qwen2ForCausalLMPipe`, or
+  our families' pipes (`family_pipes`), for a plain checkpoint, with our loss and input
+  preparation;
 * `AnswerNLLCriterion`: the SFT loss (`ppo.models.causal_lm.answer_nll`) on the last stage's
   logits. PaddleNLP's `LlamaPretrainingCriterion` expects labels already shifted by one
   position; our collators give labels in input alignment (`labels[:, t]` is the token at
@@ -44,9 +45,12 @@ def pipe_classes(config):
     import paddlenlp.transformers as transformers
 
     model_type = getattr(config, "model_type", None)
+    family = family_pipe(model_type)
+    if family is not None:
+        return family
     if model_type not in PIPE_CLASSES:
         raise ValueError(
-            f"pipeline_parallel_degree > 1: no pipeline class for model_type {model_type!r}; supported: {sorted(PIPE_CLASSES)}"
+            f"pipeline_parallel_degree > 1: no pipeline class for model_type {model_type!r}; supported: {pipe_model_types()}"
         )
     if model_type == "qwen2" and getattr(config, "tie_word_embeddings", False):
         raise ValueError(
@@ -58,10 +62,47 @@ def pipe_classes(config):
     return getattr(transformers, pipe_name), plain_name
 
 
+def pipe_model_types():
+    """The model types with a pipeline class: PaddleNLP's and the families written here."""
+    from ...models.families import FAMILIES
+
+    return sorted(set(PIPE_CLASSES) | {t for t, f in FAMILIES.items() if f.module})
+
+
+def family_pipe(model_type):
+    """`(pipe class, plain class name)` of a family written here (`family_pipes`), None for PaddleNLP's."""
+    from ...models.families import family_module
+
+    module = family_module(model_type)
+    if module is None:
+        return None
+    from .family_pipes import family_pipe_class
+
+    return family_pipe_class(module), module.CAUSAL_LM_CLASS.__name__
+
+
+def plain_class(config):
+    """The plain (one-process) causal LM class of a pipe's config: the keys of its merged checkpoint."""
+    from ...models.families import family_module
+
+    module = family_module(getattr(config, "model_type", None))
+    if module is not None:
+        return module.CAUSAL_LM_CLASS
+    import paddlenlp.transformers as transformers
+
+    return getattr(transformers, pipe_classes(config)[1])
+
+
 def install_last_stage_loss(pipe, criterion, prepare_inputs=None):
     """Make `criterion(output, labels)` the loss fleet's schedule computes on `pipe`'s last stage
     and, when given, `prepare_inputs` the `Trainer`'s `_prepare_pipeline_inputs_func`: the one
-    place that writes fleet's and PaddleNLP's private pipeline attributes."""
+    place that writes fleet's and PaddleNLP's private pipeline attributes. A pipe carrying a
+    mixture of experts' router sums adds the router losses to `criterion`'s
+    (`family_moe_pipe.RouterLossCriterion`)."""
+    from .family_moe_pipe import RouterLossCriterion, carries_router_sums
+
+    if criterion is not None and carries_router_sums(pipe.config):
+        criterion = RouterLossCriterion(criterion, pipe.config)
     pipe._loss_fn = [criterion]
     if prepare_inputs is not None:
         pipe._prepare_pipeline_inputs_func = prepare_inputs
@@ -226,16 +267,13 @@ def merged_tensor_parallel_state(pipe, state):
     """This stage's state dict (plain keys) with tensor-parallel slices merged over the
     model-parallel group (all its ranks call it), by the plain class's own tensor-parallel
     mappings (`ppo.strategy.tensor.reshard`); unchanged without tensor parallelism."""
-    import paddlenlp.transformers as transformers
-
     from ..tensor.reshard import merge, tensor_parallel_kinds
     from ...common.parallel_groups import model_parallel_group
 
     group = model_parallel_group()
     if group is None or group.nranks <= 1:
         return state
-    plain_class = getattr(transformers, pipe_classes(pipe.config)[1])
-    kinds = tensor_parallel_kinds(plain_class, pipe.config, list(state), degree=group.nranks)
+    kinds = tensor_parallel_kinds(plain_class(pipe.config), pipe.config, list(state), degree=group.nranks)
     merged = {}
     for name, value in state.items():
         if kinds[name] == "replicated":

@@ -97,11 +97,23 @@ class ExperienceCriterion(nn.Layer):
     def __init__(self, accumulate_steps, record, view):
         super().__init__()
         self.accumulate_steps, self.record, self.view = accumulate_steps, record, view
-        self.prompt_len, self.kinds, self.calls = None, [], 0
+        self.prompt_len, self.kinds, self.calls, self.real_rows = None, [], 0, []
 
-    def prepare(self, prompt_len, fields, objective, tail=()):
+    def prepare(self, prompt_len, fields, objective, tail=(), real_rows=None):
+        """`real_rows`: the experience micro-batches' real rows (the rest stand in; None: all real)."""
         self.prompt_len, self.calls = prompt_len, 0
         self.kinds = [(tuple(fields), objective)] * self.accumulate_steps + [(tuple(f), o) for f, o in tail]
+        self.real_rows = list(real_rows) if real_rows is not None else [None] * self.accumulate_steps
+
+    def router_loss_share(self):
+        """`(real rows, weight)` of the next micro-batch's router loss (a mixture-of-experts actor,
+        `family_moe_pipe.RouterLossCriterion`): the plain update adds each real micro-batch's
+        router loss over their count, the schedule divides every loss by `len(kinds)`; stand-in
+        and ptx micro-batches add none."""
+        if self.calls >= self.accumulate_steps or self.real_rows[self.calls] == 0:
+            return 0, 0.0
+        real = sum(1 for rows in self.real_rows if rows != 0)
+        return self.real_rows[self.calls], len(self.kinds) / real
 
     def forward(self, output, labels):
         fields, objective = self.kinds[self.calls]  # the last stage sees the micro-batches in order
@@ -188,15 +200,12 @@ def plain_copy_of(pipe, keep_tensor_parallel=False):
     stage (the rollout engine's `eval_mode` tensor_parallel), instead of whole weights."""
     import copy
 
-    import paddlenlp.transformers as transformers
-
-    from .pipe import pipe_classes
+    from .pipe import plain_class
 
     config = copy.deepcopy(pipe.config)
     if not keep_tensor_parallel:
         config.tensor_parallel_degree, config.tensor_parallel_rank = 1, 0  # whole weights (see all_stage_states)
-    _, plain_name = pipe_classes(config)
-    model = getattr(transformers, plain_name).from_config(config, dtype=config.dtype or "float32")
+    model = plain_class(config).from_config(config, dtype=config.dtype or "float32")
     model.eval()
     for p in model.parameters():
         p.stop_gradient = True
