@@ -1,6 +1,6 @@
 """Faults of rollout_placement split with several trainer and rollout ranks, through
 `paddle.distributed.launch` as users run it (tiny GRPO config of tests/test_async_launch.py,
-5 steps, staleness 0). A rollout rank killed with SIGKILL after step 2 (2 trainer + 2 rollout
+8 steps, staleness 0). A rollout rank killed with SIGKILL after step 2 (2 trainer + 2 rollout
 ranks, and 2 + 1): every trainer rank stops, the checkpoint of the last completed step is saved
 once and whole, each trainer's log names the dead rank in one line, and the same command
 resumes and ends as the uninterrupted colocated 2-rank run, bit for bit. Trainer rank 1 of 2 + 2
@@ -18,7 +18,7 @@ import pytest
 from tests.test_async_launch import assert_same_run, complete_steps, env, logs, run_argv, steps, wait_for, workers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = 5
+STEPS = 8
 LAUNCH_TIMEOUT_S = 900  # a bound on a launch that hangs, far above the 1-3 minutes one takes
 
 

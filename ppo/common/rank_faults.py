@@ -54,7 +54,7 @@ def lost_rank_error(err):
     """After `err` (a RuntimeError of a collective) on a trainer rank of a split run: a
     `TrainerRankLost` naming the ranks found gone, or None when every rank still answers (or
     this is no split run: no beacons)."""
-    if not _addresses or not isinstance(err, RuntimeError):
+    if not _addresses or type(err) is not RuntimeError:  # gloo's errors; not the run's own stops (subclasses)
         return None
     gone = dead_ranks()
     if not gone:

@@ -98,8 +98,11 @@ class OnlineLoop:
             if self.settings.evaluates and self.state.step == 0 and self.evaluator.dataset is not None:
                 self.log_evaluation()
             start = time.time()
-            self.run_steps()
-            return self.finish(time.time() - start)
+            try:
+                self.run_steps()
+                return self.finish(time.time() - start)
+            except RuntimeError as err:  # a collective with a rank that died (split: it is named)
+                self.stop_on_lost_rank(err)
 
     def run_steps(self):
         """The steps, each followed by its logging, samples, evaluation, checkpoint and stops."""
@@ -119,8 +122,6 @@ class OnlineLoop:
                 except RolloutRankLost as err:  # a split run's rollout rank died: keep the work
                     self.save_before_stopping(err, lambda note, e=err: RolloutRankLost(
                         f"{e}; {note}: run the same command again to resume from it"))
-                except RuntimeError as err:  # a collective with a rank that died (split: it is named)
-                    self.stop_on_lost_rank(err)
                 state.step += 1
                 bar.update(1)
                 bar.set_postfix({label: number(metrics[k]) for label, k in self.learner.progress_metrics.items() if k in metrics})
@@ -220,8 +221,9 @@ class OnlineLoop:
         raise stopped(f"saved {saved} (after step {self.state.step}) before stopping") from err
 
     def stop_on_lost_rank(self, err):
-        """Raise `err`, or `TrainerRankLost` naming the ranks that are gone when a split run's
-        rank died (`ppo.common.rank_faults.lost_rank_error`) with the newest checkpoint on disk."""
+        """Raise `err`, or, when it is a collective's error in a split run one of whose ranks died
+        (`ppo.common.rank_faults.lost_rank_error`), `TrainerRankLost` naming the ranks that are
+        gone and the newest checkpoint on disk."""
         from ..checkpoints.checkpoint import list_checkpoints
 
         lost = lost_rank_error(err)
