@@ -14,7 +14,9 @@ saving and stopping. So every trainer rank calls `agree` at the same point of ea
 after its exchanges: one all-reduce (MAX) over the trainer group of `[rank r found gone, for
 every r] + [this rank's exchange failed]`. When any trainer rank's exchange failed, every
 trainer rank gets the same `RolloutRankLost` naming the ranks found gone (`on_every_trainer`:
-the loop may then save the last completed step collectively, `OnlineLoop.save_before_stopping`)."""
+the loop may then save the last completed step collectively, `OnlineLoop.save_before_stopping`).
+A trainer group collective that fails because a trainer rank died (`lost_rank_error`) gives
+`TrainerRankLost` naming it: nothing new can be saved whole without that rank's states."""
 import contextlib
 import os
 import socket
@@ -56,7 +58,7 @@ def lost_rank_error(err):
     this is no split run: no beacons)."""
     if not _addresses or type(err) is not RuntimeError:  # gloo's errors; not the run's own stops (subclasses)
         return None
-    gone = dead_ranks()
+    gone = dead_ranks(_layout.trainer_ranks)  # the collectives of the trainer group: a trainer rank is the cause
     if not gone:
         return None
     detail = (str(err).strip().splitlines() or [""])[-1][:200]
@@ -64,9 +66,9 @@ def lost_rank_error(err):
 
 
 class TrainerRankLost(RuntimeError):
-    """A rank of a split run died while this trainer rank was in a collective with it (the
-    gradient all-reduce with a trainer rank that is gone): the run stops; the checkpoints on
-    disk are whole, and the same command resumes from the newest."""
+    """A trainer rank of a split run died while this one was in a collective with it (the
+    gradient all-reduce, a checkpoint barrier): the run stops; the checkpoints on disk are
+    whole, and the same command resumes from the newest."""
 
 
 def dead_ranks(ranks=None, timeout=PROBE_TIMEOUT_S):
@@ -109,8 +111,8 @@ def agree(layout, failure, probe=False):
 
     from .training_world import training_group, training_world_size
 
-    world = layout.world
-    gone = dead_ranks(range(world)) if (failure is not None or probe) else []
+    world = layout.world  # the exchanges are with rollout ranks: one of them is the cause
+    gone = dead_ranks(layout.replica_ranks) if (failure is not None or probe) else []
     flags = [int(r in gone) for r in range(world)] + [int(failure is not None)]
     if training_world_size() > 1:
         tensor = paddle.to_tensor(flags, dtype="int64")

@@ -236,16 +236,19 @@ class OnlineLoop:
     def stop_on_signal(self):
         """Save a checkpoint at this step, write `summary.json` and raise RunInterrupted; in a split
         run whose rollout rank is gone (a launcher stops the trainer with SIGTERM when another
-        rank died), RolloutRankLost naming it and the checkpoint instead."""
-        self.state.save()
-        saved = os.path.join(self.settings.output_dir, f"checkpoint-{self.state.step}")
-        check = getattr(self.experience, "check_peer", None)
+        rank died), RolloutRankLost naming it and the checkpoint instead (looked for before the
+        save, while the launcher has yet to stop the other ranks)."""
+        check, lost = getattr(self.experience, "check_peer", None), None
         try:
             if check is not None:
                 check()
         except RolloutRankLost as err:
-            raise RolloutRankLost(f"{err}; stopped on {self.stop_request.signal_name} after it: saved {saved} (after step "
-                                  f"{self.state.step}) before stopping: run the same command again to resume from it") from err
+            lost = err
+        self.state.save()
+        saved = os.path.join(self.settings.output_dir, f"checkpoint-{self.state.step}")
+        if lost is not None:
+            raise RolloutRankLost(f"{lost}; stopped on {self.stop_request.signal_name} after it: saved {saved} (after step "
+                                  f"{self.state.step}) before stopping: run the same command again to resume from it") from lost
         self.report.finish(steps=self.state.step, interrupted=self.stop_request.signal_name)
         raise RunInterrupted(interrupted_message(self.stop_request, self.state.step, saved), self.stop_request.signum)
 
