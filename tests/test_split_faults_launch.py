@@ -5,7 +5,8 @@ ranks, and 2 + 1): every trainer rank stops, the checkpoint of the last complete
 once and whole, each trainer's log names the dead rank in one line, and the same command
 resumes and ends as the uninterrupted colocated 2-rank run, bit for bit. Trainer rank 1 of 2 + 2
 killed the same way: the run stops, trainer rank 0 names it, the checkpoints on disk stay whole
-and the same command resumes to the uninterrupted run. Each launch is bounded by a generous
+and the same command resumes to the uninterrupted run. At staleness 1 (2 + 2, rollout rank 3
+killed) both trainer ranks stop with one checkpoint and the rerun trains every step once. Each launch is bounded by a generous
 subprocess timeout (a hang fails the test instead of stalling it). Four processes on two cores: slow suite."""
 import json
 import os
@@ -15,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.test_async_launch import assert_same_run, complete_steps, env, logs, run_argv, steps, wait_for, workers
+from tests.test_async_launch import STALE, assert_same_run, complete_steps, env, logs, run_argv, steps, wait_for, workers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 8
@@ -125,3 +126,29 @@ def test_a_dead_trainer_rank_stops_the_run_and_the_same_command_resumes(colocate
     assert len(named) == 1 and f"the last checkpoint is {out}/{saved[-1]}" in named[0], trainer_log[-3000:]
     launch(out, argv, 4, 2)
     assert_uninterrupted(out, colocated_dp2)
+
+
+@pytest.mark.slow
+def test_at_staleness_1_a_dead_rollout_rank_stops_both_trainer_ranks_with_one_checkpoint(tiny_model_dir, tiny_data_dir,
+                                                                                         tmp_path):
+    """2 + 2 at staleness 1 (batches generated while the trainer ranks train): rollout rank 3
+    killed after step 2 is noticed by a failed exchange (the weights broadcast or a batch) or, in
+    a step longer than the launcher's second, by its SIGTERMs (the step ends, rank 3 is found
+    gone); either way both trainer ranks save that step once, together, and name rank 3, and the
+    same command resumes with every step once (the batches after the checkpoint come from its
+    weights, so the run is not the uninterrupted one: docs/split_rollout.md)."""
+    out = str(tmp_path / "dead_rollout_stale")
+    argv = argv_of(tiny_model_dir, tiny_data_dir, out, *STALE)
+    assert kill_after_step_2(out, argv, 4, 2, 3) != 0
+    saved = checkpoints(out)
+    assert len(saved) == 1, open(f"{out}/launch/workerlog.0").read()[-3000:]
+    assert_whole(out, saved[0])
+    step = int(saved[0].split("-")[1])
+    assert 2 <= step < STEPS and len(steps(out)) == step
+    named = "RolloutRankLost: the rollout rank (rank 3) of this rollout_placement split run stopped answering"
+    note = f"saved {out}/checkpoint-{step} (after step {step}) before stopping"
+    for t in (0, 1):
+        text = open(f"{out}/launch/workerlog.{t}").read()
+        assert len([ln for ln in text.splitlines() if named in ln and note in ln]) == 1, text[-3000:]
+    launch(out, argv, 4, 2)
+    assert [r["step"] for r in steps(out)] == list(range(1, STEPS + 1))  # nothing lost, nothing repeated
