@@ -10,9 +10,11 @@ which of several rollout ranks closed its socket.
 
 Verdict (`agree`): a trainer rank whose exchange with the rollout ranks failed must not go on
 alone, and one that got its batch must not enter the gradient all-reduce with a rank that is
-saving and stopping. So every trainer rank calls `agree` at the same point of each step, right
-after its exchanges: one all-reduce (MAX) over the trainer group of `[rank r found gone, for
-every r] + [this rank's exchange failed]`. When any trainer rank's exchange failed, every
+saving and stopping. So every trainer rank calls `agree` at the same two points of each step,
+after the weights went out and after the batches came in: one all-reduce (MAX) over the trainer
+group of `[rank r found gone, for every r] + [this rank's exchange failed]`. The first matters
+because gloo's broadcast is a tree that a dead member cuts short: a live rollout rank it did not
+reach waits in it until trainer rank 0 exits, so a trainer rank must not wait for that rank's batch. When any trainer rank's exchange failed, every
 trainer rank gets the same `RolloutRankLost` naming the ranks found gone (`on_every_trainer`:
 the loop may then save the last completed step collectively, `OnlineLoop.save_before_stopping`).
 A trainer group collective that fails because a trainer rank died (`lost_rank_error`) gives

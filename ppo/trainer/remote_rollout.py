@@ -122,9 +122,10 @@ class RemoteRollout:
     def generate(self):
         """This step's batch: an `Experience` at stage "rollout" with the rollout's own log-probs
         and the version of the weights that sampled it (`Experience.version`)."""
-        with lost_together(self.link.layout):  # every trainer rank goes on, or all stop here
-            waited, sync = self.before_batch()
-            k = self.state.step
+        with lost_together(self.link.layout):  # the weights went out to every rollout rank, or all stop here
+            waited, sync = self.before_batch()  # (a cut-short broadcast leaves rollout ranks waiting in it)
+        k = self.state.step
+        with lost_together(self.link.layout):  # every trainer rank has its batch, or all stop here
             waited += self.receive_below(k + 1)  # 3. this step's batch
         message = self.received.pop(k)
         self.state.gen_batches = message["gen_batches"]  # as after the colocated run's draw of this batch
