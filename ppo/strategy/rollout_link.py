@@ -22,6 +22,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
+from ..common.rank_faults import open_beacons
 from ..common.run_guard import RolloutRankLost
 from ..common.training_world import set_training_world
 from .rollout_layout import RolloutLayout
@@ -172,6 +173,7 @@ def open_split_world(world, rollout_ranks, trainer_tp=1, rollout_tp=1):
     layout, rank = RolloutLayout(world, rollout_ranks, trainer_tp, rollout_tp), dist.get_rank()
     trainer_group, weight_group, pair_groups = split_groups(layout)
     replica_groups, data_groups = parallel_groups(layout)
+    open_beacons(layout)  # who is gone when an exchange fails (ppo.common.rank_faults)
     if not layout.is_replica(rank):
         set_training_world(layout.trainers, trainer_group)
         if trainer_tp > 1:

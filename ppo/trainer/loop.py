@@ -21,6 +21,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from ..common.console_report import number
 from ..common.divergence import DivergenceError
 from ..common.metrics import MetricAccumulator
+from ..common.rank_faults import lost_rank_error
 from ..common.run_guard import FlatRewardWatch, RolloutRankLost, RunInterrupted, interrupted_message, stop_requests
 from ..serving.reward_client import RewardServerError
 from .agent_rollout import ToolPoolError
@@ -97,8 +98,11 @@ class OnlineLoop:
             if self.settings.evaluates and self.state.step == 0 and self.evaluator.dataset is not None:
                 self.log_evaluation()
             start = time.time()
-            self.run_steps()
-            return self.finish(time.time() - start)
+            try:
+                self.run_steps()
+                return self.finish(time.time() - start)
+            except RuntimeError as err:  # a collective with a rank that died (split: it is named)
+                self.stop_on_lost_rank(err)
 
     def run_steps(self):
         """The steps, each followed by its logging, samples, evaluation, checkpoint and stops."""
@@ -207,27 +211,44 @@ class OnlineLoop:
         raise DivergenceError(f"stopped: {'; '.join(messages)}; {where} (stop_on_divergence=False lets the run go on)")
 
     def save_before_stopping(self, err, stopped):
-        """Save a checkpoint of the last completed step (one process only: the ranks may not all have
-        failed at one point) and raise `stopped(note)`, the error again with a note saying where it is."""
-        if self.ranks.world_size > 1 or self.state.step == 0:
+        """Save a checkpoint of the last completed step (one process only, or every rank when `err`
+        was raised on all of them at one point: `on_every_trainer`) and raise `stopped(note)`, the
+        error again with a note saying where it is."""
+        if (self.ranks.world_size > 1 and not getattr(err, "on_every_trainer", False)) or self.state.step == 0:
             raise err
         self.state.save()
         saved = os.path.join(self.settings.output_dir, f"checkpoint-{self.state.step}")
         raise stopped(f"saved {saved} (after step {self.state.step}) before stopping") from err
 
+    def stop_on_lost_rank(self, err):
+        """Raise `err`, or, when it is a collective's error in a split run one of whose ranks died
+        (`ppo.common.rank_faults.lost_rank_error`), `TrainerRankLost` naming the ranks that are
+        gone and the newest checkpoint on disk."""
+        from ..checkpoints.checkpoint import list_checkpoints
+
+        lost = lost_rank_error(err)
+        if lost is None:
+            raise err
+        kept = list_checkpoints(self.settings.output_dir)
+        where = f"the last checkpoint is {kept[-1][1]}" if kept else "no checkpoint was saved before it"
+        raise type(lost)(f"{lost}; {where}: run the same command again to resume from it") from err
+
     def stop_on_signal(self):
         """Save a checkpoint at this step, write `summary.json` and raise RunInterrupted; in a split
         run whose rollout rank is gone (a launcher stops the trainer with SIGTERM when another
-        rank died), RolloutRankLost naming it and the checkpoint instead."""
-        self.state.save()
-        saved = os.path.join(self.settings.output_dir, f"checkpoint-{self.state.step}")
-        check = getattr(self.experience, "check_peer", None)
+        rank died), RolloutRankLost naming it and the checkpoint instead (looked for before the
+        save, while the launcher has yet to stop the other ranks)."""
+        check, lost = getattr(self.experience, "check_peer", None), None
         try:
             if check is not None:
                 check()
         except RolloutRankLost as err:
-            raise RolloutRankLost(f"{err}; stopped on {self.stop_request.signal_name} after it: saved {saved} (after step "
-                                  f"{self.state.step}) before stopping: run the same command again to resume from it") from err
+            lost = err
+        self.state.save()
+        saved = os.path.join(self.settings.output_dir, f"checkpoint-{self.state.step}")
+        if lost is not None:
+            raise RolloutRankLost(f"{lost}; stopped on {self.stop_request.signal_name} after it: saved {saved} (after step "
+                                  f"{self.state.step}) before stopping: run the same command again to resume from it") from lost
         self.report.finish(steps=self.state.step, interrupted=self.stop_request.signal_name)
         raise RunInterrupted(interrupted_message(self.stop_request, self.state.step, saved), self.stop_request.signum)
 

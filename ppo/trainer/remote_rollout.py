@@ -34,6 +34,7 @@ import time
 import paddle
 
 from ..algos.token_versions import token_staleness_metrics
+from ..common.rank_faults import agree, lost_together
 from ..experience.stages import ROW_LISTS, ROW_TENSORS, Experience
 
 
@@ -110,18 +111,22 @@ class RemoteRollout:
         return time.time() - t0
 
     def check_peer(self):
-        """After a stop request was saved: the next step's exchanges that come before its batch
-        (`before_batch`), so that a rollout rank that is gone raises `RolloutRankLost` naming it,
-        and a live one is left waiting at a point of the schedule (it stops when this rank exits)."""
-        if self.state.step < self.max_steps:
-            self.before_batch()
+        """After a stop request was saved (every trainer rank at that point): raises
+        `RolloutRankLost` naming the ranks that are gone (`ppo.common.rank_faults`: the launcher
+        sends its SIGTERMs when a rank died); live rollout ranks are left waiting at a point of
+        the schedule (they stop when the trainer ranks exit)."""
+        verdict = agree(self.link.layout, None, probe=True)
+        if verdict is not None:
+            raise verdict
 
     def generate(self):
         """This step's batch: an `Experience` at stage "rollout" with the rollout's own log-probs
         and the version of the weights that sampled it (`Experience.version`)."""
-        waited, sync = self.before_batch()
+        with lost_together(self.link.layout):  # the weights went out to every rollout rank, or all stop here
+            waited, sync = self.before_batch()  # (a cut-short broadcast leaves rollout ranks waiting in it)
         k = self.state.step
-        waited += self.receive_below(k + 1)  # 3. this step's batch
+        with lost_together(self.link.layout):  # every trainer rank has its batch, or all stop here
+            waited += self.receive_below(k + 1)  # 3. this step's batch
         message = self.received.pop(k)
         self.state.gen_batches = message["gen_batches"]  # as after the colocated run's draw of this batch
         self.sampler.set_state_dict(message["sampler"])
