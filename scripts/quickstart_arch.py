@@ -10,7 +10,12 @@ on the Llama); a family absent from it runs the configs as they are.
 from ppo.tiny.factory import ARCHS
 
 DEFAULT_ARCH = "llama"
-ARCH_OVERRIDES = {}
+ARCH_OVERRIDES = {
+    # DPO on the tiny Qwen3-MoE: each expert sees the tokens routed to it (top-2 of 4), and at the
+    # Llama's 450 steps the reward margin and the validation accuracy were still rising (seed 43:
+    # margin 1.70 -> 2.03 by step 600, valid 0.983 -> 0.990, held out 0.967 -> 0.987).
+    "qwen3_moe": {"dpo": {"max_steps": 700}},
+}
 """`{arch: {stage: {argument: value}}}`: a family's changes to the tiny configs, with the reason
 beside each entry (docs/quickstart_families.md has the measured runs)."""
 
