@@ -66,6 +66,23 @@ def test_the_default_llama_commands_are_unchanged_and_a_family_only_adds_its_fla
     assert stages_by_name("outputs/tiny", None)["sft"].cmd == llama["sft"].cmd  # other families' overrides: none here
 
 
+def test_qwen3_moe_overrides_ppo_and_dpo_and_every_other_command_is_the_configs():
+    """The measured overrides (docs/quickstart_families.md): Qwen3-MoE's PPO at KL coefficient 0.1,
+    its DPO at 700 steps; its other stages, the Llama's and the dense Qwen3's commands are the
+    configs' own."""
+    moe = stages_by_name("outputs/tiny-qwen3_moe-seed43", 43, arch="qwen3_moe")
+    plain = stages_by_name("outputs/tiny-qwen3_moe-seed43", 43)
+    assert moe["ppo"].cmd == plain["ppo"].cmd + ["--kl_coeff", "0.1"]
+    assert moe["dpo"].cmd == plain["dpo"].cmd + ["--max_steps", "700"]
+    assert {n: s.cmd for n, s in moe.items() if n not in ("build", "ppo", "dpo")} == \
+        {n: s.cmd for n, s in plain.items() if n not in ("build", "ppo", "dpo")}
+    llama = stages_by_name("outputs/tiny", None)
+    assert [llama[n].cmd[2:] for n in ("ppo", "dpo")] == [["config/tiny/ppo_argument.json"],
+                                                          ["config/tiny/dpo_argument.json"]]
+    qwen3 = stages_by_name("outputs/tiny-qwen3", 42, arch="qwen3")
+    assert all(qwen3[n].cmd == s.cmd for n, s in stages_by_name("outputs/tiny-qwen3", 42).items() if n != "build")
+
+
 def test_every_override_names_a_known_family_stage_and_argument():
     stage_configs = {"sft": "sft", "rm": "rm", "ppo": "ppo", "grpo": "grpo", "dpo": "dpo", "audit": "audit",
                      "online_dpo": "online_dpo"}
