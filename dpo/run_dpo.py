@@ -13,7 +13,8 @@ Writes the model (or adapter) to `output_dir` with `metrics.jsonl`, `summary.jso
 """
 import os
 
-os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle: 3-4x faster matmuls on AVX2-only CPUs
+from ppo.common.cpu_flags import default_mkl_code_path  # noqa: E402
+default_mkl_code_path()  # before paddle: MKL's AVX2 path on AMD CPUs (3-4x faster matmuls there)
 
 from ppo.common.argument_table import check_early  # noqa: E402
 

@@ -14,7 +14,8 @@ As PaddleNLP's, a run resumes from the newest checkpoint in `output_dir` unless
 """
 import os
 
-os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # before paddle: 3-4x faster matmuls on AVX2-only CPUs
+from ppo.common.cpu_flags import default_mkl_code_path  # noqa: E402
+default_mkl_code_path()  # before paddle: MKL's AVX2 path on AMD CPUs (3-4x faster matmuls there)
 
 from ppo.common.argument_table import check_early  # noqa: E402
 

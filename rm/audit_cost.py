@@ -11,7 +11,8 @@ the mean margin, and per label the count, mean cost and share on the right side 
 """
 import os
 
-os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+from ppo.common.cpu_flags import default_mkl_code_path  # noqa: E402
+default_mkl_code_path()  # before paddle: MKL's AVX2 path on AMD CPUs (3-4x faster matmuls there)
 
 from ppo.common.argument_table import check_early  # noqa: E402
 

@@ -15,7 +15,8 @@ first real one (`rm/audit_steps.py`).
 """
 import os
 
-os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+from ppo.common.cpu_flags import default_mkl_code_path  # noqa: E402
+default_mkl_code_path()  # before paddle: MKL's AVX2 path on AMD CPUs (3-4x faster matmuls there)
 
 import json  # noqa: E402
 

@@ -263,7 +263,8 @@ def main(argv=None, stdin=None):
         prompts = read_prompts(args, stdin)
     except ValueError as err:
         parser.error(str(err))
-    os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+    from ppo.common.cpu_flags import default_mkl_code_path
+    default_mkl_code_path()  # before paddle: MKL's AVX2 path on AMD CPUs (3-4x faster matmuls there)
     from ppo.rollout import RolloutEngine, SamplingParams
 
     run_file = find_run_arguments(args.model)

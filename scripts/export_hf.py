@@ -20,7 +20,8 @@ converted: docs/hf_weights.md.
 """
 import os
 
-os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+from ppo.common.cpu_flags import default_mkl_code_path  # noqa: E402
+default_mkl_code_path()  # before paddle: MKL's AVX2 path on AMD CPUs (3-4x faster matmuls there)
 
 from ppo.common.quiet_start import quiet_third_party_warnings  # noqa: E402
 

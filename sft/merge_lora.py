@@ -13,7 +13,8 @@ loads, with its score head and normaliser statistics.
 """
 import os
 
-os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+from ppo.common.cpu_flags import default_mkl_code_path  # noqa: E402
+default_mkl_code_path()  # before paddle: MKL's AVX2 path on AMD CPUs (3-4x faster matmuls there)
 
 from ppo.common.argument_help import OneMessageArgumentParser, doc_summary  # noqa: E402
 from ppo.common.argument_problems import joined_problems  # noqa: E402
