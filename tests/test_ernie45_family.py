@@ -152,13 +152,14 @@ def test_score_model_round_trip_keeps_its_scores(tmp_path):
     np.testing.assert_array_equal(end_scores(back), end_scores(scorer))
 
 
-def test_pipeline_refuses_the_family_and_tensor_parallelism_an_indivisible_width_by_name(tmp_path):
+def test_the_family_has_a_pipe_and_tensor_parallelism_refuses_an_indivisible_width_by_name():
+    """Pipeline stages of the family's own pipe class (tests/test_family_pipes.py runs it); a
+    tensor-parallel degree that does not divide the key-value heads is refused by name."""
     from ppo.models.families.ernie45_modeling import Ernie4_5ForCausalLM
-    from ppo.strategy.pipeline.pipe import load_pipe
+    from ppo.strategy.pipeline.pipe import pipe_classes
 
-    ernie_model().save_pretrained(str(tmp_path))
-    with pytest.raises(ValueError, match="no pipeline class for model_type 'ernie4_5'"):
-        load_pipe(str(tmp_path), loss_fn=None, prepare_inputs=None)
+    pipe_cls, plain_name = pipe_classes(ernie_config())
+    assert (pipe_cls.__name__, plain_name) == ("Ernie4_5ForCausalLMPipe", "Ernie4_5ForCausalLM")
     heads, kv_heads = ernie_config().num_attention_heads, ernie_config().num_key_value_heads
     assert heads % kv_heads == 0 and heads > kv_heads
     with pytest.raises(ValueError, match=f"ERNIE 4.5: tensor parallelism: num_key_value_heads {kv_heads} is not divisible "

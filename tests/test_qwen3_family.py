@@ -203,12 +203,12 @@ def test_the_start_up_check_names_an_unsupported_model_type_before_loading(tmp_p
     assert f"model_type 'gemma3' is not supported; supported model types are {supported()}" in problem
 
 
-def test_pipeline_parallelism_refuses_qwen3_by_name(tmp_path):
-    from ppo.strategy.pipeline.pipe import load_pipe
+def test_pipeline_parallelism_has_a_qwen3_pipe():
+    """The family's own pipe class (tests/test_family_pipes.py runs it against the plain model)."""
+    from ppo.strategy.pipeline.pipe import pipe_classes
 
-    qwen3_model().save_pretrained(str(tmp_path))
-    with pytest.raises(ValueError, match="no pipeline class for model_type 'qwen3'"):
-        load_pipe(str(tmp_path), loss_fn=None, prepare_inputs=None)
+    pipe_cls, plain_name = pipe_classes(qwen3_model().config)
+    assert (pipe_cls.__name__, plain_name) == ("Qwen3ForCausalLMPipe", "Qwen3ForCausalLM")
 
 
 @pytest.mark.parametrize("granularity", ["full", "full_attn", "core_attn"])

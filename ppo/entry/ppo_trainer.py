@@ -144,14 +144,13 @@ def samplers(args, ranks, train_dataset, ptx_dataset):
     return sampler, ptx_sampler
 
 
-def rollout_engine(args, model, tokenizer, tensor_parallel_group=None, keep_tensor_parallel=None):
+def rollout_engine(args, model, tokenizer, tensor_parallel_group, keep_tensor_parallel):
     """The run's `RolloutEngine` over `model` (the passes' generation model, or a rollout rank's
-    actor); `keep_tensor_parallel` (default: the run's `eval_mode`) True with a whole model and a
-    group generates from this rank's slices (a split run's replica of several ranks)."""
-    keep = args.keep_tensor_parallel if keep_tensor_parallel is None else keep_tensor_parallel
+    actor); `keep_tensor_parallel` (the run's `eval_mode` for the passes' model) True with a whole
+    model and a group generates from this rank's slices (a split run's replica of several ranks)."""
     return RolloutEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                          use_rollout_engine=args.use_fusemt, kernels=args.rollout_kernels,
-                         keep_tensor_parallel=keep, max_num_seqs=args.rollout_max_num_seqs,
+                         keep_tensor_parallel=keep_tensor_parallel, max_num_seqs=args.rollout_max_num_seqs,
                          tensor_parallel_group=tensor_parallel_group,
                          record_routing=getattr(args, "moe_routing_replay", "none") == "rollout")
 
@@ -202,7 +201,8 @@ def build_ppo_trainer(args, models, tokenizer, train_dataset, eval_dataset=None,
         micro_batches=args.update_accumulation_steps, micro_rows=args.update_micro_rows, remove_padding=args.use_remove_padding,
         keep_tensor_parallel=args.keep_tensor_parallel, logprob_dtype=args.logprob_dtype,
         retokenizers={"reward": reward_retokenizer} if reward_retokenizer is not None else {}))
-    engine = rollout_engine(args, passes.generation_model, tokenizer, strategy.generation_group())
+    engine = rollout_engine(args, passes.generation_model, tokenizer, strategy.generation_group(),
+                            args.keep_tensor_parallel)
     sampling = sampling_params(args)
     trained = [actor, *critics.values()]
     offload = OffloadPlan(parse_offload_level(args.offload_level),
@@ -285,7 +285,7 @@ def build_rollout_worker(args, actor, tokenizer, train_dataset, models=None):
         reference_pass = functools.partial(no_grad_call, passes.logprobs, "reference")
     link = run_link()
     layout, group = link.layout, link.replica_group  # a replica of several ranks: its group
-    engine = rollout_engine(args, actor, tokenizer, group, keep_tensor_parallel=group is not None)
+    engine = rollout_engine(args, actor, tokenizer, group, group is not None)
     if group is not None:
         logger.info(f"rollout replica of ranks {layout.replica_members(link.rank)}: generating from this rank's "
                     f"tensor-parallel slice ({group.rank + 1} of {group.nranks}) of the whole weights it receives")

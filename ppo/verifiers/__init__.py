@@ -24,11 +24,12 @@ def _cell(text):
 
 
 def _own_scorers():
-    """`(name, facts)` of the scorers with facts that this package registers, by name."""
+    """`(name, facts)` of the scorers with facts that this package registers, by name (a
+    `module:attr` entry, even of a function of this package, is a run's reference, not a row)."""
     from ..scoring.registry import get_scorer, list_scorers, scorer_facts
 
     return [(n, scorer_facts(n)) for n in list_scorers()
-            if scorer_facts(n) is not None and getattr(get_scorer(n), "__module__", "").startswith("ppo.")]
+            if ":" not in n and scorer_facts(n) is not None and getattr(get_scorer(n), "__module__", "").startswith("ppo.")]
 
 
 def verifier_table():
