@@ -140,6 +140,14 @@ def test_at_staleness_1_each_batch_records_the_checksum_of_the_weights_that_samp
     out = str(tmp_path / "stale")
     launch(out, argv_of(tiny_model_dir, tiny_data_dir, out, *STALE, "--save_steps", "1", "--save_total_limit", "10"),
            nproc, rollout_ranks=rollout_ranks)
+    assert_stale_checksums(out, tiny_model_dir)
+    assert [generated(out, rank) for rank in range(nproc - rollout_ranks, nproc)] == batches
+
+
+def assert_stale_checksums(out, tiny_model_dir):
+    """A 3-step staleness-1 run in `out` (saved every step): batch k + 1 came from the weights after
+    step k, each batch's checksum is that of the trainer's checkpoint of its version (version 0:
+    the initial model), and the stale batches were corrected."""
     rows = steps(out)
     assert [r["async/weights_version"] for r in rows] == [0, 0, 1]
     assert [r["async/staleness_mean"] for r in rows] == [0.0, 1.0, 1.0]
@@ -148,4 +156,3 @@ def test_at_staleness_1_each_batch_records_the_checksum_of_the_weights_that_samp
         path = f"{out}/checkpoint-{version}/policy" if version else tiny_model_dir
         assert r["async/weights_checksum"] == weights_checksum(list(load_causal_lm(path).parameters())), r["step"]
     assert all(abs(r["rollout/logprob_diff_max"]) > 1e-3 for r in rows[1:])  # the stale batches are corrected
-    assert [generated(out, rank) for rank in range(nproc - rollout_ranks, nproc)] == batches

@@ -203,6 +203,12 @@ def moe_losses(router_logits, config, mask=None):
     aux = load_balancing_loss(router_logits, config.num_experts, config.num_experts_per_tok, mask)
     z = router_z_loss(router_logits, mask)
     counts = expert_token_counts(router_logits, config.num_experts, config.num_experts_per_tok, mask)
+    return weighted_router_losses(aux, z, counts, config)
+
+
+def weighted_router_losses(aux, z, counts, config):
+    """``(router_aux_loss_coef x aux + router_z_loss_coef x z, moe/* stats)`` from the unweighted
+    load-balancing loss ``aux``, z-loss ``z`` (scalars) and per-expert assignments ``counts [E]``."""
     loss = aux * float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0)
     z_coef = float(getattr(config, "router_z_loss_coef", 0.0) or 0.0)
     if z_coef:

@@ -61,14 +61,9 @@ def router_losses_from_sums(sums, config):
     total = paddle.clip(sums[2 * E], min=1.0)
     aux = ((counts / total) * (prob_sums / total)).sum() * E
     z = sums[2 * E + 1] / total
-    loss = aux * float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0)
-    z_coef = float(getattr(config, "router_z_loss_coef", 0.0) or 0.0)
-    if z_coef:
-        loss = loss + z * z_coef
-    stats = {"moe/aux_loss": aux.detach(), "moe/z_loss": z.detach(),
-             "moe/expert_load_max_over_mean": (counts.max() / counts.mean().clip(min=1e-9)).detach(),
-             "moe/dropped_tokens": paddle.zeros([], dtype="float32")}
-    return loss, stats
+    from ...models.families.moe import weighted_router_losses
+
+    return weighted_router_losses(aux, z, counts, config)
 
 
 class RouterLossCriterion(nn.Layer):
