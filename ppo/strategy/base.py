@@ -64,6 +64,12 @@ class Strategy:
     def __init__(self, ranks=None):
         self.ranks = ranks or Ranks()
 
+    @classmethod
+    def from_args(cls, ranks, args):
+        """The layout's strategy on `ranks` for the run's arguments (`build_strategy`): `cls(ranks)`
+        unless the layout reads an argument itself."""
+        return cls(ranks)
+
     # ---- loading, wrapping and passes ----------------------------------------------------
     def load_models(self, model_args, use_critic, dtype="float32", **extra):
         """The run's `PPOModels` in this layout (whole models by default,

@@ -21,6 +21,10 @@ class PipelineStrategy(Strategy):
         self.fleet, self.tensor = FleetAxes(self.ranks), TensorAxis()
         self.tensor_parallel = tensor_parallel
 
+    @classmethod
+    def from_args(cls, ranks, args):
+        return cls(ranks, tensor_parallel=args.tensor_parallel_degree > 1)
+
     def wrap(self, model, optimizer):
         return self.fleet.wrap(model, optimizer)
 
