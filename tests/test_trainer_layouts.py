@@ -167,7 +167,7 @@ class RecordingStrategy(Strategy):
 
     name = "recording"
 
-    def save_trainer_model(self, trainer, path, merge_tensor_parallel=False):
+    def save_trainer_model(self, trainer, path, merge_tensor_parallel=None):
         CALLS.append("save_trainer_model")
         super().save_trainer_model(trainer, path, merge_tensor_parallel)
 
@@ -217,7 +217,7 @@ class RecordingAxisStrategy:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def save_trainer_model(self, trainer, path, merge_tensor_parallel=False):
+    def save_trainer_model(self, trainer, path, merge_tensor_parallel=None):
         AXIS_CALLS.append(f"{self.tag} save_trainer_model")
         self.inner.save_trainer_model(trainer, path, merge_tensor_parallel)
 

@@ -14,10 +14,14 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINER_FILES = ["ppo/entry/ppo_trainer.py"] + sorted(
     f"ppo/trainer/{name}" for name in os.listdir(os.path.join(ROOT, "ppo", "trainer")) if name.endswith(".py"))
-# the PaddleNLP-Trainer subclasses (online DPO's builder refuses a launch of several processes: not a layout path)
+# the PaddleNLP-Trainer subclasses, their mixins and their run's setup and final save (online DPO's
+# builder refuses a launch of several processes: not a layout path; trainer_resume.py asks where
+# PaddleNLP's sharded checkpoint format keeps the optimiser states)
 ENTRY_TRAINER_FILES = sorted(f"{folder}/{name}" for folder in ("sft", "rm", "dpo")
                              for name in os.listdir(os.path.join(ROOT, folder))
-                             if name.endswith("_trainer.py") and name != "online_dpo_trainer.py")
+                             if name.endswith("_trainer.py") and name != "online_dpo_trainer.py") + [
+    "ppo/entry/moe_aux_trainer.py", "ppo/entry/run_setup.py", "ppo/entry/streaming_trainer.py",
+    "ppo/entry/trainer_callbacks.py", "ppo/evaluation/trainer_mixin.py"]
 
 # names that only code choosing or running a strategy needs
 STRATEGY_NAMES = {
@@ -74,6 +78,8 @@ def strategy_problems(source, filename="<source>"):
      "branches on ['pipeline_parallel_degree']"),
     ("loss = self.pipeline_run.loss(x) if self.pipeline_run is not None else self.loss(model, x)\n",
      "branches on ['pipeline_run']"),
+    ("strategy.save_trainer_model(trainer, out, merge_tensor_parallel=args.tensor_parallel_degree > 1)\n",
+     "names tensor_parallel_degree"),
 ])
 def test_the_check_finds_strategy_branches(snippet, found):
     assert any(found in problem for problem in strategy_problems(snippet)), strategy_problems(snippet)

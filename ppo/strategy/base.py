@@ -148,10 +148,12 @@ class Strategy:
         if tokenizer is not None and self.ranks.is_main:
             tokenizer.save_pretrained(path)
 
-    def save_trainer_model(self, trainer, path, merge_tensor_parallel=False):
+    def save_trainer_model(self, trainer, path, merge_tensor_parallel=None):
         """The final model of a PaddleNLP `Trainer` run (SFT, reward model, DPO) written to
         `path` as one checkpoint a single process loads (`merge_tensor_parallel`: its
-        tensor-parallel slices merged)."""
+        tensor-parallel slices merged; None: when the run's `tensor_parallel_degree` splits them)."""
+        if merge_tensor_parallel is None:
+            merge_tensor_parallel = trainer.args.tensor_parallel_degree > 1
         trainer.save_model(path, merge_tensor_parallel=merge_tensor_parallel)
 
     def load_weights(self, model, state_dict):

@@ -52,7 +52,7 @@ class PipelineStrategy(Strategy):
         if tokenizer is not None and self.ranks.is_main:
             tokenizer.save_pretrained(path)
 
-    def save_trainer_model(self, trainer, path, merge_tensor_parallel=False):
+    def save_trainer_model(self, trainer, path, merge_tensor_parallel=None):
         """Every stage (tensor-parallel slices merged) gathered into one plain checkpoint."""
         from .pipe import save_pipeline_merged
 
