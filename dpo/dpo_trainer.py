@@ -137,8 +137,9 @@ class DPOTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
     `PromptOnlyDataset` with reference answers) adds greedy exact-match metrics to
     every evaluation, as in `SFTTrainer`. `packed_length` (`zero_padding`): every answer
     log-prob pass runs packed into rows of at most that many tokens (see `answer_logprobs`).
-    `trainer_layout`: the run's `ppo.strategy.trainer_strategy(args)` (its default); under
-    pipeline parallelism its `preference_run` is the pipeline path (`pipeline_run`).
+    `trainer_layout`: the run's `ppo.strategy.trainer_strategy(args)` (its default); its
+    `preference_run` is the evaluation's path through the models (`layout_run`: whole models, or
+    under pipeline parallelism the pipes).
     """
 
     def __init__(
@@ -167,8 +168,8 @@ class DPOTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
         self.setup_generation_eval(eval_prompt_dataset, eval_max_new_tokens, eval_long_answer_len, use_rollout_engine)
         self._stat_sums, self._stat_count = {}, 0
         self.trainer_layout = trainer_layout or trainer_strategy(self.args)
-        # the path through the layout's model parts (a pipeline's PreferencePipelineRun); None: whole models
-        self.pipeline_run = self.trainer_layout.preference_run(self, self.preference_objective, self.record_stats,
+        # the path through the layout's models (whole: this trainer's preference_loss; a pipeline's PreferencePipelineRun)
+        self.layout_run = self.trainer_layout.preference_run(self, self.preference_objective, self.record_stats,
                                                                self.rank_mean_kl_point, self.use_reference, self.loss_fn.kl_point)
 
     # ---- log-probs -------------------------------------------------------
@@ -266,7 +267,7 @@ class DPOTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         with paddle.no_grad():
-            loss, _ = self.pipeline_run.preference_loss(inputs) if self.pipeline_run is not None else self.preference_loss(model, inputs)
+            loss, _ = self.layout_run.preference_loss(inputs, model)
         return loss.detach(), None, None
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
@@ -292,10 +293,7 @@ class DPOTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
         with paddle.no_grad():
             for inputs in dataloader:
                 inputs = self._prepare_inputs(inputs)
-                if self.pipeline_run is not None:
-                    _, stats = self.pipeline_run.preference_loss(inputs)
-                else:
-                    _, stats = self.preference_loss(self.model, inputs)
+                _, stats = self.layout_run.preference_loss(inputs)
                 B = float((inputs["scores"] if "scores" in inputs else inputs["better_input_ids"]).shape[0])
                 present.update(k for k in keys if k in stats)
                 zero = paddle.zeros([], "float32")

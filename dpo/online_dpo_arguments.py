@@ -19,11 +19,9 @@ from ppo.strategy import expert_layout_problems
 from ppo.models.hf_import import hf_config_problems
 from ppo.entry.argument_groups import (
     DivergenceArguments,
-    GenerationArguments,
-    LogprobArguments,
+    OnlineRolloutArguments,
     PaddleNLPTrainingArguments,
     RolloutArguments,
-    RolloutLoopArguments,
     default_override,
 )
 from ppo.entry.ppo_arguments import DataArgument as PPODataArgument
@@ -110,10 +108,9 @@ class DataArgument(PPODataArgument):
 
 
 @dataclass
-class OnlineDPOTrainingArguments(PreferenceLossArguments, RolloutLoopArguments, RolloutArguments, DivergenceArguments,
-                                 LogprobArguments, GenerationArguments, PaddleNLPTrainingArguments):
-    """The rollout (`RolloutArguments`) and the loop's optimiser (`RolloutLoopArguments`) are
-    `run_ppo.py`'s; the fields below are online DPO's own."""
+class OnlineDPOTrainingArguments(PreferenceLossArguments, OnlineRolloutArguments, PaddleNLPTrainingArguments):
+    """The rollout, its generation and log-probs, the divergence stop and the loop's optimiser
+    (`OnlineRolloutArguments`) are `run_ppo.py`'s; the fields below are online DPO's own."""
 
     paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.argument_parsing
     field_choices: ClassVar[dict] = {"pair_selection": "dpo.online_pairs:PAIR_SELECTIONS",  # checked before Paddle loads

@@ -53,8 +53,12 @@ class SFTTrainer(MoeAuxLossMixin, LayoutTrainerMixin, StreamingTrainerMixin, Fre
         return (loss, {"logprobs": logprobs}) if return_outputs else loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        if self.args.pipeline_parallel_degree > 1:  # the pipe's loss (ppo.strategy.pipeline.pipe.AnswerNLLCriterion)
-            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        """The layout's evaluation step (`TrainerLayout.prediction_step`): the answer-token NLL of
+        the whole model, or the `Trainer`'s own step where the model parts compute it (a pipe)."""
+        step = self.trainer_layout.prediction_step(self.whole_model_prediction_step, super().prediction_step)
+        return step(model, inputs, prediction_loss_only, ignore_keys)
+
+    def whole_model_prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         with paddle.no_grad():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None

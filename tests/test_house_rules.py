@@ -16,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 60
 MAX_CLASS_METHODS = 25
+MAX_ARGUMENT_BASES = 7  # an entry point's argument dataclass: groups that always travel together are one group
 OUR_PACKAGES = ("ppo", "rm", "sft", "dpo", "rl", "scripts")
 # Generated or table-like files allowed past MAX_FILE_LINES, by name (none today).
 LONG_FILES_ALLOWED = set()
@@ -481,3 +482,23 @@ def test_callers_pass_loop_parts_by_keyword_past_six():
                 if len(node.args) > MAX_POSITIONAL or any(isinstance(a, ast.Starred) for a in node.args):
                     wide.append(f"{name}:{node.lineno}")
     assert not wide, wide
+
+
+def wide_argument_classes(classes):
+    """`module.Class (n bases)` of each class of `classes` with more than MAX_ARGUMENT_BASES bases."""
+    return [f"{cls.__module__}.{cls.__qualname__} ({len(cls.__bases__)} bases)" for cls in classes
+            if len(cls.__bases__) > MAX_ARGUMENT_BASES]
+
+
+def test_no_entry_argument_dataclass_has_more_than_seven_bases():
+    """Every argument dataclass of every entry point (`ppo.common.entry_points`) takes at most
+    MAX_ARGUMENT_BASES groups as its bases."""
+    from ppo.common.argument_table import import_classes
+    from ppo.common.entry_points import ENTRY_POINTS
+    from ppo.entry.ppo_arguments import PPOTrainingArguments
+
+    classes = {cls for entry in ENTRY_POINTS for cls in import_classes(entry)}
+    assert PPOTrainingArguments in classes and len(classes) >= 15
+    assert not wide_argument_classes(classes), wide_argument_classes(classes)
+    wide = type("Wide", tuple(type(f"Group{i}", (), {}) for i in range(MAX_ARGUMENT_BASES + 1)), {})
+    assert wide_argument_classes([wide]) == [f"{__name__}.Wide ({MAX_ARGUMENT_BASES + 1} bases)"]

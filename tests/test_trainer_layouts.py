@@ -12,7 +12,7 @@ import paddle
 import pytest
 
 import ppo.strategy as strategy
-from ppo.strategy import LayoutTrainerMixin, Strategy, TrainerLayout, choose_layout, register_layout, trainer_strategy
+from ppo.strategy import LayoutTrainerMixin, Strategy, TrainerLayout, choose_layout, register_axis, register_layout, trainer_strategy
 from ppo.strategy.expert.trainer import ExpertTrainerAxis
 from ppo.strategy.pipeline.trainer import PipelineTrainerLayout
 
@@ -167,7 +167,7 @@ class RecordingStrategy(Strategy):
 
     name = "recording"
 
-    def save_trainer_model(self, trainer, path, merge_tensor_parallel=False):
+    def save_trainer_model(self, trainer, path, merge_tensor_parallel=None):
         CALLS.append("save_trainer_model")
         super().save_trainer_model(trainer, path, merge_tensor_parallel)
 
@@ -201,3 +201,105 @@ def test_a_layout_registered_from_outside_is_chosen_and_trains_sft(tiny_model_di
     saved = paddle.load(os.path.join(out, "model_state.pdparams"))
     assert sorted(saved) == sorted(start)
     assert any(not np.allclose(saved[k].numpy(), start[k].numpy()) for k in saved)  # it trained, and saved the model
+
+
+AXIS_CALLS = []
+"""What the test-only axes below were asked, in order (one run at a time)."""
+
+
+class RecordingAxisStrategy:
+    """A test-only axis over another layout's `Strategy`: records the final save, answers the rest
+    by `inner` (as `ExpertStrategy` does)."""
+
+    def __init__(self, inner, tag):
+        self.inner, self.tag, self.ranks, self.name = inner, tag, inner.ranks, f"{tag}+{inner.name}"
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def save_trainer_model(self, trainer, path, merge_tensor_parallel=None):
+        AXIS_CALLS.append(f"{self.tag} save_trainer_model")
+        self.inner.save_trainer_model(trainer, path, merge_tensor_parallel)
+
+
+class RecordingTrainerAxis:
+    """A test-only axis over another layout's `TrainerLayout` (as `ExpertTrainerAxis`): records the
+    hooks it passes on to `inner`."""
+
+    def __init__(self, inner, tag):
+        self.inner, self.tag, self.args, self.name = inner, tag, inner.args, f"{tag}+{inner.name}"
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def place(self, model):
+        AXIS_CALLS.append(f"{self.tag} place")
+        return self.inner.place(model)
+
+    def optimizer_created(self, trainer, optimizer):
+        AXIS_CALLS.append(f"{self.tag} optimizer_created")
+        return self.inner.optimizer_created(trainer, optimizer)
+
+    def prediction_step(self, own_step, trainer_step):
+        AXIS_CALLS.append(f"{self.tag} prediction_step")
+        return self.inner.prediction_step(own_step, trainer_step)
+
+    def checkpoint_saved(self, trainer):
+        AXIS_CALLS.append(f"{self.tag} checkpoint_saved")
+        self.inner.checkpoint_saved(trainer)
+
+
+def recording_axis(tag):
+    """`register_axis`'s arguments of a test-only axis that applies to runs whose `output_dir` is
+    named "axes"."""
+
+    def wrap(strategy, args):
+        AXIS_CALLS.append(f"{tag} wrap")
+        return RecordingAxisStrategy(strategy, tag)
+
+    def wrap_trainer(layout, args):
+        AXIS_CALLS.append(f"{tag} wrap_trainer")
+        return RecordingTrainerAxis(layout, tag)
+
+    return tag, wrap, wrap_trainer, lambda args: os.path.basename(str(args.output_dir)) == "axes"
+
+
+def test_axes_registered_from_outside_wrap_the_layout_in_order_and_change_no_number(tiny_model_dir, tiny_data_dir, tmp_path,
+                                                                                     monkeypatch):
+    """docs/architecture.md's recipe for a new axis: its objects and `register_axis`, nothing in the
+    package edited. Two axes wrap SFT's layout in registration order (the first innermost: the
+    second passes each hook on to it), SFT's evaluation step and final save go through them, and
+    an axis that changes nothing trains the run of the plain layout bit for bit."""
+    from ppo.strategy import axes
+    from sft.run_sft import main as run_sft
+    from tests.test_trainer_faults import loss_rows, sft_argv
+
+    assert [axis.name for axis in axes.AXES] == ["expert"]  # the package's axes register themselves
+    monkeypatch.setattr(axes, "AXES", list(axes.AXES))
+    register_axis(*recording_axis("first"))
+    register_axis(*recording_axis("second"))
+    with pytest.raises(ValueError, match="axis 'first' is registered already"):
+        register_axis(*recording_axis("first"))
+    assert type(trainer_strategy(layout_args(output_dir="x/plain"))) is TrainerLayout  # an axis applies where it asks
+    AXIS_CALLS.clear()
+
+    runs = {}
+    for name in ("plain", "axes"):
+        out = str(tmp_path / name)
+        run_sft(sft_argv(tiny_model_dir, tiny_data_dir, out, "--max_steps", "2", "--save_steps", "2", "--do_eval", "true",
+                         "--eval_steps", "2"))
+        runs[name] = out
+    assert AXIS_CALLS == [
+        "first wrap_trainer", "second wrap_trainer",  # trainer_strategy: registration order
+        "second place", "first place",
+        "second optimizer_created", "first optimizer_created",
+        "second prediction_step", "first prediction_step",  # evaluation at step 2 (one eval batch)
+        "second checkpoint_saved", "first checkpoint_saved",  # checkpoint-2
+        "first wrap", "second wrap", "second save_trainer_model", "first save_trainer_model",  # build_strategy: the final save
+        "second prediction_step", "first prediction_step",  # the final evaluation
+    ]
+    assert loss_rows(runs["axes"]) == loss_rows(runs["plain"]) and len(loss_rows(runs["plain"])) == 2
+    plain = paddle.load(os.path.join(runs["plain"], "model_state.pdparams"))
+    wrapped = paddle.load(os.path.join(runs["axes"], "model_state.pdparams"))
+    assert sorted(wrapped) == sorted(plain)
+    assert all(np.array_equal(wrapped[k].numpy(), plain[k].numpy()) for k in plain)

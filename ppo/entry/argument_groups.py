@@ -226,8 +226,8 @@ class RolloutArguments:
 
 
 @dataclass
-class RolloutLoopArguments:
-    """The optimisation of the loops that run outside PaddleNLP's Trainer: PPO/GRPO and online DPO."""
+class OnlineRolloutArguments(RolloutArguments, DivergenceArguments, LogprobArguments, GenerationArguments):
+    """The groups the online loops (PPO/GRPO, online DPO) always take together, and the loop's optimisation."""
 
     update_iters: int = field(
         default=1, metadata={"help": "Passes over each rollout batch (PPO epochs; online DPO: over each round's pairs)."}

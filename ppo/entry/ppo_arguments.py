@@ -17,13 +17,11 @@ from .argument_groups import (
     RECOMPUTE_GRANULARITIES,
     DatasetArguments,
     DivergenceArguments,
-    GenerationArguments,
-    LogprobArguments,
     ModelCommonArguments,
+    OnlineRolloutArguments,
     PaddleNLPTrainingArguments,
     PromptFieldArguments,
     RolloutArguments,
-    RolloutLoopArguments,
     default_override,
 )
 from .policy_loss_arguments import LOSS_AGG_MODE_HELP, PolicyLossArguments, policy_loss_problems
@@ -111,10 +109,9 @@ class DataArgument(PromptFieldArguments, DatasetArguments):
 
 @dataclass
 class PPOTrainingArguments(RoutingReplayArguments, RolloutPlacementArguments, AgentArguments, PolicyLossArguments,
-                           PaddleNLPRLArguments, RolloutLoopArguments, RolloutArguments, DivergenceArguments,
-                           LogprobArguments, GenerationArguments, PaddleNLPTrainingArguments):
-    """The rollout (`RolloutArguments`) and the loop's optimiser (`RolloutLoopArguments`) are shared with
-    online DPO; the policy loss and the settings its registry entries declare (the PPO clip settings
+                           PaddleNLPRLArguments, OnlineRolloutArguments, PaddleNLPTrainingArguments):
+    """The rollout, its generation and log-probs, the divergence stop and the loop's optimiser
+    (`OnlineRolloutArguments`) are shared with online DPO; the policy loss and the settings its registry entries declare (the PPO clip settings
     among them) are `PolicyLossArguments`; `AgentArguments` (env_name,
     env_kwargs, max_turns, ...) make the rollout multi-turn (ppo/agents); PaddleNLP's RL-entry extras
     (VAPO, PRM, early stopping, placement) are `PaddleNLPRLArguments`; the fields below are PPO/GRPO's own."""

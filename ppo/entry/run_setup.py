@@ -153,7 +153,7 @@ def train_and_save(trainer, args, tokenizer, tracker_cb, guard):
     if benchmark:
         return None, train_metrics
     # one plain checkpoint (pipeline stages gathered, tensor-parallel slices merged) that a single process loads
-    build_strategy(args).save_trainer_model(trainer, args.output_dir, merge_tensor_parallel=args.tensor_parallel_degree > 1)
+    build_strategy(args).save_trainer_model(trainer, args.output_dir)
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(args.output_dir)
     trainer.save_state()

@@ -64,6 +64,12 @@ class Strategy:
     def __init__(self, ranks=None):
         self.ranks = ranks or Ranks()
 
+    @classmethod
+    def from_args(cls, ranks, args):
+        """The layout's strategy on `ranks` for the run's arguments (`build_strategy`): `cls(ranks)`
+        unless the layout reads an argument itself."""
+        return cls(ranks)
+
     # ---- loading, wrapping and passes ----------------------------------------------------
     def load_models(self, model_args, use_critic, dtype="float32", **extra):
         """The run's `PPOModels` in this layout (whole models by default,
@@ -142,10 +148,12 @@ class Strategy:
         if tokenizer is not None and self.ranks.is_main:
             tokenizer.save_pretrained(path)
 
-    def save_trainer_model(self, trainer, path, merge_tensor_parallel=False):
+    def save_trainer_model(self, trainer, path, merge_tensor_parallel=None):
         """The final model of a PaddleNLP `Trainer` run (SFT, reward model, DPO) written to
         `path` as one checkpoint a single process loads (`merge_tensor_parallel`: its
-        tensor-parallel slices merged)."""
+        tensor-parallel slices merged; None: when the run's `tensor_parallel_degree` splits them)."""
+        if merge_tensor_parallel is None:
+            merge_tensor_parallel = trainer.args.tensor_parallel_degree > 1
         trainer.save_model(path, merge_tensor_parallel=merge_tensor_parallel)
 
     def load_weights(self, model, state_dict):

@@ -3,7 +3,9 @@ PaddleNLP's `Trainer` runs fleet's data, sharding, tensor and pipeline paralleli
 differs per layout is how the entry point loads its model (whole, or this rank's pipeline stages
 with the loss and input preparation the schedule runs), the `Trainer` hooks an axis needs (the
 expert axis shards the experts, syncs their gradients in the optimiser's clip, gathers them to
-save and to generate, keeps their optimiser states per rank) and the pipeline's evaluation paths.
+save and to generate, keeps their optimiser states per rank) and the evaluation paths (the
+trainer's own loss on whole models, the pipeline's through its stages): the trainers never ask
+which layout they run on.
 
 `ppo.strategy.trainer_strategy(args)` builds one from the layout `choose_layout` names.
 `TrainerLayout` is the whole-model layout (one process, data parallel, tensor parallel and
@@ -83,21 +85,40 @@ class TrainerLayout:
     def optimizer_loaded(self, trainer, checkpoint):
         """After the `Trainer` loaded the optimiser and scheduler of `checkpoint` (None: none)."""
 
-    # ---- the pipeline's evaluation paths --------------------------------------------------
+    # ---- evaluation paths -------------------------------------------------------------------
+    def prediction_step(self, own_step, trainer_step):
+        """The evaluation step a trainer runs: `own_step` (its loss on the whole model) here; a
+        layout whose model parts compute the loss themselves (the pipeline's last stage) picks
+        `trainer_step` (PaddleNLP's `Trainer.prediction_step`). Both take the `Trainer`'s
+        `prediction_step` arguments."""
+        return own_step
+
     def pair_end_scores(self, trainer, inputs):
         """`(end_scores [2B], B)` of a preference batch scored through the layout's model parts
         (better rows first), or None when the trainer's model scores it whole."""
         return None
 
     def preference_run(self, trainer, objective, record_stats, kl_mean, use_reference, kl_point):
-        """The offline DPO family's path through the layout's model parts (a pipeline's
-        `PreferencePipelineRun`), or None when the trainer's models run whole."""
-        return None
+        """The offline DPO family's path through the layout's models, with `preference_loss(inputs,
+        model=None) -> (loss, stats)`: here the trainer's own `preference_loss` on the whole
+        model (`model`, default `trainer.model`); a pipeline's `PreferencePipelineRun`."""
+        return WholeModelPreferenceRun(trainer)
 
     def last_stage_means(self, means):
         """`(names, vector)` of the statistics as every rank of a model-parallel group sees them
         (the ranks that computed them send them); `means` unchanged here."""
         return means
+
+
+class WholeModelPreferenceRun:
+    """The offline DPO family's path when its models run whole: the trainer's `preference_loss`."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def preference_loss(self, inputs, model=None):
+        """`(loss, stats)` of a batch through `model` (default: the trainer's)."""
+        return self.trainer.preference_loss(self.trainer.model if model is None else model, inputs)
 
 
 class LayoutTrainerMixin:

@@ -32,6 +32,7 @@ import paddle
 import paddle.distributed as dist
 import paddle.nn as nn
 
+from .checks import expert_degree
 from .exchange import GroupComm, exchange_dispatch
 
 logger = logging.getLogger("ppo")
@@ -169,3 +170,15 @@ def whole_experts(model):
     finally:
         for block, (experts, hook) in zip(blocks, saved):
             block.experts, block.expert_parallel = experts, hook
+
+
+def expert_layout(args, rank, world):
+    """The `ExpertLayout` of `args` for `rank` of `world` (groups not built yet): expert groups of
+    data ranks, one set per tensor-parallel slice; its data rank must be the run's."""
+    model_parallel = max(int(getattr(args, "tensor_parallel_degree", 1) or 1), 1)
+    layout = ExpertLayout(expert_degree(args), rank, world, model_parallel)
+    data_rank = getattr(args, "dataset_rank", layout.data_rank)
+    if data_rank != layout.data_rank:
+        raise RuntimeError(f"expert parallelism: rank {rank} reads data rank {data_rank}, the layout expects "
+                           f"{layout.data_rank} (tensor_parallel_degree {model_parallel}); fleet's rank order differs")
+    return layout

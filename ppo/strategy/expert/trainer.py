@@ -16,7 +16,7 @@ import paddle
 from ...common.parallel_groups import model_parallel_group
 from .checks import expert_degree
 from .grads import ExpertClipGrad
-from .layout import expert_parameters, shard_experts, whole_experts
+from .layout import expert_layout, expert_parameters, shard_experts, whole_experts
 from .strategy import install_clip
 
 
@@ -26,8 +26,6 @@ def with_expert_trainer_axis(inner, args):
     if expert_degree(args) == 1:
         return inner
     import paddle.distributed as dist
-
-    from . import expert_layout
 
     return ExpertTrainerAxis(inner, expert_layout(args, dist.get_rank(), dist.get_world_size()).build_groups())
 

@@ -64,9 +64,9 @@ class PreferencePipelineRun:
         parts = pipeline_answer_logps(model, micro)
         return prepare.ungroup(groups, [p for p, _ in parts]), prepare.ungroup(groups, [n for _, n in parts])
 
-    def preference_loss(self, inputs):
+    def preference_loss(self, inputs, model=None):
         """`(loss, stats)` of a batch through the pipelines (evaluation): the same values on every
-        rank of the pipeline group."""
+        rank of the pipeline group (`model`: the `Trainer`'s, unused: the pipes run wrapped)."""
         policy = wrapped_pipeline(self.trainer)
         logps, lengths = self.batch_logps(policy, inputs)
         ref = self.batch_logps(self.reference_pipeline(), inputs)[0] if self.use_reference else None

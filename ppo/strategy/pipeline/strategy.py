@@ -21,6 +21,10 @@ class PipelineStrategy(Strategy):
         self.fleet, self.tensor = FleetAxes(self.ranks), TensorAxis()
         self.tensor_parallel = tensor_parallel
 
+    @classmethod
+    def from_args(cls, ranks, args):
+        return cls(ranks, tensor_parallel=args.tensor_parallel_degree > 1)
+
     def wrap(self, model, optimizer):
         return self.fleet.wrap(model, optimizer)
 
@@ -48,7 +52,7 @@ class PipelineStrategy(Strategy):
         if tokenizer is not None and self.ranks.is_main:
             tokenizer.save_pretrained(path)
 
-    def save_trainer_model(self, trainer, path, merge_tensor_parallel=False):
+    def save_trainer_model(self, trainer, path, merge_tensor_parallel=None):
         """Every stage (tensor-parallel slices merged) gathered into one plain checkpoint."""
         from .pipe import save_pipeline_merged
 

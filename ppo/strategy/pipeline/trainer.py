@@ -47,6 +47,10 @@ class PipelineTrainerLayout(TrainerLayout):
         reference = load_pipe(ref_path or path, AnswerNLLCriterion(), CausalLMPipelineInputs(steps), **overrides)
         return freeze(set_dropout_off(reference))
 
+    def prediction_step(self, own_step, trainer_step):
+        """The `Trainer`'s pipeline evaluation: the last stage's loss (`AnswerNLLCriterion`, ...)."""
+        return trainer_step
+
     def pair_end_scores(self, trainer, inputs):
         from .pipe import wrapped_pipeline
         from .score_pipe import pipeline_end_scores
