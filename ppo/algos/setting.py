@@ -3,8 +3,10 @@
 A :class:`Setting` is the entry's own argument: its name (the key of the argument file), its type,
 default and help, and the values it takes (``bounds``, ``choices`` or a ``check`` of one's own).
 The argument dataclasses generate their fields from these declarations
-(``ppo.common.registry_settings``), the start-up pass checks each value with them, and the
-argument reference lists them, so a new entry with a setting is one file.
+(``ppo.common.registry_settings``), the start-up pass checks each value with them
+(:meth:`Setting.problem`), a function called directly guards its arguments with the same ones
+(:meth:`Setting.checked`), and the argument reference lists them, so a new entry with a setting is
+one file.
 """
 
 __all__ = ["Setting", "in_range", "range_text"]
