@@ -44,7 +44,7 @@ IMPORTANCE_SAMPLING_LEVEL = Setting("importance_sampling_level", str, "token",
                                     "token (PPO) | sequence (GSPO: sequence-level ratio, geometric mean).",
                                     choices=IMPORTANCE_SAMPLING_LEVELS)
 """The two settings of :func:`ppo_clip_token_losses` beyond the clip ratios, declared once: the
-policy-loss registry's entries (``ppo_clip``, ``gspo``, ``clip_cov``) list them, the argument
+policy-loss registry's entries list them (``ppo_clip`` both, ``gspo`` ``dual_clip``), the argument
 fields and start-up checks come from them, and the function's own guard is theirs."""
 
 
