@@ -15,6 +15,8 @@ from typing import ClassVar, Optional
 from ppo.algos.preference_registry import PREFERENCE_LOSSES
 from ppo.common import paddlenlp_keys as pk
 from ppo.common import validation
+from ppo.common.registry_settings import Setting, setting_field
+from ppo.judge import scorer as judge_scorer
 from ppo.strategy import expert_layout_problems
 from ppo.models.hf_import import hf_config_problems
 from ppo.entry.argument_groups import (
@@ -35,8 +37,41 @@ ONLINE_LOSS_TYPES = tuple(name for name, loss in PREFERENCE_LOSSES.items() if lo
 """The registry's pair losses (KTO's need a KL point from mismatched pairs, which rounds do not make)."""
 
 
-JUDGE_DEFAULTS = {"judge_template": "correct", "judge_pair_template": "better", "judge_words": "Yes,No",
-                  "judge_pair_words": "A,B"}
+def _words(value):
+    return value if isinstance(value, str) else ",".join(value)
+
+
+def _lower(help_text):
+    return help_text[:1].lower() + help_text[1:]
+
+
+def judge_settings(scorer_settings):
+    """Online DPO's `judge_*` settings, derived from the judge scorer's declarations
+    (`scorer_settings`: `ppo.judge.scorer.SETTINGS`), so that a default changed there changes here:
+    `judge_template` / `judge_pair_template` are its `template` / `pair_template`, `judge_words` its
+    `yes` and `no` as one comma-separated text, `judge_pair_words` its `pair_words`."""
+    s = {setting.name: setting for setting in scorer_settings}
+    return (
+        Setting("judge_template", str, s["template"].default,
+                s["template"].help + " Its verdict is the round's score when nothing else scores."),
+        Setting("judge_pair_template", str, s["pair_template"].default, s["pair_template"].help),
+        Setting("judge_words", str, f"{s['yes'].default},{s['no'].default}",
+                f"The judge scorer's yes and no, comma-separated: {_lower(s['yes'].help).rstrip('.')}, then "
+                f"{_lower(s['no'].help)}"),
+        Setting("judge_pair_words", str, _words(s["pair_words"].default),
+                f"The judge scorer's pair_words, comma-separated: {_lower(s['pair_words'].help)}"),
+    )
+
+
+JUDGE_SETTINGS = {setting.name: setting for setting in judge_settings(judge_scorer.SETTINGS)}
+"""name -> `Setting` of the `judge_*` fields of `ModelArgument` (generated from these)."""
+JUDGE_DEFAULTS = {name: setting.default for name, setting in JUDGE_SETTINGS.items()}
+JUDGE_RUBRICS = {"judge_template": "template", "judge_pair_template": "pair_template"}
+"""The rubric fields and the scorer option whose check (`ppo.judge.scorer.rubric_problem`) they share."""
+
+
+def _judge_field(name):
+    return setting_field(JUDGE_SETTINGS[name])[2]
 
 
 @dataclass
@@ -51,20 +86,13 @@ class ModelArgument(PPOModelArgument):
                   "(self-rewarding). Without a reward model, reward server or rule scorer, the judge's pointwise "
                   "verdict (judge_template) is the round's score too."},
     )
-    judge_template: str = field(
-        default=JUDGE_DEFAULTS["judge_template"],
-        metadata={"help": "The judge's pointwise rubric (its score when nothing else scores): correct, "
-                  "correct_with_reference, tiny, or a text with {question} and {answer} (and {reference})."},
-    )
-    judge_pair_template: str = field(
-        default=JUDGE_DEFAULTS["judge_pair_template"],
-        metadata={"help": "The judge's pairwise rubric: better, tiny_better, or a text with {question}, {answer_a} "
-                  "and {answer_b}."},
-    )
-    judge_words: str = field(default=JUDGE_DEFAULTS["judge_words"],
-                             metadata={"help": "The pointwise verdict words, good then bad (their first tokens count)."})
-    judge_pair_words: str = field(default=JUDGE_DEFAULTS["judge_pair_words"],
-                                  metadata={"help": "The pairwise verdict words: first answer better, second better."})
+    # the judge scorer's settings (judge_settings): defaults, help and rubric checks are its declarations'
+    judge_template: str = _judge_field("judge_template")
+    judge_pair_template: str = _judge_field("judge_pair_template")
+    judge_words: str = _judge_field("judge_words")
+    judge_pair_words: str = _judge_field("judge_pair_words")
+    setting_declarations = {name: (setting, judge_scorer.__name__, "scorer judge")
+                            for name, setting in JUDGE_SETTINGS.items()}  # the argument table watches the scorer
 
     def resolve_group(self):
         problems = ["reward_critic_model_name_or_path: online DPO trains no critic; remove it"] \
@@ -74,18 +102,15 @@ class ModelArgument(PPOModelArgument):
     def judge_problems(self):
         """Judge settings without a judge (they would be ignored), templates that are neither a
         built-in name nor a text with their fields, verdict words that are not two words."""
-        from ppo.judge.templates import check_template, template_text
-
         if not self.judge_model:
             return [f"{name} {getattr(self, name)!r} is read only with judge_model; set judge_model (a model "
                     "directory, or policy) or remove it" for name, default in JUDGE_DEFAULTS.items()
                     if getattr(self, name) != default]
         problems = []
-        for name, pairwise in (("judge_template", False), ("judge_pair_template", True)):
-            try:
-                check_template(template_text(getattr(self, name)), pairwise)
-            except ValueError as err:
-                problems.append(f"{name}: {err}")
+        for name, option in JUDGE_RUBRICS.items():
+            problem = judge_scorer.rubric_problem(getattr(self, name), judge_scorer.RUBRICS[option])
+            if problem:
+                problems.append(f"{name}: {problem}")
         for name in ("judge_words", "judge_pair_words"):
             if len([w for w in getattr(self, name).split(",") if w]) != 2:
                 problems.append(f"{name} must be two comma-separated words, got {getattr(self, name)!r}")

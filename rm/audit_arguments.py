@@ -9,6 +9,7 @@ from typing import List
 
 from ppo.entry.argument_groups import BEAVER_TEMPLATE
 from ppo.common import validation
+from ppo.common.field_bounds import ranged_field
 from ppo.models.hf_import import hf_config_problems
 
 
@@ -21,11 +22,10 @@ class AuditArgument:
                   "records (paddlenlp-prm:1:FILE)."},
     )
     prompt_template: str = field(default=BEAVER_TEMPLATE, metadata={"help": "Prompt template with an {input} slot."})
-    max_prompt_len: int = field(
-        default=256, metadata={"help": "Prompts longer than this many tokens are dropped, not truncated (as in PPO/GRPO)."}
-    )
-    long_answer_tokens: int = field(default=32, metadata={"help": "Token count of the 'very_long' probe."})
-    batch_size: int = field(default=64, metadata={"help": "Sequences scored per forward pass."})
+    max_prompt_len: int = ranged_field(
+        256, minimum=1, help="Prompts longer than this many tokens are dropped, not truncated (as in PPO/GRPO).")
+    long_answer_tokens: int = ranged_field(32, minimum=1, help="Token count of the 'very_long' probe.")
+    batch_size: int = ranged_field(64, minimum=1, help="Sequences scored per forward pass.")
     output_dir: str = field(
         default=None, metadata={"help": "Where audit.json goes (default: the model directory; only audit.json is written)."}
     )
@@ -51,8 +51,9 @@ class CostAuditArgument:
     use_chat_template: bool = field(
         default=False, metadata={"help": "Format prompts with the tokenizer's chat template instead of prompt_template."}
     )
-    max_length: int = field(default=512, metadata={"help": "Longest tokenised prompt+answer; longer answers are truncated."})
-    batch_size: int = field(default=64, metadata={"help": "Sequences scored per forward pass."})
+    max_length: int = ranged_field(
+        512, minimum=1, help="Longest tokenised prompt+answer; longer answers are truncated.")
+    batch_size: int = ranged_field(64, minimum=1, help="Sequences scored per forward pass.")
     output_dir: str = field(
         default=None, metadata={"help": "Where cost_audit.json goes (default: the model directory; only that file is written)."}
     )

@@ -35,12 +35,19 @@ class Args:
 
 
 def test_size_problems_names_every_bad_argument():
-    assert size_problems(Args(per_device_train_batch_size=1, rollout_n=2, save_total_limit=None, min_dec_len=0)) == []
-    problems = size_problems(Args(per_device_train_batch_size=-1, gradient_accumulation_steps=0), Args(rollout_n=0, max_dec_len=0))
+    """PaddleNLP's fields by their table (any object holding them), ours by their declarations."""
+    from ppo.entry.argument_groups import DivergenceArguments, RolloutArguments
+    from ppo.entry.ppo_arguments import ModelArgument
+
+    assert size_problems(Args(per_device_train_batch_size=1, save_total_limit=None),
+                         RolloutArguments(rollout_n=2, min_dec_len=0)) == []
+    problems = size_problems(Args(per_device_train_batch_size=-1, gradient_accumulation_steps=0),
+                             RolloutArguments(rollout_n=0, max_dec_len=0))
     assert problems == ["per_device_train_batch_size=-1 (must be an integer >= 1)", "gradient_accumulation_steps=0 (must be an integer >= 1)",
                         "rollout_n=0 (must be an integer >= 1)", "max_dec_len=0 (must be an integer >= 1)"]
-    assert size_problems(Args(reward_server_timeout=0, divergence_factor=1.0)) == [
+    assert size_problems(ModelArgument(reward_server_timeout=0), DivergenceArguments(divergence_factor=1.0)) == [
         "reward_server_timeout=0 (must be > 0)", "divergence_factor=1.0 (must be > 1)"]
+    assert size_problems(Args(rollout_n=0)) == []  # a field of ours is bounded by its declaration, not by its name
 
 
 def ppo_argv(model, rm, data, out, *extra):

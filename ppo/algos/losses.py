@@ -17,6 +17,7 @@ import paddle.nn.functional as F
 
 from .kl import kl_penalty
 from .masked import _float_mask, _zero_outside, masked_mean, masked_sum, masked_var, zero_masked_inputs
+from .setting import Setting
 
 __all__ = [
     "LOSS_AGG_MODES",
@@ -37,6 +38,14 @@ __all__ = [
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+DUAL_CLIP = Setting("dual_clip", float, None, "Dual-clip constant (>1) for negative advantages.",
+                    bounds=(1.0, False, None, False))
+IMPORTANCE_SAMPLING_LEVEL = Setting("importance_sampling_level", str, "token",
+                                    "token (PPO) | sequence (GSPO: sequence-level ratio, geometric mean).",
+                                    choices=IMPORTANCE_SAMPLING_LEVELS)
+"""The two settings of :func:`ppo_clip_token_losses` beyond the clip ratios, declared once: the
+policy-loss registry's entries list them (``ppo_clip`` both, ``gspo`` ``dual_clip``), the argument
+fields and start-up checks come from them, and the function's own guard is theirs."""
 
 
 def aggregate_loss(loss, mask, loss_agg_mode="token-mean", num_tokens=None, num_seqs=None, loss_scale_factor=None):
@@ -135,12 +144,8 @@ def ppo_clip_token_losses(
     """
     low = clip_range_ratio if clip_range_ratio_low is None else clip_range_ratio_low
     high = clip_range_ratio if clip_range_ratio_high is None else clip_range_ratio_high
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1.0, got {dual_clip}")
-    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-        raise ValueError(
-            f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, got {importance_sampling_level!r}"
-        )
+    DUAL_CLIP.checked(dual_clip)
+    IMPORTANCE_SAMPLING_LEVEL.checked(importance_sampling_level)
     m = _float_mask(mask, logprobs)
     logprobs, old_logprobs, advantages = zero_masked_inputs(
         m, logprobs, old_logprobs.detach().astype(logprobs.dtype), advantages.detach().astype(logprobs.dtype))

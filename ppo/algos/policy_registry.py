@@ -10,7 +10,8 @@ selection by entropy (``top_entropy_frac``). Callers read an entry's facts, neve
 Source: verl ``core_algos.register_policy_loss`` / ``get_policy_loss_fn`` (registry pattern).
 """
 from .covariance_losses import clip_cov_token_losses, kl_cov_token_losses
-from .losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES, _detached, aggregate_loss, ppo_clip_token_losses
+from .losses import (DUAL_CLIP, IMPORTANCE_SAMPLING_LEVEL, LOSS_AGG_MODES, _detached, aggregate_loss,
+                     ppo_clip_token_losses)
 from .masked import _float_mask, _zero_outside, masked_mean, zero_masked_inputs
 from .policy_losses import cispo_token_losses, gmpo_token_losses
 from .setting import Setting, declared_settings
@@ -26,11 +27,9 @@ _PPO_CLIP = (
     Setting("clip_range_ratio", float, 0.2, "PPO ratio clip.", bounds=_POSITIVE),
     Setting("clip_range_ratio_low", float, None, "Lower ratio clip (default clip_range_ratio).", bounds=_POSITIVE),
     Setting("clip_range_ratio_high", float, None, "Upper ratio clip (default clip_range_ratio).", bounds=_POSITIVE),
-    Setting("dual_clip", float, None, "Dual-clip constant (>1) for negative advantages.", bounds=(1.0, False, None, False)),
+    DUAL_CLIP,
 )
 """The clip settings of ``ppo_clip``, ``gspo`` and ``clip_cov`` (PaddleNLP's ``clip_range_ratio``)."""
-_IS_LEVEL = Setting("importance_sampling_level", str, "token",
-                    "token (PPO) | sequence (GSPO: sequence-level ratio, geometric mean).", choices=IMPORTANCE_SAMPLING_LEVELS)
 _CISPO = (
     Setting("cispo_clip_low", float, None, "cispo: the weight's lower bound is 1 - this (None: no lower bound, as MiniMax-M1)."),
     Setting("cispo_clip_high", float, 4.0, "cispo: the weight's upper bound is 1 + this (None: no upper bound).",
@@ -149,7 +148,7 @@ _VERL = "verl core_algos.py"
 POLICY_LOSSES = {
     e.name: e
     for e in (
-        PolicyLoss("ppo_clip", ppo_clip_token_losses, (*_PPO_CLIP, _IS_LEVEL),
+        PolicyLoss("ppo_clip", ppo_clip_token_losses, (*_PPO_CLIP, IMPORTANCE_SAMPLING_LEVEL),
                    "Schulman et al. 2017 (PPO); Yu et al. 2025 (DAPO clip-higher); Ye et al. 2020 (dual clip)",
                    f"{_VERL}:1159 (vanilla); ppo_policy_loss (bit-identical)"),
         PolicyLoss("gspo", _gspo, _PPO_CLIP, "Zheng et al. 2025 (GSPO)",

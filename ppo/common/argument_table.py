@@ -37,7 +37,7 @@ from .entry_points import ENTRY_POINTS, entry_point
 
 TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "argument_table.json")
 FORMAT_SOURCES = ("ppo/common/argument_help.py", "ppo/common/argument_table.py", "ppo/common/early_values.py",
-                  "ppo/common/entry_points.py", "ppo/common/validation.py")
+                  "ppo/common/entry_points.py", "ppo/common/field_bounds.py", "ppo/common/validation.py")
 """Files besides the dataclasses' whose change changes the table."""
 PACKAGES = ("ppo", "sft", "rm", "dpo", "rl", "scripts")
 """The top-level packages of this toolkit (setup.py installs them): the only files the table hashes."""

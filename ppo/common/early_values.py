@@ -6,16 +6,17 @@ Choices: an argument dataclass declares its fields' valid names in a class attri
 `field_choices`, each field mapped to `"module:NAME"` of the tuple, list or registry dict that its
 own check reads (or to `("module:NAME", form)` when a value of that `form`, such as
 `module.path:NAME` of one's own, is accepted too); a subclass's entry wins over its bases'.
-Ranges: the sizes, rates and coefficients of `validation.MIN_VALUES`, `FLOATS_ABOVE` and
-`VALUE_RANGES`, with their messages. A field generated from a registry entry's `ppo.algos.Setting`
+Ranges: the sizes, rates and coefficients, each with the rule declared on its field
+(`field_bounds.ranged_field`; PaddleNLP's fields: `field_bounds.PADDLENLP_BOUNDS`) and the start-up
+pass's messages. A field generated from a registry entry's `ppo.algos.Setting`
 (`registry_settings.declarations_of`) carries its own `choices` and `bounds`. The full start-up pass checks the same values again.
 """
 import difflib
 import importlib
 import inspect
 
+from .field_bounds import PADDLENLP_BOUNDS, bounds_of, rule_problem
 from .registry_settings import declarations_of
-from .validation import FLOATS_ABOVE, MIN_VALUES, VALUE_RANGES, in_range, range_text
 
 LEFT_TO_THE_FULL_PASS = ("num_train_epochs",)
 """Range fields whose rule depends on other values (`num_train_epochs` counts only without `max_steps`)."""
@@ -54,18 +55,15 @@ def value_rules(classes, options):
     for name, setting in declared.items():
         if name in fields and name not in choices and setting.choices:
             choices[name] = [[str(v) for v in setting.choices], None]
+    own = {name: rule for cls in classes for name, rule in bounds_of(cls).items()}
     ranges = {}
     for name, kind in fields.items():
         if kind[0] not in ("int", "float") or kind[1] is not None or name in LEFT_TO_THE_FULL_PASS:
             continue
         if name in declared and declared[name].bounds:
             ranges[name] = ["range", *declared[name].bounds]
-        elif name in VALUE_RANGES:
-            ranges[name] = ["range", *VALUE_RANGES[name]]
-        elif name in MIN_VALUES:
-            ranges[name] = ["min", MIN_VALUES[name]]
-        elif name in FLOATS_ABOVE:
-            ranges[name] = ["above", FLOATS_ABOVE[name]]
+        elif name in own or name in PADDLENLP_BOUNDS:
+            ranges[name] = list(own.get(name) or PADDLENLP_BOUNDS[name])
     return {"choices": choices, "ranges": ranges}, files
 
 
@@ -97,20 +95,6 @@ def choice_problem(name, value, choices, form=None):
     return f"{name} must be one of {', '.join(map(repr, choices))}{also}, got {value!r}{hint}"
 
 
-def range_problem(name, value, rule):
-    """The full start-up pass's message for a size, rate or coefficient out of its range."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    kind, *bounds = rule
-    if kind == "range" and not in_range(value, *bounds):
-        return f"{name}={value!r} (must be {range_text(*bounds)})"
-    if kind == "min" and (value != int(value) or value < bounds[0]):
-        return f"{name}={value!r} (must be an integer >= {bounds[0]})"
-    if kind == "above" and not value > bounds[0]:
-        return f"{name}={value!r} (must be > {bounds[0]:g})"
-    return None
-
-
 def value_problems(entry, values):
     """Every choice and range problem of `values` (field -> value) under the table `entry`."""
     problems = []
@@ -119,5 +103,5 @@ def value_problems(entry, values):
             choices, form = entry["choices"][name]
             problems.append(choice_problem(name, value, choices, form))
         elif name in entry.get("ranges", {}):
-            problems.append(range_problem(name, value, entry["ranges"][name]))
+            problems.append(rule_problem(name, value, entry["ranges"][name]))
     return [p for p in problems if p]

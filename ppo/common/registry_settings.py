@@ -20,8 +20,6 @@ import os
 import sys
 from typing import Optional
 
-from .validation import in_range, range_text
-
 
 def _setting_module():
     """`ppo.algos.setting` (a leaf module: no imports), loaded from its file when `ppo.algos` is not
@@ -41,6 +39,7 @@ def _setting_module():
 
 Setting = _setting_module().Setting
 declared_settings = _setting_module().declared_settings
+in_range, range_text = _setting_module().in_range, _setting_module().range_text
 
 
 def collect_settings(*registries):
@@ -119,18 +118,7 @@ def with_settings(cls, settings, module=None, owner=""):
 
 def value_problem(setting, value):
     """What is wrong with `value` for `setting` (one line naming the key), or None."""
-    if value is None:
-        return None if setting.optional else f"{setting.name}=None (must be a value; None is not one of its values)"
-    if setting.choices is not None and value not in setting.choices:
-        return f"{setting.name} must be one of {setting.choices}, got {value!r}"
-    if setting.bounds is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not in_range(value, *setting.bounds):
-            return f"{setting.name}={value!r} (must be {range_text(*setting.bounds)})"
-    if setting.check is not None:
-        text = setting.check(value)
-        if text:
-            return f"{setting.name}={value!r} ({text})"
-    return None
+    return setting.problem(value)
 
 
 def setting_problems(args, settings):

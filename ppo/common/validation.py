@@ -6,7 +6,8 @@ them with the unknown keys and bad values in one message.
 
 `size_problems` refuses sizes and counts that would otherwise fail deep inside a run
 (`ZeroDivisionError`, Paddle shape errors) or, worse, let it finish without
-training (`per_device_train_batch_size -1` gives no mini-batches).
+training (`per_device_train_batch_size -1` gives no mini-batches), and rates and coefficients
+out of range; each field's range is declared on the field (`ppo/common/field_bounds.py`).
 
 `check_model_dir` checks a model directory the way `from_pretrained` would read
 it, but with errors that name the argument and the path: the directory exists
@@ -20,121 +21,18 @@ import json
 import os
 import struct
 
-# Smallest valid value of every size/count argument of the entry points (absent
-# fields are skipped; None means "unset" and is skipped too).
-MIN_VALUES = {
-    "per_device_train_batch_size": 1,
-    "per_device_eval_batch_size": 1,
-    "gradient_accumulation_steps": 1,
-    "per_device_prompt_batch_size": 1,
-    "rollout_n": 1,
-    "max_dec_len": 1,
-    "min_dec_len": 0,
-    "update_iters": 1,
-    "max_gen_batches": 1,
-    "max_nan_skips": 0,
-    "max_prompt_len": 1,
-    "truncate_prompt_len": 1,
-    "max_length": 1,
-    "eval_max_new_tokens": 0,
-    "eval_long_answer_len": 0,
-    "num_sample_generations": 0,
-    "save_steps": 0,
-    "logging_steps": 1,
-    "eval_steps": 0,
-    "lora_rank": 1,
-    "batch_size": 1,
-    "long_answer_tokens": 1,
-    "reward_server_retries": 0,
-    "divergence_window": 2,
-}
-FLOATS_ABOVE = {"reward_server_timeout": 0.0, "divergence_factor": 1.0}  # exclusive lower bounds
-
-VALUE_RANGES = {
-    # name: (low, low included, high, high included); None: no bound on that side
-    "learning_rate": (0.0, True, None, False),
-    "critic_learning_rate": (0.0, True, None, False),
-    "min_learning_rate": (0.0, True, None, False),
-    "critic_min_learning_rate": (0.0, True, None, False),
-    "weight_decay": (0.0, True, None, False),
-    "critic_weight_decay": (0.0, True, None, False),
-    "critic_warmup_ratio": (0.0, True, 1.0, True),
-    "warmup_steps": (0, True, None, False),
-    "adam_beta1": (0.0, True, 1.0, False),
-    "adam_beta2": (0.0, True, 1.0, False),
-    "adam_epsilon": (0.0, True, None, False),
-    "num_train_epochs": (0.0, True, None, False),
-    "temperature": (0.0, False, None, False),
-    "top_p": (0.0, False, 1.0, True),
-    "top_k": (0, True, None, False),
-    "repetition_penalty": (0.0, False, None, False),
-    "kl_coeff": (0.0, True, None, False),
-    "kl_loss_coeff": (0.0, True, None, False),
-    "clip_range_value": (0.0, False, None, False),
-    "clip_range_score": (0.0, False, None, False),
-    "gamma": (0.0, True, 1.0, True),
-    "gae_lambda": (0.0, True, 1.0, True),
-    "entropy_coeff": (0.0, True, None, False),
-    "ptx_coeff": (0.0, True, None, False),
-    "pg_loss_coeff": (0.0, True, None, False),
-    "missing_eos_penalty": (0.0, True, None, False),
-    "overlong_penalty_factor": (0.0, True, None, False),
-}
-"""Ranges of the rates, coefficients and sampling settings. Out of range, each fails late (a
-negative learning rate after the models load, inside the scheduler) or trains the wrong way
-(a negative KL coefficient rewards drifting away from the reference); None is skipped. PaddleNLP
-checks `warmup_ratio` itself. A registry entry's settings (the PPO clip settings among them) carry
-their ranges in their own declaration (`ppo.algos.Setting`, `ppo.common.registry_settings`)."""
+from .field_bounds import bound_problems
 
 WEIGHT_FILES = ("model_state.pdparams", "model.safetensors")
 SHARD_INDEX_FILES = ("model_state.pdparams.index.json", "model.safetensors.index.json")
 LORA_WEIGHT_FILE = "lora_model_state.pdparams"
 
 
-def range_text(low, low_in, high, high_in):
-    """`>= 0`, `> 0` or `in (0, 1]` for a `VALUE_RANGES` entry."""
-    if high is None:
-        return f"{'>=' if low_in else '>'} {low:g}"
-    return f"in {'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
-
-
-def in_range(value, low, low_in, high, high_in):
-    above = value >= low if low_in else value > low
-    below = high is None or (value <= high if high_in else value < high)
-    return above and below
-
-
-def range_problems(args):
-    """One problem per argument of `VALUE_RANGES` that `args` holds outside its range."""
-    problems = []
-    for name, bounds in VALUE_RANGES.items():
-        value = getattr(args, name, None)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        if name == "num_train_epochs" and getattr(args, "max_steps", -1) > 0:
-            continue  # max_steps > 0 replaces it (PaddleNLP's grpo_32b_argument.yaml: max_steps 1000, num_train_epochs -1)
-        if not in_range(value, *bounds):
-            problems.append(f"{name}={value!r} (must be {range_text(*bounds)})")
-    return problems
-
-
 def size_problems(*arg_objects):
-    """One problem per size/count argument of `arg_objects` below its minimum and per rate,
-    coefficient or sampling setting outside its range (`VALUE_RANGES`)."""
-    problems = []
-    for args in arg_objects:
-        problems += range_problems(args)
-        for name, minimum in MIN_VALUES.items():
-            value = getattr(args, name, None)
-            if value is None or isinstance(value, bool):
-                continue
-            if not isinstance(value, (int, float)) or value != int(value) or value < minimum:
-                problems.append(f"{name}={value!r} (must be an integer >= {minimum})")
-        for name, bound in FLOATS_ABOVE.items():
-            value = getattr(args, name, None)
-            if value is not None and not value > bound:
-                problems.append(f"{name}={value!r} (must be > {bound:g})")
-    return problems
+    """One problem per size, count, rate, coefficient or sampling setting of `arg_objects` outside
+    its range: the rule declared on the field (`field_bounds.ranged_field`) or, for PaddleNLP's
+    fields, `field_bounds.PADDLENLP_BOUNDS`."""
+    return [problem for args in arg_objects for problem in bound_problems(args)]
 
 
 def is_lora_dir(path):

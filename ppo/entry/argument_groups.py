@@ -16,6 +16,7 @@ from ..models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE
 from ..models.loading import DEFAULT_LORA_TARGETS
 from ..rollout.ops import KERNEL_MODES
 from ..common.argument_problems import PADDLENLP_REFUSALS, paddlenlp_refusal, resolve_arguments
+from ..common.field_bounds import kept_metadata, ranged_field
 
 RECOMPUTE_GRANULARITIES = ("full", "full_attn", "core_attn")
 DEFAULT_EVAL_MAX_NEW_TOKENS = 32
@@ -25,7 +26,7 @@ BEAVER_TEMPLATE = "BEGINNING OF CONVERSATION: USER: {input} ASSISTANT:"
 @dataclass
 class LoRAArguments:
     use_lora: bool = field(default=False, metadata={"help": "Train a LoRA adapter instead of all weights."})
-    lora_rank: int = field(default=8, metadata={"help": "LoRA rank r."})
+    lora_rank: int = ranged_field(8, minimum=1, help="LoRA rank r.")
     lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha; the adapter is scaled by alpha / r."})
     lora_target_modules: str = field(
         default=DEFAULT_LORA_TARGETS,
@@ -99,10 +100,10 @@ class ModelCommonArguments(LoRAArguments):
 
 
 def default_override(group, name, default):
-    """Field `name` of the argument group `group` with another default (its help kept): how an
-    entry point gives a shared field its own default without declaring it a second time."""
+    """Field `name` of the argument group `group` with another default (its help and range kept):
+    how an entry point gives a shared field its own default without declaring it a second time."""
     shared = group.__dataclass_fields__[name]
-    return field(default=default, metadata=dict(shared.metadata))
+    return field(default=default, metadata=kept_metadata(shared.metadata))
 
 
 @dataclass
@@ -111,14 +112,11 @@ class DivergenceArguments:
         default=False,
         metadata={"help": "Stop the run (keeping the last checkpoint) when a loss, KL or gradient norm diverges."},
     )
-    divergence_factor: float = field(
-        default=10.0,
-        metadata={"help": "A watched metric diverges when it exceeds this many times its recent median (floor 1.0)."},
-    )
-    divergence_window: int = field(
-        default=10,
-        metadata={"help": "Recent values per metric (one per optimiser step or log) the divergence check compares with."},
-    )
+    divergence_factor: float = ranged_field(
+        10.0, above=1.0, help="A watched metric diverges when it exceeds this many times its recent median (floor 1.0).")
+    divergence_window: int = ranged_field(
+        10, minimum=2,
+        help="Recent values per metric (one per optimiser step or log) the divergence check compares with.")
 
 
 @dataclass
@@ -150,11 +148,9 @@ class GenerationArguments:
         metadata={"help": "Generate with the fast rollout engine (ppo/rollout/engine.py; PaddleNLP's name); false: "
                   "PaddleNLP's generate."},
     )
-    eval_max_new_tokens: int = field(
-        default=0,
-        metadata={"help": "Most new tokens per answer when evaluating by generation; 0: max_dec_len in PPO/GRPO, "
-                  f"{DEFAULT_EVAL_MAX_NEW_TOKENS} in SFT and the DPO family."},
-    )
+    eval_max_new_tokens: int = ranged_field(
+        0, minimum=0, help="Most new tokens per answer when evaluating by generation; 0: max_dec_len in PPO/GRPO, "
+                           f"{DEFAULT_EVAL_MAX_NEW_TOKENS} in SFT and the DPO family.")
 
     def eval_new_tokens(self, default=None):
         """`eval_max_new_tokens`, or `default` (SFT/DPO: DEFAULT_EVAL_MAX_NEW_TOKENS) when it is 0."""
@@ -179,31 +175,24 @@ class RolloutArguments:
     # the valid names, checked before Paddle loads (ppo/common/early_values.py)
     field_choices: ClassVar[dict] = {"rollout_kernels": "ppo.rollout.ops:KERNEL_MODES"}
 
-    per_device_prompt_batch_size: int = field(
-        default=16,
-        metadata={"help": "Prompts per data-parallel rank per step (online DPO: per round); PPO/GRPO's default None: "
-                  "global_batch_size / data-parallel ranks, or 16."},
-    )
-    rollout_n: int = field(
-        default=1,
-        metadata={"help": "Samples per prompt: the group size of GRPO/RLOO; online DPO's answers per prompt (>= 2)."},
-    )
-    max_dec_len: int = field(default=64, metadata={"help": "Most new tokens per response."})
-    min_dec_len: int = field(default=1, metadata={"help": "EOS is suppressed until this many tokens were generated."})
-    temperature: float = field(
-        default=1.0,
-        metadata={"help": "Sampling temperature (PPO/GRPO compute the log-probs with it too; online DPO's DPO log-probs use 1.0)."},
-    )
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling threshold."})
-    top_k: int = field(default=0, metadata={"help": "Top-k sampling; 0 disables it."})
-    repetition_penalty: float = field(default=1.0, metadata={"help": "Repetition penalty (1.0 = none)."})
-    missing_eos_penalty: float = field(
-        default=0.0, metadata={"help": "Subtracted from the score of responses that end without EOS (TRL)."}
-    )
-    num_sample_generations: int = field(
-        default=10,
-        metadata={"help": "Every this many steps, log a table of samples (online DPO: of sampled pairs; 0: never)."},
-    )
+    per_device_prompt_batch_size: int = ranged_field(
+        16, minimum=1, help="Prompts per data-parallel rank per step (online DPO: per round); PPO/GRPO's default None: "
+                            "global_batch_size / data-parallel ranks, or 16.")
+    rollout_n: int = ranged_field(
+        1, minimum=1, help="Samples per prompt: the group size of GRPO/RLOO; online DPO's answers per prompt (>= 2).")
+    max_dec_len: int = ranged_field(64, minimum=1, help="Most new tokens per response.")
+    min_dec_len: int = ranged_field(1, minimum=0, help="EOS is suppressed until this many tokens were generated.")
+    temperature: float = ranged_field(
+        1.0, range=(0.0, False, None, False),
+        help="Sampling temperature (PPO/GRPO compute the log-probs with it too; online DPO's DPO log-probs use 1.0).")
+    top_p: float = ranged_field(1.0, range=(0.0, False, 1.0, True), help="Nucleus sampling threshold.")
+    top_k: int = ranged_field(0, range=(0, True, None, False), help="Top-k sampling; 0 disables it.")
+    repetition_penalty: float = ranged_field(
+        1.0, range=(0.0, False, None, False), help="Repetition penalty (1.0 = none).")
+    missing_eos_penalty: float = ranged_field(
+        0.0, range=(0.0, True, None, False), help="Subtracted from the score of responses that end without EOS (TRL).")
+    num_sample_generations: int = ranged_field(
+        10, minimum=0, help="Every this many steps, log a table of samples (online DPO: of sampled pairs; 0: never).")
     dataloader_shuffle: bool = field(
         default=True, metadata={"help": "Draw the prompts of each epoch in a seeded random order (False: file order)."}
     )
@@ -229,19 +218,17 @@ class RolloutArguments:
 class OnlineRolloutArguments(RolloutArguments, DivergenceArguments, LogprobArguments, GenerationArguments):
     """The groups the online loops (PPO/GRPO, online DPO) always take together, and the loop's optimisation."""
 
-    update_iters: int = field(
-        default=1, metadata={"help": "Passes over each rollout batch (PPO epochs; online DPO: over each round's pairs)."}
-    )
-    min_learning_rate: float = field(
-        default=0.0, metadata={"help": "Learning-rate floor for cosine/linear decay (PPO: the actor's)."}
-    )
+    update_iters: int = ranged_field(
+        1, minimum=1, help="Passes over each rollout batch (PPO epochs; online DPO: over each round's pairs).")
+    min_learning_rate: float = ranged_field(
+        0.0, range=(0.0, True, None, False), help="Learning-rate floor for cosine/linear decay (PPO: the actor's).")
     use_fused_adamw: bool = field(
         default=True,
         metadata={"help": "AdamW steps (PPO: actor and critic) as one C++ op over all parameters with the gradient clip "
                   "folded in (csrc/cpu/train_adamw.cc; float32 CPU parameters, same state and results as Paddle's "
                   "AdamW); elsewhere, and under fleet's optimizer wrappers, Paddle's own step runs."},
     )
-    max_nan_skips: int = field(default=3, metadata={"help": "Consecutive non-finite steps tolerated before the run stops."})
+    max_nan_skips: int = ranged_field(3, minimum=0, help="Consecutive non-finite steps tolerated before the run stops.")
 
     @property
     def release_gradients(self):
@@ -291,10 +278,10 @@ class DatasetArguments:
     use_chat_template: bool = field(
         default=False, metadata={"help": "Format prompts with the tokenizer's chat template instead of prompt_template."}
     )
-    max_length: int = field(default=512, metadata={"help": "Longest tokenised prompt+answer; longer answers are truncated."})
-    eval_long_answer_len: int = field(
-        default=5, metadata={"help": "Reference answers at least this many characters long count as 'long' in eval/accuracy_long."}
-    )
+    max_length: int = ranged_field(
+        512, minimum=1, help="Longest tokenised prompt+answer; longer answers are truncated.")
+    eval_long_answer_len: int = ranged_field(
+        5, minimum=0, help="Reference answers at least this many characters long count as 'long' in eval/accuracy_long.")
     chat_template: Optional[str] = field(
         default=None,
         metadata={"help": "PaddleNLP's chat template file for use_chat_template: a chat_template.json (or .jinja) file, a "
@@ -350,12 +337,10 @@ class PromptFieldArguments:
 class PromptTruncationArguments:
     """SFT and the DPO family: long prompts are truncated (PPO/GRPO drop them with `max_prompt_len`)."""
 
-    truncate_prompt_len: Optional[int] = field(
-        default=None,
-        metadata={"help": "Prompts longer than this many tokens keep their last ones (truncated, never dropped; "
-                  "PaddleNLP's src_length and DPO max_prompt_len are read as this); none: whole prompts. "
-                  "PPO/GRPO's max_prompt_len drops long prompts instead."},
-    )
+    truncate_prompt_len: Optional[int] = ranged_field(
+        None, minimum=1, help="Prompts longer than this many tokens keep their last ones (truncated, never dropped; "
+                              "PaddleNLP's src_length and DPO max_prompt_len are read as this); none: whole prompts. "
+                              "PPO/GRPO's max_prompt_len drops long prompts instead.")
 
 
 @dataclass

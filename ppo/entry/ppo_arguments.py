@@ -13,6 +13,7 @@ from ..agents.arguments import AgentArguments
 from ..algos import ADV_ESTIMATORS
 from ..algos.kl import KL_ESTIMATOR_NAMES
 from ..common import paddlenlp_keys as pk
+from ..common.field_bounds import ranged_field
 from .argument_groups import (
     RECOMPUTE_GRANULARITIES,
     DatasetArguments,
@@ -65,8 +66,8 @@ class ModelArgument(ModelCommonArguments):
     )
     use_rm_server: bool = field(default=False, metadata={"help": "Score responses with an HTTP reward server."})
     reward_server: str = field(default="http://127.0.0.1:8731", metadata={"help": "URL of the reward server."})
-    reward_server_timeout: float = field(default=60.0, metadata={"help": "Seconds before one reward request times out."})
-    reward_server_retries: int = field(default=3, metadata={"help": "Retries (exponential backoff) before the run stops."})
+    reward_server_timeout: float = ranged_field(60.0, above=0.0, help="Seconds before one reward request times out.")
+    reward_server_retries: int = ranged_field(3, minimum=0, help="Retries (exponential backoff) before the run stops.")
     reward_server_token: Optional[str] = field(
         default=None,
         metadata={
@@ -100,11 +101,10 @@ class ModelArgument(ModelCommonArguments):
 @dataclass
 class DataArgument(PromptFieldArguments, DatasetArguments):
     ptx_datasets: List[str] = field(default_factory=list, metadata={"help": "Supervised datasets for the ptx loss."})
-    max_prompt_len: int = field(
-        default=256,
-        metadata={"help": "Prompts longer than this many tokens are dropped, not truncated (verl's filter_overlong_prompts; "
-                  "SFT and the DPO family truncate with truncate_prompt_len instead)."},
-    )
+    max_prompt_len: int = ranged_field(
+        256, minimum=1,
+        help="Prompts longer than this many tokens are dropped, not truncated (verl's filter_overlong_prompts; "
+             "SFT and the DPO family truncate with truncate_prompt_len instead).")
 
 
 @dataclass
@@ -179,13 +179,13 @@ class PPOTrainingArguments(RoutingReplayArguments, RolloutPlacementArguments, Ag
                                                                 "| module.path:NAME of a ppo.algos.AdvEstimator of your own."})
     adv_estimator_settings: str = field(default="", metadata={"help": "The estimator's own settings (AdvEstimator.settings) "
                                                                       "as a JSON object name -> value; empty: their defaults."})
-    kl_coeff: float = field(
-        default=0.02,
-        metadata={"help": "KL penalty coefficient in the per-token reward (PPO-Lagrangian: also added to the per-token cost, "
-                  "as safe-rlhf)."},
-    )
+    kl_coeff: float = ranged_field(
+        0.02, range=(0.0, True, None, False),
+        help="KL penalty coefficient in the per-token reward (PPO-Lagrangian: also added to the per-token cost, "
+             "as safe-rlhf).")
     kl_estimator: str = field(default="k1", metadata={"help": f"KL estimator in the reward: {' | '.join(KL_ESTIMATOR_NAMES)}."})
-    kl_loss_coeff: float = field(default=0.0, metadata={"help": "Weight of the KL term in the policy loss (GRPO)."})
+    kl_loss_coeff: float = ranged_field(
+        0.0, range=(0.0, True, None, False), help="Weight of the KL term in the policy loss (GRPO).")
     kl_loss_type: str = field(
         default="k3", metadata={"help": f"KL estimator of the loss term (verl name): {' | '.join(KL_ESTIMATOR_NAMES)}."}
     )
@@ -196,12 +196,14 @@ class PPOTrainingArguments(RoutingReplayArguments, RolloutPlacementArguments, Ag
         default=None, metadata={"help": "Adaptive KL controller target (per-sequence KL); None keeps kl_coeff fixed."}
     )
     kl_horizon: float = field(default=10000, metadata={"help": "Adaptive KL controller horizon, in samples."})
-    clip_range_score: float = field(default=10.0, metadata={"help": "Scores are clipped to +-this before shaping."})
+    clip_range_score: float = ranged_field(
+        10.0, range=(0.0, False, None, False), help="Scores are clipped to +-this before shaping.")
     enable_overlong_reward_buffer: bool = field(
         default=False, metadata={"help": "DAPO soft overlong punishment: penalise responses in the last overlong_reward_buffer tokens."}
     )
     overlong_reward_buffer: int = field(default=16, metadata={"help": "DAPO: length of the punishment zone before max_dec_len."})
-    overlong_penalty_factor: float = field(default=1.0, metadata={"help": "DAPO: penalty at max_dec_len (linear from 0)."})
+    overlong_penalty_factor: float = ranged_field(
+        1.0, range=(0.0, True, None, False), help="DAPO: penalty at max_dec_len (linear from 0).")
     mask_truncated_completions: bool = field(
         default=False, metadata={"help": "Leave responses without EOS out of every loss (TRL)."}
     )
@@ -211,11 +213,11 @@ class PPOTrainingArguments(RoutingReplayArguments, RolloutPlacementArguments, Ag
         metadata={"help": "Whiten advantages over the batch's response tokens after the estimator (as PaddleNLP, for every "
                   "estimator); None: true for gae, false for the others."},
     )
-    gamma: float = field(default=1.0, metadata={"help": "Discount factor."})
-    gae_lambda: float = field(default=0.95, metadata={"help": "GAE lambda."})
+    gamma: float = ranged_field(1.0, range=(0.0, True, 1.0, True), help="Discount factor.")
+    gae_lambda: float = ranged_field(0.95, range=(0.0, True, 1.0, True), help="GAE lambda.")
     scale_reward_std: bool = field(default=True, metadata={"help": "GRPO: divide group advantages by the group std (False: Dr.GRPO)."})
     dynamic_sampling: bool = field(default=False, metadata={"help": "GRPO: drop zero-variance groups and refill the batch."})
-    max_gen_batches: int = field(default=4, metadata={"help": "Most rollout batches dynamic sampling draws per step."})
+    max_gen_batches: int = ranged_field(4, minimum=1, help="Most rollout batches dynamic sampling draws per step.")
     # PPO-Lagrangian (Safe RLHF; safe-rlhf's names and defaults), with cost_model_name_or_path
     lambda_init: float = field(default=1.0, metadata={"help": "PPO-Lagrangian: initial Lagrange multiplier (> 0; learned as log lambda)."})
     lambda_lr: float = field(default=0.1, metadata={"help": "PPO-Lagrangian: SGD learning rate of log lambda."})
@@ -230,20 +232,23 @@ class PPOTrainingArguments(RoutingReplayArguments, RolloutPlacementArguments, Ag
     )
     threshold: float = field(default=0.0, metadata={"help": "PPO-Lagrangian: the cost budget d in E[cost] <= d."})
     # update
-    clip_range_value: float = field(default=5.0, metadata={"help": "Value clip around the old values."})
+    clip_range_value: float = ranged_field(
+        5.0, range=(0.0, False, None, False), help="Value clip around the old values.")
     loss_agg_mode: Optional[str] = field(default=None, metadata={"help": LOSS_AGG_MODE_HELP})
     loss_scale_factor: Optional[float] = field(
         default=None, metadata={"help": "seq-mean-token-sum-norm (Dr.GRPO): the constant divisor; None: max_dec_len."}
     )
-    pg_loss_coeff: float = field(default=1.0, metadata={"help": "Weight of the policy-gradient loss."})
-    entropy_coeff: float = field(default=0.0, metadata={"help": "Entropy bonus: entropy_coeff * entropy is subtracted from the loss."})
-    ptx_coeff: float = field(default=0.0, metadata={"help": "Weight of the supervised (ptx) loss."})
-    critic_learning_rate: float = field(default=5e-6, metadata={"help": "Critic learning rate."})
-    critic_weight_decay: float = field(default=0.0, metadata={"help": "Critic weight decay."})
+    pg_loss_coeff: float = ranged_field(1.0, range=(0.0, True, None, False), help="Weight of the policy-gradient loss.")
+    entropy_coeff: float = ranged_field(
+        0.0, range=(0.0, True, None, False), help="Entropy bonus: entropy_coeff * entropy is subtracted from the loss.")
+    ptx_coeff: float = ranged_field(0.0, range=(0.0, True, None, False), help="Weight of the supervised (ptx) loss.")
+    critic_learning_rate: float = ranged_field(5e-6, range=(0.0, True, None, False), help="Critic learning rate.")
+    critic_weight_decay: float = ranged_field(0.0, range=(0.0, True, None, False), help="Critic weight decay.")
     critic_lr_scheduler_type: str = field(default="constant", metadata={"help": "Critic scheduler: constant | linear | cosine."})
-    critic_warmup_ratio: float = field(default=0.0, metadata={"help": "Critic warm-up ratio."})
+    critic_warmup_ratio: float = ranged_field(0.0, range=(0.0, True, 1.0, True), help="Critic warm-up ratio.")
     critic_max_grad_norm: float = field(default=1.0, metadata={"help": "Critic gradient clipping norm."})
-    critic_min_learning_rate: float = field(default=0.0, metadata={"help": "Critic learning rate floor."})
+    critic_min_learning_rate: float = ranged_field(
+        0.0, range=(0.0, True, None, False), help="Critic learning rate floor.")
     reuse_first_update_forward: bool = field(
         default=True,
         metadata={"help": "When the first optimiser step of an update takes every rollout row in one micro-batch "

@@ -36,6 +36,8 @@ SETTINGS = (
 )
 OPTIONS = options_of(SETTINGS)
 """name -> default of the judge's options (its `SETTINGS`)."""
+RUBRICS = {"template": False, "pair_template": True}
+"""The rubric options and whether each is pairwise (`rubric_problem` checks them)."""
 _JUDGES = {}
 _LOCK = threading.Lock()
 
@@ -61,12 +63,24 @@ def build_judge(**options):
     return judge
 
 
+def rubric_problem(value, pairwise):
+    """Why `value` is no rubric of its mode (a built-in template name, or a text with the fields the
+    mode needs), or None: the check of the options `RUBRICS` names (and of online DPO's `judge_*`
+    rubrics, declared from them)."""
+    from .templates import check_template, template_text
+
+    try:
+        check_template(template_text(str(value)), pairwise)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
 def judge_option_problems(**options):
     """What `build_judge` would fail on, found without loading a model: no `model`, a `model` that
     is no model directory here (PaddleNLP would take a missing path for a model-hub name and try to
     download it), a template unknown (each option's type and values are its declaration's)."""
     from ..common.validation import check_model_dir
-    from .templates import check_template, template_text
 
     model, problems = options.get("model"), []
     if not model:
@@ -79,11 +93,10 @@ def judge_option_problems(**options):
             check_model_dir("option model", os.path.expanduser(str(model)))
         except ValueError as err:
             problems.append(str(err))
-    for name, pairwise in (("template", False), ("pair_template", True)):
-        try:
-            check_template(template_text(str(options.get(name))), pairwise)
-        except ValueError as err:
-            problems.append(f"option {name}: {err}")
+    for name, pairwise in RUBRICS.items():
+        problem = rubric_problem(options.get(name), pairwise)
+        if problem:
+            problems.append(f"option {name}: {problem}")
     return problems
 
 

@@ -1,0 +1,174 @@
+"""Every setting declared once: a field of ours carries its range in its declaration (no module-level
+table of ranges), online DPO's `judge_*` fields come from the judge scorer's declarations, and the
+PPO clip loss guards its arguments with the declarations the argument checks use."""
+import ast
+import dataclasses
+import importlib
+import os
+
+import pytest
+
+from ppo.common.entry_points import ENTRY_POINTS
+from ppo.common.field_bounds import PADDLENLP_BOUNDS, bounds_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIBRARY = ("ppo", "dpo", "sft", "rm", "rl")
+BOUND_WORDS = ("RANGE", "BOUND", "MIN", "MAX", "ABOVE", "BELOW", "LIMIT")
+
+
+def argument_classes():
+    return {getattr(importlib.import_module(ref.split(":")[0]), ref.split(":")[1])
+            for entry in ENTRY_POINTS for ref in entry.arguments}
+
+
+def our_fields():
+    """name -> the classes of this repository that declare a field of that name (PaddleNLP's own excluded)."""
+    found = {}
+    for cls in argument_classes():
+        for base in cls.__mro__:
+            if base.__module__.split(".")[0] in LIBRARY:
+                for name in vars(base).get("__annotations__", {}):
+                    found.setdefault(name, set()).add(f"{base.__module__}.{base.__qualname__}")
+    return found
+
+
+def _number(node):
+    return isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
+
+
+def looks_like_bounds(node, table_name):
+    """A value of a range table: `(low, bool, high or None, bool)`, `("range"|"min"|"above", ...)`,
+    or a bare number in a table whose name says it holds bounds (`MIN_VALUES`)."""
+    if isinstance(node, ast.Tuple) and len(node.elts) == 4:
+        low, low_in, high, high_in = node.elts
+        flags = all(isinstance(n, ast.Constant) and isinstance(n.value, bool) for n in (low_in, high_in))
+        if flags and _number(low) and (_number(high) or (isinstance(high, ast.Constant) and high.value is None)):
+            return True
+    if isinstance(node, ast.Tuple) and node.elts and isinstance(node.elts[0], ast.Constant):
+        if node.elts[0].value in ("range", "min", "above"):
+            return True
+    return _number(node) and any(word in table_name.upper() for word in BOUND_WORDS)
+
+
+def module_range_tables(fields):
+    """`(file, line, table, field)` of every module-level dict of the library that maps a field of
+    ours to bounds."""
+    found = []
+    for package in LIBRARY:
+        for folder, _, files in os.walk(os.path.join(ROOT, package)):
+            for name in sorted(f for f in files if f.endswith(".py")):
+                path = os.path.join(folder, name)
+                for node in ast.parse(open(path, encoding="utf-8").read()).body:
+                    targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+                    if not isinstance(getattr(node, "value", None), ast.Dict):
+                        continue
+                    table = " ".join(t.id for t in targets if isinstance(t, ast.Name))
+                    for key, value in zip(node.value.keys, node.value.values):
+                        if isinstance(key, ast.Constant) and key.value in fields and looks_like_bounds(value, table):
+                            found.append((os.path.relpath(path, ROOT), node.lineno, table, key.value))
+    return found
+
+
+def test_no_field_of_ours_keeps_its_range_in_a_module_level_table():
+    fields = our_fields()
+    assert module_range_tables(fields) == []
+    # the one table left holds PaddleNLP's own fields only, which no class of ours declares again
+    from paddlenlp.trainer import TrainingArguments
+
+    paddlenlp = {f.name for f in dataclasses.fields(TrainingArguments)}
+    assert sorted(set(PADDLENLP_BOUNDS) - paddlenlp) == []
+    assert {name: sorted(fields[name]) for name in PADDLENLP_BOUNDS if name in fields} == {}
+
+
+def test_the_detector_finds_a_range_table():
+    fields = {"kl_coeff": None, "rollout_n": None}
+    tree = ast.parse('VALUE_RANGES = {"kl_coeff": (0.0, True, None, False)}\nMIN_VALUES = {"rollout_n": 1}\n'
+                     'DEFAULTS = {"rollout_n": 4}\nRULES = {"kl_coeff": ("range", 0.0, True, None, False)}')
+    flagged = [node.targets[0].id for node in tree.body for k, v in zip(node.value.keys, node.value.values)
+               if k.value in fields and looks_like_bounds(v, node.targets[0].id)]
+    assert flagged == ["VALUE_RANGES", "MIN_VALUES", "RULES"]
+
+
+def test_every_range_of_the_stored_table_comes_from_a_declaration():
+    """The early check's ranges: a field's own rule (`ranged_field`), a registry `Setting`'s bounds,
+    or, for PaddleNLP's fields, `PADDLENLP_BOUNDS`; and a few of ours are where they were."""
+    from ppo.common.argument_table import entry_table
+    from ppo.common.registry_settings import declarations_of
+
+    fields, seen = our_fields(), {}
+    for entry in ENTRY_POINTS:
+        if not entry.arguments or entry.command not in ("ppo", "online-dpo", "audit-reward", "distill"):
+            continue
+        classes = [getattr(importlib.import_module(r.split(":")[0]), r.split(":")[1]) for r in entry.arguments]
+        own = {n: list(rule) for cls in classes for n, rule in bounds_of(cls).items()}
+        declared = {n: ["range", *found[0].bounds] for n, found in declarations_of(classes).items() if found[0].bounds}
+        for name, rule in entry_table(classes)[0]["ranges"].items():
+            expected = declared.get(name) or own.get(name)
+            if name not in fields:
+                expected = expected or list(PADDLENLP_BOUNDS[name])
+            assert rule == expected, (entry.command, name)
+            seen[name] = rule
+    assert seen["kl_coeff"] == ["range", 0.0, True, None, False] and seen["rollout_n"] == ["min", 1]
+    assert seen["top_p"] == ["range", 0.0, False, 1.0, True] and seen["reward_server_timeout"] == ["above", 0.0]
+    assert seen["learning_rate"] == ["range", 0.0, True, None, False] and seen["batch_size"] == ["min", 1]
+    assert seen["dual_clip"] == ["range", 1.0, False, None, False]
+
+
+def test_online_dpo_judge_settings_are_the_judge_scorers():
+    from dpo import online_dpo_arguments as online
+    from ppo.judge import scorer
+
+    declared = {s.name: s for s in scorer.SETTINGS}
+    assert online.JUDGE_DEFAULTS == {
+        "judge_template": declared["template"].default, "judge_pair_template": declared["pair_template"].default,
+        "judge_words": f"{declared['yes'].default},{declared['no'].default}",
+        "judge_pair_words": declared["pair_words"].default}
+    assert online.JUDGE_DEFAULTS == {"judge_template": "correct", "judge_pair_template": "better",
+                                     "judge_words": "Yes,No", "judge_pair_words": "A,B"}  # what users have
+    fields = {f.name: f for f in dataclasses.fields(online.ModelArgument)}
+    for name, setting in online.JUDGE_SETTINGS.items():
+        assert fields[name].default == setting.default and fields[name].metadata["help"] == setting.help
+        assert online.ModelArgument.setting_declarations[name] == (setting, "ppo.judge.scorer", "scorer judge")
+    assert fields["judge_pair_template"].metadata["help"] == declared["pair_template"].help
+    # by construction: another declaration of the scorer gives other defaults and help
+    changed = [scorer.Setting(s.name, s.type, {"template": "tiny", "yes": "Ja", "pair_words": ("1", "2")}.get(s.name, s.default),
+                              s.help + (" Changed." if s.name == "pair_template" else "")) for s in scorer.SETTINGS]
+    derived = {s.name: s for s in online.judge_settings(changed)}
+    assert {n: s.default for n, s in derived.items()} == {"judge_template": "tiny", "judge_pair_template": "better",
+                                                          "judge_words": "Ja,No", "judge_pair_words": "1,2"}
+    assert derived["judge_pair_template"].help.endswith(" Changed.")
+
+
+def test_online_dpo_judge_rubrics_are_checked_by_the_scorers_check(monkeypatch):
+    from dpo import online_dpo_arguments as online
+    from ppo.common.argument_problems import ArgumentError
+    from ppo.judge import scorer
+
+    expected = scorer.rubric_problem("nonesuch", True)
+    assert expected.startswith("judge template 'nonesuch' is neither a built-in name")
+    with pytest.raises(ArgumentError) as err:
+        online.ModelArgument(judge_model="policy", judge_pair_template="nonesuch")
+    assert str(err.value).endswith(f"judge_pair_template: {expected}")
+    monkeypatch.setattr(scorer, "rubric_problem", lambda value, pairwise: f"refused {value} ({pairwise})")
+    with pytest.raises(ArgumentError, match=r"judge_template: refused tiny \(False\)"):
+        online.ModelArgument(judge_model="policy", judge_template="tiny")
+
+
+def test_the_ppo_clip_guard_is_the_declarations():
+    import paddle
+
+    from ppo.algos import POLICY_LOSSES, ppo_policy_loss
+    from ppo.algos import losses
+
+    declared = {s.name: s for s in POLICY_LOSSES["ppo_clip"].declared}
+    assert declared["dual_clip"] is losses.DUAL_CLIP
+    assert declared["importance_sampling_level"] is losses.IMPORTANCE_SAMPLING_LEVEL
+    one = paddle.to_tensor([[0.0]])
+    for bad, message in ((dict(dual_clip=1.0), losses.DUAL_CLIP.problem(1.0)),
+                         (dict(importance_sampling_level="seq"), losses.IMPORTANCE_SAMPLING_LEVEL.problem("seq"))):
+        with pytest.raises(ValueError) as err:
+            ppo_policy_loss(one, one, one + 1, paddle.to_tensor([[1]]), **bad)
+        assert str(err.value) == message
+    assert message == "importance_sampling_level must be one of ('token', 'sequence'), got 'seq'"
+    assert losses.DUAL_CLIP.problem(1.0) == "dual_clip=1.0 (must be > 1)"
+    assert losses.DUAL_CLIP.problem(None) is None and losses.DUAL_CLIP.checked(1.5) == 1.5
