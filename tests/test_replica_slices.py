@@ -136,3 +136,16 @@ def test_the_engine_reads_the_held_slices_as_it_cut_them_from_the_whole_model(ti
         assert all(np.array_equal(x.numpy(), y.numpy()) for x, y in pairs)
     with pytest.raises(RuntimeError, match="holds only the tensor-parallel slices"):
         weight_source(held)  # a held model read as whole would be wrong: refused
+
+
+def test_a_lora_actor_stays_whole_on_every_replica_rank(tiny_model_dir):
+    """Its adapter's product adds to whole weights (and with a KL its disabled adapter is the
+    reference's forward): every kind replicated, nothing cut, the trainer sends it whole."""
+    from ppo.models.loading import apply_lora
+
+    model = apply_lora(load_causal_lm(tiny_model_dir), rank=2, alpha=4)
+    before = parameter_bytes(model.parameters())
+    kinds, sizes = hold_slices(model, 1, 2)
+    assert set(kinds) == {"replicated"} and len(kinds) == len(list(model.parameters()))
+    assert sizes["parameter_bytes"] == sizes["whole_parameter_bytes"] == before
+    weight_source(model.model, group=None)  # not marked as holding slices
