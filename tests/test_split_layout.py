@@ -71,12 +71,12 @@ def test_parallel_groups_of_replicas_and_trainer_data_ranks(monkeypatch, layout,
 
 
 @pytest.mark.parametrize("world, rollout_ranks, want, made", [
-    (2, 1, (None, None, {(0, 1): None}), []),  # the launch is the pair: Paddle's default group
-    (4, 2, ([0, 1], [0, 2, 3], {(0, 2): [0, 2], (1, 3): [1, 3]}),
+    (2, 1, (None, [None], {(0, 1): None}), []),  # the launch is the pair: Paddle's default group
+    (4, 2, ([0, 1], [[0, 2, 3]], {(0, 2): [0, 2], (1, 3): [1, 3]}),
      [("trainers", [0, 1]), ("weights", [0, 2, 3]), ("pair_0_2", [0, 2]), ("pair_1_3", [1, 3])]),
-    (3, 1, ([0, 1], [0, 2], {(0, 2): [0, 2], (1, 2): [1, 2]}),
+    (3, 1, ([0, 1], [[0, 2]], {(0, 2): [0, 2], (1, 2): [1, 2]}),
      [("trainers", [0, 1]), ("weights", [0, 2]), ("pair_0_2", [0, 2]), ("pair_1_2", [1, 2])]),
-    (3, 2, (None, None, {(0, 1): [0, 1], (0, 2): [0, 2]}),  # one trainer; the weights group is the launch
+    (3, 2, (None, [None], {(0, 1): [0, 1], (0, 2): [0, 2]}),  # one trainer; the weights group is the launch
      [("pair_0_1", [0, 1]), ("pair_0_2", [0, 2])]),
 ])
 def test_split_groups_are_made_in_one_order_on_every_rank(monkeypatch, world, rollout_ranks, want, made):
@@ -94,11 +94,20 @@ def test_each_rank_of_a_trainer_tensor_parallel_group_pairs_with_each_replica(mo
     calls = []
     monkeypatch.setattr(split_groups, "isolated_group", lambda ranks, name: calls.append(name) or list(ranks))
     trainers, weights, pairs = split_groups.split_groups(RolloutLayout(4, 2, trainer_tp=2))
-    assert (trainers, weights, sorted(pairs)) == ([0, 1], [0, 2, 3], [(0, 2), (0, 3), (1, 2), (1, 3)])
+    assert (trainers, weights, sorted(pairs)) == ([0, 1], [[0, 2, 3]], [(0, 2), (0, 3), (1, 2), (1, 3)])
     assert calls == ["trainers", "weights", "pair_0_2", "pair_1_2", "pair_0_3", "pair_1_3"]
     calls.clear()  # beside one TP2 replica: rank 3 only gets trainer rank 0's hello, rank 2 sends to both
-    _, _, pairs = split_groups.split_groups(RolloutLayout(4, 2, trainer_tp=2, rollout_tp=2))
-    assert sorted(pairs) == [(0, 2), (0, 3), (1, 2)] and calls == ["trainers", "weights", "pair_0_2", "pair_1_2", "pair_0_3"]
+    _, weights, pairs = split_groups.split_groups(RolloutLayout(4, 2, trainer_tp=2, rollout_tp=2))
+    assert sorted(pairs) == [(0, 2), (0, 3), (1, 2)] and weights == [[0, 2], [0, 3]]  # slice j: rank j of the replica
+    assert calls == ["trainers", "weights_0", "weights_1", "pair_0_2", "pair_1_2", "pair_0_3"]
+
+
+def test_each_slice_of_the_weights_goes_to_rank_j_of_every_replica():
+    """Two replicas of TP2 beside two trainer ranks: slice 0 to ranks 2 and 4, slice 1 to 3 and 5."""
+    layout = RolloutLayout(6, 4, rollout_tp=2)
+    assert [layout.weight_shard_ranks(j) for j in (0, 1)] == [[0, 2, 4], [0, 3, 5]]
+    assert [layout.weight_shard(r) for r in layout.replica_ranks] == [0, 1, 0, 1]
+    assert RolloutLayout(4, 2).weight_shard_ranks(0) == RolloutLayout(4, 2).weight_group_ranks == [0, 2, 3]
 
 
 def test_only_trainer_rank_0_broadcasts_the_weights(monkeypatch):

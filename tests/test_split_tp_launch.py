@@ -11,9 +11,9 @@ installed, tests/tp_launch.py), the tiny GRPO config of tests/test_split_many_la
   records the checksum of exactly the trainer's checkpoint of the version that sampled it.
   Resumed from a checkpoint after step 2, the uninterrupted run bit for bit.
 - Trainer TP1 beside one rollout replica of TP2 (3 processes, `rollout_ranks 2`,
-  `rollout_tensor_parallel_degree 2`): both replica ranks receive the whole weights, generate
-  together from their slices of them (heads, MLP columns and rows, vocabulary) and the first
-  sends the batch. Against the colocated one-process run at staleness 0: the same samples; every
+  `rollout_tensor_parallel_degree 2`): each replica rank holds and receives only its slice of
+  the weights (heads, MLP columns and rows, vocabulary; about half the model's parameter bytes,
+  written to rollout_rank_<rank>.json), they generate together and the first sends the batch. Against the colocated one-process run at staleness 0: the same samples; every
   metric within 1e-6 x max(1, |value|) and the final weights within 1e-6 (measured 7.0e-8 and
   1.2e-7): the replica all-reduces o_proj's, down_proj's and the embedding's partial sums of two
   slices, so its logits, and the rollout log-probs the update reads, differ in the last bits.
@@ -30,6 +30,7 @@ import json
 import numpy as np
 import pytest
 
+from ppo.models.adapters import load_causal_lm
 from ppo.run_ppo import build_trainer
 from tests.test_async_launch import NOT_COMPARED, STALE, policy_weights, steps
 from tests.test_split_many_launch import STEPS, argv_of, assert_same_run, assert_stale_checksums, generated
@@ -139,6 +140,12 @@ def test_one_replica_of_tp2_beside_a_tp1_trainer_is_the_colocated_run(tiny_model
         log = open(f"{out}/launch/workerlog.{rank}").read()
         assert f"generating from this rank's tensor-parallel slice ({rank} of 2)" in log
         assert generated(out, rank) == STEPS
+    whole = sum(int(p.numel()) * p.element_size() for p in load_causal_lm(tiny_model_dir).parameters())
+    for rank in (1, 2):  # each holds half the tensor-parallel weights and the norms whole
+        held = json.load(open(f"{out}/rollout_rank_{rank}.json"))
+        assert held["sliced"] and held["replica_rank"] == rank - 1 and held["whole_parameter_bytes"] == whole
+        assert held["tensor_parallel_bytes"] * 2 == held["whole_tensor_parallel_bytes"]
+        assert 0.5 <= held["parameter_bytes"] / whole <= 0.51  # measured 33664 / 66944 = 0.503
 
 
 def test_trainer_tp2_dp2_beside_two_rollout_ranks_is_the_colocated_tp2_dp2_run(tiny_model_dir, tiny_data_dir, tmp_path):

@@ -84,8 +84,8 @@ class PaddleNLPRLArguments:
         metadata={"help": "Tensor-parallel degree of the rollout (PaddleNLP's name): 1 generates from the whole weights "
                   "gathered on each rank (eval_mode single), tensor_parallel_degree from each rank's slices (eval_mode "
                   "tensor_parallel); -1: eval_mode decides. Other degrees are refused colocated; with rollout_placement "
-                  "split it is each rollout replica's degree (rollout_ranks / it replicas, each generating from its "
-                  "ranks' slices of the whole weights the trainer sends)."},
+                  "split it is each rollout replica's degree (rollout_ranks / it replicas, each rank holding, receiving "
+                  "and generating from only its slice of the weights the trainer sends)."},
     )
     use_fp32_compute: bool = field(
         default=True,

@@ -17,7 +17,9 @@ Each is built here from its slice of the arguments (`ppo.trainer.settings`); the
 strategy (`ppo.strategy`) wraps the models and builds the passes every model pass goes through.
 """
 import functools
+import json
 import logging
+import os
 
 import paddle
 
@@ -34,6 +36,7 @@ from .ppo_argument_checks import estimator_settings
 from ..scoring.process_reward import ProcessRewardScorer
 from ..data.prompt_sampler import PromptSampler
 from ..rollout import RolloutEngine, SamplingParams
+from ..rollout.tp_weights import hold_slices
 from ..strategy import PassSettings, PlainStrategy, Ranks, build_strategy
 from ..strategy.rollout_link import run_link, whole_parameters
 from ..trainer.advantages import AdvantageStage
@@ -164,11 +167,13 @@ def sampling_params(args):
 def make_rollout(args, engine, sampling, sampler, dataset, tokenizer, passes, offload, state, ranks, settings, remote=None):
     """The rollout part: `TrajectoryRollout` with an environment (`env_name`: multi-turn, tools;
     its prompts formatted as the prompt data's), a `RemoteRollout` with `rollout_placement split`
-    (`remote`: `(actor parameters callable, max_steps)`), else `Rollout`; the tool-failure count of
+    (`remote`: `(actor parameters callable, max_steps, the actor)`), else `Rollout`; the tool-failure count of
     a multi-turn run goes into the checkpoints."""
     if args.split_rollout:
-        params, max_steps = remote
-        return RemoteRollout(run_link(), params, sampler, state, staleness=args.async_staleness, max_steps=max_steps,
+        params, max_steps, actor = remote
+        link = run_link()
+        link.plan_slices(actor)  # what each rank of a tensor-parallel replica receives of the weights
+        return RemoteRollout(link, params, sampler, state, staleness=args.async_staleness, max_steps=max_steps,
                              partial=args.partial_rollout)
     if not args.env_name:
         return Rollout(engine, sampling, sampler, dataset, tokenizer, passes, offload=offload, state=state, ranks=ranks,
@@ -249,7 +254,7 @@ def assemble_ppo_loop(args, models, tokenizer, strategy, passes, engine, samplin
                                 settings=slice_of(AdvantageSettings, args), estimator_settings=estimator_settings(args))
     rollout_settings = slice_of(RolloutSettings, args)
     rollout = make_rollout(args, engine, sampling, sampler, train_dataset, tokenizer, passes, offload, state, ranks,
-                           rollout_settings, remote=(functools.partial(whole_parameters, models.actor), max_steps))
+                           rollout_settings, remote=(functools.partial(whole_parameters, models.actor), max_steps, models.actor))
     maker = ExperienceMaker(rollout, scoring, completion, actor.model, state, ranks, settings=rollout_settings,
                             pad_token_id=tokenizer.pad_token_id)
     ptx = PtxBatches(ptx_dataset, ptx_sampler) if ptx_sampler is not None else None
@@ -285,10 +290,9 @@ def build_rollout_worker(args, actor, tokenizer, train_dataset, models=None):
         reference_pass = functools.partial(no_grad_call, passes.logprobs, "reference")
     link = run_link()
     layout, group = link.layout, link.replica_group  # a replica of several ranks: its group
-    engine = rollout_engine(args, actor, tokenizer, group, group is not None)
     if group is not None:
-        logger.info(f"rollout replica of ranks {layout.replica_members(link.rank)}: generating from this rank's "
-                    f"tensor-parallel slice ({group.rank + 1} of {group.nranks}) of the whole weights it receives")
+        hold_replica_slices(args, actor, link, group)
+    engine = rollout_engine(args, actor, tokenizer, group, group is not None)
     offload = OffloadPlan(parse_offload_level(args.offload_level), models={"actor": actor}, optimizers={})
     rollouts = {}
     for d in layout.served_data_ranks(link.rank):  # each draws as colocated data rank d would
@@ -298,6 +302,25 @@ def build_rollout_worker(args, actor, tokenizer, train_dataset, models=None):
                               offload=offload, state=RolloutWorkerState(), ranks=ranks, settings=slice_of(RolloutSettings, args))
     return RolloutWorker(link, rollouts, list(actor.parameters()), args.async_staleness, reference_pass,
                          partial_tokens=args.partial_rollout_tokens if args.partial_rollout else 0)
+
+
+def hold_replica_slices(args, actor, link, group):
+    """Cut the actor of rank `group.rank` of a replica of `group.nranks` ranks to its slices
+    (`ppo.rollout.tp_weights.hold_slices`; a LoRA actor stays whole) before the engine is built,
+    and write what it holds to `output_dir/rollout_rank_<rank>.json`."""
+    if link.layout.weight_shard(link.rank) != group.rank:  # the replica's group numbers its ranks in order
+        raise RuntimeError(f"rollout rank {link.rank} is rank {group.rank} of its replica's group, not "
+                           f"{link.layout.weight_shard(link.rank)}")
+    kinds, sizes = hold_slices(actor, group.rank, group.nranks)
+    sliced = any(kind != "replicated" for kind in kinds)
+    logger.info(f"rollout replica of ranks {link.layout.replica_members(link.rank)}: generating from this rank's "
+                f"tensor-parallel slice ({group.rank + 1} of {group.nranks}), "
+                + (f"holding {sizes['parameter_bytes']} of the whole model's {sizes['whole_parameter_bytes']} parameter "
+                   "bytes; it receives only its slice" if sliced else "holding the whole weights (a LoRA actor)"))
+    os.makedirs(args.output_dir, exist_ok=True)
+    with open(os.path.join(args.output_dir, f"rollout_rank_{link.rank}.json"), "w") as f:
+        json.dump({"rank": link.rank, "replica_rank": group.rank, "replica_degree": group.nranks, "sliced": sliced,
+                   **sizes}, f)
 
 
 def no_grad_call(fn, *args):

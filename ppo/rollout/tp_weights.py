@@ -1,11 +1,15 @@
 """The rollout engine's tensor-parallel weights: where a rank's slices sit (`TensorParallelShard`),
 whole weights gathered from a tensor-parallel model's slices (`TensorParallelGather`, eval_mode
-single), and a whole model cut into this rank's slices (`TensorParallelSlices`: a split run's
-rollout replica of `rollout_tensor_parallel_degree` R ranks, each holding the whole weights it
-received from the trainer, generates from its slice of them, as PaddleNLP's ReshardController
-reshards the trainer's layout to the rollout's degree). `weight_source` picks one for
-`ppo.rollout.weights.extract_weights`."""
+single), and a whole model's slices for this rank (`TensorParallelSlices`: a split run's rollout
+replica of `rollout_tensor_parallel_degree` R ranks generates from each rank's slice, as
+PaddleNLP's ReshardController reshards the trainer's layout to the rollout's degree; each rank
+holds only its slices, `hold_slices`, and receives only them at every weight sync).
+`weight_source` picks one for `ppo.rollout.weights.extract_weights`."""
 from dataclasses import dataclass
+
+import paddle
+
+HELD = "held_tensor_parallel_slices"  # attribute of a model cut by `hold_slices`: (rank, degree)
 
 
 @dataclass
@@ -89,7 +93,8 @@ class TensorParallelSlices:
     cut by the kind the model's own tensor-parallel mappings give its name at degree R
     (`ppo.models.tensor_slices.tensor_parallel_kinds`, `split`), so the engine runs the
     sharded path (`TensorParallelShard`) exactly as on a tensor-parallel model of degree R
-    loaded from the same weights. `lm`: the whole causal LM."""
+    loaded from the same weights. `lm`: the causal LM, whole, or already cut to rank r's
+    slices by `hold_slices` (its parameters are then taken as they are)."""
 
     sharded = True
 
@@ -97,6 +102,10 @@ class TensorParallelSlices:
         from ..models.tensor_slices import tensor_parallel_kinds
 
         self.group, self.degree, self.rank = group, group.nranks, group.rank
+        self.held = getattr(lm, HELD, None) is not None
+        if self.held and tuple(getattr(lm, HELD)) != (self.rank, self.degree):
+            raise RuntimeError(f"the model holds the slices (rank, degree) {getattr(lm, HELD)}, its group is rank "
+                               f"{self.rank} of {self.degree}")
         named = list(lm.named_parameters())
         kinds = tensor_parallel_kinds(type(lm), lm.config, [n for n, _ in named], degree=self.degree)
         self.kinds = {id(p): kinds[n] for n, p in named}
@@ -105,7 +114,7 @@ class TensorParallelSlices:
         from ..models.tensor_slices import split
 
         kind = self.kinds.get(id(param), "replicated")
-        return value if kind == "replicated" else split(value, kind, self.degree)[self.rank]
+        return value if kind == "replicated" or self.held else split(value, kind, self.degree)[self.rank]
 
     def weight(self, layer, value=None, transpose_y=False, fused_parts=1):
         return self._slice(layer.weight, layer.weight if value is None else value)
@@ -117,9 +126,58 @@ class TensorParallelSlices:
     def shard(self, lm, dec):
         emb_w = dec.embed_tokens.weight
         embed_sharded = self.kinds.get(id(emb_w), "replicated") != "replicated"
-        vocab_start = self.rank * int(emb_w.shape[0]) // self.degree if embed_sharded else 0
+        rows = int(emb_w.shape[0]) if self.held else int(emb_w.shape[0]) // self.degree  # this rank's vocabulary
+        vocab_start = self.rank * rows if embed_sharded else 0
         head_sharded = self.kinds.get(id(lm.lm_head.weight), "replicated") != "replicated"
         return TensorParallelShard(self.group, self.degree, vocab_start, embed_sharded, head_sharded)
+
+
+def parameter_bytes(params):
+    """Bytes of `params` (tensors): the sum of numel x element size."""
+    return sum(int(p.numel()) * p.element_size() for p in params)
+
+
+def replica_kinds(model, degree):
+    """The tensor-parallel kind of each of `model.parameters()` (in that order) on a rollout replica
+    of `degree` ranks: the model class's own mappings at that degree (`tensor_parallel_kinds`, on
+    the names of the one-process layout, whatever `model`'s own degree), each "replicated" at
+    degree 1 and for a LoRA model (the adapter's product adds to whole weights, and with a KL its
+    disabled adapter is the reference's forward: such a replica keeps its weights whole)."""
+    from ..models.basics import unwrap_model
+    from ..models.tensor_slices import tensor_parallel_kinds
+
+    base = unwrap_model(model)
+    named = list(base.named_parameters())
+    if degree <= 1 or any("lora_" in name for name, _ in named):
+        return ["replicated"] * len(named)
+    kinds = tensor_parallel_kinds(type(base), base.config, [n for n, _ in named], degree=degree)
+    return [kinds[n] for n, _ in named]
+
+
+def hold_slices(model, rank, degree):
+    """Cut `model`'s parameters in place to rank `rank`'s slices of `degree` (`replica_kinds`):
+    each tensor-parallel parameter keeps its identity and name and now holds a fresh copy of its
+    slice (the whole storage freed); replicated ones stay whole. The engine then takes them as
+    they are (`TensorParallelSlices`), and `ppo.strategy.rollout_link.RolloutLink.receive_weights`
+    fills them with the slices the trainer sends. Returns `(kinds, {"parameter_bytes",
+    "whole_parameter_bytes", "tensor_parallel_bytes", "whole_tensor_parallel_bytes"})`."""
+    from ..models.basics import unwrap_model
+    from ..models.tensor_slices import split
+
+    params, kinds = list(model.parameters()), replica_kinds(model, degree)
+    cut = [p for p, kind in zip(params, kinds) if kind != "replicated"]
+    sizes = {"whole_parameter_bytes": parameter_bytes(params), "whole_tensor_parallel_bytes": parameter_bytes(cut)}
+    with paddle.no_grad():
+        for p, kind in zip(params, kinds):
+            if kind != "replicated":
+                piece = split(p, kind, degree)[rank].clone()
+                target = p.value().get_tensor()
+                target._clear()
+                target._share_data_with(piece.value().get_tensor())
+    if cut:
+        setattr(unwrap_model(model), HELD, (rank, degree))
+    sizes.update(parameter_bytes=parameter_bytes(params), tensor_parallel_bytes=parameter_bytes(cut))
+    return kinds, sizes
 
 
 def weight_source(lm, group=None, sharded=False):
@@ -127,6 +185,9 @@ def weight_source(lm, group=None, sharded=False):
     of several ranks to keep slices over (`sharded`), else `TensorParallelGather`."""
     if sharded and group is not None and group.nranks > 1 and getattr(lm.config, "tensor_parallel_degree", 1) <= 1:
         return TensorParallelSlices(lm, group)
+    if getattr(lm, HELD, None) is not None:
+        raise RuntimeError(f"the model holds only the tensor-parallel slices {getattr(lm, HELD)} (rank, degree): "
+                           "generate from them with keep_tensor_parallel and the replica's group")
     return TensorParallelGather(lm.config, group=group, sharded=sharded)
 
 

@@ -20,8 +20,11 @@ sends the batches; every rank of it generates). Unit (b, d) goes to replica (b *
 of the D = N / trainer_tp data ranks and R = M / rollout_tp replicas.
 
 Weights go from trainer rank 0 to every rollout rank in one broadcast per dtype over the process
-group of trainer 0 and the rollout ranks (`weight_group_ranks`), whole (a tensor-parallel
-trainer gathers its slices first; a tensor-parallel replica's ranks each take their slice); the
+group of trainer 0 and the rollout ranks (`weight_group_ranks`), whole (a tensor-parallel trainer
+gathers its slices first). With `rollout_tp` > 1 each replica rank holds only its slice, and
+weights go as `rollout_tp` broadcasts per dtype, slice j over the group of trainer 0 and rank j
+of every replica (`weight_shard_ranks`), so each rollout rank receives one broadcast per dtype
+of its slice only; the
 trainers' own collectives (gradients, metrics, checkpoint barriers) run over the group of the
 trainer ranks (`trainer_ranks`). Pure arithmetic: no process group is made here."""
 from dataclasses import dataclass
@@ -67,6 +70,15 @@ class RolloutLayout:
     def weight_group_ranks(self):
         """The ranks of the weights broadcast: trainer rank 0 (its source) and every rollout rank."""
         return [0] + self.replica_ranks
+
+    def weight_shard_ranks(self, shard):
+        """The ranks of the broadcast of slice `shard` of the weights: trainer rank 0 (its source)
+        and rank `shard` of every replica (`weight_group_ranks` at `rollout_tp` 1)."""
+        return [0] + self.replica_ranks[shard::self.rollout_tp]
+
+    def weight_shard(self, rank):
+        """The slice of the weights rollout rank `rank` holds: its index in its replica."""
+        return (rank - self.trainers) % self.rollout_tp
 
     def is_replica(self, rank):
         return rank >= self.trainers

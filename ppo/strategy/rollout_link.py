@@ -7,7 +7,15 @@ Weights go one way, batches the other (gloo on CPU, NCCL on GPU); who meets whom
   slices first), flattened into one buffer per dtype, broadcast from trainer rank 0 to every
   rollout rank over the group of those ranks (Paddle's default group when they are the whole
   launch); another trainer rank (the same whole weights) only computes the checksum of what it
-  would send. A rollout rank receives into buffers of its own and copies them into its model only once every
+  would send. The checksum is always that of the whole weights (`weights_checksum`).
+  Replicas of `rollout_tp` > 1 ranks hold only their slices (`ppo.rollout.tp_weights.hold_slices`):
+  trainer rank 0 cuts the whole weights to the replica's degree by the model's own mappings
+  (`plan_slices`; PaddleNLP's ReshardController from any trainer degree) and sends slice j,
+  one buffer per dtype with the header `[version, checksum, slice checksum, slice values]`,
+  over the group of rank j of every replica (`RolloutLayout.weight_shard_ranks`), so a rollout
+  rank never holds, receives or allocates the whole weights; it checks the slice checksum (the
+  same formula over exactly the slices it holds) and reports the whole one.
+  A rollout rank receives into buffers of its own and copies them into its model only once every
   buffer has arrived and the checksum of what it now holds equals the trainer's, so it never
   generates from half-received or torn weights; each set carries its version (the trainer's
   completed optimiser steps).
@@ -79,17 +87,20 @@ def _rank_name(layout, rank):
 
 class RolloutLink:
     """`layout`: the run's `RolloutLayout` (default: trainer rank 0, rollout rank 1); `rank`:
-    this process's (default: Paddle's); `weight_group`: the process group of
-    `layout.weight_group_ranks`; `pair_groups`: `{(trainer rank, rollout rank): their group}`
-    (`ppo.strategy.split_groups`; None or absent: the default group, a launch of these ranks only)."""
+    this process's (default: Paddle's); `weight_groups`: the process group of each slice's
+    broadcast (`layout.weight_shard_ranks`; one, of `layout.weight_group_ranks`, at `rollout_tp`
+    1); `pair_groups`: `{(trainer rank, rollout rank): their group}` (`ppo.strategy.split_groups`;
+    None or absent: the default group, a launch of these ranks only)."""
 
     trainer_rank = 0  # the source of the weights
     replica_group = None  # a rollout rank's replica group (`rollout_tp` > 1)
+    slice_kinds = None  # trainer rank 0: each parameter's kind at the replicas' degree (`plan_slices`)
 
-    def __init__(self, layout=None, rank=None, weight_group=None, pair_groups=None):
+    def __init__(self, layout=None, rank=None, weight_groups=None, pair_groups=None):
         self.layout = layout or RolloutLayout(2, 1)
         self.rank = dist.get_rank() if rank is None else rank
-        self.weight_group, self.pair_groups = weight_group, dict(pair_groups or {})
+        self.weight_groups = list(weight_groups or [None] * self.layout.rollout_tp)
+        self.pair_groups = dict(pair_groups or {})
 
     def _pair_group(self, peer):
         return self.pair_groups.get((min(self.rank, peer), max(self.rank, peer)))
@@ -108,8 +119,8 @@ class RolloutLink:
             return _rank_name(self.layout, self.trainer_rank) + ("" if len(replicas) == 1 else " or another rollout rank")
         return _rank_name(self.layout, replicas[0]) if len(replicas) == 1 else f"a rollout rank (ranks {replicas})"
 
-    def _broadcast(self, what, tensor):
-        self._collective(what, self._weights_peer(), dist.broadcast, tensor, src=self.trainer_rank, group=self.weight_group)
+    def _broadcast(self, what, tensor, group):
+        self._collective(what, self._weights_peer(), dist.broadcast, tensor, src=self.trainer_rank, group=group)
 
     def send_object(self, obj, dst, what="sending a batch"):
         data = np.frombuffer(pickle.dumps(obj, protocol=4), dtype=np.uint8)
@@ -124,36 +135,67 @@ class RolloutLink:
         self._collective(what, peer, dist.recv, payload, src=src, group=group)
         return pickle.loads(payload.numpy().tobytes())
 
+    def plan_slices(self, model):
+        """Trainer side: the kind of each of `model`'s parameters at the replicas' degree
+        (`ppo.rollout.tp_weights.replica_kinds`, the rule the replicas cut themselves by), kept
+        for `send_weights`."""
+        from ..rollout.tp_weights import replica_kinds
+
+        self.slice_kinds = replica_kinds(model, self.layout.rollout_tp)
+
     def send_weights(self, params, version):
-        """Broadcast `params` (the trainer's actor parameters, in order) as version `version`
-        (from trainer rank 0; another trainer rank sends nothing); returns their checksum."""
+        """Broadcast `params` (the trainer's actor parameters, whole, in order) as version
+        `version` (from trainer rank 0; another trainer rank sends nothing), each replica rank's
+        slice to it with `rollout_tp` > 1; returns their checksum."""
         checksum = weights_checksum(params)
         if self.rank != self.trainer_rank:
             return checksum
-        what = f"sending the weights of version {version}"
-        self._broadcast(what, paddle.to_tensor([float(version), checksum], dtype="float64"))
-        for indices in _dtype_groups(params).values():
-            self._broadcast(what, paddle.concat([params[i].detach().reshape([-1]) for i in indices]))
+        what, degree = f"sending the weights of version {version}", self.layout.rollout_tp
+        if degree == 1:
+            self._send(what, self.weight_groups[0], [float(version), checksum], params)
+            return checksum
+        from .tensor.reshard import split
+
+        kinds = self.slice_kinds or ["replicated"] * len(params)
+        if len(kinds) != len(params):
+            raise RuntimeError(f"plan_slices gave {len(kinds)} kinds for {len(params)} parameters")
+        for shard, group in enumerate(self.weight_groups):
+            with paddle.no_grad():
+                part = [p if kind == "replicated" else split(p.detach(), kind, degree)[shard] for p, kind in zip(params, kinds)]
+            numel = sum(int(np.prod(p.shape)) for p in part)
+            self._send(what, group, [float(version), checksum, weights_checksum(part), float(numel)], part)
         return checksum
+
+    def _send(self, what, group, header, params):
+        self._broadcast(what, paddle.to_tensor(header, dtype="float64"), group)
+        for indices in _dtype_groups(params).values():
+            self._broadcast(what, paddle.concat([params[i].detach().reshape([-1]) for i in indices]), group)
 
     def receive_weights(self, params):
         """Receive one version into `params` (the rollout model's parameters, in the trainer's
-        order), atomically; returns `(version, checksum)`. Raises RuntimeError when what
-        arrived does not add up to the trainer's checksum (nothing is then changed)."""
-        header = paddle.zeros([2], dtype="float64")
-        self._broadcast("waiting for weights", header)
-        version, checksum = int(header.numpy()[0]), float(header.numpy()[1])
+        order: whole, or this rank's slices with `rollout_tp` > 1), atomically; returns
+        `(version, checksum of the whole weights)`. Raises RuntimeError when what arrived does
+        not add up to the trainer's checksum (of the slice, when sliced; nothing is then changed)."""
+        sliced = self.layout.rollout_tp > 1
+        group = self.weight_groups[self.layout.weight_shard(self.rank) if sliced else 0]
+        header = paddle.zeros([4 if sliced else 2], dtype="float64")
+        self._broadcast("waiting for weights", header, group)
+        values = header.numpy()
+        version, checksum = int(values[0]), float(values[1])
+        sizes = [int(np.prod(p.shape)) for p in params]
+        if sliced and int(values[3]) != sum(sizes):
+            raise RuntimeError(f"weights of version {version}: the trainer sends {int(values[3])} values of slice "
+                               f"{self.layout.weight_shard(self.rank)}, this rank holds {sum(sizes)}")
         received = {}
         for dtype, indices in _dtype_groups(params).items():
-            flat = paddle.zeros([sum(int(np.prod(params[i].shape)) for i in indices)], dtype=dtype)
-            self._broadcast(f"receiving the weights of version {version}", flat)
-            sizes = [int(np.prod(params[i].shape)) for i in indices]
-            for i, part in zip(indices, paddle.split(flat, sizes)):
+            flat = paddle.zeros([sum(sizes[i] for i in indices)], dtype=dtype)
+            self._broadcast(f"receiving the weights of version {version}", flat, group)
+            for i, part in zip(indices, paddle.split(flat, [sizes[i] for i in indices])):
                 received[i] = part.reshape(params[i].shape)
         staged = [received[i] for i in range(len(params))]
-        got = weights_checksum(staged)
-        if got != checksum:
-            raise RuntimeError(f"weights of version {version} arrived torn: checksum {got!r}, the trainer's {checksum!r}")
+        got, want = weights_checksum(staged), float(values[2]) if sliced else checksum
+        if got != want:
+            raise RuntimeError(f"weights of version {version} arrived torn: checksum {got!r}, the trainer's {want!r}")
         with paddle.no_grad():
             for p, value in zip(params, staged):
                 p.set_value(value)
@@ -171,14 +213,14 @@ def open_split_world(world, rollout_ranks, trainer_tp=1, rollout_tp=1):
     rank of a replica with `rollout_tp` > 1 finds its replica's group in `link.replica_group`."""
     global _run_link
     layout, rank = RolloutLayout(world, rollout_ranks, trainer_tp, rollout_tp), dist.get_rank()
-    trainer_group, weight_group, pair_groups = split_groups(layout)
+    trainer_group, weight_groups, pair_groups = split_groups(layout)
     replica_groups, data_groups = parallel_groups(layout)
     open_beacons(layout)  # who is gone when an exchange fails (ppo.common.rank_faults)
     if not layout.is_replica(rank):
         set_training_world(layout.trainers, trainer_group)
         if trainer_tp > 1:
             confine_fleet_data_axis(layout, rank, data_groups.get(rank))
-    _run_link = RolloutLink(layout, weight_group=weight_group, pair_groups=pair_groups)
+    _run_link = RolloutLink(layout, weight_groups=weight_groups, pair_groups=pair_groups)
     _run_link.replica_group = replica_groups.get(rank)
     return _run_link
 

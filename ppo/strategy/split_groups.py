@@ -1,5 +1,5 @@
 """The process groups of a split run (`rollout_placement split`): its trainer ranks', the weights
-group of trainer rank 0 and its rollout ranks, and one group per trainer rank and rollout rank
+groups of trainer rank 0 and its rollout ranks (one per slice of a tensor-parallel replica), and one group per trainer rank and rollout rank
 that exchange batches (`ppo.strategy.rollout_layout`).
 
 Paddle's gloo send / recv pair up by a tag that each process counts per process group (one per
@@ -52,22 +52,25 @@ def isolated_group(ranks, name):
 
 
 def split_groups(layout):
-    """`(trainer group, weights group, {(trainer rank, rollout rank): their group})` of a
-    `RolloutLayout`, each None where Paddle's default group serves (one trainer rank; a group that
-    is the whole launch). A pair for each exchange: the first trainer rank of a data rank sends its
-    hello to every rank of each replica that serves it, and a replica's leader sends the batches to
-    every trainer rank of the data rank. Collective over the launch."""
+    """`(trainer group, [weights group of each slice], {(trainer rank, rollout rank): their group})`
+    of a `RolloutLayout`, each None where Paddle's default group serves (one trainer rank; a group
+    that is the whole launch). The weights groups: one of trainer rank 0 and every rollout rank
+    ("weights") at `rollout_tp` 1, else one per slice j of trainer rank 0 and rank j of every
+    replica ("weights_j", `weight_shard_ranks`). A pair for each exchange: the first trainer rank
+    of a data rank sends its hello to every rank of each replica that serves it, and a replica's
+    leader sends the batches to every trainer rank of the data rank. Collective over the launch."""
     def group(ranks, name):
         return isolated_group(ranks, name) if 1 < len(ranks) < layout.world else None
 
     trainer_group = group(layout.trainer_ranks, "trainers")
-    weight_group = group(layout.weight_group_ranks, "weights")
+    weight_groups = [group(layout.weight_shard_ranks(j), "weights" if layout.rollout_tp == 1 else f"weights_{j}")
+                     for j in range(layout.rollout_tp)]
     def exchanges(t, r):
         return r == layout.leader(r) or t == layout.data_rank_trainers(layout.data_rank(t))[0]
 
     pairs = {(t, r): group([t, r], f"pair_{t}_{r}") for r in layout.replica_ranks for t in layout.served_trainers(r)
              if exchanges(t, r)}
-    return trainer_group, weight_group, pairs
+    return trainer_group, weight_groups, pairs
 
 
 def parallel_groups(layout):
