@@ -178,12 +178,18 @@ def child(path):
 
 
 # ---------------------------------------------------------------- the test
-def _run_child(tmp_path, threads):
+def _start_child(tmp_path, threads):
     path = str(tmp_path / f"threads{threads}.npz")
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=ROOT)
     env.pop("PPO_OPS_PARALLEL_MIN_WORK", None)
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), path], env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), path], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    return proc, path
+
+
+def _finish_child(proc, path):
+    _, err = proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
     return dict(np.load(path))
 
 
@@ -200,7 +206,8 @@ def test_kernels_bitwise_equal_at_one_and_two_threads(tmp_path):
     from ppo import kernels
 
     kernels.ensure_built()  # once here, not in two children at a time
-    one, two = _run_child(tmp_path, 1), _run_child(tmp_path, 2)
+    children = [_start_child(tmp_path, 1), _start_child(tmp_path, 2)]  # side by side: results never depend on timing
+    one, two = (_finish_child(*c) for c in children)
     assert sorted(one) == sorted(two)
     # one thread: no OpenMP region ever starts; two: the first split call starts a worker thread
     assert int(one["meta:new_threads"]) == 0 and int(two["meta:new_threads"]) >= 1
