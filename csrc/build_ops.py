@@ -54,12 +54,15 @@ BUILD_DIR = os.path.join(CSRC, "build")
 LIB_DIR = os.path.join(BUILD_DIR, NAME)
 LIB_PATH = os.path.join(LIB_DIR, NAME + ".so")
 STAMP_PATH = os.path.join(LIB_DIR, "build_stamp.json")
+OPENMP_LINK = "-fopenmp"  # links libgomp (the flag is in _cpu_flags, so in the stamp)
 
 
 def _cpu_flags():
     """-mavx2 -mfma when this CPU has them. Never -march=native: some CPUs here advertise
-    AVX-512 that then faults at run time, and AVX2+FMA is what the kernels need."""
-    flags = ["-O3", "-std=c++17", "-fno-math-errno"]
+    AVX-512 that then faults at run time, and AVX2+FMA is what the kernels need. -fopenmp: the
+    kernels split their outer loops over OMP_NUM_THREADS threads (GCC's libgomp, which Paddle's
+    libpaddle.so already loads; the library is linked with it too)."""
+    flags = ["-O3", "-std=c++17", "-fno-math-errno", "-fopenmp"]
     try:
         with open("/proc/cpuinfo") as f:
             info = f.read()
@@ -180,7 +183,7 @@ def paddle_setup(with_cuda, cxx_flags, cache_root):
 
     nvcc_flags = ["-O3", "--use_fast_math"] + defines if with_cuda else []
     ext = (CUDAExtension if with_cuda else CppExtension)(
-        sources=_sources(with_cuda), include_dirs=[], library_dirs=[], extra_link_args=[],
+        sources=_sources(with_cuda), include_dirs=[], library_dirs=[], extra_link_args=[OPENMP_LINK],
         extra_compile_args={"cxx": cxx_flags + defines + relative, "nvcc": nvcc_flags})
     setup(name=NAME, ext_modules=[ext],
           cmdclass={"build_ext": CachedBuildExtension.with_options(output_dir=LIB_DIR, no_python_abi_suffix=True)})

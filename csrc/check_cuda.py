@@ -220,7 +220,7 @@ def compile_bindings(tools_dir, out_dir, sources=None, jobs=2, cxx=None, cache=N
 
     cxx = cxx or host_cxx()
     system = _paddle_include_dirs() + _cuda_include_dirs(tools_dir) + [sysconfig.get_paths()["include"]]
-    flags = ["-std=c++17", "-O0", "-fPIC", "-Wall", "-Werror", "-DPADDLE_WITH_CUDA", "-DEIGEN_USE_GPU",
+    flags = ["-std=c++17", "-O0", "-fPIC", "-fopenmp", "-Wall", "-Werror", "-DPADDLE_WITH_CUDA", "-DEIGEN_USE_GPU",
              "-DPADDLE_WITH_CUSTOM_KERNEL", "-D_GLIBCXX_USE_CXX11_ABI=1", "-DPPO_WITH_CUDA"]
     for d in system:
         flags += ["-isystem", d]

@@ -1,14 +1,21 @@
 // Shared helpers for the rollout custom ops' CPU kernels (the CUDA kernels live in cuda/).
 // With -mavx2 -mfma (set by build_ops.py when the CPU has them) the hot loops use AVX2/FMA
-// intrinsics; otherwise plain scalar code computes the same thing.
+// intrinsics; otherwise plain scalar code computes the same thing. With -fopenmp (build_ops.py)
+// the kernels split their outer loops over threads (`parallel_team` below).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "paddle/extension.h"
 
@@ -24,6 +31,81 @@
 #define PPO_CHECK_CONTIGUOUS(t, name) PD_CHECK((t).is_contiguous(), name " must be contiguous")
 
 namespace ppo_ops {
+
+// ---------------------------------------------------------------- threads
+// The kernels run on the OpenMP thread count of the process: OMP_NUM_THREADS as read at the first
+// call (importing Paddle sets it to 1 when unset; libgomp itself read the environment before
+// that, so omp_get_max_threads() would not see Paddle's 1). Threads only ever split loops whose
+// iterations write disjoint outputs, each output computed by the same code as on one thread: the
+// results are bitwise the same at any thread count. No reduction is split across threads.
+inline int env_int(const char* name, int fallback) {
+  const char* s = std::getenv(name);
+  if (s == nullptr || *s == '\0') return fallback;
+  const long v = std::strtol(s, nullptr, 10);  // "2,1" (nested levels) reads as 2
+  return v > 0 ? static_cast<int>(std::min<long>(v, 1024)) : fallback;
+}
+
+inline int threads() {
+#ifdef _OPENMP
+  static const int n = env_int("OMP_NUM_THREADS", 1);
+  return n;
+#else
+  return 1;
+#endif
+}
+
+// Work units: about one float load-op-store (an element of an elementwise pass); an exp counts 4.
+// Below kParallelMinWork (~5-10 us on one core, a few times the fork/join of a warm libgomp
+// team) a kernel stays on the calling thread and makes no OpenMP call at all. One decode row
+// (B = 1) and the decode-step RMSNorm of a small model stay below it. The environment variable
+// PPO_OPS_PARALLEL_MIN_WORK (read once) overrides it, for tuning; results do not depend on it.
+constexpr int64_t kParallelMinWork = 16384;
+
+inline int64_t parallel_min_work() {
+  static const int64_t n = env_int("PPO_OPS_PARALLEL_MIN_WORK", static_cast<int>(kParallelMinWork));
+  return n;
+}
+
+// Threads for a loop of `items` independent iterations worth `work` units in all.
+inline int team_size(int64_t items, int64_t work) {
+  const int t = threads();
+  if (t <= 1 || items <= 1 || work < parallel_min_work()) return 1;
+  return static_cast<int>(std::min<int64_t>(t, items));
+}
+
+// body(t, T) on T threads, t = 0..T-1 (T = team_size(items, work)); T = 1 runs on the calling
+// thread without entering OpenMP. `body` must not throw (check inputs before) and must write
+// only what thread t owns.
+template <class F>
+inline void parallel_team(int64_t items, int64_t work, const F& body) {
+  const int T = team_size(items, work);
+  if (T <= 1) {
+    body(0, 1);
+    return;
+  }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(T)
+  body(omp_get_thread_num(), omp_get_num_threads());
+#endif
+}
+
+// Thread t's block [begin, end) of [0, n) when split into T contiguous blocks whose edges are
+// multiples of `align` (a vector loop that starts at a block edge then covers the same elements
+// with the same lanes, and the same scalar tail, as one loop over [0, n)).
+inline std::pair<int64_t, int64_t> block_of(int64_t n, int64_t align, int t, int T) {
+  const int64_t units = (n + align - 1) / align;
+  const int64_t per = (units + T - 1) / T;
+  return {std::min(n, t * per * align), std::min(n, (t + 1) * per * align)};
+}
+
+// body(i) for i in [0, n), contiguous blocks of i per thread.
+template <class F>
+inline void parallel_for(int64_t n, int64_t work, const F& body) {
+  parallel_team(n, work, [&](int t, int T) {
+    const auto r = block_of(n, 1, t, T);
+    for (int64_t i = r.first; i < r.second; ++i) body(i);
+  });
+}
 
 // A contiguous version of a read-only input (strided views from paddle.transpose / slicing).
 inline paddle::Tensor contig(const paddle::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }

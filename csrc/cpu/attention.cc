@@ -163,76 +163,90 @@ std::vector<paddle::Tensor> Attention(const paddle::Tensor& qkv_in, paddle::Tens
   auto clip_pos = [&](int64_t p) { return p < 0 ? 0 : (p >= P ? P - 1 : p); };
   const float NEG_INF = -std::numeric_limits<float>::infinity();
 
-  std::vector<float> qbuf(hd), kbuf(hd), scores(S + 8);
-  std::vector<float> rowbuf((bias_in || cols) ? Tq * W : 0), obuf(cols ? D : 0);
-  for (int64_t b = 0; b < B; ++b) {
-    if (pfin[b]) {
-      if (cols) {
-        for (int64_t c = 0; c < D; ++c) po[c * B + b] = 0.f;
-      } else {
-        std::memset(po + b * Tq * D, 0, sizeof(float) * Tq * D);
+  // this row's q/k/v (+ bias) as [Tq, W]: the input itself, or a copy (bias added, cols gathered)
+  const bool own_rows = bias_in || cols;
+  std::vector<float> rowbuf(own_rows ? B * Tq * W : 0), obuf(cols ? B * D : 0);
+  auto rows_of = [&](int64_t b) -> const float* { return (own_rows ? rowbuf.data() : pq) + b * Tq * W; };
+
+  // 1) per batch row (rows split over threads): finished rows output zeros; the others gather
+  //    their q/k/v (+ bias) and write rotated K (transposed) and V of the Tq fed tokens into
+  //    their cache slots
+  ppo_ops::parallel_team(B, B * Tq * (W + 4 * nkv * hd), [&](int t, int T) {
+    std::vector<float> kbuf(hd);
+    const auto rb = ppo_ops::block_of(B, 1, t, T);
+    for (int64_t b = rb.first; b < rb.second; ++b) {
+      if (pfin[b]) {
+        if (!cols) std::memset(po + b * Tq * D, 0, sizeof(float) * Tq * D);  // cols: obuf stays 0
+        continue;
       }
-      continue;
-    }
-    // this row's q/k/v (+ bias) as [Tq, W]
-    const float* rows = pq + b * Tq * W;
-    if (cols) {
-      for (int64_t c = 0; c < W; ++c) rowbuf[c] = pq[c * B + b];
-      rows = rowbuf.data();
-    } else if (bias_in) {
-      std::memcpy(rowbuf.data(), rows, sizeof(float) * Tq * W);
-      rows = rowbuf.data();
-    }
-    if (bias_in) {
-      for (int64_t i = 0; i < Tq; ++i)
-        for (int64_t c = 0; c < W; ++c) rowbuf[i * W + c] += pbias[c];
-    }
-    float* ob = cols ? obuf.data() : po + b * Tq * D;
-    // 1) write rotated K (transposed) and V of the Tq fed tokens into their cache slots
-    for (int64_t i = 0; i < Tq; ++i) {
-      const int64_t p = clip_pos(ppos[b * Tq + i]);
-      const float* row = rows + i * W;
-      const int64_t slot = t0 + i;
-      for (int64_t g = 0; g < nkv; ++g) {
-        ppo_ops::rope(row + k_off(g), pcos + p * hd, psin + p * hd, kbuf.data(), hd, 1.0f);
-        float* kt = k_base(b, g);
-        for (int64_t d = 0; d < hd; ++d) kt[d * S + slot] = kbuf[d];
-        std::memcpy(v_base(b, g) + slot * hd, row + v_off(g), sizeof(float) * hd);
+      if (own_rows) {
+        float* rbuf = rowbuf.data() + b * Tq * W;
+        if (cols) {
+          for (int64_t c = 0; c < W; ++c) rbuf[c] = pq[c * B + b];
+        } else {
+          std::memcpy(rbuf, pq + b * Tq * W, sizeof(float) * Tq * W);
+        }
+        if (bias_in) {
+          for (int64_t i = 0; i < Tq; ++i)
+            for (int64_t c = 0; c < W; ++c) rbuf[i * W + c] += pbias[c];
+        }
+      }
+      const float* rows = rows_of(b);
+      for (int64_t i = 0; i < Tq; ++i) {
+        const int64_t p = clip_pos(ppos[b * Tq + i]);
+        const float* row = rows + i * W;
+        const int64_t slot = t0 + i;
+        for (int64_t g = 0; g < nkv; ++g) {
+          ppo_ops::rope(row + k_off(g), pcos + p * hd, psin + p * hd, kbuf.data(), hd, 1.0f);
+          float* kt = k_base(b, g);
+          for (int64_t d = 0; d < hd; ++d) kt[d * S + slot] = kbuf[d];
+          std::memcpy(v_base(b, g) + slot * hd, row + v_off(g), sizeof(float) * hd);
+        }
       }
     }
-    // 2) attention of each query over the valid cache slots
-    const int32_t* mrow = pmask + b * Tp;
-    for (int64_t i = 0; i < Tq; ++i) {
+  });
+
+  // 2) attention of each (row, query, head) over the valid cache slots of its row; the items
+  //    are dealt to threads in turn (causal prefill: later queries cost more)
+  const int64_t items = B * Tq * nh;
+  ppo_ops::parallel_team(items, items * (t0 + Tq) * hd * 3, [&](int t, int T) {
+    std::vector<float> qbuf(hd), scores(S + 8);
+    for (int64_t item = t; item < items; item += T) {
+      const int64_t b = item / (Tq * nh), i = (item / nh) % Tq, h = item % nh;
+      if (pfin[b]) continue;
+      const int32_t* mrow = pmask + b * Tp;
       const int64_t p = clip_pos(ppos[b * Tq + i]);
-      const float* row = rows + i * W;
+      const float* row = rows_of(b) + i * W;
       const int64_t n = t0 + i + 1;
-      for (int64_t h = 0; h < nh; ++h) {
-        const int64_t g = h / grp;
-        float* oh = ob + (i * nh + h) * hd;
-        ppo_ops::rope(row + q_off(h), pcos + p * hd, psin + p * hd, qbuf.data(), hd, scale);
-        float* sc = scores.data();
-        // scores for n8 >= n slots (whole vectors when S allows; the extra slots are masked)
-        const int64_t n8 = std::min((n + 7) / 8 * 8, S);
-        scores_transposed(qbuf.data(), k_base(b, g), S, hd, n8, sc);
-        float mx = NEG_INF;
-        for (int64_t j = 0; j < n; ++j) {
-          if (j < Tp && !mrow[j]) sc[j] = NEG_INF;
-          mx = sc[j] > mx ? sc[j] : mx;
-        }
-        for (int64_t j = n; j < n8; ++j) sc[j] = NEG_INF;
-        if (mx == NEG_INF) {
-          std::memset(oh, 0, sizeof(float) * hd);
-          continue;
-        }
-        for (int64_t j = 0; j < n8; ++j) sc[j] -= mx;  // -inf stays -inf -> exp gives 0
-        ppo_ops::exp_inplace(sc, n8);
-        const float denom = ppo_ops::sum(sc, n8);
-        weighted_values(sc, v_base(b, g), hd, n, 1.0f / denom, oh);
+      const int64_t g = h / grp;
+      float* oh = (cols ? obuf.data() + b * D : po + b * Tq * D) + (i * nh + h) * hd;
+      ppo_ops::rope(row + q_off(h), pcos + p * hd, psin + p * hd, qbuf.data(), hd, scale);
+      float* sc = scores.data();
+      // scores for n8 >= n slots (whole vectors when S allows; the extra slots are masked)
+      const int64_t n8 = std::min((n + 7) / 8 * 8, S);
+      scores_transposed(qbuf.data(), k_base(b, g), S, hd, n8, sc);
+      float mx = NEG_INF;
+      for (int64_t j = 0; j < n; ++j) {
+        if (j < Tp && !mrow[j]) sc[j] = NEG_INF;
+        mx = sc[j] > mx ? sc[j] : mx;
       }
+      for (int64_t j = n; j < n8; ++j) sc[j] = NEG_INF;
+      if (mx == NEG_INF) {
+        std::memset(oh, 0, sizeof(float) * hd);
+        continue;
+      }
+      for (int64_t j = 0; j < n8; ++j) sc[j] -= mx;  // -inf stays -inf -> exp gives 0
+      ppo_ops::exp_inplace(sc, n8);
+      const float denom = ppo_ops::sum(sc, n8);
+      weighted_values(sc, v_base(b, g), hd, n, 1.0f / denom, oh);
     }
-    if (cols) {
-      for (int64_t c = 0; c < D; ++c) po[c * B + b] = obuf[c];
-    }
+  });
+
+  // 3) cols: token b's output is column b
+  if (cols) {
+    ppo_ops::parallel_for(D, D * B, [&](int64_t c) {
+      for (int64_t b = 0; b < B; ++b) po[c * B + b] = obuf[b * D + c];
+    });
   }
   return {out};
 }

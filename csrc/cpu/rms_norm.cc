@@ -14,40 +14,62 @@ std::vector<paddle::Tensor> AddRmsNormCUDA(const paddle::Tensor& x, paddle::Tens
 
 namespace {
 
-void rms_rows(const float* x, const float* w, float* out, int64_t rows, int64_t H, float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
+// Row r of out = RMSNorm of row r of x, or, with `res` (the residual stream), res[r] += x[r]
+// in place and then RMSNorm of res[r]. Rows are split over threads; every row is computed as on
+// one thread.
+void rms_rows(const float* x, float* res, const float* w, float* out, int64_t rows, int64_t H, float eps) {
+  ppo_ops::parallel_for(rows, rows * H * (res ? 3 : 2), [&](int64_t r) {
     const float* xr = x + r * H;
+    if (res) {
+      float* rr = res + r * H;
+      for (int64_t d = 0; d < H; ++d) rr[d] = rr[d] + xr[d];
+      xr = rr;
+    }
     float* orow = out + r * H;
     const float var = ppo_ops::sum_squares(xr, H) / static_cast<float>(H);
     const float inv = 1.0f / std::sqrt(var + eps);
     for (int64_t d = 0; d < H; ++d) orow[d] = (xr[d] * inv) * w[d];
-  }
+  });
 }
 
-// x [H, B]: token b is column b.
-void rms_cols(const float* x, const float* w, float* out, int64_t H, int64_t B, float eps) {
-  std::vector<float> ss(B, 0.f);
-  for (int64_t h = 0; h < H; ++h) {
-    const float* xr = x + h * B;
-    for (int64_t b = 0; b < B; ++b) ss[b] += xr[b] * xr[b];
-  }
-  for (int64_t b = 0; b < B; ++b) ss[b] = 1.0f / std::sqrt(ss[b] / static_cast<float>(H) + eps);
-  for (int64_t h = 0; h < H; ++h) {
-    const float* xr = x + h * B;
-    float* orow = out + h * B;
-    const float wh = w[h];
-    for (int64_t b = 0; b < B; ++b) orow[b] = (xr[b] * ss[b]) * wh;
-  }
+// x [H, B]: token b is column b. Columns are split over threads in blocks of 16 (each column's
+// sum of squares still runs over h in order).
+void rms_cols(const float* x, float* res, const float* w, float* out, int64_t H, int64_t B, float eps) {
+  ppo_ops::parallel_team((B + 15) / 16, H * B * (res ? 3 : 2), [&](int t, int T) {
+    const auto blk = ppo_ops::block_of(B, 16, t, T);
+    const int64_t b0 = blk.first, nb = blk.second - blk.first;
+    if (nb <= 0) return;
+    if (res) {
+      for (int64_t h = 0; h < H; ++h) {
+        float* rr = res + h * B + b0;
+        const float* xr = x + h * B + b0;
+        for (int64_t b = 0; b < nb; ++b) rr[b] = rr[b] + xr[b];
+      }
+    }
+    const float* src = res ? res : x;
+    std::vector<float> ss(nb, 0.f);
+    for (int64_t h = 0; h < H; ++h) {
+      const float* xr = src + h * B + b0;
+      for (int64_t b = 0; b < nb; ++b) ss[b] += xr[b] * xr[b];
+    }
+    for (int64_t b = 0; b < nb; ++b) ss[b] = 1.0f / std::sqrt(ss[b] / static_cast<float>(H) + eps);
+    for (int64_t h = 0; h < H; ++h) {
+      const float* xr = src + h * B + b0;
+      float* orow = out + h * B + b0;
+      const float wh = w[h];
+      for (int64_t b = 0; b < nb; ++b) orow[b] = (xr[b] * ss[b]) * wh;
+    }
+  });
 }
 
-void rms_any(const float* x, const float* w, float* out, const std::vector<int64_t>& shape, int64_t numel,
-             float eps, bool cols) {
+void rms_any(const float* x, float* res, const float* w, float* out, const std::vector<int64_t>& shape,
+             int64_t numel, float eps, bool cols) {
   if (cols) {
     PD_CHECK(shape.size() == 2, "rms_norm: cols=True needs a 2-D [H, B] input");
-    rms_cols(x, w, out, shape[0], shape[1], eps);
+    rms_cols(x, res, w, out, shape[0], shape[1], eps);
   } else {
     const int64_t H = shape.back();
-    rms_rows(x, w, out, numel / H, H, eps);
+    rms_rows(x, res, w, out, H ? numel / H : 0, H, eps);
   }
 }
 
@@ -68,7 +90,7 @@ std::vector<paddle::Tensor> RmsNorm(const paddle::Tensor& x_in, const paddle::Te
   const int64_t H = cols ? x.shape()[0] : x.shape().back();
   PD_CHECK(w.numel() == H, "rollout_rms_norm: weight size must equal the hidden size");
   auto out = paddle::empty(x.shape(), x.dtype(), x.place());
-  rms_any(x.data<float>(), w.data<float>(), out.data<float>(), x.shape(), x.numel(), eps, cols);
+  rms_any(x.data<float>(), nullptr, w.data<float>(), out.data<float>(), x.shape(), x.numel(), eps, cols);
   return {out};
 }
 
@@ -90,12 +112,9 @@ std::vector<paddle::Tensor> AddRmsNorm(const paddle::Tensor& x_in, paddle::Tenso
   PD_CHECK(x.numel() == residual.numel(), "rollout_add_rms_norm: x and residual must have the same size");
   const int64_t H = cols ? x.shape()[0] : x.shape().back();
   PD_CHECK(w.numel() == H, "rollout_add_rms_norm: weight size must equal the hidden size");
-  float* res = residual.data<float>();
-  const float* px = x.data<float>();
-  const int64_t n = x.numel();
-  for (int64_t i = 0; i < n; ++i) res[i] = res[i] + px[i];
   auto out = paddle::empty(x.shape(), x.dtype(), x.place());
-  rms_any(res, w.data<float>(), out.data<float>(), x.shape(), n, eps, cols);
+  // residual += x row by row (column block by block) just before each is normalised
+  rms_any(x.data<float>(), residual.data<float>(), w.data<float>(), out.data<float>(), x.shape(), x.numel(), eps, cols);
   return {out};
 }
 

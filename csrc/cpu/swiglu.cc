@@ -11,6 +11,8 @@ std::vector<paddle::Tensor> SwigluCUDA(const paddle::Tensor& x, const paddle::op
 
 namespace {
 
+constexpr int64_t kWork = 5;  // work units per output (ppo_ops::kParallelMinWork): an exp, a division
+
 void swiglu_span(const float* g, const float* u, float* out, int64_t n, float* tmp) {
   for (int64_t i = 0; i < n; ++i) tmp[i] = -g[i];
   ppo_ops::exp_inplace(tmp, n);
@@ -47,15 +49,23 @@ std::vector<paddle::Tensor> Swiglu(const paddle::Tensor& x_in, const paddle::opt
   const float* px = x.data<float>();
   float* po = out.data<float>();
   const int64_t n_out = out.numel();
-  if (y_in || cols) {  // two contiguous spans
-    std::vector<float> tmp(n_out);
+  if (y_in || cols) {  // two contiguous spans, split over threads in blocks of 8 (exp_inplace's lanes)
     const float* pu = y_in ? y.data<float>() : px + n_out;
-    swiglu_span(px, pu, po, n_out, tmp.data());
-  } else {
+    ppo_ops::parallel_team((n_out + 7) / 8, n_out * kWork, [&](int t, int T) {
+      const auto blk = ppo_ops::block_of(n_out, 8, t, T);
+      if (blk.second <= blk.first) return;
+      std::vector<float> tmp(blk.second - blk.first);
+      swiglu_span(px + blk.first, pu + blk.first, po + blk.first, blk.second - blk.first, tmp.data());
+    });
+  } else {  // rows split over threads
     const int64_t I = shape.back();
-    const int64_t rows = n_out / I;
-    std::vector<float> tmp(I);
-    for (int64_t r = 0; r < rows; ++r) swiglu_span(px + r * 2 * I, px + r * 2 * I + I, po + r * I, I, tmp.data());
+    const int64_t rows = I ? n_out / I : 0;
+    ppo_ops::parallel_team(rows, n_out * kWork, [&](int t, int T) {
+      const auto blk = ppo_ops::block_of(rows, 1, t, T);
+      std::vector<float> tmp(I);
+      for (int64_t r = blk.first; r < blk.second; ++r)
+        swiglu_span(px + r * 2 * I, px + r * 2 * I + I, po + r * I, I, tmp.data());
+    });
   }
   return {out};
 }

@@ -15,6 +15,8 @@
 // Beta1Pow, Beta2Pow; all but Grads are updated in place. Output GlobalNorm [1]: the norm before
 // clipping. Replaces ~5 Paddle kernels per parameter (adamw_, square/sum for the norm, the clip
 // multiply) by one pass over the parameters after one pass over the gradients.
+#include <atomic>
+
 #include "../common.h"
 
 namespace {
@@ -23,6 +25,47 @@ void check_f32_cpu(const paddle::Tensor& t, const char* what, size_t i) {
   PD_CHECK(!t.is_gpu(), "train_adamw: ", what, "[", i, "] is on a GPU (CPU kernel only)");
   PD_CHECK(t.dtype() == paddle::DataType::FLOAT32, "train_adamw: ", what, "[", i, "] must be float32");
   PD_CHECK(t.is_contiguous(), "train_adamw: ", what, "[", i, "] must be contiguous");
+}
+
+// One parameter's pointers and the step constants of its bias corrections.
+struct Slot {
+  float* p;
+  float* m1;
+  float* m2;
+  const float* g;
+  int64_t numel;
+  float step, eps_hat, keep;
+};
+
+std::vector<Slot> slots_of(std::vector<paddle::Tensor>& params, const std::vector<paddle::Tensor>& grads,
+                           std::vector<paddle::Tensor>& m1s, std::vector<paddle::Tensor>& m2s,
+                           std::vector<paddle::Tensor>& b1ps, std::vector<paddle::Tensor>& b2ps, float lr, float eps,
+                           float coeff, const std::vector<int>& decay) {
+  std::vector<Slot> slots(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const float bc1 = 1.0f - b1ps[i].data<float>()[0];
+    const float bc2_sqrt = std::sqrt(1.0f - b2ps[i].data<float>()[0]);
+    slots[i] = {params[i].data<float>(), m1s[i].data<float>(), m2s[i].data<float>(), grads[i].data<float>(),
+                params[i].numel(), lr * bc2_sqrt / bc1, eps * bc2_sqrt, decay[i] ? 1.0f - lr * coeff : 1.0f};
+  }
+  return slots;
+}
+
+// sqrt(sum of the gradients' squares): each gradient's float sum of squares (one thread per
+// gradient, the largest first), then their sum in double in parameter order, as on one thread.
+float global_norm(const std::vector<Slot>& slots, int64_t total) {
+  const int64_t n = static_cast<int64_t>(slots.size());
+  std::vector<int64_t> order(n);
+  for (int64_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return slots[a].numel > slots[b].numel; });
+  std::vector<float> part(n);
+  std::atomic<int64_t> next{0};
+  ppo_ops::parallel_team(n, total * 2, [&](int, int) {
+    for (int64_t k = next++; k < n; k = next++) part[order[k]] = ppo_ops::sum_squares(slots[order[k]].g, slots[order[k]].numel);
+  });
+  double sq = 0.0;
+  for (int64_t i = 0; i < n; ++i) sq += static_cast<double>(part[i]);
+  return static_cast<float>(std::sqrt(sq));
 }
 
 }  // namespace
@@ -36,7 +79,7 @@ std::vector<paddle::Tensor> TrainAdamW(std::vector<paddle::Tensor>& params, cons
   PD_CHECK(grads.size() == n && m1s.size() == n && m2s.size() == n && b1ps.size() == n && b2ps.size() == n &&
                decay.size() == n,
            "train_adamw: params, grads, moments, pow accumulators and decay flags must have one entry per parameter");
-  double sq = 0.0;
+  int64_t total = 0;
   for (size_t i = 0; i < n; ++i) {
     check_f32_cpu(params[i], "params", i);
     check_f32_cpu(grads[i], "grads", i);
@@ -46,33 +89,28 @@ std::vector<paddle::Tensor> TrainAdamW(std::vector<paddle::Tensor>& params, cons
                  m2s[i].numel() == params[i].numel(),
              "train_adamw: grads/moments [", i, "] differ in size from their parameter");
     PD_CHECK(b1ps[i].numel() == 1 && b2ps[i].numel() == 1, "train_adamw: pow accumulators must hold one value");
-    sq += static_cast<double>(ppo_ops::sum_squares(grads[i].data<float>(), grads[i].numel()));
+    total += params[i].numel();
   }
-  const float norm = static_cast<float>(std::sqrt(sq));
+  const std::vector<Slot> slots = slots_of(params, grads, m1s, m2s, b1ps, b2ps, lr, eps, coeff, decay);
+  const float norm = global_norm(slots, total);
   const float scale = clip_norm > 0.0f ? clip_norm / std::max(norm, clip_norm) : 1.0f;
-  for (size_t i = 0; i < n; ++i) {
-    float* b1p = b1ps[i].data<float>();
-    float* b2p = b2ps[i].data<float>();
-    const float bc1 = 1.0f - b1p[0];
-    const float bc2_sqrt = std::sqrt(1.0f - b2p[0]);
-    const float step = lr * bc2_sqrt / bc1;
-    const float eps_hat = eps * bc2_sqrt;
-    const float keep = decay[i] ? 1.0f - lr * coeff : 1.0f;
-    float* p = params[i].data<float>();
-    float* m1 = m1s[i].data<float>();
-    float* m2 = m2s[i].data<float>();
-    const float* g = grads[i].data<float>();
-    const int64_t numel = params[i].numel();
-    for (int64_t j = 0; j < numel; ++j) {
-      const float gj = g[j] * scale;
-      const float a = beta1 * m1[j] + (1.0f - beta1) * gj;
-      const float b = beta2 * m2[j] + (1.0f - beta2) * gj * gj;
-      m1[j] = a;
-      m2[j] = b;
-      p[j] = p[j] * keep - step * (a / (std::sqrt(b) + eps_hat));
+  // every thread updates its block of every parameter (blocks of 16 elements)
+  ppo_ops::parallel_team((total + 15) / 16, total * 12, [&](int t, int T) {
+    for (const Slot& sl : slots) {
+      const auto blk = ppo_ops::block_of(sl.numel, 16, t, T);
+      for (int64_t j = blk.first; j < blk.second; ++j) {
+        const float gj = sl.g[j] * scale;
+        const float a = beta1 * sl.m1[j] + (1.0f - beta1) * gj;
+        const float b = beta2 * sl.m2[j] + (1.0f - beta2) * gj * gj;
+        sl.m1[j] = a;
+        sl.m2[j] = b;
+        sl.p[j] = sl.p[j] * sl.keep - sl.step * (a / (std::sqrt(b) + sl.eps_hat));
+      }
     }
-    b1p[0] *= beta1;
-    b2p[0] *= beta2;
+  });
+  for (size_t i = 0; i < n; ++i) {
+    b1ps[i].data<float>()[0] *= beta1;
+    b2ps[i].data<float>()[0] *= beta2;
   }
   auto out = paddle::full({1}, norm, paddle::DataType::FLOAT32, paddle::CPUPlace());
   return {out};

@@ -44,17 +44,24 @@ std::vector<paddle::Tensor> TrainLogitStats(const paddle::Tensor& z_in, const pa
   auto logp = paddle::empty({c}, paddle::DataType::FLOAT32, z.place());
   auto ent = paddle::empty({c}, paddle::DataType::FLOAT32, z.place());
   auto lse = paddle::empty({c}, paddle::DataType::FLOAT32, z.place());
-  std::vector<float> e(V);
   const float* pz = z.data<float>();
-  for (int64_t r = 0; r < c; ++r) {
-    const float* zr = pz + r * V;
-    const float mx = *std::max_element(zr, zr + V);
-    const float s = exp_shifted(zr, mx, e.data(), V);
-    const float l = mx + std::log(s);
-    lse.data<float>()[r] = l;
-    logp.data<float>()[r] = zr[y.data<int64_t>()[r]] - l;
-    ent.data<float>()[r] = with_entropy ? l - ppo_ops::dot(e.data(), zr, V) / s : 0.0f;
-  }
+  const int64_t* py = y.data<int64_t>();
+  float* plse = lse.data<float>();
+  float* plogp = logp.data<float>();
+  float* pent = ent.data<float>();
+  ppo_ops::parallel_team(c, c * V * (with_entropy ? 8 : 6), [&](int t, int T) {  // rows split over threads
+    std::vector<float> e(V);
+    const auto rb = ppo_ops::block_of(c, 1, t, T);
+    for (int64_t r = rb.first; r < rb.second; ++r) {
+      const float* zr = pz + r * V;
+      const float mx = *std::max_element(zr, zr + V);
+      const float s = exp_shifted(zr, mx, e.data(), V);
+      const float l = mx + std::log(s);
+      plse[r] = l;
+      plogp[r] = zr[py[r]] - l;
+      pent[r] = with_entropy ? l - ppo_ops::dot(e.data(), zr, V) / s : 0.0f;
+    }
+  });
   return {logp, ent, lse};
 }
 
@@ -82,22 +89,28 @@ void TrainLogitGrad(paddle::Tensor& z, const paddle::Tensor& y_in, const paddle:
              " values");
     gent = ppo_ops::contig(*gent_in);
   }
-  std::vector<float> p(V);
   float* pz = z.data<float>();
-  for (int64_t r = 0; r < c; ++r) {
-    float* zr = pz + r * V;
-    const float l = lse.data<float>()[r];
-    exp_shifted(zr, l, p.data(), V);
-    const float g = glp.data<float>()[r];
-    if (use_ent) {
-      const float ge = gent.data<float>()[r];
-      const float mean_z = ppo_ops::dot(p.data(), zr, V);
-      for (int64_t v = 0; v < V; ++v) zr[v] = -p[v] * (g + ge * (zr[v] - mean_z));
-    } else {
-      for (int64_t v = 0; v < V; ++v) zr[v] = -p[v] * g;
+  const int64_t* py = y.data<int64_t>();
+  const float* plse = lse.data<float>();
+  const float* pglp = glp.data<float>();
+  const float* pgent = use_ent ? gent.data<float>() : nullptr;
+  ppo_ops::parallel_team(c, c * V * (use_ent ? 8 : 6), [&](int t, int T) {  // rows split over threads
+    std::vector<float> p(V);
+    const auto rb = ppo_ops::block_of(c, 1, t, T);
+    for (int64_t r = rb.first; r < rb.second; ++r) {
+      float* zr = pz + r * V;
+      exp_shifted(zr, plse[r], p.data(), V);
+      const float g = pglp[r];
+      if (pgent) {
+        const float ge = pgent[r];
+        const float mean_z = ppo_ops::dot(p.data(), zr, V);
+        for (int64_t v = 0; v < V; ++v) zr[v] = -p[v] * (g + ge * (zr[v] - mean_z));
+      } else {
+        for (int64_t v = 0; v < V; ++v) zr[v] = -p[v] * g;
+      }
+      zr[py[r]] += g;
     }
-    zr[y.data<int64_t>()[r]] += g;
-  }
+  });
 }
 
 PD_BUILD_OP(train_logit_stats)

@@ -27,6 +27,8 @@ void check_cpu_f32(const paddle::Tensor& t, const char* what) {
 
 float sigmoid_neg_exp(float g) { return 1.0f / (1.0f + std::exp(-g)); }
 
+constexpr int64_t kSwigluWork = 5;  // work units per element (ppo_ops::kParallelMinWork): an exp, a division
+
 }  // namespace
 
 // ---------------------------------------------------------------- RMSNorm
@@ -44,13 +46,13 @@ std::vector<paddle::Tensor> TrainRmsNorm(const paddle::Tensor& x_in, const paddl
   const float* pw = w.data<float>();
   float* po = out.data<float>();
   float* pi = inv.data<float>();
-  for (int64_t r = 0; r < rows; ++r) {
+  ppo_ops::parallel_for(rows, rows * H * 2, [&](int64_t r) {
     const float* xr = px + r * H;
     float* orow = po + r * H;
     const float s = 1.0f / std::sqrt(ppo_ops::sum_squares(xr, H) / static_cast<float>(H) + eps);
     pi[r] = s;
     for (int64_t d = 0; d < H; ++d) orow[d] = (xr[d] * s) * pw[d];
-  }
+  });
   return {out, inv};
 }
 
@@ -70,19 +72,32 @@ std::vector<paddle::Tensor> TrainRmsNormGrad(const paddle::Tensor& x_in, const p
   const float* pg = dy.data<float>();
   float* pdx = dx.data<float>();
   float* pdw = dw.data<float>();
-  std::fill(pdw, pdw + H, 0.0f);
-  std::vector<float> g(H);
   const float invH = 1.0f / static_cast<float>(H);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = px + r * H;
-    const float* dyr = pg + r * H;
-    float* dxr = pdx + r * H;
-    const float s = pi[r];
-    for (int64_t d = 0; d < H; ++d) g[d] = dyr[d] * pw[d];
-    const float c = ppo_ops::dot(g.data(), xr, H) * s * s * s * invH;
-    for (int64_t d = 0; d < H; ++d) dxr[d] = s * g[d] - xr[d] * c;
-    for (int64_t d = 0; d < H; ++d) pdw[d] += dyr[d] * (xr[d] * s);
-  }
+  // Thread t computes the rows of dX in its block of rows, and dWeight over its block of columns
+  // (16 at a time), each column summed over all rows in row order, as on one thread.
+  ppo_ops::parallel_team(std::max<int64_t>(rows, 1), rows * H * 5, [&](int t, int T) {
+    std::vector<float> g(H);
+    const auto rb = ppo_ops::block_of(rows, 1, t, T);
+    for (int64_t r = rb.first; r < rb.second; ++r) {
+      const float* xr = px + r * H;
+      const float* dyr = pg + r * H;
+      float* dxr = pdx + r * H;
+      const float s = pi[r];
+      for (int64_t d = 0; d < H; ++d) g[d] = dyr[d] * pw[d];
+      const float c = ppo_ops::dot(g.data(), xr, H) * s * s * s * invH;
+      for (int64_t d = 0; d < H; ++d) dxr[d] = s * g[d] - xr[d] * c;
+    }
+    const auto cb = ppo_ops::block_of(H, 16, t, T);
+    float* dwc = pdw + cb.first;
+    const int64_t nc = cb.second - cb.first;
+    std::fill(dwc, dwc + std::max<int64_t>(nc, 0), 0.0f);
+    for (int64_t r = 0; r < rows && nc > 0; ++r) {
+      const float* xr = px + r * H + cb.first;
+      const float* dyr = pg + r * H + cb.first;
+      const float s = pi[r];
+      for (int64_t d = 0; d < nc; ++d) dwc[d] += dyr[d] * (xr[d] * s);
+    }
+  });
   return {dx, dw};
 }
 
@@ -116,25 +131,24 @@ namespace {
 void rope_rows(const float* x, const float* cos, const float* sin, float* out, int64_t B, int64_t S, int64_t heads,
                int64_t D, int64_t cos_batch, float sign) {
   const int64_t h = D / 2;
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t s = 0; s < S; ++s) {
-      const int64_t cs = ((cos_batch == 1 ? 0 : b) * S + s) * D;
-      const float* c = cos + cs;
-      const float* sn = sin + cs;
-      for (int64_t n = 0; n < heads; ++n) {
-        const int64_t off = ((b * S + s) * heads + n) * D;
-        const float* xr = x + off;
-        float* o = out + off;
-        if (sign > 0) {
-          for (int64_t d = 0; d < h; ++d) o[d] = xr[d] * c[d] - xr[d + h] * sn[d];
-          for (int64_t d = h; d < D; ++d) o[d] = xr[d] * c[d] + xr[d - h] * sn[d];
-        } else {
-          for (int64_t d = 0; d < h; ++d) o[d] = xr[d] * c[d] + xr[d + h] * sn[d + h];
-          for (int64_t d = h; d < D; ++d) o[d] = xr[d] * c[d] - xr[d - h] * sn[d - h];
-        }
+  ppo_ops::parallel_for(B * S, B * S * heads * D * 2, [&](int64_t bs) {
+    const int64_t b = bs / S, s = bs % S;
+    const int64_t cs = ((cos_batch == 1 ? 0 : b) * S + s) * D;
+    const float* c = cos + cs;
+    const float* sn = sin + cs;
+    for (int64_t n = 0; n < heads; ++n) {
+      const int64_t off = ((b * S + s) * heads + n) * D;
+      const float* xr = x + off;
+      float* o = out + off;
+      if (sign > 0) {
+        for (int64_t d = 0; d < h; ++d) o[d] = xr[d] * c[d] - xr[d + h] * sn[d];
+        for (int64_t d = h; d < D; ++d) o[d] = xr[d] * c[d] + xr[d - h] * sn[d];
+      } else {
+        for (int64_t d = 0; d < h; ++d) o[d] = xr[d] * c[d] + xr[d + h] * sn[d + h];
+        for (int64_t d = h; d < D; ++d) o[d] = xr[d] * c[d] - xr[d - h] * sn[d - h];
       }
     }
-  }
+  });
 }
 
 paddle::Tensor rope_one(const paddle::Tensor& x_in, const paddle::Tensor& cos, const paddle::Tensor& sin, float sign,
@@ -246,7 +260,14 @@ std::vector<paddle::Tensor> TrainSwiglu(const paddle::Tensor& g_in, const paddle
   const auto g = ppo_ops::contig(g_in);
   const auto u = ppo_ops::contig(u_in);
   auto out = paddle::empty(g.shape(), g.dtype(), g.place());
-  swiglu_fwd(g.data<float>(), u.data<float>(), out.data<float>(), g.numel());
+  const float* pg = g.data<float>();
+  const float* pu = u.data<float>();
+  float* po = out.data<float>();
+  const int64_t n = g.numel();
+  ppo_ops::parallel_team((n + 7) / 8, n * kSwigluWork, [&](int t, int T) {
+    const auto b = ppo_ops::block_of(n, 8, t, T);  // edges on the 8 lanes of the vector loop
+    if (b.second > b.first) swiglu_fwd(pg + b.first, pu + b.first, po + b.first, b.second - b.first);
+  });
   return {out};
 }
 
@@ -257,7 +278,17 @@ std::vector<paddle::Tensor> TrainSwigluGrad(const paddle::Tensor& g_in, const pa
   const auto dy = ppo_ops::contig(dy_in);
   auto dg = paddle::empty(g.shape(), g.dtype(), g.place());
   auto du = paddle::empty(u.shape(), u.dtype(), u.place());
-  swiglu_bwd(g.data<float>(), u.data<float>(), dy.data<float>(), dg.data<float>(), du.data<float>(), g.numel());
+  const float* pg = g.data<float>();
+  const float* pu = u.data<float>();
+  const float* pdy = dy.data<float>();
+  float* pdg = dg.data<float>();
+  float* pdu = du.data<float>();
+  const int64_t n = g.numel();
+  ppo_ops::parallel_team((n + 7) / 8, n * kSwigluWork * 2, [&](int t, int T) {
+    const auto b = ppo_ops::block_of(n, 8, t, T);
+    const int64_t o = b.first;
+    if (b.second > o) swiglu_bwd(pg + o, pu + o, pdy + o, pdg + o, pdu + o, b.second - o);
+  });
   return {dg, du};
 }
 
@@ -290,7 +321,8 @@ std::vector<paddle::Tensor> TrainSwigluFused(const paddle::Tensor& x_in) {
   const int64_t rows = I ? out.numel() / I : 0;
   const float* px = x.data<float>();
   float* po = out.data<float>();
-  for (int64_t r = 0; r < rows; ++r) swiglu_fwd(px + r * 2 * I, px + r * 2 * I + I, po + r * I, I);
+  ppo_ops::parallel_for(rows, rows * I * kSwigluWork,
+                        [&](int64_t r) { swiglu_fwd(px + r * 2 * I, px + r * 2 * I + I, po + r * I, I); });
   return {out};
 }
 
@@ -303,10 +335,10 @@ std::vector<paddle::Tensor> TrainSwigluFusedGrad(const paddle::Tensor& x_in, con
   const float* px = x.data<float>();
   const float* pdy = dy.data<float>();
   float* pdx = dx.data<float>();
-  for (int64_t r = 0; r < rows; ++r) {
+  ppo_ops::parallel_for(rows, rows * I * kSwigluWork * 2, [&](int64_t r) {
     const int64_t o = r * 2 * I;
     swiglu_bwd(px + o, px + o + I, pdy + r * I, pdx + o, pdx + o + I, I);
-  }
+  });
   return {dx};
 }
 

@@ -24,19 +24,21 @@ void check_f32(const paddle::Tensor& t, const char* what) {
   PD_CHECK(t.dtype() == paddle::DataType::FLOAT32, "train_sdpa: ", what, " must be float32");
 }
 
-// [B, S, H, D] -> [B, H, S, D] (to_heads) and back.
+// [B, S, H, D] -> [B, H, S, D] (to_heads) and back; the (b, s) rows split over threads.
 void to_heads(const float* x, float* y, int64_t B, int64_t S, int64_t H, int64_t D) {
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t s = 0; s < S; ++s)
-      for (int64_t h = 0; h < H; ++h)
-        std::memcpy(y + ((b * H + h) * S + s) * D, x + ((b * S + s) * H + h) * D, sizeof(float) * D);
+  ppo_ops::parallel_for(B * S, B * S * H * D, [&](int64_t bs) {
+    const int64_t b = bs / S, s = bs % S;
+    for (int64_t h = 0; h < H; ++h)
+      std::memcpy(y + ((b * H + h) * S + s) * D, x + ((b * S + s) * H + h) * D, sizeof(float) * D);
+  });
 }
 
 void from_heads(const float* y, float* x, int64_t B, int64_t S, int64_t H, int64_t D) {
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t s = 0; s < S; ++s)
-      for (int64_t h = 0; h < H; ++h)
-        std::memcpy(x + ((b * S + s) * H + h) * D, y + ((b * H + h) * S + s) * D, sizeof(float) * D);
+  ppo_ops::parallel_for(B * S, B * S * H * D, [&](int64_t bs) {
+    const int64_t b = bs / S, s = bs % S;
+    for (int64_t h = 0; h < H; ++h)
+      std::memcpy(x + ((b * S + s) * H + h) * D, y + ((b * H + h) * S + s) * D, sizeof(float) * D);
+  });
 }
 
 paddle::Tensor heads_of(const paddle::Tensor& x_in, const char* what, const std::vector<int64_t>& shape) {
@@ -75,24 +77,22 @@ std::vector<paddle::Tensor> TrainSdpa(const paddle::Tensor& q_in, const paddle::
   auto probs = paddle::experimental::matmul(qh, kh, false, true);  // [B, H, S, S]
   float* p = probs.data<float>();
   const float* m = mask.data<float>();
-  for (int64_t b = 0; b < B; ++b) {
-    const float* mb = m + (ms[0] == 1 ? 0 : b) * S * S;
-    for (int64_t h = 0; h < H; ++h) {
-      for (int64_t i = 0; i < S; ++i) {
-        float* row = p + ((b * H + h) * S + i) * S;
-        const float* mrow = mb + i * S;
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < S; ++j) {
-          row[j] = row[j] * scale + mrow[j];
-          mx = std::max(mx, row[j]);
-        }
-        for (int64_t j = 0; j < S; ++j) row[j] -= mx;
-        ppo_ops::exp_inplace(row, S);
-        const float inv = 1.0f / ppo_ops::sum(row, S);
-        for (int64_t j = 0; j < S; ++j) row[j] *= inv;
-      }
+  const int64_t mask_batch = ms[0];
+  // one softmax per (b, h, i) row of probs, the rows split over threads
+  ppo_ops::parallel_for(B * H * S, B * H * S * S * 8, [&](int64_t bhi) {
+    const int64_t b = bhi / (H * S), i = bhi % S;
+    float* row = p + bhi * S;
+    const float* mrow = m + (mask_batch == 1 ? 0 : b) * S * S + i * S;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < S; ++j) {
+      row[j] = row[j] * scale + mrow[j];
+      mx = std::max(mx, row[j]);
     }
-  }
+    for (int64_t j = 0; j < S; ++j) row[j] -= mx;
+    ppo_ops::exp_inplace(row, S);
+    const float inv = 1.0f / ppo_ops::sum(row, S);
+    for (int64_t j = 0; j < S; ++j) row[j] *= inv;
+  });
   const auto oh = paddle::experimental::matmul(probs, vh, false, false);  // [B, H, S, D]
   return {merge_heads(oh, B, S, H, D, {B, S, H * D}), probs};
 }
@@ -114,12 +114,12 @@ std::vector<paddle::Tensor> TrainSdpaGrad(const paddle::Tensor& q_in, const padd
   const float* p = probs.data<float>();
   float* g = ds.data<float>();
   const int64_t rows = B * H * S;
-  for (int64_t r = 0; r < rows; ++r) {
+  ppo_ops::parallel_for(rows, rows * S * 3, [&](int64_t r) {
     const float* pr = p + r * S;
     float* gr = g + r * S;
     const float dot = ppo_ops::dot(pr, gr, S);
     for (int64_t j = 0; j < S; ++j) gr[j] = pr[j] * (gr[j] - dot) * scale;
-  }
+  });
   const auto dqh = paddle::experimental::matmul(ds, kh, false, false);  // [B, H, S, D]
   const auto dkh = paddle::experimental::matmul(ds, qh, true, false);
   return {merge_heads(dqh, B, S, H, D, shape), merge_heads(dkh, B, S, H, D, shape),
