@@ -1,56 +1,73 @@
-"""The preference loss's arguments, declared once for the DPO trainer (`dpo/run_dpo.py`) and
-online DPO (`dpo/run_online_dpo.py`): the registry's hyperparameters
-(`ppo.algos.PREFERENCE_HYPERPARAMETERS`, PaddleNLP's and TRL's names) and the weights of the
-preference and NLL terms, with the checks that read the chosen loss's registry facts."""
+"""The preference loss's arguments, for the DPO trainer (`dpo/run_dpo.py`) and online DPO
+(`dpo/run_online_dpo.py`), generated from their declarations: the registry's hyperparameters
+(`ppo.algos.PREFERENCE_SETTINGS`, PaddleNLP's and TRL's names) and the weights of the preference
+and NLL terms (`dpo.preference_objective.WEIGHT_SETTINGS`). Each field's default, help and range
+is its `ppo.algos.Setting`'s; the checks read the chosen loss's registry facts."""
 import logging
-from dataclasses import dataclass, field
 
-from .preference_objective import loss_argument_problems, unused_hyperparameters
+from ppo.algos import PREFERENCE_LOSSES, PREFERENCE_SETTINGS
+from ppo.common.registry_settings import in_range, range_text, settings_dataclass
+
+from .preference_objective import WEIGHT_SETTINGS, loss_argument_problems, unused_hyperparameters
 
 logger = logging.getLogger(__name__)
 
+FIELD_ORDER = ("beta", "label_smoothing", "simpo_gamma", "sft_loss_ratio", "pref_loss_ratio", "dpop_lambda",
+               "rdpo_alpha", "reference_free", "desirable_weight", "undesirable_weight")
+"""The order of the fields in `--help` and the argument reference (that of earlier releases); a
+setting declared later follows them."""
 
-@dataclass
-class PreferenceLossArguments:
-    """The hyperparameters of every preference loss (each loss reads its own, see
-    `ppo.algos.PREFERENCE_LOSSES`) and the terms' weights."""
 
-    beta: float = field(
-        default=0.1, metadata={"help": "Inverse temperature of the implicit reward (ORPO: the weight lambda of the odds-ratio term)."}
-    )
-    label_smoothing: float = field(
-        default=0.0, metadata={"help": "cDPO / robust SimPO: assumed probability that a preference label is flipped, in [0, 0.5)."}
-    )
-    simpo_gamma: float = field(default=0.5, metadata={"help": "SimPO target reward margin gamma."})
-    sft_loss_ratio: float = field(
-        default=0.0, metadata={"help": "Weight of the NLL of the chosen answers (token mean) added to the preference loss."}
-    )
-    pref_loss_ratio: float = field(
-        default=1.0, metadata={"help": "Weight of the preference loss (PaddleNLP: loss = pref_loss_ratio * pref + sft_loss_ratio * NLL)."}
-    )
-    dpop_lambda: float = field(default=50.0, metadata={"help": "dpop: weight of the penalty max(0, ref_c - pi_c) (PaddleNLP default 50)."})
-    rdpo_alpha: float = field(
-        default=0.01, metadata={"help": "rdpo: alpha in -log s(beta h + alpha (|y_chosen| - |y_rejected|)), lengths in tokens."}
-    )
-    reference_free: bool = field(
-        default=False, metadata={"help": "sigmoid/ipo/hinge against a uniform reference (log-probs 0): no reference model."}
-    )
-    desirable_weight: float = field(default=1.0, metadata={"help": "KTO weight of the desirable (chosen) examples."})
-    undesirable_weight: float = field(default=1.0, metadata={"help": "KTO weight of the undesirable (rejected) examples."})
+def preference_settings(hyperparameters=None, weights=None):
+    """The `Setting`s of `PreferenceLossArguments` in field order: `hyperparameters` (default
+    `PREFERENCE_SETTINGS`) and `weights` (default `WEIGHT_SETTINGS`), dicts name -> `Setting`."""
+    declared = {**(PREFERENCE_SETTINGS if hyperparameters is None else hyperparameters),
+                **(WEIGHT_SETTINGS if weights is None else weights)}
+    return [declared[name] for name in FIELD_ORDER if name in declared] + \
+        [s for name, s in declared.items() if name not in FIELD_ORDER]
+
+
+def setting_origins(losses=None):
+    """name -> `(module, owners)` of each setting (the stored argument table watches the module;
+    the argument reference names the owners: the losses of `losses` that read a hyperparameter,
+    or those that do not when they are fewer)."""
+    losses = PREFERENCE_LOSSES if losses is None else losses
+    origins = {}
+    for name in PREFERENCE_SETTINGS:
+        users = [e.name for e in losses.values() if name in e.hyperparameters]
+        others = [e.name for e in losses.values() if name not in e.hyperparameters]
+        owners = " / ".join(users) if len(users) <= len(others) else f"all but {' / '.join(others)}"
+        origins[name] = ("ppo.algos.preference_registry", f"loss_type {owners}")
+    origins.update({name: ("dpo.preference_objective", "the preference objective") for name in WEIGHT_SETTINGS})
+    return origins
+
+
+def range_problem(setting, value):
+    """The DPO trainer's line for `value` outside `setting.bounds` (`beta must be positive, got -0.1`,
+    `label_smoothing must lie in [0, 0.5), got 0.7`, `pref_loss_ratio must be >= 0, got -2`), else
+    `setting.problem(value)` (its choices and check)."""
+    bounds = setting.bounds
+    if bounds is None or isinstance(value, bool) or not isinstance(value, (int, float)) or in_range(value, *bounds):
+        return setting.problem(value)
+    if bounds[2] is None:
+        words = "be positive" if bounds[:2] == (0, False) else f"be {range_text(*bounds)}"
+    else:
+        words = f"lie {range_text(*bounds)}"
+    return f"{setting.name} must {words}, got {value}"
+
+
+class PreferenceLossChecks:
+    """The checks of `PreferenceLossArguments` (its fields are generated from the declarations)."""
+
+    # the ranges keep the DPO trainer's wording (`range_problem`): the stored table's early check leaves them here
+    full_pass_ranges = tuple(s.name for s in preference_settings() if s.bounds)
 
     def preference_loss_problems(self):
         """The loss type exists, its hyperparameters and reference settings fit its registry facts
-        (`dpo.preference_objective.loss_argument_problems`), and the weights are in range; a
-        hyperparameter of another loss set away from its default is logged as unused."""
+        (`dpo.preference_objective.loss_argument_problems`), and every value is one its declaration
+        allows; a hyperparameter of another loss set away from its default is logged as unused."""
         problems = loss_argument_problems(self)
-        if self.beta <= 0:
-            problems.append(f"beta must be positive, got {self.beta}")
-        if not 0.0 <= self.label_smoothing < 0.5:
-            problems.append(f"label_smoothing must lie in [0, 0.5), got {self.label_smoothing}")
-        if self.pref_loss_ratio < 0:
-            problems.append(f"pref_loss_ratio must be >= 0, got {self.pref_loss_ratio}")
-        if self.sft_loss_ratio < 0:
-            problems.append(f"sft_loss_ratio must be >= 0, got {self.sft_loss_ratio}")
+        problems += [p for s in preference_settings() for p in [range_problem(s, getattr(self, s.name))] if p]
         if self.pref_loss_ratio == 0 and self.sft_loss_ratio == 0:
             problems.append("pref_loss_ratio and sft_loss_ratio are both 0: nothing to train")
         if not problems:
@@ -58,3 +75,9 @@ class PreferenceLossArguments:
             if unused:
                 logger.warning(f"loss_type {self.loss_type!r} does not use {', '.join(unused)} (set away from the default): ignored")
         return problems
+
+
+PreferenceLossArguments = settings_dataclass(
+    "PreferenceLossArguments", preference_settings(), (PreferenceLossChecks,), __name__,
+    """The hyperparameters of every preference loss (each loss reads its own, see
+    `ppo.algos.PREFERENCE_LOSSES`) and the terms' weights.""", origins=setting_origins())

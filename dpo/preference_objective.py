@@ -8,9 +8,22 @@ has K = 1.
 """
 import paddle
 
-from ppo.algos import PREFERENCE_HYPERPARAMETERS, PREFERENCE_LOSSES, PreferenceInputs, get_preference_loss, masked_mean
+from ppo.algos import PREFERENCE_HYPERPARAMETERS, PREFERENCE_LOSSES, PreferenceInputs, Setting, get_preference_loss, masked_mean
 
-__all__ = ["needs_reference", "loss_argument_problems", "unused_hyperparameters", "positive_answers", "preference_objective"]
+__all__ = ["WEIGHT_SETTINGS", "needs_reference", "loss_argument_problems", "unused_hyperparameters", "positive_answers",
+           "preference_objective"]
+
+WEIGHT_SETTINGS = {
+    s.name: s
+    for s in (
+        Setting("sft_loss_ratio", float, 0.0, "Weight of the NLL of the chosen answers (token mean) added to the "
+                "preference loss.", bounds=(0.0, True, None, False)),
+        Setting("pref_loss_ratio", float, 1.0, "Weight of the preference loss (PaddleNLP: loss = pref_loss_ratio * "
+                "pref + sft_loss_ratio * NLL).", bounds=(0.0, True, None, False)),
+    )
+}
+"""name -> `Setting` of the weights of the two terms `preference_objective` adds (PaddleNLP's
+names); `dpo.preference_arguments` generates their fields and checks from these."""
 
 SWITCH_HYPERPARAMETERS = ("label_smoothing", "reference_free")
 """Hyperparameters that change what a loss means: set for a loss that does not read them, they

@@ -172,3 +172,79 @@ def test_the_ppo_clip_guard_is_the_declarations():
     assert message == "importance_sampling_level must be one of ('token', 'sequence'), got 'seq'"
     assert losses.DUAL_CLIP.problem(1.0) == "dual_clip=1.0 (must be > 1)"
     assert losses.DUAL_CLIP.problem(None) is None and losses.DUAL_CLIP.checked(1.5) == 1.5
+
+
+def _written_default(value):
+    """The default a hand-written field states (`x: float = 0.1` or `field(default=0.1, ...)`), or a
+    marker when it states none."""
+    if isinstance(value, ast.Constant):
+        return value.value
+    for keyword in getattr(value, "keywords", ()):
+        if keyword.arg == "default" and isinstance(keyword.value, ast.Constant):
+            return keyword.value.value
+    return _written_default
+
+
+def test_preference_fields_are_the_registry_declarations():
+    """The DPO trainer's loss fields come from `ppo.algos.PREFERENCE_SETTINGS` and the objective's
+    `WEIGHT_SETTINGS` (defaults, help, ranges, order), `PREFERENCE_HYPERPARAMETERS` is derived from
+    them, and no second table of their defaults is left in the library."""
+    from dpo import preference_arguments as pa
+    from dpo.preference_objective import WEIGHT_SETTINGS
+    from ppo.algos import PREFERENCE_HYPERPARAMETERS, PREFERENCE_SETTINGS, Setting
+
+    fields = {f.name: f for f in dataclasses.fields(pa.PreferenceLossArguments)}
+    assert list(fields) == list(pa.FIELD_ORDER)  # the order users' --help had
+    assert PREFERENCE_HYPERPARAMETERS == {n: s.default for n, s in PREFERENCE_SETTINGS.items()} == {
+        "beta": 0.1, "label_smoothing": 0.0, "simpo_gamma": 0.5, "dpop_lambda": 50.0, "rdpo_alpha": 0.01,
+        "desirable_weight": 1.0, "undesirable_weight": 1.0, "reference_free": False}  # what users have
+    for name, setting in {**PREFERENCE_SETTINGS, **WEIGHT_SETTINGS}.items():
+        assert fields[name].default == setting.default and fields[name].metadata["help"] == setting.help
+        assert pa.PreferenceLossArguments.setting_declarations[name][0] is setting
+    assert pa.PreferenceLossArguments.setting_declarations["reference_free"][1:] == (
+        "ppo.algos.preference_registry", "loss_type sigmoid / ipo / hinge")
+    assert pa.setting_origins()["beta"][1] == "loss_type all but rrhf / pro"
+    # by construction: another declaration gives other fields, defaults, help and range checks
+    changed = {n: Setting(n, s.type, {"beta": 0.25}.get(n, s.default), s.help + " Changed.", bounds=s.bounds)
+               for n, s in PREFERENCE_SETTINGS.items()}
+    changed["dpo_gamma"] = Setting("dpo_gamma", float, 2.0, "A new one.", bounds=(1.0, True, None, False))
+    derived = {s.name: s for s in pa.preference_settings(changed)}
+    assert list(derived)[-1] == "dpo_gamma" and derived["beta"].default == 0.25
+    assert derived["simpo_gamma"].help == "SimPO target reward margin gamma. Changed."
+    assert pa.range_problem(derived["dpo_gamma"], 0.5) == "dpo_gamma must be >= 1, got 0.5"
+    # the DPO trainer's messages, from the declared bounds
+    assert pa.range_problem(PREFERENCE_SETTINGS["beta"], -0.1) == "beta must be positive, got -0.1"
+    assert pa.range_problem(PREFERENCE_SETTINGS["label_smoothing"], 0.7) == "label_smoothing must lie in [0, 0.5), got 0.7"
+    assert pa.range_problem(WEIGHT_SETTINGS["pref_loss_ratio"], -2) == "pref_loss_ratio must be >= 0, got -2"
+    assert pa.range_problem(PREFERENCE_SETTINGS["label_smoothing"], 0.49) is None
+    # the early check leaves these ranges to the full pass (its wording), and nothing else declares their defaults
+    assert set(pa.PreferenceLossArguments.full_pass_ranges) == {"beta", "label_smoothing", "sft_loss_ratio",
+                                                                "pref_loss_ratio"}
+    defaults = {n: s.default for n, s in {**PREFERENCE_SETTINGS, **WEIGHT_SETTINGS}.items()}
+    names, tables = set(defaults), []
+    for package in LIBRARY:
+        for folder, _, files in os.walk(os.path.join(ROOT, package)):
+            for name in sorted(f for f in files if f.endswith(".py")):
+                for node in ast.walk(ast.parse(open(os.path.join(folder, name), encoding="utf-8").read())):
+                    if isinstance(node, ast.Dict):
+                        keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+                        if len(keys & names) >= 3 and all(isinstance(v, ast.Constant) for v in node.values):
+                            tables.append((name, node.lineno))
+                    if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) in names:
+                        if _written_default(node.value) == defaults[node.target.id]:  # (distill's beta is another)
+                            tables.append((name, node.lineno, node.target.id))  # a hand-written field
+    assert tables == []
+
+
+def test_preference_ranges_are_checked_in_the_trainers_words():
+    from dpo.dpo_arguments import DPOTrainingArguments
+
+    args = DPOTrainingArguments.__new__(DPOTrainingArguments)
+    for f in dataclasses.fields(DPOTrainingArguments):
+        if f.default is not dataclasses.MISSING:
+            object.__setattr__(args, f.name, f.default)
+    assert args.preference_loss_problems() == []
+    args.beta, args.label_smoothing, args.pref_loss_ratio, args.sft_loss_ratio = -0.1, 0.7, -2.0, 0.0
+    assert args.preference_loss_problems() == ["beta must be positive, got -0.1",
+                                               "label_smoothing must lie in [0, 0.5), got 0.7",
+                                               "pref_loss_ratio must be >= 0, got -2.0"]

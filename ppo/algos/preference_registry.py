@@ -2,7 +2,8 @@
 
 Every loss has the call signature ``fn(inputs, hp) -> (loss, stats)``: ``inputs`` a
 :class:`PreferenceInputs`, ``hp`` a dict of hyperparameters (missing keys take
-:data:`PREFERENCE_HYPERPARAMETERS`' defaults). Callers read an entry's facts (its data kind,
+:data:`PREFERENCE_HYPERPARAMETERS`' defaults, those of the :class:`Setting` each is declared by in
+:data:`PREFERENCE_SETTINGS`). Callers read an entry's facts (its data kind,
 whether it needs a reference model, adds its own NLL term, normalises by length, needs KTO's
 KL reference point, which hyperparameters it reads) and never branch on a loss name.
 Source: verl ``core_algos`` (losses chosen from registries); TRL ``DPOConfig.loss_type``.
@@ -22,10 +23,12 @@ from .preference_pairs import (
     simpo_loss,
     sppo_hard_loss,
 )
+from .setting import Setting
 
 __all__ = [
     "DATA_KINDS",
     "PREFERENCE_HYPERPARAMETERS",
+    "PREFERENCE_SETTINGS",
     "PreferenceInputs",
     "PreferenceLoss",
     "PREFERENCE_LOSSES",
@@ -41,17 +44,28 @@ DATA_KINDS = {
 }
 """The record kinds a loss trains on, with what one record holds."""
 
-PREFERENCE_HYPERPARAMETERS = {
-    "beta": 0.1,
-    "label_smoothing": 0.0,
-    "simpo_gamma": 0.5,
-    "dpop_lambda": 50.0,
-    "rdpo_alpha": 0.01,
-    "desirable_weight": 1.0,
-    "undesirable_weight": 1.0,
-    "reference_free": False,
+PREFERENCE_SETTINGS = {
+    s.name: s
+    for s in (
+        Setting("beta", float, 0.1, "Inverse temperature of the implicit reward (ORPO: the weight lambda of the "
+                "odds-ratio term).", bounds=(0.0, False, None, False)),
+        Setting("label_smoothing", float, 0.0, "cDPO / robust SimPO: assumed probability that a preference label "
+                "is flipped, in [0, 0.5).", bounds=(0.0, True, 0.5, False)),
+        Setting("simpo_gamma", float, 0.5, "SimPO target reward margin gamma."),
+        Setting("dpop_lambda", float, 50.0, "dpop: weight of the penalty max(0, ref_c - pi_c) (PaddleNLP default 50)."),
+        Setting("rdpo_alpha", float, 0.01, "rdpo: alpha in -log s(beta h + alpha (|y_chosen| - |y_rejected|)), "
+                "lengths in tokens."),
+        Setting("desirable_weight", float, 1.0, "KTO weight of the desirable (chosen) examples."),
+        Setting("undesirable_weight", float, 1.0, "KTO weight of the undesirable (rejected) examples."),
+        Setting("reference_free", bool, False, "sigmoid/ipo/hinge against a uniform reference (log-probs 0): no "
+                "reference model."),
+    )
 }
-"""Hyperparameters a loss may read, with their defaults (those of the DPO trainer's arguments)."""
+"""name -> :class:`~ppo.algos.setting.Setting` of every hyperparameter a loss may read: declared
+once here; the DPO trainer's argument fields (``dpo.preference_arguments``), their ranges and the
+argument reference are generated from these."""
+PREFERENCE_HYPERPARAMETERS = {name: s.default for name, s in PREFERENCE_SETTINGS.items()}
+"""Hyperparameters a loss may read, with their defaults (those of :data:`PREFERENCE_SETTINGS`)."""
 
 
 class PreferenceInputs:

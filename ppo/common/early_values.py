@@ -19,7 +19,9 @@ from .field_bounds import PADDLENLP_BOUNDS, bounds_of, rule_problem
 from .registry_settings import declarations_of
 
 LEFT_TO_THE_FULL_PASS = ("num_train_epochs",)
-"""Range fields whose rule depends on other values (`num_train_epochs` counts only without `max_steps`)."""
+"""Range fields whose rule depends on other values (`num_train_epochs` counts only without `max_steps`).
+A class may name more in its attribute `full_pass_ranges` (fields whose start-up messages are its own
+wording, e.g. the DPO trainer's `beta must be positive, got ...`)."""
 
 
 # ----------------------------------------------------------------------------- building (imports the modules named)
@@ -56,9 +58,11 @@ def value_rules(classes, options):
         if name in fields and name not in choices and setting.choices:
             choices[name] = [[str(v) for v in setting.choices], None]
     own = {name: rule for cls in classes for name, rule in bounds_of(cls).items()}
+    left = set(LEFT_TO_THE_FULL_PASS) | {name for cls in classes for base in cls.__mro__
+                                         for name in vars(base).get("full_pass_ranges", ())}
     ranges = {}
     for name, kind in fields.items():
-        if kind[0] not in ("int", "float") or kind[1] is not None or name in LEFT_TO_THE_FULL_PASS:
+        if kind[0] not in ("int", "float") or kind[1] is not None or name in left:
             continue
         if name in declared and declared[name].bounds:
             ranges[name] = ["range", *declared[name].bounds]
