@@ -148,3 +148,39 @@ def test_two_node_launch_of_trainer_tp2_and_two_rollout_ranks_is_the_one_node_la
     assert [p.returncode for p in procs] == [0, 0], outputs[0][-2000:] + logs(out)
     assert_bit_for_bit(out, one_node)
     assert sum("rollout rank: generated" in open(f"{out}/node1/workerlog.{i}").read() for i in (0, 1)) == 2
+
+
+def test_two_trainer_ranks_beside_one_rollout_rank_are_the_two_by_two_run(partial_2x2, tiny_model_dir, tiny_data_dir,
+                                                                          tmp_path):
+    """The one rollout rank holds both trainer ranks' units of a step: it generates their first
+    chunks, takes the update once, then finishes both, so each spans the update as on its own
+    rollout rank: the 2 + 2 run bit for bit."""
+    out = str(tmp_path / "partial_2x1")
+    launch(out, partial_argv(tiny_model_dir, tiny_data_dir, out, 2, 8), 3, rollout_ranks=1)
+    assert_bit_for_bit(out, partial_2x2)
+    assert generated(out, 2) == 2 * STEPS
+
+
+def test_one_tp2_replica_beside_a_tp1_trainer_is_the_one_by_one_partial_run(tiny_model_dir, tiny_data_dir, tmp_path):
+    """Both ranks of the replica take the update between the chunks and generate the rest from
+    their slices of the new weights: the 1 + 1 partial run's samples and token versions, every
+    metric within 1e-6 x max(1, |value|) and the final weights within 1e-6 (measured 4.8e-7 and
+    6.0e-8; the replica all-reduces its slices' partial sums, as in tests/test_split_tp_launch.py)."""
+    one = str(tmp_path / "partial_1x1")
+    launch(one, partial_argv(tiny_model_dir, tiny_data_dir, one, 4, 16), 2, rollout_ranks=1)
+    out = str(tmp_path / "partial_1x_rtp2")
+    cold_launch_run("ppo/run_ppo.py", [*partial_argv(tiny_model_dir, tiny_data_dir, out, 4, 16), "--rollout_placement",
+                                       "split", "--rollout_ranks", "2", "--rollout_tensor_parallel_degree", "2"],
+                    out, nproc=3)
+    assert_responses_span_the_update(out)
+    a, b = steps(out), steps(one)
+    for ra, rb in zip(a, b):
+        keys = sorted(k for k in rb if not k.startswith(NOT_COMPARED))
+        far = {k: (ra[k], rb[k]) for k in keys if abs(ra[k] - rb[k]) > 1e-6 * max(1.0, abs(rb[k]))}
+        assert not far, (ra["step"], far)
+    assert [(s["prompt"], s["response"], s["token_versions"]) for s in samples(out)] == \
+           [(s["prompt"], s["response"], s["token_versions"]) for s in samples(one)]
+    wa, wb = policy_weights(f"{out}/policy"), policy_weights(f"{one}/policy")
+    assert wa.keys() == wb.keys() and max(float(np.abs(wa[k] - wb[k]).max()) for k in wb) <= 1e-6
+    for rank in (1, 2):
+        assert f"tensor-parallel slice ({rank} of 2)" in open(f"{out}/launch/workerlog.{rank}").read()

@@ -151,11 +151,6 @@ def partial_rollout_problems(args, world_size=2):
         problems.append("partial_rollout needs rollout_placement split with async_staleness >= 1: only there does a "
                         "weight update arrive while a batch is generated (a colocated or synchronous rollout always "
                         "samples a batch with one version)")
-    elif getattr(args, "rollout_tensor_parallel_degree", -1) > 1:
-        problems.append(f"partial_rollout with rollout_tensor_parallel_degree {args.rollout_tensor_parallel_degree}: "
-                        "a replica of several ranks taking an update between chunks is not verified from a launch yet "
-                        "(partial rollouts run with any trainer ranks, data and tensor parallel, beside rollout ranks "
-                        "of one rank each)")
     if not 1 <= args.partial_rollout_tokens < args.max_dec_len:
         problems.append(f"partial_rollout_tokens {args.partial_rollout_tokens} must be in 1..max_dec_len - 1 "
                         f"({args.max_dec_len - 1}): the tokens a response generates before the update")
