@@ -20,7 +20,10 @@ sends as soon as its step b - s + 1 begins (`RemoteRollout`); unfinished respons
 under it (re-prefilled, `ppo.rollout.partial`), so a response spans the update and its tokens
 carry two versions, the oldest at most s steps behind the step that trains on them.
 The update lands at that chunk boundary every run (the rank waits for it there), so the
-batches are the same whatever the timing, unlike slime's and AReaL's interrupt-when-ready."""
+batches are the same whatever the timing, unlike slime's and AReaL's interrupt-when-ready.
+A rank holding several units of a step generates them together (`generate_units`: every unit's
+first chunk, the update once, then the rest of every unit), and a rank with none takes the update
+as well, so the batches are the same whichever rank generates them (docs/split_rollout.md)."""
 import contextlib
 import logging
 import time
