@@ -113,7 +113,9 @@ def test_two_by_two_is_the_one_by_one_partial_run_of_the_same_global_batch(parti
         keys = sorted(k for k in rb if not k.startswith(NOT_COMPARED) and k not in PER_RANK_COUNTS + RANK_MEANS)
         assert set(keys) <= set(ra), sorted(set(keys) - set(ra))
         np.testing.assert_allclose([ra[k] for k in keys], [rb[k] for k in keys], rtol=RTOL, atol=ATOL, err_msg=str(keys))
-        assert {k: ra[k] for k in SPLIT_TOKEN_METRICS} == {k: rb[k] for k in SPLIT_TOKEN_METRICS}, ra["step"]
+        assert [ra[k] for k in SPLIT_TOKEN_METRICS[:2]] == [rb[k] for k in SPLIT_TOKEN_METRICS[:2]], ra["step"]
+        # the checksum of weights after an update is as near as the weights are (version 0: the same model)
+        np.testing.assert_allclose(ra["async/weights_checksum"], rb["async/weights_checksum"], rtol=RTOL)
         assert [2 * ra[k] for k in PER_RANK_COUNTS] == [rb[k] for k in PER_RANK_COUNTS], ra["step"]
     by_step = {}
     for s in samples(one):
