@@ -16,7 +16,7 @@ update and `sample_token_details` (each logged response's token versions and imp
 - 2 trainer + 1 rollout rank: the rollout rank generates both trainer ranks' units of a step
   together (first chunks, the update once, the rest), so it is the 2 + 2 run bit for bit.
 - Trainer TP1 beside one rollout replica of TP2 (3 processes): the 1 + 1 partial run within
-  1e-6 x max(1, |value|), as the unpartial layout (tests/test_split_tp_launch.py).
+  1e-6 x max(1, |value|), as that layout without partial rollouts (tests/test_split_tp_launch.py).
 - Trainer TP2 beside 2 rollout ranks (4 processes), partial: a two-node launch (`--nnodes 2` on
   127.0.0.1: node 0 the trainer's tensor-parallel group, node 1 the rollout ranks) is the one-node
   launch bit for bit, and its responses span the update as above.

@@ -3,10 +3,10 @@
 `generate_partial` decodes `chunk_tokens` new tokens at a time with `RolloutEngine.generate`.
 Before each chunk it calls `at_boundary(chunk)`, which may load new weights into the engine's
 model and returns the weights version that samples the chunk (`partial_chunks` is the same as a
-generator that stops at each boundary, so one caller can hold several generations there). Rows still unfinished after a
-chunk keep their tokens: the next chunk re-prefills prompt + tokens so far under the weights
-then current (the KV cache of the old weights is dropped), as slime's partial rollout does
-(`slime/rollout/sglang_rollout.py`, `abort`: requests unfinished at a weight update go back to
+generator that stops at each boundary, so one caller can hold several generations there). Rows
+still unfinished after a chunk keep their tokens: the next chunk re-prefills prompt + tokens so
+far under the weights then current (the KV cache of the old weights is dropped), as slime's
+partial rollout does (`slime/rollout/sglang_rollout.py`, `abort`: requests unfinished at a weight update go back to
 the data buffer with their partial response, and the next generation sends prompt + response)
 and AReaL's interruptible generation (`areal/engine/sglang_remote.py`,
 `RemoteSGLangEngine.agenerate`: a request aborted by `update_weights` is re-sent with its output
