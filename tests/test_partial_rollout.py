@@ -152,23 +152,34 @@ from ppo.run_ppo import build_trainer  # noqa: E402
 from ppo.trainer.remote_rollout import RemoteRollout  # noqa: E402
 from ppo.trainer.rollout_worker import RolloutWorker, RolloutWorkerState  # noqa: E402
 from tests.rule_reward_helpers import rule_argv  # noqa: E402
+from ppo.strategy.rollout_layout import RolloutLayout  # noqa: E402
 from tests.test_async_rollout import RecordingLink, placement_args, tiny_experience  # noqa: E402
 
 
 class ChunkedFakeRollout:
-    """A `Rollout` with a `partial` switch: three chunks of one token each, versions from `at_boundary`."""
+    """A `Rollout` with a `partial` switch: three chunks of one token each, versions from the
+    boundaries (`generate_chunks`, the generator a rollout rank drives); `log` records each chunk
+    generated as `(name, chunk, version)`."""
 
-    def __init__(self, chunks=3):
+    def __init__(self, chunks=3, name=0, log=None):
         self.state, self.sampler, self.partial, self.chunks = RolloutWorkerState(), PromptSampler(64, 4, seed=1), None, chunks
+        self.name, self.log = name, log if log is not None else []
 
-    def generate(self):
+    def generate_chunks(self):
         self.sampler.next_indices()
-        self.state.gen_batches += 1
         assert [self.partial.chunk_tokens(c) for c in range(2)] == [1, 1 << 30]
-        versions = [self.partial.at_boundary(c) for c in range(self.chunks)]
+        versions = []
+        for c in range(self.chunks):
+            versions.append((yield c))
+            self.log.append((self.name, c, versions[-1]))
+        self.state.gen_batches += 1
         exp = tiny_experience(self.state.step, [-1.0, -2.0, 0.0])
         exp.token_versions = paddle.to_tensor([versions[:2] + [-1]], dtype="int64")  # 2 real tokens, then padding
         return exp
+
+    def skip(self):
+        self.sampler.next_indices()
+        self.state.gen_batches += 1
 
 
 @pytest.mark.parametrize("staleness", [1, 2])
@@ -193,6 +204,57 @@ def test_partial_schedule_pairs_up_and_batches_span_one_update(staleness, start)
         np.testing.assert_allclose(remote.metrics["async/staleness_mean"], step - (first + second) / 2)
         state.step += 1
     assert trainer_link.ops == link.ops and not trainer_link.inbox and not link.inbox
+
+
+class RoutedLink(RecordingLink):
+    """A `RecordingLink` of one rank of `layout` that also records where each object went."""
+
+    def __init__(self, layout, inbox=(), rank=0):
+        super().__init__(inbox, rank)
+        self.layout, self.routed = layout, []
+
+    def send_object(self, obj, dst, what=""):
+        super().send_object(obj, dst, what)
+        self.routed.append((dst, obj))
+
+
+@pytest.mark.parametrize("world, rollout_ranks", [(3, 1), (3, 2), (4, 2), (4, 1)])
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_partial_schedule_of_many_ranks(world, rollout_ranks, staleness):
+    """N trainer x M rollout ranks: every rollout rank takes every version once, in order (also
+    one that generates nothing in that step: the broadcast reaches them all); a rollout rank
+    holding several units of a step generates their first chunks, takes the update once, then
+    finishes them all, so every unit of batch b >= s carries versions b - s then b - s + 1
+    whichever rank generated it (the batches of one trainer beside one rollout rank), and each
+    trainer rank receives its units in step order with no token over s steps stale."""
+    layout, start, max_steps = RolloutLayout(world, rollout_ranks), 0, 6
+    versions = list(range(start, max_steps - staleness + 1))
+    sent = []
+    for rank in layout.replica_ranks:
+        served = layout.served_data_ranks(rank)
+        hello = {"start": start, "max_steps": max_steps, "gen_batches": start, "sampler": {"epoch": 0, "offset": 0}}
+        link, log = RoutedLink(layout, [hello] * len(served) + versions, rank=rank), []
+        RolloutWorker(link, {d: ChunkedFakeRollout(name=d, log=log) for d in served}, [], staleness, partial_tokens=1).train()
+        assert [v for op, v in link.ops if op == "weights"] == versions and not link.inbox, rank
+        at = 0
+        for b in range(start, max_steps):  # the units of one step: first chunks, the update, the rest
+            mine = [d for d, leader in layout.units(b) if leader == rank]
+            chunks, at = log[at:at + 3 * len(mine)], at + 3 * len(mine)
+            old, new = max(start, b - staleness), max(start, b - staleness + 1)
+            assert chunks == [(d, c, old if c == 0 else new) for c in range(3) for d in mine], (rank, b, log)
+        assert at == len(log)
+        sent += link.routed
+    for t in layout.trainer_ranks:
+        inbox = sorted((obj for dst, obj in sent if dst == t), key=lambda m: m["index"])
+        state = SimpleNamespace(step=start, gen_batches=start)
+        remote = RemoteRollout(RoutedLink(layout, inbox, rank=t), lambda: [], PromptSampler(64, 4, seed=1), state,
+                               staleness=staleness, max_steps=max_steps, partial=True)
+        for step in range(start, max_steps):
+            exp = remote.generate()
+            expected = [max(start, step - staleness), max(start, step - staleness + 1)]
+            assert exp.token_versions.numpy()[0, :2].tolist() == expected, (t, step)
+            assert remote.metrics["async/staleness_max"] == step - expected[0] <= staleness
+            state.step += 1
 
 
 @pytest.mark.parametrize("changes, key", [

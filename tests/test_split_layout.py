@@ -131,8 +131,10 @@ def test_more_than_one_trainer_or_rollout_rank_is_accepted(world, rollout_ranks)
 def test_what_stays_refused_with_more_ranks_names_its_key():
     args = placement_args(rollout_ranks=2, async_staleness=1, rollout_is="token", partial_rollout=True,
                           partial_rollout_tokens=2, max_dec_len=8, tensor_parallel_degree=2, rollout_tensor_parallel_degree=2)
-    problems = rollout_placement_problems(args, 4)
-    assert len(problems) == 1 and problems[0].startswith("partial_rollout with 4 processes"), problems
+    assert rollout_placement_problems(args, 4) == []  # partial rollouts beside any trainer layout and replicas
+    for world, rollout_ranks, tp, rollout_tp in ((6, 2, 2, 1), (4, 2, 1, 1), (3, 1, 1, 1), (3, 2, 1, 1), (3, 2, 1, 2)):
+        args.rollout_ranks, args.tensor_parallel_degree, args.rollout_tensor_parallel_degree = rollout_ranks, tp, rollout_tp
+        assert rollout_placement_problems(args, world) == [], (world, rollout_ranks, tp, rollout_tp)
     # tensor_parallel_degree 2 on 2 trainer ranks of 4 processes runs, so do replicas of 2 ranks
     for name in ("pipeline_parallel_degree", "sharding_parallel_degree"):
         problems = rollout_placement_problems(placement_args(rollout_ranks=2, **{name: 2}), 4)

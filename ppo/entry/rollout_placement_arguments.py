@@ -151,10 +151,6 @@ def partial_rollout_problems(args, world_size=2):
         problems.append("partial_rollout needs rollout_placement split with async_staleness >= 1: only there does a "
                         "weight update arrive while a batch is generated (a colocated or synchronous rollout always "
                         "samples a batch with one version)")
-    elif world_size != 2:
-        problems.append(f"partial_rollout with {world_size} processes: a response spans an update with one trainer rank "
-                        "and one rollout rank only (2 processes); mid-batch updates across several batches of a step "
-                        "are not implemented")
     if not 1 <= args.partial_rollout_tokens < args.max_dec_len:
         problems.append(f"partial_rollout_tokens {args.partial_rollout_tokens} must be in 1..max_dec_len - 1 "
                         f"({args.max_dec_len - 1}): the tokens a response generates before the update")

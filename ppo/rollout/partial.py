@@ -2,10 +2,11 @@
 
 `generate_partial` decodes `chunk_tokens` new tokens at a time with `RolloutEngine.generate`.
 Before each chunk it calls `at_boundary(chunk)`, which may load new weights into the engine's
-model and returns the weights version that samples the chunk. Rows still unfinished after a
-chunk keep their tokens: the next chunk re-prefills prompt + tokens so far under the weights
-then current (the KV cache of the old weights is dropped), as slime's partial rollout does
-(`slime/rollout/sglang_rollout.py`, `abort`: requests unfinished at a weight update go back to
+model and returns the weights version that samples the chunk (`partial_chunks` is the same as a
+generator that stops at each boundary, so one caller can hold several generations there). Rows
+still unfinished after a chunk keep their tokens: the next chunk re-prefills prompt + tokens so
+far under the weights then current (the KV cache of the old weights is dropped), as slime's
+partial rollout does (`slime/rollout/sglang_rollout.py`, `abort`: requests unfinished at a weight update go back to
 the data buffer with their partial response, and the next generation sends prompt + response)
 and AReaL's interruptible generation (`areal/engine/sglang_remote.py`,
 `RemoteSGLangEngine.agenerate`: a request aborted by `update_weights` is re-sent with its output
@@ -17,6 +18,7 @@ The sampling uniforms are columns/steps of the one draw an uninterrupted call ma
 (`ChunkDraw`), so with unchanged weights the tokens are the uninterrupted call's (the log-probs
 equal up to the float rounding of a prefill against a decode step).
 """
+import contextlib
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -58,6 +60,28 @@ def generate_partial(engine, input_ids, attention_mask, params, seed, chunk_toke
     `token_versions` `[B, Tr]` int64 (the version of each response token, -1 after its row's
     end). `at_boundary(chunk) -> version` runs before chunk 0, 1, ... `input_ids` `[B, Tp]`
     left-padded as for `generate`; `seed` an int (not None: the chunks share one draw)."""
+    return drive(partial_chunks(engine, input_ids, attention_mask, params, seed, chunk_tokens, row_offset, total_rows),
+                 at_boundary)
+
+
+def drive(chunks, at_boundary):
+    """Run a `partial_chunks` generator to its end, asking `at_boundary(chunk)` for the version of
+    each chunk; returns what the generator returns."""
+    try:
+        chunk = next(chunks)
+        while True:
+            chunk = chunks.send(int(at_boundary(chunk)))
+    except StopIteration as done:
+        return done.value
+
+
+def partial_chunks(engine, input_ids, attention_mask, params, seed, chunk_tokens, row_offset=0, total_rows=None,
+                   scope=contextlib.nullcontext):
+    """The generator behind `generate_partial`: before each chunk it yields the chunk's number and
+    takes the weights version that samples it (`version = yield chunk`), so a caller can hold
+    several of them at one boundary (a rollout rank's batches of one step, `RolloutWorker`) and
+    take a weight update once for all; returns `(RolloutOutput, token_versions)`. `scope()`: a
+    context each chunk's `engine.generate` runs in (the model's offload scope)."""
     if params.stop_sequences or params.stop_strings:
         raise ValueError("partial rollout: stop_sequences / stop_strings are not supported (a sequence may span chunks)")
     if seed is None:
@@ -70,14 +94,15 @@ def generate_partial(engine, input_ids, attention_mask, params, seed, chunk_toke
     logprobs, versions = np.zeros([B, N], dtype=np.float32), np.full([B, N], -1, dtype=np.int64)
     lengths, active, done, chunk = np.zeros([B], dtype=np.int64), np.arange(B), 0, 0
     while active.size and done < N:
-        version = int(at_boundary(chunk))
+        version = int((yield chunk))
         steps = min(chunk_tokens(chunk) if callable(chunk_tokens) else chunk_tokens, N - done)
         sel = paddle.to_tensor(active)
         ids = paddle.concat([paddle.index_select(input_ids, sel), paddle.to_tensor(tokens[active, :done])], axis=1)
         mask = paddle.concat([paddle.index_select(prompt_mask, sel), paddle.ones([active.size, done], "int64")], axis=1)
         draw = ChunkDraw(int(seed), done, N, tuple(int(row_offset + r) for r in active), int(total_rows))
         chunk_params = replace(params, max_new_tokens=steps, min_new_tokens=min(steps, max(0, params.min_new_tokens - done)))
-        out = engine.generate(ids, mask, chunk_params, seed=draw)
+        with scope():
+            out = engine.generate(ids, mask, chunk_params, seed=draw)
         got, n = out.response_lengths.numpy(), out.response_ids.shape[1]
         tokens[active, done : done + n] = out.response_ids.numpy()
         logprobs[active, done : done + n] = out.response_logprobs.numpy()

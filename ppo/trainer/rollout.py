@@ -12,11 +12,13 @@ groups (group ids never repeat across draws or ranks). An engine that records ro
 With a `partial` switch (a split run's rollout rank, `partial_rollout`) the engine generates in
 chunks that a weight update may interrupt (`ppo.rollout.partial`) and each token's weights
 version is kept as `Experience.token_versions`; `Experience.version` is then the oldest."""
+import contextlib
+
 import paddle
 
 from ..experience.stages import experience_from_rollout
 from ..models.routing_replay import rollout_routing
-from ..rollout.partial import generate_partial
+from ..rollout.partial import drive, partial_chunks
 
 
 class Rollout:
@@ -35,23 +37,47 @@ class Rollout:
 
     def generate(self):
         """`rollout_n` responses to each of the next prompts, as an `Experience` at stage "rollout"."""
+        if self.partial is not None:
+            return drive(self.generate_chunks(), self.partial.at_boundary)
+        batch, input_ids, prompt_mask, seed, where = self._draw()
+        with self.offload.scope("actor"), self.passes.generation_weights():
+            out = self.engine.generate(input_ids, prompt_mask, self.sampling, seed=seed, **where)
+        return self._experience(batch, out, None)
+
+    def generate_chunks(self):
+        """A partial rollout's `generate` as a generator (`ppo.rollout.partial.partial_chunks`): it
+        yields the number of each chunk before generating it and takes the weights version that
+        samples it; returns the `Experience`. The draw (prompts, draw count) is made at the first
+        `next`, so a rollout rank can hold several batches at one weight update."""
+        batch, input_ids, prompt_mask, seed, where = self._draw()
+        chunks = partial_chunks(self.engine, input_ids, prompt_mask, self.sampling, seed, self.partial.chunk_tokens,
+                                scope=self._generation_scope, **where)
+        out, token_versions = yield from chunks
+        return self._experience(batch, out, token_versions)
+
+    @contextlib.contextmanager
+    def _generation_scope(self):
+        with self.offload.scope("actor"), self.passes.generation_weights():
+            yield
+
+    def _draw(self):
+        """The next prompts and their sampling seed: `(batch, input_ids [B, Tp], prompt_mask, seed,
+        {row_offset, total_rows})`, with B = prompts x `rollout_n`; advances the sampler."""
         indices = self.sampler.next_indices()
         n, ranks = self.settings.rollout_n, self.ranks
         batch = self.collate([self.dataset[i] for i in indices])
         input_ids = paddle.repeat_interleave(batch["input_ids"], n, axis=0)
         prompt_mask = paddle.repeat_interleave(batch["attention_mask"], n, axis=0)
-        draws = self.state.gen_batches
-        seed, rows = self.settings.seed + 1_000_003 * draws, input_ids.shape[0]
-        token_versions, where = None, dict(row_offset=ranks.data_rank * rows, total_rows=ranks.data_world * rows)
-        with self.offload.scope("actor"), self.passes.generation_weights():
-            if self.partial is None:
-                out = self.engine.generate(input_ids, prompt_mask, self.sampling, seed=seed, **where)
-            else:
-                out, token_versions = generate_partial(self.engine, input_ids, prompt_mask, self.sampling, seed,
-                                                       self.partial.chunk_tokens, self.partial.at_boundary, **where)
-        group_base = (draws * ranks.data_world + ranks.data_rank) * len(indices)
+        seed, rows = self.settings.seed + 1_000_003 * self.state.gen_batches, input_ids.shape[0]
+        return batch, input_ids, prompt_mask, seed, dict(row_offset=ranks.data_rank * rows, total_rows=ranks.data_world * rows)
+
+    def _experience(self, batch, out, token_versions):
+        """The engine's output of the draw `batch` as an `Experience` at stage "rollout"."""
+        draws, ranks, n_prompts = self.state.gen_batches, self.ranks, len(batch["prompt"])
+        group_base = (draws * ranks.data_world + ranks.data_rank) * n_prompts
         self.state.gen_batches += 1
-        exp = experience_from_rollout(batch, out, self.tokenizer.eos_token_id, repeat=n, group_base=group_base)
+        exp = experience_from_rollout(batch, out, self.tokenizer.eos_token_id, repeat=self.settings.rollout_n,
+                                      group_base=group_base)
         exp.version, exp.token_versions = self.state.step, token_versions
         if out.expert_indices is not None:  # routing replay: the experts of every token, aligned to `sequences`
             exp.routing = rollout_routing(out.expert_indices, exp.attention_mask)

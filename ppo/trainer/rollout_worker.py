@@ -20,7 +20,10 @@ sends as soon as its step b - s + 1 begins (`RemoteRollout`); unfinished respons
 under it (re-prefilled, `ppo.rollout.partial`), so a response spans the update and its tokens
 carry two versions, the oldest at most s steps behind the step that trains on them.
 The update lands at that chunk boundary every run (the rank waits for it there), so the
-batches are the same whatever the timing, unlike slime's and AReaL's interrupt-when-ready."""
+batches are the same whatever the timing, unlike slime's and AReaL's interrupt-when-ready.
+A rank holding several units of a step generates them together (`generate_units`: every unit's
+first chunk, the update once, then the rest of every unit), and a rank with none takes the update
+as well, so the batches are the same whichever rank generates them (docs/split_rollout.md)."""
 import contextlib
 import logging
 import time
@@ -86,33 +89,63 @@ class RolloutWorker:
             self.waited = 0.0
             if index - self.staleness > self.version:
                 self.take_weights()
+            mine = []
             for d, leader in layout.units(index):
                 if d not in self.rollouts:
                     continue
                 if leader != layout.leader(rank):  # another replica generates it
                     self.rollouts[d].skip()
-                    continue
-                message = self.generate(index, self.rollouts[d])  # every rank of the replica, together
-                for t in layout.data_rank_trainers(d) if rank == leader else ():
+                else:
+                    mine.append(d)
+            for d, message in self.generate_units(index, {d: self.rollouts[d] for d in mine}):
+                for t in layout.data_rank_trainers(d) if rank == layout.leader(rank) else ():
                     self.link.send_object(message, t)
-                waited_total, generated, self.waited = waited_total + self.waited, generated + 1, 0.0
+                waited_total, generated = waited_total + message["train_wait_s"], generated + 1
         logger.info(f"rollout rank: generated {generated} batches of steps {start}..{max_steps - 1}, "
                     f"{waited_total:.1f} s waiting for weights")
         return {"batches": generated, "train_wait_s": waited_total}
 
-    def generate(self, index, rollout):
-        """Batch `index` of one trainer rank, as the message that carries it."""
-        rollout.state.step = self.version  # the Rollout stamps the experience with it (the oldest token's)
+    def generate_units(self, index, rollouts):
+        """Batch `index` of each of `rollouts` (`{data rank: Rollout}`, this replica's units of the
+        step in the deal's order), yielded as `(data rank, the message that carries it)`, each as
+        soon as it is ready. With a partial rollout they are generated together, chunk by chunk:
+        every unit's first chunk under the version held, then the update, then the rest of every
+        unit, so each unit spans the update whichever replica generates it and however many units
+        it holds (the batches of one trainer rank beside one rollout rank); a rank with no unit in
+        the step takes the update too (the broadcast reaches every rollout rank)."""
         self.used = {self.version: self.checksum}
         self.pending = self.partial_tokens > 0 and index - self.staleness + 1 > self.version
-        exp = rollout.generate()
-        if self.pending:  # every response ended before the update: it serves the next batch
-            self.take_weights()
-        if self.reference_pass is not None and self.link.rank == self.link.layout.leader(self.link.rank):
-            exp.ref_logprobs = self.reference_pass(exp)
-        return {"index": index, "version": exp.version, "checksum": self.used[exp.version], "versions": dict(self.used),
-                "train_wait_s": self.waited, "gen_batches": rollout.state.gen_batches,
-                "sampler": rollout.sampler.state_dict(), "experience": experience_message(exp)}
+        for rollout in rollouts.values():
+            rollout.state.step = self.version  # the Rollout stamps the experience with it (the oldest token's)
+        if self.partial_tokens:
+            exps = self.generate_together([rollout.generate_chunks() for rollout in rollouts.values()])
+            if self.pending:  # no unit here, or every response ended first: each rollout rank takes each version
+                self.take_weights()
+        else:
+            exps = (rollout.generate() for rollout in rollouts.values())
+        for (d, rollout), exp in zip(rollouts.items(), exps):
+            if self.reference_pass is not None and self.link.rank == self.link.layout.leader(self.link.rank):
+                exp.ref_logprobs = self.reference_pass(exp)
+            yield d, {"index": index, "version": exp.version, "checksum": self.used[exp.version],
+                      "versions": dict(self.used), "train_wait_s": self.waited, "gen_batches": rollout.state.gen_batches,
+                      "sampler": rollout.sampler.state_dict(), "experience": experience_message(exp)}
+            self.waited = 0.0  # the wait goes with the first message
+
+    def generate_together(self, generations):
+        """Run `Rollout.generate_chunks` generators chunk by chunk, all of them at each boundary
+        (`at_boundary` once per boundary); returns their experiences in order."""
+        results, boundaries = [None] * len(generations), {}
+        for i, g in enumerate(generations):  # each draws its prompts and stops before chunk 0
+            boundaries[i] = next(g)
+        while boundaries:
+            version = self.at_boundary(min(boundaries.values()))
+            for i in sorted(boundaries):
+                try:
+                    boundaries[i] = generations[i].send(version)
+                except StopIteration as done:
+                    results[i] = done.value
+                    del boundaries[i]
+        return results
 
     def take_weights(self):
         """Receive the next weights version (blocking until the trainer sends it)."""
