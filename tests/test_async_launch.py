@@ -240,11 +240,19 @@ def test_partial_rollout_responses_span_an_update(tiny_model_dir, tiny_data_dir,
     assert [r["async/weights_version"] for r in rows] == [0, 0, 1, 2, 3]  # the oldest token's version
     assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 1.0, 1.0, 1.0]
     assert all(0.0 < r["async/staleness_mean"] < 1.0 for r in rows[1:]), [r["async/staleness_mean"] for r in rows]
+    assert_tokens_span_the_update(out)
+
+
+def assert_tokens_span_the_update(out):
+    """`samples.jsonl` of a partial run with 2 tokens before the update: from step 2 on a response's
+    first 2 tokens are version k - 1 and the rest version k, every token at most 1 step stale, the
+    tokens of version k weighted 1 and some older ones not."""
     samples = [s for s in map(json.loads, open(f"{out}/samples.jsonl")) if s["step"] >= 2]
     spanning, old_weights = 0, []
     for s in samples:
         k, versions, weights = s["step"] - 1, s["token_versions"], s["rollout_is_weights"]
         assert versions[:2] == [k - 1] * min(2, len(versions)) and set(versions[2:]) <= {k}, s
+        assert all(0 <= k - v <= 1 for v in versions), s  # the staleness bound, per token
         spanning += len(versions) > 2
         for v, w in zip(versions, weights):
             if v == k:

@@ -29,7 +29,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.test_async_launch import NOT_COMPARED, STALE, logs, policy_weights, steps
+from tests.test_async_launch import NOT_COMPARED, STALE, assert_tokens_span_the_update, logs, policy_weights, steps
 from tests.test_async_launch import assert_same_run as assert_same_async_run
 from tests.test_reward_server import free_port
 from tests.test_split_many_launch import STEPS, argv_of, generated, launch
@@ -65,18 +65,7 @@ def assert_responses_span_the_update(out):
     assert [r["async/weights_version"] for r in rows] == [0, 0, 1]  # the oldest token's version
     assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
     assert all(0.0 < r["async/staleness_mean"] < 1.0 for r in rows[1:]), [r["async/staleness_mean"] for r in rows]
-    spanning, old_weights = 0, []
-    for s in (s for s in samples(out) if s["step"] >= 2):
-        k, versions, weights = s["step"] - 1, s["token_versions"], s["rollout_is_weights"]
-        assert versions[:2] == [k - 1] * min(2, len(versions)) and set(versions[2:]) <= {k}, s
-        assert all(0 <= k - v <= 1 for v in versions), s  # the staleness bound, per token
-        spanning += len(versions) > 2
-        for v, w in zip(versions, weights):
-            if v == k:
-                assert w == pytest.approx(1.0, abs=2e-4), s
-            else:
-                old_weights.append(w)
-    assert spanning > 0 and max(abs(w - 1.0) for w in old_weights) > 1e-3
+    assert_tokens_span_the_update(out)
 
 
 def assert_bit_for_bit(got, want):
