@@ -6,6 +6,7 @@ import numpy as np
 import paddle
 
 from ppo.data import ProcessRewardDataset
+from ppo.data.process_reward import REWARD_TOKENS
 from rm.process_reward_trainer import evaluate_steps, step_logits
 
 
@@ -29,7 +30,7 @@ def audit_process_reward(model, tokenizer, specs, batch_size=64, truncate_prompt
     from the model's config)."""
     config = model.config
     dataset = ProcessRewardDataset(specs, tokenizer, max_length=None, placeholder_token=config.placeholder_token,
-                                   reward_tokens=getattr(config, "reward_tokens", "+,-"), truncate_prompt_to=truncate_prompt_to)
+                                   reward_tokens=getattr(config, "reward_tokens", REWARD_TOKENS), truncate_prompt_to=truncate_prompt_to)
     collate = dataset.get_collator()
     batches = [collate([dataset[i] for i in range(s, min(s + batch_size, len(dataset)))]) for s in range(0, len(dataset), batch_size)]
     metrics = evaluate_steps(model, batches, lambda x: x)

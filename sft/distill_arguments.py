@@ -15,7 +15,7 @@ from ppo.entry.argument_groups import (
     PaddleNLPTrainingArguments,
     PromptTruncationArguments,
     RolloutArguments,
-    default_override,
+    shared_field,
 )
 from ppo.common.startup_checks import model_config
 from ppo.entry.trainer_entry_checks import trainer_entry_problems
@@ -54,14 +54,14 @@ class DistillArguments:
                   "KL(student || teacher), between them JSD with the mixture beta*teacher + (1-beta)*student."},
     )
     # the student's sampling temperature; it also divides both models' logits in the loss
-    temperature: float = default_override(RolloutArguments, "temperature", 1.0)
+    temperature: float = shared_field(RolloutArguments, "temperature")
     teacher_top_k: int = field(
         default=0,
         metadata={"help": "Compare only the teacher's k most likely tokens (and 'any other token') at each "
                   "position, to cut memory at large vocabularies; 0 = the full distribution."},
     )
-    max_dec_len: int = default_override(RolloutArguments, "max_dec_len", 64)
-    min_dec_len: int = default_override(RolloutArguments, "min_dec_len", 1)
+    max_dec_len: int = shared_field(RolloutArguments, "max_dec_len")
+    min_dec_len: int = shared_field(RolloutArguments, "min_dec_len")
 
 
 @dataclass

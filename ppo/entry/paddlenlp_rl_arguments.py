@@ -9,7 +9,7 @@ loop cannot run is refused saying why; nothing is accepted and then ignored.
 """
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 from ..algos.process_reward import PRM_REDUCTIONS
@@ -179,7 +179,8 @@ def prm_rollout_problems(args):
     return problems
 
 
-PRM_DEFAULTS = {"prm_reduction": "last", "prm_step_separator": "\n", "prm_step_tokens": 0, "prm_end_step": False}
+PRM_DEFAULTS = {f.name: f.default for f in fields(PaddleNLPRLArguments) if f.name.startswith("prm_")}
+"""The `prm_*` fields' defaults, as declared above: a run without a process reward model refuses others."""
 
 
 def is_process_reward_model(path):

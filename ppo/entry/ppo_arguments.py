@@ -17,7 +17,6 @@ from ..common.field_bounds import ranged_field
 from .argument_groups import (
     RECOMPUTE_GRANULARITIES,
     DatasetArguments,
-    DivergenceArguments,
     ModelCommonArguments,
     OnlineRolloutArguments,
     PaddleNLPTrainingArguments,
@@ -118,8 +117,6 @@ class PPOTrainingArguments(RoutingReplayArguments, RolloutPlacementArguments, Ag
 
     paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.argument_parsing
     field_choices: ClassVar[dict] = PPO_FIELD_CHOICES  # checked before Paddle loads (ppo/common/early_values.py)
-    # an RL run that diverges is stopped by default (DivergenceArguments: off for SFT/RM/DPO)
-    stop_on_divergence: bool = default_override(DivergenceArguments, "stop_on_divergence", True)
     # rollout
     # None: filled from global_batch_size in __post_init__ (PaddleNLP), else 16
     per_device_prompt_batch_size: Optional[int] = default_override(RolloutArguments, "per_device_prompt_batch_size", None)
