@@ -1,7 +1,7 @@
 """Arguments of `sft/run_distill.py` (on-policy distillation, GKD; full or LoRA student).
 
-Defaults live here only (TRL's `GKDConfig` defaults for `lmbda` and `beta`); every field has a
-help. `validate_arguments` is the entry point's start-up pass, run before any model loads;
+Defaults live here (TRL's `GKDConfig` defaults: `lmbda`, and `beta` as the loss's `GKD_BETA`); every
+field has a help. `validate_arguments` is the entry point's start-up pass, run before any model loads;
 `tokenizer_problems` compares the student's and the teacher's tokenizers there too.
 """
 from dataclasses import dataclass, field
@@ -17,6 +17,7 @@ from ppo.entry.argument_groups import (
     RolloutArguments,
     shared_field,
 )
+from ppo.algos.distill import GKD_BETA
 from ppo.common.startup_checks import model_config
 from ppo.entry.trainer_entry_checks import trainer_entry_problems
 from ppo.common.validation import model_dir_problems
@@ -49,7 +50,7 @@ class DistillArguments:
                   "others use the dataset's answers. Steps are chosen by a fixed schedule, not at random."},
     )
     beta: float = field(
-        default=0.5,
+        default=GKD_BETA,
         metadata={"help": "Generalised JSD interpolation: 0 = forward KL(teacher || student), 1 = reverse "
                   "KL(student || teacher), between them JSD with the mixture beta*teacher + (1-beta)*student."},
     )

@@ -13,6 +13,8 @@ from typing import ClassVar, List, Optional
 
 from paddlenlp.trainer import TrainingArguments
 
+from ..data.base import DEFAULT_TEMPLATE
+from ..data.tokenized import DEFAULT_MAX_LENGTH
 from ..evaluation.generation import LONG_ANSWER_LEN
 from ..models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE
 from ..models.loading import DEFAULT_LORA_TARGETS
@@ -22,7 +24,7 @@ from ..common.field_bounds import default_override, ranged_field, shared_field  
 
 RECOMPUTE_GRANULARITIES = ("full", "full_attn", "core_attn")
 DEFAULT_EVAL_MAX_NEW_TOKENS = 32
-BEAVER_TEMPLATE = "BEGINNING OF CONVERSATION: USER: {input} ASSISTANT:"
+BEAVER_TEMPLATE = DEFAULT_TEMPLATE  # the Beaver (safe-rlhf) template, as ppo.data declares it
 
 
 @dataclass
@@ -277,7 +279,7 @@ class DatasetArguments:
         default=False, metadata={"help": "Format prompts with the tokenizer's chat template instead of prompt_template."}
     )
     max_length: int = ranged_field(
-        512, minimum=1, help="Longest tokenised prompt+answer; longer answers are truncated.")
+        DEFAULT_MAX_LENGTH, minimum=1, help="Longest tokenised prompt+answer; longer answers are truncated.")
     eval_long_answer_len: int = ranged_field(
         LONG_ANSWER_LEN, minimum=0, help="Reference answers at least this many characters long count as 'long' in eval/accuracy_long.")
     chat_template: Optional[str] = field(

@@ -11,6 +11,7 @@ from typing import ClassVar, List, Optional
 
 from ..agents.arguments import AgentArguments
 from ..algos import ADV_ESTIMATORS
+from ..algos.advantage import GAE_LAMBDA, GAMMA
 from ..algos.kl import KL_ESTIMATOR_NAMES
 from ..common import paddlenlp_keys as pk
 from ..common.field_bounds import ranged_field
@@ -210,8 +211,8 @@ class PPOTrainingArguments(RoutingReplayArguments, RolloutPlacementArguments, Ag
         metadata={"help": "Whiten advantages over the batch's response tokens after the estimator (as PaddleNLP, for every "
                   "estimator); None: true for gae, false for the others."},
     )
-    gamma: float = ranged_field(1.0, range=(0.0, True, 1.0, True), help="Discount factor.")
-    gae_lambda: float = ranged_field(0.95, range=(0.0, True, 1.0, True), help="GAE lambda.")
+    gamma: float = ranged_field(GAMMA, range=(0.0, True, 1.0, True), help="Discount factor.")
+    gae_lambda: float = ranged_field(GAE_LAMBDA, range=(0.0, True, 1.0, True), help="GAE lambda.")
     scale_reward_std: bool = field(default=True, metadata={"help": "GRPO: divide group advantages by the group std (False: Dr.GRPO)."})
     dynamic_sampling: bool = field(default=False, metadata={"help": "GRPO: drop zero-variance groups and refill the batch."})
     max_gen_batches: int = ranged_field(4, minimum=1, help="Most rollout batches dynamic sampling draws per step.")
