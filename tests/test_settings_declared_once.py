@@ -364,3 +364,53 @@ def test_signature_defaults_fed_by_a_field_are_its_declaration():
                 if isinstance(node.args[1], ast.Constant) and node.args[1].value in names and isinstance(node.args[2], ast.Constant):
                     literal.append((path, node.lineno, node.args[1].value))
     assert literal == []
+
+
+NEUTRAL = (None, True, False, "", 0, 1, -1, "none")  # "unset", "off" or the identity: not a setting's choice
+LEFT = {("rm/audit_reward.py", "batch_size"), ("rm/audit_reward.py", "long_answer_tokens"),
+        ("rm/audit_cost.py", "batch_size"), ("rm/audit_steps.py", "batch_size")}
+"""Left: the audit scripts' functions take the audit's `batch_size` / `long_answer_tokens` defaults; the
+argument module loads PaddleNLP, which the scripts import only after their early check."""
+OTHER = {("ppo/evaluation/generation.py", "batch_size"), ("ppo/evaluation/sampled.py", "batch_size"),
+         ("ppo/scoring/process_reward.py", "batch_size"), ("ppo/judge/model_judge.py", "batch_size")}
+"""Not the audit's `batch_size`: each function's own chunk size under the same name (its callers pass theirs)."""
+
+
+def literal_parameter_defaults(defaults):
+    """`(file, line, parameter)` of every function parameter of the library named as a field of ours
+    whose default is a literal equal to one of that field's declared defaults (neutral values aside)."""
+    found = []
+    for path, tree in _library_trees():
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            a = node.args
+            positional = a.posonlyargs + a.args
+            params = list(zip(positional[len(positional) - len(a.defaults):], a.defaults))
+            params += [(p, d) for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+            for p, d in params:
+                if p.arg in defaults and isinstance(d, ast.Constant) and repr(d.value) in defaults[p.arg]:
+                    if not any(d.value == n and type(d.value) is type(n) for n in NEUTRAL) and not (
+                            isinstance(d.value, float) and d.value in (0.0, 1.0)):
+                        found.append((path, node.lineno, p.arg))
+    return found
+
+
+def test_functions_a_setting_feeds_default_to_its_declaration():
+    """The losses, estimators, datasets and collators default to the constant or `Setting` their
+    argument field is declared with (`clip_range_ratio=CLIP_RANGE_RATIO.default`, `gamma=GAMMA`),
+    never to a second literal of the same value."""
+    from ppo.algos import POLICY_LOSSES, PREFERENCE_SETTINGS, covariance_losses, losses, policy_losses, preference
+
+    ours = our_fields()  # PaddleNLP's own fields (its seed=42 in the datasets' signatures) are PaddleNLP's to declare
+    found = literal_parameter_defaults({n: d for n, d in _field_defaults().items() if n in ours})
+    assert [(path, name) for path, _, name in found if (path, name) not in LEFT | OTHER] == []
+    assert {(path, name) for path, _, name in found} == LEFT | OTHER  # (a fix here: drop its entry)
+    # the settings the registries list are the ones the functions read their defaults from
+    declared = {s.name: s for entry in POLICY_LOSSES.values() for s in entry.declared}
+    assert declared["clip_range_ratio"] is losses.CLIP_RANGE_RATIO and declared["gmpo_clip_low"] is policy_losses.GMPO_CLIP_LOW
+    assert declared["kl_cov_coef"] is covariance_losses.KL_COV_COEF and PREFERENCE_SETTINGS["beta"] is preference.BETA
+    assert [s.default for s in (losses.CLIP_RANGE_RATIO, policy_losses.CISPO_CLIP_HIGH, covariance_losses.CLIP_COV_UB)] == [0.2, 4.0, 5.0]
+    tree = ast.parse("def f(x, gamma=0.99, *, clip_range_ratio=0.2, temperature=1.0, rollout_is='none'):\n    pass")
+    fake = [(n.args.args[1:] + n.args.kwonlyargs) for n in tree.body][0]
+    assert [p.arg for p in fake] == ["gamma", "clip_range_ratio", "temperature", "rollout_is"]
