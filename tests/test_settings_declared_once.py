@@ -414,3 +414,19 @@ def test_functions_a_setting_feeds_default_to_its_declaration():
     tree = ast.parse("def f(x, gamma=0.99, *, clip_range_ratio=0.2, temperature=1.0, rollout_is='none'):\n    pass")
     fake = [(n.args.args[1:] + n.args.kwonlyargs) for n in tree.body][0]
     assert [p.arg for p in fake] == ["gamma", "clip_range_ratio", "temperature", "rollout_is"]
+
+
+def test_no_help_writes_out_a_choice_tuple():
+    """A help that lists a field's valid names joins the tuple its check reads (`RECOMPUTE_GRANULARITIES`),
+    so a new name shows in `--help` without a second edit."""
+    from ppo.common.early_values import declared_choices, resolve
+
+    lists = {" | ".join(resolve(ref)[0]) for ref, _ in declared_choices(argument_classes()).values()}
+    lists = {text for text in lists if text.count(" | ") >= 2}
+    assert "full | full_attn | core_attn" in lists
+    modules = {base.__module__.replace(".", os.sep) + ".py" for cls in argument_classes() for base in cls.__mro__
+               if base.__module__.split(".")[0] in LIBRARY}  # where the helps are written (docstrings elsewhere may list them)
+    written = [(path, node.lineno, text) for path, tree in _library_trees() if path in modules for node in ast.walk(tree)
+               if isinstance(node, ast.Constant) and isinstance(node.value, str)
+               for text in lists if text in node.value]
+    assert len(modules) > 10 and written == []

@@ -70,7 +70,7 @@ class ModelCommonArguments(LoRAArguments):
         default=False, metadata={"help": "Use flash attention in the models (GPU builds of Paddle only)."}
     )
     recompute_granularity: str = field(
-        default="full", metadata={"help": "What `recompute` recomputes in the backward pass: full | full_attn | core_attn."}
+        default="full", metadata={"help": f"What `recompute` recomputes in the backward pass: {' | '.join(RECOMPUTE_GRANULARITIES)}."}
     )
     recompute_use_reentrant: bool = field(default=False, metadata={"help": "Use Paddle's reentrant recompute."})
     use_train_patch: bool = field(

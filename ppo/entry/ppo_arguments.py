@@ -276,7 +276,7 @@ class PPOTrainingArguments(RoutingReplayArguments, RolloutPlacementArguments, Ag
     # PaddleNLP switches
     critic_recompute: bool = field(default=False, metadata={"help": "Activation recompute in the critic (recompute: the actor)."})
     critic_recompute_granularity: str = field(
-        default="full", metadata={"help": "What critic_recompute recomputes: full | full_attn | core_attn."}
+        default="full", metadata={"help": f"What critic_recompute recomputes: {' | '.join(RECOMPUTE_GRANULARITIES)}."}
     )
 
     def resolve_group(self):
