@@ -7,6 +7,7 @@ import paddle
 
 from ppo.data import ProcessRewardDataset
 from ppo.data.process_reward import REWARD_TOKENS
+from rm.audit_arguments import AuditArgument
 from rm.process_reward_trainer import evaluate_steps, step_logits
 
 
@@ -25,7 +26,7 @@ def first_error_accuracy(logits, labels, mask):
     return hits / total if total else None
 
 
-def audit_process_reward(model, tokenizer, specs, batch_size=64, truncate_prompt_to=None):
+def audit_process_reward(model, tokenizer, specs, batch_size=AuditArgument.batch_size, truncate_prompt_to=None):
     """The report dict of a PRM on the held-out records of `specs` (placeholder and reward tokens
     from the model's config)."""
     config = model.config

@@ -367,10 +367,6 @@ def test_signature_defaults_fed_by_a_field_are_its_declaration():
 
 
 NEUTRAL = (None, True, False, "", 0, 1, -1, "none")  # "unset", "off" or the identity: not a setting's choice
-LEFT = {("rm/audit_reward.py", "batch_size"), ("rm/audit_reward.py", "long_answer_tokens"),
-        ("rm/audit_cost.py", "batch_size"), ("rm/audit_steps.py", "batch_size")}
-"""Left: the audit scripts' functions take the audit's `batch_size` / `long_answer_tokens` defaults; the
-argument module loads PaddleNLP, which the scripts import only after their early check."""
 OTHER = {("ppo/evaluation/generation.py", "batch_size"), ("ppo/evaluation/sampled.py", "batch_size"),
          ("ppo/scoring/process_reward.py", "batch_size"), ("ppo/judge/model_judge.py", "batch_size")}
 """Not the audit's `batch_size`: each function's own chunk size under the same name (its callers pass theirs)."""
@@ -404,8 +400,8 @@ def test_functions_a_setting_feeds_default_to_its_declaration():
 
     ours = our_fields()  # PaddleNLP's own fields (its seed=42 in the datasets' signatures) are PaddleNLP's to declare
     found = literal_parameter_defaults({n: d for n, d in _field_defaults().items() if n in ours})
-    assert [(path, name) for path, _, name in found if (path, name) not in LEFT | OTHER] == []
-    assert {(path, name) for path, _, name in found} == LEFT | OTHER  # (a fix here: drop its entry)
+    assert [(path, name) for path, _, name in found if (path, name) not in OTHER] == []
+    assert {(path, name) for path, _, name in found} == OTHER
     # the settings the registries list are the ones the functions read their defaults from
     declared = {s.name: s for entry in POLICY_LOSSES.values() for s in entry.declared}
     assert declared["clip_range_ratio"] is losses.CLIP_RANGE_RATIO and declared["gmpo_clip_low"] is policy_losses.GMPO_CLIP_LOW
