@@ -37,6 +37,7 @@ from paddlenlp.trainer import Trainer
 from dpo.preference_objective import needs_reference, preference_objective
 from ppo.algos import PREFERENCE_LOSSES, get_preference_loss, kto_kl_reference_point, masked_sum
 from ppo.data import IGNORE_INDEX, right_padding
+from ppo.evaluation import LONG_ANSWER_LEN
 from ppo.evaluation.trainer_mixin import GenerationEvalMixin
 from ppo.models.basics import unwrap_model
 from ppo.models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE, causal_lm_token_logprobs
@@ -148,7 +149,7 @@ class DPOTrainer(StreamingTrainerMixin, FreshOptimizerResumeMixin, DatasetOrderM
         ref_model=None,
         eval_prompt_dataset=None,
         eval_max_new_tokens=16,
-        eval_long_answer_len=5,
+        eval_long_answer_len=LONG_ANSWER_LEN,
         use_rollout_engine=True,
         packed_length=None,
         trainer_layout=None,

@@ -20,7 +20,6 @@ from ppo.judge import scorer as judge_scorer
 from ppo.strategy import expert_layout_problems
 from ppo.models.hf_import import hf_config_problems
 from ppo.entry.argument_groups import (
-    DivergenceArguments,
     OnlineRolloutArguments,
     PaddleNLPTrainingArguments,
     RolloutArguments,
@@ -142,8 +141,6 @@ class OnlineDPOTrainingArguments(PreferenceLossArguments, OnlineRolloutArguments
                                      "loss_type": "dpo.online_dpo_arguments:ONLINE_LOSS_TYPES"}
     # a pair needs two answers per prompt: 4 samples by default (run_ppo.py: 1)
     rollout_n: int = default_override(RolloutArguments, "rollout_n", 4)
-    # a round that diverges stops the run, as PPO's (DivergenceArguments: off for SFT/RM/DPO)
-    stop_on_divergence: bool = default_override(DivergenceArguments, "stop_on_divergence", True)
     # pairs
     pair_selection: str = field(
         default="best_worst",

@@ -13,6 +13,7 @@ from ppo.common.divergence import DivergenceDetector
 from ppo.optimization.offload import OffloadPlan
 from ppo.entry.ppo_trainer import reward_scorer, trained_model
 from ppo.data.prompt_sampler import PromptSampler
+from ppo.evaluation import LONG_ANSWER_LEN
 from ppo.rollout import RolloutEngine, SamplingParams
 from ppo.strategy import PassSettings, build_strategy
 from ppo.trainer.evaluator import Evaluator
@@ -36,7 +37,7 @@ STEP_LINE_METRICS = ("objective/scores", "online_dpo/num_pairs", "online_dpo/sco
 
 
 def build_online_dpo_trainer(args, models, tokenizer, train_dataset, eval_dataset=None, reward_client=None, rule_scorer=None,
-                             eval_long_answer_len=5, strategy=None, judge=None):
+                             eval_long_answer_len=LONG_ANSWER_LEN, strategy=None, judge=None):
     """The `OnlineLoop` of an online DPO run. `models`: a `PPOModels` (actor = policy; reference
     None for a LoRA policy, whose adapter is switched off instead; reward None when a server,
     rules or the judge score); `reward_client` / `rule_scorer` as `run_ppo.py`'s; `judge`: a

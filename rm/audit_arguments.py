@@ -7,7 +7,7 @@ start-up pass, run by `parse_arguments` before the model loads.
 from dataclasses import dataclass, field
 from typing import List
 
-from ppo.entry.argument_groups import BEAVER_TEMPLATE
+from ppo.entry.argument_groups import BEAVER_TEMPLATE, DatasetArguments, shared_field
 from ppo.common import validation
 from ppo.common.field_bounds import ranged_field
 from ppo.models.hf_import import hf_config_problems
@@ -47,13 +47,10 @@ class CostAuditArgument:
     eval_datasets: List[str] = field(
         default_factory=list, metadata={"help": "Held-out safety pairs (e.g. PKU-SafeRLHF/safety/test:1.0:FILE)."}
     )
-    prompt_template: str = field(default=BEAVER_TEMPLATE, metadata={"help": "Prompt template with an {input} slot."})
-    use_chat_template: bool = field(
-        default=False, metadata={"help": "Format prompts with the tokenizer's chat template instead of prompt_template."}
-    )
-    max_length: int = ranged_field(
-        512, minimum=1, help="Longest tokenised prompt+answer; longer answers are truncated.")
-    batch_size: int = ranged_field(64, minimum=1, help="Sequences scored per forward pass.")
+    prompt_template: str = shared_field(AuditArgument, "prompt_template")
+    use_chat_template: bool = shared_field(DatasetArguments, "use_chat_template")
+    max_length: int = shared_field(DatasetArguments, "max_length")
+    batch_size: int = shared_field(AuditArgument, "batch_size")
     output_dir: str = field(
         default=None, metadata={"help": "Where cost_audit.json goes (default: the model directory; only that file is written)."}
     )

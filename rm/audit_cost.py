@@ -44,7 +44,7 @@ def label_summary(costs, unsafe):
             key: float(right.mean()) if costs.size else None}
 
 
-def audit_costs(model, dataset, pad_id, batch_size=64):
+def audit_costs(model, dataset, pad_id, batch_size=CostAuditArgument.batch_size):
     """The report dict of a cost model on a `SafetyPreferenceDataset` (see the module docstring)."""
     items = [dataset[i] for i in range(len(dataset))]
     safer = score_sequences(model, [it["better_input_ids"].tolist() for it in items], pad_id, batch_size)

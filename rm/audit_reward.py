@@ -74,7 +74,8 @@ def score_sequences(model, sequences, pad_id, batch_size):
     return np.concatenate(out)
 
 
-def audit(model, tokenizer, dataset, batch_size=64, long_answer_tokens=32):
+def audit(model, tokenizer, dataset, batch_size=AuditArgument.batch_size,
+          long_answer_tokens=AuditArgument.long_answer_tokens):
     """The report dict: per probe kind, mean score and the fraction of prompts where it outranks the real answer."""
     kinds, sequences = [], []
     for i in range(len(dataset)):

@@ -6,6 +6,8 @@ import numpy as np
 import paddle
 
 from ppo.data import ProcessRewardDataset
+from ppo.data.process_reward import REWARD_TOKENS
+from rm.audit_arguments import AuditArgument
 from rm.process_reward_trainer import evaluate_steps, step_logits
 
 
@@ -24,12 +26,12 @@ def first_error_accuracy(logits, labels, mask):
     return hits / total if total else None
 
 
-def audit_process_reward(model, tokenizer, specs, batch_size=64, truncate_prompt_to=None):
+def audit_process_reward(model, tokenizer, specs, batch_size=AuditArgument.batch_size, truncate_prompt_to=None):
     """The report dict of a PRM on the held-out records of `specs` (placeholder and reward tokens
     from the model's config)."""
     config = model.config
     dataset = ProcessRewardDataset(specs, tokenizer, max_length=None, placeholder_token=config.placeholder_token,
-                                   reward_tokens=getattr(config, "reward_tokens", "+,-"), truncate_prompt_to=truncate_prompt_to)
+                                   reward_tokens=getattr(config, "reward_tokens", REWARD_TOKENS), truncate_prompt_to=truncate_prompt_to)
     collate = dataset.get_collator()
     batches = [collate([dataset[i] for i in range(s, min(s + batch_size, len(dataset)))]) for s in range(0, len(dataset), batch_size)]
     metrics = evaluate_steps(model, batches, lambda x: x)

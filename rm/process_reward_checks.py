@@ -3,15 +3,21 @@ what the step loss needs and the settings of pairwise reward models it cannot us
 from ppo.data.process_reward import PRM_DATASET, parse_reward_tokens
 from ppo.data.specs import dataset_names
 
-PRM_FIELDS = (("placeholder_token", "ки"), ("reward_tokens", "+,-"))
+PRM_FIELDS = ("placeholder_token", "reward_tokens")
+"""The data settings only a process reward model reads (a run without one refuses values other than their defaults)."""
+
+
+def changed(args, name):
+    """Whether field `name` of the argument dataclass `args` differs from its declared default."""
+    return getattr(args, name) != type(args).__dataclass_fields__[name].default
 
 
 def process_reward_problems(model_args, data_args, training_args):
     """Every problem of `process_reward` with the other arguments (none without it, unless its
     data settings are given)."""
     if not model_args.process_reward:
-        return [f"{name} is a process_reward setting; set process_reward true" for name, default in PRM_FIELDS
-                if getattr(data_args, name) != default]
+        return [f"{name} is a process_reward setting; set process_reward true" for name in PRM_FIELDS
+                if changed(data_args, name)]
     problems = []
     try:
         parse_reward_tokens(data_args.reward_tokens)
@@ -25,8 +31,8 @@ def process_reward_problems(model_args, data_args, training_args):
                                                      "pipeline stages"),
         (data_args.zero_padding, "zero_padding: packed rows for the step loss are not implemented (PaddleNLP's PRM "
                                  "config trains padded too)"),
-        (training_args.loss_type != "sequence-wise", f"loss_type {training_args.loss_type}: the pairwise losses do not "
-                                                     "apply; the step loss is used"),
+        (changed(training_args, "loss_type"), f"loss_type {training_args.loss_type}: the pairwise losses do not "
+                                              "apply; the step loss is used"),
         (training_args.regularization != 0, "regularization: the pairwise losses' score regulariser does not apply"),
         (model_args.normalize_score_during_training, "normalize_score_during_training: step scores are logits of the "
                                                      "good-step probability and are not normalised"),

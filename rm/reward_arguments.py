@@ -17,6 +17,7 @@ from ppo.entry.argument_groups import (
     ZeroPaddingArguments,
 )
 from ppo.entry.trainer_entry_checks import trainer_entry_problems
+from ppo.data.process_reward import PLACEHOLDER_TOKEN, REWARD_TOKENS
 from ppo.data.specs import dataset_names  # noqa: F401  (tests/test_configs.py reads it from here)
 from rm.process_reward_checks import process_reward_problems
 from rm.reward_trainer import LOSS_TYPES
@@ -53,11 +54,11 @@ class ModelArgument(ModelCommonArguments):
 @dataclass
 class DataArgument(StreamingArguments, ZeroPaddingArguments, PromptTruncationArguments, DatasetArguments):
     placeholder_token: str = field(
-        default="ки",
+        default=PLACEHOLDER_TOKEN,
         metadata={"help": "process_reward: the token after each step whose score is the step's score (Math-Shepherd's)."},
     )
     reward_tokens: str = field(
-        default="+,-", metadata={"help": "process_reward: the labels of a good and of a bad step in the data, comma-separated."}
+        default=REWARD_TOKENS, metadata={"help": "process_reward: the labels of a good and of a bad step in the data, comma-separated."}
     )
 
 

@@ -1,7 +1,7 @@
 """Arguments of `sft/run_distill.py` (on-policy distillation, GKD; full or LoRA student).
 
-Defaults live here only (TRL's `GKDConfig` defaults for `lmbda` and `beta`); every field has a
-help. `validate_arguments` is the entry point's start-up pass, run before any model loads;
+Defaults live here (TRL's `GKDConfig` defaults: `lmbda`, and `beta` as the loss's `GKD_BETA`); every
+field has a help. `validate_arguments` is the entry point's start-up pass, run before any model loads;
 `tokenizer_problems` compares the student's and the teacher's tokenizers there too.
 """
 from dataclasses import dataclass, field
@@ -15,8 +15,9 @@ from ppo.entry.argument_groups import (
     PaddleNLPTrainingArguments,
     PromptTruncationArguments,
     RolloutArguments,
-    default_override,
+    shared_field,
 )
+from ppo.algos.distill import GKD_BETA
 from ppo.common.startup_checks import model_config
 from ppo.entry.trainer_entry_checks import trainer_entry_problems
 from ppo.common.validation import model_dir_problems
@@ -49,19 +50,19 @@ class DistillArguments:
                   "others use the dataset's answers. Steps are chosen by a fixed schedule, not at random."},
     )
     beta: float = field(
-        default=0.5,
+        default=GKD_BETA,
         metadata={"help": "Generalised JSD interpolation: 0 = forward KL(teacher || student), 1 = reverse "
                   "KL(student || teacher), between them JSD with the mixture beta*teacher + (1-beta)*student."},
     )
     # the student's sampling temperature; it also divides both models' logits in the loss
-    temperature: float = default_override(RolloutArguments, "temperature", 1.0)
+    temperature: float = shared_field(RolloutArguments, "temperature")
     teacher_top_k: int = field(
         default=0,
         metadata={"help": "Compare only the teacher's k most likely tokens (and 'any other token') at each "
                   "position, to cut memory at large vocabularies; 0 = the full distribution."},
     )
-    max_dec_len: int = default_override(RolloutArguments, "max_dec_len", 64)
-    min_dec_len: int = default_override(RolloutArguments, "min_dec_len", 1)
+    max_dec_len: int = shared_field(RolloutArguments, "max_dec_len")
+    min_dec_len: int = shared_field(RolloutArguments, "min_dec_len")
 
 
 @dataclass

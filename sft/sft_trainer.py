@@ -4,6 +4,7 @@ import paddle
 from paddlenlp.trainer import Trainer
 
 from ppo.common.step_tokens import STEP_TOKENS_KEY, count_step_tokens, step_token_scale
+from ppo.evaluation import LONG_ANSWER_LEN
 from ppo.evaluation.trainer_mixin import GenerationEvalMixin
 from ppo.models.causal_lm import answer_nll
 from ppo.entry.moe_aux_trainer import MoeAuxLossMixin
@@ -26,7 +27,7 @@ class SFTTrainer(MoeAuxLossMixin, LayoutTrainerMixin, StreamingTrainerMixin, Fre
     `eval/response_length` to every evaluation.
     """
 
-    def __init__(self, *args, eval_prompt_dataset=None, eval_max_new_tokens=16, eval_long_answer_len=5, use_rollout_engine=True,
+    def __init__(self, *args, eval_prompt_dataset=None, eval_max_new_tokens=16, eval_long_answer_len=LONG_ANSWER_LEN, use_rollout_engine=True,
                  trainer_layout=None, **kwargs):
         self.trainer_layout = trainer_layout or TrainerLayout(kwargs.get("args"))  # the model as it was given
         super().__init__(*args, **kwargs)

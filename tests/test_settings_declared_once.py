@@ -248,3 +248,181 @@ def test_preference_ranges_are_checked_in_the_trainers_words():
     assert args.preference_loss_problems() == ["beta must be positive, got -0.1",
                                                "label_smoothing must lie in [0, 0.5), got 0.7",
                                                "pref_loss_ratio must be >= 0, got -2.0"]
+
+
+def _library_trees():
+    for package in LIBRARY:
+        for folder, _, files in os.walk(os.path.join(ROOT, package)):
+            for name in sorted(f for f in files if f.endswith(".py")):
+                path = os.path.join(folder, name)
+                yield os.path.relpath(path, ROOT), ast.parse(open(path, encoding="utf-8").read())
+
+
+def test_a_field_another_class_has_is_taken_not_written_again():
+    """A field two classes of ours declare with the same default and help is written once: the
+    others take it with `shared_field` (or give another default with `default_override`, which
+    refuses the same default)."""
+    from ppo.common.field_bounds import default_override
+    from ppo.entry.argument_groups import OnlineRolloutArguments, RolloutArguments
+
+    declared = {}  # (name, default, help) -> classes declaring it in their own body
+    for cls in argument_classes():
+        for base in cls.__mro__:
+            if base.__module__.split(".")[0] in LIBRARY and dataclasses.is_dataclass(base):
+                own = {f.name: f for f in dataclasses.fields(base) if f.name in vars(base).get("__annotations__", {})}
+                for name, f in own.items():
+                    default = f.default if f.default is not dataclasses.MISSING else f.default_factory
+                    declared.setdefault((name, repr(default), f.metadata.get("help")), set()).add(base)
+    written = {}  # (module, class, field) -> the declaration's source
+    for path, tree in _library_trees():
+        module = path[:-3].replace(os.sep, ".")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value is not None:
+                        written[(module, node.name, item.target.id)] = ast.unparse(item.value)
+    twice = []
+    for (name, _, _), classes in declared.items():
+        sources = [written.get((c.__module__, c.__qualname__, name), "") for c in classes]
+        if len([s for s in sources if not s.startswith("shared_field(")]) > 1:
+            twice.append((name, sorted(c.__qualname__ for c in classes)))
+    assert twice == []
+    assert {("temperature", "DistillArguments"), ("batch_size", "CostAuditArgument"), ("max_length", "CostAuditArgument")} <= {
+        (n, c) for (_, c, n), s in written.items() if s.startswith("shared_field(")}
+    with pytest.raises(ValueError, match=r"default_override\(RolloutArguments, 'max_dec_len', 64\) repeats"):
+        default_override(RolloutArguments, "max_dec_len", 64)
+    # the online loops' divergence stop: one override, which PPO/GRPO and online DPO inherit
+    assert {f.name: f.default for f in dataclasses.fields(OnlineRolloutArguments)}["stop_on_divergence"] is True
+
+
+def _field_defaults():
+    """field name -> the set of defaults the classes of ours give it."""
+    found = {}
+    for cls in argument_classes():
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                found.setdefault(f.name, set()).add(repr(f.default))
+    return found
+
+
+def literal_default_tables(defaults):
+    """`(file, line)` of every dict `{"field": default, ...}` or tuple `(("field", default), ...)` of
+    the library naming two or more fields of ours, each with one of its declared defaults."""
+    found = []
+    for path, tree in _library_trees():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Dict):
+                pairs = list(zip(node.keys, node.values))
+            elif isinstance(node, (ast.Tuple, ast.List)) and all(isinstance(e, ast.Tuple) and len(e.elts) == 2 for e in node.elts):
+                pairs = [tuple(e.elts) for e in node.elts]
+            else:
+                continue
+            hits = [k.value for k, v in pairs if isinstance(k, ast.Constant) and k.value in defaults
+                    and isinstance(v, ast.Constant) and repr(v.value) in defaults[k.value]]
+            if len(hits) >= 2:
+                found.append((path, node.lineno))
+    return found
+
+
+def test_no_table_repeats_the_defaults_of_fields():
+    """The defaults a check compares with (PRM settings set without a process reward model) are
+    read from the declarations; the one table left is the saved score model's config format (how a
+    config without those keys is read), not an argument's default."""
+    from ppo.entry.paddlenlp_rl_arguments import PRM_DEFAULTS, PaddleNLPRLArguments
+
+    tables = literal_default_tables(_field_defaults())
+    assert [t for t in tables if t[0] != os.path.join("ppo", "models", "score_model.py")] == []
+    assert PRM_DEFAULTS == {f.name: f.default for f in dataclasses.fields(PaddleNLPRLArguments) if f.name.startswith("prm_")}
+    assert PRM_DEFAULTS == {"prm_reduction": "last", "prm_step_separator": "\n", "prm_step_tokens": 0, "prm_end_step": False}
+    tree = ast.parse('PRM_FIELDS = (("placeholder_token", "x"), ("reward_tokens", "+,-"))\nD = {"a": 1, "b": 2}')
+    flagged = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Tuple) and len(node.elts) == 2
+               and all(isinstance(e, ast.Tuple) for e in node.elts)]
+    assert flagged == [1]  # the detector's shape; its defaults check runs over the library above
+
+
+def test_signature_defaults_fed_by_a_field_are_its_declaration():
+    """The evaluation's long-answer length and the PRM dataset's tokens: the functions a field feeds
+    default to the constant the field is declared with, never a second literal."""
+    from ppo.data.process_reward import PLACEHOLDER_TOKEN, REWARD_TOKENS
+    from ppo.entry.argument_groups import DatasetArguments
+    from ppo.evaluation import LONG_ANSWER_LEN
+    from rm.reward_arguments import DataArgument
+
+    fields = {f.name: f.default for f in dataclasses.fields(DataArgument)}
+    assert (fields["placeholder_token"], fields["reward_tokens"]) == (PLACEHOLDER_TOKEN, REWARD_TOKENS) == ("ки", "+,-")
+    assert {f.name: f.default for f in dataclasses.fields(DatasetArguments)}["eval_long_answer_len"] == LONG_ANSWER_LEN == 5
+    names = {"eval_long_answer_len", "long_answer_len", "placeholder_token", "reward_tokens"}
+    literal = []
+    for path, tree in _library_trees():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                params = list(zip((a.posonlyargs + a.args)[len(a.posonlyargs + a.args) - len(a.defaults):], a.defaults))
+                params += [(p, d) for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+                literal += [(path, node.lineno, p.arg) for p, d in params if p.arg in names and isinstance(d, ast.Constant)]
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) == 3:
+                if isinstance(node.args[1], ast.Constant) and node.args[1].value in names and isinstance(node.args[2], ast.Constant):
+                    literal.append((path, node.lineno, node.args[1].value))
+    assert literal == []
+
+
+NEUTRAL = (None, True, False, "", 0, 1, -1, "none")  # "unset", "off" or the identity: not a setting's choice
+OTHER = {("ppo/evaluation/generation.py", "batch_size"), ("ppo/evaluation/sampled.py", "batch_size"),
+         ("ppo/scoring/process_reward.py", "batch_size"), ("ppo/judge/model_judge.py", "batch_size")}
+"""Not the audit's `batch_size`: each function's own chunk size under the same name (its callers pass theirs)."""
+
+
+def literal_parameter_defaults(defaults):
+    """`(file, line, parameter)` of every function parameter of the library named as a field of ours
+    whose default is a literal equal to one of that field's declared defaults (neutral values aside)."""
+    found = []
+    for path, tree in _library_trees():
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            a = node.args
+            positional = a.posonlyargs + a.args
+            params = list(zip(positional[len(positional) - len(a.defaults):], a.defaults))
+            params += [(p, d) for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+            for p, d in params:
+                if p.arg in defaults and isinstance(d, ast.Constant) and repr(d.value) in defaults[p.arg]:
+                    if not any(d.value == n and type(d.value) is type(n) for n in NEUTRAL) and not (
+                            isinstance(d.value, float) and d.value in (0.0, 1.0)):
+                        found.append((path, node.lineno, p.arg))
+    return found
+
+
+def test_functions_a_setting_feeds_default_to_its_declaration():
+    """The losses, estimators, datasets and collators default to the constant or `Setting` their
+    argument field is declared with (`clip_range_ratio=CLIP_RANGE_RATIO.default`, `gamma=GAMMA`),
+    never to a second literal of the same value."""
+    from ppo.algos import POLICY_LOSSES, PREFERENCE_SETTINGS, covariance_losses, losses, policy_losses, preference
+
+    ours = our_fields()  # PaddleNLP's own fields (its seed=42 in the datasets' signatures) are PaddleNLP's to declare
+    found = literal_parameter_defaults({n: d for n, d in _field_defaults().items() if n in ours})
+    assert [(path, name) for path, _, name in found if (path, name) not in OTHER] == []
+    assert {(path, name) for path, _, name in found} == OTHER
+    # the settings the registries list are the ones the functions read their defaults from
+    declared = {s.name: s for entry in POLICY_LOSSES.values() for s in entry.declared}
+    assert declared["clip_range_ratio"] is losses.CLIP_RANGE_RATIO and declared["gmpo_clip_low"] is policy_losses.GMPO_CLIP_LOW
+    assert declared["kl_cov_coef"] is covariance_losses.KL_COV_COEF and PREFERENCE_SETTINGS["beta"] is preference.BETA
+    assert [s.default for s in (losses.CLIP_RANGE_RATIO, policy_losses.CISPO_CLIP_HIGH, covariance_losses.CLIP_COV_UB)] == [0.2, 4.0, 5.0]
+    tree = ast.parse("def f(x, gamma=0.99, *, clip_range_ratio=0.2, temperature=1.0, rollout_is='none'):\n    pass")
+    fake = [(n.args.args[1:] + n.args.kwonlyargs) for n in tree.body][0]
+    assert [p.arg for p in fake] == ["gamma", "clip_range_ratio", "temperature", "rollout_is"]
+
+
+def test_no_help_writes_out_a_choice_tuple():
+    """A help that lists a field's valid names joins the tuple its check reads (`RECOMPUTE_GRANULARITIES`),
+    so a new name shows in `--help` without a second edit."""
+    from ppo.common.early_values import declared_choices, resolve
+
+    lists = {" | ".join(resolve(ref)[0]) for ref, _ in declared_choices(argument_classes()).values()}
+    lists = {text for text in lists if text.count(" | ") >= 2}
+    assert "full | full_attn | core_attn" in lists
+    modules = {base.__module__.replace(".", os.sep) + ".py" for cls in argument_classes() for base in cls.__mro__
+               if base.__module__.split(".")[0] in LIBRARY}  # where the helps are written (docstrings elsewhere may list them)
+    written = [(path, node.lineno, text) for path, tree in _library_trees() if path in modules for node in ast.walk(tree)
+               if isinstance(node, ast.Constant) and isinstance(node.value, str)
+               for text in lists if text in node.value]
+    assert len(modules) > 10 and written == []

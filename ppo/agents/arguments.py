@@ -62,7 +62,7 @@ class AgentArguments:
                   "counts against step_timeout_s); 0: no cap."},
     )
     turn_reward_mode: str = field(
-        default="final",
+        default=TURN_REWARD_MODES[0],
         metadata={"help": "Where the environment's rewards go: final = their sum at the last policy token; per_turn = "
                   "each turn's reward at that turn's last token."},
     )

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 SEGMENT_KINDS = ("prompt", "policy", "glue", "tool", "user")
-TURN_REWARD_MODES = ("final", "per_turn")
+TURN_REWARD_MODES = ("final", "per_turn")  # the first: the default of `turn_reward_mode`
 
 
 @dataclass
@@ -152,7 +152,7 @@ class TrajectoryBatch:
     last_policy_index: np.ndarray  # [B] int64: response column of the last policy token
 
 
-def collate_trajectories(trajectories, pad_token_id, turn_reward_mode="final"):
+def collate_trajectories(trajectories, pad_token_id, turn_reward_mode=TURN_REWARD_MODES[0]):
     """:class:`TrajectoryBatch` of `trajectories` (see the module docstring)."""
     prompts = [t.token_ids[: t.prompt_length] for t in trajectories]
     responses = [t.token_ids[t.prompt_length:] for t in trajectories]

@@ -36,10 +36,15 @@ __all__ = [
     "reinforce_pp_baseline_advantages",
     "AdvEstimator",
     "BUILT_IN_ESTIMATORS",
+    "GAMMA",
+    "GAE_LAMBDA",
 ]
 
+GAMMA, GAE_LAMBDA = 1.0, 0.95
+"""The default discount and GAE lambda (the PPO arguments' `gamma` and `gae_lambda`, and the functions' below)."""
 
-def gae_advantages_and_returns(values, rewards, mask, gamma=1.0, gae_lambda=0.95):
+
+def gae_advantages_and_returns(values, rewards, mask, gamma=GAMMA, gae_lambda=GAE_LAMBDA):
     """Generalised Advantage Estimation over response tokens.
 
     Formula, walking the masked tokens of each row backwards (t' = next masked token):
@@ -154,7 +159,7 @@ def reinforce_pp_baseline_advantages(scores, mask, group_size):
     return masked_whiten(broadcast_sequence_advantages(seq, mask), mask)
 
 
-def reinforce_pp_advantages_and_returns(rewards, mask, gamma=1.0):
+def reinforce_pp_advantages_and_returns(rewards, mask, gamma=GAMMA):
     """REINFORCE++ advantages: whitened discounted returns of the token rewards.
 
     Formula, walking the masked tokens backwards (t' = next masked token):
@@ -274,7 +279,7 @@ class AdvEstimator:
         """``{name: getattr(args, name)}`` for this entry's settings (e.g. the trainer's arguments)."""
         return {name: getattr(args, name) for name in self.settings}
 
-    def __call__(self, rewards, mask, values=None, group_size=1, gamma=1.0, gae_lambda=0.95, scale_by_std=True,
+    def __call__(self, rewards, mask, values=None, group_size=1, gamma=GAMMA, gae_lambda=GAE_LAMBDA, scale_by_std=True,
                  **settings):
         if self.needs_critic and values is None:
             raise ValueError(f"adv_estimator {self.name!r} needs critic values")

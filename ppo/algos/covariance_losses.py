@@ -11,11 +11,21 @@ registry (``ppo.algos.policy_registry``). Log-ratios are clamped to ``[-20, 20]`
 """
 import paddle
 
-from .losses import ratio_stats
+from .losses import CLIP_RANGE_RATIO, ratio_stats
 from .masked import _float_mask, _zero_outside, masked_mean, zero_masked_inputs
+from .setting import Setting
 from .token_selection import count_from_fraction, top_k_mask
 
-__all__ = ["clip_cov_token_losses", "kl_cov_token_losses", "token_covariance"]
+__all__ = ["clip_cov_token_losses", "kl_cov_token_losses", "token_covariance", "CLIP_COV_SETTINGS", "KL_COV_SETTINGS"]
+
+CLIP_COV_RATIO = Setting("clip_cov_ratio", float, 2e-4, "clip_cov: fraction of the response tokens whose loss is dropped (at least 1).")
+CLIP_COV_LB = Setting("clip_cov_lb", float, 1.0, "clip_cov: a dropped token's covariance is above this.")
+CLIP_COV_UB = Setting("clip_cov_ub", float, 5.0, "clip_cov: a dropped token's covariance is below this.")
+CLIP_COV_SETTINGS = (CLIP_COV_RATIO, CLIP_COV_LB, CLIP_COV_UB)
+KL_COV_RATIO = Setting("kl_cov_ratio", float, 2e-4, "kl_cov: fraction of the response tokens (largest covariance) given the KL penalty.")
+KL_COV_COEF = Setting("kl_cov_coef", float, 1.0, "kl_cov: weight of the |logp - old logp| penalty.")
+KL_COV_SETTINGS = (KL_COV_RATIO, KL_COV_COEF)
+"""The settings of the two losses below (the registry's entries list them; the functions default to them)."""
 
 
 def token_covariance(logprobs, advantages, mask):
@@ -40,9 +50,9 @@ def _prepared(logprobs, old_logprobs, advantages, mask):
     return m, logp, old, adv, paddle.exp(paddle.clip(logp - old, min=-20.0, max=20.0))
 
 
-def clip_cov_token_losses(logprobs, old_logprobs, advantages, mask, clip_range_ratio=0.2, clip_range_ratio_low=None,
-                          clip_range_ratio_high=None, clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0,
-                          uniforms=None):
+def clip_cov_token_losses(logprobs, old_logprobs, advantages, mask, clip_range_ratio=CLIP_RANGE_RATIO.default,
+                          clip_range_ratio_low=None, clip_range_ratio_high=None, clip_cov_ratio=CLIP_COV_RATIO.default,
+                          clip_cov_lb=CLIP_COV_LB.default, clip_cov_ub=CLIP_COV_UB.default, uniforms=None):
     """Clip-Cov: PPO's clipped loss, with a few random high-covariance tokens taken out.
 
     Formula (Cui et al. 2025, Clip-Cov): ``L1 = -A r``, ``L2 = -A clip(r, 1 - eps_l, 1 + eps_h)``;
@@ -89,7 +99,8 @@ def clip_cov_token_losses(logprobs, old_logprobs, advantages, mask, clip_range_r
     return token_loss, stats
 
 
-def kl_cov_token_losses(logprobs, old_logprobs, advantages, mask, kl_cov_ratio=2e-4, kl_cov_coef=1.0):
+def kl_cov_token_losses(logprobs, old_logprobs, advantages, mask, kl_cov_ratio=KL_COV_RATIO.default,
+                        kl_cov_coef=KL_COV_COEF.default):
     """KL-Cov: the unclipped policy-gradient loss, with a KL penalty on the top-covariance tokens.
 
     Formula (Cui et al. 2025, KL-Cov): ``L_t = -A_t r_t`` (no clip), and for the

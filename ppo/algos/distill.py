@@ -40,7 +40,11 @@ import math
 
 import paddle
 
+GKD_BETA = 0.5
+"""The default generalised-JSD interpolation (TRL `GKDConfig`'s `beta`; sft/run_distill.py's argument)."""
+
 __all__ = [
+    "GKD_BETA",
     "bucket_divergence",
     "full_terms",
     "generalized_jsd",
@@ -88,7 +92,7 @@ def _tempered_log_softmax(logits, temperature):
     return z - paddle.logsumexp(z, axis=-1, keepdim=True)
 
 
-def generalized_jsd(student_logits, teacher_logits, beta=0.5, temperature=1.0):
+def generalized_jsd(student_logits, teacher_logits, beta=GKD_BETA, temperature=1.0):
     """Per-position generalised JSD between ``softmax(teacher_logits / temperature)`` and
     ``softmax(student_logits / temperature)`` over the whole vocabulary (module docstring);
     TRL's ``generalized_jsd_loss`` with ``reduction="none"`` summed over the vocabulary.
@@ -101,7 +105,7 @@ def generalized_jsd(student_logits, teacher_logits, beta=0.5, temperature=1.0):
     return value
 
 
-def generalized_jsd_grad(student_logits, teacher_logits, beta=0.5, temperature=1.0):
+def generalized_jsd_grad(student_logits, teacher_logits, beta=GKD_BETA, temperature=1.0):
     """Closed-form ``d generalized_jsd / d student_logits`` per position:
     ``(h - s * sum h) / temperature`` with ``h`` from ``bucket_divergence`` and ``s`` the
     student's tempered softmax (module docstring). Shapes: ``[..., V]`` -> ``[..., V]``."""
@@ -148,7 +152,7 @@ def top_k_buckets(student_logp, indices, teacher_logprobs, teacher_log_rest):
     return paddle.concat([picked, student_rest], axis=-1), teacher
 
 
-def generalized_jsd_top_k(student_logits, indices, teacher_logprobs, teacher_log_rest, beta=0.5, temperature=1.0):
+def generalized_jsd_top_k(student_logits, indices, teacher_logprobs, teacher_log_rest, beta=GKD_BETA, temperature=1.0):
     """Per-position generalised JSD against a top-k teacher (``teacher_top_k``), between the
     two distributions over the ``k + 1`` outcomes (module docstring). Gradients by autograd
     reach every student logit. Shapes: ``student_logits [..., V]``, ``indices [..., k]``,
@@ -159,7 +163,7 @@ def generalized_jsd_top_k(student_logits, indices, teacher_logprobs, teacher_log
     return value
 
 
-def top_k_grad(student_logits, indices, teacher_logprobs, teacher_log_rest, beta=0.5, temperature=1.0):
+def top_k_grad(student_logits, indices, teacher_logprobs, teacher_log_rest, beta=GKD_BETA, temperature=1.0):
     """Closed-form ``d generalized_jsd_top_k / d student_logits``: with ``h`` of the ``k + 1``
     outcomes, ``dJ/dz_u = h_u - s_u sum h`` for a top-k token and ``(s_u / S_rest) h_rest -
     s_u sum h`` for any other, divided by ``temperature``. Shapes as ``generalized_jsd_top_k``

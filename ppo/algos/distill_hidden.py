@@ -20,7 +20,7 @@ The teacher comes in one of two forms:
 import paddle
 from paddle.autograd import PyLayer
 
-from .distill import _check_beta, full_terms, teacher_top_k, top_k_terms
+from .distill import GKD_BETA, _check_beta, full_terms, teacher_top_k, top_k_terms
 from .lm_head import _add_chunk_head_grads, _chunk_logits, _chunks, _counted_positions, _head_grads
 
 __all__ = ["TeacherHead", "TeacherTopK", "gjsd_from_hidden", "teacher_top_k_from_hidden"]
@@ -93,7 +93,7 @@ class _ChunkedGJSD(PyLayer):
         return grad_h, grad_w, None, None, None
 
 
-def gjsd_from_hidden(hidden, weight, labels, mask, teacher, beta=0.5, temperature=1.0, chunk_size=1024,
+def gjsd_from_hidden(hidden, weight, labels, mask, teacher, beta=GKD_BETA, temperature=1.0, chunk_size=1024,
                      transpose_y=False):
     """Generalised JSD (``distill.py``) of the teacher's and the student's next-token
     distributions at every counted position, from the student's final hidden states.

@@ -46,6 +46,13 @@ IMPORTANCE_SAMPLING_LEVEL = Setting("importance_sampling_level", str, "token",
 """The two settings of :func:`ppo_clip_token_losses` beyond the clip ratios, declared once: the
 policy-loss registry's entries list them (``ppo_clip`` both, ``gspo`` ``dual_clip``), the argument
 fields and start-up checks come from them, and the function's own guard is theirs."""
+_POSITIVE = (0.0, False, None, False)
+CLIP_RANGE_RATIO = Setting("clip_range_ratio", float, 0.2, "PPO ratio clip.", bounds=_POSITIVE)
+CLIP_RANGE_RATIO_LOW = Setting("clip_range_ratio_low", float, None, "Lower ratio clip (default clip_range_ratio).",
+                               bounds=_POSITIVE)
+CLIP_RANGE_RATIO_HIGH = Setting("clip_range_ratio_high", float, None, "Upper ratio clip (default clip_range_ratio).",
+                                bounds=_POSITIVE)
+"""The clip ratios (PaddleNLP's ``clip_range_ratio``); the functions below default to them."""
 
 
 def aggregate_loss(loss, mask, loss_agg_mode="token-mean", num_tokens=None, num_seqs=None, loss_scale_factor=None):
@@ -129,8 +136,8 @@ def _dual_clipped(clipped, advantages, dual_clip, m):
 
 
 def ppo_clip_token_losses(
-    logprobs, old_logprobs, advantages, mask, clip_range_ratio=0.2, clip_range_ratio_low=None, clip_range_ratio_high=None,
-    dual_clip=None, importance_sampling_level="token",
+    logprobs, old_logprobs, advantages, mask, clip_range_ratio=CLIP_RANGE_RATIO.default, clip_range_ratio_low=None,
+    clip_range_ratio_high=None, dual_clip=None, importance_sampling_level=IMPORTANCE_SAMPLING_LEVEL.default,
 ):
     """Per-token clipped PPO surrogate ``[B, T]`` and its stats, before aggregation.
 
@@ -177,8 +184,9 @@ def ratio_stats(logprobs, old_logprobs, ratio, mask):
 
 
 def ppo_policy_loss(
-    logprobs, old_logprobs, advantages, mask, clip_range_ratio=0.2, clip_range_ratio_low=None, clip_range_ratio_high=None,
-    dual_clip=None, loss_agg_mode="token-mean", num_tokens=None, num_seqs=None, importance_sampling_level="token",
+    logprobs, old_logprobs, advantages, mask, clip_range_ratio=CLIP_RANGE_RATIO.default, clip_range_ratio_low=None,
+    clip_range_ratio_high=None, dual_clip=None, loss_agg_mode="token-mean", num_tokens=None, num_seqs=None,
+    importance_sampling_level=IMPORTANCE_SAMPLING_LEVEL.default,
     loss_scale_factor=None,
 ):
     """Clipped PPO surrogate loss with optional asymmetric (DAPO) and dual clip.

@@ -10,8 +10,19 @@ import paddle
 
 from .losses import ratio_stats
 from .masked import _float_mask, masked_mean, zero_masked_inputs
+from .setting import Setting
 
-__all__ = ["cispo_token_losses", "gmpo_token_losses"]
+__all__ = ["cispo_token_losses", "gmpo_token_losses", "CISPO_SETTINGS", "GMPO_SETTINGS"]
+
+CISPO_CLIP_LOW = Setting("cispo_clip_low", float, None,
+                         "cispo: the weight's lower bound is 1 - this (None: no lower bound, as MiniMax-M1).")
+CISPO_CLIP_HIGH = Setting("cispo_clip_high", float, 4.0, "cispo: the weight's upper bound is 1 + this (None: no upper bound).",
+                          optional=True)
+CISPO_SETTINGS = (CISPO_CLIP_LOW, CISPO_CLIP_HIGH)
+GMPO_CLIP_LOW = Setting("gmpo_clip_low", float, 0.4, "gmpo: lower clip of the token log-ratio (-this).")
+GMPO_CLIP_HIGH = Setting("gmpo_clip_high", float, 0.4, "gmpo: upper clip of the token log-ratio.")
+GMPO_SETTINGS = (GMPO_CLIP_LOW, GMPO_CLIP_HIGH)
+"""The settings of the two losses below (the registry's entries list them; the functions default to them)."""
 
 
 def _log_ratio(logprobs, old_logprobs, advantages, mask):
@@ -24,7 +35,7 @@ def _log_ratio(logprobs, old_logprobs, advantages, mask):
     return m, logp, old, adv, paddle.clip(logp - old, min=-20.0, max=20.0)
 
 
-def cispo_token_losses(logprobs, old_logprobs, advantages, mask, cispo_clip_low=None, cispo_clip_high=4.0):
+def cispo_token_losses(logprobs, old_logprobs, advantages, mask, cispo_clip_low=None, cispo_clip_high=CISPO_CLIP_HIGH.default):
     """CISPO: a clipped, stop-gradient importance weight times the log-prob (MiniMax-M1, 2025).
 
     Formula (MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning
@@ -62,7 +73,8 @@ def cispo_token_losses(logprobs, old_logprobs, advantages, mask, cispo_clip_low=
     return token_loss, stats
 
 
-def gmpo_token_losses(logprobs, old_logprobs, advantages, mask, gmpo_clip_low=0.4, gmpo_clip_high=0.4):
+def gmpo_token_losses(logprobs, old_logprobs, advantages, mask, gmpo_clip_low=GMPO_CLIP_LOW.default,
+                      gmpo_clip_high=GMPO_CLIP_HIGH.default):
     """GMPO: the geometric mean of the token ratios, clipped per token in log space.
 
     Formula (Zhao et al. 2025, "Geometric-Mean Policy Optimization", the GMPO objective): per sequence

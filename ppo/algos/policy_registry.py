@@ -9,45 +9,23 @@ every entry: the rollout-correction weights (``ppo.algos.rollout_correction``) a
 selection by entropy (``top_entropy_frac``). Callers read an entry's facts, never its name.
 Source: verl ``core_algos.register_policy_loss`` / ``get_policy_loss_fn`` (registry pattern).
 """
-from .covariance_losses import clip_cov_token_losses, kl_cov_token_losses
-from .losses import (DUAL_CLIP, IMPORTANCE_SAMPLING_LEVEL, LOSS_AGG_MODES, _detached, aggregate_loss,
-                     ppo_clip_token_losses)
+from .covariance_losses import CLIP_COV_SETTINGS, KL_COV_SETTINGS, clip_cov_token_losses, kl_cov_token_losses
+from .losses import (CLIP_RANGE_RATIO, CLIP_RANGE_RATIO_HIGH, CLIP_RANGE_RATIO_LOW, DUAL_CLIP, IMPORTANCE_SAMPLING_LEVEL,
+                     LOSS_AGG_MODES, _detached, aggregate_loss, ppo_clip_token_losses)
 from .masked import _float_mask, _zero_outside, masked_mean, zero_masked_inputs
-from .policy_losses import cispo_token_losses, gmpo_token_losses
-from .setting import Setting, declared_settings
+from .policy_losses import CISPO_SETTINGS, GMPO_SETTINGS, cispo_token_losses, gmpo_token_losses
+from .setting import declared_settings
 from .token_selection import high_entropy_mask
 
 __all__ = ["POLICY_LOSSES", "PolicyLoss", "TOP_ENTROPY_NORMS", "get_policy_loss", "policy_loss_table"]
 
 TOP_ENTROPY_NORMS = ("kept", "all")
-"""``top_entropy_norm``: divide by the kept tokens (the Beyond-the-80/20 authors' code) or by all (TRL)."""
+"""``top_entropy_norm``: divide by the kept tokens (the Beyond-the-80/20 authors' code; the default) or by all (TRL)."""
 
-_POSITIVE = (0.0, False, None, False)
-_PPO_CLIP = (
-    Setting("clip_range_ratio", float, 0.2, "PPO ratio clip.", bounds=_POSITIVE),
-    Setting("clip_range_ratio_low", float, None, "Lower ratio clip (default clip_range_ratio).", bounds=_POSITIVE),
-    Setting("clip_range_ratio_high", float, None, "Upper ratio clip (default clip_range_ratio).", bounds=_POSITIVE),
-    DUAL_CLIP,
-)
+_PPO_CLIP = (CLIP_RANGE_RATIO, CLIP_RANGE_RATIO_LOW, CLIP_RANGE_RATIO_HIGH, DUAL_CLIP)
 """The clip settings of ``ppo_clip``, ``gspo`` and ``clip_cov`` (PaddleNLP's ``clip_range_ratio``)."""
-_CISPO = (
-    Setting("cispo_clip_low", float, None, "cispo: the weight's lower bound is 1 - this (None: no lower bound, as MiniMax-M1)."),
-    Setting("cispo_clip_high", float, 4.0, "cispo: the weight's upper bound is 1 + this (None: no upper bound).",
-            optional=True),
-)
-_GMPO = (
-    Setting("gmpo_clip_low", float, 0.4, "gmpo: lower clip of the token log-ratio (-this)."),
-    Setting("gmpo_clip_high", float, 0.4, "gmpo: upper clip of the token log-ratio."),
-)
-_CLIP_COV = (
-    Setting("clip_cov_ratio", float, 2e-4, "clip_cov: fraction of the response tokens whose loss is dropped (at least 1)."),
-    Setting("clip_cov_lb", float, 1.0, "clip_cov: a dropped token's covariance is above this."),
-    Setting("clip_cov_ub", float, 5.0, "clip_cov: a dropped token's covariance is below this."),
-)
-_KL_COV = (
-    Setting("kl_cov_ratio", float, 2e-4, "kl_cov: fraction of the response tokens (largest covariance) given the KL penalty."),
-    Setting("kl_cov_coef", float, 1.0, "kl_cov: weight of the |logp - old logp| penalty."),
-)
+_CISPO, _GMPO, _CLIP_COV, _KL_COV = CISPO_SETTINGS, GMPO_SETTINGS, CLIP_COV_SETTINGS, KL_COV_SETTINGS
+"""Each declared beside its loss function (whose defaults are theirs)."""
 
 
 def _gspo(logprobs, old_logprobs, advantages, mask, **settings):
@@ -100,7 +78,7 @@ class PolicyLoss:
 
     def __call__(self, logprobs, old_logprobs, advantages, mask, loss_agg_mode=None, num_tokens=None,
                  num_seqs=None, loss_scale_factor=None, rollout_is_weights=None, entropy=None, top_entropy_frac=None,
-                 top_entropy_norm="kept", uniforms=None, **settings):
+                 top_entropy_norm=TOP_ENTROPY_NORMS[0], uniforms=None, **settings):
         """``(loss, stats)``: the token losses of ``fn``, times the detached ``rollout_is_weights``
         ``[B, T]`` (None: no correction), reduced by ``aggregate_loss(loss_agg_mode, num_tokens,
         num_seqs, loss_scale_factor)`` (``loss_agg_mode`` None: ``self.aggregation()``'s) over

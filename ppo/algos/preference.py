@@ -11,6 +11,7 @@ import paddle
 import paddle.nn.functional as F
 
 from .masked import _float_mask, last_nonzero_index, masked_mean, zero_masked_inputs
+from .setting import Setting
 
 __all__ = [
     "pairwise_reward_loss",
@@ -20,6 +21,13 @@ __all__ = [
     "kto_kl_reference_point",
     "kto_loss",
 ]
+
+BETA = Setting("beta", float, 0.1, "Inverse temperature of the implicit reward (ORPO: the weight lambda of the "
+               "odds-ratio term).", bounds=(0.0, False, None, False))
+DESIRABLE_WEIGHT = Setting("desirable_weight", float, 1.0, "KTO weight of the desirable (chosen) examples.")
+UNDESIRABLE_WEIGHT = Setting("undesirable_weight", float, 1.0, "KTO weight of the undesirable (rejected) examples.")
+"""Three of the preference family's settings (``ppo.algos.PREFERENCE_SETTINGS`` lists them), declared
+here so that :func:`kto_loss` defaults to them."""
 
 
 
@@ -171,9 +179,9 @@ def kto_loss(
     ref_logps,
     is_desirable,
     kl_ref_point,
-    beta=0.1,
-    desirable_weight=1.0,
-    undesirable_weight=1.0,
+    beta=BETA.default,
+    desirable_weight=DESIRABLE_WEIGHT.default,
+    undesirable_weight=UNDESIRABLE_WEIGHT.default,
 ):
     """Kahneman-Tversky Optimisation loss on unpaired examples.
 

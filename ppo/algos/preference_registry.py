@@ -23,6 +23,7 @@ from .preference_pairs import (
     simpo_loss,
     sppo_hard_loss,
 )
+from .preference import BETA, DESIRABLE_WEIGHT, UNDESIRABLE_WEIGHT
 from .setting import Setting
 
 __all__ = [
@@ -47,16 +48,15 @@ DATA_KINDS = {
 PREFERENCE_SETTINGS = {
     s.name: s
     for s in (
-        Setting("beta", float, 0.1, "Inverse temperature of the implicit reward (ORPO: the weight lambda of the "
-                "odds-ratio term).", bounds=(0.0, False, None, False)),
+        BETA,
         Setting("label_smoothing", float, 0.0, "cDPO / robust SimPO: assumed probability that a preference label "
                 "is flipped, in [0, 0.5).", bounds=(0.0, True, 0.5, False)),
         Setting("simpo_gamma", float, 0.5, "SimPO target reward margin gamma."),
         Setting("dpop_lambda", float, 50.0, "dpop: weight of the penalty max(0, ref_c - pi_c) (PaddleNLP default 50)."),
         Setting("rdpo_alpha", float, 0.01, "rdpo: alpha in -log s(beta h + alpha (|y_chosen| - |y_rejected|)), "
                 "lengths in tokens."),
-        Setting("desirable_weight", float, 1.0, "KTO weight of the desirable (chosen) examples."),
-        Setting("undesirable_weight", float, 1.0, "KTO weight of the undesirable (rejected) examples."),
+        DESIRABLE_WEIGHT,
+        UNDESIRABLE_WEIGHT,
         Setting("reference_free", bool, False, "sigmoid/ipo/hinge against a uniform reference (log-probs 0): no "
                 "reference model."),
     )

@@ -18,9 +18,11 @@ import paddle
 
 from .masked import _float_mask, _zero_outside, masked_mean
 
-__all__ = ["ROLLOUT_IS_LEVELS", "rollout_correction", "rollout_is_weights", "rollout_mismatch_metrics"]
+__all__ = ["ROLLOUT_IS_LEVELS", "ROLLOUT_IS_THRESHOLD", "rollout_correction", "rollout_is_weights", "rollout_mismatch_metrics"]
 
 ROLLOUT_IS_LEVELS = ("token", "sequence", "none")
+ROLLOUT_IS_THRESHOLD = 2.0
+"""The default TIS truncation (verl's): the argument `rollout_is_threshold` and the functions below."""
 SAFETY_BOUND = 20.0  # log-weights are clamped to [-20, 20] before exp (verl's SAFETY_BOUND)
 
 
@@ -65,7 +67,7 @@ def _units_fraction(flags, m, rollout_is):
     return masked_mean(flags[:, 0].astype(m.dtype), rows.astype(m.dtype))
 
 
-def rollout_is_weights(old_logprobs, rollout_logprobs, mask, rollout_is="token", rollout_is_threshold=2.0,
+def rollout_is_weights(old_logprobs, rollout_logprobs, mask, rollout_is="token", rollout_is_threshold=ROLLOUT_IS_THRESHOLD,
                        rollout_is_lower=None, rollout_is_upper=None):
     """Importance weights ``pi_train / pi_rollout`` per token, truncated and/or masked.
 
@@ -132,7 +134,7 @@ def _masked_min(x, real):
     return paddle.where(paddle.any(real), low, paddle.zeros_like(low))
 
 
-def rollout_correction(old_logprobs, rollout_logprobs, mask, rollout_is="none", rollout_is_threshold=2.0,
+def rollout_correction(old_logprobs, rollout_logprobs, mask, rollout_is="none", rollout_is_threshold=ROLLOUT_IS_THRESHOLD,
                        rollout_is_lower=None, rollout_is_upper=None):
     """One step's rollout correction: ``(weights or None, stats)``.
 

@@ -22,7 +22,7 @@ a result) and inputs are never written into.
 """
 import paddle
 
-from .advantage import AdvEstimator, gae_advantages_and_returns
+from .advantage import GAMMA, AdvEstimator, gae_advantages_and_returns
 from .masked import _float_mask, zero_masked_inputs
 from .setting import Setting
 
@@ -61,7 +61,7 @@ def length_adaptive_lambda(lengths, alpha=VAPO_ALPHA):
     return paddle.clip(1.0 - 1.0 / (alpha * lengths), min=0.0, max=1.0)
 
 
-def vapo_advantages_and_returns(values, rewards, mask, gamma=1.0, alpha=VAPO_ALPHA, critic_lambda=VAPO_CRITIC_LAMBDA):
+def vapo_advantages_and_returns(values, rewards, mask, gamma=GAMMA, alpha=VAPO_ALPHA, critic_lambda=VAPO_CRITIC_LAMBDA):
     """Decoupled, length-adaptive GAE: the actor's advantages and the critic's targets.
 
     Formula, per row with ``l`` masked tokens: ``advantages = GAE(gamma, lambda_actor(l))``
@@ -98,7 +98,7 @@ VAPO_ESTIMATOR = AdvEstimator("vapo", _vapo, needs_critic=True, per_group=False,
 targets from their own lambda (PaddleNLP's ``rl_algorithm: vapo``)."""
 
 
-def value_pretraining_targets(rewards, mask, gamma=1.0):
+def value_pretraining_targets(rewards, mask, gamma=GAMMA):
     """The critic's targets while it is pretrained: Monte-Carlo returns (GAE with lambda 1).
 
     Formula, walking the masked tokens backwards: ``G_t = r_t + gamma * G_{t'}`` (0 after the

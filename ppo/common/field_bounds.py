@@ -12,7 +12,8 @@ The rule sits in the field's metadata (`bounds_of`); the start-up pass (`bound_p
 `validation.size_problems` before any model loads) and the stored argument table's early check
 (`early_values.value_rules`) read it there, with the messages of `rule_problem`. A registry entry's
 settings carry theirs in their `ppo.algos.Setting`. PaddleNLP's own fields cannot carry our
-metadata: the ones we bound are listed once, in `PADDLENLP_BOUNDS`.
+metadata: the ones we bound are listed once, in `PADDLENLP_BOUNDS`. A class that takes a field of
+another class keeps its declaration: `shared_field` (as it is) or `default_override` (another default).
 """
 import dataclasses
 
@@ -44,6 +45,23 @@ def ranged_field(default=dataclasses.MISSING, *, help, range=None, minimum=None,
 def kept_metadata(metadata):
     """A field's metadata to give another field (another default of a shared field), bounds kept."""
     return FieldMetadata(metadata)
+
+
+def default_override(group, name, default):
+    """Field `name` of the argument group `group` with another default (its help and range kept):
+    how an entry point gives a shared field its own default without declaring it a second time."""
+    shared = group.__dataclass_fields__[name]
+    if default == shared.default:
+        raise ValueError(f"default_override({group.__name__}, {name!r}, {default!r}) repeats the group's default: "
+                         "use shared_field")
+    return dataclasses.field(default=default, metadata=kept_metadata(shared.metadata))
+
+
+def shared_field(group, name):
+    """Field `name` of the argument class `group` as it is declared there (default, help, range), for
+    a class that takes that one field without the rest of `group`."""
+    shared = group.__dataclass_fields__[name]
+    return dataclasses.field(default=shared.default, default_factory=shared.default_factory, metadata=kept_metadata(shared.metadata))
 
 
 PADDLENLP_BOUNDS = {

@@ -31,9 +31,14 @@ from .encode import encode_text
 from .readers import LocalFileDataset, Record
 
 __all__ = ["PRM_DATASET", "ProcessRewardRawDataset", "ProcessRewardDataset", "ProcessRewardCollator",
-           "placeholder_id", "prm_sequence", "step_labels_from_text", "parse_reward_tokens"]
+           "placeholder_id", "prm_sequence", "step_labels_from_text", "parse_reward_tokens", "PLACEHOLDER_TOKEN",
+           "REWARD_TOKENS"]
 
 PRM_DATASET = "paddlenlp-prm"
+PLACEHOLDER_TOKEN = "ки"
+"""The default `placeholder_token` (Math-Shepherd's, PaddleNLP's): rm/run_reward.py's field and the dataset's."""
+REWARD_TOKENS = "+,-"
+"""The default `reward_tokens` (PaddleNLP's): rm/run_reward.py's field, the dataset's, an older config's."""
 
 
 def parse_reward_tokens(text: str) -> Tuple[str, str]:
@@ -133,7 +138,7 @@ class ProcessRewardDataset(PromptTruncationMixin, TokenizedDataset):
     REQUIRED_FIELDS = ("input", "prm_label")
     STAT_KEYS = ("truncated_prompt", "truncated_steps", "dropped_too_long")
 
-    def __init__(self, *args, placeholder_token: str = "ки", reward_tokens: str = "+,-", **kwargs) -> None:
+    def __init__(self, *args, placeholder_token: str = PLACEHOLDER_TOKEN, reward_tokens: str = REWARD_TOKENS, **kwargs) -> None:
         self.placeholder_token = placeholder_token
         self.reward_tokens = parse_reward_tokens(reward_tokens)
         self.placeholder = placeholder_id(kwargs["tokenizer"] if "tokenizer" in kwargs else args[1], placeholder_token)

@@ -8,7 +8,7 @@ import numpy as np
 
 from .base import DEFAULT_TEMPLATE, RawSample
 from .collate import CollatorBase, left_padding, position_ids_from_mask
-from .tokenized import TokenizedDataset
+from .tokenized import DEFAULT_MAX_LENGTH, TokenizedDataset
 
 __all__ = ["PromptOnlyDataset", "PromptOnlyCollator"]
 
@@ -31,7 +31,7 @@ class PromptOnlyDataset(TokenizedDataset):
         self,
         datasets: Any,
         tokenizer: Any,
-        max_length: Optional[int] = 512,
+        max_length: Optional[int] = DEFAULT_MAX_LENGTH,
         prompt_template: str = DEFAULT_TEMPLATE,
         use_chat_template: bool = False,
         seed: int = 42,

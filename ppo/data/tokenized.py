@@ -14,6 +14,9 @@ from .collate import format_prompt
 from .encode import encode_exact, encode_text
 from .specs import parse_dataset_spec
 
+DEFAULT_MAX_LENGTH = 512
+"""The default longest tokenised prompt+answer (the argument `max_length`, and the datasets' own)."""
+
 # --------------------------------------------------------------------------- tokenised datasets
 
 
@@ -56,7 +59,7 @@ class TokenizedDataset(Dataset):
         self,
         datasets: Any,
         tokenizer: Any,
-        max_length: Optional[int] = 512,
+        max_length: Optional[int] = DEFAULT_MAX_LENGTH,
         prompt_template: str = DEFAULT_TEMPLATE,
         use_chat_template: bool = False,
         seed: int = 42,

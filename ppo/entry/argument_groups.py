@@ -2,7 +2,8 @@
 
 Defaults live here and in the entry points' argument modules only; every field has a help
 and is declared once. An entry point whose default of a shared field differs redeclares it
-with `default_override` (same help, its own default, a comment saying why). Each group checks
+with `default_override` (same help, its own default, a comment saying why); a class that takes a
+shared field as it is, without the group, uses `shared_field`. Each group checks
 its own fields in its `resolve_group`; the roots (`ModelCommonArguments`, `DatasetArguments`,
 `PaddleNLPTrainingArguments`) have the one `__post_init__`, `resolve_arguments`, which runs every
 group's in one pass, so every problem of an instance is reported together (see `argument_problems`).
@@ -12,15 +13,18 @@ from typing import ClassVar, List, Optional
 
 from paddlenlp.trainer import TrainingArguments
 
+from ..data.base import DEFAULT_TEMPLATE
+from ..data.tokenized import DEFAULT_MAX_LENGTH
+from ..evaluation.generation import LONG_ANSWER_LEN
 from ..models.causal_lm import DEFAULT_LOGPROB_CHUNK_SIZE
 from ..models.loading import DEFAULT_LORA_TARGETS
 from ..rollout.ops import KERNEL_MODES
 from ..common.argument_problems import PADDLENLP_REFUSALS, paddlenlp_refusal, resolve_arguments
-from ..common.field_bounds import kept_metadata, ranged_field
+from ..common.field_bounds import default_override, ranged_field, shared_field  # noqa: F401  (imported from here)
 
 RECOMPUTE_GRANULARITIES = ("full", "full_attn", "core_attn")
 DEFAULT_EVAL_MAX_NEW_TOKENS = 32
-BEAVER_TEMPLATE = "BEGINNING OF CONVERSATION: USER: {input} ASSISTANT:"
+BEAVER_TEMPLATE = DEFAULT_TEMPLATE  # the Beaver (safe-rlhf) template, as ppo.data declares it
 
 
 @dataclass
@@ -66,7 +70,7 @@ class ModelCommonArguments(LoRAArguments):
         default=False, metadata={"help": "Use flash attention in the models (GPU builds of Paddle only)."}
     )
     recompute_granularity: str = field(
-        default="full", metadata={"help": "What `recompute` recomputes in the backward pass: full | full_attn | core_attn."}
+        default="full", metadata={"help": f"What `recompute` recomputes in the backward pass: {' | '.join(RECOMPUTE_GRANULARITIES)}."}
     )
     recompute_use_reentrant: bool = field(default=False, metadata={"help": "Use Paddle's reentrant recompute."})
     use_train_patch: bool = field(
@@ -97,13 +101,6 @@ class ModelCommonArguments(LoRAArguments):
         if self.recompute_granularity not in RECOMPUTE_GRANULARITIES:
             return [f"recompute_granularity must be one of {RECOMPUTE_GRANULARITIES}, got {self.recompute_granularity!r}"]
         return []
-
-
-def default_override(group, name, default):
-    """Field `name` of the argument group `group` with another default (its help and range kept):
-    how an entry point gives a shared field its own default without declaring it a second time."""
-    shared = group.__dataclass_fields__[name]
-    return field(default=default, metadata=kept_metadata(shared.metadata))
 
 
 @dataclass
@@ -218,6 +215,9 @@ class RolloutArguments:
 class OnlineRolloutArguments(RolloutArguments, DivergenceArguments, LogprobArguments, GenerationArguments):
     """The groups the online loops (PPO/GRPO, online DPO) always take together, and the loop's optimisation."""
 
+    # an RL run that diverges is stopped by default (DivergenceArguments: off for SFT/RM/DPO)
+    stop_on_divergence: bool = default_override(DivergenceArguments, "stop_on_divergence", True)
+
     update_iters: int = ranged_field(
         1, minimum=1, help="Passes over each rollout batch (PPO epochs; online DPO: over each round's pairs).")
     min_learning_rate: float = ranged_field(
@@ -279,9 +279,9 @@ class DatasetArguments:
         default=False, metadata={"help": "Format prompts with the tokenizer's chat template instead of prompt_template."}
     )
     max_length: int = ranged_field(
-        512, minimum=1, help="Longest tokenised prompt+answer; longer answers are truncated.")
+        DEFAULT_MAX_LENGTH, minimum=1, help="Longest tokenised prompt+answer; longer answers are truncated.")
     eval_long_answer_len: int = ranged_field(
-        5, minimum=0, help="Reference answers at least this many characters long count as 'long' in eval/accuracy_long.")
+        LONG_ANSWER_LEN, minimum=0, help="Reference answers at least this many characters long count as 'long' in eval/accuracy_long.")
     chat_template: Optional[str] = field(
         default=None,
         metadata={"help": "PaddleNLP's chat template file for use_chat_template: a chat_template.json (or .jinja) file, a "

@@ -9,7 +9,7 @@ loop cannot run is refused saying why; nothing is accepted and then ignored.
 """
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 from ..algos.process_reward import PRM_REDUCTIONS
@@ -108,6 +108,11 @@ class PaddleNLPRLArguments:
         return problems
 
 
+def _default(name):
+    """The declared default of field `name` of `PaddleNLPRLArguments`."""
+    return PaddleNLPRLArguments.__dataclass_fields__[name].default
+
+
 def rollout_eval_mode(args):
     """`eval_mode` with `rollout_tensor_parallel_degree` applied: a degree above 1 (equal to
     `tensor_parallel_degree`, else refused) generates from each rank's own slices."""
@@ -147,7 +152,7 @@ def vapo_problems(args):
                         "length) and the critic's is critic_gae_lambda, so gae_lambda is not used; leave it out")
     if args.positive_example_lm_coeff < 0:
         problems.append(f"positive_example_lm_coeff must be >= 0, got {args.positive_example_lm_coeff}")
-    elif args.positive_example_lm_coeff == 0 and args.positive_example_min_score != 1.0:
+    elif args.positive_example_lm_coeff == 0 and args.positive_example_min_score != _default("positive_example_min_score"):
         problems.append(f"positive_example_min_score {args.positive_example_min_score} set, but only "
                         "positive_example_lm_coeff > 0 reads it")
     return problems
@@ -179,7 +184,8 @@ def prm_rollout_problems(args):
     return problems
 
 
-PRM_DEFAULTS = {"prm_reduction": "last", "prm_step_separator": "\n", "prm_step_tokens": 0, "prm_end_step": False}
+PRM_DEFAULTS = {f.name: f.default for f in fields(PaddleNLPRLArguments) if f.name.startswith("prm_")}
+"""The `prm_*` fields' defaults, as declared above: a run without a process reward model refuses others."""
 
 
 def is_process_reward_model(path):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 
 from ..algos import ADV_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES, TOP_ENTROPY_NORMS, AdvEstimator, PolicyLoss
-from ..algos.rollout_correction import ROLLOUT_IS_LEVELS
+from ..algos.rollout_correction import ROLLOUT_IS_LEVELS, ROLLOUT_IS_THRESHOLD
 from ..common.plugins import find_entry
 from ..common.registry_settings import (collect_settings, setting_origins, setting_problems, settings_dataclass,
                                         with_settings)
@@ -62,7 +62,7 @@ class PolicyLossOptions:
                   "(Wang et al. 2025, 'Beyond the 80/20 Rule'; 0.2 there), with any policy_loss; 1.0: every token."},
     )
     top_entropy_norm: str = field(
-        default="kept",
+        default=TOP_ENTROPY_NORMS[0],
         metadata={"help": "top_entropy_frac < 1: kept = the policy loss is divided by the kept tokens only (the Beyond the "
                   "80/20 authors' code, Shenzhi-Wang/Beyond-the-80-20-Rule-RLVR) | all = by every response token, the "
                   "dropped ones included (TRL's GRPOTrainer)."},
@@ -74,7 +74,7 @@ class PolicyLossOptions:
                   "still reported as rollout/* when both exist). Needs use_rollout_logprobs false."},
     )
     rollout_is_threshold: Optional[float] = field(
-        default=2.0, metadata={"help": "TIS: weights above this are truncated to it (verl's default 2.0); None: no truncation."}
+        default=ROLLOUT_IS_THRESHOLD, metadata={"help": "TIS: weights above this are truncated to it (verl's default 2.0); None: no truncation."}
     )
     rollout_is_lower: Optional[float] = field(
         default=None, metadata={"help": "MIS: a token (sequence) whose weight is below this gets weight 0; None: no bound."}

@@ -11,13 +11,13 @@ from typing import ClassVar, List, Optional
 
 from ..agents.arguments import AgentArguments
 from ..algos import ADV_ESTIMATORS
+from ..algos.advantage import GAE_LAMBDA, GAMMA
 from ..algos.kl import KL_ESTIMATOR_NAMES
 from ..common import paddlenlp_keys as pk
 from ..common.field_bounds import ranged_field
 from .argument_groups import (
     RECOMPUTE_GRANULARITIES,
     DatasetArguments,
-    DivergenceArguments,
     ModelCommonArguments,
     OnlineRolloutArguments,
     PaddleNLPTrainingArguments,
@@ -118,8 +118,6 @@ class PPOTrainingArguments(RoutingReplayArguments, RolloutPlacementArguments, Ag
 
     paddlenlp_fixed_fields: ClassVar[tuple] = tuple(pk.PPO_FIXED_VALUE)  # checked by ppo.common.argument_parsing
     field_choices: ClassVar[dict] = PPO_FIELD_CHOICES  # checked before Paddle loads (ppo/common/early_values.py)
-    # an RL run that diverges is stopped by default (DivergenceArguments: off for SFT/RM/DPO)
-    stop_on_divergence: bool = default_override(DivergenceArguments, "stop_on_divergence", True)
     # rollout
     # None: filled from global_batch_size in __post_init__ (PaddleNLP), else 16
     per_device_prompt_batch_size: Optional[int] = default_override(RolloutArguments, "per_device_prompt_batch_size", None)
@@ -213,8 +211,8 @@ class PPOTrainingArguments(RoutingReplayArguments, RolloutPlacementArguments, Ag
         metadata={"help": "Whiten advantages over the batch's response tokens after the estimator (as PaddleNLP, for every "
                   "estimator); None: true for gae, false for the others."},
     )
-    gamma: float = ranged_field(1.0, range=(0.0, True, 1.0, True), help="Discount factor.")
-    gae_lambda: float = ranged_field(0.95, range=(0.0, True, 1.0, True), help="GAE lambda.")
+    gamma: float = ranged_field(GAMMA, range=(0.0, True, 1.0, True), help="Discount factor.")
+    gae_lambda: float = ranged_field(GAE_LAMBDA, range=(0.0, True, 1.0, True), help="GAE lambda.")
     scale_reward_std: bool = field(default=True, metadata={"help": "GRPO: divide group advantages by the group std (False: Dr.GRPO)."})
     dynamic_sampling: bool = field(default=False, metadata={"help": "GRPO: drop zero-variance groups and refill the batch."})
     max_gen_batches: int = ranged_field(4, minimum=1, help="Most rollout batches dynamic sampling draws per step.")
@@ -278,7 +276,7 @@ class PPOTrainingArguments(RoutingReplayArguments, RolloutPlacementArguments, Ag
     # PaddleNLP switches
     critic_recompute: bool = field(default=False, metadata={"help": "Activation recompute in the critic (recompute: the actor)."})
     critic_recompute_granularity: str = field(
-        default="full", metadata={"help": "What critic_recompute recomputes: full | full_attn | core_attn."}
+        default="full", metadata={"help": f"What critic_recompute recomputes: {' | '.join(RECOMPUTE_GRANULARITIES)}."}
     )
 
     def resolve_group(self):

@@ -35,6 +35,7 @@ from ..optimization.optim import build_optimizer, build_scheduler
 from .ppo_argument_checks import estimator_settings
 from ..scoring.process_reward import ProcessRewardScorer
 from ..data.prompt_sampler import PromptSampler
+from ..evaluation import LONG_ANSWER_LEN
 from ..rollout import RolloutEngine, SamplingParams
 from ..rollout.tp_weights import hold_slices
 from ..strategy import PassSettings, PlainStrategy, Ranks, build_strategy
@@ -187,7 +188,7 @@ def make_rollout(args, engine, sampling, sampler, dataset, tokenizer, passes, of
 
 
 def build_ppo_trainer(args, models, tokenizer, train_dataset, eval_dataset=None, ptx_dataset=None, reward_client=None,
-                      eval_long_answer_len=5, rule_scorer=None, reward_retokenizer=None, strategy=None):
+                      eval_long_answer_len=LONG_ANSWER_LEN, rule_scorer=None, reward_retokenizer=None, strategy=None):
     """The `OnlineLoop` of a PPO-family run. `models`: `PPOModels`; `reward_client`: a reward-server
     client, or `rule_scorer`: a `ppo.scorers.WeightedScorer`, in place of the reward model;
     `ptx_dataset`: supervised data for the ptx loss (with `ptx_coeff > 0`); `reward_retokenizer`:

@@ -22,7 +22,11 @@ def decode_responses(tokenizer, response_ids, response_mask):
                              spaces_between_special_tokens=False) for row, mrow in zip(ids, mask)]
 
 
-def exact_match_metrics(responses, labels, lengths, long_answer_len=5, prefix="eval"):
+LONG_ANSWER_LEN = 5
+"""The default `eval_long_answer_len`: reference answers at least this many characters long count as long."""
+
+
+def exact_match_metrics(responses, labels, lengths, long_answer_len=LONG_ANSWER_LEN, prefix="eval"):
     """Exact-match accuracy (stripped strings) overall, on long and on short labels, and mean length."""
     correct = [r.strip() == l.strip() for r, l in zip(responses, labels)]
     long_ = [c for c, l in zip(correct, labels) if len(l.strip()) >= long_answer_len]
@@ -52,7 +56,7 @@ def reward_model_score_fn(reward_model):
 
 
 def evaluate_generation(
-    model, tokenizer, dataset, batch_size=64, max_new_tokens=16, use_rollout_engine=True, long_answer_len=5,
+    model, tokenizer, dataset, batch_size=64, max_new_tokens=16, use_rollout_engine=True, long_answer_len=LONG_ANSWER_LEN,
     reward_model=None, engine=None, score_fn=None, indices=None, tensor_parallel_group=None,
 ):
     """Greedy-decode the prompts of `dataset` (a `PromptOnlyDataset` with labels).

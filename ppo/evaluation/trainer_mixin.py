@@ -6,7 +6,7 @@ import os
 
 from ..common.parallel_groups import model_parallel_group
 from ..strategy import build_strategy
-from .generation import evaluate_generation
+from .generation import LONG_ANSWER_LEN, evaluate_generation
 
 
 class GenerationEvalMixin:
@@ -14,7 +14,7 @@ class GenerationEvalMixin:
     `eval_prompt_dataset` (a `PromptOnlyDataset` with reference answers), with the
     answers written to `output_dir/eval_samples.jsonl` by the main process."""
 
-    def setup_generation_eval(self, eval_prompt_dataset=None, eval_max_new_tokens=16, eval_long_answer_len=5, use_rollout_engine=True):
+    def setup_generation_eval(self, eval_prompt_dataset=None, eval_max_new_tokens=16, eval_long_answer_len=LONG_ANSWER_LEN, use_rollout_engine=True):
         self.eval_prompt_dataset = eval_prompt_dataset
         self.eval_max_new_tokens = eval_max_new_tokens
         self.eval_long_answer_len = eval_long_answer_len

@@ -2,7 +2,7 @@
 (exact match with reference answers, the mean reward score when it can be computed) and, with
 `eval_num_samples`, sampled answers (pass@k, maj@n, mean@n, judged by the rule scorers' verdicts
 when they give one, else exact match); reduced over the ranks."""
-from ..evaluation import evaluate_generation
+from ..evaluation import LONG_ANSWER_LEN, evaluate_generation
 from ..experience.stages import experience_from_rollout
 from ..evaluation.sampled import evaluate_sampled, sampled_eval_settings
 
@@ -15,7 +15,7 @@ class Evaluator:
     `settings`: `EvalSettings`."""
 
     def __init__(self, dataset, engine, sampling, tokenizer, passes, actor, *, scoring, offload, state, ranks, settings,
-                 long_answer_len=5):
+                 long_answer_len=LONG_ANSWER_LEN):
         self.dataset, self.engine, self.sampling, self.tokenizer = dataset, engine, sampling, tokenizer
         self.passes, self.actor, self.scoring, self.offload = passes, actor, scoring, offload
         self.state, self.ranks, self.settings, self.long_answer_len = state, ranks, settings, long_answer_len
