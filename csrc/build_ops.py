@@ -54,14 +54,34 @@ BUILD_DIR = os.path.join(CSRC, "build")
 LIB_DIR = os.path.join(BUILD_DIR, NAME)
 LIB_PATH = os.path.join(LIB_DIR, NAME + ".so")
 STAMP_PATH = os.path.join(LIB_DIR, "build_stamp.json")
-OPENMP_LINK = "-fopenmp"  # links libgomp (the flag is in _cpu_flags, so in the stamp)
+OPENMP_RUNTIME = "libiomp5.so"
+
+
+def _paddle_libs():
+    import paddle
+
+    return os.path.join(os.path.dirname(paddle.__file__), "libs")
+
+
+def openmp_runtime():
+    """The OpenMP runtime the library links: Paddle's own `libiomp5.so` (MKL's, which also serves
+    GCC's `GOMP_*` calls) where Paddle ships it, so that the kernels' threads and MKL's matmuls
+    share one pool; linked with GCC's libgomp instead, the two runtimes' spinning workers fought
+    over the cores (the GRPO step 4x slower at two threads). `libgomp` where Paddle has no libiomp5."""
+    return "libiomp5" if os.path.exists(os.path.join(_paddle_libs(), OPENMP_RUNTIME)) else "libgomp"
+
+
+def _openmp_link_args():
+    if openmp_runtime() == "libiomp5":
+        return ["-L" + _paddle_libs(), "-liomp5"]  # found at run time through the RUNPATH Paddle's build sets
+    return ["-fopenmp"]
 
 
 def _cpu_flags():
     """-mavx2 -mfma when this CPU has them. Never -march=native: some CPUs here advertise
     AVX-512 that then faults at run time, and AVX2+FMA is what the kernels need. -fopenmp: the
-    kernels split their outer loops over OMP_NUM_THREADS threads (GCC's libgomp, which Paddle's
-    libpaddle.so already loads; the library is linked with it too)."""
+    kernels split their outer loops over OMP_NUM_THREADS threads (the runtime linked:
+    `openmp_runtime`)."""
     flags = ["-O3", "-std=c++17", "-fno-math-errno", "-fopenmp"]
     try:
         with open("/proc/cpuinfo") as f:
@@ -114,6 +134,7 @@ def _stamp(with_cuda, cxx_flags):
         "python": sys.version.split()[0],
         "with_cuda": with_cuda,
         "cxx_flags": cxx_flags,
+        "openmp_runtime": openmp_runtime(),
     }
 
 
@@ -183,7 +204,7 @@ def paddle_setup(with_cuda, cxx_flags, cache_root):
 
     nvcc_flags = ["-O3", "--use_fast_math"] + defines if with_cuda else []
     ext = (CUDAExtension if with_cuda else CppExtension)(
-        sources=_sources(with_cuda), include_dirs=[], library_dirs=[], extra_link_args=[OPENMP_LINK],
+        sources=_sources(with_cuda), include_dirs=[], library_dirs=[], extra_link_args=_openmp_link_args(),
         extra_compile_args={"cxx": cxx_flags + defines + relative, "nvcc": nvcc_flags})
     setup(name=NAME, ext_modules=[ext],
           cmdclass={"build_ext": CachedBuildExtension.with_options(output_dir=LIB_DIR, no_python_abi_suffix=True)})

@@ -51,6 +51,25 @@ std::vector<Slot> slots_of(std::vector<paddle::Tensor>& params, const std::vecto
   return slots;
 }
 
+// AdamW on elements [lo, hi) of one parameter. The pointers and constants are copied into
+// restrict-qualified locals: read through the slot (or captured by reference), every store to a
+// float could alias them, and the compiler would neither keep them in registers nor vectorise.
+void update_block(const Slot& sl, int64_t lo, int64_t hi, float scale, float beta1, float beta2) {
+  float* __restrict p = sl.p;
+  float* __restrict m1 = sl.m1;
+  float* __restrict m2 = sl.m2;
+  const float* __restrict g = sl.g;
+  const float keep = sl.keep, step = sl.step, eps_hat = sl.eps_hat;
+  for (int64_t j = lo; j < hi; ++j) {
+    const float gj = g[j] * scale;
+    const float a = beta1 * m1[j] + (1.0f - beta1) * gj;
+    const float b = beta2 * m2[j] + (1.0f - beta2) * gj * gj;
+    m1[j] = a;
+    m2[j] = b;
+    p[j] = p[j] * keep - step * (a / (std::sqrt(b) + eps_hat));
+  }
+}
+
 // sqrt(sum of the gradients' squares): each gradient's float sum of squares (one thread per
 // gradient, the largest first), then their sum in double in parameter order, as on one thread.
 float global_norm(const std::vector<Slot>& slots, int64_t total) {
@@ -98,14 +117,7 @@ std::vector<paddle::Tensor> TrainAdamW(std::vector<paddle::Tensor>& params, cons
   ppo_ops::parallel_team((total + 15) / 16, total * 12, [&](int t, int T) {
     for (const Slot& sl : slots) {
       const auto blk = ppo_ops::block_of(sl.numel, 16, t, T);
-      for (int64_t j = blk.first; j < blk.second; ++j) {
-        const float gj = sl.g[j] * scale;
-        const float a = beta1 * sl.m1[j] + (1.0f - beta1) * gj;
-        const float b = beta2 * sl.m2[j] + (1.0f - beta2) * gj * gj;
-        sl.m1[j] = a;
-        sl.m2[j] = b;
-        sl.p[j] = sl.p[j] * sl.keep - sl.step * (a / (std::sqrt(b) + sl.eps_hat));
-      }
+      update_block(sl, blk.first, blk.second, scale, beta1, beta2);
     }
   });
   for (size_t i = 0; i < n; ++i) {
