@@ -222,5 +222,25 @@ def test_kernels_bitwise_equal_at_one_and_two_threads(tmp_path):
         np.testing.assert_allclose(a, ref, atol=atol, rtol=rtol, err_msg=key)
 
 
+def test_the_library_links_the_openmp_runtime_of_paddles_mkl():
+    """Linked with GCC's libgomp beside MKL's libiomp5, the two runtimes' spinning workers made the
+    GRPO step several times slower at two threads: where Paddle ships libiomp5 the library must
+    name it, and not libgomp, among its own dependencies (`readelf -d`, not `ldd`, which also lists
+    libpaddle.so's)."""
+    sys.path.insert(0, os.path.join(ROOT, "csrc"))
+    import build_ops
+    from ppo import kernels
+    from ppo.kernels.library import lib_path
+
+    kernels.ensure_built()
+    needed = [ln.split("[")[1].rstrip("]") for ln in
+              subprocess.run(["readelf", "-d", lib_path()], capture_output=True, text=True, check=True).stdout.splitlines()
+              if "(NEEDED)" in ln]
+    libs = os.listdir(build_ops._paddle_libs())
+    assert build_ops.openmp_runtime() == ("libiomp5" if "libiomp5.so" in libs else "libgomp")
+    expected, other = ("libiomp5.so", "libgomp.so.1") if build_ops.openmp_runtime() == "libiomp5" else ("libgomp.so.1", "libiomp5.so")
+    assert expected in needed and other not in needed, needed
+
+
 if __name__ == "__main__":
     child(sys.argv[1])
