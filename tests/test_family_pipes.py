@@ -4,16 +4,13 @@ batch and every parameter's gradient, tied and untied heads, and with full recom
 tests/family_pipe_pp1_worker.py (`fleet.init` is process-global). Also: which model types have a
 pipeline class; an MoE score-model pipe carrying router sums is refused by name."""
 import json
-import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 
 from ppo.strategy.pipeline.pipe import pipe_classes, pipe_model_types
+from tests.case_worker import run_case_worker
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CASES = ("qwen3", "qwen3:untied", "ernie45", "ernie45:untied", "qwen3:score", "ernie45:score", "ernie45:recompute",
          "qwen3_moe", "ernie45_moe", "qwen2_moe", "mixtral:recompute", "qwen3_moe:score",
          "qwen3_moe:score_no_router_loss")
@@ -24,16 +21,7 @@ TIED = ("qwen3", "ernie45", "qwen3_moe", "ernie45_moe")  # as the tiny factory b
 
 @pytest.fixture(scope="module")
 def pp1_results(tmp_path_factory):
-    env = dict(os.environ, PYTHONPATH=REPO, MKL_DEBUG_CPU_TYPE="5")
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "family_pipe_pp1_worker.py"),
-                           str(tmp_path_factory.mktemp("family_pp1")), *CASES], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
-    results = {}
-    for line in proc.stdout.splitlines():
-        kind, _, rest = line.partition(" ")
-        if kind in ("RESULT", "FAILED"):
-            case, _, text = rest.partition(" ")
-            results[case] = (kind, text)
+    proc, results = run_case_worker("family_pipe_pp1_worker.py", tmp_path_factory.mktemp("family_pp1"), CASES)
     assert proc.returncode == 0 and set(results) == set(CASES), proc.stdout[-2000:] + proc.stderr[-3000:]
     return results
 

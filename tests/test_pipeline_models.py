@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tests.case_worker import run_case_worker
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -18,17 +20,7 @@ PP1_CASES = ("llama", "qwen2", "qwen2:tied")  # the failing tied case last
 @pytest.fixture(scope="module")
 def pp1_worker(tmp_path_factory):
     """The worker's process over PP1_CASES: `(proc, {case: ("RESULT" or "FAILED", rest of its line)})`."""
-    env = dict(os.environ, PYTHONPATH=REPO, MKL_DEBUG_CPU_TYPE="5")
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "pipeline_pp1_worker.py"),
-                           str(tmp_path_factory.mktemp("pp1_ckpt")), *PP1_CASES], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
-    cases = {}
-    for line in proc.stdout.splitlines():
-        kind, _, rest = line.partition(" ")
-        if kind in ("RESULT", "FAILED"):
-            case, _, text = rest.partition(" ")
-            cases[case] = (kind, text)
-    return proc, cases
+    return run_case_worker("pipeline_pp1_worker.py", tmp_path_factory.mktemp("pp1_ckpt"), PP1_CASES)
 
 
 def case_result(pp1_worker, case):
